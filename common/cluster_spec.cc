@@ -1,0 +1,123 @@
+#include "common/cluster_spec.h"
+
+#include <charconv>
+
+#include <nlohmann/json.hpp>
+
+namespace parasync {
+
+std::vector<std::string> SplitHostList(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(start, end - start);
+    const auto first = item.find_first_not_of(" \t");
+    const auto last = item.find_last_not_of(" \t");
+    if (first != std::string::npos) out.push_back(item.substr(first, last - first + 1));
+    start = end + 1;
+  }
+  return out;
+}
+
+Result<ClusterSpec> ParseTfConfig(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Status::InvalidArgument("TF_CONFIG is not a JSON object");
+  }
+  ClusterSpec spec;
+  auto read_list = [&](const nlohmann::json& cluster, const char* key,
+                       std::vector<std::string>* out) -> Status {
+    if (!cluster.contains(key)) return Status::Ok();
+    const auto& list = cluster.at(key);
+    if (!list.is_array()) return Status::InvalidArgument(std::string("TF_CONFIG cluster.") + key + " is not a list");
+    for (const auto& item : list) {
+      if (!item.is_string()) {
+        return Status::InvalidArgument(std::string("TF_CONFIG cluster.") + key + " has a non-string entry");
+      }
+      out->push_back(item.get<std::string>());
+    }
+    return Status::Ok();
+  };
+  if (j.contains("cluster")) {
+    const auto& cluster = j.at("cluster");
+    if (!cluster.is_object()) return Status::InvalidArgument("TF_CONFIG cluster is not an object");
+    PARASYNC_RETURN_IF_ERROR(read_list(cluster, "ps", &spec.ps));
+    PARASYNC_RETURN_IF_ERROR(read_list(cluster, "worker", &spec.workers));
+    // TensorFlow's "chief" is worker 0 here: accept it by prepending it to the workers.
+    std::vector<std::string> chief;
+    PARASYNC_RETURN_IF_ERROR(read_list(cluster, "chief", &chief));
+    spec.workers.insert(spec.workers.begin(), chief.begin(), chief.end());
+  }
+  if (j.contains("task")) {
+    const auto& task = j.at("task");
+    if (!task.is_object()) return Status::InvalidArgument("TF_CONFIG task is not an object");
+    if (task.contains("type")) {
+      if (!task.at("type").is_string()) return Status::InvalidArgument("TF_CONFIG task.type is not a string");
+      spec.task_type = task.at("type").get<std::string>();
+    }
+    if (task.contains("index")) {
+      if (!task.at("index").is_number_integer()) {
+        return Status::InvalidArgument("TF_CONFIG task.index is not an integer");
+      }
+      spec.task_index = task.at("index").get<int>();
+    }
+    if (spec.task_type == "chief") spec.task_type = "worker";
+  }
+  return spec;
+}
+
+namespace {
+Status CheckAddress(const std::string& role, const std::string& address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return Status::InvalidArgument(role + " address '" + address + "' is not host:port");
+  }
+  int port = 0;
+  const char* begin = address.data() + colon + 1;
+  const char* end = address.data() + address.size();
+  auto [ptr, ec] = std::from_chars(begin, end, port);
+  if (ec != std::errc() || ptr != end || port < 1 || port > 65535) {
+    return Status::InvalidArgument(role + " address '" + address + "' has no valid port");
+  }
+  return Status::Ok();
+}
+}  // namespace
+
+Result<ClusterSpec> ResolveClusterSpec(const ClusterFlags& flags,
+                                       const std::optional<std::string>& tf_config,
+                                       const std::string& task_type) {
+  ClusterSpec spec;
+  if (tf_config && !tf_config->empty()) {
+    auto parsed = ParseTfConfig(*tf_config);
+    if (!parsed.ok()) return parsed.status();
+    spec = std::move(parsed).value();
+    if (!spec.task_type.empty() && spec.task_type != task_type && !flags.task_index) {
+      return Status::InvalidArgument("TF_CONFIG task.type is '" + spec.task_type +
+                                     "' but this binary is a " + task_type);
+    }
+  }
+  spec.task_type = task_type;
+  if (flags.ps_hosts) spec.ps = SplitHostList(*flags.ps_hosts);
+  if (flags.worker_hosts) spec.workers = SplitHostList(*flags.worker_hosts);
+  if (flags.task_index) spec.task_index = *flags.task_index;
+
+  if (spec.ps.empty()) {
+    return Status::InvalidArgument("no parameter servers: give --ps-hosts or TF_CONFIG cluster.ps");
+  }
+  if (spec.workers.empty()) {
+    return Status::InvalidArgument("no workers: give --worker-hosts or TF_CONFIG cluster.worker");
+  }
+  for (const auto& a : spec.ps) PARASYNC_RETURN_IF_ERROR(CheckAddress("ps", a));
+  for (const auto& a : spec.workers) PARASYNC_RETURN_IF_ERROR(CheckAddress("worker", a));
+  const size_t n = task_type == "ps" ? spec.ps.size() : spec.workers.size();
+  if (spec.task_index < 0 || static_cast<size_t>(spec.task_index) >= n) {
+    return Status::InvalidArgument("task index " + std::to_string(spec.task_index) +
+                                   " is out of range: the cluster has " + std::to_string(n) +
+                                   " " + task_type + " task(s)");
+  }
+  return spec;
+}
+
+}  // namespace parasync

@@ -1,0 +1,47 @@
+#include "common/metrics.h"
+
+#include <cstdio>
+#include <exception>
+#include <fstream>
+
+#include <prometheus/exposer.h>
+#include <prometheus/text_serializer.h>
+
+namespace parasync {
+
+Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const std::string& bind, int port, std::shared_ptr<prometheus::Registry> registry) {
+  if (port < 0 || port > 65535) return Status::InvalidArgument("metrics port out of range");
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  try {
+    server->exposer_ = std::make_unique<prometheus::Exposer>(bind + ":" + std::to_string(port));
+    server->exposer_->RegisterCollectable(registry);
+    auto ports = server->exposer_->GetListeningPorts();
+    if (ports.empty()) return Status::Unavailable("metrics server is not listening");
+    server->port_ = ports.front();
+  } catch (const std::exception& e) {
+    return Status::Unavailable("cannot serve metrics on " + bind + ":" + std::to_string(port) +
+                               ": " + e.what());
+  }
+  return server;
+}
+
+MetricsServer::~MetricsServer() = default;
+
+Status WriteMetricsSnapshot(const prometheus::Registry& registry, const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return Status::Unavailable("cannot write " + tmp);
+    prometheus::TextSerializer serializer;
+    serializer.Serialize(out, registry.Collect());
+    out.flush();
+    if (!out) return Status::Unavailable("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Status::Unavailable("cannot rename " + tmp + " to " + path);
+  }
+  return Status::Ok();
+}
+
+}  // namespace parasync

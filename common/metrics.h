@@ -1,0 +1,42 @@
+// Metrics plumbing shared by every process: serving a prometheus-cpp Registry on /metrics
+// and writing a text snapshot of it at exit. Which metrics exist is decided in one place per
+// process (ps/ps_metrics.h, worker/worker_metrics.h).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <prometheus/registry.h>
+
+#include "common/status.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace parasync {
+
+// An HTTP server for /metrics. Serves from its own threads until destroyed.
+class MetricsServer {
+ public:
+  // Serves `registry` at http://bind:port/metrics; port 0 picks a free port (see port()).
+  // Returns Unavailable when the address cannot be bound.
+  static Result<std::unique_ptr<MetricsServer>> Start(const std::string& bind, int port,
+                                                      std::shared_ptr<prometheus::Registry> registry);
+  ~MetricsServer();
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+
+  int port() const { return port_; }
+
+ private:
+  MetricsServer() = default;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+// Writes the registry in Prometheus text format to `path` (via a temp file and rename, so a
+// reader never sees half a file). Returns Unavailable on an I/O error.
+Status WriteMetricsSnapshot(const prometheus::Registry& registry, const std::string& path);
+
+}  // namespace parasync

@@ -1,0 +1,91 @@
+#include "common/model_spec.h"
+
+#include <cmath>
+
+namespace parasync {
+
+Result<OptimizerKind> ParseOptimizerKind(const std::string& name) {
+  if (name == "sgd") return OptimizerKind::kSgd;
+  if (name == "momentum") return OptimizerKind::kMomentum;
+  if (name == "adam") return OptimizerKind::kAdam;
+  return Status::InvalidArgument("unknown optimizer '" + name + "' (expected sgd, momentum or adam)");
+}
+
+std::string_view OptimizerKindName(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd: return "sgd";
+    case OptimizerKind::kMomentum: return "momentum";
+    case OptimizerKind::kAdam: return "adam";
+  }
+  return "unknown";
+}
+
+Status ValidateOptimizer(const OptimizerSpec& s) {
+  if (!(s.learning_rate > 0.0f) || !std::isfinite(s.learning_rate)) {
+    return Status::InvalidArgument("learning rate must be a positive finite number");
+  }
+  auto unit = [](float x) { return x >= 0.0f && x < 1.0f; };
+  switch (s.kind) {
+    case OptimizerKind::kSgd: break;
+    case OptimizerKind::kMomentum:
+      if (!unit(s.momentum)) return Status::InvalidArgument("momentum must be in [0, 1)");
+      break;
+    case OptimizerKind::kAdam:
+      if (!unit(s.beta1) || !unit(s.beta2)) {
+        return Status::InvalidArgument("adam beta1 and beta2 must be in [0, 1)");
+      }
+      if (!(s.epsilon > 0.0f)) return Status::InvalidArgument("adam epsilon must be > 0");
+      break;
+    default:
+      return Status::InvalidArgument("unknown optimizer kind");
+  }
+  return Status::Ok();
+}
+
+Status ValidateRegistration(const ModelRegistration& reg) {
+  PARASYNC_RETURN_IF_ERROR(ValidateVariables(reg.variables));
+  PARASYNC_RETURN_IF_ERROR(ValidateOptimizer(reg.optimizer));
+  if (reg.max_slice_elements < 1) return Status::InvalidArgument("max_slice_elements must be >= 1");
+  if (reg.num_shards < 1) return Status::InvalidArgument("num_shards must be >= 1");
+  return Status::Ok();
+}
+
+namespace {
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+}  // namespace
+
+std::string DescribeRegistrationMismatch(const ModelRegistration& have,
+                                         const ModelRegistration& got) {
+  if (have.num_shards != got.num_shards) {
+    return "num_shards " + std::to_string(got.num_shards) + " != registered " +
+           std::to_string(have.num_shards);
+  }
+  if (have.variables.size() != got.variables.size()) {
+    return std::to_string(got.variables.size()) + " variables != registered " +
+           std::to_string(have.variables.size());
+  }
+  for (size_t i = 0; i < have.variables.size(); ++i) {
+    const VariableSpec& a = have.variables[i];
+    const VariableSpec& b = got.variables[i];
+    if (a.name != b.name) return "variable " + std::to_string(i) + " is '" + b.name + "', registered '" + a.name + "'";
+    if (a.shape != b.shape) {
+      return "shape mismatch for '" + a.name + "': " + ShapeString(b.shape) + " != registered " +
+             ShapeString(a.shape);
+    }
+    if (a.dtype != b.dtype) return "dtype mismatch for '" + a.name + "'";
+    if (!(a.init == b.init)) return "initializer mismatch for '" + a.name + "'";
+  }
+  if (!(have.optimizer == got.optimizer)) return "optimizer settings differ from the registered ones";
+  if (have.seed != got.seed) return "seed differs from the registered one";
+  if (have.max_slice_elements != got.max_slice_elements) return "max_slice_elements differs";
+  return "";
+}
+
+}  // namespace parasync

@@ -1,0 +1,23 @@
+// Process-wide plumbing for our binaries: logging set-up and graceful-shutdown signals.
+#pragma once
+
+#include <string>
+
+namespace parasync {
+
+// Sets the default spdlog logger to print "<time> <level> [<role><index>] message" to stderr
+// at `level` ("debug", "info", "warn", "error"). Returns false for an unknown level.
+bool InitLogging(const std::string& role, int index, const std::string& level);
+
+// Installs SIGINT/SIGTERM handlers that only set a flag (async-signal-safe), and ignores
+// SIGPIPE. Call once from main before starting threads.
+void InstallShutdownSignalHandlers();
+
+// True once SIGINT or SIGTERM arrived (or RequestShutdown() was called). Thread-safe.
+bool ShutdownRequested();
+void RequestShutdown();
+
+// Number of the signal that requested shutdown, 0 if none.
+int ShutdownSignal();
+
+}  // namespace parasync

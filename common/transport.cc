@@ -1,0 +1,149 @@
+#include "common/transport.h"
+
+#include <cerrno>
+
+namespace parasync {
+
+namespace {
+
+Status FromZmq(const zmq::error_t& e, const std::string& what) {
+  switch (e.num()) {
+    case EADDRINUSE:
+    case EADDRNOTAVAIL:
+    case EHOSTUNREACH:
+    case ETERM:
+      return Status::Unavailable(what + ": " + e.what());
+    case EINVAL:
+    case EPROTONOSUPPORT:
+      return Status::InvalidArgument(what + ": " + e.what());
+    default:
+      return Status::Internal(what + ": " + e.what());
+  }
+}
+
+void ApplyOptions(zmq::socket_t& s, const SocketOptions& o) {
+  s.set(zmq::sockopt::linger, 0);  // closing never waits on unsent messages
+  s.set(zmq::sockopt::sndhwm, o.send_high_water_mark);
+  s.set(zmq::sockopt::rcvhwm, o.receive_high_water_mark);
+  s.set(zmq::sockopt::maxmsgsize, o.max_message_bytes);
+  s.set(zmq::sockopt::sndtimeo, static_cast<int>(o.send_timeout.count()));
+}
+
+}  // namespace
+
+std::string ToEndpoint(const std::string& address) {
+  if (address.rfind("tcp://", 0) == 0 || address.rfind("ipc://", 0) == 0 ||
+      address.rfind("inproc://", 0) == 0) {
+    return address;
+  }
+  return "tcp://" + address;
+}
+
+Result<std::unique_ptr<Socket>> Socket::Bind(zmq::context_t& context, const std::string& endpoint,
+                                             const SocketOptions& options) {
+  try {
+    zmq::socket_t s(context, zmq::socket_type::router);
+    ApplyOptions(s, options);
+    // A ROUTER silently drops replies to vanished peers unless told otherwise; we want that:
+    // a worker that died must not block the server.
+    s.bind(endpoint);
+    std::unique_ptr<Socket> socket(new Socket(std::move(s)));
+    socket->kind_ = Kind::kServer;
+    return socket;
+  } catch (const zmq::error_t& e) {
+    return FromZmq(e, "cannot bind " + endpoint);
+  }
+}
+
+Result<std::unique_ptr<Socket>> Socket::Connect(zmq::context_t& context,
+                                                const std::string& endpoint,
+                                                const SocketOptions& options) {
+  try {
+    zmq::socket_t s(context, zmq::socket_type::dealer);
+    ApplyOptions(s, options);
+    s.connect(endpoint);
+    std::unique_ptr<Socket> socket(new Socket(std::move(s)));
+    socket->kind_ = Kind::kClient;
+    return socket;
+  } catch (const zmq::error_t& e) {
+    return FromZmq(e, "cannot connect to " + endpoint);
+  }
+}
+
+Status Socket::Send(zmq::message_t* identity, const Header& header,
+                    std::vector<zmq::message_t> frames) {
+  try {
+    if (kind_ == Kind::kServer) {
+      if (identity == nullptr) return Status::Internal("server reply without a routing id");
+      if (!socket_.send(*identity, zmq::send_flags::sndmore)) {
+        return Status::Unavailable("send timed out (routing id)");
+      }
+    }
+    std::vector<uint8_t> encoded = EncodeHeader(header);
+    zmq::message_t head(encoded.data(), encoded.size());
+    auto more = frames.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore;
+    if (!socket_.send(head, more)) return Status::Unavailable("send timed out: peer not reachable");
+    for (size_t i = 0; i < frames.size(); ++i) {
+      auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+      if (!socket_.send(frames[i], flags)) return Status::Unavailable("send timed out (payload)");
+    }
+    return Status::Ok();
+  } catch (const zmq::error_t& e) {
+    return FromZmq(e, "send failed");
+  }
+}
+
+Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout) {
+  try {
+    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, timeout) == 0) return std::optional<Inbound>();
+    Inbound in;
+    std::vector<zmq::message_t> parts;
+    for (;;) {
+      zmq::message_t part;
+      if (!socket_.recv(part, zmq::recv_flags::none)) return std::optional<Inbound>();
+      const bool more = part.more();
+      parts.push_back(std::move(part));
+      if (!more) break;
+    }
+    size_t next = 0;
+    if (kind_ == Kind::kServer) in.identity = std::move(parts[next++]);
+    if (next >= parts.size()) {
+      in.header = Status::Corruption("message without a header frame");
+    } else {
+      in.header = DecodeHeader(parts[next].data(), parts[next].size());
+      ++next;
+    }
+    for (; next < parts.size(); ++next) in.frames.push_back(std::move(parts[next]));
+    return std::optional<Inbound>(std::move(in));
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return std::optional<Inbound>();
+    return FromZmq(e, "receive failed");
+  }
+}
+
+std::string Socket::LastEndpoint() const {
+  try {
+    return socket_.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t&) {
+    return "";
+  }
+}
+
+Result<std::vector<bool>> WaitReadable(std::span<Socket* const> sockets,
+                                       std::chrono::milliseconds timeout) {
+  std::vector<zmq::pollitem_t> items;
+  items.reserve(sockets.size());
+  for (Socket* s : sockets) items.push_back({s->raw().handle(), 0, ZMQ_POLLIN, 0});
+  std::vector<bool> ready(sockets.size(), false);
+  try {
+    if (zmq::poll(items.data(), items.size(), timeout) == 0) return ready;
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return ready;
+    return FromZmq(e, "poll failed");
+  }
+  for (size_t i = 0; i < items.size(); ++i) ready[i] = (items[i].revents & ZMQ_POLLIN) != 0;
+  return ready;
+}
+
+}  // namespace parasync

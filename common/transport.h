@@ -1,0 +1,82 @@
+// Transport: ZeroMQ sockets carrying parasync messages (a Header frame + tensor frames).
+//
+// The parameter server binds one ROUTER Socket; a worker connects one DEALER Socket per
+// shard. This file and transport.cc are the only code that calls cppzmq; its exceptions are
+// turned into Status here. A Socket is used by one thread at a time (ZeroMQ's rule); the
+// zmq::context_t it is made from must outlive it and may be shared between threads.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/status.h"
+#include "common/wire.h"
+
+namespace parasync {
+
+// One message as received. `header` holds Corruption when the header frame failed to
+// decode; the frames are still there so the caller can reply with an error.
+struct Inbound {
+  zmq::message_t identity;            // ROUTER: the peer's routing id; DEALER: empty
+  Result<Header> header = Status::Internal("no header");
+  std::vector<zmq::message_t> frames;  // the tensor frames after the header
+};
+
+struct SocketOptions {
+  int send_high_water_mark = 1000;      // messages queued per peer before sends would block
+  int receive_high_water_mark = 1000;
+  int64_t max_message_bytes = -1;       // ZMQ_MAXMSGSIZE; -1 = no limit
+  std::chrono::milliseconds send_timeout{10000};  // a send blocked this long fails
+};
+
+class Socket {
+ public:
+  enum class Kind { kServer, kClient };
+
+  // Binds a ROUTER to `endpoint` ("tcp://host:port"). Returns Unavailable when the address is
+  // in use or cannot be bound, InvalidArgument for a malformed endpoint.
+  static Result<std::unique_ptr<Socket>> Bind(zmq::context_t& context, const std::string& endpoint,
+                                              const SocketOptions& options = {});
+  // Creates a DEALER that connects to `endpoint`. The connection is made in the background;
+  // messages sent before it is up are queued. Never blocks.
+  static Result<std::unique_ptr<Socket>> Connect(zmq::context_t& context,
+                                                 const std::string& endpoint,
+                                                 const SocketOptions& options = {});
+
+  // Sends header + frames (the frames, and `identity`, are consumed). `identity` routes a
+  // ROUTER's reply and must be null for a DEALER. Returns Unavailable if the message could not be queued within
+  // the send timeout (peer gone or queue full).
+  Status Send(zmq::message_t* identity, const Header& header,
+              std::vector<zmq::message_t> frames);
+
+  // Waits up to `timeout` for one whole message. Returns std::nullopt on timeout or when a
+  // signal interrupted the wait; an error only for a broken socket.
+  Result<std::optional<Inbound>> Receive(std::chrono::milliseconds timeout);
+
+  // The bound endpoint with the actual port (useful after binding port 0).
+  std::string LastEndpoint() const;
+
+  zmq::socket_t& raw() { return socket_; }
+
+ private:
+  explicit Socket(zmq::socket_t socket) : socket_(std::move(socket)) {}
+  zmq::socket_t socket_;
+  Kind kind_ = Kind::kClient;
+};
+
+// Waits until at least one of `sockets` has a message or `timeout` passes. Returns, for each
+// socket, whether it is readable (all false on timeout or signal).
+Result<std::vector<bool>> WaitReadable(std::span<Socket* const> sockets,
+                                       std::chrono::milliseconds timeout);
+
+// "tcp://host:port" for "host:port"; a value already starting with "tcp://", "ipc://" or
+// "inproc://" is returned as is.
+std::string ToEndpoint(const std::string& address);
+
+}  // namespace parasync

@@ -1,0 +1,68 @@
+#include "common/variable.h"
+
+#include <set>
+
+namespace parasync {
+
+int64_t VariableSpec::num_elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Status ValidateVariables(const std::vector<VariableSpec>& vars) {
+  if (vars.empty()) return Status::InvalidArgument("no variables declared");
+  std::set<std::string> names;
+  for (const VariableSpec& v : vars) {
+    if (v.name.empty()) return Status::InvalidArgument("a variable has an empty name");
+    if (!names.insert(v.name).second) {
+      return Status::InvalidArgument("variable '" + v.name + "' declared twice");
+    }
+    int64_t n = 1;
+    for (int64_t d : v.shape) {
+      if (d <= 0) return Status::InvalidArgument("variable '" + v.name + "' has a dimension <= 0");
+      if (n > (int64_t{1} << 40) / d) {
+        return Status::InvalidArgument("variable '" + v.name + "' is too large");
+      }
+      n *= d;
+    }
+    if (v.dtype != DType::kFloat32) {
+      return Status::InvalidArgument("variable '" + v.name + "' has an unsupported dtype");
+    }
+  }
+  return Status::Ok();
+}
+
+namespace {
+// SplitMix64: a counter-based generator, so element i's value needs no state from i-1.
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+void InitializeElements(const Initializer& init, uint64_t seed, uint32_t var_index,
+                        int64_t offset, float* out, int64_t count) {
+  switch (init.kind) {
+    case InitKind::kZeros:
+      for (int64_t i = 0; i < count; ++i) out[i] = 0.0f;
+      return;
+    case InitKind::kConstant:
+      for (int64_t i = 0; i < count; ++i) out[i] = init.value;
+      return;
+    case InitKind::kUniform: {
+      const uint64_t base = SplitMix64(seed ^ SplitMix64(var_index + 1));
+      for (int64_t i = 0; i < count; ++i) {
+        uint64_t r = SplitMix64(base + static_cast<uint64_t>(offset + i));
+        // 24 random bits -> [0, 1).
+        float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
+        out[i] = (2.0f * u - 1.0f) * init.value;
+      }
+      return;
+    }
+  }
+}
+
+}  // namespace parasync

@@ -1,0 +1,48 @@
+// Model variables as both sides see them: what a worker declares in Register and what a
+// parameter server creates. Plain values; safe to copy between threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace parasync {
+
+// Numbers are part of the wire protocol (schema/parasync.fbs): never renumber.
+enum class DType : uint8_t { kFloat32 = 0 };
+
+enum class InitKind : uint8_t {
+  kZeros = 0,
+  kConstant = 1,  // every element = value
+  kUniform = 2,   // uniform in [-value, value), from the registration seed
+};
+
+struct Initializer {
+  InitKind kind = InitKind::kZeros;
+  float value = 0.0f;
+  bool operator==(const Initializer&) const = default;
+};
+
+struct VariableSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kFloat32;
+  Initializer init;
+
+  // Product of the shape; 1 for a scalar (empty shape).
+  int64_t num_elements() const;
+  bool operator==(const VariableSpec&) const = default;
+};
+
+// Checks names are non-empty and unique, dims positive, sizes below 2^40 elements.
+Status ValidateVariables(const std::vector<VariableSpec>& vars);
+
+// Fills `out` (the elements [offset, offset+out.size()) of variable `var_index`) with the
+// initial values for `init`. Deterministic in (seed, var_index, element index) alone, so a
+// variable's initial value does not depend on how it is sliced or sharded.
+void InitializeElements(const Initializer& init, uint64_t seed, uint32_t var_index,
+                        int64_t offset, float* out, int64_t count);
+
+}  // namespace parasync

@@ -1,0 +1,147 @@
+#include "common/wire.h"
+
+#include <flatbuffers/flatbuffers.h>
+
+#include "schema/parasync_generated.h"
+
+namespace parasync {
+
+namespace fb = ::parasync::wire;
+
+std::string_view MsgTypeName(MsgType type) {
+  switch (type) {
+    case MsgType::kRegister: return "register";
+    case MsgType::kPull: return "pull";
+    case MsgType::kPush: return "push";
+    case MsgType::kStats: return "stats";
+    case MsgType::kShutdown: return "shutdown";
+  }
+  return "unknown";
+}
+
+std::vector<uint8_t> EncodeHeader(const Header& h) {
+  flatbuffers::FlatBufferBuilder b(256 + h.slices.size() * sizeof(fb::SliceRange));
+
+  flatbuffers::Offset<fb::RegisterRequest> reg = 0;
+  if (h.registration) {
+    const ModelRegistration& r = *h.registration;
+    std::vector<flatbuffers::Offset<fb::VariableSpec>> vars;
+    vars.reserve(r.variables.size());
+    for (const VariableSpec& v : r.variables) {
+      vars.push_back(fb::CreateVariableSpec(b, b.CreateString(v.name), b.CreateVector(v.shape),
+                                            static_cast<fb::DType>(v.dtype),
+                                            static_cast<fb::InitKind>(v.init.kind), v.init.value));
+    }
+    const OptimizerSpec& o = r.optimizer;
+    auto opt = fb::CreateOptimizerSpec(b, static_cast<fb::OptimizerKind>(o.kind), o.learning_rate,
+                                       o.momentum, o.beta1, o.beta2, o.epsilon);
+    reg = fb::CreateRegisterRequest(b, b.CreateVector(vars), opt, r.seed, r.max_slice_elements,
+                                    r.num_shards);
+  }
+  flatbuffers::Offset<fb::StatsReply> stats = 0;
+  if (h.stats) {
+    const ShardStats& s = *h.stats;
+    stats = fb::CreateStatsReply(b, s.shard, s.version, s.examples, s.num_slices, s.num_elements,
+                                 s.requests, s.rejected, s.registered);
+  }
+  flatbuffers::Offset<flatbuffers::Vector<const fb::SliceRange*>> slices = 0;
+  if (!h.slices.empty()) {
+    std::vector<fb::SliceRange> ranges;
+    ranges.reserve(h.slices.size());
+    for (const SliceRange& s : h.slices) ranges.emplace_back(s.slice_id, s.begin, s.count);
+    slices = b.CreateVectorOfStructs(ranges);
+  }
+  flatbuffers::Offset<flatbuffers::String> message = 0;
+  if (!h.status.message().empty()) message = b.CreateString(h.status.message());
+
+  fb::HeaderBuilder hb(b);
+  hb.add_protocol_version(h.protocol_version);
+  hb.add_type(static_cast<fb::MsgType>(h.type));
+  hb.add_request_id(h.request_id);
+  hb.add_rank(h.rank);
+  hb.add_code(static_cast<fb::Code>(h.status.code()));
+  if (!message.IsNull()) hb.add_message(message);
+  hb.add_dtype(static_cast<fb::DType>(h.dtype));
+  if (!slices.IsNull()) hb.add_slices(slices);
+  hb.add_batch_examples(h.batch_examples);
+  hb.add_version(h.version);
+  if (!reg.IsNull()) hb.add_register_(reg);
+  if (!stats.IsNull()) hb.add_stats(stats);
+  b.Finish(hb.Finish());
+  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+}
+
+namespace {
+
+template <typename E>
+bool InRange(E value, E max) {
+  return static_cast<int>(value) >= 0 && static_cast<int>(value) <= static_cast<int>(max);
+}
+
+}  // namespace
+
+Result<Header> DecodeHeader(const void* data, size_t size) {
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  flatbuffers::Verifier verifier(bytes, size, /*max_depth=*/16, /*max_tables=*/100000);
+  if (size < sizeof(flatbuffers::uoffset_t) || !fb::VerifyHeaderBuffer(verifier)) {
+    return Status::Corruption("header frame fails the FlatBuffers verifier (" +
+                              std::to_string(size) + " bytes)");
+  }
+  const fb::Header* in = fb::GetHeader(bytes);
+  Header h;
+  h.protocol_version = in->protocol_version();
+  if (!InRange(in->type(), fb::MsgType::MAX)) return Status::Corruption("unknown message type");
+  h.type = static_cast<MsgType>(in->type());
+  h.request_id = in->request_id();
+  h.rank = in->rank();
+  if (!InRange(in->code(), fb::Code::MAX)) return Status::Corruption("unknown status code");
+  if (in->code() != fb::Code::Ok) {
+    h.status = Status(static_cast<StatusCode>(in->code()),
+                      in->message() ? in->message()->str() : std::string());
+  }
+  if (!InRange(in->dtype(), fb::DType::MAX)) return Status::Corruption("unknown dtype");
+  h.dtype = static_cast<DType>(in->dtype());
+  if (const auto* s = in->slices()) {
+    h.slices.reserve(s->size());
+    for (const fb::SliceRange* r : *s) h.slices.push_back({r->slice_id(), r->begin(), r->count()});
+  }
+  h.batch_examples = in->batch_examples();
+  h.version = in->version();
+  if (const fb::RegisterRequest* r = in->register_()) {
+    ModelRegistration reg;
+    if (const auto* vars = r->variables()) {
+      for (const fb::VariableSpec* v : *vars) {
+        VariableSpec spec;
+        if (v->name()) spec.name = v->name()->str();
+        if (v->shape()) spec.shape.assign(v->shape()->begin(), v->shape()->end());
+        if (!InRange(v->dtype(), fb::DType::MAX)) return Status::Corruption("unknown dtype");
+        if (!InRange(v->init_kind(), fb::InitKind::MAX)) {
+          return Status::Corruption("unknown initializer");
+        }
+        spec.dtype = static_cast<DType>(v->dtype());
+        spec.init = {static_cast<InitKind>(v->init_kind()), v->init_value()};
+        reg.variables.push_back(std::move(spec));
+      }
+    }
+    if (const fb::OptimizerSpec* o = r->optimizer()) {
+      if (!InRange(o->kind(), fb::OptimizerKind::MAX)) {
+        return Status::Corruption("unknown optimizer kind");
+      }
+      reg.optimizer = {static_cast<OptimizerKind>(o->kind()), o->learning_rate(), o->momentum(),
+                       o->beta1(), o->beta2(), o->epsilon()};
+    } else {
+      return Status::Corruption("register request without an optimizer");
+    }
+    reg.seed = r->seed();
+    reg.max_slice_elements = r->max_slice_elements();
+    reg.num_shards = r->num_shards();
+    h.registration = std::move(reg);
+  }
+  if (const fb::StatsReply* s = in->stats()) {
+    h.stats = ShardStats{s->shard(),    s->version(),  s->examples(), s->num_slices(),
+                         s->num_elements(), s->requests(), s->rejected(), s->registered()};
+  }
+  return h;
+}
+
+}  // namespace parasync

@@ -1,0 +1,68 @@
+// The wire codec: C++ values <-> the FlatBuffers header frame of schema/parasync.fbs.
+//
+// This is the only code that includes the generated FlatBuffers header. A message is a
+// Header frame followed by one raw little-endian tensor frame per SliceRange that carries
+// data (Pull replies, Push requests). Pure functions; thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/model_spec.h"
+#include "common/status.h"
+
+namespace parasync {
+
+// Bumped on every incompatible change of schema/parasync.fbs or of message semantics.
+inline constexpr uint32_t kProtocolVersion = 1;
+
+enum class MsgType : uint8_t { kRegister = 0, kPull = 1, kPush = 2, kStats = 3, kShutdown = 4 };
+std::string_view MsgTypeName(MsgType type);
+inline constexpr int kNumMsgTypes = 5;
+
+struct SliceRange {
+  uint32_t slice_id = 0;
+  int64_t begin = 0;  // first element within the slice
+  int64_t count = 0;  // elements
+  bool operator==(const SliceRange&) const = default;
+};
+
+struct ShardStats {
+  int32_t shard = 0;
+  int64_t version = 0;
+  int64_t examples = 0;
+  int32_t num_slices = 0;
+  int64_t num_elements = 0;
+  int64_t requests = 0;
+  int64_t rejected = 0;
+  bool registered = false;
+};
+
+struct Header {
+  uint32_t protocol_version = kProtocolVersion;
+  MsgType type = MsgType::kPull;
+  uint64_t request_id = 0;
+  int32_t rank = -1;
+  Status status;  // replies: outcome
+  DType dtype = DType::kFloat32;
+  std::vector<SliceRange> slices;
+  int64_t batch_examples = 0;
+  int64_t version = 0;
+  std::optional<ModelRegistration> registration;  // Register requests
+  std::optional<ShardStats> stats;                // Stats replies
+};
+
+// Serializes `header` into a fresh buffer. Never fails.
+std::vector<uint8_t> EncodeHeader(const Header& header);
+
+// Parses a header frame. Returns Corruption if the bytes fail the FlatBuffers Verifier or
+// hold an enum value this build does not know; never reads outside [data, data+size).
+Result<Header> DecodeHeader(const void* data, size_t size);
+
+// Bytes per element of `dtype`.
+inline size_t DTypeSize(DType) { return 4; }
+
+}  // namespace parasync

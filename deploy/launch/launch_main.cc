@@ -1,0 +1,163 @@
+// parasync-launch: runs a local parasync cluster. The flags are parsed here (the only
+// translation unit that includes CLI11); the work is done by parasync::launch::Launcher.
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "deploy/launch/launcher.h"
+
+namespace {
+
+using parasync::StatusCode;
+using parasync::launch::kExitFailed;
+using parasync::launch::kExitUsage;
+using parasync::launch::Launcher;
+using parasync::launch::LaunchOptions;
+
+constexpr const char* kDescription =
+    "Runs a local parasync cluster: starts the parameter servers (parasync-ps), then the "
+    "workers (parasync-worker), on free ports of --host; forwards their output prefixed with "
+    "[ps0], [worker1], ... and writes it to <log-dir>/<name>.log; when worker 0 (the chief) "
+    "finishes, stops the others (SIGTERM, then SIGKILL after --grace-seconds) and prints "
+    "where the results are.\n"
+    "Exit status: 0 when every process exited 0, 1 when one failed or had to be killed, "
+    "2 for bad flags or missing binaries, 130 when interrupted.";
+
+constexpr const char* kFooter =
+    "Values that begin with '-' go with '=': --worker-arg=--device=cpu.\n"
+    "\n"
+    "Example:\n"
+    "  parasync-launch --ps 2 --workers 2 --mode ssp:3 --epochs 5 --lr 0.05 \\\n"
+    "      --log-dir runs/ssp3 --worker-arg=--device=cpu\n"
+    "  Then: runs/ssp3/eval.jsonl (the chief's evaluations), runs/ssp3/worker0.log, ...,\n"
+    "  runs/ssp3/cluster.json (pids, addresses, metrics ports, command lines).\n";
+
+// CLI11 validator: a non-negative (or, with `positive`, positive) decimal integer.
+CLI::Validator IntegerValidator(bool positive) {
+  return CLI::Validator(
+      [positive](std::string& value) -> std::string {
+        int64_t parsed = 0;
+        if (!CLI::detail::lexical_cast(value, parsed) || parsed < (positive ? 1 : 0)) {
+          return std::string(positive ? "a positive" : "a non-negative") +
+                 " integer is required, got '" + value + "'";
+        }
+        return std::string();
+      },
+      std::string());
+}
+
+// CLI11 validator: a finite number > 0 (or, without `positive`, >= 0).
+CLI::Validator NumberValidator(bool positive) {
+  return CLI::Validator(
+      [positive](std::string& value) -> std::string {
+        double parsed = 0;
+        if (!CLI::detail::lexical_cast(value, parsed) || !std::isfinite(parsed) ||
+            parsed < 0 || (positive && parsed == 0)) {
+          return std::string(positive ? "a number > 0" : "a number >= 0") +
+                 " is required, got '" + value + "'";
+        }
+        return std::string();
+      },
+      std::string());
+}
+
+void AddOptional(CLI::App& app, const std::string& name, const std::string& type_name,
+                 std::optional<std::string>& target, const std::string& help,
+                 const CLI::Validator& check) {
+  app.add_option_function<std::string>(
+         name, [&target](const std::string& value) { target = value; }, help)
+      ->check(check)
+      ->type_name(type_name);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  LaunchOptions options;
+  CLI::App app(kDescription, "parasync-launch");
+  app.footer(kFooter);
+  app.get_formatter()->column_width(34);
+
+  app.add_option("--ps", options.num_ps, "Number of parameter-server processes")
+      ->capture_default_str()
+      ->type_name("N");
+  app.add_option("--workers", options.num_workers,
+                 "Number of worker processes; worker 0 is the chief")
+      ->capture_default_str()
+      ->type_name("N");
+  app.add_option("--mode", options.mode,
+                 "async, sync or ssp:<staleness>; passed to every process")
+      ->capture_default_str()
+      ->type_name("MODE");
+  app.add_option("--epochs", options.epochs, "Training epochs, passed to workers")
+      ->capture_default_str()
+      ->type_name("N");
+  app.add_option("--log-dir", options.log_dir,
+                 "Logs, cluster.json, eval.jsonl, metrics files [default: "
+                 "./runs/<YYYYmmdd-HHMMSS>]")
+      ->type_name("DIR");
+  app.add_option("--data", options.data_dir, "Dataset directory, passed to workers when given")
+      ->type_name("DIR");
+
+  CLI::App& training = *app.add_option_group("Training", "Passed to workers only when given");
+  AddOptional(training, "--batch-size", "N", options.batch_size, "Per-worker batch size",
+              IntegerValidator(true));
+  AddOptional(training, "--lr", "X", options.lr, "Learning rate", NumberValidator(true));
+  AddOptional(training, "--optimizer", "NAME", options.optimizer, "Optimizer name",
+              CLI::Validator());
+  AddOptional(training, "--model", "W", options.model, "Model (layer widths)",
+              CLI::Validator());
+  AddOptional(training, "--seed", "N", options.seed, "Random seed", IntegerValidator(false));
+  AddOptional(training, "--max-steps", "N", options.max_steps,
+              "Stop each worker after this many steps", IntegerValidator(false));
+
+  app.add_option("--ps-arg", options.ps_args, "Extra argument for every PS; repeatable")
+      ->allow_extra_args(false)
+      ->type_name("ARG");
+  app.add_option("--worker-arg", options.worker_args,
+                 "Extra argument for every worker; repeatable")
+      ->allow_extra_args(false)
+      ->type_name("ARG");
+  app.add_option("--bin-dir", options.bin_dir,
+                 "Where parasync-ps and parasync-worker are [default: the directory of "
+                 "this executable]")
+      ->type_name("DIR");
+  app.add_option("--grace-seconds", options.grace_seconds,
+                 "Seconds a process gets after SIGTERM before SIGKILL")
+      ->capture_default_str()
+      ->check(NumberValidator(false))
+      ->type_name("S");
+  app.add_option("--host", options.host,
+                 "Host name or IPv4 address used in the cluster spec and metrics URLs")
+      ->capture_default_str()
+      ->type_name("HOST");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << "parasync-launch: " << e.what() << " (see --help)\n";
+    return kExitUsage;
+  }
+
+  auto launcher = Launcher::Create(options);
+  if (!launcher.ok()) {
+    const parasync::Status status = launcher.status();
+    std::cerr << "parasync-launch: " << status.message() << "\n";
+    const bool usage = status.code() == StatusCode::kInvalidArgument ||
+                       status.code() == StatusCode::kNotFound;
+    return usage ? kExitUsage : kExitFailed;
+  }
+  const parasync::Status started = (*launcher)->Start();
+  if (!started.ok()) {
+    std::cerr << "parasync-launch: " << started.message() << "\n";
+    return kExitFailed;
+  }
+  const int exit_code = (*launcher)->Supervise();
+  std::cout << (*launcher)->Summary() << std::flush;
+  return exit_code;
+}

@@ -1,0 +1,842 @@
+#include "deploy/launch/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+namespace parasync::launch {
+
+namespace {
+
+constexpr int kMaxProcessesPerRole = 256;
+constexpr size_t kReadChunk = 64 * 1024;
+// A "line" longer than this without a newline is forwarded in pieces.
+constexpr size_t kMaxLineBytes = 64 * 1024;
+constexpr int kMaxDrainReads = 64;
+constexpr std::string_view kLauncherPrefix = "[launch] ";
+
+// The self-pipe: the signal handler only writes the signal number into it.
+int g_signal_pipe[2] = {-1, -1};
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+void OnSignal(int signal_number) {
+  const int saved_errno = errno;
+  const auto byte = static_cast<unsigned char>(signal_number);
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+Status InstallSignalHandlers() {
+  if (g_signal_pipe[0] < 0 && pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return Status::Internal(std::string("pipe2: ") + std::strerror(errno));
+  }
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int signal_number : kStopSignals) {
+    if (sigaction(signal_number, &action, nullptr) != 0) {
+      return Status::Internal(std::string("sigaction: ") + std::strerror(errno));
+    }
+  }
+  action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  if (sigaction(SIGCHLD, &action, nullptr) != 0) {
+    return Status::Internal(std::string("sigaction: ") + std::strerror(errno));
+  }
+  // A closed reader of our stdout must not kill the launcher and orphan the cluster.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, nullptr);
+  return Status::Ok();
+}
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string SignalName(int signal_number) {
+  const char* abbrev = sigabbrev_np(signal_number);
+  if (abbrev == nullptr) return "signal " + std::to_string(signal_number);
+  return std::string("SIG") + abbrev;
+}
+
+std::string DescribeWaitStatus(int wait_status) {
+  if (WIFEXITED(wait_status)) return "exit status " + std::to_string(WEXITSTATUS(wait_status));
+  if (WIFSIGNALED(wait_status)) return "killed by " + SignalName(WTERMSIG(wait_status));
+  return "wait status " + std::to_string(wait_status);
+}
+
+bool ExitedZero(int wait_status) { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
+
+std::string FormatSeconds(double seconds) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%g", seconds);
+  return buffer;
+}
+
+bool IsDigits(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// ---- free functions ---------------------------------------------------------------------
+
+bool IsValidMode(std::string_view mode) {
+  if (mode == "async" || mode == "sync") return true;
+  constexpr std::string_view kSsp = "ssp:";
+  if (mode.substr(0, kSsp.size()) != kSsp) return false;
+  const std::string_view staleness = mode.substr(kSsp.size());
+  return IsDigits(staleness) && staleness.size() <= 9;
+}
+
+Status ValidateOptions(const LaunchOptions& options) {
+  if (options.num_ps < 1 || options.num_ps > kMaxProcessesPerRole) {
+    return Status::InvalidArgument("--ps must be between 1 and " +
+                                   std::to_string(kMaxProcessesPerRole) + ", got " +
+                                   std::to_string(options.num_ps));
+  }
+  if (options.num_workers < 1 || options.num_workers > kMaxProcessesPerRole) {
+    return Status::InvalidArgument("--workers must be between 1 and " +
+                                   std::to_string(kMaxProcessesPerRole) + ", got " +
+                                   std::to_string(options.num_workers));
+  }
+  if (options.epochs < 1) {
+    return Status::InvalidArgument("--epochs must be at least 1, got " +
+                                   std::to_string(options.epochs));
+  }
+  if (!IsValidMode(options.mode)) {
+    return Status::InvalidArgument("--mode must be async, sync or ssp:<staleness>, got '" +
+                                   options.mode + "'");
+  }
+  if (!std::isfinite(options.grace_seconds) || options.grace_seconds < 0) {
+    return Status::InvalidArgument("--grace-seconds must be a number >= 0");
+  }
+  if (options.host.empty() ||
+      options.host.find_first_of(",: \t\n") != std::string::npos) {
+    return Status::InvalidArgument("--host must be a host name or IPv4 address, got '" +
+                                   options.host + "'");
+  }
+  return Status::Ok();
+}
+
+Result<std::string> ExecutableDir() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return Status::Internal("cannot read /proc/self/exe: " + ec.message());
+  return exe.parent_path().string();
+}
+
+std::string DefaultLogDir() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local {};
+  localtime_r(&now, &local);
+  char buffer[32];
+  std::strftime(buffer, sizeof(buffer), "%Y%m%d-%H%M%S", &local);
+  return std::string("runs/") + buffer;
+}
+
+Status CheckBinaries(const std::string& bin_dir) {
+  std::vector<std::string> missing;
+  for (std::string_view name : {kPsBinary, kWorkerBinary}) {
+    const std::string path = bin_dir + "/" + std::string(name);
+    struct stat info {};
+    if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode) ||
+        access(path.c_str(), X_OK) != 0) {
+      missing.push_back(path);
+    }
+  }
+  if (missing.empty()) return Status::Ok();
+  std::string message = "cannot find executable ";
+  for (size_t i = 0; i < missing.size(); ++i) {
+    if (i > 0) message += " and ";
+    message += missing[i];
+  }
+  message += " (build them, or point --bin-dir at the directory that holds them)";
+  return Status::NotFound(message);
+}
+
+Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bin_dir,
+                             const std::string& log_dir, const std::vector<int>& ports) {
+  PARASYNC_RETURN_IF_ERROR(ValidateOptions(options));
+  const size_t num_ps = static_cast<size_t>(options.num_ps);
+  const size_t num_workers = static_cast<size_t>(options.num_workers);
+  const size_t total = num_ps + num_workers;
+  if (ports.size() != 2 * total) {
+    return Status::InvalidArgument("BuildPlan needs " + std::to_string(2 * total) +
+                                   " ports, got " + std::to_string(ports.size()));
+  }
+
+  auto join_addresses = [&](size_t first, size_t count) {
+    std::string joined;
+    for (size_t i = 0; i < count; ++i) {
+      if (i > 0) joined += ",";
+      joined += options.host + ":" + std::to_string(ports[first + i]);
+    }
+    return joined;
+  };
+  const std::string ps_hosts = join_addresses(0, num_ps);
+  const std::string worker_hosts = join_addresses(num_ps, num_workers);
+
+  LaunchPlan plan;
+  plan.log_dir = log_dir;
+  plan.host = options.host;
+  plan.mode = options.mode;
+  for (size_t slot = 0; slot < total; ++slot) {
+    const bool is_ps = slot < num_ps;
+    ProcessSpec spec;
+    spec.role = is_ps ? Role::kPs : Role::kWorker;
+    spec.index = static_cast<int>(is_ps ? slot : slot - num_ps);
+    spec.name = std::string(is_ps ? "ps" : "worker") + std::to_string(spec.index);
+    spec.address = options.host + ":" + std::to_string(ports[slot]);
+    spec.metrics_port = ports[total + slot];
+    spec.log_path = log_dir + "/" + spec.name + ".log";
+
+    std::vector<std::string>& argv = spec.argv;
+    argv.push_back(bin_dir + "/" + std::string(is_ps ? kPsBinary : kWorkerBinary));
+    argv.insert(argv.end(), {"--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts,
+                             "--task-index", std::to_string(spec.index), "--mode",
+                             options.mode, "--metrics-port",
+                             std::to_string(spec.metrics_port), "--log-dir", log_dir});
+    if (is_ps) {
+      argv.insert(argv.end(), options.ps_args.begin(), options.ps_args.end());
+    } else {
+      argv.insert(argv.end(), {"--epochs", std::to_string(options.epochs)});
+      if (!options.data_dir.empty()) argv.insert(argv.end(), {"--data", options.data_dir});
+      const std::pair<const char*, const std::optional<std::string>*> training[] = {
+          {"--batch-size", &options.batch_size}, {"--lr", &options.lr},
+          {"--optimizer", &options.optimizer},   {"--model", &options.model},
+          {"--seed", &options.seed},             {"--max-steps", &options.max_steps}};
+      for (const auto& [flag, value] : training) {
+        if (value->has_value()) argv.insert(argv.end(), {flag, **value});
+      }
+      argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
+    }
+    plan.processes.push_back(std::move(spec));
+  }
+  return plan;
+}
+
+// ---- PortReservation --------------------------------------------------------------------
+
+Result<PortReservation> PortReservation::Reserve(const std::string& host, int count) {
+  sockaddr_in address {};
+  address.sin_family = AF_INET;
+  if (inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) {
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  }
+  PortReservation reservation;
+  for (int i = 0; i < count; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+    reservation.fds_.push_back(fd);
+    // No SO_REUSEADDR: while we hold the port nobody else can bind it, and the kernel
+    // never hands it out again for another port-0 bind, so the ports are distinct.
+    address.sin_port = 0;
+    if (bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+      return Status::Unavailable(std::string("bind to a free port on ") + host + ": " +
+                                 std::strerror(errno));
+    }
+    sockaddr_in bound {};
+    socklen_t length = sizeof(bound);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+      return Status::Unavailable(std::string("getsockname: ") + std::strerror(errno));
+    }
+    reservation.ports_.push_back(ntohs(bound.sin_port));
+  }
+  return reservation;
+}
+
+PortReservation::PortReservation(PortReservation&& other) noexcept
+    : fds_(std::move(other.fds_)), ports_(std::move(other.ports_)) {
+  other.fds_.clear();
+}
+
+PortReservation& PortReservation::operator=(PortReservation&& other) noexcept {
+  if (this != &other) {
+    Release();
+    fds_ = std::move(other.fds_);
+    ports_ = std::move(other.ports_);
+    other.fds_.clear();
+  }
+  return *this;
+}
+
+PortReservation::~PortReservation() { Release(); }
+
+void PortReservation::Release() {
+  for (int fd : fds_) close(fd);
+  fds_.clear();
+}
+
+// ---- Launcher ---------------------------------------------------------------------------
+
+struct Launcher::Child {
+  ProcessSpec spec;
+  std::string prefix;  // "[ps0] "
+  pid_t pid = -1;
+  bool running = false;
+  int out_fd = -1;  // read end of the child's stdout+stderr pipe
+  int log_fd = -1;
+  std::string partial;  // bytes after the last newline
+  int wait_status = 0;
+  bool reaped = false;
+  bool sent_term = false;
+  bool sent_kill = false;
+  bool killed_after_grace = false;
+};
+
+Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& options) {
+  PARASYNC_RETURN_IF_ERROR(ValidateOptions(options));
+  std::string bin_dir = options.bin_dir;
+  if (bin_dir.empty()) {
+    PARASYNC_ASSIGN_OR_RETURN(bin_dir, ExecutableDir());
+  }
+  PARASYNC_RETURN_IF_ERROR(CheckBinaries(bin_dir));
+
+  std::error_code ec;
+  const std::string log_dir_text = options.log_dir.empty() ? DefaultLogDir() : options.log_dir;
+  std::filesystem::path log_dir = std::filesystem::absolute(log_dir_text, ec);
+  if (ec) return Status::InvalidArgument("--log-dir '" + log_dir_text + "': " + ec.message());
+  log_dir = log_dir.lexically_normal();
+  std::string log_dir_string = log_dir.string();
+  if (log_dir_string.size() > 1 && log_dir_string.back() == '/') log_dir_string.pop_back();
+
+  const int port_count = 2 * (options.num_ps + options.num_workers);
+  PARASYNC_ASSIGN_OR_RETURN(PortReservation ports,
+                            PortReservation::Reserve(options.host, port_count));
+  PARASYNC_ASSIGN_OR_RETURN(LaunchPlan plan,
+                            BuildPlan(options, bin_dir, log_dir_string, ports.ports()));
+  return std::unique_ptr<Launcher>(new Launcher(options, std::move(plan), std::move(ports)));
+}
+
+Launcher::Launcher(LaunchOptions options, LaunchPlan plan, PortReservation ports)
+    : options_(std::move(options)), plan_(std::move(plan)), ports_(std::move(ports)) {
+  for (const ProcessSpec& spec : plan_.processes) {
+    Child child;
+    child.spec = spec;
+    child.prefix = "[" + spec.name + "] ";
+    children_.push_back(std::move(child));
+  }
+}
+
+Launcher::~Launcher() {
+  for (Child& child : children_) {
+    if (child.running) kill(child.pid, SIGKILL);
+  }
+  for (Child& child : children_) {
+    if (child.running) {
+      int wait_status = 0;
+      while (waitpid(child.pid, &wait_status, 0) < 0 && errno == EINTR) {
+      }
+      child.running = false;
+    }
+    CloseOutput(child);
+    if (child.log_fd >= 0) close(child.log_fd);
+    child.log_fd = -1;
+  }
+}
+
+Status Launcher::Start() {
+  if (started_) return Status::FailedPrecondition("Launcher::Start called twice");
+  started_ = true;
+
+  std::error_code ec;
+  std::filesystem::create_directories(plan_.log_dir, ec);
+  if (ec) return Status::Unavailable("cannot create log directory " + plan_.log_dir + ": " +
+                                     ec.message());
+  for (Child& child : children_) {
+    child.log_fd = open(child.spec.log_path.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (child.log_fd < 0) {
+      return Status::Unavailable("cannot open " + child.spec.log_path + ": " +
+                                 std::strerror(errno));
+    }
+  }
+  PARASYNC_RETURN_IF_ERROR(InstallSignalHandlers());
+
+  Message("starting " + std::to_string(options_.num_ps) + " ps and " +
+          std::to_string(options_.num_workers) + " workers, mode " + plan_.mode +
+          ", logs in " + plan_.log_dir);
+  ports_.Release();
+  for (Child& child : children_) {
+    Status status = SpawnOne(child);
+    if (!status.ok()) {
+      KillAllNow();
+      for (Child& other : children_) {
+        if (!other.running) continue;
+        int wait_status = 0;
+        while (waitpid(other.pid, &wait_status, 0) < 0 && errno == EINTR) {
+        }
+        other.running = false;
+        other.reaped = true;
+        other.wait_status = wait_status;
+      }
+      return status;
+    }
+    Message(child.spec.name + " pid " + std::to_string(child.pid) + " at " +
+            child.spec.address + ", metrics http://" + plan_.host + ":" +
+            std::to_string(child.spec.metrics_port) + "/metrics");
+  }
+  Status written = WriteClusterJson();
+  if (!written.ok()) Message("warning: " + written.ToString());
+  return Status::Ok();
+}
+
+Status Launcher::SpawnOne(Child& child) {
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    return Status::Internal(std::string("pipe2: ") + std::strerror(errno));
+  }
+  // Everything the child needs is prepared before fork: after it only async-signal-safe
+  // calls are allowed.
+  std::vector<char*> argv;
+  for (std::string& arg : child.spec.argv) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  const std::string exec_failed = "parasync-launch: cannot execute " + child.spec.argv[0] + "\n";
+  const pid_t parent = getpid();
+
+  sigset_t all;
+  sigset_t previous;
+  sigfillset(&all);
+  sigprocmask(SIG_BLOCK, &all, &previous);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Child: undo the launcher's signal setup before anything can be delivered.
+    for (int signal_number : kStopSignals) signal(signal_number, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    // Not left behind if the launcher itself is killed.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
+    const int null_fd = open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+    dup2(pipe_fds[1], STDOUT_FILENO);
+    dup2(pipe_fds[1], STDERR_FILENO);
+    fcntl(STDOUT_FILENO, F_SETFD, 0);
+    fcntl(STDERR_FILENO, F_SETFD, 0);
+    sigprocmask(SIG_SETMASK, &previous, nullptr);
+    execv(argv[0], argv.data());
+    [[maybe_unused]] ssize_t n = write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
+    _exit(127);
+  }
+  const int fork_errno = errno;
+  sigprocmask(SIG_SETMASK, &previous, nullptr);
+  close(pipe_fds[1]);
+  if (pid < 0) {
+    close(pipe_fds[0]);
+    return Status::Internal("fork for " + child.spec.name + ": " + std::strerror(fork_errno));
+  }
+  fcntl(pipe_fds[0], F_SETFL, fcntl(pipe_fds[0], F_GETFL) | O_NONBLOCK);
+  child.pid = pid;
+  child.running = true;
+  child.out_fd = pipe_fds[0];
+  return Status::Ok();
+}
+
+Status Launcher::WriteClusterJson() const {
+  using nlohmann::json;
+  json doc;
+  doc["host"] = plan_.host;
+  doc["mode"] = plan_.mode;
+  doc["log_dir"] = plan_.log_dir;
+  doc["launcher_pid"] = getpid();
+  json ps_hosts = json::array();
+  json worker_hosts = json::array();
+  json processes = json::array();
+  for (const Child& child : children_) {
+    const bool is_ps = child.spec.role == Role::kPs;
+    (is_ps ? ps_hosts : worker_hosts).push_back(child.spec.address);
+    processes.push_back({
+        {"role", is_ps ? "ps" : "worker"},
+        {"index", child.spec.index},
+        {"name", child.spec.name},
+        {"pid", child.pid},
+        {"address", child.spec.address},
+        {"metrics_port", child.spec.metrics_port},
+        {"metrics_url", "http://" + plan_.host + ":" +
+                            std::to_string(child.spec.metrics_port) + "/metrics"},
+        {"log", child.spec.log_path},
+        {"command", child.spec.argv},
+    });
+  }
+  doc["cluster"] = {{"ps", ps_hosts}, {"worker", worker_hosts}};
+  doc["processes"] = processes;
+  // Arguments are user input: replace invalid UTF-8 rather than throw.
+  const std::string text = doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+
+  const std::string path = plan_.log_dir + "/cluster.json";
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) return Status::Unavailable("cannot write " + temporary);
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    return Status::Unavailable("cannot rename " + temporary + " to " + path + ": " +
+                               std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+void Launcher::WriteOut(std::string_view text) {
+  if (output_broken_) return;
+  const char* data = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t n = write(options_.output_fd, data, left);
+    if (n > 0) {
+      data += n;
+      left -= static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      pollfd writable {options_.output_fd, POLLOUT, 0};
+      poll(&writable, 1, 100);
+    } else {
+      // The reader went away: the log files still get everything.
+      output_broken_ = true;
+      return;
+    }
+  }
+}
+
+void Launcher::Message(std::string_view text) {
+  std::string line(kLauncherPrefix);
+  line.append(text);
+  line.push_back('\n');
+  WriteOut(line);
+}
+
+void Launcher::EmitLine(Child& child, std::string_view line) {
+  std::string out = child.prefix;
+  out.append(line);
+  out.push_back('\n');
+  WriteOut(out);
+  if (child.log_fd >= 0) {
+    const char* data = out.data() + child.prefix.size();
+    size_t left = out.size() - child.prefix.size();
+    while (left > 0) {
+      const ssize_t n = write(child.log_fd, data, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      data += n;
+      left -= static_cast<size_t>(n);
+    }
+  }
+}
+
+void Launcher::FlushPartial(Child& child) {
+  if (child.partial.empty()) return;
+  EmitLine(child, child.partial);
+  child.partial.clear();
+}
+
+void Launcher::CloseOutput(Child& child) {
+  if (child.out_fd >= 0) close(child.out_fd);
+  child.out_fd = -1;
+}
+
+void Launcher::ReadOutput(Child& child, bool drain) {
+  char buffer[kReadChunk];
+  for (int reads = 0; child.out_fd >= 0 && reads < (drain ? kMaxDrainReads : 1); ++reads) {
+    const ssize_t n = read(child.out_fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) {
+      --reads;
+      continue;
+    }
+    if (n < 0 && errno == EAGAIN) return;
+    if (n <= 0) {  // EOF or a read error: this child has nothing more for us
+      FlushPartial(child);
+      CloseOutput(child);
+      return;
+    }
+    child.partial.append(buffer, static_cast<size_t>(n));
+    size_t start = 0;
+    for (size_t newline = child.partial.find('\n'); newline != std::string::npos;
+         newline = child.partial.find('\n', start)) {
+      std::string_view line(child.partial.data() + start, newline - start);
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      EmitLine(child, line);
+      start = newline + 1;
+    }
+    child.partial.erase(0, start);
+    while (child.partial.size() >= kMaxLineBytes) {
+      EmitLine(child, std::string_view(child.partial).substr(0, kMaxLineBytes));
+      child.partial.erase(0, kMaxLineBytes);
+    }
+  }
+}
+
+void Launcher::ReapExited() {
+  for (Child& child : children_) {
+    if (!child.running) continue;
+    int wait_status = 0;
+    const pid_t reaped = waitpid(child.pid, &wait_status, WNOHANG);
+    if (reaped == 0 || (reaped < 0 && errno == EINTR)) continue;
+    if (reaped < 0) {
+      // Only possible if someone else reaped our child; count it as a failure.
+      Message(child.spec.name + " (pid " + std::to_string(child.pid) +
+              ") vanished: " + std::strerror(errno));
+      wait_status = 0xff00;  // exit status 255
+    }
+    // Everything the process wrote is in the pipe now: forward it before reporting.
+    ReadOutput(child, /*drain=*/true);
+    FlushPartial(child);
+    CloseOutput(child);
+    OnExit(child, wait_status);
+  }
+}
+
+void Launcher::OnExit(Child& child, int wait_status) {
+  child.running = false;
+  child.reaped = true;
+  child.wait_status = wait_status;
+  const bool clean = ExitedZero(wait_status);
+  const std::string who = child.spec.name + " (pid " + std::to_string(child.pid) + ")";
+  const bool is_chief = child.spec.role == Role::kWorker && child.spec.index == 0;
+
+  if (phase_ == Phase::kRunning) {
+    if (clean && is_chief) {
+      chief_done_ = true;
+      Message("chief " + who + " finished; stopping the others");
+      BeginStopping(Phase::kStoppingWorkers);
+    } else if (clean) {
+      Message(who + (child.spec.role == Role::kWorker
+                         ? " finished early with exit status 0"
+                         : " exited with status 0 before the chief finished"));
+    } else {
+      failure_ = who + " failed with " + DescribeWaitStatus(wait_status) +
+                 (is_chief ? "" : " before the chief finished") + "; log: " +
+                 child.spec.log_path;
+      Message(failure_);
+      BeginStopping(Phase::kStoppingWorkers);
+    }
+    return;
+  }
+  if (child.killed_after_grace) {
+    Message(who + " did not stop within " + FormatSeconds(options_.grace_seconds) +
+            " s of SIGTERM and was killed with SIGKILL; log: " + child.spec.log_path);
+  } else if (!clean && !interrupted_) {
+    Message(who + " ended with " + DescribeWaitStatus(wait_status) +
+            (child.sent_term ? " after SIGTERM" : "") + "; log: " + child.spec.log_path);
+  }
+}
+
+bool Launcher::GroupRunning(Role role) const {
+  for (const Child& child : children_) {
+    if (child.running && child.spec.role == role) return true;
+  }
+  return false;
+}
+
+void Launcher::SignalGroup(Role role, int signal_number) {
+  for (Child& child : children_) {
+    if (!child.running || child.spec.role != role) continue;
+    kill(child.pid, signal_number);
+    if (signal_number == SIGTERM) child.sent_term = true;
+    if (signal_number == SIGKILL) child.sent_kill = true;
+  }
+}
+
+void Launcher::KillAllNow() {
+  SignalGroup(Role::kWorker, SIGKILL);
+  SignalGroup(Role::kPs, SIGKILL);
+}
+
+void Launcher::BeginStopping(Phase phase) {
+  phase_ = phase;
+  group_killed_ = false;
+  stop_deadline_ = NowSeconds() + options_.grace_seconds;
+  SignalGroup(phase == Phase::kStoppingWorkers ? Role::kWorker : Role::kPs, SIGTERM);
+}
+
+int Launcher::Supervise() {
+  while (phase_ != Phase::kDone) {
+    std::vector<pollfd> poll_fds;
+    std::vector<Child*> owners;
+    poll_fds.push_back({g_signal_pipe[0], POLLIN, 0});
+    for (Child& child : children_) {
+      if (child.out_fd < 0) continue;
+      poll_fds.push_back({child.out_fd, POLLIN, 0});
+      owners.push_back(&child);
+    }
+    // The signal pipe wakes us for every exit; the timeout only serves the deadlines.
+    int timeout_ms = 1000;
+    if (phase_ != Phase::kRunning) {
+      const double left = stop_deadline_ - NowSeconds();
+      timeout_ms = group_killed_ ? 100
+                                 : static_cast<int>(std::clamp(std::ceil(left * 1000.0),
+                                                               0.0, 1000.0));
+    }
+    const int ready = poll(poll_fds.data(), poll_fds.size(), timeout_ms);
+    if (ready < 0 && errno != EINTR) {
+      Message(std::string("poll failed: ") + std::strerror(errno) + "; killing all processes");
+      if (failure_.empty()) failure_ = "poll failed";
+      KillAllNow();
+      group_killed_ = true;
+    }
+
+    if (ready > 0 && (poll_fds[0].revents & POLLIN) != 0) {
+      unsigned char signals[64];
+      ssize_t n;
+      while ((n = read(g_signal_pipe[0], signals, sizeof(signals))) > 0) {
+        for (ssize_t i = 0; i < n; ++i) {
+          const int signal_number = signals[i];
+          if (signal_number == SIGCHLD) continue;
+          if (interrupted_) {
+            Message("got " + SignalName(signal_number) + " again; killing all processes");
+            KillAllNow();
+            group_killed_ = true;
+            continue;
+          }
+          interrupted_ = true;
+          Message("got " + SignalName(signal_number) +
+                  "; stopping all processes (send it again to kill them at once)");
+          if (phase_ == Phase::kRunning) BeginStopping(Phase::kStoppingWorkers);
+        }
+      }
+    }
+    for (size_t i = 1; ready > 0 && i < poll_fds.size(); ++i) {
+      if ((poll_fds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        ReadOutput(*owners[i - 1], /*drain=*/false);
+      }
+    }
+    ReapExited();
+
+    // Stop workers, then PS; each group gets the grace period, then SIGKILL.
+    for (bool advanced = true; advanced;) {
+      advanced = false;
+      const Role role = phase_ == Phase::kStoppingWorkers ? Role::kWorker : Role::kPs;
+      if (phase_ == Phase::kRunning || phase_ == Phase::kDone) break;
+      if (!GroupRunning(role)) {
+        if (phase_ == Phase::kStoppingWorkers) {
+          BeginStopping(Phase::kStoppingPs);
+        } else {
+          phase_ = Phase::kDone;
+        }
+        advanced = true;
+      } else if (!group_killed_ && NowSeconds() >= stop_deadline_) {
+        for (Child& child : children_) {
+          if (child.running && child.spec.role == role) child.killed_after_grace = true;
+        }
+        SignalGroup(role, SIGKILL);
+        group_killed_ = true;
+      }
+    }
+  }
+  return ComputeExitCode();
+}
+
+int Launcher::ComputeExitCode() {
+  std::string statuses;
+  bool all_clean = true;
+  for (const Child& child : children_) {
+    const bool clean = ExitedZero(child.wait_status);
+    all_clean = all_clean && clean;
+    if (!statuses.empty()) statuses += ", ";
+    statuses += child.spec.name + " " +
+                (clean ? std::string("exit 0") : DescribeWaitStatus(child.wait_status));
+    if (child.killed_after_grace) statuses += " after the grace period";
+  }
+  Message("exit status: " + statuses);
+  if (interrupted_) {
+    Message("stopped by a signal; every process has been stopped");
+    return kExitInterrupted;
+  }
+  if (!failure_.empty()) {
+    Message("run failed: " + failure_);
+    return kExitFailed;
+  }
+  if (!all_clean) {
+    Message("run failed: not every process exited with status 0");
+    return kExitFailed;
+  }
+  Message("run succeeded: every process exited with status 0");
+  return kExitOk;
+}
+
+std::string Launcher::Summary() const {
+  std::ostringstream out;
+  const std::string eval_path = plan_.log_dir + "/eval.jsonl";
+  std::ifstream eval(eval_path);
+  if (!eval) {
+    out << kLauncherPrefix << "no " << eval_path
+        << " (the chief writes it after each evaluation)\n";
+  } else {
+    std::string line;
+    std::string last;
+    while (std::getline(eval, line)) {
+      if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+    }
+    const nlohmann::json record = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
+    auto number = [&](const char* key) -> std::optional<double> {
+      if (!record.is_object() || !record.contains(key) || !record[key].is_number()) {
+        return std::nullopt;
+      }
+      return record[key].get<double>();
+    };
+    const std::optional<double> accuracy = number("test_accuracy");
+    if (!accuracy.has_value()) {
+      out << kLauncherPrefix << "the last line of " << eval_path
+          << " has no test_accuracy\n";
+    } else {
+      char text[160];
+      std::snprintf(text, sizeof(text), "final test accuracy %.4f", *accuracy);
+      out << kLauncherPrefix << text;
+      if (const std::optional<double> epoch = number("epoch"); epoch.has_value()) {
+        std::snprintf(text, sizeof(text), " after epoch %.0f", *epoch);
+        out << text;
+      }
+      if (const std::optional<double> wall = number("wall_s"); wall.has_value()) {
+        std::snprintf(text, sizeof(text), " (%.1f s)", *wall);
+        out << text;
+      }
+      out << "\n";
+    }
+  }
+
+  out << kLauncherPrefix << "logs:";
+  for (const Child& child : children_) out << " " << child.spec.log_path;
+  out << "\n";
+  out << kLauncherPrefix << "evaluation log: " << eval_path << "\n";
+  out << kLauncherPrefix << "cluster description: " << plan_.log_dir << "/cluster.json\n";
+  out << kLauncherPrefix << "metrics endpoints (live during the run):";
+  for (const Child& child : children_) {
+    out << " " << child.spec.name << " http://" << plan_.host << ":"
+        << child.spec.metrics_port << "/metrics";
+  }
+  out << "\n";
+  out << kLauncherPrefix << "each process writes its final metrics to " << plan_.log_dir
+      << "/metrics-<role><index>.prom at exit (e.g. metrics-ps0.prom, metrics-worker0.prom)\n";
+  return out.str();
+}
+
+}  // namespace parasync::launch

@@ -1,0 +1,121 @@
+// parasync-ps: one parameter-server shard. See --help.
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/cluster_spec.h"
+#include "common/metrics.h"
+#include "common/process.h"
+#include "common/transport.h"
+#include "ps/ps_metrics.h"
+#include "ps/server.h"
+
+namespace {
+
+constexpr int kExitBadUsage = 2;
+
+int Fail(const std::string& line, int code = 1) {
+  std::cerr << "parasync-ps: " << line << "\n";
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace parasync;
+  CLI::App app{
+      "parasync-ps: a parameter-server shard. Holds its share of the model's variables, applies "
+      "the optimizer to pushed gradients and serves pulls over ZeroMQ.\n\n"
+      "Example (shard 0 of 2):\n"
+      "  parasync-ps --ps-hosts 127.0.0.1:5000,127.0.0.1:5001 --worker-hosts 127.0.0.1:6000 "
+      "--task-index 0\n"
+      "The cluster may instead come from TF_CONFIG "
+      "({\"cluster\":{\"ps\":[...],\"worker\":[...]},\"task\":{\"type\":\"ps\",\"index\":0}}); "
+      "flags win."};
+  app.option_defaults()->always_capture_default();
+  ClusterFlags cluster;
+  std::string mode = "async";
+  std::string bind;
+  std::string metrics_bind = "127.0.0.1";
+  int metrics_port = 0;
+  std::string log_dir;
+  std::string log_level = "info";
+  int64_t max_message_bytes = int64_t{1} << 30;
+
+  app.add_option("--ps-hosts", cluster.ps_hosts, "Comma-separated host:port of every PS shard");
+  app.add_option("--worker-hosts", cluster.worker_hosts, "Comma-separated host:port of every worker");
+  app.add_option("--task-index", cluster.task_index, "This shard's index in --ps-hosts")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--mode", mode, "Update mode: async (sync and ssp:K arrive with issue 3)");
+  app.add_option("--bind", bind,
+                 "Address to bind, host:port (default: this task's address in the cluster; "
+                 "use 0.0.0.0:PORT to listen on all interfaces)");
+  app.add_option("--metrics-port", metrics_port, "Port of /metrics; 0 picks a free one and logs it")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-bind", metrics_bind, "Address the metrics server listens on");
+  app.add_option("--log-dir", log_dir, "Directory for the metrics snapshot written at exit");
+  app.add_option("--log-level", log_level, "debug, info, warn or error");
+  app.add_option("--max-message-bytes", max_message_bytes,
+                 "Largest message accepted; bigger ones are dropped by ZeroMQ")
+      ->check(CLI::PositiveNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return Fail(e.what() + std::string(" (see --help)"), kExitBadUsage);
+  }
+
+  const char* env = std::getenv("TF_CONFIG");
+  auto spec = ResolveClusterSpec(cluster, env ? std::optional<std::string>(env) : std::nullopt, "ps");
+  if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
+  if (mode != "async") {
+    return Fail("--mode " + mode + " is not supported yet; this build serves async only",
+                kExitBadUsage);
+  }
+  if (!InitLogging("ps", spec->task_index, log_level)) {
+    return Fail("unknown --log-level " + log_level, kExitBadUsage);
+  }
+  if (!log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(log_dir, ec);
+    if (ec) return Fail("cannot create --log-dir " + log_dir + ": " + ec.message(), kExitBadUsage);
+  }
+  InstallShutdownSignalHandlers();
+
+  const int shard = spec->task_index;
+  PsMetrics metrics(shard);
+  auto metrics_server = MetricsServer::Start(metrics_bind, metrics_port, metrics.registry);
+  if (!metrics_server.ok()) return Fail(metrics_server.status().message());
+
+  ServerOptions options;
+  options.endpoint = ToEndpoint(bind.empty() ? spec->ps[static_cast<size_t>(shard)] : bind);
+  options.shard_index = shard;
+  options.num_shards = static_cast<int>(spec->ps.size());
+  options.max_message_bytes = max_message_bytes;
+  zmq::context_t context(1);
+  auto server = Server::Create(context, options, &metrics);
+  if (!server.ok()) return Fail(server.status().message());
+  spdlog::info("shard {}/{} serving on {} (mode {}), metrics on http://{}:{}/metrics", shard,
+               options.num_shards, (*server)->endpoint(), mode, metrics_bind,
+               (*metrics_server)->port());
+
+  Status run = (*server)->Run([] { return ShutdownRequested(); });
+  if (int sig = ShutdownSignal(); sig != 0) spdlog::info("signal {} received, shutting down", sig);
+  const Shard& s = (*server)->shard();
+  spdlog::info("stopped: version {}, {} examples applied, {} elements held", s.version(),
+               s.examples(), s.num_elements());
+  if (!log_dir.empty()) {
+    const std::string path = log_dir + "/metrics-ps" + std::to_string(shard) + ".prom";
+    if (Status w = WriteMetricsSnapshot(*metrics.registry, path); !w.ok()) {
+      spdlog::warn("metrics snapshot not written: {}", w.message());
+    }
+  }
+  if (!run.ok()) return Fail(run.ToString());
+  return 0;
+}

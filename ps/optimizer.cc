@@ -1,0 +1,51 @@
+#include "ps/optimizer.h"
+
+#include <cmath>
+
+namespace parasync {
+
+int NumOptimizerSlots(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd: return 0;
+    case OptimizerKind::kMomentum: return 1;
+    case OptimizerKind::kAdam: return 2;
+  }
+  return 0;
+}
+
+void ApplyUpdate(const OptimizerSpec& spec, int64_t step, float* __restrict w,
+                 const float* __restrict g, std::span<float* const> slots, int64_t n) {
+  const float lr = spec.learning_rate;
+  switch (spec.kind) {
+    case OptimizerKind::kSgd:
+      for (int64_t i = 0; i < n; ++i) w[i] -= lr * g[i];
+      return;
+    case OptimizerKind::kMomentum: {
+      float* __restrict v = slots[0];
+      const float mu = spec.momentum;
+      for (int64_t i = 0; i < n; ++i) {
+        v[i] = mu * v[i] + g[i];
+        w[i] -= lr * v[i];
+      }
+      return;
+    }
+    case OptimizerKind::kAdam: {
+      float* __restrict m = slots[0];
+      float* __restrict v = slots[1];
+      const float b1 = spec.beta1;
+      const float b2 = spec.beta2;
+      const double t = static_cast<double>(step);
+      const float lr_t = static_cast<float>(lr * std::sqrt(1.0 - std::pow(double{b2}, t)) /
+                                            (1.0 - std::pow(double{b1}, t)));
+      const float eps = spec.epsilon;
+      for (int64_t i = 0; i < n; ++i) {
+        m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+        v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+        w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+      }
+      return;
+    }
+  }
+}
+
+}  // namespace parasync

@@ -1,0 +1,28 @@
+// Server-side optimizers: the update a parameter server applies to a slice for one pushed
+// gradient. Pure functions over caller-owned arrays; thread-safe for disjoint arrays.
+//
+//   sgd       w -= lr * g
+//   momentum  v = momentum * v + g;  w -= lr * v                     (TensorFlow's Momentum)
+//   adam      m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+//             lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t);  w -= lr_t * m / (sqrt(v) + eps)
+//                                                                    (TensorFlow's Adam)
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "common/model_spec.h"
+
+namespace parasync {
+
+// Slot arrays (same length as the variable) each optimizer keeps: sgd 0, momentum 1 (v),
+// adam 2 (m, v). Slots start at zero.
+int NumOptimizerSlots(OptimizerKind kind);
+
+// Applies one update to w[0..n) from g[0..n). `slots` holds NumOptimizerSlots(spec.kind)
+// arrays of n floats, updated in place. `step` is the 1-based count of updates this slice
+// has received including this one (Adam's bias correction).
+void ApplyUpdate(const OptimizerSpec& spec, int64_t step, float* w, const float* g,
+                 std::span<float* const> slots, int64_t n);
+
+}  // namespace parasync

@@ -1,0 +1,67 @@
+#include "ps/ps_metrics.h"
+
+#include <string>
+
+namespace parasync {
+
+PsMetrics::PsMetrics(int shard) : registry(std::make_shared<prometheus::Registry>()) {
+  const prometheus::Labels labels{{"role", "ps"}, {"shard", std::to_string(shard)}};
+  auto& req = prometheus::BuildCounter()
+                  .Name("parasync_ps_requests_total")
+                  .Help("Requests received, by message type")
+                  .Labels(labels)
+                  .Register(*registry);
+  auto& bytes = prometheus::BuildCounter()
+                    .Name("parasync_ps_bytes_total")
+                    .Help("Message bytes (header and tensor frames) by type and direction")
+                    .Labels(labels)
+                    .Register(*registry);
+  for (int t = 0; t < kNumMsgTypes; ++t) {
+    const std::string type(MsgTypeName(static_cast<MsgType>(t)));
+    requests[static_cast<size_t>(t)] = &req.Add({{"type", type}});
+    bytes_received[static_cast<size_t>(t)] = &bytes.Add({{"type", type}, {"direction", "in"}});
+    bytes_sent[static_cast<size_t>(t)] = &bytes.Add({{"type", type}, {"direction", "out"}});
+  }
+  auto& rej = prometheus::BuildCounter()
+                  .Name("parasync_ps_rejected_total")
+                  .Help("Requests refused with an error reply, by reason; nothing was changed")
+                  .Labels(labels)
+                  .Register(*registry);
+  for (int r = 1; r < kNumRejectReasons; ++r) {
+    rejected[static_cast<size_t>(r)] =
+        &rej.Add({{"reason", std::string(RejectReasonName(static_cast<RejectReason>(r)))}});
+  }
+  apply_seconds = &prometheus::BuildHistogram()
+                       .Name("parasync_ps_apply_seconds")
+                       .Help("Time to validate and apply one push")
+                       .Labels(labels)
+                       .Register(*registry)
+                       .Add({}, prometheus::Histogram::BucketBoundaries{
+                                    1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1});
+  version = &prometheus::BuildGauge()
+                 .Name("parasync_ps_version")
+                 .Help("Pushes applied on this shard")
+                 .Labels(labels)
+                 .Register(*registry)
+                 .Add({});
+  examples = &prometheus::BuildCounter()
+                  .Name("parasync_ps_examples_total")
+                  .Help("Training examples behind the gradients applied on this shard")
+                  .Labels(labels)
+                  .Register(*registry)
+                  .Add({});
+  elements = &prometheus::BuildGauge()
+                  .Name("parasync_ps_elements")
+                  .Help("Parameter elements held by this shard")
+                  .Labels(labels)
+                  .Register(*registry)
+                  .Add({});
+  registered = &prometheus::BuildGauge()
+                    .Name("parasync_ps_registered")
+                    .Help("1 once a model is registered")
+                    .Labels(labels)
+                    .Register(*registry)
+                    .Add({});
+}
+
+}  // namespace parasync

@@ -1,0 +1,34 @@
+// Every metric a parameter server exports, registered in one place. Names follow Prometheus
+// conventions with the parasync_ps_ prefix and constant labels role="ps", shard="<i>".
+// prometheus-cpp metrics are thread-safe; this struct is built once and then only read.
+#pragma once
+
+#include <array>
+#include <memory>
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "common/wire.h"
+#include "ps/shard.h"
+
+namespace parasync {
+
+struct PsMetrics {
+  explicit PsMetrics(int shard);
+
+  std::shared_ptr<prometheus::Registry> registry;
+  std::array<prometheus::Counter*, kNumMsgTypes> requests{};        // by type
+  std::array<prometheus::Counter*, kNumMsgTypes> bytes_received{};  // by type
+  std::array<prometheus::Counter*, kNumMsgTypes> bytes_sent{};      // by type
+  std::array<prometheus::Counter*, kNumRejectReasons> rejected{};   // by reason
+  prometheus::Histogram* apply_seconds = nullptr;
+  prometheus::Gauge* version = nullptr;
+  prometheus::Counter* examples = nullptr;
+  prometheus::Gauge* elements = nullptr;
+  prometheus::Gauge* registered = nullptr;
+};
+
+}  // namespace parasync

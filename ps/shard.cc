@@ -1,0 +1,164 @@
+#include "ps/shard.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "ps/optimizer.h"
+
+namespace parasync {
+
+std::string_view RejectReasonName(RejectReason reason) {
+  switch (reason) {
+    case RejectReason::kNone: return "none";
+    case RejectReason::kMalformed: return "malformed";
+    case RejectReason::kVersionMismatch: return "protocol_version";
+    case RejectReason::kNotRegistered: return "not_registered";
+    case RejectReason::kRegisterMismatch: return "register_mismatch";
+    case RejectReason::kBadRegistration: return "bad_registration";
+    case RejectReason::kUnknownSlice: return "unknown_slice";
+    case RejectReason::kRange: return "range";
+    case RejectReason::kByteLength: return "byte_length";
+    case RejectReason::kFrameCount: return "frame_count";
+    case RejectReason::kDType: return "dtype";
+    case RejectReason::kNonFinite: return "non_finite";
+    case RejectReason::kUnsupported: return "unsupported";
+  }
+  return "unknown";
+}
+
+Shard::Shard(int shard_index, int num_shards) : shard_index_(shard_index), num_shards_(num_shards) {}
+
+Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
+  if (registration_) {
+    std::string diff = DescribeRegistrationMismatch(*registration_, reg);
+    if (diff.empty()) return Status::Ok();
+    *reason = RejectReason::kRegisterMismatch;
+    return Status::FailedPrecondition("model differs from the one registered on shard " +
+                                      std::to_string(shard_index_) + ": " + diff);
+  }
+  if (Status s = ValidateRegistration(reg); !s.ok()) {
+    *reason = RejectReason::kBadRegistration;
+    return s;
+  }
+  if (reg.num_shards != num_shards_) {
+    *reason = RejectReason::kBadRegistration;
+    return Status::InvalidArgument("worker expects " + std::to_string(reg.num_shards) +
+                                   " parameter servers but this cluster has " +
+                                   std::to_string(num_shards_));
+  }
+  auto map = SliceMap::Build(reg.variables, reg.max_slice_elements, reg.num_shards);
+  if (!map.ok()) {
+    *reason = RejectReason::kBadRegistration;
+    return map.status();
+  }
+  const int num_slots = NumOptimizerSlots(reg.optimizer.kind);
+  local_index_.assign(map->slices().size(), -1);
+  owned_.clear();
+  for (uint32_t id : map->SlicesOfShard(shard_index_)) {
+    const SliceInfo& info = map->slices()[id];
+    SliceState state;
+    state.values.resize(static_cast<size_t>(info.length));
+    InitializeElements(reg.variables[info.var_index].init, reg.seed, info.var_index, info.offset,
+                       state.values.data(), info.length);
+    state.slots.assign(static_cast<size_t>(num_slots),
+                       std::vector<float>(static_cast<size_t>(info.length), 0.0f));
+    local_index_[id] = static_cast<int32_t>(owned_.size());
+    owned_.push_back(std::move(state));
+  }
+  registration_ = reg;
+  map_ = std::move(map).value();
+  return Status::Ok();
+}
+
+Status Shard::ValidateRanges(std::span<const SliceRange> ranges, DType dtype,
+                             std::optional<std::span<const size_t>> frame_bytes,
+                             RejectReason* reason) const {
+  if (!registration_) {
+    *reason = RejectReason::kNotRegistered;
+    return Status::FailedPrecondition("shard " + std::to_string(shard_index_) +
+                                      " has no model yet: send Register first");
+  }
+  if (dtype != DType::kFloat32) {
+    *reason = RejectReason::kDType;
+    return Status::InvalidArgument("dtype " + std::to_string(static_cast<int>(dtype)) +
+                                   " is not the variables' float32");
+  }
+  if (frame_bytes && frame_bytes->size() != ranges.size()) {
+    *reason = RejectReason::kFrameCount;
+    return Status::InvalidArgument(std::to_string(frame_bytes->size()) + " tensor frames for " +
+                                   std::to_string(ranges.size()) + " slice ranges");
+  }
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const SliceRange& r = ranges[i];
+    if (r.slice_id >= local_index_.size() || local_index_[r.slice_id] < 0) {
+      *reason = RejectReason::kUnknownSlice;
+      return Status::NotFound("slice " + std::to_string(r.slice_id) + " is not held by shard " +
+                              std::to_string(shard_index_));
+    }
+    const int64_t length = map_->slices()[r.slice_id].length;
+    if (r.begin < 0 || r.count < 0 || r.begin > length || r.count > length - r.begin) {
+      *reason = RejectReason::kRange;
+      return Status::InvalidArgument("range [" + std::to_string(r.begin) + ", +" +
+                                     std::to_string(r.count) + ") is outside slice " +
+                                     std::to_string(r.slice_id) + " of " +
+                                     std::to_string(length) + " elements");
+    }
+    if (frame_bytes) {
+      const size_t want = static_cast<size_t>(r.count) * DTypeSize(dtype);
+      if ((*frame_bytes)[i] != want) {
+        *reason = RejectReason::kByteLength;
+        return Status::InvalidArgument("tensor frame " + std::to_string(i) + " has " +
+                                       std::to_string((*frame_bytes)[i]) + " bytes, expected " +
+                                       std::to_string(want));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+void Shard::Read(std::span<const SliceRange> ranges, std::span<float* const> out) const {
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
+    std::memcpy(out[i], s.values.data() + ranges[i].begin,
+                static_cast<size_t>(ranges[i].count) * sizeof(float));
+  }
+}
+
+Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
+                    int64_t batch_examples, RejectReason* reason) {
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const float* g = grads[i];
+    bool finite = true;
+    for (int64_t k = 0; k < ranges[i].count; ++k) finite &= std::isfinite(g[k]);
+    if (!finite) {
+      *reason = RejectReason::kNonFinite;
+      return Status::InvalidArgument("gradient for slice " + std::to_string(ranges[i].slice_id) +
+                                     " contains NaN or Inf");
+    }
+  }
+  const OptimizerSpec& opt = registration_->optimizer;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
+    ++s.updates;
+    float* slot_ptrs[2] = {nullptr, nullptr};
+    for (size_t k = 0; k < s.slots.size(); ++k) slot_ptrs[k] = s.slots[k].data() + ranges[i].begin;
+    ApplyUpdate(opt, s.updates, s.values.data() + ranges[i].begin, grads[i],
+                std::span<float* const>(slot_ptrs, s.slots.size()), ranges[i].count);
+  }
+  ++version_;
+  examples_ += batch_examples > 0 ? batch_examples : 0;
+  return Status::Ok();
+}
+
+int64_t Shard::num_elements() const {
+  int64_t n = 0;
+  for (const SliceState& s : owned_) n += static_cast<int64_t>(s.values.size());
+  return n;
+}
+
+std::span<const float> Shard::SliceValues(uint32_t id) const {
+  if (id >= local_index_.size() || local_index_[id] < 0) return {};
+  return owned_[static_cast<size_t>(local_index_[id])].values;
+}
+
+}  // namespace parasync

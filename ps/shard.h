@@ -1,0 +1,97 @@
+// Shard: one parameter server's part of the model — its slices' values and optimizer slots —
+// and the rules for changing them. No sockets here: ps/server.h feeds it decoded requests.
+//
+// Every request is validated completely before anything is touched, so a rejected request
+// changes nothing. Not thread-safe: one thread (the server loop) owns a Shard.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "common/model_spec.h"
+#include "common/slice_map.h"
+#include "common/status.h"
+#include "common/wire.h"
+
+namespace parasync {
+
+// Why a request was refused; the label of parasync_ps_rejected_total.
+enum class RejectReason : uint8_t {
+  kNone = 0,
+  kMalformed,          // header failed the FlatBuffers verifier or made no sense
+  kVersionMismatch,    // built from another schema
+  kNotRegistered,      // pull/push before any Register
+  kRegisterMismatch,   // Register differing from the registered model
+  kBadRegistration,    // invalid variables/optimizer, wrong shard count
+  kUnknownSlice,       // slice id not in the map or not on this shard
+  kRange,              // element range outside the slice
+  kByteLength,         // tensor frame length != count * dtype size
+  kFrameCount,         // number of tensor frames != number of ranges
+  kDType,              // dtype other than the variable's
+  kNonFinite,          // gradient with NaN or Inf
+  kUnsupported,        // message type this server does not accept
+};
+inline constexpr int kNumRejectReasons = 13;
+std::string_view RejectReasonName(RejectReason reason);
+
+class Shard {
+ public:
+  // Shard `shard_index` of `num_shards`. Precondition: 0 <= shard_index < num_shards.
+  Shard(int shard_index, int num_shards);
+
+  // First call: validates `reg`, builds the slice map, creates and initializes this shard's
+  // slices (deterministically from reg.seed) and zeroes their slots. Later calls succeed only
+  // if `reg` equals the first (else FailedPrecondition naming the difference). On failure
+  // sets *reason and changes nothing.
+  Status Register(const ModelRegistration& reg, RejectReason* reason);
+
+  // Checks that every range names a slice on this shard and fits in it, that the dtype is the
+  // variables', and — when `frame_bytes` is given (push) — that there is one frame per range
+  // of exactly count * 4 bytes. On failure sets *reason.
+  Status ValidateRanges(std::span<const SliceRange> ranges, DType dtype,
+                        std::optional<std::span<const size_t>> frame_bytes,
+                        RejectReason* reason) const;
+
+  // Copies each range into out[i] (ranges[i].count floats). Precondition: ValidateRanges ok.
+  void Read(std::span<const SliceRange> ranges, std::span<float* const> out) const;
+
+  // Applies the optimizer to each range with gradient grads[i] (ranges[i].count floats),
+  // after checking every gradient is finite (InvalidArgument + kNonFinite otherwise, nothing
+  // applied). Increments version() by one and examples() by batch_examples.
+  // Precondition: ValidateRanges ok.
+  Status Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
+               int64_t batch_examples, RejectReason* reason);
+
+  bool registered() const { return registration_.has_value(); }
+  int64_t version() const { return version_; }
+  int64_t examples() const { return examples_; }
+  int shard_index() const { return shard_index_; }
+  // Elements held (0 before Register).
+  int64_t num_elements() const;
+  int num_slices() const { return static_cast<int>(owned_.size()); }
+  // The slice map (nullptr before Register).
+  const SliceMap* slice_map() const { return map_ ? &*map_ : nullptr; }
+  // Values of slice `id` (for tests and checkpoints); empty if not held here.
+  std::span<const float> SliceValues(uint32_t id) const;
+
+ private:
+  struct SliceState {
+    std::vector<float> values;
+    std::vector<std::vector<float>> slots;
+    int64_t updates = 0;
+  };
+
+  int shard_index_;
+  int num_shards_;
+  std::optional<ModelRegistration> registration_;
+  std::optional<SliceMap> map_;
+  std::vector<int32_t> local_index_;  // slice id -> index in owned_, or -1
+  std::vector<SliceState> owned_;
+  int64_t version_ = 0;
+  int64_t examples_ = 0;
+};
+
+}  // namespace parasync

@@ -1,0 +1,555 @@
+// Tests of deploy/launch: plan building in-process, and the real parasync-launch binary run
+// as a subprocess against fake parasync-ps / parasync-worker shell scripts whose behaviour
+// each test picks through FAKE_<name> environment variables.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "deploy/launch/launcher.h"
+
+extern char** environ;
+
+namespace parasync::launch {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using Clock = std::chrono::steady_clock;
+
+// Behaviour per process from FAKE_<name> or FAKE_DEFAULT:
+//   ok           prints, exits 0 FAKE_OK_DELAY s after all are ready (worker0 writes eval.jsonl when
+//                FAKE_WRITE_EVAL is set), leaving its last line without a newline
+//   fail3        prints, exits 3 0.2 s after all are ready
+//   hang         runs until SIGTERM, then says so and exits 0
+//   ignore_term  ignores SIGTERM; only SIGKILL ends it
+// Each fake records its arguments (one a line) and its PID in $FAKE_DIR, and a .ready
+// marker once its greeting is printed; ok and fail3 wait (up to 5 s) until all FAKE_COUNT
+// (default 4) fakes are ready, so no fake is stopped before it has set itself up.
+constexpr const char* kFakeScript = R"(#!/bin/sh
+role=ps
+case "$0" in *parasync-worker) role=worker ;; esac
+index=
+log_dir=
+prev=
+for arg in "$@"; do
+  [ "$prev" = "--task-index" ] && index=$arg
+  [ "$prev" = "--log-dir" ] && log_dir=$arg
+  prev=$arg
+done
+name=$role$index
+eval "behaviour=\${FAKE_$name:-\${FAKE_DEFAULT:-hang}}"
+case "$behaviour" in
+  hang) trap 'echo "$name got SIGTERM"; exit 0' TERM ;;
+  ignore_term) trap '' TERM ;;
+esac
+printf '%s\n' "$@" > "$FAKE_DIR/$name.args"
+echo $$ > "$FAKE_DIR/$name.pid.tmp" && mv "$FAKE_DIR/$name.pid.tmp" "$FAKE_DIR/$name.pid"
+echo "hello from $name"
+echo "$name to stderr" >&2
+printf 'partial from %s' "$name"
+sleep 0.05
+printf ' completed\n'
+touch "$FAKE_DIR/$name.ready"
+all_ready() {
+  set -- "$FAKE_DIR"/*.ready
+  [ -e "$1" ] && [ $# -ge "${FAKE_COUNT:-4}" ]
+}
+tries=0
+if [ "$behaviour" = ok ] || [ "$behaviour" = fail3 ]; then
+  until all_ready || [ $tries -ge 250 ]; do sleep 0.02; tries=$((tries + 1)); done
+fi
+case "$behaviour" in
+  ok)
+    sleep "${FAKE_OK_DELAY:-0.3}"
+    if [ "$name" = worker0 ] && [ -n "$FAKE_WRITE_EVAL" ]; then
+      echo '{"epoch": 4, "test_accuracy": 0.85, "wall_s": 99.0}' > "$log_dir/eval.jsonl"
+      echo '{"epoch": 5, "test_accuracy": 0.8712, "wall_s": 123.4}' >> "$log_dir/eval.jsonl"
+    fi
+    printf 'last words of %s' "$name"
+    exit 0 ;;
+  fail3) sleep 0.2; echo "$name failing"; exit 3 ;;
+  *) while :; do sleep 0.05; done ;;
+esac
+)";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::vector<std::string> ReadLines(const std::string& path) {
+  std::vector<std::string> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+std::string LauncherPath() {
+  const char* bin_dir = std::getenv("PARASYNC_BIN_DIR");
+  if (bin_dir != nullptr && *bin_dir != '\0') return std::string(bin_dir) + "/parasync-launch";
+  // Run by hand: the test sits next to the launcher in <build>/bin.
+  return std::filesystem::read_symlink("/proc/self/exe").parent_path().string() +
+         "/parasync-launch";
+}
+
+bool ProcessGone(pid_t pid) { return kill(pid, 0) == -1 && errno == ESRCH; }
+
+// Waits up to `timeout` for every PID to be gone; returns those still there.
+std::vector<pid_t> WaitUntilGone(const std::vector<pid_t>& pids,
+                                 std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    std::vector<pid_t> alive;
+    for (pid_t pid : pids) {
+      if (!ProcessGone(pid)) alive.push_back(pid);
+    }
+    if (alive.empty() || Clock::now() >= deadline) return alive;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// The launcher binary running as our child, stdout and stderr captured to files.
+class LauncherProcess {
+ public:
+  LauncherProcess(std::vector<std::string> args, const std::map<std::string, std::string>& env,
+                  const std::string& out_path, const std::string& err_path)
+      : out_path_(out_path), err_path_(err_path) {
+    args.insert(args.begin(), LauncherPath());
+    std::vector<std::string> environment;
+    for (char** entry = environ; *entry != nullptr; ++entry) {
+      if (std::strncmp(*entry, "FAKE_", 5) != 0) environment.emplace_back(*entry);
+    }
+    for (const auto& [key, value] : env) environment.push_back(key + "=" + value);
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    std::vector<char*> envp;
+    for (std::string& entry : environment) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+
+    const int out_fd = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int err_fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    start_ = Clock::now();
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out_fd, STDOUT_FILENO);
+      dup2(err_fd, STDERR_FILENO);
+      execve(argv[0], argv.data(), envp.data());
+      _exit(126);
+    }
+    close(out_fd);
+    close(err_fd);
+  }
+
+  ~LauncherProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  pid_t pid() const { return pid_; }
+
+  // Waits up to `timeout` for the launcher to exit; returns its exit code, 128 + signal if
+  // it died of one, or -1 (after killing it) if it did not exit in time.
+  int Wait(std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    while (true) {
+      int status = 0;
+      const pid_t reaped = waitpid(pid_, &status, WNOHANG);
+      if (reaped == pid_) {
+        exited_ = true;
+        seconds_ = std::chrono::duration<double>(Clock::now() - start_).count();
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      if (Clock::now() >= deadline) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        exited_ = true;
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  double seconds() const { return seconds_; }
+  std::string out() const { return ReadFile(out_path_); }
+  std::string err() const { return ReadFile(err_path_); }
+
+ private:
+  std::string out_path_;
+  std::string err_path_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  Clock::time_point start_;
+  double seconds_ = 0;
+};
+
+class LaunchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "launch_test.XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
+    root_ = pattern;
+    bin_dir_ = root_ + "/bin";
+    fake_dir_ = root_ + "/fake";
+    log_dir_ = root_ + "/logs";
+    std::filesystem::create_directories(bin_dir_);
+    std::filesystem::create_directories(fake_dir_);
+    for (const char* name : {"parasync-ps", "parasync-worker"}) {
+      const std::string path = bin_dir_ + "/" + name;
+      std::ofstream(path) << kFakeScript;
+      ASSERT_EQ(chmod(path.c_str(), 0755), 0);
+    }
+  }
+
+  void TearDown() override {
+    // Safety net: a failed test must not leave fakes running.
+    for (pid_t pid : RecordedPids()) kill(pid, SIGKILL);
+    std::error_code ec;
+    std::filesystem::remove_all(root_, ec);
+  }
+
+  std::vector<std::string> BaseArgs() const {
+    return {"--bin-dir", bin_dir_, "--log-dir", log_dir_};
+  }
+
+  std::unique_ptr<LauncherProcess> Launch(std::vector<std::string> args,
+                                          std::map<std::string, std::string> env) {
+    env["FAKE_DIR"] = fake_dir_;
+    return std::make_unique<LauncherProcess>(std::move(args), env, root_ + "/stdout",
+                                             root_ + "/stderr");
+  }
+
+  std::vector<pid_t> RecordedPids() const {
+    std::vector<pid_t> pids;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(fake_dir_, ec)) {
+      if (entry.path().extension() != ".pid") continue;
+      const std::string text = ReadFile(entry.path().string());
+      if (!text.empty()) pids.push_back(static_cast<pid_t>(std::stol(text)));
+    }
+    return pids;
+  }
+
+  size_t ReadyFakes() const {
+    size_t ready = 0;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(fake_dir_, ec)) {
+      if (entry.path().extension() == ".ready") ++ready;
+    }
+    return ready;
+  }
+
+  // Waits up to `timeout` until `count` fakes have printed their greeting.
+  bool WaitForFakes(size_t count, std::chrono::milliseconds timeout) const {
+    const auto deadline = Clock::now() + timeout;
+    while (ReadyFakes() < count) {
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+  }
+
+  void ExpectAllFakesGone(size_t expected_count) const {
+    const std::vector<pid_t> pids = RecordedPids();
+    EXPECT_EQ(pids.size(), expected_count);
+    EXPECT_THAT(WaitUntilGone(pids, std::chrono::seconds(3)), ::testing::IsEmpty())
+        << "processes left behind";
+  }
+
+  std::string root_;
+  std::string bin_dir_;
+  std::string fake_dir_;
+  std::string log_dir_;
+};
+
+// ---- in-process: options and plan -------------------------------------------------------
+
+TEST(LaunchPlanTest, AcceptsOnlyKnownModes) {
+  EXPECT_TRUE(IsValidMode("async"));
+  EXPECT_TRUE(IsValidMode("sync"));
+  EXPECT_TRUE(IsValidMode("ssp:0"));
+  EXPECT_TRUE(IsValidMode("ssp:12"));
+  EXPECT_FALSE(IsValidMode("ssp:"));
+  EXPECT_FALSE(IsValidMode("ssp:-1"));
+  EXPECT_FALSE(IsValidMode("ssp:3x"));
+  EXPECT_FALSE(IsValidMode("Async"));
+  EXPECT_FALSE(IsValidMode(""));
+}
+
+TEST(LaunchPlanTest, RejectsCountsBelowOne) {
+  LaunchOptions options;
+  options.num_ps = 0;
+  EXPECT_EQ(ValidateOptions(options).code(), StatusCode::kInvalidArgument);
+  options.num_ps = 1;
+  options.num_workers = 0;
+  EXPECT_EQ(ValidateOptions(options).code(), StatusCode::kInvalidArgument);
+  options.num_workers = 1;
+  options.epochs = 0;
+  EXPECT_EQ(ValidateOptions(options).code(), StatusCode::kInvalidArgument);
+  options.epochs = 1;
+  EXPECT_TRUE(ValidateOptions(options).ok());
+}
+
+TEST(LaunchPlanTest, BuildsCommandLinesForEveryProcess) {
+  LaunchOptions options;
+  options.mode = "sync";
+  options.epochs = 3;
+  options.data_dir = "/data";
+  options.lr = "0.1";
+  options.ps_args = {"--data-dir=/ckpt"};
+  options.worker_args = {"--device=cpu"};
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/opt/bin", "/logs", {5000, 5001, 6000, 6001, 7000, 7001, 7002, 7003});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->processes.size(), 4u);
+  EXPECT_EQ(plan->processes[0].name, "ps0");
+  EXPECT_EQ(plan->processes[3].name, "worker1");
+  EXPECT_EQ(plan->processes[3].address, "127.0.0.1:6001");
+  EXPECT_EQ(plan->processes[3].log_path, "/logs/worker1.log");
+  EXPECT_THAT(plan->processes[1].argv,
+              ElementsAre("/opt/bin/parasync-ps", "--ps-hosts", "127.0.0.1:5000,127.0.0.1:5001",
+                          "--worker-hosts", "127.0.0.1:6000,127.0.0.1:6001", "--task-index", "1",
+                          "--mode", "sync", "--metrics-port", "7001", "--log-dir", "/logs",
+                          "--data-dir=/ckpt"));
+  EXPECT_THAT(plan->processes[2].argv,
+              ElementsAre("/opt/bin/parasync-worker", "--ps-hosts",
+                          "127.0.0.1:5000,127.0.0.1:5001", "--worker-hosts",
+                          "127.0.0.1:6000,127.0.0.1:6001", "--task-index", "0", "--mode", "sync",
+                          "--metrics-port", "7002", "--log-dir", "/logs", "--epochs", "3",
+                          "--data", "/data", "--lr", "0.1", "--device=cpu"));
+}
+
+TEST(LaunchPlanTest, RejectsWrongPortCount) {
+  const Result<LaunchPlan> plan = BuildPlan(LaunchOptions(), "/b", "/l", {1, 2, 3});
+  EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(LaunchPlanTest, ReservesDistinctPorts) {
+  Result<PortReservation> reservation = PortReservation::Reserve("127.0.0.1", 16);
+  ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
+  const std::vector<int>& ports = reservation->ports();
+  EXPECT_EQ(std::set<int>(ports.begin(), ports.end()).size(), 16u);
+  for (int port : ports) EXPECT_GT(port, 0);
+}
+
+// ---- the binary: flags ------------------------------------------------------------------
+
+TEST_F(LaunchTest, HelpExitsZeroWithExample) {
+  auto launcher = Launch({"--help"}, {});
+  EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), 0);
+  EXPECT_THAT(launcher->out(), HasSubstr("Example"));
+  EXPECT_THAT(launcher->out(), HasSubstr("--grace-seconds"));
+}
+
+TEST_F(LaunchTest, BadFlagExitsTwoWithOneLine) {
+  auto launcher = Launch({"--no-such-flag"}, {});
+  EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitUsage);
+  EXPECT_THAT(launcher->err(), HasSubstr("--no-such-flag"));
+  const std::string err = launcher->err();
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+}
+
+TEST_F(LaunchTest, ZeroWorkersExitsTwo) {
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--workers", "0"});
+  auto launcher = Launch(args, {});
+  EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitUsage);
+  EXPECT_THAT(launcher->err(), HasSubstr("--workers"));
+  EXPECT_TRUE(RecordedPids().empty());
+}
+
+TEST_F(LaunchTest, UnknownModeExitsTwo) {
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--mode", "eventually"});
+  auto launcher = Launch(args, {});
+  EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitUsage);
+  EXPECT_THAT(launcher->err(), HasSubstr("--mode"));
+}
+
+TEST_F(LaunchTest, MissingBinariesExitTwoNamingThem) {
+  const std::string empty_dir = root_ + "/empty";
+  std::filesystem::create_directories(empty_dir);
+  auto launcher = Launch({"--bin-dir", empty_dir, "--log-dir", log_dir_}, {});
+  EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitUsage);
+  EXPECT_THAT(launcher->err(), HasSubstr(empty_dir + "/parasync-ps"));
+  const std::string err = launcher->err();
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+}
+
+// ---- the binary: running a cluster of fakes ---------------------------------------------
+
+TEST_F(LaunchTest, ChiefFinishingStopsOthersAndExitsZero) {
+  auto launcher = Launch(BaseArgs(), {{"FAKE_worker0", "ok"}, {"FAKE_WRITE_EVAL", "1"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitOk) << launcher->out();
+  ExpectAllFakesGone(4);
+
+  const std::string out = launcher->out();
+  EXPECT_THAT(out, HasSubstr("[ps0] hello from ps0\n"));
+  EXPECT_THAT(out, HasSubstr("[ps1] ps1 to stderr\n"));
+  EXPECT_THAT(out, HasSubstr("[worker1] partial from worker1 completed\n"));
+  EXPECT_THAT(out, HasSubstr("[worker0] last words of worker0\n"));
+  EXPECT_THAT(out, HasSubstr("[worker1] worker1 got SIGTERM\n"));
+  EXPECT_THAT(out, HasSubstr("[ps1] ps1 got SIGTERM\n"));
+  EXPECT_THAT(out, HasSubstr("final test accuracy 0.8712 after epoch 5 (123.4 s)"));
+  EXPECT_THAT(out, HasSubstr("http://127.0.0.1:"));
+  EXPECT_THAT(out, HasSubstr("metrics-<role><index>.prom"));
+
+  const std::string ps0_log = ReadFile(log_dir_ + "/ps0.log");
+  EXPECT_THAT(ps0_log, HasSubstr("hello from ps0\nps0 to stderr\npartial from ps0 completed\n"));
+  EXPECT_THAT(ps0_log, Not(HasSubstr("[ps0]")));
+  EXPECT_THAT(ReadFile(log_dir_ + "/worker0.log"), HasSubstr("last words of worker0\n"));
+  // Workers are stopped before the PS processes.
+  EXPECT_LT(out.find("worker1 got SIGTERM"), out.find("ps0 got SIGTERM"));
+}
+
+TEST_F(LaunchTest, PassesClusterSpecPortsAndFlags) {
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--mode", "ssp:3", "--epochs", "7", "--data", "/data/fmnist",
+                           "--batch-size", "32", "--lr", "0.05", "--seed", "0", "--ps-arg",
+                           "--ps-flag", "--ps-arg=--ps-extra=1", "--worker-arg=--device=cpu"});
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitOk) << launcher->out();
+  ExpectAllFakesGone(4);
+  EXPECT_THAT(launcher->out(), HasSubstr("eval.jsonl (the chief writes it"));
+
+  const std::vector<std::string> ps1 = ReadLines(fake_dir_ + "/ps1.args");
+  const std::vector<std::string> worker1 = ReadLines(fake_dir_ + "/worker1.args");
+  ASSERT_EQ(ps1.size(), 14u);
+  ASSERT_GE(worker1.size(), 2u);
+  const std::string ps_hosts = ps1[1];
+  const std::string worker_hosts = ps1[3];
+  EXPECT_THAT(ps1, ElementsAre("--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts,
+                               "--task-index", "1", "--mode", "ssp:3", "--metrics-port",
+                               ::testing::_, "--log-dir", log_dir_, "--ps-flag",
+                               "--ps-extra=1"));
+  EXPECT_THAT(worker1,
+              ElementsAre("--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts, "--task-index",
+                          "1", "--mode", "ssp:3", "--metrics-port", ::testing::_, "--log-dir",
+                          log_dir_, "--epochs", "7", "--data", "/data/fmnist", "--batch-size",
+                          "32", "--lr", "0.05", "--seed", "0", "--device=cpu"));
+
+  // Every service and metrics port is distinct, and cluster.json agrees with the fakes.
+  std::set<std::string> ports;
+  size_t port_count = 0;
+  auto add_hosts = [&](const std::string& hosts) {
+    std::stringstream stream(hosts);
+    for (std::string address; std::getline(stream, address, ',');) {
+      ASSERT_EQ(address.rfind("127.0.0.1:", 0), 0u) << address;
+      ports.insert(address.substr(address.find(':') + 1));
+      ++port_count;
+    }
+  };
+  add_hosts(ps_hosts);
+  add_hosts(worker_hosts);
+  const nlohmann::json cluster =
+      nlohmann::json::parse(ReadFile(log_dir_ + "/cluster.json"), nullptr, false);
+  ASSERT_TRUE(cluster.is_object());
+  ASSERT_EQ(cluster["processes"].size(), 4u);
+  for (const nlohmann::json& process : cluster["processes"]) {
+    const std::string name = process["name"].get<std::string>();
+    const std::vector<std::string> recorded = ReadLines(fake_dir_ + "/" + name + ".args");
+    ASSERT_GE(recorded.size(), 10u);
+    EXPECT_EQ(recorded[9], std::to_string(process["metrics_port"].get<int>()));
+    EXPECT_EQ(recorded[5], std::to_string(process["index"].get<int>()));
+    EXPECT_EQ(ReadFile(fake_dir_ + "/" + name + ".pid"),
+              std::to_string(process["pid"].get<int>()) + "\n");
+    ports.insert(recorded[9]);
+    ++port_count;
+  }
+  EXPECT_EQ(port_count, 8u);
+  EXPECT_EQ(ports.size(), 8u);
+}
+
+TEST_F(LaunchTest, FailingPsStopsEveryoneAndExitsOne) {
+  auto launcher = Launch(BaseArgs(), {{"FAKE_ps1", "fail3"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitFailed) << launcher->out();
+  EXPECT_LT(launcher->seconds(), 4.0);
+  ExpectAllFakesGone(4);
+  const std::string out = launcher->out();
+  EXPECT_THAT(out, HasSubstr("ps1 (pid "));
+  EXPECT_THAT(out, HasSubstr("failed with exit status 3 before the chief finished; log: " +
+                             log_dir_ + "/ps1.log"));
+  EXPECT_THAT(out, HasSubstr("[worker0] worker0 got SIGTERM"));
+  EXPECT_THAT(out, HasSubstr("[ps0] ps0 got SIGTERM"));
+  EXPECT_THAT(ReadFile(log_dir_ + "/ps1.log"), HasSubstr("ps1 failing\n"));
+}
+
+TEST_F(LaunchTest, ProcessIgnoringSigtermIsKilledAfterGrace) {
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--grace-seconds", "1"});
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"}, {"FAKE_worker1", "ignore_term"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitFailed) << launcher->out();
+  EXPECT_GE(launcher->seconds(), 1.0);
+  EXPECT_LT(launcher->seconds(), 5.0);
+  ExpectAllFakesGone(4);
+  const std::string out = launcher->out();
+  EXPECT_THAT(out, HasSubstr("worker1 (pid "));
+  EXPECT_THAT(out, HasSubstr("was killed with SIGKILL"));
+  // The PS processes are still stopped politely afterwards.
+  EXPECT_THAT(out, HasSubstr("[ps0] ps0 got SIGTERM"));
+}
+
+TEST_F(LaunchTest, SigintStopsEverythingAndExits130) {
+  auto launcher = Launch(BaseArgs(), {});
+  ASSERT_TRUE(WaitForFakes(4, std::chrono::seconds(5)));
+  ASSERT_EQ(kill(launcher->pid(), SIGINT), 0);
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitInterrupted) << launcher->out();
+  ExpectAllFakesGone(4);
+  EXPECT_THAT(launcher->out(), HasSubstr("got SIGINT"));
+  EXPECT_THAT(launcher->out(), HasSubstr("[worker0] worker0 got SIGTERM"));
+}
+
+TEST_F(LaunchTest, ChildrenDieWithAKilledLauncher) {
+  // Orphans come to us, not init, so we can reap them and see them gone.
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  auto launcher = Launch(BaseArgs(), {});
+  ASSERT_TRUE(WaitForFakes(4, std::chrono::seconds(5)));
+  const std::vector<pid_t> pids = RecordedPids();
+  ASSERT_EQ(kill(launcher->pid(), SIGKILL), 0);
+  EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), 128 + SIGKILL);
+
+  std::set<pid_t> waiting(pids.begin(), pids.end());
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  while (!waiting.empty() && Clock::now() < deadline) {
+    const pid_t reaped = waitpid(-1, nullptr, WNOHANG);
+    if (reaped > 0) {
+      waiting.erase(reaped);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  EXPECT_TRUE(waiting.empty()) << waiting.size() << " fakes outlived the launcher";
+  prctl(PR_SET_CHILD_SUBREAPER, 0);
+  while (waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+}
+
+}  // namespace
+}  // namespace parasync::launch

@@ -1,0 +1,50 @@
+// ComputeBackend: the one interface behind which the worker's math runs, on the CPU
+// (worker/compute/cpu) or a GPU (worker/compute/cuda). The training loop sees only this.
+//
+// A backend instance is used by one thread at a time (the training thread); it may keep
+// scratch buffers between calls. Parameters and gradients cross this interface as host
+// float arrays in the order and shapes of MlpVariables() (worker/model/mlp.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "common/status.h"
+#include "worker/model/mlp.h"
+
+namespace parasync {
+
+struct EvalResult {
+  double loss_sum = 0.0;  // sum over examples of the cross-entropy loss
+  int64_t correct = 0;    // examples whose arg-max logit equals the label
+  int64_t count = 0;
+};
+
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+
+  // "cpu" or "cuda:N"; for logs.
+  virtual std::string name() const = 0;
+
+  // Forward and backward pass of the MLP on one batch.
+  //  params: one host array per variable, in MlpVariables() order (not owned, read only).
+  //  x: batch * widths[0] floats, row-major; labels: batch values in [0, widths.back()).
+  //  grads: one host array per variable, same sizes as params; overwritten with the
+  //         gradient of the MEAN loss over the batch.
+  // Returns the mean cross-entropy loss, or InvalidArgument for a bad label or batch.
+  virtual Result<float> ForwardBackward(std::span<const float* const> params, const float* x,
+                                        const uint8_t* labels, int batch,
+                                        std::span<float* const> grads) = 0;
+
+  // Forward pass only, over n examples (processed in chunks of the backend's choosing).
+  virtual Result<EvalResult> Evaluate(std::span<const float* const> params, const float* x,
+                                      const uint8_t* labels, int64_t n) = 0;
+};
+
+// The CPU backend (OpenBLAS sgemm). Fails with InvalidArgument for a bad spec.
+Result<std::unique_ptr<ComputeBackend>> CreateCpuBackend(const MlpSpec& spec);
+
+}  // namespace parasync

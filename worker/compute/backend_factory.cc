@@ -1,0 +1,125 @@
+#include "worker/compute/backend_factory.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <array>
+#include <charconv>
+#include <filesystem>
+
+#include "worker/compute/cuda/cuda_module.h"
+
+namespace parasync {
+
+Result<DeviceChoice> ParseDevice(const std::string& text) {
+  DeviceChoice d;
+  if (text == "auto") return d;
+  if (text == "cpu") {
+    d.kind = DeviceChoice::Kind::kCpu;
+    return d;
+  }
+  if (text == "cuda") {
+    d.kind = DeviceChoice::Kind::kCuda;
+    return d;
+  }
+  if (text.rfind("cuda:", 0) == 0) {
+    const char* b = text.data() + 5;
+    const char* e = text.data() + text.size();
+    auto [p, ec] = std::from_chars(b, e, d.gpu);
+    if (ec == std::errc() && p == e && b != e && d.gpu >= 0) {
+      d.kind = DeviceChoice::Kind::kCuda;
+      return d;
+    }
+  }
+  return Status::InvalidArgument("--device must be auto, cpu, cuda or cuda:N, not '" + text + "'");
+}
+
+namespace {
+
+// Wraps the module's backend object so it is deleted through the module.
+class ModuleBackend final : public ComputeBackend {
+ public:
+  ModuleBackend(ComputeBackend* impl, decltype(&parasync_cuda_destroy_backend) destroy)
+      : impl_(impl), destroy_(destroy) {}
+  ~ModuleBackend() override { destroy_(impl_); }
+  std::string name() const override { return impl_->name(); }
+  Result<float> ForwardBackward(std::span<const float* const> params, const float* x,
+                                const uint8_t* labels, int batch,
+                                std::span<float* const> grads) override {
+    return impl_->ForwardBackward(params, x, labels, batch, grads);
+  }
+  Result<EvalResult> Evaluate(std::span<const float* const> params, const float* x,
+                              const uint8_t* labels, int64_t n) override {
+    return impl_->Evaluate(params, x, labels, n);
+  }
+
+ private:
+  ComputeBackend* impl_;
+  decltype(&parasync_cuda_destroy_backend) destroy_;
+};
+
+std::string ModulePath() {
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "libparasync_cuda.so";
+  // Build tree: bin/ and lib/ side by side; install: the same layout.
+  return (exe.parent_path().parent_path() / "lib" / "libparasync_cuda.so").string();
+}
+
+Result<std::unique_ptr<ComputeBackend>> CreateCuda(const DeviceChoice& device, const MlpSpec& spec) {
+  const std::string path = ModulePath();
+  void* module = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (module == nullptr) {
+    const char* e = dlerror();
+    return Status::Unavailable("the CUDA backend module is not available (" +
+                               std::string(e ? e : path) + "); this build has no CUDA support");
+  }
+  // The module stays loaded for the life of the process: CUDA runtimes do not unload cleanly.
+  auto count_fn = reinterpret_cast<decltype(&parasync_cuda_device_count)>(
+      dlsym(module, "parasync_cuda_device_count"));
+  auto create_fn = reinterpret_cast<decltype(&parasync_cuda_create_backend)>(
+      dlsym(module, "parasync_cuda_create_backend"));
+  auto destroy_fn = reinterpret_cast<decltype(&parasync_cuda_destroy_backend)>(
+      dlsym(module, "parasync_cuda_destroy_backend"));
+  if (!count_fn || !create_fn || !destroy_fn) {
+    return Status::Internal(path + " lacks the parasync CUDA module entry points");
+  }
+  std::array<char, 512> err{};
+  const int count = count_fn(err.data(), err.size());
+  if (count <= 0) return Status::Unavailable(std::string("no GPU: ") + err.data());
+  if (device.gpu >= count) {
+    return Status::InvalidArgument("cuda:" + std::to_string(device.gpu) + " requested but only " +
+                                   std::to_string(count) + " GPU(s) are present");
+  }
+  void* impl = create_fn(spec.widths.data(), static_cast<int>(spec.widths.size()), device.gpu,
+                         err.data(), err.size());
+  if (impl == nullptr) return Status::NotSupported(err.data());
+  return std::unique_ptr<ComputeBackend>(
+      new ModuleBackend(static_cast<ComputeBackend*>(impl), destroy_fn));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ComputeBackend>> CreateBackend(const DeviceChoice& device,
+                                                      const MlpSpec& spec, std::string* why) {
+  switch (device.kind) {
+    case DeviceChoice::Kind::kCpu:
+      *why = "--device cpu";
+      return CreateCpuBackend(spec);
+    case DeviceChoice::Kind::kCuda:
+      *why = "--device cuda:" + std::to_string(device.gpu);
+      return CreateCuda(device, spec);
+    case DeviceChoice::Kind::kAuto: {
+      auto cuda = CreateCuda(device, spec);
+      if (cuda.ok()) {
+        *why = "--device auto found a GPU";
+        return cuda;
+      }
+      *why = "--device auto: " + cuda.status().message() + "; using the CPU";
+      return CreateCpuBackend(spec);
+    }
+  }
+  return Status::Internal("unknown device kind");
+}
+
+}  // namespace parasync

@@ -1,0 +1,21 @@
+// The C ABI of libparasync_cuda.so, the dlopen()-ed CUDA backend module. Plain C types only,
+// so the module and the worker agree without sharing C++ symbols.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+extern "C" {
+
+// Number of usable CUDA devices; 0 when there is no GPU or no driver. Writes the reason for
+// 0 into err (NUL-terminated, at most err_len bytes).
+int parasync_cuda_device_count(char* err, size_t err_len);
+
+// Creates a parasync::ComputeBackend* (as void*) for the MLP with `num_widths` widths on
+// device `device`, or returns nullptr and writes the reason into err. The caller owns the
+// result and deletes it through parasync_cuda_destroy_backend.
+void* parasync_cuda_create_backend(const int64_t* widths, int num_widths, int device, char* err,
+                                   size_t err_len);
+void parasync_cuda_destroy_backend(void* backend);
+
+}  // extern "C"

@@ -1,0 +1,218 @@
+// parasync-worker: trains on its shard of the data against the parameter servers. See --help.
+#include <cblas.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/cluster_spec.h"
+#include "common/metrics.h"
+#include "common/model_spec.h"
+#include "common/process.h"
+#include "worker/compute/backend_factory.h"
+#include "worker/data/dataset.h"
+#include "worker/model/mlp.h"
+#include "worker/ps_client.h"
+#include "worker/trainer.h"
+#include "worker/worker_metrics.h"
+
+namespace {
+
+constexpr int kExitBadUsage = 2;
+
+int Fail(const std::string& line, int code = 1) {
+  std::cerr << "parasync-worker: " << line << "\n";
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace parasync;
+  CLI::App app{
+      "parasync-worker: trains a model on its shard of the data. Each step pulls the "
+      "parameters from every parameter server, computes the gradient of a batch and pushes it "
+      "back. Rank 0 is the chief: it also evaluates on the whole test set after every epoch "
+      "and appends the result to <log-dir>/eval.jsonl.\n\n"
+      "Example (rank 0 of 2, with 2 parameter servers):\n"
+      "  parasync-worker --ps-hosts 127.0.0.1:5000,127.0.0.1:5001 "
+      "--worker-hosts 127.0.0.1:6000,127.0.0.1:6001 --task-index 0 --epochs 5\n"
+      "The cluster may instead come from TF_CONFIG; flags win."};
+  app.option_defaults()->always_capture_default();
+  ClusterFlags cluster;
+  std::string mode = "async";
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  int epochs = 5;
+  int batch_size = 64;
+  int64_t max_steps = 0;
+  std::string model = "784-256-128-10";
+  std::string optimizer = "adam";
+  float lr = 0.001f;
+  float momentum = 0.9f;
+  uint64_t seed = 42;
+  int64_t max_slice_elements = kDefaultMaxSliceElements;
+  std::string device = "auto";
+  int compute_threads = 1;
+  std::string log_dir = ".";
+  std::string log_level = "info";
+  std::string metrics_bind = "127.0.0.1";
+  int metrics_port = 0;
+  int request_timeout_s = 30;
+  int connect_timeout_s = 60;
+
+  app.add_option("--ps-hosts", cluster.ps_hosts, "Comma-separated host:port of every PS shard");
+  app.add_option("--worker-hosts", cluster.worker_hosts,
+                 "Comma-separated host:port of every worker (their count is the world size)");
+  app.add_option("--task-index", cluster.task_index, "This worker's rank; 0 is the chief")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--mode", mode, "Update mode of the cluster: async (sync and ssp:K arrive with issue 3)");
+  app.add_option("--data", data_dir,
+                 "Directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (IDX format)");
+  app.add_option("--epochs", epochs, "Passes over this worker's shard")->check(CLI::Range(1, 100000));
+  app.add_option("--batch-size", batch_size, "Examples per step")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-steps", max_steps, "Stop after this many steps (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--model", model, "MLP widths, input-hidden...-classes");
+  app.add_option("--optimizer", optimizer, "Server-side optimizer: sgd, momentum or adam");
+  app.add_option("--lr", lr, "Learning rate");
+  app.add_option("--momentum", momentum, "Momentum coefficient (--optimizer momentum)");
+  app.add_option("--seed", seed, "Seed of the initial parameters and of the data shuffles");
+  app.add_option("--max-slice-elements", max_slice_elements,
+                 "Variables are cut into slices of at most this many elements")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--device", device, "auto, cpu, cuda or cuda:N (auto: a GPU if present, else CPU)");
+  app.add_option("--compute-threads", compute_threads,
+                 "BLAS threads of the CPU backend (keep 1 when several processes share a machine)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--log-dir", log_dir, "Where the chief writes eval.jsonl and every worker its metrics snapshot");
+  app.add_option("--log-level", log_level, "debug, info, warn or error");
+  app.add_option("--metrics-port", metrics_port, "Port of /metrics; 0 picks a free one and logs it")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-bind", metrics_bind, "Address the metrics server listens on");
+  app.add_option("--request-timeout", request_timeout_s,
+                 "Seconds to wait for a parameter server's reply before failing")
+      ->check(CLI::Range(1, 86400));
+  app.add_option("--connect-timeout", connect_timeout_s,
+                 "Seconds to wait for the parameter servers at start")
+      ->check(CLI::Range(1, 86400));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return Fail(e.what() + std::string(" (see --help)"), kExitBadUsage);
+  }
+
+  // Everything the user can get wrong is checked before anything starts.
+  const char* env = std::getenv("TF_CONFIG");
+  auto spec =
+      ResolveClusterSpec(cluster, env ? std::optional<std::string>(env) : std::nullopt, "worker");
+  if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
+  if (mode != "async") {
+    return Fail("--mode " + mode + " is not supported yet; this build trains async only",
+                kExitBadUsage);
+  }
+  auto mlp = ParseMlpWidths(model);
+  if (!mlp.ok()) return Fail(mlp.status().message(), kExitBadUsage);
+  auto opt_kind = ParseOptimizerKind(optimizer);
+  if (!opt_kind.ok()) return Fail(opt_kind.status().message(), kExitBadUsage);
+  OptimizerSpec opt;
+  opt.kind = *opt_kind;
+  opt.learning_rate = lr;
+  opt.momentum = momentum;
+  if (Status s = ValidateOptimizer(opt); !s.ok()) return Fail(s.message(), kExitBadUsage);
+  auto dev = ParseDevice(device);
+  if (!dev.ok()) return Fail(dev.status().message(), kExitBadUsage);
+  const int rank = spec->task_index;
+  if (!InitLogging("worker", rank, log_level)) {
+    return Fail("unknown --log-level " + log_level, kExitBadUsage);
+  }
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(log_dir, ec);
+    if (ec) return Fail("cannot create --log-dir " + log_dir + ": " + ec.message(), kExitBadUsage);
+  }
+  auto train = LoadIdxDataset(data_dir, "train");
+  if (!train.ok()) return Fail(train.status().message(), kExitBadUsage);
+  Dataset test;
+  if (rank == 0) {
+    auto t = LoadIdxDataset(data_dir, "t10k");
+    if (!t.ok()) return Fail(t.status().message(), kExitBadUsage);
+    test = std::move(t).value();
+  }
+  InstallShutdownSignalHandlers();
+
+  WorkerMetrics metrics(rank);
+  // The metrics server starts before any compute backend is loaded (see backend_factory.h).
+  auto metrics_server = MetricsServer::Start(metrics_bind, metrics_port, metrics.registry);
+  if (!metrics_server.ok()) return Fail(metrics_server.status().message());
+
+  openblas_set_num_threads(compute_threads);
+  std::string why;
+  auto backend = CreateBackend(*dev, *mlp, &why);
+  if (!backend.ok()) return Fail(backend.status().message(), kExitBadUsage);
+  spdlog::info("rank {}/{}: compute on {} ({}); {} training examples in this shard; metrics on "
+               "http://{}:{}/metrics",
+               rank, spec->workers.size(), (*backend)->name(), why,
+               (train->n + static_cast<int64_t>(spec->workers.size()) - 1 - rank) /
+                   static_cast<int64_t>(spec->workers.size()),
+               metrics_bind, (*metrics_server)->port());
+
+  zmq::context_t context(1);
+  PsClientOptions client_options;
+  client_options.ps_addresses = spec->ps;
+  client_options.rank = rank;
+  client_options.request_timeout = std::chrono::seconds(request_timeout_s);
+  auto client = PsClient::Connect(context, client_options);
+  if (!client.ok()) return Fail(client.status().message());
+
+  ModelRegistration reg;
+  reg.variables = MlpVariables(*mlp);
+  reg.optimizer = opt;
+  reg.seed = seed;
+  reg.max_slice_elements = max_slice_elements;
+  reg.num_shards = static_cast<int32_t>(spec->ps.size());
+  if (Status s = (*client)->Register(reg, std::chrono::seconds(connect_timeout_s)); !s.ok()) {
+    return Fail("registration failed: " + s.ToString());
+  }
+  spdlog::info("registered {} variables as {} slices on {} parameter server(s)",
+               reg.variables.size(), (*client)->slice_map().slices().size(), spec->ps.size());
+
+  TrainerOptions options;
+  options.rank = rank;
+  options.num_workers = static_cast<int>(spec->workers.size());
+  options.mode = mode;
+  options.epochs = epochs;
+  options.batch_size = batch_size;
+  options.max_steps = max_steps;
+  options.seed = seed;
+  options.log_dir = log_dir;
+  options.model = *mlp;
+  options.optimizer = opt;
+  auto summary = RunTraining(options, *train, test, **client, **backend, metrics,
+                             [] { return ShutdownRequested(); });
+
+  const std::string snapshot = log_dir + "/metrics-worker" + std::to_string(rank) + ".prom";
+  if (Status w = WriteMetricsSnapshot(*metrics.registry, snapshot); !w.ok()) {
+    spdlog::warn("metrics snapshot not written: {}", w.message());
+  }
+  if (!summary.ok()) return Fail("training failed: " + summary.status().ToString());
+  if (ShutdownRequested()) {
+    spdlog::info("stopped by signal {} after {} steps", ShutdownSignal(), summary->steps);
+    return 0;
+  }
+  if (rank == 0) {
+    spdlog::info("training done: {} epochs, {} steps here; final test accuracy {:.4f}, test loss "
+                 "{:.4f}; eval log {}/eval.jsonl",
+                 summary->epochs_done, summary->steps, summary->final_test_accuracy,
+                 summary->final_test_loss, log_dir);
+  } else {
+    spdlog::info("training done: {} epochs, {} steps", summary->epochs_done, summary->steps);
+  }
+  return 0;
+}

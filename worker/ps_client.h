@@ -1,0 +1,88 @@
+// PsClient: a worker's connection to every parameter-server shard — the push/pull API.
+//
+// One ZeroMQ DEALER per shard. Each call fans out one request per shard (all variables'
+// slices of that shard batched into one message), then waits for every shard's reply, so
+// shards work in parallel. Replies are matched by request id; a late reply to an earlier,
+// timed-out request is dropped. Every call is bounded by the request timeout: it returns
+// TimedOut naming the silent shard rather than hang.
+//
+// Not thread-safe: one thread (the training loop) uses a PsClient.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/model_spec.h"
+#include "common/slice_map.h"
+#include "common/status.h"
+#include "common/transport.h"
+#include "common/wire.h"
+
+namespace parasync {
+
+struct PsClientOptions {
+  std::vector<std::string> ps_addresses;  // "host:port", shard i = index i
+  int rank = -1;
+  std::chrono::milliseconds request_timeout{30000};
+};
+
+class PsClient {
+ public:
+  // Creates the sockets; connections are made in the background. `context` must outlive the
+  // client. InvalidArgument for no addresses, Unavailable if a socket cannot be made.
+  static Result<std::unique_ptr<PsClient>> Connect(zmq::context_t& context,
+                                                   const PsClientOptions& options);
+
+  // Registers `reg` with every shard (reg.num_shards must equal the number of shards) and
+  // builds the slice map. Waits up to `timeout` for servers that are still starting. Returns
+  // the first shard's error (e.g. FailedPrecondition for a model or protocol mismatch).
+  Status Register(const ModelRegistration& reg, std::chrono::milliseconds timeout);
+
+  // Fills params[v] (num_elements of variable v, caller-owned) with the current values from
+  // all shards. Precondition: Register succeeded. Blocks until every shard replied.
+  Status Pull(std::span<float* const> params);
+
+  // Sends grads[v] (one array per variable, caller-owned, read only) to every shard; blocks
+  // until every shard acknowledged. `batch_examples` is how many examples the gradient
+  // averages over (the servers count them).
+  Status Push(std::span<const float* const> grads, int64_t batch_examples);
+
+  // Each shard's statistics, in shard order.
+  Result<std::vector<ShardStats>> Stats();
+
+  // Asks shard `shard` to stop serving; returns when it acknowledged.
+  Status Shutdown(int shard);
+
+  const SliceMap& slice_map() const { return *map_; }
+  int num_shards() const { return static_cast<int>(sockets_.size()); }
+  // The lowest shard version seen in the latest Pull or Push reply.
+  int64_t last_version() const { return last_version_; }
+
+ private:
+  struct Outgoing {
+    Header header;
+    std::vector<zmq::message_t> frames;
+  };
+  PsClient(std::vector<std::unique_ptr<Socket>> sockets, const PsClientOptions& options)
+      : sockets_(std::move(sockets)), options_(options) {}
+
+  // Sends requests[i] to shard shards[i] and waits for their replies (same order), each
+  // checked for an ok status. TimedOut after `timeout`.
+  Result<std::vector<Inbound>> Exchange(std::vector<int> shards, std::vector<Outgoing> requests,
+                                        std::chrono::milliseconds timeout);
+
+  std::vector<std::unique_ptr<Socket>> sockets_;
+  PsClientOptions options_;
+  std::optional<SliceMap> map_;
+  std::vector<int64_t> var_sizes_;
+  uint64_t next_request_id_ = 1;
+  int64_t last_version_ = 0;
+};
+
+}  // namespace parasync

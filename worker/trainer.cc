@@ -1,0 +1,189 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+namespace parasync {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// The model's parameters or gradients as host arrays, one per variable.
+struct Tensors {
+  explicit Tensors(const std::vector<VariableSpec>& vars) {
+    for (const VariableSpec& v : vars) {
+      data.emplace_back(static_cast<size_t>(v.num_elements()), 0.0f);
+    }
+    for (auto& d : data) {
+      ptrs.push_back(d.data());
+      cptrs.push_back(d.data());
+    }
+  }
+  std::vector<std::vector<float>> data;
+  std::vector<float*> ptrs;
+  std::vector<const float*> cptrs;
+};
+
+class EvalLog {
+ public:
+  explicit EvalLog(const std::string& path) : path_(path) {}
+  Status Append(const nlohmann::json& row) {
+    std::ofstream out(path_, std::ios::app);
+    if (!out) return Status::Unavailable("cannot open " + path_);
+    out << row.dump() << "\n";
+    out.flush();
+    if (!out) return Status::Unavailable("cannot write " + path_);
+    return Status::Ok();
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& train,
+                                    const Dataset& test, PsClient& client,
+                                    ComputeBackend& backend, WorkerMetrics& metrics,
+                                    const std::function<bool()>& should_stop) {
+  const std::vector<VariableSpec> vars = MlpVariables(o.model);
+  if (train.dim != o.model.widths.front()) {
+    return Status::InvalidArgument("the data has " + std::to_string(train.dim) +
+                                   " features per example but the model expects " +
+                                   std::to_string(o.model.widths.front()));
+  }
+  const bool chief = o.rank == 0;
+  Tensors params(vars);
+  Tensors grads(vars);
+  std::vector<int64_t> shard = ShardIndices(train.n, o.rank, o.num_workers);
+  if (shard.empty()) return Status::InvalidArgument("this worker's data shard is empty");
+  const int batch = o.batch_size;
+  std::vector<float> bx(static_cast<size_t>(batch * train.dim));
+  std::vector<uint8_t> by(static_cast<size_t>(batch));
+
+  EvalLog eval_log(o.log_dir.empty() ? "eval.jsonl" : o.log_dir + "/eval.jsonl");
+  const auto start = Clock::now();
+  TrainingSummary summary;
+
+  // Evaluates the current server-side model on the whole test set (chief only).
+  auto evaluate = [&](int epoch, double train_loss, double epoch_examples_per_sec) -> Status {
+    PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs));
+    auto stats = client.Stats();
+    if (!stats.ok()) return stats.status();
+    auto result = backend.Evaluate(params.cptrs, test.x.data(), test.y.data(), test.n);
+    if (!result.ok()) return result.status();
+    const double acc = static_cast<double>(result->correct) / static_cast<double>(result->count);
+    const double loss = result->loss_sum / static_cast<double>(result->count);
+    // Every push reaches every shard, so shard 0's counters are the global ones.
+    const int64_t global_step = (*stats)[0].version;
+    const int64_t global_examples = (*stats)[0].examples;
+    const double wall = Seconds(start, Clock::now());
+    metrics.eval_accuracy->Set(acc);
+    metrics.eval_loss->Set(loss);
+    summary.final_test_accuracy = acc;
+    summary.final_test_loss = loss;
+    nlohmann::json row = {{"mode", o.mode},
+                          {"workers", o.num_workers},
+                          {"ps", client.num_shards()},
+                          {"epoch", epoch},
+                          {"step", global_step},
+                          {"examples", global_examples},
+                          {"wall_s", wall},
+                          {"train_loss", std::isfinite(train_loss) ? nlohmann::json(train_loss)
+                                                                   : nlohmann::json(nullptr)},
+                          {"test_loss", loss},
+                          {"test_accuracy", acc},
+                          {"chief_examples_per_sec", epoch_examples_per_sec},
+                          {"global_examples_per_sec",
+                           wall > 0 ? static_cast<double>(global_examples) / wall : 0.0},
+                          {"batch_size", o.batch_size},
+                          {"optimizer", std::string(OptimizerKindName(o.optimizer.kind))},
+                          {"learning_rate", o.optimizer.learning_rate},
+                          {"seed", o.seed}};
+    PARASYNC_RETURN_IF_ERROR(eval_log.Append(row));
+    spdlog::info("eval epoch {}: test accuracy {:.4f}, test loss {:.4f} (global step {}, {} "
+                 "examples, {:.1f} s)",
+                 epoch, acc, loss, global_step, global_examples, wall);
+    return Status::Ok();
+  };
+
+  if (chief) {
+    PARASYNC_RETURN_IF_ERROR(evaluate(0, NAN, 0.0));
+  }
+  bool stop = false;
+  for (int epoch = 1; epoch <= o.epochs && !stop; ++epoch) {
+    metrics.epoch->Set(epoch);
+    ShuffleForEpoch(&shard, o.seed, o.rank, epoch);
+    const auto epoch_start = Clock::now();
+    double loss_sum = 0;
+    int64_t epoch_steps = 0;
+    int64_t epoch_examples = 0;
+    double t_pull = 0, t_compute = 0, t_push = 0;
+    for (size_t first = 0; first < shard.size(); first += static_cast<size_t>(batch)) {
+      if (should_stop()) {
+        stop = true;
+        break;
+      }
+      const size_t count = std::min(static_cast<size_t>(batch), shard.size() - first);
+      GatherBatch(train, std::span<const int64_t>(shard.data() + first, count), bx.data(),
+                  by.data());
+      const auto t0 = Clock::now();
+      PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs));
+      const auto t1 = Clock::now();
+      auto loss = backend.ForwardBackward(params.cptrs, bx.data(), by.data(),
+                                          static_cast<int>(count), grads.ptrs);
+      if (!loss.ok()) return loss.status();
+      const auto t2 = Clock::now();
+      PARASYNC_RETURN_IF_ERROR(client.Push(grads.cptrs, static_cast<int64_t>(count)));
+      const auto t3 = Clock::now();
+
+      t_pull += Seconds(t0, t1);
+      t_compute += Seconds(t1, t2);
+      t_push += Seconds(t2, t3);
+      metrics.pull_seconds->Observe(Seconds(t0, t1));
+      metrics.compute_seconds->Observe(Seconds(t1, t2));
+      metrics.push_seconds->Observe(Seconds(t2, t3));
+      metrics.examples->Increment(static_cast<double>(count));
+      metrics.steps->Increment();
+      metrics.train_loss->Set(*loss);
+      loss_sum += *loss;
+      ++epoch_steps;
+      epoch_examples += static_cast<int64_t>(count);
+      ++summary.steps;
+      summary.examples += static_cast<int64_t>(count);
+      if (o.max_steps > 0 && summary.steps >= o.max_steps) {
+        stop = true;
+        break;
+      }
+    }
+    if (epoch_steps == 0) break;
+    const double secs = Seconds(epoch_start, Clock::now());
+    const double train_loss = loss_sum / static_cast<double>(epoch_steps);
+    const double eps = static_cast<double>(epoch_examples) / secs;
+    summary.epochs_done = epoch;
+    spdlog::info("epoch {}/{}: {} examples in {:.2f} s = {:.0f} examples/sec, train loss {:.4f} "
+                 "(per step: pull {:.2f} ms, compute {:.2f} ms, push {:.2f} ms)",
+                 epoch, o.epochs, epoch_examples, secs, eps, train_loss,
+                 1e3 * t_pull / static_cast<double>(epoch_steps),
+                 1e3 * t_compute / static_cast<double>(epoch_steps),
+                 1e3 * t_push / static_cast<double>(epoch_steps));
+    if (chief && !(stop && should_stop())) {
+      PARASYNC_RETURN_IF_ERROR(evaluate(epoch, train_loss, eps));
+    }
+  }
+  return summary;
+}
+
+}  // namespace parasync

@@ -1,0 +1,52 @@
+// Trainer: a worker's training loop — pull, forward/backward, push — over its shard of the
+// data, and, on the chief (rank 0), evaluation on the whole test set after every epoch,
+// appended to <log-dir>/eval.jsonl.
+//
+// Runs on the calling thread; uses the PsClient and ComputeBackend it is handed (not owned).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "common/model_spec.h"
+#include "common/status.h"
+#include "worker/compute/backend.h"
+#include "worker/data/dataset.h"
+#include "worker/model/mlp.h"
+#include "worker/ps_client.h"
+#include "worker/worker_metrics.h"
+
+namespace parasync {
+
+struct TrainerOptions {
+  int rank = 0;
+  int num_workers = 1;
+  std::string mode = "async";
+  int epochs = 5;
+  int batch_size = 64;
+  int64_t max_steps = 0;  // > 0: stop after this many local steps
+  uint64_t seed = 42;
+  std::string log_dir;    // chief writes eval.jsonl here
+  MlpSpec model;
+  OptimizerSpec optimizer;
+};
+
+struct TrainingSummary {
+  int epochs_done = 0;
+  int64_t steps = 0;
+  int64_t examples = 0;
+  double final_test_accuracy = -1;  // chief only; -1 when not evaluated
+  double final_test_loss = -1;
+};
+
+// Trains until `epochs` (or max_steps) are done or `should_stop()` turns true (checked every
+// step). `train` is this worker's data (already the whole training set: it is sharded here
+// by rank); `test` is evaluated by the chief and may be empty on other ranks.
+// Returns the first error from the servers or the backend.
+Result<TrainingSummary> RunTraining(const TrainerOptions& options, const Dataset& train,
+                                    const Dataset& test, PsClient& client,
+                                    ComputeBackend& backend, WorkerMetrics& metrics,
+                                    const std::function<bool()>& should_stop);
+
+}  // namespace parasync

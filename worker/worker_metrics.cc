@@ -1,0 +1,57 @@
+#include "worker/worker_metrics.h"
+
+#include <string>
+
+namespace parasync {
+
+WorkerMetrics::WorkerMetrics(int rank) : registry(std::make_shared<prometheus::Registry>()) {
+  const prometheus::Labels labels{{"role", "worker"}, {"rank", std::to_string(rank)}};
+  examples = &prometheus::BuildCounter()
+                  .Name("parasync_worker_examples_total")
+                  .Help("Training examples processed; rate() gives examples/sec")
+                  .Labels(labels)
+                  .Register(*registry)
+                  .Add({});
+  steps = &prometheus::BuildCounter()
+               .Name("parasync_worker_steps_total")
+               .Help("Training steps (pull, compute, push) completed")
+               .Labels(labels)
+               .Register(*registry)
+               .Add({});
+  auto& phases = prometheus::BuildHistogram()
+                     .Name("parasync_worker_step_seconds")
+                     .Help("Seconds per training step, by phase")
+                     .Labels(labels)
+                     .Register(*registry);
+  const prometheus::Histogram::BucketBoundaries buckets{1e-4, 3e-4, 1e-3, 3e-3, 1e-2,
+                                                        3e-2, 0.1,  0.3,  1,    3};
+  pull_seconds = &phases.Add({{"phase", "pull"}}, buckets);
+  compute_seconds = &phases.Add({{"phase", "compute"}}, buckets);
+  push_seconds = &phases.Add({{"phase", "push"}}, buckets);
+  train_loss = &prometheus::BuildGauge()
+                    .Name("parasync_worker_train_loss")
+                    .Help("Mean training loss of the latest step")
+                    .Labels(labels)
+                    .Register(*registry)
+                    .Add({});
+  epoch = &prometheus::BuildGauge()
+               .Name("parasync_worker_epoch")
+               .Help("Current epoch (1-based)")
+               .Labels(labels)
+               .Register(*registry)
+               .Add({});
+  eval_accuracy = &prometheus::BuildGauge()
+                       .Name("parasync_worker_eval_accuracy")
+                       .Help("Test-set accuracy of the latest evaluation (chief only)")
+                       .Labels(labels)
+                       .Register(*registry)
+                       .Add({});
+  eval_loss = &prometheus::BuildGauge()
+                   .Name("parasync_worker_eval_loss")
+                   .Help("Test-set mean loss of the latest evaluation (chief only)")
+                   .Labels(labels)
+                   .Register(*registry)
+                   .Add({});
+}
+
+}  // namespace parasync

@@ -1,0 +1,30 @@
+// Every metric a worker exports, registered in one place. Names follow Prometheus
+// conventions with the parasync_worker_ prefix and constant labels role="worker",
+// rank="<r>". prometheus-cpp metrics are thread-safe; built once, then only read.
+#pragma once
+
+#include <memory>
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace parasync {
+
+struct WorkerMetrics {
+  explicit WorkerMetrics(int rank);
+
+  std::shared_ptr<prometheus::Registry> registry;
+  prometheus::Counter* examples = nullptr;  // rate() of it is examples/sec
+  prometheus::Counter* steps = nullptr;
+  prometheus::Histogram* pull_seconds = nullptr;     // step seconds, phase="pull"
+  prometheus::Histogram* compute_seconds = nullptr;  // phase="compute"
+  prometheus::Histogram* push_seconds = nullptr;     // phase="push"
+  prometheus::Gauge* train_loss = nullptr;
+  prometheus::Gauge* epoch = nullptr;
+  prometheus::Gauge* eval_accuracy = nullptr;  // chief only
+  prometheus::Gauge* eval_loss = nullptr;      // chief only
+};
+
+}  // namespace parasync
