@@ -28,7 +28,7 @@ constexpr const char* kDescription =
     "2 for bad flags or missing binaries, 130 when interrupted.";
 
 constexpr const char* kFooter =
-    "Values that begin with '-' go with '=': --worker-arg=--device=cpu.\n"
+    "Values that begin with '-' are safest written with '=': --worker-arg=--device=cpu.\n"
     "\n"
     "Example:\n"
     "  parasync-launch --ps 2 --workers 2 --mode ssp:3 --epochs 5 --lr 0.05 \\\n"

@@ -306,9 +306,7 @@ struct Launcher::Child {
   int log_fd = -1;
   std::string partial;  // bytes after the last newline
   int wait_status = 0;
-  bool reaped = false;
   bool sent_term = false;
-  bool sent_kill = false;
   bool killed_after_grace = false;
 };
 
@@ -395,7 +393,6 @@ Status Launcher::Start() {
         while (waitpid(other.pid, &wait_status, 0) < 0 && errno == EINTR) {
         }
         other.running = false;
-        other.reaped = true;
         other.wait_status = wait_status;
       }
       return status;
@@ -611,13 +608,14 @@ void Launcher::ReapExited() {
     ReadOutput(child, /*drain=*/true);
     FlushPartial(child);
     CloseOutput(child);
+    if (child.log_fd >= 0) close(child.log_fd);
+    child.log_fd = -1;
     OnExit(child, wait_status);
   }
 }
 
 void Launcher::OnExit(Child& child, int wait_status) {
   child.running = false;
-  child.reaped = true;
   child.wait_status = wait_status;
   const bool clean = ExitedZero(wait_status);
   const std::string who = child.spec.name + " (pid " + std::to_string(child.pid) + ")";
@@ -625,7 +623,6 @@ void Launcher::OnExit(Child& child, int wait_status) {
 
   if (phase_ == Phase::kRunning) {
     if (clean && is_chief) {
-      chief_done_ = true;
       Message("chief " + who + " finished; stopping the others");
       BeginStopping(Phase::kStoppingWorkers);
     } else if (clean) {
@@ -662,7 +659,6 @@ void Launcher::SignalGroup(Role role, int signal_number) {
     if (!child.running || child.spec.role != role) continue;
     kill(child.pid, signal_number);
     if (signal_number == SIGTERM) child.sent_term = true;
-    if (signal_number == SIGKILL) child.sent_kill = true;
   }
 }
 
@@ -757,10 +753,10 @@ int Launcher::Supervise() {
 
 int Launcher::ComputeExitCode() {
   std::string statuses;
-  bool all_clean = true;
+  std::string unclean;
   for (const Child& child : children_) {
     const bool clean = ExitedZero(child.wait_status);
-    all_clean = all_clean && clean;
+    if (!clean) unclean += (unclean.empty() ? "" : ", ") + child.spec.name;
     if (!statuses.empty()) statuses += ", ";
     statuses += child.spec.name + " " +
                 (clean ? std::string("exit 0") : DescribeWaitStatus(child.wait_status));
@@ -775,8 +771,8 @@ int Launcher::ComputeExitCode() {
     Message("run failed: " + failure_);
     return kExitFailed;
   }
-  if (!all_clean) {
-    Message("run failed: not every process exited with status 0");
+  if (!unclean.empty()) {
+    Message("run failed: " + unclean + " did not exit with status 0");
     return kExitFailed;
   }
   Message("run succeeded: every process exited with status 0");

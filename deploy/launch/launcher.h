@@ -190,7 +190,6 @@ class Launcher {
   Phase phase_ = Phase::kRunning;
   bool started_ = false;
   bool interrupted_ = false;
-  bool chief_done_ = false;
   bool output_broken_ = false;  // output_fd closed by the reader: keep only the log files
   std::string failure_;         // the first failure, as told to the user
   double stop_deadline_ = 0.0;  // seconds on the steady clock

@@ -39,8 +39,8 @@ using ::testing::Not;
 using Clock = std::chrono::steady_clock;
 
 // Behaviour per process from FAKE_<name> or FAKE_DEFAULT:
-//   ok           prints, exits 0 FAKE_OK_DELAY s after all are ready (worker0 writes eval.jsonl when
-//                FAKE_WRITE_EVAL is set), leaving its last line without a newline
+//   ok           prints, exits 0 FAKE_OK_DELAY s after all are ready, leaving its last line
+//                without a newline; worker0 writes eval.jsonl when FAKE_WRITE_EVAL is set
 //   fail3        prints, exits 3 0.2 s after all are ready
 //   hang         runs until SIGTERM, then says so and exits 0
 //   ignore_term  ignores SIGTERM; only SIGKILL ends it

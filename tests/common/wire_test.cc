@@ -1,0 +1,225 @@
+#include "common/wire.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace parasync {
+namespace {
+
+ModelRegistration SampleRegistration() {
+  ModelRegistration reg;
+  reg.variables = {
+      {"dense/kernel", {784, 256}, DType::kFloat32, {InitKind::kUniform, 0.0765f}},
+      {"dense/bias", {256}, DType::kFloat32, {InitKind::kZeros, 0.0f}},
+      {"scale", {}, DType::kFloat32, {InitKind::kConstant, 1.5f}},
+  };
+  reg.optimizer = {OptimizerKind::kAdam, 0.001f, 0.5f, 0.85f, 0.995f, 1e-6f};
+  reg.seed = 0xfeedfacecafebeefULL;
+  reg.max_slice_elements = 12345;
+  reg.num_shards = 3;
+  return reg;
+}
+
+Result<Header> RoundTrip(const Header& h) {
+  const std::vector<uint8_t> bytes = EncodeHeader(h);
+  return DecodeHeader(bytes.data(), bytes.size());
+}
+
+TEST(WireTest, RoundTripKeepsScalarFieldsAndSlices) {
+  Header h;
+  h.protocol_version = 77;
+  h.type = MsgType::kPush;
+  h.request_id = 0x0123456789abcdefULL;
+  h.rank = 5;
+  h.dtype = DType::kFloat32;
+  h.slices = {{0, 0, 100}, {7, 12, 3}, {0xffffffffu, int64_t{1} << 40, 0}};
+  h.batch_examples = 128;
+  h.version = int64_t{1} << 50;
+  Result<Header> d = RoundTrip(h);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->protocol_version, 77u);
+  EXPECT_EQ(d->type, MsgType::kPush);
+  EXPECT_EQ(d->request_id, h.request_id);
+  EXPECT_EQ(d->rank, 5);
+  EXPECT_TRUE(d->status.ok());
+  EXPECT_EQ(d->dtype, DType::kFloat32);
+  EXPECT_EQ(d->slices, h.slices);
+  EXPECT_EQ(d->batch_examples, 128);
+  EXPECT_EQ(d->version, h.version);
+  EXPECT_FALSE(d->registration.has_value());
+  EXPECT_FALSE(d->stats.has_value());
+}
+
+TEST(WireTest, RoundTripKeepsEveryMessageType) {
+  for (int t = 0; t < kNumMsgTypes; ++t) {
+    Header h;
+    h.type = static_cast<MsgType>(t);
+    Result<Header> d = RoundTrip(h);
+    ASSERT_TRUE(d.ok()) << t;
+    EXPECT_EQ(d->type, h.type);
+    EXPECT_NE(MsgTypeName(h.type), "unknown");
+  }
+}
+
+TEST(WireTest, RoundTripKeepsRegistration) {
+  Header h;
+  h.type = MsgType::kRegister;
+  h.registration = SampleRegistration();
+  Result<Header> d = RoundTrip(h);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_TRUE(d->registration.has_value());
+  EXPECT_EQ(*d->registration, SampleRegistration());
+}
+
+TEST(WireTest, RoundTripKeepsEveryOptimizerKind) {
+  for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdam}) {
+    Header h;
+    h.type = MsgType::kRegister;
+    h.registration = SampleRegistration();
+    h.registration->optimizer.kind = k;
+    Result<Header> d = RoundTrip(h);
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(*d->registration, *h.registration);
+  }
+}
+
+TEST(WireTest, RoundTripKeepsStats) {
+  Header h;
+  h.type = MsgType::kStats;
+  h.stats = ShardStats{2, 1000, 64000, 17, 235146, 1003, 3, true};
+  Result<Header> d = RoundTrip(h);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(d->stats.has_value());
+  EXPECT_EQ(d->stats->shard, 2);
+  EXPECT_EQ(d->stats->version, 1000);
+  EXPECT_EQ(d->stats->examples, 64000);
+  EXPECT_EQ(d->stats->num_slices, 17);
+  EXPECT_EQ(d->stats->num_elements, 235146);
+  EXPECT_EQ(d->stats->requests, 1003);
+  EXPECT_EQ(d->stats->rejected, 3);
+  EXPECT_TRUE(d->stats->registered);
+}
+
+TEST(WireTest, RoundTripKeepsStatusCodeAndMessage) {
+  for (int c = 1; c <= static_cast<int>(StatusCode::kFailedPrecondition); ++c) {
+    Header h;
+    h.status = Status(static_cast<StatusCode>(c), "shard 3: slice 9 out of range");
+    Result<Header> d = RoundTrip(h);
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(d->status.code(), h.status.code());
+    EXPECT_EQ(d->status.message(), h.status.message());
+  }
+}
+
+TEST(WireTest, RoundTripOfDefaultHeaderKeepsDefaults) {
+  Result<Header> d = RoundTrip(Header{});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->protocol_version, kProtocolVersion);
+  EXPECT_EQ(d->rank, -1);
+  EXPECT_TRUE(d->status.ok());
+  EXPECT_TRUE(d->slices.empty());
+}
+
+void ExpectCorruption(const Header& h, const std::string& what) {
+  Result<Header> d = RoundTrip(h);
+  ASSERT_FALSE(d.ok()) << what << " was accepted";
+  EXPECT_EQ(d.status().code(), StatusCode::kCorruption) << what;
+}
+
+TEST(WireTest, DecodeRejectsOutOfRangeEnumsAsCorruption) {
+  Header h;
+  h.type = static_cast<MsgType>(5);
+  ExpectCorruption(h, "message type 5");
+  h = Header{};
+  h.type = static_cast<MsgType>(200);
+  ExpectCorruption(h, "message type 200");
+  h = Header{};
+  h.status = Status(static_cast<StatusCode>(10), "x");
+  ExpectCorruption(h, "status code 10");
+  h = Header{};
+  h.dtype = static_cast<DType>(7);
+  ExpectCorruption(h, "header dtype 7");
+  h = Header{};
+  h.registration = SampleRegistration();
+  h.registration->variables[1].dtype = static_cast<DType>(3);
+  ExpectCorruption(h, "variable dtype 3");
+  h = Header{};
+  h.registration = SampleRegistration();
+  h.registration->variables[0].init.kind = static_cast<InitKind>(3);
+  ExpectCorruption(h, "init kind 3");
+  h = Header{};
+  h.registration = SampleRegistration();
+  h.registration->optimizer.kind = static_cast<OptimizerKind>(3);
+  ExpectCorruption(h, "optimizer kind 3");
+}
+
+Header FullHeader() {
+  Header h;
+  h.type = MsgType::kRegister;
+  h.request_id = 99;
+  h.rank = 1;
+  h.status = Status::Aborted("stopping");
+  h.slices = {{1, 2, 3}, {4, 5, 6}};
+  h.registration = SampleRegistration();
+  h.stats = ShardStats{1, 2, 3, 4, 5, 6, 7, true};
+  return h;
+}
+
+TEST(WireTest, DecodeOfEveryTruncationIsCorruptionNotACrash) {
+  const std::vector<uint8_t> bytes = EncodeHeader(FullHeader());
+  ASSERT_GT(bytes.size(), 100u);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    // A fresh copy of exactly n bytes, so a read past the end is visible to sanitizers.
+    std::vector<uint8_t> prefix(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
+    Result<Header> d = DecodeHeader(prefix.data(), prefix.size());
+    // FlatBuffers' root offset sits at the front, so nothing short of the whole buffer holds
+    // every table it points to.
+    ASSERT_FALSE(d.ok()) << n << " of " << bytes.size() << " bytes decoded";
+    EXPECT_EQ(d.status().code(), StatusCode::kCorruption) << n;
+  }
+}
+
+TEST(WireTest, DecodeOfEmptyAndNullBufferIsCorruption) {
+  Result<Header> d = DecodeHeader(nullptr, 0);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kCorruption);
+}
+
+TEST(WireTest, DecodeOfRandomBytesReturnsCorruptionOrAValue) {
+  std::mt19937 rng(12345);
+  int corrupt = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const size_t size = std::uniform_int_distribution<size_t>(0, 512)(rng);
+    std::vector<uint8_t> bytes(size);
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng() & 0xff);
+    Result<Header> d = DecodeHeader(bytes.data(), bytes.size());
+    if (!d.ok()) {
+      EXPECT_EQ(d.status().code(), StatusCode::kCorruption) << "input " << i;
+      ++corrupt;
+    }
+  }
+  // Random bytes nearly never form a verifiable FlatBuffer.
+  EXPECT_GT(corrupt, 1900);
+}
+
+TEST(WireTest, DecodeOfBitFlippedHeadersReturnsCorruptionOrAValue) {
+  const std::vector<uint8_t> good = EncodeHeader(FullHeader());
+  std::mt19937 rng(777);
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<uint8_t> bytes = good;
+    const int flips = std::uniform_int_distribution<int>(1, 4)(rng);
+    for (int f = 0; f < flips; ++f) {
+      const size_t at = std::uniform_int_distribution<size_t>(0, bytes.size() - 1)(rng);
+      bytes[at] = static_cast<uint8_t>(bytes[at] ^ (1u << (rng() % 8)));
+    }
+    Result<Header> d = DecodeHeader(bytes.data(), bytes.size());
+    if (!d.ok()) EXPECT_EQ(d.status().code(), StatusCode::kCorruption) << "input " << i;
+  }
+}
+
+}  // namespace
+}  // namespace parasync

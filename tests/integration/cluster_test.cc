@@ -1,0 +1,167 @@
+// End-to-end tests: the real parasync-launch starting real parasync-ps and parasync-worker
+// processes over loopback, training on Fashion-MNIST; and the binaries' handling of bad
+// flags and missing data.
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/process_util.h"
+
+namespace parasync {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Child;
+using testing::ExitCode;
+using testing::TempDir;
+
+TEST(ClusterTest, AsyncTwoPsTwoWorkersLearnsWellAboveChanceAndStopsCleanly) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed at " << testing::DataDir();
+  TempDir dir;
+  const std::string out = dir.path() + "/launch.out";
+  Child launch = Child::Start(
+      {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers", "2", "--mode", "async",
+       "--epochs", "1", "--max-steps", "150", "--log-dir", dir.path() + "/run", "--data",
+       testing::DataDir(), "--grace-seconds", "10"},
+      out);
+  auto status = launch.Wait(240s);
+  ASSERT_TRUE(status.has_value()) << "the launcher did not finish in 240 s:\n" << testing::ReadFile(out);
+  const std::string printed = testing::ReadFile(out);
+  ASSERT_EQ(ExitCode(*status), 0) << printed;
+
+  // Progress reached the user with role prefixes, and the summary says where things are.
+  EXPECT_NE(printed.find("[worker0]"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("[ps1]"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("final test accuracy"), std::string::npos) << printed;
+
+  // The chief's evaluation log: epoch 0 (before training) and after the run.
+  auto lines = testing::ReadLines(dir.path() + "/run/eval.jsonl");
+  ASSERT_GE(lines.size(), 2u) << printed;
+  const auto first = nlohmann::json::parse(lines.front());
+  const auto last = nlohmann::json::parse(lines.back());
+  for (const char* key : {"mode", "workers", "epoch", "step", "examples", "wall_s", "train_loss",
+                          "test_loss", "test_accuracy"}) {
+    EXPECT_TRUE(last.contains(key)) << key << " missing in " << lines.back();
+  }
+  EXPECT_EQ(last["mode"], "async");
+  EXPECT_EQ(last["workers"], 2);
+  // Chance is 0.10; 150 steps of each worker must get far beyond it.
+  EXPECT_GE(last["test_accuracy"].get<double>(), 0.6) << lines.back();
+  EXPECT_GT(last["test_accuracy"].get<double>(), first["test_accuracy"].get<double>());
+  EXPECT_LT(last["test_loss"].get<double>(), first["test_loss"].get<double>());
+  // Both workers pushed: the servers saw more than the chief's own 150 steps.
+  EXPECT_GT(last["step"].get<int64_t>(), 150);
+
+  // No process of the cluster is left behind.
+  const auto cluster = nlohmann::json::parse(testing::ReadFile(dir.path() + "/run/cluster.json"));
+  ASSERT_EQ(cluster["processes"].size(), 4u);
+  for (const auto& p : cluster["processes"]) {
+    const pid_t pid = p["pid"].get<pid_t>();
+    EXPECT_TRUE(testing::WaitFor([&] { return !testing::ProcessAlive(pid); }, 5s))
+        << p["name"] << " (pid " << pid << ") is still running";
+  }
+  // Every process left its final metrics.
+  for (const char* f : {"metrics-ps0.prom", "metrics-ps1.prom", "metrics-worker0.prom",
+                        "metrics-worker1.prom"}) {
+    EXPECT_FALSE(testing::ReadFile(dir.path() + "/run/" + f).empty()) << f;
+  }
+  EXPECT_NE(testing::ReadFile(dir.path() + "/run/metrics-worker0.prom")
+                .find("parasync_worker_examples_total"),
+            std::string::npos);
+}
+
+TEST(ClusterTest, WorkerFailureFailsTheLaunchAndLeavesNothingRunning) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  TempDir dir;
+  const std::string out = dir.path() + "/launch.out";
+  // Workers refuse a model whose input width does not match the data: they exit non-zero.
+  Child launch = Child::Start(
+      {testing::BinDir() + "/parasync-launch", "--ps", "1", "--workers", "2", "--epochs", "1",
+       "--model", "100-10", "--log-dir", dir.path() + "/run", "--data", testing::DataDir(),
+       "--grace-seconds", "5"},
+      out);
+  auto status = launch.Wait(120s);
+  ASSERT_TRUE(status.has_value()) << testing::ReadFile(out);
+  EXPECT_EQ(ExitCode(*status), 1) << testing::ReadFile(out);
+  const auto cluster = nlohmann::json::parse(testing::ReadFile(dir.path() + "/run/cluster.json"));
+  for (const auto& p : cluster["processes"]) {
+    const pid_t pid = p["pid"].get<pid_t>();
+    EXPECT_TRUE(testing::WaitFor([&] { return !testing::ProcessAlive(pid); }, 5s)) << p["name"];
+  }
+}
+
+struct BadInvocation {
+  std::string binary;
+  std::vector<std::string> args;
+  std::string expected;  // a piece of the one error line
+};
+
+class BadInvocationTest : public ::testing::TestWithParam<BadInvocation> {};
+
+TEST_P(BadInvocationTest, EndsWithOneClearLineAndExitCode2) {
+  const BadInvocation& c = GetParam();
+  TempDir dir;
+  std::vector<std::string> argv = {testing::BinDir() + "/" + c.binary};
+  argv.insert(argv.end(), c.args.begin(), c.args.end());
+  const std::string out = dir.path() + "/out";
+  Child child = Child::Start(argv, out);
+  auto status = child.Wait(30s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(ExitCode(*status), 2) << testing::ReadFile(out);
+  auto lines = testing::ReadLines(out);
+  ASSERT_EQ(lines.size(), 1u) << testing::ReadFile(out);
+  EXPECT_NE(lines[0].find(c.expected), std::string::npos) << lines[0];
+}
+
+const std::string kCluster = "--ps-hosts=127.0.0.1:1,127.0.0.1:2";
+const std::string kWorkers = "--worker-hosts=127.0.0.1:3";
+
+INSTANTIATE_TEST_SUITE_P(
+    Binaries, BadInvocationTest,
+    ::testing::Values(
+        BadInvocation{"parasync-ps", {"--bogus"}, "--bogus"},
+        BadInvocation{"parasync-ps", {kCluster, kWorkers, "--task-index=5"}, "task index 5"},
+        BadInvocation{"parasync-ps", {kWorkers, "--task-index=0"}, "no parameter servers"},
+        BadInvocation{"parasync-ps", {"--ps-hosts=localhost", kWorkers}, "not host:port"},
+        BadInvocation{"parasync-ps", {kCluster, kWorkers, "--mode=turbo"}, "turbo"},
+        BadInvocation{"parasync-worker", {kCluster, kWorkers, "--data=/nonexistent/dir"},
+                      "/nonexistent/dir"},
+        BadInvocation{"parasync-worker", {kCluster, kWorkers, "--optimizer=adagrad"}, "adagrad"},
+        BadInvocation{"parasync-worker", {kCluster, kWorkers, "--model=784-x-10"}, "784-x-10"},
+        BadInvocation{"parasync-worker", {kCluster, kWorkers, "--lr=-1"}, "learning rate"},
+        BadInvocation{"parasync-worker", {kCluster, kWorkers, "--device=tpu"}, "tpu"},
+        BadInvocation{"parasync-worker", {kCluster, kWorkers, "--epochs=0"}, "--epochs"},
+        BadInvocation{"parasync-launch", {"--workers=0"}, "--workers"}));
+
+TEST(CliTest, TfConfigSuppliesTheClusterAndFlagsWin) {
+  TempDir dir;
+  const std::string out = dir.path() + "/out";
+  // TF_CONFIG names 1 PS; the flag says task 3, which does not exist: the flag must win.
+  Child child = Child::Start(
+      {testing::BinDir() + "/parasync-ps", "--task-index=3"}, out,
+      {"TF_CONFIG={\"cluster\":{\"ps\":[\"127.0.0.1:1\"],\"worker\":[\"127.0.0.1:2\"]},"
+       "\"task\":{\"type\":\"ps\",\"index\":0}}"});
+  auto status = child.Wait(30s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(ExitCode(*status), 2);
+  EXPECT_NE(testing::ReadFile(out).find("task index 3"), std::string::npos) << testing::ReadFile(out);
+}
+
+TEST(CliTest, HelpDescribesEveryBinaryAndExitsZero) {
+  for (const char* binary : {"parasync-ps", "parasync-worker", "parasync-launch"}) {
+    TempDir dir;
+    const std::string out = dir.path() + "/out";
+    Child child = Child::Start({testing::BinDir() + "/" + binary, "--help"}, out);
+    auto status = child.Wait(30s);
+    ASSERT_TRUE(status.has_value()) << binary;
+    EXPECT_EQ(ExitCode(*status), 0) << binary;
+    const std::string text = testing::ReadFile(out);
+    EXPECT_NE(text.find("Example"), std::string::npos) << binary << ":\n" << text;
+  }
+}
+
+}  // namespace
+}  // namespace parasync

@@ -1,0 +1,72 @@
+// Helpers for tests that run our real binaries as child processes: spawn with the output in a
+// file, wait for exit with a bound, read files, find free loopback ports. Test-only code.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace parasync::testing {
+
+// The directory holding parasync-ps, parasync-worker and parasync-launch (PARASYNC_BIN_DIR).
+std::string BinDir();
+// Fashion-MNIST directory (PARASYNC_DATA_DIR or the Debian package's path).
+std::string DataDir();
+bool DataAvailable();
+
+// A fresh temporary directory, removed with its contents when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A child process started by the test. The destructor kills it (SIGKILL) if still running,
+// so a failing test leaves nothing behind.
+class Child {
+ public:
+  // Starts argv[0] (a path) with argv, stdout+stderr appended to `log_path`, and `env`
+  // entries ("K=V") added to the environment.
+  static Child Start(const std::vector<std::string>& argv, const std::string& log_path,
+                     const std::vector<std::string>& env = {});
+  Child(Child&& other) noexcept;
+  Child& operator=(Child&&) = delete;
+  ~Child();
+
+  pid_t pid() const { return pid_; }
+  // Waits up to `timeout` for the exit; returns the raw wait status, or nullopt on timeout.
+  std::optional<int> Wait(std::chrono::milliseconds timeout);
+  void Signal(int sig);
+
+ private:
+  explicit Child(pid_t pid) : pid_(pid) {}
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+// Exit code of a wait status; 128+signal when killed by a signal.
+int ExitCode(int wait_status);
+
+// Waits up to `timeout` for `pred` to hold, checking every 20 ms.
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout);
+
+// True while a process with this pid exists (and is not a zombie of ours).
+bool ProcessAlive(pid_t pid);
+
+std::string ReadFile(const std::string& path);
+std::vector<std::string> ReadLines(const std::string& path);
+
+// Free TCP ports on 127.0.0.1 (bound then released; distinct from each other).
+std::vector<int> FreePorts(int n);
+
+}  // namespace parasync::testing

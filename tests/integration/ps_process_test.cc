@@ -1,0 +1,291 @@
+// Integration tests of parasync-ps as a real process, driven over ZeroMQ on loopback by the
+// real worker-side client (PsClient) and by a raw socket sending hostile messages.
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <zmq.hpp>
+
+#include "common/wire.h"
+#include "tests/integration/process_util.h"
+#include "worker/ps_client.h"
+
+namespace parasync {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Child;
+using testing::ExitCode;
+using testing::TempDir;
+
+std::string Join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+// N real parasync-ps processes on free loopback ports.
+class PsCluster {
+ public:
+  PsCluster(int n, const TempDir& dir) {
+    auto ports = testing::FreePorts(n + 1);
+    for (int i = 0; i < n; ++i) addresses_.push_back("127.0.0.1:" + std::to_string(ports[i]));
+    worker_ = "127.0.0.1:" + std::to_string(ports[n]);
+    for (int i = 0; i < n; ++i) {
+      log_paths_.push_back(dir.path() + "/ps" + std::to_string(i) + ".log");
+      children_.push_back(Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts",
+                                        Join(addresses_), "--worker-hosts", worker_,
+                                        "--task-index", std::to_string(i), "--log-dir",
+                                        dir.path()},
+                                       log_paths_.back()));
+    }
+  }
+  const std::vector<std::string>& addresses() const { return addresses_; }
+  std::vector<Child>& children() { return children_; }
+  std::string Log(int i) const { return testing::ReadFile(log_paths_[static_cast<size_t>(i)]); }
+
+ private:
+  std::vector<std::string> addresses_;
+  std::string worker_;
+  std::vector<std::string> log_paths_;
+  std::vector<Child> children_;
+};
+
+ModelRegistration SmallModel(int shards) {
+  ModelRegistration reg;
+  reg.variables = {{"dense0/kernel", {300, 70}, DType::kFloat32, {InitKind::kUniform, 0.1f}},
+                   {"dense0/bias", {70}, DType::kFloat32, {InitKind::kZeros, 0.0f}},
+                   {"dense1/kernel", {70, 10}, DType::kFloat32, {InitKind::kUniform, 0.2f}}};
+  reg.optimizer.kind = OptimizerKind::kSgd;
+  reg.optimizer.learning_rate = 0.5f;
+  reg.seed = 7;
+  reg.max_slice_elements = 5000;
+  reg.num_shards = shards;
+  return reg;
+}
+
+struct Params {
+  explicit Params(const ModelRegistration& reg) {
+    for (const auto& v : reg.variables) data.emplace_back(static_cast<size_t>(v.num_elements()));
+    for (auto& d : data) ptrs.push_back(d.data());
+    for (auto& d : data) cptrs.push_back(d.data());
+  }
+  std::vector<std::vector<float>> data;
+  std::vector<float*> ptrs;
+  std::vector<const float*> cptrs;
+};
+
+std::unique_ptr<PsClient> Connect(zmq::context_t& ctx, const std::vector<std::string>& addresses) {
+  PsClientOptions o;
+  o.ps_addresses = addresses;
+  o.rank = 0;
+  o.request_timeout = 10s;
+  auto c = PsClient::Connect(ctx, o);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return std::move(c).value();
+}
+
+TEST(PsProcessTest, PullAfterPushSeesTheSgdUpdateOnEveryShard) {
+  TempDir dir;
+  PsCluster cluster(2, dir);
+  zmq::context_t ctx;
+  auto client = Connect(ctx, cluster.addresses());
+  const ModelRegistration reg = SmallModel(2);
+  ASSERT_TRUE(client->Register(reg, 20s).ok());
+  // The model is spread over both processes.
+  ASSERT_FALSE(client->slice_map().SlicesOfShard(0).empty());
+  ASSERT_FALSE(client->slice_map().SlicesOfShard(1).empty());
+
+  Params before(reg), grad(reg), after(reg);
+  ASSERT_TRUE(client->Pull(before.ptrs).ok());
+  for (size_t v = 0; v < grad.data.size(); ++v) {
+    for (size_t i = 0; i < grad.data[v].size(); ++i) {
+      grad.data[v][i] = std::sin(static_cast<float>(i + 31 * v)) * 0.01f;
+    }
+  }
+  ASSERT_TRUE(client->Push(grad.cptrs, 32).ok());
+  ASSERT_TRUE(client->Pull(after.ptrs).ok());
+  for (size_t v = 0; v < after.data.size(); ++v) {
+    for (size_t i = 0; i < after.data[v].size(); ++i) {
+      ASSERT_EQ(after.data[v][i], before.data[v][i] - 0.5f * grad.data[v][i])
+          << "variable " << v << " element " << i;
+    }
+  }
+  auto stats = client->Stats();
+  ASSERT_TRUE(stats.ok());
+  for (const ShardStats& s : *stats) {
+    EXPECT_EQ(s.version, 1);
+    EXPECT_EQ(s.examples, 32);
+  }
+  // A second worker registering the same model sees the same values.
+  auto second = Connect(ctx, cluster.addresses());
+  ASSERT_TRUE(second->Register(reg, 20s).ok());
+  Params again(reg);
+  ASSERT_TRUE(second->Pull(again.ptrs).ok());
+  EXPECT_EQ(again.data, after.data);
+}
+
+TEST(PsProcessTest, HostileMessagesGetErrorRepliesAndChangeNothing) {
+  TempDir dir;
+  PsCluster cluster(1, dir);
+  zmq::context_t ctx;
+  auto client = Connect(ctx, cluster.addresses());
+  const ModelRegistration reg = SmallModel(1);
+  ASSERT_TRUE(client->Register(reg, 20s).ok());
+  Params before(reg);
+  ASSERT_TRUE(client->Pull(before.ptrs).ok());
+
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.set(zmq::sockopt::rcvtimeo, 5000);
+  raw.connect("tcp://" + cluster.addresses()[0]);
+  auto exchange = [&](std::vector<zmq::message_t> parts) -> Result<Header> {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      raw.send(parts[i], i + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+    std::vector<zmq::message_t> reply;
+    zmq::message_t part;
+    do {
+      if (!raw.recv(part)) return Status::TimedOut("no reply from the server");
+      reply.push_back(std::move(part));
+      part = zmq::message_t();
+    } while (reply.back().more());
+    return DecodeHeader(reply[0].data(), reply[0].size());
+  };
+  auto header_frame = [](const Header& h) {
+    auto bytes = EncodeHeader(h);
+    return zmq::message_t(bytes.data(), bytes.size());
+  };
+
+  // Garbage that fails the FlatBuffers verifier.
+  std::vector<zmq::message_t> garbage;
+  garbage.emplace_back(std::string("\x10\x00\x00\x00garbage-garbage-garbage", 27));
+  auto r1 = exchange(std::move(garbage));
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  EXPECT_EQ(r1->status.code(), StatusCode::kCorruption) << r1->status.ToString();
+
+  // A push for a slice that does not exist.
+  Header push;
+  push.type = MsgType::kPush;
+  push.request_id = 11;
+  push.slices = {{9999, 0, 4}};
+  std::vector<zmq::message_t> p2;
+  p2.push_back(header_frame(push));
+  p2.emplace_back(16);
+  auto r2 = exchange(std::move(p2));
+  ASSERT_TRUE(r2.ok());
+  EXPECT_EQ(r2->request_id, 11u);
+  EXPECT_EQ(r2->status.code(), StatusCode::kNotFound) << r2->status.ToString();
+
+  // A push whose range is past the end of slice 0.
+  push.request_id = 12;
+  push.slices = {{0, client->slice_map().slices()[0].length - 2, 4}};
+  std::vector<zmq::message_t> p3;
+  p3.push_back(header_frame(push));
+  p3.emplace_back(16);
+  auto r3 = exchange(std::move(p3));
+  ASSERT_TRUE(r3.ok());
+  EXPECT_EQ(r3->status.code(), StatusCode::kInvalidArgument) << r3->status.ToString();
+
+  // A push whose tensor frame is shorter than its range says.
+  push.request_id = 13;
+  push.slices = {{0, 0, 4}};
+  std::vector<zmq::message_t> p4;
+  p4.push_back(header_frame(push));
+  p4.emplace_back(15);
+  auto r4 = exchange(std::move(p4));
+  ASSERT_TRUE(r4.ok());
+  EXPECT_EQ(r4->status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r4->status.message().find("15 bytes"), std::string::npos) << r4->status.message();
+
+  // A Register whose variable has another shape.
+  Header bad_reg;
+  bad_reg.type = MsgType::kRegister;
+  bad_reg.request_id = 14;
+  bad_reg.registration = reg;
+  bad_reg.registration->variables[0].shape = {301, 70};
+  std::vector<zmq::message_t> p5;
+  p5.push_back(header_frame(bad_reg));
+  auto r5 = exchange(std::move(p5));
+  ASSERT_TRUE(r5.ok());
+  EXPECT_EQ(r5->status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r5->status.message().find("dense0/kernel"), std::string::npos) << r5->status.message();
+
+  // A sender built from another schema version: refused, naming both versions.
+  Header other;
+  other.protocol_version = kProtocolVersion + 41;
+  other.type = MsgType::kRegister;
+  other.request_id = 15;
+  other.registration = reg;
+  std::vector<zmq::message_t> p6;
+  p6.push_back(header_frame(other));
+  auto r6 = exchange(std::move(p6));
+  ASSERT_TRUE(r6.ok());
+  EXPECT_EQ(r6->status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r6->status.message().find("v" + std::to_string(kProtocolVersion + 41)),
+            std::string::npos)
+      << r6->status.message();
+  EXPECT_NE(r6->status.message().find("v" + std::to_string(kProtocolVersion)), std::string::npos)
+      << r6->status.message();
+
+  // A NaN gradient.
+  push.request_id = 16;
+  push.slices = {{0, 0, 1}};
+  std::vector<zmq::message_t> p7;
+  p7.push_back(header_frame(push));
+  const float nan = std::nanf("");
+  p7.emplace_back(&nan, sizeof(nan));
+  auto r7 = exchange(std::move(p7));
+  ASSERT_TRUE(r7.ok());
+  EXPECT_EQ(r7->status.code(), StatusCode::kInvalidArgument);
+
+  // The server still serves, nothing changed, and every refusal was counted.
+  Params after(reg);
+  ASSERT_TRUE(client->Pull(after.ptrs).ok());
+  EXPECT_EQ(after.data, before.data);
+  auto stats = client->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ((*stats)[0].version, 0);
+  EXPECT_EQ((*stats)[0].rejected, 7);
+  EXPECT_TRUE(cluster.children()[0].Wait(0ms) == std::nullopt) << "the server died";
+}
+
+TEST(PsProcessTest, SigtermAndShutdownMessageStopTheServerWithExitZero) {
+  TempDir dir;
+  PsCluster cluster(2, dir);
+  zmq::context_t ctx;
+  auto client = Connect(ctx, cluster.addresses());
+  ASSERT_TRUE(client->Register(SmallModel(2), 20s).ok());
+
+  cluster.children()[0].Signal(SIGTERM);
+  auto s0 = cluster.children()[0].Wait(10s);
+  ASSERT_TRUE(s0.has_value()) << "parasync-ps ignored SIGTERM";
+  EXPECT_EQ(ExitCode(*s0), 0) << cluster.Log(0);
+
+  ASSERT_TRUE(client->Shutdown(1).ok());
+  auto s1 = cluster.children()[1].Wait(10s);
+  ASSERT_TRUE(s1.has_value()) << "parasync-ps ignored Shutdown";
+  EXPECT_EQ(ExitCode(*s1), 0) << cluster.Log(1);
+  // Each wrote its metrics snapshot at exit.
+  EXPECT_NE(testing::ReadFile(dir.path() + "/metrics-ps0.prom").find("parasync_ps_requests_total"),
+            std::string::npos);
+}
+
+TEST(PsProcessTest, RequestTimesOutWithAClearErrorWhenNoServerAnswers) {
+  zmq::context_t ctx;
+  PsClientOptions o;
+  o.ps_addresses = {"127.0.0.1:" + std::to_string(testing::FreePorts(1)[0])};
+  o.request_timeout = 300ms;
+  auto client = PsClient::Connect(ctx, o);
+  ASSERT_TRUE(client.ok());
+  Status s = (*client)->Register(SmallModel(1), 300ms);
+  EXPECT_EQ(s.code(), StatusCode::kTimedOut);
+  EXPECT_NE(s.message().find(o.ps_addresses[0]), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace parasync
