@@ -169,18 +169,25 @@ Header FullHeader() {
   return h;
 }
 
-TEST(WireTest, DecodeOfEveryTruncationIsCorruptionNotACrash) {
+TEST(WireTest, DecodeOfEveryTruncationIsCorruptionOrTheSameHeader) {
   const std::vector<uint8_t> bytes = EncodeHeader(FullHeader());
   ASSERT_GT(bytes.size(), 100u);
+  int corrupt = 0;
   for (size_t n = 0; n < bytes.size(); ++n) {
     // A fresh copy of exactly n bytes, so a read past the end is visible to sanitizers.
     std::vector<uint8_t> prefix(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
     Result<Header> d = DecodeHeader(prefix.data(), prefix.size());
-    // FlatBuffers' root offset sits at the front, so nothing short of the whole buffer holds
-    // every table it points to.
-    ASSERT_FALSE(d.ok()) << n << " of " << bytes.size() << " bytes decoded";
-    EXPECT_EQ(d.status().code(), StatusCode::kCorruption) << n;
+    if (!d.ok()) {
+      EXPECT_EQ(d.status().code(), StatusCode::kCorruption) << n;
+      ++corrupt;
+      continue;
+    }
+    // Only trailing alignment padding may be cut off; what decodes is the whole header.
+    EXPECT_EQ(d->request_id, 99u) << n;
+    ASSERT_TRUE(d->registration.has_value()) << n;
+    EXPECT_EQ(*d->registration, SampleRegistration()) << n;
   }
+  EXPECT_GE(corrupt, static_cast<int>(bytes.size()) - 8);
 }
 
 TEST(WireTest, DecodeOfEmptyAndNullBufferIsCorruption) {
