@@ -137,6 +137,7 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(log_dir, ec);
     if (ec) return Fail("cannot create --log-dir " + log_dir + ": " + ec.message(), kExitBadUsage);
   }
+  InstallShutdownSignalHandlers();
   auto train = LoadIdxDataset(data_dir, "train");
   if (!train.ok()) return Fail(train.status().message(), kExitBadUsage);
   Dataset test;
@@ -145,7 +146,6 @@ int main(int argc, char** argv) {
     if (!t.ok()) return Fail(t.status().message(), kExitBadUsage);
     test = std::move(t).value();
   }
-  InstallShutdownSignalHandlers();
 
   WorkerMetrics metrics(rank);
   // The metrics server starts before any compute backend is loaded (see backend_factory.h).

@@ -224,7 +224,9 @@ TEST(WireTest, DecodeOfBitFlippedHeadersReturnsCorruptionOrAValue) {
       bytes[at] = static_cast<uint8_t>(bytes[at] ^ (1u << (rng() % 8)));
     }
     Result<Header> d = DecodeHeader(bytes.data(), bytes.size());
-    if (!d.ok()) EXPECT_EQ(d.status().code(), StatusCode::kCorruption) << "input " << i;
+    if (!d.ok()) {
+      EXPECT_EQ(d.status().code(), StatusCode::kCorruption) << "input " << i;
+    }
   }
 }
 
