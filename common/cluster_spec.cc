@@ -1,6 +1,7 @@
 #include "common/cluster_spec.h"
 
 #include <charconv>
+#include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
@@ -118,6 +119,12 @@ Result<ClusterSpec> ResolveClusterSpec(const ClusterFlags& flags,
                                    " " + task_type + " task(s)");
   }
   return spec;
+}
+
+Result<ClusterSpec> ResolveClusterSpecFromEnvironment(const ClusterFlags& flags,
+                                                      const std::string& task_type) {
+  const char* env = std::getenv("TF_CONFIG");
+  return ResolveClusterSpec(flags, env ? std::optional<std::string>(env) : std::nullopt, task_type);
 }
 
 }  // namespace parasync

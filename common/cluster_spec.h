@@ -40,6 +40,10 @@ Result<ClusterSpec> ResolveClusterSpec(const ClusterFlags& flags,
                                        const std::optional<std::string>& tf_config,
                                        const std::string& task_type);
 
+// ResolveClusterSpec with the TF_CONFIG environment variable of this process.
+Result<ClusterSpec> ResolveClusterSpecFromEnvironment(const ClusterFlags& flags,
+                                                      const std::string& task_type);
+
 // Splits "a,b,c" (empty items dropped, whitespace trimmed).
 std::vector<std::string> SplitHostList(const std::string& text);
 

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdio>
 
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -27,6 +28,11 @@ bool InitLogging(const std::string& role, int index, const std::string& level) {
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);
   return true;
+}
+
+int PrintErrorLine(const char* program, const std::string& line, int code) {
+  std::fprintf(stderr, "%s: %s\n", program, line.c_str());
+  return code;
 }
 
 void InstallShutdownSignalHandlers() {

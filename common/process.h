@@ -9,6 +9,12 @@ namespace parasync {
 // at `level` ("debug", "info", "warn", "error"). Returns false for an unknown level.
 bool InitLogging(const std::string& role, int index, const std::string& level);
 
+// Exit status of our binaries for bad flags, a bad cluster spec or missing input.
+inline constexpr int kExitBadUsage = 2;
+
+// Prints "<program>: <line>" to stderr and returns `code`, for `return Fail(...)` in main.
+int PrintErrorLine(const char* program, const std::string& line, int code);
+
 // Installs SIGINT/SIGTERM handlers that only set a flag (async-signal-safe), and ignores
 // SIGPIPE. Call once from main before starting threads.
 void InstallShutdownSignalHandlers();

@@ -1,7 +1,6 @@
 // parasync-ps: one parameter-server shard. See --help.
 #include <cstdlib>
 #include <filesystem>
-#include <iostream>
 #include <optional>
 #include <string>
 
@@ -17,11 +16,8 @@
 
 namespace {
 
-constexpr int kExitBadUsage = 2;
-
 int Fail(const std::string& line, int code = 1) {
-  std::cerr << "parasync-ps: " << line << "\n";
-  return code;
+  return parasync::PrintErrorLine("parasync-ps", line, code);
 }
 
 }  // namespace
@@ -71,8 +67,7 @@ int main(int argc, char** argv) {
     return Fail(e.what() + std::string(" (see --help)"), kExitBadUsage);
   }
 
-  const char* env = std::getenv("TF_CONFIG");
-  auto spec = ResolveClusterSpec(cluster, env ? std::optional<std::string>(env) : std::nullopt, "ps");
+  auto spec = ResolveClusterSpecFromEnvironment(cluster, "ps");
   if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
   if (mode != "async") {
     return Fail("--mode " + mode + " is not supported yet; this build serves async only",

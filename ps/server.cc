@@ -36,6 +36,13 @@ Status Server::Run(const std::function<bool()>& should_stop) {
   return Status::Ok();
 }
 
+bool Server::ShouldLogRejection() const {
+  // A flood of bad messages must not flood the log: the first 20 are logged, then every
+  // 1000th; the counter has them all.
+  if (rejected_ == 21) spdlog::warn("further rejections are logged every 1000th (all are counted)");
+  return rejected_ <= 20 || rejected_ % 1000 == 0;
+}
+
 void Server::Reject(RejectReason reason) {
   ++rejected_;
   metrics_->rejected[static_cast<size_t>(reason)]->Increment();
@@ -54,7 +61,9 @@ bool Server::Handle(Inbound& in) {
   Header reply;
   if (!in.header.ok()) {
     Reject(RejectReason::kMalformed);
-    spdlog::warn("rejected a malformed message: {}", in.header.status().message());
+    if (ShouldLogRejection()) {
+      spdlog::warn("rejected a malformed message: {}", in.header.status().message());
+    }
     reply.status = in.header.status();
     (void)socket_->Send(&in.identity, reply, {});
     return true;
@@ -166,8 +175,10 @@ bool Server::Handle(Inbound& in) {
   reply.version = shard_.version();
   if (!reply.status.ok()) {
     Reject(reason == RejectReason::kNone ? RejectReason::kMalformed : reason);
-    spdlog::warn("rejected {} from rank {} ({}): {}", MsgTypeName(req.type), req.rank,
-                 RejectReasonName(reason), reply.status.message());
+    if (ShouldLogRejection()) {
+      spdlog::warn("rejected {} from rank {} ({}): {}", MsgTypeName(req.type), req.rank,
+                   RejectReasonName(reason), reply.status.message());
+    }
     out_frames.clear();
     reply.slices.clear();
   }

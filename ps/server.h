@@ -50,6 +50,7 @@ class Server {
   // Handles one message and sends its reply. Returns false when it was a Shutdown.
   bool Handle(Inbound& in);
   void Reject(RejectReason reason);
+  bool ShouldLogRejection() const;
 
   std::unique_ptr<Socket> socket_;
   ServerOptions options_;

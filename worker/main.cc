@@ -3,7 +3,6 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <iostream>
 #include <optional>
 #include <string>
 
@@ -23,11 +22,8 @@
 
 namespace {
 
-constexpr int kExitBadUsage = 2;
-
 int Fail(const std::string& line, int code = 1) {
-  std::cerr << "parasync-worker: " << line << "\n";
-  return code;
+  return parasync::PrintErrorLine("parasync-worker", line, code);
 }
 
 }  // namespace
@@ -109,9 +105,7 @@ int main(int argc, char** argv) {
   }
 
   // Everything the user can get wrong is checked before anything starts.
-  const char* env = std::getenv("TF_CONFIG");
-  auto spec =
-      ResolveClusterSpec(cluster, env ? std::optional<std::string>(env) : std::nullopt, "worker");
+  auto spec = ResolveClusterSpecFromEnvironment(cluster, "worker");
   if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
   if (mode != "async") {
     return Fail("--mode " + mode + " is not supported yet; this build trains async only",

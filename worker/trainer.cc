@@ -110,7 +110,8 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
                            wall > 0 ? static_cast<double>(global_examples) / wall : 0.0},
                           {"batch_size", o.batch_size},
                           {"optimizer", std::string(OptimizerKindName(o.optimizer.kind))},
-                          {"learning_rate", o.optimizer.learning_rate},
+                          // Shortest decimal form of the float (0.001, not 0.0010000000474974513).
+                          {"learning_rate", std::stod(fmt::format("{}", o.optimizer.learning_rate))},
                           {"seed", o.seed}};
     PARASYNC_RETURN_IF_ERROR(eval_log.Append(row));
     spdlog::info("eval epoch {}: test accuracy {:.4f}, test loss {:.4f} (global step {}, {} "
