@@ -28,6 +28,7 @@ Result<ClusterSpec> ParseTfConfig(const std::string& text) {
     return Status::InvalidArgument("TF_CONFIG is not a JSON object");
   }
   ClusterSpec spec;
+  size_t num_chief = 0;
   auto read_list = [&](const nlohmann::json& cluster, const char* key,
                        std::vector<std::string>* out) -> Status {
     if (!cluster.contains(key)) return Status::Ok();
@@ -50,6 +51,7 @@ Result<ClusterSpec> ParseTfConfig(const std::string& text) {
     std::vector<std::string> chief;
     PARASYNC_RETURN_IF_ERROR(read_list(cluster, "chief", &chief));
     spec.workers.insert(spec.workers.begin(), chief.begin(), chief.end());
+    num_chief = chief.size();
   }
   if (j.contains("task")) {
     const auto& task = j.at("task");
@@ -64,6 +66,8 @@ Result<ClusterSpec> ParseTfConfig(const std::string& text) {
       }
       spec.task_index = task.at("index").get<int>();
     }
+    // TensorFlow numbers "worker" tasks after the chief separately; here they follow it.
+    if (spec.task_type == "worker") spec.task_index += static_cast<int>(num_chief);
     if (spec.task_type == "chief") spec.task_type = "worker";
   }
   return spec;

@@ -3,7 +3,8 @@
 // Comes from flags and/or the TF_CONFIG environment variable in TensorFlow's format:
 //   {"cluster": {"ps": ["h:p", ...], "worker": ["h:p", ...]},
 //    "task": {"type": "ps"|"worker", "index": N}}
-// Flags win over TF_CONFIG field by field. Plain values; thread-safe.
+// TensorFlow's "chief" becomes worker 0 (the chief here) and its "worker" i becomes worker
+// i+1. Flags win over TF_CONFIG field by field. Plain values; thread-safe.
 #pragma once
 
 #include <optional>

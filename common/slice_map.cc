@@ -5,6 +5,12 @@
 
 namespace parasync {
 
+int64_t SliceMap::EffectiveSliceBound(int64_t total_elements, int64_t max_slice_elements,
+                                      int num_shards) {
+  const int64_t quarter_share = (total_elements + 4 * num_shards - 1) / (4 * int64_t{num_shards});
+  return std::min(max_slice_elements, std::max(kMinSliceElements, quarter_share));
+}
+
 Result<SliceMap> SliceMap::Build(const std::vector<VariableSpec>& variables,
                                  int64_t max_slice_elements, int num_shards) {
   PARASYNC_RETURN_IF_ERROR(ValidateVariables(variables));
@@ -17,9 +23,12 @@ Result<SliceMap> SliceMap::Build(const std::vector<VariableSpec>& variables,
   map.by_variable_.resize(variables.size());
   map.load_.assign(static_cast<size_t>(num_shards), 0);
 
+  int64_t total = 0;
+  for (const VariableSpec& v : variables) total += v.num_elements();
+  const int64_t bound = EffectiveSliceBound(total, max_slice_elements, num_shards);
   for (uint32_t v = 0; v < variables.size(); ++v) {
     const int64_t n = variables[v].num_elements();
-    const int64_t pieces = (n + max_slice_elements - 1) / max_slice_elements;
+    const int64_t pieces = (n + bound - 1) / bound;
     // Near-equal pieces: the first (n % pieces) get one element more.
     const int64_t base = n / pieces;
     const int64_t extra = n % pieces;

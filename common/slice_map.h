@@ -24,11 +24,21 @@ struct SliceInfo {
 
 class SliceMap {
  public:
-  // Cuts each variable into ceil(n / max_slice_elements) near-equal contiguous slices, then
-  // places slices largest first on the least-loaded shard (ties: lowest shard index; slices
-  // of equal size keep declaration order). This greedy rule keeps the largest shard within
-  // max_slice_elements of the mean. Returns InvalidArgument for an empty or invalid variable
-  // list, num_shards < 1 or max_slice_elements < 1.
+  // Slices are not cut smaller than this for balance's sake (4 KiB of float32): below it,
+  // per-slice overhead outweighs imbalance.
+  static constexpr int64_t kMinSliceElements = 1024;
+
+  // min(max_slice_elements, max(kMinSliceElements, ceil(total / (4 * num_shards)))).
+  static int64_t EffectiveSliceBound(int64_t total_elements, int64_t max_slice_elements,
+                                     int num_shards);
+
+  // Cuts each variable into near-equal contiguous slices of at most EffectiveSliceBound()
+  // elements, then places slices largest first on the least-loaded shard (ties: lowest shard
+  // index; slices of equal size keep declaration order). Greedy placement keeps every shard
+  // within one slice of the mean, and the bound keeps a slice at most a quarter of the mean,
+  // so the largest shard holds at most 1.25x the mean (for models of at least
+  // 4 * kMinSliceElements * num_shards elements). Returns InvalidArgument for an empty or
+  // invalid variable list, num_shards < 1 or max_slice_elements < 1.
   static Result<SliceMap> Build(const std::vector<VariableSpec>& variables,
                                 int64_t max_slice_elements, int num_shards);
 

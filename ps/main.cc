@@ -1,4 +1,6 @@
 // parasync-ps: one parameter-server shard. See --help.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
   std::string log_dir;
   std::string log_level = "info";
   int64_t max_message_bytes = int64_t{1} << 30;
+  int64_t max_model_bytes = 0;
 
   app.add_option("--ps-hosts", cluster.ps_hosts, "Comma-separated host:port of every PS shard");
   app.add_option("--worker-hosts", cluster.worker_hosts, "Comma-separated host:port of every worker");
@@ -59,6 +62,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-message-bytes", max_message_bytes,
                  "Largest message accepted; bigger ones are dropped by ZeroMQ")
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-model-bytes", max_model_bytes,
+                 "Most memory a registered model may take on this shard (values + optimizer "
+                 "slots); 0 = 80% of physical memory")
+      ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -93,6 +100,12 @@ int main(int argc, char** argv) {
   options.shard_index = shard;
   options.num_shards = static_cast<int>(spec->ps.size());
   options.max_message_bytes = max_message_bytes;
+  if (max_model_bytes == 0) {
+    // A registration is a remote request: it must not be able to exhaust this machine.
+    max_model_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) / 5 * 4 *
+                      static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  }
+  options.max_model_bytes = max_model_bytes;
   zmq::context_t context(1);
   auto server = Server::Create(context, options, &metrics);
   if (!server.ok()) return Fail(server.status().message());

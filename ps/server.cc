@@ -21,7 +21,7 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
     : socket_(std::move(socket)),
       options_(options),
       metrics_(metrics),
-      shard_(options.shard_index, options.num_shards) {}
+      shard_(options.shard_index, options.num_shards, options.max_model_bytes) {}
 
 Status Server::Run(const std::function<bool()>& should_stop) {
   while (!stop_.load() && !should_stop()) {

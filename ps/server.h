@@ -25,6 +25,7 @@ struct ServerOptions {
   int shard_index = 0;
   int num_shards = 1;
   int64_t max_message_bytes = int64_t{1} << 30;
+  int64_t max_model_bytes = 0;  // bound on this shard's values + slots; 0: none
 };
 
 class Server {

@@ -26,7 +26,8 @@ std::string_view RejectReasonName(RejectReason reason) {
   return "unknown";
 }
 
-Shard::Shard(int shard_index, int num_shards) : shard_index_(shard_index), num_shards_(num_shards) {}
+Shard::Shard(int shard_index, int num_shards, int64_t max_bytes)
+    : shard_index_(shard_index), num_shards_(num_shards), max_bytes_(max_bytes) {}
 
 Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
   if (registration_) {
@@ -52,6 +53,16 @@ Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
     return map.status();
   }
   const int num_slots = NumOptimizerSlots(reg.optimizer.kind);
+  int64_t here = 0;
+  for (uint32_t id : map->SlicesOfShard(shard_index_)) here += map->slices()[id].length;
+  const int64_t bytes = here * (1 + num_slots) * static_cast<int64_t>(sizeof(float));
+  if (max_bytes_ > 0 && bytes > max_bytes_) {
+    *reason = RejectReason::kBadRegistration;
+    return Status::InvalidArgument("the model needs " + std::to_string(bytes) +
+                                   " bytes on shard " + std::to_string(shard_index_) +
+                                   ", more than its limit of " + std::to_string(max_bytes_) +
+                                   " (--max-model-bytes)");
+  }
   local_index_.assign(map->slices().size(), -1);
   owned_.clear();
   for (uint32_t id : map->SlicesOfShard(shard_index_)) {
@@ -137,15 +148,19 @@ Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* c
     }
   }
   const OptimizerSpec& opt = registration_->optimizer;
+  const int64_t new_version = version_ + 1;
   for (size_t i = 0; i < ranges.size(); ++i) {
     SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
-    ++s.updates;
+    if (s.last_version != new_version) {
+      s.last_version = new_version;
+      ++s.updates;
+    }
     float* slot_ptrs[2] = {nullptr, nullptr};
     for (size_t k = 0; k < s.slots.size(); ++k) slot_ptrs[k] = s.slots[k].data() + ranges[i].begin;
     ApplyUpdate(opt, s.updates, s.values.data() + ranges[i].begin, grads[i],
                 std::span<float* const>(slot_ptrs, s.slots.size()), ranges[i].count);
   }
-  ++version_;
+  version_ = new_version;
   examples_ += batch_examples > 0 ? batch_examples : 0;
   return Status::Ok();
 }

@@ -40,11 +40,14 @@ std::string_view RejectReasonName(RejectReason reason);
 class Shard {
  public:
   // Shard `shard_index` of `num_shards`. Precondition: 0 <= shard_index < num_shards.
-  Shard(int shard_index, int num_shards);
+  // `max_bytes` bounds the memory a registration may claim here (values plus optimizer
+  // slots); 0 means no bound.
+  Shard(int shard_index, int num_shards, int64_t max_bytes = 0);
 
   // First call: validates `reg`, builds the slice map, creates and initializes this shard's
   // slices (deterministically from reg.seed) and zeroes their slots. Later calls succeed only
-  // if `reg` equals the first (else FailedPrecondition naming the difference). On failure
+  // if `reg` equals the first (else FailedPrecondition naming the difference). A model whose
+  // share here exceeds max_bytes gets InvalidArgument (reason kBadRegistration). On failure
   // sets *reason and changes nothing.
   Status Register(const ModelRegistration& reg, RejectReason* reason);
 
@@ -60,7 +63,8 @@ class Shard {
 
   // Applies the optimizer to each range with gradient grads[i] (ranges[i].count floats),
   // after checking every gradient is finite (InvalidArgument + kNonFinite otherwise, nothing
-  // applied). Increments version() by one and examples() by batch_examples.
+  // applied). A slice's update count (Adam's t) grows by one per call however many of its
+  // ranges the call holds. Increments version() by one and examples() by batch_examples.
   // Precondition: ValidateRanges ok.
   Status Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                int64_t batch_examples, RejectReason* reason);
@@ -82,10 +86,12 @@ class Shard {
     std::vector<float> values;
     std::vector<std::vector<float>> slots;
     int64_t updates = 0;
+    int64_t last_version = 0;  // version_ of the last Apply that touched it
   };
 
   int shard_index_;
   int num_shards_;
+  int64_t max_bytes_;
   std::optional<ModelRegistration> registration_;
   std::optional<SliceMap> map_;
   std::vector<int32_t> local_index_;  // slice id -> index in owned_, or -1

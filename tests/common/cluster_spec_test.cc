@@ -42,6 +42,20 @@ TEST(ParseTfConfigTest, ChiefBecomesWorkerZero) {
   EXPECT_EQ(spec->task_index, 0);
 }
 
+TEST(ParseTfConfigTest, WorkerIndexCountsPastChief) {
+  // In TensorFlow, worker index 0 is the first "worker" entry, not the chief. With the chief
+  // prepended as worker 0 here, that process is rank 1; two processes must never share a rank.
+  const char* cluster = R"("cluster": {"chief": ["c:1000"], "worker": ["w0:1001", "w1:1002"],
+                                        "ps": ["p:2000"]})";
+  Result<ClusterSpec> w0 =
+      ParseTfConfig(std::string("{") + cluster + R"(, "task": {"type": "worker", "index": 0}})");
+  Result<ClusterSpec> w1 =
+      ParseTfConfig(std::string("{") + cluster + R"(, "task": {"type": "worker", "index": 1}})");
+  ASSERT_TRUE(w0.ok() && w1.ok());
+  EXPECT_EQ(w0->workers[static_cast<size_t>(w0->task_index)], "w0:1001");
+  EXPECT_EQ(w1->workers[static_cast<size_t>(w1->task_index)], "w1:1002");
+}
+
 TEST(ParseTfConfigTest, MissingTaskLeavesDefaults) {
   Result<ClusterSpec> spec = ParseTfConfig(R"({"cluster": {"ps": ["p:1"]}})");
   ASSERT_TRUE(spec.ok());

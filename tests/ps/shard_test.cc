@@ -1,1 +1,526 @@
+#include "ps/shard.h"
+
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace parasync {
+namespace {
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+constexpr float kLimit = 0.5f;
+
+// A 30-element kernel cut into 8-element slices (8, 8, 7, 7) and a 5-element bias.
+ModelRegistration SmallModel(int num_shards, OptimizerKind kind = OptimizerKind::kSgd) {
+  ModelRegistration reg;
+  reg.variables = {{"dense/kernel", {6, 5}, DType::kFloat32, {InitKind::kUniform, kLimit}},
+                   {"dense/bias", {5}, DType::kFloat32, {InitKind::kZeros, 0.0f}}};
+  reg.optimizer.kind = kind;
+  reg.optimizer.learning_rate = 0.5f;
+  reg.seed = 1234;
+  reg.max_slice_elements = 8;
+  reg.num_shards = num_shards;
+  return reg;
+}
+
+void MustRegister(Shard& shard, const ModelRegistration& reg) {
+  RejectReason reason = RejectReason::kNone;
+  Status s = shard.Register(reg, &reason);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(reason, RejectReason::kNone);
+}
+
+// A push as the server hands it to the shard: ranges, one gradient frame per range (frame
+// sizes from the gradients unless overridden), validated and then applied.
+struct Push {
+  Push(std::vector<SliceRange> r, std::vector<std::vector<float>> g)
+      : ranges(std::move(r)), grads(std::move(g)) {}
+
+  std::vector<SliceRange> ranges;
+  std::vector<std::vector<float>> grads;
+  DType dtype = DType::kFloat32;
+  std::optional<std::vector<size_t>> frame_bytes;
+  int64_t batch_examples = 8;
+};
+
+Status DoPush(Shard& shard, const Push& push, RejectReason* reason) {
+  std::vector<size_t> sizes;
+  if (push.frame_bytes) {
+    sizes = *push.frame_bytes;
+  } else {
+    for (const auto& g : push.grads) sizes.push_back(g.size() * sizeof(float));
+  }
+  PARASYNC_RETURN_IF_ERROR(
+      shard.ValidateRanges(push.ranges, push.dtype, std::span<const size_t>(sizes), reason));
+  std::vector<const float*> ptrs;
+  for (const auto& g : push.grads) ptrs.push_back(g.data());
+  return shard.Apply(push.ranges, ptrs, push.batch_examples, reason);
+}
+
+// Gradient of `count` floats: 0.01, 0.02, ... scaled by `scale`.
+std::vector<float> Ramp(int64_t count, float scale = 1.0f) {
+  std::vector<float> g(static_cast<size_t>(count));
+  for (size_t i = 0; i < g.size(); ++i) g[i] = scale * 0.01f * static_cast<float>(i + 1);
+  return g;
+}
+
+// The map of a registered shard.
+const SliceMap& MapOf(const Shard& shard) {
+  if (const SliceMap* map = shard.slice_map()) return *map;
+  ADD_FAILURE() << "shard " << shard.shard_index() << " is not registered";
+  static const SliceMap kNoSlices;
+  return kNoSlices;
+}
+
+// Everything a rejected request must leave alone.
+struct Snapshot {
+  std::vector<std::vector<float>> values;  // by slice id; empty if not held
+  int64_t version = 0;
+  int64_t examples = 0;
+  bool operator==(const Snapshot&) const = default;
+};
+
+Snapshot Take(const Shard& shard) {
+  Snapshot s;
+  for (uint32_t id = 0; id < MapOf(shard).slices().size(); ++id) {
+    std::span<const float> v = shard.SliceValues(id);
+    s.values.emplace_back(v.begin(), v.end());
+  }
+  s.version = shard.version();
+  s.examples = shard.examples();
+  return s;
+}
+
+// Values of variable `var` assembled from the shards that hold its slices.
+std::vector<float> AssembleVariable(const std::vector<const Shard*>& shards, uint32_t var) {
+  const SliceMap& map = MapOf(*shards[0]);
+  std::vector<float> out;
+  for (uint32_t id : map.SlicesOfVariable(var)) {
+    std::span<const float> v =
+        shards[static_cast<size_t>(map.slices()[id].shard)]->SliceValues(id);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+TEST(ShardTest, RegisterCreatesOnlyThisShardsSlices) {
+  Shard shard(1, 2);
+  EXPECT_FALSE(shard.registered());
+  EXPECT_EQ(shard.slice_map(), nullptr);
+  EXPECT_EQ(shard.num_elements(), 0);
+  MustRegister(shard, SmallModel(2));
+  ASSERT_TRUE(shard.registered());
+  const SliceMap& map = MapOf(shard);
+  EXPECT_EQ(shard.num_slices(), static_cast<int>(map.SlicesOfShard(1).size()));
+  EXPECT_EQ(shard.num_elements(), map.ShardLoad(1));
+  for (const SliceInfo& s : map.slices()) {
+    EXPECT_EQ(shard.SliceValues(s.id).size(), s.shard == 1 ? static_cast<size_t>(s.length) : 0u)
+        << "slice " << s.id;
+  }
+  EXPECT_TRUE(shard.SliceValues(1000).empty());
+  EXPECT_EQ(shard.version(), 0);
+  EXPECT_EQ(shard.examples(), 0);
+}
+
+TEST(ShardTest, RegisterInitializesFromSeedIndependentlyOfSharding) {
+  const ModelRegistration reg = SmallModel(2);
+  Shard s0(0, 2);
+  Shard s1(1, 2);
+  MustRegister(s0, reg);
+  MustRegister(s1, reg);
+  ModelRegistration one = reg;
+  one.num_shards = 1;
+  one.max_slice_elements = 1000;  // the whole kernel in one slice
+  Shard whole(0, 1);
+  MustRegister(whole, one);
+  for (uint32_t v = 0; v < reg.variables.size(); ++v) {
+    const std::vector<float> split = AssembleVariable({&s0, &s1}, v);
+    std::vector<float> expected(static_cast<size_t>(reg.variables[v].num_elements()));
+    InitializeElements(reg.variables[v].init, reg.seed, v, 0, expected.data(),
+                       static_cast<int64_t>(expected.size()));
+    EXPECT_EQ(split, expected) << reg.variables[v].name;
+    EXPECT_EQ(AssembleVariable({&whole}, v), expected) << reg.variables[v].name;
+  }
+}
+
+TEST(ShardTest, RegisterWithSameSeedGivesSameValues) {
+  Shard a(0, 2);
+  Shard b(0, 2);
+  MustRegister(a, SmallModel(2));
+  MustRegister(b, SmallModel(2));
+  EXPECT_EQ(Take(a), Take(b));
+  ModelRegistration other = SmallModel(2);
+  other.seed = 4321;
+  Shard c(0, 2);
+  MustRegister(c, other);
+  EXPECT_NE(Take(a).values, Take(c).values);
+}
+
+TEST(ShardTest, RegisterDrawsKernelUniformlyWithinLimitAndZeroesBias) {
+  Shard shard(0, 1);
+  MustRegister(shard, SmallModel(1));
+  const std::vector<float> kernel = AssembleVariable({&shard}, 0);
+  ASSERT_EQ(kernel.size(), 30u);
+  bool any_nonzero = false;
+  for (float x : kernel) {
+    EXPECT_GE(x, -kLimit);
+    EXPECT_LT(x, kLimit);
+    any_nonzero |= x != 0.0f;
+  }
+  EXPECT_TRUE(any_nonzero);
+  for (float x : AssembleVariable({&shard}, 1)) EXPECT_EQ(x, 0.0f);
+}
+
+TEST(ShardTest, ReRegisterIdenticalIsOkAndKeepsTrainedValues) {
+  Shard shard(0, 1);
+  MustRegister(shard, SmallModel(1));
+  RejectReason reason = RejectReason::kNone;
+  ASSERT_TRUE(DoPush(shard, {{{0, 0, 8}}, {Ramp(8)}}, &reason).ok());
+  const Snapshot trained = Take(shard);
+  MustRegister(shard, SmallModel(1));
+  EXPECT_EQ(Take(shard), trained);
+}
+
+TEST(ShardTest, ReRegisterWithDifferentShapeIsFailedPreconditionNamingBothShapes) {
+  Shard shard(0, 1);
+  MustRegister(shard, SmallModel(1));
+  const Snapshot before = Take(shard);
+  ModelRegistration changed = SmallModel(1);
+  changed.variables[0].shape = {7, 5};
+  RejectReason reason = RejectReason::kNone;
+  Status s = shard.Register(changed, &reason);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(reason, RejectReason::kRegisterMismatch);
+  EXPECT_TRUE(Contains(s.message(), "dense/kernel")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "[7,5]")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "[6,5]")) << s.message();
+  EXPECT_EQ(Take(shard), before);
+}
+
+TEST(ShardTest, ReRegisterWithDifferentOptimizerIsRegisterMismatch) {
+  Shard shard(0, 1);
+  MustRegister(shard, SmallModel(1));
+  RejectReason reason = RejectReason::kNone;
+  Status s = shard.Register(SmallModel(1, OptimizerKind::kAdam), &reason);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(reason, RejectReason::kRegisterMismatch);
+}
+
+TEST(ShardTest, RegisterWithOtherShardCountIsRejected) {
+  Shard shard(0, 2);
+  RejectReason reason = RejectReason::kNone;
+  Status s = shard.Register(SmallModel(3), &reason);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(reason, RejectReason::kBadRegistration);
+  EXPECT_TRUE(Contains(s.message(), "3")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "2")) << s.message();
+  EXPECT_FALSE(shard.registered());
+}
+
+TEST(ShardTest, RegisterOfInvalidModelIsBadRegistration) {
+  ModelRegistration empty = SmallModel(1);
+  empty.variables.clear();
+  ModelRegistration no_lr = SmallModel(1);
+  no_lr.optimizer.learning_rate = 0.0f;
+  ModelRegistration zero_slice = SmallModel(1);
+  zero_slice.max_slice_elements = 0;
+  for (const ModelRegistration& reg : {empty, no_lr, zero_slice}) {
+    Shard shard(0, 1);
+    RejectReason reason = RejectReason::kNone;
+    Status s = shard.Register(reg, &reason);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(reason, RejectReason::kBadRegistration);
+    EXPECT_FALSE(shard.registered());
+  }
+}
+
+TEST(ShardTest, PullBeforeRegisterIsNotRegistered) {
+  Shard shard(0, 1);
+  const std::vector<SliceRange> ranges = {{0, 0, 1}};
+  RejectReason reason = RejectReason::kNone;
+  Status s = shard.ValidateRanges(ranges, DType::kFloat32, std::nullopt, &reason);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(reason, RejectReason::kNotRegistered);
+}
+
+TEST(ShardTest, PushBeforeRegisterIsNotRegistered) {
+  Shard shard(0, 1);
+  const std::vector<SliceRange> ranges = {{0, 0, 1}};
+  const std::vector<size_t> bytes = {4};
+  RejectReason reason = RejectReason::kNone;
+  Status s = shard.ValidateRanges(ranges, DType::kFloat32, std::span<const size_t>(bytes), &reason);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(reason, RejectReason::kNotRegistered);
+}
+
+TEST(ShardTest, ReadCopiesRequestedRanges) {
+  Shard shard(0, 1);
+  MustRegister(shard, SmallModel(1));
+  const std::vector<SliceRange> ranges = {{0, 2, 3}, {1, 0, 8}};
+  RejectReason reason = RejectReason::kNone;
+  ASSERT_TRUE(shard.ValidateRanges(ranges, DType::kFloat32, std::nullopt, &reason).ok());
+  std::vector<float> a(3), b(8);
+  float* out[] = {a.data(), b.data()};
+  shard.Read(ranges, out);
+  const auto s0 = shard.SliceValues(0);
+  const auto s1 = shard.SliceValues(1);
+  EXPECT_EQ(a, std::vector<float>(s0.begin() + 2, s0.begin() + 5));
+  EXPECT_EQ(b, std::vector<float>(s1.begin(), s1.end()));
+}
+
+TEST(ShardTest, SgdPushSubtractsLearningRateTimesGradient) {
+  Shard shard(0, 1);
+  const ModelRegistration reg = SmallModel(1);
+  MustRegister(shard, reg);
+  const Snapshot before = Take(shard);
+  const std::vector<float> g0 = Ramp(8, 3.0f);
+  const std::vector<float> g1 = Ramp(4, -2.0f);
+  RejectReason reason = RejectReason::kNone;
+  // All of slice 0, and elements [3, 7) of slice 1.
+  ASSERT_TRUE(DoPush(shard, {{{0, 0, 8}, {1, 3, 4}}, {g0, g1}}, &reason).ok());
+  const Snapshot after = Take(shard);
+  const float lr = reg.optimizer.learning_rate;
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_FLOAT_EQ(after.values[0][i], before.values[0][i] - lr * g0[i]) << i;
+  }
+  for (size_t i = 0; i < 8; ++i) {
+    const bool pushed = i >= 3 && i < 7;
+    const float want = pushed ? before.values[1][i] - lr * g1[i - 3] : before.values[1][i];
+    EXPECT_FLOAT_EQ(after.values[1][i], want) << i;
+  }
+  for (size_t id = 2; id < after.values.size(); ++id) {
+    EXPECT_EQ(after.values[id], before.values[id]) << "slice " << id;
+  }
+}
+
+TEST(ShardTest, PushBumpsVersionByOneAndExamplesByBatch) {
+  Shard shard(0, 1);
+  MustRegister(shard, SmallModel(1));
+  RejectReason reason = RejectReason::kNone;
+  Push push{{{0, 0, 8}, {4, 0, 5}}, {Ramp(8), Ramp(5)}};
+  push.batch_examples = 32;
+  ASSERT_TRUE(DoPush(shard, push, &reason).ok());
+  EXPECT_EQ(shard.version(), 1);
+  EXPECT_EQ(shard.examples(), 32);
+  push.batch_examples = 16;
+  ASSERT_TRUE(DoPush(shard, push, &reason).ok());
+  EXPECT_EQ(shard.version(), 2);
+  EXPECT_EQ(shard.examples(), 48);
+}
+
+TEST(ShardTest, AdamPushOfSliceInTwoRangesEqualsPushOfWholeSlice) {
+  // One push is one optimizer step for every element it names, however the push cuts the
+  // slice into ranges: Adam's bias correction must see step 1 for both halves.
+  Shard whole(0, 1);
+  Shard halves(0, 1);
+  MustRegister(whole, SmallModel(1, OptimizerKind::kAdam));
+  MustRegister(halves, SmallModel(1, OptimizerKind::kAdam));
+  const std::vector<float> g = Ramp(8);
+  RejectReason reason = RejectReason::kNone;
+  ASSERT_TRUE(DoPush(whole, {{{0, 0, 8}}, {g}}, &reason).ok());
+  ASSERT_TRUE(DoPush(halves,
+                     {{{0, 0, 4}, {0, 4, 4}},
+                      {std::vector<float>(g.begin(), g.begin() + 4),
+                       std::vector<float>(g.begin() + 4, g.end())}},
+                     &reason)
+                  .ok());
+  const auto a = whole.SliceValues(0);
+  const auto b = halves.SliceValues(0);
+  for (size_t i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(b[i], a[i]) << "element " << i;
+}
+
+// Rejected pushes: a shard and its twin are registered alike (Adam, so hidden slot and step
+// state matters) and both take one good push. The bad push goes to `shard_` only; afterwards
+// values, version and examples must be as before, and the next good push must give exactly
+// what it gives on the twin, which never saw the bad push.
+class ShardRejectTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MustRegister(shard_, SmallModel(2, OptimizerKind::kAdam));
+    MustRegister(twin_, SmallModel(2, OptimizerKind::kAdam));
+    ASSERT_TRUE(shard_.registered());
+    const SliceMap& map = MapOf(shard_);
+    ASSERT_GE(map.SlicesOfShard(0).size(), 2u);
+    ASSERT_FALSE(map.SlicesOfShard(1).empty());
+    mine_ = map.SlicesOfShard(0)[0];
+    mine2_ = map.SlicesOfShard(0)[1];
+    other_ = map.SlicesOfShard(1)[0];
+    len_ = map.slices()[mine_].length;
+    len2_ = map.slices()[mine2_].length;
+    Good();
+  }
+
+  Push GoodPush() const {
+    Push p{{{mine_, 0, len_}, {mine2_, 0, len2_}}, {Ramp(len_), Ramp(len2_, -1.0f)}};
+    p.batch_examples = 10;
+    return p;
+  }
+
+  void Good() {
+    RejectReason reason = RejectReason::kNone;
+    ASSERT_TRUE(DoPush(shard_, GoodPush(), &reason).ok());
+    ASSERT_TRUE(DoPush(twin_, GoodPush(), &reason).ok());
+  }
+
+  void ExpectRejected(const Push& bad, RejectReason want, StatusCode code) {
+    const Snapshot before = Take(shard_);
+    RejectReason reason = RejectReason::kNone;
+    Status s = DoPush(shard_, bad, &reason);
+    EXPECT_EQ(s.code(), code) << s.ToString();
+    EXPECT_EQ(reason, want) << "got reason " << RejectReasonName(reason);
+    EXPECT_FALSE(s.message().empty());
+    EXPECT_EQ(Take(shard_), before) << "a rejected push changed the shard";
+    Good();
+    EXPECT_EQ(Take(shard_), Take(twin_)) << "a rejected push changed optimizer state";
+  }
+
+  Shard shard_{0, 2};
+  Shard twin_{0, 2};
+  uint32_t mine_ = 0;   // a slice on shard 0
+  uint32_t mine2_ = 0;  // another slice on shard 0
+  uint32_t other_ = 0;  // a slice on shard 1
+  int64_t len_ = 0;
+  int64_t len2_ = 0;
+};
+
+TEST_F(ShardRejectTest, UnknownSliceIdIsUnknownSlice) {
+  const auto past_end = static_cast<uint32_t>(MapOf(shard_).slices().size());
+  ExpectRejected({{{past_end, 0, 1}}, {Ramp(1)}}, RejectReason::kUnknownSlice,
+                 StatusCode::kNotFound);
+  ExpectRejected({{{0xffffffffu, 0, 1}}, {Ramp(1)}}, RejectReason::kUnknownSlice,
+                 StatusCode::kNotFound);
+}
+
+TEST_F(ShardRejectTest, SliceOfAnotherShardIsUnknownSlice) {
+  ExpectRejected({{{other_, 0, 1}}, {Ramp(1)}}, RejectReason::kUnknownSlice,
+                 StatusCode::kNotFound);
+}
+
+TEST_F(ShardRejectTest, BeginPastEndIsRange) {
+  ExpectRejected({{{mine_, len_ + 1, 0}}, {std::vector<float>{}}}, RejectReason::kRange,
+                 StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShardRejectTest, CountPastEndIsRange) {
+  ExpectRejected({{{mine_, 1, len_}}, {Ramp(len_)}}, RejectReason::kRange,
+                 StatusCode::kInvalidArgument);
+  ExpectRejected({{{mine_, 0, len_ + 1}}, {Ramp(len_ + 1)}}, RejectReason::kRange,
+                 StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShardRejectTest, CountThatWouldOverflowIsRange) {
+  Push p{{{mine_, 1, std::numeric_limits<int64_t>::max()}}, {Ramp(1)}};
+  p.frame_bytes = std::vector<size_t>{4};
+  ExpectRejected(p, RejectReason::kRange, StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShardRejectTest, NegativeBeginOrCountIsRange) {
+  ExpectRejected({{{mine_, -1, 2}}, {Ramp(2)}}, RejectReason::kRange,
+                 StatusCode::kInvalidArgument);
+  Push p{{{mine_, 2, -1}}, {std::vector<float>{}}};
+  ExpectRejected(p, RejectReason::kRange, StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShardRejectTest, BadRangeAfterGoodRangesRejectsWholePush) {
+  ExpectRejected({{{mine_, 0, len_}, {mine2_, 0, len2_ + 1}}, {Ramp(len_), Ramp(len2_ + 1)}},
+                 RejectReason::kRange, StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShardRejectTest, ShortOrLongFrameIsByteLength) {
+  ExpectRejected({{{mine_, 0, len_}}, {Ramp(len_ - 1)}}, RejectReason::kByteLength,
+                 StatusCode::kInvalidArgument);
+  ExpectRejected({{{mine_, 0, len_}}, {Ramp(len_ + 1)}}, RejectReason::kByteLength,
+                 StatusCode::kInvalidArgument);
+  Push ragged{{{mine_, 0, 2}}, {Ramp(2)}};
+  ragged.frame_bytes = std::vector<size_t>{9};
+  ExpectRejected(ragged, RejectReason::kByteLength, StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShardRejectTest, WrongFrameCountIsFrameCount) {
+  Push fewer{{{mine_, 0, len_}, {mine2_, 0, len2_}}, {Ramp(len_)}};
+  ExpectRejected(fewer, RejectReason::kFrameCount, StatusCode::kInvalidArgument);
+  Push more{{{mine_, 0, len_}}, {Ramp(len_), Ramp(len_)}};
+  ExpectRejected(more, RejectReason::kFrameCount, StatusCode::kInvalidArgument);
+  Push none{{{mine_, 0, len_}}, {}};
+  ExpectRejected(none, RejectReason::kFrameCount, StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShardRejectTest, UnknownDTypeIsDType) {
+  Push p = GoodPush();
+  p.dtype = static_cast<DType>(7);
+  ExpectRejected(p, RejectReason::kDType, StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShardRejectTest, NanGradientIsNonFinite) {
+  Push p = GoodPush();
+  p.grads[0][2] = std::numeric_limits<float>::quiet_NaN();
+  ExpectRejected(p, RejectReason::kNonFinite, StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShardRejectTest, InfGradientIsNonFinite) {
+  Push p = GoodPush();
+  p.grads[0][0] = std::numeric_limits<float>::infinity();
+  ExpectRejected(p, RejectReason::kNonFinite, StatusCode::kInvalidArgument);
+  p = GoodPush();
+  p.grads[1][0] = -std::numeric_limits<float>::infinity();
+  ExpectRejected(p, RejectReason::kNonFinite, StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShardRejectTest, NanOnlyInLastRangeAppliesNothingFromEarlierRanges) {
+  Push p = GoodPush();
+  p.grads.back().back() = std::numeric_limits<float>::quiet_NaN();
+  ExpectRejected(p, RejectReason::kNonFinite, StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShardRejectTest, PullOfBadRangesIsRejectedWithTheSameReasons) {
+  struct Case {
+    SliceRange range;
+    DType dtype;
+    RejectReason want;
+  };
+  const Case cases[] = {
+      {{other_, 0, 1}, DType::kFloat32, RejectReason::kUnknownSlice},
+      {{999, 0, 1}, DType::kFloat32, RejectReason::kUnknownSlice},
+      {{mine_, len_ + 1, 0}, DType::kFloat32, RejectReason::kRange},
+      {{mine_, 0, len_ + 1}, DType::kFloat32, RejectReason::kRange},
+      {{mine_, -1, 1}, DType::kFloat32, RejectReason::kRange},
+      {{mine_, 0, 1}, static_cast<DType>(7), RejectReason::kDType},
+  };
+  for (const Case& c : cases) {
+    RejectReason reason = RejectReason::kNone;
+    const std::vector<SliceRange> ranges = {{mine2_, 0, len2_}, c.range};
+    Status s = shard_.ValidateRanges(ranges, c.dtype, std::nullopt, &reason);
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(reason, c.want) << "got " << RejectReasonName(reason) << " for slice "
+                              << c.range.slice_id;
+  }
+}
+
+TEST_F(ShardRejectTest, EmptyRangeAtSliceEndIsAccepted) {
+  RejectReason reason = RejectReason::kNone;
+  const std::vector<SliceRange> ranges = {{mine_, len_, 0}};
+  EXPECT_TRUE(shard_.ValidateRanges(ranges, DType::kFloat32, std::nullopt, &reason).ok());
+}
+
+TEST(RejectReasonTest, EveryReasonHasADistinctName) {
+  std::vector<std::string> names;
+  for (int r = 0; r < kNumRejectReasons; ++r) {
+    const std::string name(RejectReasonName(static_cast<RejectReason>(r)));
+    EXPECT_NE(name, "unknown") << r;
+    for (const std::string& other : names) EXPECT_NE(name, other);
+    names.push_back(name);
+  }
+  EXPECT_EQ(RejectReasonName(RejectReason::kMalformed), "malformed");
+}
+
+}  // namespace
+}  // namespace parasync
