@@ -7,14 +7,17 @@ namespace parasync {
 
 int64_t SliceMap::EffectiveSliceBound(int64_t total_elements, int64_t max_slice_elements,
                                       int num_shards) {
-  const int64_t quarter_share = (total_elements + 4 * num_shards - 1) / (4 * int64_t{num_shards});
+  const int64_t parts = 4 * int64_t{num_shards};
+  const int64_t quarter_share = (total_elements + parts - 1) / parts;
   return std::min(max_slice_elements, std::max(kMinSliceElements, quarter_share));
 }
 
 Result<SliceMap> SliceMap::Build(const std::vector<VariableSpec>& variables,
                                  int64_t max_slice_elements, int num_shards) {
   PARASYNC_RETURN_IF_ERROR(ValidateVariables(variables));
-  if (num_shards < 1) return Status::InvalidArgument("num_shards must be >= 1");
+  if (num_shards < 1 || num_shards > 65536) {
+    return Status::InvalidArgument("num_shards must be in [1, 65536]");
+  }
   if (max_slice_elements < 1) return Status::InvalidArgument("max_slice_elements must be >= 1");
 
   SliceMap map;
@@ -26,6 +29,14 @@ Result<SliceMap> SliceMap::Build(const std::vector<VariableSpec>& variables,
   int64_t total = 0;
   for (const VariableSpec& v : variables) total += v.num_elements();
   const int64_t bound = EffectiveSliceBound(total, max_slice_elements, num_shards);
+  int64_t num_slices = 0;
+  for (const VariableSpec& v : variables) num_slices += (v.num_elements() + bound - 1) / bound;
+  if (num_slices > kMaxSlices) {
+    return Status::InvalidArgument("the model would be cut into " + std::to_string(num_slices) +
+                                   " slices, more than " + std::to_string(kMaxSlices) +
+                                   "; raise max_slice_elements");
+  }
+  map.slices_.reserve(static_cast<size_t>(num_slices));
   for (uint32_t v = 0; v < variables.size(); ++v) {
     const int64_t n = variables[v].num_elements();
     const int64_t pieces = (n + bound - 1) / bound;

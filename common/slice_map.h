@@ -27,6 +27,8 @@ class SliceMap {
   // Slices are not cut smaller than this for balance's sake (4 KiB of float32): below it,
   // per-slice overhead outweighs imbalance.
   static constexpr int64_t kMinSliceElements = 1024;
+  // A map never holds more slices than this; Build refuses before allocating.
+  static constexpr int64_t kMaxSlices = int64_t{1} << 22;
 
   // min(max_slice_elements, max(kMinSliceElements, ceil(total / (4 * num_shards)))).
   static int64_t EffectiveSliceBound(int64_t total_elements, int64_t max_slice_elements,
@@ -38,7 +40,8 @@ class SliceMap {
   // within one slice of the mean, and the bound keeps a slice at most a quarter of the mean,
   // so the largest shard holds at most 1.25x the mean (for models of at least
   // 4 * kMinSliceElements * num_shards elements). Returns InvalidArgument for an empty or
-  // invalid variable list, num_shards < 1 or max_slice_elements < 1.
+  // invalid variable list, num_shards outside [1, 65536], max_slice_elements < 1, or more
+  // than kMaxSlices slices.
   static Result<SliceMap> Build(const std::vector<VariableSpec>& variables,
                                 int64_t max_slice_elements, int num_shards);
 

@@ -13,6 +13,7 @@ int64_t VariableSpec::num_elements() const {
 Status ValidateVariables(const std::vector<VariableSpec>& vars) {
   if (vars.empty()) return Status::InvalidArgument("no variables declared");
   std::set<std::string> names;
+  int64_t total = 0;
   for (const VariableSpec& v : vars) {
     if (v.name.empty()) return Status::InvalidArgument("a variable has an empty name");
     if (!names.insert(v.name).second) {
@@ -21,11 +22,15 @@ Status ValidateVariables(const std::vector<VariableSpec>& vars) {
     int64_t n = 1;
     for (int64_t d : v.shape) {
       if (d <= 0) return Status::InvalidArgument("variable '" + v.name + "' has a dimension <= 0");
-      if (n > (int64_t{1} << 40) / d) {
+      if (n > kMaxModelElements / d) {
         return Status::InvalidArgument("variable '" + v.name + "' is too large");
       }
       n *= d;
     }
+    if (n > kMaxModelElements - total) {
+      return Status::InvalidArgument("the model has more than 2^40 elements");
+    }
+    total += n;
     if (v.dtype != DType::kFloat32) {
       return Status::InvalidArgument("variable '" + v.name + "' has an unsupported dtype");
     }

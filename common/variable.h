@@ -36,7 +36,11 @@ struct VariableSpec {
   bool operator==(const VariableSpec&) const = default;
 };
 
-// Checks names are non-empty and unique, dims positive, sizes below 2^40 elements.
+// Largest model, in elements, that any process accepts (4 TiB of float32).
+inline constexpr int64_t kMaxModelElements = int64_t{1} << 40;
+
+// Checks names are non-empty and unique, dims positive, and every variable and the whole
+// list at most kMaxModelElements elements (computed without overflow).
 Status ValidateVariables(const std::vector<VariableSpec>& vars);
 
 // Fills `out` (the elements [offset, offset+out.size()) of variable `var_index`) with the

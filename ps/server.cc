@@ -1,6 +1,7 @@
 #include "ps/server.h"
 
 #include <cstring>
+#include <exception>
 
 #include <spdlog/spdlog.h>
 
@@ -28,7 +29,16 @@ Status Server::Run(const std::function<bool()>& should_stop) {
     auto received = socket_->Receive(std::chrono::milliseconds(100));
     if (!received.ok()) return received.status();
     if (!received->has_value()) continue;
-    if (!Handle(**received)) {
+    bool keep_serving = true;
+    try {
+      keep_serving = Handle(**received);
+    } catch (const std::exception& e) {
+      // Out of memory for a reply, or a ZeroMQ error while building one: drop the request,
+      // keep serving the others.
+      Reject(RejectReason::kMalformed);
+      spdlog::error("request dropped: {}", e.what());
+    }
+    if (!keep_serving) {
       spdlog::info("shutdown requested over the wire");
       break;
     }

@@ -16,6 +16,7 @@ std::string_view RejectReasonName(RejectReason reason) {
     case RejectReason::kRegisterMismatch: return "register_mismatch";
     case RejectReason::kBadRegistration: return "bad_registration";
     case RejectReason::kUnknownSlice: return "unknown_slice";
+    case RejectReason::kOrder: return "order";
     case RejectReason::kRange: return "range";
     case RejectReason::kByteLength: return "byte_length";
     case RejectReason::kFrameCount: return "frame_count";
@@ -101,6 +102,12 @@ Status Shard::ValidateRanges(std::span<const SliceRange> ranges, DType dtype,
   }
   for (size_t i = 0; i < ranges.size(); ++i) {
     const SliceRange& r = ranges[i];
+    if (i > 0 && r.slice_id <= ranges[i - 1].slice_id) {
+      *reason = RejectReason::kOrder;
+      return Status::InvalidArgument("slice ids must be strictly increasing within a request (" +
+                                     std::to_string(r.slice_id) + " follows " +
+                                     std::to_string(ranges[i - 1].slice_id) + ")");
+    }
     if (r.slice_id >= local_index_.size() || local_index_[r.slice_id] < 0) {
       *reason = RejectReason::kUnknownSlice;
       return Status::NotFound("slice " + std::to_string(r.slice_id) + " is not held by shard " +
@@ -148,19 +155,15 @@ Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* c
     }
   }
   const OptimizerSpec& opt = registration_->optimizer;
-  const int64_t new_version = version_ + 1;
   for (size_t i = 0; i < ranges.size(); ++i) {
     SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
-    if (s.last_version != new_version) {
-      s.last_version = new_version;
-      ++s.updates;
-    }
+    ++s.updates;  // ValidateRanges allows one range per slice
     float* slot_ptrs[2] = {nullptr, nullptr};
     for (size_t k = 0; k < s.slots.size(); ++k) slot_ptrs[k] = s.slots[k].data() + ranges[i].begin;
     ApplyUpdate(opt, s.updates, s.values.data() + ranges[i].begin, grads[i],
                 std::span<float* const>(slot_ptrs, s.slots.size()), ranges[i].count);
   }
-  version_ = new_version;
+  ++version_;
   examples_ += batch_examples > 0 ? batch_examples : 0;
   return Status::Ok();
 }

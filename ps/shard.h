@@ -27,6 +27,7 @@ enum class RejectReason : uint8_t {
   kRegisterMismatch,   // Register differing from the registered model
   kBadRegistration,    // invalid variables/optimizer, wrong shard count
   kUnknownSlice,       // slice id not in the map or not on this shard
+  kOrder,              // slice ids not strictly increasing
   kRange,              // element range outside the slice
   kByteLength,         // tensor frame length != count * dtype size
   kFrameCount,         // number of tensor frames != number of ranges
@@ -34,7 +35,7 @@ enum class RejectReason : uint8_t {
   kNonFinite,          // gradient with NaN or Inf
   kUnsupported,        // message type this server does not accept
 };
-inline constexpr int kNumRejectReasons = 13;
+inline constexpr int kNumRejectReasons = 14;
 std::string_view RejectReasonName(RejectReason reason);
 
 class Shard {
@@ -51,9 +52,11 @@ class Shard {
   // sets *reason and changes nothing.
   Status Register(const ModelRegistration& reg, RejectReason* reason);
 
-  // Checks that every range names a slice on this shard and fits in it, that the dtype is the
-  // variables', and — when `frame_bytes` is given (push) — that there is one frame per range
-  // of exactly count * 4 bytes. On failure sets *reason.
+  // Checks that every range names a slice on this shard and fits in it, that slice ids are
+  // strictly increasing (one range per slice, so a request can never ask for more than the
+  // shard holds), that the dtype is the variables', and — when `frame_bytes` is given
+  // (push) — that there is one frame per range of exactly count * 4 bytes. On failure sets
+  // *reason.
   Status ValidateRanges(std::span<const SliceRange> ranges, DType dtype,
                         std::optional<std::span<const size_t>> frame_bytes,
                         RejectReason* reason) const;
@@ -63,8 +66,7 @@ class Shard {
 
   // Applies the optimizer to each range with gradient grads[i] (ranges[i].count floats),
   // after checking every gradient is finite (InvalidArgument + kNonFinite otherwise, nothing
-  // applied). A slice's update count (Adam's t) grows by one per call however many of its
-  // ranges the call holds. Increments version() by one and examples() by batch_examples.
+  // applied). Increments each touched slice's update count (Adam's t) by one, and version() by one and examples() by batch_examples.
   // Precondition: ValidateRanges ok.
   Status Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                int64_t batch_examples, RejectReason* reason);
@@ -86,7 +88,6 @@ class Shard {
     std::vector<float> values;
     std::vector<std::vector<float>> slots;
     int64_t updates = 0;
-    int64_t last_version = 0;  // version_ of the last Apply that touched it
   };
 
   int shard_index_;

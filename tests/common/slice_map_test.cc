@@ -282,6 +282,19 @@ TEST(SliceMapTest, BuildRejectsZeroMaxSlice) {
   EXPECT_EQ(map.status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(SliceMapTest, BuildRejectsTooManySlicesBeforeAllocatingThem) {
+  // 2^30 elements in slices of one element: a hostile Register must not make the server
+  // build a table of a billion slices.
+  Result<SliceMap> map = SliceMap::Build({Var("huge", {1 << 15, 1 << 15})}, 1, 1);
+  ASSERT_FALSE(map.ok());
+  EXPECT_EQ(map.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(map.status().message().find("slices"), std::string::npos) << map.status().message();
+}
+
+TEST(SliceMapTest, BuildRejectsTooManyShards) {
+  EXPECT_FALSE(SliceMap::Build(MlpVariables(), 65536, 65537).ok());
+}
+
 TEST(SliceMapTest, BuildRejectsEmptyVariableList) {
   Result<SliceMap> map = SliceMap::Build({}, 1024, 2);
   ASSERT_FALSE(map.ok());

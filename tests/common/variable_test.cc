@@ -65,6 +65,16 @@ TEST(ValidateVariablesTest, RejectsVariableOfTwoToTheFortyOneElements) {
   EXPECT_TRUE(Contains(s.message(), "huge")) << s.message();
 }
 
+TEST(ValidateVariablesTest, RejectsListWhoseTotalPassesTwoToTheForty) {
+  // Each variable is within the limit; together they are not, and the sum must not overflow.
+  std::vector<VariableSpec> vars;
+  for (int i = 0; i < 3; ++i) vars.push_back(Var("v" + std::to_string(i), {int64_t{1} << 39}));
+  Status s = ValidateVariables(vars);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  vars.pop_back();
+  EXPECT_TRUE(ValidateVariables(vars).ok());
+}
+
 TEST(ValidateVariablesTest, RejectsUnknownDType) {
   VariableSpec v = Var("w", {4});
   v.dtype = static_cast<DType>(7);

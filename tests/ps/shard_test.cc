@@ -1,5 +1,7 @@
 #include "ps/shard.h"
 
+#include "ps/optimizer.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -317,25 +319,32 @@ TEST(ShardTest, PushBumpsVersionByOneAndExamplesByBatch) {
   EXPECT_EQ(shard.examples(), 48);
 }
 
-TEST(ShardTest, AdamPushOfSliceInTwoRangesEqualsPushOfWholeSlice) {
-  // One push is one optimizer step for every element it names, however the push cuts the
-  // slice into ranges: Adam's bias correction must see step 1 for both halves.
-  Shard whole(0, 1);
-  Shard halves(0, 1);
-  MustRegister(whole, SmallModel(1, OptimizerKind::kAdam));
-  MustRegister(halves, SmallModel(1, OptimizerKind::kAdam));
+TEST(ShardTest, AdamBiasCorrectionCountsPushesPerSlice) {
+  // Two pushes of the first half of a slice, then one of the whole slice: the first half has
+  // had three Adam steps, the second half one, and each half's step count must say so. The
+  // reference applies the same updates to plain arrays with the matching step numbers.
+  Shard shard(0, 1);
+  const ModelRegistration reg = SmallModel(1, OptimizerKind::kAdam);
+  MustRegister(shard, reg);
   const std::vector<float> g = Ramp(8);
+  std::vector<float> w(shard.SliceValues(0).begin(), shard.SliceValues(0).end());
+  std::vector<float> m(8, 0.0f), v(8, 0.0f);
   RejectReason reason = RejectReason::kNone;
-  ASSERT_TRUE(DoPush(whole, {{{0, 0, 8}}, {g}}, &reason).ok());
-  ASSERT_TRUE(DoPush(halves,
-                     {{{0, 0, 4}, {0, 4, 4}},
-                      {std::vector<float>(g.begin(), g.begin() + 4),
-                       std::vector<float>(g.begin() + 4, g.end())}},
-                     &reason)
-                  .ok());
-  const auto a = whole.SliceValues(0);
-  const auto b = halves.SliceValues(0);
-  for (size_t i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(b[i], a[i]) << "element " << i;
+  auto reference = [&](int64_t step, size_t begin, size_t count) {
+    float* slots[2] = {m.data() + begin, v.data() + begin};
+    ApplyUpdate(reg.optimizer, step, w.data() + begin, g.data() + begin, slots,
+                static_cast<int64_t>(count));
+  };
+  const std::vector<float> half(g.begin(), g.begin() + 4);
+  ASSERT_TRUE(DoPush(shard, {{{0, 0, 4}}, {half}}, &reason).ok());
+  reference(1, 0, 4);
+  ASSERT_TRUE(DoPush(shard, {{{0, 0, 4}}, {half}}, &reason).ok());
+  reference(2, 0, 4);
+  ASSERT_TRUE(DoPush(shard, {{{0, 0, 8}}, {g}}, &reason).ok());
+  // The slice's count is per slice: the third push is step 3 for every element of it.
+  reference(3, 0, 8);
+  const auto got = shard.SliceValues(0);
+  for (size_t i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(got[i], w[i]) << "element " << i;
 }
 
 // Rejected pushes: a shard and its twin are registered alike (Adam, so hidden slot and step
@@ -430,6 +439,14 @@ TEST_F(ShardRejectTest, NegativeBeginOrCountIsRange) {
   ExpectRejected(p, RejectReason::kRange, StatusCode::kInvalidArgument);
 }
 
+TEST_F(ShardRejectTest, SliceIdsNotStrictlyIncreasingAreOrder) {
+  // Repeating a slice would let a small request ask for unbounded work or memory.
+  ExpectRejected({{{mine_, 0, 1}, {mine_, 1, 1}}, {Ramp(1), Ramp(1)}}, RejectReason::kOrder,
+                 StatusCode::kInvalidArgument);
+  ExpectRejected({{{mine2_, 0, len2_}, {mine_, 0, len_}}, {Ramp(len2_), Ramp(len_)}},
+                 RejectReason::kOrder, StatusCode::kInvalidArgument);
+}
+
 TEST_F(ShardRejectTest, BadRangeAfterGoodRangesRejectsWholePush) {
   ExpectRejected({{{mine_, 0, len_}, {mine2_, 0, len2_ + 1}}, {Ramp(len_), Ramp(len2_ + 1)}},
                  RejectReason::kRange, StatusCode::kInvalidArgument);
@@ -497,7 +514,7 @@ TEST_F(ShardRejectTest, PullOfBadRangesIsRejectedWithTheSameReasons) {
   };
   for (const Case& c : cases) {
     RejectReason reason = RejectReason::kNone;
-    const std::vector<SliceRange> ranges = {{mine2_, 0, len2_}, c.range};
+    const std::vector<SliceRange> ranges = {c.range};
     Status s = shard_.ValidateRanges(ranges, c.dtype, std::nullopt, &reason);
     EXPECT_FALSE(s.ok());
     EXPECT_EQ(reason, c.want) << "got " << RejectReasonName(reason) << " for slice "
