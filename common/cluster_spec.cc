@@ -61,10 +61,12 @@ Result<ClusterSpec> ParseTfConfig(const std::string& text) {
       spec.task_type = task.at("type").get<std::string>();
     }
     if (task.contains("index")) {
-      if (!task.at("index").is_number_integer()) {
-        return Status::InvalidArgument("TF_CONFIG task.index is not an integer");
+      const auto& index = task.at("index");
+      if (!index.is_number_integer() || index.get<int64_t>() < 0 ||
+          index.get<int64_t>() > 1'000'000) {
+        return Status::InvalidArgument("TF_CONFIG task.index is not an integer in [0, 1000000]");
       }
-      spec.task_index = task.at("index").get<int>();
+      spec.task_index = static_cast<int>(index.get<int64_t>());
     }
     // TensorFlow numbers "worker" tasks after the chief separately; here they follow it.
     if (spec.task_type == "worker") spec.task_index += static_cast<int>(num_chief);

@@ -1,5 +1,9 @@
 #include "common/transport.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <cerrno>
 
 namespace parasync {
@@ -14,6 +18,7 @@ Status FromZmq(const zmq::error_t& e, const std::string& what) {
     case ETERM:
       return Status::Unavailable(what + ": " + e.what());
     case EINVAL:
+    case ENODEV:  // bind to a name that is not an interface or address
     case EPROTONOSUPPORT:
       return Status::InvalidArgument(what + ": " + e.what());
     default:
@@ -39,6 +44,41 @@ std::string ToEndpoint(const std::string& address) {
   return "tcp://" + address;
 }
 
+Result<std::string> ToBindEndpoint(const std::string& address) {
+  if (address.find("://") != std::string::npos) return address;
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return Status::InvalidArgument("address '" + address + "' is not host:port");
+  }
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned char buf[sizeof(in6_addr)];
+  if (host == "*" || inet_pton(AF_INET, host.c_str(), buf) == 1 ||
+      inet_pton(AF_INET6, host.c_str(), buf) == 1) {
+    return "tcp://" + address;
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return Status::InvalidArgument("cannot resolve host '" + host + "' to bind: " +
+                                   gai_strerror(rc) + " (use --bind IP:PORT)");
+  }
+  char ip[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, ip, sizeof(ip));
+  freeaddrinfo(found);
+  return "tcp://" + std::string(ip) + ":" + port;
+}
+
+bool IsLoopbackAddress(const std::string& ip) {
+  return ip.rfind("127.", 0) == 0 || ip == "::1" || ip.rfind("::ffff:127.", 0) == 0;
+}
+
 Result<std::unique_ptr<Socket>> Socket::Bind(zmq::context_t& context, const std::string& endpoint,
                                              const SocketOptions& options) {
   try {
@@ -49,6 +89,7 @@ Result<std::unique_ptr<Socket>> Socket::Bind(zmq::context_t& context, const std:
     s.bind(endpoint);
     std::unique_ptr<Socket> socket(new Socket(std::move(s)));
     socket->kind_ = Kind::kServer;
+    socket->max_frames_ = options.max_frames;
     return socket;
   } catch (const zmq::error_t& e) {
     return FromZmq(e, "cannot bind " + endpoint);
@@ -64,6 +105,7 @@ Result<std::unique_ptr<Socket>> Socket::Connect(zmq::context_t& context,
     s.connect(endpoint);
     std::unique_ptr<Socket> socket(new Socket(std::move(s)));
     socket->kind_ = Kind::kClient;
+    socket->max_frames_ = options.max_frames;
     return socket;
   } catch (const zmq::error_t& e) {
     return FromZmq(e, "cannot connect to " + endpoint);
@@ -99,18 +141,37 @@ Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout
     if (zmq::poll(&item, 1, timeout) == 0) return std::optional<Inbound>();
     Inbound in;
     std::vector<zmq::message_t> parts;
+    // A ROUTER's message has the routing id in front of the header and tensor frames.
+    const size_t limit = max_frames_ + (kind_ == Kind::kServer ? 2 : 1);
+    bool too_many = false;
     for (;;) {
       zmq::message_t part;
       if (!socket_.recv(part, zmq::recv_flags::none)) return std::optional<Inbound>();
       const bool more = part.more();
-      parts.push_back(std::move(part));
+      if (parts.size() < limit) {
+        parts.push_back(std::move(part));
+      } else {
+        too_many = true;  // read the rest of the message, keep none of it
+      }
       if (!more) break;
     }
     size_t next = 0;
     if (kind_ == Kind::kServer) in.identity = std::move(parts[next++]);
+    if (too_many) {
+      in.header = Status::Corruption("message has more than " + std::to_string(max_frames_) +
+                                     " tensor frames");
+      return std::optional<Inbound>(std::move(in));
+    }
     if (next >= parts.size()) {
       in.header = Status::Corruption("message without a header frame");
     } else {
+      if (kind_ == Kind::kServer) {
+        try {
+          in.peer_address = parts[next].gets("Peer-Address");
+        } catch (const zmq::error_t&) {
+          // inproc and ipc peers have no address
+        }
+      }
       in.header = DecodeHeader(parts[next].data(), parts[next].size());
       ++next;
     }

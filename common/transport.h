@@ -24,6 +24,7 @@ namespace parasync {
 // decode; the frames are still there so the caller can reply with an error.
 struct Inbound {
   zmq::message_t identity;            // ROUTER: the peer's routing id; DEALER: empty
+  std::string peer_address;           // ROUTER: the peer's IP address ("" if unknown)
   Result<Header> header = Status::Internal("no header");
   std::vector<zmq::message_t> frames;  // the tensor frames after the header
 };
@@ -31,7 +32,8 @@ struct Inbound {
 struct SocketOptions {
   int send_high_water_mark = 1000;      // messages queued per peer before sends would block
   int receive_high_water_mark = 1000;
-  int64_t max_message_bytes = -1;       // ZMQ_MAXMSGSIZE; -1 = no limit
+  int64_t max_message_bytes = -1;       // ZMQ_MAXMSGSIZE, a bound on EACH frame; -1 = none
+  size_t max_frames = 1 << 16;          // frames per message; more -> header is Corruption
   std::chrono::milliseconds send_timeout{10000};  // a send blocked this long fails
 };
 
@@ -50,13 +52,15 @@ class Socket {
                                                  const SocketOptions& options = {});
 
   // Sends header + frames (the frames, and `identity`, are consumed). `identity` routes a
-  // ROUTER's reply and must be null for a DEALER. Returns Unavailable if the message could not be queued within
-  // the send timeout (peer gone or queue full).
+  // ROUTER's reply and must be null for a DEALER. A DEALER returns Unavailable if the message
+  // could not be queued within the send timeout; a ROUTER drops replies to vanished peers
+  // silently (ZeroMQ's rule), so it returns ok for them.
   Status Send(zmq::message_t* identity, const Header& header,
               std::vector<zmq::message_t> frames);
 
   // Waits up to `timeout` for one whole message. Returns std::nullopt on timeout or when a
-  // signal interrupted the wait; an error only for a broken socket.
+  // signal interrupted the wait; an error only for a broken socket. A message of more than
+  // max_frames frames is read to its end and returned with a Corruption header.
   Result<std::optional<Inbound>> Receive(std::chrono::milliseconds timeout);
 
   // The bound endpoint with the actual port (useful after binding port 0).
@@ -68,6 +72,7 @@ class Socket {
   explicit Socket(zmq::socket_t socket) : socket_(std::move(socket)) {}
   zmq::socket_t socket_;
   Kind kind_ = Kind::kClient;
+  size_t max_frames_ = 1 << 16;
 };
 
 // Waits until at least one of `sockets` has a message or `timeout` passes. Returns, for each
@@ -78,5 +83,13 @@ Result<std::vector<bool>> WaitReadable(std::span<Socket* const> sockets,
 // "tcp://host:port" for "host:port"; a value already starting with "tcp://", "ipc://" or
 // "inproc://" is returned as is.
 std::string ToEndpoint(const std::string& address);
+
+// The endpoint to bind for "host:port". ZeroMQ binds interfaces and IP addresses, not host
+// names, so a name is resolved to its first IPv4 address ("*" and IP literals are kept).
+// InvalidArgument for a malformed address or a name that does not resolve.
+Result<std::string> ToBindEndpoint(const std::string& address);
+
+// True for 127.0.0.0/8, ::1 and IPv4-mapped loopback.
+bool IsLoopbackAddress(const std::string& ip);
 
 }  // namespace parasync

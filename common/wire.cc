@@ -1,5 +1,7 @@
 #include "common/wire.h"
 
+#include <cstring>
+
 #include <flatbuffers/flatbuffers.h>
 
 #include "schema/parasync_generated.h"
@@ -81,7 +83,15 @@ bool InRange(E value, E max) {
 }  // namespace
 
 Result<Header> DecodeHeader(const void* data, size_t size) {
+  if (size >= FLATBUFFERS_MAX_BUFFER_SIZE) return Status::Corruption("header frame too large");
+  // FlatBuffers reads scalars in place; ZeroMQ gives frames at any address.
+  std::vector<uint64_t> aligned;
   const auto* bytes = static_cast<const uint8_t*>(data);
+  if (reinterpret_cast<uintptr_t>(data) % alignof(uint64_t) != 0) {
+    aligned.resize((size + sizeof(uint64_t) - 1) / sizeof(uint64_t));
+    std::memcpy(aligned.data(), data, size);
+    bytes = reinterpret_cast<const uint8_t*>(aligned.data());
+  }
   flatbuffers::Verifier verifier(bytes, size, /*max_depth=*/16, /*max_tables=*/100000);
   if (size < sizeof(flatbuffers::uoffset_t) || !fb::VerifyHeaderBuffer(verifier)) {
     return Status::Corruption("header frame fails the FlatBuffers verifier (" +
@@ -90,10 +100,11 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   const fb::Header* in = fb::GetHeader(bytes);
   Header h;
   h.protocol_version = in->protocol_version();
-  if (!InRange(in->type(), fb::MsgType::MAX)) return Status::Corruption("unknown message type");
-  h.type = static_cast<MsgType>(in->type());
   h.request_id = in->request_id();
   h.rank = in->rank();
+  if (h.protocol_version != kProtocolVersion) return h;  // the rest may mean other things
+  if (!InRange(in->type(), fb::MsgType::MAX)) return Status::Corruption("unknown message type");
+  h.type = static_cast<MsgType>(in->type());
   if (!InRange(in->code(), fb::Code::MAX)) return Status::Corruption("unknown status code");
   if (in->code() != fb::Code::Ok) {
     h.status = Status(static_cast<StatusCode>(in->code()),

@@ -60,6 +60,8 @@ std::vector<uint8_t> EncodeHeader(const Header& header);
 
 // Parses a header frame. Returns Corruption if the bytes fail the FlatBuffers Verifier or
 // hold an enum value this build does not know; never reads outside [data, data+size).
+// `data` need not be aligned. A header of another protocol version comes back with only
+// protocol_version, request_id and rank filled in, so the receiver can refuse it by name.
 Result<Header> DecodeHeader(const void* data, size_t size);
 
 // Bytes per element of `dtype`.

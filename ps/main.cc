@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   int64_t max_message_bytes = int64_t{1} << 30;
   int64_t max_model_bytes = 0;
+  bool allow_remote_shutdown = false;
 
   app.add_option("--ps-hosts", cluster.ps_hosts, "Comma-separated host:port of every PS shard");
   app.add_option("--worker-hosts", cluster.worker_hosts, "Comma-separated host:port of every worker");
@@ -66,6 +67,8 @@ int main(int argc, char** argv) {
                  "Most memory a registered model may take on this shard (values + optimizer "
                  "slots); 0 = 80% of physical memory")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--allow-remote-shutdown", allow_remote_shutdown,
+               "Accept Shutdown messages from non-loopback peers (default: loopback only)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -96,7 +99,10 @@ int main(int argc, char** argv) {
   if (!metrics_server.ok()) return Fail(metrics_server.status().message());
 
   ServerOptions options;
-  options.endpoint = ToEndpoint(bind.empty() ? spec->ps[static_cast<size_t>(shard)] : bind);
+  auto endpoint = ToBindEndpoint(bind.empty() ? spec->ps[static_cast<size_t>(shard)] : bind);
+  if (!endpoint.ok()) return Fail(endpoint.status().message(), kExitBadUsage);
+  options.endpoint = *endpoint;
+  options.allow_remote_shutdown = allow_remote_shutdown;
   options.shard_index = shard;
   options.num_shards = static_cast<int>(spec->ps.size());
   options.max_message_bytes = max_message_bytes;

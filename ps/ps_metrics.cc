@@ -13,7 +13,7 @@ PsMetrics::PsMetrics(int shard) : registry(std::make_shared<prometheus::Registry
                   .Register(*registry);
   auto& bytes = prometheus::BuildCounter()
                     .Name("parasync_ps_bytes_total")
-                    .Help("Message bytes (header and tensor frames) by type and direction")
+                    .Help("Tensor payload bytes by message type and direction")
                     .Labels(labels)
                     .Register(*registry);
   for (int t = 0; t < kNumMsgTypes; ++t) {

@@ -178,7 +178,15 @@ bool Server::Handle(Inbound& in) {
         break;
       }
       case MsgType::kShutdown:
-        keep_serving = false;
+        if (options_.allow_remote_shutdown || in.peer_address.empty() ||
+            IsLoopbackAddress(in.peer_address)) {
+          keep_serving = false;
+        } else {
+          reason = RejectReason::kUnsupported;
+          reply.status = Status::FailedPrecondition(
+              "shutdown from " + in.peer_address +
+              " refused: only loopback peers may stop this server (--allow-remote-shutdown)");
+        }
         break;
     }
   }

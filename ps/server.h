@@ -26,6 +26,9 @@ struct ServerOptions {
   int num_shards = 1;
   int64_t max_message_bytes = int64_t{1} << 30;
   int64_t max_model_bytes = 0;  // bound on this shard's values + slots; 0: none
+  // Shutdown requests are accepted from loopback peers only, unless this is set. (Until the
+  // transport authenticates peers, anyone who can reach the port could stop the server.)
+  bool allow_remote_shutdown = false;
 };
 
 class Server {
@@ -36,7 +39,7 @@ class Server {
                                                 const ServerOptions& options, PsMetrics* metrics);
 
   // Serves until Stop() is called, `should_stop()` returns true (checked at least every
-  // 100 ms) or a Shutdown request arrives. Returns ok on such a stop, an error only if the
+  // 100 ms) or an accepted Shutdown request arrives. Returns ok on such a stop, an error only if the
   // socket broke.
   Status Run(const std::function<bool()>& should_stop);
 

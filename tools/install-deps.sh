@@ -24,8 +24,16 @@ if [ ${#missing[@]} -eq 0 ]; then
 fi
 
 sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+if [ "$(id -u)" -ne 0 ]; then
+  if ! command -v sudo >/dev/null 2>&1; then
+    echo "install-deps: missing ${missing[*]}; run this script as root (no sudo found)" >&2
+    exit 1
+  fi
+  sudo_cmd=(sudo)
+fi
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -q
-"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+# Wait for another apt (e.g. unattended-upgrades on a fresh machine) instead of failing.
+apt_opts=(-q -o DPkg::Lock::Timeout=600)
+"${sudo_cmd[@]}" apt-get "${apt_opts[@]}" update
+"${sudo_cmd[@]}" apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}"

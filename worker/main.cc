@@ -162,6 +162,7 @@ int main(int argc, char** argv) {
   client_options.ps_addresses = spec->ps;
   client_options.rank = rank;
   client_options.request_timeout = std::chrono::seconds(request_timeout_s);
+  client_options.interrupted = [] { return ShutdownRequested(); };
   auto client = PsClient::Connect(context, client_options);
   if (!client.ok()) return Fail(client.status().message());
 
@@ -172,6 +173,10 @@ int main(int argc, char** argv) {
   reg.max_slice_elements = max_slice_elements;
   reg.num_shards = static_cast<int32_t>(spec->ps.size());
   if (Status s = (*client)->Register(reg, std::chrono::seconds(connect_timeout_s)); !s.ok()) {
+    if (ShutdownRequested()) {
+      spdlog::info("stopped by signal {} before training", ShutdownSignal());
+      return 0;
+    }
     return Fail("registration failed: " + s.ToString());
   }
   spdlog::info("registered {} variables as {} slices on {} parameter server(s)",
@@ -195,11 +200,11 @@ int main(int argc, char** argv) {
   if (Status w = WriteMetricsSnapshot(*metrics.registry, snapshot); !w.ok()) {
     spdlog::warn("metrics snapshot not written: {}", w.message());
   }
-  if (!summary.ok()) return Fail("training failed: " + summary.status().ToString());
   if (ShutdownRequested()) {
-    spdlog::info("stopped by signal {} after {} steps", ShutdownSignal(), summary->steps);
+    spdlog::info("stopped by signal {}", ShutdownSignal());
     return 0;
   }
+  if (!summary.ok()) return Fail("training failed: " + summary.status().ToString());
   if (rank == 0) {
     spdlog::info("training done: {} epochs, {} steps here; final test accuracy {:.4f}, test loss "
                  "{:.4f}; eval log {}/eval.jsonl",

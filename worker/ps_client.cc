@@ -41,6 +41,9 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
   std::vector<Socket*> waiting;
   std::vector<size_t> waiting_index;
   while (pending > 0) {
+    if (options_.interrupted && options_.interrupted()) {
+      return Status::Aborted("interrupted while waiting for the parameter servers");
+    }
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
       std::string silent;

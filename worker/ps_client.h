@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -30,6 +31,9 @@ struct PsClientOptions {
   std::vector<std::string> ps_addresses;  // "host:port", shard i = index i
   int rank = -1;
   std::chrono::milliseconds request_timeout{30000};
+  // Polled every 100 ms while waiting for replies; when it returns true the call gives up
+  // with Aborted (e.g. on SIGTERM). Optional.
+  std::function<bool()> interrupted;
 };
 
 class PsClient {
@@ -41,7 +45,7 @@ class PsClient {
 
   // Registers `reg` with every shard (reg.num_shards must equal the number of shards) and
   // builds the slice map. Waits up to `timeout` for servers that are still starting. Returns
-  // the first shard's error (e.g. FailedPrecondition for a model or protocol mismatch).
+  // the first error that arrives (e.g. FailedPrecondition for a model or protocol mismatch).
   Status Register(const ModelRegistration& reg, std::chrono::milliseconds timeout);
 
   // Fills params[v] (num_elements of variable v, caller-owned) with the current values from

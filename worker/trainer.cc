@@ -146,6 +146,12 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       auto loss = backend.ForwardBackward(params.cptrs, bx.data(), by.data(),
                                           static_cast<int>(count), grads.ptrs);
       if (!loss.ok()) return loss.status();
+      if (!std::isfinite(*loss)) {
+        // Pushing it would be refused by the servers (or worse, half-applied across shards).
+        return Status::Aborted("training diverged: the loss is " + std::to_string(*loss) +
+                               " at epoch " + std::to_string(epoch) +
+                               "; try a smaller --lr");
+      }
       const auto t2 = Clock::now();
       PARASYNC_RETURN_IF_ERROR(client.Push(grads.cptrs, static_cast<int64_t>(count)));
       const auto t3 = Clock::now();

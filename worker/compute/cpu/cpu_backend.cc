@@ -3,8 +3,8 @@
 // softmax. It is the reference the GPU backend is tested against.
 //
 // Layout is row-major throughout: activations [batch, width], kernels [in, out], so a layer
-// computes Z = A * W + b. OpenBLAS runs its products on its own thread pool with its default
-// thread count (OPENBLAS_NUM_THREADS); this file never changes it.
+// computes Z = A * W + b. OpenBLAS runs its products on its own thread pool; this file never
+// sets its size (parasync-worker does, from --compute-threads).
 //
 // Not thread-safe: one training thread uses an instance (see worker/compute/backend.h).
 // Scratch buffers grow to the largest batch seen and are then reused, so a warmed-up
