@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <vector>
 
 #include <prometheus/exposer.h>
 #include <prometheus/text_serializer.h>
@@ -27,6 +28,12 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(
 }
 
 MetricsServer::~MetricsServer() = default;
+
+void MetricsServer::KeepUntilExit(std::unique_ptr<MetricsServer> server) {
+  static std::vector<std::unique_ptr<MetricsServer>>* kept =
+      new std::vector<std::unique_ptr<MetricsServer>>();  // never destroyed, by design
+  kept->push_back(std::move(server));
+}
 
 Status WriteMetricsSnapshot(const prometheus::Registry& registry, const std::string& path) {
   const std::string tmp = path + ".tmp";

@@ -29,6 +29,12 @@ class MetricsServer {
 
   int port() const { return port_; }
 
+  // For the end of main: keeps `server` serving until the process exits instead of stopping
+  // it. Stopping civetweb takes up to 2 s (its listener polls in 2 s quanta), which every
+  // SIGTERM would otherwise wait for; exit() ends its threads at once. A scrape racing the
+  // exit sees a closed connection. Intentionally never freed.
+  static void KeepUntilExit(std::unique_ptr<MetricsServer> server);
+
  private:
   MetricsServer() = default;
   std::unique_ptr<prometheus::Exposer> exposer_;

@@ -97,6 +97,8 @@ int main(int argc, char** argv) {
   PsMetrics metrics(shard);
   auto metrics_server = MetricsServer::Start(metrics_bind, metrics_port, metrics.registry);
   if (!metrics_server.ok()) return Fail(metrics_server.status().message());
+  const int bound_metrics_port = bound_metrics_port;
+  MetricsServer::KeepUntilExit(std::move(metrics_server).value());
 
   ServerOptions options;
   auto endpoint = ToBindEndpoint(bind.empty() ? spec->ps[static_cast<size_t>(shard)] : bind);
@@ -117,7 +119,7 @@ int main(int argc, char** argv) {
   if (!server.ok()) return Fail(server.status().message());
   spdlog::info("shard {}/{} serving on {} (mode {}), metrics on http://{}:{}/metrics", shard,
                options.num_shards, (*server)->endpoint(), mode, metrics_bind,
-               (*metrics_server)->port());
+               bound_metrics_port);
 
   Status run = (*server)->Run([] { return ShutdownRequested(); });
   if (int sig = ShutdownSignal(); sig != 0) spdlog::info("signal {} received, shutting down", sig);

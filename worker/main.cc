@@ -145,6 +145,8 @@ int main(int argc, char** argv) {
   // The metrics server starts before any compute backend is loaded (see backend_factory.h).
   auto metrics_server = MetricsServer::Start(metrics_bind, metrics_port, metrics.registry);
   if (!metrics_server.ok()) return Fail(metrics_server.status().message());
+  const int bound_metrics_port = bound_metrics_port;
+  MetricsServer::KeepUntilExit(std::move(metrics_server).value());
 
   openblas_set_num_threads(compute_threads);
   std::string why;
@@ -155,7 +157,7 @@ int main(int argc, char** argv) {
                rank, spec->workers.size(), (*backend)->name(), why,
                (train->n + static_cast<int64_t>(spec->workers.size()) - 1 - rank) /
                    static_cast<int64_t>(spec->workers.size()),
-               metrics_bind, (*metrics_server)->port());
+               metrics_bind, bound_metrics_port);
 
   zmq::context_t context(1);
   PsClientOptions client_options;

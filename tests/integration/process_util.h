@@ -66,6 +66,10 @@ bool ProcessAlive(pid_t pid);
 std::string ReadFile(const std::string& path);
 std::vector<std::string> ReadLines(const std::string& path);
 
+// GET http://127.0.0.1:port<path>; returns the whole response (status line, headers, body),
+// or "" if the connection failed. Bounded by a 5 s socket timeout.
+std::string HttpGet(int port, const std::string& path);
+
 // Free TCP ports on 127.0.0.1 (bound then released; distinct from each other).
 std::vector<int> FreePorts(int n);
 

@@ -32,25 +32,29 @@ std::string Join(const std::vector<std::string>& v) {
 class PsCluster {
  public:
   PsCluster(int n, const TempDir& dir) {
-    auto ports = testing::FreePorts(n + 1);
+    auto ports = testing::FreePorts(2 * n + 1);
     for (int i = 0; i < n; ++i) addresses_.push_back("127.0.0.1:" + std::to_string(ports[i]));
     worker_ = "127.0.0.1:" + std::to_string(ports[n]);
+    for (int i = 0; i < n; ++i) metrics_ports_.push_back(ports[n + 1 + i]);
     for (int i = 0; i < n; ++i) {
       log_paths_.push_back(dir.path() + "/ps" + std::to_string(i) + ".log");
       children_.push_back(Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts",
                                         Join(addresses_), "--worker-hosts", worker_,
                                         "--task-index", std::to_string(i), "--log-dir",
-                                        dir.path()},
+                                        dir.path(), "--metrics-port",
+                                        std::to_string(metrics_ports_[i])},
                                        log_paths_.back()));
     }
   }
   const std::vector<std::string>& addresses() const { return addresses_; }
+  int metrics_port(int i) const { return metrics_ports_[static_cast<size_t>(i)]; }
   std::vector<Child>& children() { return children_; }
   std::string Log(int i) const { return testing::ReadFile(log_paths_[static_cast<size_t>(i)]); }
 
  private:
   std::vector<std::string> addresses_;
   std::string worker_;
+  std::vector<int> metrics_ports_;
   std::vector<std::string> log_paths_;
   std::vector<Child> children_;
 };
@@ -251,6 +255,16 @@ TEST(PsProcessTest, HostileMessagesGetErrorRepliesAndChangeNothing) {
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ((*stats)[0].version, 0);
   EXPECT_EQ((*stats)[0].rejected, 7);
+  // The live /metrics endpoint tells the operator the same, by reason.
+  const std::string metrics = testing::HttpGet(cluster.metrics_port(0), "/metrics");
+  EXPECT_NE(metrics.find("200 OK"), std::string::npos) << metrics.substr(0, 200);
+  for (const char* reason : {"malformed", "unknown_slice", "range", "byte_length",
+                             "register_mismatch", "protocol_version", "non_finite"}) {
+    const std::string series = std::string(
+                                   "parasync_ps_rejected_total{role=\"ps\",shard=\"0\",reason=\"") +
+                               reason + "\"} 1";
+    EXPECT_NE(metrics.find(series), std::string::npos) << series << " missing in\n" << metrics;
+  }
   EXPECT_TRUE(cluster.children()[0].Wait(0ms) == std::nullopt) << "the server died";
 }
 
