@@ -82,6 +82,9 @@ std::string DescribeRegistrationMismatch(const ModelRegistration& have,
     if (a.dtype != b.dtype) return "dtype mismatch for '" + a.name + "'";
     if (!(a.init == b.init)) return "initializer mismatch for '" + a.name + "'";
   }
+  if (have.mode != got.mode) {
+    return "mode " + got.mode + " != registered " + have.mode;
+  }
   if (!(have.optimizer == got.optimizer)) return "optimizer settings differ from the registered ones";
   if (have.seed != got.seed) return "seed differs from the registered one";
   if (have.max_slice_elements != got.max_slice_elements) return "max_slice_elements differs";

@@ -21,6 +21,9 @@ struct OptimizerSpec {
   float beta1 = 0.9f;     // kAdam
   float beta2 = 0.999f;   // kAdam
   float epsilon = 1e-7f;  // kAdam (TensorFlow's default)
+  // Divide each update by max(1, staleness), staleness = versions applied between the read
+  // and the apply of its gradient (Zhang et al. 2016). For async and ssp.
+  bool staleness_aware = false;
   bool operator==(const OptimizerSpec&) const = default;
 };
 
@@ -39,6 +42,7 @@ struct ModelRegistration {
   uint64_t seed = 0;
   int64_t max_slice_elements = kDefaultMaxSliceElements;
   int32_t num_shards = 1;
+  std::string mode = "async";  // must equal the servers' --mode
   bool operator==(const ModelRegistration&) const = default;
 };
 

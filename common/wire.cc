@@ -17,6 +17,8 @@ std::string_view MsgTypeName(MsgType type) {
     case MsgType::kPush: return "push";
     case MsgType::kStats: return "stats";
     case MsgType::kShutdown: return "shutdown";
+    case MsgType::kHeartbeat: return "heartbeat";
+    case MsgType::kLeave: return "leave";
   }
   return "unknown";
 }
@@ -36,15 +38,24 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
     }
     const OptimizerSpec& o = r.optimizer;
     auto opt = fb::CreateOptimizerSpec(b, static_cast<fb::OptimizerKind>(o.kind), o.learning_rate,
-                                       o.momentum, o.beta1, o.beta2, o.epsilon);
+                                       o.momentum, o.beta1, o.beta2, o.epsilon,
+                                       o.staleness_aware);
     reg = fb::CreateRegisterRequest(b, b.CreateVector(vars), opt, r.seed, r.max_slice_elements,
-                                    r.num_shards);
+                                    r.num_shards, b.CreateString(r.mode));
   }
   flatbuffers::Offset<fb::StatsReply> stats = 0;
   if (h.stats) {
     const ShardStats& s = *h.stats;
+    std::vector<fb::WorkerStats> workers;
+    workers.reserve(s.workers.size());
+    for (const WorkerStats& w : s.workers) {
+      workers.emplace_back(w.live, w.clock, w.gradients, w.dropped);
+    }
     stats = fb::CreateStatsReply(b, s.shard, s.version, s.examples, s.num_slices, s.num_elements,
-                                 s.requests, s.rejected, s.registered);
+                                 s.requests, s.rejected, s.registered, b.CreateString(s.mode),
+                                 s.live_workers, s.dropped_stale, s.max_version_staleness,
+                                 s.max_clock_staleness, s.blocked_pulls, s.workers_declared_dead,
+                                 b.CreateVectorOfStructs(workers));
   }
   flatbuffers::Offset<flatbuffers::Vector<const fb::SliceRange*>> slices = 0;
   if (!h.slices.empty()) {
@@ -67,6 +78,9 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
   if (!slices.IsNull()) hb.add_slices(slices);
   hb.add_batch_examples(h.batch_examples);
   hb.add_version(h.version);
+  hb.add_min_version(h.min_version);
+  hb.add_clock(h.clock);
+  hb.add_dropped(h.dropped);
   if (!reg.IsNull()) hb.add_register_(reg);
   if (!stats.IsNull()) hb.add_stats(stats);
   b.Finish(hb.Finish());
@@ -118,6 +132,9 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   }
   h.batch_examples = in->batch_examples();
   h.version = in->version();
+  h.min_version = in->min_version();
+  h.clock = in->clock();
+  h.dropped = in->dropped();
   if (const fb::RegisterRequest* r = in->register_()) {
     ModelRegistration reg;
     if (const auto* vars = r->variables()) {
@@ -139,18 +156,39 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
         return Status::Corruption("unknown optimizer kind");
       }
       reg.optimizer = {static_cast<OptimizerKind>(o->kind()), o->learning_rate(), o->momentum(),
-                       o->beta1(), o->beta2(), o->epsilon()};
+                       o->beta1(), o->beta2(), o->epsilon(), o->staleness_aware()};
     } else {
       return Status::Corruption("register request without an optimizer");
     }
     reg.seed = r->seed();
     reg.max_slice_elements = r->max_slice_elements();
     reg.num_shards = r->num_shards();
+    if (r->mode()) reg.mode = r->mode()->str();
     h.registration = std::move(reg);
   }
   if (const fb::StatsReply* s = in->stats()) {
-    h.stats = ShardStats{s->shard(),    s->version(),  s->examples(), s->num_slices(),
-                         s->num_elements(), s->requests(), s->rejected(), s->registered()};
+    ShardStats out;
+    out.shard = s->shard();
+    out.version = s->version();
+    out.examples = s->examples();
+    out.num_slices = s->num_slices();
+    out.num_elements = s->num_elements();
+    out.requests = s->requests();
+    out.rejected = s->rejected();
+    out.registered = s->registered();
+    if (s->mode()) out.mode = s->mode()->str();
+    out.live_workers = s->live_workers();
+    out.dropped_stale = s->dropped_stale();
+    out.max_version_staleness = s->max_version_staleness();
+    out.max_clock_staleness = s->max_clock_staleness();
+    out.blocked_pulls = s->blocked_pulls();
+    out.workers_declared_dead = s->workers_declared_dead();
+    if (const auto* ws = s->workers()) {
+      for (const fb::WorkerStats* w : *ws) {
+        out.workers.push_back({w->live(), w->clock(), w->gradients(), w->dropped()});
+      }
+    }
+    h.stats = std::move(out);
   }
   return h;
 }

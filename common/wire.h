@@ -17,17 +17,33 @@
 namespace parasync {
 
 // Bumped on every incompatible change of schema/parasync.fbs or of message semantics.
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;
 
-enum class MsgType : uint8_t { kRegister = 0, kPull = 1, kPush = 2, kStats = 3, kShutdown = 4 };
+enum class MsgType : uint8_t {
+  kRegister = 0,
+  kPull = 1,
+  kPush = 2,
+  kStats = 3,
+  kShutdown = 4,
+  kHeartbeat = 5,
+  kLeave = 6,
+};
 std::string_view MsgTypeName(MsgType type);
-inline constexpr int kNumMsgTypes = 5;
+inline constexpr int kNumMsgTypes = 7;
 
 struct SliceRange {
   uint32_t slice_id = 0;
   int64_t begin = 0;  // first element within the slice
   int64_t count = 0;  // elements
   bool operator==(const SliceRange&) const = default;
+};
+
+struct WorkerStats {
+  bool live = false;
+  int64_t clock = 0;
+  int64_t gradients = 0;
+  int64_t dropped = 0;
+  bool operator==(const WorkerStats&) const = default;
 };
 
 struct ShardStats {
@@ -39,6 +55,14 @@ struct ShardStats {
   int64_t requests = 0;
   int64_t rejected = 0;
   bool registered = false;
+  std::string mode;
+  int32_t live_workers = 0;
+  int64_t dropped_stale = 0;
+  int64_t max_version_staleness = 0;
+  int64_t max_clock_staleness = 0;
+  int64_t blocked_pulls = 0;
+  int64_t workers_declared_dead = 0;
+  std::vector<WorkerStats> workers;  // by rank
 };
 
 struct Header {
@@ -50,7 +74,10 @@ struct Header {
   DType dtype = DType::kFloat32;
   std::vector<SliceRange> slices;
   int64_t batch_examples = 0;
-  int64_t version = 0;
+  int64_t version = 0;      // push: version read; replies: shard version
+  int64_t min_version = 0;  // sync pull: wait for this version
+  int64_t clock = 0;        // register reply: the rank's clock
+  bool dropped = false;     // push reply: stale gradient dropped
   std::optional<ModelRegistration> registration;  // Register requests
   std::optional<ShardStats> stats;                // Stats replies
 };

@@ -11,6 +11,7 @@
 
 #include "common/cluster_spec.h"
 #include "common/metrics.h"
+#include "common/mode.h"
 #include "common/process.h"
 #include "common/transport.h"
 #include "ps/ps_metrics.h"
@@ -45,13 +46,31 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   int64_t max_message_bytes = int64_t{1} << 30;
   int64_t max_model_bytes = 0;
+  int replicas_to_aggregate = 0;
+  double worker_timeout_s = 10;
+  double barrier_timeout_s = 300;
   bool allow_remote_shutdown = false;
 
   app.add_option("--ps-hosts", cluster.ps_hosts, "Comma-separated host:port of every PS shard");
   app.add_option("--worker-hosts", cluster.worker_hosts, "Comma-separated host:port of every worker");
   app.add_option("--task-index", cluster.task_index, "This shard's index in --ps-hosts")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--mode", mode, "Update mode: async (sync and ssp:K arrive with issue 3)");
+  app.add_option("--mode", mode,
+                 "async (apply each gradient on arrival), sync (average R gradients per step, "
+                 "then apply) or ssp:K (async, but no worker more than K steps ahead of the "
+                 "slowest live one)");
+  app.add_option("--replicas-to-aggregate", replicas_to_aggregate,
+                 "sync: gradients per step (default 0 = the number of workers); fewer than the "
+                 "workers makes the rest backup workers whose late gradients are dropped")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--worker-timeout", worker_timeout_s,
+                 "Seconds of silence after which a worker is declared dead and leaves the "
+                 "barrier / staleness set (workers heartbeat meanwhile)")
+      ->check(CLI::Range(0.1, 86400.0));
+  app.add_option("--barrier-timeout", barrier_timeout_s,
+                 "Seconds a pull may wait for a sync step or the ssp bound before it fails "
+                 "with an error naming the ranks it waited for")
+      ->check(CLI::Range(0.1, 864000.0));
   app.add_option("--bind", bind,
                  "Address to bind, host:port (default: this task's address in the cluster; "
                  "use 0.0.0.0:PORT to listen on all interfaces)");
@@ -79,8 +98,12 @@ int main(int argc, char** argv) {
 
   auto spec = ResolveClusterSpecFromEnvironment(cluster, "ps");
   if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
-  if (mode != "async") {
-    return Fail("--mode " + mode + " is not supported yet; this build serves async only",
+  auto training_mode = TrainingMode::Parse(mode);
+  if (!training_mode.ok()) return Fail(training_mode.status().message(), kExitBadUsage);
+  const int num_workers = static_cast<int>(spec->workers.size());
+  if (replicas_to_aggregate > num_workers) {
+    return Fail("--replicas-to-aggregate " + std::to_string(replicas_to_aggregate) +
+                    " is more than the " + std::to_string(num_workers) + " workers",
                 kExitBadUsage);
   }
   if (!InitLogging("ps", spec->task_index, log_level)) {
@@ -94,7 +117,7 @@ int main(int argc, char** argv) {
   InstallShutdownSignalHandlers();
 
   const int shard = spec->task_index;
-  PsMetrics metrics(shard);
+  PsMetrics metrics(shard, num_workers);
   auto metrics_server = MetricsServer::Start(metrics_bind, metrics_port, metrics.registry);
   if (!metrics_server.ok()) return Fail(metrics_server.status().message());
   const int bound_metrics_port = bound_metrics_port;
@@ -105,6 +128,12 @@ int main(int argc, char** argv) {
   if (!endpoint.ok()) return Fail(endpoint.status().message(), kExitBadUsage);
   options.endpoint = *endpoint;
   options.allow_remote_shutdown = allow_remote_shutdown;
+  options.num_workers = num_workers;
+  options.mode = *training_mode;
+  options.replicas_to_aggregate = replicas_to_aggregate;
+  options.worker_timeout = std::chrono::milliseconds(static_cast<int64_t>(worker_timeout_s * 1000));
+  options.barrier_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(barrier_timeout_s * 1000));
   options.shard_index = shard;
   options.num_shards = static_cast<int>(spec->ps.size());
   options.max_message_bytes = max_message_bytes;
@@ -117,9 +146,15 @@ int main(int argc, char** argv) {
   zmq::context_t context(1);
   auto server = Server::Create(context, options, &metrics);
   if (!server.ok()) return Fail(server.status().message());
-  spdlog::info("shard {}/{} serving on {} (mode {}), metrics on http://{}:{}/metrics", shard,
-               options.num_shards, (*server)->endpoint(), mode, metrics_bind,
-               bound_metrics_port);
+  spdlog::info("shard {}/{} serving {} worker(s) on {} (mode {}{}), metrics on "
+               "http://{}:{}/metrics",
+               shard, options.num_shards, num_workers, (*server)->endpoint(), mode,
+               training_mode->kind == TrainingMode::Kind::kSync
+                   ? ", " + std::to_string(replicas_to_aggregate > 0 ? replicas_to_aggregate
+                                                                     : num_workers) +
+                         " gradients per step"
+                   : std::string(),
+               metrics_bind, bound_metrics_port);
 
   Status run = (*server)->Run([] { return ShutdownRequested(); });
   if (int sig = ShutdownSignal(); sig != 0) spdlog::info("signal {} received, shutting down", sig);

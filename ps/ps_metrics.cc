@@ -4,7 +4,8 @@
 
 namespace parasync {
 
-PsMetrics::PsMetrics(int shard) : registry(std::make_shared<prometheus::Registry>()) {
+PsMetrics::PsMetrics(int shard, int num_workers)
+    : registry(std::make_shared<prometheus::Registry>()) {
   const prometheus::Labels labels{{"role", "ps"}, {"shard", std::to_string(shard)}};
   auto& req = prometheus::BuildCounter()
                   .Name("parasync_ps_requests_total")
@@ -56,6 +57,57 @@ PsMetrics::PsMetrics(int shard) : registry(std::make_shared<prometheus::Registry
                   .Labels(labels)
                   .Register(*registry)
                   .Add({});
+  auto& per_worker_gradients = prometheus::BuildCounter()
+                                   .Name("parasync_ps_worker_gradients_total")
+                                   .Help("Gradients applied or aggregated, by worker rank")
+                                   .Labels(labels)
+                                   .Register(*registry);
+  auto& per_worker_dropped = prometheus::BuildCounter()
+                                 .Name("parasync_ps_dropped_stale_gradients_by_rank_total")
+                                 .Help("Gradients dropped as stale (sync: an old step), by rank")
+                                 .Labels(labels)
+                                 .Register(*registry);
+  for (int r = 0; r < num_workers; ++r) {
+    worker_gradients.push_back(&per_worker_gradients.Add({{"rank", std::to_string(r)}}));
+    worker_dropped.push_back(&per_worker_dropped.Add({{"rank", std::to_string(r)}}));
+  }
+  dropped_stale = &prometheus::BuildCounter()
+                       .Name("parasync_ps_dropped_stale_gradients_total")
+                       .Help("Gradients dropped as stale (sync: computed for an older step)")
+                       .Labels(labels)
+                       .Register(*registry)
+                       .Add({});
+  staleness = &prometheus::BuildHistogram()
+                   .Name("parasync_ps_staleness")
+                   .Help("Versions applied between a gradient's read and its apply")
+                   .Labels(labels)
+                   .Register(*registry)
+                   .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64});
+  barrier_wait_seconds = &prometheus::BuildHistogram()
+                              .Name("parasync_ps_barrier_wait_seconds")
+                              .Help("How long parked pulls waited (sync barrier or ssp bound)")
+                              .Labels(labels)
+                              .Register(*registry)
+                              .Add({}, prometheus::Histogram::BucketBoundaries{
+                                           1e-4, 1e-3, 1e-2, 0.1, 0.3, 1, 3, 10, 30, 100});
+  blocked_pulls = &prometheus::BuildCounter()
+                       .Name("parasync_ps_blocked_pulls_total")
+                       .Help("Pulls that had to wait for a sync step or the ssp bound")
+                       .Labels(labels)
+                       .Register(*registry)
+                       .Add({});
+  workers_declared_dead = &prometheus::BuildCounter()
+                               .Name("parasync_ps_workers_declared_dead_total")
+                               .Help("Workers declared dead after --worker-timeout of silence")
+                               .Labels(labels)
+                               .Register(*registry)
+                               .Add({});
+  live_workers = &prometheus::BuildGauge()
+                      .Name("parasync_ps_live_workers")
+                      .Help("Workers currently in the barrier / staleness set")
+                      .Labels(labels)
+                      .Register(*registry)
+                      .Add({});
   registered = &prometheus::BuildGauge()
                     .Name("parasync_ps_registered")
                     .Help("1 once a model is registered")

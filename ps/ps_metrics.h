@@ -5,6 +5,7 @@
 
 #include <array>
 #include <memory>
+#include <vector>
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -17,7 +18,7 @@
 namespace parasync {
 
 struct PsMetrics {
-  explicit PsMetrics(int shard);
+  PsMetrics(int shard, int num_workers);
 
   std::shared_ptr<prometheus::Registry> registry;
   std::array<prometheus::Counter*, kNumMsgTypes> requests{};        // by type
@@ -29,6 +30,14 @@ struct PsMetrics {
   prometheus::Counter* examples = nullptr;
   prometheus::Gauge* elements = nullptr;
   prometheus::Gauge* registered = nullptr;
+  prometheus::Counter* dropped_stale = nullptr;
+  std::vector<prometheus::Counter*> worker_gradients;  // by rank
+  std::vector<prometheus::Counter*> worker_dropped;    // by rank
+  prometheus::Histogram* staleness = nullptr;          // versions between read and apply
+  prometheus::Histogram* barrier_wait_seconds = nullptr;
+  prometheus::Counter* blocked_pulls = nullptr;
+  prometheus::Counter* workers_declared_dead = nullptr;
+  prometheus::Gauge* live_workers = nullptr;
 };
 
 }  // namespace parasync

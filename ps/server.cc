@@ -1,11 +1,32 @@
 #include "ps/server.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 
 #include <spdlog/spdlog.h>
 
 namespace parasync {
+
+namespace {
+
+size_t FramesBytes(const std::vector<zmq::message_t>& frames) {
+  size_t n = 0;
+  for (const auto& f : frames) n += f.size();
+  return n;
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s.empty() ? "none" : s;
+}
+
+double SecondsSince(Coordinator::TimePoint since, Coordinator::TimePoint now) {
+  return std::chrono::duration<double>(now - since).count();
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Server>> Server::Create(zmq::context_t& context,
                                                const ServerOptions& options, PsMetrics* metrics) {
@@ -22,22 +43,27 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
     : socket_(std::move(socket)),
       options_(options),
       metrics_(metrics),
-      shard_(options.shard_index, options.num_shards, options.max_model_bytes) {}
+      shard_(options.shard_index, options.num_shards, options.max_model_bytes),
+      coordinator_({options.mode, options.num_workers, options.replicas_to_aggregate,
+                    options.worker_timeout},
+                   std::chrono::steady_clock::now()) {}
 
 Status Server::Run(const std::function<bool()>& should_stop) {
   while (!stop_.load() && !should_stop()) {
     auto received = socket_->Receive(std::chrono::milliseconds(100));
     if (!received.ok()) return received.status();
-    if (!received->has_value()) continue;
     bool keep_serving = true;
-    try {
-      keep_serving = Handle(**received);
-    } catch (const std::exception& e) {
-      // Out of memory for a reply, or a ZeroMQ error while building one: drop the request,
-      // keep serving the others.
-      Reject(RejectReason::kMalformed);
-      spdlog::error("request dropped: {}", e.what());
+    if (received->has_value()) {
+      try {
+        keep_serving = Handle(**received);
+      } catch (const std::exception& e) {
+        // Out of memory for a reply, or a ZeroMQ error while building one: drop the request,
+        // keep serving the others.
+        Reject(RejectReason::kMalformed);
+        spdlog::error("request dropped: {}", e.what());
+      }
     }
+    Tick(std::chrono::steady_clock::now());
     if (!keep_serving) {
       spdlog::info("shutdown requested over the wire");
       break;
@@ -58,13 +84,220 @@ void Server::Reject(RejectReason reason) {
   metrics_->rejected[static_cast<size_t>(reason)]->Increment();
 }
 
-namespace {
-size_t FramesBytes(const std::vector<zmq::message_t>& frames) {
-  size_t n = 0;
-  for (const auto& f : frames) n += f.size();
-  return n;
+bool Server::CanServePull(const Header& req) const {
+  switch (options_.mode.kind) {
+    case TrainingMode::Kind::kAsync:
+      return true;
+    case TrainingMode::Kind::kSync:
+      return req.min_version <= shard_.version();
+    case TrainingMode::Kind::kSsp:
+      return !coordinator_.ValidRank(req.rank) || coordinator_.PullAllowed(req.rank);
+  }
+  return true;
 }
-}  // namespace
+
+std::string Server::DescribeWait(const Header& req) const {
+  if (options_.mode.kind == TrainingMode::Kind::kSync) {
+    return "the sync barrier of step " + std::to_string(shard_.version()) +
+           " (it has " + std::to_string(coordinator_.contributors()) + " of " +
+           std::to_string(coordinator_.needed()) + " gradients; missing ranks: " +
+           RankList(coordinator_.MissingFromStep()) + ")";
+  }
+  return "the ssp:" + std::to_string(options_.mode.staleness) + " bound (ranks too far behind: " +
+         RankList(coordinator_.SspBlockers(req.rank)) + ")";
+}
+
+void Server::SendPull(zmq::message_t& identity, const Header& req) {
+  Header reply;
+  reply.type = req.type;
+  reply.request_id = req.request_id;
+  reply.rank = req.rank;
+  reply.dtype = req.dtype;
+  reply.slices = req.slices;
+  reply.version = shard_.version();
+  std::vector<zmq::message_t> frames;
+  std::vector<float*> dst;
+  frames.reserve(req.slices.size());
+  for (const SliceRange& r : req.slices) {
+    frames.emplace_back(static_cast<size_t>(r.count) * sizeof(float));
+    dst.push_back(static_cast<float*>(frames.back().data()));
+  }
+  // zmq allocates message bodies with malloc: suitably aligned for float.
+  shard_.Read(req.slices, dst);
+  if (coordinator_.ValidRank(req.rank)) coordinator_.RecordRead(req.rank);
+  metrics_->bytes_sent[static_cast<size_t>(MsgType::kPull)]->Increment(
+      static_cast<double>(FramesBytes(frames)));
+  if (Status s = socket_->Send(&identity, reply, std::move(frames)); !s.ok()) {
+    spdlog::warn("pull reply to rank {} not sent: {}", req.rank, s.message());
+  }
+}
+
+void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frames,
+                        Header& reply, RejectReason* reason) {
+  std::vector<size_t> sizes;
+  sizes.reserve(in_frames.size());
+  for (const auto& f : in_frames) sizes.push_back(f.size());
+  reply.status = shard_.ValidateRanges(req.slices, req.dtype, std::span<const size_t>(sizes), reason);
+  if (!reply.status.ok()) return;
+  const int64_t version = shard_.version();
+  if (req.version < 0 || req.version > version) {
+    *reason = RejectReason::kBadVersion;
+    reply.status = Status::InvalidArgument("gradient computed from version " +
+                                           std::to_string(req.version) + " but the shard is at " +
+                                           std::to_string(version));
+    return;
+  }
+  const bool ranked = coordinator_.ValidRank(req.rank);
+  const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
+  if (sync) {
+    switch (coordinator_.ClassifySync(req.rank, req.version, version)) {
+      case Coordinator::Offer::kStale:
+        reply.dropped = true;
+        ++dropped_stale_;
+        coordinator_.RecordDropped(req.rank);
+        metrics_->dropped_stale->Increment();
+        metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
+        return;
+      case Coordinator::Offer::kDuplicate:
+        *reason = RejectReason::kDuplicate;
+        reply.status = Status::FailedPrecondition("rank " + std::to_string(req.rank) +
+                                                  " already sent a gradient for step " +
+                                                  std::to_string(version));
+        return;
+      case Coordinator::Offer::kFuture:
+        *reason = RejectReason::kBadVersion;
+        reply.status = Status::InvalidArgument("gradient from a future step");
+        return;
+      case Coordinator::Offer::kAccept:
+        break;
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<const float*> grads;
+  std::vector<std::vector<float>> realigned;  // only for frames that are not aligned
+  grads.reserve(in_frames.size());
+  realigned.reserve(in_frames.size());
+  for (const auto& f : in_frames) {
+    if (reinterpret_cast<uintptr_t>(f.data()) % alignof(float) == 0) {
+      grads.push_back(static_cast<const float*>(f.data()));
+    } else {
+      realigned.emplace_back(f.size() / sizeof(float));
+      std::memcpy(realigned.back().data(), f.data(), f.size());
+      grads.push_back(realigned.back().data());
+    }
+  }
+  const int64_t staleness = version - req.version;
+  if (sync) {
+    reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason);
+    if (!reply.status.ok()) return;
+    coordinator_.Contribute(req.rank);
+  } else {
+    float lr_scale = 1.0f;
+    if (shard_.registration() && shard_.registration()->optimizer.staleness_aware) {
+      lr_scale = 1.0f / static_cast<float>(std::max<int64_t>(1, staleness));
+    }
+    reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale);
+    if (!reply.status.ok()) return;
+    metrics_->version->Set(static_cast<double>(shard_.version()));
+    if (req.batch_examples > 0) metrics_->examples->Increment(static_cast<double>(req.batch_examples));
+  }
+  metrics_->apply_seconds->Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  metrics_->staleness->Observe(static_cast<double>(staleness));
+  max_version_staleness_ = std::max(max_version_staleness_, staleness);
+  if (ranked) {
+    const int64_t clock_staleness = coordinator_.RecordGradient(req.rank);
+    max_clock_staleness_ = std::max(max_clock_staleness_, clock_staleness);
+    metrics_->worker_gradients[static_cast<size_t>(req.rank)]->Increment();
+  }
+  if (sync) MaybeCompleteStep();
+}
+
+void Server::MaybeCompleteStep() {
+  if (options_.mode.kind != TrainingMode::Kind::kSync || !coordinator_.StepReady()) return;
+  const int n = coordinator_.contributors();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t before = shard_.examples();
+  shard_.ApplyAccumulated(n);
+  coordinator_.CompleteStep();
+  metrics_->apply_seconds->Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  metrics_->version->Set(static_cast<double>(shard_.version()));
+  metrics_->examples->Increment(static_cast<double>(shard_.examples() - before));
+}
+
+void Server::ServeParked(TimePoint now) {
+  if (parked_.empty()) return;
+  std::vector<ParkedPull> still;
+  still.reserve(parked_.size());
+  for (ParkedPull& p : parked_) {
+    if (CanServePull(p.request)) {
+      metrics_->barrier_wait_seconds->Observe(SecondsSince(p.since, now));
+      SendPull(p.identity, p.request);
+    } else {
+      still.push_back(std::move(p));
+    }
+  }
+  parked_ = std::move(still);
+}
+
+void Server::Tick(TimePoint now) {
+  if (!shard_.registered()) return;
+  for (int rank : coordinator_.ExpireSilent(now)) {
+    metrics_->workers_declared_dead->Increment();
+    spdlog::warn("worker {} declared dead: silent for more than {:.1f} s; {} live worker(s) left",
+                 rank, std::chrono::duration<double>(options_.worker_timeout).count(),
+                 coordinator_.live_count());
+  }
+  metrics_->live_workers->Set(coordinator_.live_count());
+  MaybeCompleteStep();
+  ServeParked(now);
+  // Whatever still waits past the barrier timeout fails, naming what it waited for.
+  std::vector<ParkedPull> still;
+  for (ParkedPull& p : parked_) {
+    if (now - p.since <= options_.barrier_timeout) {
+      still.push_back(std::move(p));
+      continue;
+    }
+    Header reply;
+    reply.type = p.request.type;
+    reply.request_id = p.request.request_id;
+    reply.rank = p.request.rank;
+    reply.version = shard_.version();
+    reply.status = Status::TimedOut(
+        "pull by rank " + std::to_string(p.request.rank) + " waited " +
+        std::to_string(static_cast<int>(SecondsSince(p.since, now))) + " s for " +
+        DescribeWait(p.request));
+    Reject(RejectReason::kBarrierTimeout);
+    spdlog::error("{}", reply.status.message());
+    (void)socket_->Send(&p.identity, reply, {});
+  }
+  parked_ = std::move(still);
+}
+
+ShardStats Server::Stats() const {
+  ShardStats s;
+  s.shard = options_.shard_index;
+  s.version = shard_.version();
+  s.examples = shard_.examples();
+  s.num_slices = shard_.num_slices();
+  s.num_elements = shard_.num_elements();
+  s.requests = requests_;
+  s.rejected = rejected_;
+  s.registered = shard_.registered();
+  s.mode = options_.mode.ToString();
+  s.live_workers = coordinator_.live_count();
+  s.dropped_stale = dropped_stale_;
+  s.max_version_staleness = max_version_staleness_;
+  s.max_clock_staleness = max_clock_staleness_;
+  s.blocked_pulls = blocked_pulls_;
+  s.workers_declared_dead = coordinator_.declared_dead();
+  for (const Coordinator::Worker& w : coordinator_.workers()) {
+    s.workers.push_back({w.state == Coordinator::Worker::State::kLive, w.clock, w.gradients,
+                         w.dropped});
+  }
+  return s;
+}
 
 bool Server::Handle(Inbound& in) {
   ++requests_;
@@ -79,17 +312,18 @@ bool Server::Handle(Inbound& in) {
     return true;
   }
   const Header& req = *in.header;
-  const auto type = static_cast<size_t>(req.type);
-  metrics_->requests[type]->Increment();
-  metrics_->bytes_received[type]->Increment(static_cast<double>(FramesBytes(in.frames)));
+  const auto now = std::chrono::steady_clock::now();
   reply.type = req.type;
   reply.request_id = req.request_id;
   reply.rank = req.rank;
   reply.dtype = req.dtype;
 
-  std::vector<zmq::message_t> out_frames;
   RejectReason reason = RejectReason::kNone;
   bool keep_serving = true;
+  const bool ranked = coordinator_.ValidRank(req.rank);
+  const bool needs_rank = req.type == MsgType::kHeartbeat || req.type == MsgType::kLeave ||
+                          (options_.mode.kind != TrainingMode::Kind::kAsync &&
+                           (req.type == MsgType::kPull || req.type == MsgType::kPush));
 
   if (req.protocol_version != kProtocolVersion) {
     reason = RejectReason::kVersionMismatch;
@@ -97,21 +331,41 @@ bool Server::Handle(Inbound& in) {
         "protocol version mismatch: the sender speaks parasync protocol v" +
         std::to_string(req.protocol_version) + ", this parasync-ps speaks v" +
         std::to_string(kProtocolVersion) + "; run binaries built from the same schema");
+  } else if (needs_rank && !ranked) {
+    reason = RejectReason::kBadRank;
+    reply.status = Status::InvalidArgument(
+        "rank " + std::to_string(req.rank) + " is not a worker of this cluster (it has " +
+        std::to_string(coordinator_.num_workers()) + ")");
   } else {
+    const auto type = static_cast<size_t>(req.type);
+    metrics_->requests[type]->Increment();
+    metrics_->bytes_received[type]->Increment(static_cast<double>(FramesBytes(in.frames)));
+    if (ranked && req.type != MsgType::kStats && req.type != MsgType::kShutdown &&
+        req.type != MsgType::kLeave && coordinator_.Touch(req.rank, now)) {
+      spdlog::info("worker {} rejoined at clock {} (shard version {})", req.rank,
+                   coordinator_.workers()[static_cast<size_t>(req.rank)].clock, shard_.version());
+    }
     switch (req.type) {
       case MsgType::kRegister:
         if (!req.registration) {
           reason = RejectReason::kMalformed;
           reply.status = Status::InvalidArgument("Register without a model");
+        } else if (req.registration->mode != options_.mode.ToString()) {
+          reason = RejectReason::kRegisterMismatch;
+          reply.status = Status::FailedPrecondition(
+              "the worker trains with --mode " + req.registration->mode + " but ps shard " +
+              std::to_string(options_.shard_index) + " runs --mode " + options_.mode.ToString());
         } else {
+          const bool first = !shard_.registered();
           reply.status = shard_.Register(*req.registration, &reason);
-          if (reply.status.ok()) {
+          if (reply.status.ok() && first) {
             metrics_->registered->Set(1);
             metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
             spdlog::info("model registered by rank {}: {} variables, {} slices / {} elements here",
                          req.rank, req.registration->variables.size(), shard_.num_slices(),
                          shard_.num_elements());
           }
+          if (ranked) reply.clock = coordinator_.workers()[static_cast<size_t>(req.rank)].clock;
         }
         break;
       case MsgType::kPull:
@@ -121,62 +375,29 @@ bool Server::Handle(Inbound& in) {
           break;
         }
         reply.status = shard_.ValidateRanges(req.slices, req.dtype, std::nullopt, &reason);
-        if (reply.status.ok()) {
-          std::vector<float*> dst;
-          out_frames.reserve(req.slices.size());
-          for (const SliceRange& r : req.slices) {
-            out_frames.emplace_back(static_cast<size_t>(r.count) * sizeof(float));
-            dst.push_back(static_cast<float*>(out_frames.back().data()));
-          }
-          // zmq allocates message bodies with malloc: suitably aligned for float.
-          shard_.Read(req.slices, dst);
-          reply.slices = req.slices;
-        }
-        break;
-      case MsgType::kPush: {
-        std::vector<size_t> sizes;
-        sizes.reserve(in.frames.size());
-        for (const auto& f : in.frames) sizes.push_back(f.size());
-        reply.status = shard_.ValidateRanges(req.slices, req.dtype,
-                                             std::span<const size_t>(sizes), &reason);
         if (!reply.status.ok()) break;
-        const auto t0 = std::chrono::steady_clock::now();
-        std::vector<const float*> grads;
-        std::vector<std::vector<float>> realigned;  // only for frames that are not aligned
-        grads.reserve(in.frames.size());
-        for (const auto& f : in.frames) {
-          if (reinterpret_cast<uintptr_t>(f.data()) % alignof(float) == 0) {
-            grads.push_back(static_cast<const float*>(f.data()));
-          } else {
-            realigned.emplace_back(f.size() / sizeof(float));
-            std::memcpy(realigned.back().data(), f.data(), f.size());
-            grads.push_back(realigned.back().data());
-          }
+        if (CanServePull(req)) {
+          SendPull(in.identity, req);
+        } else {
+          ++blocked_pulls_;
+          metrics_->blocked_pulls->Increment();
+          parked_.push_back({std::move(in.identity), req, now});
         }
-        reply.status = shard_.Apply(req.slices, grads, req.batch_examples, &reason);
-        if (reply.status.ok()) {
-          metrics_->apply_seconds->Observe(
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-          metrics_->version->Set(static_cast<double>(shard_.version()));
-          if (req.batch_examples > 0) {
-            metrics_->examples->Increment(static_cast<double>(req.batch_examples));
-          }
-        }
+        return true;
+      case MsgType::kPush:
+        HandlePush(req, in.frames, reply, &reason);
         break;
-      }
-      case MsgType::kStats: {
-        ShardStats s;
-        s.shard = options_.shard_index;
-        s.version = shard_.version();
-        s.examples = shard_.examples();
-        s.num_slices = shard_.num_slices();
-        s.num_elements = shard_.num_elements();
-        s.requests = requests_;
-        s.rejected = rejected_;
-        s.registered = shard_.registered();
-        reply.stats = s;
+      case MsgType::kStats:
+        reply.stats = Stats();
         break;
-      }
+      case MsgType::kHeartbeat:
+        break;
+      case MsgType::kLeave:
+        coordinator_.Leave(req.rank);
+        spdlog::info("worker {} left (done); {} live worker(s)", req.rank,
+                     coordinator_.live_count());
+        MaybeCompleteStep();
+        break;
       case MsgType::kShutdown:
         if (options_.allow_remote_shutdown || in.peer_address.empty() ||
             IsLoopbackAddress(in.peer_address)) {
@@ -197,13 +418,12 @@ bool Server::Handle(Inbound& in) {
       spdlog::warn("rejected {} from rank {} ({}): {}", MsgTypeName(req.type), req.rank,
                    RejectReasonName(reason), reply.status.message());
     }
-    out_frames.clear();
-    reply.slices.clear();
   }
-  metrics_->bytes_sent[type]->Increment(static_cast<double>(FramesBytes(out_frames)));
-  if (Status s = socket_->Send(&in.identity, reply, std::move(out_frames)); !s.ok()) {
+  if (Status s = socket_->Send(&in.identity, reply, {}); !s.ok()) {
     spdlog::warn("reply to rank {} not sent: {}", req.rank, s.message());
   }
+  // A push or a departure may have completed a step or let an ssp straggler's peers on.
+  if (req.type == MsgType::kPush || req.type == MsgType::kLeave) ServeParked(now);
   return keep_serving;
 }
 

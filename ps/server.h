@@ -1,8 +1,15 @@
 // Server: the parameter server's request loop. Binds a ZeroMQ ROUTER, decodes each request,
-// checks it, lets the Shard apply it and replies — one reply per request, an error reply for
-// anything refused (the server keeps serving).
+// checks it, lets the Shard apply it under the rules of the Coordinator (async, sync or
+// ssp:K) and replies — one reply per request, an error reply for anything refused (the
+// server keeps serving).
 //
-// Single-threaded: Run() owns the socket and the Shard; Stop() may be called from any thread.
+// Pulls that must wait (a sync barrier, the ssp bound) are parked, not blocking the loop,
+// and answered as soon as the step completes or the slow ranks catch up — or, after
+// barrier_timeout, with an error naming the ranks they waited for. Every loop turn (at most
+// 100 ms) also declares silent workers dead, so no barrier waits on a dead process.
+//
+// Single-threaded: Run() owns the socket, the Shard and the Coordinator; Stop() may be
+// called from any thread.
 #pragma once
 
 #include <atomic>
@@ -10,11 +17,14 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <zmq.hpp>
 
+#include "common/mode.h"
 #include "common/status.h"
 #include "common/transport.h"
+#include "ps/coordinator.h"
 #include "ps/ps_metrics.h"
 #include "ps/shard.h"
 
@@ -24,6 +34,11 @@ struct ServerOptions {
   std::string endpoint;  // e.g. "tcp://127.0.0.1:5000"
   int shard_index = 0;
   int num_shards = 1;
+  int num_workers = 1;
+  TrainingMode mode;
+  int replicas_to_aggregate = 0;  // sync: R; 0 = num_workers
+  std::chrono::milliseconds worker_timeout{10000};
+  std::chrono::milliseconds barrier_timeout{300000};
   int64_t max_message_bytes = int64_t{1} << 30;
   int64_t max_model_bytes = 0;  // bound on this shard's values + slots; 0: none
   // Shutdown requests are accepted from loopback peers only, unless this is set. (Until the
@@ -39,8 +54,8 @@ class Server {
                                                 const ServerOptions& options, PsMetrics* metrics);
 
   // Serves until Stop() is called, `should_stop()` returns true (checked at least every
-  // 100 ms) or an accepted Shutdown request arrives. Returns ok on such a stop, an error only if the
-  // socket broke.
+  // 100 ms) or an accepted Shutdown request arrives. Returns ok on such a stop, an error only
+  // if the socket broke.
   Status Run(const std::function<bool()>& should_stop);
 
   // Asks Run() to return. Thread-safe.
@@ -48,21 +63,50 @@ class Server {
 
   std::string endpoint() const { return socket_->LastEndpoint(); }
   const Shard& shard() const { return shard_; }
+  const Coordinator& coordinator() const { return coordinator_; }
+  ShardStats Stats() const;
 
  private:
+  using TimePoint = Coordinator::TimePoint;
+  struct ParkedPull {
+    zmq::message_t identity;
+    Header request;
+    TimePoint since;
+  };
+
   Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsMetrics* metrics);
-  // Handles one message and sends its reply. Returns false when it was a Shutdown.
+  // Handles one message; replies unless the request was parked. Returns false when it was
+  // an accepted Shutdown.
   bool Handle(Inbound& in);
+  // Fills `reply` for a push; may complete a sync step.
+  void HandlePush(const Header& req, std::vector<zmq::message_t>& frames, Header& reply,
+                  RejectReason* reason);
+  bool CanServePull(const Header& req) const;
+  // Reads the requested slices into a reply and sends it.
+  void SendPull(zmq::message_t& identity, const Header& req);
+  // Applies the sync step if it has enough gradients.
+  void MaybeCompleteStep();
+  // Answers the parked pulls that may now be served.
+  void ServeParked(TimePoint now);
+  // Liveness and barrier timeouts; called every loop turn.
+  void Tick(TimePoint now);
   void Reject(RejectReason reason);
   bool ShouldLogRejection() const;
+  std::string DescribeWait(const Header& req) const;
 
   std::unique_ptr<Socket> socket_;
   ServerOptions options_;
   PsMetrics* metrics_;
   Shard shard_;
+  Coordinator coordinator_;
+  std::vector<ParkedPull> parked_;
   std::atomic<bool> stop_{false};
   int64_t requests_ = 0;
   int64_t rejected_ = 0;
+  int64_t dropped_stale_ = 0;
+  int64_t max_version_staleness_ = 0;
+  int64_t max_clock_staleness_ = 0;
+  int64_t blocked_pulls_ = 0;
 };
 
 }  // namespace parasync

@@ -23,6 +23,11 @@ std::string_view RejectReasonName(RejectReason reason) {
     case RejectReason::kDType: return "dtype";
     case RejectReason::kNonFinite: return "non_finite";
     case RejectReason::kUnsupported: return "unsupported";
+    case RejectReason::kBadRank: return "bad_rank";
+    case RejectReason::kDuplicate: return "duplicate";
+    case RejectReason::kBadVersion: return "bad_version";
+    case RejectReason::kPartial: return "partial";
+    case RejectReason::kBarrierTimeout: return "barrier_timeout";
   }
   return "unknown";
 }
@@ -142,8 +147,8 @@ void Shard::Read(std::span<const SliceRange> ranges, std::span<float* const> out
   }
 }
 
-Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
-                    int64_t batch_examples, RejectReason* reason) {
+Status Shard::CheckFinite(std::span<const SliceRange> ranges, std::span<const float* const> grads,
+                          RejectReason* reason) const {
   for (size_t i = 0; i < ranges.size(); ++i) {
     const float* g = grads[i];
     bool finite = true;
@@ -154,18 +159,73 @@ Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* c
                                      " contains NaN or Inf");
     }
   }
-  const OptimizerSpec& opt = registration_->optimizer;
+  return Status::Ok();
+}
+
+void Shard::ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_t count,
+                         float lr_scale) {
+  ++s.updates;
+  float* slot_ptrs[2] = {nullptr, nullptr};
+  for (size_t k = 0; k < s.slots.size(); ++k) slot_ptrs[k] = s.slots[k].data() + begin;
+  OptimizerSpec opt = registration_->optimizer;
+  opt.learning_rate *= lr_scale;
+  ApplyUpdate(opt, s.updates, s.values.data() + begin, grad,
+              std::span<float* const>(slot_ptrs, s.slots.size()), count);
+}
+
+Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
+                    int64_t batch_examples, RejectReason* reason, float lr_scale) {
+  PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason));
   for (size_t i = 0; i < ranges.size(); ++i) {
+    // ValidateRanges allows one range per slice: one optimizer step per slice.
     SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
-    ++s.updates;  // ValidateRanges allows one range per slice
-    float* slot_ptrs[2] = {nullptr, nullptr};
-    for (size_t k = 0; k < s.slots.size(); ++k) slot_ptrs[k] = s.slots[k].data() + ranges[i].begin;
-    ApplyUpdate(opt, s.updates, s.values.data() + ranges[i].begin, grads[i],
-                std::span<float* const>(slot_ptrs, s.slots.size()), ranges[i].count);
+    ApplyToSlice(s, ranges[i].begin, grads[i], ranges[i].count, lr_scale);
   }
   ++version_;
   examples_ += batch_examples > 0 ? batch_examples : 0;
   return Status::Ok();
+}
+
+Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const float* const> grads,
+                         int64_t batch_examples, RejectReason* reason) {
+  // Slice ids are strictly increasing (ValidateRanges), so covering every slice whole means
+  // exactly one full range per owned slice.
+  bool whole = ranges.size() == owned_.size();
+  for (size_t i = 0; whole && i < ranges.size(); ++i) {
+    const SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
+    whole = ranges[i].begin == 0 && ranges[i].count == static_cast<int64_t>(s.values.size());
+  }
+  if (!whole) {
+    *reason = RejectReason::kPartial;
+    return Status::InvalidArgument(
+        "in sync mode a push must carry the gradient of every slice of the shard, whole");
+  }
+  PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason));
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
+    if (s.sum.empty()) s.sum.assign(s.values.size(), 0.0f);
+    const float* g = grads[i];
+    float* sum = s.sum.data();
+    for (int64_t k = 0; k < ranges[i].count; ++k) sum[k] += g[k];
+  }
+  pending_examples_ += batch_examples > 0 ? batch_examples : 0;
+  return Status::Ok();
+}
+
+void Shard::ApplyAccumulated(int count) {
+  const float inv = 1.0f / static_cast<float>(count);
+  for (SliceState& s : owned_) {
+    if (s.sum.empty()) s.sum.assign(s.values.size(), 0.0f);
+    average_.resize(s.sum.size());
+    for (size_t k = 0; k < s.sum.size(); ++k) {
+      average_[k] = s.sum[k] * inv;
+      s.sum[k] = 0.0f;
+    }
+    ApplyToSlice(s, 0, average_.data(), static_cast<int64_t>(average_.size()), 1.0f);
+  }
+  ++version_;
+  examples_ += pending_examples_;
+  pending_examples_ = 0;
 }
 
 int64_t Shard::num_elements() const {

@@ -34,8 +34,13 @@ enum class RejectReason : uint8_t {
   kDType,              // dtype other than the variable's
   kNonFinite,          // gradient with NaN or Inf
   kUnsupported,        // message type this server does not accept
+  kBadRank,            // worker rank outside the cluster
+  kDuplicate,          // sync: a second gradient from one rank for one step
+  kBadVersion,         // gradient computed from a version the shard has not reached
+  kPartial,            // sync: a push that does not cover every slice of the shard
+  kBarrierTimeout,     // a pull waited longer than the barrier timeout
 };
-inline constexpr int kNumRejectReasons = 14;
+inline constexpr int kNumRejectReasons = 19;
 std::string_view RejectReasonName(RejectReason reason);
 
 class Shard {
@@ -66,10 +71,21 @@ class Shard {
 
   // Applies the optimizer to each range with gradient grads[i] (ranges[i].count floats),
   // after checking every gradient is finite (InvalidArgument + kNonFinite otherwise, nothing
-  // applied). Increments each touched slice's update count (Adam's t) by one, and version() by one and examples() by batch_examples.
-  // Precondition: ValidateRanges ok.
+  // applied). Increments each touched slice's update count (Adam's t) by one, version() by
+  // one and examples() by batch_examples. The learning rate is multiplied by `lr_scale`
+  // (staleness-aware async). Precondition: ValidateRanges ok.
   Status Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
-               int64_t batch_examples, RejectReason* reason);
+               int64_t batch_examples, RejectReason* reason, float lr_scale = 1.0f);
+
+  // Sync mode. Checks the push names every slice of this shard whole (kPartial otherwise)
+  // and that the gradient is finite (kNonFinite), then adds it to the current step's sum.
+  // Nothing is changed on failure. Precondition: ValidateRanges ok.
+  Status Accumulate(std::span<const SliceRange> ranges, std::span<const float* const> grads,
+                    int64_t batch_examples, RejectReason* reason);
+  // Sync mode: applies the optimizer once with the average of the `count` accumulated
+  // gradients, clears the sum, and increments version() by one and examples() by the
+  // accumulated examples. Precondition: count >= 1 gradients were accumulated.
+  void ApplyAccumulated(int count);
 
   bool registered() const { return registration_.has_value(); }
   int64_t version() const { return version_; }
@@ -78,6 +94,10 @@ class Shard {
   // Elements held (0 before Register).
   int64_t num_elements() const;
   int num_slices() const { return static_cast<int>(owned_.size()); }
+  // The registered model (nullptr before Register).
+  const ModelRegistration* registration() const {
+    return registration_ ? &*registration_ : nullptr;
+  }
   // The slice map (nullptr before Register).
   const SliceMap* slice_map() const { return map_ ? &*map_ : nullptr; }
   // Values of slice `id` (for tests and checkpoints); empty if not held here.
@@ -87,8 +107,13 @@ class Shard {
   struct SliceState {
     std::vector<float> values;
     std::vector<std::vector<float>> slots;
+    std::vector<float> sum;  // sync: the current step's gradient sum (allocated on first use)
     int64_t updates = 0;
   };
+  Status CheckFinite(std::span<const SliceRange> ranges, std::span<const float* const> grads,
+                     RejectReason* reason) const;
+  void ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_t count,
+                    float lr_scale);
 
   int shard_index_;
   int num_shards_;
@@ -99,6 +124,8 @@ class Shard {
   std::vector<SliceState> owned_;
   int64_t version_ = 0;
   int64_t examples_ = 0;
+  int64_t pending_examples_ = 0;  // sync: examples behind the current step's sum
+  std::vector<float> average_;    // sync: scratch for sum / count
 };
 
 }  // namespace parasync

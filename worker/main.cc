@@ -14,7 +14,9 @@
 #include "common/model_spec.h"
 #include "common/process.h"
 #include "worker/compute/backend_factory.h"
+#include "common/mode.h"
 #include "worker/data/dataset.h"
+#include "worker/heartbeater.h"
 #include "worker/model/mlp.h"
 #include "worker/ps_client.h"
 #include "worker/trainer.h"
@@ -60,13 +62,19 @@ int main(int argc, char** argv) {
   int metrics_port = 0;
   int request_timeout_s = 30;
   int connect_timeout_s = 60;
+  double heartbeat_interval_s = 1.0;
+  bool staleness_lr = false;
+  std::string lr_scaling = "none";
+  bool no_shuffle = false;
+  int64_t train_examples = 0;
 
   app.add_option("--ps-hosts", cluster.ps_hosts, "Comma-separated host:port of every PS shard");
   app.add_option("--worker-hosts", cluster.worker_hosts,
                  "Comma-separated host:port of every worker (their count is the world size)");
   app.add_option("--task-index", cluster.task_index, "This worker's rank; 0 is the chief")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--mode", mode, "Update mode of the cluster: async (sync and ssp:K arrive with issue 3)");
+  app.add_option("--mode", mode,
+                 "async, sync or ssp:K; must equal the parameter servers' --mode");
   app.add_option("--data", data_dir,
                  "Directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (IDX format)");
   app.add_option("--epochs", epochs, "Passes over this worker's shard")->check(CLI::Range(1, 100000));
@@ -78,6 +86,16 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr, "Learning rate");
   app.add_option("--momentum", momentum, "Momentum coefficient (--optimizer momentum)");
   app.add_option("--seed", seed, "Seed of the initial parameters and of the data shuffles");
+  app.add_flag("--no-shuffle", no_shuffle, "Walk the data shard in order every epoch");
+  app.add_option("--train-examples", train_examples,
+                 "Use only the first N training examples (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--staleness-lr", staleness_lr,
+               "async/ssp: the servers divide each update by its staleness (versions applied "
+               "between its read and its apply), after Zhang et al. 2016");
+  app.add_option("--lr-scaling", lr_scaling,
+                 "linear: multiply --lr by the number of workers (the effective batch grows with "
+                 "them); none: use --lr as given");
   app.add_option("--max-slice-elements", max_slice_elements,
                  "Variables are cut into slices of at most this many elements")
       ->check(CLI::PositiveNumber);
@@ -96,6 +114,10 @@ int main(int argc, char** argv) {
   app.add_option("--connect-timeout", connect_timeout_s,
                  "Seconds to wait for the parameter servers at start")
       ->check(CLI::Range(1, 86400));
+  app.add_option("--heartbeat-interval", heartbeat_interval_s,
+                 "Seconds between heartbeats to the parameter servers (keep it well below their "
+                 "--worker-timeout)")
+      ->check(CLI::Range(0.01, 3600.0));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -107,9 +129,14 @@ int main(int argc, char** argv) {
   // Everything the user can get wrong is checked before anything starts.
   auto spec = ResolveClusterSpecFromEnvironment(cluster, "worker");
   if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
-  if (mode != "async") {
-    return Fail("--mode " + mode + " is not supported yet; this build trains async only",
+  auto training_mode = TrainingMode::Parse(mode);
+  if (!training_mode.ok()) return Fail(training_mode.status().message(), kExitBadUsage);
+  if (staleness_lr && training_mode->kind == TrainingMode::Kind::kSync) {
+    return Fail("--staleness-lr applies to async and ssp modes (sync gradients are never stale)",
                 kExitBadUsage);
+  }
+  if (lr_scaling != "none" && lr_scaling != "linear") {
+    return Fail("--lr-scaling must be linear or none, not '" + lr_scaling + "'", kExitBadUsage);
   }
   auto mlp = ParseMlpWidths(model);
   if (!mlp.ok()) return Fail(mlp.status().message(), kExitBadUsage);
@@ -118,7 +145,9 @@ int main(int argc, char** argv) {
   OptimizerSpec opt;
   opt.kind = *opt_kind;
   opt.learning_rate = lr;
+  if (lr_scaling == "linear") opt.learning_rate = lr * static_cast<float>(spec->workers.size());
   opt.momentum = momentum;
+  opt.staleness_aware = staleness_lr;
   if (Status s = ValidateOptimizer(opt); !s.ok()) return Fail(s.message(), kExitBadUsage);
   auto dev = ParseDevice(device);
   if (!dev.ok()) return Fail(dev.status().message(), kExitBadUsage);
@@ -134,6 +163,11 @@ int main(int argc, char** argv) {
   InstallShutdownSignalHandlers();
   auto train = LoadIdxDataset(data_dir, "train");
   if (!train.ok()) return Fail(train.status().message(), kExitBadUsage);
+  if (train_examples > 0 && train_examples < train->n) {
+    train->n = train_examples;
+    train->x.resize(static_cast<size_t>(train_examples * train->dim));
+    train->y.resize(static_cast<size_t>(train_examples));
+  }
   Dataset test;
   if (rank == 0) {
     auto t = LoadIdxDataset(data_dir, "t10k");
@@ -164,7 +198,18 @@ int main(int argc, char** argv) {
   client_options.ps_addresses = spec->ps;
   client_options.rank = rank;
   client_options.request_timeout = std::chrono::seconds(request_timeout_s);
-  client_options.interrupted = [] { return ShutdownRequested(); };
+  auto heartbeater = Heartbeater::Start(
+      context, spec->ps, rank,
+      std::chrono::milliseconds(static_cast<int64_t>(heartbeat_interval_s * 1000)));
+  if (!heartbeater.ok()) return Fail(heartbeater.status().message());
+  // A blocked pull gives up when asked to stop, or when a server has stopped answering
+  // heartbeats for longer than the request timeout (it died: waiting would never end).
+  const auto silence_limit = std::chrono::seconds(request_timeout_s) +
+                             std::chrono::seconds(connect_timeout_s);
+  Heartbeater* beats = heartbeater->get();
+  client_options.interrupted = [beats, silence_limit] {
+    return ShutdownRequested() || beats->LongestSilence() > silence_limit;
+  };
   auto client = PsClient::Connect(context, client_options);
   if (!client.ok()) return Fail(client.status().message());
 
@@ -174,6 +219,7 @@ int main(int argc, char** argv) {
   reg.seed = seed;
   reg.max_slice_elements = max_slice_elements;
   reg.num_shards = static_cast<int32_t>(spec->ps.size());
+  reg.mode = training_mode->ToString();
   if (Status s = (*client)->Register(reg, std::chrono::seconds(connect_timeout_s)); !s.ok()) {
     if (ShutdownRequested()) {
       spdlog::info("stopped by signal {} before training", ShutdownSignal());
@@ -187,7 +233,8 @@ int main(int argc, char** argv) {
   TrainerOptions options;
   options.rank = rank;
   options.num_workers = static_cast<int>(spec->workers.size());
-  options.mode = mode;
+  options.mode = *training_mode;
+  options.shuffle = !no_shuffle;
   options.epochs = epochs;
   options.batch_size = batch_size;
   options.max_steps = max_steps;
@@ -206,14 +253,22 @@ int main(int argc, char** argv) {
     spdlog::info("stopped by signal {}", ShutdownSignal());
     return 0;
   }
-  if (!summary.ok()) return Fail("training failed: " + summary.status().ToString());
+  if (!summary.ok()) {
+    if ((*heartbeater)->LongestSilence() > silence_limit) {
+      return Fail("training failed: a parameter server has not answered for " +
+                  std::to_string((*heartbeater)->LongestSilence().count() / 1000) + " s (" +
+                  summary.status().message() + ")");
+    }
+    return Fail("training failed: " + summary.status().ToString());
+  }
   if (rank == 0) {
     spdlog::info("training done: {} epochs, {} steps here; final test accuracy {:.4f}, test loss "
                  "{:.4f}; eval log {}/eval.jsonl",
                  summary->epochs_done, summary->steps, summary->final_test_accuracy,
                  summary->final_test_loss, log_dir);
   } else {
-    spdlog::info("training done: {} epochs, {} steps", summary->epochs_done, summary->steps);
+    spdlog::info("training done: {} epochs, {} steps, {} gradients dropped as stale",
+                 summary->epochs_done, summary->steps, summary->dropped);
   }
   return 0;
 }

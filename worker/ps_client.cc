@@ -107,13 +107,15 @@ Status PsClient::Register(const ModelRegistration& reg, std::chrono::millisecond
   }
   auto replies = Exchange(shards, std::move(requests), timeout);
   if (!replies.ok()) return replies.status();
+  registered_clock_ = 0;
+  for (const Inbound& in : *replies) registered_clock_ = std::max(registered_clock_, in.header->clock);
   map_ = std::move(map).value();
   var_sizes_.clear();
   for (const VariableSpec& v : reg.variables) var_sizes_.push_back(v.num_elements());
   return Status::Ok();
 }
 
-Status PsClient::Pull(std::span<float* const> params) {
+Status PsClient::Pull(std::span<float* const> params, int64_t min_version) {
   if (!map_) return Status::FailedPrecondition("Pull before Register");
   if (params.size() != var_sizes_.size()) return Status::InvalidArgument("wrong number of variables");
   std::vector<int> shards;
@@ -122,15 +124,16 @@ Status PsClient::Pull(std::span<float* const> params) {
     if (map_->SlicesOfShard(s).empty()) continue;
     Outgoing o;
     o.header.type = MsgType::kPull;
+    o.header.min_version = min_version;
     for (uint32_t id : map_->SlicesOfShard(s)) {
       o.header.slices.push_back({id, 0, map_->slices()[id].length});
     }
     shards.push_back(s);
     requests.push_back(std::move(o));
   }
-  auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
+  auto replies = Exchange(shards, std::move(requests), options_.blocking_timeout);
   if (!replies.ok()) return replies.status();
-  int64_t min_version = INT64_MAX;
+  int64_t lowest = INT64_MAX;
   for (size_t i = 0; i < replies->size(); ++i) {
     Inbound& in = (*replies)[i];
     const std::vector<uint32_t>& ids = map_->SlicesOfShard(shards[i]);
@@ -147,13 +150,14 @@ Status PsClient::Pull(std::span<float* const> params) {
       }
       std::memcpy(params[info.var_index] + info.offset, in.frames[k].data(), bytes);
     }
-    min_version = std::min(min_version, in.header->version);
+    lowest = std::min(lowest, in.header->version);
   }
-  last_version_ = min_version == INT64_MAX ? 0 : min_version;
+  last_version_ = lowest == INT64_MAX ? 0 : lowest;
   return Status::Ok();
 }
 
-Status PsClient::Push(std::span<const float* const> grads, int64_t batch_examples) {
+Status PsClient::Push(std::span<const float* const> grads, int64_t batch_examples,
+                      int64_t read_version) {
   if (!map_) return Status::FailedPrecondition("Push before Register");
   if (grads.size() != var_sizes_.size()) return Status::InvalidArgument("wrong number of variables");
   std::vector<int> shards;
@@ -163,6 +167,7 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
     Outgoing o;
     o.header.type = MsgType::kPush;
     o.header.batch_examples = batch_examples;
+    o.header.version = read_version;
     for (uint32_t id : map_->SlicesOfShard(s)) {
       const SliceInfo& info = map_->slices()[id];
       o.header.slices.push_back({id, 0, info.length});
@@ -174,10 +179,27 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
   }
   auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
   if (!replies.ok()) return replies.status();
-  int64_t min_version = INT64_MAX;
-  for (const Inbound& in : *replies) min_version = std::min(min_version, in.header->version);
-  last_version_ = min_version == INT64_MAX ? 0 : min_version;
+  int64_t lowest = INT64_MAX;
+  last_push_dropped_ = false;
+  for (const Inbound& in : *replies) {
+    lowest = std::min(lowest, in.header->version);
+    last_push_dropped_ |= in.header->dropped;
+  }
+  last_version_ = lowest == INT64_MAX ? 0 : lowest;
   return Status::Ok();
+}
+
+Status PsClient::Leave() {
+  std::vector<int> shards;
+  std::vector<Outgoing> requests;
+  for (int s = 0; s < num_shards(); ++s) {
+    Outgoing o;
+    o.header.type = MsgType::kLeave;
+    shards.push_back(s);
+    requests.push_back(std::move(o));
+  }
+  auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
+  return replies.ok() ? Status::Ok() : replies.status();
 }
 
 Result<std::vector<ShardStats>> PsClient::Stats() {

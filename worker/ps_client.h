@@ -31,6 +31,9 @@ struct PsClientOptions {
   std::vector<std::string> ps_addresses;  // "host:port", shard i = index i
   int rank = -1;
   std::chrono::milliseconds request_timeout{30000};
+  // How long a pull may wait for a sync step or the ssp bound (the servers answer with an
+  // error naming the missing ranks after their --barrier-timeout, normally well before).
+  std::chrono::milliseconds blocking_timeout{std::chrono::hours(1)};
   // Polled every 100 ms while waiting for replies; when it returns true the call gives up
   // with Aborted (e.g. on SIGTERM). Optional.
   std::function<bool()> interrupted;
@@ -45,17 +48,26 @@ class PsClient {
 
   // Registers `reg` with every shard (reg.num_shards must equal the number of shards) and
   // builds the slice map. Waits up to `timeout` for servers that are still starting. Returns
-  // the first error that arrives (e.g. FailedPrecondition for a model or protocol mismatch).
+  // the first error that arrives (e.g. FailedPrecondition for a model, mode or protocol
+  // mismatch). registered_clock() then holds this rank's clock on the servers.
   Status Register(const ModelRegistration& reg, std::chrono::milliseconds timeout);
 
   // Fills params[v] (num_elements of variable v, caller-owned) with the current values from
-  // all shards. Precondition: Register succeeded. Blocks until every shard replied.
-  Status Pull(std::span<float* const> params);
+  // all shards. Precondition: Register succeeded. Blocks until every shard replied; in sync
+  // mode a shard answers once it reaches `min_version`, in ssp mode once this rank may read
+  // (bounded by blocking_timeout). last_version() then holds the lowest version read.
+  Status Pull(std::span<float* const> params, int64_t min_version = 0);
 
   // Sends grads[v] (one array per variable, caller-owned, read only) to every shard; blocks
   // until every shard acknowledged. `batch_examples` is how many examples the gradient
-  // averages over (the servers count them).
-  Status Push(std::span<const float* const> grads, int64_t batch_examples);
+  // averages over; `read_version` the version it was computed from (last_version() of its
+  // pull). last_push_dropped() then says whether a shard dropped it as stale.
+  Status Push(std::span<const float* const> grads, int64_t batch_examples,
+              int64_t read_version = 0);
+
+  // Tells every shard this worker is done, so barriers stop waiting for it. Best effort:
+  // waits for the acknowledgements up to the request timeout.
+  Status Leave();
 
   // Each shard's statistics, in shard order.
   Result<std::vector<ShardStats>> Stats();
@@ -67,6 +79,8 @@ class PsClient {
   int num_shards() const { return static_cast<int>(sockets_.size()); }
   // The lowest shard version seen in the latest Pull or Push reply.
   int64_t last_version() const { return last_version_; }
+  bool last_push_dropped() const { return last_push_dropped_; }
+  int64_t registered_clock() const { return registered_clock_; }
 
  private:
   struct Outgoing {
@@ -87,6 +101,8 @@ class PsClient {
   std::vector<int64_t> var_sizes_;
   uint64_t next_request_id_ = 1;
   int64_t last_version_ = 0;
+  bool last_push_dropped_ = false;
+  int64_t registered_clock_ = 0;
 };
 
 }  // namespace parasync

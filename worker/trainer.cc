@@ -94,7 +94,7 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
     metrics.eval_loss->Set(loss);
     summary.final_test_accuracy = acc;
     summary.final_test_loss = loss;
-    nlohmann::json row = {{"mode", o.mode},
+    nlohmann::json row = {{"mode", o.mode.ToString()},
                           {"workers", o.num_workers},
                           {"ps", client.num_shards()},
                           {"epoch", epoch},
@@ -123,10 +123,12 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
   if (chief) {
     PARASYNC_RETURN_IF_ERROR(evaluate(0, NAN, 0.0));
   }
+  const bool sync = o.mode.kind == TrainingMode::Kind::kSync;
+  int64_t min_version = 0;  // sync: the step this worker waits for
   bool stop = false;
   for (int epoch = 1; epoch <= o.epochs && !stop; ++epoch) {
     metrics.epoch->Set(epoch);
-    ShuffleForEpoch(&shard, o.seed, o.rank, epoch);
+    if (o.shuffle) ShuffleForEpoch(&shard, o.seed, o.rank, epoch);
     const auto epoch_start = Clock::now();
     double loss_sum = 0;
     int64_t epoch_steps = 0;
@@ -141,7 +143,8 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       GatherBatch(train, std::span<const int64_t>(shard.data() + first, count), bx.data(),
                   by.data());
       const auto t0 = Clock::now();
-      PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs));
+      PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs, sync ? min_version : 0));
+      const int64_t read_version = client.last_version();
       const auto t1 = Clock::now();
       auto loss = backend.ForwardBackward(params.cptrs, bx.data(), by.data(),
                                           static_cast<int>(count), grads.ptrs);
@@ -153,8 +156,14 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
                                "; try a smaller --lr");
       }
       const auto t2 = Clock::now();
-      PARASYNC_RETURN_IF_ERROR(client.Push(grads.cptrs, static_cast<int64_t>(count)));
+      PARASYNC_RETURN_IF_ERROR(
+          client.Push(grads.cptrs, static_cast<int64_t>(count), read_version));
       const auto t3 = Clock::now();
+      if (client.last_push_dropped()) {
+        ++summary.dropped;
+        metrics.dropped->Increment();
+      }
+      min_version = read_version + 1;
 
       t_pull += Seconds(t0, t1);
       t_compute += Seconds(t1, t2);
@@ -189,6 +198,10 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
     if (chief && !(stop && should_stop())) {
       PARASYNC_RETURN_IF_ERROR(evaluate(epoch, train_loss, eps));
     }
+  }
+  if (!should_stop()) {
+    // Done: let the barriers go on without this rank.
+    if (Status s = client.Leave(); !s.ok()) spdlog::warn("leave not acknowledged: {}", s.message());
   }
   return summary;
 }

@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 
+#include "common/mode.h"
 #include "common/model_spec.h"
 #include "common/status.h"
 #include "worker/compute/backend.h"
@@ -22,7 +23,8 @@ namespace parasync {
 struct TrainerOptions {
   int rank = 0;
   int num_workers = 1;
-  std::string mode = "async";
+  TrainingMode mode;
+  bool shuffle = true;    // false: each epoch walks the shard in order
   int epochs = 5;
   int batch_size = 64;
   int64_t max_steps = 0;  // > 0: stop after this many local steps
@@ -36,13 +38,16 @@ struct TrainingSummary {
   int epochs_done = 0;
   int64_t steps = 0;
   int64_t examples = 0;
+  int64_t dropped = 0;  // gradients the servers dropped as stale (sync backup workers)
   double final_test_accuracy = -1;  // chief only; -1 when not evaluated
   double final_test_loss = -1;
 };
 
 // Trains until `epochs` (or max_steps) are done or `should_stop()` turns true (checked every
-// step). `train` is this worker's data (already the whole training set: it is sharded here
-// by rank); `test` is evaluated by the chief and may be empty on other ranks.
+// step). `train` is the whole training set (sharded here by rank, before shuffling); `test`
+// is evaluated by the chief and may be empty on other ranks. In sync mode each pull waits
+// for the step after the one this worker last pushed to. When done (not when stopped or on
+// error) the worker sends Leave, so barriers stop counting on it.
 // Returns the first error from the servers or the backend.
 Result<TrainingSummary> RunTraining(const TrainerOptions& options, const Dataset& train,
                                     const Dataset& test, PsClient& client,

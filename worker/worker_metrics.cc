@@ -18,6 +18,12 @@ WorkerMetrics::WorkerMetrics(int rank) : registry(std::make_shared<prometheus::R
                .Labels(labels)
                .Register(*registry)
                .Add({});
+  dropped = &prometheus::BuildCounter()
+                 .Name("parasync_worker_dropped_gradients_total")
+                 .Help("Gradients the parameter servers dropped as stale (sync backup workers)")
+                 .Labels(labels)
+                 .Register(*registry)
+                 .Add({});
   auto& phases = prometheus::BuildHistogram()
                      .Name("parasync_worker_step_seconds")
                      .Help("Seconds per training step, by phase")

@@ -18,6 +18,7 @@ struct WorkerMetrics {
   std::shared_ptr<prometheus::Registry> registry;
   prometheus::Counter* examples = nullptr;  // rate() of it is examples/sec
   prometheus::Counter* steps = nullptr;
+  prometheus::Counter* dropped = nullptr;  // gradients the servers dropped as stale
   prometheus::Histogram* pull_seconds = nullptr;     // step seconds, phase="pull"
   prometheus::Histogram* compute_seconds = nullptr;  // phase="compute"
   prometheus::Histogram* push_seconds = nullptr;     // phase="push"

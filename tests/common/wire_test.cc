@@ -119,7 +119,24 @@ TEST(WireTest, RoundTripKeepsEveryOptimizerKind) {
 TEST(WireTest, RoundTripKeepsStats) {
   Header h;
   h.type = MsgType::kStats;
-  h.stats = ShardStats{2, 1000, 64000, 17, 235146, 1003, 3, true};
+  ShardStats stats;
+  stats.shard = 2;
+  stats.version = 1000;
+  stats.examples = 64000;
+  stats.num_slices = 17;
+  stats.num_elements = 235146;
+  stats.requests = 1003;
+  stats.rejected = 3;
+  stats.registered = true;
+  stats.mode = "ssp:3";
+  stats.live_workers = 2;
+  stats.dropped_stale = 5;
+  stats.max_version_staleness = 6;
+  stats.max_clock_staleness = 3;
+  stats.blocked_pulls = 8;
+  stats.workers_declared_dead = 1;
+  stats.workers = {{true, 10, 9, 1}, {false, 4, 4, 0}, {true, 11, 11, 2}};
+  h.stats = stats;
   Result<Header> d = RoundTrip(h);
   ASSERT_TRUE(d.ok());
   ASSERT_TRUE(d->stats.has_value());
@@ -131,6 +148,14 @@ TEST(WireTest, RoundTripKeepsStats) {
   EXPECT_EQ(d->stats->requests, 1003);
   EXPECT_EQ(d->stats->rejected, 3);
   EXPECT_TRUE(d->stats->registered);
+  EXPECT_EQ(d->stats->mode, "ssp:3");
+  EXPECT_EQ(d->stats->live_workers, 2);
+  EXPECT_EQ(d->stats->dropped_stale, 5);
+  EXPECT_EQ(d->stats->max_version_staleness, 6);
+  EXPECT_EQ(d->stats->max_clock_staleness, 3);
+  EXPECT_EQ(d->stats->blocked_pulls, 8);
+  EXPECT_EQ(d->stats->workers_declared_dead, 1);
+  EXPECT_EQ(d->stats->workers, stats.workers);
 }
 
 TEST(WireTest, RoundTripKeepsStatusCodeAndMessage) {
@@ -161,8 +186,8 @@ void ExpectCorruption(const Header& h, const std::string& what) {
 
 TEST(WireTest, DecodeRejectsOutOfRangeEnumsAsCorruption) {
   Header h;
-  h.type = static_cast<MsgType>(5);
-  ExpectCorruption(h, "message type 5");
+  h.type = static_cast<MsgType>(7);
+  ExpectCorruption(h, "message type 7");
   h = Header{};
   h.type = static_cast<MsgType>(200);
   ExpectCorruption(h, "message type 200");
@@ -194,7 +219,10 @@ Header FullHeader() {
   h.status = Status::Aborted("stopping");
   h.slices = {{1, 2, 3}, {4, 5, 6}};
   h.registration = SampleRegistration();
-  h.stats = ShardStats{1, 2, 3, 4, 5, 6, 7, true};
+  h.stats = ShardStats{};
+  h.stats->shard = 1;
+  h.stats->version = 2;
+  h.stats->registered = true;
   return h;
 }
 

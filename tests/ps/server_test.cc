@@ -80,7 +80,7 @@ std::vector<T*> Pointers(std::vector<std::vector<float>>& arrays) {
 class RunningServer {
  public:
   RunningServer(zmq::context_t& context, int shard_index, int num_shards)
-      : metrics_(shard_index) {
+      : metrics_(shard_index, 1) {
     ServerOptions options;
     options.endpoint = "tcp://127.0.0.1:*";
     options.shard_index = shard_index;
@@ -479,7 +479,7 @@ TEST(ServerCreateTest, BindToAddressInUseIsUnavailable) {
   zmq::context_t context;
   RunningServer first(context, 0, 1);
   ASSERT_TRUE(first.started());
-  PsMetrics metrics(0);
+  PsMetrics metrics(0, 1);
   ServerOptions options;
   options.endpoint = first.endpoint();
   auto second = Server::Create(context, options, &metrics);

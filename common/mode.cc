@@ -1,0 +1,36 @@
+#include "common/mode.h"
+
+#include <charconv>
+
+namespace parasync {
+
+Result<TrainingMode> TrainingMode::Parse(const std::string& text) {
+  TrainingMode m;
+  if (text == "async") return m;
+  if (text == "sync") {
+    m.kind = Kind::kSync;
+    return m;
+  }
+  if (text.rfind("ssp:", 0) == 0) {
+    const char* b = text.data() + 4;
+    const char* e = text.data() + text.size();
+    auto [p, ec] = std::from_chars(b, e, m.staleness);
+    if (ec == std::errc() && p == e && b != e && m.staleness >= 0 && m.staleness <= 1000000) {
+      m.kind = Kind::kSsp;
+      return m;
+    }
+  }
+  return Status::InvalidArgument("mode must be async, sync or ssp:K (K a staleness bound >= 0), not '" +
+                                 text + "'");
+}
+
+std::string TrainingMode::ToString() const {
+  switch (kind) {
+    case Kind::kAsync: return "async";
+    case Kind::kSync: return "sync";
+    case Kind::kSsp: return "ssp:" + std::to_string(staleness);
+  }
+  return "unknown";
+}
+
+}  // namespace parasync
