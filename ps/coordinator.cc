@@ -61,7 +61,11 @@ Coordinator::Offer Coordinator::OfferSync(int rank, int64_t read_version, int64_
 int Coordinator::needed() const {
   const int r = options_.replicas_to_aggregate > 0 ? options_.replicas_to_aggregate
                                                    : num_workers();
-  return std::max(1, std::min(r, live_count()));
+  int missing = 0;
+  for (const Worker& w : workers_) {
+    missing += w.state == Worker::State::kLive && !w.contributed ? 1 : 0;
+  }
+  return std::max(1, std::min(r, contributors_ + missing));
 }
 
 void Coordinator::CompleteStep() {

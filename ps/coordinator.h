@@ -3,8 +3,10 @@
 //
 //   async   every gradient is applied on arrival; nobody waits.
 //   sync    a step t collects gradients computed from version t, at most one per rank; once
-//           min(R, live workers) have arrived they are averaged and applied once, and pulls
-//           waiting for version t+1 are answered. Gradients for an older step are dropped.
+//           R have arrived — or every live rank has given one — they are averaged and
+//           applied once, and pulls waiting for version t+1 are answered. Gradients for an
+//           older step are dropped. (A rank that gave its gradient and then left or died
+//           still counts; the step waits only for live ranks that have not given one.)
 //   ssp:K   gradients are applied on arrival, but a rank at clock c (c gradients accepted)
 //           may pull only when every live rank has reached clock c - K.
 //
@@ -82,7 +84,8 @@ class Coordinator {
   void Contribute(int rank);
   // Gradients in the current step.
   int contributors() const { return contributors_; }
-  // min(R, live ranks), at least 1: how many gradients complete a step.
+  // How many gradients complete the current step: min(R, contributors + live ranks still
+  // missing), at least 1.
   int needed() const;
   // The current step has enough gradients to be applied.
   bool StepReady() const { return contributors_ > 0 && contributors_ >= needed(); }

@@ -320,10 +320,14 @@ bool Server::Handle(Inbound& in) {
 
   RejectReason reason = RejectReason::kNone;
   bool keep_serving = true;
+  // Rank -1 is a tool (an evaluator, an exporter, a test): it may register, pull and read
+  // stats, and push in async mode, but it takes no part in barriers or staleness.
   const bool ranked = coordinator_.ValidRank(req.rank);
+  const bool tool = req.rank == -1;
   const bool needs_rank = req.type == MsgType::kHeartbeat || req.type == MsgType::kLeave ||
                           (options_.mode.kind != TrainingMode::Kind::kAsync &&
-                           (req.type == MsgType::kPull || req.type == MsgType::kPush));
+                           req.type == MsgType::kPush);
+  const bool bad_rank = !ranked && (!tool || needs_rank);
 
   if (req.protocol_version != kProtocolVersion) {
     reason = RejectReason::kVersionMismatch;
@@ -331,7 +335,7 @@ bool Server::Handle(Inbound& in) {
         "protocol version mismatch: the sender speaks parasync protocol v" +
         std::to_string(req.protocol_version) + ", this parasync-ps speaks v" +
         std::to_string(kProtocolVersion) + "; run binaries built from the same schema");
-  } else if (needs_rank && !ranked) {
+  } else if (bad_rank && req.type != MsgType::kStats && req.type != MsgType::kShutdown) {
     reason = RejectReason::kBadRank;
     reply.status = Status::InvalidArgument(
         "rank " + std::to_string(req.rank) + " is not a worker of this cluster (it has " +

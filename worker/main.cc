@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   std::string lr_scaling = "none";
   bool no_shuffle = false;
   int64_t train_examples = 0;
+  int step_delay_ms = 0;
 
   app.add_option("--ps-hosts", cluster.ps_hosts, "Comma-separated host:port of every PS shard");
   app.add_option("--worker-hosts", cluster.worker_hosts,
@@ -90,6 +91,10 @@ int main(int argc, char** argv) {
   app.add_option("--train-examples", train_examples,
                  "Use only the first N training examples (0: all)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--step-delay-ms", step_delay_ms,
+                 "Fault injection: sleep this long before every push, making this worker a "
+                 "straggler")
+      ->check(CLI::Range(0, 3600000));
   app.add_flag("--staleness-lr", staleness_lr,
                "async/ssp: the servers divide each update by its staleness (versions applied "
                "between its read and its apply), after Zhang et al. 2016");
@@ -235,6 +240,7 @@ int main(int argc, char** argv) {
   options.num_workers = static_cast<int>(spec->workers.size());
   options.mode = *training_mode;
   options.shuffle = !no_shuffle;
+  options.step_delay = std::chrono::milliseconds(step_delay_ms);
   options.epochs = epochs;
   options.batch_size = batch_size;
   options.max_steps = max_steps;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -155,6 +156,7 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
                                " at epoch " + std::to_string(epoch) +
                                "; try a smaller --lr");
       }
+      if (o.step_delay.count() > 0) std::this_thread::sleep_for(o.step_delay);
       const auto t2 = Clock::now();
       PARASYNC_RETURN_IF_ERROR(
           client.Push(grads.cptrs, static_cast<int64_t>(count), read_version));

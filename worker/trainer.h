@@ -5,6 +5,7 @@
 // Runs on the calling thread; uses the PsClient and ComputeBackend it is handed (not owned).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -25,6 +26,9 @@ struct TrainerOptions {
   int num_workers = 1;
   TrainingMode mode;
   bool shuffle = true;    // false: each epoch walks the shard in order
+  // Fault injection (a straggler): sleep this long between computing a gradient and
+  // pushing it.
+  std::chrono::milliseconds step_delay{0};
   int epochs = 5;
   int batch_size = 64;
   int64_t max_steps = 0;  // > 0: stop after this many local steps

@@ -20,6 +20,7 @@
 #include <zmq.hpp>
 
 #include "common/wire.h"
+#include "worker/heartbeater.h"
 #include "worker/ps_client.h"
 
 namespace parasync {
@@ -485,6 +486,384 @@ TEST(ServerCreateTest, BindToAddressInUseIsUnavailable) {
   auto second = Server::Create(context, options, &metrics);
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+}
+
+
+// --- Training modes over the wire: sync, ssp:K, liveness ---
+
+// A single-shard Server with `options` (endpoint and metrics filled in here) serving in its
+// own thread until destroyed.
+class ModeServer {
+ public:
+  ModeServer(zmq::context_t& context, ServerOptions options) : metrics_(0, options.num_workers) {
+    options.endpoint = "tcp://127.0.0.1:*";
+    auto server = Server::Create(context, options, &metrics_);
+    if (!server.ok()) {
+      ADD_FAILURE() << server.status().ToString();
+      return;
+    }
+    server_ = std::move(server).value();
+    endpoint_ = server_->endpoint();
+    thread_ = std::thread([this] { result_ = server_->Run([] { return false; }); });
+  }
+
+  ~ModeServer() {
+    if (!thread_.joinable()) return;
+    server_->Stop();  // Run checks it at least every 100 ms
+    thread_.join();
+    EXPECT_TRUE(result_.ok()) << result_.ToString();
+  }
+
+  bool started() const { return server_ != nullptr; }
+  const std::string& endpoint() const { return endpoint_; }
+  double Rejected(RejectReason reason) const {
+    return metrics_.rejected[static_cast<size_t>(reason)]->Value();
+  }
+
+ private:
+  PsMetrics metrics_;  // outlives server_
+  std::unique_ptr<Server> server_;
+  std::string endpoint_;
+  Status result_;  // written by the thread, read after the join
+  std::thread thread_;
+};
+
+ServerOptions ModeOptions(const std::string& mode, int num_workers) {
+  ServerOptions o;
+  Result<TrainingMode> m = TrainingMode::Parse(mode);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  if (m.ok()) o.mode = *m;
+  o.num_workers = num_workers;
+  o.worker_timeout = milliseconds(10000);  // tests of liveness shorten it
+  o.barrier_timeout = milliseconds(4000);
+  return o;
+}
+
+ModelRegistration ModeModel(const std::string& mode) {
+  ModelRegistration reg = SmallModel(1);
+  reg.mode = mode;
+  return reg;
+}
+
+// Two workers' gradients, distinct so that their mean differs from either.
+std::vector<std::vector<float>> GradientsOfRank(const ModelRegistration& reg, int rank) {
+  std::vector<std::vector<float>> g = Gradients(reg);
+  if (rank == 0) return g;
+  for (auto& v : g) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = -2.0f * v[i] + 0.001f * static_cast<float>(i % 5);
+  }
+  return g;
+}
+
+class ModeServerTest : public ::testing::Test {
+ protected:
+  // Starts the server; false (with a failure recorded) if it could not bind.
+  bool Start(const ServerOptions& options) {
+    server_ = std::make_unique<ModeServer>(context_, options);
+    return server_->started();
+  }
+
+  // A registered PsClient for `rank`, or nullptr with a failure recorded.
+  std::unique_ptr<PsClient> Worker(int rank, const ModelRegistration& reg) {
+    PsClientOptions options;
+    options.ps_addresses = {server_->endpoint()};
+    options.rank = rank;
+    options.request_timeout = kWait;
+    options.blocking_timeout = kWait;
+    auto client = PsClient::Connect(context_, options);
+    if (!client.ok()) {
+      ADD_FAILURE() << client.status().ToString();
+      return nullptr;
+    }
+    if (Status s = (*client)->Register(reg, kWait); !s.ok()) {
+      ADD_FAILURE() << "rank " << rank << " Register: " << s.ToString();
+      return nullptr;
+    }
+    return std::move(client).value();
+  }
+
+  static std::vector<std::vector<float>> NewParams() {
+    return {std::vector<float>(200), std::vector<float>(10)};
+  }
+
+  // Pulls (blocking in the server's sense) on another thread; the client must not be used
+  // elsewhere until the future is ready.
+  static std::future<Status> PullAsync(PsClient& client, std::vector<std::vector<float>>& params,
+                                       int64_t min_version) {
+    return std::async(std::launch::async, [&client, &params, min_version] {
+      return client.Pull(Pointers<float>(params), min_version);
+    });
+  }
+
+  static ShardStats StatsOf(PsClient& client) {
+    Result<std::vector<ShardStats>> stats = client.Stats();
+    EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+    if (!stats.ok() || stats->size() != 1) return {};
+    return (*stats)[0];
+  }
+
+  zmq::context_t context_;  // declared first: outlives every socket
+  std::unique_ptr<ModeServer> server_;
+};
+
+// How long a pull that must wait is watched for an early answer.
+constexpr milliseconds kStillParked{200};
+
+TEST_F(ModeServerTest, SyncPullWaitsForEveryRankThenSeesTheMeanGradient) {
+  ASSERT_TRUE(Start(ModeOptions("sync", 2)));
+  const ModelRegistration reg = ModeModel("sync");
+  std::unique_ptr<PsClient> w0 = Worker(0, reg);
+  std::unique_ptr<PsClient> w1 = Worker(1, reg);
+  ASSERT_TRUE(w0 && w1);
+  std::vector<std::vector<float>> g0 = GradientsOfRank(reg, 0);
+  std::vector<std::vector<float>> g1 = GradientsOfRank(reg, 1);
+
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g0), 8, 0).ok());
+  EXPECT_FALSE(w0->last_push_dropped());
+  std::vector<std::vector<float>> params = NewParams();
+  std::future<Status> pull = PullAsync(*w0, params, 1);
+  EXPECT_EQ(pull.wait_for(kStillParked), std::future_status::timeout)
+      << "the pull for version 1 was answered before rank 1 pushed";
+
+  ASSERT_TRUE(w1->Push(Pointers<const float>(g1), 8, 0).ok());
+  ASSERT_EQ(pull.wait_for(kWait), std::future_status::ready);
+  Status pulled = pull.get();
+  ASSERT_TRUE(pulled.ok()) << pulled.ToString();
+  EXPECT_EQ(w0->last_version(), 1);
+  const std::vector<std::vector<float>> init = InitialValues(reg);
+  for (size_t v = 0; v < params.size(); ++v) {
+    for (size_t i = 0; i < params[v].size(); ++i) {
+      const float mean = (g0[v][i] + g1[v][i]) * 0.5f;
+      EXPECT_FLOAT_EQ(params[v][i], init[v][i] - kLearningRate * mean)
+          << reg.variables[v].name << "[" << i << "]";
+    }
+  }
+  const ShardStats stats = StatsOf(*w0);
+  EXPECT_EQ(stats.version, 1);
+  EXPECT_EQ(stats.examples, 16);
+  EXPECT_EQ(stats.mode, "sync");
+  EXPECT_EQ(stats.live_workers, 2);
+  EXPECT_GE(stats.blocked_pulls, 1);
+}
+
+TEST_F(ModeServerTest, SyncGradientForAnAppliedStepIsDroppedAndASecondForTheOpenStepRefused) {
+  ASSERT_TRUE(Start(ModeOptions("sync", 2)));
+  const ModelRegistration reg = ModeModel("sync");
+  std::unique_ptr<PsClient> w0 = Worker(0, reg);
+  std::unique_ptr<PsClient> w1 = Worker(1, reg);
+  ASSERT_TRUE(w0 && w1);
+  std::vector<std::vector<float>> g0 = GradientsOfRank(reg, 0);
+  std::vector<std::vector<float>> g1 = GradientsOfRank(reg, 1);
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g0), 8, 0).ok());
+  ASSERT_TRUE(w1->Push(Pointers<const float>(g1), 8, 0).ok());
+  std::vector<std::vector<float>> after_step = NewParams();
+  ASSERT_TRUE(w0->Pull(Pointers<float>(after_step), 1).ok());
+  ASSERT_EQ(w0->last_version(), 1);
+
+  // Step 0 is applied: another gradient computed from version 0 is stale.
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g0), 8, 0).ok());
+  EXPECT_TRUE(w0->last_push_dropped());
+  // Step 1 is open: rank 0's first gradient joins it, its second is refused.
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g0), 8, 1).ok());
+  EXPECT_FALSE(w0->last_push_dropped());
+  Status duplicate = w0->Push(Pointers<const float>(g1), 8, 1);
+  EXPECT_EQ(duplicate.code(), StatusCode::kFailedPrecondition) << duplicate.ToString();
+  EXPECT_TRUE(Contains(duplicate.message(), "rank 0")) << duplicate.message();
+  EXPECT_EQ(server_->Rejected(RejectReason::kDuplicate), 1.0);
+
+  std::vector<std::vector<float>> params = NewParams();
+  ASSERT_TRUE(w0->Pull(Pointers<float>(params), 1).ok());
+  EXPECT_EQ(w0->last_version(), 1);
+  EXPECT_EQ(params, after_step) << "the dropped or refused gradient changed the model";
+  ShardStats stats = StatsOf(*w0);
+  EXPECT_EQ(stats.dropped_stale, 1);
+  ASSERT_EQ(stats.workers.size(), 2u);
+  EXPECT_EQ(stats.workers[0].dropped, 1);
+  EXPECT_EQ(stats.workers[0].gradients, 2);  // step 0 and step 1
+  EXPECT_EQ(stats.workers[1].gradients, 1);
+
+  // Rank 1 completes step 1 with rank 0's first gradient for it, not the refused one.
+  ASSERT_TRUE(w1->Push(Pointers<const float>(g1), 8, 1).ok());
+  ASSERT_TRUE(w0->Pull(Pointers<float>(params), 2).ok());
+  EXPECT_EQ(w0->last_version(), 2);
+  for (size_t v = 0; v < params.size(); ++v) {
+    for (size_t i = 0; i < params[v].size(); ++i) {
+      const float mean = (g0[v][i] + g1[v][i]) * 0.5f;
+      EXPECT_FLOAT_EQ(params[v][i], after_step[v][i] - kLearningRate * mean)
+          << reg.variables[v].name << "[" << i << "]";
+    }
+  }
+}
+
+TEST_F(ModeServerTest, SyncPullTimesOutAfterTheBarrierTimeoutNamingTheMissingRank) {
+  ServerOptions options = ModeOptions("sync", 3);
+  options.barrier_timeout = milliseconds(1500);
+  ASSERT_TRUE(Start(options));
+  const ModelRegistration reg = ModeModel("sync");
+  std::unique_ptr<PsClient> w0 = Worker(0, reg);
+  std::unique_ptr<PsClient> w2 = Worker(2, reg);
+  ASSERT_TRUE(w0 && w2);
+  std::vector<std::vector<float>> g = Gradients(reg);
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g), 8, 0).ok());
+  ASSERT_TRUE(w2->Push(Pointers<const float>(g), 8, 0).ok());
+
+  std::vector<std::vector<float>> params = NewParams();
+  const auto start = std::chrono::steady_clock::now();
+  Status s = w0->Pull(Pointers<float>(params), 1);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(s.code(), StatusCode::kTimedOut) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "missing ranks: 1)")) << s.message();
+  EXPECT_GE(waited, options.barrier_timeout);
+  EXPECT_LT(waited, options.barrier_timeout + milliseconds(1000));
+  EXPECT_EQ(server_->Rejected(RejectReason::kBarrierTimeout), 1.0);
+}
+
+TEST_F(ModeServerTest, SilentWorkerIsDeclaredDeadAndTheBarrierGoesOnWithoutItUntilItReturns) {
+  ServerOptions options = ModeOptions("sync", 2);
+  options.worker_timeout = milliseconds(300);
+  ASSERT_TRUE(Start(options));
+  const ModelRegistration reg = ModeModel("sync");
+  // Rank 0 heartbeats, as a worker does from its own thread; rank 1 is never heard from.
+  auto beats0 = Heartbeater::Start(context_, {server_->endpoint()}, 0, milliseconds(50));
+  ASSERT_TRUE(beats0.ok());
+  std::unique_ptr<PsClient> w0 = Worker(0, reg);
+  ASSERT_TRUE(w0);
+  std::vector<std::vector<float>> g = Gradients(reg);
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g), 8, 0).ok());
+
+  std::vector<std::vector<float>> params = NewParams();
+  Status pulled = w0->Pull(Pointers<float>(params), 1);  // bounded by blocking_timeout
+  ASSERT_TRUE(pulled.ok()) << pulled.ToString();
+  EXPECT_EQ(w0->last_version(), 1);
+  const std::vector<std::vector<float>> init = InitialValues(reg);
+  for (size_t v = 0; v < params.size(); ++v) {
+    for (size_t i = 0; i < params[v].size(); ++i) {
+      EXPECT_FLOAT_EQ(params[v][i], init[v][i] - kLearningRate * g[v][i]);
+    }
+  }
+  ShardStats stats = StatsOf(*w0);
+  EXPECT_EQ(stats.live_workers, 1);
+  EXPECT_EQ(stats.workers_declared_dead, 1);
+  ASSERT_EQ(stats.workers.size(), 2u);
+  EXPECT_TRUE(stats.workers[0].live);
+  EXPECT_FALSE(stats.workers[1].live);
+
+  // Rank 1 speaks: it is live again, at the slowest live clock (rank 0's: 1).
+  auto beats1 = Heartbeater::Start(context_, {server_->endpoint()}, 1, milliseconds(50));
+  ASSERT_TRUE(beats1.ok());
+  RawPeer peer(context_, server_->endpoint());
+  Header heartbeat;
+  heartbeat.type = MsgType::kHeartbeat;
+  heartbeat.rank = 1;
+  peer.SendHeader(heartbeat);
+  Result<Header> reply = peer.Receive();
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  EXPECT_TRUE(reply->status.ok()) << reply->status.ToString();
+  stats = StatsOf(*w0);
+  EXPECT_EQ(stats.live_workers, 2);
+  EXPECT_EQ(stats.workers_declared_dead, 1);
+  ASSERT_EQ(stats.workers.size(), 2u);
+  EXPECT_TRUE(stats.workers[1].live);
+  EXPECT_EQ(stats.workers[1].clock, 1);
+}
+
+TEST_F(ModeServerTest, LeaveOfTheOtherRankReleasesAParkedSyncPull) {
+  ASSERT_TRUE(Start(ModeOptions("sync", 2)));
+  const ModelRegistration reg = ModeModel("sync");
+  std::unique_ptr<PsClient> w0 = Worker(0, reg);
+  std::unique_ptr<PsClient> w1 = Worker(1, reg);
+  ASSERT_TRUE(w0 && w1);
+  std::vector<std::vector<float>> g = Gradients(reg);
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g), 8, 0).ok());
+  std::vector<std::vector<float>> params = NewParams();
+  std::future<Status> pull = PullAsync(*w0, params, 1);
+  EXPECT_EQ(pull.wait_for(kStillParked), std::future_status::timeout);
+
+  ASSERT_TRUE(w1->Leave().ok());
+  ASSERT_EQ(pull.wait_for(kWait), std::future_status::ready);
+  Status pulled = pull.get();
+  ASSERT_TRUE(pulled.ok()) << pulled.ToString();
+  EXPECT_EQ(w0->last_version(), 1);
+  const std::vector<std::vector<float>> init = InitialValues(reg);
+  EXPECT_FLOAT_EQ(params[1][3], init[1][3] - kLearningRate * g[1][3]);
+
+  // Later steps need rank 0 alone.
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g), 8, 1).ok());
+  ASSERT_TRUE(w0->Pull(Pointers<float>(params), 2).ok());
+  EXPECT_EQ(w0->last_version(), 2);
+  const ShardStats stats = StatsOf(*w0);
+  EXPECT_EQ(stats.live_workers, 1);
+  EXPECT_EQ(stats.workers_declared_dead, 0);
+}
+
+TEST_F(ModeServerTest, SspPullOfARankTooFarAheadWaitsForTheSlowRank) {
+  ASSERT_TRUE(Start(ModeOptions("ssp:1", 2)));
+  const ModelRegistration reg = ModeModel("ssp:1");
+  std::unique_ptr<PsClient> w0 = Worker(0, reg);
+  std::unique_ptr<PsClient> w1 = Worker(1, reg);
+  ASSERT_TRUE(w0 && w1);
+  std::vector<std::vector<float>> g = Gradients(reg);
+  std::vector<std::vector<float>> params = NewParams();
+  ASSERT_TRUE(w0->Pull(Pointers<float>(params)).ok());  // clock 0: within the bound
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g), 8, 0).ok());
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g), 8, 1).ok());
+  // Rank 0 is at clock 2, rank 1 at 0: more than one ahead.
+  std::future<Status> pull = PullAsync(*w0, params, 0);
+  EXPECT_EQ(pull.wait_for(kStillParked), std::future_status::timeout)
+      << "rank 0 read while two clocks ahead of rank 1 under ssp:1";
+
+  ASSERT_TRUE(w1->Push(Pointers<const float>(g), 8, 0).ok());
+  ASSERT_EQ(pull.wait_for(kWait), std::future_status::ready);
+  Status pulled = pull.get();
+  ASSERT_TRUE(pulled.ok()) << pulled.ToString();
+  EXPECT_EQ(w0->last_version(), 3);  // ssp applies every gradient on arrival
+  const ShardStats stats = StatsOf(*w0);
+  EXPECT_LE(stats.max_clock_staleness, 1);
+  EXPECT_GE(stats.blocked_pulls, 1);
+  EXPECT_EQ(stats.mode, "ssp:1");
+  ASSERT_EQ(stats.workers.size(), 2u);
+  EXPECT_EQ(stats.workers[0].clock, 2);
+  EXPECT_EQ(stats.workers[1].clock, 1);
+}
+
+TEST_F(ModeServerTest, RegisterWithAnotherModeIsFailedPreconditionNamingBothModes) {
+  ASSERT_TRUE(Start(ModeOptions("sync", 2)));
+  PsClientOptions options;
+  options.ps_addresses = {server_->endpoint()};
+  options.rank = 0;
+  options.request_timeout = kWait;
+  auto client = PsClient::Connect(context_, options);
+  ASSERT_TRUE(client.ok());
+  Status s = (*client)->Register(ModeModel("async"), kWait);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  std::string message = s.message();
+  const size_t theirs = message.find("async");  // "sync" is part of "async": find it first
+  ASSERT_NE(theirs, std::string::npos) << s.message();
+  message.erase(theirs, 5);
+  EXPECT_TRUE(Contains(message, "sync")) << s.message();
+  EXPECT_EQ(server_->Rejected(RejectReason::kRegisterMismatch), 1.0);
+  const ShardStats stats = StatsOf(**client);
+  EXPECT_FALSE(stats.registered);
+}
+
+TEST_F(ModeServerTest, PullFromARankOutsideTheClusterIsInvalidArgument) {
+  ASSERT_TRUE(Start(ModeOptions("sync", 2)));
+  std::unique_ptr<PsClient> w0 = Worker(0, ModeModel("sync"));
+  ASSERT_TRUE(w0);
+  RawPeer peer(context_, server_->endpoint());
+  Header pull;
+  pull.type = MsgType::kPull;
+  pull.rank = 7;
+  pull.slices = {{0, 0, 50}};
+  peer.SendHeader(pull);
+  Result<Header> reply = peer.Receive();
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  EXPECT_EQ(reply->status.code(), StatusCode::kInvalidArgument) << reply->status.ToString();
+  EXPECT_TRUE(Contains(reply->status.message(), "rank 7")) << reply->status.message();
+  EXPECT_EQ(server_->Rejected(RejectReason::kBadRank), 1.0);
+  const ShardStats stats = StatsOf(*w0);
+  EXPECT_EQ(stats.live_workers, 2);
+  EXPECT_EQ(stats.blocked_pulls, 0);
 }
 
 }  // namespace

@@ -539,5 +539,203 @@ TEST(RejectReasonTest, EveryReasonHasADistinctName) {
   EXPECT_EQ(RejectReasonName(RejectReason::kMalformed), "malformed");
 }
 
+
+// --- sync: Accumulate and ApplyAccumulated; lr_scale ---
+
+// Validates `push` as a push and adds it to the shard's current sync step.
+Status DoAccumulate(Shard& shard, const Push& push, RejectReason* reason) {
+  std::vector<size_t> sizes;
+  for (const auto& g : push.grads) sizes.push_back(g.size() * sizeof(float));
+  PARASYNC_RETURN_IF_ERROR(
+      shard.ValidateRanges(push.ranges, push.dtype, std::span<const size_t>(sizes), reason));
+  std::vector<const float*> ptrs;
+  for (const auto& g : push.grads) ptrs.push_back(g.data());
+  return shard.Accumulate(push.ranges, ptrs, push.batch_examples, reason);
+}
+
+// A gradient for every slice of `shard`, whole: Ramp(length, scale) per slice.
+Push WholeShardPush(const Shard& shard, float scale) {
+  Push p{{}, {}};
+  for (uint32_t id : MapOf(shard).SlicesOfShard(shard.shard_index())) {
+    const int64_t length = MapOf(shard).slices()[id].length;
+    p.ranges.push_back({id, 0, length});
+    p.grads.push_back(Ramp(length, scale));
+  }
+  return p;
+}
+
+TEST(ShardSyncTest, ApplyAccumulatedOfThreeGradientsIsSgdWithTheirMean) {
+  Shard shard(0, 1);
+  const ModelRegistration reg = SmallModel(1);
+  MustRegister(shard, reg);
+  const Snapshot before = Take(shard);
+  const float scales[] = {1.0f, -2.0f, 4.5f};
+  std::vector<Push> pushes;
+  for (float scale : scales) pushes.push_back(WholeShardPush(shard, scale));
+  RejectReason reason = RejectReason::kNone;
+  for (const Push& p : pushes) ASSERT_TRUE(DoAccumulate(shard, p, &reason).ok());
+  EXPECT_EQ(Take(shard), before) << "Accumulate must not change the values";
+
+  shard.ApplyAccumulated(3);
+  const Snapshot after = Take(shard);
+  const double lr = reg.optimizer.learning_rate;
+  const std::vector<SliceRange>& ranges = pushes[0].ranges;
+  ASSERT_EQ(ranges.size(), after.values.size());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const uint32_t id = ranges[i].slice_id;
+    for (size_t k = 0; k < after.values[id].size(); ++k) {
+      double mean = 0.0;
+      for (const Push& p : pushes) mean += static_cast<double>(p.grads[i][k]);
+      mean /= 3.0;
+      const double want = static_cast<double>(before.values[id][k]) - lr * mean;
+      EXPECT_NEAR(after.values[id][k], want, 1e-6) << "slice " << id << " element " << k;
+    }
+  }
+}
+
+TEST(ShardSyncTest, VersionAndExamplesAdvanceOncePerApplyAccumulated) {
+  Shard shard(0, 1);
+  MustRegister(shard, SmallModel(1));
+  RejectReason reason = RejectReason::kNone;
+  Push p = WholeShardPush(shard, 1.0f);
+  p.batch_examples = 8;
+  ASSERT_TRUE(DoAccumulate(shard, p, &reason).ok());
+  p.batch_examples = 24;
+  ASSERT_TRUE(DoAccumulate(shard, p, &reason).ok());
+  EXPECT_EQ(shard.version(), 0);
+  EXPECT_EQ(shard.examples(), 0);
+  shard.ApplyAccumulated(2);
+  EXPECT_EQ(shard.version(), 1);
+  EXPECT_EQ(shard.examples(), 32);
+  p.batch_examples = 5;
+  ASSERT_TRUE(DoAccumulate(shard, p, &reason).ok());
+  shard.ApplyAccumulated(1);
+  EXPECT_EQ(shard.version(), 2);
+  EXPECT_EQ(shard.examples(), 37);
+}
+
+TEST(ShardSyncTest, ApplyAccumulatedClearsTheSumForTheNextStep) {
+  // Step 1 averages {g, 3g}; step 2 gets only -g. A sum left over from step 1 would show.
+  Shard shard(0, 1);
+  Shard twin(0, 1);
+  MustRegister(shard, SmallModel(1));
+  MustRegister(twin, SmallModel(1));
+  RejectReason reason = RejectReason::kNone;
+  ASSERT_TRUE(DoAccumulate(shard, WholeShardPush(shard, 1.0f), &reason).ok());
+  ASSERT_TRUE(DoAccumulate(shard, WholeShardPush(shard, 3.0f), &reason).ok());
+  shard.ApplyAccumulated(2);
+  ASSERT_TRUE(DoAccumulate(shard, WholeShardPush(shard, -1.0f), &reason).ok());
+  shard.ApplyAccumulated(1);
+  ASSERT_TRUE(DoPush(twin, WholeShardPush(twin, 2.0f), &reason).ok());
+  ASSERT_TRUE(DoPush(twin, WholeShardPush(twin, -1.0f), &reason).ok());
+  const Snapshot got = Take(shard);
+  const Snapshot want = Take(twin);
+  for (size_t id = 0; id < got.values.size(); ++id) {
+    ASSERT_EQ(got.values[id].size(), want.values[id].size());
+    for (size_t k = 0; k < got.values[id].size(); ++k) {
+      EXPECT_FLOAT_EQ(got.values[id][k], want.values[id][k]) << "slice " << id << " [" << k << "]";
+    }
+  }
+  EXPECT_EQ(got.version, 2);
+}
+
+TEST(ShardSyncTest, ApplyWithLrScaleHalfEqualsSgdWithHalfTheLearningRate) {
+  Shard scaled(0, 1);
+  Shard halved(0, 1);
+  Shard plain(0, 1);
+  MustRegister(scaled, SmallModel(1));
+  ModelRegistration half = SmallModel(1);
+  half.optimizer.learning_rate = SmallModel(1).optimizer.learning_rate / 2;
+  MustRegister(halved, half);
+  MustRegister(plain, SmallModel(1));
+  const Push p = WholeShardPush(scaled, 1.0f);
+  std::vector<const float*> ptrs;
+  for (const auto& g : p.grads) ptrs.push_back(g.data());
+  RejectReason reason = RejectReason::kNone;
+  ASSERT_TRUE(scaled.Apply(p.ranges, ptrs, 8, &reason, 0.5f).ok());
+  ASSERT_TRUE(halved.Apply(p.ranges, ptrs, 8, &reason).ok());
+  ASSERT_TRUE(plain.Apply(p.ranges, ptrs, 8, &reason).ok());
+  EXPECT_EQ(Take(scaled), Take(halved));
+  EXPECT_NE(Take(scaled).values, Take(plain).values);
+}
+
+// Rejected contributions to a sync step: like ShardRejectTest, the bad gradient goes to
+// `shard_` only; afterwards nothing visible may have changed, and a good step (two whole
+// gradients, averaged) must give exactly what it gives on the twin — so the step's hidden
+// sum was not touched either.
+class ShardAccumulateRejectTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MustRegister(shard_, SmallModel(2, OptimizerKind::kAdam));
+    MustRegister(twin_, SmallModel(2, OptimizerKind::kAdam));
+    ASSERT_TRUE(shard_.registered());
+    ASSERT_GE(MapOf(shard_).SlicesOfShard(0).size(), 2u);
+    GoodStep();
+  }
+
+  void GoodStep() {
+    RejectReason reason = RejectReason::kNone;
+    for (Shard* s : {&shard_, &twin_}) {
+      ASSERT_TRUE(DoAccumulate(*s, WholeShardPush(*s, 1.0f), &reason).ok());
+      ASSERT_TRUE(DoAccumulate(*s, WholeShardPush(*s, -0.5f), &reason).ok());
+      s->ApplyAccumulated(2);
+    }
+  }
+
+  void ExpectRejected(const Push& bad, RejectReason want) {
+    const Snapshot before = Take(shard_);
+    RejectReason reason = RejectReason::kNone;
+    Status s = DoAccumulate(shard_, bad, &reason);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_EQ(reason, want) << "got reason " << RejectReasonName(reason);
+    EXPECT_FALSE(s.message().empty());
+    EXPECT_EQ(Take(shard_), before) << "a rejected gradient changed the shard";
+    GoodStep();
+    EXPECT_EQ(Take(shard_), Take(twin_)) << "a rejected gradient entered the step's sum";
+  }
+
+  Shard shard_{0, 2};
+  Shard twin_{0, 2};
+};
+
+TEST_F(ShardAccumulateRejectTest, PushMissingASliceIsPartial) {
+  Push p = WholeShardPush(shard_, 2.0f);
+  p.ranges.pop_back();
+  p.grads.pop_back();
+  ExpectRejected(p, RejectReason::kPartial);
+  Push first_missing = WholeShardPush(shard_, 2.0f);
+  first_missing.ranges.erase(first_missing.ranges.begin());
+  first_missing.grads.erase(first_missing.grads.begin());
+  ExpectRejected(first_missing, RejectReason::kPartial);
+}
+
+TEST_F(ShardAccumulateRejectTest, PushOfPartOfASliceIsPartial) {
+  Push late_begin = WholeShardPush(shard_, 2.0f);
+  late_begin.ranges[0].begin = 1;
+  late_begin.ranges[0].count -= 1;
+  late_begin.grads[0].pop_back();
+  ExpectRejected(late_begin, RejectReason::kPartial);
+  Push short_count = WholeShardPush(shard_, 2.0f);
+  short_count.ranges.back().count -= 1;
+  short_count.grads.back().pop_back();
+  ExpectRejected(short_count, RejectReason::kPartial);
+}
+
+TEST_F(ShardAccumulateRejectTest, EmptyPushIsPartial) {
+  ExpectRejected(Push{{}, {}}, RejectReason::kPartial);
+}
+
+TEST_F(ShardAccumulateRejectTest, NanInTheLastSliceIsNonFinite) {
+  Push p = WholeShardPush(shard_, 2.0f);
+  p.grads.back().back() = std::numeric_limits<float>::quiet_NaN();
+  ExpectRejected(p, RejectReason::kNonFinite);
+}
+
+TEST_F(ShardAccumulateRejectTest, InfIsNonFinite) {
+  Push p = WholeShardPush(shard_, 2.0f);
+  p.grads[0][0] = -std::numeric_limits<float>::infinity();
+  ExpectRejected(p, RejectReason::kNonFinite);
+}
+
 }  // namespace
 }  // namespace parasync

@@ -1,0 +1,55 @@
+#include "common/mode.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace parasync {
+namespace {
+
+TEST(TrainingModeTest, DefaultIsAsync) {
+  const TrainingMode m;
+  EXPECT_EQ(m.kind, TrainingMode::Kind::kAsync);
+  EXPECT_EQ(m.ToString(), "async");
+}
+
+TEST(TrainingModeTest, ParseReadsEachKind) {
+  Result<TrainingMode> async = TrainingMode::Parse("async");
+  ASSERT_TRUE(async.ok()) << async.status().ToString();
+  EXPECT_EQ(async->kind, TrainingMode::Kind::kAsync);
+
+  Result<TrainingMode> sync = TrainingMode::Parse("sync");
+  ASSERT_TRUE(sync.ok()) << sync.status().ToString();
+  EXPECT_EQ(sync->kind, TrainingMode::Kind::kSync);
+
+  Result<TrainingMode> ssp = TrainingMode::Parse("ssp:3");
+  ASSERT_TRUE(ssp.ok()) << ssp.status().ToString();
+  EXPECT_EQ(ssp->kind, TrainingMode::Kind::kSsp);
+  EXPECT_EQ(ssp->staleness, 3);
+}
+
+TEST(TrainingModeTest, ParseOfToStringGivesTheSameModeBack) {
+  for (const std::string text : {"async", "sync", "ssp:0", "ssp:1", "ssp:42", "ssp:1000000"}) {
+    Result<TrainingMode> m = TrainingMode::Parse(text);
+    ASSERT_TRUE(m.ok()) << text << ": " << m.status().ToString();
+    EXPECT_EQ(m->ToString(), text);
+    Result<TrainingMode> again = TrainingMode::Parse(m->ToString());
+    ASSERT_TRUE(again.ok()) << text;
+    EXPECT_EQ(*again, *m) << text;
+  }
+}
+
+TEST(TrainingModeTest, ParseOfAnythingElseIsInvalidArgumentQuotingTheText) {
+  for (const std::string text : {"", "ssp:", "ssp:-1", "ssp:x", "ssp:1x", "ssp:+1", "ssp: 1",
+                                 "ssp:1000001", "ssp:99999999999999999999", "ssp", "SYNC",
+                                 "Async", " sync", "sync ", "bsp"}) {
+    Result<TrainingMode> m = TrainingMode::Parse(text);
+    ASSERT_FALSE(m.ok()) << "'" << text << "' was accepted as " << m->ToString();
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(m.status().message().find("'" + text + "'"), std::string::npos)
+        << m.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace parasync

@@ -1,0 +1,370 @@
+// Issue-3 acceptance with real processes over loopback: sync equals large-batch SGD, the ssp
+// bound holds against a straggler, backup workers and dead workers do not stop training,
+// uneven shards never deadlock, and every mode runs through parasync-launch.
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/process_util.h"
+#include "worker/compute/backend.h"
+#include "worker/data/dataset.h"
+#include "worker/model/mlp.h"
+#include "worker/ps_client.h"
+
+namespace parasync {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Child;
+using testing::ExitCode;
+using testing::TempDir;
+
+std::string Join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+// Parameter servers and workers started by the test itself, so it can stop, kill, restart
+// and inspect any of them while the servers outlive the workers.
+class Cluster {
+ public:
+  Cluster(int num_ps, int num_workers, const std::string& mode, std::vector<std::string> ps_args,
+          const TempDir& dir)
+      : mode_(mode), dir_(dir.path()) {
+    auto ports = testing::FreePorts(num_ps + num_workers);
+    for (int i = 0; i < num_ps; ++i) ps_.push_back("127.0.0.1:" + std::to_string(ports[i]));
+    for (int i = 0; i < num_workers; ++i) {
+      workers_.push_back("127.0.0.1:" + std::to_string(ports[num_ps + i]));
+    }
+    for (int i = 0; i < num_ps; ++i) {
+      std::vector<std::string> argv = {testing::BinDir() + "/parasync-ps", "--ps-hosts",
+                                       Join(ps_), "--worker-hosts", Join(workers_),
+                                       "--task-index", std::to_string(i), "--mode", mode};
+      argv.insert(argv.end(), ps_args.begin(), ps_args.end());
+      ps_children_.push_back(Child::Start(argv, Log("ps" + std::to_string(i))));
+    }
+    worker_children_.resize(static_cast<size_t>(num_workers));
+  }
+
+  // Starts (or restarts) worker `rank` with the common training flags plus `args`.
+  void StartWorker(int rank, const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {testing::BinDir() + "/parasync-worker", "--ps-hosts",
+                                     Join(ps_), "--worker-hosts", Join(workers_), "--task-index",
+                                     std::to_string(rank), "--mode", mode_, "--data",
+                                     testing::DataDir(), "--log-dir", dir_,
+                                     "--heartbeat-interval", "0.2"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    worker_children_[static_cast<size_t>(rank)].reset();  // reaps a previous incarnation
+    worker_children_[static_cast<size_t>(rank)] =
+        std::make_unique<Child>(Child::Start(argv, Log("worker" + std::to_string(rank))));
+  }
+
+  Child& worker(int rank) { return *worker_children_[static_cast<size_t>(rank)]; }
+
+  // Waits for every running worker to exit; returns their exit codes (or -1 on timeout).
+  std::vector<int> WaitWorkers(std::chrono::seconds timeout) {
+    std::vector<int> codes;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (auto& w : worker_children_) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      auto s = w->Wait(std::max(left, std::chrono::milliseconds(0)));
+      codes.push_back(s ? ExitCode(*s) : -1);
+    }
+    return codes;
+  }
+
+  std::unique_ptr<PsClient> Client(zmq::context_t& ctx) {
+    PsClientOptions o;
+    o.ps_addresses = ps_;
+    o.rank = -1;  // a tool: reads, takes no part in barriers
+    o.request_timeout = 10s;
+    auto c = PsClient::Connect(ctx, o);
+    EXPECT_TRUE(c.ok());
+    return std::move(c).value();
+  }
+
+  // Shard statistics; all shards agree on the counters the tests read from shard 0.
+  std::vector<ShardStats> Stats(PsClient& client) {
+    auto s = client.Stats();
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? *s : std::vector<ShardStats>{};
+  }
+
+  std::string Log(const std::string& name) const { return dir_ + "/" + name + ".log"; }
+  std::string Dump() const {
+    std::string out;
+    for (size_t i = 0; i < ps_children_.size(); ++i) {
+      out += "--- ps" + std::to_string(i) + "\n" + testing::ReadFile(Log("ps" + std::to_string(i)));
+    }
+    for (size_t i = 0; i < worker_children_.size(); ++i) {
+      out += "--- worker" + std::to_string(i) + "\n" +
+             testing::ReadFile(Log("worker" + std::to_string(i)));
+    }
+    return out;
+  }
+
+ private:
+  std::string mode_;
+  std::string dir_;
+  std::vector<std::string> ps_;
+  std::vector<std::string> workers_;
+  std::vector<Child> ps_children_;
+  std::vector<std::unique_ptr<Child>> worker_children_;
+};
+
+// What parasync-worker registers for these flags (see worker/main.cc).
+ModelRegistration WorkerRegistration(const std::string& widths, float lr, int shards,
+                                     const std::string& mode) {
+  ModelRegistration reg;
+  reg.variables = MlpVariables(*ParseMlpWidths(widths));
+  reg.optimizer.kind = OptimizerKind::kSgd;
+  reg.optimizer.learning_rate = lr;
+  reg.seed = 42;
+  reg.num_shards = shards;
+  reg.mode = mode;
+  return reg;
+}
+
+struct Params {
+  explicit Params(const std::vector<VariableSpec>& vars) {
+    for (const auto& v : vars) data.emplace_back(static_cast<size_t>(v.num_elements()));
+    for (auto& d : data) ptrs.push_back(d.data());
+    for (auto& d : data) cptrs.push_back(d.data());
+  }
+  std::vector<std::vector<float>> data;
+  std::vector<float*> ptrs;
+  std::vector<const float*> cptrs;
+};
+
+TEST(SyncModeTest, FourWorkersEqualOneProcessDoingSgdWithFourTimesTheBatch) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  constexpr int kWorkers = 4, kBatch = 16, kSteps = 20;
+  constexpr float kLr = 0.1f;
+  const std::string widths = "784-32-10";
+  TempDir dir;
+  Cluster cluster(2, kWorkers, "sync", {}, dir);
+  zmq::context_t ctx;
+  auto client = cluster.Client(ctx);
+  const ModelRegistration reg = WorkerRegistration(widths, kLr, 2, "sync");
+  ASSERT_TRUE(client->Register(reg, 20s).ok());
+  Params start(reg.variables);
+  ASSERT_TRUE(client->Pull(start.ptrs).ok());
+
+  for (int r = 0; r < kWorkers; ++r) {
+    cluster.StartWorker(r, {"--model", widths, "--optimizer", "sgd", "--lr", "0.1",
+                            "--batch-size", std::to_string(kBatch), "--no-shuffle",
+                            "--max-steps", std::to_string(kSteps), "--epochs", "1"});
+  }
+  for (int code : cluster.WaitWorkers(120s)) ASSERT_EQ(code, 0) << cluster.Dump();
+  Params trained(reg.variables);
+  ASSERT_TRUE(client->Pull(trained.ptrs).ok());
+  auto stats = cluster.Stats(*client);
+  ASSERT_FALSE(stats.empty());
+  EXPECT_EQ(stats[0].version, kSteps);  // one optimizer step per 4 gradients
+  EXPECT_EQ(stats[0].examples, kSteps * kWorkers * kBatch);
+
+  // One process: SGD with batch 4b. Worker r's step t used examples 4(16t+j)+r, j < 16;
+  // together the contiguous block [64t, 64t+64).
+  auto data = LoadIdxDataset(testing::DataDir(), "train");
+  ASSERT_TRUE(data.ok());
+  auto backend = CreateCpuBackend(*ParseMlpWidths(widths));
+  ASSERT_TRUE(backend.ok());
+  Params reference(reg.variables), grad(reg.variables);
+  reference.data = start.data;
+  const int big = kWorkers * kBatch;
+  std::vector<float> x(static_cast<size_t>(big * data->dim));
+  std::vector<uint8_t> y(static_cast<size_t>(big));
+  for (int t = 0; t < kSteps; ++t) {
+    std::vector<int64_t> idx(static_cast<size_t>(big));
+    for (int j = 0; j < big; ++j) idx[static_cast<size_t>(j)] = int64_t{big} * t + j;
+    GatherBatch(*data, idx, x.data(), y.data());
+    ASSERT_TRUE((*backend)->ForwardBackward(reference.cptrs, x.data(), y.data(), big, grad.ptrs).ok());
+    for (size_t v = 0; v < reference.data.size(); ++v) {
+      for (size_t i = 0; i < reference.data[v].size(); ++i) {
+        reference.data[v][i] -= kLr * grad.data[v][i];
+      }
+    }
+  }
+  double max_diff = 0, max_move = 0;
+  for (size_t v = 0; v < reference.data.size(); ++v) {
+    for (size_t i = 0; i < reference.data[v].size(); ++i) {
+      max_diff = std::max(max_diff, double{std::fabs(trained.data[v][i] - reference.data[v][i])});
+      max_move = std::max(max_move, double{std::fabs(trained.data[v][i] - start.data[v][i])});
+    }
+  }
+  std::cout << "max |sync - one-process SGD| = " << max_diff << ", largest parameter move "
+            << max_move << "\n";
+  EXPECT_LE(max_diff, 1e-5) << "sync training differs from batch-64 SGD";
+  EXPECT_GT(max_move, 1e-3) << "the parameters did not move: the comparison proves nothing";
+}
+
+TEST(SspModeTest, StragglerNeverCausesClockStalenessAboveTheBoundAndFastWorkersBlock) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  TempDir dir;
+  Cluster cluster(2, 3, "ssp:2", {}, dir);
+  const std::vector<std::string> common = {"--model", "784-32-10", "--batch-size", "16",
+                                           "--max-steps", "60", "--epochs", "1"};
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> args = common;
+    if (r == 2) args.insert(args.end(), {"--step-delay-ms", "30"});  // the straggler
+    cluster.StartWorker(r, args);
+  }
+  for (int code : cluster.WaitWorkers(120s)) ASSERT_EQ(code, 0) << cluster.Dump();
+  zmq::context_t ctx;
+  auto client = cluster.Client(ctx);
+  for (const ShardStats& s : cluster.Stats(*client)) {
+    EXPECT_EQ(s.mode, "ssp:2");
+    EXPECT_LE(s.max_clock_staleness, 2) << "shard " << s.shard;
+    EXPECT_GT(s.blocked_pulls, 0) << "the fast workers never waited for the straggler";
+    ASSERT_EQ(s.workers.size(), 3u);
+    for (const WorkerStats& w : s.workers) EXPECT_EQ(w.gradients, 60);
+  }
+}
+
+TEST(SyncModeTest, BackupWorkersKeepTrainingWhileOneIsStoppedAndItsLateGradientIsDropped) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  TempDir dir;
+  Cluster cluster(1, 4, "sync", {"--replicas-to-aggregate", "3", "--worker-timeout", "2"}, dir);
+  for (int r = 0; r < 4; ++r) {
+    std::vector<std::string> args = {"--model", "784-32-10", "--batch-size", "16",
+                                     "--max-steps", "300", "--epochs", "1",
+                                     "--step-delay-ms", r == 3 ? "40" : "5"};
+    cluster.StartWorker(r, args);
+  }
+  zmq::context_t ctx;
+  auto client = cluster.Client(ctx);
+  auto version = [&] {
+    auto s = cluster.Stats(*client);
+    return s.empty() ? int64_t{-1} : s[0].version;
+  };
+  ASSERT_TRUE(testing::WaitFor([&] { return version() >= 10; }, 60s)) << cluster.Dump();
+
+  cluster.worker(3).Signal(SIGSTOP);
+  const int64_t at_stop = version();
+  // Training goes on without it: 3 of 4 gradients complete a step.
+  ASSERT_TRUE(testing::WaitFor([&] { return version() >= at_stop + 30; }, 30s))
+      << "training stalled with one backup worker stopped\n" << cluster.Dump();
+  const int64_t dropped_before = cluster.Stats(*client)[0].workers[3].dropped;
+  cluster.worker(3).Signal(SIGCONT);
+
+  for (int code : cluster.WaitWorkers(120s)) ASSERT_EQ(code, 0) << cluster.Dump();
+  const ShardStats s = cluster.Stats(*client)[0];
+  EXPECT_GT(s.dropped_stale, 0);
+  EXPECT_GT(s.workers[3].dropped, dropped_before)
+      << "the stopped worker's gradient for an old step was not dropped when it resumed";
+}
+
+TEST(SyncModeTest, KilledWorkerIsDroppedWithinTheTimeoutAndARestartedOneRejoins) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  TempDir dir;
+  constexpr auto kWorkerTimeout = 2s;
+  Cluster cluster(1, 3, "sync", {"--worker-timeout", "2"}, dir);
+  const std::vector<std::string> args = {"--model", "784-32-10", "--batch-size", "16",
+                                         "--max-steps", "100000", "--epochs", "100",
+                                         "--step-delay-ms", "5"};
+  for (int r = 0; r < 3; ++r) cluster.StartWorker(r, args);
+  zmq::context_t ctx;
+  auto client = cluster.Client(ctx);
+  auto stats = [&] { return cluster.Stats(*client)[0]; };
+  ASSERT_TRUE(testing::WaitFor([&] { return stats().version >= 10; }, 60s)) << cluster.Dump();
+
+  cluster.worker(2).Signal(SIGKILL);
+  ASSERT_TRUE(cluster.worker(2).Wait(5s).has_value());
+  const auto killed_at = std::chrono::steady_clock::now();
+  const int64_t at_kill = stats().version;
+  // The barrier waits for the dead rank at most until it is declared dead.
+  ASSERT_TRUE(testing::WaitFor([&] { return stats().version >= at_kill + 2; },
+                               kWorkerTimeout + 1s))
+      << "the others did not proceed within --worker-timeout + 1 s\n" << cluster.Dump();
+  const auto proceeded_after = std::chrono::steady_clock::now() - killed_at;
+  EXPECT_EQ(stats().workers_declared_dead, 1);
+  EXPECT_FALSE(stats().workers[2].live);
+  const int64_t gradients_before = stats().workers[2].gradients;
+
+  cluster.StartWorker(2, args);  // a replacement with the same rank
+  ASSERT_TRUE(testing::WaitFor([&] { return stats().workers[2].gradients >= gradients_before + 5; },
+                               60s))
+      << "the restarted worker does not contribute\n" << cluster.Dump();
+  EXPECT_TRUE(stats().workers[2].live);
+  EXPECT_EQ(stats().live_workers, 3);
+  for (int r = 0; r < 3; ++r) cluster.worker(r).Signal(SIGTERM);
+  for (int code : cluster.WaitWorkers(30s)) EXPECT_EQ(code, 0);
+  std::cout << "proceeded " << std::chrono::duration<double>(proceeded_after).count()
+            << " s after the kill (worker timeout 2 s)\n";
+}
+
+TEST(SyncModeTest, UnevenShardsFinishEveryEpochWithoutAHang) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  TempDir dir;
+  // 991 examples over 3 workers: shards of 331, 330 and 330, i.e. 34, 33 and 33 batches of 10.
+  Child launch = Child::Start(
+      {testing::BinDir() + "/parasync-launch", "--ps", "1", "--workers", "3", "--mode", "sync",
+       "--epochs", "3", "--batch-size", "10", "--model", "784-32-10", "--log-dir",
+       dir.path() + "/run", "--data", testing::DataDir(), "--worker-arg=--train-examples=991"},
+      dir.path() + "/out");
+  auto status = launch.Wait(180s);
+  ASSERT_TRUE(status.has_value()) << "hang:\n" << testing::ReadFile(dir.path() + "/out");
+  ASSERT_EQ(ExitCode(*status), 0) << testing::ReadFile(dir.path() + "/out");
+  for (int r = 0; r < 3; ++r) {
+    const std::string log = testing::ReadFile(dir.path() + "/run/worker" + std::to_string(r) + ".log");
+    EXPECT_NE(log.find("epoch 3/3"), std::string::npos) << "worker " << r << ":\n" << log;
+  }
+  const auto last = nlohmann::json::parse(testing::ReadLines(dir.path() + "/run/eval.jsonl").back());
+  EXPECT_EQ(last["epoch"], 3);
+  EXPECT_EQ(last["mode"], "sync");
+}
+
+class LaunchModeTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LaunchModeTest, LauncherRunsTheModeToTheEnd) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  TempDir dir;
+  Child launch = Child::Start(
+      {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers", "2", "--mode",
+       GetParam(), "--epochs", "1", "--max-steps", "100", "--log-dir", dir.path() + "/run",
+       "--data", testing::DataDir()},
+      dir.path() + "/out");
+  auto status = launch.Wait(120s);
+  ASSERT_TRUE(status.has_value()) << testing::ReadFile(dir.path() + "/out");
+  ASSERT_EQ(ExitCode(*status), 0) << testing::ReadFile(dir.path() + "/out");
+  const auto last = nlohmann::json::parse(testing::ReadLines(dir.path() + "/run/eval.jsonl").back());
+  EXPECT_EQ(last["mode"], GetParam());
+  EXPECT_GE(last["test_accuracy"].get<double>(), 0.6);
+}
+
+std::string ModeTestName(const ::testing::TestParamInfo<std::string>& param_info) {
+  std::string n = param_info.param;
+  for (char& c : n) c = c == ':' ? '_' : c;
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, LaunchModeTest, ::testing::Values("async", "sync", "ssp:2"),
+                         ModeTestName);
+
+TEST(SyncModeTest, TwoPsTwoWorkersReachTheAsyncAccuracyInFiveEpochs) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  TempDir dir;
+  Child launch = Child::Start(
+      {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers", "2", "--mode", "sync",
+       "--epochs", "5", "--log-dir", dir.path() + "/run", "--data", testing::DataDir()},
+      dir.path() + "/out");
+  auto status = launch.Wait(300s);
+  ASSERT_TRUE(status.has_value()) << testing::ReadFile(dir.path() + "/out");
+  ASSERT_EQ(ExitCode(*status), 0) << testing::ReadFile(dir.path() + "/out");
+  const auto last = nlohmann::json::parse(testing::ReadLines(dir.path() + "/run/eval.jsonl").back());
+  EXPECT_EQ(last["epoch"], 5);
+  EXPECT_GE(last["test_accuracy"].get<double>(), 0.85);
+}
+
+}  // namespace
+}  // namespace parasync
