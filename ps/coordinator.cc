@@ -10,16 +10,23 @@ Coordinator::Coordinator(const Options& options, TimePoint now)
   for (Worker& w : workers_) w.last_seen = now;
 }
 
-bool Coordinator::Touch(int rank, TimePoint now) {
+bool Coordinator::Touch(int rank, TimePoint now, bool heartbeat) {
   Worker& w = workers_[static_cast<size_t>(rank)];
   w.last_seen = now;
   if (w.state == Worker::State::kLive) return false;
+  if (heartbeat && w.state == Worker::State::kLeft) return false;
   // Rejoin at the current point: behind nobody, blocking nobody.
   const int64_t slowest = MinLiveClock();
   w.state = Worker::State::kLive;
   w.clock = std::max(w.clock, slowest);
   w.read_min_clock = std::max(w.read_min_clock, slowest);
   return true;
+}
+
+void Coordinator::RestartSilenceClocks(TimePoint now) {
+  for (Worker& w : workers_) {
+    if (w.state == Worker::State::kLive) w.last_seen = now;
+  }
 }
 
 void Coordinator::Leave(int rank) {

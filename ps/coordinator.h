@@ -13,7 +13,8 @@
 // Liveness: every rank of the cluster starts live (so a sync run starts with everyone); a
 // rank silent for worker_timeout is declared dead and leaves the barrier and staleness sets;
 // any later message makes it live again at the slowest live clock (it rejoins "now"). A
-// rank that sent Leave is out until it speaks again.
+// rank that sent Leave is out until it registers, pulls or pushes again (a heartbeat still
+// in flight after its Leave does not bring it back).
 //
 // Pure state, no sockets and no tensors: ps/server.h drives it. Time is passed in. Not
 // thread-safe: the server loop owns it.
@@ -64,9 +65,13 @@ class Coordinator {
   bool ValidRank(int rank) const { return rank >= 0 && rank < num_workers(); }
 
   // Any message from `rank` (precondition: ValidRank). Refreshes its last-seen time; a dead
-  // or departed rank becomes live again with its clock raised to the slowest live clock.
-  // Returns true when it rejoined.
-  bool Touch(int rank, TimePoint now);
+  // rank — or a departed one, unless `heartbeat` — becomes live again with its clock raised
+  // to the slowest live clock. Returns true when it rejoined.
+  bool Touch(int rank, TimePoint now, bool heartbeat = false);
+
+  // Restarts every live rank's silence clock at `now` (when the model is registered: time
+  // before that is start-up, not silence).
+  void RestartSilenceClocks(TimePoint now);
 
   // `rank` is done: it leaves the live set (its gradient in the current step still counts).
   void Leave(int rank);

@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   PsMetrics metrics(shard, num_workers);
   auto metrics_server = MetricsServer::Start(metrics_bind, metrics_port, metrics.registry);
   if (!metrics_server.ok()) return Fail(metrics_server.status().message());
-  const int bound_metrics_port = bound_metrics_port;
+  const int bound_metrics_port = (*metrics_server)->port();
   MetricsServer::KeepUntilExit(std::move(metrics_server).value());
 
   ServerOptions options;

@@ -1,6 +1,7 @@
 #include "ps/server.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 
@@ -264,10 +265,10 @@ void Server::Tick(TimePoint now) {
     reply.request_id = p.request.request_id;
     reply.rank = p.request.rank;
     reply.version = shard_.version();
-    reply.status = Status::TimedOut(
-        "pull by rank " + std::to_string(p.request.rank) + " waited " +
-        std::to_string(static_cast<int>(SecondsSince(p.since, now))) + " s for " +
-        DescribeWait(p.request));
+    char waited[32];
+    std::snprintf(waited, sizeof(waited), "%.1f", SecondsSince(p.since, now));
+    reply.status = Status::TimedOut("pull by rank " + std::to_string(p.request.rank) +
+                                    " waited " + waited + " s for " + DescribeWait(p.request));
     Reject(RejectReason::kBarrierTimeout);
     spdlog::error("{}", reply.status.message());
     (void)socket_->Send(&p.identity, reply, {});
@@ -345,7 +346,8 @@ bool Server::Handle(Inbound& in) {
     metrics_->requests[type]->Increment();
     metrics_->bytes_received[type]->Increment(static_cast<double>(FramesBytes(in.frames)));
     if (ranked && req.type != MsgType::kStats && req.type != MsgType::kShutdown &&
-        req.type != MsgType::kLeave && coordinator_.Touch(req.rank, now)) {
+        req.type != MsgType::kLeave &&
+        coordinator_.Touch(req.rank, now, req.type == MsgType::kHeartbeat)) {
       spdlog::info("worker {} rejoined at clock {} (shard version {})", req.rank,
                    coordinator_.workers()[static_cast<size_t>(req.rank)].clock, shard_.version());
     }
@@ -363,6 +365,7 @@ bool Server::Handle(Inbound& in) {
           const bool first = !shard_.registered();
           reply.status = shard_.Register(*req.registration, &reason);
           if (reply.status.ok() && first) {
+            coordinator_.RestartSilenceClocks(now);
             metrics_->registered->Set(1);
             metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
             spdlog::info("model registered by rank {}: {} variables, {} slices / {} elements here",

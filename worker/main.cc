@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
   // The metrics server starts before any compute backend is loaded (see backend_factory.h).
   auto metrics_server = MetricsServer::Start(metrics_bind, metrics_port, metrics.registry);
   if (!metrics_server.ok()) return Fail(metrics_server.status().message());
-  const int bound_metrics_port = bound_metrics_port;
+  const int bound_metrics_port = (*metrics_server)->port();
   MetricsServer::KeepUntilExit(std::move(metrics_server).value());
 
   openblas_set_num_threads(compute_threads);

@@ -125,6 +125,11 @@ TEST(PsProcessTest, PullAfterPushSeesTheSgdUpdateOnEveryShard) {
     EXPECT_EQ(s.version, 1);
     EXPECT_EQ(s.examples, 32);
   }
+  // Each server told the operator where its metrics are, with the real port.
+  EXPECT_NE(cluster.Log(0).find("metrics on http://127.0.0.1:" +
+                                std::to_string(cluster.metrics_port(0)) + "/metrics"),
+            std::string::npos)
+      << cluster.Log(0);
   // A second worker registering the same model sees the same values.
   auto second = Connect(ctx, cluster.addresses());
   ASSERT_TRUE(second->Register(reg, 20s).ok());

@@ -474,3 +474,37 @@ TEST(CoordinatorTest, EveryRankStartsLiveAtClockZero) {
 
 }  // namespace
 }  // namespace parasync
+
+namespace parasync {
+namespace {
+
+TEST(CoordinatorLeaveTest, HeartbeatAfterLeaveDoesNotBringTheRankBack) {
+  // The heartbeat thread's last beat may overtake the Leave on the wire.
+  Coordinator c = Sync(2);
+  c.Leave(1);
+  EXPECT_FALSE(c.Touch(1, kT0 + milliseconds(10), /*heartbeat=*/true));
+  EXPECT_EQ(c.live_count(), 1);
+  // A pull, push or register does: it is training again.
+  EXPECT_TRUE(c.Touch(1, kT0 + milliseconds(20)));
+  EXPECT_EQ(c.live_count(), 2);
+}
+
+TEST(CoordinatorLeaveTest, HeartbeatOfADeadRankBringsItBack) {
+  // A stopped and resumed process first speaks through its heartbeat thread.
+  Coordinator c = Sync(2);
+  (void)KillOnly(c, 1, kT0 + milliseconds(500));
+  ASSERT_EQ(c.live_count(), 1);
+  EXPECT_TRUE(c.Touch(1, kT0 + milliseconds(3000), /*heartbeat=*/true));
+  EXPECT_EQ(c.live_count(), 2);
+}
+
+TEST(CoordinatorLeaveTest, SilenceCountsFromRestartSilenceClocks) {
+  // Time before the model is registered is start-up, not silence.
+  Coordinator c = Sync(2);
+  c.RestartSilenceClocks(kT0 + 5 * kTimeout);
+  EXPECT_TRUE(c.ExpireSilent(kT0 + 5 * kTimeout + kTimeout / 2).empty());
+  EXPECT_EQ(c.ExpireSilent(kT0 + 7 * kTimeout).size(), 2u);
+}
+
+}  // namespace
+}  // namespace parasync
