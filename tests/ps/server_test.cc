@@ -868,3 +868,50 @@ TEST_F(ModeServerTest, PullFromARankOutsideTheClusterIsInvalidArgument) {
 
 }  // namespace
 }  // namespace parasync
+
+namespace parasync {
+namespace {
+
+TEST_F(ModeServerTest, StalenessAwareAsyncDividesEachUpdateByItsStaleness) {
+  ASSERT_TRUE(Start(ModeOptions("async", 2)));
+  ModelRegistration reg = ModeModel("async");
+  reg.optimizer.staleness_aware = true;
+  std::unique_ptr<PsClient> w0 = Worker(0, reg);
+  std::unique_ptr<PsClient> w1 = Worker(1, reg);
+  ASSERT_TRUE(w0 && w1);
+  std::vector<std::vector<float>> w = NewParams();
+  ASSERT_TRUE(w0->Pull(Pointers<float>(w)).ok());
+  std::vector<std::vector<float>> g = Gradients(reg);
+  // Both read version 0. Rank 0's gradient is applied at version 0 (staleness 0: full
+  // step), rank 1's at version 1 (staleness 1: full step), rank 0's second, still from
+  // version 0, at version 2 (staleness 2: half a step).
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g), 8, 0).ok());
+  ASSERT_TRUE(w1->Push(Pointers<const float>(g), 8, 0).ok());
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g), 8, 0).ok());
+  std::vector<std::vector<float>> after = NewParams();
+  ASSERT_TRUE(w0->Pull(Pointers<float>(after)).ok());
+  for (size_t v = 0; v < w.size(); ++v) {
+    for (size_t i = 0; i < w[v].size(); ++i) {
+      float expected = w[v][i];
+      expected -= kLearningRate * g[v][i];
+      expected -= kLearningRate * g[v][i];
+      expected -= (kLearningRate * 0.5f) * g[v][i];
+      EXPECT_FLOAT_EQ(after[v][i], expected) << "variable " << v << " element " << i;
+    }
+  }
+  EXPECT_EQ(StatsOf(*w0).max_version_staleness, 2);
+}
+
+TEST_F(ModeServerTest, PushFromAVersionTheShardHasNotReachedIsRefused) {
+  ASSERT_TRUE(Start(ModeOptions("async", 1)));
+  const ModelRegistration reg = ModeModel("async");
+  std::unique_ptr<PsClient> w0 = Worker(0, reg);
+  ASSERT_TRUE(w0);
+  std::vector<std::vector<float>> g = Gradients(reg);
+  Status s = w0->Push(Pointers<const float>(g), 8, 5);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_EQ(StatsOf(*w0).version, 0);
+}
+
+}  // namespace
+}  // namespace parasync
