@@ -115,6 +115,13 @@ int main(int argc, char** argv) {
   AddOptional(training, "--max-steps", "N", options.max_steps,
               "Stop each worker after this many steps", IntegerValidator(false));
 
+  CLI::App& modes = *app.add_option_group("Modes", "Passed to parameter servers only when given");
+  AddOptional(modes, "--replicas-to-aggregate", "R", options.replicas_to_aggregate,
+              "sync: gradients per step (fewer than --workers makes backup workers)",
+              IntegerValidator(true));
+  AddOptional(modes, "--worker-timeout", "S", options.worker_timeout,
+              "Seconds of silence before a worker is declared dead", NumberValidator(true));
+
   app.add_option("--ps-arg", options.ps_args, "Extra argument for every PS; repeatable")
       ->allow_extra_args(false)
       ->type_name("ARG");

@@ -225,6 +225,12 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
                              options.mode, "--metrics-port",
                              std::to_string(spec.metrics_port), "--log-dir", log_dir});
     if (is_ps) {
+      if (options.replicas_to_aggregate) {
+        argv.insert(argv.end(), {"--replicas-to-aggregate", *options.replicas_to_aggregate});
+      }
+      if (options.worker_timeout) {
+        argv.insert(argv.end(), {"--worker-timeout", *options.worker_timeout});
+      }
       argv.insert(argv.end(), options.ps_args.begin(), options.ps_args.end());
     } else {
       argv.insert(argv.end(), {"--epochs", std::to_string(options.epochs)});

@@ -50,6 +50,10 @@ struct LaunchOptions {
   std::optional<std::string> seed;
   std::optional<std::string> max_steps;
 
+  // Mode settings passed to every PS only when set.
+  std::optional<std::string> replicas_to_aggregate;
+  std::optional<std::string> worker_timeout;
+
   std::vector<std::string> ps_args;      // appended verbatim to every PS command line
   std::vector<std::string> worker_args;  // appended verbatim to every worker command line
 

@@ -346,6 +346,20 @@ TEST(LaunchPlanTest, BuildsCommandLinesForEveryProcess) {
                           "--data", "/data", "--lr", "0.1", "--device=cpu"));
 }
 
+TEST(LaunchPlanTest, ModeSettingsGoToTheParameterServersOnly) {
+  LaunchOptions options;
+  options.mode = "sync";
+  options.num_ps = 1;
+  options.num_workers = 1;
+  options.replicas_to_aggregate = "3";
+  options.worker_timeout = "2.5";
+  const Result<LaunchPlan> plan = BuildPlan(options, "/b", "/l", {5000, 6000, 7000, 7001});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_THAT(plan->processes[0].argv,
+              ::testing::IsSupersetOf({"--replicas-to-aggregate", "3", "--worker-timeout", "2.5"}));
+  EXPECT_THAT(plan->processes[1].argv, ::testing::Not(::testing::Contains("--worker-timeout")));
+}
+
 TEST(LaunchPlanTest, RejectsWrongPortCount) {
   const Result<LaunchPlan> plan = BuildPlan(LaunchOptions(), "/b", "/l", {1, 2, 3});
   EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
