@@ -16,7 +16,10 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(zmq::context_t& context,
     if (!s.ok()) return s.status();
     sockets.push_back(std::move(s).value());
   }
-  return std::unique_ptr<PsClient>(new PsClient(std::move(sockets), options));
+  auto client = std::unique_ptr<PsClient>(new PsClient(std::move(sockets), options));
+  client->read_versions_.assign(options.ps_addresses.size(), 0);
+  client->next_step_.assign(options.ps_addresses.size(), 0);
+  return client;
 }
 
 Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
@@ -124,7 +127,7 @@ Status PsClient::Pull(std::span<float* const> params, int64_t min_version) {
     if (map_->SlicesOfShard(s).empty()) continue;
     Outgoing o;
     o.header.type = MsgType::kPull;
-    o.header.min_version = min_version;
+    o.header.min_version = min_version == kNextStep ? next_step_[static_cast<size_t>(s)] : min_version;
     for (uint32_t id : map_->SlicesOfShard(s)) {
       o.header.slices.push_back({id, 0, map_->slices()[id].length});
     }
@@ -151,6 +154,7 @@ Status PsClient::Pull(std::span<float* const> params, int64_t min_version) {
       std::memcpy(params[info.var_index] + info.offset, in.frames[k].data(), bytes);
     }
     lowest = std::min(lowest, in.header->version);
+    read_versions_[static_cast<size_t>(shards[i])] = in.header->version;
   }
   last_version_ = lowest == INT64_MAX ? 0 : lowest;
   return Status::Ok();
@@ -167,7 +171,7 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
     Outgoing o;
     o.header.type = MsgType::kPush;
     o.header.batch_examples = batch_examples;
-    o.header.version = read_version;
+    o.header.version = read_version == kLastRead ? read_versions_[static_cast<size_t>(s)] : read_version;
     for (uint32_t id : map_->SlicesOfShard(s)) {
       const SliceInfo& info = map_->slices()[id];
       o.header.slices.push_back({id, 0, info.length});
@@ -181,9 +185,12 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
   if (!replies.ok()) return replies.status();
   int64_t lowest = INT64_MAX;
   last_push_dropped_ = false;
-  for (const Inbound& in : *replies) {
-    lowest = std::min(lowest, in.header->version);
-    last_push_dropped_ |= in.header->dropped;
+  for (size_t i = 0; i < replies->size(); ++i) {
+    const Header& h = *(*replies)[i].header;
+    lowest = std::min(lowest, h.version);
+    last_push_dropped_ |= h.dropped;
+    const size_t s = static_cast<size_t>(shards[i]);
+    next_step_[s] = read_version == kLastRead ? read_versions_[s] + 1 : read_version + 1;
   }
   last_version_ = lowest == INT64_MAX ? 0 : lowest;
   return Status::Ok();

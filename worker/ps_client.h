@@ -41,6 +41,12 @@ struct PsClientOptions {
 
 class PsClient {
  public:
+  // Pull(..., kNextStep): each shard answers once it has applied the step after the one this
+  // client last pushed to it (sync mode). Push(..., kLastRead): each shard's gradient carries
+  // the version this client last pulled from that shard. Shards keep versions of their own.
+  static constexpr int64_t kNextStep = -1;
+  static constexpr int64_t kLastRead = -1;
+
   // Creates the sockets; connections are made in the background. `context` must outlive the
   // client. InvalidArgument for no addresses, Unavailable if a socket cannot be made.
   static Result<std::unique_ptr<PsClient>> Connect(zmq::context_t& context,
@@ -54,16 +60,18 @@ class PsClient {
 
   // Fills params[v] (num_elements of variable v, caller-owned) with the current values from
   // all shards. Precondition: Register succeeded. Blocks until every shard replied; in sync
-  // mode a shard answers once it reaches `min_version`, in ssp mode once this rank may read
-  // (bounded by blocking_timeout). last_version() then holds the lowest version read.
+  // mode a shard answers once it reaches `min_version` (or, for kNextStep, the step after
+  // this client's last push to it), in ssp mode once this rank may read (bounded by
+  // blocking_timeout). last_version() then holds the lowest version read.
   Status Pull(std::span<float* const> params, int64_t min_version = 0);
 
   // Sends grads[v] (one array per variable, caller-owned, read only) to every shard; blocks
   // until every shard acknowledged. `batch_examples` is how many examples the gradient
-  // averages over; `read_version` the version it was computed from (last_version() of its
-  // pull). last_push_dropped() then says whether a shard dropped it as stale.
+  // averages over; `read_version` the version it was computed from — by default (kLastRead)
+  // each shard's own version at this client's last pull. last_push_dropped() then says
+  // whether a shard dropped it as stale.
   Status Push(std::span<const float* const> grads, int64_t batch_examples,
-              int64_t read_version = 0);
+              int64_t read_version = kLastRead);
 
   // Tells every shard this worker is done, so barriers stop waiting for it. Best effort:
   // waits for the acknowledgements up to the request timeout.
@@ -101,6 +109,8 @@ class PsClient {
   std::vector<int64_t> var_sizes_;
   uint64_t next_request_id_ = 1;
   int64_t last_version_ = 0;
+  std::vector<int64_t> read_versions_;  // per shard: version at the last pull
+  std::vector<int64_t> next_step_;      // per shard: version a kNextStep pull waits for
   bool last_push_dropped_ = false;
   int64_t registered_clock_ = 0;
 };

@@ -125,7 +125,6 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
     PARASYNC_RETURN_IF_ERROR(evaluate(0, NAN, 0.0));
   }
   const bool sync = o.mode.kind == TrainingMode::Kind::kSync;
-  int64_t min_version = 0;  // sync: the step this worker waits for
   bool stop = false;
   for (int epoch = 1; epoch <= o.epochs && !stop; ++epoch) {
     metrics.epoch->Set(epoch);
@@ -144,8 +143,8 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       GatherBatch(train, std::span<const int64_t>(shard.data() + first, count), bx.data(),
                   by.data());
       const auto t0 = Clock::now();
-      PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs, sync ? min_version : 0));
-      const int64_t read_version = client.last_version();
+      // Sync: each shard answers once it has applied the step this worker last pushed to.
+      PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs, sync ? PsClient::kNextStep : 0));
       const auto t1 = Clock::now();
       auto loss = backend.ForwardBackward(params.cptrs, bx.data(), by.data(),
                                           static_cast<int>(count), grads.ptrs);
@@ -158,14 +157,12 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       }
       if (o.step_delay.count() > 0) std::this_thread::sleep_for(o.step_delay);
       const auto t2 = Clock::now();
-      PARASYNC_RETURN_IF_ERROR(
-          client.Push(grads.cptrs, static_cast<int64_t>(count), read_version));
+      PARASYNC_RETURN_IF_ERROR(client.Push(grads.cptrs, static_cast<int64_t>(count)));
       const auto t3 = Clock::now();
       if (client.last_push_dropped()) {
         ++summary.dropped;
         metrics.dropped->Increment();
       }
-      min_version = read_version + 1;
 
       t_pull += Seconds(t0, t1);
       t_compute += Seconds(t1, t2);
