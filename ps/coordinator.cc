@@ -19,7 +19,6 @@ bool Coordinator::Touch(int rank, TimePoint now, bool heartbeat) {
   const int64_t slowest = MinLiveClock();
   w.state = Worker::State::kLive;
   w.clock = std::max(w.clock, slowest);
-  w.read_min_clock = std::max(w.read_min_clock, slowest);
   return true;
 }
 
@@ -108,9 +107,14 @@ void Coordinator::RecordRead(int rank) {
   workers_[static_cast<size_t>(rank)].read_min_clock = MinLiveClock();
 }
 
+int64_t Coordinator::ClockStaleness(int rank) const {
+  const Worker& w = workers_[static_cast<size_t>(rank)];
+  return std::max<int64_t>(0, w.clock - w.read_min_clock);
+}
+
 int64_t Coordinator::RecordGradient(int rank) {
   Worker& w = workers_[static_cast<size_t>(rank)];
-  const int64_t staleness = std::max<int64_t>(0, w.clock - w.read_min_clock);
+  const int64_t staleness = ClockStaleness(rank);
   ++w.clock;
   ++w.gradients;
   return staleness;

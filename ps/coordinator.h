@@ -66,7 +66,8 @@ class Coordinator {
 
   // Any message from `rank` (precondition: ValidRank). Refreshes its last-seen time; a dead
   // rank — or a departed one, unless `heartbeat` — becomes live again with its clock raised
-  // to the slowest live clock. Returns true when it rejoined.
+  // to the slowest live clock (its last read stays what it was, so a gradient computed
+  // before it was declared dead shows its true staleness). Returns true when it rejoined.
   bool Touch(int rank, TimePoint now, bool heartbeat = false);
 
   // Restarts every live rank's silence clock at `now` (when the model is registered: time
@@ -106,6 +107,8 @@ class Coordinator {
   std::vector<int> SspBlockers(int rank) const;
   // A pull by `rank` was answered: remembers the slowest live clock it saw.
   void RecordRead(int rank);
+  // What RecordGradient would return for a gradient from `rank` now.
+  int64_t ClockStaleness(int rank) const;
   // A gradient from `rank` was applied or aggregated: its clock advances. Returns its clock
   // staleness: its clock before the gradient minus the slowest live clock at its last read
   // (at most K under ssp:K).

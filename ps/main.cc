@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   app.add_option("--barrier-timeout", barrier_timeout_s,
                  "Seconds a pull may wait for a sync step or the ssp bound before it fails "
                  "with an error naming the ranks it waited for")
-      ->check(CLI::Range(0.1, 864000.0));
+      ->check(CLI::Range(0.1, 86400.0));
   app.add_option("--bind", bind,
                  "Address to bind, host:port (default: this task's address in the cluster; "
                  "use 0.0.0.0:PORT to listen on all interfaces)");

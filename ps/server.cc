@@ -31,6 +31,10 @@ double SecondsSince(Coordinator::TimePoint since, Coordinator::TimePoint now) {
 
 Result<std::unique_ptr<Server>> Server::Create(zmq::context_t& context,
                                                const ServerOptions& options, PsMetrics* metrics) {
+  if (options.num_workers < 1 ||
+      metrics->worker_gradients.size() < static_cast<size_t>(options.num_workers)) {
+    return Status::InvalidArgument("a server needs at least one worker and metrics for each");
+  }
   SocketOptions socket_options;
   socket_options.max_message_bytes = options.max_message_bytes;
   // A reply to a worker that vanished must not stall the loop for long.
@@ -50,21 +54,21 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
                    std::chrono::steady_clock::now()) {}
 
 Status Server::Run(const std::function<bool()>& should_stop) {
+  last_idle_ = std::chrono::steady_clock::now();
   while (!stop_.load() && !should_stop()) {
     auto received = socket_->Receive(std::chrono::milliseconds(100));
     if (!received.ok()) return received.status();
     bool keep_serving = true;
-    if (received->has_value()) {
-      try {
-        keep_serving = Handle(**received);
-      } catch (const std::exception& e) {
-        // Out of memory for a reply, or a ZeroMQ error while building one: drop the request,
-        // keep serving the others.
-        Reject(RejectReason::kMalformed);
-        spdlog::error("request dropped: {}", e.what());
-      }
+    const bool idle = !received->has_value();
+    try {
+      if (!idle) keep_serving = Handle(**received);
+      Tick(std::chrono::steady_clock::now(), idle);
+    } catch (const std::exception& e) {
+      // Out of memory for a reply, or a ZeroMQ error while building one: drop the request,
+      // keep serving the others.
+      Reject(RejectReason::kMalformed);
+      spdlog::error("request dropped: {}", e.what());
     }
-    Tick(std::chrono::steady_clock::now());
     if (!keep_serving) {
       spdlog::info("shutdown requested over the wire");
       break;
@@ -140,6 +144,12 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   for (const auto& f : in_frames) sizes.push_back(f.size());
   reply.status = shard_.ValidateRanges(req.slices, req.dtype, std::span<const size_t>(sizes), reason);
   if (!reply.status.ok()) return;
+  if (req.batch_examples < 0 || req.batch_examples > (int64_t{1} << 31)) {
+    *reason = RejectReason::kMalformed;
+    reply.status = Status::InvalidArgument("batch_examples " + std::to_string(req.batch_examples) +
+                                           " is out of range");
+    return;
+  }
   const int64_t version = shard_.version();
   if (req.version < 0 || req.version > version) {
     *reason = RejectReason::kBadVersion;
@@ -160,10 +170,13 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
         metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
         return;
       case Coordinator::Offer::kDuplicate:
-        *reason = RejectReason::kDuplicate;
-        reply.status = Status::FailedPrecondition("rank " + std::to_string(req.rank) +
-                                                  " already sent a gradient for step " +
-                                                  std::to_string(version));
+        // A second gradient for the step from one rank: typically a replacement process of a
+        // rank that died after contributing, or a late duplicate of the dead one. It is not
+        // aggregated; the sender is told it was dropped and simply waits for the next step.
+        reply.dropped = true;
+        coordinator_.RecordDropped(req.rank);
+        metrics_->rejected[static_cast<size_t>(RejectReason::kDuplicate)]->Increment();
+        metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
         return;
       case Coordinator::Offer::kFuture:
         *reason = RejectReason::kBadVersion;
@@ -188,6 +201,17 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     }
   }
   const int64_t staleness = version - req.version;
+  if (options_.mode.kind == TrainingMode::Kind::kSsp && ranked &&
+      coordinator_.ClockStaleness(req.rank) > options_.mode.staleness) {
+    // Only possible across a death and rejoin (reads are gated by the bound): a gradient
+    // computed before is older than the bound allows, so it is dropped, not applied.
+    reply.dropped = true;
+    ++dropped_stale_;
+    coordinator_.RecordDropped(req.rank);
+    metrics_->dropped_stale->Increment();
+    metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
+    return;
+  }
   if (sync) {
     reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason);
     if (!reply.status.ok()) return;
@@ -242,9 +266,14 @@ void Server::ServeParked(TimePoint now) {
   parked_ = std::move(still);
 }
 
-void Server::Tick(TimePoint now) {
+void Server::Tick(TimePoint now, bool idle) {
   if (!shard_.registered()) return;
-  for (int rank : coordinator_.ExpireSilent(now)) {
+  if (idle) last_idle_ = now;
+  // Silence is judged only once the queue is drained (a heartbeat may be waiting behind
+  // large pushes) — unless the loop has not been idle for a whole timeout, when waiting
+  // for a drain could postpone a death forever.
+  const bool can_judge = idle || now - last_idle_ > options_.worker_timeout;
+  for (int rank : can_judge ? coordinator_.ExpireSilent(now) : std::vector<int>{}) {
     metrics_->workers_declared_dead->Increment();
     spdlog::warn("worker {} declared dead: silent for more than {:.1f} s; {} live worker(s) left",
                  rank, std::chrono::duration<double>(options_.worker_timeout).count(),
@@ -293,6 +322,7 @@ ShardStats Server::Stats() const {
   s.max_clock_staleness = max_clock_staleness_;
   s.blocked_pulls = blocked_pulls_;
   s.workers_declared_dead = coordinator_.declared_dead();
+  if (shard_.registration()) s.registration = *shard_.registration();
   for (const Coordinator::Worker& w : coordinator_.workers()) {
     s.workers.push_back({w.state == Coordinator::Worker::State::kLive, w.clock, w.gradients,
                          w.dropped});
@@ -385,11 +415,20 @@ bool Server::Handle(Inbound& in) {
         if (!reply.status.ok()) break;
         if (CanServePull(req)) {
           SendPull(in.identity, req);
-        } else {
-          ++blocked_pulls_;
-          metrics_->blocked_pulls->Increment();
-          parked_.push_back({std::move(in.identity), req, now});
+          return true;
         }
+        // A worker waits on one pull per shard at a time: a newer one replaces its older
+        // (abandoned) one. Pulls of tools are bounded in number.
+        if (ranked) {
+          std::erase_if(parked_, [&](const ParkedPull& p) { return p.request.rank == req.rank; });
+        } else if (parked_.size() >= static_cast<size_t>(4 * coordinator_.num_workers() + 64)) {
+          reason = RejectReason::kUnsupported;
+          reply.status = Status::Unavailable("too many pulls are waiting on this server");
+          break;
+        }
+        ++blocked_pulls_;
+        metrics_->blocked_pulls->Increment();
+        parked_.push_back({std::move(in.identity), req, now});
         return true;
       case MsgType::kPush:
         HandlePush(req, in.frames, reply, &reason);

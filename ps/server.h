@@ -5,8 +5,9 @@
 //
 // Pulls that must wait (a sync barrier, the ssp bound) are parked, not blocking the loop,
 // and answered as soon as the step completes or the slow ranks catch up — or, after
-// barrier_timeout, with an error naming the ranks they waited for. Every loop turn (at most
-// 100 ms) also declares silent workers dead, so no barrier waits on a dead process.
+// barrier_timeout, with an error naming the ranks they waited for. Between messages (and
+// at least every 100 ms when idle) silent workers are declared dead, so no barrier waits on
+// a dead process. With backup workers, each shard picks its own first R gradients.
 //
 // Single-threaded: Run() owns the socket, the Shard and the Coordinator; Stop() may be
 // called from any thread.
@@ -88,8 +89,9 @@ class Server {
   void MaybeCompleteStep();
   // Answers the parked pulls that may now be served.
   void ServeParked(TimePoint now);
-  // Liveness and barrier timeouts; called every loop turn.
-  void Tick(TimePoint now);
+  // Liveness and barrier timeouts; called every loop turn. `idle`: the socket had nothing
+  // queued this turn, so every heartbeat that arrived has been read.
+  void Tick(TimePoint now, bool idle);
   void Reject(RejectReason reason);
   bool ShouldLogRejection() const;
   std::string DescribeWait(const Header& req) const;
@@ -100,6 +102,7 @@ class Server {
   Shard shard_;
   Coordinator coordinator_;
   std::vector<ParkedPull> parked_;
+  TimePoint last_idle_;  // the last turn that found the socket empty
   std::atomic<bool> stop_{false};
   int64_t requests_ = 0;
   int64_t rejected_ = 0;

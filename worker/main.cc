@@ -134,6 +134,11 @@ int main(int argc, char** argv) {
   // Everything the user can get wrong is checked before anything starts.
   auto spec = ResolveClusterSpecFromEnvironment(cluster, "worker");
   if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
+  if (heartbeat_interval_s * 3 > request_timeout_s + connect_timeout_s) {
+    return Fail("--heartbeat-interval must be under a third of --request-timeout + "
+                "--connect-timeout (a silent server is detected from missing heartbeats)",
+                kExitBadUsage);
+  }
   auto training_mode = TrainingMode::Parse(mode);
   if (!training_mode.ok()) return Fail(training_mode.status().message(), kExitBadUsage);
   if (staleness_lr && training_mode->kind == TrainingMode::Kind::kSync) {
@@ -208,7 +213,8 @@ int main(int argc, char** argv) {
       std::chrono::milliseconds(static_cast<int64_t>(heartbeat_interval_s * 1000)));
   if (!heartbeater.ok()) return Fail(heartbeater.status().message());
   // A blocked pull gives up when asked to stop, or when a server has stopped answering
-  // heartbeats for longer than the request timeout (it died: waiting would never end).
+  // heartbeats for longer than the request plus connect timeouts (it died: waiting would
+  // never end).
   const auto silence_limit = std::chrono::seconds(request_timeout_s) +
                              std::chrono::seconds(connect_timeout_s);
   Heartbeater* beats = heartbeater->get();

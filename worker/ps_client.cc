@@ -24,7 +24,8 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(zmq::context_t& context,
 
 Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
                                                 std::vector<Outgoing> requests,
-                                                std::chrono::milliseconds timeout) {
+                                                std::chrono::milliseconds timeout,
+                                                bool interruptible) {
   const size_t n = shards.size();
   std::vector<uint64_t> ids(n);
   for (size_t i = 0; i < n; ++i) {
@@ -44,7 +45,7 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
   std::vector<Socket*> waiting;
   std::vector<size_t> waiting_index;
   while (pending > 0) {
-    if (options_.interrupted && options_.interrupted()) {
+    if (interruptible && options_.interrupted && options_.interrupted()) {
       return Status::Aborted("interrupted while waiting for the parameter servers");
     }
     const auto now = std::chrono::steady_clock::now();
@@ -112,6 +113,19 @@ Status PsClient::Register(const ModelRegistration& reg, std::chrono::millisecond
   if (!replies.ok()) return replies.status();
   registered_clock_ = 0;
   for (const Inbound& in : *replies) registered_clock_ = std::max(registered_clock_, in.header->clock);
+  map_ = std::move(map).value();
+  var_sizes_.clear();
+  for (const VariableSpec& v : reg.variables) var_sizes_.push_back(v.num_elements());
+  return Status::Ok();
+}
+
+Status PsClient::Adopt(const ModelRegistration& reg) {
+  if (reg.num_shards != num_shards()) {
+    return Status::InvalidArgument("the model is registered for " + std::to_string(reg.num_shards) +
+                                   " shards but " + std::to_string(num_shards()) + " are given");
+  }
+  auto map = SliceMap::Build(reg.variables, reg.max_slice_elements, reg.num_shards);
+  if (!map.ok()) return map.status();
   map_ = std::move(map).value();
   var_sizes_.clear();
   for (const VariableSpec& v : reg.variables) var_sizes_.push_back(v.num_elements());
@@ -196,7 +210,7 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
   return Status::Ok();
 }
 
-Status PsClient::Leave() {
+Status PsClient::Leave(std::chrono::milliseconds timeout) {
   std::vector<int> shards;
   std::vector<Outgoing> requests;
   for (int s = 0; s < num_shards(); ++s) {
@@ -205,7 +219,7 @@ Status PsClient::Leave() {
     shards.push_back(s);
     requests.push_back(std::move(o));
   }
-  auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
+  auto replies = Exchange(shards, std::move(requests), timeout, /*interruptible=*/false);
   return replies.ok() ? Status::Ok() : replies.status();
 }
 

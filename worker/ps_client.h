@@ -3,8 +3,9 @@
 // One ZeroMQ DEALER per shard. Each call fans out one request per shard (all variables'
 // slices of that shard batched into one message), then waits for every shard's reply, so
 // shards work in parallel. Replies are matched by request id; a late reply to an earlier,
-// timed-out request is dropped. Every call is bounded by the request timeout: it returns
-// TimedOut naming the silent shard rather than hang.
+// timed-out request is dropped. Every call is bounded — by the request timeout, or for pulls
+// that may wait at a barrier by the blocking timeout and the `interrupted` callback — and
+// returns TimedOut naming the silent shard rather than hang.
 //
 // Not thread-safe: one thread (the training loop) uses a PsClient.
 #pragma once
@@ -33,7 +34,7 @@ struct PsClientOptions {
   std::chrono::milliseconds request_timeout{30000};
   // How long a pull may wait for a sync step or the ssp bound (the servers answer with an
   // error naming the missing ranks after their --barrier-timeout, normally well before).
-  std::chrono::milliseconds blocking_timeout{std::chrono::hours(1)};
+  std::chrono::milliseconds blocking_timeout{std::chrono::hours(25)};
   // Polled every 100 ms while waiting for replies; when it returns true the call gives up
   // with Aborted (e.g. on SIGTERM). Optional.
   std::function<bool()> interrupted;
@@ -58,6 +59,10 @@ class PsClient {
   // mismatch). registered_clock() then holds this rank's clock on the servers.
   Status Register(const ModelRegistration& reg, std::chrono::milliseconds timeout);
 
+  // Takes the model the servers already hold (e.g. from Stats().registration) without
+  // registering it, so a tool can pull. InvalidArgument if it does not fit the shard count.
+  Status Adopt(const ModelRegistration& reg);
+
   // Fills params[v] (num_elements of variable v, caller-owned) with the current values from
   // all shards. Precondition: Register succeeded. Blocks until every shard replied; in sync
   // mode a shard answers once it reaches `min_version` (or, for kNextStep, the step after
@@ -74,8 +79,8 @@ class PsClient {
               int64_t read_version = kLastRead);
 
   // Tells every shard this worker is done, so barriers stop waiting for it. Best effort:
-  // waits for the acknowledgements up to the request timeout.
-  Status Leave();
+  // waits for the acknowledgements up to `timeout`, even when `interrupted` says stop.
+  Status Leave(std::chrono::milliseconds timeout);
 
   // Each shard's statistics, in shard order.
   Result<std::vector<ShardStats>> Stats();
@@ -87,7 +92,10 @@ class PsClient {
   int num_shards() const { return static_cast<int>(sockets_.size()); }
   // The lowest shard version seen in the latest Pull or Push reply.
   int64_t last_version() const { return last_version_; }
+  // Some shard dropped the last push (shards decide alone: with backup workers one shard may
+  // aggregate a gradient another drops).
   bool last_push_dropped() const { return last_push_dropped_; }
+  // The highest clock the shards gave this rank at Register (where it rejoins).
   int64_t registered_clock() const { return registered_clock_; }
 
  private:
@@ -101,7 +109,8 @@ class PsClient {
   // Sends requests[i] to shard shards[i] and waits for their replies (same order), each
   // checked for an ok status. TimedOut after `timeout`.
   Result<std::vector<Inbound>> Exchange(std::vector<int> shards, std::vector<Outgoing> requests,
-                                        std::chrono::milliseconds timeout);
+                                        std::chrono::milliseconds timeout,
+                                        bool interruptible = true);
 
   std::vector<std::unique_ptr<Socket>> sockets_;
   PsClientOptions options_;

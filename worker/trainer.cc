@@ -87,9 +87,13 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
     if (!result.ok()) return result.status();
     const double acc = static_cast<double>(result->correct) / static_cast<double>(result->count);
     const double loss = result->loss_sum / static_cast<double>(result->count);
-    // Every push reaches every shard, so shard 0's counters are the global ones.
-    const int64_t global_step = (*stats)[0].version;
-    const int64_t global_examples = (*stats)[0].examples;
+    // Every push reaches every shard that holds slices, so their counters are the global
+    // ones (a shard without slices reports 0): take the largest.
+    int64_t global_step = 0, global_examples = 0;
+    for (const ShardStats& s : *stats) {
+      global_step = std::max(global_step, s.version);
+      global_examples = std::max(global_examples, s.examples);
+    }
     const double wall = Seconds(start, Clock::now());
     metrics.eval_accuracy->Set(acc);
     metrics.eval_loss->Set(loss);
@@ -198,9 +202,11 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       PARASYNC_RETURN_IF_ERROR(evaluate(epoch, train_loss, eps));
     }
   }
-  if (!should_stop()) {
-    // Done: let the barriers go on without this rank.
-    if (Status s = client.Leave(); !s.ok()) spdlog::warn("leave not acknowledged: {}", s.message());
+  // Done or stopped: let the barriers go on without this rank (briefly, when stopping).
+  const auto leave_timeout = should_stop() ? std::chrono::milliseconds(1000)
+                                           : std::chrono::milliseconds(10000);
+  if (Status s = client.Leave(leave_timeout); !s.ok()) {
+    spdlog::warn("leave not acknowledged: {}", s.message());
   }
   return summary;
 }

@@ -50,8 +50,8 @@ struct TrainingSummary {
 // Trains until `epochs` (or max_steps) are done or `should_stop()` turns true (checked every
 // step). `train` is the whole training set (sharded here by rank, before shuffling); `test`
 // is evaluated by the chief and may be empty on other ranks. In sync mode each pull waits
-// for the step after the one this worker last pushed to. When done (not when stopped or on
-// error) the worker sends Leave, so barriers stop counting on it.
+// for the step after the one this worker last pushed to. When done or stopped (not on error)
+// the worker sends Leave, so barriers stop counting on it.
 // Returns the first error from the servers or the backend.
 Result<TrainingSummary> RunTraining(const TrainerOptions& options, const Dataset& train,
                                     const Dataset& test, PsClient& client,
