@@ -23,26 +23,31 @@ std::string_view MsgTypeName(MsgType type) {
   return "unknown";
 }
 
+namespace {
+
+flatbuffers::Offset<fb::RegisterRequest> EncodeRegistration(flatbuffers::FlatBufferBuilder& b,
+                                                            const ModelRegistration& r) {
+  std::vector<flatbuffers::Offset<fb::VariableSpec>> vars;
+  vars.reserve(r.variables.size());
+  for (const VariableSpec& v : r.variables) {
+    vars.push_back(fb::CreateVariableSpec(b, b.CreateString(v.name), b.CreateVector(v.shape),
+                                          static_cast<fb::DType>(v.dtype),
+                                          static_cast<fb::InitKind>(v.init.kind), v.init.value));
+  }
+  const OptimizerSpec& o = r.optimizer;
+  auto opt = fb::CreateOptimizerSpec(b, static_cast<fb::OptimizerKind>(o.kind), o.learning_rate,
+                                     o.momentum, o.beta1, o.beta2, o.epsilon, o.staleness_aware);
+  return fb::CreateRegisterRequest(b, b.CreateVector(vars), opt, r.seed, r.max_slice_elements,
+                                   r.num_shards, b.CreateString(r.mode));
+}
+
+}  // namespace
+
 std::vector<uint8_t> EncodeHeader(const Header& h) {
   flatbuffers::FlatBufferBuilder b(256 + h.slices.size() * sizeof(fb::SliceRange));
 
   flatbuffers::Offset<fb::RegisterRequest> reg = 0;
-  if (h.registration) {
-    const ModelRegistration& r = *h.registration;
-    std::vector<flatbuffers::Offset<fb::VariableSpec>> vars;
-    vars.reserve(r.variables.size());
-    for (const VariableSpec& v : r.variables) {
-      vars.push_back(fb::CreateVariableSpec(b, b.CreateString(v.name), b.CreateVector(v.shape),
-                                            static_cast<fb::DType>(v.dtype),
-                                            static_cast<fb::InitKind>(v.init.kind), v.init.value));
-    }
-    const OptimizerSpec& o = r.optimizer;
-    auto opt = fb::CreateOptimizerSpec(b, static_cast<fb::OptimizerKind>(o.kind), o.learning_rate,
-                                       o.momentum, o.beta1, o.beta2, o.epsilon,
-                                       o.staleness_aware);
-    reg = fb::CreateRegisterRequest(b, b.CreateVector(vars), opt, r.seed, r.max_slice_elements,
-                                    r.num_shards, b.CreateString(r.mode));
-  }
+  if (h.registration) reg = EncodeRegistration(b, *h.registration);
   flatbuffers::Offset<fb::StatsReply> stats = 0;
   if (h.stats) {
     const ShardStats& s = *h.stats;
@@ -51,11 +56,13 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
     for (const WorkerStats& w : s.workers) {
       workers.emplace_back(w.live, w.clock, w.gradients, w.dropped);
     }
+    flatbuffers::Offset<fb::RegisterRequest> stats_reg = 0;
+    if (s.registration) stats_reg = EncodeRegistration(b, *s.registration);
     stats = fb::CreateStatsReply(b, s.shard, s.version, s.examples, s.num_slices, s.num_elements,
                                  s.requests, s.rejected, s.registered, b.CreateString(s.mode),
                                  s.live_workers, s.dropped_stale, s.max_version_staleness,
                                  s.max_clock_staleness, s.blocked_pulls, s.workers_declared_dead,
-                                 b.CreateVectorOfStructs(workers));
+                                 b.CreateVectorOfStructs(workers), stats_reg);
   }
   flatbuffers::Offset<flatbuffers::Vector<const fb::SliceRange*>> slices = 0;
   if (!h.slices.empty()) {
@@ -92,6 +99,40 @@ namespace {
 template <typename E>
 bool InRange(E value, E max) {
   return static_cast<int>(value) >= 0 && static_cast<int>(value) <= static_cast<int>(max);
+}
+
+}  // namespace
+
+namespace {
+
+Result<ModelRegistration> DecodeRegistration(const fb::RegisterRequest* r) {
+  ModelRegistration reg;
+  if (const auto* vars = r->variables()) {
+    for (const fb::VariableSpec* v : *vars) {
+      VariableSpec spec;
+      if (v->name()) spec.name = v->name()->str();
+      if (v->shape()) spec.shape.assign(v->shape()->begin(), v->shape()->end());
+      if (!InRange(v->dtype(), fb::DType::MAX)) return Status::Corruption("unknown dtype");
+      if (!InRange(v->init_kind(), fb::InitKind::MAX)) {
+        return Status::Corruption("unknown initializer");
+      }
+      spec.dtype = static_cast<DType>(v->dtype());
+      spec.init = {static_cast<InitKind>(v->init_kind()), v->init_value()};
+      reg.variables.push_back(std::move(spec));
+    }
+  }
+  const fb::OptimizerSpec* o = r->optimizer();
+  if (o == nullptr) return Status::Corruption("register request without an optimizer");
+  if (!InRange(o->kind(), fb::OptimizerKind::MAX)) {
+    return Status::Corruption("unknown optimizer kind");
+  }
+  reg.optimizer = {static_cast<OptimizerKind>(o->kind()), o->learning_rate(), o->momentum(),
+                   o->beta1(), o->beta2(), o->epsilon(), o->staleness_aware()};
+  reg.seed = r->seed();
+  reg.max_slice_elements = r->max_slice_elements();
+  reg.num_shards = r->num_shards();
+  if (r->mode()) reg.mode = r->mode()->str();
+  return reg;
 }
 
 }  // namespace
@@ -136,35 +177,9 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.clock = in->clock();
   h.dropped = in->dropped();
   if (const fb::RegisterRequest* r = in->register_()) {
-    ModelRegistration reg;
-    if (const auto* vars = r->variables()) {
-      for (const fb::VariableSpec* v : *vars) {
-        VariableSpec spec;
-        if (v->name()) spec.name = v->name()->str();
-        if (v->shape()) spec.shape.assign(v->shape()->begin(), v->shape()->end());
-        if (!InRange(v->dtype(), fb::DType::MAX)) return Status::Corruption("unknown dtype");
-        if (!InRange(v->init_kind(), fb::InitKind::MAX)) {
-          return Status::Corruption("unknown initializer");
-        }
-        spec.dtype = static_cast<DType>(v->dtype());
-        spec.init = {static_cast<InitKind>(v->init_kind()), v->init_value()};
-        reg.variables.push_back(std::move(spec));
-      }
-    }
-    if (const fb::OptimizerSpec* o = r->optimizer()) {
-      if (!InRange(o->kind(), fb::OptimizerKind::MAX)) {
-        return Status::Corruption("unknown optimizer kind");
-      }
-      reg.optimizer = {static_cast<OptimizerKind>(o->kind()), o->learning_rate(), o->momentum(),
-                       o->beta1(), o->beta2(), o->epsilon(), o->staleness_aware()};
-    } else {
-      return Status::Corruption("register request without an optimizer");
-    }
-    reg.seed = r->seed();
-    reg.max_slice_elements = r->max_slice_elements();
-    reg.num_shards = r->num_shards();
-    if (r->mode()) reg.mode = r->mode()->str();
-    h.registration = std::move(reg);
+    auto reg = DecodeRegistration(r);
+    if (!reg.ok()) return reg.status();
+    h.registration = std::move(reg).value();
   }
   if (const fb::StatsReply* s = in->stats()) {
     ShardStats out;
@@ -187,6 +202,11 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
       for (const fb::WorkerStats* w : *ws) {
         out.workers.push_back({w->live(), w->clock(), w->gradients(), w->dropped()});
       }
+    }
+    if (const fb::RegisterRequest* r = s->registration()) {
+      auto reg = DecodeRegistration(r);
+      if (!reg.ok()) return reg.status();
+      out.registration = std::move(reg).value();
     }
     h.stats = std::move(out);
   }

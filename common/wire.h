@@ -63,6 +63,7 @@ struct ShardStats {
   int64_t blocked_pulls = 0;
   int64_t workers_declared_dead = 0;
   std::vector<WorkerStats> workers;  // by rank
+  std::optional<ModelRegistration> registration;  // the registered model, once there is one
 };
 
 struct Header {

@@ -1,0 +1,679 @@
+#include "ps/checkpoint_store.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/iterator.h>
+#include <rocksdb/options.h>
+#include <rocksdb/slice.h>
+#include <rocksdb/snapshot.h>
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <limits>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include "common/wire.h"
+
+namespace parasync {
+
+// Integers and floats are stored as the host's raw bytes, so the format is little-endian only on a
+// little-endian host.
+static_assert(std::endian::native == std::endian::little,
+              "the checkpoint format stores raw little-endian bytes");
+static_assert(sizeof(float) == 4);
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kFormatKey[] = "meta/format";
+constexpr char kShardKey[] = "meta/shard";
+constexpr char kRegistrationKey[] = "meta/registration";
+constexpr char kStateKey[] = "meta/state";
+// Prefixes and their exclusive upper bounds ('0' follows '/').
+constexpr char kSlicePrefix[] = "slice/";
+constexpr char kSliceEnd[] = "slice0";
+constexpr char kRankPrefix[] = "rank/";
+constexpr char kRankEnd[] = "rank0";
+
+constexpr size_t kCrcBytes = 4;
+// int64 updates, uint32 num_slots, uint64 n.
+constexpr size_t kSliceHeaderBytes = 8 + 4 + 8;
+// RocksDB refuses values of 4 GiB and more; refuse them first, with a clearer message.
+constexpr uint64_t kMaxValueBytes = std::numeric_limits<uint32_t>::max() - 64;
+
+// ---- CRC-32C (Castagnoli), slicing-by-8 ---------------------------------------------------------
+
+using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
+
+constexpr CrcTables MakeCrcTables() {
+  CrcTables t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1u) != 0 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    t[0][i] = c;
+  }
+  for (size_t i = 0; i < 256; ++i) {
+    for (size_t k = 1; k < 8; ++k) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
+  }
+  return t;
+}
+
+constexpr CrcTables kCrcTables = MakeCrcTables();
+
+// Continues a CRC-32C (`crc` = the CRC of what came before, 0 at the start) over [p, p+n).
+uint32_t Crc32cExtend(uint32_t crc, const char* p, size_t n) {
+  const auto& t = kCrcTables;
+  uint32_t c = ~crc;
+  while (n >= 8) {
+    uint32_t lo = 0;
+    uint32_t hi = 0;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= c;
+    c = t[7][lo & 0xFFu] ^ t[6][(lo >> 8) & 0xFFu] ^ t[5][(lo >> 16) & 0xFFu] ^ t[4][lo >> 24] ^
+        t[3][hi & 0xFFu] ^ t[2][(hi >> 8) & 0xFFu] ^ t[1][(hi >> 16) & 0xFFu] ^ t[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  for (; n > 0; --n, ++p) c = t[0][(c ^ static_cast<uint8_t>(*p)) & 0xFFu] ^ (c >> 8);
+  return ~c;
+}
+
+// The CRC a record carries: over its key, then its payload parts.
+uint32_t RecordCrc(std::string_view key, const rocksdb::Slice* parts, size_t num_parts) {
+  uint32_t crc = Crc32cExtend(0, key.data(), key.size());
+  for (size_t i = 0; i < num_parts; ++i) crc = Crc32cExtend(crc, parts[i].data(), parts[i].size());
+  return crc;
+}
+
+// ---- Encoding -----------------------------------------------------------------------------------
+
+template <typename T>
+void Append(std::string* out, T v) {
+  char buf[sizeof(T)];
+  std::memcpy(buf, &v, sizeof(T));
+  out->append(buf, sizeof(T));
+}
+
+// A small payload plus its CRC, ready for WriteBatch::Put.
+std::string SealedValue(std::string_view key, std::string payload) {
+  rocksdb::Slice part(payload);
+  Append<uint32_t>(&payload, RecordCrc(key, &part, 1));
+  return payload;
+}
+
+std::string HexKey(const char* prefix, uint32_t n) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string key(prefix);
+  for (int shift = 28; shift >= 0; shift -= 4) key.push_back(kHex[(n >> shift) & 0xFu]);
+  return key;
+}
+
+std::string SliceKey(uint32_t id) { return HexKey(kSlicePrefix, id); }
+std::string RankKey(int32_t rank) { return HexKey(kRankPrefix, static_cast<uint32_t>(rank)); }
+
+// Parses the 8 hex digits after `prefix` in `key`; false if they are not exactly that.
+bool ParseHexKey(std::string_view key, std::string_view prefix, uint32_t* n) {
+  if (key.size() != prefix.size() + 8 || key.substr(0, prefix.size()) != prefix) return false;
+  uint32_t v = 0;
+  for (char ch : key.substr(prefix.size())) {
+    uint32_t d = 0;
+    if (ch >= '0' && ch <= '9') {
+      d = static_cast<uint32_t>(ch - '0');
+    } else if (ch >= 'a' && ch <= 'f') {
+      d = static_cast<uint32_t>(ch - 'a' + 10);
+    } else {
+      return false;
+    }
+    v = (v << 4) | d;
+  }
+  *n = v;
+  return true;
+}
+
+// `s` as a short printable string for error messages.
+std::string Printable(std::string_view s) {
+  constexpr size_t kMax = 40;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < kMax; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7F) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 0xFu]);
+    }
+  }
+  if (s.size() > kMax) out += "...";
+  return out;
+}
+
+// ---- Decoding -----------------------------------------------------------------------------------
+
+// Reads fixed-size fields from a record's payload; every Get fails rather than read past it.
+class Reader {
+ public:
+  explicit Reader(std::string_view payload) : rest_(payload) {}
+
+  template <typename T>
+  bool Get(T* v) {
+    if (rest_.size() < sizeof(T)) return false;
+    std::memcpy(v, rest_.data(), sizeof(T));
+    rest_.remove_prefix(sizeof(T));
+    return true;
+  }
+  bool GetFloats(size_t n, std::vector<float>* out) {
+    if (rest_.size() / sizeof(float) < n) return false;
+    out->resize(n);
+    if (n > 0) std::memcpy(out->data(), rest_.data(), n * sizeof(float));
+    rest_.remove_prefix(n * sizeof(float));
+    return true;
+  }
+  size_t left() const { return rest_.size(); }
+
+ private:
+  std::string_view rest_;
+};
+
+Status BadRecord(std::string_view key, std::string_view why) {
+  return Status::Corruption("checkpoint record " + std::string(key) + " " + std::string(why));
+}
+
+// Checks the CRC that ends `value` and returns the payload before it.
+Result<std::string_view> Unseal(std::string_view key, std::string_view value) {
+  if (value.size() < kCrcBytes) return BadRecord(key, "is shorter than its checksum");
+  std::string_view payload = value.substr(0, value.size() - kCrcBytes);
+  uint32_t stored = 0;
+  std::memcpy(&stored, value.data() + payload.size(), kCrcBytes);
+  rocksdb::Slice part(payload.data(), payload.size());
+  if (RecordCrc(key, &part, 1) != stored) return BadRecord(key, "fails its CRC-32C check");
+  return payload;
+}
+
+// ---- RocksDB status and exceptions --------------------------------------------------------------
+
+Status FromRocks(const rocksdb::Status& s, const std::string& context) {
+  if (s.ok()) return Status::Ok();
+  std::string m = context + ": RocksDB: " + s.ToString();
+  if (s.IsCorruption()) return Status::Corruption(std::move(m));
+  if (s.IsNotFound()) return Status::NotFound(std::move(m));
+  if (s.IsIOError() || s.IsBusy() || s.IsTryAgain() || s.IsTimedOut() || s.IsIncomplete()) {
+    return Status::Unavailable(std::move(m));
+  }
+  if (s.IsNotSupported()) return Status::NotSupported(std::move(m));
+  if (s.IsInvalidArgument()) return Status::InvalidArgument(std::move(m));
+  if (s.IsAborted()) return Status::Aborted(std::move(m));
+  return Status::Internal(std::move(m));
+}
+
+// Runs `f`, turning any exception (RocksDB's, std::bad_alloc, filesystem) into a Status.
+template <typename F>
+auto Guarded(const std::string& context, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return Status::Internal(context + ": " + e.what());
+  } catch (...) {
+    return Status::Internal(context + ": unknown exception");
+  }
+}
+
+rocksdb::Options StoreOptions() {
+  rocksdb::Options options;
+  options.paranoid_checks = true;
+  options.write_buffer_size = size_t{8} << 20;
+  options.compression = rocksdb::kNoCompression;  // float payloads barely compress
+  options.keep_log_file_num = 4;                  // RocksDB's LOG files, not the WAL
+  return options;
+}
+
+// ---- Opening ------------------------------------------------------------------------------------
+
+enum class DirState { kEmpty, kDatabase };
+
+// Creates `dir` if missing; says whether it is empty or holds a RocksDB database; refuses anything
+// else.
+Result<DirState> InspectDir(const std::string& dir) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    return Status::Unavailable("cannot stat " + dir + ": " + ec.message());
+  }
+  if (!fs::exists(st)) {
+    fs::create_directories(dir, ec);
+    if (ec) return Status::Unavailable("cannot create " + dir + ": " + ec.message());
+    return DirState::kEmpty;
+  }
+  if (!fs::is_directory(st)) {
+    return Status::FailedPrecondition(dir + " is not a directory; refusing to touch it");
+  }
+  std::vector<std::string> names;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    names.push_back(it->path().filename().string());
+  }
+  if (ec) return Status::Unavailable("cannot list " + dir + ": " + ec.message());
+  if (names.empty()) return DirState::kEmpty;
+  // RocksDB names the live manifest in CURRENT; every database has one.
+  if (std::find(names.begin(), names.end(), "CURRENT") != names.end()) {
+    return DirState::kDatabase;
+  }
+  std::sort(names.begin(), names.end());
+  return Status::FailedPrecondition(dir + " is not a parasync-ps data directory (found " +
+                                    names.front() + "); refusing to touch it");
+}
+
+std::string ShardValue(int shard, int num_shards) {
+  std::string payload;
+  Append<int32_t>(&payload, static_cast<int32_t>(shard));
+  Append<int32_t>(&payload, static_cast<int32_t>(num_shards));
+  return SealedValue(kShardKey, std::move(payload));
+}
+
+// Checks the meta records of an opened database against this build and this shard. Returns false
+// for a database that holds no keys at all (a creation that crashed before its first write), true
+// for a store of this shard.
+Result<bool> CheckMeta(rocksdb::DB* db, const std::string& dir, int shard, int num_shards) {
+  rocksdb::ReadOptions ro;
+  std::string value;
+  rocksdb::Status s = db->Get(ro, kFormatKey, &value);
+  if (s.IsNotFound()) {
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro));
+    it->SeekToFirst();
+    if (!it->status().ok()) return FromRocks(it->status(), dir);
+    if (!it->Valid()) return false;
+    return Status::FailedPrecondition(dir +
+                                      " is not a parasync-ps data directory (found a RocksDB "
+                                      "database without " +
+                                      kFormatKey + ", first key '" +
+                                      Printable(it->key().ToStringView()) +
+                                      "'); refusing to touch it");
+  }
+  if (!s.ok()) return FromRocks(s, dir);
+  // Any other format — a later version may not even carry our CRC — is refused by name, not
+  // reported as damage.
+  if (value != SealedValue(kFormatKey, kCheckpointFormat)) {
+    Result<std::string_view> payload = Unseal(kFormatKey, value);
+    return Status::FailedPrecondition(dir + " holds a checkpoint store of format '" +
+                                      Printable(payload.ok() ? *payload : std::string_view(value)) +
+                                      "', this build reads '" + kCheckpointFormat +
+                                      "'; refusing to touch it");
+  }
+
+  s = db->Get(ro, kShardKey, &value);
+  if (s.IsNotFound()) return Status::Corruption(dir + ": checkpoint record meta/shard is missing");
+  if (!s.ok()) return FromRocks(s, dir);
+  Result<std::string_view> payload = Unseal(kShardKey, value);
+  if (!payload.ok()) return payload.status().WithContext(dir);
+  Reader r(*payload);
+  int32_t have_shard = 0;
+  int32_t have_num_shards = 0;
+  if (!r.Get(&have_shard) || !r.Get(&have_num_shards) || r.left() != 0) {
+    return BadRecord(kShardKey, "has the wrong length").WithContext(dir);
+  }
+  if (have_shard != shard || have_num_shards != num_shards) {
+    return Status::FailedPrecondition(
+        dir + " holds the checkpoint of shard " + std::to_string(have_shard) + " of " +
+        std::to_string(have_num_shards) + "; refusing to open it as shard " +
+        std::to_string(shard) + " of " + std::to_string(num_shards));
+  }
+  return true;
+}
+
+// ---- Records ------------------------------------------------------------------------------------
+
+Status CheckSlice(const SliceSnapshot& slice) {
+  for (const std::vector<float>& slot : slice.slots) {
+    if (slot.size() != slice.values.size()) {
+      return Status::InvalidArgument("slice " + std::to_string(slice.id) + " has a slot of " +
+                                     std::to_string(slot.size()) + " elements, not " +
+                                     std::to_string(slice.values.size()));
+    }
+  }
+  const uint64_t bytes =
+      static_cast<uint64_t>(slice.values.size()) * sizeof(float) * (slice.slots.size() + 1);
+  if (bytes > kMaxValueBytes - kSliceHeaderBytes) {
+    return Status::InvalidArgument("slice " + std::to_string(slice.id) +
+                                   " is too large for one checkpoint record (" +
+                                   std::to_string(bytes) + " bytes)");
+  }
+  return Status::Ok();
+}
+
+// Adds the record of `slice` to `batch` without copying its floats first: RocksDB gathers the parts
+// straight into the batch. Precondition: CheckSlice(slice) ok.
+rocksdb::Status PutSlice(const SliceSnapshot& slice, rocksdb::WriteBatch* batch) {
+  const std::string key = SliceKey(slice.id);
+  std::string header;
+  Append<int64_t>(&header, slice.updates);
+  Append<uint32_t>(&header, static_cast<uint32_t>(slice.slots.size()));
+  Append<uint64_t>(&header, static_cast<uint64_t>(slice.values.size()));
+  auto floats = [](const std::vector<float>& v) {
+    return rocksdb::Slice(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  };
+  std::vector<rocksdb::Slice> parts;
+  parts.reserve(slice.slots.size() + 3);
+  parts.emplace_back(header);
+  parts.push_back(floats(slice.values));
+  for (const std::vector<float>& slot : slice.slots) parts.push_back(floats(slot));
+  std::string crc;
+  Append<uint32_t>(&crc, RecordCrc(key, parts.data(), parts.size()));
+  parts.emplace_back(crc);
+  rocksdb::Slice key_slice(key);
+  return batch->Put(rocksdb::SliceParts(&key_slice, 1),
+                    rocksdb::SliceParts(parts.data(), static_cast<int>(parts.size())));
+}
+
+Result<SliceSnapshot> DecodeSlice(std::string_view key, std::string_view value) {
+  SliceSnapshot slice;
+  if (!ParseHexKey(key, kSlicePrefix, &slice.id)) return BadRecord(key, "has a malformed key");
+  PARASYNC_ASSIGN_OR_RETURN(std::string_view payload, Unseal(key, value));
+  Reader r(payload);
+  uint32_t num_slots = 0;
+  uint64_t n = 0;
+  if (!r.Get(&slice.updates) || !r.Get(&num_slots) || !r.Get(&n)) {
+    return BadRecord(key, "is truncated");
+  }
+  // Exact length before any allocation, so a damaged count cannot ask for huge vectors.
+  const uint64_t floats = r.left() / sizeof(float);
+  if (r.left() % sizeof(float) != 0 || floats % (uint64_t{num_slots} + 1) != 0 ||
+      floats / (uint64_t{num_slots} + 1) != n) {
+    return BadRecord(key, "has the wrong length for " + std::to_string(n) + " elements and " +
+                              std::to_string(num_slots) + " slots");
+  }
+  r.GetFloats(n, &slice.values);
+  slice.slots.resize(num_slots);
+  for (std::vector<float>& slot : slice.slots) r.GetFloats(n, &slot);
+  return slice;
+}
+
+std::string StateValue(int64_t version, int64_t examples) {
+  std::string payload;
+  Append<int64_t>(&payload, version);
+  Append<int64_t>(&payload, examples);
+  return SealedValue(kStateKey, std::move(payload));
+}
+
+std::string RankValue(const RankRecord& rank) {
+  std::string payload;
+  Append<uint64_t>(&payload, rank.last_seq);
+  return SealedValue(RankKey(rank.rank), std::move(payload));
+}
+
+std::string RegistrationValue(const ModelRegistration& reg) {
+  Header header;
+  header.type = MsgType::kRegister;
+  header.registration = reg;
+  const std::vector<uint8_t> bytes = EncodeHeader(header);
+  return SealedValue(kRegistrationKey,
+                     std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+}
+
+Result<ModelRegistration> DecodeRegistration(std::string_view value) {
+  PARASYNC_ASSIGN_OR_RETURN(std::string_view payload, Unseal(kRegistrationKey, value));
+  Result<Header> header = DecodeHeader(payload.data(), payload.size());
+  if (!header.ok()) return BadRecord(kRegistrationKey, header.status().message());
+  if (header->protocol_version != kProtocolVersion) {
+    return Status::FailedPrecondition(
+        "the checkpoint's registration was written by wire protocol " +
+        std::to_string(header->protocol_version) + ", this build speaks " +
+        std::to_string(kProtocolVersion));
+  }
+  if (!header->registration) return BadRecord(kRegistrationKey, "holds no registration");
+  return std::move(*header->registration);
+}
+
+// A database opened for this shard, and whether it holds a registration.
+struct OpenedDb {
+  std::unique_ptr<rocksdb::DB> db;
+  bool has_registration = false;
+};
+
+// CheckpointStore::Open without its argument checks and exception guard.
+Result<OpenedDb> OpenDb(const std::string& dir, int shard, int num_shards) {
+  PARASYNC_ASSIGN_OR_RETURN(const DirState state, InspectDir(dir));
+  rocksdb::Options options = StoreOptions();
+  bool fresh = state == DirState::kEmpty;
+  if (!fresh) {
+    // Look read-only first: opening for writing may rewrite the manifest and flush the WAL,
+    // which must not happen to a directory we then refuse.
+    rocksdb::DB* raw = nullptr;
+    rocksdb::Status s = rocksdb::DB::OpenForReadOnly(options, dir, &raw);
+    std::unique_ptr<rocksdb::DB> ro(raw);
+    if (s.IsInvalidArgument() || s.IsNotSupported()) {
+      return Status::FailedPrecondition(dir + " is not a parasync-ps data directory (RocksDB: " +
+                                        s.ToString() + "); refusing to touch it");
+    }
+    if (!s.ok()) return FromRocks(s, dir);
+    PARASYNC_ASSIGN_OR_RETURN(const bool has_meta, CheckMeta(ro.get(), dir, shard, num_shards));
+    fresh = !has_meta;
+    (void)ro->Close();
+  }
+
+  // Only now, with the directory known to be empty, may RocksDB create files in it.
+  options.create_if_missing = state == DirState::kEmpty;
+  options.error_if_exists = state == DirState::kEmpty;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(options, dir, &raw);
+  OpenedDb opened;
+  opened.db.reset(raw);
+  PARASYNC_RETURN_IF_ERROR(FromRocks(s, dir));
+  rocksdb::DB* db = opened.db.get();
+
+  if (fresh) {
+    rocksdb::WriteBatch batch;
+    PARASYNC_RETURN_IF_ERROR(
+        FromRocks(batch.Put(kFormatKey, SealedValue(kFormatKey, kCheckpointFormat)), dir));
+    PARASYNC_RETURN_IF_ERROR(FromRocks(batch.Put(kShardKey, ShardValue(shard, num_shards)), dir));
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    PARASYNC_RETURN_IF_ERROR(FromRocks(db->Write(wo, &batch), dir));
+  } else {
+    // Again under the lock the writable open holds, in case the store changed in between.
+    PARASYNC_ASSIGN_OR_RETURN(const bool has_meta, CheckMeta(db, dir, shard, num_shards));
+    if (!has_meta) return Status::Corruption(dir + ": checkpoint meta records vanished");
+  }
+
+  std::string value;
+  s = db->Get(rocksdb::ReadOptions(), kRegistrationKey, &value);
+  if (!s.ok() && !s.IsNotFound()) return FromRocks(s, dir);
+  opened.has_registration = s.ok();
+  return opened;
+}
+
+}  // namespace
+
+struct CheckpointStore::Rep {
+  std::unique_ptr<rocksdb::DB> db;
+};
+
+CheckpointStore::CheckpointStore(std::string dir, int shard, int num_shards,
+                                 std::unique_ptr<Rep> rep, bool has_registration)
+    : dir_(std::move(dir)),
+      shard_(shard),
+      num_shards_(num_shards),
+      rep_(std::move(rep)),
+      has_registration_(has_registration) {}
+
+CheckpointStore::~CheckpointStore() {
+  // Every write is already in the WAL; a failed close loses nothing that was acknowledged.
+  (void)rep_->db->Close();
+}
+
+Result<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string& dir, int shard,
+                                                               int num_shards) {
+  if (dir.empty()) return Status::InvalidArgument("checkpoint directory is empty");
+  if (num_shards < 1 || shard < 0 || shard >= num_shards) {
+    return Status::InvalidArgument("shard " + std::to_string(shard) + " of " +
+                                   std::to_string(num_shards) + " does not exist");
+  }
+  PARASYNC_ASSIGN_OR_RETURN(OpenedDb opened, Guarded("opening checkpoint store " + dir, [&] {
+                              return OpenDb(dir, shard, num_shards);
+                            }));
+  auto rep = std::make_unique<Rep>();
+  rep->db = std::move(opened.db);
+  return std::unique_ptr<CheckpointStore>(
+      new CheckpointStore(dir, shard, num_shards, std::move(rep), opened.has_registration));
+}
+
+Result<ShardSnapshot> CheckpointStore::Load() {
+  return Guarded("loading checkpoint from " + dir_, [&]() -> Result<ShardSnapshot> {
+    rocksdb::DB* db = rep_->db.get();
+    // One snapshot for every read, so a concurrent Save is seen whole or not at all.
+    rocksdb::ManagedSnapshot snapshot(db);
+    rocksdb::ReadOptions ro;
+    ro.snapshot = snapshot.snapshot();
+    ro.fill_cache = false;  // read once at start-up
+
+    ShardSnapshot snap;
+    std::string value;
+    rocksdb::Status s = db->Get(ro, kRegistrationKey, &value);
+    if (s.IsNotFound()) return Status::NotFound("no checkpoint was ever saved in " + dir_);
+    PARASYNC_RETURN_IF_ERROR(FromRocks(s, dir_));
+    Result<ModelRegistration> reg = DecodeRegistration(value);
+    if (!reg.ok()) return reg.status().WithContext(dir_);
+    snap.registration = std::move(*reg);
+
+    s = db->Get(ro, kStateKey, &value);
+    if (s.IsNotFound()) return BadRecord(kStateKey, "is missing").WithContext(dir_);
+    PARASYNC_RETURN_IF_ERROR(FromRocks(s, dir_));
+    Result<std::string_view> state = Unseal(kStateKey, value);
+    if (!state.ok()) return state.status().WithContext(dir_);
+    Reader r(*state);
+    if (!r.Get(&snap.version) || !r.Get(&snap.examples) || r.left() != 0) {
+      return BadRecord(kStateKey, "has the wrong length").WithContext(dir_);
+    }
+
+    // Keys are fixed-width lowercase hex, so byte order is ascending id.
+    const rocksdb::Slice slice_end(kSliceEnd);
+    ro.iterate_upper_bound = &slice_end;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro));
+    for (it->Seek(kSlicePrefix); it->Valid(); it->Next()) {
+      Result<SliceSnapshot> slice =
+          DecodeSlice(it->key().ToStringView(), it->value().ToStringView());
+      if (!slice.ok()) return slice.status().WithContext(dir_);
+      snap.slices.push_back(std::move(*slice));
+    }
+    PARASYNC_RETURN_IF_ERROR(FromRocks(it->status(), dir_));
+
+    const rocksdb::Slice rank_end(kRankEnd);
+    ro.iterate_upper_bound = &rank_end;
+    it.reset(db->NewIterator(ro));
+    for (it->Seek(kRankPrefix); it->Valid(); it->Next()) {
+      const std::string_view key = it->key().ToStringView();
+      RankRecord rank;
+      uint32_t bits = 0;
+      if (!ParseHexKey(key, kRankPrefix, &bits))
+        return BadRecord(key, "has a malformed key").WithContext(dir_);
+      rank.rank = static_cast<int32_t>(bits);
+      Result<std::string_view> payload = Unseal(key, it->value().ToStringView());
+      if (!payload.ok()) return payload.status().WithContext(dir_);
+      Reader rr(*payload);
+      if (!rr.Get(&rank.last_seq) || rr.left() != 0) {
+        return BadRecord(key, "has the wrong length").WithContext(dir_);
+      }
+      snap.ranks.push_back(rank);
+    }
+    PARASYNC_RETURN_IF_ERROR(FromRocks(it->status(), dir_));
+    // Key order puts negative ranks last.
+    std::sort(snap.ranks.begin(), snap.ranks.end(),
+              [](const RankRecord& a, const RankRecord& b) { return a.rank < b.rank; });
+    return snap;
+  });
+}
+
+Status CheckpointStore::Save(const ShardSnapshot& snap, bool sync) {
+  if (snap.registration.num_shards != num_shards_) {
+    return Status::InvalidArgument("registration for " +
+                                   std::to_string(snap.registration.num_shards) +
+                                   " shards saved in the store of shard " + std::to_string(shard_) +
+                                   " of " + std::to_string(num_shards_));
+  }
+  for (size_t i = 0; i < snap.slices.size(); ++i) {
+    if (i > 0 && snap.slices[i].id <= snap.slices[i - 1].id) {
+      return Status::InvalidArgument("slice ids are not strictly ascending at slice " +
+                                     std::to_string(snap.slices[i].id));
+    }
+    PARASYNC_RETURN_IF_ERROR(CheckSlice(snap.slices[i]));
+  }
+  std::vector<int32_t> ranks;
+  for (const RankRecord& rank : snap.ranks) ranks.push_back(rank.rank);
+  std::sort(ranks.begin(), ranks.end());
+  if (auto twice = std::adjacent_find(ranks.begin(), ranks.end()); twice != ranks.end()) {
+    return Status::InvalidArgument("rank " + std::to_string(*twice) +
+                                   " appears twice in the snapshot");
+  }
+
+  return Guarded("saving checkpoint to " + dir_, [&]() -> Status {
+    // Everything in one batch: a crash leaves the old snapshot or the new one.
+    rocksdb::WriteBatch batch;
+    auto put = [&](const std::string& key, const std::string& value) {
+      return FromRocks(batch.Put(key, value), dir_);
+    };
+    PARASYNC_RETURN_IF_ERROR(put(kRegistrationKey, RegistrationValue(snap.registration)));
+    PARASYNC_RETURN_IF_ERROR(put(kStateKey, StateValue(snap.version, snap.examples)));
+    // Range tombstones drop every old slice and rank without reading them; the puts after them in
+    // the batch get later sequence numbers and so survive them.
+    PARASYNC_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(kSlicePrefix, kSliceEnd), dir_));
+    PARASYNC_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(kRankPrefix, kRankEnd), dir_));
+    for (const SliceSnapshot& slice : snap.slices) {
+      PARASYNC_RETURN_IF_ERROR(FromRocks(PutSlice(slice, &batch), dir_));
+    }
+    for (const RankRecord& rank : snap.ranks) {
+      PARASYNC_RETURN_IF_ERROR(put(RankKey(rank.rank), RankValue(rank)));
+    }
+    rocksdb::WriteOptions wo;
+    wo.sync = sync;
+    PARASYNC_RETURN_IF_ERROR(FromRocks(rep_->db->Write(wo, &batch), dir_));
+    has_registration_.store(true);
+    return Status::Ok();
+  });
+}
+
+Status CheckpointStore::SaveUpdate(int64_t version, int64_t examples,
+                                   const std::vector<const SliceSnapshot*>& slices,
+                                   const std::optional<RankRecord>& rank, bool sync) {
+  if (!has_registration_.load()) {
+    return Status::FailedPrecondition("no snapshot was saved in " + dir_ +
+                                      " yet; SaveUpdate needs a Save first");
+  }
+  for (const SliceSnapshot* slice : slices) {
+    if (slice == nullptr) return Status::InvalidArgument("null slice in SaveUpdate");
+    PARASYNC_RETURN_IF_ERROR(CheckSlice(*slice));
+  }
+  return Guarded("saving update to " + dir_, [&]() -> Status {
+    rocksdb::WriteBatch batch;
+    PARASYNC_RETURN_IF_ERROR(FromRocks(batch.Put(kStateKey, StateValue(version, examples)), dir_));
+    for (const SliceSnapshot* slice : slices) {
+      PARASYNC_RETURN_IF_ERROR(FromRocks(PutSlice(*slice, &batch), dir_));
+    }
+    if (rank) {
+      PARASYNC_RETURN_IF_ERROR(FromRocks(batch.Put(RankKey(rank->rank), RankValue(*rank)), dir_));
+    }
+    rocksdb::WriteOptions wo;
+    wo.sync = sync;
+    return FromRocks(rep_->db->Write(wo, &batch), dir_);
+  });
+}
+
+int64_t CheckpointStore::ApproximateBytes() const {
+  std::error_code ec;
+  int64_t total = 0;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code size_ec;
+    const uintmax_t size = it->is_regular_file(size_ec) ? it->file_size(size_ec) : 0;
+    if (!size_ec) total += static_cast<int64_t>(size);
+  }
+  return total;
+}
+
+}  // namespace parasync

@@ -1,0 +1,131 @@
+// CheckpointStore: one parameter-server shard's durable state — the registered model, the
+// version and example counts, every slice's values and optimizer slots, and the last push
+// sequence number of each rank — in a RocksDB database in a directory of its own.
+//
+// Every write is one RocksDB WriteBatch, so a crash leaves the state before or after a write,
+// never a mix. Every stored value carries a CRC-32C over its key and payload, checked on read.
+// A directory is only ever used if it is empty, missing, or already holds the store of this
+// very shard: anything else is refused, never overwritten.
+//
+// On-disk format "parasync-ps/1" (integers and floats little-endian; every value ends with a
+// 4-byte CRC-32C of key + payload):
+//   meta/format        "parasync-ps/1"
+//   meta/shard         int32 shard, int32 num_shards
+//   meta/registration  the ModelRegistration as a wire Header frame (common/wire.h)
+//   meta/state         int64 version, int64 examples
+//   slice/<8 hex id>   int64 updates, uint32 num_slots, uint64 n, n floats values,
+//                      num_slots * n floats slots
+//   rank/<8 hex rank>  uint64 last_seq
+//
+// Thread safety: all methods may be called from any thread, also concurrently. Writes are
+// applied whole and in some order; Load() reads one consistent point in time.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/model_spec.h"
+#include "common/status.h"
+
+namespace parasync {
+
+// The name of the on-disk format this build reads and writes.
+inline constexpr char kCheckpointFormat[] = "parasync-ps/1";
+
+struct SliceSnapshot {
+  uint32_t id = 0;
+  int64_t updates = 0;  // optimizer steps applied to the slice (Adam's t)
+  std::vector<float> values;
+  std::vector<std::vector<float>> slots;  // optimizer slots, each values.size() long
+  bool operator==(const SliceSnapshot&) const = default;
+};
+
+// The highest push sequence number applied for a rank, so a retried push is not applied
+// twice after a restart.
+struct RankRecord {
+  int32_t rank = 0;
+  uint64_t last_seq = 0;
+  bool operator==(const RankRecord&) const = default;
+};
+
+struct ShardSnapshot {
+  ModelRegistration registration;
+  int64_t version = 0;
+  int64_t examples = 0;
+  std::vector<SliceSnapshot> slices;  // every slice this shard holds, ascending id
+  std::vector<RankRecord> ranks;      // ascending rank, at most one record per rank
+  bool operator==(const ShardSnapshot&) const = default;
+};
+
+class CheckpointStore {
+ public:
+  // Opens the store in `dir` (created if missing or empty) for shard `shard` of `num_shards`
+  // and returns it; blocks on disk I/O. Refuses — never touches — a directory that holds
+  // anything else:
+  //  - files but no parasync store: FailedPrecondition "<dir> is not a parasync-ps data
+  //    directory (found <a file name>); refusing to touch it";
+  //  - a store of another format, or of another shard index or shard count:
+  //    FailedPrecondition naming both;
+  //  - a store RocksDB reports corrupt, or whose meta records fail their checks: Corruption
+  //    naming the path.
+  // InvalidArgument unless 0 <= shard < num_shards; Unavailable on I/O errors, including a
+  // store that is already open (RocksDB's LOCK file).
+  static Result<std::unique_ptr<CheckpointStore>> Open(const std::string& dir, int shard,
+                                                       int num_shards);
+
+  // Closes the database. Every acknowledged write is already in the WAL, so nothing is lost
+  // if closing fails. Precondition: no other call on this store is in progress.
+  ~CheckpointStore();
+  CheckpointStore(const CheckpointStore&) = delete;
+  CheckpointStore& operator=(const CheckpointStore&) = delete;
+
+  // Returns the latest snapshot: slices in ascending id, ranks in ascending rank. NotFound
+  // when no Save() ever happened on this store; Corruption naming the key when a record fails
+  // its CRC or its length check; FailedPrecondition when the registration was stored by
+  // another wire protocol version; Unavailable on I/O errors. Blocks on disk I/O.
+  Result<ShardSnapshot> Load();
+
+  // Replaces the stored snapshot by `snap` in one atomic WriteBatch: slices and ranks absent
+  // from `snap` are deleted. When `sync`, the WAL is fsynced before returning (durable
+  // against power loss); otherwise the write survives a crash of this process only.
+  // InvalidArgument (nothing written) when slices are not strictly ascending by id, a slot is
+  // not values.size() long, a rank appears twice, or registration.num_shards differs from the
+  // store's; Unavailable on I/O errors. Blocks on disk I/O.
+  Status Save(const ShardSnapshot& snap, bool sync);
+
+  // Every-update durability: overwrites just `slices` (whole slices; the pointers are only
+  // read during the call), version, examples and, when given, `rank`, in one atomic
+  // WriteBatch, fsynced when `sync`. Other slices and ranks stay as they are.
+  // FailedPrecondition when no Save() happened yet, in this process or an earlier one (the
+  // registration is not stored); InvalidArgument (nothing written) for a null pointer or a
+  // slot of the wrong length; Unavailable on I/O errors. Blocks on disk I/O.
+  Status SaveUpdate(int64_t version, int64_t examples,
+                    const std::vector<const SliceSnapshot*>& slices,
+                    const std::optional<RankRecord>& rank, bool sync);
+
+  // Bytes the store takes on disk now: the sum of the sizes of the files in dir() (SST
+  // files, WAL, manifest, logs). Best effort: files that vanish while counting are skipped.
+  int64_t ApproximateBytes() const;
+
+  // The directory given to Open().
+  const std::string& dir() const { return dir_; }
+  int shard() const { return shard_; }
+  int num_shards() const { return num_shards_; }
+
+ private:
+  struct Rep;  // the RocksDB handle; only checkpoint_store.cc sees RocksDB
+  CheckpointStore(std::string dir, int shard, int num_shards, std::unique_ptr<Rep> rep,
+                  bool has_registration);
+
+  const std::string dir_;
+  const int shard_;
+  const int num_shards_;
+  const std::unique_ptr<Rep> rep_;
+  std::atomic<bool> has_registration_;  // a Save() happened, now or in an earlier process
+};
+
+}  // namespace parasync
