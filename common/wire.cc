@@ -19,6 +19,7 @@ std::string_view MsgTypeName(MsgType type) {
     case MsgType::kShutdown: return "shutdown";
     case MsgType::kHeartbeat: return "heartbeat";
     case MsgType::kLeave: return "leave";
+    case MsgType::kCheckpoint: return "checkpoint";
   }
   return "unknown";
 }
@@ -88,6 +89,9 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
   hb.add_min_version(h.min_version);
   hb.add_clock(h.clock);
   hb.add_dropped(h.dropped);
+  hb.add_incarnation(h.incarnation);
+  hb.add_seq(h.seq);
+  hb.add_replayed(h.replayed);
   if (!reg.IsNull()) hb.add_register_(reg);
   if (!stats.IsNull()) hb.add_stats(stats);
   b.Finish(hb.Finish());
@@ -176,6 +180,9 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.min_version = in->min_version();
   h.clock = in->clock();
   h.dropped = in->dropped();
+  h.incarnation = in->incarnation();
+  h.seq = in->seq();
+  h.replayed = in->replayed();
   if (const fb::RegisterRequest* r = in->register_()) {
     auto reg = DecodeRegistration(r);
     if (!reg.ok()) return reg.status();

@@ -17,7 +17,7 @@
 namespace parasync {
 
 // Bumped on every incompatible change of schema/parasync.fbs or of message semantics.
-inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kProtocolVersion = 3;
 
 enum class MsgType : uint8_t {
   kRegister = 0,
@@ -27,9 +27,10 @@ enum class MsgType : uint8_t {
   kShutdown = 4,
   kHeartbeat = 5,
   kLeave = 6,
+  kCheckpoint = 7,
 };
 std::string_view MsgTypeName(MsgType type);
-inline constexpr int kNumMsgTypes = 7;
+inline constexpr int kNumMsgTypes = 8;
 
 struct SliceRange {
   uint32_t slice_id = 0;
@@ -79,6 +80,9 @@ struct Header {
   int64_t min_version = 0;  // sync pull: wait for this version
   int64_t clock = 0;        // register reply: the rank's clock
   bool dropped = false;     // push reply: stale gradient dropped
+  uint64_t incarnation = 0; // replies: the server's; requests: the one last heard
+  uint64_t seq = 0;         // push: (sender incarnation << 32) | counter; 0 = none
+  bool replayed = false;    // push reply: already applied, not applied again
   std::optional<ModelRegistration> registration;  // Register requests
   std::optional<ShardStats> stats;                // Stats replies
 };

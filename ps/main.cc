@@ -14,6 +14,7 @@
 #include "common/mode.h"
 #include "common/process.h"
 #include "common/transport.h"
+#include "ps/checkpoint_store.h"
 #include "ps/ps_metrics.h"
 #include "ps/server.h"
 
@@ -47,6 +48,10 @@ int main(int argc, char** argv) {
   int64_t max_message_bytes = int64_t{1} << 30;
   int64_t max_model_bytes = 0;
   int replicas_to_aggregate = 0;
+  std::string data_dir;
+  std::string durability = "periodic";
+  double checkpoint_every_s = 30;
+  int64_t checkpoint_every_versions = 0;
   double worker_timeout_s = 10;
   double barrier_timeout_s = 300;
   bool allow_remote_shutdown = false;
@@ -86,6 +91,20 @@ int main(int argc, char** argv) {
                  "Most memory a registered model may take on this shard (values + optimizer "
                  "slots); 0 = 80% of physical memory")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--data-dir", data_dir,
+                 "Keep this shard in a RocksDB store here and restore it at start (empty: "
+                 "memory only). A directory holding anything else is refused, never overwritten");
+  app.add_option("--durability", durability,
+                 "periodic: snapshots every --checkpoint-every seconds / versions (a crash loses "
+                 "at most that much); every-update: each applied update is on disk (WAL synced) "
+                 "before it is acknowledged");
+  app.add_option("--checkpoint-every", checkpoint_every_s,
+                 "periodic: seconds between snapshots (0: off)")
+      ->check(CLI::Range(0.0, 86400.0));
+  app.add_option("--checkpoint-every-versions", checkpoint_every_versions,
+                 "periodic: versions between snapshots (0: off); in sync mode snapshots fall on "
+                 "multiples of it, so all shards hold the same step")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--allow-remote-shutdown", allow_remote_shutdown,
                "Accept Shutdown messages from non-loopback peers (default: loopback only)");
   try {
@@ -101,6 +120,13 @@ int main(int argc, char** argv) {
   auto training_mode = TrainingMode::Parse(mode);
   if (!training_mode.ok()) return Fail(training_mode.status().message(), kExitBadUsage);
   const int num_workers = static_cast<int>(spec->workers.size());
+  if (durability != "periodic" && durability != "every-update") {
+    return Fail("--durability must be periodic or every-update, not '" + durability + "'",
+                kExitBadUsage);
+  }
+  if (durability == "every-update" && data_dir.empty()) {
+    return Fail("--durability every-update needs --data-dir", kExitBadUsage);
+  }
   if (replicas_to_aggregate > num_workers) {
     return Fail("--replicas-to-aggregate " + std::to_string(replicas_to_aggregate) +
                     " is more than the " + std::to_string(num_workers) + " workers",
@@ -143,9 +169,48 @@ int main(int argc, char** argv) {
                       static_cast<int64_t>(sysconf(_SC_PAGESIZE));
   }
   options.max_model_bytes = max_model_bytes;
+  std::unique_ptr<CheckpointStore> store;
+  std::optional<ShardSnapshot> restored;
+  double restore_seconds = 0;
+  if (!data_dir.empty()) {
+    auto opened = CheckpointStore::Open(data_dir, shard, options.num_shards);
+    if (!opened.ok()) return Fail(opened.status().message(), kExitBadUsage);
+    store = std::move(opened).value();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto loaded = store->Load();
+    if (loaded.ok()) {
+      restored = std::move(loaded).value();
+    } else if (loaded.status().code() != StatusCode::kNotFound) {
+      return Fail("cannot restore from " + data_dir + ": " + loaded.status().message(),
+                  kExitBadUsage);
+    }
+    restore_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    options.store = store.get();
+    options.every_update = durability == "every-update";
+    options.checkpoint_every =
+        std::chrono::milliseconds(static_cast<int64_t>(checkpoint_every_s * 1000));
+    options.checkpoint_every_versions = checkpoint_every_versions;
+    if (training_mode->kind == TrainingMode::Kind::kSync && checkpoint_every_versions == 0 &&
+        !options.every_update) {
+      spdlog::warn("sync mode with time-based snapshots: shards may hold different steps; "
+                   "--checkpoint-every-versions N keeps them aligned");
+    }
+  }
   zmq::context_t context(1);
   auto server = Server::Create(context, options, &metrics);
   if (!server.ok()) return Fail(server.status().message());
+  if (restored) {
+    if (Status s = (*server)->Restore(*restored); !s.ok()) {
+      return Fail("cannot restore from " + data_dir + ": " + s.message(), kExitBadUsage);
+    }
+    spdlog::info("restored from {}: version {}, {} examples, {} slices, {} bytes on disk, in "
+                 "{:.3f} s",
+                 data_dir, restored->version, restored->examples, restored->slices.size(),
+                 store->ApproximateBytes(), restore_seconds);
+  } else if (store) {
+    spdlog::info("new data directory {} (durability {})", data_dir, durability);
+  }
   spdlog::info("shard {}/{} serving {} worker(s) on {} (mode {}{}), metrics on "
                "http://{}:{}/metrics",
                shard, options.num_shards, num_workers, (*server)->endpoint(), mode,
@@ -157,6 +222,12 @@ int main(int argc, char** argv) {
                metrics_bind, bound_metrics_port);
 
   Status run = (*server)->Run([] { return ShutdownRequested(); });
+  // A graceful stop keeps everything applied so far.
+  if (Status s = (*server)->SaveSnapshot(); !s.ok()) {
+    spdlog::error("final snapshot failed: {}", s.ToString());
+  } else if (store) {
+    spdlog::info("on disk: version {}", (*server)->shard().version());
+  }
   if (int sig = ShutdownSignal(); sig != 0) spdlog::info("signal {} received, shutting down", sig);
   const Shard& s = (*server)->shard();
   spdlog::info("stopped: version {}, {} examples applied, {} elements held", s.version(),

@@ -108,6 +108,25 @@ PsMetrics::PsMetrics(int shard, int num_workers)
                       .Labels(labels)
                       .Register(*registry)
                       .Add({});
+  checkpoint_seconds = &prometheus::BuildHistogram()
+                            .Name("parasync_ps_checkpoint_seconds")
+                            .Help("Time to write a snapshot or a durable update to RocksDB")
+                            .Labels(labels)
+                            .Register(*registry)
+                            .Add({}, prometheus::Histogram::BucketBoundaries{
+                                         1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 3, 10});
+  last_checkpoint_time = &prometheus::BuildGauge()
+                              .Name("parasync_ps_last_checkpoint_timestamp_seconds")
+                              .Help("Unix time of the last successful snapshot (0: none yet)")
+                              .Labels(labels)
+                              .Register(*registry)
+                              .Add({});
+  checkpoint_failures = &prometheus::BuildCounter()
+                             .Name("parasync_ps_checkpoint_failures_total")
+                             .Help("Snapshots or durable updates that could not be written")
+                             .Labels(labels)
+                             .Register(*registry)
+                             .Add({});
   registered = &prometheus::BuildGauge()
                     .Name("parasync_ps_registered")
                     .Help("1 once a model is registered")

@@ -38,6 +38,9 @@ struct PsMetrics {
   prometheus::Counter* blocked_pulls = nullptr;
   prometheus::Counter* workers_declared_dead = nullptr;
   prometheus::Gauge* live_workers = nullptr;
+  prometheus::Histogram* checkpoint_seconds = nullptr;
+  prometheus::Gauge* last_checkpoint_time = nullptr;  // unix seconds of the last snapshot
+  prometheus::Counter* checkpoint_failures = nullptr;
 };
 
 }  // namespace parasync

@@ -1,6 +1,7 @@
 #include "ps/server.h"
 
 #include <algorithm>
+#include <random>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -51,7 +52,105 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
       shard_(options.shard_index, options.num_shards, options.max_model_bytes),
       coordinator_({options.mode, options.num_workers, options.replicas_to_aggregate,
                     options.worker_timeout},
-                   std::chrono::steady_clock::now()) {}
+                   std::chrono::steady_clock::now()),
+      last_seq_(static_cast<size_t>(options.num_workers), 0),
+      last_save_time_(std::chrono::steady_clock::now()) {
+  std::random_device rd;
+  while (incarnation_ == 0) incarnation_ = (uint64_t{rd()} << 32) | rd();
+}
+
+Status Server::Restore(const ShardSnapshot& snap) {
+  PARASYNC_RETURN_IF_ERROR(shard_.Restore(snap));
+  for (const RankRecord& r : snap.ranks) {
+    if (r.rank >= 0 && static_cast<size_t>(r.rank) < last_seq_.size()) {
+      last_seq_[static_cast<size_t>(r.rank)] = r.last_seq;
+    }
+  }
+  last_saved_version_ = shard_.version();
+  metrics_->registered->Set(1);
+  metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
+  metrics_->version->Set(static_cast<double>(shard_.version()));
+  return Status::Ok();
+}
+
+Status Server::SaveSnapshot(bool force) {
+  if (options_.store == nullptr || !shard_.registered()) return Status::Ok();
+  if (!force && shard_.version() == last_saved_version_) return Status::Ok();
+  const auto t0 = std::chrono::steady_clock::now();
+  ShardSnapshot snap = shard_.Snapshot();
+  for (size_t r = 0; r < last_seq_.size(); ++r) {
+    if (last_seq_[r] != 0) snap.ranks.push_back({static_cast<int32_t>(r), last_seq_[r]});
+  }
+  PARASYNC_RETURN_IF_ERROR(options_.store->Save(snap, /*sync=*/true));
+  const auto t1 = std::chrono::steady_clock::now();
+  last_saved_version_ = shard_.version();
+  last_save_time_ = t1;
+  metrics_->checkpoint_seconds->Observe(std::chrono::duration<double>(t1 - t0).count());
+  metrics_->last_checkpoint_time->SetToCurrentTime();
+  spdlog::debug("snapshot of version {} saved in {:.3f} s", shard_.version(),
+                std::chrono::duration<double>(t1 - t0).count());
+  return Status::Ok();
+}
+
+void Server::MaybeSnapshot(TimePoint now) {
+  if (options_.store == nullptr || options_.every_update || !shard_.registered()) return;
+  const int64_t version = shard_.version();
+  if (version == last_saved_version_) return;
+  bool due = false;
+  if (options_.checkpoint_every_versions > 0) {
+    due = options_.mode.kind == TrainingMode::Kind::kSync
+              ? version % options_.checkpoint_every_versions == 0
+              : version - std::max<int64_t>(0, last_saved_version_) >=
+                    options_.checkpoint_every_versions;
+  }
+  if (options_.checkpoint_every.count() > 0 && now - last_save_time_ >= options_.checkpoint_every) {
+    due = true;
+  }
+  if (!due) return;
+  if (Status s = SaveSnapshot(); !s.ok()) {
+    metrics_->checkpoint_failures->Increment();
+    spdlog::error("snapshot failed: {}", s.ToString());
+    last_save_time_ = now;  // retry at the next interval, not at every message
+  }
+}
+
+bool Server::AlreadyApplied(int rank, uint64_t seq) const {
+  if (seq == 0 || rank < 0 || static_cast<size_t>(rank) >= last_seq_.size()) return false;
+  const uint64_t last = last_seq_[static_cast<size_t>(rank)];
+  return (last >> 32) == (seq >> 32) && (seq & 0xffffffffULL) <= (last & 0xffffffffULL);
+}
+
+void Server::RecordSeq(int rank, uint64_t seq) {
+  if (seq == 0 || rank < 0 || static_cast<size_t>(rank) >= last_seq_.size()) return;
+  last_seq_[static_cast<size_t>(rank)] = seq;
+}
+
+Status Server::PersistUpdate(std::span<const SliceRange> ranges, int rank) {
+  std::vector<SliceSnapshot> slices;
+  const SliceMap* map = shard_.slice_map();
+  if (map == nullptr) return Status::FailedPrecondition("nothing registered to persist");
+  if (ranges.empty()) {
+    for (uint32_t id : map->SlicesOfShard(options_.shard_index)) {
+      slices.push_back(shard_.SnapshotOfSlice(id));
+    }
+  } else {
+    for (const SliceRange& r : ranges) slices.push_back(shard_.SnapshotOfSlice(r.slice_id));
+  }
+  std::vector<const SliceSnapshot*> ptrs;
+  for (const SliceSnapshot& s : slices) ptrs.push_back(&s);
+  std::optional<RankRecord> record;
+  if (rank >= 0 && static_cast<size_t>(rank) < last_seq_.size() &&
+      last_seq_[static_cast<size_t>(rank)] != 0) {
+    record = RankRecord{rank, last_seq_[static_cast<size_t>(rank)]};
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  PARASYNC_RETURN_IF_ERROR(options_.store->SaveUpdate(shard_.version(), shard_.examples(), ptrs,
+                                                      record, /*sync=*/true));
+  metrics_->checkpoint_seconds->Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  last_saved_version_ = shard_.version();
+  return Status::Ok();
+}
 
 Status Server::Run(const std::function<bool()>& should_stop) {
   last_idle_ = std::chrono::steady_clock::now();
@@ -94,7 +193,10 @@ bool Server::CanServePull(const Header& req) const {
     case TrainingMode::Kind::kAsync:
       return true;
     case TrainingMode::Kind::kSync:
-      return req.min_version <= shard_.version();
+      // A pull made for an older incarnation of this server waits for a version of a dead
+      // process: it is answered at once.
+      return req.min_version <= shard_.version() ||
+             (req.incarnation != 0 && req.incarnation != incarnation_);
     case TrainingMode::Kind::kSsp:
       return !coordinator_.ValidRank(req.rank) || coordinator_.PullAllowed(req.rank);
   }
@@ -120,6 +222,7 @@ void Server::SendPull(zmq::message_t& identity, const Header& req) {
   reply.dtype = req.dtype;
   reply.slices = req.slices;
   reply.version = shard_.version();
+  reply.incarnation = incarnation_;
   std::vector<zmq::message_t> frames;
   std::vector<float*> dst;
   frames.reserve(req.slices.size());
@@ -150,22 +253,42 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
                                            " is out of range");
     return;
   }
+  const bool ranked = coordinator_.ValidRank(req.rank);
+  if (ranked && AlreadyApplied(req.rank, req.seq)) {
+    reply.replayed = true;  // a resend of a push applied before: acknowledge it again
+    return;
+  }
   const int64_t version = shard_.version();
-  if (req.version < 0 || req.version > version) {
+  // A push made for an older incarnation of this server was computed from the parameters of
+  // a dead process: its version means nothing here.
+  const bool other_incarnation = req.incarnation != 0 && req.incarnation != incarnation_;
+  const int64_t read_version = other_incarnation ? version : req.version;
+  const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
+  if (other_incarnation && sync) {
+    reply.dropped = true;
+    ++dropped_stale_;
+    if (ranked) {
+      coordinator_.RecordDropped(req.rank);
+      RecordSeq(req.rank, req.seq);
+      metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
+    }
+    metrics_->dropped_stale->Increment();
+    return;
+  }
+  if (read_version < 0 || read_version > version) {
     *reason = RejectReason::kBadVersion;
     reply.status = Status::InvalidArgument("gradient computed from version " +
                                            std::to_string(req.version) + " but the shard is at " +
                                            std::to_string(version));
     return;
   }
-  const bool ranked = coordinator_.ValidRank(req.rank);
-  const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
   if (sync) {
-    switch (coordinator_.ClassifySync(req.rank, req.version, version)) {
+    switch (coordinator_.ClassifySync(req.rank, read_version, version)) {
       case Coordinator::Offer::kStale:
         reply.dropped = true;
         ++dropped_stale_;
         coordinator_.RecordDropped(req.rank);
+        RecordSeq(req.rank, req.seq);
         metrics_->dropped_stale->Increment();
         metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
         return;
@@ -175,6 +298,7 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
         // aggregated; the sender is told it was dropped and simply waits for the next step.
         reply.dropped = true;
         coordinator_.RecordDropped(req.rank);
+        RecordSeq(req.rank, req.seq);
         metrics_->rejected[static_cast<size_t>(RejectReason::kDuplicate)]->Increment();
         metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
         return;
@@ -200,7 +324,7 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
       grads.push_back(realigned.back().data());
     }
   }
-  const int64_t staleness = version - req.version;
+  const int64_t staleness = version - read_version;
   if (options_.mode.kind == TrainingMode::Kind::kSsp && ranked &&
       coordinator_.ClockStaleness(req.rank) > options_.mode.staleness) {
     // Only possible across a death and rejoin (reads are gated by the bound): a gradient
@@ -208,6 +332,7 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     reply.dropped = true;
     ++dropped_stale_;
     coordinator_.RecordDropped(req.rank);
+    RecordSeq(req.rank, req.seq);
     metrics_->dropped_stale->Increment();
     metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
     return;
@@ -216,6 +341,7 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason);
     if (!reply.status.ok()) return;
     coordinator_.Contribute(req.rank);
+    RecordSeq(req.rank, req.seq);
   } else {
     float lr_scale = 1.0f;
     if (shard_.registration() && shard_.registration()->optimizer.staleness_aware) {
@@ -223,6 +349,15 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     }
     reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale);
     if (!reply.status.ok()) return;
+    if (ranked) RecordSeq(req.rank, req.seq);
+    if (options_.store != nullptr && options_.every_update) {
+      if (Status s = PersistUpdate(req.slices, req.rank); !s.ok()) {
+        // Applied in memory but not durable: the sender must not take it as acknowledged.
+        metrics_->checkpoint_failures->Increment();
+        reply.status = Status::Unavailable("update applied but not persisted: " + s.message());
+        return;
+      }
+    }
     metrics_->version->Set(static_cast<double>(shard_.version()));
     if (req.batch_examples > 0) metrics_->examples->Increment(static_cast<double>(req.batch_examples));
   }
@@ -245,6 +380,12 @@ void Server::MaybeCompleteStep() {
   const int64_t before = shard_.examples();
   shard_.ApplyAccumulated(n);
   coordinator_.CompleteStep();
+  if (options_.store != nullptr && options_.every_update) {
+    if (Status s = PersistUpdate({}, -1); !s.ok()) {
+      metrics_->checkpoint_failures->Increment();
+      spdlog::error("step {} not persisted: {}", shard_.version(), s.ToString());
+    }
+  }
   metrics_->apply_seconds->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   metrics_->version->Set(static_cast<double>(shard_.version()));
@@ -281,6 +422,7 @@ void Server::Tick(TimePoint now, bool idle) {
   }
   metrics_->live_workers->Set(coordinator_.live_count());
   MaybeCompleteStep();
+  MaybeSnapshot(now);
   ServeParked(now);
   // Whatever still waits past the barrier timeout fails, naming what it waited for.
   std::vector<ParkedPull> still;
@@ -294,6 +436,7 @@ void Server::Tick(TimePoint now, bool idle) {
     reply.request_id = p.request.request_id;
     reply.rank = p.request.rank;
     reply.version = shard_.version();
+    reply.incarnation = incarnation_;
     char waited[32];
     std::snprintf(waited, sizeof(waited), "%.1f", SecondsSince(p.since, now));
     reply.status = Status::TimedOut("pull by rank " + std::to_string(p.request.rank) +
@@ -444,6 +587,20 @@ bool Server::Handle(Inbound& in) {
                      coordinator_.live_count());
         MaybeCompleteStep();
         break;
+      case MsgType::kCheckpoint:
+        if (options_.store == nullptr) {
+          reason = RejectReason::kUnsupported;
+          reply.status = Status::FailedPrecondition(
+              "ps shard " + std::to_string(options_.shard_index) +
+              " keeps no checkpoints (start it with --data-dir)");
+        } else {
+          reply.status = SaveSnapshot(/*force=*/true);
+          if (reply.status.ok()) {
+            spdlog::info("checkpoint of version {} written on request of rank {}",
+                         shard_.version(), req.rank);
+          }
+        }
+        break;
       case MsgType::kShutdown:
         if (options_.allow_remote_shutdown || in.peer_address.empty() ||
             IsLoopbackAddress(in.peer_address)) {
@@ -458,6 +615,7 @@ bool Server::Handle(Inbound& in) {
     }
   }
   reply.version = shard_.version();
+  reply.incarnation = incarnation_;
   if (!reply.status.ok()) {
     Reject(reason == RejectReason::kNone ? RejectReason::kMalformed : reason);
     if (ShouldLogRejection()) {

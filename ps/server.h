@@ -25,6 +25,7 @@
 #include "common/mode.h"
 #include "common/status.h"
 #include "common/transport.h"
+#include "ps/checkpoint_store.h"
 #include "ps/coordinator.h"
 #include "ps/ps_metrics.h"
 #include "ps/shard.h"
@@ -45,6 +46,17 @@ struct ServerOptions {
   // Shutdown requests are accepted from loopback peers only, unless this is set. (Until the
   // transport authenticates peers, anyone who can reach the port could stop the server.)
   bool allow_remote_shutdown = false;
+
+  // Persistence (all off without a store). The store is not owned and must outlive the server.
+  CheckpointStore* store = nullptr;
+  // Every applied update is written (WAL synced) before it is acknowledged. In sync mode
+  // that is every applied step; gradients waiting for their step are not yet durable.
+  bool every_update = false;
+  // Periodic snapshots: when this much time or this many versions have passed since the
+  // last one (0: that trigger is off). In sync mode a versions trigger fires at multiples
+  // of it, so every shard snapshots the same step.
+  std::chrono::milliseconds checkpoint_every{0};
+  int64_t checkpoint_every_versions = 0;
 };
 
 class Server {
@@ -63,6 +75,14 @@ class Server {
   void Stop() { stop_.store(true); }
 
   std::string endpoint() const { return socket_->LastEndpoint(); }
+  // Random per server process; every reply carries it, so clients notice a restart.
+  uint64_t incarnation() const { return incarnation_; }
+
+  // Restores a snapshot from the store (before Run). Corruption if it does not fit.
+  Status Restore(const ShardSnapshot& snap);
+  // Writes a full snapshot now if the store is set, something is registered and the version
+  // moved since the last one (`force`: even if not). Returns the store's error.
+  Status SaveSnapshot(bool force = false);
   const Shard& shard() const { return shard_; }
   const Coordinator& coordinator() const { return coordinator_; }
   ShardStats Stats() const;
@@ -101,8 +121,20 @@ class Server {
   PsMetrics* metrics_;
   Shard shard_;
   Coordinator coordinator_;
+  // Push dedupe: a push whose seq was already applied is replayed, not applied again.
+  bool AlreadyApplied(int rank, uint64_t seq) const;
+  void RecordSeq(int rank, uint64_t seq);
+  // Every-update durability: writes the slices of `ranges` (all slices when empty) and the
+  // rank's seq. Returns the store's error.
+  Status PersistUpdate(std::span<const SliceRange> ranges, int rank);
+  void MaybeSnapshot(TimePoint now);
+
   std::vector<ParkedPull> parked_;
   TimePoint last_idle_;  // the last turn that found the socket empty
+  uint64_t incarnation_ = 0;
+  std::vector<uint64_t> last_seq_;  // by rank
+  int64_t last_saved_version_ = -1;
+  TimePoint last_save_time_;
   std::atomic<bool> stop_{false};
   int64_t requests_ = 0;
   int64_t rejected_ = 0;

@@ -239,4 +239,70 @@ std::span<const float> Shard::SliceValues(uint32_t id) const {
   return owned_[static_cast<size_t>(local_index_[id])].values;
 }
 
+SliceSnapshot Shard::SnapshotOfSlice(uint32_t id) const {
+  const SliceState& s = owned_[static_cast<size_t>(local_index_[id])];
+  SliceSnapshot out;
+  out.id = id;
+  out.updates = s.updates;
+  out.values = s.values;
+  out.slots = s.slots;
+  return out;
+}
+
+ShardSnapshot Shard::Snapshot() const {
+  ShardSnapshot snap;
+  snap.registration = *registration_;
+  snap.version = version_;
+  snap.examples = examples_;
+  for (uint32_t id : map_->SlicesOfShard(shard_index_)) snap.slices.push_back(SnapshotOfSlice(id));
+  return snap;
+}
+
+Status Shard::Restore(const ShardSnapshot& snap) {
+  if (Status s = ValidateRegistration(snap.registration); !s.ok()) {
+    return Status::Corruption("restored registration is invalid: " + s.message());
+  }
+  if (snap.registration.num_shards != num_shards_) {
+    return Status::Corruption("restored model is for " + std::to_string(snap.registration.num_shards) +
+                              " shards, this cluster has " + std::to_string(num_shards_));
+  }
+  auto map = SliceMap::Build(snap.registration.variables, snap.registration.max_slice_elements,
+                             snap.registration.num_shards);
+  if (!map.ok()) return Status::Corruption("restored model: " + map.status().message());
+  const std::vector<uint32_t>& mine = map->SlicesOfShard(shard_index_);
+  if (snap.slices.size() != mine.size()) {
+    return Status::Corruption("restored snapshot holds " + std::to_string(snap.slices.size()) +
+                              " slices, shard " + std::to_string(shard_index_) + " has " +
+                              std::to_string(mine.size()));
+  }
+  const size_t num_slots = static_cast<size_t>(NumOptimizerSlots(snap.registration.optimizer.kind));
+  std::vector<SliceState> owned;
+  std::vector<int32_t> local(map->slices().size(), -1);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const SliceSnapshot& in = snap.slices[i];
+    const auto length = static_cast<size_t>(map->slices()[mine[i]].length);
+    if (in.id != mine[i] || in.values.size() != length || in.slots.size() != num_slots) {
+      return Status::Corruption("restored slice " + std::to_string(in.id) +
+                                " does not match the model's slice map");
+    }
+    for (const auto& slot : in.slots) {
+      if (slot.size() != length) return Status::Corruption("restored optimizer slot of wrong size");
+    }
+    SliceState state;
+    state.values = in.values;
+    state.slots = in.slots;
+    state.updates = in.updates;
+    local[in.id] = static_cast<int32_t>(owned.size());
+    owned.push_back(std::move(state));
+  }
+  registration_ = snap.registration;
+  map_ = std::move(map).value();
+  local_index_ = std::move(local);
+  owned_ = std::move(owned);
+  version_ = snap.version;
+  examples_ = snap.examples;
+  pending_examples_ = 0;
+  return Status::Ok();
+}
+
 }  // namespace parasync

@@ -15,6 +15,7 @@
 #include "common/slice_map.h"
 #include "common/status.h"
 #include "common/wire.h"
+#include "ps/checkpoint_store.h"
 
 namespace parasync {
 
@@ -102,6 +103,17 @@ class Shard {
   const SliceMap* slice_map() const { return map_ ? &*map_ : nullptr; }
   // Values of slice `id` (for tests and checkpoints); empty if not held here.
   std::span<const float> SliceValues(uint32_t id) const;
+
+  // The whole shard state — registration, version, examples, every slice with its optimizer
+  // slots and update count — as a copy (ranks left empty: the server adds them).
+  // Precondition: registered().
+  ShardSnapshot Snapshot() const;
+  // One slice's state as a copy. Precondition: `id` is held here.
+  SliceSnapshot SnapshotOfSlice(uint32_t id) const;
+  // Replaces everything with `snap` (a restart). Checks it is a valid registration for this
+  // shard and that it holds exactly this shard's slices with the right sizes; Corruption
+  // naming the problem otherwise, and nothing changes.
+  Status Restore(const ShardSnapshot& snap);
 
  private:
   struct SliceState {

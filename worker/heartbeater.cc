@@ -17,6 +17,8 @@ Result<std::unique_ptr<Heartbeater>> Heartbeater::Start(
   h->context_ = &context;
   h->num_shards_ = ps_addresses.size();
   h->last_answer_ = std::make_unique<std::atomic<int64_t>[]>(ps_addresses.size());
+  h->incarnation_ = std::make_unique<std::atomic<uint64_t>[]>(ps_addresses.size());
+  for (size_t i = 0; i < ps_addresses.size(); ++i) h->incarnation_[i].store(0);
   for (size_t i = 0; i < ps_addresses.size(); ++i) h->last_answer_[i].store(NowTicks());
   h->thread_ = std::thread(&Heartbeater::Loop, h.get(), ps_addresses, rank, interval);
   return h;
@@ -73,7 +75,12 @@ void Heartbeater::Loop(std::vector<std::string> addresses, int rank,
       for (size_t i = 0; i < sockets.size(); ++i) {
         if (!(*ready)[i]) continue;
         auto in = sockets[i]->Receive(std::chrono::milliseconds(0));
-        if (in.ok() && in->has_value()) last_answer_[i].store(NowTicks());
+        if (in.ok() && in->has_value()) {
+          last_answer_[i].store(NowTicks());
+          if ((**in).header.ok() && (**in).header->incarnation != 0) {
+            incarnation_[i].store((**in).header->incarnation);
+          }
+        }
       }
     }
   }

@@ -34,6 +34,10 @@ class Heartbeater {
   // start for a server that never answered).
   std::chrono::milliseconds LongestSilence() const;
 
+  // The incarnation shard `shard` announced in its latest heartbeat reply (0: none yet). A
+  // change means the server restarted.
+  uint64_t Incarnation(int shard) const { return incarnation_[static_cast<size_t>(shard)].load(); }
+
  private:
   Heartbeater() = default;
   void Loop(std::vector<std::string> addresses, int rank, std::chrono::milliseconds interval);
@@ -43,6 +47,7 @@ class Heartbeater {
   std::atomic<bool> stop_{false};  // the thread checks it at least every 50 ms
   // Last answer per shard, as steady_clock ticks; written by the thread, read by anyone.
   std::unique_ptr<std::atomic<int64_t>[]> last_answer_;
+  std::unique_ptr<std::atomic<uint64_t>[]> incarnation_;
   size_t num_shards_ = 0;
 };
 

@@ -1,16 +1,22 @@
 // parasync-worker: trains on its shard of the data against the parameter servers. See --help.
 #include <cblas.h>
 
+#include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/cluster_spec.h"
 #include "common/metrics.h"
+#include "common/model_file.h"
 #include "common/model_spec.h"
 #include "common/process.h"
 #include "worker/compute/backend_factory.h"
@@ -28,6 +34,137 @@ int Fail(const std::string& line, int code = 1) {
   return parasync::PrintErrorLine("parasync-worker", line, code);
 }
 
+std::string WidthsText(const std::vector<int64_t>& widths) {
+  std::string text;
+  for (int64_t w : widths) text += (text.empty() ? "" : "-") + std::to_string(w);
+  return text;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return "[" + WidthsText(shape) + "]";
+}
+
+// Returns the MLP whose variables a model file holds: the widths come from the kernels
+// "dense<l>/kernel" {in, out}, which must chain (out of layer l = in of layer l+1), and the
+// variables must then be exactly MlpVariables(widths) by name, shape and dtype (in any order).
+// InvalidArgument naming the first thing that does not fit.
+parasync::Result<parasync::MlpSpec> MlpFromModelFile(const parasync::ModelFile& file) {
+  using namespace parasync;
+  std::map<std::string, const VariableSpec*> by_name;
+  for (const VariableSpec& v : file.variables) by_name[v.name] = &v;
+  std::vector<int64_t> widths;
+  for (int layer = 0;; ++layer) {
+    const std::string name = "dense" + std::to_string(layer) + "/kernel";
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) break;
+    const std::vector<int64_t>& shape = it->second->shape;
+    if (shape.size() != 2) {
+      return Status::InvalidArgument(name + " has shape " + ShapeText(shape) +
+                                     ", not [inputs-outputs]");
+    }
+    if (layer == 0) {
+      widths.push_back(shape[0]);
+    } else if (shape[0] != widths.back()) {
+      return Status::InvalidArgument(name + " has " + std::to_string(shape[0]) +
+                                     " inputs but layer " + std::to_string(layer - 1) + " has " +
+                                     std::to_string(widths.back()) + " outputs");
+    }
+    widths.push_back(shape[1]);
+  }
+  if (widths.empty()) return Status::InvalidArgument("no dense0/kernel: not an MLP model");
+  PARASYNC_ASSIGN_OR_RETURN(MlpSpec spec, ParseMlpWidths(WidthsText(widths)));
+  const std::string what = "an MLP " + WidthsText(spec.widths);
+  const std::vector<VariableSpec> expected = MlpVariables(spec);
+  for (const VariableSpec& e : expected) {
+    const auto it = by_name.find(e.name);
+    if (it == by_name.end()) {
+      return Status::InvalidArgument("no " + e.name + ", which " + what + " needs");
+    }
+    if (it->second->shape != e.shape) {
+      return Status::InvalidArgument(e.name + " has shape " + ShapeText(it->second->shape) +
+                                     ", " + what + " needs " + ShapeText(e.shape));
+    }
+    if (it->second->dtype != e.dtype) {
+      return Status::InvalidArgument(e.name + " is not float32");
+    }
+  }
+  if (file.variables.size() != expected.size()) {
+    for (const VariableSpec& v : file.variables) {
+      bool known = false;
+      for (const VariableSpec& e : expected) known = known || e.name == v.name;
+      if (!known) return Status::InvalidArgument("variable " + v.name + " is not part of " + what);
+    }
+    return Status::InvalidArgument(std::to_string(file.variables.size()) + " variables, " +
+                                   what + " has " + std::to_string(expected.size()));
+  }
+  return spec;
+}
+
+// --eval-only: evaluates the model in `model_path` (docs/model-format.md) on the t10k split
+// of `data_dir` with the CPU backend, as the chief's evaluation does, and prints one line for
+// people and one JSON line with the exact values. No cluster is involved. `explicit_widths`
+// is --model when the user gave it: it must match the file. Returns the exit status: 0, 2
+// for a missing, corrupt or mismatched model file or missing data, 1 if evaluation fails.
+int RunEvalOnly(const std::string& model_path, const std::string& data_dir,
+                const std::optional<std::string>& explicit_widths, int compute_threads) {
+  using namespace parasync;
+  if (model_path.empty()) return Fail("--eval-only needs --model-file FILE", kExitBadUsage);
+  auto file = ReadModelFile(model_path);
+  if (!file.ok()) return Fail(file.status().message(), kExitBadUsage);
+  auto mlp = MlpFromModelFile(*file);
+  if (!mlp.ok()) {
+    return Fail(model_path + " does not hold an MLP parasync can evaluate: " +
+                    mlp.status().message(),
+                kExitBadUsage);
+  }
+  if (explicit_widths) {
+    auto wanted = ParseMlpWidths(*explicit_widths);
+    if (!wanted.ok()) return Fail(wanted.status().message(), kExitBadUsage);
+    if (wanted->widths != mlp->widths) {
+      return Fail("--model " + WidthsText(wanted->widths) + " does not match " + model_path +
+                      ", which holds an MLP " + WidthsText(mlp->widths),
+                  kExitBadUsage);
+    }
+  }
+  auto test = LoadIdxDataset(data_dir, "t10k");
+  if (!test.ok()) return Fail(test.status().message(), kExitBadUsage);
+  if (test->dim != mlp->widths.front() || test->n == 0) {
+    return Fail("the test data has " + std::to_string(test->n) + " examples of " +
+                    std::to_string(test->dim) + " features; the model in " + model_path +
+                    " expects " + std::to_string(mlp->widths.front()) + " features",
+                kExitBadUsage);
+  }
+  openblas_set_num_threads(compute_threads);
+  auto backend = CreateCpuBackend(*mlp);
+  if (!backend.ok()) return Fail(backend.status().message());
+  std::vector<const float*> params;
+  for (const VariableSpec& v : MlpVariables(*mlp)) {
+    for (size_t i = 0; i < file->variables.size(); ++i) {
+      if (file->variables[i].name == v.name) params.push_back(file->values[i].data());
+    }
+  }
+  auto result = (*backend)->Evaluate(params, test->x.data(), test->y.data(), test->n);
+  if (!result.ok()) return Fail("evaluation failed: " + result.status().ToString());
+  // The same arithmetic as the chief's evaluation (worker/trainer.cc), so the numbers match.
+  const double accuracy =
+      static_cast<double>(result->correct) / static_cast<double>(result->count);
+  const double loss = result->loss_sum / static_cast<double>(result->count);
+  std::printf("eval-only: test accuracy %.4f, test loss %.4f on %lld examples (model %s)\n",
+              accuracy, loss, static_cast<long long>(result->count), model_path.c_str());
+  // The shortest text that reads back as the same double (as eval.jsonl has it); a
+  // non-finite loss is not JSON, hence null.
+  auto exact = [](double value) -> std::string {
+    if (!std::isfinite(value)) return "null";
+    char text[32];
+    const auto [end, ec] = std::to_chars(text, text + sizeof(text), value);
+    return ec == std::errc() ? std::string(text, end) : "null";
+  };
+  std::printf("{\"test_accuracy\": %s, \"test_loss\": %s, \"examples\": %lld}\n",
+              exact(accuracy).c_str(), exact(loss).c_str(), static_cast<long long>(result->count));
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -40,7 +177,9 @@ int main(int argc, char** argv) {
       "Example (rank 0 of 2, with 2 parameter servers):\n"
       "  parasync-worker --ps-hosts 127.0.0.1:5000,127.0.0.1:5001 "
       "--worker-hosts 127.0.0.1:6000,127.0.0.1:6001 --task-index 0 --epochs 5\n"
-      "The cluster may instead come from TF_CONFIG; flags win."};
+      "The cluster may instead come from TF_CONFIG; flags win.\n\n"
+      "Evaluate an exported model (parasync-export) without any cluster:\n"
+      "  parasync-worker --eval-only --model-file model.psm [--data DIR]"};
   app.option_defaults()->always_capture_default();
   ClusterFlags cluster;
   std::string mode = "async";
@@ -60,7 +199,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   std::string metrics_bind = "127.0.0.1";
   int metrics_port = 0;
-  int request_timeout_s = 30;
+  int request_timeout_s = 120;
   int connect_timeout_s = 60;
   double heartbeat_interval_s = 1.0;
   bool staleness_lr = false;
@@ -68,6 +207,8 @@ int main(int argc, char** argv) {
   bool no_shuffle = false;
   int64_t train_examples = 0;
   int step_delay_ms = 0;
+  bool eval_only = false;
+  std::string model_file;
 
   app.add_option("--ps-hosts", cluster.ps_hosts, "Comma-separated host:port of every PS shard");
   app.add_option("--worker-hosts", cluster.worker_hosts,
@@ -114,7 +255,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 65535));
   app.add_option("--metrics-bind", metrics_bind, "Address the metrics server listens on");
   app.add_option("--request-timeout", request_timeout_s,
-                 "Seconds to wait for a parameter server's reply before failing")
+                 "Seconds to wait for a parameter server's reply, resending meanwhile (also "
+                 "across a restart of the server) before failing")
       ->check(CLI::Range(1, 86400));
   app.add_option("--connect-timeout", connect_timeout_s,
                  "Seconds to wait for the parameter servers at start")
@@ -123,6 +265,12 @@ int main(int argc, char** argv) {
                  "Seconds between heartbeats to the parameter servers (keep it well below their "
                  "--worker-timeout)")
       ->check(CLI::Range(0.01, 3600.0));
+  app.add_flag("--eval-only", eval_only,
+               "Evaluate --model-file on the t10k test set (CPU) and exit; no cluster flags are "
+               "needed, and none are used");
+  app.add_option("--model-file", model_file,
+                 "--eval-only: the model file to evaluate, as parasync-export writes it "
+                 "(docs/model-format.md)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -131,6 +279,12 @@ int main(int argc, char** argv) {
     return Fail(e.what() + std::string(" (see --help)"), kExitBadUsage);
   }
 
+  if (eval_only) {
+    return RunEvalOnly(model_file, data_dir,
+                       app.count("--model") > 0 ? std::optional<std::string>(model) : std::nullopt,
+                       compute_threads);
+  }
+  if (!model_file.empty()) return Fail("--model-file is only used with --eval-only", kExitBadUsage);
   // Everything the user can get wrong is checked before anything starts.
   auto spec = ResolveClusterSpecFromEnvironment(cluster, "worker");
   if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
@@ -221,6 +375,9 @@ int main(int argc, char** argv) {
   client_options.interrupted = [beats, silence_limit] {
     return ShutdownRequested() || beats->LongestSilence() > silence_limit;
   };
+  // A parameter server that restarts (and restores its data directory) announces a new
+  // incarnation in its heartbeat replies: requests to it are registered again and resent.
+  client_options.incarnation_of = [beats](int shard) { return beats->Incarnation(shard); };
   auto client = PsClient::Connect(context, client_options);
   if (!client.ok()) return Fail(client.status().message());
 

@@ -1,6 +1,9 @@
 #include "worker/ps_client.h"
 
 #include <algorithm>
+#include <random>
+
+#include <spdlog/spdlog.h>
 #include <cstring>
 
 namespace parasync {
@@ -19,6 +22,10 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(zmq::context_t& context,
   auto client = std::unique_ptr<PsClient>(new PsClient(std::move(sockets), options));
   client->read_versions_.assign(options.ps_addresses.size(), 0);
   client->next_step_.assign(options.ps_addresses.size(), 0);
+  client->incarnation_.assign(options.ps_addresses.size(), 0);
+  client->read_incarnation_.assign(options.ps_addresses.size(), 0);
+  std::random_device rd;
+  while (client->seq_base_ == 0) client->seq_base_ = uint64_t{rd()} << 32;
   return client;
 }
 
@@ -26,39 +33,85 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
                                                 std::vector<Outgoing> requests,
                                                 std::chrono::milliseconds timeout,
                                                 bool interruptible) {
+  using Clock = std::chrono::steady_clock;
   const size_t n = shards.size();
   std::vector<uint64_t> ids(n);
+  std::vector<Clock::time_point> sent_at(n);
+  std::vector<uint64_t> sent_to(n);  // incarnation each request was addressed to
+  std::vector<bool> complained(n, false);
+  auto who = [&](size_t i) {
+    return "ps shard " + std::to_string(shards[i]) + " (" +
+           options_.ps_addresses[static_cast<size_t>(shards[i])] + ")";
+  };
+  // Sends request i (again). Frames are copied so the request can be resent.
+  auto send = [&](size_t i) -> Status {
+    const size_t s = static_cast<size_t>(shards[i]);
+    // h.incarnation stays what the request was built for: a push computed from (or a pull
+    // waiting for) a version of one server process says so, also when resent to the next.
+    Header h = requests[i].header;
+    h.request_id = ids[i];
+    h.rank = options_.rank;
+    std::vector<zmq::message_t> frames;
+    frames.reserve(requests[i].frames.size());
+    for (auto& f : requests[i].frames) {
+      frames.emplace_back();
+      frames.back().copy(f);
+    }
+    sent_at[i] = Clock::now();
+    sent_to[i] = incarnation_[s];
+    return sockets_[s]->Send(nullptr, h, std::move(frames));
+  };
   for (size_t i = 0; i < n; ++i) {
     ids[i] = next_request_id_++;
-    requests[i].header.request_id = ids[i];
-    requests[i].header.rank = options_.rank;
-    Socket& socket = *sockets_[static_cast<size_t>(shards[i])];
-    if (Status s = socket.Send(nullptr, requests[i].header, std::move(requests[i].frames));
-        !s.ok()) {
-      return s.WithContext("ps shard " + std::to_string(shards[i]) + " (" +
-                           options_.ps_addresses[static_cast<size_t>(shards[i])] + ")");
-    }
+    if (Status st = send(i); !st.ok()) return st.WithContext(who(i));
   }
   std::vector<std::optional<Inbound>> replies(n);
   size_t pending = n;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
   std::vector<Socket*> waiting;
   std::vector<size_t> waiting_index;
   while (pending > 0) {
     if (interruptible && options_.interrupted && options_.interrupted()) {
       return Status::Aborted("interrupted while waiting for the parameter servers");
     }
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = Clock::now();
     if (now >= deadline) {
       std::string silent;
       for (size_t i = 0; i < n; ++i) {
-        if (!replies[i]) {
-          silent += (silent.empty() ? "" : ", ") + std::to_string(shards[i]) + " (" +
-                    options_.ps_addresses[static_cast<size_t>(shards[i])] + ")";
+        if (!replies[i]) silent += (silent.empty() ? "" : ", ") + who(i);
+      }
+      return Status::TimedOut("no reply from " + silent + " within " +
+                              std::to_string(timeout.count()) + " ms");
+    }
+    // A restarted server lost what was sent to its predecessor; a lost reply is asked for
+    // again after resend_after. Same id: whichever reply comes first is taken.
+    for (size_t i = 0; i < n; ++i) {
+      if (replies[i]) continue;
+      const size_t s = static_cast<size_t>(shards[i]);
+      const uint64_t now_inc = options_.incarnation_of ? options_.incarnation_of(shards[i]) : 0;
+      const bool restarted = now_inc != 0 && sent_to[i] != 0 && now_inc != sent_to[i];
+      if (!restarted && now - sent_at[i] < options_.resend_after) continue;
+      if (!complained[i]) {
+        spdlog::warn("{} {}; sending again (for up to {} s)", who(i),
+                     restarted ? "restarted" : "does not answer",
+                     std::chrono::duration_cast<std::chrono::seconds>(deadline - now).count());
+        complained[i] = true;
+      }
+      if (restarted) {
+        incarnation_[s] = now_inc;
+        // The new process may hold no model (nothing saved yet): register first (idempotent).
+        if (registration_ && requests[i].header.type != MsgType::kRegister) {
+          Header reg;
+          reg.type = MsgType::kRegister;
+          reg.request_id = next_request_id_++;  // its reply is not waited for
+          reg.rank = options_.rank;
+          reg.registration = registration_;
+          (void)sockets_[s]->Send(nullptr, reg, {});
         }
       }
-      return Status::TimedOut("no reply from ps shard " + silent + " within " +
-                              std::to_string(timeout.count()) + " ms");
+      ++resends_;
+      if (Status st = send(i); !st.ok()) return st.WithContext(who(i));
     }
     waiting.clear();
     waiting_index.clear();
@@ -75,16 +128,26 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
     for (size_t k = 0; k < waiting.size(); ++k) {
       if (!(*ready)[k]) continue;
       const size_t i = waiting_index[k];
-      auto in = waiting[k]->Receive(std::chrono::milliseconds(0));
-      if (!in.ok()) return in.status();
-      if (!in->has_value()) continue;
-      Inbound& msg = **in;
-      const std::string who = "ps shard " + std::to_string(shards[i]);
-      if (!msg.header.ok()) return msg.header.status().WithContext(who + " sent a bad reply");
-      if (msg.header->request_id != ids[i]) continue;  // a late reply to an abandoned request
-      if (!msg.header->status.ok()) return msg.header->status.WithContext(who);
-      replies[i] = std::move(msg);
-      --pending;
+      // Drain: replies to abandoned requests (other ids) may be queued ahead of ours.
+      for (;;) {
+        auto in = waiting[k]->Receive(std::chrono::milliseconds(0));
+        if (!in.ok()) return in.status();
+        if (!in->has_value()) break;
+        Inbound& msg = **in;
+        if (!msg.header.ok()) return msg.header.status().WithContext(who(i) + " sent a bad reply");
+        if (msg.header->incarnation != 0) {
+          incarnation_[static_cast<size_t>(shards[i])] = msg.header->incarnation;
+        }
+        if (msg.header->request_id != ids[i]) continue;  // a late reply to an abandoned request
+        if (!msg.header->status.ok()) return msg.header->status.WithContext(who(i));
+        if (complained[i]) {
+          spdlog::info("{} answered again after {:.1f} s", who(i),
+                       std::chrono::duration<double>(Clock::now() - start).count());
+        }
+        replies[i] = std::move(msg);
+        --pending;
+        break;
+      }
     }
   }
   std::vector<Inbound> out;
@@ -113,6 +176,7 @@ Status PsClient::Register(const ModelRegistration& reg, std::chrono::millisecond
   if (!replies.ok()) return replies.status();
   registered_clock_ = 0;
   for (const Inbound& in : *replies) registered_clock_ = std::max(registered_clock_, in.header->clock);
+  registration_ = reg;
   map_ = std::move(map).value();
   var_sizes_.clear();
   for (const VariableSpec& v : reg.variables) var_sizes_.push_back(v.num_elements());
@@ -142,6 +206,7 @@ Status PsClient::Pull(std::span<float* const> params, int64_t min_version) {
     Outgoing o;
     o.header.type = MsgType::kPull;
     o.header.min_version = min_version == kNextStep ? next_step_[static_cast<size_t>(s)] : min_version;
+    o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
     for (uint32_t id : map_->SlicesOfShard(s)) {
       o.header.slices.push_back({id, 0, map_->slices()[id].length});
     }
@@ -169,6 +234,7 @@ Status PsClient::Pull(std::span<float* const> params, int64_t min_version) {
     }
     lowest = std::min(lowest, in.header->version);
     read_versions_[static_cast<size_t>(shards[i])] = in.header->version;
+    read_incarnation_[static_cast<size_t>(shards[i])] = in.header->incarnation;
   }
   last_version_ = lowest == INT64_MAX ? 0 : lowest;
   return Status::Ok();
@@ -178,6 +244,8 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
                       int64_t read_version) {
   if (!map_) return Status::FailedPrecondition("Push before Register");
   if (grads.size() != var_sizes_.size()) return Status::InvalidArgument("wrong number of variables");
+  // One sequence number per push, the same on every shard: a resend is applied at most once.
+  const uint64_t seq = seq_base_ | ((++pushes_) & 0xffffffffULL);
   std::vector<int> shards;
   std::vector<Outgoing> requests;
   for (int s = 0; s < num_shards(); ++s) {
@@ -185,7 +253,9 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
     Outgoing o;
     o.header.type = MsgType::kPush;
     o.header.batch_examples = batch_examples;
+    o.header.seq = seq;
     o.header.version = read_version == kLastRead ? read_versions_[static_cast<size_t>(s)] : read_version;
+    o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
     for (uint32_t id : map_->SlicesOfShard(s)) {
       const SliceInfo& info = map_->slices()[id];
       o.header.slices.push_back({id, 0, info.length});

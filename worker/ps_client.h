@@ -38,6 +38,13 @@ struct PsClientOptions {
   // Polled every 100 ms while waiting for replies; when it returns true the call gives up
   // with Aborted (e.g. on SIGTERM). Optional.
   std::function<bool()> interrupted;
+  // The incarnation a shard currently announces (from heartbeats; 0: unknown). When it
+  // differs from the one a request went to, the server restarted: the client registers
+  // again with it (idempotent) and resends. Optional.
+  std::function<uint64_t(int shard)> incarnation_of;
+  // An unanswered request is sent again after this long (same request id; pushes carry a
+  // sequence number so the server applies each at most once).
+  std::chrono::milliseconds resend_after{5000};
 };
 
 class PsClient {
@@ -97,6 +104,8 @@ class PsClient {
   bool last_push_dropped() const { return last_push_dropped_; }
   // The highest clock the shards gave this rank at Register (where it rejoins).
   int64_t registered_clock() const { return registered_clock_; }
+  // Times a request had to be sent again (a server restarted or a reply was lost).
+  int64_t resends() const { return resends_; }
 
  private:
   struct Outgoing {
@@ -120,6 +129,12 @@ class PsClient {
   int64_t last_version_ = 0;
   std::vector<int64_t> read_versions_;  // per shard: version at the last pull
   std::vector<int64_t> next_step_;      // per shard: version a kNextStep pull waits for
+  std::vector<uint64_t> incarnation_;   // per shard: the server incarnation last heard
+  std::vector<uint64_t> read_incarnation_;  // per shard: incarnation of the last pull reply
+  std::optional<ModelRegistration> registration_;  // re-sent to a restarted shard
+  uint64_t seq_base_ = 0;               // this client's random incarnation << 32
+  uint64_t pushes_ = 0;
+  int64_t resends_ = 0;
   bool last_push_dropped_ = false;
   int64_t registered_clock_ = 0;
 };

@@ -68,6 +68,9 @@ TEST(WireTest, RoundTripKeepsScalarFieldsAndSlices) {
   h.slices = {{0, 0, 100}, {7, 12, 3}, {0xffffffffu, int64_t{1} << 40, 0}};
   h.batch_examples = 128;
   h.version = int64_t{1} << 50;
+  h.incarnation = 0xfedcba9876543210ULL;
+  h.seq = (uint64_t{77} << 32) | 5;
+  h.replayed = true;
   Result<Header> d = RoundTrip(h);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->protocol_version, kProtocolVersion);
@@ -79,6 +82,9 @@ TEST(WireTest, RoundTripKeepsScalarFieldsAndSlices) {
   EXPECT_EQ(d->slices, h.slices);
   EXPECT_EQ(d->batch_examples, 128);
   EXPECT_EQ(d->version, h.version);
+  EXPECT_EQ(d->incarnation, h.incarnation);
+  EXPECT_EQ(d->seq, h.seq);
+  EXPECT_TRUE(d->replayed);
   EXPECT_FALSE(d->registration.has_value());
   EXPECT_FALSE(d->stats.has_value());
 }
@@ -186,8 +192,8 @@ void ExpectCorruption(const Header& h, const std::string& what) {
 
 TEST(WireTest, DecodeRejectsOutOfRangeEnumsAsCorruption) {
   Header h;
-  h.type = static_cast<MsgType>(7);
-  ExpectCorruption(h, "message type 7");
+  h.type = static_cast<MsgType>(8);
+  ExpectCorruption(h, "message type 8");
   h = Header{};
   h.type = static_cast<MsgType>(200);
   ExpectCorruption(h, "message type 200");
