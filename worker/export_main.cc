@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
       "parasync-export: writes the model held by the parameter servers to one file.\n\n"
       "Example:\n"
       "  parasync-export --ps-hosts 127.0.0.1:5000,127.0.0.1:5001 --out model.psm\n"
-      "  parasync-worker --eval-only --model model.psm\n"
+      "  parasync-worker --eval-only --model-file model.psm\n"
       "The cluster may also come from TF_CONFIG. The servers keep training meanwhile: the file "
       "holds each shard's values at the moment it answered (metadata lists their versions)."};
   app.option_defaults()->always_capture_default();

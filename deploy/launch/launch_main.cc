@@ -23,9 +23,11 @@ constexpr const char* kDescription =
     "workers (parasync-worker), on free ports of --host; forwards their output prefixed with "
     "[ps0], [worker1], ... and writes it to <log-dir>/<name>.log; when worker 0 (the chief) "
     "finishes, stops the others (SIGTERM, then SIGKILL after --grace-seconds) and prints "
-    "where the results are.\n"
+    "where the results are. With --export FILE, the model is written to FILE by "
+    "parasync-export after the chief finished and the other workers stopped, before the "
+    "parameter servers are stopped.\n"
     "Exit status: 0 when every process exited 0, 1 when one failed or had to be killed, "
-    "2 for bad flags or missing binaries, 130 when interrupted.";
+    "2 for bad flags or missing binaries, 130 when interrupted. A failed export fails the run.";
 
 constexpr const char* kFooter =
     "Values that begin with '-' are safest written with '=': --worker-arg=--device=cpu.\n"
@@ -34,7 +36,9 @@ constexpr const char* kFooter =
     "  parasync-launch --ps 2 --workers 2 --mode ssp:3 --epochs 5 --lr 0.05 \\\n"
     "      --log-dir runs/ssp3 --worker-arg=--device=cpu\n"
     "  Then: runs/ssp3/eval.jsonl (the chief's evaluations), runs/ssp3/worker0.log, ...,\n"
-    "  runs/ssp3/cluster.json (pids, addresses, metrics ports, command lines).\n";
+    "  runs/ssp3/cluster.json (pids, addresses, metrics ports, command lines).\n"
+    "  parasync-launch --ps 2 --workers 2 --epochs 5 --export runs/model.psm\n"
+    "  Then: parasync-worker --eval-only --model-file runs/model.psm\n";
 
 // CLI11 validator: a non-negative (or, with `positive`, positive) decimal integer.
 CLI::Validator IntegerValidator(bool positive) {
@@ -102,6 +106,13 @@ int main(int argc, char** argv) {
       ->type_name("DIR");
   app.add_option("--data", options.data_dir, "Dataset directory, passed to workers when given")
       ->type_name("DIR");
+  app.add_option("--data-dir", options.ps_data_dir,
+                 "Parameter-server state: PS i gets --data-dir DIR/ps<i> when given")
+      ->type_name("DIR");
+  app.add_option("--export", options.export_path,
+                 "After the chief finished: write the model to FILE with parasync-export, "
+                 "before the parameter servers are stopped")
+      ->type_name("FILE");
 
   CLI::App& training = *app.add_option_group("Training", "Passed to workers only when given");
   AddOptional(training, "--batch-size", "N", options.batch_size, "Per-worker batch size",
@@ -114,6 +125,8 @@ int main(int argc, char** argv) {
   AddOptional(training, "--seed", "N", options.seed, "Random seed", IntegerValidator(false));
   AddOptional(training, "--max-steps", "N", options.max_steps,
               "Stop each worker after this many steps", IntegerValidator(false));
+  training.add_flag("--checkpoint-each-epoch", options.checkpoint_each_epoch,
+                    "Passed to workers: checkpoint the model after every epoch");
 
   CLI::App& modes = *app.add_option_group("Modes", "Passed to parameter servers only when given");
   AddOptional(modes, "--replicas-to-aggregate", "R", options.replicas_to_aggregate,

@@ -162,9 +162,10 @@ std::string DefaultLogDir() {
   return std::string("runs/") + buffer;
 }
 
-Status CheckBinaries(const std::string& bin_dir) {
+Status CheckBinaries(const std::string& bin_dir, bool with_export) {
   std::vector<std::string> missing;
-  for (std::string_view name : {kPsBinary, kWorkerBinary}) {
+  for (std::string_view name : {kPsBinary, kWorkerBinary, kExportBinary}) {
+    if (name == kExportBinary && !with_export) continue;
     const std::string path = bin_dir + "/" + std::string(name);
     struct stat info {};
     if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode) ||
@@ -231,6 +232,9 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
       if (options.worker_timeout) {
         argv.insert(argv.end(), {"--worker-timeout", *options.worker_timeout});
       }
+      if (!options.ps_data_dir.empty()) {
+        argv.insert(argv.end(), {"--data-dir", options.ps_data_dir + "/" + spec.name});
+      }
       argv.insert(argv.end(), options.ps_args.begin(), options.ps_args.end());
     } else {
       argv.insert(argv.end(), {"--epochs", std::to_string(options.epochs)});
@@ -242,9 +246,19 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
       for (const auto& [flag, value] : training) {
         if (value->has_value()) argv.insert(argv.end(), {flag, **value});
       }
+      if (options.checkpoint_each_epoch) argv.push_back("--checkpoint-each-epoch");
       argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
     }
     plan.processes.push_back(std::move(spec));
+  }
+  if (!options.export_path.empty()) {
+    ProcessSpec exporter;
+    exporter.role = Role::kExport;
+    exporter.name = "export";
+    exporter.log_path = log_dir + "/export.log";
+    exporter.argv = {bin_dir + "/" + std::string(kExportBinary), "--ps-hosts", ps_hosts, "--out",
+                     options.export_path};
+    plan.exporter = std::move(exporter);
   }
   return plan;
 }
@@ -316,15 +330,26 @@ struct Launcher::Child {
   bool killed_after_grace = false;
 };
 
-Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& options) {
-  PARASYNC_RETURN_IF_ERROR(ValidateOptions(options));
+Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& given) {
+  PARASYNC_RETURN_IF_ERROR(ValidateOptions(given));
+  LaunchOptions options = given;
   std::string bin_dir = options.bin_dir;
   if (bin_dir.empty()) {
     PARASYNC_ASSIGN_OR_RETURN(bin_dir, ExecutableDir());
   }
-  PARASYNC_RETURN_IF_ERROR(CheckBinaries(bin_dir));
+  PARASYNC_RETURN_IF_ERROR(CheckBinaries(bin_dir, !options.export_path.empty()));
 
   std::error_code ec;
+  if (!options.export_path.empty()) {
+    // Checked now, not after the training it would otherwise waste.
+    const std::filesystem::path path =
+        std::filesystem::absolute(options.export_path, ec).lexically_normal();
+    if (ec || !path.has_filename() || std::filesystem::is_directory(path)) {
+      return Status::InvalidArgument("--export must name a file, got '" + options.export_path +
+                                     "'");
+    }
+    options.export_path = path.string();
+  }
   const std::string log_dir_text = options.log_dir.empty() ? DefaultLogDir() : options.log_dir;
   std::filesystem::path log_dir = std::filesystem::absolute(log_dir_text, ec);
   if (ec) return Status::InvalidArgument("--log-dir '" + log_dir_text + "': " + ec.message());
@@ -351,6 +376,17 @@ Launcher::Launcher(LaunchOptions options, LaunchPlan plan, PortReservation ports
 }
 
 Launcher::~Launcher() {
+  if (exporter_ != nullptr && exporter_->running) {
+    kill(exporter_->pid, SIGKILL);
+    while (waitpid(exporter_->pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    exporter_->running = false;
+  }
+  if (exporter_ != nullptr) {
+    CloseOutput(*exporter_);
+    if (exporter_->log_fd >= 0) close(exporter_->log_fd);
+    exporter_->log_fd = -1;
+  }
   for (Child& child : children_) {
     if (child.running) kill(child.pid, SIGKILL);
   }
@@ -375,6 +411,12 @@ Status Launcher::Start() {
   std::filesystem::create_directories(plan_.log_dir, ec);
   if (ec) return Status::Unavailable("cannot create log directory " + plan_.log_dir + ": " +
                                      ec.message());
+  if (plan_.exporter) {
+    // The model often goes next to the logs, e.g. <log_dir>/model.psm.
+    const std::string dir = std::filesystem::path(options_.export_path).parent_path().string();
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return Status::Unavailable("cannot create " + dir + " for --export: " + ec.message());
+  }
   for (Child& child : children_) {
     child.log_fd = open(child.spec.log_path.c_str(),
                         O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -491,6 +533,7 @@ Status Launcher::WriteClusterJson() const {
   }
   doc["cluster"] = {{"ps", ps_hosts}, {"worker", worker_hosts}};
   doc["processes"] = processes;
+  if (plan_.exporter) doc["export_command"] = plan_.exporter->argv;
   // Arguments are user input: replace invalid UTF-8 rather than throw.
   const std::string text = doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 
@@ -600,24 +643,101 @@ void Launcher::ReadOutput(Child& child, bool drain) {
 
 void Launcher::ReapExited() {
   for (Child& child : children_) {
-    if (!child.running) continue;
     int wait_status = 0;
-    const pid_t reaped = waitpid(child.pid, &wait_status, WNOHANG);
-    if (reaped == 0 || (reaped < 0 && errno == EINTR)) continue;
-    if (reaped < 0) {
-      // Only possible if someone else reaped our child; count it as a failure.
-      Message(child.spec.name + " (pid " + std::to_string(child.pid) +
-              ") vanished: " + std::strerror(errno));
-      wait_status = 0xff00;  // exit status 255
-    }
-    // Everything the process wrote is in the pipe now: forward it before reporting.
-    ReadOutput(child, /*drain=*/true);
-    FlushPartial(child);
-    CloseOutput(child);
-    if (child.log_fd >= 0) close(child.log_fd);
-    child.log_fd = -1;
-    OnExit(child, wait_status);
+    if (TryReap(child, &wait_status)) OnExit(child, wait_status);
   }
+  int wait_status = 0;
+  if (exporter_ != nullptr && TryReap(*exporter_, &wait_status)) OnExportExit(wait_status);
+}
+
+bool Launcher::TryReap(Child& child, int* wait_status_out) {
+  if (!child.running) return false;
+  int wait_status = 0;
+  const pid_t reaped = waitpid(child.pid, &wait_status, WNOHANG);
+  if (reaped == 0 || (reaped < 0 && errno == EINTR)) return false;
+  if (reaped < 0) {
+    // Only possible if someone else reaped our child; count it as a failure.
+    Message(child.spec.name + " (pid " + std::to_string(child.pid) +
+            ") vanished: " + std::strerror(errno));
+    wait_status = 0xff00;  // exit status 255
+  }
+  // Everything the process wrote is in the pipe now: forward it before reporting.
+  ReadOutput(child, /*drain=*/true);
+  FlushPartial(child);
+  CloseOutput(child);
+  if (child.log_fd >= 0) close(child.log_fd);
+  child.log_fd = -1;
+  child.running = false;
+  *wait_status_out = wait_status;
+  return true;
+}
+
+void Launcher::AfterWorkersStopped() {
+  if (!plan_.exporter) {
+    BeginStopping(Phase::kStoppingPs);
+    return;
+  }
+  const std::string& path = options_.export_path;
+  std::string skip;
+  if (interrupted_) {
+    skip = "the run was interrupted";
+  } else if (!failure_.empty()) {
+    skip = "the run failed";
+  } else if (!chief_succeeded_) {
+    skip = "the chief did not finish";
+  }
+  for (const Child& child : children_) {
+    if (skip.empty() && child.spec.role == Role::kPs && !child.running) {
+      skip = child.spec.name + " had already exited";
+    }
+  }
+  if (!skip.empty()) {
+    export_outcome_ = "no model exported to " + path + ": " + skip;
+    if (failure_.empty() && !interrupted_) failure_ = export_outcome_;
+    Message(export_outcome_);
+    BeginStopping(Phase::kStoppingPs);
+    return;
+  }
+  exporter_ = std::make_unique<Child>();
+  exporter_->spec = *plan_.exporter;
+  exporter_->prefix = "[" + exporter_->spec.name + "] ";
+  // Without its log file the output is still forwarded.
+  exporter_->log_fd = open(exporter_->spec.log_path.c_str(),
+                           O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  Message("exporting the model to " + path + " before stopping the parameter servers");
+  const Status spawned = SpawnOne(*exporter_);
+  if (!spawned.ok()) {
+    failure_ = "export failed: " + spawned.message();
+    export_outcome_ = "no model exported to " + path + ": " + spawned.message();
+    Message(failure_);
+    BeginStopping(Phase::kStoppingPs);
+    return;
+  }
+  phase_ = Phase::kExporting;
+  group_killed_ = false;
+  stop_deadline_ = NowSeconds() + kExportTimeoutSeconds;
+}
+
+void Launcher::OnExportExit(int wait_status) {
+  exporter_->wait_status = wait_status;
+  const std::string& path = options_.export_path;
+  if (ExitedZero(wait_status)) {
+    export_outcome_ = "model exported to " + path;
+    Message(export_outcome_);
+    return;
+  }
+  const std::string how =
+      exporter_->killed_after_grace
+          ? "did not finish within " + FormatSeconds(kExportTimeoutSeconds) +
+                " s and was killed with SIGKILL"
+          : "failed with " + DescribeWaitStatus(wait_status) +
+                (exporter_->sent_term ? " after SIGTERM" : "");
+  const std::string failure = std::string(kExportBinary) + " (pid " +
+                              std::to_string(exporter_->pid) + ") " + how + "; log: " +
+                              exporter_->spec.log_path;
+  if (failure_.empty()) failure_ = failure;
+  export_outcome_ = "no model exported to " + path + ": " + failure;
+  Message(failure);
 }
 
 void Launcher::OnExit(Child& child, int wait_status) {
@@ -626,6 +746,7 @@ void Launcher::OnExit(Child& child, int wait_status) {
   const bool clean = ExitedZero(wait_status);
   const std::string who = child.spec.name + " (pid " + std::to_string(child.pid) + ")";
   const bool is_chief = child.spec.role == Role::kWorker && child.spec.index == 0;
+  if (clean && is_chief) chief_succeeded_ = true;
 
   if (phase_ == Phase::kRunning) {
     if (clean && is_chief) {
@@ -669,6 +790,7 @@ void Launcher::SignalGroup(Role role, int signal_number) {
 }
 
 void Launcher::KillAllNow() {
+  if (exporter_ != nullptr && exporter_->running) kill(exporter_->pid, SIGKILL);
   SignalGroup(Role::kWorker, SIGKILL);
   SignalGroup(Role::kPs, SIGKILL);
 }
@@ -689,6 +811,10 @@ int Launcher::Supervise() {
       if (child.out_fd < 0) continue;
       poll_fds.push_back({child.out_fd, POLLIN, 0});
       owners.push_back(&child);
+    }
+    if (exporter_ != nullptr && exporter_->out_fd >= 0) {
+      poll_fds.push_back({exporter_->out_fd, POLLIN, 0});
+      owners.push_back(exporter_.get());
     }
     // The signal pipe wakes us for every exit; the timeout only serves the deadlines.
     int timeout_ms = 1000;
@@ -723,6 +849,12 @@ int Launcher::Supervise() {
           Message("got " + SignalName(signal_number) +
                   "; stopping all processes (send it again to kill them at once)");
           if (phase_ == Phase::kRunning) BeginStopping(Phase::kStoppingWorkers);
+          if (phase_ == Phase::kExporting) {
+            // An interrupted export gets the grace period, like every other process.
+            kill(exporter_->pid, SIGTERM);
+            exporter_->sent_term = true;
+            stop_deadline_ = std::min(stop_deadline_, NowSeconds() + options_.grace_seconds);
+          }
         }
       }
     }
@@ -733,14 +865,26 @@ int Launcher::Supervise() {
     }
     ReapExited();
 
-    // Stop workers, then PS; each group gets the grace period, then SIGKILL.
+    // Stop workers, export (when asked), then stop the PS; each group gets the grace period
+    // (the exporter kExportTimeoutSeconds), then SIGKILL.
     for (bool advanced = true; advanced;) {
       advanced = false;
-      const Role role = phase_ == Phase::kStoppingWorkers ? Role::kWorker : Role::kPs;
       if (phase_ == Phase::kRunning || phase_ == Phase::kDone) break;
+      if (phase_ == Phase::kExporting) {
+        if (!exporter_->running) {
+          BeginStopping(Phase::kStoppingPs);
+          advanced = true;
+        } else if (!group_killed_ && NowSeconds() >= stop_deadline_) {
+          exporter_->killed_after_grace = true;
+          kill(exporter_->pid, SIGKILL);
+          group_killed_ = true;
+        }
+        continue;
+      }
+      const Role role = phase_ == Phase::kStoppingWorkers ? Role::kWorker : Role::kPs;
       if (!GroupRunning(role)) {
         if (phase_ == Phase::kStoppingWorkers) {
-          BeginStopping(Phase::kStoppingPs);
+          AfterWorkersStopped();
         } else {
           phase_ = Phase::kDone;
         }
@@ -767,6 +911,12 @@ int Launcher::ComputeExitCode() {
     statuses += child.spec.name + " " +
                 (clean ? std::string("exit 0") : DescribeWaitStatus(child.wait_status));
     if (child.killed_after_grace) statuses += " after the grace period";
+  }
+  if (exporter_ != nullptr) {
+    const bool clean = ExitedZero(exporter_->wait_status);
+    if (!clean) unclean += (unclean.empty() ? "" : ", ") + exporter_->spec.name;
+    statuses += ", " + exporter_->spec.name + " " +
+                (clean ? std::string("exit 0") : DescribeWaitStatus(exporter_->wait_status));
   }
   Message("exit status: " + statuses);
   if (interrupted_) {
@@ -825,8 +975,21 @@ std::string Launcher::Summary() const {
     }
   }
 
+  if (plan_.exporter) {
+    if (exporter_ != nullptr && ExitedZero(exporter_->wait_status)) {
+      out << kLauncherPrefix << "model: " << options_.export_path
+          << " (evaluate it: parasync-worker --eval-only --model-file " << options_.export_path
+          << ")\n";
+    } else {
+      out << kLauncherPrefix
+          << (export_outcome_.empty() ? "no model exported to " + options_.export_path
+                                      : export_outcome_)
+          << "\n";
+    }
+  }
   out << kLauncherPrefix << "logs:";
   for (const Child& child : children_) out << " " << child.spec.log_path;
+  if (exporter_ != nullptr) out << " " << exporter_->spec.log_path;
   out << "\n";
   out << kLauncherPrefix << "evaluation log: " << eval_path << "\n";
   out << kLauncherPrefix << "cluster description: " << plan_.log_dir << "/cluster.json\n";

@@ -4,8 +4,8 @@
 // Use: Launcher::Create(options) validates the options, finds the binaries, reserves free
 // ports and builds the plan (no process is started); Start() spawns the processes;
 // Supervise() forwards output until the chief worker finishes, a process fails or the
-// launcher is told to stop, then stops and reaps every child and returns the exit code;
-// Summary() tells the user where the results are.
+// launcher is told to stop, then stops and reaps every child (exporting the model first when
+// asked to) and returns the exit code; Summary() tells the user where the results are.
 //
 // Thread safety: a Launcher is used from one thread. Start() installs process-wide handlers
 // for SIGINT, SIGTERM, SIGHUP and SIGCHLD and ignores SIGPIPE, so at most one Launcher may be
@@ -33,6 +33,10 @@ inline constexpr int kExitInterrupted = 130;  // SIGINT/SIGTERM/SIGHUP to the la
 
 inline constexpr std::string_view kPsBinary = "parasync-ps";
 inline constexpr std::string_view kWorkerBinary = "parasync-worker";
+inline constexpr std::string_view kExportBinary = "parasync-export";
+
+// How long parasync-export may run before it is killed and the run counts as failed.
+inline constexpr double kExportTimeoutSeconds = 120.0;
 
 struct LaunchOptions {
   int num_ps = 2;
@@ -49,6 +53,15 @@ struct LaunchOptions {
   std::optional<std::string> model;
   std::optional<std::string> seed;
   std::optional<std::string> max_steps;
+  bool checkpoint_each_epoch = false;  // passed to workers as --checkpoint-each-epoch
+
+  // Non-empty: every PS i gets "--data-dir <ps_data_dir>/ps<i>" (its checkpoint store).
+  std::string ps_data_dir;
+
+  // Non-empty: once the chief has finished with status 0 and the other workers are stopped,
+  // run "<bin_dir>/parasync-export --ps-hosts ... --out <export_path>" before stopping the
+  // parameter servers. Made absolute by Launcher::Create.
+  std::string export_path;
 
   // Mode settings passed to every PS only when set.
   std::optional<std::string> replicas_to_aggregate;
@@ -65,7 +78,11 @@ struct LaunchOptions {
   int output_fd = STDOUT_FILENO;
 };
 
-enum class Role { kPs, kWorker };
+enum class Role {
+  kPs,
+  kWorker,
+  kExport,  // parasync-export, run once after training when --export is given
+};
 
 // One process of the cluster, fully resolved.
 struct ProcessSpec {
@@ -83,6 +100,9 @@ struct LaunchPlan {
   std::string host;
   std::string mode;
   std::vector<ProcessSpec> processes;  // every PS (by index), then every worker (by index)
+  // The exporter (role kExport, name "export"), when options.export_path is set. It runs
+  // after training, so it has no port and is not part of `processes`.
+  std::optional<ProcessSpec> exporter;
 };
 
 // Returns true for "async", "sync" and "ssp:<non-negative integer>".
@@ -99,9 +119,10 @@ Result<std::string> ExecutableDir();
 // Returns "runs/<YYYYmmdd-HHMMSS>" for the current local time.
 std::string DefaultLogDir();
 
-// Returns OK when <bin_dir>/parasync-ps and <bin_dir>/parasync-worker exist and are
-// executable, else NotFound naming what is missing.
-Status CheckBinaries(const std::string& bin_dir);
+// Returns OK when <bin_dir>/parasync-ps and <bin_dir>/parasync-worker (and, with
+// `with_export`, <bin_dir>/parasync-export) exist and are executable, else NotFound naming
+// what is missing.
+Status CheckBinaries(const std::string& bin_dir, bool with_export = false);
 
 // Builds the command lines. `ports` holds, in order, one service port per PS, one cluster
 // port per worker, then one metrics port per PS and one per worker: 2 * (num_ps +
@@ -147,27 +168,30 @@ class Launcher {
 
   const LaunchPlan& plan() const { return plan_; }
 
-  // Creates the log directory, installs the signal handlers, releases the reserved ports
-  // and starts every PS, then every worker, then writes <log_dir>/cluster.json. On error
-  // the processes already started are killed and reaped, and the status says what failed.
-  // Call once.
+  // Creates the log directory (and the --export file's directory), installs the signal
+  // handlers, releases the reserved ports and starts every PS, then every worker, then writes
+  // <log_dir>/cluster.json. On error the processes already started are killed and reaped,
+  // and the status says what failed. Call once.
   Status Start();
 
   // Blocks: forwards every child's output line by line (prefixed on output_fd, raw to
   // <log_dir>/<name>.log) until worker 0 exits 0, any process fails, or the launcher gets
   // SIGINT/SIGTERM/SIGHUP; then stops the remaining workers and then the PS processes
-  // (SIGTERM, up to grace_seconds, then SIGKILL) and reaps them all. Returns kExitOk when
-  // every process exited 0, kExitInterrupted when stopped by a signal, else kExitFailed.
-  // Precondition: Start() returned OK. Call once.
+  // (SIGTERM, up to grace_seconds, then SIGKILL) and reaps them all. With an export path,
+  // when worker 0 exited 0 and nothing failed or interrupted the run, parasync-export runs
+  // between the two (output prefixed [export], up to kExportTimeoutSeconds). Returns kExitOk
+  // when every process (the exporter included) exited 0, kExitInterrupted when stopped by a
+  // signal, else kExitFailed. Precondition: Start() returned OK. Call once.
   int Supervise();
 
   // Returns the end-of-run text: the final test accuracy from <log_dir>/eval.jsonl (or
-  // that it is missing), the log files, the metrics endpoints and the .prom files.
+  // that it is missing), the exported model file (or why there is none) when one was asked
+  // for, the log files, the metrics endpoints and the .prom files.
   std::string Summary() const;
 
  private:
   struct Child;
-  enum class Phase { kRunning, kStoppingWorkers, kStoppingPs, kDone };
+  enum class Phase { kRunning, kStoppingWorkers, kExporting, kStoppingPs, kDone };
 
   Launcher(LaunchOptions options, LaunchPlan plan, PortReservation ports);
 
@@ -178,8 +202,15 @@ class Launcher {
   void FlushPartial(Child& child);
   void CloseOutput(Child& child);
   void ReapExited();
+  // Returns true, with the wait status, when `child` was running and has now exited; its
+  // remaining output is forwarded first.
+  bool TryReap(Child& child, int* wait_status);
   void OnExit(Child& child, int wait_status);
   void BeginStopping(Phase phase);
+  // After the workers are stopped: starts the exporter when it should run (else goes on to
+  // stopping the PS processes).
+  void AfterWorkersStopped();
+  void OnExportExit(int wait_status);
   void SignalGroup(Role role, int signal_number);
   void KillAllNow();
   bool GroupRunning(Role role) const;
@@ -191,6 +222,7 @@ class Launcher {
   LaunchPlan plan_;
   PortReservation ports_;
   std::vector<Child> children_;
+  std::unique_ptr<Child> exporter_;  // set once the exporter has been started
   Phase phase_ = Phase::kRunning;
   bool started_ = false;
   bool interrupted_ = false;
@@ -198,6 +230,8 @@ class Launcher {
   std::string failure_;         // the first failure, as told to the user
   double stop_deadline_ = 0.0;  // seconds on the steady clock
   bool group_killed_ = false;   // SIGKILL already sent to the group being stopped
+  bool chief_succeeded_ = false;
+  std::string export_outcome_;  // for Summary(): where the model is, or why it is not there
 };
 
 }  // namespace parasync::launch

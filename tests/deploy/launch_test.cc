@@ -94,6 +94,32 @@ case "$behaviour" in
 esac
 )";
 
+// A fake parasync-export: records its arguments, says how many fake PS and workers are
+// still alive, and then, by FAKE_EXPORT, writes the --out file (ok, the default) or exits 4.
+constexpr const char* kFakeExportScript = R"sh(#!/bin/sh
+printf '%s\n' "$@" > "$FAKE_DIR/export.args"
+alive() {
+  n=0
+  for f in "$FAKE_DIR"/$1*.pid; do
+    [ -e "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && n=$((n + 1))
+  done
+  echo $n
+}
+echo "export sees $(alive ps) ps and $(alive worker) workers alive"
+case "${FAKE_EXPORT:-ok}" in
+  ok)
+    out=
+    prev=
+    for arg in "$@"; do
+      [ "$prev" = "--out" ] && out=$arg
+      prev=$arg
+    done
+    echo model > "$out"
+    echo "wrote $out" ;;
+  *) echo "export failing" >&2; exit 4 ;;
+esac
+)sh";
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream buffer;
@@ -235,6 +261,12 @@ class LaunchTest : public ::testing::Test {
     std::filesystem::remove_all(root_, ec);
   }
 
+  void InstallFakeExporter() const {
+    const std::string path = bin_dir_ + "/parasync-export";
+    std::ofstream(path) << kFakeExportScript;
+    ASSERT_EQ(chmod(path.c_str(), 0755), 0);
+  }
+
   std::vector<std::string> BaseArgs() const {
     return {"--bin-dir", bin_dir_, "--log-dir", log_dir_};
   }
@@ -358,6 +390,72 @@ TEST(LaunchPlanTest, ModeSettingsGoToTheParameterServersOnly) {
   EXPECT_THAT(plan->processes[0].argv,
               ::testing::IsSupersetOf({"--replicas-to-aggregate", "3", "--worker-timeout", "2.5"}));
   EXPECT_THAT(plan->processes[1].argv, ::testing::Not(::testing::Contains("--worker-timeout")));
+}
+
+TEST(LaunchPlanTest, DataDirGivesEveryParameterServerItsOwnDirectory) {
+  LaunchOptions options;
+  options.ps_data_dir = "/state";
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {5000, 5001, 6000, 6001, 7000, 7001, 7002, 7003});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_THAT(plan->processes[0].argv, ::testing::IsSupersetOf({"--data-dir", "/state/ps0"}));
+  EXPECT_THAT(plan->processes[1].argv, ::testing::IsSupersetOf({"--data-dir", "/state/ps1"}));
+  EXPECT_THAT(plan->processes[1].argv, Not(::testing::Contains("/state/ps0")));
+  for (size_t worker = 2; worker < 4; ++worker) {
+    EXPECT_THAT(plan->processes[worker].argv, Not(::testing::Contains("--data-dir")));
+  }
+  options.ps_data_dir.clear();
+  const Result<LaunchPlan> without =
+      BuildPlan(options, "/b", "/l", {5000, 5001, 6000, 6001, 7000, 7001, 7002, 7003});
+  ASSERT_TRUE(without.ok());
+  EXPECT_THAT(without->processes[0].argv, Not(::testing::Contains("--data-dir")));
+}
+
+TEST(LaunchPlanTest, CheckpointEachEpochGoesToTheWorkersOnly) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 2;
+  options.checkpoint_each_epoch = true;
+  options.worker_args = {"--device=cpu"};
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {5000, 6000, 6001, 7000, 7001, 7002});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_THAT(plan->processes[0].argv, Not(::testing::Contains("--checkpoint-each-epoch")));
+  for (size_t worker = 1; worker < 3; ++worker) {
+    const std::vector<std::string>& argv = plan->processes[worker].argv;
+    ASSERT_GE(argv.size(), 2u);
+    // Before the verbatim --worker-arg values, so those can still override it.
+    EXPECT_EQ(argv[argv.size() - 2], "--checkpoint-each-epoch");
+    EXPECT_EQ(argv.back(), "--device=cpu");
+  }
+  options.checkpoint_each_epoch = false;
+  const Result<LaunchPlan> without =
+      BuildPlan(options, "/b", "/l", {5000, 6000, 6001, 7000, 7001, 7002});
+  ASSERT_TRUE(without.ok());
+  EXPECT_THAT(without->processes[1].argv, Not(::testing::Contains("--checkpoint-each-epoch")));
+}
+
+TEST(LaunchPlanTest, ExportPlansTheExporterAgainstEveryParameterServer) {
+  LaunchOptions options;
+  options.export_path = "/out/model.psm";
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/opt/bin", "/logs", {5000, 5001, 6000, 6001, 7000, 7001, 7002, 7003});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_TRUE(plan->exporter.has_value());
+  EXPECT_EQ(plan->exporter->role, Role::kExport);
+  EXPECT_EQ(plan->exporter->name, "export");
+  EXPECT_EQ(plan->exporter->log_path, "/logs/export.log");
+  EXPECT_THAT(plan->exporter->argv,
+              ElementsAre("/opt/bin/parasync-export", "--ps-hosts",
+                          "127.0.0.1:5000,127.0.0.1:5001", "--out", "/out/model.psm"));
+  // The exporter is no cluster process: no port, and not among those started at once.
+  EXPECT_EQ(plan->processes.size(), 4u);
+
+  options.export_path.clear();
+  const Result<LaunchPlan> without =
+      BuildPlan(options, "/opt/bin", "/logs", {5000, 5001, 6000, 6001, 7000, 7001, 7002, 7003});
+  ASSERT_TRUE(without.ok());
+  EXPECT_FALSE(without->exporter.has_value());
 }
 
 TEST(LaunchPlanTest, RejectsWrongPortCount) {
@@ -499,6 +597,76 @@ TEST_F(LaunchTest, PassesClusterSpecPortsAndFlags) {
   }
   EXPECT_EQ(port_count, 8u);
   EXPECT_EQ(ports.size(), 8u);
+}
+
+TEST_F(LaunchTest, ExportRunsAfterTheWorkersStopAndBeforeTheServersStop) {
+  InstallFakeExporter();
+  // Into the log directory, which does not exist before the launcher creates it.
+  const std::string model = log_dir_ + "/model.psm";
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--export", model});
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitOk) << launcher->out();
+  ExpectAllFakesGone(4);
+
+  const std::string out = launcher->out();
+  EXPECT_THAT(out, HasSubstr("[export] export sees 2 ps and 0 workers alive\n"));
+  EXPECT_THAT(out, HasSubstr("[export] wrote " + model + "\n"));
+  EXPECT_THAT(out, HasSubstr("[launch] model: " + model));
+  EXPECT_THAT(out, HasSubstr("parasync-worker --eval-only --model-file " + model));
+  EXPECT_LT(out.find("worker1 got SIGTERM"), out.find("[export] export sees"));
+  EXPECT_LT(out.find("[export] wrote"), out.find("ps0 got SIGTERM"));
+  EXPECT_EQ(ReadFile(model), "model\n");
+  EXPECT_THAT(ReadFile(log_dir_ + "/export.log"), HasSubstr("wrote " + model));
+  const std::vector<std::string> ps0 = ReadLines(fake_dir_ + "/ps0.args");
+  ASSERT_GE(ps0.size(), 2u);
+  EXPECT_THAT(ReadLines(fake_dir_ + "/export.args"),
+              ElementsAre("--ps-hosts", ps0[1], "--out", model));
+}
+
+TEST_F(LaunchTest, FailingExportFailsTheRunNamingItAndStillStopsTheServers) {
+  InstallFakeExporter();
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--export", root_ + "/model.psm"});
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"}, {"FAKE_EXPORT", "fail"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitFailed) << launcher->out();
+  ExpectAllFakesGone(4);
+  const std::string out = launcher->out();
+  EXPECT_THAT(out, HasSubstr("[export] export failing\n"));
+  EXPECT_THAT(out, HasSubstr("run failed: parasync-export (pid "));
+  EXPECT_THAT(out, HasSubstr("failed with exit status 4; log: " + log_dir_ + "/export.log"));
+  EXPECT_THAT(out, HasSubstr("[ps0] ps0 got SIGTERM"));
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/model.psm"));
+}
+
+TEST_F(LaunchTest, NoExportAfterAFailedRun) {
+  InstallFakeExporter();
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--export", root_ + "/model.psm"});
+  auto launcher = Launch(args, {{"FAKE_ps1", "fail3"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitFailed) << launcher->out();
+  ExpectAllFakesGone(4);
+  EXPECT_FALSE(std::filesystem::exists(fake_dir_ + "/export.args")) << launcher->out();
+  EXPECT_THAT(launcher->out(), HasSubstr("no model exported to " + root_ + "/model.psm"));
+}
+
+TEST_F(LaunchTest, ExportWithoutTheExporterBinaryExitsTwoNamingIt) {
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--export", root_ + "/model.psm"});
+  auto launcher = Launch(args, {});
+  EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitUsage);
+  EXPECT_THAT(launcher->err(), HasSubstr(bin_dir_ + "/parasync-export"));
+  EXPECT_TRUE(RecordedPids().empty());
+}
+
+TEST_F(LaunchTest, ExportToADirectoryExitsTwoBeforeStarting) {
+  InstallFakeExporter();
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--export", root_});
+  auto launcher = Launch(args, {});
+  EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitUsage);
+  EXPECT_THAT(launcher->err(), HasSubstr("--export must name a file"));
+  EXPECT_TRUE(RecordedPids().empty());
 }
 
 TEST_F(LaunchTest, FailingPsStopsEveryoneAndExitsOne) {
