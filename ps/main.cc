@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   double worker_timeout_s = 10;
   double barrier_timeout_s = 300;
   bool allow_remote_shutdown = false;
+  int64_t drop_push_reply_every = 0;
 
   app.add_option("--ps-hosts", cluster.ps_hosts, "Comma-separated host:port of every PS shard");
   app.add_option("--worker-hosts", cluster.worker_hosts, "Comma-separated host:port of every worker");
@@ -107,6 +108,11 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--allow-remote-shutdown", allow_remote_shutdown,
                "Accept Shutdown messages from non-loopback peers (default: loopback only)");
+  app.add_option("--fault-drop-push-reply-every", drop_push_reply_every,
+                 "Testing only: do not reply to every Nth applied push (as if the connection "
+                 "broke between apply and acknowledgement)")
+      ->check(CLI::NonNegativeNumber)
+      ->group("Fault injection");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -154,6 +160,7 @@ int main(int argc, char** argv) {
   if (!endpoint.ok()) return Fail(endpoint.status().message(), kExitBadUsage);
   options.endpoint = *endpoint;
   options.allow_remote_shutdown = allow_remote_shutdown;
+  options.drop_push_reply_every = drop_push_reply_every;
   options.num_workers = num_workers;
   options.mode = *training_mode;
   options.replicas_to_aggregate = replicas_to_aggregate;

@@ -537,6 +537,14 @@ bool Server::Handle(Inbound& in) {
         } else {
           const bool first = !shard_.registered();
           reply.status = shard_.Register(*req.registration, &reason);
+          if (reply.status.ok() && first && options_.store != nullptr) {
+            // The model is on disk before anyone trains on it: a restart restores it, and
+            // every-update writes have a snapshot to update.
+            if (Status s = SaveSnapshot(/*force=*/true); !s.ok()) {
+              metrics_->checkpoint_failures->Increment();
+              spdlog::error("could not save the registered model: {}", s.ToString());
+            }
+          }
           if (reply.status.ok() && first) {
             coordinator_.RestartSilenceClocks(now);
             metrics_->registered->Set(1);
@@ -622,6 +630,13 @@ bool Server::Handle(Inbound& in) {
       spdlog::warn("rejected {} from rank {} ({}): {}", MsgTypeName(req.type), req.rank,
                    RejectReasonName(reason), reply.status.message());
     }
+  }
+  if (req.type == MsgType::kPush && reply.status.ok() && !reply.replayed &&
+      options_.drop_push_reply_every > 0 &&
+      ++pushes_handled_ % options_.drop_push_reply_every == 0) {
+    spdlog::warn("fault injection: the reply to push {} of rank {} is dropped", req.seq & 0xffffffffULL,
+                 req.rank);
+    return keep_serving;
   }
   if (Status s = socket_->Send(&in.identity, reply, {}); !s.ok()) {
     spdlog::warn("reply to rank {} not sent: {}", req.rank, s.message());

@@ -57,6 +57,10 @@ struct ServerOptions {
   // of it, so every shard snapshots the same step.
   std::chrono::milliseconds checkpoint_every{0};
   int64_t checkpoint_every_versions = 0;
+
+  // Fault injection for tests: the reply to every Nth push is not sent after the push was
+  // applied (what a connection cut between apply and acknowledgement looks like). 0: off.
+  int64_t drop_push_reply_every = 0;
 };
 
 class Server {
@@ -132,6 +136,7 @@ class Server {
   std::vector<ParkedPull> parked_;
   TimePoint last_idle_;  // the last turn that found the socket empty
   uint64_t incarnation_ = 0;
+  int64_t pushes_handled_ = 0;
   std::vector<uint64_t> last_seq_;  // by rank
   int64_t last_saved_version_ = -1;
   TimePoint last_save_time_;

@@ -207,6 +207,7 @@ int main(int argc, char** argv) {
   bool no_shuffle = false;
   int64_t train_examples = 0;
   int step_delay_ms = 0;
+  bool checkpoint_each_epoch = false;
   bool eval_only = false;
   std::string model_file;
 
@@ -236,6 +237,9 @@ int main(int argc, char** argv) {
                  "Fault injection: sleep this long before every push, making this worker a "
                  "straggler")
       ->check(CLI::Range(0, 3600000));
+  app.add_flag("--checkpoint-each-epoch", checkpoint_each_epoch,
+               "Chief: after each epoch's evaluation, ask every parameter server to save a "
+               "snapshot (they need --data-dir)");
   app.add_flag("--staleness-lr", staleness_lr,
                "async/ssp: the servers divide each update by its staleness (versions applied "
                "between its read and its apply), after Zhang et al. 2016");
@@ -404,6 +408,7 @@ int main(int argc, char** argv) {
   options.mode = *training_mode;
   options.shuffle = !no_shuffle;
   options.step_delay = std::chrono::milliseconds(step_delay_ms);
+  options.checkpoint_each_epoch = checkpoint_each_epoch;
   options.epochs = epochs;
   options.batch_size = batch_size;
   options.max_steps = max_steps;

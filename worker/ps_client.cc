@@ -312,6 +312,19 @@ Result<std::vector<ShardStats>> PsClient::Stats() {
   return out;
 }
 
+Status PsClient::Checkpoint() {
+  std::vector<int> shards;
+  std::vector<Outgoing> requests;
+  for (int s = 0; s < num_shards(); ++s) {
+    Outgoing o;
+    o.header.type = MsgType::kCheckpoint;
+    shards.push_back(s);
+    requests.push_back(std::move(o));
+  }
+  auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
+  return replies.ok() ? Status::Ok() : replies.status();
+}
+
 Status PsClient::Shutdown(int shard) {
   if (shard < 0 || shard >= num_shards()) return Status::InvalidArgument("no such shard");
   Outgoing o;

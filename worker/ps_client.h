@@ -92,6 +92,10 @@ class PsClient {
   // Each shard's statistics, in shard order.
   Result<std::vector<ShardStats>> Stats();
 
+  // Asks every shard to save a snapshot now (cluster-wide checkpoint); returns when all did.
+  // FailedPrecondition from a shard started without --data-dir.
+  Status Checkpoint();
+
   // Asks shard `shard` to stop serving; returns when it acknowledged.
   Status Shutdown(int shard);
 

@@ -200,6 +200,13 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
                  1e3 * t_push / static_cast<double>(epoch_steps));
     if (chief && !(stop && should_stop())) {
       PARASYNC_RETURN_IF_ERROR(evaluate(epoch, train_loss, eps));
+      if (o.checkpoint_each_epoch) {
+        if (Status s = client.Checkpoint(); !s.ok()) {
+          spdlog::warn("checkpoint after epoch {} failed: {}", epoch, s.message());
+        } else {
+          spdlog::info("checkpoint after epoch {} saved on every server", epoch);
+        }
+      }
     }
   }
   // Done or stopped: let the barriers go on without this rank (briefly, when stopping).

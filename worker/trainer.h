@@ -29,6 +29,8 @@ struct TrainerOptions {
   // Fault injection (a straggler): sleep this long between computing a gradient and
   // pushing it.
   std::chrono::milliseconds step_delay{0};
+  // Chief: ask every server for a snapshot after each epoch's evaluation.
+  bool checkpoint_each_epoch = false;
   int epochs = 5;
   int batch_size = 64;
   int64_t max_steps = 0;  // > 0: stop after this many local steps
