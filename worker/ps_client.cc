@@ -38,6 +38,7 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
   std::vector<uint64_t> ids(n);
   std::vector<Clock::time_point> sent_at(n);
   std::vector<uint64_t> sent_to(n);  // incarnation each request was addressed to
+  std::vector<std::chrono::milliseconds> backoff(n, options_.resend_after);
   std::vector<bool> complained(n, false);
   auto who = [&](size_t i) {
     return "ps shard " + std::to_string(shards[i]) + " (" +
@@ -91,7 +92,8 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
       const size_t s = static_cast<size_t>(shards[i]);
       const uint64_t now_inc = options_.incarnation_of ? options_.incarnation_of(shards[i]) : 0;
       const bool restarted = now_inc != 0 && sent_to[i] != 0 && now_inc != sent_to[i];
-      if (!restarted && now - sent_at[i] < options_.resend_after) continue;
+      if (!restarted && now - sent_at[i] < backoff[i]) continue;
+      backoff[i] = restarted ? options_.resend_after : std::min(backoff[i] * 2, options_.resend_max);
       if (!complained[i]) {
         spdlog::warn("{} {}; sending again (for up to {} s)", who(i),
                      restarted ? "restarted" : "does not answer",

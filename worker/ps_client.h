@@ -42,9 +42,11 @@ struct PsClientOptions {
   // differs from the one a request went to, the server restarted: the client registers
   // again with it (idempotent) and resends. Optional.
   std::function<uint64_t(int shard)> incarnation_of;
-  // An unanswered request is sent again after this long (same request id; pushes carry a
-  // sequence number so the server applies each at most once).
-  std::chrono::milliseconds resend_after{5000};
+  // An unanswered request is sent again after this long, then after twice as long, and so
+  // on up to resend_max (same request id; pushes carry a sequence number so the server
+  // applies each at most once). A restarted server gets it again at once.
+  std::chrono::milliseconds resend_after{1000};
+  std::chrono::milliseconds resend_max{10000};
 };
 
 class PsClient {

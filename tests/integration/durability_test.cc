@@ -72,6 +72,7 @@ std::unique_ptr<PsClient> CounterClient(zmq::context_t& ctx, const std::string& 
   o.rank = 0;
   o.request_timeout = 30s;
   o.resend_after = 200ms;
+  o.resend_max = 400ms;
   auto c = PsClient::Connect(ctx, o);
   EXPECT_TRUE(c.ok());
   EXPECT_TRUE((*c)->Register(CounterModel(), 20s).ok());
