@@ -223,6 +223,9 @@ TEST(SspModeTest, StragglerNeverCausesClockStalenessAboveTheBoundAndFastWorkersB
   zmq::context_t ctx;
   auto client = cluster.Client(ctx);
   for (const ShardStats& s : cluster.Stats(*client)) {
+    std::cout << "shard " << s.shard << ": max clock staleness " << s.max_clock_staleness
+              << ", blocked pulls " << s.blocked_pulls << ", max version staleness "
+              << s.max_version_staleness << "\n";
     EXPECT_EQ(s.mode, "ssp:2");
     EXPECT_LE(s.max_clock_staleness, 2) << "shard " << s.shard;
     EXPECT_GT(s.blocked_pulls, 0) << "the fast workers never waited for the straggler";
@@ -259,6 +262,8 @@ TEST(SyncModeTest, BackupWorkersKeepTrainingWhileOneIsStoppedAndItsLateGradientI
 
   for (int code : cluster.WaitWorkers(120s)) ASSERT_EQ(code, 0) << cluster.Dump();
   const ShardStats s = cluster.Stats(*client)[0];
+  std::cout << "dropped stale: " << s.dropped_stale << " in all, rank 3: " << dropped_before
+            << " before it was resumed, " << s.workers[3].dropped << " at the end\n";
   EXPECT_GT(s.dropped_stale, 0);
   EXPECT_GT(s.workers[3].dropped, dropped_before)
       << "the stopped worker's gradient for an old step was not dropped when it resumed";
