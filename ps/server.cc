@@ -556,7 +556,7 @@ bool Server::Handle(Inbound& in) {
           if (ranked) reply.clock = coordinator_.workers()[static_cast<size_t>(req.rank)].clock;
         }
         break;
-      case MsgType::kPull:
+      case MsgType::kPull: {
         if (!in.frames.empty()) {
           reason = RejectReason::kFrameCount;
           reply.status = Status::InvalidArgument("a pull request carries no tensor frames");
@@ -569,18 +569,28 @@ bool Server::Handle(Inbound& in) {
           return true;
         }
         // A worker waits on one pull per shard at a time: a newer one replaces its older
-        // (abandoned) one. Pulls of tools are bounded in number.
+        // (abandoned) one — and a resend of the same request keeps its first arrival time,
+        // or resends would postpone the barrier timeout forever. Pulls of tools are bounded.
+        TimePoint since = now;
         if (ranked) {
+          for (const ParkedPull& p : parked_) {
+            if (p.request.rank == req.rank && p.request.request_id == req.request_id) {
+              since = p.since;
+            }
+          }
           std::erase_if(parked_, [&](const ParkedPull& p) { return p.request.rank == req.rank; });
         } else if (parked_.size() >= static_cast<size_t>(4 * coordinator_.num_workers() + 64)) {
           reason = RejectReason::kUnsupported;
           reply.status = Status::Unavailable("too many pulls are waiting on this server");
           break;
         }
-        ++blocked_pulls_;
-        metrics_->blocked_pulls->Increment();
-        parked_.push_back({std::move(in.identity), req, now});
+        if (since == now) {
+          ++blocked_pulls_;
+          metrics_->blocked_pulls->Increment();
+        }
+        parked_.push_back({std::move(in.identity), req, since});
         return true;
+      }
       case MsgType::kPush:
         HandlePush(req, in.frames, reply, &reason);
         break;

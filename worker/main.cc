@@ -382,6 +382,7 @@ int main(int argc, char** argv) {
   // A parameter server that restarts (and restores its data directory) announces a new
   // incarnation in its heartbeat replies: requests to it are registered again and resent.
   client_options.incarnation_of = [beats](int shard) { return beats->Incarnation(shard); };
+  client_options.pulls_may_wait = training_mode->kind != TrainingMode::Kind::kAsync;
   auto client = PsClient::Connect(context, client_options);
   if (!client.ok()) return Fail(client.status().message());
 

@@ -215,7 +215,9 @@ Status PsClient::Pull(std::span<float* const> params, int64_t min_version) {
     shards.push_back(s);
     requests.push_back(std::move(o));
   }
-  auto replies = Exchange(shards, std::move(requests), options_.blocking_timeout);
+  const bool may_wait = options_.pulls_may_wait || min_version != 0;
+  auto replies = Exchange(shards, std::move(requests),
+                          may_wait ? options_.blocking_timeout : options_.request_timeout);
   if (!replies.ok()) return replies.status();
   int64_t lowest = INT64_MAX;
   for (size_t i = 0; i < replies->size(); ++i) {

@@ -35,6 +35,9 @@ struct PsClientOptions {
   // How long a pull may wait for a sync step or the ssp bound (the servers answer with an
   // error naming the missing ranks after their --barrier-timeout, normally well before).
   std::chrono::milliseconds blocking_timeout{std::chrono::hours(25)};
+  // The cluster's mode lets a pull wait (sync, ssp): pulls get blocking_timeout. Otherwise
+  // only a pull with a min_version does.
+  bool pulls_may_wait = false;
   // Polled every 100 ms while waiting for replies; when it returns true the call gives up
   // with Aborted (e.g. on SIGTERM). Optional.
   std::function<bool()> interrupted;
