@@ -274,7 +274,7 @@ int main(int argc, char** argv) {
                "needed, and none are used");
   app.add_option("--model-file", model_file,
                  "--eval-only: the model file to evaluate, as parasync-export writes it "
-                 "(docs/model-format.md)");
+                 "(docs/model-format.md); `--eval-only --model FILE` is accepted too");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -284,9 +284,14 @@ int main(int argc, char** argv) {
   }
 
   if (eval_only) {
-    return RunEvalOnly(model_file, data_dir,
-                       app.count("--model") > 0 ? std::optional<std::string>(model) : std::nullopt,
-                       compute_threads);
+    std::optional<std::string> widths;
+    if (app.count("--model") > 0) widths = model;
+    // `--eval-only --model FILE` works too: a --model that is no list of widths is the file.
+    if (model_file.empty() && widths && !ParseMlpWidths(*widths).ok()) {
+      model_file = *widths;
+      widths.reset();
+    }
+    return RunEvalOnly(model_file, data_dir, widths, compute_threads);
   }
   if (!model_file.empty()) return Fail("--model-file is only used with --eval-only", kExitBadUsage);
   // Everything the user can get wrong is checked before anything starts.

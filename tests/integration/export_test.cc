@@ -108,6 +108,11 @@ TEST(ExportTest, ExportThenEvalOnlyReproducesTheChiefsLastAccuracyExactly) {
   EXPECT_EQ(result["test_accuracy"].get<double>(), chief_accuracy) << lines[1];
   EXPECT_EQ(result["test_loss"].get<double>(), chief_loss) << lines[1];
   EXPECT_GE(chief_accuracy, 0.6) << "200 steps should be far above chance: the check is weak";
+
+  // The spelling `--eval-only --model FILE` evaluates the same file.
+  const EvalOnlyRun alias = RunEvalOnly(dir, {"--model", model, "--data", testing::DataDir()});
+  ASSERT_EQ(alias.exit_code, 0) << alias.output;
+  EXPECT_EQ(alias.output, run.output);
 }
 
 TEST(ExportTest, EvalOnlyRefusesACorruptOrMismatchedModelFile) {
