@@ -36,12 +36,6 @@ using testing::Child;
 using testing::ExitCode;
 using testing::TempDir;
 
-std::string Join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
-  return s;
-}
-
 // Everything a directory holds, file name -> bytes, to prove a refused directory is untouched.
 std::map<std::string, std::string> DirContents(const std::string& dir) {
   std::map<std::string, std::string> contents;
@@ -111,8 +105,8 @@ class DurableCluster {
 
   // Starts (or restarts) shard i on its address and data directory, output in <log>.log.
   void StartPs(int i, const std::string& log) {
-    std::vector<std::string> argv = {testing::BinDir() + "/parasync-ps", "--ps-hosts", Join(ps_),
-                                     "--worker-hosts", Join(workers_), "--task-index",
+    std::vector<std::string> argv = {testing::BinDir() + "/parasync-ps", "--ps-hosts", testing::JoinHosts(ps_),
+                                     "--worker-hosts", testing::JoinHosts(workers_), "--task-index",
                                      std::to_string(i), "--mode", mode_, "--data-dir",
                                      DataDir(i)};
     argv.insert(argv.end(), ps_args_.begin(), ps_args_.end());
@@ -143,7 +137,7 @@ class DurableCluster {
 
   void StartWorker(int rank, const std::vector<std::string>& args) {
     std::vector<std::string> argv = {testing::BinDir() + "/parasync-worker", "--ps-hosts",
-                                     Join(ps_), "--worker-hosts", Join(workers_), "--task-index",
+                                     testing::JoinHosts(ps_), "--worker-hosts", testing::JoinHosts(workers_), "--task-index",
                                      std::to_string(rank), "--mode", mode_, "--data",
                                      testing::DataDir(), "--log-dir", dir_,
                                      "--heartbeat-interval", "0.2"};
@@ -308,7 +302,7 @@ PsRun RunPs(const TempDir& dir, const std::string& data_dir, int shard, int num_
   for (int i = 0; i < num_shards; ++i) ps.push_back("127.0.0.1:" + std::to_string(ports[i]));
   static int runs = 0;
   const std::string log = dir.path() + "/ps-run" + std::to_string(runs++) + ".log";
-  Child child = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts", Join(ps),
+  Child child = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts", testing::JoinHosts(ps),
                               "--worker-hosts",
                               "127.0.0.1:" + std::to_string(ports[static_cast<size_t>(num_shards)]),
                               "--task-index", std::to_string(shard), "--data-dir", data_dir},

@@ -190,18 +190,12 @@ TEST(ExportTest, EvalOnlyRefusesACorruptOrMismatchedModelFile) {
   EXPECT_NE(run.output.find("eval-only: test accuracy"), std::string::npos) << run.output;
 }
 
-std::string Join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
-  return s;
-}
-
 TEST(WorkerRestartTest, RestartedWorkerRejoinsAnAsyncRunAndTrainingContinues) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   TempDir dir;
   const auto ports = testing::FreePorts(3);
   const std::string ps = "127.0.0.1:" + std::to_string(ports[0]);
-  const std::string workers = Join({"127.0.0.1:" + std::to_string(ports[1]),
+  const std::string workers = testing::JoinHosts({"127.0.0.1:" + std::to_string(ports[1]),
                                     "127.0.0.1:" + std::to_string(ports[2])});
   auto log = [&](const std::string& name) { return dir.path() + "/" + name + ".log"; };
   Child ps0 = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts", ps,

@@ -27,12 +27,6 @@ using testing::Child;
 using testing::ExitCode;
 using testing::TempDir;
 
-std::string Join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
-  return s;
-}
-
 // Parameter servers and workers started by the test itself, so it can stop, kill, restart
 // and inspect any of them while the servers outlive the workers.
 class Cluster {
@@ -47,7 +41,7 @@ class Cluster {
     }
     for (int i = 0; i < num_ps; ++i) {
       std::vector<std::string> argv = {testing::BinDir() + "/parasync-ps", "--ps-hosts",
-                                       Join(ps_), "--worker-hosts", Join(workers_),
+                                       testing::JoinHosts(ps_), "--worker-hosts", testing::JoinHosts(workers_),
                                        "--task-index", std::to_string(i), "--mode", mode};
       argv.insert(argv.end(), ps_args.begin(), ps_args.end());
       ps_children_.push_back(Child::Start(argv, Log("ps" + std::to_string(i))));
@@ -58,7 +52,7 @@ class Cluster {
   // Starts (or restarts) worker `rank` with the common training flags plus `args`.
   void StartWorker(int rank, const std::vector<std::string>& args) {
     std::vector<std::string> argv = {testing::BinDir() + "/parasync-worker", "--ps-hosts",
-                                     Join(ps_), "--worker-hosts", Join(workers_), "--task-index",
+                                     testing::JoinHosts(ps_), "--worker-hosts", testing::JoinHosts(workers_), "--task-index",
                                      std::to_string(rank), "--mode", mode_, "--data",
                                      testing::DataDir(), "--log-dir", dir_,
                                      "--heartbeat-interval", "0.2"};

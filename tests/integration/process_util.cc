@@ -159,6 +159,12 @@ std::string HttpGet(int port, const std::string& path) {
   return response;
 }
 
+std::string JoinHosts(const std::vector<std::string>& hosts) {
+  std::string s;
+  for (const auto& h : hosts) s += (s.empty() ? "" : ",") + h;
+  return s;
+}
+
 std::vector<int> FreePorts(int n) {
   std::vector<int> fds;
   std::vector<int> ports;

@@ -22,12 +22,6 @@ using testing::Child;
 using testing::ExitCode;
 using testing::TempDir;
 
-std::string Join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
-  return s;
-}
-
 // N real parasync-ps processes on free loopback ports.
 class PsCluster {
  public:
@@ -39,7 +33,7 @@ class PsCluster {
     for (int i = 0; i < n; ++i) {
       log_paths_.push_back(dir.path() + "/ps" + std::to_string(i) + ".log");
       children_.push_back(Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts",
-                                        Join(addresses_), "--worker-hosts", worker_,
+                                        testing::JoinHosts(addresses_), "--worker-hosts", worker_,
                                         "--task-index", std::to_string(i), "--log-dir",
                                         dir.path(), "--metrics-port",
                                         std::to_string(metrics_ports_[i])},
