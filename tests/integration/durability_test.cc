@@ -111,15 +111,19 @@ TEST(DurabilityTest, EveryUpdateModeLosesNoAcknowledgedPushWhenKilledAtARandomMo
   });
   int64_t acknowledged = 0;
   int64_t after_restart = 0;
+  Status failure;
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   while (after_restart < 50 && std::chrono::steady_clock::now() < deadline) {
     const bool was_restarted = restarted.load();
-    Status s = Increment(*client);
-    ASSERT_TRUE(s.ok()) << s.ToString();
+    failure = Increment(*client);
+    if (!failure.ok()) break;
     ++acknowledged;
     if (was_restarted) ++after_restart;
   }
+  // Joined before any assertion can return: a joinable thread would end the test binary and
+  // leave the restarted server running.
   killer.join();
+  ASSERT_TRUE(failure.ok()) << failure.ToString();
   ASSERT_EQ(after_restart, 50) << "the client did not get through to the restarted server";
   EXPECT_NE(server.Log(1).find("restored from"), std::string::npos) << server.Log(1);
   EXPECT_EQ(Counter(*client), static_cast<float>(acknowledged))
