@@ -114,6 +114,19 @@ void Server::MaybeSnapshot(TimePoint now) {
   }
 }
 
+void Server::DropGradient(const Header& req, Header& reply, bool stale) {
+  reply.dropped = true;
+  if (stale) {
+    ++dropped_stale_;
+    metrics_->dropped_stale->Increment();
+  }
+  if (coordinator_.ValidRank(req.rank)) {
+    coordinator_.RecordDropped(req.rank);
+    RecordSeq(req.rank, req.seq);
+    metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
+  }
+}
+
 bool Server::AlreadyApplied(int rank, uint64_t seq) const {
   if (seq == 0 || rank < 0 || static_cast<size_t>(rank) >= last_seq_.size()) return false;
   const uint64_t last = last_seq_[static_cast<size_t>(rank)];
@@ -265,14 +278,7 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   const int64_t read_version = other_incarnation ? version : req.version;
   const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
   if (other_incarnation && sync) {
-    reply.dropped = true;
-    ++dropped_stale_;
-    if (ranked) {
-      coordinator_.RecordDropped(req.rank);
-      RecordSeq(req.rank, req.seq);
-      metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
-    }
-    metrics_->dropped_stale->Increment();
+    DropGradient(req, reply, /*stale=*/true);
     return;
   }
   if (read_version < 0 || read_version > version) {
@@ -285,22 +291,14 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   if (sync) {
     switch (coordinator_.ClassifySync(req.rank, read_version, version)) {
       case Coordinator::Offer::kStale:
-        reply.dropped = true;
-        ++dropped_stale_;
-        coordinator_.RecordDropped(req.rank);
-        RecordSeq(req.rank, req.seq);
-        metrics_->dropped_stale->Increment();
-        metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
+        DropGradient(req, reply, /*stale=*/true);
         return;
       case Coordinator::Offer::kDuplicate:
         // A second gradient for the step from one rank: typically a replacement process of a
         // rank that died after contributing, or a late duplicate of the dead one. It is not
         // aggregated; the sender is told it was dropped and simply waits for the next step.
-        reply.dropped = true;
-        coordinator_.RecordDropped(req.rank);
-        RecordSeq(req.rank, req.seq);
+        DropGradient(req, reply, /*stale=*/false);
         metrics_->rejected[static_cast<size_t>(RejectReason::kDuplicate)]->Increment();
-        metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
         return;
       case Coordinator::Offer::kFuture:
         *reason = RejectReason::kBadVersion;
@@ -309,6 +307,13 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
       case Coordinator::Offer::kAccept:
         break;
     }
+  }
+  if (options_.mode.kind == TrainingMode::Kind::kSsp && ranked &&
+      coordinator_.ClockStaleness(req.rank) > options_.mode.staleness) {
+    // Only possible across a death and rejoin (reads are gated by the bound): a gradient
+    // computed before is older than the bound allows, so it is dropped, not applied.
+    DropGradient(req, reply, /*stale=*/true);
+    return;
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<const float*> grads;
@@ -325,18 +330,6 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     }
   }
   const int64_t staleness = version - read_version;
-  if (options_.mode.kind == TrainingMode::Kind::kSsp && ranked &&
-      coordinator_.ClockStaleness(req.rank) > options_.mode.staleness) {
-    // Only possible across a death and rejoin (reads are gated by the bound): a gradient
-    // computed before is older than the bound allows, so it is dropped, not applied.
-    reply.dropped = true;
-    ++dropped_stale_;
-    coordinator_.RecordDropped(req.rank);
-    RecordSeq(req.rank, req.seq);
-    metrics_->dropped_stale->Increment();
-    metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
-    return;
-  }
   if (sync) {
     reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason);
     if (!reply.status.ok()) return;

@@ -125,6 +125,9 @@ class Server {
   PsMetrics* metrics_;
   Shard shard_;
   Coordinator coordinator_;
+  // Answers a push as dropped (not applied) and counts it for its rank; `stale` also counts
+  // it as a stale gradient (a duplicate for the step is not one).
+  void DropGradient(const Header& req, Header& reply, bool stale);
   // Push dedupe: a push whose seq was already applied is replayed, not applied again.
   bool AlreadyApplied(int rank, uint64_t seq) const;
   void RecordSeq(int rank, uint64_t seq);

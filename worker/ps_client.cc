@@ -158,6 +158,18 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
   return out;
 }
 
+Result<std::vector<Inbound>> PsClient::Broadcast(const Header& header,
+                                                 std::chrono::milliseconds timeout,
+                                                 bool interruptible) {
+  std::vector<int> shards;
+  std::vector<Outgoing> requests;
+  for (int s = 0; s < num_shards(); ++s) {
+    shards.push_back(s);
+    requests.push_back({header, {}});
+  }
+  return Exchange(std::move(shards), std::move(requests), timeout, interruptible);
+}
+
 Status PsClient::Register(const ModelRegistration& reg, std::chrono::milliseconds timeout) {
   if (reg.num_shards != num_shards()) {
     return Status::InvalidArgument("registration names " + std::to_string(reg.num_shards) +
@@ -165,19 +177,11 @@ Status PsClient::Register(const ModelRegistration& reg, std::chrono::millisecond
   }
   auto map = SliceMap::Build(reg.variables, reg.max_slice_elements, reg.num_shards);
   if (!map.ok()) return map.status();
-  std::vector<int> shards;
-  std::vector<Outgoing> requests;
-  for (int s = 0; s < num_shards(); ++s) {
-    Outgoing o;
-    o.header.type = MsgType::kRegister;
-    o.header.registration = reg;
-    shards.push_back(s);
-    requests.push_back(std::move(o));
-  }
-  auto replies = Exchange(shards, std::move(requests), timeout);
+  Header h;
+  h.type = MsgType::kRegister;
+  h.registration = reg;
+  auto replies = Broadcast(h, timeout);
   if (!replies.ok()) return replies.status();
-  registered_clock_ = 0;
-  for (const Inbound& in : *replies) registered_clock_ = std::max(registered_clock_, in.header->clock);
   registration_ = reg;
   map_ = std::move(map).value();
   var_sizes_.clear();
@@ -285,28 +289,16 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
 }
 
 Status PsClient::Leave(std::chrono::milliseconds timeout) {
-  std::vector<int> shards;
-  std::vector<Outgoing> requests;
-  for (int s = 0; s < num_shards(); ++s) {
-    Outgoing o;
-    o.header.type = MsgType::kLeave;
-    shards.push_back(s);
-    requests.push_back(std::move(o));
-  }
-  auto replies = Exchange(shards, std::move(requests), timeout, /*interruptible=*/false);
+  Header h;
+  h.type = MsgType::kLeave;
+  auto replies = Broadcast(h, timeout, /*interruptible=*/false);
   return replies.ok() ? Status::Ok() : replies.status();
 }
 
 Result<std::vector<ShardStats>> PsClient::Stats() {
-  std::vector<int> shards;
-  std::vector<Outgoing> requests;
-  for (int s = 0; s < num_shards(); ++s) {
-    Outgoing o;
-    o.header.type = MsgType::kStats;
-    shards.push_back(s);
-    requests.push_back(std::move(o));
-  }
-  auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
+  Header h;
+  h.type = MsgType::kStats;
+  auto replies = Broadcast(h, options_.request_timeout);
   if (!replies.ok()) return replies.status();
   std::vector<ShardStats> out;
   for (const Inbound& in : *replies) {
@@ -317,15 +309,9 @@ Result<std::vector<ShardStats>> PsClient::Stats() {
 }
 
 Status PsClient::Checkpoint() {
-  std::vector<int> shards;
-  std::vector<Outgoing> requests;
-  for (int s = 0; s < num_shards(); ++s) {
-    Outgoing o;
-    o.header.type = MsgType::kCheckpoint;
-    shards.push_back(s);
-    requests.push_back(std::move(o));
-  }
-  auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
+  Header h;
+  h.type = MsgType::kCheckpoint;
+  auto replies = Broadcast(h, options_.request_timeout);
   return replies.ok() ? Status::Ok() : replies.status();
 }
 

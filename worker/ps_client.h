@@ -68,7 +68,7 @@ class PsClient {
   // Registers `reg` with every shard (reg.num_shards must equal the number of shards) and
   // builds the slice map. Waits up to `timeout` for servers that are still starting. Returns
   // the first error that arrives (e.g. FailedPrecondition for a model, mode or protocol
-  // mismatch). registered_clock() then holds this rank's clock on the servers.
+  // mismatch).
   Status Register(const ModelRegistration& reg, std::chrono::milliseconds timeout);
 
   // Takes the model the servers already hold (e.g. from Stats().registration) without
@@ -111,8 +111,6 @@ class PsClient {
   // Some shard dropped the last push (shards decide alone: with backup workers one shard may
   // aggregate a gradient another drops).
   bool last_push_dropped() const { return last_push_dropped_; }
-  // The highest clock the shards gave this rank at Register (where it rejoins).
-  int64_t registered_clock() const { return registered_clock_; }
   // Times a request had to be sent again (a server restarted or a reply was lost).
   int64_t resends() const { return resends_; }
 
@@ -130,6 +128,10 @@ class PsClient {
                                         std::chrono::milliseconds timeout,
                                         bool interruptible = true);
 
+  // Exchange of the same tensor-less request with every shard.
+  Result<std::vector<Inbound>> Broadcast(const Header& header, std::chrono::milliseconds timeout,
+                                         bool interruptible = true);
+
   std::vector<std::unique_ptr<Socket>> sockets_;
   PsClientOptions options_;
   std::optional<SliceMap> map_;
@@ -145,7 +147,6 @@ class PsClient {
   uint64_t pushes_ = 0;
   int64_t resends_ = 0;
   bool last_push_dropped_ = false;
-  int64_t registered_clock_ = 0;
 };
 
 }  // namespace parasync
