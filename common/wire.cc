@@ -92,6 +92,7 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
   hb.add_incarnation(h.incarnation);
   hb.add_seq(h.seq);
   hb.add_replayed(h.replayed);
+  hb.add_staleness(h.staleness);
   if (!reg.IsNull()) hb.add_register_(reg);
   if (!stats.IsNull()) hb.add_stats(stats);
   b.Finish(hb.Finish());
@@ -183,6 +184,7 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.incarnation = in->incarnation();
   h.seq = in->seq();
   h.replayed = in->replayed();
+  h.staleness = in->staleness();
   if (const fb::RegisterRequest* r = in->register_()) {
     auto reg = DecodeRegistration(r);
     if (!reg.ok()) return reg.status();

@@ -83,6 +83,7 @@ struct Header {
   uint64_t incarnation = 0; // replies: the server's; requests: the one last heard
   uint64_t seq = 0;         // push: (sender incarnation << 32) | counter; 0 = none
   bool replayed = false;    // push reply: already applied, not applied again
+  int64_t staleness = 0;    // push reply: versions applied between read and acceptance
   std::optional<ModelRegistration> registration;  // Register requests
   std::optional<ShardStats> stats;                // Stats replies
 };

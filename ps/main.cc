@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   int64_t checkpoint_every_versions = 0;
   double worker_timeout_s = 10;
   double barrier_timeout_s = 300;
+  double straggler_log_s = 1.0;
   bool allow_remote_shutdown = false;
   int64_t drop_push_reply_every = 0;
 
@@ -77,6 +78,11 @@ int main(int argc, char** argv) {
                  "Seconds a pull may wait for a sync step or the ssp bound before it fails "
                  "with an error naming the ranks it waited for")
       ->check(CLI::Range(0.1, 86400.0));
+  app.add_option("--straggler-log-seconds", straggler_log_s,
+                 "Log the rank a barrier waited for when one wait on it alone exceeds this "
+                 "(at most every 10 s per rank; 0: never). Always exported as "
+                 "parasync_ps_barrier_waited_for_seconds_total{rank} and parasync_ps_straggler_rank")
+      ->check(CLI::Range(0.0, 86400.0));
   app.add_option("--bind", bind,
                  "Address to bind, host:port (default: this task's address in the cluster; "
                  "use 0.0.0.0:PORT to listen on all interfaces)");
@@ -167,6 +173,7 @@ int main(int argc, char** argv) {
   options.worker_timeout = std::chrono::milliseconds(static_cast<int64_t>(worker_timeout_s * 1000));
   options.barrier_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(barrier_timeout_s * 1000));
+  options.straggler_log_seconds = straggler_log_s;
   options.shard_index = shard;
   options.num_shards = static_cast<int>(spec->ps.size());
   options.max_message_bytes = max_message_bytes;

@@ -41,7 +41,7 @@ PsMetrics::PsMetrics(int shard, int num_workers)
                                     1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1});
   version = &prometheus::BuildGauge()
                  .Name("parasync_ps_version")
-                 .Help("Pushes applied on this shard")
+                 .Help("Versions applied on this shard: pushes (async, ssp) or steps (sync)")
                  .Labels(labels)
                  .Register(*registry)
                  .Add({});
@@ -67,10 +67,44 @@ PsMetrics::PsMetrics(int shard, int num_workers)
                                  .Help("Gradients dropped as stale (sync: an old step), by rank")
                                  .Labels(labels)
                                  .Register(*registry);
+  auto& per_worker_waited = prometheus::BuildCounter()
+                                .Name("parasync_ps_barrier_waited_for_seconds_total")
+                                .Help("Seconds barriers waited for this rank alone: sync, a step "
+                                      "whose last gradient it was, from the one before; ssp, a "
+                                      "parked pull it was the slowest blocker of")
+                                .Labels(labels)
+                                .Register(*registry);
   for (int r = 0; r < num_workers; ++r) {
     worker_gradients.push_back(&per_worker_gradients.Add({{"rank", std::to_string(r)}}));
     worker_dropped.push_back(&per_worker_dropped.Add({{"rank", std::to_string(r)}}));
+    waited_for_seconds.push_back(&per_worker_waited.Add({{"rank", std::to_string(r)}}));
   }
+  straggler_rank = &prometheus::BuildGauge()
+                        .Name("parasync_ps_straggler_rank")
+                        .Help("Rank the barriers waited for longest lately (decayed sum, "
+                              "half-life 60 s); -1: none")
+                        .Labels(labels)
+                        .Register(*registry)
+                        .Add({});
+  straggler_rank->Set(-1);
+  parked_pulls = &prometheus::BuildGauge()
+                      .Name("parasync_ps_parked_pulls")
+                      .Help("Pulls waiting now for a sync step or the ssp bound")
+                      .Labels(labels)
+                      .Register(*registry)
+                      .Add({});
+  oldest_parked_pull_seconds = &prometheus::BuildGauge()
+                                    .Name("parasync_ps_oldest_parked_pull_seconds")
+                                    .Help("How long the oldest waiting pull has waited; 0: none")
+                                    .Labels(labels)
+                                    .Register(*registry)
+                                    .Add({});
+  store_disk_bytes = &prometheus::BuildGauge()
+                          .Name("parasync_ps_store_disk_bytes")
+                          .Help("Bytes on disk of the RocksDB checkpoint store (0: no --data-dir)")
+                          .Labels(labels)
+                          .Register(*registry)
+                          .Add({});
   dropped_stale = &prometheus::BuildCounter()
                        .Name("parasync_ps_dropped_stale_gradients_total")
                        .Help("Gradients dropped as stale (sync: computed for an older step)")

@@ -33,6 +33,11 @@ struct PsMetrics {
   prometheus::Counter* dropped_stale = nullptr;
   std::vector<prometheus::Counter*> worker_gradients;  // by rank
   std::vector<prometheus::Counter*> worker_dropped;    // by rank
+  std::vector<prometheus::Counter*> waited_for_seconds;  // by rank: barrier waits pinned on it
+  prometheus::Gauge* straggler_rank = nullptr;           // -1: none
+  prometheus::Gauge* parked_pulls = nullptr;
+  prometheus::Gauge* oldest_parked_pull_seconds = nullptr;
+  prometheus::Gauge* store_disk_bytes = nullptr;
   prometheus::Histogram* staleness = nullptr;          // versions between read and apply
   prometheus::Histogram* barrier_wait_seconds = nullptr;
   prometheus::Counter* blocked_pulls = nullptr;

@@ -53,6 +53,7 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
       coordinator_({options.mode, options.num_workers, options.replicas_to_aggregate,
                     options.worker_timeout},
                    std::chrono::steady_clock::now()),
+      straggler_({options.num_workers, options.straggler_log_seconds}),
       last_seq_(static_cast<size_t>(options.num_workers), 0),
       last_save_time_(std::chrono::steady_clock::now()) {
   std::random_device rd;
@@ -161,6 +162,7 @@ Status Server::PersistUpdate(std::span<const SliceRange> ranges, int rank) {
                                                       record, /*sync=*/true));
   metrics_->checkpoint_seconds->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  metrics_->last_checkpoint_time->SetToCurrentTime();
   last_saved_version_ = shard_.version();
   return Status::Ok();
 }
@@ -333,8 +335,17 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   if (sync) {
     reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason);
     if (!reply.status.ok()) return;
+    const bool had_others = coordinator_.contributors() > 0;
     coordinator_.Contribute(req.rank);
     RecordSeq(req.rank, req.seq);
+    const TimePoint arrived = std::chrono::steady_clock::now();
+    if (had_others && coordinator_.StepReady()) {
+      // The step could have completed when the gradient before this one arrived, but for
+      // this rank: that wait is pinned on it.
+      RecordStragglerWait(req.rank, SecondsSince(step_last_arrival_, arrived), arrived,
+                          "the sync step's last gradient");
+    }
+    step_last_arrival_ = arrived;
   } else {
     float lr_scale = 1.0f;
     if (shard_.registration() && shard_.registration()->optimizer.staleness_aware) {
@@ -357,6 +368,7 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   metrics_->apply_seconds->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   metrics_->staleness->Observe(static_cast<double>(staleness));
+  reply.staleness = staleness;
   max_version_staleness_ = std::max(max_version_staleness_, staleness);
   if (ranked) {
     const int64_t clock_staleness = coordinator_.RecordGradient(req.rank);
@@ -385,6 +397,34 @@ void Server::MaybeCompleteStep() {
   metrics_->examples->Increment(static_cast<double>(shard_.examples() - before));
 }
 
+void Server::RecordStragglerWait(int rank, double seconds, TimePoint now, const char* what) {
+  if (!coordinator_.ValidRank(rank)) return;
+  metrics_->waited_for_seconds[static_cast<size_t>(rank)]->Increment(seconds);
+  const StragglerTracker::Verdict verdict = straggler_.Record(rank, seconds, now);
+  if (!verdict.log) return;
+  if (verdict.suppressed > 0) {
+    spdlog::warn("straggler: waited {:.2f} s for rank {} ({}, version {}); {} more such "
+                 "waits for it since the last report",
+                 seconds, rank, what, shard_.version(), verdict.suppressed);
+  } else {
+    spdlog::warn("straggler: waited {:.2f} s for rank {} ({}, version {})", seconds, rank, what,
+                 shard_.version());
+  }
+}
+
+void Server::UpdateGauges(TimePoint now) {
+  metrics_->parked_pulls->Set(static_cast<double>(parked_.size()));
+  double oldest = 0;
+  for (const ParkedPull& p : parked_) oldest = std::max(oldest, SecondsSince(p.since, now));
+  metrics_->oldest_parked_pull_seconds->Set(oldest);
+  metrics_->straggler_rank->Set(straggler_.Straggler(now));
+  // Walking the store's directory costs a few syscalls per file: every 5 s is plenty.
+  if (options_.store != nullptr && now - store_size_updated_ >= std::chrono::seconds(5)) {
+    store_size_updated_ = now;
+    metrics_->store_disk_bytes->Set(static_cast<double>(options_.store->ApproximateBytes()));
+  }
+}
+
 void Server::ServeParked(TimePoint now) {
   if (parked_.empty()) return;
   std::vector<ParkedPull> still;
@@ -392,6 +432,10 @@ void Server::ServeParked(TimePoint now) {
   for (ParkedPull& p : parked_) {
     if (CanServePull(p.request)) {
       metrics_->barrier_wait_seconds->Observe(SecondsSince(p.since, now));
+      if (p.waited_for >= 0) {
+        RecordStragglerWait(p.waited_for, SecondsSince(p.since, now), now,
+                            "a pull held by the ssp bound");
+      }
       SendPull(p.identity, p.request);
     } else {
       still.push_back(std::move(p));
@@ -417,6 +461,7 @@ void Server::Tick(TimePoint now, bool idle) {
   MaybeCompleteStep();
   MaybeSnapshot(now);
   ServeParked(now);
+  UpdateGauges(now);
   // Whatever still waits past the barrier timeout fails, naming what it waited for.
   std::vector<ParkedPull> still;
   for (ParkedPull& p : parked_) {
@@ -581,7 +626,18 @@ bool Server::Handle(Inbound& in) {
           ++blocked_pulls_;
           metrics_->blocked_pulls->Increment();
         }
-        parked_.push_back({std::move(in.identity), req, since});
+        int waited_for = -1;
+        if (options_.mode.kind == TrainingMode::Kind::kSsp && ranked) {
+          int64_t slowest_clock = INT64_MAX;
+          for (int r : coordinator_.SspBlockers(req.rank)) {
+            const int64_t clock = coordinator_.workers()[static_cast<size_t>(r)].clock;
+            if (clock < slowest_clock) {
+              slowest_clock = clock;
+              waited_for = r;
+            }
+          }
+        }
+        parked_.push_back({std::move(in.identity), req, since, waited_for});
         return true;
       }
       case MsgType::kPush:

@@ -29,6 +29,7 @@
 #include "ps/coordinator.h"
 #include "ps/ps_metrics.h"
 #include "ps/shard.h"
+#include "ps/straggler.h"
 
 namespace parasync {
 
@@ -57,6 +58,10 @@ struct ServerOptions {
   // of it, so every shard snapshots the same step.
   std::chrono::milliseconds checkpoint_every{0};
   int64_t checkpoint_every_versions = 0;
+
+  // Stragglers: a barrier wait pinned on one rank that is longer than this is logged
+  // (rate-limited per rank); <= 0: never logged. Always counted in the metrics.
+  double straggler_log_seconds = 1.0;
 
   // Fault injection for tests: the reply to every Nth push is not sent after the push was
   // applied (what a connection cut between apply and acknowledgement looks like). 0: off.
@@ -97,6 +102,7 @@ class Server {
     zmq::message_t identity;
     Header request;
     TimePoint since;
+    int waited_for = -1;  // ssp: the slowest rank that blocked it when it was parked
   };
 
   Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsMetrics* metrics);
@@ -117,6 +123,10 @@ class Server {
   // queued this turn, so every heartbeat that arrived has been read.
   void Tick(TimePoint now, bool idle);
   void Reject(RejectReason reason);
+  // The barrier waited `seconds` for `rank` alone: counted, and logged when long.
+  void RecordStragglerWait(int rank, double seconds, TimePoint now, const char* what);
+  // Gauges that describe the present: parked pulls, the straggler, the store's size.
+  void UpdateGauges(TimePoint now);
   bool ShouldLogRejection() const;
   std::string DescribeWait(const Header& req) const;
 
@@ -137,6 +147,9 @@ class Server {
   void MaybeSnapshot(TimePoint now);
 
   std::vector<ParkedPull> parked_;
+  StragglerTracker straggler_;
+  TimePoint step_last_arrival_{};  // sync: when the current step's latest gradient arrived
+  TimePoint store_size_updated_{};
   TimePoint last_idle_;  // the last turn that found the socket empty
   uint64_t incarnation_ = 0;
   int64_t pushes_handled_ = 0;

@@ -102,6 +102,7 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
       }
       if (restarted) {
         incarnation_[s] = now_inc;
+        ++reconnects_;
         // The new process may hold no model (nothing saved yet): register first (idempotent).
         if (registration_ && requests[i].header.type != MsgType::kRegister) {
           Header reg;
@@ -277,10 +278,12 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
   if (!replies.ok()) return replies.status();
   int64_t lowest = INT64_MAX;
   last_push_dropped_ = false;
+  last_push_staleness_ = -1;
   for (size_t i = 0; i < replies->size(); ++i) {
     const Header& h = *(*replies)[i].header;
     lowest = std::min(lowest, h.version);
     last_push_dropped_ |= h.dropped;
+    if (!h.dropped && !h.replayed) last_push_staleness_ = std::max(last_push_staleness_, h.staleness);
     const size_t s = static_cast<size_t>(shards[i]);
     next_step_[s] = read_version == kLastRead ? read_versions_[s] + 1 : read_version + 1;
   }

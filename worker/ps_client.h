@@ -111,8 +111,14 @@ class PsClient {
   // Some shard dropped the last push (shards decide alone: with backup workers one shard may
   // aggregate a gradient another drops).
   bool last_push_dropped() const { return last_push_dropped_; }
+  // The largest staleness a shard reported for the last push (versions it applied between
+  // this client's read and the gradient's acceptance); -1 when no shard accepted it afresh
+  // (dropped, or a resend of a push already applied).
+  int64_t last_push_staleness() const { return last_push_staleness_; }
   // Times a request had to be sent again (a server restarted or a reply was lost).
   int64_t resends() const { return resends_; }
+  // Times a shard was found restarted (a new incarnation) and registered with again.
+  int64_t reconnects() const { return reconnects_; }
 
  private:
   struct Outgoing {
@@ -146,6 +152,8 @@ class PsClient {
   uint64_t seq_base_ = 0;               // this client's random incarnation << 32
   uint64_t pushes_ = 0;
   int64_t resends_ = 0;
+  int64_t reconnects_ = 0;
+  int64_t last_push_staleness_ = -1;
   bool last_push_dropped_ = false;
 };
 

@@ -83,6 +83,9 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
     PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs));
     auto stats = client.Stats();
     if (!stats.ok()) return stats.status();
+    // Unix time of these statistics, to line the row up with other clocks (Prometheus).
+    const double unix_time =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     auto result = backend.Evaluate(params.cptrs, test.x.data(), test.y.data(), test.n);
     if (!result.ok()) return result.status();
     const double acc = static_cast<double>(result->correct) / static_cast<double>(result->count);
@@ -95,8 +98,8 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       global_examples = std::max(global_examples, s.examples);
     }
     const double wall = Seconds(start, Clock::now());
-    metrics.eval_accuracy->Set(acc);
-    metrics.eval_loss->Set(loss);
+    if (metrics.eval_accuracy != nullptr) metrics.eval_accuracy->Set(acc);
+    if (metrics.eval_loss != nullptr) metrics.eval_loss->Set(loss);
     summary.final_test_accuracy = acc;
     summary.final_test_loss = loss;
     nlohmann::json row = {{"mode", o.mode.ToString()},
@@ -106,6 +109,7 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
                           {"step", global_step},
                           {"examples", global_examples},
                           {"wall_s", wall},
+                          {"time", unix_time},
                           {"train_loss", std::isfinite(train_loss) ? nlohmann::json(train_loss)
                                                                    : nlohmann::json(nullptr)},
                           {"test_loss", loss},
@@ -129,6 +133,8 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
     PARASYNC_RETURN_IF_ERROR(evaluate(0, NAN, 0.0));
   }
   const bool sync = o.mode.kind == TrainingMode::Kind::kSync;
+  int64_t counted_resends = 0;  // registration retries count too
+  int64_t counted_reconnects = 0;
   bool stop = false;
   for (int epoch = 1; epoch <= o.epochs && !stop; ++epoch) {
     metrics.epoch->Set(epoch);
@@ -166,6 +172,18 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       if (client.last_push_dropped()) {
         ++summary.dropped;
         metrics.dropped->Increment();
+      }
+      if (client.last_push_staleness() >= 0) {
+        metrics.staleness->Observe(static_cast<double>(client.last_push_staleness()));
+      }
+      // The client counts retries and reconnects itself; the metrics follow its counts.
+      if (client.resends() > counted_resends) {
+        metrics.retries->Increment(static_cast<double>(client.resends() - counted_resends));
+        counted_resends = client.resends();
+      }
+      if (client.reconnects() > counted_reconnects) {
+        metrics.reconnects->Increment(static_cast<double>(client.reconnects() - counted_reconnects));
+        counted_reconnects = client.reconnects();
       }
 
       t_pull += Seconds(t0, t1);

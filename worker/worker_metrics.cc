@@ -24,6 +24,25 @@ WorkerMetrics::WorkerMetrics(int rank) : registry(std::make_shared<prometheus::R
                  .Labels(labels)
                  .Register(*registry)
                  .Add({});
+  retries = &prometheus::BuildCounter()
+                 .Name("parasync_worker_request_retries_total")
+                 .Help("Requests sent again: no reply in time, or the server restarted")
+                 .Labels(labels)
+                 .Register(*registry)
+                 .Add({});
+  reconnects = &prometheus::BuildCounter()
+                    .Name("parasync_worker_reconnects_total")
+                    .Help("Parameter servers found restarted and registered with again")
+                    .Labels(labels)
+                    .Register(*registry)
+                    .Add({});
+  staleness = &prometheus::BuildHistogram()
+                   .Name("parasync_worker_staleness")
+                   .Help("Versions the servers applied between this worker's read and its "
+                         "gradient's acceptance (largest over shards)")
+                   .Labels(labels)
+                   .Register(*registry)
+                   .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64});
   auto& phases = prometheus::BuildHistogram()
                      .Name("parasync_worker_step_seconds")
                      .Help("Seconds per training step, by phase")
@@ -46,6 +65,7 @@ WorkerMetrics::WorkerMetrics(int rank) : registry(std::make_shared<prometheus::R
                .Labels(labels)
                .Register(*registry)
                .Add({});
+  if (rank != 0) return;
   eval_accuracy = &prometheus::BuildGauge()
                        .Name("parasync_worker_eval_accuracy")
                        .Help("Test-set accuracy of the latest evaluation (chief only)")

@@ -19,13 +19,17 @@ struct WorkerMetrics {
   prometheus::Counter* examples = nullptr;  // rate() of it is examples/sec
   prometheus::Counter* steps = nullptr;
   prometheus::Counter* dropped = nullptr;  // gradients the servers dropped as stale
+  prometheus::Counter* retries = nullptr;     // requests sent again
+  prometheus::Counter* reconnects = nullptr;  // restarted servers registered with again
+  prometheus::Histogram* staleness = nullptr;  // per accepted push, as the servers counted
   prometheus::Histogram* pull_seconds = nullptr;     // step seconds, phase="pull"
   prometheus::Histogram* compute_seconds = nullptr;  // phase="compute"
   prometheus::Histogram* push_seconds = nullptr;     // phase="push"
   prometheus::Gauge* train_loss = nullptr;
   prometheus::Gauge* epoch = nullptr;
-  prometheus::Gauge* eval_accuracy = nullptr;  // chief only
-  prometheus::Gauge* eval_loss = nullptr;      // chief only
+  // Chief (rank 0) only; null elsewhere, so a dashboard never averages in zeros.
+  prometheus::Gauge* eval_accuracy = nullptr;
+  prometheus::Gauge* eval_loss = nullptr;
 };
 
 }  // namespace parasync

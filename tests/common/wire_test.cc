@@ -71,6 +71,7 @@ TEST(WireTest, RoundTripKeepsScalarFieldsAndSlices) {
   h.incarnation = 0xfedcba9876543210ULL;
   h.seq = (uint64_t{77} << 32) | 5;
   h.replayed = true;
+  h.staleness = 9;
   Result<Header> d = RoundTrip(h);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->protocol_version, kProtocolVersion);
@@ -85,6 +86,7 @@ TEST(WireTest, RoundTripKeepsScalarFieldsAndSlices) {
   EXPECT_EQ(d->incarnation, h.incarnation);
   EXPECT_EQ(d->seq, h.seq);
   EXPECT_TRUE(d->replayed);
+  EXPECT_EQ(d->staleness, 9);
   EXPECT_FALSE(d->registration.has_value());
   EXPECT_FALSE(d->stats.has_value());
 }
