@@ -38,7 +38,10 @@ constexpr const char* kFooter =
     "  Then: runs/ssp3/eval.jsonl (the chief's evaluations), runs/ssp3/worker0.log, ...,\n"
     "  runs/ssp3/cluster.json (pids, addresses, metrics ports, command lines).\n"
     "  parasync-launch --ps 2 --workers 2 --epochs 5 --export runs/model.psm\n"
-    "  Then: parasync-worker --eval-only --model-file runs/model.psm\n";
+    "  Then: parasync-worker --eval-only --model-file runs/model.psm\n"
+    "  parasync-launch --mode sync --epochs 20 --log-dir runs/watch --metrics\n"
+    "  Beside it: tools/watch-run.sh runs/watch (Prometheus on http://127.0.0.1:9090,\n"
+    "  scraping runs/watch/prometheus-targets.json); Ctrl-C ends the --metrics serving.\n";
 
 // CLI11 validator: a non-negative (or, with `positive`, positive) decimal integer.
 CLI::Validator IntegerValidator(bool positive) {
@@ -151,6 +154,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(NumberValidator(false))
       ->type_name("S");
+  app.add_option("--job", options.job,
+                 "Prometheus job label of this run in <log-dir>/prometheus-targets.json "
+                 "[default: the log directory's name]")
+      ->type_name("NAME");
+  app.add_flag("--metrics", options.serve_metrics,
+               "After the run, keep every metrics port answering with the process's final "
+               "metrics until Ctrl-C, so Prometheus and Grafana keep the final values");
   app.add_option("--host", options.host,
                  "Host name or IPv4 address used in the cluster spec and metrics URLs")
       ->capture_default_str()
@@ -179,5 +189,9 @@ int main(int argc, char** argv) {
   }
   const int exit_code = (*launcher)->Supervise();
   std::cout << (*launcher)->Summary() << std::flush;
+  if (options.serve_metrics && exit_code != parasync::launch::kExitInterrupted) {
+    const parasync::Status served = (*launcher)->ServeFinalMetrics();
+    if (!served.ok()) std::cerr << "parasync-launch: --metrics: " << served.message() << "\n";
+  }
   return exit_code;
 }

@@ -1,5 +1,7 @@
 #include "deploy/launch/launcher.h"
 
+#include "deploy/launch/snapshot_server.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -104,6 +106,23 @@ bool IsDigits(std::string_view s) {
   return true;
 }
 
+// Writes `text` to `path` through a temporary file and a rename: a reader (Prometheus'
+// file_sd watches the file) never sees half of it.
+Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) return Status::Unavailable("cannot write " + temporary);
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    return Status::Unavailable("cannot rename " + temporary + " to " + path + ": " +
+                               std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 // ---- free functions ---------------------------------------------------------------------
@@ -151,6 +170,13 @@ Result<std::string> ExecutableDir() {
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return Status::Internal("cannot read /proc/self/exe: " + ec.message());
   return exe.parent_path().string();
+}
+
+std::string MetricsBindFor(const std::string& host) {
+  if (host == "localhost") return "127.0.0.1";
+  in_addr parsed{};
+  if (inet_pton(AF_INET, host.c_str(), &parsed) == 1) return host;
+  return "0.0.0.0";
 }
 
 std::string DefaultLogDir() {
@@ -209,6 +235,10 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
   plan.log_dir = log_dir;
   plan.host = options.host;
   plan.mode = options.mode;
+  plan.metrics_bind = MetricsBindFor(options.host);
+  plan.job = options.job;
+  if (plan.job.empty()) plan.job = std::filesystem::path(log_dir).filename().string();
+  if (plan.job.empty()) plan.job = "parasync";
   for (size_t slot = 0; slot < total; ++slot) {
     const bool is_ps = slot < num_ps;
     ProcessSpec spec;
@@ -224,7 +254,8 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
     argv.insert(argv.end(), {"--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts,
                              "--task-index", std::to_string(spec.index), "--mode",
                              options.mode, "--metrics-port",
-                             std::to_string(spec.metrics_port), "--log-dir", log_dir});
+                             std::to_string(spec.metrics_port), "--metrics-bind",
+                             plan.metrics_bind, "--log-dir", log_dir});
     if (is_ps) {
       if (options.replicas_to_aggregate) {
         argv.insert(argv.end(), {"--replicas-to-aggregate", *options.replicas_to_aggregate});
@@ -451,6 +482,10 @@ Status Launcher::Start() {
   }
   Status written = WriteClusterJson();
   if (!written.ok()) Message("warning: " + written.ToString());
+  written = WritePrometheusTargets();
+  if (!written.ok()) Message("warning: " + written.ToString());
+  Message("Prometheus targets (job \"" + plan_.job + "\"): " + plan_.log_dir +
+          "/prometheus-targets.json; watch the run: tools/watch-run.sh " + plan_.log_dir);
   return Status::Ok();
 }
 
@@ -510,6 +545,7 @@ Status Launcher::WriteClusterJson() const {
   json doc;
   doc["host"] = plan_.host;
   doc["mode"] = plan_.mode;
+  doc["job"] = plan_.job;
   doc["log_dir"] = plan_.log_dir;
   doc["launcher_pid"] = getpid();
   json ps_hosts = json::array();
@@ -537,18 +573,61 @@ Status Launcher::WriteClusterJson() const {
   // Arguments are user input: replace invalid UTF-8 rather than throw.
   const std::string text = doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 
-  const std::string path = plan_.log_dir + "/cluster.json";
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return Status::Unavailable("cannot write " + temporary);
+  return WriteFileAtomically(plan_.log_dir + "/cluster.json", text);
+}
+
+Status Launcher::WritePrometheusTargets() const {
+  // Prometheus file_sd format: one target group per process, labelled like the metrics the
+  // process exports itself (role and shard or rank) plus the run's job.
+  using nlohmann::json;
+  json groups = json::array();
+  for (const Child& child : children_) {
+    const bool is_ps = child.spec.role == Role::kPs;
+    json labels = {{"job", plan_.job}, {"role", is_ps ? "ps" : "worker"}};
+    labels[is_ps ? "shard" : "rank"] = std::to_string(child.spec.index);
+    groups.push_back(
+        {{"targets", {plan_.host + ":" + std::to_string(child.spec.metrics_port)}},
+         {"labels", labels}});
   }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    return Status::Unavailable("cannot rename " + temporary + " to " + path + ": " +
-                               std::strerror(errno));
+  return WriteFileAtomically(plan_.log_dir + "/prometheus-targets.json",
+                             groups.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+}
+
+Status Launcher::ServeFinalMetrics() {
+  std::vector<SnapshotEndpoint> endpoints;
+  std::vector<std::string> names;
+  for (const Child& child : children_) {
+    const std::string path = plan_.log_dir + "/metrics-" + child.spec.name + ".prom";
+    Result<std::string> text = ReadSnapshotFile(path);
+    if (!text.ok()) {
+      Message(child.spec.name + " left no final metrics (" + text.status().message() +
+              "); its port stays closed");
+      continue;
+    }
+    endpoints.push_back({plan_.metrics_bind, child.spec.metrics_port, std::move(text).value()});
+    names.push_back(child.spec.name);
   }
+  if (endpoints.empty()) return Status::Unavailable("no process left a final metrics snapshot");
+  PARASYNC_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotServer> server,
+                            SnapshotServer::Start(endpoints));
+  std::string where;
+  for (size_t i = 0; i < names.size(); ++i) {
+    where += " " + names[i] + " http://" + plan_.host + ":" +
+             std::to_string(endpoints[i].port) + "/metrics";
+  }
+  Message("--metrics: serving the final metrics on the same ports until Ctrl-C:" + where);
+  for (;;) {
+    // Bytes already in the signal pipe (SIGCHLD of the reaped processes) are not a stop.
+    unsigned char signals[64];
+    ssize_t n;
+    bool stop = false;
+    while ((n = read(g_signal_pipe[0], signals, sizeof(signals))) > 0) {
+      for (ssize_t i = 0; i < n; ++i) stop |= signals[i] != SIGCHLD;
+    }
+    if (stop) break;
+    server->ServeUntilReadable(g_signal_pipe[0]);
+  }
+  Message("stopped serving the final metrics");
   return Status::Ok();
 }
 
@@ -1001,6 +1080,8 @@ std::string Launcher::Summary() const {
   out << "\n";
   out << kLauncherPrefix << "each process writes its final metrics to " << plan_.log_dir
       << "/metrics-<role><index>.prom at exit (e.g. metrics-ps0.prom, metrics-worker0.prom)\n";
+  out << kLauncherPrefix << "Prometheus targets (job \"" << plan_.job << "\"): " << plan_.log_dir
+      << "/prometheus-targets.json\n";
   return out.str();
 }
 

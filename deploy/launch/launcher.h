@@ -70,6 +70,13 @@ struct LaunchOptions {
   std::vector<std::string> ps_args;      // appended verbatim to every PS command line
   std::vector<std::string> worker_args;  // appended verbatim to every worker command line
 
+  // The Prometheus `job` label of this run in <log_dir>/prometheus-targets.json; empty: the
+  // log directory's name (runs/ssp3 -> "ssp3").
+  std::string job;
+  // After the run, keep every metrics port answering with the process's final snapshot
+  // until SIGINT/SIGTERM/SIGHUP (see ServeFinalMetrics).
+  bool serve_metrics = false;
+
   std::string bin_dir;  // empty: the directory of the running executable
   double grace_seconds = 10.0;
   std::string host = "127.0.0.1";
@@ -98,6 +105,8 @@ struct ProcessSpec {
 struct LaunchPlan {
   std::string log_dir;  // absolute
   std::string host;
+  std::string job;           // Prometheus job label
+  std::string metrics_bind;  // what every process's /metrics listens on (--metrics-bind)
   std::string mode;
   std::vector<ProcessSpec> processes;  // every PS (by index), then every worker (by index)
   // The exporter (role kExport, name "export"), when options.export_path is set. It runs
@@ -115,6 +124,11 @@ Status ValidateOptions(const LaunchOptions& options);
 // Returns the directory holding the running executable (from /proc/self/exe), or an
 // Internal status.
 Result<std::string> ExecutableDir();
+
+// The address a process's /metrics should listen on for a cluster on `host`: `host` itself
+// when it is an IPv4 address, 127.0.0.1 for "localhost", else 0.0.0.0 (a host name: reachable
+// by whoever resolves it).
+std::string MetricsBindFor(const std::string& host);
 
 // Returns "runs/<YYYYmmdd-HHMMSS>" for the current local time.
 std::string DefaultLogDir();
@@ -184,6 +198,13 @@ class Launcher {
   // signal, else kExitFailed. Precondition: Start() returned OK. Call once.
   int Supervise();
 
+  // After Supervise(): serves each process's final metrics snapshot
+  // (<log_dir>/metrics-<name>.prom) on the port the process used, until the launcher gets
+  // SIGINT, SIGTERM or SIGHUP, so Prometheus keeps the final values and no target goes down.
+  // A process that wrote no snapshot (killed) leaves its port closed. Returns Unavailable
+  // when no port could be served. Precondition: Supervise() returned.
+  Status ServeFinalMetrics();
+
   // Returns the end-of-run text: the final test accuracy from <log_dir>/eval.jsonl (or
   // that it is missing), the exported model file (or why there is none) when one was asked
   // for, the log files, the metrics endpoints and the .prom files.
@@ -197,6 +218,7 @@ class Launcher {
 
   Status SpawnOne(Child& child);
   Status WriteClusterJson() const;
+  Status WritePrometheusTargets() const;
   void ReadOutput(Child& child, bool drain);
   void EmitLine(Child& child, std::string_view line);
   void FlushPartial(Child& child);

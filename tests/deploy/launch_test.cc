@@ -27,6 +27,8 @@
 #include <nlohmann/json.hpp>
 
 #include "deploy/launch/launcher.h"
+#include "deploy/launch/snapshot_server.h"
+#include "tests/integration/process_util.h"
 
 extern char** environ;
 
@@ -65,6 +67,10 @@ case "$behaviour" in
   ignore_term) trap '' TERM ;;
 esac
 printf '%s\n' "$@" > "$FAKE_DIR/$name.args"
+# What a real process writes at exit (written at start here: the launcher reads it after).
+if [ -n "$log_dir" ] && [ -z "$FAKE_NO_PROM" ]; then
+  printf 'fake_final{name="%s"} 42\n' "$name" > "$log_dir/metrics-$name.prom"
+fi
 echo $$ > "$FAKE_DIR/$name.pid.tmp" && mv "$FAKE_DIR/$name.pid.tmp" "$FAKE_DIR/$name.pid"
 echo "hello from $name"
 echo "$name to stderr" >&2
@@ -368,13 +374,15 @@ TEST(LaunchPlanTest, BuildsCommandLinesForEveryProcess) {
   EXPECT_THAT(plan->processes[1].argv,
               ElementsAre("/opt/bin/parasync-ps", "--ps-hosts", "127.0.0.1:5000,127.0.0.1:5001",
                           "--worker-hosts", "127.0.0.1:6000,127.0.0.1:6001", "--task-index", "1",
-                          "--mode", "sync", "--metrics-port", "7001", "--log-dir", "/logs",
+                          "--mode", "sync", "--metrics-port", "7001", "--metrics-bind",
+                          "127.0.0.1", "--log-dir", "/logs",
                           "--data-dir=/ckpt"));
   EXPECT_THAT(plan->processes[2].argv,
               ElementsAre("/opt/bin/parasync-worker", "--ps-hosts",
                           "127.0.0.1:5000,127.0.0.1:5001", "--worker-hosts",
                           "127.0.0.1:6000,127.0.0.1:6001", "--task-index", "0", "--mode", "sync",
-                          "--metrics-port", "7002", "--log-dir", "/logs", "--epochs", "3",
+                          "--metrics-port", "7002", "--metrics-bind", "127.0.0.1", "--log-dir",
+                          "/logs", "--epochs", "3",
                           "--data", "/data", "--lr", "0.1", "--device=cpu"));
 }
 
@@ -553,18 +561,19 @@ TEST_F(LaunchTest, PassesClusterSpecPortsAndFlags) {
 
   const std::vector<std::string> ps1 = ReadLines(fake_dir_ + "/ps1.args");
   const std::vector<std::string> worker1 = ReadLines(fake_dir_ + "/worker1.args");
-  ASSERT_EQ(ps1.size(), 14u);
+  ASSERT_EQ(ps1.size(), 16u);
   ASSERT_GE(worker1.size(), 2u);
   const std::string ps_hosts = ps1[1];
   const std::string worker_hosts = ps1[3];
   EXPECT_THAT(ps1, ElementsAre("--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts,
                                "--task-index", "1", "--mode", "ssp:3", "--metrics-port",
-                               ::testing::_, "--log-dir", log_dir_, "--ps-flag",
+                               ::testing::_, "--metrics-bind", "127.0.0.1", "--log-dir",
+                               log_dir_, "--ps-flag",
                                "--ps-extra=1"));
   EXPECT_THAT(worker1,
               ElementsAre("--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts, "--task-index",
-                          "1", "--mode", "ssp:3", "--metrics-port", ::testing::_, "--log-dir",
-                          log_dir_, "--epochs", "7", "--data", "/data/fmnist", "--batch-size",
+                          "1", "--mode", "ssp:3", "--metrics-port", ::testing::_,
+                          "--metrics-bind", "127.0.0.1", "--log-dir", log_dir_, "--epochs", "7", "--data", "/data/fmnist", "--batch-size",
                           "32", "--lr", "0.05", "--seed", "0", "--device=cpu"));
 
   // Every service and metrics port is distinct, and cluster.json agrees with the fakes.
@@ -597,6 +606,77 @@ TEST_F(LaunchTest, PassesClusterSpecPortsAndFlags) {
   }
   EXPECT_EQ(port_count, 8u);
   EXPECT_EQ(ports.size(), 8u);
+
+  // prometheus-targets.json: one file_sd group per process, at its metrics port, labelled
+  // with the run's job (the log directory's name) and the process's role and shard/rank.
+  const nlohmann::json targets =
+      nlohmann::json::parse(ReadFile(log_dir_ + "/prometheus-targets.json"), nullptr, false);
+  ASSERT_TRUE(targets.is_array()) << ReadFile(log_dir_ + "/prometheus-targets.json");
+  ASSERT_EQ(targets.size(), 4u);
+  const std::string job = std::filesystem::path(log_dir_).filename().string();
+  for (size_t i = 0; i < 4; ++i) {
+    const nlohmann::json& process = cluster["processes"][i];
+    const nlohmann::json& group = targets[i];
+    ASSERT_EQ(group["targets"].size(), 1u);
+    EXPECT_EQ(group["targets"][0],
+              "127.0.0.1:" + std::to_string(process["metrics_port"].get<int>()));
+    const bool is_ps = process["role"] == "ps";
+    const nlohmann::json expected_labels = {
+        {"job", job},
+        {"role", process["role"]},
+        {is_ps ? "shard" : "rank", std::to_string(process["index"].get<int>())}};
+    EXPECT_EQ(group["labels"], expected_labels) << group.dump();
+  }
+}
+
+TEST_F(LaunchTest, JobFlagNamesTheRunInTheTargets) {
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--job", "fmnist-sync"});
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitOk) << launcher->out();
+  const nlohmann::json targets =
+      nlohmann::json::parse(ReadFile(log_dir_ + "/prometheus-targets.json"), nullptr, false);
+  ASSERT_TRUE(targets.is_array());
+  ASSERT_EQ(targets.size(), 4u);
+  for (const nlohmann::json& group : targets) EXPECT_EQ(group["labels"]["job"], "fmnist-sync");
+  EXPECT_THAT(launcher->out(), HasSubstr("Prometheus targets (job \"fmnist-sync\")"));
+}
+
+TEST_F(LaunchTest, MetricsFlagKeepsServingEachProcessFinalMetricsUntilInterrupted) {
+  std::vector<std::string> args = BaseArgs();
+  args.push_back("--metrics");
+  // worker1 leaves no snapshot (as if it had been killed): its port stays closed.
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"}});
+  ASSERT_TRUE(parasync::testing::WaitFor(
+      [&] { return launcher->out().find("serving the final metrics") != std::string::npos; },
+      std::chrono::seconds(10)))
+      << launcher->out();
+  ExpectAllFakesGone(4);  // the processes are gone; their ports answer all the same
+  const nlohmann::json cluster =
+      nlohmann::json::parse(ReadFile(log_dir_ + "/cluster.json"), nullptr, false);
+  ASSERT_TRUE(cluster.is_object());
+  for (const nlohmann::json& process : cluster["processes"]) {
+    const std::string name = process["name"].get<std::string>();
+    const int port = process["metrics_port"].get<int>();
+    const std::string response = parasync::testing::HttpGet(port, "/metrics");
+    EXPECT_THAT(response, HasSubstr("200 OK")) << name;
+    EXPECT_THAT(response, HasSubstr("fake_final{name=\"" + name + "\"} 42")) << name;
+    EXPECT_THAT(parasync::testing::HttpGet(port, "/other"), HasSubstr("404")) << name;
+  }
+  ASSERT_EQ(kill(launcher->pid(), SIGINT), 0);
+  // The run itself succeeded: Ctrl-C only ends the serving.
+  EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitOk) << launcher->out();
+  EXPECT_THAT(launcher->out(), HasSubstr("stopped serving the final metrics"));
+}
+
+TEST_F(LaunchTest, MetricsFlagWithoutAnySnapshotSaysSoAndEnds) {
+  std::vector<std::string> args = BaseArgs();
+  args.push_back("--metrics");
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"}, {"FAKE_NO_PROM", "1"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitOk) << launcher->out();
+  EXPECT_THAT(launcher->out(), HasSubstr("left no final metrics"));
+  EXPECT_THAT(launcher->out(), HasSubstr("its port stays closed"));
+  EXPECT_THAT(launcher->err(), HasSubstr("--metrics: no process left a final metrics snapshot"));
 }
 
 TEST_F(LaunchTest, ExportRunsAfterTheWorkersStopAndBeforeTheServersStop) {
@@ -731,6 +811,48 @@ TEST_F(LaunchTest, ChildrenDieWithAKilledLauncher) {
   prctl(PR_SET_CHILD_SUBREAPER, 0);
   while (waitpid(-1, nullptr, WNOHANG) > 0) {
   }
+}
+
+TEST(SnapshotServerTest, ServesEachBodyOnItsPortUntilTheWakeFdIsReadable) {
+  auto server = SnapshotServer::Start({{"127.0.0.1", 0, "a_metric 1\n"},
+                                       {"127.0.0.1", 0, "b_metric 2\n"}});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const std::vector<int> ports = (*server)->ports();
+  ASSERT_EQ(ports.size(), 2u);
+  int wake[2];
+  ASSERT_EQ(pipe(wake), 0);
+  int64_t answered = -1;
+  std::thread serving([&] { answered = (*server)->ServeUntilReadable(wake[0]); });
+  const std::string a = parasync::testing::HttpGet(ports[0], "/metrics");
+  const std::string b = parasync::testing::HttpGet(ports[1], "/metrics?name[]=x");
+  const std::string missing = parasync::testing::HttpGet(ports[0], "/");
+  ASSERT_EQ(write(wake[1], "x", 1), 1);
+  serving.join();
+  close(wake[0]);
+  close(wake[1]);
+  EXPECT_THAT(a, HasSubstr("HTTP/1.1 200 OK"));
+  EXPECT_THAT(a, HasSubstr("Content-Length: 11\r\n"));
+  EXPECT_THAT(a, HasSubstr("\r\n\r\na_metric 1\n"));
+  EXPECT_THAT(b, HasSubstr("b_metric 2"));
+  EXPECT_THAT(missing, HasSubstr("404 Not Found"));
+  EXPECT_THAT(missing, Not(HasSubstr("a_metric")));
+  EXPECT_EQ(answered, 3);
+}
+
+TEST(SnapshotServerTest, APortInUseIsAClearError) {
+  auto first = SnapshotServer::Start({{"127.0.0.1", 0, "x 1\n"}});
+  ASSERT_TRUE(first.ok());
+  auto second = SnapshotServer::Start({{"127.0.0.1", (*first)->ports()[0], "x 1\n"}});
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(second.status().message(), HasSubstr("cannot serve the final metrics on 127.0.0.1:"));
+  EXPECT_FALSE(SnapshotServer::Start({{"not-an-ip", 0, ""}}).ok());
+}
+
+TEST(MetricsBindTest, LoopbackStaysLoopbackAndNamesListenEverywhere) {
+  EXPECT_EQ(MetricsBindFor("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(MetricsBindFor("localhost"), "127.0.0.1");
+  EXPECT_EQ(MetricsBindFor("10.1.2.3"), "10.1.2.3");
+  EXPECT_EQ(MetricsBindFor("node7.cluster"), "0.0.0.0");
 }
 
 }  // namespace
