@@ -1,0 +1,296 @@
+// A real Prometheus (Debian's) scrapes a live local cluster — 2 PS, 2 workers, started by
+// parasync-launch --metrics and watched through tools/watch-run.sh, exactly as the README
+// tells a user — and every PromQL expression of every panel of dashboards/parasync.json must
+// return a finite sample through the HTTP API while the cluster trains. Then the dashboard's
+// global examples/sec, evaluated over the window between two of the chief's evaluations,
+// must agree within 10% with the examples the chief itself counted in that window.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/process_util.h"
+
+namespace parasync {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Child;
+using testing::TempDir;
+
+constexpr const char* kJob = "promtest";
+constexpr int kEpochs = 60;  // ~0.7 s each here; the test stops the run when it has seen enough
+
+std::string UrlEncode(const std::string& text) {
+  static const char* kHex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+struct Panel {
+  std::string title;
+  std::string expr;  // as written in the dashboard
+};
+
+void CollectPanels(const nlohmann::json& panels, std::vector<Panel>* out) {
+  for (const nlohmann::json& panel : panels) {
+    if (panel.contains("panels")) CollectPanels(panel["panels"], out);  // collapsed rows
+    if (!panel.contains("targets")) continue;
+    for (const nlohmann::json& target : panel["targets"]) {
+      if (target.contains("expr") && target["expr"].is_string()) {
+        out->push_back({panel.value("title", "(untitled)"), target["expr"].get<std::string>()});
+      }
+    }
+  }
+}
+
+// The dashboard's expressions with Grafana's variables replaced as Grafana would for this
+// run: our job, every rank and shard, a 15 s rate interval (15 scrapes at 1 s).
+std::string Substitute(std::string expr, const std::string& rate_interval) {
+  const std::pair<std::regex, std::string> rules[] = {
+      {std::regex(R"(\$\{?__rate_interval\}?)"), rate_interval},
+      {std::regex(R"(\$\{?__interval\}?)"), "1s"},
+      {std::regex(R"(\$\{?__range\}?)"), "5m"},
+      {std::regex(R"(\$\{?job(:\w+)?\}?)"), kJob},
+      {std::regex(R"(\$\{?(rank|shard)(:\w+)?\}?)"), ".*"},
+  };
+  for (const auto& [pattern, value] : rules) expr = std::regex_replace(expr, pattern, value);
+  return expr;
+}
+
+// An instant query at `time` (0: now). Returns the "data" object, or null with `error` set.
+nlohmann::json Query(int port, const std::string& expr, double time, std::string* error) {
+  std::string path = "/api/v1/query?query=" + UrlEncode(expr);
+  if (time > 0) path += "&time=" + std::to_string(time);
+  const std::string response = testing::HttpGet(port, path);
+  const size_t body = response.find("\r\n\r\n");
+  if (body == std::string::npos) {
+    *error = "no HTTP response";
+    return nullptr;
+  }
+  const nlohmann::json doc = nlohmann::json::parse(response.substr(body + 4), nullptr, false);
+  if (!doc.is_object() || doc.value("status", "") != "success") {
+    *error = response.substr(body + 4, 300);
+    return nullptr;
+  }
+  return doc["data"];
+}
+
+// Every finite value of an instant-query result (vector or scalar).
+std::vector<double> FiniteValues(const nlohmann::json& data) {
+  std::vector<double> values;
+  if (!data.is_object()) return values;
+  auto take = [&](const nlohmann::json& sample) {
+    if (!sample.is_array() || sample.size() != 2 || !sample[1].is_string()) return;
+    const double v = std::strtod(sample[1].get<std::string>().c_str(), nullptr);
+    if (std::isfinite(v)) values.push_back(v);
+  };
+  if (data.value("resultType", "") == "scalar") {
+    take(data["result"]);
+  } else if (data.value("resultType", "") == "vector") {
+    for (const nlohmann::json& series : data["result"]) take(series["value"]);
+  }
+  return values;
+}
+
+std::vector<nlohmann::json> EvalRows(const std::string& path) {
+  std::vector<nlohmann::json> rows;
+  for (const std::string& line : testing::ReadLines(path)) {
+    nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+    if (row.is_object()) rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+bool OnPath(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    const size_t end = std::min(dirs.find(':', start), dirs.size());
+    if (access((dirs.substr(start, end - start) + "/" + program).c_str(), X_OK) == 0) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+TEST(PrometheusTest, EveryDashboardExpressionHasDataFromALiveClusterAndThroughputAgrees) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  ASSERT_TRUE(OnPath("prometheus"))
+      << "Debian's prometheus is needed (tools/install-deps.sh installs it)";
+  const std::string source = PARASYNC_TEST_SOURCE_DIR;
+  std::ifstream dashboard_file(source + "/dashboards/parasync.json");
+  const nlohmann::json dashboard = nlohmann::json::parse(dashboard_file, nullptr, false);
+  ASSERT_TRUE(dashboard.is_object()) << "cannot parse dashboards/parasync.json";
+  std::vector<Panel> panels;
+  CollectPanels(dashboard["panels"], &panels);
+  ASSERT_GE(panels.size(), 10u);
+
+  TempDir dir;
+  const std::string run = dir.path() + "/run";
+  Child launch = Child::Start(
+      {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers", "2", "--mode", "sync",
+       "--epochs", std::to_string(kEpochs), "--log-dir", run, "--job", kJob, "--data",
+       testing::DataDir(), "--data-dir", dir.path() + "/state", "--metrics",
+       "--ps-arg=--checkpoint-every=1", "--worker-arg=--train-examples=20000",
+       "--worker-arg=--device=cpu"},
+      dir.path() + "/launch.out");
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return std::filesystem::exists(run + "/prometheus-targets.json"); }, 30s))
+      << testing::ReadFile(dir.path() + "/launch.out");
+
+  const int port = testing::FreePorts(1)[0];
+  Child prometheus = Child::Start({source + "/tools/watch-run.sh", run, "--port",
+                                   std::to_string(port), "--scrape-interval", "1s"},
+                                  dir.path() + "/prometheus.out");
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return testing::HttpGet(port, "/-/ready").find(" 200 ") != std::string::npos; },
+      60s))
+      << testing::ReadFile(dir.path() + "/prometheus.out");
+
+  // Poll (bounded) until every expression has returned a finite sample.
+  std::vector<bool> seen(panels.size(), false);
+  std::vector<std::string> last_answer(panels.size());
+  size_t missing = panels.size();
+  int final_epoch_when_done = -1;
+  testing::WaitFor(
+      [&] {
+        for (size_t i = 0; i < panels.size(); ++i) {
+          if (seen[i]) continue;
+          std::string error;
+          const nlohmann::json data = Query(port, Substitute(panels[i].expr, "15s"), 0, &error);
+          last_answer[i] = data.is_null() ? error : data.dump().substr(0, 300);
+          if (!FiniteValues(data).empty()) {
+            seen[i] = true;
+            --missing;
+          }
+        }
+        if (missing > 0) return false;
+        const std::vector<nlohmann::json> rows = EvalRows(run + "/eval.jsonl");
+        final_epoch_when_done = rows.empty() ? 0 : rows.back().value("epoch", 0);
+        return true;
+      },
+      180s);
+  for (size_t i = 0; i < panels.size(); ++i) {
+    EXPECT_TRUE(seen[i]) << "panel \"" << panels[i].title << "\": no finite sample for "
+                         << Substitute(panels[i].expr, "15s") << "\n  last answer: "
+                         << last_answer[i];
+  }
+  ASSERT_EQ(missing, 0u) << testing::ReadFile(dir.path() + "/prometheus.out");
+  // "Live": the chief was still training when the last expression got its data.
+  EXPECT_LT(final_epoch_when_done, kEpochs);
+  std::printf("all %zu dashboard expressions returned data by epoch %d of %d\n", panels.size(),
+              final_epoch_when_done, kEpochs);
+
+  // Throughput: two of the chief's evaluations at least 10 s apart, both made while
+  // Prometheus was scraping every worker (a stretch it did not see would be extrapolated by
+  // rate(), not measured).
+  double first_scrape = NAN;  // when Prometheus first had a sample of every worker
+  {
+    const std::string all_samples =
+        "parasync_worker_examples_total{job=\"" + std::string(kJob) + "\"}[10m]";
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          std::string error;
+          const nlohmann::json data = Query(port, all_samples, 0, &error);
+          if (!data.is_object() || data["result"].size() != 2) return false;
+          first_scrape = 0;
+          for (const nlohmann::json& series : data["result"]) {
+            first_scrape = std::max(first_scrape, series["values"][0][0].get<double>());
+          }
+          return true;
+        },
+        30s))
+        << all_samples;
+  }
+  const std::string eval_path = run + "/eval.jsonl";
+  auto scraped_rows = [&] {
+    std::vector<nlohmann::json> rows;
+    for (nlohmann::json& row : EvalRows(eval_path)) {
+      // Within one scrape interval of a sample, so rate() extrapolates to the row's time.
+      if (row["epoch"].get<int>() >= 1 && row["time"].get<double>() > first_scrape + 0.5) {
+        rows.push_back(std::move(row));
+      }
+    }
+    return rows;
+  };
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        const std::vector<nlohmann::json> rows = scraped_rows();
+        return rows.size() >= 2 &&
+               rows.back()["time"].get<double>() - rows.front()["time"].get<double>() >= 10.0;
+      },
+      180s))
+      << testing::ReadFile(eval_path);
+  const std::vector<nlohmann::json> rows = scraped_rows();
+  const nlohmann::json& first = rows.front();
+  const nlohmann::json& last = rows.back();
+  const double seconds = last["time"].get<double>() - first["time"].get<double>();
+  const double chief_rate =
+      static_cast<double>(last["examples"].get<int64_t>() - first["examples"].get<int64_t>()) /
+      seconds;
+  // Prometheus must have scraped every worker after the later evaluation before it can
+  // answer for the window that ends there.
+  const std::string scraped_after =
+      "min(timestamp(parasync_worker_examples_total{job=\"" + std::string(kJob) + "\"})) > " +
+      std::to_string(last["time"].get<double>() + 0.5);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        std::string error;
+        return !FiniteValues(Query(port, scraped_after, 0, &error)).empty();
+      },
+      30s))
+      << scraped_after;
+  const std::string global_expr = Substitute(panels.front().expr,
+                                             std::to_string(std::lround(seconds * 1000)) + "ms");
+  double prometheus_rate = NAN;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        std::string error;
+        const nlohmann::json data =
+            Query(port, global_expr, last["time"].get<double>(), &error);
+        const std::vector<double> values = FiniteValues(data);
+        if (values.size() != 1) return false;
+        prometheus_rate = values[0];
+        return true;
+      },
+      30s))
+      << global_expr;
+  std::printf("global examples/sec over %.1f s (epochs %d-%d): Prometheus %.1f, chief %.1f, "
+              "ratio %.4f\n",
+              seconds, first["epoch"].get<int>(), last["epoch"].get<int>(), prometheus_rate,
+              chief_rate, prometheus_rate / chief_rate);
+  EXPECT_NEAR(prometheus_rate / chief_rate, 1.0, 0.10)
+      << "first panel \"" << panels.front().title << "\": " << global_expr;
+
+  launch.Signal(SIGINT);
+  EXPECT_TRUE(launch.Wait(60s).has_value());
+  prometheus.Signal(SIGTERM);
+  EXPECT_TRUE(prometheus.Wait(30s).has_value());
+}
+
+}  // namespace
+}  // namespace parasync
