@@ -9,7 +9,7 @@ usage() {
 Usage: tools/watch-run.sh RUN_DIR [--port PORT] [--scrape-interval DURATION]
 
 Starts Prometheus for a run made by parasync-launch (RUN_DIR is its --log-dir and holds
-prometheus-targets.json). Prepares RUN_DIR/prometheus/ with a copy of
+prometheus-targets.json, or will: start this first to see a run from its first second). Prepares RUN_DIR/prometheus/ with a copy of
 deploy/prometheus/prometheus.yml and parasync-alerts.yml, links the run's targets file into
 RUN_DIR/prometheus/targets/, keeps the time series in RUN_DIR/prometheus/data and serves on
 127.0.0.1:PORT until interrupted (Ctrl-C).
@@ -86,8 +86,11 @@ fi
 [[ -d "$run_dir" ]] || die "no such directory: $run_dir"
 run_dir=$(cd "$run_dir" && pwd -P)
 targets_file="$run_dir/prometheus-targets.json"
-[[ -f "$targets_file" ]] ||
-  die "$targets_file not found: RUN_DIR must be the --log-dir of a parasync-launch run"
+if [[ ! -f "$targets_file" ]]; then
+  # Starting Prometheus first catches a run from its first second.
+  echo "watch-run.sh: $targets_file does not exist yet; it is picked up as soon as" \
+    "parasync-launch --log-dir $run_dir writes it" >&2
+fi
 
 repo_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 config_src="$repo_dir/deploy/prometheus/prometheus.yml"
@@ -102,8 +105,10 @@ out_dir="$run_dir/prometheus"
 mkdir -p "$out_dir/targets" "$out_dir/data"
 if [[ -n "$scrape_interval" ]]; then
   # Only the global scrape_interval line (two-space indent under global:).
-  sed "s/^  scrape_interval: .*/  scrape_interval: $scrape_interval/" "$config_src" \
-    >"$out_dir/prometheus.yml"
+  # The targets file is re-read as often, so a run that starts later is seen at once.
+  sed -e "s/^  scrape_interval: .*/  scrape_interval: $scrape_interval/" \
+    -e "s/^        refresh_interval: .*/        refresh_interval: $scrape_interval/" \
+    "$config_src" >"$out_dir/prometheus.yml"
   grep -q "^  scrape_interval: $scrape_interval\$" "$out_dir/prometheus.yml" ||
     die "could not set scrape_interval in $out_dir/prometheus.yml"
 else
