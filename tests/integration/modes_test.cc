@@ -3,10 +3,12 @@
 // uneven shards never deadlock, and every mode runs through parasync-launch.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -227,6 +229,60 @@ TEST(SspModeTest, StragglerNeverCausesClockStalenessAboveTheBoundAndFastWorkersB
     for (const WorkerStats& w : s.workers) EXPECT_EQ(w.gradients, 60);
   }
 }
+
+// The value of the sample of `name` whose labels contain `label` in a Prometheus text page
+// (NAN when absent).
+double Sample(const std::string& page, const std::string& name, const std::string& label = "") {
+  std::istringstream lines(page);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(name + "{", 0) != 0 && line.rfind(name + " ", 0) != 0) continue;
+    if (!label.empty() && line.find(label) == std::string::npos) continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return NAN;
+}
+
+// Stragglers are named: the PS pins barrier waits on the slow rank, exports it as the
+// straggler, and logs it.
+class StragglerTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(StragglerTest, TheSlowRankIsExportedAsTheStragglerAndLogged) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  TempDir dir;
+  const int metrics_port = testing::FreePorts(1)[0];
+  Cluster cluster(1, 3, GetParam(),
+                  {"--metrics-port", std::to_string(metrics_port), "--straggler-log-seconds",
+                   "0.02"},
+                  dir);
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> args = {"--model", "784-32-10", "--batch-size", "16",
+                                     "--max-steps", "40", "--epochs", "1"};
+    if (r == 2) args.insert(args.end(), {"--step-delay-ms", "40"});  // the straggler
+    cluster.StartWorker(r, args);
+  }
+  for (int code : cluster.WaitWorkers(120s)) ASSERT_EQ(code, 0) << cluster.Dump();
+  const std::string page = testing::HttpGet(metrics_port, "/metrics");
+  const std::string waited = "parasync_ps_barrier_waited_for_seconds_total";
+  const double slow = Sample(page, waited, "rank=\"2\"");
+  const double fast = std::max(Sample(page, waited, "rank=\"0\""),
+                               Sample(page, waited, "rank=\"1\""));
+  std::cout << GetParam() << ": barrier waited for rank 2 " << slow << " s, for the others at "
+            << "most " << fast << " s; straggler rank "
+            << Sample(page, "parasync_ps_straggler_rank") << "\n";
+  EXPECT_EQ(Sample(page, "parasync_ps_straggler_rank"), 2) << page;
+  // 40 steps of a 40 ms delay: most of it is pinned on rank 2, little on the others.
+  EXPECT_GT(slow, 0.5) << page;
+  EXPECT_LT(fast, slow / 4) << page;
+  EXPECT_NE(testing::ReadFile(cluster.Log("ps0")).find("straggler: waited"), std::string::npos)
+      << testing::ReadFile(cluster.Log("ps0"));
+  EXPECT_NE(testing::ReadFile(cluster.Log("ps0")).find("for rank 2"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, StragglerTest, ::testing::Values("sync", "ssp:1"),
+                         [](const ::testing::TestParamInfo<std::string>& param_info) {
+                           return param_info.param == "sync" ? std::string("sync")
+                                                       : std::string("ssp_1");
+                         });
 
 TEST(SyncModeTest, BackupWorkersKeepTrainingWhileOneIsStoppedAndItsLateGradientIsDropped) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
