@@ -86,9 +86,13 @@ int main(int argc, char** argv) {
   app.add_option("--bind", bind,
                  "Address to bind, host:port (default: this task's address in the cluster; "
                  "use 0.0.0.0:PORT to listen on all interfaces)");
+  // The last of repeated metrics flags wins, so a user's --ps-arg/--worker-arg overrides
+  // the launcher's.
   app.add_option("--metrics-port", metrics_port, "Port of /metrics; 0 picks a free one and logs it")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
       ->check(CLI::Range(0, 65535));
-  app.add_option("--metrics-bind", metrics_bind, "Address the metrics server listens on");
+  app.add_option("--metrics-bind", metrics_bind, "Address the metrics server listens on")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--log-dir", log_dir, "Directory for the metrics snapshot written at exit");
   app.add_option("--log-level", log_level, "debug, info, warn or error");
   app.add_option("--max-message-bytes", max_message_bytes,

@@ -335,13 +335,16 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   if (sync) {
     reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason);
     if (!reply.status.ok()) return;
-    const bool had_others = coordinator_.contributors() > 0;
+    // The step waited for this rank alone when it was the only one missing: from the
+    // gradient before it to this one, the step could have completed but for it. (With
+    // backup workers a step completes without waiting for anyone in particular.)
+    const std::vector<int> missing = coordinator_.MissingFromStep();
+    const bool waited_for_this_rank =
+        coordinator_.contributors() > 0 && missing.size() == 1 && missing[0] == req.rank;
     coordinator_.Contribute(req.rank);
     RecordSeq(req.rank, req.seq);
     const TimePoint arrived = std::chrono::steady_clock::now();
-    if (had_others && coordinator_.StepReady()) {
-      // The step could have completed when the gradient before this one arrived, but for
-      // this rank: that wait is pinned on it.
+    if (waited_for_this_rank && coordinator_.StepReady()) {
       RecordStragglerWait(req.rank, SecondsSince(step_last_arrival_, arrived), arrived,
                           "the sync step's last gradient");
     }

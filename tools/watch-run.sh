@@ -83,7 +83,8 @@ port=$((10#$port))
 if [[ -n "$scrape_interval" && ! "$scrape_interval" =~ ^[0-9]+(ms|s|m|h)$ ]]; then
   die "--scrape-interval must be a duration such as 500ms, 5s or 1m, got '$scrape_interval'"
 fi
-[[ -d "$run_dir" ]] || die "no such directory: $run_dir"
+# Started before the run, the directory may not exist yet; parasync-launch accepts it.
+mkdir -p "$run_dir" || die "cannot create $run_dir"
 run_dir=$(cd "$run_dir" && pwd -P)
 targets_file="$run_dir/prometheus-targets.json"
 if [[ ! -f "$targets_file" ]]; then

@@ -255,9 +255,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--log-dir", log_dir, "Where the chief writes eval.jsonl and every worker its metrics snapshot");
   app.add_option("--log-level", log_level, "debug, info, warn or error");
+  // The last of repeated metrics flags wins, so a user's --ps-arg/--worker-arg overrides
+  // the launcher's.
   app.add_option("--metrics-port", metrics_port, "Port of /metrics; 0 picks a free one and logs it")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
       ->check(CLI::Range(0, 65535));
-  app.add_option("--metrics-bind", metrics_bind, "Address the metrics server listens on");
+  app.add_option("--metrics-bind", metrics_bind, "Address the metrics server listens on")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--request-timeout", request_timeout_s,
                  "Seconds to wait for a parameter server's reply, resending meanwhile (also "
                  "across a restart of the server) before failing")

@@ -78,6 +78,28 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
   const auto start = Clock::now();
   TrainingSummary summary;
 
+  // The client counts retries and reconnects itself; the metrics follow its counts after
+  // every step and on every way out (an error return included), registration's too.
+  int64_t counted_resends = 0;
+  int64_t counted_reconnects = 0;
+  auto sync_client_counters = [&] {
+    if (client.resends() > counted_resends) {
+      metrics.retries->Increment(static_cast<double>(client.resends() - counted_resends));
+      counted_resends = client.resends();
+    }
+    if (client.reconnects() > counted_reconnects) {
+      metrics.reconnects->Increment(static_cast<double>(client.reconnects() - counted_reconnects));
+      counted_reconnects = client.reconnects();
+    }
+  };
+  struct AtExit {
+    std::function<void()> run;
+    ~AtExit() { run(); }
+  } at_exit{[&] {
+    sync_client_counters();
+    metrics.finished->Set(1);
+  }};
+
   // Evaluates the current server-side model on the whole test set (chief only).
   auto evaluate = [&](int epoch, double train_loss, double epoch_examples_per_sec) -> Status {
     PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs));
@@ -133,8 +155,6 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
     PARASYNC_RETURN_IF_ERROR(evaluate(0, NAN, 0.0));
   }
   const bool sync = o.mode.kind == TrainingMode::Kind::kSync;
-  int64_t counted_resends = 0;  // registration retries count too
-  int64_t counted_reconnects = 0;
   bool stop = false;
   for (int epoch = 1; epoch <= o.epochs && !stop; ++epoch) {
     metrics.epoch->Set(epoch);
@@ -176,15 +196,7 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       if (client.last_push_staleness() >= 0) {
         metrics.staleness->Observe(static_cast<double>(client.last_push_staleness()));
       }
-      // The client counts retries and reconnects itself; the metrics follow its counts.
-      if (client.resends() > counted_resends) {
-        metrics.retries->Increment(static_cast<double>(client.resends() - counted_resends));
-        counted_resends = client.resends();
-      }
-      if (client.reconnects() > counted_reconnects) {
-        metrics.reconnects->Increment(static_cast<double>(client.reconnects() - counted_reconnects));
-        counted_reconnects = client.reconnects();
-      }
+      sync_client_counters();
 
       t_pull += Seconds(t0, t1);
       t_compute += Seconds(t1, t2);

@@ -65,6 +65,12 @@ WorkerMetrics::WorkerMetrics(int rank) : registry(std::make_shared<prometheus::R
                .Labels(labels)
                .Register(*registry)
                .Add({});
+  finished = &prometheus::BuildGauge()
+                  .Name("parasync_worker_finished")
+                  .Help("1 once this worker has finished training (the values are final)")
+                  .Labels(labels)
+                  .Register(*registry)
+                  .Add({});
   if (rank != 0) return;
   eval_accuracy = &prometheus::BuildGauge()
                        .Name("parasync_worker_eval_accuracy")

@@ -27,6 +27,7 @@ struct WorkerMetrics {
   prometheus::Histogram* push_seconds = nullptr;     // phase="push"
   prometheus::Gauge* train_loss = nullptr;
   prometheus::Gauge* epoch = nullptr;
+  prometheus::Gauge* finished = nullptr;  // 1 once training ended: these are the final values
   // Chief (rank 0) only; null elsewhere, so a dashboard never averages in zeros.
   prometheus::Gauge* eval_accuracy = nullptr;
   prometheus::Gauge* eval_loss = nullptr;

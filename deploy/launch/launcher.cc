@@ -448,6 +448,12 @@ Status Launcher::Start() {
     std::filesystem::create_directories(dir, ec);
     if (ec) return Status::Unavailable("cannot create " + dir + " for --export: " + ec.message());
   }
+  for (const Child& child : children_) {
+    // A snapshot left by an earlier run in this directory must never pass for this run's
+    // (ServeFinalMetrics serves what is there at the end).
+    std::filesystem::remove(plan_.log_dir + "/metrics-" + child.spec.name + ".prom", ec);
+    std::filesystem::remove(plan_.log_dir + "/metrics-" + child.spec.name + ".prom.tmp", ec);
+  }
   for (Child& child : children_) {
     child.log_fd = open(child.spec.log_path.c_str(),
                         O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -608,10 +614,14 @@ Status Launcher::ServeFinalMetrics() {
     names.push_back(child.spec.name);
   }
   if (endpoints.empty()) return Status::Unavailable("no process left a final metrics snapshot");
+  std::vector<std::string> skipped;
   PARASYNC_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotServer> server,
-                            SnapshotServer::Start(endpoints));
+                            SnapshotServer::Start(endpoints, &skipped));
+  for (const std::string& why : skipped) Message(why);
   std::string where;
+  const std::vector<int> bound = server->ports();
   for (size_t i = 0; i < names.size(); ++i) {
+    if (bound[i] == 0) continue;
     where += " " + names[i] + " http://" + plan_.host + ":" +
              std::to_string(endpoints[i].port) + "/metrics";
   }

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -43,8 +44,9 @@ void SendAll(int fd, std::string_view data) {
 }  // namespace
 
 Result<std::unique_ptr<SnapshotServer>> SnapshotServer::Start(
-    const std::vector<SnapshotEndpoint>& endpoints) {
+    const std::vector<SnapshotEndpoint>& endpoints, std::vector<std::string>* skipped) {
   std::unique_ptr<SnapshotServer> server(new SnapshotServer());
+  std::string first_failure;
   for (const SnapshotEndpoint& e : endpoints) {
     const std::string where = e.bind + ":" + std::to_string(e.port);
     sockaddr_in address{};
@@ -53,24 +55,33 @@ Result<std::unique_ptr<SnapshotServer>> SnapshotServer::Start(
     if (inet_pton(AF_INET, e.bind.c_str(), &address.sin_addr) != 1) {
       return Status::InvalidArgument("not an IPv4 address: " + e.bind);
     }
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
     Listener listener;
-    listener.fd = fd;
-    server->listeners_.push_back(listener);  // closed by the destructor from here on
+    listener.fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0 ||
-        listen(fd, 16) != 0) {
-      return Status::Unavailable("cannot serve the final metrics on " + where + ": " +
-                                 std::strerror(errno));
+    if (listener.fd >= 0) setsockopt(listener.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (listener.fd < 0 ||
+        bind(listener.fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0 ||
+        listen(listener.fd, 16) != 0) {
+      const std::string failure =
+          "cannot serve the final metrics on " + where + ": " + std::strerror(errno);
+      if (listener.fd >= 0) close(listener.fd);
+      listener.fd = -1;
+      if (first_failure.empty()) first_failure = failure;
+      if (skipped != nullptr) skipped->push_back(failure);
+      server->listeners_.push_back(std::move(listener));
+      continue;
     }
     sockaddr_in bound{};
     socklen_t length = sizeof(bound);
-    getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
-    server->listeners_.back().port = ntohs(bound.sin_port);
-    server->listeners_.back().response =
-        HttpResponse("200 OK", "text/plain; version=0.0.4; charset=utf-8", e.body);
+    getsockname(listener.fd, reinterpret_cast<sockaddr*>(&bound), &length);
+    listener.port = ntohs(bound.sin_port);
+    listener.response = HttpResponse("200 OK", "text/plain; version=0.0.4; charset=utf-8", e.body);
+    server->listeners_.push_back(std::move(listener));
+  }
+  bool any = false;
+  for (const Listener& l : server->listeners_) any |= l.fd >= 0;
+  if (!any) {
+    return Status::Unavailable(first_failure.empty() ? "no endpoint to serve" : first_failure);
   }
   return server;
 }
@@ -89,7 +100,15 @@ std::vector<int> SnapshotServer::ports() const {
 
 void SnapshotServer::Answer(const Listener& listener) {
   const int fd = accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd < 0) return;  // EAGAIN (another poller won) or a connection reset before accept
+  if (fd < 0) {
+    // EAGAIN or a connection reset before accept: nothing to do. Out of descriptors: the
+    // listener stays readable, so pause rather than spin.
+    if (errno == EMFILE || errno == ENFILE) poll(nullptr, 0, 100);
+    return;
+  }
+  // A client that does not read its answer must not hold the launcher for long.
+  timeval send_timeout{2, 0};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
   std::string request;
   char buffer[2048];
   const auto deadline =
@@ -120,7 +139,7 @@ int64_t SnapshotServer::ServeUntilReadable(int wake_fd) {
   for (;;) {
     std::vector<pollfd> fds;
     fds.push_back({wake_fd, POLLIN, 0});
-    for (const Listener& l : listeners_) fds.push_back({l.fd, POLLIN, 0});
+    for (const Listener& l : listeners_) fds.push_back({l.fd, POLLIN, 0});  // -1: ignored
     const int ready = poll(fds.data(), fds.size(), -1);
     if (ready < 0) {
       if (errno == EINTR) continue;

@@ -26,14 +26,17 @@ struct SnapshotEndpoint {
 
 class SnapshotServer {
  public:
-  // Binds every endpoint (SO_REUSEADDR: the process that had the port may have left
-  // connections in TIME_WAIT). Unavailable naming the address when one cannot be bound.
-  static Result<std::unique_ptr<SnapshotServer>> Start(const std::vector<SnapshotEndpoint>& endpoints);
+  // Binds every endpoint it can (SO_REUSEADDR: the process that had the port may have left
+  // connections in TIME_WAIT); one that cannot be bound is skipped, with the reason in
+  // `skipped` (when given). Unavailable naming the first failure when none could be bound;
+  // InvalidArgument for an address that is not IPv4.
+  static Result<std::unique_ptr<SnapshotServer>> Start(const std::vector<SnapshotEndpoint>& endpoints,
+                                                       std::vector<std::string>* skipped = nullptr);
   ~SnapshotServer();
   SnapshotServer(const SnapshotServer&) = delete;
   SnapshotServer& operator=(const SnapshotServer&) = delete;
 
-  // The bound ports, in the order of the endpoints.
+  // The bound ports, in the order of the endpoints (0 for one that was skipped).
   std::vector<int> ports() const;
 
   // Answers requests until `wake_fd` becomes readable (nothing is read from it). Returns the
@@ -42,7 +45,7 @@ class SnapshotServer {
 
  private:
   struct Listener {
-    int fd = -1;
+    int fd = -1;  // -1: skipped
     int port = 0;
     std::string response;  // the whole HTTP response for GET /metrics
   };

@@ -68,7 +68,8 @@ case "$behaviour" in
 esac
 printf '%s\n' "$@" > "$FAKE_DIR/$name.args"
 # What a real process writes at exit (written at start here: the launcher reads it after).
-if [ -n "$log_dir" ] && [ -z "$FAKE_NO_PROM" ]; then
+eval "no_prom=\${FAKE_NO_PROM_$name:-\${FAKE_NO_PROM:-}}"
+if [ -n "$log_dir" ] && [ -z "$no_prom" ]; then
   printf 'fake_final{name="%s"} 42\n' "$name" > "$log_dir/metrics-$name.prom"
 fi
 echo $$ > "$FAKE_DIR/$name.pid.tmp" && mv "$FAKE_DIR/$name.pid.tmp" "$FAKE_DIR/$name.pid"
@@ -645,13 +646,17 @@ TEST_F(LaunchTest, JobFlagNamesTheRunInTheTargets) {
 TEST_F(LaunchTest, MetricsFlagKeepsServingEachProcessFinalMetricsUntilInterrupted) {
   std::vector<std::string> args = BaseArgs();
   args.push_back("--metrics");
-  // worker1 leaves no snapshot (as if it had been killed): its port stays closed.
-  auto launcher = Launch(args, {{"FAKE_worker0", "ok"}});
+  // A snapshot an earlier run left in the directory must not pass for this run's: worker1
+  // leaves none this time (as if it had been killed), so its port stays closed.
+  std::filesystem::create_directories(log_dir_);
+  std::ofstream(log_dir_ + "/metrics-worker1.prom") << "stale_from_an_earlier_run 1\n";
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"}, {"FAKE_NO_PROM_worker1", "1"}});
   ASSERT_TRUE(parasync::testing::WaitFor(
       [&] { return launcher->out().find("serving the final metrics") != std::string::npos; },
       std::chrono::seconds(10)))
       << launcher->out();
   ExpectAllFakesGone(4);  // the processes are gone; their ports answer all the same
+  EXPECT_THAT(launcher->out(), HasSubstr("worker1 left no final metrics"));
   const nlohmann::json cluster =
       nlohmann::json::parse(ReadFile(log_dir_ + "/cluster.json"), nullptr, false);
   ASSERT_TRUE(cluster.is_object());
@@ -659,6 +664,10 @@ TEST_F(LaunchTest, MetricsFlagKeepsServingEachProcessFinalMetricsUntilInterrupte
     const std::string name = process["name"].get<std::string>();
     const int port = process["metrics_port"].get<int>();
     const std::string response = parasync::testing::HttpGet(port, "/metrics");
+    if (name == "worker1") {
+      EXPECT_EQ(response, "") << "worker1's port should be closed";
+      continue;
+    }
     EXPECT_THAT(response, HasSubstr("200 OK")) << name;
     EXPECT_THAT(response, HasSubstr("fake_final{name=\"" + name + "\"} 42")) << name;
     EXPECT_THAT(parasync::testing::HttpGet(port, "/other"), HasSubstr("404")) << name;

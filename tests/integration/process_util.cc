@@ -1,6 +1,8 @@
 #include "tests/integration/process_util.h"
 
 #include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -48,8 +50,17 @@ Child Child::Start(const std::vector<std::string>& argv, const std::string& log_
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // A test killed by ctest's timeout runs no destructor: children forked by the main thread
+  // die with it (PR_SET_PDEATHSIG fires when the forking *thread* ends, so children started
+  // from helper threads, which end earlier, are left to the destructors).
+  const pid_t parent = getpid();
+  const bool main_thread = parent == static_cast<pid_t>(syscall(SYS_gettid));
   const pid_t pid = fork();
   if (pid == 0) {
+    if (main_thread) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+    }
     const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) {
       dup2(fd, 1);
