@@ -1,12 +1,12 @@
 #include "common/metrics.h"
 
-#include <cstdio>
 #include <exception>
-#include <fstream>
 #include <vector>
 
 #include <prometheus/exposer.h>
 #include <prometheus/text_serializer.h>
+
+#include "common/file_util.h"
 
 namespace parasync {
 
@@ -36,19 +36,7 @@ void MetricsServer::KeepUntilExit(std::unique_ptr<MetricsServer> server) {
 }
 
 Status WriteMetricsSnapshot(const prometheus::Registry& registry, const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) return Status::Unavailable("cannot write " + tmp);
-    prometheus::TextSerializer serializer;
-    serializer.Serialize(out, registry.Collect());
-    out.flush();
-    if (!out) return Status::Unavailable("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Status::Unavailable("cannot rename " + tmp + " to " + path);
-  }
-  return Status::Ok();
+  return WriteFileAtomically(path, prometheus::TextSerializer().Serialize(registry.Collect()));
 }
 
 }  // namespace parasync

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/file_util.h"
+
 namespace parasync {
 
 namespace {
@@ -77,18 +79,7 @@ Status WriteModelFile(const std::string& path, const ModelFile& model) {
   }
   PutU32(out, Crc32(out, out.size()));
 
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return Status::Unavailable("cannot write " + tmp);
-    f.write(out.data(), static_cast<std::streamsize>(out.size()));
-    f.flush();
-    if (!f) return Status::Unavailable("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Status::Unavailable("cannot rename " + tmp + " to " + path);
-  }
-  return Status::Ok();
+  return WriteFileAtomically(path, out);
 }
 
 Result<ModelFile> ReadModelFile(const std::string& path) {

@@ -1,5 +1,6 @@
 #include "deploy/launch/launcher.h"
 
+#include "common/file_util.h"
 #include "deploy/launch/snapshot_server.h"
 
 #include <arpa/inet.h>
@@ -104,23 +105,6 @@ bool IsDigits(std::string_view s) {
     if (c < '0' || c > '9') return false;
   }
   return true;
-}
-
-// Writes `text` to `path` through a temporary file and a rename: a reader (Prometheus'
-// file_sd watches the file) never sees half of it.
-Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return Status::Unavailable("cannot write " + temporary);
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    return Status::Unavailable("cannot rename " + temporary + " to " + path + ": " +
-                               std::strerror(errno));
-  }
-  return Status::Ok();
 }
 
 }  // namespace

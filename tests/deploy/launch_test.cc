@@ -38,6 +38,10 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using parasync::testing::HttpGet;
+using parasync::testing::ReadFile;
+using parasync::testing::ReadLines;  // non-empty lines
+using parasync::testing::WaitFor;
 using Clock = std::chrono::steady_clock;
 
 // Behaviour per process from FAKE_<name> or FAKE_DEFAULT:
@@ -126,20 +130,6 @@ case "${FAKE_EXPORT:-ok}" in
   *) echo "export failing" >&2; exit 4 ;;
 esac
 )sh";
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-std::vector<std::string> ReadLines(const std::string& path) {
-  std::vector<std::string> lines;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
 
 std::string LauncherPath() {
   const char* bin_dir = std::getenv("PARASYNC_BIN_DIR");
@@ -651,7 +641,7 @@ TEST_F(LaunchTest, MetricsFlagKeepsServingEachProcessFinalMetricsUntilInterrupte
   std::filesystem::create_directories(log_dir_);
   std::ofstream(log_dir_ + "/metrics-worker1.prom") << "stale_from_an_earlier_run 1\n";
   auto launcher = Launch(args, {{"FAKE_worker0", "ok"}, {"FAKE_NO_PROM_worker1", "1"}});
-  ASSERT_TRUE(parasync::testing::WaitFor(
+  ASSERT_TRUE(WaitFor(
       [&] { return launcher->out().find("serving the final metrics") != std::string::npos; },
       std::chrono::seconds(10)))
       << launcher->out();
@@ -663,14 +653,14 @@ TEST_F(LaunchTest, MetricsFlagKeepsServingEachProcessFinalMetricsUntilInterrupte
   for (const nlohmann::json& process : cluster["processes"]) {
     const std::string name = process["name"].get<std::string>();
     const int port = process["metrics_port"].get<int>();
-    const std::string response = parasync::testing::HttpGet(port, "/metrics");
+    const std::string response = HttpGet(port, "/metrics");
     if (name == "worker1") {
       EXPECT_EQ(response, "") << "worker1's port should be closed";
       continue;
     }
     EXPECT_THAT(response, HasSubstr("200 OK")) << name;
     EXPECT_THAT(response, HasSubstr("fake_final{name=\"" + name + "\"} 42")) << name;
-    EXPECT_THAT(parasync::testing::HttpGet(port, "/other"), HasSubstr("404")) << name;
+    EXPECT_THAT(HttpGet(port, "/other"), HasSubstr("404")) << name;
   }
   ASSERT_EQ(kill(launcher->pid(), SIGINT), 0);
   // The run itself succeeded: Ctrl-C only ends the serving.
@@ -832,9 +822,9 @@ TEST(SnapshotServerTest, ServesEachBodyOnItsPortUntilTheWakeFdIsReadable) {
   ASSERT_EQ(pipe(wake), 0);
   int64_t answered = -1;
   std::thread serving([&] { answered = (*server)->ServeUntilReadable(wake[0]); });
-  const std::string a = parasync::testing::HttpGet(ports[0], "/metrics");
-  const std::string b = parasync::testing::HttpGet(ports[1], "/metrics?name[]=x");
-  const std::string missing = parasync::testing::HttpGet(ports[0], "/");
+  const std::string a = HttpGet(ports[0], "/metrics");
+  const std::string b = HttpGet(ports[1], "/metrics?name[]=x");
+  const std::string missing = HttpGet(ports[0], "/");
   ASSERT_EQ(write(wake[1], "x", 1), 1);
   serving.join();
   close(wake[0]);
