@@ -113,8 +113,6 @@ class CheckpointStore {
 
   // The directory given to Open().
   const std::string& dir() const { return dir_; }
-  int shard() const { return shard_; }
-  int num_shards() const { return num_shards_; }
 
  private:
   struct Rep;  // the RocksDB handle; only checkpoint_store.cc sees RocksDB

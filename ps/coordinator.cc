@@ -88,6 +88,15 @@ std::vector<int> Coordinator::MissingFromStep() const {
   return missing;
 }
 
+bool Coordinator::OnlyMissing(int rank) const {
+  for (int r = 0; r < num_workers(); ++r) {
+    const Worker& w = workers_[static_cast<size_t>(r)];
+    const bool missing = w.state == Worker::State::kLive && !w.contributed;
+    if (missing != (r == rank)) return false;
+  }
+  return true;
+}
+
 bool Coordinator::PullAllowed(int rank) const {
   if (options_.mode.kind != TrainingMode::Kind::kSsp) return true;
   return MinLiveClock() >= workers_[static_cast<size_t>(rank)].clock - options_.mode.staleness;

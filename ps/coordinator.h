@@ -99,6 +99,9 @@ class Coordinator {
   void CompleteStep();
   // Live ranks that have not contributed to the current step (what a barrier waits for).
   std::vector<int> MissingFromStep() const;
+  // `rank` is the one live rank the current step still misses (MissingFromStep() == {rank}),
+  // without building the list.
+  bool OnlyMissing(int rank) const;
 
   // --- ssp / accounting ---
   // ssp: may `rank` read now? Always true in other modes.

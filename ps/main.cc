@@ -226,6 +226,7 @@ int main(int argc, char** argv) {
                  "{:.3f} s",
                  data_dir, restored->version, restored->examples, restored->slices.size(),
                  store->ApproximateBytes(), restore_seconds);
+    restored.reset();  // the shard holds its own copy now; do not keep the model twice
   } else if (store) {
     spdlog::info("new data directory {} (durability {})", data_dir, durability);
   }

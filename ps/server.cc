@@ -321,7 +321,6 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   std::vector<const float*> grads;
   std::vector<std::vector<float>> realigned;  // only for frames that are not aligned
   grads.reserve(in_frames.size());
-  realigned.reserve(in_frames.size());
   for (const auto& f : in_frames) {
     if (reinterpret_cast<uintptr_t>(f.data()) % alignof(float) == 0) {
       grads.push_back(static_cast<const float*>(f.data()));
@@ -338,9 +337,8 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     // The step waited for this rank alone when it was the only one missing: from the
     // gradient before it to this one, the step could have completed but for it. (With
     // backup workers a step completes without waiting for anyone in particular.)
-    const std::vector<int> missing = coordinator_.MissingFromStep();
     const bool waited_for_this_rank =
-        coordinator_.contributors() > 0 && missing.size() == 1 && missing[0] == req.rank;
+        coordinator_.contributors() > 0 && coordinator_.OnlyMissing(req.rank);
     coordinator_.Contribute(req.rank);
     RecordSeq(req.rank, req.seq);
     const TimePoint arrived = std::chrono::steady_clock::now();
@@ -416,6 +414,9 @@ void Server::RecordStragglerWait(int rank, double seconds, TimePoint now, const 
 }
 
 void Server::UpdateGauges(TimePoint now) {
+  // Tick runs after every message; gauges a scrape reads need not move faster than 10 Hz.
+  if (now - gauges_updated_ < std::chrono::milliseconds(100)) return;
+  gauges_updated_ = now;
   metrics_->parked_pulls->Set(static_cast<double>(parked_.size()));
   double oldest = 0;
   for (const ParkedPull& p : parked_) oldest = std::max(oldest, SecondsSince(p.since, now));
@@ -640,7 +641,7 @@ bool Server::Handle(Inbound& in) {
             }
           }
         }
-        parked_.push_back({std::move(in.identity), req, since, waited_for});
+        parked_.push_back({std::move(in.identity), std::move(*in.header), since, waited_for});
         return true;
       }
       case MsgType::kPush:

@@ -93,7 +93,6 @@ class Server {
   // moved since the last one (`force`: even if not). Returns the store's error.
   Status SaveSnapshot(bool force = false);
   const Shard& shard() const { return shard_; }
-  const Coordinator& coordinator() const { return coordinator_; }
   ShardStats Stats() const;
 
  private:
@@ -149,6 +148,7 @@ class Server {
   std::vector<ParkedPull> parked_;
   StragglerTracker straggler_;
   TimePoint step_last_arrival_{};  // sync: when the current step's latest gradient arrived
+  TimePoint gauges_updated_{};
   TimePoint store_size_updated_{};
   TimePoint last_idle_;  // the last turn that found the socket empty
   uint64_t incarnation_ = 0;

@@ -47,11 +47,8 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
   // Sends request i (again). Frames are copied so the request can be resent.
   auto send = [&](size_t i) -> Status {
     const size_t s = static_cast<size_t>(shards[i]);
-    // h.incarnation stays what the request was built for: a push computed from (or a pull
-    // waiting for) a version of one server process says so, also when resent to the next.
-    Header h = requests[i].header;
-    h.request_id = ids[i];
-    h.rank = options_.rank;
+    // The header's incarnation stays what the request was built for: a push computed from
+    // (or a pull waiting for) a version of one server process says so, also when resent.
     std::vector<zmq::message_t> frames;
     frames.reserve(requests[i].frames.size());
     for (auto& f : requests[i].frames) {
@@ -60,10 +57,12 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
     }
     sent_at[i] = Clock::now();
     sent_to[i] = incarnation_[s];
-    return sockets_[s]->Send(nullptr, h, std::move(frames));
+    return sockets_[s]->Send(nullptr, requests[i].header, std::move(frames));
   };
   for (size_t i = 0; i < n; ++i) {
     ids[i] = next_request_id_++;
+    requests[i].header.request_id = ids[i];
+    requests[i].header.rank = options_.rank;
     if (Status st = send(i); !st.ok()) return st.WithContext(who(i));
   }
   std::vector<std::optional<Inbound>> replies(n);

@@ -1,6 +1,7 @@
 #include "deploy/launch/launcher.h"
 
 #include "common/file_util.h"
+#include "common/mode.h"
 #include "deploy/launch/snapshot_server.h"
 
 #include <arpa/inet.h>
@@ -99,24 +100,13 @@ std::string FormatSeconds(double seconds) {
   return buffer;
 }
 
-bool IsDigits(std::string_view s) {
-  if (s.empty()) return false;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 // ---- free functions ---------------------------------------------------------------------
 
 bool IsValidMode(std::string_view mode) {
-  if (mode == "async" || mode == "sync") return true;
-  constexpr std::string_view kSsp = "ssp:";
-  if (mode.substr(0, kSsp.size()) != kSsp) return false;
-  const std::string_view staleness = mode.substr(kSsp.size());
-  return IsDigits(staleness) && staleness.size() <= 9;
+  // The rule every process applies to its --mode, so a mode they would refuse fails here.
+  return TrainingMode::Parse(std::string(mode)).ok();
 }
 
 Status ValidateOptions(const LaunchOptions& options) {

@@ -114,7 +114,7 @@ struct LaunchPlan {
   std::optional<ProcessSpec> exporter;
 };
 
-// Returns true for "async", "sync" and "ssp:<non-negative integer>".
+// Returns true for "async", "sync" and "ssp:<K>", 0 <= K <= 1000000 (TrainingMode::Parse).
 bool IsValidMode(std::string_view mode);
 
 // Returns OK when counts, epochs, mode, host and grace period are acceptable; otherwise an

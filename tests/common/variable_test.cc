@@ -98,7 +98,10 @@ TEST(InitializeElementsTest, ConstantFillsValue) {
 
 TEST(InitializeElementsTest, UniformIsDeterministicForSameSeed) {
   const Initializer init{InitKind::kUniform, 0.05f};
-  EXPECT_EQ(Init(init, 42, 3, 0, 1000), Init(init, 42, 3, 0, 1000));
+  const std::vector<float> values = Init(init, 42, 3, 0, 1000);
+  EXPECT_EQ(values, Init(init, 42, 3, 0, 1000));
+  // ...and every element was written (Init pre-fills -12345), within the range.
+  for (float v : values) EXPECT_TRUE(v >= -0.05f && v <= 0.05f) << v;
 }
 
 TEST(InitializeElementsTest, UniformStaysWithinLimitAndSpreadsOverIt) {

@@ -537,6 +537,7 @@ TEST_F(LaunchTest, ChiefFinishingStopsOthersAndExitsZero) {
   EXPECT_THAT(ps0_log, Not(HasSubstr("[ps0]")));
   EXPECT_THAT(ReadFile(log_dir_ + "/worker0.log"), HasSubstr("last words of worker0\n"));
   // Workers are stopped before the PS processes.
+  ASSERT_THAT(out, HasSubstr("[ps0] ps0 got SIGTERM\n"));
   EXPECT_LT(out.find("worker1 got SIGTERM"), out.find("ps0 got SIGTERM"));
 }
 
@@ -694,6 +695,7 @@ TEST_F(LaunchTest, ExportRunsAfterTheWorkersStopAndBeforeTheServersStop) {
   EXPECT_THAT(out, HasSubstr("[launch] model: " + model));
   EXPECT_THAT(out, HasSubstr("parasync-worker --eval-only --model-file " + model));
   EXPECT_LT(out.find("worker1 got SIGTERM"), out.find("[export] export sees"));
+  ASSERT_THAT(out, HasSubstr("[ps0] ps0 got SIGTERM\n"));
   EXPECT_LT(out.find("[export] wrote"), out.find("ps0 got SIGTERM"));
   EXPECT_EQ(ReadFile(model), "model\n");
   EXPECT_THAT(ReadFile(log_dir_ + "/export.log"), HasSubstr("wrote " + model));

@@ -194,8 +194,8 @@ class DurableCluster {
   std::vector<std::string> ps_logs_;
 };
 
-// A run without the kill takes 7-12 s on 2 cores; everything waits well beyond that, never
-// forever.
+// A run without the kill took 7-12 s on the 2-core VM when this was written; everything waits
+// well beyond that, never forever.
 constexpr auto kRunTimeout = 150s;
 
 struct RunOutcome {
@@ -243,7 +243,8 @@ void TrainTwoByTwo(const std::string& mode, int epochs, std::optional<int64_t> k
   }
   if (kill_after_version) {
     // A worker with nothing in flight to shard 1 while it was down may find the new process
-    // already answering and need no resend (2 of ~30 runs), so one worker must say so.
+    // already answering and need no resend (seen in 2 of ~30 runs while writing this), so one
+    // worker must say so.
     int noticed = 0;
     for (int r = 0; r < 2; ++r) {
       const bool said = testing::ReadFile(cluster.Log("worker" + std::to_string(r)))
@@ -281,7 +282,8 @@ void ExpectKilledServerCostsUnderOnePoint(const std::string& mode, int epochs) {
 TEST(CrashRecoveryTest, AsyncRunSurvivesAKilledParameterServerWithinOnePointOfAnUninterruptedRun) {
   // Two async runs differ even without a crash (arrival order). After 3 epochs the final
   // accuracy of identical runs spread with a standard deviation of ~0.004 (0.852-0.866 over 16
-  // runs; one pair 0.009 apart), too close to the bound; after 5 it is ~0.002.
+  // runs measured while writing this; one pair 0.009 apart), too close to the bound; after 5 it
+  // was ~0.002.
   ExpectKilledServerCostsUnderOnePoint("async", 5);
 }
 
@@ -389,7 +391,8 @@ TEST(DataDirTest, ForeignOrCorruptDataDirIsRefusedAndLeftUntouched) {
     }
     if (name.rfind("MANIFEST-", 0) == 0) manifest = name;
   }
-  // Five snapshots of ~2.8 MB overflow the 8 MB write buffer: there must be a table file.
+  // Five snapshots of the model (~2.8 MB each with Adam's slots) overflow RocksDB's 8 MB
+  // write buffer: there must be a table file.
   ASSERT_FALSE(largest_sst.empty()) << "no *.sst in the store: nothing to damage";
   ASSERT_FALSE(manifest.empty()) << "no MANIFEST-* in the store";
   for (const std::string& victim : {largest_sst, manifest}) {

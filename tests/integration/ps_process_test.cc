@@ -284,8 +284,11 @@ TEST(PsProcessTest, SigtermAndShutdownMessageStopTheServerWithExitZero) {
   ASSERT_TRUE(s1.has_value()) << "parasync-ps ignored Shutdown";
   EXPECT_EQ(ExitCode(*s1), 0) << cluster.Log(1);
   // Each wrote its metrics snapshot at exit.
-  EXPECT_NE(testing::ReadFile(dir.path() + "/metrics-ps0.prom").find("parasync_ps_requests_total"),
-            std::string::npos);
+  for (const char* name : {"metrics-ps0.prom", "metrics-ps1.prom"}) {
+    EXPECT_NE(testing::ReadFile(dir.path() + "/" + name).find("parasync_ps_requests_total"),
+              std::string::npos)
+        << name;
+  }
 }
 
 TEST(PsProcessTest, RequestTimesOutWithAClearErrorWhenNoServerAnswers) {
