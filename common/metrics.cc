@@ -35,6 +35,10 @@ void MetricsServer::KeepUntilExit(std::unique_ptr<MetricsServer> server) {
   kept->push_back(std::move(server));
 }
 
+std::string MetricsSnapshotPath(const std::string& dir, const std::string& name) {
+  return dir + "/metrics-" + name + ".prom";
+}
+
 Status WriteMetricsSnapshot(const prometheus::Registry& registry, const std::string& path) {
   return WriteFileAtomically(path, prometheus::TextSerializer().Serialize(registry.Collect()));
 }

@@ -41,6 +41,10 @@ class MetricsServer {
   int port_ = 0;
 };
 
+// Where a process writes its final metrics: <dir>/metrics-<name>.prom, name "ps0",
+// "worker1", ... (parasync-launch serves these files with --metrics).
+std::string MetricsSnapshotPath(const std::string& dir, const std::string& name);
+
 // Writes the registry in Prometheus text format to `path` (via a temp file and rename, so a
 // reader never sees half a file). Returns Unavailable on an I/O error.
 Status WriteMetricsSnapshot(const prometheus::Registry& registry, const std::string& path);

@@ -1,7 +1,6 @@
 // parasync-ps: one parameter-server shard. See --help.
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -252,7 +251,7 @@ int main(int argc, char** argv) {
   spdlog::info("stopped: version {}, {} examples applied, {} elements held", s.version(),
                s.examples(), s.num_elements());
   if (!log_dir.empty()) {
-    const std::string path = log_dir + "/metrics-ps" + std::to_string(shard) + ".prom";
+    const std::string path = MetricsSnapshotPath(log_dir, "ps" + std::to_string(shard));
     if (Status w = WriteMetricsSnapshot(*metrics.registry, path); !w.ok()) {
       spdlog::warn("metrics snapshot not written: {}", w.message());
     }

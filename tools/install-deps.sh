@@ -10,6 +10,8 @@ packages=(
   libcli11-dev libspdlog-dev nlohmann-json3-dev zlib1g-dev prometheus
   dataset-fashion-mnist
 )
+# Extra packages a tool needs only for itself, e.g. `tools/install-deps.sh chromium`.
+packages+=("$@")
 
 missing=()
 for p in "${packages[@]}"; do

@@ -7,6 +7,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
 tools/build.sh
-log_dir="runs/$(date +%Y%m%d-%H%M%S)"
-exec "${BUILD_DIR:-build}/bin/parasync-launch" --ps 2 --workers 2 --mode async --epochs 5 \
-  --log-dir "$log_dir" "$@"
+# Logs go to runs/<YYYYmmdd-HHMMSS>, the launcher's default (or --log-dir DIR).
+exec "${BUILD_DIR:-build}/bin/parasync-launch" --ps 2 --workers 2 --mode async --epochs 5 "$@"

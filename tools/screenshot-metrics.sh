@@ -15,21 +15,16 @@ while (($# > 0)); do
       sed -n '2,5p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
-    --mode) mode=$2; shift 2 ;;
-    --epochs) epochs=$2; shift 2 ;;
+    --mode) mode=${2:?--mode needs a value}; shift 2 ;;
+    --epochs) epochs=${2:?--epochs needs a value}; shift 2 ;;
     -*) echo "screenshot-metrics.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) out=$1; shift ;;
   esac
 done
 
-bin="$root/build/bin"
+bin="$root/${BUILD_DIR:-build}/bin"
 [ -x "$bin/parasync-launch" ] || { echo "screenshot-metrics.sh: build first (tools/build.sh)" >&2; exit 2; }
-if ! command -v chromium >/dev/null 2>&1; then
-  echo "screenshot-metrics.sh: installing chromium (Debian package)"
-  sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends chromium
-fi
+command -v chromium >/dev/null 2>&1 || "$root/tools/install-deps.sh" chromium
 
 work=$(mktemp -d)
 launch_pid=""

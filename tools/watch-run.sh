@@ -88,7 +88,6 @@ mkdir -p "$run_dir" || die "cannot create $run_dir"
 run_dir=$(cd "$run_dir" && pwd -P)
 targets_file="$run_dir/prometheus-targets.json"
 if [[ ! -f "$targets_file" ]]; then
-  # Starting Prometheus first catches a run from its first second.
   echo "watch-run.sh: $targets_file does not exist yet; it is picked up as soon as" \
     "parasync-launch --log-dir $run_dir writes it" >&2
 fi

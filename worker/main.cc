@@ -4,7 +4,6 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -145,10 +144,8 @@ int RunEvalOnly(const std::string& model_path, const std::string& data_dir,
   }
   auto result = (*backend)->Evaluate(params, test->x.data(), test->y.data(), test->n);
   if (!result.ok()) return Fail("evaluation failed: " + result.status().ToString());
-  // The same arithmetic as the chief's evaluation (worker/trainer.cc), so the numbers match.
-  const double accuracy =
-      static_cast<double>(result->correct) / static_cast<double>(result->count);
-  const double loss = result->loss_sum / static_cast<double>(result->count);
+  const double accuracy = result->accuracy();  // as the chief computes it (trainer.cc)
+  const double loss = result->mean_loss();
   std::printf("eval-only: test accuracy %.4f, test loss %.4f on %lld examples (model %s)\n",
               accuracy, loss, static_cast<long long>(result->count), model_path.c_str());
   // The shortest text that reads back as the same double (as eval.jsonl has it); a
@@ -429,7 +426,7 @@ int main(int argc, char** argv) {
   auto summary = RunTraining(options, *train, test, **client, **backend, metrics,
                              [] { return ShutdownRequested(); });
 
-  const std::string snapshot = log_dir + "/metrics-worker" + std::to_string(rank) + ".prom";
+  const std::string snapshot = MetricsSnapshotPath(log_dir, "worker" + std::to_string(rank));
   if (Status w = WriteMetricsSnapshot(*metrics.registry, snapshot); !w.ok()) {
     spdlog::warn("metrics snapshot not written: {}", w.message());
   }

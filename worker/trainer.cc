@@ -82,15 +82,13 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
   // every step and on every way out (an error return included), registration's too.
   int64_t counted_resends = 0;
   int64_t counted_reconnects = 0;
+  auto follow = [](prometheus::Counter* counter, int64_t now, int64_t& counted) {
+    if (now > counted) counter->Increment(static_cast<double>(now - counted));
+    counted = now;
+  };
   auto sync_client_counters = [&] {
-    if (client.resends() > counted_resends) {
-      metrics.retries->Increment(static_cast<double>(client.resends() - counted_resends));
-      counted_resends = client.resends();
-    }
-    if (client.reconnects() > counted_reconnects) {
-      metrics.reconnects->Increment(static_cast<double>(client.reconnects() - counted_reconnects));
-      counted_reconnects = client.reconnects();
-    }
+    follow(metrics.retries, client.resends(), counted_resends);
+    follow(metrics.reconnects, client.reconnects(), counted_reconnects);
   };
   struct AtExit {
     std::function<void()> run;
@@ -110,8 +108,8 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     auto result = backend.Evaluate(params.cptrs, test.x.data(), test.y.data(), test.n);
     if (!result.ok()) return result.status();
-    const double acc = static_cast<double>(result->correct) / static_cast<double>(result->count);
-    const double loss = result->loss_sum / static_cast<double>(result->count);
+    const double acc = result->accuracy();
+    const double loss = result->mean_loss();
     // Every push reaches every shard that holds slices, so their counters are the global
     // ones (a shard without slices reports 0): take the largest.
     int64_t global_step = 0, global_examples = 0;
@@ -198,12 +196,13 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       }
       sync_client_counters();
 
-      t_pull += Seconds(t0, t1);
-      t_compute += Seconds(t1, t2);
-      t_push += Seconds(t2, t3);
-      metrics.pull_seconds->Observe(Seconds(t0, t1));
-      metrics.compute_seconds->Observe(Seconds(t1, t2));
-      metrics.push_seconds->Observe(Seconds(t2, t3));
+      const double pull_s = Seconds(t0, t1), compute_s = Seconds(t1, t2), push_s = Seconds(t2, t3);
+      t_pull += pull_s;
+      t_compute += compute_s;
+      t_push += push_s;
+      metrics.pull_seconds->Observe(pull_s);
+      metrics.compute_seconds->Observe(compute_s);
+      metrics.push_seconds->Observe(push_s);
       metrics.examples->Increment(static_cast<double>(count));
       metrics.steps->Increment();
       metrics.train_loss->Set(*loss);

@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/process.h"
 #include "deploy/launch/launcher.h"
 
 namespace {
@@ -17,6 +18,8 @@ using parasync::launch::kExitFailed;
 using parasync::launch::kExitUsage;
 using parasync::launch::Launcher;
 using parasync::launch::LaunchOptions;
+
+constexpr const char* kProgram = "parasync-launch";
 
 constexpr const char* kDescription =
     "Runs a local parasync cluster: starts the parameter servers (parasync-ps), then the "
@@ -170,28 +173,25 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::cerr << "parasync-launch: " << e.what() << " (see --help)\n";
-    return kExitUsage;
+    return parasync::PrintErrorLine(kProgram, std::string(e.what()) + " (see --help)", kExitUsage);
   }
 
   auto launcher = Launcher::Create(options);
   if (!launcher.ok()) {
     const parasync::Status status = launcher.status();
-    std::cerr << "parasync-launch: " << status.message() << "\n";
     const bool usage = status.code() == StatusCode::kInvalidArgument ||
                        status.code() == StatusCode::kNotFound;
-    return usage ? kExitUsage : kExitFailed;
+    return parasync::PrintErrorLine(kProgram, status.message(), usage ? kExitUsage : kExitFailed);
   }
   const parasync::Status started = (*launcher)->Start();
   if (!started.ok()) {
-    std::cerr << "parasync-launch: " << started.message() << "\n";
-    return kExitFailed;
+    return parasync::PrintErrorLine(kProgram, started.message(), kExitFailed);
   }
   const int exit_code = (*launcher)->Supervise();
   std::cout << (*launcher)->Summary() << std::flush;
   if (options.serve_metrics && exit_code != parasync::launch::kExitInterrupted) {
     const parasync::Status served = (*launcher)->ServeFinalMetrics();
-    if (!served.ok()) std::cerr << "parasync-launch: --metrics: " << served.message() << "\n";
+    if (!served.ok()) parasync::PrintErrorLine(kProgram, "--metrics: " + served.message(), 0);
   }
   return exit_code;
 }

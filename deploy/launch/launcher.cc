@@ -1,6 +1,7 @@
 #include "deploy/launch/launcher.h"
 
 #include "common/file_util.h"
+#include "common/metrics.h"
 #include "common/mode.h"
 #include "deploy/launch/snapshot_server.h"
 
@@ -425,8 +426,9 @@ Status Launcher::Start() {
   for (const Child& child : children_) {
     // A snapshot left by an earlier run in this directory must never pass for this run's
     // (ServeFinalMetrics serves what is there at the end).
-    std::filesystem::remove(plan_.log_dir + "/metrics-" + child.spec.name + ".prom", ec);
-    std::filesystem::remove(plan_.log_dir + "/metrics-" + child.spec.name + ".prom.tmp", ec);
+    const std::string snapshot = MetricsSnapshotPath(plan_.log_dir, child.spec.name);
+    std::filesystem::remove(snapshot, ec);
+    std::filesystem::remove(snapshot + ".tmp", ec);
   }
   for (Child& child : children_) {
     child.log_fd = open(child.spec.log_path.c_str(),
@@ -577,7 +579,7 @@ Status Launcher::ServeFinalMetrics() {
   std::vector<SnapshotEndpoint> endpoints;
   std::vector<std::string> names;
   for (const Child& child : children_) {
-    const std::string path = plan_.log_dir + "/metrics-" + child.spec.name + ".prom";
+    const std::string path = MetricsSnapshotPath(plan_.log_dir, child.spec.name);
     Result<std::string> text = ReadSnapshotFile(path);
     if (!text.ok()) {
       Message(child.spec.name + " left no final metrics (" + text.status().message() +

@@ -20,6 +20,9 @@ struct EvalResult {
   double loss_sum = 0.0;  // sum over examples of the cross-entropy loss
   int64_t correct = 0;    // examples whose arg-max logit equals the label
   int64_t count = 0;
+  // The figures the chief logs and eval-only prints, computed one way for both.
+  double accuracy() const { return static_cast<double>(correct) / static_cast<double>(count); }
+  double mean_loss() const { return loss_sum / static_cast<double>(count); }
 };
 
 class ComputeBackend {
