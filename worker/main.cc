@@ -191,6 +191,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 42;
   int64_t max_slice_elements = kDefaultMaxSliceElements;
   std::string device = "auto";
+  int local_rank = -1;
   int compute_threads = 1;
   std::string log_dir = ".";
   std::string log_level = "info";
@@ -246,7 +247,14 @@ int main(int argc, char** argv) {
   app.add_option("--max-slice-elements", max_slice_elements,
                  "Variables are cut into slices of at most this many elements")
       ->check(CLI::PositiveNumber);
-  app.add_option("--device", device, "auto, cpu, cuda or cuda:N (auto: a GPU if present, else CPU)");
+  app.add_option("--device", device,
+                 "auto, cpu, cuda or cuda:N (auto: a GPU if present, else the CPU; auto and cuda "
+                 "take the GPU --local-rank names)");
+  app.add_option("--local-rank", local_rank,
+                 "This worker's index among the workers on its machine: it uses GPU "
+                 "local-rank mod GPU count, one worker per GPU (default: $LOCAL_RANK, else 0; "
+                 "parasync-launch sets it)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--compute-threads", compute_threads,
                  "BLAS threads of the CPU backend (keep 1 when several processes share a machine)")
       ->check(CLI::Range(1, 1024));
@@ -325,6 +333,11 @@ int main(int argc, char** argv) {
   if (Status s = ValidateOptimizer(opt); !s.ok()) return Fail(s.message(), kExitBadUsage);
   auto dev = ParseDevice(device);
   if (!dev.ok()) return Fail(dev.status().message(), kExitBadUsage);
+  if (local_rank < 0) {
+    auto from_env = LocalRankFromEnvironment();
+    if (!from_env.ok()) return Fail(from_env.status().message(), kExitBadUsage);
+    local_rank = *from_env;
+  }
   const int rank = spec->task_index;
   if (!InitLogging("worker", rank, log_level)) {
     return Fail("unknown --log-level " + log_level, kExitBadUsage);
@@ -358,7 +371,7 @@ int main(int argc, char** argv) {
 
   openblas_set_num_threads(compute_threads);
   std::string why;
-  auto backend = CreateBackend(*dev, *mlp, &why);
+  auto backend = CreateBackend(*dev, *mlp, local_rank, &why);
   if (!backend.ok()) return Fail(backend.status().message(), kExitBadUsage);
   spdlog::info("rank {}/{}: compute on {} ({}); {} training examples in this shard; metrics on "
                "http://{}:{}/metrics",

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -20,18 +21,23 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// The model's parameters or gradients as host arrays, one per variable.
+// The model's parameters or gradients as host arrays, one per variable, in one block of
+// the backend's host memory (page-locked for a GPU, so its copies run asynchronously).
 struct Tensors {
-  explicit Tensors(const std::vector<VariableSpec>& vars) {
+  Tensors(const std::vector<VariableSpec>& vars, ComputeBackend& backend) {
+    size_t total = 0;
+    for (const VariableSpec& v : vars) total += static_cast<size_t>(v.num_elements());
+    block = backend.AllocateHost(total * sizeof(float));
+    if (block == nullptr) return;
+    float* next = static_cast<float*>(block.get());
     for (const VariableSpec& v : vars) {
-      data.emplace_back(static_cast<size_t>(v.num_elements()), 0.0f);
-    }
-    for (auto& d : data) {
-      ptrs.push_back(d.data());
-      cptrs.push_back(d.data());
+      ptrs.push_back(next);
+      cptrs.push_back(next);
+      next += v.num_elements();
     }
   }
-  std::vector<std::vector<float>> data;
+  bool ok() const { return block != nullptr; }
+  std::shared_ptr<void> block;
   std::vector<float*> ptrs;
   std::vector<const float*> cptrs;
 };
@@ -66,13 +72,19 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
                                    std::to_string(o.model.widths.front()));
   }
   const bool chief = o.rank == 0;
-  Tensors params(vars);
-  Tensors grads(vars);
   std::vector<int64_t> shard = ShardIndices(train.n, o.rank, o.num_workers);
   if (shard.empty()) return Status::InvalidArgument("this worker's data shard is empty");
   const int batch = o.batch_size;
-  std::vector<float> bx(static_cast<size_t>(batch * train.dim));
-  std::vector<uint8_t> by(static_cast<size_t>(batch));
+  Tensors params(vars, backend);
+  Tensors grads(vars, backend);
+  std::shared_ptr<void> batch_x =
+      backend.AllocateHost(static_cast<size_t>(batch) * static_cast<size_t>(train.dim) * sizeof(float));
+  std::shared_ptr<void> batch_y = backend.AllocateHost(static_cast<size_t>(batch));
+  if (!params.ok() || !grads.ok() || batch_x == nullptr || batch_y == nullptr) {
+    return Status::Unavailable("out of host memory for the parameter, gradient and batch buffers");
+  }
+  float* bx = static_cast<float*>(batch_x.get());
+  uint8_t* by = static_cast<uint8_t*>(batch_y.get());
 
   EvalLog eval_log(o.log_dir.empty() ? "eval.jsonl" : o.log_dir + "/eval.jsonl");
   const auto start = Clock::now();
@@ -168,13 +180,12 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
         break;
       }
       const size_t count = std::min(static_cast<size_t>(batch), shard.size() - first);
-      GatherBatch(train, std::span<const int64_t>(shard.data() + first, count), bx.data(),
-                  by.data());
+      GatherBatch(train, std::span<const int64_t>(shard.data() + first, count), bx, by);
       const auto t0 = Clock::now();
       // Sync: each shard answers once it has applied the step this worker last pushed to.
       PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs, sync ? PsClient::kNextStep : 0));
       const auto t1 = Clock::now();
-      auto loss = backend.ForwardBackward(params.cptrs, bx.data(), by.data(),
+      auto loss = backend.ForwardBackward(params.cptrs, bx, by,
                                           static_cast<int>(count), grads.ptrs);
       if (!loss.ok()) return loss.status();
       if (!std::isfinite(*loss)) {

@@ -28,7 +28,9 @@ constexpr const char* kDescription =
     "finishes, stops the others (SIGTERM, then SIGKILL after --grace-seconds) and prints "
     "where the results are. With --export FILE, the model is written to FILE by "
     "parasync-export after the chief finished and the other workers stopped, before the "
-    "parameter servers are stopped.\n"
+    "parameter servers are stopped. Worker i gets --local-rank i, so on a machine with "
+    "several GPUs each worker computes on its own (worker --device auto, the default, "
+    "picks a GPU when there is one).\n"
     "Exit status: 0 when every process exited 0, 1 when one failed or had to be killed, "
     "2 for bad flags or missing binaries, 130 when interrupted. A failed export fails the run.";
 

@@ -243,7 +243,10 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
       }
       argv.insert(argv.end(), options.ps_args.begin(), options.ps_args.end());
     } else {
-      argv.insert(argv.end(), {"--epochs", std::to_string(options.epochs)});
+      // Every worker of a local cluster is on this machine: its index is its local rank,
+      // so each takes its own GPU where there are several.
+      argv.insert(argv.end(), {"--local-rank", std::to_string(spec.index), "--epochs",
+                               std::to_string(options.epochs)});
       if (!options.data_dir.empty()) argv.insert(argv.end(), {"--data", options.data_dir});
       const std::pair<const char*, const std::optional<std::string>*> training[] = {
           {"--batch-size", &options.batch_size}, {"--lr", &options.lr},

@@ -373,7 +373,7 @@ TEST(LaunchPlanTest, BuildsCommandLinesForEveryProcess) {
                           "127.0.0.1:5000,127.0.0.1:5001", "--worker-hosts",
                           "127.0.0.1:6000,127.0.0.1:6001", "--task-index", "0", "--mode", "sync",
                           "--metrics-port", "7002", "--metrics-bind", "127.0.0.1", "--log-dir",
-                          "/logs", "--epochs", "3",
+                          "/logs", "--local-rank", "0", "--epochs", "3",
                           "--data", "/data", "--lr", "0.1", "--device=cpu"));
 }
 
@@ -565,7 +565,8 @@ TEST_F(LaunchTest, PassesClusterSpecPortsAndFlags) {
   EXPECT_THAT(worker1,
               ElementsAre("--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts, "--task-index",
                           "1", "--mode", "ssp:3", "--metrics-port", ::testing::_,
-                          "--metrics-bind", "127.0.0.1", "--log-dir", log_dir_, "--epochs", "7", "--data", "/data/fmnist", "--batch-size",
+                          "--metrics-bind", "127.0.0.1", "--log-dir", log_dir_, "--local-rank", "1",
+                          "--epochs", "7", "--data", "/data/fmnist", "--batch-size",
                           "32", "--lr", "0.05", "--seed", "0", "--device=cpu"));
 
   // Every service and metrics port is distinct, and cluster.json agrees with the fakes.

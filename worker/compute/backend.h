@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
@@ -29,8 +30,17 @@ class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
 
-  // "cpu" or "cuda:N"; for logs.
+  // "cpu" or "cuda:N (GPU name)"; for logs.
   virtual std::string name() const = 0;
+
+  // Host memory for the arrays that cross this interface every step: the pulled parameters,
+  // the gradients to push, the batch. The CUDA backend returns page-locked memory, which its
+  // copies read and write asynchronously (overlapping compute); any other memory works too,
+  // only slower. The CPU backend returns plain memory. Zero-filled; nullptr if out of
+  // memory. Drop every buffer before the backend.
+  virtual std::shared_ptr<void> AllocateHost(size_t bytes) {
+    return std::shared_ptr<void>(std::calloc(bytes == 0 ? 1 : bytes, 1), std::free);
+  }
 
   // Forward and backward pass of the MLP on one batch.
   //  params: one host array per variable, in MlpVariables() order (not owned, read only).

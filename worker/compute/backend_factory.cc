@@ -5,6 +5,8 @@
 
 #include <array>
 #include <charconv>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "worker/compute/cuda/cuda_module.h"
@@ -25,13 +27,45 @@ Result<DeviceChoice> ParseDevice(const std::string& text) {
   if (text.rfind("cuda:", 0) == 0) {
     const char* b = text.data() + 5;
     const char* e = text.data() + text.size();
-    auto [p, ec] = std::from_chars(b, e, d.gpu);
-    if (ec == std::errc() && p == e && b != e && d.gpu >= 0) {
+    int gpu = -1;
+    auto [p, ec] = std::from_chars(b, e, gpu);
+    if (ec == std::errc() && p == e && b != e && gpu >= 0) {
       d.kind = DeviceChoice::Kind::kCuda;
+      d.gpu = gpu;
       return d;
     }
   }
   return Status::InvalidArgument("--device must be auto, cpu, cuda or cuda:N, not '" + text + "'");
+}
+
+Result<int> PickGpu(const DeviceChoice& device, int local_rank, int count) {
+  if (count <= 0) return Status::Unavailable("no GPU");
+  if (device.gpu) {
+    if (*device.gpu >= count) {
+      return Status::InvalidArgument("cuda:" + std::to_string(*device.gpu) +
+                                     " requested but only " + std::to_string(count) +
+                                     " GPU(s) are present");
+    }
+    return *device.gpu;
+  }
+  if (local_rank < 0) {
+    return Status::InvalidArgument("--local-rank must not be negative, got " +
+                                   std::to_string(local_rank));
+  }
+  return local_rank % count;
+}
+
+Result<int> LocalRankFromEnvironment() {
+  const char* text = std::getenv("LOCAL_RANK");
+  if (text == nullptr || *text == '\0') return 0;
+  const char* end = text + std::strlen(text);
+  int rank = -1;
+  auto [p, ec] = std::from_chars(text, end, rank);
+  if (ec != std::errc() || p != end || rank < 0) {
+    return Status::InvalidArgument(std::string("$LOCAL_RANK must be a non-negative integer, not '") +
+                                   text + "'");
+  }
+  return rank;
 }
 
 namespace {
@@ -43,6 +77,7 @@ class ModuleBackend final : public ComputeBackend {
       : impl_(impl), destroy_(destroy) {}
   ~ModuleBackend() override { destroy_(impl_); }
   std::string name() const override { return impl_->name(); }
+  std::shared_ptr<void> AllocateHost(size_t bytes) override { return impl_->AllocateHost(bytes); }
   Result<float> ForwardBackward(std::span<const float* const> params, const float* x,
                                 const uint8_t* labels, int batch,
                                 std::span<float* const> grads) override {
@@ -66,7 +101,8 @@ std::string ModulePath() {
   return (exe.parent_path().parent_path() / "lib" / "libparasync_cuda.so").string();
 }
 
-Result<std::unique_ptr<ComputeBackend>> CreateCuda(const DeviceChoice& device, const MlpSpec& spec) {
+Result<std::unique_ptr<ComputeBackend>> CreateCuda(const DeviceChoice& device, const MlpSpec& spec,
+                                                   int local_rank, std::string* picked) {
   const std::string path = ModulePath();
   void* module = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (module == nullptr) {
@@ -87,11 +123,16 @@ Result<std::unique_ptr<ComputeBackend>> CreateCuda(const DeviceChoice& device, c
   std::array<char, 512> err{};
   const int count = count_fn(err.data(), err.size());
   if (count <= 0) return Status::Unavailable(std::string("no GPU: ") + err.data());
-  if (device.gpu >= count) {
-    return Status::InvalidArgument("cuda:" + std::to_string(device.gpu) + " requested but only " +
-                                   std::to_string(count) + " GPU(s) are present");
+  auto gpu = PickGpu(device, local_rank, count);
+  if (!gpu.ok()) return gpu.status();
+  if (device.gpu) {
+    *picked = "cuda:" + std::to_string(*gpu);
+  } else {
+    *picked = "local rank " + std::to_string(local_rank) + " of " + std::to_string(count) +
+              " GPU(s): cuda:" + std::to_string(*gpu);
+    if (local_rank >= count) *picked += ", shared with local rank " + std::to_string(*gpu);
   }
-  void* impl = create_fn(spec.widths.data(), static_cast<int>(spec.widths.size()), device.gpu,
+  void* impl = create_fn(spec.widths.data(), static_cast<int>(spec.widths.size()), *gpu,
                          err.data(), err.size());
   if (impl == nullptr) return Status::NotSupported(err.data());
   return std::unique_ptr<ComputeBackend>(
@@ -101,18 +142,27 @@ Result<std::unique_ptr<ComputeBackend>> CreateCuda(const DeviceChoice& device, c
 }  // namespace
 
 Result<std::unique_ptr<ComputeBackend>> CreateBackend(const DeviceChoice& device,
-                                                      const MlpSpec& spec, std::string* why) {
+                                                      const MlpSpec& spec, int local_rank,
+                                                      std::string* why) {
+  std::string picked;
   switch (device.kind) {
     case DeviceChoice::Kind::kCpu:
       *why = "--device cpu";
       return CreateCpuBackend(spec);
-    case DeviceChoice::Kind::kCuda:
-      *why = "--device cuda:" + std::to_string(device.gpu);
-      return CreateCuda(device, spec);
+    case DeviceChoice::Kind::kCuda: {
+      auto cuda = CreateCuda(device, spec, local_rank, &picked);
+      *why = "--device cuda; " + picked;
+      if (!cuda.ok()) {
+        return Status(cuda.status().code(),
+                      "--device cuda: " + cuda.status().message() +
+                          "; --device auto or cpu trains on the CPU");
+      }
+      return cuda;
+    }
     case DeviceChoice::Kind::kAuto: {
-      auto cuda = CreateCuda(device, spec);
+      auto cuda = CreateCuda(device, spec, local_rank, &picked);
       if (cuda.ok()) {
-        *why = "--device auto found a GPU";
+        *why = "--device auto found a GPU; " + picked;
         return cuda;
       }
       *why = "--device auto: " + cuda.status().message() + "; using the CPU";

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "worker/compute/backend.h"
+#include "worker/compute/checks.h"
 
 namespace parasync {
 
@@ -28,7 +29,6 @@ namespace {
 
 // Rows per forward pass in Evaluate: bounds scratch memory for large evaluation sets.
 constexpr int kEvalChunkRows = 1024;
-constexpr int64_t kMaxWidth = int64_t{1} << 20;
 
 class CpuBackend final : public ComputeBackend {
  public:
@@ -43,15 +43,7 @@ class CpuBackend final : public ComputeBackend {
   Result<float> ForwardBackward(std::span<const float* const> params, const float* x,
                                 const uint8_t* labels, int batch,
                                 std::span<float* const> grads) override {
-    PARASYNC_RETURN_IF_ERROR(CheckArrays(params, "params"));
-    PARASYNC_RETURN_IF_ERROR(CheckArrays(grads, "grads"));
-    if (batch <= 0) {
-      return Status::InvalidArgument("batch must be positive, got " + std::to_string(batch));
-    }
-    if (x == nullptr || labels == nullptr) {
-      return Status::InvalidArgument("x and labels must not be null");
-    }
-    PARASYNC_RETURN_IF_ERROR(CheckLabels(labels, batch, 0));
+    PARASYNC_RETURN_IF_ERROR(compute::CheckForwardBackward(spec_, params, x, labels, batch, grads));
 
     Reserve(batch);
     Forward(params, x, batch);
@@ -112,20 +104,16 @@ class CpuBackend final : public ComputeBackend {
 
   Result<EvalResult> Evaluate(std::span<const float* const> params, const float* x,
                               const uint8_t* labels, int64_t n) override {
-    PARASYNC_RETURN_IF_ERROR(CheckArrays(params, "params"));
-    if (n < 0) return Status::InvalidArgument("n must not be negative, got " + std::to_string(n));
+    PARASYNC_RETURN_IF_ERROR(compute::CheckEvaluate(spec_, params, x, labels, n));
     EvalResult result;
     if (n == 0) return result;
-    if (x == nullptr || labels == nullptr) {
-      return Status::InvalidArgument("x and labels must not be null");
-    }
     const int64_t inputs = spec_.widths.front();
     const int64_t classes = spec_.widths.back();
     Reserve(static_cast<int>(std::min<int64_t>(n, kEvalChunkRows)));
     for (int64_t start = 0; start < n; start += kEvalChunkRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kEvalChunkRows, n - start));
       const uint8_t* y = labels + start;
-      PARASYNC_RETURN_IF_ERROR(CheckLabels(y, rows, start));
+      PARASYNC_RETURN_IF_ERROR(compute::CheckLabels(spec_, y, rows, start));
       Forward(params, x + start * inputs, rows);
       const float* logits = acts_[spec_.num_layers()].data();
       for (int i = 0; i < rows; ++i) {
@@ -145,35 +133,6 @@ class CpuBackend final : public ComputeBackend {
   }
 
  private:
-  // Checks that `arrays` has one non-null array per variable.
-  Status CheckArrays(std::span<const float* const> arrays, const char* what) const {
-    const size_t want = 2 * static_cast<size_t>(spec_.num_layers());
-    if (arrays.size() != want) {
-      return Status::InvalidArgument(std::string(what) + ": expected " + std::to_string(want) +
-                                     " arrays, got " + std::to_string(arrays.size()));
-    }
-    for (const float* p : arrays) {
-      if (p == nullptr) return Status::InvalidArgument(std::string(what) + ": null array");
-    }
-    return Status::Ok();
-  }
-  Status CheckArrays(std::span<float* const> arrays, const char* what) const {
-    return CheckArrays(std::span<const float* const>(arrays.data(), arrays.size()), what);
-  }
-
-  // Checks every label is a class index; `offset` is the first row's index, for the message.
-  Status CheckLabels(const uint8_t* labels, int rows, int64_t offset) const {
-    const int64_t classes = spec_.widths.back();
-    for (int i = 0; i < rows; ++i) {
-      if (labels[i] >= classes) {
-        return Status::InvalidArgument("label " + std::to_string(labels[i]) + " of example " +
-                                       std::to_string(offset + i) + " is not below " +
-                                       std::to_string(classes) + " classes");
-      }
-    }
-    return Status::Ok();
-  }
-
   // Grows the scratch buffers to hold `rows` examples; never shrinks them.
   void Reserve(int rows) {
     if (rows <= capacity_) return;
@@ -222,19 +181,7 @@ class CpuBackend final : public ComputeBackend {
 }  // namespace
 
 Result<std::unique_ptr<ComputeBackend>> CreateCpuBackend(const MlpSpec& spec) {
-  if (spec.widths.size() < 2) {
-    return Status::InvalidArgument("MLP needs at least two widths (inputs and classes)");
-  }
-  for (int64_t w : spec.widths) {
-    if (w < 1 || w > kMaxWidth) {
-      return Status::InvalidArgument("MLP width " + std::to_string(w) + " is out of range [1, " +
-                                     std::to_string(kMaxWidth) + "]");
-    }
-  }
-  if (spec.widths.back() > 256) {
-    return Status::InvalidArgument("MLP has " + std::to_string(spec.widths.back()) +
-                                   " classes; labels are uint8, so at most 256");
-  }
+  PARASYNC_RETURN_IF_ERROR(compute::ValidateSpec(spec));
   return std::unique_ptr<ComputeBackend>(std::make_unique<CpuBackend>(spec));
 }
 

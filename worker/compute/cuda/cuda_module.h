@@ -5,17 +5,20 @@
 #include <cstddef>
 #include <cstdint>
 
+// The module is built with hidden visibility; these are its only exported symbols.
+#define PARASYNC_CUDA_EXPORT __attribute__((visibility("default")))
+
 extern "C" {
 
 // Number of usable CUDA devices; 0 when there is no GPU or no driver. Writes the reason for
 // 0 into err (NUL-terminated, at most err_len bytes).
-int parasync_cuda_device_count(char* err, size_t err_len);
+PARASYNC_CUDA_EXPORT int parasync_cuda_device_count(char* err, size_t err_len);
 
 // Creates a parasync::ComputeBackend* (as void*) for the MLP with `num_widths` widths on
 // device `device`, or returns nullptr and writes the reason into err. The caller owns the
 // result and deletes it through parasync_cuda_destroy_backend.
-void* parasync_cuda_create_backend(const int64_t* widths, int num_widths, int device, char* err,
+PARASYNC_CUDA_EXPORT void* parasync_cuda_create_backend(const int64_t* widths, int num_widths, int device, char* err,
                                    size_t err_len);
-void parasync_cuda_destroy_backend(void* backend);
+PARASYNC_CUDA_EXPORT void parasync_cuda_destroy_backend(void* backend);
 
 }  // extern "C"

@@ -1,0 +1,83 @@
+// The worker's GPU path end to end: `--device cuda` without a GPU is one clear error, and a
+// local cluster whose workers compute on the GPU trains Fashion-MNIST as the CPU one does.
+// Labelled gpu; each test skips, saying why, where it cannot apply.
+#include <chrono>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/process_util.h"
+#include "worker/compute/backend_factory.h"
+
+namespace parasync {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Child;
+using testing::ExitCode;
+using testing::TempDir;
+
+// Empty when this machine can run the CUDA backend, else why not.
+std::string NoGpuReason() {
+  DeviceChoice cuda;
+  cuda.kind = DeviceChoice::Kind::kCuda;
+  std::string why;
+  auto backend = CreateBackend(cuda, MlpSpec{{4, 3}}, 0, &why);
+  return backend.ok() ? "" : backend.status().message();
+}
+
+TEST(WorkerDeviceTest, CudaWithoutAGpuIsOneClearLineAndExitCode2) {
+  if (NoGpuReason().empty()) GTEST_SKIP() << "a GPU is present";
+  for (const char* device : {"--device=cuda", "--device=cuda:1"}) {
+    TempDir dir;
+    const std::string out = dir.path() + "/out";
+    Child child = Child::Start({testing::BinDir() + "/parasync-worker",
+                                "--ps-hosts=127.0.0.1:1", "--worker-hosts=127.0.0.1:3",
+                                "--log-dir", dir.path(), "--data", testing::DataDir(), device},
+                               out);
+    auto status = child.Wait(60s);
+    ASSERT_TRUE(status.has_value());
+    EXPECT_EQ(ExitCode(*status), 2) << testing::ReadFile(out);
+    auto lines = testing::ReadLines(out);
+    ASSERT_EQ(lines.size(), 1u) << testing::ReadFile(out);
+    EXPECT_NE(lines[0].find("--device cuda: "), std::string::npos) << lines[0];
+    EXPECT_NE(lines[0].find("--device auto or cpu"), std::string::npos) << lines[0];
+  }
+}
+
+TEST(GpuClusterTest, TwoGpuWorkersTrainFashionMnistPast085) {
+  const std::string no_gpu = NoGpuReason();
+  if (!no_gpu.empty()) GTEST_SKIP() << "no CUDA backend on this machine: " << no_gpu;
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed at " << testing::DataDir();
+  TempDir dir;
+  const std::string out = dir.path() + "/launch.out";
+  // The settings of README command 1 (tools/run-local-cluster.sh), on the GPU.
+  Child launch = Child::Start(
+      {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers", "2", "--mode", "async",
+       "--epochs", "5", "--log-dir", dir.path() + "/run", "--data", testing::DataDir(),
+       "--worker-arg=--device=cuda"},
+      out);
+  auto status = launch.Wait(280s);
+  ASSERT_TRUE(status.has_value()) << "the launcher did not finish in 280 s:\n"
+                                  << testing::ReadFile(out);
+  const std::string printed = testing::ReadFile(out);
+  ASSERT_EQ(ExitCode(*status), 0) << printed;
+  // Each worker said where it computes: its own GPU where there are two.
+  for (const char* worker : {"worker0", "worker1"}) {
+    const std::string log = testing::ReadFile(dir.path() + "/run/" + worker + ".log");
+    EXPECT_NE(log.find("compute on cuda:"), std::string::npos) << worker << ":\n" << log;
+  }
+  auto lines = testing::ReadLines(dir.path() + "/run/eval.jsonl");
+  ASSERT_GE(lines.size(), 2u) << printed;
+  const auto last = nlohmann::json::parse(lines.back());
+  EXPECT_EQ(last["epoch"], 5) << lines.back();
+  EXPECT_GE(last["test_accuracy"].get<double>(), 0.85) << lines.back();
+  std::cout << "GPU cluster: test accuracy " << last["test_accuracy"].get<double>()
+            << " after epoch 5 (" << last["wall_s"].get<double>() << " s)\n";
+}
+
+}  // namespace
+}  // namespace parasync

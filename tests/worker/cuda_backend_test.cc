@@ -1,0 +1,235 @@
+// The CUDA backend against the CPU backend, its reference: the same parameters and batch
+// must give the same loss and gradients (within 1e-4 relative) and the same evaluation.
+// Labelled gpu; every test skips, saying why, where the CUDA backend cannot be created
+// (no GPU, no driver, or a build without the CUDA module).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "worker/compute/backend.h"
+#include "worker/compute/backend_factory.h"
+#include "worker/model/mlp.h"
+
+namespace parasync {
+namespace {
+
+// The model's arrays in memory a backend gave (page-locked for the GPU) or plain memory.
+struct Arrays {
+  Arrays(const MlpSpec& spec, ComputeBackend* host_from) {
+    for (const VariableSpec& v : MlpVariables(spec)) {
+      const size_t n = static_cast<size_t>(v.num_elements());
+      if (host_from != nullptr) {
+        blocks.push_back(host_from->AllocateHost(n * sizeof(float)));
+      } else {
+        blocks.push_back(std::shared_ptr<void>(new float[n](), [](void* p) {
+          delete[] static_cast<float*>(p);
+        }));
+      }
+      ptrs.push_back(static_cast<float*>(blocks.back().get()));
+      sizes.push_back(n);
+    }
+    cptrs.assign(ptrs.begin(), ptrs.end());
+  }
+  std::span<float> var(size_t v) { return {ptrs[v], sizes[v]}; }
+  std::vector<std::shared_ptr<void>> blocks;
+  std::vector<float*> ptrs;
+  std::vector<const float*> cptrs;
+  std::vector<size_t> sizes;
+};
+
+void FillUniform(std::span<float> v, float lo, float hi, std::mt19937_64* gen) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  for (float& f : v) f = dist(*gen);
+}
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  // The CUDA backend for `spec`, or nullptr after GTEST_SKIP when there is none.
+  std::unique_ptr<ComputeBackend> Gpu(const MlpSpec& spec) {
+    DeviceChoice cuda;
+    cuda.kind = DeviceChoice::Kind::kCuda;
+    std::string why;
+    auto backend = CreateBackend(cuda, spec, 0, &why);
+    if (!backend.ok()) {
+      skip_reason_ = backend.status().ToString();
+      return nullptr;
+    }
+    return std::move(backend).value();
+  }
+  std::unique_ptr<ComputeBackend> Cpu(const MlpSpec& spec) {
+    auto backend = CreateCpuBackend(spec);
+    EXPECT_TRUE(backend.ok());
+    return std::move(backend).value();
+  }
+  std::string skip_reason_;
+};
+
+#define GPU_OR_SKIP(var, spec)                                                        \
+  std::unique_ptr<ComputeBackend> var = Gpu(spec);                                    \
+  if (var == nullptr) GTEST_SKIP() << "no CUDA backend on this machine: " << skip_reason_
+
+// ||a - b|| / ||b||, with ||b|| floored so an all-zero reference compares absolutely.
+double RelativeError(std::span<const float> a, std::span<const float> b) {
+  double diff = 0.0, ref = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    ref += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(ref), 1e-12);
+}
+
+// One batch through both backends with the same parameters: loss and every gradient agree.
+void ExpectSameGradients(ComputeBackend& gpu, ComputeBackend& cpu, const MlpSpec& spec, int batch,
+                         bool pinned, uint64_t seed) {
+  SCOPED_TRACE("model " + std::to_string(spec.widths.front()) + "-...-" +
+               std::to_string(spec.widths.back()) + ", batch " + std::to_string(batch) +
+               (pinned ? ", page-locked host memory" : ", plain host memory"));
+  std::mt19937_64 gen(seed);
+  Arrays params(spec, pinned ? &gpu : nullptr);
+  for (size_t v = 0; v < params.sizes.size(); ++v) {
+    FillUniform(params.var(v), -0.2f, 0.2f, &gen);
+  }
+  const int64_t inputs = spec.widths.front();
+  std::vector<float> x(static_cast<size_t>(batch * inputs));
+  FillUniform(x, 0.0f, 1.0f, &gen);
+  std::vector<uint8_t> y(static_cast<size_t>(batch));
+  for (uint8_t& label : y) label = static_cast<uint8_t>(gen() % spec.widths.back());
+
+  Arrays gpu_grads(spec, pinned ? &gpu : nullptr);
+  Arrays cpu_grads(spec, nullptr);
+  for (size_t v = 0; v < gpu_grads.sizes.size(); ++v) {
+    std::fill(gpu_grads.var(v).begin(), gpu_grads.var(v).end(), NAN);  // all must be written
+  }
+  auto gpu_loss = gpu.ForwardBackward(params.cptrs, x.data(), y.data(), batch, gpu_grads.ptrs);
+  auto cpu_loss = cpu.ForwardBackward(params.cptrs, x.data(), y.data(), batch, cpu_grads.ptrs);
+  ASSERT_TRUE(gpu_loss.ok()) << gpu_loss.status().ToString();
+  ASSERT_TRUE(cpu_loss.ok()) << cpu_loss.status().ToString();
+  EXPECT_NEAR(*gpu_loss, *cpu_loss, 1e-4 * std::fabs(*cpu_loss));
+  for (size_t v = 0; v < gpu_grads.sizes.size(); ++v) {
+    const double err = RelativeError(gpu_grads.var(v), cpu_grads.var(v));
+    EXPECT_LE(err, 1e-4) << "variable " << v << ": relative error " << err;
+  }
+}
+
+TEST_F(CudaBackendTest, GradientsMatchTheCpuBackendForEveryVariable) {
+  const MlpSpec fmnist{{784, 256, 128, 10}};
+  GPU_OR_SKIP(gpu, fmnist);
+  auto cpu = Cpu(fmnist);
+  for (int batch : {1, 37, 64, 1024}) {
+    ExpectSameGradients(*gpu, *cpu, fmnist, batch, /*pinned=*/true, 1000 + batch);
+    ExpectSameGradients(*gpu, *cpu, fmnist, batch, /*pinned=*/false, 2000 + batch);
+  }
+}
+
+TEST_F(CudaBackendTest, GradientsMatchForOtherShapes) {
+  // Odd widths, more classes than a warp has lanes, one layer, and a wide deep one.
+  for (const MlpSpec& spec : {MlpSpec{{13, 7, 5, 3}}, MlpSpec{{50, 300, 100}}, MlpSpec{{20, 2}},
+                              MlpSpec{{64, 1000, 33, 17, 256}}}) {
+    GPU_OR_SKIP(gpu, spec);
+    auto cpu = Cpu(spec);
+    for (int batch : {1, 33, 512}) {
+      ExpectSameGradients(*gpu, *cpu, spec, batch, /*pinned=*/true, 77 + batch);
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, SmallerBatchAfterLargerReusesBuffersCorrectly) {
+  const MlpSpec spec{{784, 256, 128, 10}};
+  GPU_OR_SKIP(gpu, spec);
+  auto cpu = Cpu(spec);
+  for (int batch : {4096, 8, 2000, 8192, 3}) {
+    ExpectSameGradients(*gpu, *cpu, spec, batch, /*pinned=*/true, 5 + batch);
+  }
+}
+
+TEST_F(CudaBackendTest, EvaluateMatchesTheCpuBackendAcrossChunks) {
+  const MlpSpec spec{{784, 256, 128, 10}};
+  GPU_OR_SKIP(gpu, spec);
+  auto cpu = Cpu(spec);
+  std::mt19937_64 gen(9);
+  Arrays params(spec, nullptr);
+  for (size_t v = 0; v < params.sizes.size(); ++v) FillUniform(params.var(v), -0.1f, 0.1f, &gen);
+  const int64_t n = 20000;  // more than one of the GPU's evaluation chunks
+  std::vector<float> x(static_cast<size_t>(n * 784));
+  FillUniform(x, 0.0f, 1.0f, &gen);
+  std::vector<uint8_t> y(static_cast<size_t>(n));
+  for (uint8_t& label : y) label = static_cast<uint8_t>(gen() % 10);
+  auto g = gpu->Evaluate(params.cptrs, x.data(), y.data(), n);
+  auto c = cpu->Evaluate(params.cptrs, x.data(), y.data(), n);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(g->count, n);
+  // Rounding can flip an arg-max only on a near-exact tie: allow two of 20000.
+  EXPECT_NEAR(static_cast<double>(g->correct), static_cast<double>(c->correct), 2.0);
+  EXPECT_GT(c->correct, 0);
+  EXPECT_NEAR(g->loss_sum, c->loss_sum, 1e-5 * c->loss_sum);
+  auto empty = gpu->Evaluate(params.cptrs, x.data(), y.data(), 0);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->count, 0);
+}
+
+TEST_F(CudaBackendTest, GradientStepsOnTheGpuReduceTheLoss) {
+  const MlpSpec spec{{784, 64, 10}};
+  GPU_OR_SKIP(gpu, spec);
+  std::mt19937_64 gen(3);
+  Arrays params(spec, gpu.get());
+  Arrays grads(spec, gpu.get());
+  for (size_t v = 0; v < params.sizes.size(); v += 2) FillUniform(params.var(v), -0.08f, 0.08f, &gen);
+  const int batch = 256;
+  std::vector<float> x(static_cast<size_t>(batch * 784));
+  FillUniform(x, 0.0f, 1.0f, &gen);
+  std::vector<uint8_t> y(static_cast<size_t>(batch));
+  for (uint8_t& label : y) label = static_cast<uint8_t>(gen() % 10);
+  float first = 0.0f, last = 0.0f;
+  for (int step = 0; step < 30; ++step) {
+    auto loss = gpu->ForwardBackward(params.cptrs, x.data(), y.data(), batch, grads.ptrs);
+    ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+    if (step == 0) first = *loss;
+    last = *loss;
+    for (size_t v = 0; v < params.sizes.size(); ++v) {
+      for (size_t k = 0; k < params.sizes[v]; ++k) params.ptrs[v][k] -= 0.5f * grads.ptrs[v][k];
+    }
+  }
+  EXPECT_LT(last, 0.5f * first) << "first " << first << ", last " << last;
+}
+
+TEST_F(CudaBackendTest, BadInputIsInvalidArgumentAndTheBackendStillWorks) {
+  const MlpSpec spec{{8, 4, 3}};
+  GPU_OR_SKIP(gpu, spec);
+  auto cpu = Cpu(spec);
+  Arrays params(spec, nullptr);
+  Arrays grads(spec, nullptr);
+  std::vector<float> x(8 * 4, 0.5f);
+  std::vector<uint8_t> y = {0, 1, 2, 3};  // 3 is not below 3 classes
+  auto bad = gpu->ForwardBackward(params.cptrs, x.data(), y.data(), 4, grads.ptrs);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("label 3 of example 3"), std::string::npos);
+  auto bad_eval = gpu->Evaluate(params.cptrs, x.data(), y.data(), 4);
+  ASSERT_FALSE(bad_eval.ok());
+  EXPECT_EQ(bad_eval.status().code(), StatusCode::kInvalidArgument);
+  auto short_params = std::span<const float* const>(params.cptrs).first(1);
+  EXPECT_EQ(gpu->ForwardBackward(short_params, x.data(), y.data(), 3, grads.ptrs).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu->ForwardBackward(params.cptrs, x.data(), y.data(), 0, grads.ptrs).status().code(),
+            StatusCode::kInvalidArgument);
+  // Still usable: a good batch gives the CPU's answer.
+  ExpectSameGradients(*gpu, *cpu, spec, 3, /*pinned=*/false, 1);
+}
+
+TEST_F(CudaBackendTest, NameSaysWhichGpu) {
+  const MlpSpec spec{{4, 3}};
+  GPU_OR_SKIP(gpu, spec);
+  EXPECT_EQ(gpu->name().rfind("cuda:0 (", 0), 0u) << gpu->name();
+}
+
+}  // namespace
+}  // namespace parasync

@@ -1,0 +1,18 @@
+// The CUDA compute backend: the MLP's forward and backward passes on one GPU, with cuBLAS
+// for the matrix products and the kernels of kernels.cu for the rest. Lives in the CUDA
+// module (libparasync_cuda.so); the worker reaches it through cuda_module.h.
+#pragma once
+
+#include <memory>
+
+#include "common/status.h"
+#include "worker/compute/backend.h"
+#include "worker/model/mlp.h"
+
+namespace parasync::cuda {
+
+// A backend on GPU `device`; Unavailable/Internal with the CUDA or cuBLAS reason when the
+// device cannot be set up, InvalidArgument for a bad spec.
+Result<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const MlpSpec& spec, int device);
+
+}  // namespace parasync::cuda

@@ -1,0 +1,145 @@
+#include "worker/compute/cuda/kernels.h"
+
+#include <climits>
+#include <cmath>
+
+namespace parasync::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = kThreads / kWarp;  // softmax: one warp per row
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Blocks for a grid-stride loop over n elements: enough to fill the GPU, never more than
+// the elements need.
+unsigned BlocksFor(size_t n) {
+  const size_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 4096 ? (blocks == 0 ? 1 : blocks) : 4096);
+}
+
+__global__ void BiasActivationKernel(float* z, const float* b, size_t n, int width, bool relu) {
+  for (size_t k = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float v = z[k] + b[k % width];
+    z[k] = relu ? fmaxf(v, 0.0f) : v;
+  }
+}
+
+__global__ void ReluBackwardKernel(float* delta, const float* a, size_t n) {
+  for (size_t k = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    if (!(a[k] > 0.0f)) delta[k] = 0.0f;
+  }
+}
+
+__global__ void FillKernel(float* out, float value, size_t n) {
+  for (size_t k = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    out[k] = value;
+  }
+}
+
+// One warp per row: the lanes stride over the classes, then reduce with shuffles. The
+// arithmetic follows the CPU backend: max-shifted exponentials summed in float, the loss
+// m + log(sum) - z[label] in double.
+__global__ void SoftmaxCrossEntropyKernel(const float* z, const float* b, const uint8_t* labels,
+                                          int rows, int classes, float grad_scale, float* delta,
+                                          double* loss_sum, unsigned long long* correct) {
+  __shared__ double block_loss[kRowsPerBlock];
+  __shared__ unsigned block_correct[kRowsPerBlock];
+  const int warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int row = static_cast<int>(blockIdx.x) * kRowsPerBlock + warp;
+  double row_loss = 0.0;
+  unsigned row_correct = 0;
+  // `row` is the same for the whole warp, so every lane of a working warp takes part in
+  // the shuffles below.
+  if (row < rows) {
+    const float* zr = z + static_cast<size_t>(row) * classes;
+    float m = -INFINITY;
+    int arg = INT_MAX;
+    for (int c = lane; c < classes; c += kWarp) {
+      const float v = zr[c] + b[c];
+      if (v > m) {  // strict: within a lane c grows, so the first maximum stays
+        m = v;
+        arg = c;
+      }
+    }
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      const float other_m = __shfl_xor_sync(kFullMask, m, offset);
+      const int other_arg = __shfl_xor_sync(kFullMask, arg, offset);
+      if (other_m > m || (other_m == m && other_arg < arg)) {
+        m = other_m;
+        arg = other_arg;
+      }
+    }
+    float sum = 0.0f;
+    for (int c = lane; c < classes; c += kWarp) sum += expf(zr[c] + b[c] - m);
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      sum += __shfl_xor_sync(kFullMask, sum, offset);
+    }
+    const int label = labels[row];
+    if (lane == 0) {
+      row_loss = static_cast<double>(m) + log(static_cast<double>(sum)) -
+                 static_cast<double>(zr[label] + b[label]);
+      row_correct = arg == label ? 1u : 0u;
+    }
+    if (delta != nullptr) {
+      const float scale = grad_scale / sum;
+      float* dr = delta + static_cast<size_t>(row) * classes;
+      for (int c = lane; c < classes; c += kWarp) {
+        float d = expf(zr[c] + b[c] - m) * scale;
+        if (c == label) d -= grad_scale;
+        dr[c] = d;
+      }
+    }
+  }
+  if (lane == 0) {
+    block_loss[warp] = row_loss;
+    block_correct[warp] = row_correct;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double loss = 0.0;
+    unsigned right = 0;
+    for (int w = 0; w < kRowsPerBlock; ++w) {
+      loss += block_loss[w];
+      right += block_correct[w];
+    }
+    atomicAdd(loss_sum, loss);
+    if (correct != nullptr) atomicAdd(correct, static_cast<unsigned long long>(right));
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchBiasActivation(float* z, const float* b, int rows, int width, bool relu,
+                                 cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(rows) * width;
+  BiasActivationKernel<<<BlocksFor(n), kThreads, 0, stream>>>(z, b, n, width, relu);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSoftmaxCrossEntropy(const float* z, const float* b, const uint8_t* labels,
+                                      int rows, int classes, float grad_scale, float* delta,
+                                      double* loss_sum, unsigned long long* correct,
+                                      cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  SoftmaxCrossEntropyKernel<<<blocks, kThreads, 0, stream>>>(z, b, labels, rows, classes,
+                                                             grad_scale, delta, loss_sum, correct);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchReluBackward(float* delta, const float* a, size_t n, cudaStream_t stream) {
+  ReluBackwardKernel<<<BlocksFor(n), kThreads, 0, stream>>>(delta, a, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFill(float* out, float value, size_t n, cudaStream_t stream) {
+  FillKernel<<<BlocksFor(n), kThreads, 0, stream>>>(out, value, n);
+  return cudaGetLastError();
+}
+
+}  // namespace parasync::cuda

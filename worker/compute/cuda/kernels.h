@@ -1,0 +1,36 @@
+// The CUDA backend's own kernels (everything that is not a cuBLAS product). Compiled by nvcc
+// as C++17; the callers (cuda_backend.cc) are C++20, so this header holds plain types only.
+//
+// Every Launch* queues its kernel on `stream` and returns the launch's cudaError_t (a bad
+// configuration; faults during execution surface at the next synchronisation). Matrices are
+// row-major, [rows, width], as in the CPU backend.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace parasync::cuda {
+
+// z[r][o] += b[o], then max(z, 0) when `relu`.
+cudaError_t LaunchBiasActivation(float* z, const float* b, int rows, int width, bool relu,
+                                 cudaStream_t stream);
+
+// Softmax cross-entropy of the logits z[r][c] + b[c] (z itself is left as it is).
+// Adds the rows' summed loss to *loss_sum. When `correct` is not null, adds the number of
+// rows whose first arg-max logit equals the label. When `delta` is not null, writes
+// dLoss/dLogits = (softmax - onehot) * grad_scale into delta [rows, classes].
+// Labels must be below `classes` (the host checks them before upload).
+cudaError_t LaunchSoftmaxCrossEntropy(const float* z, const float* b, const uint8_t* labels,
+                                      int rows, int classes, float grad_scale, float* delta,
+                                      double* loss_sum, unsigned long long* correct,
+                                      cudaStream_t stream);
+
+// delta[k] = a[k] > 0 ? delta[k] : 0 for k < n: the gradient through a ReLU whose output is a.
+cudaError_t LaunchReluBackward(float* delta, const float* a, size_t n, cudaStream_t stream);
+
+// out[k] = value for k < n.
+cudaError_t LaunchFill(float* out, float value, size_t n, cudaStream_t stream);
+
+}  // namespace parasync::cuda
