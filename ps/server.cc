@@ -332,7 +332,7 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   }
   const int64_t staleness = version - read_version;
   if (sync) {
-    reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason);
+    reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason, req.rank);
     if (!reply.status.ok()) return;
     // The step waited for this rank alone when it was the only one missing: from the
     // gradient before it to this one, the step could have completed but for it. (With

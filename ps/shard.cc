@@ -187,7 +187,7 @@ Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* c
 }
 
 Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const float* const> grads,
-                         int64_t batch_examples, RejectReason* reason) {
+                         int64_t batch_examples, RejectReason* reason, int rank) {
   // Slice ids are strictly increasing (ValidateRanges), so covering every slice whole means
   // exactly one full range per owned slice.
   bool whole = ranges.size() == owned_.size();
@@ -201,12 +201,17 @@ Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const flo
         "in sync mode a push must carry the gradient of every slice of the shard, whole");
   }
   PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason));
+  if (rank < 0) return Status::InvalidArgument("negative rank " + std::to_string(rank));
+  const auto r = static_cast<size_t>(rank);
+  if (contributed_.size() <= r) contributed_.resize(r + 1, false);
+  contributed_[r] = true;
   for (size_t i = 0; i < ranges.size(); ++i) {
     SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
-    if (s.sum.empty()) s.sum.assign(s.values.size(), 0.0f);
+    if (s.by_rank.size() <= r) s.by_rank.resize(r + 1);
+    std::vector<float>& mine = s.by_rank[r];
+    if (mine.empty()) mine.assign(s.values.size(), 0.0f);
     const float* g = grads[i];
-    float* sum = s.sum.data();
-    for (int64_t k = 0; k < ranges[i].count; ++k) sum[k] += g[k];
+    for (int64_t k = 0; k < ranges[i].count; ++k) mine[static_cast<size_t>(k)] += g[k];
   }
   pending_examples_ += batch_examples > 0 ? batch_examples : 0;
   return Status::Ok();
@@ -215,14 +220,20 @@ Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const flo
 void Shard::ApplyAccumulated(int count) {
   const float inv = 1.0f / static_cast<float>(count);
   for (SliceState& s : owned_) {
-    if (s.sum.empty()) s.sum.assign(s.values.size(), 0.0f);
-    average_.resize(s.sum.size());
-    for (size_t k = 0; k < s.sum.size(); ++k) {
-      average_[k] = s.sum[k] * inv;
-      s.sum[k] = 0.0f;
+    average_.assign(s.values.size(), 0.0f);
+    // Rank order, whatever order the pushes came in.
+    for (size_t r = 0; r < contributed_.size() && r < s.by_rank.size(); ++r) {
+      if (!contributed_[r]) continue;
+      std::vector<float>& g = s.by_rank[r];
+      for (size_t k = 0; k < g.size(); ++k) {
+        average_[k] += g[k];
+        g[k] = 0.0f;
+      }
     }
+    for (float& a : average_) a *= inv;
     ApplyToSlice(s, 0, average_.data(), static_cast<int64_t>(average_.size()), 1.0f);
   }
+  std::fill(contributed_.begin(), contributed_.end(), false);
   ++version_;
   examples_ += pending_examples_;
   pending_examples_ = 0;

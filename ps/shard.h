@@ -79,13 +79,20 @@ class Shard {
                int64_t batch_examples, RejectReason* reason, float lr_scale = 1.0f);
 
   // Sync mode. Checks the push names every slice of this shard whole (kPartial otherwise)
-  // and that the gradient is finite (kNonFinite), then adds it to the current step's sum.
-  // Nothing is changed on failure. Precondition: ValidateRanges ok.
+  // and that the gradient is finite (kNonFinite), then adds it to the current step's
+  // gradient from `rank` (>= 0). Nothing is changed on failure. Precondition:
+  // ValidateRanges ok.
+  //
+  // Each rank's gradient is kept apart until the step completes and the sum is then taken
+  // in rank order, so a step's result never depends on the order the pushes arrived in
+  // (float addition is not associative): a sync run is reproducible bit for bit. The cost
+  // is one buffer per contributing rank, (contributors) x the shard's elements.
   Status Accumulate(std::span<const SliceRange> ranges, std::span<const float* const> grads,
-                    int64_t batch_examples, RejectReason* reason);
+                    int64_t batch_examples, RejectReason* reason, int rank);
   // Sync mode: applies the optimizer once with the average of the `count` accumulated
-  // gradients, clears the sum, and increments version() by one and examples() by the
-  // accumulated examples. Precondition: count >= 1 gradients were accumulated.
+  // gradients (summed in rank order), clears them, and increments version() by one and
+  // examples() by the accumulated examples. Precondition: count >= 1 gradients were
+  // accumulated.
   void ApplyAccumulated(int count);
 
   bool registered() const { return registration_.has_value(); }
@@ -119,7 +126,9 @@ class Shard {
   struct SliceState {
     std::vector<float> values;
     std::vector<std::vector<float>> slots;
-    std::vector<float> sum;  // sync: the current step's gradient sum (allocated on first use)
+    // sync: the current step's gradient from each rank (allocated on first use, kept
+    // zeroed between steps)
+    std::vector<std::vector<float>> by_rank;
     int64_t updates = 0;
   };
   Status CheckFinite(std::span<const SliceRange> ranges, std::span<const float* const> grads,
@@ -138,6 +147,7 @@ class Shard {
   int64_t examples_ = 0;
   int64_t pending_examples_ = 0;  // sync: examples behind the current step's sum
   std::vector<float> average_;    // sync: scratch for sum / count
+  std::vector<bool> contributed_;  // sync: ranks with a gradient in the current step
 };
 
 }  // namespace parasync

@@ -205,6 +205,7 @@ int main(int argc, char** argv) {
   bool no_shuffle = false;
   int64_t train_examples = 0;
   int step_delay_ms = 0;
+  double slowdown = 1.0;
   bool checkpoint_each_epoch = false;
   bool eval_only = false;
   std::string model_file;
@@ -235,6 +236,10 @@ int main(int argc, char** argv) {
                  "Fault injection: sleep this long before every push, making this worker a "
                  "straggler")
       ->check(CLI::Range(0, 3600000));
+  app.add_option("--slowdown", slowdown,
+                 "Fault injection: compute this many times slower (after each gradient, sleep "
+                 "FACTOR - 1 times the time it took), making this worker a straggler")
+      ->check(CLI::Range(1.0, 1000.0));
   app.add_flag("--checkpoint-each-epoch", checkpoint_each_epoch,
                "Chief: after each epoch's evaluation, ask every parameter server to save a "
                "snapshot (they need --data-dir)");
@@ -428,6 +433,7 @@ int main(int argc, char** argv) {
   options.mode = *training_mode;
   options.shuffle = !no_shuffle;
   options.step_delay = std::chrono::milliseconds(step_delay_ms);
+  options.slowdown = slowdown;
   options.checkpoint_each_epoch = checkpoint_each_epoch;
   options.epochs = epochs;
   options.batch_size = batch_size;

@@ -110,9 +110,12 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
     metrics.finished->Set(1);
   }};
 
-  // Evaluates the current server-side model on the whole test set (chief only).
+  const bool sync = o.mode.kind == TrainingMode::Kind::kSync;
+  // Evaluates the current server-side model on the whole test set (chief only). In sync
+  // mode it waits for the step the chief last pushed to, so the model evaluated after an
+  // epoch is the same in every run with the same seeds (not whichever step had completed).
   auto evaluate = [&](int epoch, double train_loss, double epoch_examples_per_sec) -> Status {
-    PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs));
+    PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs, sync ? PsClient::kNextStep : 0));
     auto stats = client.Stats();
     if (!stats.ok()) return stats.status();
     // Unix time of these statistics, to line the row up with other clocks (Prometheus).
@@ -164,7 +167,6 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
   if (chief) {
     PARASYNC_RETURN_IF_ERROR(evaluate(0, NAN, 0.0));
   }
-  const bool sync = o.mode.kind == TrainingMode::Kind::kSync;
   bool stop = false;
   for (int epoch = 1; epoch <= o.epochs && !stop; ++epoch) {
     metrics.epoch->Set(epoch);
@@ -194,6 +196,10 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
                                " at epoch " + std::to_string(epoch) +
                                "; try a smaller --lr");
       }
+      if (o.slowdown > 1.0) {
+        std::this_thread::sleep_for(
+            std::chrono::duration<double>((o.slowdown - 1.0) * Seconds(t1, Clock::now())));
+      }
       if (o.step_delay.count() > 0) std::this_thread::sleep_for(o.step_delay);
       const auto t2 = Clock::now();
       PARASYNC_RETURN_IF_ERROR(client.Push(grads.cptrs, static_cast<int64_t>(count)));
@@ -203,7 +209,9 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
         metrics.dropped->Increment();
       }
       if (client.last_push_staleness() >= 0) {
-        metrics.staleness->Observe(static_cast<double>(client.last_push_staleness()));
+        const auto staleness = static_cast<double>(client.last_push_staleness());
+        metrics.staleness->Observe(staleness);
+        if (staleness > metrics.staleness_max->Value()) metrics.staleness_max->Set(staleness);
       }
       sync_client_counters();
 

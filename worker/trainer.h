@@ -29,6 +29,9 @@ struct TrainerOptions {
   // Fault injection (a straggler): sleep this long between computing a gradient and
   // pushing it.
   std::chrono::milliseconds step_delay{0};
+  // Fault injection (a straggler by a factor): after each gradient, sleep (slowdown - 1)
+  // times the time it took to compute, so this worker computes `slowdown` times slower.
+  double slowdown = 1.0;
   // Chief: ask every server for a snapshot after each epoch's evaluation.
   bool checkpoint_each_epoch = false;
   int epochs = 5;

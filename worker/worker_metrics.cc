@@ -43,6 +43,12 @@ WorkerMetrics::WorkerMetrics(int rank) : registry(std::make_shared<prometheus::R
                    .Labels(labels)
                    .Register(*registry)
                    .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64});
+  staleness_max = &prometheus::BuildGauge()
+                       .Name("parasync_worker_staleness_max")
+                       .Help("Largest staleness of this worker's accepted pushes so far")
+                       .Labels(labels)
+                       .Register(*registry)
+                       .Add({});
   auto& phases = prometheus::BuildHistogram()
                      .Name("parasync_worker_step_seconds")
                      .Help("Seconds per training step, by phase")

@@ -22,6 +22,7 @@ struct WorkerMetrics {
   prometheus::Counter* retries = nullptr;     // requests sent again
   prometheus::Counter* reconnects = nullptr;  // restarted servers registered with again
   prometheus::Histogram* staleness = nullptr;  // per accepted push, as the servers counted
+  prometheus::Gauge* staleness_max = nullptr;  // the largest of them so far
   prometheus::Histogram* pull_seconds = nullptr;     // step seconds, phase="pull"
   prometheus::Histogram* compute_seconds = nullptr;  // phase="compute"
   prometheus::Histogram* push_seconds = nullptr;     // phase="push"

@@ -1,5 +1,6 @@
 // parasync-launch: runs a local parasync cluster. The flags are parsed here (the only
 // translation unit that includes CLI11); the work is done by parasync::launch::Launcher.
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -44,6 +45,10 @@ constexpr const char* kFooter =
     "  runs/ssp3/cluster.json (pids, addresses, metrics ports, command lines).\n"
     "  parasync-launch --ps 2 --workers 2 --epochs 5 --export runs/model.psm\n"
     "  Then: parasync-worker --eval-only --model-file runs/model.psm\n"
+    "  parasync-launch --ps 2 --workers 4 --mode sync --rank-arg 3:--slowdown=4 \\\n"
+    "      --kill ps:1@20+5 --data-dir runs/faults/ckpt --log-dir runs/faults\n"
+    "  Then: worker 3 computes 4x slower; ps1 is killed 20 s in and restarted 5 s later\n"
+    "  from its data directory.\n"
     "  parasync-launch --mode sync --epochs 20 --log-dir runs/watch --metrics\n"
     "  Beside it: tools/watch-run.sh runs/watch (Prometheus on http://127.0.0.1:9090,\n"
     "  scraping runs/watch/prometheus-targets.json); Ctrl-C ends the --metrics serving.\n";
@@ -150,6 +155,19 @@ int main(int argc, char** argv) {
                  "Extra argument for every worker; repeatable")
       ->allow_extra_args(false)
       ->type_name("ARG");
+  std::vector<std::string> rank_args;
+  app.add_option("--rank-arg", rank_args,
+                 "Extra argument for one worker, as RANK:ARG (e.g. 3:--slowdown=4); repeatable")
+      ->allow_extra_args(false)
+      ->type_name("RANK:ARG");
+  std::vector<std::string> kills;
+  app.add_option("--kill", kills,
+                 "Fault injection: kill a process with SIGKILL SECONDS after the start, and "
+                 "with +RESTART start it again that many seconds later (same command line): "
+                 "ps:INDEX@SECONDS[+RESTART] or worker:INDEX@SECONDS[+RESTART], INDEX > 0 for "
+                 "workers. A killed process is no failure of the run; repeatable")
+      ->allow_extra_args(false)
+      ->type_name("WHO@S[+R]");
   app.add_option("--bin-dir", options.bin_dir,
                  "Where parasync-ps and parasync-worker are [default: the directory of "
                  "this executable]")
@@ -178,6 +196,24 @@ int main(int argc, char** argv) {
     return parasync::PrintErrorLine(kProgram, std::string(e.what()) + " (see --help)", kExitUsage);
   }
 
+  for (const std::string& item : rank_args) {
+    const size_t colon = item.find(':');
+    int rank = -1;
+    const char* end = item.data() + (colon == std::string::npos ? item.size() : colon);
+    auto [p, ec] = std::from_chars(item.data(), end, rank);
+    if (colon == std::string::npos || colon == 0 || ec != std::errc() || p != end ||
+        colon + 1 == item.size()) {
+      return parasync::PrintErrorLine(
+          kProgram, "--rank-arg takes RANK:ARG, e.g. 1:--slowdown=4, not '" + item + "'",
+          kExitUsage);
+    }
+    options.rank_args.emplace_back(rank, item.substr(colon + 1));
+  }
+  for (const std::string& item : kills) {
+    auto fault = parasync::launch::ParseFault(item);
+    if (!fault.ok()) return parasync::PrintErrorLine(kProgram, fault.status().message(), kExitUsage);
+    options.faults.push_back(*fault);
+  }
   auto launcher = Launcher::Create(options);
   if (!launcher.ok()) {
     const parasync::Status status = launcher.status();

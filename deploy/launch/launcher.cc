@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -137,7 +138,63 @@ Status ValidateOptions(const LaunchOptions& options) {
     return Status::InvalidArgument("--host must be a host name or IPv4 address, got '" +
                                    options.host + "'");
   }
+  for (const auto& [rank, arg] : options.rank_args) {
+    if (rank < 0 || rank >= options.num_workers) {
+      return Status::InvalidArgument("--rank-arg names worker " + std::to_string(rank) +
+                                     " of " + std::to_string(options.num_workers));
+    }
+  }
+  for (const Fault& f : options.faults) {
+    const int count = f.ps ? options.num_ps : options.num_workers;
+    const std::string name = std::string(f.ps ? "ps" : "worker") + std::to_string(f.index);
+    if (f.index < 0 || f.index >= count) {
+      return Status::InvalidArgument("--kill names " + name + ", but there are " +
+                                     std::to_string(count) + (f.ps ? " ps" : " workers"));
+    }
+    if (!f.ps && f.index == 0) {
+      return Status::InvalidArgument(
+          "--kill cannot name worker0: the chief evaluates, and its end ends the run");
+    }
+  }
   return Status::Ok();
+}
+
+Result<Fault> ParseFault(std::string_view text) {
+  const auto bad = [&] {
+    return Status::InvalidArgument("--kill takes ps:INDEX@SECONDS or worker:INDEX@SECONDS, "
+                                   "optionally +RESTART_SECONDS, not '" + std::string(text) + "'");
+  };
+  Fault f;
+  std::string_view rest = text;
+  if (rest.rfind("ps:", 0) == 0) {
+    f.ps = true;
+    rest.remove_prefix(3);
+  } else if (rest.rfind("worker:", 0) == 0) {
+    rest.remove_prefix(7);
+  } else {
+    return bad();
+  }
+  const size_t at = rest.find('@');
+  if (at == std::string_view::npos) return bad();
+  const std::string_view index = rest.substr(0, at);
+  auto [p, ec] = std::from_chars(index.data(), index.data() + index.size(), f.index);
+  if (ec != std::errc() || p != index.data() + index.size() || index.empty()) return bad();
+  std::string_view times = rest.substr(at + 1);
+  const size_t plus = times.find('+');
+  auto seconds = [](std::string_view t, double* out) {
+    if (t.empty()) return false;
+    const std::string copy(t);
+    char* end = nullptr;
+    *out = std::strtod(copy.c_str(), &end);
+    return end == copy.c_str() + copy.size() && std::isfinite(*out) && *out >= 0;
+  };
+  if (!seconds(times.substr(0, plus), &f.at_seconds)) return bad();
+  if (plus != std::string_view::npos) {
+    double restart = 0.0;
+    if (!seconds(times.substr(plus + 1), &restart)) return bad();
+    f.restart_after = restart;
+  }
+  return f;
 }
 
 Result<std::string> ExecutableDir() {
@@ -257,6 +314,9 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
       }
       if (options.checkpoint_each_epoch) argv.push_back("--checkpoint-each-epoch");
       argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
+      for (const auto& [rank, arg] : options.rank_args) {
+        if (rank == spec.index) argv.push_back(arg);
+      }
     }
     plan.processes.push_back(std::move(spec));
   }
@@ -337,6 +397,7 @@ struct Launcher::Child {
   int wait_status = 0;
   bool sent_term = false;
   bool killed_after_grace = false;
+  bool fault_killed = false;  // killed by fault injection: its death is no failure
 };
 
 Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& given) {
@@ -471,7 +532,63 @@ Status Launcher::Start() {
   if (!written.ok()) Message("warning: " + written.ToString());
   Message("Prometheus targets (job \"" + plan_.job + "\"): " + plan_.log_dir +
           "/prometheus-targets.json; watch the run: tools/watch-run.sh " + plan_.log_dir);
+  started_at_ = NowSeconds();
+  fault_states_.assign(options_.faults.size(), FaultState{});
   return Status::Ok();
+}
+
+double Launcher::InjectFaults() {
+  double next = 1e9;
+  if (phase_ != Phase::kRunning) return next;
+  const double now = NowSeconds() - started_at_;
+  for (size_t i = 0; i < options_.faults.size(); ++i) {
+    const Fault& f = options_.faults[i];
+    FaultState& state = fault_states_[i];
+    const size_t slot = static_cast<size_t>(f.ps ? f.index : options_.num_ps + f.index);
+    Child& child = children_[slot];
+    if (!state.killed) {
+      if (now < f.at_seconds) {
+        next = std::min(next, f.at_seconds - now);
+        continue;
+      }
+      state.killed = true;
+      state.killed_at = now;
+      if (!child.running) {
+        Message("fault injection: " + child.spec.name + " had already exited; nothing to kill");
+        continue;
+      }
+      child.fault_killed = true;
+      kill(child.pid, SIGKILL);
+      Message("fault injection: killed " + child.spec.name + " (pid " +
+              std::to_string(child.pid) + ") with SIGKILL at " + FormatSeconds(now) + " s" +
+              (f.restart_after ? "; restarting it in " + FormatSeconds(*f.restart_after) + " s"
+                               : ""));
+    }
+    if (!f.restart_after || state.restarted) continue;
+    const double restart_at = state.killed_at + *f.restart_after;
+    if (now < restart_at || child.running) {
+      // Not yet, or not yet reaped (the next loop turn reaps it).
+      next = std::min(next, child.running ? 0.05 : restart_at - now);
+      continue;
+    }
+    state.restarted = true;
+    child.log_fd = open(child.spec.log_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    child.fault_killed = false;
+    child.sent_term = false;
+    child.partial.clear();
+    if (Status status = SpawnOne(child); !status.ok()) {
+      failure_ = "fault injection: could not restart " + child.spec.name + ": " + status.message();
+      Message(failure_);
+      BeginStopping(Phase::kStoppingWorkers);
+      return next;
+    }
+    Message("fault injection: restarted " + child.spec.name + " as pid " +
+            std::to_string(child.pid));
+    if (Status written = WriteClusterJson(); !written.ok()) {
+      Message("warning: " + written.ToString());
+    }
+  }
+  return next;
 }
 
 Status Launcher::SpawnOne(Child& child) {
@@ -816,6 +933,10 @@ void Launcher::OnExit(Child& child, int wait_status) {
   const bool is_chief = child.spec.role == Role::kWorker && child.spec.index == 0;
   if (clean && is_chief) chief_succeeded_ = true;
 
+  if (child.fault_killed && phase_ == Phase::kRunning) {
+    Message(who + " ended by fault injection (" + DescribeWaitStatus(wait_status) + ")");
+    return;
+  }
   if (phase_ == Phase::kRunning) {
     if (clean && is_chief) {
       Message("chief " + who + " finished; stopping the others");
@@ -885,7 +1006,7 @@ int Launcher::Supervise() {
       owners.push_back(exporter_.get());
     }
     // The signal pipe wakes us for every exit; the timeout only serves the deadlines.
-    int timeout_ms = 1000;
+    int timeout_ms = static_cast<int>(std::clamp(std::ceil(InjectFaults() * 1000.0), 0.0, 1000.0));
     if (phase_ != Phase::kRunning) {
       const double left = stop_deadline_ - NowSeconds();
       timeout_ms = group_killed_ ? 100
@@ -973,9 +1094,13 @@ int Launcher::ComputeExitCode() {
   std::string statuses;
   std::string unclean;
   for (const Child& child : children_) {
+    if (!statuses.empty()) statuses += ", ";
+    if (child.fault_killed) {  // killed by --kill and not restarted: as asked
+      statuses += child.spec.name + " killed by fault injection";
+      continue;
+    }
     const bool clean = ExitedZero(child.wait_status);
     if (!clean) unclean += (unclean.empty() ? "" : ", ") + child.spec.name;
-    if (!statuses.empty()) statuses += ", ";
     statuses += child.spec.name + " " +
                 (clean ? std::string("exit 0") : DescribeWaitStatus(child.wait_status));
     if (child.killed_after_grace) statuses += " after the grace period";
@@ -999,7 +1124,11 @@ int Launcher::ComputeExitCode() {
     Message("run failed: " + unclean + " did not exit with status 0");
     return kExitFailed;
   }
-  Message("run succeeded: every process exited with status 0");
+  bool faults = false;
+  for (const Child& child : children_) faults |= child.fault_killed;
+  Message(faults ? "run succeeded: every process not killed by fault injection exited with "
+                   "status 0"
+                 : "run succeeded: every process exited with status 0");
   return kExitOk;
 }
 

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -37,6 +38,20 @@ inline constexpr std::string_view kExportBinary = "parasync-export";
 
 // How long parasync-export may run before it is killed and the run counts as failed.
 inline constexpr double kExportTimeoutSeconds = 120.0;
+
+// Fault injection (--kill ROLE:INDEX@SECONDS[+RESTART]): kill one process with SIGKILL
+// `at_seconds` after the cluster started and, when `restart_after` is set, start it again
+// with the same command line that many seconds after the kill (a PS restores its
+// --data-dir; a worker registers again).
+struct Fault {
+  bool ps = false;  // else a worker
+  int index = 0;
+  double at_seconds = 0.0;
+  std::optional<double> restart_after;
+};
+
+// Parses "ps:1@20", "worker:2@15.5+3"; InvalidArgument naming the text otherwise.
+Result<Fault> ParseFault(std::string_view text);
 
 struct LaunchOptions {
   int num_ps = 2;
@@ -69,6 +84,11 @@ struct LaunchOptions {
 
   std::vector<std::string> ps_args;      // appended verbatim to every PS command line
   std::vector<std::string> worker_args;  // appended verbatim to every worker command line
+  // Appended verbatim to one worker's command line each, after worker_args: {rank, arg}.
+  std::vector<std::pair<int, std::string>> rank_args;
+  // Processes to kill (and maybe restart) during the run. A killed process is not a
+  // failure of the run; the chief (worker 0) cannot be killed, since its end ends the run.
+  std::vector<Fault> faults;
 
   // The Prometheus `job` label of this run in <log_dir>/prometheus-targets.json; empty: the
   // log directory's name (runs/ssp3 -> "ssp3").
@@ -239,6 +259,9 @@ class Launcher {
   void Message(std::string_view text);
   void WriteOut(std::string_view text);
   int ComputeExitCode();
+  // Kills or restarts what options_.faults asks for by now; returns the seconds until the
+  // next such action (or a large number when none is left).
+  double InjectFaults();
 
   LaunchOptions options_;
   LaunchPlan plan_;
@@ -254,6 +277,13 @@ class Launcher {
   bool group_killed_ = false;   // SIGKILL already sent to the group being stopped
   bool chief_succeeded_ = false;
   std::string export_outcome_;  // for Summary(): where the model is, or why it is not there
+  double started_at_ = 0.0;     // steady-clock seconds when every process had been started
+  struct FaultState {
+    bool killed = false;
+    bool restarted = false;
+    double killed_at = 0.0;
+  };
+  std::vector<FaultState> fault_states_;  // one per options_.faults entry
 };
 
 }  // namespace parasync::launch

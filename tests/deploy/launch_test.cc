@@ -410,6 +410,62 @@ TEST(LaunchPlanTest, DataDirGivesEveryParameterServerItsOwnDirectory) {
   EXPECT_THAT(without->processes[0].argv, Not(::testing::Contains("--data-dir")));
 }
 
+TEST(LaunchPlanTest, RankArgsGoToTheirWorkerOnlyAfterTheSharedOnes) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 2;
+  options.worker_args = {"--device=cpu"};
+  options.rank_args = {{1, "--slowdown=4"}, {1, "--log-level=debug"}};
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {5000, 6000, 6001, 7000, 7001, 7002});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->processes[1].argv.back(), "--device=cpu");
+  EXPECT_THAT(plan->processes[1].argv, Not(::testing::Contains("--slowdown=4")));
+  const std::vector<std::string>& worker1 = plan->processes[2].argv;
+  ASSERT_GE(worker1.size(), 3u);
+  EXPECT_EQ(worker1[worker1.size() - 3], "--device=cpu");
+  EXPECT_EQ(worker1[worker1.size() - 2], "--slowdown=4");
+  EXPECT_EQ(worker1.back(), "--log-level=debug");
+  EXPECT_THAT(plan->processes[0].argv, Not(::testing::Contains("--slowdown=4")));
+  options.rank_args = {{2, "--slowdown=4"}};
+  EXPECT_EQ(ValidateOptions(options).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ParseFaultTest, ReadsRoleIndexTimeAndOptionalRestart) {
+  auto ps = ParseFault("ps:1@20");
+  ASSERT_TRUE(ps.ok()) << ps.status().ToString();
+  EXPECT_TRUE(ps->ps);
+  EXPECT_EQ(ps->index, 1);
+  EXPECT_EQ(ps->at_seconds, 20.0);
+  EXPECT_FALSE(ps->restart_after.has_value());
+  auto worker = ParseFault("worker:3@2.5+0.75");
+  ASSERT_TRUE(worker.ok()) << worker.status().ToString();
+  EXPECT_FALSE(worker->ps);
+  EXPECT_EQ(worker->index, 3);
+  EXPECT_EQ(worker->at_seconds, 2.5);
+  EXPECT_EQ(worker->restart_after, 0.75);
+  for (const char* bad : {"", "ps", "ps:1", "ps:@3", "ps:x@3", "chief:1@3", "ps:1@", "ps:1@-2",
+                          "ps:1@3+", "ps:1@3+x", "ps:1@nan", "worker:1@3+2+1"}) {
+    auto f = ParseFault(bad);
+    ASSERT_FALSE(f.ok()) << bad;
+    EXPECT_THAT(f.status().message(), HasSubstr("'" + std::string(bad) + "'"));
+  }
+}
+
+TEST(LaunchPlanTest, KillMustNameAnExistingProcessOtherThanTheChief) {
+  LaunchOptions options;
+  options.num_ps = 2;
+  options.num_workers = 3;
+  options.faults = {Fault{true, 1, 5.0, 2.0}, Fault{false, 2, 1.0, std::nullopt}};
+  EXPECT_TRUE(ValidateOptions(options).ok());
+  options.faults = {Fault{true, 2, 5.0, std::nullopt}};
+  EXPECT_THAT(ValidateOptions(options).message(), HasSubstr("ps2"));
+  options.faults = {Fault{false, 3, 5.0, std::nullopt}};
+  EXPECT_THAT(ValidateOptions(options).message(), HasSubstr("worker3"));
+  options.faults = {Fault{false, 0, 5.0, 1.0}};
+  EXPECT_THAT(ValidateOptions(options).message(), HasSubstr("chief"));
+}
+
 TEST(LaunchPlanTest, CheckpointEachEpochGoesToTheWorkersOnly) {
   LaunchOptions options;
   options.num_ps = 1;
@@ -539,6 +595,46 @@ TEST_F(LaunchTest, ChiefFinishingStopsOthersAndExitsZero) {
   // Workers are stopped before the PS processes.
   ASSERT_THAT(out, HasSubstr("[ps0] ps0 got SIGTERM\n"));
   EXPECT_LT(out.find("worker1 got SIGTERM"), out.find("ps0 got SIGTERM"));
+}
+
+TEST_F(LaunchTest, KillInjectsFaultsRestartsWhenAskedAndTheRunStillSucceeds) {
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--kill", "ps:1@0.3+0.2", "--kill", "worker:1@0.4"});
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"}, {"FAKE_OK_DELAY", "2"}});
+  ASSERT_TRUE(WaitFor([&] { return std::filesystem::exists(fake_dir_ + "/ps1.pid"); },
+                      std::chrono::seconds(5)));
+  const std::string first_ps1 = ReadFile(fake_dir_ + "/ps1.pid");
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(10)), kExitOk) << launcher->out();
+  const std::string out = launcher->out();
+  EXPECT_THAT(out, HasSubstr("fault injection: killed ps1 (pid "));
+  EXPECT_THAT(out, HasSubstr("restarting it in 0.2 s"));
+  EXPECT_THAT(out, HasSubstr("fault injection: restarted ps1 as pid "));
+  EXPECT_THAT(out, HasSubstr("fault injection: killed worker1 (pid "));
+  EXPECT_THAT(out, HasSubstr("worker1 killed by fault injection"));
+  EXPECT_THAT(out, HasSubstr("run succeeded: every process not killed by fault injection"));
+  // The restart is a new process with the same command line, logging to the same file.
+  const std::string second_ps1 = ReadFile(fake_dir_ + "/ps1.pid");
+  EXPECT_NE(second_ps1, first_ps1);
+  const std::string ps1_log = ReadFile(log_dir_ + "/ps1.log");
+  EXPECT_NE(ps1_log.find("hello from ps1"), ps1_log.rfind("hello from ps1"))
+      << "the restarted ps1 must append to its log:\n" << ps1_log;
+  const auto cluster = nlohmann::json::parse(ReadFile(log_dir_ + "/cluster.json"));
+  EXPECT_EQ(std::to_string(cluster["processes"][1]["pid"].get<int>()) + "\n", second_ps1);
+  ExpectAllFakesGone(4);
+}
+
+TEST_F(LaunchTest, BadKillOrRankArgExitsTwoWithOneLine) {
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--kill", "ps:9@1"}, std::vector<std::string>{"--kill", "boom"},
+        std::vector<std::string>{"--kill", "worker:0@1"},
+        std::vector<std::string>{"--rank-arg", "x:--slowdown=2"},
+        std::vector<std::string>{"--rank-arg", "7:--slowdown=2"}}) {
+    std::vector<std::string> args = BaseArgs();
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto launcher = Launch(args, {});
+    EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), 2) << extra[1];
+    EXPECT_EQ(ReadLines(root_ + "/stderr").size(), 1u) << extra[1] << ": " << launcher->err();
+  }
 }
 
 TEST_F(LaunchTest, PassesClusterSpecPortsAndFlags) {

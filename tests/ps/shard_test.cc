@@ -543,15 +543,15 @@ TEST(RejectReasonTest, EveryReasonHasADistinctName) {
 
 // --- sync: Accumulate and ApplyAccumulated; lr_scale ---
 
-// Validates `push` as a push and adds it to the shard's current sync step.
-Status DoAccumulate(Shard& shard, const Push& push, RejectReason* reason) {
+// Validates `push` as a push and adds it to the shard's current sync step as `rank`'s.
+Status DoAccumulate(Shard& shard, const Push& push, RejectReason* reason, int rank = 0) {
   std::vector<size_t> sizes;
   for (const auto& g : push.grads) sizes.push_back(g.size() * sizeof(float));
   PARASYNC_RETURN_IF_ERROR(
       shard.ValidateRanges(push.ranges, push.dtype, std::span<const size_t>(sizes), reason));
   std::vector<const float*> ptrs;
   for (const auto& g : push.grads) ptrs.push_back(g.data());
-  return shard.Accumulate(push.ranges, ptrs, push.batch_examples, reason);
+  return shard.Accumulate(push.ranges, ptrs, push.batch_examples, reason, rank);
 }
 
 // A gradient for every slice of `shard`, whole: Ramp(length, scale) per slice.
@@ -592,6 +592,36 @@ TEST(ShardSyncTest, ApplyAccumulatedOfThreeGradientsIsSgdWithTheirMean) {
       EXPECT_NEAR(after.values[id][k], want, 1e-6) << "slice " << id << " element " << k;
     }
   }
+}
+
+// Gradients whose float sum depends on the order of addition: a big one and small ones.
+std::vector<Push> OrderSensitivePushes(const Shard& shard) {
+  std::vector<Push> pushes;
+  for (float scale : {1e8f, 3.3f, -1e8f, 0.7f}) pushes.push_back(WholeShardPush(shard, scale));
+  return pushes;
+}
+
+TEST(ShardSyncTest, StepResultIsTheSameWhateverOrderThePushesArriveIn) {
+  const ModelRegistration reg = SmallModel(1);
+  std::vector<Snapshot> results;
+  // Rank order, reversed, and interleaved.
+  for (const std::vector<int>& order :
+       {std::vector<int>{0, 1, 2, 3}, std::vector<int>{3, 2, 1, 0}, std::vector<int>{2, 0, 3, 1}}) {
+    Shard shard(0, 1);
+    MustRegister(shard, reg);
+    const std::vector<Push> pushes = OrderSensitivePushes(shard);
+    RejectReason reason = RejectReason::kNone;
+    for (int rank : order) ASSERT_TRUE(DoAccumulate(shard, pushes[rank], &reason, rank).ok());
+    shard.ApplyAccumulated(4);
+    results.push_back(Take(shard));
+  }
+  EXPECT_EQ(results[1], results[0]) << "reversed arrival changed the step";
+  EXPECT_EQ(results[2], results[0]) << "interleaved arrival changed the step";
+  // The test can fail: summing these in arrival order does depend on the order.
+  float in_order = 0.0f, reversed = 0.0f;
+  for (float v : {1e8f, 3.3f, -1e8f, 0.7f}) in_order += v;
+  for (float v : {0.7f, -1e8f, 3.3f, 1e8f}) reversed += v;
+  EXPECT_NE(in_order, reversed);
 }
 
 TEST(ShardSyncTest, VersionAndExamplesAdvanceOncePerApplyAccumulated) {
