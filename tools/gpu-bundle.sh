@@ -53,6 +53,8 @@ trap 'rm -rf "$here"' EXIT
 tar -C "$here" -xJf "$bundle/payload.tar.xz"
 export LD_LIBRARY_PATH="$here/deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PARASYNC_BIN_DIR="$here/bin" PARASYNC_DATA_DIR="$bundle/data"
+# Here a skipped GPU test is a failure: the point is to run them.
+export PARASYNC_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 rc=0
 for t in backend_factory_test cuda_backend_test gpu_integration_test; do

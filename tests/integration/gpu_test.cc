@@ -2,6 +2,7 @@
 // local cluster whose workers compute on the GPU trains Fashion-MNIST as the CPU one does.
 // Labelled gpu; each test skips, saying why, where it cannot apply.
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -20,13 +21,19 @@ using testing::Child;
 using testing::ExitCode;
 using testing::TempDir;
 
-// Empty when this machine can run the CUDA backend, else why not.
+// Empty when this machine can run the CUDA backend, else why not. Only "no GPU / no CUDA
+// module" (Unavailable) is a reason; any other failure to create the backend, or any
+// reason at all under PARASYNC_REQUIRE_GPU, fails the calling test.
 std::string NoGpuReason() {
   DeviceChoice cuda;
   cuda.kind = DeviceChoice::Kind::kCuda;
   std::string why;
   auto backend = CreateBackend(cuda, MlpSpec{{4, 3}}, 0, &why);
-  return backend.ok() ? "" : backend.status().message();
+  if (backend.ok()) return "";
+  EXPECT_EQ(backend.status().code(), StatusCode::kUnavailable) << backend.status().ToString();
+  EXPECT_EQ(std::getenv("PARASYNC_REQUIRE_GPU"), nullptr)
+      << "PARASYNC_REQUIRE_GPU is set, but: " << backend.status().ToString();
+  return backend.status().message();
 }
 
 TEST(WorkerDeviceTest, CudaWithoutAGpuIsOneClearLineAndExitCode2) {
@@ -46,6 +53,23 @@ TEST(WorkerDeviceTest, CudaWithoutAGpuIsOneClearLineAndExitCode2) {
     EXPECT_NE(lines[0].find("--device cuda: "), std::string::npos) << lines[0];
     EXPECT_NE(lines[0].find("--device auto or cpu"), std::string::npos) << lines[0];
   }
+}
+
+TEST(WorkerDeviceTest, AGpuThatDoesNotExistIsOneClearLineAndExitCode2) {
+  const std::string no_gpu = NoGpuReason();
+  if (!no_gpu.empty()) GTEST_SKIP() << "no CUDA backend on this machine: " << no_gpu;
+  TempDir dir;
+  const std::string out = dir.path() + "/out";
+  Child child = Child::Start({testing::BinDir() + "/parasync-worker", "--ps-hosts=127.0.0.1:1",
+                              "--worker-hosts=127.0.0.1:3", "--log-dir", dir.path(), "--data",
+                              testing::DataDir(), "--device=cuda:64"},
+                             out);
+  auto status = child.Wait(60s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(ExitCode(*status), 2) << testing::ReadFile(out);
+  auto lines = testing::ReadLines(out);
+  ASSERT_EQ(lines.size(), 1u) << testing::ReadFile(out);
+  EXPECT_NE(lines[0].find("cuda:64 requested but only"), std::string::npos) << lines[0];
 }
 
 TEST(GpuClusterTest, TwoGpuWorkersTrainFashionMnistPast085) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -112,6 +113,10 @@ int main(int argc, char** argv) {
   std::vector<std::shared_ptr<void>> blocks;
   auto host_floats = [&](size_t n) {
     blocks.push_back(b.AllocateHost(n * sizeof(float)));
+    if (blocks.back() == nullptr) {
+      std::fprintf(stderr, "%s: out of host memory\n", kProgram);
+      std::exit(1);
+    }
     return static_cast<float*>(blocks.back().get());
   };
   std::vector<const float*> params;
@@ -124,8 +129,7 @@ int main(int argc, char** argv) {
   }
   float* x = host_floats(static_cast<size_t>(max_batch * inputs));
   for (int64_t k = 0; k < max_batch * inputs; ++k) x[k] = uniform(gen) + 0.05f;
-  blocks.push_back(b.AllocateHost(static_cast<size_t>(max_batch)));
-  auto* y = static_cast<uint8_t*>(blocks.back().get());
+  auto* y = reinterpret_cast<uint8_t*>(host_floats(static_cast<size_t>(max_batch) / 4 + 1));
   for (int i = 0; i < max_batch; ++i) y[i] = static_cast<uint8_t>(gen() % spec->widths.back());
 
   std::printf("device,batch,median_examples_per_sec,min,max,repeats,steps_per_repeat\n");

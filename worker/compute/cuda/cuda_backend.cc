@@ -129,12 +129,20 @@ class CudaBackend final : public ComputeBackend {
     }
     name_ = "cuda:" + std::to_string(device_) + " (" + description + ")";
     PARASYNC_CUDA_CHECK(cudaSetDevice(device_));
+    // A GPU this build has no code for would fail only at the first step; say so now, so
+    // --device auto falls back to the CPU.
+    if (const cudaError_t rc = CheckKernelImage(); rc != cudaSuccess) {
+      cudaGetLastError();
+      return Status::Unavailable(name_ + ": this build's CUDA kernels do not run on it (" +
+                                 cudaGetErrorName(rc) + "); rebuild with "
+                                 "-DCMAKE_CUDA_ARCHITECTURES=<its sm number>");
+    }
     for (cudaStream_t* s : {&compute_, &h2d_, &d2h_}) {
       PARASYNC_CUDA_CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
     }
     const int layers = spec_.num_layers();
     // Per layer: its parameters arrived, its gradients computed; then the loss computed.
-    events_.resize(2 * static_cast<size_t>(layers) + 2);
+    events_.resize(2 * static_cast<size_t>(layers) + 1);
     for (cudaEvent_t& e : events_) {
       PARASYNC_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
@@ -333,8 +341,9 @@ class CudaBackend final : public ComputeBackend {
   // Grows the batch-sized device buffers to `rows` rows; never shrinks them.
   Status Reserve(int rows) {
     if (rows <= capacity_) return Status::Ok();
-    // Nothing may still be using the old buffers.
+    // Nothing may still be using the old buffers; until all new ones exist, none count.
     PARASYNC_CUDA_CHECK(cudaDeviceSynchronize());
+    capacity_ = 0;
     const size_t r = static_cast<size_t>(rows);
     PARASYNC_CUDA_CHECK(x_.Allocate(r * spec_.widths.front() * sizeof(float)));
     PARASYNC_CUDA_CHECK(labels_.Allocate(r));

@@ -137,6 +137,11 @@ cudaError_t LaunchReluBackward(float* delta, const float* a, size_t n, cudaStrea
   return cudaGetLastError();
 }
 
+cudaError_t CheckKernelImage() {
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, FillKernel);
+}
+
 cudaError_t LaunchFill(float* out, float value, size_t n, cudaStream_t stream) {
   FillKernel<<<BlocksFor(n), kThreads, 0, stream>>>(out, value, n);
   return cudaGetLastError();

@@ -30,6 +30,10 @@ cudaError_t LaunchSoftmaxCrossEntropy(const float* z, const float* b, const uint
 // delta[k] = a[k] > 0 ? delta[k] : 0 for k < n: the gradient through a ReLU whose output is a.
 cudaError_t LaunchReluBackward(float* delta, const float* a, size_t n, cudaStream_t stream);
 
+// cudaSuccess when this module's kernels can run on the current device, else the reason
+// (cudaErrorNoKernelImageForDevice: built for other GPU architectures).
+cudaError_t CheckKernelImage();
+
 // out[k] = value for k < n.
 cudaError_t LaunchFill(float* out, float value, size_t n, cudaStream_t stream);
 
