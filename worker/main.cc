@@ -184,6 +184,7 @@ int main(int argc, char** argv) {
   int epochs = 5;
   int batch_size = 64;
   int64_t max_steps = 0;
+  double max_seconds = 0;
   std::string model = "784-256-128-10";
   std::string optimizer = "adam";
   float lr = 0.001f;
@@ -221,6 +222,10 @@ int main(int argc, char** argv) {
                  "Directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (IDX format)");
   app.add_option("--epochs", epochs, "Passes over this worker's shard")->check(CLI::Range(1, 100000));
   app.add_option("--batch-size", batch_size, "Examples per step")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-seconds", max_seconds,
+                 "Stop after this many seconds of training, evaluating first on the chief (a "
+                 "time budget; 0: no limit)")
+      ->check(CLI::Range(0.0, 1e9));
   app.add_option("--max-steps", max_steps, "Stop after this many steps (0: no limit)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--model", model, "MLP widths, input-hidden...-classes");
@@ -438,6 +443,7 @@ int main(int argc, char** argv) {
   options.epochs = epochs;
   options.batch_size = batch_size;
   options.max_steps = max_steps;
+  options.max_seconds = max_seconds;
   options.seed = seed;
   options.log_dir = log_dir;
   options.model = *mlp;

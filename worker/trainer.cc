@@ -181,6 +181,10 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
         stop = true;
         break;
       }
+      if (o.max_seconds > 0 && Seconds(start, Clock::now()) >= o.max_seconds) {
+        stop = true;  // the time budget is spent: evaluate what there is, as after an epoch
+        break;
+      }
       const size_t count = std::min(static_cast<size_t>(batch), shard.size() - first);
       GatherBatch(train, std::span<const int64_t>(shard.data() + first, count), bx, by);
       const auto t0 = Clock::now();

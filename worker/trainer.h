@@ -37,6 +37,7 @@ struct TrainerOptions {
   int epochs = 5;
   int batch_size = 64;
   int64_t max_steps = 0;  // > 0: stop after this many local steps
+  double max_seconds = 0;  // > 0: stop after this many seconds of training (a time budget)
   uint64_t seed = 42;
   std::string log_dir;    // chief writes eval.jsonl here
   MlpSpec model;

@@ -7,6 +7,7 @@
   3. The sync configuration in a second folder reproduces the first one's curve exactly
      (fixed seeds, rank-ordered sync sums).
   4. A straggler scenario reaches the worker it names, and only it.
+  5. --seconds, a wall-clock budget, ends a run of many epochs early.
 
 Usage: compare_test.py SOURCE_DIR BIN_DIR [DATA_DIR]
 """
@@ -125,6 +126,14 @@ def main():
         check("--slowdown=3" not in commands.get("worker0", []), "worker0 was slowed down too")
         with open(os.path.join(out_b, "report.md")) as f:
             check("sync-w2-straggler1x3" in f.read(), "the report lacks the straggler run")
+
+        # 5. A wall-clock budget ends every run long before its (many) epochs.
+        proc_t = run_compare(source, bin_dir, data, os.path.join(tmp, "c"), "--modes", "async",
+                             "--seconds", "1.5", "--epochs", "1000")
+        check(proc_t.returncode == 0, f"budget compare exited {proc_t.returncode}")
+        rows = eval_rows(os.path.join(tmp, "c", "runs", "async-w2"))
+        check(rows and rows[-1]["epoch"] < 1000, "the time budget did not stop the run")
+        check(rows and rows[-1]["wall_s"] < 15, f"the run went on for {rows[-1]['wall_s']} s")
 
     if failures:
         print(f"{len(failures)} check(s) failed")
