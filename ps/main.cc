@@ -11,7 +11,9 @@
 #include "common/cluster_spec.h"
 #include "common/metrics.h"
 #include "common/mode.h"
+#include "common/preflight.h"
 #include "common/process.h"
+#include "common/version.h"
 #include "common/transport.h"
 #include "ps/checkpoint_store.h"
 #include "ps/ps_metrics.h"
@@ -122,9 +124,15 @@ int main(int argc, char** argv) {
                  "broke between apply and acknowledgement)")
       ->check(CLI::NonNegativeNumber)
       ->group("Fault injection");
+  bool check = false;
+  app.add_flag("--check", check,
+               "Preflight: validate the flags, try binding this shard's address and metrics port "
+               "and print `check version ...` and one `check problem ...` line per problem, then "
+               "exit (0: fine); parasync-launch --check runs it on every host");
+  app.set_version_flag("--version", VersionLine("parasync-ps"));
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return Fail(e.what() + std::string(" (see --help)"), kExitBadUsage);
@@ -146,6 +154,29 @@ int main(int argc, char** argv) {
     return Fail("--replicas-to-aggregate " + std::to_string(replicas_to_aggregate) +
                     " is more than the " + std::to_string(num_workers) + " workers",
                 kExitBadUsage);
+  }
+  if (check) {
+    std::vector<std::string> problems;
+    const std::string address = bind.empty() ? spec->ps[static_cast<size_t>(spec->task_index)] : bind;
+    const size_t colon = address.rfind(':');
+    const int port = colon == std::string::npos ? 0 : std::atoi(address.c_str() + colon + 1);
+    if (std::string p = BindProblem(address.substr(0, colon), port); !p.empty()) {
+      problems.push_back("ps" + std::to_string(spec->task_index) + ": " + p);
+    }
+    if (metrics_port != 0) {
+      if (std::string p = BindProblem(metrics_bind, metrics_port); !p.empty()) {
+        problems.push_back("ps" + std::to_string(spec->task_index) + " metrics: " + p);
+      }
+    }
+    if (!data_dir.empty()) {
+      std::error_code ec;
+      const auto parent = std::filesystem::absolute(data_dir, ec).parent_path();
+      if (!std::filesystem::exists(data_dir, ec) && !std::filesystem::is_directory(parent, ec)) {
+        problems.push_back("ps" + std::to_string(spec->task_index) + ": --data-dir " + data_dir +
+                           " cannot be created (no directory " + parent.string() + ")");
+      }
+    }
+    return ReportCheck(problems);
   }
   if (!InitLogging("ps", spec->task_index, log_level)) {
     return Fail("unknown --log-level " + log_level, kExitBadUsage);

@@ -17,7 +17,9 @@
 #include "common/metrics.h"
 #include "common/model_file.h"
 #include "common/model_spec.h"
+#include "common/preflight.h"
 #include "common/process.h"
+#include "common/version.h"
 #include "worker/compute/backend_factory.h"
 #include "common/mode.h"
 #include "worker/data/dataset.h"
@@ -294,9 +296,15 @@ int main(int argc, char** argv) {
   app.add_option("--model-file", model_file,
                  "--eval-only: the model file to evaluate, as parasync-export writes it "
                  "(docs/model-format.md); `--eval-only --model FILE` is accepted too");
+  bool check = false;
+  app.add_flag("--check", check,
+               "Preflight: validate the flags, look for the data files, try binding the metrics "
+               "port and print `check version ...` and one `check problem ...` line per "
+               "problem, then exit (0: fine); parasync-launch --check runs it on every host");
+  app.set_version_flag("--version", VersionLine("parasync-worker"));
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return Fail(e.what() + std::string(" (see --help)"), kExitBadUsage);
@@ -349,6 +357,28 @@ int main(int argc, char** argv) {
     local_rank = *from_env;
   }
   const int rank = spec->task_index;
+  if (check) {
+    std::vector<std::string> problems;
+    const std::string who = "worker" + std::to_string(rank);
+    std::string missing;
+    for (const char* split : {"train", "t10k"}) {
+      for (const char* part : {"images-idx3", "labels-idx1"}) {
+        const std::string file = std::string(split) + "-" + part + "-ubyte";
+        const std::string base = data_dir + "/" + file;
+        std::error_code ec;
+        if (!std::filesystem::exists(base, ec) && !std::filesystem::exists(base + ".gz", ec)) {
+          missing += (missing.empty() ? "" : ", ") + file + "[.gz]";
+        }
+      }
+    }
+    if (!missing.empty()) problems.push_back(who + ": --data " + data_dir + " lacks " + missing);
+    if (metrics_port != 0) {
+      if (std::string p = BindProblem(metrics_bind, metrics_port); !p.empty()) {
+        problems.push_back(who + " metrics: " + p);
+      }
+    }
+    return ReportCheck(problems);
+  }
   if (!InitLogging("worker", rank, log_level)) {
     return Fail("unknown --log-level " + log_level, kExitBadUsage);
   }

@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "common/process.h"
+#include "common/version.h"
 #include "deploy/launch/launcher.h"
 
 namespace {
@@ -49,6 +51,10 @@ constexpr const char* kFooter =
     "      --kill ps:1@20+5 --data-dir runs/faults/ckpt --log-dir runs/faults\n"
     "  Then: worker 3 computes 4x slower; ps1 is killed 20 s in and restarted 5 s later\n"
     "  from its data directory.\n"
+    "  parasync-launch --ps node1:1 -H node1:2,node2:2 --mode sync --log-dir /shared/run1 \\\n"
+    "      --data /shared/fashion-mnist --check     (then without --check to run)\n"
+    "  Then: 1 PS on node1, workers 0-1 on node1 and 2-3 on node2, started over ssh;\n"
+    "  --dry-run prints the commands instead.\n"
     "  parasync-launch --mode sync --epochs 20 --log-dir runs/watch --metrics\n"
     "  Beside it: tools/watch-run.sh runs/watch (Prometheus on http://127.0.0.1:9090,\n"
     "  scraping runs/watch/prometheus-targets.json); Ctrl-C ends the --metrics serving.\n";
@@ -99,13 +105,41 @@ int main(int argc, char** argv) {
   app.footer(kFooter);
   app.get_formatter()->column_width(34);
 
-  app.add_option("--ps", options.num_ps, "Number of parameter-server processes")
+  std::string ps_text = std::to_string(options.num_ps);
+  app.add_option("--ps", ps_text,
+                 "Number of parameter-server processes, or where they run: host:N,host:N "
+                 "(multi-host; without it they go round-robin over the -H hosts)")
       ->capture_default_str()
-      ->type_name("N");
-  app.add_option("--workers", options.num_workers,
-                 "Number of worker processes; worker 0 is the chief")
+      ->type_name("N|HOSTS");
+  CLI::Option* workers_option =
+      app.add_option("--workers", options.num_workers,
+                     "Number of worker processes; worker 0 is the chief [default: 2, or the "
+                     "-H slots]")
+          ->type_name("N");
+  std::string worker_hosts_text;
+  app.add_option("-H,--hosts", worker_hosts_text,
+                 "Multi-host: where the workers run, host:slots,host:slots (as horovodrun -H); "
+                 "processes on hosts other than localhost start over --ssh-command")
+      ->type_name("HOSTS");
+  app.add_option("--ssh-command", options.ssh_command,
+                 "Multi-host: how to reach a host, run as CMD HOST COMMAND (plain words)")
       ->capture_default_str()
-      ->type_name("N");
+      ->type_name("CMD");
+  app.add_option("--remote-bin-dir", options.remote_bin_dir,
+                 "Multi-host: where the binaries are on the other hosts [default: --bin-dir]")
+      ->type_name("DIR");
+  app.add_option("--port-base", options.port_base,
+                 "Multi-host: service ports are PORT, PORT+1, ... per host, metrics ports "
+                 "PORT+500, ...")
+      ->capture_default_str()
+      ->type_name("PORT");
+  bool dry_run = false;
+  app.add_flag("--dry-run", dry_run, "Print every process's command line (with its host) and exit");
+  bool check = false;
+  app.add_flag("--check", check,
+               "Preflight: run every process's binary with --check where it would run (every "
+               "host reachable, ports free, data present, the same version, protocol and "
+               "schema everywhere) and print one line per problem; exit 0 when all is clear");
   app.add_option("--mode", options.mode,
                  "async, sync or ssp:<staleness>; passed to every process")
       ->capture_default_str()
@@ -189,13 +223,39 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->type_name("HOST");
 
+  app.set_version_flag("--version", parasync::VersionLine(kProgram));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     return parasync::PrintErrorLine(kProgram, std::string(e.what()) + " (see --help)", kExitUsage);
   }
 
+  if (ps_text.find_first_not_of("0123456789") == std::string::npos && !ps_text.empty()) {
+    try {
+      options.num_ps = std::stoi(ps_text);
+    } catch (const std::exception&) {
+      return parasync::PrintErrorLine(kProgram, "--ps " + ps_text + " is out of range", kExitUsage);
+    }
+  } else {
+    auto placement = parasync::launch::ParseHostSlots(ps_text, "--ps");
+    if (!placement.ok()) {
+      return parasync::PrintErrorLine(kProgram, placement.status().message(), kExitUsage);
+    }
+    options.ps_placement = *placement;
+    options.num_ps = 0;
+    for (const auto& h : options.ps_placement) options.num_ps += h.count;
+  }
+  if (!worker_hosts_text.empty()) {
+    auto placement = parasync::launch::ParseHostSlots(worker_hosts_text, "-H");
+    if (!placement.ok()) {
+      return parasync::PrintErrorLine(kProgram, placement.status().message(), kExitUsage);
+    }
+    options.worker_placement = *placement;
+    int slots = 0;
+    for (const auto& h : options.worker_placement) slots += h.count;
+    if (workers_option->count() == 0) options.num_workers = slots;
+  }
   for (const std::string& item : rank_args) {
     const size_t colon = item.find(':');
     int rank = -1;
@@ -220,6 +280,27 @@ int main(int argc, char** argv) {
     const bool usage = status.code() == StatusCode::kInvalidArgument ||
                        status.code() == StatusCode::kNotFound;
     return parasync::PrintErrorLine(kProgram, status.message(), usage ? kExitUsage : kExitFailed);
+  }
+  if (dry_run) {
+    for (const auto& spec : (*launcher)->plan().processes) {
+      std::cout << spec.name << " on " << spec.host << ": "
+                << parasync::launch::ShellJoin(spec.spawn_argv) << "\n";
+    }
+    return 0;
+  }
+  if (check) {
+    const std::vector<std::string> problems = (*launcher)->Preflight();
+    for (const std::string& problem : problems) {
+      parasync::PrintErrorLine(kProgram, "check: " + problem, 1);
+    }
+    if (problems.empty()) {
+      std::set<std::string> hosts;
+      for (const auto& spec : (*launcher)->plan().processes) hosts.insert(spec.host);
+      std::cout << kProgram << ": check passed: " << (*launcher)->plan().processes.size()
+                << " processes on " << hosts.size() << " host(s), all "
+                << parasync::BuildVersion() << "\n";
+    }
+    return problems.empty() ? 0 : 1;
   }
   const parasync::Status started = (*launcher)->Start();
   if (!started.ok()) {

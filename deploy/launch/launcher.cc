@@ -3,6 +3,8 @@
 #include "common/file_util.h"
 #include "common/metrics.h"
 #include "common/mode.h"
+#include "common/preflight.h"
+#include "common/version.h"
 #include "deploy/launch/snapshot_server.h"
 
 #include <arpa/inet.h>
@@ -25,6 +27,8 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -35,6 +39,38 @@ namespace parasync::launch {
 namespace {
 
 constexpr int kMaxProcessesPerRole = 256;
+
+// POSIX shell single-quoting.
+std::string ShellQuote(const std::string& word) {
+  if (!word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                              "0123456789_-+=./:,@%") == std::string::npos) {
+    return word;
+  }
+  std::string quoted = "'";
+  for (char c : word) {
+    if (c == '\'') {
+      quoted += "'\\''";
+    } else {
+      quoted += c;
+    }
+  }
+  return quoted + "'";
+}
+
+// Splits a command line on spaces (no quoting: --ssh-command takes plain words).
+std::vector<std::string> SplitWords(const std::string& text) {
+  std::vector<std::string> words;
+  std::istringstream in(text);
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+
+int SumSlots(const std::vector<HostSlots>& slots) {
+  int n = 0;
+  for (const HostSlots& s : slots) n += s.count;
+  return n;
+}
+
 constexpr size_t kReadChunk = 64 * 1024;
 // A "line" longer than this without a newline is forwarded in pieces.
 constexpr size_t kMaxLineBytes = 64 * 1024;
@@ -144,6 +180,28 @@ Status ValidateOptions(const LaunchOptions& options) {
                                      " of " + std::to_string(options.num_workers));
     }
   }
+  if (!options.ps_placement.empty() && SumSlots(options.ps_placement) != options.num_ps) {
+    return Status::InvalidArgument("role counts: " + std::to_string(options.num_ps) +
+                                   " ps asked for, but --ps places " +
+                                   std::to_string(SumSlots(options.ps_placement)));
+  }
+  if (!options.worker_placement.empty() &&
+      SumSlots(options.worker_placement) != options.num_workers) {
+    return Status::InvalidArgument("role counts: --workers " +
+                                   std::to_string(options.num_workers) + ", but -H places " +
+                                   std::to_string(SumSlots(options.worker_placement)) +
+                                   " workers");
+  }
+  const bool multi_host = !options.ps_placement.empty() || !options.worker_placement.empty();
+  if (multi_host && (options.port_base < 1024 ||
+                     options.port_base + kMetricsPortOffset + kMaxProcessesPerRole * 2 > 65535)) {
+    return Status::InvalidArgument("--port-base must be between 1024 and " +
+                                   std::to_string(65535 - kMetricsPortOffset -
+                                                  kMaxProcessesPerRole * 2));
+  }
+  if (multi_host && SplitWords(options.ssh_command).empty()) {
+    return Status::InvalidArgument("--ssh-command must not be empty");
+  }
   for (const Fault& f : options.faults) {
     const int count = f.ps ? options.num_ps : options.num_workers;
     const std::string name = std::string(f.ps ? "ps" : "worker") + std::to_string(f.index);
@@ -155,9 +213,38 @@ Status ValidateOptions(const LaunchOptions& options) {
       return Status::InvalidArgument(
           "--kill cannot name worker0: the chief evaluates, and its end ends the run");
     }
+    if (multi_host) {
+      return Status::InvalidArgument("--kill works on a local cluster only (no -H / --ps "
+                                     "host placement)");
+    }
   }
   return Status::Ok();
 }
+
+namespace {
+
+// Where each process runs: every PS by index, then every worker. A role without a
+// placement of its own goes round-robin over the other role's hosts.
+std::vector<std::string> ProcessHosts(const LaunchOptions& options) {
+  std::vector<std::string> hosts;
+  auto place = [&](const std::vector<HostSlots>& own, const std::vector<HostSlots>& other,
+                   int count) {
+    if (!own.empty()) {
+      for (const HostSlots& s : own) {
+        for (int i = 0; i < s.count; ++i) hosts.push_back(s.host);
+      }
+    } else if (!other.empty()) {
+      for (int i = 0; i < count; ++i) hosts.push_back(other[static_cast<size_t>(i) % other.size()].host);
+    } else {
+      for (int i = 0; i < count; ++i) hosts.push_back(options.host);
+    }
+  };
+  place(options.ps_placement, options.worker_placement, options.num_ps);
+  place(options.worker_placement, options.ps_placement, options.num_workers);
+  return hosts;
+}
+
+}  // namespace
 
 Result<Fault> ParseFault(std::string_view text) {
   const auto bad = [&] {
@@ -195,6 +282,54 @@ Result<Fault> ParseFault(std::string_view text) {
     f.restart_after = restart;
   }
   return f;
+}
+
+Result<std::vector<HostSlots>> ParseHostSlots(std::string_view text, std::string_view flag) {
+  std::vector<HostSlots> slots;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string_view item = text.substr(start, comma - start);
+    HostSlots s;
+    const size_t colon = item.rfind(':');
+    s.host = std::string(item.substr(0, colon));
+    if (colon != std::string_view::npos) {
+      const std::string_view count = item.substr(colon + 1);
+      auto [p, ec] = std::from_chars(count.data(), count.data() + count.size(), s.count);
+      if (ec != std::errc() || p != count.data() + count.size() || count.empty() ||
+          s.count < 1) {
+        s.host.clear();
+      }
+    }
+    if (s.host.empty() || s.host.find_first_of(" \t\n") != std::string::npos) {
+      return Status::InvalidArgument(std::string(flag) + " takes host:count,host:count,..., not '" +
+                                     std::string(text) + "'");
+    }
+    slots.push_back(std::move(s));
+    start = comma + 1;
+  }
+  return slots;
+}
+
+bool IsLocalHost(std::string_view host) {
+  return host == "localhost" || host == "127.0.0.1" || host == "::1";
+}
+
+std::string ShellJoin(const std::vector<std::string>& argv) {
+  std::string command;
+  for (const std::string& a : argv) command += (command.empty() ? "" : " ") + ShellQuote(a);
+  return command;
+}
+
+std::string RemoteCommand(const std::vector<std::string>& argv) {
+  const std::string command = ShellJoin(argv);
+  // The process runs in the background with its own stdin; a watcher reads the connection's
+  // stdin and sends SIGTERM when it closes (the launcher stopping it, or the connection
+  // dying), so a remote process never outlives its launcher. Background jobs of a
+  // non-interactive shell read /dev/null, hence the dance with descriptor 3.
+  return "exec 3<&0; " + command +
+         " </dev/null & p=$!; (cat <&3 >/dev/null; kill -TERM $p 2>/dev/null) & w=$!; "
+         "exec 3<&-; wait $p; s=$?; kill $w 2>/dev/null; exit $s";
 }
 
 Result<std::string> ExecutableDir() {
@@ -252,11 +387,12 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
                                    " ports, got " + std::to_string(ports.size()));
   }
 
+  const std::vector<std::string> hosts = ProcessHosts(options);
   auto join_addresses = [&](size_t first, size_t count) {
     std::string joined;
     for (size_t i = 0; i < count; ++i) {
       if (i > 0) joined += ",";
-      joined += options.host + ":" + std::to_string(ports[first + i]);
+      joined += hosts[first + i] + ":" + std::to_string(ports[first + i]);
     }
     return joined;
   };
@@ -277,17 +413,22 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
     spec.role = is_ps ? Role::kPs : Role::kWorker;
     spec.index = static_cast<int>(is_ps ? slot : slot - num_ps);
     spec.name = std::string(is_ps ? "ps" : "worker") + std::to_string(spec.index);
-    spec.address = options.host + ":" + std::to_string(ports[slot]);
+    spec.host = hosts[slot];
+    spec.remote = !IsLocalHost(spec.host) && (!options.ps_placement.empty() ||
+                                               !options.worker_placement.empty());
+    spec.address = spec.host + ":" + std::to_string(ports[slot]);
     spec.metrics_port = ports[total + slot];
     spec.log_path = log_dir + "/" + spec.name + ".log";
 
     std::vector<std::string>& argv = spec.argv;
-    argv.push_back(bin_dir + "/" + std::string(is_ps ? kPsBinary : kWorkerBinary));
+    const std::string& dir =
+        spec.remote && !options.remote_bin_dir.empty() ? options.remote_bin_dir : bin_dir;
+    argv.push_back(dir + "/" + std::string(is_ps ? kPsBinary : kWorkerBinary));
     argv.insert(argv.end(), {"--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts,
                              "--task-index", std::to_string(spec.index), "--mode",
                              options.mode, "--metrics-port",
                              std::to_string(spec.metrics_port), "--metrics-bind",
-                             plan.metrics_bind, "--log-dir", log_dir});
+                             MetricsBindFor(spec.host), "--log-dir", log_dir});
     if (is_ps) {
       if (options.replicas_to_aggregate) {
         argv.insert(argv.end(), {"--replicas-to-aggregate", *options.replicas_to_aggregate});
@@ -300,9 +441,11 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
       }
       argv.insert(argv.end(), options.ps_args.begin(), options.ps_args.end());
     } else {
-      // Every worker of a local cluster is on this machine: its index is its local rank,
-      // so each takes its own GPU where there are several.
-      argv.insert(argv.end(), {"--local-rank", std::to_string(spec.index), "--epochs",
+      // Its index among the workers on its host: each takes its own GPU where there are
+      // several.
+      int local_rank = 0;
+      for (size_t other = num_ps; other < slot; ++other) local_rank += hosts[other] == spec.host;
+      argv.insert(argv.end(), {"--local-rank", std::to_string(local_rank), "--epochs",
                                std::to_string(options.epochs)});
       if (!options.data_dir.empty()) argv.insert(argv.end(), {"--data", options.data_dir});
       const std::pair<const char*, const std::optional<std::string>*> training[] = {
@@ -317,6 +460,12 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
       for (const auto& [rank, arg] : options.rank_args) {
         if (rank == spec.index) argv.push_back(arg);
       }
+    }
+    spec.spawn_argv = argv;
+    if (spec.remote) {
+      spec.spawn_argv = SplitWords(options.ssh_command);
+      spec.spawn_argv.push_back(spec.host);
+      spec.spawn_argv.push_back(RemoteCommand(argv));
     }
     plan.processes.push_back(std::move(spec));
   }
@@ -398,6 +547,7 @@ struct Launcher::Child {
   bool sent_term = false;
   bool killed_after_grace = false;
   bool fault_killed = false;  // killed by fault injection: its death is no failure
+  int in_fd = -1;  // remote: write end of ssh's stdin; closing it stops the process
 };
 
 Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& given) {
@@ -428,21 +578,169 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& given) {
   if (log_dir_string.size() > 1 && log_dir_string.back() == '/') log_dir_string.pop_back();
 
   const int port_count = 2 * (options.num_ps + options.num_workers);
+  const bool multi_host = !options.ps_placement.empty() || !options.worker_placement.empty();
+  // Multi-host: fixed ports from --port-base, counted per host (a launcher cannot reserve
+  // ports on other machines; --check tells whether they are free).
   PARASYNC_ASSIGN_OR_RETURN(PortReservation ports,
-                            PortReservation::Reserve(options.host, port_count));
+                            PortReservation::Reserve(options.host, multi_host ? 0 : port_count));
+  std::vector<int> port_list = ports.ports();
+  if (multi_host) {
+    const std::vector<std::string> hosts = ProcessHosts(options);
+    std::map<std::string, int> next;
+    port_list.assign(static_cast<size_t>(port_count), 0);
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      const int k = next[hosts[i]]++;
+      port_list[i] = options.port_base + k;
+      port_list[hosts.size() + i] = options.port_base + kMetricsPortOffset + k;
+    }
+  }
   PARASYNC_ASSIGN_OR_RETURN(LaunchPlan plan,
-                            BuildPlan(options, bin_dir, log_dir_string, ports.ports()));
+                            BuildPlan(options, bin_dir, log_dir_string, port_list));
   return std::unique_ptr<Launcher>(new Launcher(options, std::move(plan), std::move(ports)));
 }
 
 Launcher::Launcher(LaunchOptions options, LaunchPlan plan, PortReservation ports)
     : options_(std::move(options)), plan_(std::move(plan)), ports_(std::move(ports)) {
+  const bool multi_host = !options_.ps_placement.empty() || !options_.worker_placement.empty();
   for (const ProcessSpec& spec : plan_.processes) {
     Child child;
     child.spec = spec;
-    child.prefix = "[" + spec.name + "] ";
+    child.prefix = multi_host ? "[" + spec.host + " " + spec.name + "] " : "[" + spec.name + "] ";
     children_.push_back(std::move(child));
   }
+}
+
+std::vector<std::string> Launcher::Preflight(double timeout_seconds) {
+  struct Probe {
+    const ProcessSpec* spec;
+    pid_t pid = -1;
+    int fd = -1;
+    std::string output;
+    int wait_status = 0;
+    bool reaped = false;
+  };
+  std::vector<Probe> probes;
+  std::vector<std::string> problems;
+  for (const Child& child : children_) {
+    std::vector<std::string> argv = child.spec.argv;
+    argv.push_back("--check");
+    std::vector<std::string> command = argv;
+    if (child.spec.remote) {
+      command = SplitWords(options_.ssh_command);
+      command.push_back(child.spec.host);
+      command.push_back(ShellJoin(argv));
+    }
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+      problems.push_back(std::string("pipe2: ") + std::strerror(errno));
+      break;
+    }
+    std::vector<char*> args;
+    for (std::string& a : command) args.push_back(a.data());
+    args.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int null_fd = open("/dev/null", O_RDONLY);
+      if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+      dup2(fds[1], STDOUT_FILENO);
+      dup2(fds[1], STDERR_FILENO);
+      execvp(args[0], args.data());
+      const std::string failed = "cannot execute " + command[0] + "\n";
+      [[maybe_unused]] ssize_t n = write(STDERR_FILENO, failed.data(), failed.size());
+      _exit(127);
+    }
+    close(fds[1]);
+    if (pid < 0) {
+      close(fds[0]);
+      problems.push_back("fork: " + std::string(std::strerror(errno)));
+      break;
+    }
+    Probe probe;
+    probe.spec = &child.spec;
+    probe.pid = pid;
+    probe.fd = fds[0];
+    probes.push_back(std::move(probe));
+  }
+  // Collect every answer, all probes at once, until the deadline.
+  const double deadline = NowSeconds() + timeout_seconds;
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<Probe*> owners;
+    for (Probe& p : probes) {
+      if (p.fd < 0) continue;
+      fds.push_back({p.fd, POLLIN, 0});
+      owners.push_back(&p);
+    }
+    if (fds.empty() || NowSeconds() >= deadline) break;
+    const int left_ms = static_cast<int>(std::ceil((deadline - NowSeconds()) * 1000.0));
+    if (poll(fds.data(), fds.size(), std::max(1, left_ms)) < 0 && errno != EINTR) break;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      char buffer[4096];
+      const ssize_t n = read(owners[i]->fd, buffer, sizeof(buffer));
+      if (n > 0) {
+        owners[i]->output.append(buffer, static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        close(owners[i]->fd);
+        owners[i]->fd = -1;
+      }
+    }
+  }
+  const std::string mine = BuildVersion();
+  std::set<std::string> unreachable;
+  for (Probe& p : probes) {
+    const ProcessSpec& spec = *p.spec;
+    const std::string where = spec.name + " on " + spec.host;
+    if (p.fd >= 0) {
+      close(p.fd);
+      p.fd = -1;
+    }
+    int wait_status = 0;
+    // Its output has ended; the process itself may take a moment more to exit.
+    pid_t reaped = waitpid(p.pid, &wait_status, WNOHANG);
+    while (reaped == 0 && NowSeconds() < deadline) {
+      usleep(5000);
+      reaped = waitpid(p.pid, &wait_status, WNOHANG);
+    }
+    if (reaped == 0) {
+      kill(p.pid, SIGKILL);
+      while (waitpid(p.pid, &wait_status, 0) < 0 && errno == EINTR) {
+      }
+      problems.push_back(where + ": no answer within " + FormatSeconds(timeout_seconds) + " s");
+      continue;
+    }
+    std::string version;
+    std::vector<std::string> lines;
+    std::istringstream in(p.output);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind(kCheckVersionPrefix, 0) == 0) {
+        version = line.substr(std::strlen(kCheckVersionPrefix));
+      } else if (line.rfind(kCheckProblemPrefix, 0) == 0) {
+        std::string problem = line.substr(std::strlen(kCheckProblemPrefix));
+        // "ps0: ..." or "ps0 metrics: ...": `where` names the process already.
+        if (problem.rfind(spec.name + ": ", 0) == 0) problem.erase(0, spec.name.size() + 2);
+        if (problem.rfind(spec.name + " ", 0) == 0) problem.erase(0, spec.name.size() + 1);
+        problems.push_back(where + ": " + problem);
+      } else if (!line.empty()) {
+        lines.push_back(line);
+      }
+    }
+    const std::string last = lines.empty() ? DescribeWaitStatus(wait_status) : lines.back();
+    if (spec.remote && WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 255) {
+      if (unreachable.insert(spec.host).second) {
+        problems.push_back("host " + spec.host + " is unreachable: " + last);
+      }
+      continue;
+    }
+    if (version.empty()) {
+      problems.push_back(where + ": " + spec.argv[0] + " --check gave no answer: " + last);
+    } else if (version != mine) {
+      problems.push_back(where + ": " + std::filesystem::path(spec.argv[0]).filename().string() +
+                         " is " + version + ", but parasync-launch is " + mine +
+                         ": deploy the same build everywhere");
+    }
+  }
+  return problems;
 }
 
 Launcher::~Launcher() {
@@ -523,7 +821,7 @@ Status Launcher::Start() {
       return status;
     }
     Message(child.spec.name + " pid " + std::to_string(child.pid) + " at " +
-            child.spec.address + ", metrics http://" + plan_.host + ":" +
+            child.spec.address + ", metrics http://" + child.spec.host + ":" +
             std::to_string(child.spec.metrics_port) + "/metrics");
   }
   Status written = WriteClusterJson();
@@ -598,11 +896,20 @@ Status Launcher::SpawnOne(Child& child) {
   }
   // Everything the child needs is prepared before fork: after it only async-signal-safe
   // calls are allowed.
+  std::vector<std::string>& command = child.spec.spawn_argv.empty() ? child.spec.argv
+                                                                     : child.spec.spawn_argv;
   std::vector<char*> argv;
-  for (std::string& arg : child.spec.argv) argv.push_back(arg.data());
+  for (std::string& arg : command) argv.push_back(arg.data());
   argv.push_back(nullptr);
-  const std::string exec_failed = "parasync-launch: cannot execute " + child.spec.argv[0] + "\n";
+  const std::string exec_failed = "parasync-launch: cannot execute " + command[0] + "\n";
   const pid_t parent = getpid();
+  // A remote process's ssh reads a pipe from us: closing it stops the process.
+  int in_fds[2] = {-1, -1};
+  if (child.spec.remote && pipe2(in_fds, O_CLOEXEC) != 0) {
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    return Status::Internal(std::string("pipe2: ") + std::strerror(errno));
+  }
 
   sigset_t all;
   sigset_t previous;
@@ -617,8 +924,12 @@ Status Launcher::SpawnOne(Child& child) {
     // Not left behind if the launcher itself is killed.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
-    const int null_fd = open("/dev/null", O_RDONLY);
-    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+    if (in_fds[0] >= 0) {
+      dup2(in_fds[0], STDIN_FILENO);
+    } else {
+      const int null_fd = open("/dev/null", O_RDONLY);
+      if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+    }
     dup2(pipe_fds[1], STDOUT_FILENO);
     dup2(pipe_fds[1], STDERR_FILENO);
     fcntl(STDOUT_FILENO, F_SETFD, 0);
@@ -631,10 +942,13 @@ Status Launcher::SpawnOne(Child& child) {
   const int fork_errno = errno;
   sigprocmask(SIG_SETMASK, &previous, nullptr);
   close(pipe_fds[1]);
+  if (in_fds[0] >= 0) close(in_fds[0]);
   if (pid < 0) {
     close(pipe_fds[0]);
+    if (in_fds[1] >= 0) close(in_fds[1]);
     return Status::Internal("fork for " + child.spec.name + ": " + std::strerror(fork_errno));
   }
+  child.in_fd = in_fds[1];
   fcntl(pipe_fds[0], F_SETFL, fcntl(pipe_fds[0], F_GETFL) | O_NONBLOCK);
   child.pid = pid;
   child.running = true;
@@ -663,7 +977,8 @@ Status Launcher::WriteClusterJson() const {
         {"pid", child.pid},
         {"address", child.spec.address},
         {"metrics_port", child.spec.metrics_port},
-        {"metrics_url", "http://" + plan_.host + ":" +
+        {"host", child.spec.host},
+        {"metrics_url", "http://" + child.spec.host + ":" +
                             std::to_string(child.spec.metrics_port) + "/metrics"},
         {"log", child.spec.log_path},
         {"command", child.spec.argv},
@@ -688,7 +1003,7 @@ Status Launcher::WritePrometheusTargets() const {
     json labels = {{"job", plan_.job}, {"role", is_ps ? "ps" : "worker"}};
     labels[is_ps ? "shard" : "rank"] = std::to_string(child.spec.index);
     groups.push_back(
-        {{"targets", {plan_.host + ":" + std::to_string(child.spec.metrics_port)}},
+        {{"targets", {child.spec.host + ":" + std::to_string(child.spec.metrics_port)}},
          {"labels", labels}});
   }
   return WriteFileAtomically(plan_.log_dir + "/prometheus-targets.json",
@@ -852,6 +1167,8 @@ bool Launcher::TryReap(Child& child, int* wait_status_out) {
   CloseOutput(child);
   if (child.log_fd >= 0) close(child.log_fd);
   child.log_fd = -1;
+  if (child.in_fd >= 0) close(child.in_fd);
+  child.in_fd = -1;
   child.running = false;
   *wait_status_out = wait_status;
   return true;
@@ -973,7 +1290,14 @@ bool Launcher::GroupRunning(Role role) const {
 void Launcher::SignalGroup(Role role, int signal_number) {
   for (Child& child : children_) {
     if (!child.running || child.spec.role != role) continue;
-    kill(child.pid, signal_number);
+    if (child.spec.remote && signal_number == SIGTERM) {
+      // A remote process is asked to stop by closing its connection's stdin: its wrapper
+      // sends it SIGTERM there (RemoteCommand), and ssh exits when it has.
+      if (child.in_fd >= 0) close(child.in_fd);
+      child.in_fd = -1;
+    } else {
+      kill(child.pid, signal_number);
+    }
     if (signal_number == SIGTERM) child.sent_term = true;
   }
 }
@@ -1192,7 +1516,7 @@ std::string Launcher::Summary() const {
   out << kLauncherPrefix << "cluster description: " << plan_.log_dir << "/cluster.json\n";
   out << kLauncherPrefix << "metrics endpoints (live during the run):";
   for (const Child& child : children_) {
-    out << " " << child.spec.name << " http://" << plan_.host << ":"
+    out << " " << child.spec.name << " http://" << child.spec.host << ":"
         << child.spec.metrics_port << "/metrics";
   }
   out << "\n";

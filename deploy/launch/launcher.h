@@ -53,6 +53,27 @@ struct Fault {
 // Parses "ps:1@20", "worker:2@15.5+3"; InvalidArgument naming the text otherwise.
 Result<Fault> ParseFault(std::string_view text);
 
+// Multi-host placement, as horovodrun's -H: "host:count" items.
+struct HostSlots {
+  std::string host;
+  int count = 1;
+};
+
+// Parses "h1:2,h2,h3:1" (a host without ":N" gets 1; N >= 1); InvalidArgument naming `flag`.
+Result<std::vector<HostSlots>> ParseHostSlots(std::string_view text, std::string_view flag);
+
+// True for hosts the launcher starts processes on directly: localhost, 127.0.0.1, ::1.
+// Every other host is reached with LaunchOptions::ssh_command.
+bool IsLocalHost(std::string_view host);
+
+// The shell command that runs `argv` on a remote host under ssh: the process gets SIGTERM
+// when the launcher closes the connection's stdin (its way to stop a remote process), and
+// the command's exit status is the process's.
+std::string RemoteCommand(const std::vector<std::string>& argv);
+
+// `argv` as one POSIX shell command line (words quoted where needed).
+std::string ShellJoin(const std::vector<std::string>& argv);
+
 struct LaunchOptions {
   int num_ps = 2;
   int num_workers = 2;
@@ -86,6 +107,16 @@ struct LaunchOptions {
   std::vector<std::string> worker_args;  // appended verbatim to every worker command line
   // Appended verbatim to one worker's command line each, after worker_args: {rank, arg}.
   std::vector<std::pair<int, std::string>> rank_args;
+  // Multi-host: where the processes run (--ps h:n,... and -H h:n,...). Empty: all on
+  // `host` with loopback-reserved ports. Given, num_ps/num_workers are their sums, ports are
+  // port_base, port_base+1, ... per host (service ports, then metrics ports from
+  // port_base + kMetricsPortOffset), and processes on hosts other than localhost are
+  // started with `ssh_command HOST REMOTE-COMMAND`, running the binaries of remote_bin_dir.
+  std::vector<HostSlots> ps_placement;
+  std::vector<HostSlots> worker_placement;
+  std::string ssh_command = "ssh -o BatchMode=yes -o ConnectTimeout=10";
+  std::string remote_bin_dir;  // empty: bin_dir
+  int port_base = 29500;
   // Processes to kill (and maybe restart) during the run. A killed process is not a
   // failure of the run; the chief (worker 0) cannot be killed, since its end ends the run.
   std::vector<Fault> faults;
@@ -111,10 +142,16 @@ enum class Role {
   kExport,  // parasync-export, run once after training when --export is given
 };
 
+// In multi-host mode, metrics ports start this far above --port-base.
+inline constexpr int kMetricsPortOffset = 500;
+
 // One process of the cluster, fully resolved.
 struct ProcessSpec {
   Role role = Role::kPs;
   int index = 0;
+  std::string host;     // where it runs
+  bool remote = false;  // started over ssh: `spawn_argv` wraps `argv`
+  std::vector<std::string> spawn_argv;  // what the launcher executes (argv when local)
   std::string name;      // "ps0", "worker1": the output prefix and the log file's stem
   std::string address;   // host:port in the cluster spec
   int metrics_port = 0;
@@ -224,6 +261,13 @@ class Launcher {
   // A process that wrote no snapshot (killed) leaves its port closed. Returns Unavailable
   // when no port could be served. Precondition: Supervise() returned.
   Status ServeFinalMetrics();
+
+  // Preflight (parasync-launch --check): runs every planned process's command with --check
+  // (over ssh for remote hosts, at most `timeout_seconds` each) and returns one line per
+  // problem: a host that cannot be reached, a port in use or an address not on its host,
+  // missing data, or a binary whose version, protocol or schema differs from this
+  // launcher's. Empty: all clear. Call instead of Start().
+  std::vector<std::string> Preflight(double timeout_seconds = 30.0);
 
   // Returns the end-of-run text: the final test accuracy from <log_dir>/eval.jsonl (or
   // that it is missing), the exported model file (or why there is none) when one was asked

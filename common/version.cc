@@ -1,0 +1,21 @@
+#include "common/version.h"
+
+#include "common/wire.h"
+
+#ifndef PARASYNC_VERSION
+#error "PARASYNC_VERSION must be defined by the build (common/CMakeLists.txt)"
+#endif
+#ifndef PARASYNC_SCHEMA_SHA256
+#error "PARASYNC_SCHEMA_SHA256 must be defined by the build (common/CMakeLists.txt)"
+#endif
+
+namespace parasync {
+
+std::string BuildVersion() {
+  return std::string(PARASYNC_VERSION) + " protocol " + std::to_string(kProtocolVersion) +
+         " schema " + std::string(PARASYNC_SCHEMA_SHA256).substr(0, 12);
+}
+
+std::string VersionLine(const std::string& program) { return program + " " + BuildVersion(); }
+
+}  // namespace parasync
