@@ -8,7 +8,7 @@ packages=(
   libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler librocksdb-dev
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
   libcli11-dev libspdlog-dev nlohmann-json3-dev zlib1g-dev prometheus
-  dataset-fashion-mnist python3 python3-matplotlib
+  dataset-fashion-mnist python3 python3-matplotlib shellcheck nodejs
 )
 # Extra packages a tool needs only for itself, e.g. `tools/install-deps.sh chromium`.
 packages+=("$@")
