@@ -32,6 +32,16 @@ void ApplyOptions(zmq::socket_t& s, const SocketOptions& o) {
   s.set(zmq::sockopt::rcvhwm, o.receive_high_water_mark);
   s.set(zmq::sockopt::maxmsgsize, o.max_message_bytes);
   s.set(zmq::sockopt::sndtimeo, static_cast<int>(o.send_timeout.count()));
+  if (!o.curve_server_secret_key.empty()) {
+    s.set(zmq::sockopt::curve_server, true);
+    s.set(zmq::sockopt::curve_secretkey, o.curve_server_secret_key);
+    // A domain makes libzmq consult the ZAP handler for every connection.
+    s.set(zmq::sockopt::zap_domain, "parasync");
+  } else if (!o.curve_server_public_key.empty()) {
+    s.set(zmq::sockopt::curve_serverkey, o.curve_server_public_key);
+    s.set(zmq::sockopt::curve_publickey, o.curve_public_key);
+    s.set(zmq::sockopt::curve_secretkey, o.curve_secret_key);
+  }
 }
 
 }  // namespace

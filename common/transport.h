@@ -35,6 +35,13 @@ struct SocketOptions {
   int64_t max_message_bytes = -1;       // ZMQ_MAXMSGSIZE, a bound on EACH frame; -1 = none
   size_t max_frames = 1 << 16;          // frames per message; more -> header is Corruption
   std::chrono::milliseconds send_timeout{10000};  // a send blocked this long fails
+  // CURVE (common/curve.h). A server with a secret key requires CURVE from every client and
+  // asks the context's ZAP handler whom to admit; a client with keys speaks CURVE to a server
+  // with that public key. All Z85; empty: plain text (no authentication).
+  std::string curve_server_secret_key;
+  std::string curve_public_key;         // client
+  std::string curve_secret_key;         // client
+  std::string curve_server_public_key;  // client: the server's
 };
 
 class Socket {

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/cluster_spec.h"
+#include "common/curve.h"
 #include "common/metrics.h"
 #include "common/mode.h"
 #include "common/preflight.h"
@@ -124,6 +125,16 @@ int main(int argc, char** argv) {
                  "broke between apply and acknowledgement)")
       ->check(CLI::NonNegativeNumber)
       ->group("Fault injection");
+  std::string curve_key_file;
+  std::string curve_allow;
+  app.add_option("--curve-key", curve_key_file,
+                 "CURVE: this server's key pair file (parasync-keygen); with it every "
+                 "connection is encrypted and only --curve-allow keys are admitted")
+      ->group("Security");
+  app.add_option("--curve-allow", curve_allow,
+                 "CURVE: the public keys admitted, a directory of .pub files or a file of keys "
+                 "(the workers' and parasync-export's)")
+      ->group("Security");
   bool check = false;
   app.add_flag("--check", check,
                "Preflight: validate the flags, try binding this shard's address and metrics port "
@@ -154,6 +165,19 @@ int main(int argc, char** argv) {
     return Fail("--replicas-to-aggregate " + std::to_string(replicas_to_aggregate) +
                     " is more than the " + std::to_string(num_workers) + " workers",
                 kExitBadUsage);
+  }
+  std::optional<CurveKeyPair> curve_key;
+  std::vector<std::string> curve_allowed;
+  if (curve_key_file.empty() != curve_allow.empty()) {
+    return Fail("--curve-key and --curve-allow go together", kExitBadUsage);
+  }
+  if (!curve_key_file.empty()) {
+    auto pair = ReadKeyPairFile(curve_key_file);
+    if (!pair.ok()) return Fail(pair.status().message(), kExitBadUsage);
+    curve_key = *pair;
+    auto allowed = ReadPublicKeys(curve_allow);
+    if (!allowed.ok()) return Fail(allowed.status().message(), kExitBadUsage);
+    curve_allowed = std::move(allowed).value();
   }
   if (check) {
     std::vector<std::string> problems;
@@ -246,6 +270,26 @@ int main(int argc, char** argv) {
     }
   }
   zmq::context_t context(1);
+  // Bound before the server socket, so no connection is ever admitted without it; destroyed
+  // (declared after the context) before the context.
+  std::unique_ptr<ZapAuthenticator> authenticator;
+  if (curve_key) {
+    options.curve_secret_key = curve_key->secret_key;
+    PsMetrics* m = &metrics;
+    auto started = ZapAuthenticator::Start(
+        context, curve_allowed, [m](bool accepted, const std::string& reason) {
+          if (accepted) {
+            m->auth_accepted->Increment();
+          } else {
+            (reason == "unknown_key" ? m->auth_refused_unknown_key : m->auth_refused_not_curve)
+                ->Increment();
+            spdlog::warn("connection refused by the CURVE allow-list: {}", reason);
+          }
+        });
+    if (!started.ok()) return Fail(started.status().message());
+    authenticator = std::move(started).value();
+    spdlog::info("CURVE on: encrypted, {} client key(s) allowed", curve_allowed.size());
+  }
   auto server = Server::Create(context, options, &metrics);
   if (!server.ok()) return Fail(server.status().message());
   if (restored) {

@@ -32,6 +32,20 @@ PsMetrics::PsMetrics(int shard, int num_workers)
     rejected[static_cast<size_t>(r)] =
         &rej.Add({{"reason", std::string(RejectReasonName(static_cast<RejectReason>(r)))}});
   }
+  auth_accepted = &prometheus::BuildCounter()
+                       .Name("parasync_ps_auth_accepted_total")
+                       .Help("Connections admitted by the CURVE allow-list (ZAP)")
+                       .Labels(labels)
+                       .Register(*registry)
+                       .Add({});
+  auto& refused = prometheus::BuildCounter()
+                      .Name("parasync_ps_auth_refused_total")
+                      .Help("Connections refused at the ZeroMQ handshake by the CURVE allow-list "
+                            "(ZAP), by reason")
+                      .Labels(labels)
+                      .Register(*registry);
+  auth_refused_unknown_key = &refused.Add({{"reason", "unknown_key"}});
+  auth_refused_not_curve = &refused.Add({{"reason", "not_curve"}});
   apply_seconds = &prometheus::BuildHistogram()
                        .Name("parasync_ps_apply_seconds")
                        .Help("Time to validate and apply one push")

@@ -46,6 +46,10 @@ struct PsMetrics {
   prometheus::Histogram* checkpoint_seconds = nullptr;
   prometheus::Gauge* last_checkpoint_time = nullptr;  // unix seconds of the last snapshot
   prometheus::Counter* checkpoint_failures = nullptr;
+  // CURVE connections the ZAP handler admitted / refused ("unknown_key", "not_curve").
+  prometheus::Counter* auth_accepted = nullptr;
+  prometheus::Counter* auth_refused_unknown_key = nullptr;
+  prometheus::Counter* auth_refused_not_curve = nullptr;
 };
 
 }  // namespace parasync

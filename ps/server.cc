@@ -40,6 +40,7 @@ Result<std::unique_ptr<Server>> Server::Create(zmq::context_t& context,
   socket_options.max_message_bytes = options.max_message_bytes;
   // A reply to a worker that vanished must not stall the loop for long.
   socket_options.send_timeout = std::chrono::milliseconds(1000);
+  socket_options.curve_server_secret_key = options.curve_secret_key;
   auto socket = Socket::Bind(context, options.endpoint, socket_options);
   if (!socket.ok()) return socket.status();
   return std::unique_ptr<Server>(new Server(std::move(socket).value(), options, metrics));

@@ -40,6 +40,9 @@ struct ServerOptions {
   int num_workers = 1;
   TrainingMode mode;
   int replicas_to_aggregate = 0;  // sync: R; 0 = num_workers
+  // CURVE: this server's secret key (Z85); empty: plain text. The context's ZAP handler
+  // (common/curve.h) decides who is admitted.
+  std::string curve_secret_key;
   std::chrono::milliseconds worker_timeout{10000};
   std::chrono::milliseconds barrier_timeout{300000};
   int64_t max_message_bytes = int64_t{1} << 30;

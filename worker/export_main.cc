@@ -37,9 +37,16 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "The model file to write")->required();
   app.add_option("--timeout", timeout_s, "Seconds to wait for each server")
       ->check(CLI::Range(1, 86400));
+  std::string curve_key_file;
+  std::string curve_server_key_file;
+  app.add_option("--curve-key", curve_key_file,
+                 "CURVE: this client's key pair file (its public key in the servers' "
+                 "--curve-allow)");
+  app.add_option("--curve-server-key", curve_server_key_file,
+                 "CURVE: the servers' public key file");
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
+  } catch (const CLI::Success& e) {  // --help
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return Fail(e.what() + std::string(" (see --help)"), kExitBadUsage);
@@ -50,9 +57,12 @@ int main(int argc, char** argv) {
   auto spec = ResolveClusterSpecFromEnvironment(cluster, "worker");
   if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
 
+  auto curve = LoadCurveClientKeys(curve_key_file, curve_server_key_file, spec->ps.size());
+  if (!curve.ok()) return Fail(curve.status().message(), kExitBadUsage);
   zmq::context_t context(1);
   PsClientOptions options;
   options.ps_addresses = spec->ps;
+  options.curve = *curve;
   options.rank = -1;
   options.request_timeout = std::chrono::seconds(timeout_s);
   auto client = PsClient::Connect(context, options);

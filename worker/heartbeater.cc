@@ -12,9 +12,10 @@ int64_t NowTicks() { return std::chrono::steady_clock::now().time_since_epoch().
 
 Result<std::unique_ptr<Heartbeater>> Heartbeater::Start(
     zmq::context_t& context, const std::vector<std::string>& ps_addresses, int rank,
-    std::chrono::milliseconds interval) {
+    std::chrono::milliseconds interval, std::optional<CurveClientKeys> curve) {
   std::unique_ptr<Heartbeater> h(new Heartbeater());
   h->context_ = &context;
+  h->curve_ = std::move(curve);
   h->num_shards_ = ps_addresses.size();
   h->last_answer_ = std::make_unique<std::atomic<int64_t>[]>(ps_addresses.size());
   h->incarnation_ = std::make_unique<std::atomic<uint64_t>[]>(ps_addresses.size());
@@ -43,7 +44,13 @@ void Heartbeater::Loop(std::vector<std::string> addresses, int rank,
   options.send_timeout = std::chrono::milliseconds(0);  // never block: drop a beat instead
   options.send_high_water_mark = 4;
   std::vector<std::unique_ptr<Socket>> sockets;
-  for (const std::string& a : addresses) {
+  for (size_t shard = 0; shard < addresses.size(); ++shard) {
+    const std::string& a = addresses[shard];
+    if (curve_) {
+      options.curve_public_key = curve_->own.public_key;
+      options.curve_secret_key = curve_->own.secret_key;
+      options.curve_server_public_key = curve_->ServerKey(shard);
+    }
     auto s = Socket::Connect(*context_, ToEndpoint(a), options);
     if (!s.ok()) {
       spdlog::error("heartbeat socket to {}: {}", a, s.status().message());

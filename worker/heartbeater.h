@@ -9,12 +9,14 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <zmq.hpp>
 
+#include "common/curve.h"
 #include "common/status.h"
 
 namespace parasync {
@@ -23,9 +25,11 @@ class Heartbeater {
  public:
   // Starts heartbeating `rank` to every address every `interval`. `context` must outlive
   // the Heartbeater. Unavailable if a socket cannot be created.
+  // With `curve`, the heartbeats go over CURVE as the client's requests do.
   static Result<std::unique_ptr<Heartbeater>> Start(zmq::context_t& context,
                                                     const std::vector<std::string>& ps_addresses,
-                                                    int rank, std::chrono::milliseconds interval);
+                                                    int rank, std::chrono::milliseconds interval,
+                                                    std::optional<CurveClientKeys> curve = {});
   ~Heartbeater();
   Heartbeater(const Heartbeater&) = delete;
   Heartbeater& operator=(const Heartbeater&) = delete;
@@ -43,6 +47,7 @@ class Heartbeater {
   void Loop(std::vector<std::string> addresses, int rank, std::chrono::milliseconds interval);
 
   zmq::context_t* context_ = nullptr;
+  std::optional<CurveClientKeys> curve_;
   std::thread thread_;
   std::atomic<bool> stop_{false};  // the thread checks it at least every 50 ms
   // Last answer per shard, as steady_clock ticks; written by the thread, read by anyone.

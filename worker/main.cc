@@ -296,6 +296,16 @@ int main(int argc, char** argv) {
   app.add_option("--model-file", model_file,
                  "--eval-only: the model file to evaluate, as parasync-export writes it "
                  "(docs/model-format.md); `--eval-only --model FILE` is accepted too");
+  std::string curve_key_file;
+  std::string curve_server_key_file;
+  app.add_option("--curve-key", curve_key_file,
+                 "CURVE: this worker's key pair file (parasync-keygen); its public key must be "
+                 "in the servers' --curve-allow")
+      ->group("Security");
+  app.add_option("--curve-server-key", curve_server_key_file,
+                 "CURVE: the servers' public key file (one key for all, or one per server in "
+                 "--ps-hosts order)")
+      ->group("Security");
   bool check = false;
   app.add_flag("--check", check,
                "Preflight: validate the flags, look for the data files, try binding the metrics "
@@ -357,6 +367,8 @@ int main(int argc, char** argv) {
     local_rank = *from_env;
   }
   const int rank = spec->task_index;
+  auto curve = LoadCurveClientKeys(curve_key_file, curve_server_key_file, spec->ps.size());
+  if (!curve.ok()) return Fail(curve.status().message(), kExitBadUsage);
   if (check) {
     std::vector<std::string> problems;
     const std::string who = "worker" + std::to_string(rank);
@@ -425,9 +437,10 @@ int main(int argc, char** argv) {
   client_options.ps_addresses = spec->ps;
   client_options.rank = rank;
   client_options.request_timeout = std::chrono::seconds(request_timeout_s);
+  client_options.curve = *curve;
   auto heartbeater = Heartbeater::Start(
       context, spec->ps, rank,
-      std::chrono::milliseconds(static_cast<int64_t>(heartbeat_interval_s * 1000)));
+      std::chrono::milliseconds(static_cast<int64_t>(heartbeat_interval_s * 1000)), *curve);
   if (!heartbeater.ok()) return Fail(heartbeater.status().message());
   // A blocked pull gives up when asked to stop, or when a server has stopped answering
   // heartbeats for longer than the request plus connect timeouts (it died: waiting would

@@ -14,7 +14,13 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(zmq::context_t& context,
   std::vector<std::unique_ptr<Socket>> sockets;
   SocketOptions socket_options;
   socket_options.send_timeout = options.request_timeout;
-  for (const std::string& address : options.ps_addresses) {
+  for (size_t shard = 0; shard < options.ps_addresses.size(); ++shard) {
+    const std::string& address = options.ps_addresses[shard];
+    if (options.curve) {
+      socket_options.curve_public_key = options.curve->own.public_key;
+      socket_options.curve_secret_key = options.curve->own.secret_key;
+      socket_options.curve_server_public_key = options.curve->ServerKey(shard);
+    }
     auto s = Socket::Connect(context, ToEndpoint(address), socket_options);
     if (!s.ok()) return s.status();
     sockets.push_back(std::move(s).value());

@@ -20,6 +20,7 @@
 
 #include <zmq.hpp>
 
+#include "common/curve.h"
 #include "common/model_spec.h"
 #include "common/slice_map.h"
 #include "common/status.h"
@@ -50,6 +51,8 @@ struct PsClientOptions {
   // applies each at most once). A restarted server gets it again at once.
   std::chrono::milliseconds resend_after{1000};
   std::chrono::milliseconds resend_max{10000};
+  // CURVE keys (common/curve.h); nullopt: plain text.
+  std::optional<CurveClientKeys> curve;
 };
 
 class PsClient {
