@@ -14,7 +14,9 @@ namespace parasync {
 
 std::string BindProblem(const std::string& host, int port) {
   addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
+  // As the server binds (common/transport.cc, ToBindEndpoint): a name's IPv4 address;
+  // only an IPv6 literal is checked as IPv6.
+  hints.ai_family = host.find(':') != std::string::npos ? AF_INET6 : AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;

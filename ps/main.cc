@@ -40,6 +40,9 @@ int main(int argc, char** argv) {
       "({\"cluster\":{\"ps\":[...],\"worker\":[...]},\"task\":{\"type\":\"ps\",\"index\":0}}); "
       "flags win."};
   app.option_defaults()->always_capture_default();
+  // A flag given twice takes its last value, so a launcher's per-rank argument overrides a
+  // shared one (parasync-launch --worker-arg ... --rank-arg R:...).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   ClusterFlags cluster;
   std::string mode = "async";
   std::string bind;
@@ -193,11 +196,18 @@ int main(int argc, char** argv) {
       }
     }
     if (!data_dir.empty()) {
+      // The store creates the whole path: its nearest existing ancestor must be a writable
+      // directory.
       std::error_code ec;
-      const auto parent = std::filesystem::absolute(data_dir, ec).parent_path();
-      if (!std::filesystem::exists(data_dir, ec) && !std::filesystem::is_directory(parent, ec)) {
+      auto existing = std::filesystem::absolute(data_dir, ec);
+      while (!std::filesystem::exists(existing, ec) && existing.has_parent_path() &&
+             existing != existing.parent_path()) {
+        existing = existing.parent_path();
+      }
+      if (!std::filesystem::is_directory(existing, ec) || access(existing.c_str(), W_OK) != 0) {
         problems.push_back("ps" + std::to_string(spec->task_index) + ": --data-dir " + data_dir +
-                           " cannot be created (no directory " + parent.string() + ")");
+                           " cannot be created (" + existing.string() +
+                           " is not a writable directory)");
       }
     }
     return ReportCheck(problems);

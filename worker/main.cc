@@ -180,6 +180,9 @@ int main(int argc, char** argv) {
       "Evaluate an exported model (parasync-export) without any cluster:\n"
       "  parasync-worker --eval-only --model-file model.psm [--data DIR]"};
   app.option_defaults()->always_capture_default();
+  // A flag given twice takes its last value, so a launcher's per-rank argument overrides a
+  // shared one (parasync-launch --worker-arg ... --rank-arg R:...).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   ClusterFlags cluster;
   std::string mode = "async";
   std::string data_dir = "/usr/share/datasets/fashion-mnist";

@@ -189,6 +189,10 @@ int main(int argc, char** argv) {
                  "Extra argument for every worker; repeatable")
       ->allow_extra_args(false)
       ->type_name("ARG");
+  app.add_option("--curve-dir", options.curve_dir,
+                 "Authenticate and encrypt every connection with CurveZMQ, keys in DIR "
+                 "(ps.key, worker<i>.key, export.key, allowed/; the missing ones are made)")
+      ->type_name("DIR");
   std::vector<std::string> rank_args;
   app.add_option("--rank-arg", rank_args,
                  "Extra argument for one worker, as RANK:ARG (e.g. 3:--slowdown=4); repeatable")
@@ -280,6 +284,12 @@ int main(int argc, char** argv) {
     const bool usage = status.code() == StatusCode::kInvalidArgument ||
                        status.code() == StatusCode::kNotFound;
     return parasync::PrintErrorLine(kProgram, status.message(), usage ? kExitUsage : kExitFailed);
+  }
+  if (!options.curve_dir.empty() && !dry_run) {
+    // Made before anything starts, so every process finds its key.
+    const parasync::Status keys =
+        parasync::launch::EnsureCurveKeys(options.curve_dir, options.num_workers);
+    if (!keys.ok()) return parasync::PrintErrorLine(kProgram, keys.message(), kExitFailed);
   }
   if (dry_run) {
     for (const auto& spec : (*launcher)->plan().processes) {

@@ -1,5 +1,6 @@
 #include "deploy/launch/launcher.h"
 
+#include "common/curve.h"
 #include "common/file_util.h"
 #include "common/metrics.h"
 #include "common/mode.h"
@@ -193,6 +194,24 @@ Status ValidateOptions(const LaunchOptions& options) {
                                    " workers");
   }
   const bool multi_host = !options.ps_placement.empty() || !options.worker_placement.empty();
+  if (multi_host) {
+    bool local = false, remote = false;
+    for (const auto* placement : {&options.ps_placement, &options.worker_placement}) {
+      for (const HostSlots& h : *placement) {
+        if (h.host.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                     "0123456789.-_") != std::string::npos ||
+            h.host.front() == '-' || h.host.find_first_not_of("0123456789") == std::string::npos) {
+          return Status::InvalidArgument("'" + h.host + "' is not a host name or IPv4 address");
+        }
+        (IsLocalHost(h.host) ? local : remote) = true;
+      }
+    }
+    if (local && remote) {
+      return Status::InvalidArgument(
+          "localhost cannot be mixed with other hosts (the others would reach themselves): name "
+          "this machine as the others see it");
+    }
+  }
   if (multi_host && (options.port_base < 1024 ||
                      options.port_base + kMetricsPortOffset + kMaxProcessesPerRole * 2 > 65535)) {
     return Status::InvalidArgument("--port-base must be between 1024 and " +
@@ -321,15 +340,41 @@ std::string ShellJoin(const std::vector<std::string>& argv) {
   return command;
 }
 
-std::string RemoteCommand(const std::vector<std::string>& argv) {
+std::string RemoteCommand(const std::vector<std::string>& argv, double grace_seconds) {
   const std::string command = ShellJoin(argv);
+  char grace[32];
+  std::snprintf(grace, sizeof(grace), "%.0f", std::ceil(std::max(0.0, grace_seconds)));
   // The process runs in the background with its own stdin; a watcher reads the connection's
   // stdin and sends SIGTERM when it closes (the launcher stopping it, or the connection
   // dying), so a remote process never outlives its launcher. Background jobs of a
   // non-interactive shell read /dev/null, hence the dance with descriptor 3.
+  // After the grace period a process that ignored SIGTERM gets SIGKILL there too.
   return "exec 3<&0; " + command +
-         " </dev/null & p=$!; (cat <&3 >/dev/null; kill -TERM $p 2>/dev/null) & w=$!; "
+         " </dev/null 3<&- & p=$!; (cat <&3 >/dev/null; kill -TERM $p 2>/dev/null; sleep " +
+         grace + "; kill -KILL $p 2>/dev/null) & w=$!; "
          "exec 3<&-; wait $p; s=$?; kill $w 2>/dev/null; exit $s";
+}
+
+Status EnsureCurveKeys(const std::string& dir, int num_workers) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir + "/allowed", ec);
+  if (ec) return Status::Unavailable("cannot create " + dir + "/allowed: " + ec.message());
+  std::vector<std::string> names = {"ps", "export"};
+  for (int i = 0; i < num_workers; ++i) names.push_back("worker" + std::to_string(i));
+  for (const std::string& name : names) {
+    const std::string base = dir + "/" + name;
+    if (!std::filesystem::exists(base + ".key")) {
+      PARASYNC_ASSIGN_OR_RETURN(CurveKeyPair pair, GenerateCurveKeyPair());
+      PARASYNC_RETURN_IF_ERROR(WriteKeyFiles(base, pair));
+    }
+    if (name == "ps") continue;
+    const std::string allowed = dir + "/allowed/" + name + ".pub";
+    if (!std::filesystem::exists(allowed)) {
+      std::filesystem::copy_file(base + ".pub", allowed, ec);
+      if (ec) return Status::Unavailable("cannot copy " + base + ".pub: " + ec.message());
+    }
+  }
+  return Status::Ok();
 }
 
 Result<std::string> ExecutableDir() {
@@ -461,11 +506,20 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
         if (rank == spec.index) argv.push_back(arg);
       }
     }
+    if (!options.curve_dir.empty()) {
+      const std::string& k = options.curve_dir;
+      if (is_ps) {
+        argv.insert(argv.end(), {"--curve-key", k + "/ps.key", "--curve-allow", k + "/allowed"});
+      } else {
+        argv.insert(argv.end(), {"--curve-key", k + "/worker" + std::to_string(spec.index) + ".key",
+                                 "--curve-server-key", k + "/ps.pub"});
+      }
+    }
     spec.spawn_argv = argv;
     if (spec.remote) {
       spec.spawn_argv = SplitWords(options.ssh_command);
       spec.spawn_argv.push_back(spec.host);
-      spec.spawn_argv.push_back(RemoteCommand(argv));
+      spec.spawn_argv.push_back(RemoteCommand(argv, options.grace_seconds));
     }
     plan.processes.push_back(std::move(spec));
   }
@@ -476,6 +530,11 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
     exporter.log_path = log_dir + "/export.log";
     exporter.argv = {bin_dir + "/" + std::string(kExportBinary), "--ps-hosts", ps_hosts, "--out",
                      options.export_path};
+    if (!options.curve_dir.empty()) {
+      exporter.argv.insert(exporter.argv.end(),
+                           {"--curve-key", options.curve_dir + "/export.key", "--curve-server-key",
+                            options.curve_dir + "/ps.pub"});
+    }
     plan.exporter = std::move(exporter);
   }
   return plan;
@@ -570,6 +629,10 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& given) {
     }
     options.export_path = path.string();
   }
+  if (!options.curve_dir.empty()) {
+    options.curve_dir = std::filesystem::absolute(options.curve_dir, ec).lexically_normal().string();
+    if (options.curve_dir.size() > 1 && options.curve_dir.back() == '/') options.curve_dir.pop_back();
+  }
   const std::string log_dir_text = options.log_dir.empty() ? DefaultLogDir() : options.log_dir;
   std::filesystem::path log_dir = std::filesystem::absolute(log_dir_text, ec);
   if (ec) return Status::InvalidArgument("--log-dir '" + log_dir_text + "': " + ec.message());
@@ -589,7 +652,8 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& given) {
     std::map<std::string, int> next;
     port_list.assign(static_cast<size_t>(port_count), 0);
     for (size_t i = 0; i < hosts.size(); ++i) {
-      const int k = next[hosts[i]]++;
+      // localhost and 127.0.0.1 are one machine: one port counter.
+      const int k = next[IsLocalHost(hosts[i]) ? std::string("localhost") : hosts[i]]++;
       port_list[i] = options.port_base + k;
       port_list[hosts.size() + i] = options.port_base + kMetricsPortOffset + k;
     }
@@ -611,6 +675,8 @@ Launcher::Launcher(LaunchOptions options, LaunchPlan plan, PortReservation ports
 }
 
 std::vector<std::string> Launcher::Preflight(double timeout_seconds) {
+  // The processes' --check binds their own ports: the launcher's reservation must not hold them.
+  ports_.Release();
   struct Probe {
     const ProcessSpec* spec;
     pid_t pid = -1;
@@ -621,7 +687,9 @@ std::vector<std::string> Launcher::Preflight(double timeout_seconds) {
   };
   std::vector<Probe> probes;
   std::vector<std::string> problems;
+  std::map<std::string, int> ssh_started;
   for (const Child& child : children_) {
+    if (child.spec.remote && ++ssh_started[child.spec.host] > 8) usleep(150000);
     std::vector<std::string> argv = child.spec.argv;
     argv.push_back("--check");
     std::vector<std::string> command = argv;
@@ -806,7 +874,11 @@ Status Launcher::Start() {
           std::to_string(options_.num_workers) + " workers, mode " + plan_.mode +
           ", logs in " + plan_.log_dir);
   ports_.Release();
+  std::map<std::string, int> ssh_started;
   for (Child& child : children_) {
+    // sshd refuses connections beyond ~10 unauthenticated at once (MaxStartups 10:30:100):
+    // past 8 to one host, leave each some time to authenticate.
+    if (child.spec.remote && ++ssh_started[child.spec.host] > 8) usleep(150000);
     Status status = SpawnOne(child);
     if (!status.ok()) {
       KillAllNow();
@@ -852,7 +924,9 @@ double Launcher::InjectFaults() {
       state.killed = true;
       state.killed_at = now;
       if (!child.running) {
-        Message("fault injection: " + child.spec.name + " had already exited; nothing to kill");
+        Message("fault injection: " + child.spec.name + " had already exited; nothing to kill"
+                + (f.restart_after ? " or restart" : ""));
+        state.restarted = true;  // it ended by itself: never start it again
         continue;
       }
       child.fault_killed = true;
@@ -923,6 +997,9 @@ Status Launcher::SpawnOne(Child& child) {
     signal(SIGPIPE, SIG_DFL);
     // Not left behind if the launcher itself is killed.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
+    // ssh dies of a terminal's Ctrl-C; only the launcher may get it, so that the remote
+    // process is stopped through its connection, workers first.
+    if (in_fds[0] >= 0) setpgid(0, 0);
     if (getppid() != parent) _exit(1);
     if (in_fds[0] >= 0) {
       dup2(in_fds[0], STDIN_FILENO);

@@ -69,7 +69,8 @@ bool IsLocalHost(std::string_view host);
 // The shell command that runs `argv` on a remote host under ssh: the process gets SIGTERM
 // when the launcher closes the connection's stdin (its way to stop a remote process), and
 // the command's exit status is the process's.
-std::string RemoteCommand(const std::vector<std::string>& argv);
+// The process gets SIGKILL `grace_seconds` after SIGTERM if it is still there.
+std::string RemoteCommand(const std::vector<std::string>& argv, double grace_seconds);
 
 // `argv` as one POSIX shell command line (words quoted where needed).
 std::string ShellJoin(const std::vector<std::string>& argv);
@@ -117,6 +118,11 @@ struct LaunchOptions {
   std::string ssh_command = "ssh -o BatchMode=yes -o ConnectTimeout=10";
   std::string remote_bin_dir;  // empty: bin_dir
   int port_base = 29500;
+  // CURVE (authentication + encryption): a directory of keys, DIR/ps.key (the servers'),
+  // DIR/worker<i>.key, DIR/export.key and DIR/allowed/ (the clients' public keys).
+  // Launcher::Create makes whatever is missing (parasync-keygen's format). Processes on
+  // other hosts read the same paths (a shared filesystem, or copies). Empty: plain text.
+  std::string curve_dir;
   // Processes to kill (and maybe restart) during the run. A killed process is not a
   // failure of the run; the chief (worker 0) cannot be killed, since its end ends the run.
   std::vector<Fault> faults;
@@ -186,6 +192,10 @@ Result<std::string> ExecutableDir();
 // when it is an IPv4 address, 127.0.0.1 for "localhost", else 0.0.0.0 (a host name: reachable
 // by whoever resolves it).
 std::string MetricsBindFor(const std::string& host);
+
+// Makes the CURVE keys of LaunchOptions::curve_dir that are missing for `num_workers`
+// workers: ps, worker<i>, export, and allowed/ with every client's public key.
+Status EnsureCurveKeys(const std::string& dir, int num_workers);
 
 // Returns "runs/<YYYYmmdd-HHMMSS>" for the current local time.
 std::string DefaultLogDir();

@@ -431,6 +431,63 @@ TEST(LaunchPlanTest, RankArgsGoToTheirWorkerOnlyAfterTheSharedOnes) {
   EXPECT_EQ(ValidateOptions(options).code(), StatusCode::kInvalidArgument);
 }
 
+TEST(LaunchPlanTest, CurveDirGivesEveryProcessItsKeys) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 2;
+  options.curve_dir = "/k";
+  options.export_path = "/out/model.psm";
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {5000, 6000, 6001, 7000, 7001, 7002});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_THAT(plan->processes[0].argv,
+              ::testing::IsSupersetOf({"--curve-key", "/k/ps.key", "--curve-allow", "/k/allowed"}));
+  EXPECT_THAT(plan->processes[2].argv, ::testing::IsSupersetOf({"/k/worker1.key", "/k/ps.pub"}));
+  EXPECT_THAT(plan->processes[2].argv, Not(::testing::Contains("/k/worker0.key")));
+  ASSERT_TRUE(plan->exporter.has_value());
+  EXPECT_THAT(plan->exporter->argv, ::testing::IsSupersetOf({"/k/export.key", "/k/ps.pub"}));
+}
+
+TEST(EnsureCurveKeysTest, MakesWhatIsMissingAndKeepsWhatExists) {
+  char tmpl[] = "/tmp/parasync-keys-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_TRUE(EnsureCurveKeys(dir, 2).ok());
+  for (const char* f : {"ps.key", "ps.pub", "worker0.key", "worker1.key", "export.key",
+                        "allowed/worker0.pub", "allowed/worker1.pub", "allowed/export.pub"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + f)) << f;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir + "/allowed/ps.pub")) << "the server is no client";
+  const std::string before = ReadFile(dir + "/worker0.key");
+  ASSERT_TRUE(EnsureCurveKeys(dir, 3).ok());
+  EXPECT_EQ(ReadFile(dir + "/worker0.key"), before) << "an existing key was replaced";
+  EXPECT_TRUE(std::filesystem::exists(dir + "/allowed/worker2.pub"));
+  EXPECT_EQ(std::filesystem::status(dir + "/ps.key").permissions() &
+                std::filesystem::perms::others_read,
+            std::filesystem::perms::none);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(LaunchPlanTest, HostPlacementRefusesBadHostsAndLocalhostBesideRemoteHosts) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 1;
+  options.ps_placement = {{"localhost", 1}};
+  options.worker_placement = {{"node2", 1}};
+  EXPECT_THAT(ValidateOptions(options).message(), HasSubstr("localhost cannot be mixed"));
+  for (const char* bad : {"-oProxyCommand=id", "user@node", "2", "a b"}) {
+    options.ps_placement = {{bad, 1}};
+    EXPECT_THAT(ValidateOptions(options).message(), HasSubstr("not a host name")) << bad;
+  }
+  options.ps_placement = {{"node1", 1}};
+  EXPECT_TRUE(ValidateOptions(options).ok());
+  EXPECT_FALSE(ParseHostSlots("node1:0", "-H").ok());
+  EXPECT_FALSE(ParseHostSlots("node1:x", "-H").ok());
+  auto slots = ParseHostSlots("a:2,b", "-H");
+  ASSERT_TRUE(slots.ok());
+  EXPECT_EQ((*slots)[1].count, 1);
+}
+
 TEST(ParseFaultTest, ReadsRoleIndexTimeAndOptionalRestart) {
   auto ps = ParseFault("ps:1@20");
   ASSERT_TRUE(ps.ok()) << ps.status().ToString();

@@ -114,6 +114,12 @@ TEST_F(PreflightTest, AllClearPassesAndNamesTheBuild) {
   EXPECT_THAT(out, HasSubstr("check passed: 3 processes on 2 host(s), all 0.1.0 protocol"));
 }
 
+TEST_F(PreflightTest, LocalClusterCheckPassesDespiteTheLaunchersOwnPortReservation) {
+  auto [code, out] = Launch({"--ps", "1", "--workers", "1", "--check"});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("check passed: 2 processes on 1 host(s)"));
+}
+
 TEST_F(PreflightTest, EachProblemIsOneLine) {
   const int base = FreePortBase();
   const int busy = Listen("127.0.0.2", base);
