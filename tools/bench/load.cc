@@ -28,6 +28,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -104,6 +105,7 @@ int main(int argc, char** argv) {
   std::string mode = "async";
   int64_t max_rss_mib = 0;
   std::string log_dir = "/tmp/parasync-load";
+  double pause_s = 0;
   app.add_option("--workers", workers, "Simulated workers (threads, one client each)")
       ->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--seconds", seconds, "How long they push")->check(CLI::Range(0.1, 86400.0))
@@ -119,7 +121,13 @@ int main(int argc, char** argv) {
                  "Fail when a started server's resident memory exceeds this (0: report only)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--log-dir", log_dir, "Where started servers log")->capture_default_str();
+  app.add_option("--pause-ps", pause_s,
+                 "Overload: freeze server 0 (SIGSTOP) for this many seconds a third of the way "
+                 "in; the workers must wait, not pile up requests, and lose nothing")
+      ->check(CLI::Range(0.0, 3600.0));
   CLI11_PARSE(app, argc, argv);
+  // Every simulated worker would log each resend: keep the summary readable.
+  spdlog::set_level(spdlog::level::err);
 
   // The servers: started here, or given.
   std::vector<std::string> addresses;
@@ -212,7 +220,24 @@ int main(int argc, char** argv) {
   go.store(true);
   std::vector<int64_t> peak_kib(pids.size(), 0);
   int64_t last_report = 0;
+  const double pause_at = seconds / 3;
+  bool paused = false, resumed = pause_s <= 0 || pids.empty();
+  int64_t acked_at_pause = 0, acked_during_pause = 0;
   while (Clock::now() < deadline) {
+    const double now = std::chrono::duration<double>(Clock::now() - start).count();
+    if (!resumed && !paused && now >= pause_at) {
+      kill(pids[0], SIGSTOP);
+      paused = true;
+      acked_at_pause = tally.acked.load();
+      std::fprintf(stderr, "%s: %.0f s: server 0 frozen for %.0f s\n", kProgram, now, pause_s);
+    }
+    if (paused && !resumed && now >= pause_at + pause_s) {
+      acked_during_pause = tally.acked.load() - acked_at_pause;
+      kill(pids[0], SIGCONT);
+      resumed = true;
+      std::fprintf(stderr, "%s: %.0f s: server 0 resumed; %lld pushes were acknowledged while "
+                   "it was frozen\n", kProgram, now, static_cast<long long>(acked_during_pause));
+    }
     for (size_t i = 0; i < pids.size(); ++i) peak_kib[i] = std::max(peak_kib[i], RssKib(pids[i]));
     const auto elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     if (static_cast<int64_t>(elapsed / 10) > last_report) {
@@ -222,6 +247,7 @@ int main(int argc, char** argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  if (paused && !resumed) kill(pids[0], SIGCONT);
   for (auto& t : threads) t.join();
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
 
@@ -271,6 +297,13 @@ int main(int argc, char** argv) {
     std::printf("shard %zu: peak resident memory %lld MiB%s\n", i, static_cast<long long>(mib),
                 max_rss_mib == 0 ? "" : (within ? " (within the bound)" : " (OVER the bound)"));
     if (!within) rc = 1;
+  }
+  if (paused) {
+    // A push reaches every shard: with one frozen, none can complete; the workers waited.
+    std::printf("server 0 frozen %.0f s: %lld pushes acknowledged meanwhile (at most one in "
+                "flight per worker: the workers waited instead of queueing)\n", pause_s,
+                static_cast<long long>(acked_during_pause));
+    if (acked_during_pause > static_cast<int64_t>(workers)) rc = 1;
   }
   if (errors > 0 || failed_setup.load() > 0) rc = 1;
   std::printf("%s\n", rc == 0 ? "books balance" : "FAILED");
