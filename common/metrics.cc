@@ -15,7 +15,13 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   if (port < 0 || port > 65535) return Status::InvalidArgument("metrics port out of range");
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   try {
-    server->exposer_ = std::make_unique<prometheus::Exposer>(bind + ":" + std::to_string(port));
+    // civetweb's defaults (2 threads, 30 s read timeout) let two idle connections starve
+    // every scrape for 30 s. More threads and a short read timeout bound what idle or slow
+    // clients can hold; requests over 16 KiB (civetweb's max_request_size) get 400.
+    server->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", bind + ":" + std::to_string(port), "num_threads",
+        std::to_string(kMetricsThreads), "request_timeout_ms",
+        std::to_string(kMetricsReadTimeoutMs)});
     server->exposer_->RegisterCollectable(registry);
     auto ports = server->exposer_->GetListeningPorts();
     if (ports.empty()) return Status::Unavailable("metrics server is not listening");

@@ -16,6 +16,12 @@ class Exposer;
 
 namespace parasync {
 
+// The metrics HTTP server's worker threads and its read timeout: idle or slow clients can
+// hold a thread for at most this long, and only as many as there are threads.
+inline constexpr int kMetricsThreads = 8;
+inline constexpr int kMetricsReadTimeoutMs = 2000;
+
+
 // An HTTP server for /metrics. Serves from its own threads until destroyed.
 class MetricsServer {
  public:

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <zmq.hpp>
 
@@ -267,6 +268,62 @@ TEST_F(SecurityTest, PayloadsAreNotPlainTextOnTheWireUnderCurve) {
           << "control: a plain push must show the pattern, or this check proves nothing";
     }
   }
+}
+
+// Sends `request` to 127.0.0.1:port and returns the first line of the answer ("" if none
+// within `timeout`).
+std::string RawHttp(int port, const std::string& request, std::chrono::milliseconds timeout) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string reply;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    for (size_t done = 0; done < request.size();) {
+      const ssize_t n = send(fd, request.data() + done, request.size() - done, MSG_NOSIGNAL);
+      if (n <= 0) break;  // the server may close before reading it all
+      done += static_cast<size_t>(n);
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(timeout.count())) > 0) {
+      char buf[256];
+      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n > 0) reply.assign(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return reply.substr(0, reply.find("\r\n"));
+}
+
+TEST_F(SecurityTest, MetricsPortAnswersHostileRequestsAndIdleClientsCannotStarveIt) {
+  auto [port, metrics] = StartPs(/*curve=*/false);
+  ASSERT_TRUE(testing::WaitFor([&] { return Metric(metrics, "parasync_ps_registered{role=\"ps\",shard=\"0\"}") == 0; }, 10s));
+  EXPECT_THAT(RawHttp(metrics, "GET /nope HTTP/1.0\r\n\r\n", 3000ms), ::testing::HasSubstr(" 404 "));
+  const std::string huge = "GET /metrics HTTP/1.1\r\nX: " + std::string(1 << 20, 'a') + "\r\n\r\n";
+  EXPECT_THAT(RawHttp(metrics, huge, 3000ms), ::testing::HasSubstr(" 400 "));
+  std::string garbage;
+  for (int i = 0; i < 2560; ++i) garbage.push_back(static_cast<char>(i % 256));
+  EXPECT_THAT(RawHttp(metrics, garbage, 3000ms), ::testing::HasSubstr(" 400 "));
+  // Idle connections that never send a request hold a server thread each until the read
+  // timeout; fewer of them than threads must not delay a scrape at all.
+  std::vector<int> idle;
+  for (int i = 0; i < 6; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(metrics));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    idle.push_back(fd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THAT(RawHttp(metrics, "GET /metrics HTTP/1.0\r\n\r\n", 1500ms), ::testing::HasSubstr(" 200 "))
+      << "six idle connections starved the metrics server";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
+  for (int fd : idle) close(fd);
+  // Still alive and well after all that.
+  EXPECT_THAT(RawHttp(metrics, "GET /metrics HTTP/1.0\r\n\r\n", 3000ms), ::testing::HasSubstr(" 200 "));
 }
 
 }  // namespace
