@@ -4,7 +4,9 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstring>
 
 namespace parasync {
 
@@ -112,14 +114,68 @@ Result<std::unique_ptr<Socket>> Socket::Connect(zmq::context_t& context,
   try {
     zmq::socket_t s(context, zmq::socket_type::dealer);
     ApplyOptions(s, options);
+    // A CURVE client watches its handshakes, so that a refused key is an error at once
+    // rather than a server that never answers (set up before connecting: no event missed).
+    std::unique_ptr<zmq::socket_t> monitor;
+    if (!options.curve_server_public_key.empty()) {
+      static std::atomic<uint64_t> next_monitor{0};
+      const std::string monitor_endpoint =
+          "inproc://parasync-handshake-" + std::to_string(next_monitor++);
+      if (zmq_socket_monitor(s.handle(), monitor_endpoint.c_str(),
+                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                 ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0) {
+        monitor = std::make_unique<zmq::socket_t>(context, zmq::socket_type::pair);
+        monitor->set(zmq::sockopt::linger, 0);
+        monitor->connect(monitor_endpoint);
+      }
+    }
     s.connect(endpoint);
     std::unique_ptr<Socket> socket(new Socket(std::move(s)));
+    socket->monitor_ = std::move(monitor);
     socket->kind_ = Kind::kClient;
     socket->max_frames_ = options.max_frames;
     return socket;
   } catch (const zmq::error_t& e) {
     return FromZmq(e, "cannot connect to " + endpoint);
   }
+}
+
+std::optional<std::string> Socket::HandshakeFailure() {
+  while (monitor_ && !handshake_failure_) {
+    zmq::message_t event;
+    zmq::message_t address;
+    try {
+      if (!monitor_->recv(event, zmq::recv_flags::dontwait)) break;
+      if (event.more()) (void)monitor_->recv(address, zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t&) {
+      break;
+    }
+    if (event.size() < 6) continue;
+    uint16_t id = 0;
+    uint32_t value = 0;
+    std::memcpy(&id, event.data(), sizeof(id));
+    std::memcpy(&value, static_cast<const char*>(event.data()) + 2, sizeof(value));
+    if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      failed_handshakes_ = 0;
+    } else if (id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+      // The server's answer: final.
+      handshake_failure_ = "the server refused this client's CURVE key (status " +
+                           std::to_string(value) +
+                           "): its public key is not in the server's --curve-allow";
+    } else if (++failed_handshakes_ >= kFailedHandshakesBeforeGivingUp) {
+      // One failure can be a connection cut mid-handshake (a server restarting); keys that
+      // do not match fail every reconnect (every ~100 ms).
+      handshake_failure_ = "the CURVE handshake failed " + std::to_string(failed_handshakes_) +
+                           " times in a row (" +
+                           std::string(id == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                           ? "protocol error"
+                                           : "no detail") +
+                           "): check that --curve-server-key is this server's public key and "
+                           "that this client's key pair is whole";
+    }
+  }
+  return handshake_failure_;
 }
 
 Status Socket::Send(zmq::message_t* identity, const Header& header,

@@ -73,11 +73,21 @@ class Socket {
   // The bound endpoint with the actual port (useful after binding port 0).
   std::string LastEndpoint() const;
 
+  // A CURVE client whose handshake the server refused (its allow-list does not hold this
+  // client's key: at once), or that failed 10 times in a row without a success between (the
+  // keys do not match; a single failure may be a server restarting): why; nullopt otherwise,
+  // and always for sockets without CURVE. Never blocks.
+  std::optional<std::string> HandshakeFailure();
+
   zmq::socket_t& raw() { return socket_; }
 
  private:
   explicit Socket(zmq::socket_t socket) : socket_(std::move(socket)) {}
   zmq::socket_t socket_;
+  std::unique_ptr<zmq::socket_t> monitor_;  // CURVE client: handshake events of socket_
+  std::optional<std::string> handshake_failure_;
+  int failed_handshakes_ = 0;  // in a row, without the server's verdict
+  static constexpr int kFailedHandshakesBeforeGivingUp = 10;
   Kind kind_ = Kind::kClient;
   size_t max_frames_ = 1 << 16;
 };

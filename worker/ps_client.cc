@@ -125,6 +125,10 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
     waiting_index.clear();
     for (size_t i = 0; i < n; ++i) {
       if (!replies[i]) {
+        // A refused CURVE key never gets an answer: say so now instead of waiting it out.
+        if (auto refused = sockets_[static_cast<size_t>(shards[i])]->HandshakeFailure()) {
+          return Status::Unavailable(who(i) + ": " + *refused);
+        }
         waiting.push_back(sockets_[static_cast<size_t>(shards[i])].get());
         waiting_index.push_back(i);
       }

@@ -357,7 +357,10 @@ std::string RemoteCommand(const std::vector<std::string>& argv, double grace_sec
 
 Status EnsureCurveKeys(const std::string& dir, int num_workers) {
   std::error_code ec;
-  std::filesystem::create_directories(dir + "/allowed", ec);
+  // `allowed` may also be a file of keys (parasync-entrypoint keys writes one): then the
+  // missing clients' public keys are appended to it.
+  const bool allowed_file = std::filesystem::is_regular_file(dir + "/allowed", ec);
+  if (!allowed_file) std::filesystem::create_directories(dir + "/allowed", ec);
   if (ec) return Status::Unavailable("cannot create " + dir + "/allowed: " + ec.message());
   std::vector<std::string> names = {"ps", "export"};
   for (int i = 0; i < num_workers; ++i) names.push_back("worker" + std::to_string(i));
@@ -368,6 +371,14 @@ Status EnsureCurveKeys(const std::string& dir, int num_workers) {
       PARASYNC_RETURN_IF_ERROR(WriteKeyFiles(base, pair));
     }
     if (name == "ps") continue;
+    if (allowed_file) {
+      PARASYNC_ASSIGN_OR_RETURN(std::vector<std::string> listed, ReadPublicKeys(dir + "/allowed"));
+      PARASYNC_ASSIGN_OR_RETURN(CurveKeyPair pair, ReadKeyPairFile(base + ".key"));
+      if (std::find(listed.begin(), listed.end(), pair.public_key) == listed.end()) {
+        std::ofstream(dir + "/allowed", std::ios::app) << "public-key = " << pair.public_key << "\n";
+      }
+      continue;
+    }
     const std::string allowed = dir + "/allowed/" + name + ".pub";
     if (!std::filesystem::exists(allowed)) {
       std::filesystem::copy_file(base + ".pub", allowed, ec);

@@ -212,14 +212,24 @@ TEST_F(SecurityTest, OnlyAllowedKeysGetInAndUnknownOnesAreCounted) {
   struct Attempt {
     const char* who;
     std::optional<CurveClientKeys> keys;
+    const char* error;  // what the client is told; nullptr: nothing, it times out
   };
-  for (Attempt a : {Attempt{"unknown key", Keys("intruder", "intruder")},
-                    Attempt{"allowed public key with the wrong secret", Keys("worker0", "intruder")},
-                    Attempt{"no CURVE", std::nullopt}}) {
+  for (Attempt a : {Attempt{"unknown key", Keys("intruder", "intruder"),
+                            "the server refused this client's CURVE key"},
+                    Attempt{"allowed public key with the wrong secret", Keys("worker0", "intruder"),
+                            "the CURVE handshake failed"},
+                    Attempt{"no CURVE", std::nullopt, nullptr}}) {
     auto client = Client(port, a.keys, 2s);
     ASSERT_NE(client, nullptr);
+    const auto t0 = std::chrono::steady_clock::now();
     Status registered = client->Register(reg, 3s);
     EXPECT_FALSE(registered.ok()) << a.who << " registered";
+    if (a.error != nullptr) {
+      // A refused key is reported at once, not waited out.
+      EXPECT_NE(registered.message().find(a.error), std::string::npos)
+          << a.who << ": " << registered.ToString();
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << a.who;
+    }
     EXPECT_FALSE(client->Stats().ok()) << a.who << " read the stats";
   }
   ASSERT_TRUE(testing::WaitFor(
