@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # Checks the deployment files under deploy/ offline (no Docker daemon, no cluster):
 #   k8s      every Kubernetes object of each kustomization's output (kubectl kustomize) against
-#            the Kubernetes schemas, unknown fields, and consistency between the objects;
-#            the entrypoint's dry run on the ConfigMap's settings
+#            the Kubernetes schemas, unknown fields, and consistency between the objects
+#            (CURVE keys from a read-only Secret mount holding the right files, for every
+#            server and worker); the entrypoint's dry run with each server's and worker's
+#            environment and Secret files
 #   compose  compose files against the Compose Specification schema, references between
-#            services, volumes and files; dclint's error rules; the compose Prometheus
-#            layout (project config + targets file) with promtool
+#            services, volumes and files, CURVE keys (read-only from the volume the keys
+#            service fills, waited for); dclint's error rules; the compose Prometheus
+#            layout (project config + targets file) with promtool; the keys service's
+#            `parasync-entrypoint keys` run twice (the second run changes nothing) and every
+#            server's and worker's entrypoint dry run on what it made
 #   systemd  systemd-analyze verify (any message fails) and an exposure threshold of
 #            systemd-analyze security, on copies of the units whose ExecStart and
-#            EnvironmentFile point into this checkout
-#   shell    shellcheck on every shell script under deploy/ (and this one)
+#            EnvironmentFile point into this checkout; the entrypoint's dry run with each
+#            unit's Environment=, the example environment file and its LoadCredential= files
+#   slurm    deploy/slurm/parasync.sbatch run as a whole with stand-ins for srun, scontrol
+#            and the binaries (stubs/): a fresh key directory (0700) and every task's command
+#   shell    shellcheck on every shell script under deploy/ (and this one, and stubs/)
+# Every entrypoint run above must start each server with --curve-key and --curve-allow and
+# each worker with --curve-key and --curve-server-key (CURVE on by default everywhere).
 #   docker   COPY/ADD sources, stages, the ignore file and drift against
 #            tools/install-deps.sh; every apt package exists in Debian (apt-cache); with
 #            BIN_DIR, the runtime stage installs the package of every library the binaries
@@ -40,6 +50,7 @@ fi
 status=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+entrypoint=$src_dir/deploy/docker/parasync-entrypoint.sh
 section() { echo "== $*"; }
 skip() { echo "  SKIP $*"; }
 # step DESCRIPTION COMMAND...: runs it, prints its output, records a failure.
@@ -80,21 +91,99 @@ else
     node "$here/validate-k8s.mjs" --consistency "${base_files[@]}"
 fi
 
-# The ConfigMap's settings through parasync-entrypoint, as a StatefulSet pod and an Indexed
-# Job pod would run it: they must make a cluster spec and a command (a dry run).
-entrypoint_dry_run() {
-  local env_file=$tmp/configmap.env
-  node "$here/helpers.mjs" configmap-env "$k8s/base/configmap.yaml" parasync-config \
-    >"$env_file" || return 1
-  local -a env=()
-  mapfile -t env <"$env_file"
-  (cd "$here" && env -i PATH="$PATH" PARASYNC_DRY_RUN=1 HOSTNAME=parasync-ps-1 "${env[@]}" \
-    PARASYNC_DATA_DIR=/var/lib/parasync/data/shard \
-    "$src_dir/deploy/docker/parasync-entrypoint.sh" ps) || return 1
-  (cd "$here" && env -i PATH="$PATH" PARASYNC_DRY_RUN=1 HOSTNAME=parasync-worker-1 \
-    JOB_COMPLETION_INDEX=1 "${env[@]}" "$src_dir/deploy/docker/parasync-entrypoint.sh" worker)
+# Stand-in binaries for the entrypoint runs below: parasync-ps, -worker and -export print
+# their arguments; parasync-keygen is the real one when BIN_DIR has it.
+fake_bin=$tmp/fake-bin
+mkdir -p "$fake_bin"
+for b in parasync-ps parasync-worker parasync-export parasync-keygen; do
+  ln -s "$here/stubs/fake-parasync" "$fake_bin/$b"
+done
+if [[ -n $bin_dir && -x $bin_dir/parasync-keygen ]]; then
+  ln -sf "$(cd "$bin_dir" && pwd -P)/parasync-keygen" "$fake_bin/parasync-keygen"
+fi
+
+# curve_ok ROLE FILE: FILE holds parasync-entrypoint's output for ROLE (ps or worker); its
+# command must carry ROLE's CURVE flags, and CURVE must not have been turned off.
+curve_ok() {
+  local role=$1 out=$2 line flag bad=0
+  local -a want=(--curve-key --curve-allow)
+  [[ $role == ps ]] || want=(--curve-key --curve-server-key)
+  line=$(grep -E "^parasync-entrypoint: exec [^ ]*parasync-$role( |$)" "$out" | tail -n1)
+  if [[ -z $line ]]; then
+    echo "  FAIL no parasync-$role command in the entrypoint's output"
+    return 1
+  fi
+  if grep -q 'CURVE off' "$out"; then
+    echo "  FAIL parasync-$role runs with CURVE off"
+    bad=1
+  fi
+  for flag in "${want[@]}"; do
+    if [[ " $line " != *" $flag="* && " $line " != *" $flag "* ]]; then
+      echo "  FAIL parasync-$role without $flag: ${line#parasync-entrypoint: exec }"
+      bad=1
+    fi
+  done
+  return "$bad"
 }
-step "parasync-entrypoint dry run with the ConfigMap (ps 1, worker 1)" entrypoint_dry_run
+
+# entrypoint_run ROLE OUT ENV...: runs the entrypoint's dry run for ROLE with only ENV (and
+# PATH), its output in OUT and printed; then curve_ok.
+entrypoint_run() {
+  local role=$1 out=$2
+  shift 2
+  (cd "$tmp" && env -i PATH="$PATH" PARASYNC_DRY_RUN=1 "$@" "$entrypoint" "$role") >"$out" 2>&1
+  local rc=$?
+  sed 's/^/  /' "$out"
+  ((rc == 0)) || return 1
+  curve_ok "$role" "$out"
+}
+
+# Each server and worker pod as Kubernetes would start it: the ConfigMap and env of its
+# container, its Secret volumes' items as (empty) files; the entrypoint must find its keys.
+pod_dry_run() {
+  local docs=("$@") root env_file
+  local -a env=()
+  root=$tmp/pod-ps
+  env_file=$tmp/pod-ps.env
+  node "$here/helpers.mjs" pod-env "$root" StatefulSet/parasync-ps ps "${docs[@]}" >"$env_file" ||
+    return 1
+  mapfile -t env <"$env_file"
+  entrypoint_run ps "$tmp/pod-ps.out" HOSTNAME=parasync-ps-1 "${env[@]}" || return 1
+  root=$tmp/pod-worker
+  env_file=$tmp/pod-worker.env
+  node "$here/helpers.mjs" pod-env "$root" Job/parasync-worker worker "${docs[@]}" >"$env_file" ||
+    return 1
+  mapfile -t env <"$env_file"
+  entrypoint_run worker "$tmp/pod-worker.out" HOSTNAME=parasync-worker-1-x7k2p \
+    JOB_COMPLETION_INDEX=1 "${env[@]}"
+}
+if command -v kubectl >/dev/null 2>&1; then
+  # The Secret made as deploy/k8s/base/kustomization.yaml says (kubectl's client-side dry
+  # run), checked with the base: every key the pods' Secret volumes name must be in it.
+  secret_check() {
+    local dir=$tmp/secret
+    mkdir -p "$dir"
+    (
+      cd "$dir" || exit 1
+      "$fake_bin/parasync-keygen" --dir keys ps worker export >/dev/null &&
+        cat keys/worker.pub keys/export.pub >keys/allowed &&
+        kubectl -n parasync create secret generic parasync-curve --from-file=keys/ps.key \
+          --from-file=keys/ps.pub --from-file=keys/allowed --from-file=keys/worker.key \
+          --from-file=keys/export.key --dry-run=client -o yaml >secret.yaml
+    ) || return 1
+    node "$here/validate-k8s.mjs" --consistency "$tmp/base.yaml" "$dir/secret.yaml"
+  }
+  step "the Secret parasync-curve as kustomization.yaml makes it, with deploy/k8s/base" secret_check
+  for rendered in "$tmp"/base.yaml "$tmp"/gpu.yaml; do
+    [[ -s $rendered ]] || continue
+    rm -rf "$tmp/pod-ps" "$tmp/pod-worker"
+    step "parasync-entrypoint dry run of ps 1 and worker 1 as $(basename "$rendered" .yaml) starts them" \
+      pod_dry_run "$rendered"
+  done
+else
+  step "parasync-entrypoint dry run of ps 1 and worker 1 as deploy/k8s/base starts them" \
+    pod_dry_run "${base_files[@]}"
+fi
 
 # ---- docker compose -------------------------------------------------------------------------
 section "docker compose"
@@ -106,6 +195,40 @@ step "validate-compose.mjs $(names "${compose_files[@]}")" \
 # dclint's error-level rules only (--quiet); its warnings are style (key order and such).
 step "dclint --quiet (error rules)" \
   "$here/node_modules/.bin/dclint" --quiet --color=false "${compose_files[@]}"
+# The services as compose starts them, named volumes as directories under $tmp/compose:
+# the keys service twice (the second run must change nothing), then every server and worker.
+compose_dry_run() {
+  local root=$tmp/compose name role bad=0 env_file
+  local -a env=() services=()
+  mapfile -t services < <(node "$here/helpers.mjs" compose-services "${compose_files[@]}")
+  for role in keys ps worker; do
+    for name in "${services[@]}"; do
+      [[ ${name#* } == "$role" ]] || continue
+      name=${name%% *}
+      env_file=$tmp/compose-$name.env
+      node "$here/helpers.mjs" compose-env "$root" "$name" "${compose_files[@]}" >"$env_file" || return 1
+      mapfile -t env <"$env_file"
+      echo "  [$name]"
+      if [[ $role == keys ]]; then
+        local run
+        for run in 1 2; do
+          (cd "$tmp" && env -i PATH="$PATH" PARASYNC_BIN_DIR="$fake_bin" "${env[@]}" \
+            "$entrypoint" keys) >"$tmp/compose-$name.$run" 2>&1 || { cat "$tmp/compose-$name.$run"; return 1; }
+          sed 's/^/  /' "$tmp/compose-$name.$run"
+        done
+        if ! grep -q 'none made' "$tmp/compose-$name.2" || ! grep -q 'up to date' "$tmp/compose-$name.2"; then
+          echo "  FAIL service $name: its second run changed the keys"
+          bad=1
+        fi
+      else
+        entrypoint_run "$role" "$tmp/compose-$name.out" HOSTNAME="$name" "${env[@]}" || bad=1
+      fi
+    done
+  done
+  return "$bad"
+}
+step "keys service twice, then parasync-entrypoint dry run of every server and worker service" \
+  compose_dry_run
 if command -v promtool >/dev/null 2>&1; then
   # compose.yaml mounts the project's prometheus.yml and alert rules unchanged, and its
   # targets file into targets/: check that arrangement (promtool reads the targets too).
@@ -173,7 +296,85 @@ else
     step "systemd-analyze security --offline=yes --threshold=30 $(basename "$instance")" \
       exposure "$instance"
   done
+  # Each unit's entrypoint as instance 0 under systemd: its Environment= (%i, %S, %L and %d,
+  # the credentials directory, resolved), then the example environment file (which wins),
+  # and one (empty) file per LoadCredential= in the credentials directory.
+  unit_dry_run() {
+    local unit=$1 name role creds line key
+    local -a env=()
+    name=$(basename "$unit" .service)
+    role=$(sed -n 's/^ExecStart=.*parasync-entrypoint \([a-z]*\).*/\1/p' "$unit")
+    [[ -n $role ]] || { echo "  FAIL $name: ExecStart runs no parasync-entrypoint ROLE"; return 1; }
+    creds=$tmp/credentials/$name
+    mkdir -p "$creds"
+    while IFS= read -r line; do
+      case $line in
+        LoadCredential=*)
+          key=${line#LoadCredential=}
+          : >"$creds/${key%%:*}"
+          ;;
+        Environment=*)
+          line=${line#Environment=}
+          line=${line//%i/0}
+          line=${line//%S//var/lib}
+          line=${line//%L//var/log}
+          env+=("${line//%d/$creds}")
+          ;;
+      esac
+    done <"$unit"
+    while IFS= read -r line; do
+      [[ $line =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] && env+=("$line")
+    done <"$src_dir/deploy/systemd/parasync.env.example"
+    entrypoint_run "$role" "$tmp/$name.out" "${env[@]}"
+  }
+  for unit in "${units[@]}"; do
+    name=$(basename "$unit" .service)
+    step "parasync-entrypoint dry run of ${name%@}@0 with its credentials" \
+      unit_dry_run "$unit"
+  done
 fi
+
+# ---- Slurm ------------------------------------------------------------------------------------
+section "Slurm"
+sbatch_script=$src_dir/deploy/slurm/parasync.sbatch
+# The whole batch script on 2 nodes with 3 tasks, srun and scontrol from stubs/, the binaries
+# from $fake_bin: the keys must be made fresh in a 0700 directory of the run directory before
+# the servers start, and every task must get its own key.
+slurm_run() {
+  local run_dir=$tmp/slurm-run out=$tmp/slurm.out bad=0 i mode
+  mkdir -p "$run_dir/keys" && : >"$run_dir/keys/stale.key"
+  (cd "$tmp" && env -i PATH="$here/stubs:$PATH" HOME="$tmp" SLURM_JOB_ID=7 \
+    SLURM_JOB_NODELIST=node-a,node-b SLURM_NTASKS=3 SLURM_SUBMIT_DIR="$tmp" \
+    PARASYNC_BIN_DIR="$fake_bin" PARASYNC_ENTRYPOINT="$entrypoint" PARASYNC_RUN_DIR="$run_dir" \
+    bash "$sbatch_script") >"$out" 2>&1
+  local rc=$?
+  sed 's/^/  /' "$out"
+  ((rc == 0)) || { echo "  FAIL parasync.sbatch exited with $rc"; return 1; }
+  mode=$(stat -c %a "$run_dir/keys")
+  [[ $mode == 700 ]] || { echo "  FAIL $run_dir/keys has mode $mode, not 700"; bad=1; }
+  [[ ! -e $run_dir/keys/stale.key ]] || { echo "  FAIL the keys of an earlier run were kept"; bad=1; }
+  # A server per node (2), a worker per task (3), each with its flags.
+  local -a lines
+  mapfile -t lines < <(grep -E '^parasync-entrypoint: exec ' "$out")
+  for role in ps worker; do
+    local count=0 line
+    for line in "${lines[@]}"; do
+      [[ $line == *"/parasync-$role "* ]] || continue
+      count=$((count + 1))
+      printf '%s\n' "$line" >"$tmp/slurm-line"
+      curve_ok "$role" "$tmp/slurm-line" || bad=1
+    done
+    local expected=2
+    [[ $role == ps ]] || expected=3
+    ((count == expected)) || { echo "  FAIL $count parasync-$role command(s), not $expected"; bad=1; }
+  done
+  for i in 0 1 2; do
+    grep -q -- "--curve-key=$run_dir/keys/worker$i.key" "$out" ||
+      { echo "  FAIL worker $i was not given its own key worker$i.key"; bad=1; }
+  done
+  return "$bad"
+}
+step "parasync.sbatch with stand-ins for srun, scontrol and the binaries" slurm_run
 
 # ---- shell scripts -------------------------------------------------------------------------------
 section "shell scripts"
@@ -184,7 +385,7 @@ if command -v shellcheck >/dev/null 2>&1; then
       scripts+=("$f")
     fi
   done < <(find "$src_dir/deploy" -type f -print0 | sort -z)
-  scripts+=("$here/check.sh")
+  scripts+=("$here/check.sh" "$here"/stubs/*)
   step "shellcheck $(names "${scripts[@]}")" \
     shellcheck "${scripts[@]}"
 else
@@ -230,7 +431,7 @@ else
   runtime_libraries() {
     local base="libc6 libgcc-s1 libstdc++6" data="dataset-fashion-mnist" bad=0 b lib path pkg
     local -A needed=()
-    for b in parasync-ps parasync-worker parasync-export parasync-launch; do
+    for b in parasync-ps parasync-worker parasync-export parasync-launch parasync-keygen; do
       [[ -x $bin_dir/$b ]] || { echo "  FAIL $bin_dir/$b not found"; bad=1; continue; }
       for lib in $(readelf -d "$bin_dir/$b" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
         path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64|x86_64/ { print $NF; exit }')
@@ -256,7 +457,7 @@ else
         bad=1
       fi
     done
-    echo "  ${#needed[@]} package(s) provide the libraries of $(rel "$bin_dir")/parasync-{ps,worker,export,launch}"
+    echo "  ${#needed[@]} package(s) provide the libraries of $(rel "$bin_dir")/parasync-{ps,worker,export,launch,keygen}"
     return "$bad"
   }
   step "runtime-base packages = packages of the binaries' NEEDED libraries" runtime_libraries

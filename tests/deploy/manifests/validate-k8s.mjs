@@ -9,7 +9,14 @@
 //     validator looks at: a field of a validated object that it never reads is unknown.
 //   - with --consistency, the documents agree with each other: selectors match pod
 //     labels, volume mounts and probe ports name things that exist, referenced ConfigMaps
-//     and a StatefulSet's Service are among the documents.
+//     and a StatefulSet's Service are among the documents; and CURVE is on: every container
+//     that runs parasync-entrypoint ps|worker (or parasync-ps|-worker) gets its keys, from
+//     flags or from PARASYNC_KEYS_DIR / PARASYNC_CURVE_* (its env or a ConfigMap of the
+//     documents), under a read-only mount of a Secret volume that lists its files (items):
+//     ps.key and allowed for a server, a worker key and ps.pub (never ps.key) for a
+//     worker; and nothing sets PARASYNC_INSECURE. A Secret volume's items name keys of
+//     the Secret when the Secret is among the documents (e.g. from `kubectl create secret
+//     ... --dry-run=client -o yaml`; the manifests themselves hold none).
 // Usage: node validate-k8s.mjs [--consistency] FILE...   ('-' reads standard input)
 // Prints one line per problem and exits 1 if there is any, 0 otherwise.
 import { readFileSync } from "node:fs";
@@ -105,10 +112,138 @@ function selects(selector, labels) {
   return Object.entries(selector ?? {}).every(([k, v]) => labels?.[k] === v);
 }
 
+// ---- CURVE: keys for every parameter server and worker ----------------------------------
+
+const TRUE_WORDS = new Set(["1", "true", "yes"]);
+
+// The role a container runs: "ps" or "worker" (parasync-entrypoint's first argument, or the
+// binary itself), or null for anything else (the entrypoint's export, keys, healthcheck...).
+function parasyncRole(c) {
+  const words = [...(c.command ?? []), ...(c.args ?? [])].map(String);
+  for (const [i, w] of words.entries()) {
+    const base = w.split("/").pop();
+    if (base === "parasync-ps") return "ps";
+    if (base === "parasync-worker") return "worker";
+    if (/^parasync-entrypoint(\.sh)?$/.test(base) && ["ps", "worker"].includes(words[i + 1])) {
+      return words[i + 1];
+    }
+  }
+  // The image's ENTRYPOINT is parasync-entrypoint: args alone name the role.
+  if (!c.command && ["ps", "worker"].includes(String(c.args?.[0]))) return c.args[0];
+  return null;
+}
+
+// The container's environment as the entrypoint sees it: ConfigMaps of the documents
+// (envFrom), then env values (which win).
+function containerEnv(c, configMaps) {
+  const env = {};
+  for (const from of c.envFrom ?? []) {
+    const cm = from.configMapRef && configMaps.get(from.configMapRef.name);
+    for (const [k, v] of Object.entries(cm?.data ?? {})) env[(from.prefix ?? "") + k] = String(v);
+  }
+  for (const e of c.env ?? []) if (e.value !== undefined) env[e.name] = String(e.value);
+  return env;
+}
+
+// Secret volumes of a pod: name -> {secretName, items (paths, or null when the volume
+// carries the whole Secret)}.
+function secretVolumes(podSpec) {
+  const out = new Map();
+  for (const v of podSpec.volumes ?? []) {
+    if (v.secret) {
+      out.set(v.name, {
+        secretName: v.secret.secretName,
+        items: v.secret.items ? v.secret.items.map((i) => i.path) : null,
+      });
+    } else if (v.projected) {
+      const secrets = (v.projected.sources ?? []).filter((s) => s.secret);
+      if (secrets.length === 0) continue;
+      const items = secrets.every((s) => s.secret.items)
+        ? secrets.flatMap((s) => s.secret.items.map((i) => i.path))
+        : null;
+      out.set(v.name, { secretName: secrets.map((s) => s.secret.name).join("+"), items });
+    }
+  }
+  return out;
+}
+
+function curveConsistency(where, pod, configMaps, reportProblem) {
+  const reported = new Set();
+  const problem = (line) => {
+    if (!reported.has(line)) reportProblem(line);
+    reported.add(line);
+  };
+  const secrets = secretVolumes(pod.spec);
+  for (const c of [...(pod.spec.initContainers ?? []), ...(pod.spec.containers ?? [])]) {
+    const role = parasyncRole(c);
+    if (!role) continue;
+    const at = `${where}: container ${c.name} (${role})`;
+    const env = containerEnv(c, configMaps);
+    const words = [...(c.command ?? []), ...(c.args ?? [])].map(String);
+    const flag = (name) => words.some((w) => w === name || w.startsWith(`${name}=`));
+    if ("PARASYNC_INSECURE" in env) {
+      problem(`${at}: sets PARASYNC_INSECURE${TRUE_WORDS.has(env.PARASYNC_INSECURE.toLowerCase()) ? " (CURVE off)" : ""}; CURVE must be on in every manifest`);
+    }
+    // What the entrypoint reads: flag -> [setting, file in PARASYNC_KEYS_DIR].
+    const wanted = role === "ps"
+      ? [["--curve-key", "PARASYNC_CURVE_KEY", ["ps.key"]], ["--curve-allow", "PARASYNC_CURVE_ALLOW", ["allowed"]]]
+      : [["--curve-key", "PARASYNC_CURVE_KEY", ["worker.key", /^worker[0-9]+\.key$/]],
+         ["--curve-server-key", "PARASYNC_CURVE_SERVER_KEY", ["ps.pub"]]];
+    const keysDir = env.PARASYNC_KEYS_DIR?.replace(/\/+$/, "");
+    for (const [flagName, setting, names] of wanted) {
+      if (flag(flagName)) continue;  // given as a flag: its path is the pod's business
+      // The files the entrypoint may read, as [directory, file name or pattern].
+      let files;
+      const split = (path) => [path.slice(0, path.lastIndexOf("/")), path.slice(path.lastIndexOf("/") + 1)];
+      if (env[setting]) files = [split(env[setting])];
+      else if (keysDir) files = names.map((n) => [keysDir, n]);
+      else {
+        problem(`${at}: no CURVE ${flagName}: neither the flag nor PARASYNC_KEYS_DIR or ${setting}`);
+        continue;
+      }
+      const shown = files.map(([d, n]) => `${d}/${typeof n === "string" ? n : n.source}`).join(" or ");
+      // Each file must come from a read-only mount of a Secret volume whose items hold it.
+      let found = false;
+      for (const m of c.volumeMounts ?? []) {
+        const secret = secrets.get(m.name);
+        const mount = m.mountPath.replace(/\/+$/, "");
+        // [path of the directory inside the volume, name] of the files under this mount.
+        const inside = files
+          .filter(([d]) => d === mount || d.startsWith(`${mount}/`))
+          .map(([d, n]) => [d.slice(mount.length + 1), n]);
+        if (!secret || inside.length === 0) continue;
+        found = true;
+        if (!m.readOnly) problem(`${at}: Secret volume ${m.name} at ${m.mountPath} is not mounted readOnly`);
+        if (secret.items === null) {
+          problem(`${at}: Secret volume ${m.name} (${secret.secretName}) has no items: the pod would get every key in it`);
+          continue;
+        }
+        const holds = inside.some(([d, n]) => secret.items.some((item) => {
+          const name = d ? (item.startsWith(`${d}/`) ? item.slice(d.length + 1) : null) : item;
+          return name !== null && (typeof n === "string" ? name === n : n.test(name));
+        }));
+        if (!holds) {
+          problem(`${at}: ${flagName} reads ${shown}, which Secret volume ${m.name} does not hold (items: ${secret.items.join(", ")})`);
+        }
+      }
+      if (!found) problem(`${at}: the CURVE ${flagName} file (${shown}) is on no Secret volume mount`);
+    }
+    if (role === "worker") {
+      for (const m of c.volumeMounts ?? []) {
+        const secret = secrets.get(m.name);
+        if (secret?.items?.includes("ps.key")) {
+          problem(`${at}: mounts ps.key, the servers' secret key, from Secret volume ${m.name}`);
+        }
+      }
+    }
+  }
+}
+
 function consistency(docs, problem) {
   const named = (kind) => new Map(docs.filter((d) => d.kind === kind).map((d) => [d.metadata?.name, d]));
   const configMaps = named("ConfigMap");
   const services = named("Service");
+  const secrets = named("Secret");
   for (const doc of docs) {
     const where = `${doc.kind}/${doc.metadata?.name}`;
     const pod = podSpecOf(doc);
@@ -139,6 +274,17 @@ function consistency(docs, problem) {
       for (const ref of refs) {
         if (!ref.optional && !configMaps.has(ref.name)) {
           problem(`${where}: container ${c.name} reads ConfigMap '${ref.name}', which is not among the documents`);
+        }
+      }
+    }
+    curveConsistency(where, pod, configMaps, problem);
+    for (const v of pod.spec.volumes ?? []) {
+      const secret = v.secret && secrets.get(v.secret.secretName);
+      if (!secret) continue;
+      const keys = new Set([...Object.keys(secret.data ?? {}), ...Object.keys(secret.stringData ?? {})]);
+      for (const item of v.secret.items ?? []) {
+        if (!keys.has(item.key) && !v.secret.optional) {
+          problem(`${where}: volume ${v.name} wants key ${item.key} of Secret ${v.secret.secretName}, which has ${[...keys].join(", ") || "none"}`);
         }
       }
     }
