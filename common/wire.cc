@@ -106,6 +106,17 @@ bool InRange(E value, E max) {
   return static_cast<int>(value) >= 0 && static_cast<int>(value) <= static_cast<int>(max);
 }
 
+// The Verifier (FlatBuffers 2.0.8) checks a vector's length field for 4-byte alignment, not
+// its elements: a crafted frame can place 8-byte elements ([long], SliceRange, WorkerStats) at
+// 4 mod 8, and reading them is undefined behaviour (found by tests/fuzz). FlatBufferBuilder
+// always aligns them, so such a frame is refused. The buffer start is 8-aligned (see
+// DecodeHeader), so the address tells the offset's alignment.
+template <typename V>
+bool ElementsAligned(const V* v, size_t alignment) {
+  return v == nullptr || v->size() == 0 ||
+         reinterpret_cast<uintptr_t>(v->Data()) % alignment == 0;
+}
+
 }  // namespace
 
 namespace {
@@ -116,6 +127,9 @@ Result<ModelRegistration> DecodeRegistration(const fb::RegisterRequest* r) {
     for (const fb::VariableSpec* v : *vars) {
       VariableSpec spec;
       if (v->name()) spec.name = v->name()->str();
+      if (!ElementsAligned(v->shape(), alignof(int64_t))) {
+        return Status::Corruption("misaligned variable shape");
+      }
       if (v->shape()) spec.shape.assign(v->shape()->begin(), v->shape()->end());
       if (!InRange(v->dtype(), fb::DType::MAX)) return Status::Corruption("unknown dtype");
       if (!InRange(v->init_kind(), fb::InitKind::MAX)) {
@@ -173,6 +187,9 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   if (!InRange(in->dtype(), fb::DType::MAX)) return Status::Corruption("unknown dtype");
   h.dtype = static_cast<DType>(in->dtype());
   if (const auto* s = in->slices()) {
+    if (!ElementsAligned(s, alignof(fb::SliceRange))) {
+      return Status::Corruption("misaligned slice ranges");
+    }
     h.slices.reserve(s->size());
     for (const fb::SliceRange* r : *s) h.slices.push_back({r->slice_id(), r->begin(), r->count()});
   }
@@ -208,6 +225,9 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
     out.blocked_pulls = s->blocked_pulls();
     out.workers_declared_dead = s->workers_declared_dead();
     if (const auto* ws = s->workers()) {
+      if (!ElementsAligned(ws, alignof(fb::WorkerStats))) {
+        return Status::Corruption("misaligned worker stats");
+      }
       for (const fb::WorkerStats* w : *ws) {
         out.workers.push_back({w->live(), w->clock(), w->gradients(), w->dropped()});
       }

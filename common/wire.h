@@ -91,8 +91,9 @@ struct Header {
 // Serializes `header` into a fresh buffer. Never fails.
 std::vector<uint8_t> EncodeHeader(const Header& header);
 
-// Parses a header frame. Returns Corruption if the bytes fail the FlatBuffers Verifier or
-// hold an enum value this build does not know; never reads outside [data, data+size).
+// Parses a header frame. Returns Corruption if the bytes fail the FlatBuffers Verifier, hold
+// an enum value this build does not know or misaligned 8-byte vector elements (which no
+// FlatBufferBuilder writes); never reads outside [data, data+size).
 // `data` need not be aligned. A header of another protocol version comes back with only
 // protocol_version, request_id and rank filled in, so the receiver can refuse it by name.
 Result<Header> DecodeHeader(const void* data, size_t size);

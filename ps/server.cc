@@ -55,6 +55,7 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
                     options.worker_timeout},
                    std::chrono::steady_clock::now()),
       straggler_({options.num_workers, options.straggler_log_seconds}),
+      last_idle_(std::chrono::steady_clock::now()),
       last_seq_(static_cast<size_t>(options.num_workers), 0),
       last_save_time_(std::chrono::steady_clock::now()) {
   std::random_device rd;
@@ -171,25 +172,31 @@ Status Server::PersistUpdate(std::span<const SliceRange> ranges, int rank) {
 Status Server::Run(const std::function<bool()>& should_stop) {
   last_idle_ = std::chrono::steady_clock::now();
   while (!stop_.load() && !should_stop()) {
-    auto received = socket_->Receive(std::chrono::milliseconds(100));
-    if (!received.ok()) return received.status();
-    bool keep_serving = true;
-    const bool idle = !received->has_value();
-    try {
-      if (!idle) keep_serving = Handle(**received);
-      Tick(std::chrono::steady_clock::now(), idle);
-    } catch (const std::exception& e) {
-      // Out of memory for a reply, or a ZeroMQ error while building one: drop the request,
-      // keep serving the others.
-      Reject(RejectReason::kMalformed);
-      spdlog::error("request dropped: {}", e.what());
-    }
-    if (!keep_serving) {
+    auto keep_serving = ServeOnce(std::chrono::milliseconds(100));
+    if (!keep_serving.ok()) return keep_serving.status();
+    if (!*keep_serving) {
       spdlog::info("shutdown requested over the wire");
       break;
     }
   }
   return Status::Ok();
+}
+
+Result<bool> Server::ServeOnce(std::chrono::milliseconds timeout) {
+  auto received = socket_->Receive(timeout);
+  if (!received.ok()) return received.status();
+  bool keep_serving = true;
+  const bool idle = !received->has_value();
+  try {
+    if (!idle) keep_serving = Handle(**received);
+    Tick(std::chrono::steady_clock::now(), idle);
+  } catch (const std::exception& e) {
+    // Out of memory for a reply, or a ZeroMQ error while building one: drop the request,
+    // keep serving the others.
+    Reject(RejectReason::kMalformed);
+    spdlog::error("request dropped: {}", e.what());
+  }
+  return keep_serving;
 }
 
 bool Server::ShouldLogRejection() const {

@@ -83,6 +83,13 @@ class Server {
   // if the socket broke.
   Status Run(const std::function<bool()>& should_stop);
 
+  // One turn of Run()'s loop: waits up to `timeout` for one message on the socket, runs it
+  // through the same decoding, checks and handling (replies go out on the socket), then the
+  // periodic work (liveness, sync steps, parked pulls). Returns false after an accepted
+  // Shutdown, an error only if the socket broke. Run() is a loop of these; the fuzzer
+  // (tests/fuzz) calls it directly. Same thread rule as Run().
+  Result<bool> ServeOnce(std::chrono::milliseconds timeout);
+
   // Asks Run() to return. Thread-safe.
   void Stop() { stop_.store(true); }
 

@@ -1,0 +1,205 @@
+// libFuzzer target: raw messages through the parameter server's real receive, validation and
+// handling path (Server::ServeOnce, one turn of Server::Run's loop) — see docs/fuzzing.md.
+//
+// Each input (format: fuzz_input.h) gets a fresh ZeroMQ context and a fresh Server (shard 0 of
+// 2, 2 workers, the mode and optimizer its config byte picks), optionally with the small model
+// registered first, and a DEALER over inproc that sends the input's messages one by one, each
+// frame as given. After each message the server serves exactly one turn and every reply it
+// sent is read back and checked. A crash, a leak, a sanitizer report or an abort() below is
+// a finding:
+//   - every reply decodes with the server's own decoder and speaks kProtocolVersion;
+//   - a successful pull reply carries one tensor frame of count * 4 bytes per slice range;
+//     every other reply carries none;
+//   - unless a Shutdown was accepted, a final Stats request is answered and counts exactly
+//     the requests sent (nothing lost, nothing handled twice).
+// One resource bound, like -max_len: a Register whose model would be cut into more than
+// kMaxSlices slices is not sent. SliceMap::Build sorts and places every slice before the
+// model-size check, so such inputs (up to SliceMap::kMaxSlices, 4M slices) took ~90% of the
+// fuzzing time while adding no coverage; the slicing limits have unit tests of their own.
+// Without PARASYNC_FUZZ this file is linked with replay_main.cc instead of libFuzzer.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+#include <zmq.hpp>
+
+#include "common/slice_map.h"
+#include "common/wire.h"
+#include "ps/ps_metrics.h"
+#include "ps/server.h"
+#include "tests/fuzz/fuzz_input.h"
+
+namespace parasync::fuzz {
+namespace {
+
+constexpr char kEndpoint[] = "inproc://parasync-ps-fuzz";
+// The message is already queued when the server is asked to serve it; this only bounds a hang.
+constexpr std::chrono::milliseconds kServeTimeout{10000};
+// A registration is a remote request: the real parasync-ps bounds it by its memory; the
+// fuzzer bounds it much lower so that no input can allocate much.
+constexpr int64_t kMaxModelBytes = int64_t{16} << 20;
+
+constexpr int64_t kMaxSlices = 4096;
+
+// True for a Register that would build a map of more than kMaxSlices slices (see above).
+bool TooManySlices(const Message& message) {
+  if (message.empty()) return false;
+  Result<Header> h = DecodeHeader(message[0].data(), message[0].size());
+  if (!h.ok() || h->type != MsgType::kRegister || !h->registration) return false;
+  const ModelRegistration& reg = *h->registration;
+  if (!ValidateVariables(reg.variables).ok() || reg.max_slice_elements < 1) return false;
+  int64_t total = 0;
+  for (const VariableSpec& v : reg.variables) total += v.num_elements();
+  const int64_t bound = SliceMap::EffectiveSliceBound(total, reg.max_slice_elements, kNumShards);
+  int64_t slices = 0;
+  for (const VariableSpec& v : reg.variables) slices += (v.num_elements() + bound - 1) / bound;
+  return slices > kMaxSlices;
+}
+
+[[noreturn]] void Violated(const std::string& what) {
+  std::fprintf(stderr, "ps_message_fuzzer: invariant violated: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+PsMetrics& Metrics() {
+  // One registry for the process (metrics only count); never destroyed, so never a leak.
+  static PsMetrics* metrics = new PsMetrics(0, kNumWorkers);
+  return *metrics;
+}
+
+void SendFrames(zmq::socket_t& dealer, const Message& frames) {
+  for (size_t i = 0; i < frames.size(); ++i) {
+    zmq::message_t part(frames[i].data(), frames[i].size());
+    const auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
+    if (!dealer.send(part, flags)) Violated("the DEALER could not queue a message");
+  }
+}
+
+// Reads and checks every reply waiting on `dealer`.
+std::vector<Header> DrainReplies(zmq::socket_t& dealer) {
+  std::vector<Header> replies;
+  for (;;) {
+    zmq::message_t head;
+    if (!dealer.recv(head, zmq::recv_flags::dontwait)) return replies;
+    std::vector<zmq::message_t> tensors;
+    bool more = head.more();
+    while (more) {
+      zmq::message_t part;
+      if (!dealer.recv(part, zmq::recv_flags::none)) Violated("a reply ended mid-message");
+      more = part.more();
+      tensors.push_back(std::move(part));
+    }
+    Result<Header> h = DecodeHeader(head.data(), head.size());
+    if (!h.ok()) Violated("a reply fails the server's own decoder: " + h.status().message());
+    if (h->protocol_version != kProtocolVersion) Violated("a reply of another protocol version");
+    if (h->type == MsgType::kPull && h->status.ok()) {
+      if (tensors.size() != h->slices.size()) {
+        Violated("a pull reply has " + std::to_string(tensors.size()) + " tensor frames for " +
+                 std::to_string(h->slices.size()) + " slice ranges");
+      }
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        if (tensors[i].size() != static_cast<size_t>(h->slices[i].count) * sizeof(float)) {
+          Violated("a pull reply's tensor frame has the wrong length");
+        }
+      }
+    } else if (!tensors.empty()) {
+      Violated("a reply that is no successful pull carries tensor frames");
+    }
+    replies.push_back(std::move(h).value());
+  }
+}
+
+std::string HeaderFrame(const Header& h) {
+  std::vector<uint8_t> bytes = EncodeHeader(h);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+void RunInput(const uint8_t* data, size_t size) {
+  const Input input = Parse(data, size);
+  const Config config = Config::FromByte(input.config);
+
+  // io_threads 0: inproc only. Per input, so that its sockets are gone when it returns.
+  zmq::context_t context(0);
+  ServerOptions options;
+  options.endpoint = kEndpoint;
+  options.shard_index = 0;
+  options.num_shards = kNumShards;
+  options.num_workers = kNumWorkers;
+  options.mode = config.mode;
+  options.replicas_to_aggregate = config.replicas_to_aggregate;
+  options.worker_timeout = std::chrono::hours(1);  // no input runs long enough to matter
+  options.barrier_timeout = std::chrono::hours(1);
+  options.max_model_bytes = kMaxModelBytes;
+  options.drop_push_reply_every = config.drop_push_replies ? 2 : 0;
+  auto created = Server::Create(context, options, &Metrics());
+  if (!created.ok()) Violated("Server::Create: " + created.status().ToString());
+  std::unique_ptr<Server> server = std::move(created).value();
+
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.connect(kEndpoint);
+
+  int64_t sent = 0;
+  // Sends one message and lets the server serve one turn. False after an accepted Shutdown.
+  auto exchange = [&](const Message& frames, std::vector<Header>* replies) {
+    SendFrames(dealer, frames);
+    ++sent;
+    Result<bool> served = server->ServeOnce(kServeTimeout);
+    if (!served.ok()) Violated("the server's socket broke: " + served.status().ToString());
+    std::vector<Header> got = DrainReplies(dealer);
+    if (replies != nullptr) *replies = std::move(got);
+    return *served;
+  };
+
+  if (config.preregister) {
+    Header reg;
+    reg.type = MsgType::kRegister;
+    reg.rank = 0;
+    reg.request_id = 1;
+    reg.registration = FuzzModel(config);
+    std::vector<Header> replies;
+    exchange({HeaderFrame(reg)}, &replies);
+    if (replies.size() != 1 || !replies[0].status.ok()) Violated("the harness's Register failed");
+  }
+  for (const Message& message : input.messages) {
+    if (TooManySlices(message)) continue;
+    if (!exchange(message, nullptr)) return;  // an accepted Shutdown: parasync-ps exits here
+  }
+  Header stats;
+  stats.type = MsgType::kStats;
+  stats.rank = -1;
+  stats.request_id = UINT64_MAX;
+  std::vector<Header> replies;
+  if (!exchange({HeaderFrame(stats)}, &replies)) Violated("a Stats request stopped the server");
+  const Header* reply = nullptr;
+  for (const Header& r : replies) {
+    if (r.request_id == UINT64_MAX && r.type == MsgType::kStats) reply = &r;
+  }
+  if (reply == nullptr || !reply->status.ok() || !reply->stats) Violated("no Stats reply");
+  if (reply->stats->requests != sent) {
+    Violated("the server counted " + std::to_string(reply->stats->requests) + " requests of " +
+             std::to_string(sent) + " sent");
+  }
+  if (reply->stats->rejected > sent) Violated("more rejections than requests");
+}
+
+}  // namespace
+}  // namespace parasync::fuzz
+
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  // Rejections are logged (rate-limited per server, but every input has a fresh server):
+  // silence them unless asked, e.g. to read what a reproducer does.
+  if (std::getenv("PARASYNC_FUZZ_LOG") == nullptr) spdlog::set_level(spdlog::level::off);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  parasync::fuzz::RunInput(data, size);
+  return 0;
+}
