@@ -28,6 +28,8 @@ Config Config::FromByte(uint8_t byte) {
       break;
   }
   c.drop_push_replies = (byte & 32) != 0;
+  c.zero_barrier_timeout = (byte & 64) != 0;
+  c.zero_worker_timeout = (byte & 128) != 0;
   return c;
 }
 
@@ -41,6 +43,8 @@ uint8_t Config::ToByte() const {
   if (optimizer == OptimizerKind::kAdam) opt = staleness_aware ? 3 : 2;
   b |= opt << 3;
   if (drop_push_replies) b |= 32;
+  if (zero_barrier_timeout) b |= 64;
+  if (zero_worker_timeout) b |= 128;
   return static_cast<uint8_t>(b);
 }
 

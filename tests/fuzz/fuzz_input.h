@@ -5,7 +5,9 @@
 //   config  := 1 byte: bits 0-1 mode (0 async, 1 sync, 2 ssp:1, 3 sync with
 //              replicas_to_aggregate 1), bit 2 the harness registers FuzzModel() first,
 //              bits 3-4 its optimizer (sgd, momentum, adam, adam staleness-aware), bit 5 fault
-//              injection (every 2nd push reply dropped); bits 6-7 ignored
+//              injection (every 2nd push reply dropped), bit 6 barrier timeout 0 (a parked
+//              pull fails at the next turn), bit 7 worker timeout 0 (every live rank is
+//              declared dead at the next turn; its next message revives it)
 //   message := count frame{1 + count % kMaxFrames}
 //   frame   := length (u32 little-endian) bytes{length}
 //
@@ -37,6 +39,8 @@ struct Config {
   OptimizerKind optimizer = OptimizerKind::kSgd;
   bool staleness_aware = false;
   bool drop_push_replies = false;
+  bool zero_barrier_timeout = false;
+  bool zero_worker_timeout = false;
 
   static Config FromByte(uint8_t byte);
   uint8_t ToByte() const;

@@ -124,12 +124,15 @@ bool SameSeed(const std::string& a, const std::string& b) {
 }
 
 Config MakeConfig(int mode_bits, bool preregister, OptimizerKind optimizer,
-                  bool staleness_aware = false, bool drop = false) {
+                  bool staleness_aware = false, bool drop = false, bool zero_barrier = false,
+                  bool zero_worker = false) {
   Config c = Config::FromByte(static_cast<uint8_t>(mode_bits));
   c.preregister = preregister;
   c.optimizer = optimizer;
   c.staleness_aware = staleness_aware;
   c.drop_push_replies = drop;
+  c.zero_barrier_timeout = zero_barrier;
+  c.zero_worker_timeout = zero_worker;
   return c;
 }
 
@@ -161,6 +164,12 @@ int main(int argc, char** argv) {
       {"ssp1-adam", MakeConfig(2, true, OptimizerKind::kAdam)},
       {"sync-r1-adam-staleness", MakeConfig(3, true, OptimizerKind::kAdam, true)},
       {"async-adam-drop-replies", MakeConfig(0, true, OptimizerKind::kAdam, false, true)},
+      // Parked pulls time out at once; every rank is declared dead after each turn.
+      {"sync-barrier-timeout", MakeConfig(1, true, OptimizerKind::kSgd, false, false, true)},
+      {"ssp1-workers-expire", MakeConfig(2, true, OptimizerKind::kMomentum, false, false, false,
+                                         true)},
+      {"sync-r1-both-timeouts", MakeConfig(3, true, OptimizerKind::kAdam, false, false, true,
+                                           true)},
   };
   for (const Variant& v : variants) {
     Seeds s(v.config);

@@ -17,7 +17,10 @@
 // model-size check, so such inputs (up to SliceMap::kMaxSlices, 4M slices) took ~90% of the
 // fuzzing time while adding no coverage; the slicing limits have unit tests of their own.
 // Without PARASYNC_FUZZ this file is linked with replay_main.cc instead of libFuzzer.
+#include <pthread.h>
+
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -66,6 +69,28 @@ bool TooManySlices(const Message& message) {
   std::fflush(stderr);
   std::abort();
 }
+
+// libFuzzer's -timeout runs on SIGALRM. Taken by this thread inside a ZeroMQ call, it makes
+// the call fail with EINTR: the server's turn comes back idle with the message still queued,
+// or its reply is not sent — what parasync-ps only meets when SIGTERM or SIGINT stops it
+// anyway, and not what is fuzzed here. So an input runs with SIGALRM blocked in this thread
+// and in the ZeroMQ threads it starts (they inherit the mask); the signal goes to libFuzzer's
+// own RSS thread or waits for the end of the input, so -timeout still works.
+class AlarmBlocked {
+ public:
+  AlarmBlocked() {
+    sigset_t alarm;
+    sigemptyset(&alarm);
+    sigaddset(&alarm, SIGALRM);
+    pthread_sigmask(SIG_BLOCK, &alarm, &old_);
+  }
+  ~AlarmBlocked() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  AlarmBlocked(const AlarmBlocked&) = delete;
+  AlarmBlocked& operator=(const AlarmBlocked&) = delete;
+
+ private:
+  sigset_t old_;
+};
 
 PsMetrics& Metrics() {
   // One registry for the process (metrics only count); never destroyed, so never a leak.
@@ -121,6 +146,7 @@ std::string HeaderFrame(const Header& h) {
 }
 
 void RunInput(const uint8_t* data, size_t size) {
+  const AlarmBlocked alarm_blocked;  // first in, last out: covers every ZeroMQ call
   const Input input = Parse(data, size);
   const Config config = Config::FromByte(input.config);
 
@@ -133,8 +159,12 @@ void RunInput(const uint8_t* data, size_t size) {
   options.num_workers = kNumWorkers;
   options.mode = config.mode;
   options.replicas_to_aggregate = config.replicas_to_aggregate;
-  options.worker_timeout = std::chrono::hours(1);  // no input runs long enough to matter
-  options.barrier_timeout = std::chrono::hours(1);
+  // Timeouts are either out of reach of any input or zero (every turn expires them), so
+  // that an input does the same every time it runs.
+  options.worker_timeout = config.zero_worker_timeout ? std::chrono::milliseconds(0)
+                                                      : std::chrono::hours(1);
+  options.barrier_timeout = config.zero_barrier_timeout ? std::chrono::milliseconds(0)
+                                                        : std::chrono::hours(1);
   options.max_model_bytes = kMaxModelBytes;
   options.drop_push_reply_every = config.drop_push_replies ? 2 : 0;
   auto created = Server::Create(context, options, &Metrics());
