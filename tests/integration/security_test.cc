@@ -101,14 +101,20 @@ class Relay {
           close(s);
         }
       }
-      for (size_t i = 0; i < pairs.size(); ++i) {
-        for (int side = 0; side < 2; ++side) {
-          if (!(fds[1 + 2 * i + side].revents & (POLLIN | POLLHUP))) continue;
+      // Only the pairs that were polled: one accepted just now has no entry in fds yet.
+      const size_t polled = (fds.size() - 1) / 2;
+      std::vector<bool> closed(pairs.size(), false);
+      for (size_t i = 0; i < polled; ++i) {
+        for (int side = 0; side < 2 && !closed[i]; ++side) {
+          if (!(fds[1 + 2 * i + side].revents & (POLLIN | POLLHUP | POLLERR))) continue;
           const int from = side == 0 ? pairs[i].first : pairs[i].second;
           const int to = side == 0 ? pairs[i].second : pairs[i].first;
           char buf[65536];
           const ssize_t n = read(from, buf, sizeof(buf));
-          if (n <= 0) continue;
+          if (n <= 0) {  // one side is gone: drop the pair rather than poll it hot
+            closed[i] = true;
+            continue;
+          }
           if (side == 0) {
             std::lock_guard<std::mutex> lock(mu_);
             captured_.append(buf, static_cast<size_t>(n));
@@ -118,6 +124,13 @@ class Relay {
             if (w <= 0) break;
             done += w;
           }
+        }
+      }
+      for (size_t i = pairs.size(); i-- > 0;) {
+        if (i < closed.size() && closed[i]) {
+          close(pairs[i].first);
+          close(pairs[i].second);
+          pairs.erase(pairs.begin() + static_cast<std::ptrdiff_t>(i));
         }
       }
     }
