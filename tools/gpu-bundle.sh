@@ -6,7 +6,7 @@
 #                        lib/   libparasync_cuda.so (found by the binaries as ../lib)
 #                        deps/  every shared library they load that a bare system lacks
 #                               (ldd), except the CUDA runtime and cuBLAS, which it has
-#                        tools/ bench-worker and bench/torch_mlp.py
+#                        tools/ bench-worker and benchmarks/torch_mlp.py
 #   data/                Fashion-MNIST (already gzip: not packed again)
 #   run-gpu-checks.sh    unpacks, runs the gpu tests (with the GPU cluster) and bench-worker
 # Then, with the device tool: carry [".gpubundle"], command "bash .gpubundle/run-gpu-checks.sh"
@@ -25,7 +25,7 @@ out=.gpubundle
 rm -rf "$out"
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$out/data" "$stage/bin" "$stage/lib" "$stage/deps" "$stage/tools/bench"
+mkdir -p "$out/data" "$stage/bin" "$stage/lib" "$stage/deps" "$stage/tools/benchmarks"
 bins=(parasync-ps parasync-worker parasync-launch parasync-bench-compute cuda_backend_test
       gpu_integration_test backend_factory_test)
 for b in "${bins[@]}"; do
@@ -39,7 +39,7 @@ done | sort -u | grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libc
   while read -r lib; do cp -L "$lib" "$stage/deps/"; done
 strip --strip-debug "$stage"/deps/*.so* 2>/dev/null || true
 cp tools/bench-worker "$stage/tools/"
-cp tools/bench/torch_mlp.py "$stage/tools/bench/"
+cp tools/benchmarks/torch_mlp.py "$stage/tools/benchmarks/"
 echo "gpu-bundle: compressing (about 20 s) ..." >&2
 tar -C "$stage" -cJf "$out/payload.tar.xz" .
 cp /usr/share/datasets/fashion-mnist/*.gz "$out/data/"
