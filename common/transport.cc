@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -203,16 +204,29 @@ Status Socket::Send(zmq::message_t* identity, const Header& header,
 
 Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout) {
   try {
-    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-    if (zmq::poll(&item, 1, timeout) == 0) return std::optional<Inbound>();
+    // Under load a message is usually queued already: take it without the poll (one system
+    // call per message saved); poll only when there is none.
+    zmq::message_t first;
+    if (!socket_.recv(first, zmq::recv_flags::dontwait)) {
+      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, timeout) == 0) return std::optional<Inbound>();
+      if (!socket_.recv(first, zmq::recv_flags::dontwait)) return std::optional<Inbound>();
+    }
     Inbound in;
     std::vector<zmq::message_t> parts;
     // A ROUTER's message has the routing id in front of the header and tensor frames.
     const size_t limit = max_frames_ + (kind_ == Kind::kServer ? 2 : 1);
+    parts.reserve(std::min<size_t>(limit, 8));
     bool too_many = false;
+    bool have_first = true;
     for (;;) {
       zmq::message_t part;
-      if (!socket_.recv(part, zmq::recv_flags::none)) return std::optional<Inbound>();
+      if (have_first) {
+        part = std::move(first);
+        have_first = false;
+      } else if (!socket_.recv(part, zmq::recv_flags::none)) {
+        return std::optional<Inbound>();
+      }
       const bool more = part.more();
       if (parts.size() < limit) {
         parts.push_back(std::move(part));

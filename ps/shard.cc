@@ -1,6 +1,8 @@
 #include "ps/shard.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "ps/optimizer.h"
@@ -147,13 +149,26 @@ void Shard::Read(std::span<const SliceRange> ranges, std::span<float* const> out
   }
 }
 
+namespace {
+
+// True if no element is NaN or +-Inf: an exponent of all ones. On the bits, so that the loop
+// vectorizes (std::isfinite does not, at -O2): one pass at memory speed over the gradient.
+bool AllFinite(const float* g, int64_t n) {
+  uint32_t worst = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    uint32_t bits;
+    std::memcpy(&bits, g + k, sizeof(bits));
+    worst = std::max(worst, bits & 0x7f800000u);
+  }
+  return worst != 0x7f800000u;
+}
+
+}  // namespace
+
 Status Shard::CheckFinite(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                           RejectReason* reason) const {
   for (size_t i = 0; i < ranges.size(); ++i) {
-    const float* g = grads[i];
-    bool finite = true;
-    for (int64_t k = 0; k < ranges[i].count; ++k) finite &= std::isfinite(g[k]);
-    if (!finite) {
+    if (!AllFinite(grads[i], ranges[i].count)) {
       *reason = RejectReason::kNonFinite;
       return Status::InvalidArgument("gradient for slice " + std::to_string(ranges[i].slice_id) +
                                      " contains NaN or Inf");

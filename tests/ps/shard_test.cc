@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -491,6 +492,24 @@ TEST_F(ShardRejectTest, InfGradientIsNonFinite) {
   p = GoodPush();
   p.grads[1][0] = -std::numeric_limits<float>::infinity();
   ExpectRejected(p, RejectReason::kNonFinite, StatusCode::kInvalidArgument);
+}
+
+TEST_F(ShardRejectTest, EveryNanBitPatternIsNonFiniteAndExtremeFiniteValuesAreApplied) {
+  // The finite check looks at the exponent bits: a NaN with the sign bit and any payload, and
+  // a signalling NaN, are caught; the largest finite magnitudes, denormals and -0 are not.
+  for (const uint32_t bits : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffffffffu, 0x7fbfffffu}) {
+    Push p = GoodPush();
+    std::memcpy(&p.grads[0][1], &bits, sizeof(bits));
+    ExpectRejected(p, RejectReason::kNonFinite, StatusCode::kInvalidArgument);
+  }
+  Push p = GoodPush();
+  p.grads[0][0] = std::numeric_limits<float>::max();
+  p.grads[0][1] = -std::numeric_limits<float>::max();
+  p.grads[1][0] = std::numeric_limits<float>::denorm_min();
+  p.grads[1][1] = -0.0f;
+  RejectReason reason = RejectReason::kNone;
+  EXPECT_TRUE(DoPush(shard_, p, &reason).ok());
+  EXPECT_EQ(reason, RejectReason::kNone);
 }
 
 TEST_F(ShardRejectTest, NanOnlyInLastRangeAppliesNothingFromEarlierRanges) {
