@@ -1,0 +1,1272 @@
+// parasync-bench: the data-path benchmark (issue 10). One run measures, each figure the median
+// of --repeats repeats of about --seconds each:
+//
+//   memcpy    memcpy bandwidth per tensor size and for 64 MiB;
+//   zmq       the raw ZeroMQ ceiling: a bare DEALER (client thread) and ROUTER (server thread)
+//             per server over loopback TCP, zero-copy sends in frames of at most 256 KiB (the
+//             worker's default slice), a 16-byte request and an 8-byte ack as the only extra
+//             bytes; nothing is copied or read on either side; patterns push, pull, push+pull;
+//   push, pull, pushpull
+//             parasync's path for the same sizes, patterns and concurrency: real Servers
+//             (async, SGD) serving in threads and real PsClients (one per client thread),
+//             with the ratio to the raw ceiling of the same row measured in the same run;
+//   barrier   sync-mode round latency (Push, then Pull of the next step) for 2, 4, 8 workers;
+//   apply     ApplyUpdate on a 64 MiB variable for SGD, momentum and Adam, vs memcpy;
+//   small     pipelined pulls of 1 KiB slices against one server, vs raw ZeroMQ.
+//
+// Everything runs in this process on 127.0.0.1; every server and every client has its own
+// ZeroMQ context (one I/O thread each), as separate processes would. A tensor is split
+// evenly over the servers and sent to all of them in parallel. Every loop is bounded in
+// count and in time, every request in time; any error ends the run (exit 1) before a figure
+// is printed. Progress lines (stderr) add what explains a gap: CPU seconds per GB of every
+// thread, page faults per MB (fresh message buffers) and how busy the server loops were.
+#include <pthread.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <fstream>
+#include <latch>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+#include <zmq.hpp>
+
+#include "common/model_spec.h"
+#include "common/slice_map.h"
+#include "common/transport.h"
+#include "common/wire.h"
+#include "ps/optimizer.h"
+#include "ps/ps_metrics.h"
+#include "ps/server.h"
+#include "worker/ps_client.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace parasync;
+constexpr const char* kProgram = "parasync-bench";
+
+constexpr int64_t kKiB = 1024;
+constexpr int64_t kMiB = 1024 * 1024;
+// Per thread and measurement: loops stop at this count even if time is left.
+constexpr int64_t kMaxRounds = 1000000;
+// A request without a reply for this long fails the run.
+constexpr std::chrono::milliseconds kReplyTimeout{20000};
+// Raw ZeroMQ sends a server's part of a tensor as frames of at most this many bytes: the
+// worker's default slice, so the ceiling is framed as parasync's messages are. (One frame of
+// tens of MiB is slower, not faster: the receiver mallocs each message, and above glibc's
+// mmap threshold that is fresh pages to fault in and zero every time.)
+constexpr int64_t kFrameBytes = kDefaultMaxSliceElements * 4;
+
+const std::vector<std::string> kSections = {"memcpy", "zmq",     "push",  "pull",
+                                            "pushpull", "barrier", "apply", "small"};
+
+// ---- small helpers --------------------------------------------------------------------------
+
+Clock::duration Dur(double seconds) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+double Since(Clock::time_point start, Clock::time_point end) {
+  return std::chrono::duration<double>(end - start).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Nearest rank: the smallest value with at least q of the values at or below it.
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const auto rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+std::string SizeText(int64_t bytes) {
+  if (bytes >= kMiB && bytes % kMiB == 0) return fmt::format("{} MiB", bytes / kMiB);
+  if (bytes >= kKiB && bytes % kKiB == 0) return fmt::format("{} KiB", bytes / kKiB);
+  return fmt::format("{} B", bytes);
+}
+
+void Progress(const std::string& line) {
+  std::fprintf(stderr, "%s: %s\n", kProgram, line.c_str());
+  std::fflush(stderr);
+}
+
+// Keeps the compiler from dropping a copy nobody reads.
+inline void Clobber(const void* p) { __asm__ __volatile__("" : : "r"(p) : "memory"); }
+
+void NoFree(void* /*data*/, void* /*hint*/) {}
+
+// CPU seconds `t` has used so far (0 if it cannot be read).
+double ThreadCpuSeconds(std::thread& t) {
+  clockid_t id;
+  timespec ts{};
+  if (!t.joinable() || pthread_getcpuclockid(t.native_handle(), &id) != 0 ||
+      clock_gettime(id, &ts) != 0) {
+    return 0;
+  }
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// Page faults so far (fresh pages: malloc'd message buffers the kernel must map and zero).
+double ProcessPageFaults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_minflt);
+}
+
+enum class Pattern { kPush, kPull, kPushPull };
+constexpr Pattern kPatterns[] = {Pattern::kPush, Pattern::kPull, Pattern::kPushPull};
+
+const char* PatternName(Pattern p) {
+  switch (p) {
+    case Pattern::kPush: return "push";
+    case Pattern::kPull: return "pull";
+    case Pattern::kPushPull: return "push+pull";
+  }
+  return "?";
+}
+
+const char* PatternSection(Pattern p) {
+  switch (p) {
+    case Pattern::kPush: return "push";
+    case Pattern::kPull: return "pull";
+    case Pattern::kPushPull: return "pushpull";
+  }
+  return "?";
+}
+
+// Payload bytes one round moves for a tensor of `bytes`.
+int64_t RoundBytes(Pattern p, int64_t bytes) { return p == Pattern::kPushPull ? 2 * bytes : bytes; }
+
+struct Settings {
+  bool json = false;
+  bool quick = false;
+  int repeats = 5;
+  double seconds = 0.25;
+  std::vector<std::string> only;
+  std::vector<int64_t> sizes;
+  std::vector<int> shard_counts = {1, 2};
+  std::vector<int> worker_counts = {1, 4};
+  std::vector<int> barrier_workers = {2, 4, 8};
+  std::vector<int> small_clients = {1, 2};
+  int window = 64;
+  bool Want(const std::string& section) const {
+    return only.empty() || std::find(only.begin(), only.end(), section) != only.end();
+  }
+};
+
+// ---- results --------------------------------------------------------------------------------
+
+struct Row {
+  std::string what;
+  std::optional<int64_t> size;
+  std::optional<int> shards;
+  std::optional<int> workers;
+  double median = 0;
+  std::optional<double> p99;
+  std::string unit;
+  std::optional<double> ceiling;
+  std::optional<double> ratio;
+};
+
+std::string Figure(double v, const std::string& unit) {
+  if (unit == "GB/s") return fmt::format("{:.3g}", v);  // 3 significant digits: 0.0432, 1.87
+  if (unit == "us") return fmt::format("{:.1f}", v);
+  return fmt::format("{:.0f}", v);
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+template <typename T>
+std::string JsonOr(const std::optional<T>& v) {
+  if (!v) return "null";
+  if constexpr (std::is_floating_point_v<T>) return fmt::format("{:.6g}", *v);
+  return std::to_string(*v);
+}
+
+class Report {
+ public:
+  void Add(Row row) { rows_.push_back(std::move(row)); }
+  // A line printed under the table (once).
+  void Note(const std::string& line) {
+    if (std::find(notes_.begin(), notes_.end(), line) == notes_.end()) notes_.push_back(line);
+  }
+
+  void PrintJson() const {
+    for (const Row& r : rows_) {
+      std::printf("{\"what\":%s,\"size\":%s,\"shards\":%s,\"workers\":%s,\"median\":%s,"
+                  "\"p99\":%s,\"unit\":%s,\"ceiling\":%s,\"ratio\":%s}\n",
+                  JsonString(r.what).c_str(), JsonOr(r.size).c_str(), JsonOr(r.shards).c_str(),
+                  JsonOr(r.workers).c_str(), fmt::format("{:.6g}", r.median).c_str(),
+                  JsonOr(r.p99).c_str(), JsonString(r.unit).c_str(), JsonOr(r.ceiling).c_str(),
+                  JsonOr(r.ratio).c_str());
+    }
+  }
+
+  void PrintTable(const std::string& preamble) const {
+    std::printf("%s\n", preamble.c_str());
+    std::printf("| what | size | shards | workers | median | p99 | unit | ceiling | ratio |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    auto opt_int = [](const std::optional<int>& v) { return v ? std::to_string(*v) : "-"; };
+    for (const Row& r : rows_) {
+      std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.what.c_str(),
+                  r.size ? SizeText(*r.size).c_str() : "-", opt_int(r.shards).c_str(),
+                  opt_int(r.workers).c_str(), Figure(r.median, r.unit).c_str(),
+                  r.p99 ? Figure(*r.p99, r.unit).c_str() : "-", r.unit.c_str(),
+                  r.ceiling ? Figure(*r.ceiling, r.unit).c_str() : "-",
+                  r.ratio ? fmt::format("{:.2f}", *r.ratio).c_str() : "-");
+    }
+    std::printf(
+        "\nceiling: the raw ZeroMQ figure of the same pattern, size, shards and workers (for "
+        "apply: memcpy of 64 MiB); ratio = median / ceiling. GB/s = 1e9 payload bytes per "
+        "second summed over workers (push+pull counts both directions). barrier: median = "
+        "p50 of every round of every worker, p99 likewise, each the median over repeats.\n");
+    for (const std::string& n : notes_) std::printf("%s\n", n.c_str());
+    std::fflush(stdout);
+  }
+
+ private:
+  std::vector<Row> rows_;
+  std::vector<std::string> notes_;
+};
+
+// ---- running N threads at once --------------------------------------------------------------
+
+struct LoopResult {
+  int64_t rounds = 0;  // summed over threads
+  double seconds = 0;  // from the common start to the last thread's end
+};
+
+// Runs round(w) on `threads` threads w = 0.., started together, each until `seconds` have
+// passed since the start or it has done `max_rounds` rounds (at least one round). The first
+// error stops every thread after its current round and is returned.
+template <typename RoundFn>
+Result<LoopResult> RunParallel(int threads, double seconds, int64_t max_rounds, RoundFn round) {
+  const auto n = static_cast<size_t>(threads);
+  std::latch ready(threads);
+  std::latch go(1);
+  Clock::time_point start;
+  Clock::time_point deadline;
+  std::vector<int64_t> rounds(n, 0);
+  std::vector<Clock::time_point> ends(n);
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  Status first;
+  {
+    std::vector<std::jthread> running;
+    for (size_t w = 0; w < n; ++w) {
+      running.emplace_back([&, w] {
+        ready.count_down();
+        go.wait();
+        int64_t done = 0;
+        while (done < max_rounds && !failed.load()) {
+          Status s;
+          try {
+            s = round(static_cast<int>(w));
+          } catch (const std::exception& e) {
+            s = Status::Internal(std::string("exception: ") + e.what());
+          }
+          if (!s.ok()) {
+            std::lock_guard<std::mutex> lock(mu);
+            if (first.ok()) first = s;
+            failed.store(true);
+            break;
+          }
+          ++done;
+          if (Clock::now() >= deadline) break;
+        }
+        rounds[w] = done;
+        ends[w] = Clock::now();
+      });
+    }
+    ready.wait();
+    start = Clock::now();
+    deadline = start + Dur(seconds);
+    go.count_down();
+  }  // joins
+  if (!first.ok()) return first;
+  LoopResult r;
+  for (size_t w = 0; w < n; ++w) {
+    r.rounds += rounds[w];
+    r.seconds = std::max(r.seconds, Since(start, ends[w]));
+  }
+  return r;
+}
+
+// ---- raw ZeroMQ -----------------------------------------------------------------------------
+
+// What a raw client asks: reply_bytes of payload (in frames of at most kFrameBytes) after the
+// 8-byte ack that echoes `id`.
+struct RawRequest {
+  uint64_t reply_bytes = 0;
+  uint64_t id = 0;
+};
+
+void SetCommonOptions(zmq::socket_t& s) {
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::sndhwm, 1000);
+  s.set(zmq::sockopt::rcvhwm, 1000);
+  s.set(zmq::sockopt::sndtimeo, static_cast<int>(kReplyTimeout.count()));
+  s.set(zmq::sockopt::rcvtimeo, static_cast<int>(kReplyTimeout.count()));
+}
+
+// A bare ROUTER in its own thread and context: reads each request (and the pushed payload,
+// untouched), answers an ack and, if asked, payload straight from a preallocated buffer.
+class RawServer {
+ public:
+  explicit RawServer(int64_t reply_capacity)
+      : reply_(static_cast<size_t>(reply_capacity), 7) {
+    SetCommonOptions(socket_);
+    socket_.bind("tcp://127.0.0.1:0");
+    endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~RawServer() { (void)Finish(); }
+  RawServer(const RawServer&) = delete;
+  RawServer& operator=(const RawServer&) = delete;
+
+  const std::string& endpoint() const { return endpoint_; }
+  double CpuSeconds() { return ThreadCpuSeconds(thread_); }
+
+  // Stops the thread; its error, if it had one.
+  Status Finish() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    return error_;
+  }
+
+ private:
+  void Loop() {
+    try {
+      while (!stop_.load()) {
+        zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+        if (zmq::poll(&item, 1, std::chrono::milliseconds(100)) == 0) continue;
+        for (;;) {
+          zmq::message_t identity;
+          if (!socket_.recv(identity, zmq::recv_flags::dontwait)) break;
+          zmq::message_t head;
+          if (!identity.more() || !socket_.recv(head) || head.size() != sizeof(RawRequest)) {
+            error_ = Status::Corruption("raw server: malformed request");
+            return;
+          }
+          RawRequest req;
+          std::memcpy(&req, head.data(), sizeof(req));
+          for (bool more = head.more(); more;) {  // the pushed payload: received, not read
+            zmq::message_t part;
+            if (!socket_.recv(part)) {
+              error_ = Status::Corruption("raw server: truncated request");
+              return;
+            }
+            more = part.more();
+          }
+          if (req.reply_bytes > reply_.size()) {
+            error_ = Status::InvalidArgument("raw server: reply larger than its buffer");
+            return;
+          }
+          zmq::message_t ack(&req.id, sizeof(req.id));
+          if (!socket_.send(identity, zmq::send_flags::sndmore) ||
+              !socket_.send(ack, req.reply_bytes > 0 ? zmq::send_flags::sndmore
+                                                     : zmq::send_flags::none)) {
+            error_ = Status::Unavailable("raw server: send timed out");
+            return;
+          }
+          const auto total = static_cast<int64_t>(req.reply_bytes);
+          for (int64_t at = 0; at < total; at += kFrameBytes) {
+            const int64_t len = std::min(kFrameBytes, total - at);
+            zmq::message_t payload(reply_.data() + at, static_cast<size_t>(len), NoFree, nullptr);
+            if (!socket_.send(payload, at + len < total ? zmq::send_flags::sndmore
+                                                        : zmq::send_flags::none)) {
+              error_ = Status::Unavailable("raw server: send timed out");
+              return;
+            }
+          }
+        }
+      }
+    } catch (const zmq::error_t& e) {
+      error_ = Status::Internal(std::string("raw server: ") + e.what());
+    }
+  }
+
+  zmq::context_t context_{1};
+  zmq::socket_t socket_{context_, zmq::socket_type::router};
+  std::string endpoint_;
+  std::vector<char> reply_;  // read only once the thread runs
+  std::atomic<bool> stop_{false};
+  Status error_;  // written by the thread, read after the join
+  std::thread thread_;
+};
+
+// One client thread's DEALERs (one per server) in its own context.
+class RawClient {
+ public:
+  explicit RawClient(const std::vector<std::string>& endpoints) {
+    for (const std::string& e : endpoints) {
+      sockets_.emplace_back(context_, zmq::socket_type::dealer);
+      SetCommonOptions(sockets_.back());
+      sockets_.back().connect(e);
+    }
+  }
+
+  // One round of `pattern` for a tensor of `bytes` split evenly over the servers, sent from
+  // `payload` without copying; waits for every server's answer.
+  Status Round(Pattern pattern, int64_t bytes, const char* payload) {
+    const auto n = static_cast<int64_t>(sockets_.size());
+    const uint64_t id = next_id_++;
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t begin = s * bytes / n;
+      const int64_t len = (s + 1) * bytes / n - begin;
+      RawRequest req{pattern == Pattern::kPush ? 0 : static_cast<uint64_t>(len), id};
+      const bool carry = pattern != Pattern::kPull;
+      zmq::message_t head(&req, sizeof(req));
+      auto& sock = sockets_[static_cast<size_t>(s)];
+      if (!sock.send(head, carry ? zmq::send_flags::sndmore : zmq::send_flags::none)) {
+        return Status::Unavailable("raw client: send timed out");
+      }
+      for (int64_t at = 0; carry && at < len; at += kFrameBytes) {
+        const int64_t frame = std::min(kFrameBytes, len - at);
+        zmq::message_t body(const_cast<char*>(payload + begin + at), static_cast<size_t>(frame),
+                            NoFree, nullptr);
+        if (!sock.send(body, at + frame < len ? zmq::send_flags::sndmore
+                                              : zmq::send_flags::none)) {
+          return Status::Unavailable("raw client: send timed out");
+        }
+      }
+    }
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t len = (s + 1) * bytes / n - s * bytes / n;
+      PARASYNC_RETURN_IF_ERROR(ReceiveReply(static_cast<size_t>(s), id,
+                                            pattern == Pattern::kPush ? 0 : len));
+    }
+    return Status::Ok();
+  }
+
+  // Pipelined small requests to server 0: one request for `reply_bytes`.
+  Status SendSmall(int64_t reply_bytes) {
+    RawRequest req{static_cast<uint64_t>(reply_bytes), next_id_++};
+    zmq::message_t head(&req, sizeof(req));
+    if (!sockets_[0].send(head, zmq::send_flags::none)) {
+      return Status::Unavailable("raw client: send timed out");
+    }
+    ++outstanding_;
+    return Status::Ok();
+  }
+  Status ReceiveSmall(int64_t reply_bytes) {
+    PARASYNC_RETURN_IF_ERROR(ReceiveReply(0, expected_++, reply_bytes));
+    --outstanding_;
+    return Status::Ok();
+  }
+  int outstanding() const { return outstanding_; }
+
+ private:
+  Status ReceiveReply(size_t s, uint64_t id, int64_t body_bytes) {
+    zmq::message_t ack;
+    if (!sockets_[s].recv(ack)) {
+      return Status::TimedOut(fmt::format("raw client: no reply within {} ms",
+                                          kReplyTimeout.count()));
+    }
+    uint64_t got = 0;
+    if (ack.size() != sizeof(got)) return Status::Corruption("raw client: bad ack");
+    std::memcpy(&got, ack.data(), sizeof(got));
+    if (got != id) return Status::Corruption("raw client: reply to another request");
+    if (body_bytes == 0) {
+      if (ack.more()) return Status::Corruption("raw client: unexpected payload");
+      return Status::Ok();
+    }
+    int64_t got_bytes = 0;
+    for (bool more = ack.more(); more;) {
+      zmq::message_t body;
+      if (!sockets_[s].recv(body)) return Status::Corruption("raw client: truncated reply");
+      got_bytes += static_cast<int64_t>(body.size());
+      more = body.more();
+      Clobber(body.data());
+    }
+    if (got_bytes != body_bytes) {
+      return Status::Corruption("raw client: reply payload of the wrong size");
+    }
+    return Status::Ok();
+  }
+
+  zmq::context_t context_{1};
+  std::vector<zmq::socket_t> sockets_;  // closed before the context
+  uint64_t next_id_ = 1;
+  uint64_t expected_ = 1;
+  int outstanding_ = 0;
+};
+
+// ---- parasync servers and clients -----------------------------------------------------------
+
+// `shards` real Servers, each with its own context, serving in its own thread.
+class PsCluster {
+ public:
+  static Result<std::unique_ptr<PsCluster>> Start(int shards, int workers, TrainingMode mode) {
+    auto cluster = std::unique_ptr<PsCluster>(new PsCluster());
+    for (int i = 0; i < shards; ++i) {
+      auto node = std::make_unique<Node>();
+      node->metrics = std::make_unique<PsMetrics>(i, workers);
+      node->context = std::make_unique<zmq::context_t>(1);
+      ServerOptions o;
+      o.endpoint = "tcp://127.0.0.1:0";
+      o.shard_index = i;
+      o.num_shards = shards;
+      o.num_workers = workers;
+      o.mode = mode;
+      o.worker_timeout = std::chrono::seconds(60);
+      o.barrier_timeout = std::chrono::seconds(10);
+      o.straggler_log_seconds = 0;
+      auto server = Server::Create(*node->context, o, node->metrics.get());
+      if (!server.ok()) return server.status().WithContext("starting a parasync server");
+      node->server = std::move(server).value();
+      cluster->addresses_.push_back(node->server->endpoint());
+      Node* raw = node.get();
+      PsCluster* self = cluster.get();
+      node->thread = std::thread([raw, self] {
+        raw->result = raw->server->Run([self] { return self->stop_.load(); });
+      });
+      cluster->nodes_.push_back(std::move(node));
+    }
+    return cluster;
+  }
+  ~PsCluster() { (void)Finish(); }
+  PsCluster(const PsCluster&) = delete;
+  PsCluster& operator=(const PsCluster&) = delete;
+
+  const std::vector<std::string>& addresses() const { return addresses_; }
+  // CPU seconds the serving threads have used, summed (the loop: what one core must carry).
+  double CpuSeconds() {
+    double sum = 0;
+    for (auto& n : nodes_) sum += ThreadCpuSeconds(n->thread);
+    return sum;
+  }
+
+  // Stops the servers; the first error a Run() returned.
+  Status Finish() {
+    stop_.store(true);
+    Status first;
+    for (auto& n : nodes_) {
+      if (n->thread.joinable()) n->thread.join();
+      if (first.ok() && !n->result.ok()) first = n->result.WithContext("a parasync server");
+    }
+    return first;
+  }
+
+ private:
+  PsCluster() = default;
+  struct Node {
+    std::unique_ptr<PsMetrics> metrics;       // outlives the server
+    std::unique_ptr<zmq::context_t> context;  // outlives the server's socket
+    std::unique_ptr<Server> server;
+    Status result;  // Run()'s, read after the join
+    std::thread thread;
+  };
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<std::string> addresses_;
+  std::atomic<bool> stop_{false};
+};
+
+// One client thread's PsClient, in its own context.
+struct PsWorker {
+  std::unique_ptr<zmq::context_t> context;  // declared first: outlives the client
+  std::unique_ptr<PsClient> client;
+  std::vector<float> params;
+};
+
+Result<std::unique_ptr<PsWorker>> ConnectWorker(const std::vector<std::string>& addresses,
+                                                int rank, const ModelRegistration& reg,
+                                                bool sync) {
+  auto w = std::make_unique<PsWorker>();
+  w->context = std::make_unique<zmq::context_t>(1);
+  PsClientOptions o;
+  o.ps_addresses = addresses;
+  o.rank = rank;
+  o.request_timeout = kReplyTimeout;
+  o.blocking_timeout = std::chrono::seconds(15);
+  o.pulls_may_wait = sync;
+  // Loopback: a resend only means a slow round; it would add traffic to the measurement.
+  o.resend_after = std::chrono::seconds(60);
+  o.resend_max = std::chrono::seconds(60);
+  auto client = PsClient::Connect(*w->context, o);
+  if (!client.ok()) return client.status();
+  w->client = std::move(client).value();
+  PARASYNC_RETURN_IF_ERROR(w->client->Register(reg, kReplyTimeout));
+  int64_t elements = 0;
+  for (const VariableSpec& v : reg.variables) elements += v.num_elements();
+  w->params.assign(static_cast<size_t>(elements), 0.0f);
+  return w;
+}
+
+Status PsRound(PsWorker& w, Pattern pattern, const float* grad) {
+  if (pattern != Pattern::kPull) {
+    const float* grads[] = {grad};
+    PARASYNC_RETURN_IF_ERROR(w.client->Push(grads, 1));
+    if (w.client->last_push_dropped()) return Status::Internal("an async push was dropped");
+  }
+  if (pattern != Pattern::kPush) {
+    float* params[] = {w.params.data()};
+    PARASYNC_RETURN_IF_ERROR(w.client->Pull(params));
+    Clobber(w.params.data());
+  }
+  return Status::Ok();
+}
+
+ModelRegistration OneVariable(int64_t elements, int shards, int64_t max_slice_elements,
+                              const std::string& mode) {
+  ModelRegistration reg;
+  reg.variables = {{"w", {elements}, DType::kFloat32, {InitKind::kZeros, 0.0f}}};
+  reg.optimizer.kind = OptimizerKind::kSgd;
+  reg.optimizer.learning_rate = 1e-6f;
+  reg.seed = 1;
+  reg.num_shards = shards;
+  reg.max_slice_elements = max_slice_elements;
+  reg.mode = mode;
+  return reg;
+}
+
+// ---- sections -------------------------------------------------------------------------------
+
+// memcpy bandwidth, by size; measured once, used by the memcpy rows and as apply's ceiling.
+class MemcpyTable {
+ public:
+  explicit MemcpyTable(const Settings& st) : st_(st) {}
+
+  double GBps(int64_t bytes) {
+    if (auto it = cache_.find(bytes); it != cache_.end()) return it->second;
+    std::vector<char> src(static_cast<size_t>(bytes), 1);
+    std::vector<char> dst(static_cast<size_t>(bytes), 0);
+    std::memcpy(dst.data(), src.data(), src.size());  // warm: pages present, caches filled
+    const int64_t batch = std::max<int64_t>(1, 4 * kMiB / bytes);
+    std::vector<double> rates;
+    for (int r = 0; r < st_.repeats; ++r) {
+      int64_t copies = 0;
+      const auto start = Clock::now();
+      const auto deadline = start + Dur(st_.seconds);
+      do {
+        for (int64_t i = 0; i < batch; ++i) {
+          std::memcpy(dst.data(), src.data(), src.size());
+          Clobber(dst.data());
+        }
+        copies += batch;
+      } while (Clock::now() < deadline && copies < kMaxRounds * batch);
+      rates.push_back(static_cast<double>(copies * bytes) / Since(start, Clock::now()) / 1e9);
+    }
+    return cache_[bytes] = Median(rates);
+  }
+
+ private:
+  const Settings& st_;
+  std::map<int64_t, double> cache_;
+};
+
+Status RunMemcpy(const Settings& st, MemcpyTable& memcpy_table, Report& report) {
+  std::vector<int64_t> sizes = st.sizes;
+  if (std::find(sizes.begin(), sizes.end(), 64 * kMiB) == sizes.end()) sizes.push_back(64 * kMiB);
+  for (int64_t bytes : sizes) {
+    const double gbps = memcpy_table.GBps(bytes);
+    Progress(fmt::format("memcpy {}: {:.2f} GB/s", SizeText(bytes), gbps));
+    report.Add({"memcpy", bytes, std::nullopt, std::nullopt, gbps, std::nullopt, "GB/s",
+                std::nullopt, std::nullopt});
+  }
+  return Status::Ok();
+}
+
+// Raw ZeroMQ and parasync, for every size, shard count and worker count; per configuration
+// both are set up side by side and their repeats interleaved, so that noise hits both alike.
+Status RunDataPath(const Settings& st, Report& report) {
+  bool raw_want[3], ps_want[3], any_raw = false, any_ps = false;
+  for (Pattern p : kPatterns) {
+    const auto i = static_cast<size_t>(p);
+    ps_want[i] = st.Want(PatternSection(p));
+    raw_want[i] = st.Want("zmq") || ps_want[i];  // the ceiling of every parasync row
+    any_raw |= raw_want[i];
+    any_ps |= ps_want[i];
+  }
+  if (!any_raw) return Status::Ok();
+  const int64_t max_bytes = *std::max_element(st.sizes.begin(), st.sizes.end());
+  const std::vector<char> payload(static_cast<size_t>(max_bytes), 1);  // raw clients send this
+  const std::vector<float> grad(static_cast<size_t>(max_bytes) / sizeof(float), 1e-3f);
+
+  for (int64_t bytes : st.sizes) {
+    for (int shards : st.shard_counts) {
+      for (int workers : st.worker_counts) {
+        const std::string config =
+            fmt::format("{}, {} shard(s), {} worker(s)", SizeText(bytes), shards, workers);
+        Progress("data path " + config + ": setting up");
+        std::vector<std::unique_ptr<RawServer>> raw_servers;
+        std::vector<std::unique_ptr<RawClient>> raw_clients;
+        std::vector<std::string> raw_endpoints;
+        for (int s = 0; s < shards; ++s) {
+          raw_servers.push_back(std::make_unique<RawServer>(bytes / shards + 1));
+          raw_endpoints.push_back(raw_servers.back()->endpoint());
+        }
+        for (int w = 0; w < workers; ++w) {
+          raw_clients.push_back(std::make_unique<RawClient>(raw_endpoints));
+        }
+        std::unique_ptr<PsCluster> cluster;
+        std::vector<std::unique_ptr<PsWorker>> ps_workers;
+        if (any_ps) {
+          auto started = PsCluster::Start(shards, workers, TrainingMode{});
+          if (!started.ok()) return started.status();
+          cluster = std::move(started).value();
+          const ModelRegistration reg =
+              OneVariable(bytes / 4, shards, kDefaultMaxSliceElements, "async");
+          auto map = SliceMap::Build(reg.variables, reg.max_slice_elements, shards);
+          if (!map.ok()) return map.status();
+          for (int s = 0; s < shards; ++s) {
+            if (map->SlicesOfShard(s).empty()) {
+              report.Note(fmt::format(
+                  "parasync, {}: {} slice(s) for {} shards, so shard {} holds nothing and "
+                  "every request goes to fewer servers than the raw rows use (slices are not "
+                  "cut below 4 KiB for balance).", SizeText(bytes), map->slices().size(),
+                  shards, s));
+            }
+          }
+          for (int w = 0; w < workers; ++w) {
+            auto worker = ConnectWorker(cluster->addresses(), w, reg, /*sync=*/false);
+            if (!worker.ok()) return worker.status().WithContext("parasync client " + config);
+            ps_workers.push_back(std::move(worker).value());
+          }
+        }
+        auto raw_round = [&](Pattern p) {
+          return [&, p](int w) {
+            return raw_clients[static_cast<size_t>(w)]->Round(p, bytes, payload.data());
+          };
+        };
+        auto ps_round = [&](Pattern p) {
+          return [&, p](int w) { return PsRound(*ps_workers[static_cast<size_t>(w)], p, grad.data()); };
+        };
+        // Warm-up: one round of each, untimed (connections, first-touch of buffers).
+        for (Pattern p : kPatterns) {
+          const auto i = static_cast<size_t>(p);
+          if (raw_want[i]) {
+            auto r = RunParallel(workers, 0, 1, raw_round(p));
+            if (!r.ok()) return r.status().WithContext("zmq " + config);
+          }
+          if (ps_want[i]) {
+            auto r = RunParallel(workers, 0, 1, ps_round(p));
+            if (!r.ok()) return r.status().WithContext("parasync " + config);
+          }
+        }
+        std::vector<double> raw_rates[3], ps_rates[3];
+        double ps_cpu[3] = {0, 0, 0}, ps_wall[3] = {0, 0, 0};  // the servers' loops
+        double raw_all_cpu[3] = {0, 0, 0}, ps_all_cpu[3] = {0, 0, 0};  // every thread
+        double raw_gb[3] = {0, 0, 0}, ps_gb[3] = {0, 0, 0};
+        double raw_faults[3] = {0, 0, 0}, ps_faults[3] = {0, 0, 0};
+        for (int rep = 0; rep < st.repeats; ++rep) {
+          for (Pattern p : kPatterns) {
+            const auto i = static_cast<size_t>(p);
+            const double round_bytes = static_cast<double>(RoundBytes(p, bytes));
+            if (raw_want[i]) {
+              const double all0 = ProcessCpuSeconds(), faults0 = ProcessPageFaults();
+              auto r = RunParallel(workers, st.seconds, kMaxRounds, raw_round(p));
+              raw_all_cpu[i] += ProcessCpuSeconds() - all0;
+              raw_faults[i] += ProcessPageFaults() - faults0;
+              if (!r.ok()) return r.status().WithContext(fmt::format("zmq {} {}", PatternName(p), config));
+              raw_rates[i].push_back(static_cast<double>(r->rounds) * round_bytes / r->seconds / 1e9);
+              raw_gb[i] += static_cast<double>(r->rounds) * round_bytes / 1e9;
+            }
+            if (ps_want[i]) {
+              const double cpu0 = cluster->CpuSeconds(), all0 = ProcessCpuSeconds();
+              const double faults0 = ProcessPageFaults();
+              auto r = RunParallel(workers, st.seconds, kMaxRounds, ps_round(p));
+              ps_cpu[i] += cluster->CpuSeconds() - cpu0;
+              ps_all_cpu[i] += ProcessCpuSeconds() - all0;
+              ps_faults[i] += ProcessPageFaults() - faults0;
+              if (!r.ok()) {
+                return r.status().WithContext(fmt::format("parasync {} {}", PatternName(p), config));
+              }
+              ps_rates[i].push_back(static_cast<double>(r->rounds) * round_bytes / r->seconds / 1e9);
+              ps_wall[i] += r->seconds;
+              ps_gb[i] += static_cast<double>(r->rounds) * round_bytes / 1e9;
+            }
+          }
+        }
+        std::string line = "data path " + config + ":";
+        for (Pattern p : kPatterns) {
+          const auto i = static_cast<size_t>(p);
+          if (!raw_want[i]) continue;
+          const double ceiling = Median(raw_rates[i]);
+          if (st.Want("zmq")) {
+            report.Add({std::string("zmq ") + PatternName(p), bytes, shards, workers, ceiling,
+                        std::nullopt, "GB/s", std::nullopt, std::nullopt});
+          }
+          line += fmt::format(" {} zmq {:.2f} ({:.2f} CPU s/GB, {:.0f} faults/MB)",
+                              PatternName(p), ceiling, raw_all_cpu[i] / raw_gb[i],
+                              raw_faults[i] / raw_gb[i] / 1e3);
+          if (ps_want[i]) {
+            const double ours = Median(ps_rates[i]);
+            report.Add({std::string("parasync ") + PatternName(p), bytes, shards, workers, ours,
+                        std::nullopt, "GB/s", ceiling, ours / ceiling});
+            line += fmt::format(" parasync {:.2f} ({:.2f}; {:.2f} CPU s/GB, {:.0f} faults/MB, "
+                                "server loop busy {:.0f}%);", ours, ours / ceiling,
+                                ps_all_cpu[i] / ps_gb[i], ps_faults[i] / ps_gb[i] / 1e3,
+                                100 * ps_cpu[i] / ps_wall[i] / shards);
+          } else {
+            line += ";";
+          }
+        }
+        Progress(line + " GB/s");
+        ps_workers.clear();
+        if (cluster) PARASYNC_RETURN_IF_ERROR(cluster->Finish());
+        raw_clients.clear();
+        for (auto& s : raw_servers) PARASYNC_RETURN_IF_ERROR(s->Finish());
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// Sync barrier: every worker pushes, then pulls the next step; the latency of each round.
+Status RunBarrier(const Settings& st, Report& report) {
+  constexpr int64_t kElements = 16;
+  auto sync = TrainingMode::Parse("sync");
+  if (!sync.ok()) return sync.status();
+  const std::vector<float> grad(kElements, 1e-3f);
+  for (int workers : st.barrier_workers) {
+    Progress(fmt::format("sync barrier, {} workers", workers));
+    auto started = PsCluster::Start(1, workers, *sync);
+    if (!started.ok()) return started.status();
+    std::unique_ptr<PsCluster> cluster = std::move(started).value();
+    const ModelRegistration reg = OneVariable(kElements, 1, kDefaultMaxSliceElements, "sync");
+    std::vector<std::unique_ptr<PsWorker>> ps_workers;
+    for (int w = 0; w < workers; ++w) {
+      auto worker = ConnectWorker(cluster->addresses(), w, reg, /*sync=*/true);
+      if (!worker.ok()) return worker.status().WithContext("barrier client");
+      float* params[] = {(*worker)->params.data()};
+      PARASYNC_RETURN_IF_ERROR((*worker)->client->Pull(params));  // the version to start from
+      ps_workers.push_back(std::move(worker).value());
+    }
+    std::vector<std::vector<double>> latency_us(static_cast<size_t>(workers));
+    auto round = [&](int w) -> Status {
+      PsWorker& pw = *ps_workers[static_cast<size_t>(w)];
+      const float* grads[] = {grad.data()};
+      float* params[] = {pw.params.data()};
+      const auto t0 = Clock::now();
+      PARASYNC_RETURN_IF_ERROR(pw.client->Push(grads, 1));
+      if (pw.client->last_push_dropped()) return Status::Internal("a sync push was dropped");
+      PARASYNC_RETURN_IF_ERROR(pw.client->Pull(params, PsClient::kNextStep));
+      latency_us[static_cast<size_t>(w)].push_back(Since(t0, Clock::now()) * 1e6);
+      return Status::Ok();
+    };
+    // Every worker must take the same number of rounds (one that stopped early would hold
+    // the others at the barrier), so rounds are counted, not timed: the warm-up calibrates
+    // the count to about --seconds per repeat. The time bound only catches a wedged run.
+    constexpr int64_t kWarmup = 30;
+    constexpr double kTimeBound = 60;
+    auto warm = RunParallel(workers, kTimeBound, kWarmup, round);
+    if (!warm.ok()) return warm.status().WithContext(fmt::format("barrier, {} workers", workers));
+    const double per_round = warm->seconds / static_cast<double>(kWarmup);
+    const auto rounds = std::clamp<int64_t>(static_cast<int64_t>(st.seconds / per_round), 50, 20000);
+    std::vector<double> p50s, p99s;
+    for (int rep = 0; rep < st.repeats; ++rep) {
+      for (auto& v : latency_us) {
+        v.clear();
+        v.reserve(static_cast<size_t>(rounds));
+      }
+      auto r = RunParallel(workers, kTimeBound, rounds, round);
+      if (!r.ok()) return r.status().WithContext(fmt::format("barrier, {} workers", workers));
+      if (r->rounds != rounds * workers) {
+        return Status::Internal("barrier: workers took different numbers of rounds");
+      }
+      std::vector<double> all;
+      for (const auto& v : latency_us) all.insert(all.end(), v.begin(), v.end());
+      p50s.push_back(Percentile(all, 0.50));
+      p99s.push_back(Percentile(all, 0.99));
+    }
+    ps_workers.clear();
+    PARASYNC_RETURN_IF_ERROR(cluster->Finish());
+    const double p50 = Median(p50s), p99 = Median(p99s);
+    Progress(fmt::format("sync barrier, {} workers: p50 {:.1f} us, p99 {:.1f} us ({} rounds per "
+                         "worker per repeat)", workers, p50, p99, rounds));
+    report.Add({"sync barrier round (push + pull next step)", kElements * 4, 1, workers, p50, p99,
+                "us", std::nullopt, std::nullopt});
+  }
+  return Status::Ok();
+}
+
+// The server's optimizer on one 64 MiB variable, called directly.
+Status RunApply(const Settings& st, MemcpyTable& memcpy_table, Report& report) {
+  constexpr int64_t kBytes = 64 * kMiB;
+  constexpr int64_t kElements = kBytes / 4;
+  const double ceiling = memcpy_table.GBps(kBytes);
+  std::vector<float> w(kElements, 0.5f), g(kElements, 1e-3f), m(kElements, 0.0f),
+      v(kElements, 0.0f);
+  float* slots[] = {m.data(), v.data()};
+  struct Kind {
+    const char* name;
+    OptimizerSpec spec;
+  };
+  std::vector<Kind> kinds(3);
+  kinds[0] = {"apply sgd", {}};
+  kinds[0].spec.kind = OptimizerKind::kSgd;
+  kinds[0].spec.learning_rate = 0.01f;
+  kinds[1] = {"apply momentum", {}};
+  kinds[1].spec.kind = OptimizerKind::kMomentum;
+  kinds[1].spec.learning_rate = 0.01f;
+  kinds[1].spec.momentum = 0.9f;
+  kinds[2] = {"apply adam", {}};
+  kinds[2].spec.kind = OptimizerKind::kAdam;
+  kinds[2].spec.learning_rate = 0.001f;
+  kinds[2].spec.beta1 = 0.9f;
+  kinds[2].spec.beta2 = 0.999f;
+  kinds[2].spec.epsilon = 1e-7f;
+  for (const Kind& k : kinds) {
+    if (Status s = ValidateOptimizer(k.spec); !s.ok()) return s;
+    int64_t step = 1;
+    ApplyUpdate(k.spec, step++, w.data(), g.data(), slots, kElements);  // warm-up
+    std::vector<double> rates;
+    for (int rep = 0; rep < st.repeats; ++rep) {
+      int64_t calls = 0;
+      const auto start = Clock::now();
+      const auto deadline = start + Dur(st.seconds);
+      do {
+        ApplyUpdate(k.spec, step++, w.data(), g.data(), slots, kElements);
+        Clobber(w.data());
+        ++calls;
+      } while (Clock::now() < deadline && calls < kMaxRounds);
+      rates.push_back(static_cast<double>(calls * kBytes) / Since(start, Clock::now()) / 1e9);
+    }
+    if (!std::isfinite(w[0]) || !std::isfinite(w[kElements - 1])) {
+      return Status::Internal(std::string(k.name) + " produced a non-finite value");
+    }
+    const double gbps = Median(rates);
+    Progress(fmt::format("{} on 64 MiB: {:.2f} GB/s ({:.2f} of memcpy)", k.name, gbps,
+                         gbps / ceiling));
+    report.Add({k.name, kBytes, std::nullopt, std::nullopt, gbps, std::nullopt, "GB/s", ceiling,
+                gbps / ceiling});
+  }
+  return Status::Ok();
+}
+
+constexpr int64_t kSmallSliceElements = 256;  // 1 KiB of float32
+constexpr int64_t kSmallSlices = 1024;
+constexpr int64_t kSmallBytes = kSmallSliceElements * 4;
+
+// A raw parasync::Socket DEALER sending Pull requests for one 1 KiB slice each.
+class PsSmallClient {
+ public:
+  static Result<std::unique_ptr<PsSmallClient>> Connect(const std::string& endpoint, int rank) {
+    auto c = std::unique_ptr<PsSmallClient>(new PsSmallClient());
+    c->rank_ = rank;
+    c->context_ = std::make_unique<zmq::context_t>(1);
+    SocketOptions o;
+    o.send_timeout = kReplyTimeout;
+    auto socket = Socket::Connect(*c->context_, endpoint, o);
+    if (!socket.ok()) return socket.status();
+    c->socket_ = std::move(socket).value();
+    return c;
+  }
+
+  Status Send() {
+    Header h;
+    h.type = MsgType::kPull;
+    h.request_id = next_id_;
+    h.rank = rank_;
+    h.slices = {SliceRange{static_cast<uint32_t>(next_id_ % kSmallSlices), 0, kSmallSliceElements}};
+    ++next_id_;
+    ++outstanding_;
+    return socket_->Send(nullptr, h, {});
+  }
+
+  Status Receive() {
+    auto in = socket_->Receive(kReplyTimeout);
+    if (!in.ok()) return in.status();
+    if (!in->has_value()) {
+      return Status::TimedOut(fmt::format("no pull reply within {} ms", kReplyTimeout.count()));
+    }
+    const Inbound& msg = **in;
+    if (!msg.header.ok()) return msg.header.status().WithContext("a bad pull reply");
+    if (!msg.header->status.ok()) return msg.header->status.WithContext("a pull was refused");
+    if (msg.header->request_id != expected_) {
+      return Status::Corruption("a pull reply out of order or to another request");
+    }
+    if (msg.frames.size() != 1 || msg.frames[0].size() != static_cast<size_t>(kSmallBytes)) {
+      return Status::Corruption("a pull reply without exactly one 1 KiB slice");
+    }
+    ++expected_;
+    --outstanding_;
+    return Status::Ok();
+  }
+  int outstanding() const { return outstanding_; }
+
+ private:
+  PsSmallClient() = default;
+  std::unique_ptr<zmq::context_t> context_;  // outlives the socket
+  std::unique_ptr<Socket> socket_;
+  int rank_ = 0;
+  uint64_t next_id_ = 1;
+  uint64_t expected_ = 1;
+  int outstanding_ = 0;
+};
+
+// Replies per second with `window` requests in flight per client. `send(w)` and `receive(w)`
+// act on client w; every window is filled before and drained after the timed part. `rounds`
+// counts the replies received in the timed part.
+template <typename SendFn, typename ReceiveFn, typename OutstandingFn>
+Result<LoopResult> PipelinedRate(int clients, int window, double seconds, SendFn send,
+                             ReceiveFn receive, OutstandingFn outstanding) {
+  for (int w = 0; w < clients; ++w) {
+    while (outstanding(w) < window) PARASYNC_RETURN_IF_ERROR(send(w));
+  }
+  auto r = RunParallel(clients, seconds, kMaxRounds, [&](int w) -> Status {
+    PARASYNC_RETURN_IF_ERROR(receive(w));
+    return send(w);
+  });
+  if (!r.ok()) return r.status();
+  for (int w = 0; w < clients; ++w) {
+    while (outstanding(w) > 0) PARASYNC_RETURN_IF_ERROR(receive(w));
+  }
+  return *r;
+}
+
+Status RunSmall(const Settings& st, Report& report) {
+  for (int clients : st.small_clients) {
+    const std::string config = fmt::format("1 KiB pulls, 1 server, {} client(s), window {}",
+                                           clients, st.window);
+    Progress(config + ": setting up");
+    // Raw ceiling.
+    auto raw_server = std::make_unique<RawServer>(kSmallBytes);
+    std::vector<std::unique_ptr<RawClient>> raw;
+    for (int w = 0; w < clients; ++w) {
+      raw.push_back(std::make_unique<RawClient>(std::vector<std::string>{raw_server->endpoint()}));
+    }
+    // parasync: a model of 1024 slices of 256 floats on one server.
+    auto started = PsCluster::Start(1, clients, TrainingMode{});
+    if (!started.ok()) return started.status();
+    std::unique_ptr<PsCluster> cluster = std::move(started).value();
+    const ModelRegistration reg =
+        OneVariable(kSmallSlices * kSmallSliceElements, 1, kSmallSliceElements, "async");
+    auto map = SliceMap::Build(reg.variables, reg.max_slice_elements, 1);
+    if (!map.ok()) return map.status();
+    if (map->slices().size() != static_cast<size_t>(kSmallSlices) ||
+        std::any_of(map->slices().begin(), map->slices().end(),
+                    [](const SliceInfo& s) { return s.length != kSmallSliceElements; })) {
+      return Status::Internal("small: the model is not cut into 1024 slices of 256 floats");
+    }
+    {
+      auto registrar = ConnectWorker(cluster->addresses(), -1, reg, /*sync=*/false);
+      if (!registrar.ok()) return registrar.status().WithContext("small: registering");
+    }
+    std::vector<std::unique_ptr<PsSmallClient>> ours;
+    for (int w = 0; w < clients; ++w) {
+      auto c = PsSmallClient::Connect(cluster->addresses()[0], w);
+      if (!c.ok()) return c.status();
+      ours.push_back(std::move(c).value());
+    }
+    auto raw_rate = [&](double seconds) {
+      return PipelinedRate(
+          clients, st.window, seconds,
+          [&](int w) { return raw[static_cast<size_t>(w)]->SendSmall(kSmallBytes); },
+          [&](int w) { return raw[static_cast<size_t>(w)]->ReceiveSmall(kSmallBytes); },
+          [&](int w) { return raw[static_cast<size_t>(w)]->outstanding(); });
+    };
+    auto ps_rate = [&](double seconds) {
+      return PipelinedRate(
+          clients, st.window, seconds, [&](int w) { return ours[static_cast<size_t>(w)]->Send(); },
+          [&](int w) { return ours[static_cast<size_t>(w)]->Receive(); },
+          [&](int w) { return ours[static_cast<size_t>(w)]->outstanding(); });
+    };
+    if (auto r = raw_rate(0.05); !r.ok()) return r.status().WithContext("zmq " + config);
+    if (auto r = ps_rate(0.05); !r.ok()) return r.status().WithContext("parasync " + config);
+    std::vector<double> raw_rates, ps_rates;
+    double server_cpu = 0, process_cpu = 0, requests = 0;  // parasync's, over the repeats
+    double raw_cpu = 0, raw_requests = 0;
+    for (int rep = 0; rep < st.repeats; ++rep) {
+      const double raw0 = ProcessCpuSeconds();
+      auto a = raw_rate(st.seconds);
+      if (!a.ok()) return a.status().WithContext("zmq " + config);
+      raw_cpu += ProcessCpuSeconds() - raw0;
+      raw_requests += static_cast<double>(a->rounds + clients * st.window);
+      raw_rates.push_back(static_cast<double>(a->rounds) / a->seconds);
+      const double server0 = cluster->CpuSeconds(), process0 = ProcessCpuSeconds();
+      auto b = ps_rate(st.seconds);
+      if (!b.ok()) return b.status().WithContext("parasync " + config);
+      server_cpu += cluster->CpuSeconds() - server0;
+      process_cpu += ProcessCpuSeconds() - process0;
+      requests += static_cast<double>(b->rounds + clients * st.window);  // + filled, drained
+      ps_rates.push_back(static_cast<double>(b->rounds) / b->seconds);
+    }
+    ours.clear();
+    PARASYNC_RETURN_IF_ERROR(cluster->Finish());
+    raw.clear();
+    PARASYNC_RETURN_IF_ERROR(raw_server->Finish());
+    const double ceiling = Median(raw_rates), rate = Median(ps_rates);
+    Progress(fmt::format("{}: zmq {:.0f} req/s, parasync {:.0f} req/s ({:.2f}); CPU per "
+                         "request (all threads): zmq {:.1f} us, parasync {:.1f} us of which its "
+                         "server loop {:.1f} us",
+                         config, ceiling, rate, rate / ceiling, 1e6 * raw_cpu / raw_requests,
+                         1e6 * process_cpu / requests, 1e6 * server_cpu / requests));
+    report.Add({"zmq small pull (1 KiB reply, pipelined)", kSmallBytes, 1, clients, ceiling,
+                std::nullopt, "req/s", std::nullopt, std::nullopt});
+    report.Add({"parasync small pull (1 KiB slice, pipelined)", kSmallBytes, 1, clients, rate,
+                std::nullopt, "req/s", ceiling, rate / ceiling});
+  }
+  return Status::Ok();
+}
+
+Status RunAll(const Settings& st, Report& report) {
+  MemcpyTable memcpy_table(st);
+  if (st.Want("memcpy")) PARASYNC_RETURN_IF_ERROR(RunMemcpy(st, memcpy_table, report));
+  PARASYNC_RETURN_IF_ERROR(RunDataPath(st, report));
+  if (st.Want("barrier")) PARASYNC_RETURN_IF_ERROR(RunBarrier(st, report));
+  if (st.Want("apply")) PARASYNC_RETURN_IF_ERROR(RunApply(st, memcpy_table, report));
+  if (st.Want("small")) PARASYNC_RETURN_IF_ERROR(RunSmall(st, report));
+  return Status::Ok();
+}
+
+std::string CpuName() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "parasync-bench: the data path, measured in one run against its ceilings. Rows: memcpy "
+      "bandwidth; the raw ZeroMQ ceiling (bare DEALER/ROUTER over loopback TCP, zero-copy, "
+      "frames of at most 256 KiB like parasync's default slices) and "
+      "parasync's real Server + PsClient for push, pull and push+pull of one tensor (4 KiB .. "
+      "64 MiB, split over 1 or 2 servers, 1 or 4 client threads), as GB/s and as a ratio to "
+      "that ceiling; sync barrier round latency (p50/p99, 2/4/8 workers); the server's "
+      "optimizer apply bandwidth vs memcpy; pipelined 1 KiB pulls per second vs raw ZeroMQ. "
+      "Each figure is the median of --repeats repeats. The table goes to stdout, progress to "
+      "stderr."};
+  app.footer(
+      "Sections (for --only): memcpy, zmq (the raw ceilings alone), push, pull, pushpull "
+      "(each also measures its raw ceiling), barrier, apply, small.\n"
+      "Examples:\n"
+      "  tools/bench                      full run (about 3.5 minutes on 2 cores)\n"
+      "  tools/bench --quick              4 KiB, 1 MiB and 64 MiB only, 0.1 s repeats (< 2 min)\n"
+      "  tools/bench --only pull,small --seconds 1\n"
+      "  tools/bench --only zmq,push --sizes 4096,16777216\n"
+      "  tools/bench --quick --json       one JSON object per row\n"
+      "Exit status: 0 with figures printed, 1 when anything failed (no figures printed), 2 for "
+      "bad flags.");
+  Settings st;
+  app.add_flag("--json", st.json,
+               "Print one JSON object per row per line ({\"what\", \"size\" (bytes), \"shards\", "
+               "\"workers\", \"median\", \"p99\", \"unit\", \"ceiling\", \"ratio\"}; null where "
+               "not applicable) instead of the markdown table");
+  app.add_flag("--quick", st.quick,
+               "Sizes 4 KiB, 1 MiB and 64 MiB only and 0.1 s per measurement unless --seconds "
+               "is given: the whole run in under 2 minutes on 2 cores");
+  app.add_option("--repeats", st.repeats, "Repeats per figure; the median is reported")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  auto* seconds_option =
+      app.add_option("--seconds", st.seconds,
+                     "Seconds per measurement (one repeat of one row; a round that takes longer "
+                     "is still completed) [default: 0.25, --quick 0.1]")
+          ->check(CLI::Range(0.01, 600.0));
+  app.add_option("--only", st.only, "Comma-separated sections to run (default: all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(kSections));
+  std::vector<int64_t> sizes;
+  app.add_option("--sizes", sizes,
+                 "Comma-separated tensor sizes in bytes for memcpy and the data path, each a "
+                 "multiple of 1024 up to 1 GiB [default: 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB; "
+                 "--quick: 4 KiB, 1 MiB, 64 MiB]")
+      ->delimiter(',')
+      ->check(CLI::Range(kKiB, 1024 * kMiB))
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            try {
+              return std::stoll(v) % kKiB == 0 ? std::string() : "not a multiple of 1024";
+            } catch (const std::exception&) {
+              return std::string("not a number");
+            }
+          },
+          "MULTIPLE OF 1024"));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::fprintf(stderr, "%s: %s (see --help)\n", kProgram, e.what());
+    return 2;
+  }
+  if (st.quick) {
+    st.sizes = {4 * kKiB, 1 * kMiB, 64 * kMiB};
+    if (seconds_option->count() == 0) st.seconds = 0.1;
+  } else {
+    st.sizes = {4 * kKiB, 64 * kKiB, 1 * kMiB, 16 * kMiB, 64 * kMiB};
+  }
+  if (!sizes.empty()) st.sizes = sizes;
+  // The servers log warnings (a rejected request, a resend); info lines would drown progress.
+  spdlog::set_level(spdlog::level::warn);
+
+  std::string command = "parasync-bench";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  const auto start = Clock::now();
+  Report report;
+  Status status;
+  try {
+    status = RunAll(st, report);
+  } catch (const std::exception& e) {
+    status = Status::Internal(std::string("exception: ") + e.what());
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s: error: %s\n%s: the run failed; no figures printed\n", kProgram,
+                 status.ToString().c_str(), kProgram);
+    return 1;
+  }
+  const double elapsed = Since(start, Clock::now());
+  if (st.json) {
+    report.PrintJson();
+  } else {
+    char date[32] = {};
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%MZ", &utc);
+    const std::string preamble = fmt::format(
+        "date: {}; CPU: {} ({} cores); command: {}\n"
+        "median of {} repeats of ~{} s each; loopback TCP; every server and client has its own "
+        "ZeroMQ context; run took {:.0f} s\n",
+        date, CpuName(), std::thread::hardware_concurrency(), command, st.repeats, st.seconds,
+        elapsed);
+    report.PrintTable(preamble);
+  }
+  Progress(fmt::format("done in {:.0f} s", elapsed));
+  return 0;
+}
