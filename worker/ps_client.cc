@@ -35,10 +35,10 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(zmq::context_t& context,
   return client;
 }
 
-Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
-                                                std::vector<Outgoing> requests,
-                                                std::chrono::milliseconds timeout,
-                                                bool interruptible) {
+Result<std::vector<Inbound>> PsClient::Exchange(
+    std::vector<int> shards, std::vector<Outgoing> requests, std::chrono::milliseconds timeout,
+    bool interruptible, std::vector<std::chrono::steady_clock::time_point>* answered_at,
+    size_t short_count, std::chrono::milliseconds short_timeout) {
   using Clock = std::chrono::steady_clock;
   const size_t n = shards.size();
   std::vector<uint64_t> ids(n);
@@ -76,19 +76,30 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
   const auto start = Clock::now();
   const auto deadline = start + timeout;
   std::vector<Socket*> waiting;
-  std::vector<size_t> waiting_index;
+  std::vector<int> waiting_shard;
+  if (answered_at != nullptr) answered_at->assign(n, Clock::time_point{});
   while (pending > 0) {
     if (interruptible && options_.interrupted && options_.interrupted()) {
       return Status::Aborted("interrupted while waiting for the parameter servers");
     }
     const auto now = Clock::now();
-    if (now >= deadline) {
+    // Requests [0, short_count) must be answered within short_timeout (PushPull's pushes,
+    // whose pulls may wait far longer at a barrier).
+    const bool short_overdue = [&] {
+      if (now < start + short_timeout) return false;
+      for (size_t i = 0; i < std::min(short_count, n); ++i) {
+        if (!replies[i]) return true;
+      }
+      return false;
+    }();
+    if (now >= deadline || short_overdue) {
       std::string silent;
-      for (size_t i = 0; i < n; ++i) {
+      for (size_t i = 0; i < (short_overdue ? std::min(short_count, n) : n); ++i) {
         if (!replies[i]) silent += (silent.empty() ? "" : ", ") + who(i);
       }
       return Status::TimedOut("no reply from " + silent + " within " +
-                              std::to_string(timeout.count()) + " ms");
+                              std::to_string((short_overdue ? short_timeout : timeout).count()) +
+                              " ms");
     }
     // A restarted server lost what was sent to its predecessor; a lost reply is asked for
     // again after resend_after. Same id: whichever reply comes first is taken.
@@ -121,17 +132,21 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
       ++resends_;
       if (Status st = send(i); !st.ok()) return st.WithContext(who(i));
     }
+    // Every shard with an unanswered request, once (a shard may have several: PushPull).
     waiting.clear();
-    waiting_index.clear();
+    waiting_shard.clear();
     for (size_t i = 0; i < n; ++i) {
-      if (!replies[i]) {
-        // A refused CURVE key never gets an answer: say so now instead of waiting it out.
-        if (auto refused = sockets_[static_cast<size_t>(shards[i])]->HandshakeFailure()) {
-          return Status::Unavailable(who(i) + ": " + *refused);
-        }
-        waiting.push_back(sockets_[static_cast<size_t>(shards[i])].get());
-        waiting_index.push_back(i);
+      if (replies[i]) continue;
+      const int shard = shards[i];
+      if (std::find(waiting_shard.begin(), waiting_shard.end(), shard) != waiting_shard.end()) {
+        continue;
       }
+      // A refused CURVE key never gets an answer: say so now instead of waiting it out.
+      if (auto refused = sockets_[static_cast<size_t>(shard)]->HandshakeFailure()) {
+        return Status::Unavailable(who(i) + ": " + *refused);
+      }
+      waiting.push_back(sockets_[static_cast<size_t>(shard)].get());
+      waiting_shard.push_back(shard);
     }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
     auto ready = WaitReadable(waiting, std::min(left, std::chrono::milliseconds(100)) +
@@ -139,26 +154,37 @@ Result<std::vector<Inbound>> PsClient::Exchange(std::vector<int> shards,
     if (!ready.ok()) return ready.status();
     for (size_t k = 0; k < waiting.size(); ++k) {
       if (!(*ready)[k]) continue;
-      const size_t i = waiting_index[k];
-      // Drain: replies to abandoned requests (other ids) may be queued ahead of ours.
+      // Drain what is queued: replies to abandoned requests (other ids) may be ahead of ours.
       for (;;) {
         auto in = waiting[k]->Receive(std::chrono::milliseconds(0));
         if (!in.ok()) return in.status();
         if (!in->has_value()) break;
         Inbound& msg = **in;
-        if (!msg.header.ok()) return msg.header.status().WithContext(who(i) + " sent a bad reply");
-        if (msg.header->incarnation != 0) {
-          incarnation_[static_cast<size_t>(shards[i])] = msg.header->incarnation;
+        size_t i = n;
+        for (size_t j = 0; j < n; ++j) {
+          if (shards[j] == waiting_shard[k] && !replies[j] &&
+              (!msg.header.ok() || msg.header->request_id == ids[j])) {
+            i = j;
+            break;
+          }
         }
-        if (msg.header->request_id != ids[i]) continue;  // a late reply to an abandoned request
+        if (!msg.header.ok()) {
+          return msg.header.status().WithContext(
+              "ps shard " + std::to_string(waiting_shard[k]) + " (" +
+              options_.ps_addresses[static_cast<size_t>(waiting_shard[k])] + ") sent a bad reply");
+        }
+        if (msg.header->incarnation != 0) {
+          incarnation_[static_cast<size_t>(waiting_shard[k])] = msg.header->incarnation;
+        }
+        if (i == n) continue;  // a late reply to an abandoned request
         if (!msg.header->status.ok()) return msg.header->status.WithContext(who(i));
         if (complained[i]) {
           spdlog::info("{} answered again after {:.1f} s", who(i),
                        std::chrono::duration<double>(Clock::now() - start).count());
         }
+        if (answered_at != nullptr) (*answered_at)[i] = Clock::now();
         replies[i] = std::move(msg);
         --pending;
-        break;
       }
     }
   }
@@ -212,30 +238,51 @@ Status PsClient::Adopt(const ModelRegistration& reg) {
   return Status::Ok();
 }
 
-Status PsClient::Pull(std::span<float* const> params, int64_t min_version) {
-  if (!map_) return Status::FailedPrecondition("Pull before Register");
-  if (params.size() != var_sizes_.size()) return Status::InvalidArgument("wrong number of variables");
-  std::vector<int> shards;
-  std::vector<Outgoing> requests;
+void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::vector<int>* shards,
+                               std::vector<Outgoing>* requests) const {
   for (int s = 0; s < num_shards(); ++s) {
     if (map_->SlicesOfShard(s).empty()) continue;
     Outgoing o;
     o.header.type = MsgType::kPull;
-    o.header.min_version = min_version == kNextStep ? next_step_[static_cast<size_t>(s)] : min_version;
+    o.header.min_version = min_versions[static_cast<size_t>(s)];
     o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
     for (uint32_t id : map_->SlicesOfShard(s)) {
       o.header.slices.push_back({id, 0, map_->slices()[id].length});
     }
-    shards.push_back(s);
-    requests.push_back(std::move(o));
+    shards->push_back(s);
+    requests->push_back(std::move(o));
   }
-  const bool may_wait = options_.pulls_may_wait || min_version != 0;
-  auto replies = Exchange(shards, std::move(requests),
-                          may_wait ? options_.blocking_timeout : options_.request_timeout);
-  if (!replies.ok()) return replies.status();
+}
+
+void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batch_examples,
+                               int64_t read_version, std::vector<int>* shards,
+                               std::vector<Outgoing>* requests) {
+  // One sequence number per push, the same on every shard: a resend is applied at most once.
+  const uint64_t seq = seq_base_ | ((++pushes_) & 0xffffffffULL);
+  for (int s = 0; s < num_shards(); ++s) {
+    if (map_->SlicesOfShard(s).empty()) continue;
+    Outgoing o;
+    o.header.type = MsgType::kPush;
+    o.header.batch_examples = batch_examples;
+    o.header.seq = seq;
+    o.header.version = read_version == kLastRead ? read_versions_[static_cast<size_t>(s)] : read_version;
+    o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
+    for (uint32_t id : map_->SlicesOfShard(s)) {
+      const SliceInfo& info = map_->slices()[id];
+      o.header.slices.push_back({id, 0, info.length});
+      o.frames.emplace_back(grads[info.var_index] + info.offset,
+                            static_cast<size_t>(info.length) * sizeof(float));
+    }
+    shards->push_back(s);
+    requests->push_back(std::move(o));
+  }
+}
+
+Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const int> shards,
+                                 std::span<Inbound> replies) {
   int64_t lowest = INT64_MAX;
-  for (size_t i = 0; i < replies->size(); ++i) {
-    Inbound& in = (*replies)[i];
+  for (size_t i = 0; i < replies.size(); ++i) {
+    Inbound& in = replies[i];
     const std::vector<uint32_t>& ids = map_->SlicesOfShard(shards[i]);
     if (in.header->slices.size() != ids.size() || in.frames.size() != ids.size()) {
       return Status::Corruption("ps shard " + std::to_string(shards[i]) +
@@ -258,38 +305,13 @@ Status PsClient::Pull(std::span<float* const> params, int64_t min_version) {
   return Status::Ok();
 }
 
-Status PsClient::Push(std::span<const float* const> grads, int64_t batch_examples,
-                      int64_t read_version) {
-  if (!map_) return Status::FailedPrecondition("Push before Register");
-  if (grads.size() != var_sizes_.size()) return Status::InvalidArgument("wrong number of variables");
-  // One sequence number per push, the same on every shard: a resend is applied at most once.
-  const uint64_t seq = seq_base_ | ((++pushes_) & 0xffffffffULL);
-  std::vector<int> shards;
-  std::vector<Outgoing> requests;
-  for (int s = 0; s < num_shards(); ++s) {
-    if (map_->SlicesOfShard(s).empty()) continue;
-    Outgoing o;
-    o.header.type = MsgType::kPush;
-    o.header.batch_examples = batch_examples;
-    o.header.seq = seq;
-    o.header.version = read_version == kLastRead ? read_versions_[static_cast<size_t>(s)] : read_version;
-    o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
-    for (uint32_t id : map_->SlicesOfShard(s)) {
-      const SliceInfo& info = map_->slices()[id];
-      o.header.slices.push_back({id, 0, info.length});
-      o.frames.emplace_back(grads[info.var_index] + info.offset,
-                            static_cast<size_t>(info.length) * sizeof(float));
-    }
-    shards.push_back(s);
-    requests.push_back(std::move(o));
-  }
-  auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
-  if (!replies.ok()) return replies.status();
+void PsClient::TakePushReplies(int64_t read_version, std::span<const int> shards,
+                               std::span<const Inbound> replies) {
   int64_t lowest = INT64_MAX;
   last_push_dropped_ = false;
   last_push_staleness_ = -1;
-  for (size_t i = 0; i < replies->size(); ++i) {
-    const Header& h = *(*replies)[i].header;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    const Header& h = *replies[i].header;
     lowest = std::min(lowest, h.version);
     last_push_dropped_ |= h.dropped;
     if (!h.dropped && !h.replayed) last_push_staleness_ = std::max(last_push_staleness_, h.staleness);
@@ -297,7 +319,78 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
     next_step_[s] = read_version == kLastRead ? read_versions_[s] + 1 : read_version + 1;
   }
   last_version_ = lowest == INT64_MAX ? 0 : lowest;
+}
+
+std::vector<int64_t> PsClient::PullVersions(int64_t min_version) const {
+  if (min_version == kNextStep) return next_step_;
+  return std::vector<int64_t>(static_cast<size_t>(num_shards()), min_version);
+}
+
+Status PsClient::Pull(std::span<float* const> params, int64_t min_version) {
+  if (!map_) return Status::FailedPrecondition("Pull before Register");
+  if (params.size() != var_sizes_.size()) return Status::InvalidArgument("wrong number of variables");
+  std::vector<int> shards;
+  std::vector<Outgoing> requests;
+  AddPullRequests(PullVersions(min_version), &shards, &requests);
+  const bool may_wait = options_.pulls_may_wait || min_version != 0;
+  auto replies = Exchange(shards, std::move(requests),
+                          may_wait ? options_.blocking_timeout : options_.request_timeout);
+  if (!replies.ok()) return replies.status();
+  return TakePullReplies(params, shards, *replies);
+}
+
+Status PsClient::Push(std::span<const float* const> grads, int64_t batch_examples,
+                      int64_t read_version) {
+  if (!map_) return Status::FailedPrecondition("Push before Register");
+  if (grads.size() != var_sizes_.size()) return Status::InvalidArgument("wrong number of variables");
+  std::vector<int> shards;
+  std::vector<Outgoing> requests;
+  AddPushRequests(grads, batch_examples, read_version, &shards, &requests);
+  auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
+  if (!replies.ok()) return replies.status();
+  TakePushReplies(read_version, shards, *replies);
   return Status::Ok();
+}
+
+Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_examples,
+                          std::span<float* const> params, int64_t min_version,
+                          PushPullTimes* times) {
+  using Clock = std::chrono::steady_clock;
+  if (!map_) return Status::FailedPrecondition("PushPull before Register");
+  if (grads.size() != var_sizes_.size() || params.size() != var_sizes_.size()) {
+    return Status::InvalidArgument("wrong number of variables");
+  }
+  // The pull of the next step waits for the step this push contributes to: the version it
+  // was computed from, plus one (what Push would have set).
+  std::vector<int64_t> min_versions = PullVersions(min_version);
+  if (min_version == kNextStep) {
+    for (size_t s = 0; s < min_versions.size(); ++s) min_versions[s] = read_versions_[s] + 1;
+  }
+  std::vector<int> shards;
+  std::vector<Outgoing> requests;
+  AddPushRequests(grads, batch_examples, kLastRead, &shards, &requests);
+  const size_t num_push = shards.size();
+  AddPullRequests(min_versions, &shards, &requests);
+  const bool may_wait = options_.pulls_may_wait || min_version != 0;
+  const auto start = Clock::now();
+  std::vector<Clock::time_point> answered;
+  auto replies = Exchange(shards, std::move(requests),
+                          may_wait ? options_.blocking_timeout : options_.request_timeout,
+                          /*interruptible=*/true, &answered, num_push, options_.request_timeout);
+  if (!replies.ok()) return replies.status();
+  const std::span<const int> all(shards);
+  const std::span<Inbound> in(*replies);
+  TakePushReplies(kLastRead, all.first(num_push), in.first(num_push));
+  if (times != nullptr) {
+    Clock::time_point pushed = start, done = start;
+    for (size_t i = 0; i < answered.size(); ++i) {
+      (i < num_push ? pushed : done) = std::max(i < num_push ? pushed : done, answered[i]);
+    }
+    done = std::max(done, pushed);
+    times->push_seconds = std::chrono::duration<double>(pushed - start).count();
+    times->pull_seconds = std::chrono::duration<double>(done - pushed).count();
+  }
+  return TakePullReplies(params, all.subspan(num_push), in.subspan(num_push));
 }
 
 Status PsClient::Leave(std::chrono::milliseconds timeout) {

@@ -93,6 +93,20 @@ class PsClient {
   Status Push(std::span<const float* const> grads, int64_t batch_examples,
               int64_t read_version = kLastRead);
 
+  // Push, then Pull, pipelined: both go out at once and each shard answers the pull after it
+  // handled the push (a connection keeps its order), so one round trip does both — what a
+  // training step needs (the parameters for the next batch). Same rules as Push(grads,
+  // batch_examples) followed by Pull(params, min_version); with kNextStep the pull waits for
+  // the step this push contributes to. `times`, if given, splits the wait: until the last
+  // push acknowledgement, and from there until the last pull reply.
+  struct PushPullTimes {
+    double push_seconds = 0;
+    double pull_seconds = 0;
+  };
+  Status PushPull(std::span<const float* const> grads, int64_t batch_examples,
+                  std::span<float* const> params, int64_t min_version = 0,
+                  PushPullTimes* times = nullptr);
+
   // Tells every shard this worker is done, so barriers stop waiting for it. Best effort:
   // waits for the acknowledgements up to `timeout`, even when `interrupted` says stop.
   Status Leave(std::chrono::milliseconds timeout);
@@ -132,10 +146,28 @@ class PsClient {
       : sockets_(std::move(sockets)), options_(options) {}
 
   // Sends requests[i] to shard shards[i] and waits for their replies (same order), each
-  // checked for an ok status. TimedOut after `timeout`.
-  Result<std::vector<Inbound>> Exchange(std::vector<int> shards, std::vector<Outgoing> requests,
-                                        std::chrono::milliseconds timeout,
-                                        bool interruptible = true);
+  // checked for an ok status. A shard may get several requests (they are matched by id).
+  // TimedOut after `timeout`, or after `short_timeout` if one of the first `short_count`
+  // requests is still unanswered. `answered_at`, if given, gets each reply's arrival time.
+  Result<std::vector<Inbound>> Exchange(
+      std::vector<int> shards, std::vector<Outgoing> requests, std::chrono::milliseconds timeout,
+      bool interruptible = true,
+      std::vector<std::chrono::steady_clock::time_point>* answered_at = nullptr,
+      size_t short_count = 0, std::chrono::milliseconds short_timeout = {});
+
+  // The requests of a pull (min_versions by shard) / a push, one per shard that holds slices,
+  // appended to shards and requests; and what their replies tell.
+  void AddPullRequests(const std::vector<int64_t>& min_versions, std::vector<int>* shards,
+                       std::vector<Outgoing>* requests) const;
+  void AddPushRequests(std::span<const float* const> grads, int64_t batch_examples,
+                       int64_t read_version, std::vector<int>* shards,
+                       std::vector<Outgoing>* requests);
+  Status TakePullReplies(std::span<float* const> params, std::span<const int> shards,
+                         std::span<Inbound> replies);
+  void TakePushReplies(int64_t read_version, std::span<const int> shards,
+                       std::span<const Inbound> replies);
+  // Each shard's min_version for a pull with `min_version` (kNextStep: next_step_).
+  std::vector<int64_t> PullVersions(int64_t min_version) const;
 
   // Exchange of the same tensor-less request with every shard.
   Result<std::vector<Inbound>> Broadcast(const Header& header, std::chrono::milliseconds timeout,

@@ -168,6 +168,7 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
     PARASYNC_RETURN_IF_ERROR(evaluate(0, NAN, 0.0));
   }
   bool stop = false;
+  bool have_params = false;  // params hold the model for the next step
   for (int epoch = 1; epoch <= o.epochs && !stop; ++epoch) {
     metrics.epoch->Set(epoch);
     if (o.shuffle) ShuffleForEpoch(&shard, o.seed, o.rank, epoch);
@@ -189,7 +190,11 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       GatherBatch(train, std::span<const int64_t>(shard.data() + first, count), bx, by);
       const auto t0 = Clock::now();
       // Sync: each shard answers once it has applied the step this worker last pushed to.
-      PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs, sync ? PsClient::kNextStep : 0));
+      // After the first step the parameters came with the last push (PushPull below).
+      if (!have_params) {
+        PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs, sync ? PsClient::kNextStep : 0));
+        have_params = true;
+      }
       const auto t1 = Clock::now();
       auto loss = backend.ForwardBackward(params.cptrs, bx, by,
                                           static_cast<int>(count), grads.ptrs);
@@ -206,8 +211,11 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       }
       if (o.step_delay.count() > 0) std::this_thread::sleep_for(o.step_delay);
       const auto t2 = Clock::now();
-      PARASYNC_RETURN_IF_ERROR(client.Push(grads.cptrs, static_cast<int64_t>(count)));
-      const auto t3 = Clock::now();
+      // The gradient out and the next step's parameters in, in one round trip.
+      PsClient::PushPullTimes exchange;
+      PARASYNC_RETURN_IF_ERROR(client.PushPull(grads.cptrs, static_cast<int64_t>(count),
+                                               params.ptrs, sync ? PsClient::kNextStep : 0,
+                                               &exchange));
       if (client.last_push_dropped()) {
         ++summary.dropped;
         metrics.dropped->Increment();
@@ -219,7 +227,8 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       }
       sync_client_counters();
 
-      const double pull_s = Seconds(t0, t1), compute_s = Seconds(t1, t2), push_s = Seconds(t2, t3);
+      const double pull_s = Seconds(t0, t1) + exchange.pull_seconds;
+      const double compute_s = Seconds(t1, t2), push_s = exchange.push_seconds;
       t_pull += pull_s;
       t_compute += compute_s;
       t_push += push_s;

@@ -476,6 +476,41 @@ TEST(ServerShardsTest, TwoShardsServeTheirSlicesAndPullSeesSgdUpdate) {
   EXPECT_EQ((*stats)[1].version, 1);
 }
 
+TEST(ServerShardsTest, PushPullAppliesThePushBeforeAnsweringThePullOnEveryShard) {
+  zmq::context_t context;
+  RunningServer s0(context, 0, 2);
+  RunningServer s1(context, 1, 2);
+  ASSERT_TRUE(s0.started() && s1.started());
+  PsClientOptions options;
+  options.ps_addresses = {s0.endpoint(), s1.endpoint()};
+  options.request_timeout = kWait;
+  auto connected = PsClient::Connect(context, options);
+  ASSERT_TRUE(connected.ok());
+  std::unique_ptr<PsClient> client = std::move(connected).value();
+  const ModelRegistration reg = SmallModel(2);
+  ASSERT_TRUE(client->Register(reg, kWait).ok());
+  std::vector<std::vector<float>> grads = Gradients(reg);
+  std::vector<std::vector<float>> params = {std::vector<float>(200), std::vector<float>(10)};
+  // Twice: the second pull must see both pushes (each reply after its own push).
+  const std::vector<std::vector<float>> w0 = InitialValues(reg);
+  for (int round = 1; round <= 2; ++round) {
+    PsClient::PushPullTimes times;
+    Status s = client->PushPull(Pointers<const float>(grads), 8, Pointers<float>(params), 0, &times);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(client->last_version(), round);
+    EXPECT_FALSE(client->last_push_dropped());
+    EXPECT_GE(times.push_seconds, 0.0);
+    EXPECT_GE(times.pull_seconds, 0.0);
+    for (size_t v = 0; v < params.size(); ++v) {
+      for (size_t i = 0; i < params[v].size(); ++i) {
+        EXPECT_FLOAT_EQ(params[v][i],
+                        w0[v][i] - static_cast<float>(round) * kLearningRate * grads[v][i])
+            << "round " << round << " " << reg.variables[v].name << "[" << i << "]";
+      }
+    }
+  }
+}
+
 TEST(ServerCreateTest, BindToAddressInUseIsUnavailable) {
   zmq::context_t context;
   RunningServer first(context, 0, 1);
@@ -644,6 +679,70 @@ TEST_F(ModeServerTest, SyncPullWaitsForEveryRankThenSeesTheMeanGradient) {
   EXPECT_EQ(stats.mode, "sync");
   EXPECT_EQ(stats.live_workers, 2);
   EXPECT_GE(stats.blocked_pulls, 1);
+}
+
+TEST_F(ModeServerTest, SyncPushPullOfTheNextStepWaitsForTheOtherRankAndSeesTheMean) {
+  ASSERT_TRUE(Start(ModeOptions("sync", 2)));
+  const ModelRegistration reg = ModeModel("sync");
+  std::unique_ptr<PsClient> w0 = Worker(0, reg);
+  std::unique_ptr<PsClient> w1 = Worker(1, reg);
+  ASSERT_TRUE(w0 && w1);
+  std::vector<std::vector<float>> g0 = GradientsOfRank(reg, 0);
+  std::vector<std::vector<float>> g1 = GradientsOfRank(reg, 1);
+  std::vector<std::vector<float>> p0 = NewParams();
+  std::vector<std::vector<float>> p1 = NewParams();
+  ASSERT_TRUE(w0->Pull(Pointers<float>(p0)).ok());  // version 0: what step 0 is computed from
+  ASSERT_TRUE(w1->Pull(Pointers<float>(p1)).ok());
+
+  std::future<Status> step0 = std::async(std::launch::async, [&] {
+    return w0->PushPull(Pointers<const float>(g0), 8, Pointers<float>(p0), PsClient::kNextStep);
+  });
+  EXPECT_EQ(step0.wait_for(kStillParked), std::future_status::timeout)
+      << "rank 0's pull of step 1 was answered before rank 1 pushed";
+  Status s1 = w1->PushPull(Pointers<const float>(g1), 8, Pointers<float>(p1), PsClient::kNextStep);
+  ASSERT_TRUE(s1.ok()) << s1.ToString();
+  ASSERT_EQ(step0.wait_for(kWait), std::future_status::ready);
+  Status s0 = step0.get();
+  ASSERT_TRUE(s0.ok()) << s0.ToString();
+  EXPECT_EQ(w0->last_version(), 1);
+  EXPECT_EQ(w1->last_version(), 1);
+  const std::vector<std::vector<float>> init = InitialValues(reg);
+  for (size_t v = 0; v < p0.size(); ++v) {
+    for (size_t i = 0; i < p0[v].size(); ++i) {
+      const float mean = (g0[v][i] + g1[v][i]) * 0.5f;
+      EXPECT_FLOAT_EQ(p0[v][i], init[v][i] - kLearningRate * mean);
+      EXPECT_FLOAT_EQ(p1[v][i], p0[v][i]);
+    }
+  }
+  // The next step's gradients are computed from version 1 and accepted for step 2.
+  ASSERT_TRUE(w1->Push(Pointers<const float>(g1), 8).ok());
+  EXPECT_FALSE(w1->last_push_dropped());
+}
+
+TEST_F(ModeServerTest, PushPullWhosePushIsNotAnsweredFailsAfterTheRequestTimeout) {
+  // A server that never answers (a bound socket nobody serves): the push must give up after
+  // request_timeout although the sync pull beside it may wait for blocking_timeout.
+  zmq::context_t silent_context;
+  auto silent = Socket::Bind(silent_context, "tcp://127.0.0.1:*");
+  ASSERT_TRUE(silent.ok());
+  PsClientOptions options;
+  options.ps_addresses = {(*silent)->LastEndpoint()};
+  options.rank = 0;
+  options.request_timeout = milliseconds(300);
+  options.blocking_timeout = std::chrono::hours(1);
+  options.pulls_may_wait = true;
+  auto client = PsClient::Connect(context_, options);
+  ASSERT_TRUE(client.ok());
+  const ModelRegistration reg = ModeModel("sync");
+  ASSERT_TRUE((*client)->Adopt(reg).ok());
+  std::vector<std::vector<float>> g = GradientsOfRank(reg, 0);
+  std::vector<std::vector<float>> p = NewParams();
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = (*client)->PushPull(Pointers<const float>(g), 8, Pointers<float>(p),
+                                 PsClient::kNextStep);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(s.code(), StatusCode::kTimedOut) << s.ToString();
+  EXPECT_LT(waited, 30.0) << "the push waited for the pull's blocking timeout";
 }
 
 TEST_F(ModeServerTest, SyncGradientForAnAppliedStepIsDroppedAndASecondForTheOpenStepNotCounted) {

@@ -10,7 +10,8 @@
 //             parasync's path for the same sizes, patterns and concurrency: real Servers
 //             (async, SGD) serving in threads and real PsClients (one per client thread),
 //             with the ratio to the raw ceiling of the same row measured in the same run;
-//   barrier   sync-mode round latency (Push, then Pull of the next step) for 2, 4, 8 workers;
+//   barrier   sync-mode round latency (PushPull: the gradient out, the next step in) for
+//             2, 4, 8 workers;
 //   apply     ApplyUpdate on a 64 MiB variable for SGD, momentum and Adam, vs memcpy;
 //   small     pipelined pulls of 1 KiB slices against one server, vs raw ZeroMQ.
 //
@@ -631,6 +632,15 @@ Result<std::unique_ptr<PsWorker>> ConnectWorker(const std::vector<std::string>& 
 }
 
 Status PsRound(PsWorker& w, Pattern pattern, const float* grad) {
+  if (pattern == Pattern::kPushPull) {
+    // What a training step does: the gradient out and the parameters in, one round trip.
+    const float* grads[] = {grad};
+    float* params[] = {w.params.data()};
+    PARASYNC_RETURN_IF_ERROR(w.client->PushPull(grads, 1, params));
+    if (w.client->last_push_dropped()) return Status::Internal("an async push was dropped");
+    Clobber(w.params.data());
+    return Status::Ok();
+  }
   if (pattern != Pattern::kPull) {
     const float* grads[] = {grad};
     PARASYNC_RETURN_IF_ERROR(w.client->Push(grads, 1));
@@ -876,9 +886,9 @@ Status RunBarrier(const Settings& st, Report& report) {
       const float* grads[] = {grad.data()};
       float* params[] = {pw.params.data()};
       const auto t0 = Clock::now();
-      PARASYNC_RETURN_IF_ERROR(pw.client->Push(grads, 1));
+      // A training step of sync mode: the gradient of step t out, the model of step t+1 in.
+      PARASYNC_RETURN_IF_ERROR(pw.client->PushPull(grads, 1, params, PsClient::kNextStep));
       if (pw.client->last_push_dropped()) return Status::Internal("a sync push was dropped");
-      PARASYNC_RETURN_IF_ERROR(pw.client->Pull(params, PsClient::kNextStep));
       latency_us[static_cast<size_t>(w)].push_back(Since(t0, Clock::now()) * 1e6);
       return Status::Ok();
     };
