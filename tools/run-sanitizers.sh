@@ -68,11 +68,16 @@ case "$mode" in
     ;;
   tsan)
     configure+=(-DPARASYNC_SANITIZE=thread)
-    # What runs threads against each other in one process: the server loop against clients
-    # and heartbeaters (ps_test), the transport (common_test), and the multi-process
-    # integration tests, whose PS and worker processes are TSan builds too. The GPU, deploy
-    # and comparison tests add no concurrency of their own.
-    ctest_select=(-R '^(ps_test|common_test|integration_test)\.')
+    # What runs threads against each other: the unit tests (the server loop against clients
+    # and heartbeaters, the transport, the metrics server) and the multi-process integration
+    # tests, whose PS, worker and launcher processes are TSan builds too. The GPU, deploy and
+    # comparison tests add no concurrency of their own.
+    # Left out: tests whose bounds are wall-clock and which TSan's 5-20x slowdown breaks,
+    # not races — whole training runs under a deadline (CrashRecoveryTest: 3 epochs twice;
+    # TwoPsTwoWorkersReachEightyFivePercentInFiveEpochs: 5 epochs in 300 s) and a timing
+    # ratio (StragglerTest: the fast ranks' barrier wait < a quarter of the slow one's).
+    ctest_select=(-L '^(unit|integration)$'
+                  -E '^(CrashRecoveryTest\.|SyncModeTest\.TwoPsTwoWorkersReachEightyFivePercentInFiveEpochs$|Modes/StragglerTest\.)')
     ;;
   fuzz)
     configure+=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DPARASYNC_FUZZ=ON

@@ -1,9 +1,26 @@
 #!/usr/bin/env bash
 # Installs the dependencies, builds everything (the CUDA module too where nvcc exists) and
 # runs the whole test suite with CTest: unit tests and multi-process integration tests.
-# No GPU is needed; tests labelled gpu skip themselves without one.
+# No GPU is needed; tests labelled gpu skip themselves without one. Then, each in a build
+# tree of its own (docs/fuzzing.md):
+#   asan  the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (+ LSan)
+#   fuzz  the PS message fuzzer (clang, libFuzzer): the corpus replayed, then 60 s of fuzzing
+# Every stage runs even when an earlier one failed; the exit status is 0 only if all passed,
+# and a summary line per stage ends the output.
+#
+# PARASYNC_TEST_STAGES picks stages (default "main,asan,fuzz"; e.g. "main" for a quick
+# local run). .ci/run runs exactly this script with the default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+stages=${PARASYNC_TEST_STAGES:-main,asan,fuzz}
+for s in ${stages//,/ }; do
+  case "$s" in
+    main|asan|fuzz) ;;
+    *) echo "run-tests: unknown stage '$s' in PARASYNC_TEST_STAGES (main, asan, fuzz)" >&2; exit 2 ;;
+  esac
+done
+has_stage() { [[ ",$stages," == *",$1,"* ]]; }
+
 tools/install-deps.sh
 # The deploy/ validators' npm packages (ctest check_manifests), pinned by package-lock.json;
 # refreshed only when the lock file is newer than the install. Node.js comes with npm where
@@ -13,6 +30,30 @@ if [[ ! tests/deploy/manifests/node_modules/.package-lock.json -nt tests/deploy/
   npm ci --prefix tests/deploy/manifests --no-audit --no-fund ||
     npm ci --prefix tests/deploy/manifests --no-audit --no-fund
 fi
-tools/build.sh
-cd "${BUILD_DIR:-build}"
-ctest --output-on-failure --parallel "$(nproc)" --timeout 600
+
+summary=()
+failed=0
+run_stage() {
+  local name=$1
+  shift
+  local start rc=0
+  start=$(date +%s)
+  echo "run-tests: stage $name: started $(date -u +%H:%M:%SZ)"
+  "$@" || rc=$?
+  local took=$(( $(date +%s) - start ))
+  summary+=("$(printf '%-5s %s in %d min %02d s' "$name" "$([[ $rc -eq 0 ]] && echo passed || echo "FAILED (status $rc)")" $((took / 60)) $((took % 60)))")
+  if [[ $rc -ne 0 ]]; then failed=1; fi
+}
+
+main_stage() {
+  tools/build.sh
+  (cd "${BUILD_DIR:-build}" && ctest --output-on-failure --parallel "$(nproc)" --timeout 600)
+}
+
+if has_stage main; then run_stage main main_stage; fi
+if has_stage asan; then run_stage asan tools/run-sanitizers.sh asan; fi
+if has_stage fuzz; then run_stage fuzz tools/run-sanitizers.sh fuzz; fi
+
+echo "run-tests: summary"
+for line in "${summary[@]}"; do echo "  $line"; done
+exit "$failed"

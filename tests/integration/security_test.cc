@@ -179,6 +179,16 @@ class SecurityTest : public ::testing::Test {
     return {ports[0], ports[2]};
   }
 
+  // Every server's output so far, for failure messages.
+  std::string PsLogs() const {
+    std::string out;
+    for (size_t i = 0; i < ps_.size(); ++i) {
+      out += "--- ps" + std::to_string(i) + "\n" +
+             testing::ReadFile(dir_.path() + "/ps" + std::to_string(i) + ".log");
+    }
+    return out;
+  }
+
   std::optional<CurveClientKeys> Keys(const std::string& public_from, const std::string& secret_from) {
     auto pub = ReadKeyPairFile(keys_ + "/" + public_from + ".key");
     auto sec = ReadKeyPairFile(keys_ + "/" + secret_from + ".key");
@@ -256,7 +266,8 @@ TEST_F(SecurityTest, OnlyAllowedKeysGetInAndUnknownOnesAreCounted) {
   // The allowed key works: register, push, pull.
   auto good = Client(port, Keys("worker0", "worker0"), 10s);
   ASSERT_NE(good, nullptr);
-  ASSERT_TRUE(good->Register(reg, 10s).ok());
+  Status registered = good->Register(reg, 10s);
+  ASSERT_TRUE(registered.ok()) << registered.ToString() << "\n" << PsLogs();
   ASSERT_TRUE(good->Push(in, 32).ok());
   ASSERT_TRUE(good->Pull(out).ok());
   EXPECT_FLOAT_EQ(values[0], -1.0f);  // zeros - lr * 1
@@ -278,7 +289,8 @@ TEST_F(SecurityTest, PayloadsAreNotPlainTextOnTheWireUnderCurve) {
     auto client = Client(relay.port(), curve ? Keys("worker0", "worker0")
                                              : std::optional<CurveClientKeys>(), 10s);
     ASSERT_NE(client, nullptr);
-    ASSERT_TRUE(client->Register(reg, 10s).ok());
+    Status registered = client->Register(reg, 10s);
+    ASSERT_TRUE(registered.ok()) << registered.ToString() << "\n" << PsLogs();
     ASSERT_TRUE(client->Push(in, 1).ok());
     const std::string wire = relay.Captured();
     EXPECT_GT(wire.size(), grad.size() * sizeof(float)) << "the push did not cross the relay";
