@@ -1,31 +1,48 @@
 #include "worker/ps_client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <random>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 #include <cstring>
 
 namespace parasync {
 
+namespace {
+
+// ZeroMQ's free function for a push frame that points into the caller's gradients: nothing
+// to free, one frame less outstanding.
+void ReleaseFrame(void* /*data*/, void* hint) {
+  static_cast<std::atomic<int64_t>*>(hint)->fetch_sub(1, std::memory_order_release);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Socket>> PsClient::OpenSocket(zmq::context_t& context,
+                                                     const PsClientOptions& options, size_t shard) {
+  SocketOptions socket_options;
+  socket_options.send_timeout = options.request_timeout;
+  if (options.curve) {
+    socket_options.curve_public_key = options.curve->own.public_key;
+    socket_options.curve_secret_key = options.curve->own.secret_key;
+    socket_options.curve_server_public_key = options.curve->ServerKey(shard);
+  }
+  return Socket::Connect(context, ToEndpoint(options.ps_addresses[shard]), socket_options);
+}
+
 Result<std::unique_ptr<PsClient>> PsClient::Connect(zmq::context_t& context,
                                                     const PsClientOptions& options) {
   if (options.ps_addresses.empty()) return Status::InvalidArgument("no parameter servers given");
   std::vector<std::unique_ptr<Socket>> sockets;
-  SocketOptions socket_options;
-  socket_options.send_timeout = options.request_timeout;
   for (size_t shard = 0; shard < options.ps_addresses.size(); ++shard) {
-    const std::string& address = options.ps_addresses[shard];
-    if (options.curve) {
-      socket_options.curve_public_key = options.curve->own.public_key;
-      socket_options.curve_secret_key = options.curve->own.secret_key;
-      socket_options.curve_server_public_key = options.curve->ServerKey(shard);
-    }
-    auto s = Socket::Connect(context, ToEndpoint(address), socket_options);
+    auto s = OpenSocket(context, options, shard);
     if (!s.ok()) return s.status();
     sockets.push_back(std::move(s).value());
   }
   auto client = std::unique_ptr<PsClient>(new PsClient(std::move(sockets), options));
+  client->context_ = &context;
   client->read_versions_.assign(options.ps_addresses.size(), 0);
   client->next_step_.assign(options.ps_addresses.size(), 0);
   client->incarnation_.assign(options.ps_addresses.size(), 0);
@@ -33,6 +50,49 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(zmq::context_t& context,
   std::random_device rd;
   while (client->seq_base_ == 0) client->seq_base_ = uint64_t{rd()} << 32;
   return client;
+}
+
+PsClient::~PsClient() {
+  sockets_.clear();  // linger 0: ZeroMQ drops what is still queued, releasing its frames
+  if (!AwaitFramesReleased(std::chrono::seconds(2))) {
+    // A frame still held would call ReleaseFrame on a freed counter: keep the counter.
+    spdlog::error("{} push frame(s) not released by ZeroMQ at exit; leaking their counter",
+                  unreleased_->load());
+    (void)unreleased_.release();
+  }
+}
+
+bool PsClient::AwaitFramesReleased(std::chrono::steady_clock::duration limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (int spins = 0; unreleased_->load(std::memory_order_acquire) > 0; ++spins) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    if (spins < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  return true;
+}
+
+Status PsClient::ReleasePushFrames() {
+  // After the servers answered, every frame has been written out and is released within
+  // microseconds. A push that failed may still sit in a socket's queue (a server that is
+  // gone): those sockets are closed, which drops it, and opened again.
+  if (AwaitFramesReleased(std::chrono::milliseconds(100))) return Status::Ok();
+  spdlog::warn("push frames still queued after the exchange; reopening the connections");
+  for (size_t shard = 0; shard < sockets_.size(); ++shard) {
+    sockets_[shard].reset();
+    auto s = OpenSocket(*context_, options_, shard);
+    if (!s.ok()) return s.status().WithContext("reopening the connection to ps shard " +
+                                               std::to_string(shard));
+    sockets_[shard] = std::move(s).value();
+  }
+  if (AwaitFramesReleased(std::chrono::seconds(10))) return Status::Ok();
+  // Returning now would let the caller reuse memory ZeroMQ may still read.
+  spdlog::critical("ZeroMQ kept {} push frame(s) after their sockets were closed",
+                   unreleased_->load());
+  std::abort();
 }
 
 Result<std::vector<Inbound>> PsClient::Exchange(
@@ -270,8 +330,13 @@ void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batc
     for (uint32_t id : map_->SlicesOfShard(s)) {
       const SliceInfo& info = map_->slices()[id];
       o.header.slices.push_back({id, 0, info.length});
-      o.frames.emplace_back(grads[info.var_index] + info.offset,
-                            static_cast<size_t>(info.length) * sizeof(float));
+      // Zero-copy: the frame is the caller's memory, which Push keeps valid until ZeroMQ
+      // released every frame (ReleasePushFrames).
+      const float* data = grads[info.var_index] + info.offset;
+      unreleased_->fetch_add(1, std::memory_order_relaxed);
+      o.frames.emplace_back(const_cast<float*>(data),
+                            static_cast<size_t>(info.length) * sizeof(float), &ReleaseFrame,
+                            unreleased_.get());
     }
     shards->push_back(s);
     requests->push_back(std::move(o));
@@ -347,6 +412,7 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
   std::vector<Outgoing> requests;
   AddPushRequests(grads, batch_examples, read_version, &shards, &requests);
   auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
+  PARASYNC_RETURN_IF_ERROR(ReleasePushFrames());
   if (!replies.ok()) return replies.status();
   TakePushReplies(read_version, shards, *replies);
   return Status::Ok();
@@ -377,6 +443,7 @@ Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_exa
   auto replies = Exchange(shards, std::move(requests),
                           may_wait ? options_.blocking_timeout : options_.request_timeout,
                           /*interruptible=*/true, &answered, num_push, options_.request_timeout);
+  PARASYNC_RETURN_IF_ERROR(ReleasePushFrames());
   if (!replies.ok()) return replies.status();
   const std::span<const int> all(shards);
   const std::span<Inbound> in(*replies);

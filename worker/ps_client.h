@@ -10,6 +10,7 @@
 // Not thread-safe: one thread (the training loop) uses a PsClient.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -67,6 +68,9 @@ class PsClient {
   // client. InvalidArgument for no addresses, Unavailable if a socket cannot be made.
   static Result<std::unique_ptr<PsClient>> Connect(zmq::context_t& context,
                                                    const PsClientOptions& options);
+  ~PsClient();
+  PsClient(const PsClient&) = delete;
+  PsClient& operator=(const PsClient&) = delete;
 
   // Registers `reg` with every shard (reg.num_shards must equal the number of shards) and
   // builds the slice map. Waits up to `timeout` for servers that are still starting. Returns
@@ -86,7 +90,9 @@ class PsClient {
   Status Pull(std::span<float* const> params, int64_t min_version = 0);
 
   // Sends grads[v] (one array per variable, caller-owned, read only) to every shard; blocks
-  // until every shard acknowledged. `batch_examples` is how many examples the gradient
+  // until every shard acknowledged. The gradients are not copied: ZeroMQ sends them from
+  // the caller's memory, and Push (like PushPull) returns only once it no longer reads them,
+  // also when it fails. `batch_examples` is how many examples the gradient
   // averages over; `read_version` the version it was computed from — by default (kLastRead)
   // each shard's own version at this client's last pull. last_push_dropped() then says
   // whether a shard dropped it as stale.
@@ -144,6 +150,14 @@ class PsClient {
   };
   PsClient(std::vector<std::unique_ptr<Socket>> sockets, const PsClientOptions& options)
       : sockets_(std::move(sockets)), options_(options) {}
+  static Result<std::unique_ptr<Socket>> OpenSocket(zmq::context_t& context,
+                                                    const PsClientOptions& options, size_t shard);
+  // Push frames point into the caller's gradients (no copy). Waits until ZeroMQ released
+  // every one, so the caller may reuse its memory; a push stuck in a socket's queue (its
+  // server gone) is dropped by reopening the sockets. Returns an error only if a socket cannot
+  // be reopened.
+  Status ReleasePushFrames();
+  bool AwaitFramesReleased(std::chrono::steady_clock::duration limit);
 
   // Sends requests[i] to shard shards[i] and waits for their replies (same order), each
   // checked for an ok status. A shard may get several requests (they are matched by id).
@@ -175,6 +189,10 @@ class PsClient {
 
   std::vector<std::unique_ptr<Socket>> sockets_;
   PsClientOptions options_;
+  zmq::context_t* context_ = nullptr;
+  // Push frames handed to ZeroMQ and not yet released (ReleaseFrame). On the heap: ZeroMQ may
+  // release a frame after a socket is gone.
+  std::unique_ptr<std::atomic<int64_t>> unreleased_ = std::make_unique<std::atomic<int64_t>>(0);
   std::optional<SliceMap> map_;
   std::vector<int64_t> var_sizes_;
   uint64_t next_request_id_ = 1;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -743,6 +744,55 @@ TEST_F(ModeServerTest, PushPullWhosePushIsNotAnsweredFailsAfterTheRequestTimeout
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(s.code(), StatusCode::kTimedOut) << s.ToString();
   EXPECT_LT(waited, 30.0) << "the push waited for the pull's blocking timeout";
+}
+
+TEST_F(ModeServerTest, AFailedPushLeavesNothingQueuedThatReadsTheFreedGradientsLater) {
+  // Push frames are the caller's memory (no copy). A push to a server that is not up yet
+  // waits in the socket's queue; once Push has failed the caller frees its gradients, so
+  // that queued push must never go out. The server that comes up later must see the next
+  // request first.
+  zmq::context_t server_context;
+  std::string endpoint;
+  {
+    // An ephemeral port, free again at once: nobody listens there while the client pushes.
+    auto probe = Socket::Bind(server_context, "tcp://127.0.0.1:*");
+    ASSERT_TRUE(probe.ok());
+    endpoint = (*probe)->LastEndpoint();
+  }
+  PsClientOptions options;
+  options.ps_addresses = {endpoint};
+  options.rank = 0;
+  options.request_timeout = milliseconds(300);
+  auto client = PsClient::Connect(context_, options);
+  ASSERT_TRUE(client.ok());
+  const ModelRegistration reg = ModeModel("async");
+  ASSERT_TRUE((*client)->Adopt(reg).ok());
+  {
+    std::vector<std::vector<float>> g = GradientsOfRank(reg, 0);
+    Status s = (*client)->Push(Pointers<const float>(g), 8);
+    EXPECT_EQ(s.code(), StatusCode::kTimedOut) << s.ToString();
+    std::fill(g[0].begin(), g[0].end(), -7.0f);  // what a freed-and-reused buffer would hold
+  }
+  auto server = Socket::Bind(server_context, endpoint);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto stats = std::async(std::launch::async, [&] { return (*client)->Stats(); });
+  // The first message the server gets is the Stats request (answered, so Stats returns).
+  Result<std::optional<Inbound>> first = Status::Internal("nothing received");
+  for (int i = 0; i < 100; ++i) {
+    first = (*server)->Receive(milliseconds(100));
+    if (!first.ok() || first->has_value()) break;
+  }
+  ASSERT_TRUE(first.ok() && first->has_value()) << "the server received nothing";
+  ASSERT_TRUE((*first)->header.ok());
+  EXPECT_EQ((*first)->header->type, MsgType::kStats)
+      << "a push queued before the failure went out after it";
+  Header reply;
+  reply.type = MsgType::kStats;
+  reply.request_id = (*first)->header->request_id;
+  reply.stats = ShardStats{};
+  ASSERT_TRUE((*server)->Send(&(*first)->identity, reply, {}).ok());
+  ASSERT_EQ(stats.wait_for(kWait), std::future_status::ready);
+  EXPECT_TRUE(stats.get().ok());
 }
 
 TEST_F(ModeServerTest, SyncGradientForAnAppliedStepIsDroppedAndASecondForTheOpenStepNotCounted) {
