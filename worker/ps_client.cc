@@ -43,6 +43,8 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(zmq::context_t& context,
   }
   auto client = std::unique_ptr<PsClient>(new PsClient(std::move(sockets), options));
   client->context_ = &context;
+  client->num_counters_ = options.ps_addresses.size();
+  client->unreleased_ = std::make_unique<std::atomic<int64_t>[]>(client->num_counters_);
   client->read_versions_.assign(options.ps_addresses.size(), 0);
   client->next_step_.assign(options.ps_addresses.size(), 0);
   client->incarnation_.assign(options.ps_addresses.size(), 0);
@@ -55,16 +57,22 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(zmq::context_t& context,
 PsClient::~PsClient() {
   sockets_.clear();  // linger 0: ZeroMQ drops what is still queued, releasing its frames
   if (!AwaitFramesReleased(std::chrono::seconds(2))) {
-    // A frame still held would call ReleaseFrame on a freed counter: keep the counter.
-    spdlog::error("{} push frame(s) not released by ZeroMQ at exit; leaking their counter",
-                  unreleased_->load());
+    // A frame still held would call ReleaseFrame on freed counters: keep them.
+    spdlog::error("{} push frame(s) not released by ZeroMQ at exit; leaking their counters",
+                  Unreleased());
     (void)unreleased_.release();
   }
 }
 
+int64_t PsClient::Unreleased() const {
+  int64_t n = 0;
+  for (size_t s = 0; s < num_counters_; ++s) n += unreleased_[s].load(std::memory_order_acquire);
+  return n;
+}
+
 bool PsClient::AwaitFramesReleased(std::chrono::steady_clock::duration limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (int spins = 0; unreleased_->load(std::memory_order_acquire) > 0; ++spins) {
+  for (int spins = 0; Unreleased() > 0; ++spins) {
     if (std::chrono::steady_clock::now() >= deadline) return false;
     if (spins < 64) {
       std::this_thread::yield();
@@ -75,24 +83,42 @@ bool PsClient::AwaitFramesReleased(std::chrono::steady_clock::duration limit) {
   return true;
 }
 
-Status PsClient::ReleasePushFrames() {
-  // After the servers answered, every frame has been written out and is released within
-  // microseconds. A push that failed may still sit in a socket's queue (a server that is
-  // gone): those sockets are closed, which drops it, and opened again.
-  if (AwaitFramesReleased(std::chrono::milliseconds(100))) return Status::Ok();
-  spdlog::warn("push frames still queued after the exchange; reopening the connections");
+Status PsClient::ReleasePushFrames(bool answered) {
+  // After the servers answered, every frame has been written out (a resent copy may still be
+  // on its way: a live connection drains it); after a failure a push may sit in the queue of
+  // a server that is gone. Then the sockets that still hold frames are closed, which drops
+  // them, every frame is awaited, and only then are those sockets opened again.
+  if (AwaitFramesReleased(answered ? options_.request_timeout : std::chrono::milliseconds(100))) {
+    return Status::Ok();
+  }
+  std::vector<size_t> stuck;
   for (size_t shard = 0; shard < sockets_.size(); ++shard) {
+    if (unreleased_[shard].load(std::memory_order_acquire) == 0) continue;
     sockets_[shard].reset();
+    stuck.push_back(shard);
+  }
+  spdlog::warn("push frames still queued for {} ps shard(s); reopening those connections",
+               stuck.size());
+  if (!AwaitFramesReleased(std::chrono::seconds(10))) {
+    // Returning now would let the caller reuse memory ZeroMQ may still read.
+    spdlog::critical("ZeroMQ kept {} push frame(s) after their sockets were closed",
+                     Unreleased());
+    std::abort();
+  }
+  Status result;
+  for (size_t shard : stuck) {
     auto s = OpenSocket(*context_, options_, shard);
-    if (!s.ok()) return s.status().WithContext("reopening the connection to ps shard " +
-                                               std::to_string(shard));
+    if (!s.ok()) {
+      // Left null: every later request to this shard fails with Unavailable (Exchange).
+      if (result.ok()) {
+        result = s.status().WithContext("reopening the connection to ps shard " +
+                                        std::to_string(shard));
+      }
+      continue;
+    }
     sockets_[shard] = std::move(s).value();
   }
-  if (AwaitFramesReleased(std::chrono::seconds(10))) return Status::Ok();
-  // Returning now would let the caller reuse memory ZeroMQ may still read.
-  spdlog::critical("ZeroMQ kept {} push frame(s) after their sockets were closed",
-                   unreleased_->load());
-  std::abort();
+  return result;
 }
 
 Result<std::vector<Inbound>> PsClient::Exchange(
@@ -125,6 +151,11 @@ Result<std::vector<Inbound>> PsClient::Exchange(
     sent_to[i] = incarnation_[s];
     return sockets_[s]->Send(nullptr, requests[i].header, std::move(frames));
   };
+  for (size_t i = 0; i < n; ++i) {
+    if (!sockets_[static_cast<size_t>(shards[i])]) {
+      return Status::Unavailable(who(i) + ": its connection could not be reopened after a failed push");
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
     ids[i] = next_request_id_++;
     requests[i].header.request_id = ids[i];
@@ -333,10 +364,11 @@ void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batc
       // Zero-copy: the frame is the caller's memory, which Push keeps valid until ZeroMQ
       // released every frame (ReleasePushFrames).
       const float* data = grads[info.var_index] + info.offset;
-      unreleased_->fetch_add(1, std::memory_order_relaxed);
+      std::atomic<int64_t>* counter = &unreleased_[static_cast<size_t>(s)];
+      counter->fetch_add(1, std::memory_order_relaxed);
       o.frames.emplace_back(const_cast<float*>(data),
                             static_cast<size_t>(info.length) * sizeof(float), &ReleaseFrame,
-                            unreleased_.get());
+                            counter);
     }
     shards->push_back(s);
     requests->push_back(std::move(o));
@@ -412,8 +444,12 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
   std::vector<Outgoing> requests;
   AddPushRequests(grads, batch_examples, read_version, &shards, &requests);
   auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
-  PARASYNC_RETURN_IF_ERROR(ReleasePushFrames());
-  if (!replies.ok()) return replies.status();
+  const Status released = ReleasePushFrames(replies.ok());
+  if (!replies.ok()) {
+    if (!released.ok()) spdlog::warn("{}", released.ToString());
+    return replies.status();
+  }
+  PARASYNC_RETURN_IF_ERROR(released);
   TakePushReplies(read_version, shards, *replies);
   return Status::Ok();
 }
@@ -443,8 +479,12 @@ Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_exa
   auto replies = Exchange(shards, std::move(requests),
                           may_wait ? options_.blocking_timeout : options_.request_timeout,
                           /*interruptible=*/true, &answered, num_push, options_.request_timeout);
-  PARASYNC_RETURN_IF_ERROR(ReleasePushFrames());
-  if (!replies.ok()) return replies.status();
+  const Status released = ReleasePushFrames(replies.ok());
+  if (!replies.ok()) {
+    if (!released.ok()) spdlog::warn("{}", released.ToString());
+    return replies.status();
+  }
+  PARASYNC_RETURN_IF_ERROR(released);
   const std::span<const int> all(shards);
   const std::span<Inbound> in(*replies);
   TakePushReplies(kLastRead, all.first(num_push), in.first(num_push));

@@ -99,12 +99,16 @@ class PsClient {
   Status Push(std::span<const float* const> grads, int64_t batch_examples,
               int64_t read_version = kLastRead);
 
-  // Push, then Pull, pipelined: both go out at once and each shard answers the pull after it
-  // handled the push (a connection keeps its order), so one round trip does both — what a
-  // training step needs (the parameters for the next batch). Same rules as Push(grads,
-  // batch_examples) followed by Pull(params, min_version); with kNextStep the pull waits for
-  // the step this push contributes to. `times`, if given, splits the wait: until the last
-  // push acknowledgement, and from there until the last pull reply.
+  // Push, then Pull, pipelined: both go out at once and, on a live connection, each shard
+  // answers the pull after it handled the push (a connection keeps its order), so one round
+  // trip does both — what a training step needs (the parameters for the next batch). With
+  // kNextStep the pull waits for the step this push contributes to. Caveats: if a connection
+  // drops between the two, the pull may be answered before the resent push is applied
+  // (async: parameters without this gradient; sync waits for it anyway); and when the call
+  // fails, the push may have been applied — the caller cannot tell, so it must not retry
+  // the same gradient (the trainer stops on any error). The push must be acknowledged
+  // within request_timeout even when the pull may wait longer. `times`, if given, splits the
+  // wait: until the last push acknowledgement, and from there until the last pull reply.
   struct PushPullTimes {
     double push_seconds = 0;
     double pull_seconds = 0;
@@ -154,10 +158,13 @@ class PsClient {
                                                     const PsClientOptions& options, size_t shard);
   // Push frames point into the caller's gradients (no copy). Waits until ZeroMQ released
   // every one, so the caller may reuse its memory; a push stuck in a socket's queue (its
-  // server gone) is dropped by reopening the sockets. Returns an error only if a socket cannot
-  // be reopened.
-  Status ReleasePushFrames();
+  // server gone) is dropped by closing that socket, which is then opened again. `answered`:
+  // the exchange succeeded (frames drain by themselves; waited for up to request_timeout).
+  // Returns an error only if a socket cannot be reopened (it stays closed: requests to that
+  // shard then fail with Unavailable).
+  Status ReleasePushFrames(bool answered);
   bool AwaitFramesReleased(std::chrono::steady_clock::duration limit);
+  int64_t Unreleased() const;  // frames not yet released, all shards
 
   // Sends requests[i] to shard shards[i] and waits for their replies (same order), each
   // checked for an ok status. A shard may get several requests (they are matched by id).
@@ -190,9 +197,10 @@ class PsClient {
   std::vector<std::unique_ptr<Socket>> sockets_;
   PsClientOptions options_;
   zmq::context_t* context_ = nullptr;
-  // Push frames handed to ZeroMQ and not yet released (ReleaseFrame). On the heap: ZeroMQ may
-  // release a frame after a socket is gone.
-  std::unique_ptr<std::atomic<int64_t>> unreleased_ = std::make_unique<std::atomic<int64_t>>(0);
+  // Per shard: push frames handed to ZeroMQ and not yet released (ReleaseFrame). On the
+  // heap: ZeroMQ may release a frame after a socket is gone.
+  std::unique_ptr<std::atomic<int64_t>[]> unreleased_;
+  size_t num_counters_ = 0;
   std::optional<SliceMap> map_;
   std::vector<int64_t> var_sizes_;
   uint64_t next_request_id_ = 1;
