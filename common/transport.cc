@@ -206,11 +206,11 @@ Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout
   try {
     // Under load a message is usually queued already: take it without the poll (one system
     // call per message saved); poll only when there is none.
-    zmq::message_t first;
-    if (!socket_.recv(first, zmq::recv_flags::dontwait)) {
+    zmq::message_t part;
+    if (!socket_.recv(part, zmq::recv_flags::dontwait)) {
       zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
       if (zmq::poll(&item, 1, timeout) == 0) return std::optional<Inbound>();
-      if (!socket_.recv(first, zmq::recv_flags::dontwait)) return std::optional<Inbound>();
+      if (!socket_.recv(part, zmq::recv_flags::dontwait)) return std::optional<Inbound>();
     }
     Inbound in;
     std::vector<zmq::message_t> parts;
@@ -218,15 +218,7 @@ Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout
     const size_t limit = max_frames_ + (kind_ == Kind::kServer ? 2 : 1);
     parts.reserve(std::min<size_t>(limit, 8));
     bool too_many = false;
-    bool have_first = true;
-    for (;;) {
-      zmq::message_t part;
-      if (have_first) {
-        part = std::move(first);
-        have_first = false;
-      } else if (!socket_.recv(part, zmq::recv_flags::none)) {
-        return std::optional<Inbound>();
-      }
+    for (;;) {  // `part` holds the next frame; the rest of a message is already queued
       const bool more = part.more();
       if (parts.size() < limit) {
         parts.push_back(std::move(part));
@@ -234,6 +226,8 @@ Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout
         too_many = true;  // read the rest of the message, keep none of it
       }
       if (!more) break;
+      part = zmq::message_t();
+      if (!socket_.recv(part, zmq::recv_flags::none)) return std::optional<Inbound>();
     }
     size_t next = 0;
     if (kind_ == Kind::kServer) in.identity = std::move(parts[next++]);

@@ -83,6 +83,13 @@ bool PsClient::AwaitFramesReleased(std::chrono::steady_clock::duration limit) {
   return true;
 }
 
+Status PsClient::SettlePushFrames(const Status& exchange) {
+  const Status released = ReleasePushFrames(exchange.ok());
+  if (exchange.ok()) return released;
+  if (!released.ok()) spdlog::warn("{}", released.ToString());
+  return exchange;  // what went wrong first
+}
+
 Status PsClient::ReleasePushFrames(bool answered) {
   // After the servers answered, every frame has been written out (a resent copy may still be
   // on its way: a live connection drains it); after a failure a push may sit in the queue of
@@ -444,12 +451,7 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
   std::vector<Outgoing> requests;
   AddPushRequests(grads, batch_examples, read_version, &shards, &requests);
   auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
-  const Status released = ReleasePushFrames(replies.ok());
-  if (!replies.ok()) {
-    if (!released.ok()) spdlog::warn("{}", released.ToString());
-    return replies.status();
-  }
-  PARASYNC_RETURN_IF_ERROR(released);
+  PARASYNC_RETURN_IF_ERROR(SettlePushFrames(replies.status()));
   TakePushReplies(read_version, shards, *replies);
   return Status::Ok();
 }
@@ -464,7 +466,7 @@ Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_exa
   }
   // The pull of the next step waits for the step this push contributes to: the version it
   // was computed from, plus one (what Push would have set).
-  std::vector<int64_t> min_versions = PullVersions(min_version);
+  std::vector<int64_t> min_versions(read_versions_.size(), min_version);
   if (min_version == kNextStep) {
     for (size_t s = 0; s < min_versions.size(); ++s) min_versions[s] = read_versions_[s] + 1;
   }
@@ -479,21 +481,19 @@ Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_exa
   auto replies = Exchange(shards, std::move(requests),
                           may_wait ? options_.blocking_timeout : options_.request_timeout,
                           /*interruptible=*/true, &answered, num_push, options_.request_timeout);
-  const Status released = ReleasePushFrames(replies.ok());
-  if (!replies.ok()) {
-    if (!released.ok()) spdlog::warn("{}", released.ToString());
-    return replies.status();
-  }
-  PARASYNC_RETURN_IF_ERROR(released);
+  PARASYNC_RETURN_IF_ERROR(SettlePushFrames(replies.status()));
   const std::span<const int> all(shards);
   const std::span<Inbound> in(*replies);
   TakePushReplies(kLastRead, all.first(num_push), in.first(num_push));
   if (times != nullptr) {
-    Clock::time_point pushed = start, done = start;
-    for (size_t i = 0; i < answered.size(); ++i) {
-      (i < num_push ? pushed : done) = std::max(i < num_push ? pushed : done, answered[i]);
-    }
-    done = std::max(done, pushed);
+    // The pushes come first in `answered`, then the pulls.
+    const auto last = [&](size_t from, size_t to) {
+      Clock::time_point t = start;
+      for (size_t i = from; i < to; ++i) t = std::max(t, answered[i]);
+      return t;
+    };
+    const Clock::time_point pushed = last(0, num_push);
+    const Clock::time_point done = std::max(pushed, last(num_push, answered.size()));
     times->push_seconds = std::chrono::duration<double>(pushed - start).count();
     times->pull_seconds = std::chrono::duration<double>(done - pushed).count();
   }

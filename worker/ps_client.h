@@ -163,6 +163,9 @@ class PsClient {
   // Returns an error only if a socket cannot be reopened (it stays closed: requests to that
   // shard then fail with Unavailable).
   Status ReleasePushFrames(bool answered);
+  // ReleasePushFrames after an exchange whose outcome was `exchange`: returns that outcome's
+  // error if there was one (logging a reopen error), else ReleasePushFrames's.
+  Status SettlePushFrames(const Status& exchange);
   bool AwaitFramesReleased(std::chrono::steady_clock::duration limit);
   int64_t Unreleased() const;  // frames not yet released, all shards
 

@@ -127,7 +127,7 @@ class Relay {
         }
       }
       for (size_t i = pairs.size(); i-- > 0;) {
-        if (i < closed.size() && closed[i]) {
+        if (closed[i]) {
           close(pairs[i].first);
           close(pairs[i].second);
           pairs.erase(pairs.begin() + static_cast<std::ptrdiff_t>(i));

@@ -442,32 +442,47 @@ TEST_F(ServerTest, ShouldStopMakesRunReturnOk) {
   EXPECT_TRUE(server_->StopAndWait().ok());
 }
 
-TEST(ServerShardsTest, TwoShardsServeTheirSlicesAndPullSeesSgdUpdate) {
-  zmq::context_t context;
-  RunningServer s0(context, 0, 2);
-  RunningServer s1(context, 1, 2);
-  ASSERT_TRUE(s0.started() && s1.started());
-  PsClientOptions options;
-  options.ps_addresses = {s0.endpoint(), s1.endpoint()};
-  options.request_timeout = kWait;
-  auto connected = PsClient::Connect(context, options);
-  ASSERT_TRUE(connected.ok());
-  std::unique_ptr<PsClient> client = std::move(connected).value();
+// Two shards and one registered client (rank -1) of SmallModel(2).
+class ServerShardsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(s0_.started() && s1_.started());
+    PsClientOptions options;
+    options.ps_addresses = {s0_.endpoint(), s1_.endpoint()};
+    options.request_timeout = kWait;
+    auto connected = PsClient::Connect(context_, options);
+    ASSERT_TRUE(connected.ok());
+    client_ = std::move(connected).value();
+    ASSERT_TRUE(client_->Register(reg_, kWait).ok());
+  }
 
-  const ModelRegistration reg = SmallModel(2);
-  ASSERT_TRUE(client->Register(reg, kWait).ok());
-  std::vector<std::vector<float>> grads = Gradients(reg);
-  ASSERT_TRUE(client->Push(Pointers<const float>(grads), 8).ok());
-  std::vector<std::vector<float>> params = {std::vector<float>(200), std::vector<float>(10)};
-  ASSERT_TRUE(client->Pull(Pointers<float>(params)).ok());
-  const std::vector<std::vector<float>> w0 = InitialValues(reg);
-  for (size_t v = 0; v < params.size(); ++v) {
-    for (size_t i = 0; i < params[v].size(); ++i) {
-      EXPECT_FLOAT_EQ(params[v][i], w0[v][i] - kLearningRate * grads[v][i])
-          << reg.variables[v].name << "[" << i << "]";
+  // params must be the initial values minus `steps` SGD steps of grads.
+  void ExpectSgdSteps(const std::vector<std::vector<float>>& params,
+                      const std::vector<std::vector<float>>& grads, int steps) const {
+    const std::vector<std::vector<float>> w0 = InitialValues(reg_);
+    for (size_t v = 0; v < params.size(); ++v) {
+      for (size_t i = 0; i < params[v].size(); ++i) {
+        EXPECT_FLOAT_EQ(params[v][i],
+                        w0[v][i] - static_cast<float>(steps) * kLearningRate * grads[v][i])
+            << "after " << steps << " step(s): " << reg_.variables[v].name << "[" << i << "]";
+      }
     }
   }
-  Result<std::vector<ShardStats>> stats = client->Stats();
+
+  zmq::context_t context_;  // declared first: outlives every socket
+  RunningServer s0_{context_, 0, 2};
+  RunningServer s1_{context_, 1, 2};
+  const ModelRegistration reg_ = SmallModel(2);
+  std::unique_ptr<PsClient> client_;
+};
+
+TEST_F(ServerShardsTest, TwoShardsServeTheirSlicesAndPullSeesSgdUpdate) {
+  std::vector<std::vector<float>> grads = Gradients(reg_);
+  ASSERT_TRUE(client_->Push(Pointers<const float>(grads), 8).ok());
+  std::vector<std::vector<float>> params = {std::vector<float>(200), std::vector<float>(10)};
+  ASSERT_TRUE(client_->Pull(Pointers<float>(params)).ok());
+  ExpectSgdSteps(params, grads, 1);
+  Result<std::vector<ShardStats>> stats = client_->Stats();
   ASSERT_TRUE(stats.ok());
   ASSERT_EQ(stats->size(), 2u);
   EXPECT_EQ((*stats)[0].num_elements + (*stats)[1].num_elements, 210);
@@ -477,43 +492,24 @@ TEST(ServerShardsTest, TwoShardsServeTheirSlicesAndPullSeesSgdUpdate) {
   EXPECT_EQ((*stats)[1].version, 1);
 }
 
-TEST(ServerShardsTest, PushPullAppliesThePushBeforeAnsweringThePullOnEveryShard) {
-  zmq::context_t context;
-  RunningServer s0(context, 0, 2);
-  RunningServer s1(context, 1, 2);
-  ASSERT_TRUE(s0.started() && s1.started());
-  PsClientOptions options;
-  options.ps_addresses = {s0.endpoint(), s1.endpoint()};
-  options.request_timeout = kWait;
-  auto connected = PsClient::Connect(context, options);
-  ASSERT_TRUE(connected.ok());
-  std::unique_ptr<PsClient> client = std::move(connected).value();
-  const ModelRegistration reg = SmallModel(2);
-  ASSERT_TRUE(client->Register(reg, kWait).ok());
-  std::vector<std::vector<float>> grads = Gradients(reg);
+TEST_F(ServerShardsTest, PushPullAppliesThePushBeforeAnsweringThePullOnEveryShard) {
+  std::vector<std::vector<float>> grads = Gradients(reg_);
   std::vector<std::vector<float>> params = {std::vector<float>(200), std::vector<float>(10)};
   // Twice: the second pull must see both pushes (each reply after its own push).
-  const std::vector<std::vector<float>> w0 = InitialValues(reg);
   for (int round = 1; round <= 2; ++round) {
     PsClient::PushPullTimes times;
     const auto t0 = std::chrono::steady_clock::now();
-    Status s = client->PushPull(Pointers<const float>(grads), 8, Pointers<float>(params), 0, &times);
+    Status s = client_->PushPull(Pointers<const float>(grads), 8, Pointers<float>(params), 0, &times);
     const double total =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_TRUE(s.ok()) << s.ToString();
-    EXPECT_EQ(client->last_version(), round);
-    EXPECT_FALSE(client->last_push_dropped());
+    EXPECT_EQ(client_->last_version(), round);
+    EXPECT_FALSE(client_->last_push_dropped());
     // The split is of the call's own time: both parts present, together no more than it.
     EXPECT_GT(times.push_seconds, 0.0);
     EXPECT_GE(times.pull_seconds, 0.0);
     EXPECT_LE(times.push_seconds + times.pull_seconds, total);
-    for (size_t v = 0; v < params.size(); ++v) {
-      for (size_t i = 0; i < params[v].size(); ++i) {
-        EXPECT_FLOAT_EQ(params[v][i],
-                        w0[v][i] - static_cast<float>(round) * kLearningRate * grads[v][i])
-            << "round " << round << " " << reg.variables[v].name << "[" << i << "]";
-      }
-    }
+    ExpectSgdSteps(params, grads, round);
   }
 }
 

@@ -19,37 +19,15 @@
 #include <sys/socket.h>
 
 #include "common/process.h"
+#include "tools/benchmarks/bench_util.h"
 #include "worker/ps_client.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    if (FILE* f = std::freopen(log.c_str(), "w", stdout)) (void)f;
-    dup2(STDOUT_FILENO, STDERR_FILENO);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
-}
+using parasync::bench::FreePort;
+using parasync::bench::Spawn;
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
