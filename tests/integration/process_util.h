@@ -73,7 +73,8 @@ std::string HttpGet(int port, const std::string& path);
 // "a,b,c" for {"a", "b", "c"}: a host list for --ps-hosts / --worker-hosts.
 std::string JoinHosts(const std::vector<std::string>& hosts);
 
-// Free TCP ports on 127.0.0.1 (bound then released; distinct from each other).
+// Free TCP ports on 127.0.0.1, below the ephemeral range (bound then released; distinct
+// from each other).
 std::vector<int> FreePorts(int n);
 
 }  // namespace parasync::testing
