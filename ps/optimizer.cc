@@ -13,19 +13,27 @@ int NumOptimizerSlots(OptimizerKind kind) {
   return 0;
 }
 
-void ApplyUpdate(const OptimizerSpec& spec, int64_t step, float* __restrict w,
-                 const float* __restrict g, std::span<float* const> slots, int64_t n) {
+namespace {
+
+// The loops, written once for both cases so that each instance may promise the compiler no
+// aliasing among its arrays; when kInPlace, `in` is unused and the weights are read from
+// `out`.
+template <bool kInPlace>
+void Update(const OptimizerSpec& spec, int64_t step, const float* __restrict in,
+            float* __restrict out, const float* __restrict g, std::span<float* const> slots,
+            int64_t n) {
+  auto w = [&](int64_t i) { return kInPlace ? out[i] : in[i]; };
   const float lr = spec.learning_rate;
   switch (spec.kind) {
     case OptimizerKind::kSgd:
-      for (int64_t i = 0; i < n; ++i) w[i] -= lr * g[i];
+      for (int64_t i = 0; i < n; ++i) out[i] = w(i) - lr * g[i];
       return;
     case OptimizerKind::kMomentum: {
       float* __restrict v = slots[0];
       const float mu = spec.momentum;
       for (int64_t i = 0; i < n; ++i) {
         v[i] = mu * v[i] + g[i];
-        w[i] -= lr * v[i];
+        out[i] = w(i) - lr * v[i];
       }
       return;
     }
@@ -41,10 +49,21 @@ void ApplyUpdate(const OptimizerSpec& spec, int64_t step, float* __restrict w,
       for (int64_t i = 0; i < n; ++i) {
         m[i] = b1 * m[i] + (1.0f - b1) * g[i];
         v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-        w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+        out[i] = w(i) - lr_t * m[i] / (std::sqrt(v[i]) + eps);
       }
       return;
     }
+  }
+}
+
+}  // namespace
+
+void ApplyUpdate(const OptimizerSpec& spec, int64_t step, const float* w_in, float* w_out,
+                 const float* g, std::span<float* const> slots, int64_t n) {
+  if (w_in == w_out) {
+    Update<true>(spec, step, nullptr, w_out, g, slots, n);
+  } else {
+    Update<false>(spec, step, w_in, w_out, g, slots, n);
   }
 }
 

@@ -19,10 +19,13 @@ namespace parasync {
 // adam 2 (m, v). Slots start at zero.
 int NumOptimizerSlots(OptimizerKind kind);
 
-// Applies one update to w[0..n) from g[0..n). `slots` holds NumOptimizerSlots(spec.kind)
-// arrays of n floats, updated in place. `step` is the 1-based count of updates this slice
-// has received including this one (Adam's bias correction).
-void ApplyUpdate(const OptimizerSpec& spec, int64_t step, float* w, const float* g,
-                 std::span<float* const> slots, int64_t n);
+// Applies one update to the weights w_in[0..n) from g[0..n), writing the new weights to
+// w_out[0..n): in place when w_out == w_in, otherwise w_in is only read (copy-on-write of a
+// slice whose values are lent to a pull reply); partial overlap is not allowed. `slots`
+// holds NumOptimizerSlots(spec.kind) arrays of n floats, updated in place. `step` is the
+// 1-based count of updates this slice has received including this one (Adam's bias
+// correction).
+void ApplyUpdate(const OptimizerSpec& spec, int64_t step, const float* w_in, float* w_out,
+                 const float* g, std::span<float* const> slots, int64_t n);
 
 }  // namespace parasync

@@ -246,15 +246,16 @@ void Server::SendPull(zmq::message_t& identity, const Header& req) {
   reply.slices = req.slices;
   reply.version = shard_.version();
   reply.incarnation = incarnation_;
+  // Zero-copy: each frame points at the slice's values and holds them (ZeroMQ returns the
+  // loan once the bytes are written out); an update meanwhile goes to another buffer.
+  shard_.Lend(req.slices, loans_);
   std::vector<zmq::message_t> frames;
-  std::vector<float*> dst;
-  frames.reserve(req.slices.size());
-  for (const SliceRange& r : req.slices) {
-    frames.emplace_back(static_cast<size_t>(r.count) * sizeof(float));
-    dst.push_back(static_cast<float*>(frames.back().data()));
+  frames.reserve(loans_.size());
+  for (const Shard::Loan& loan : loans_) {
+    frames.emplace_back(const_cast<float*>(loan.data),
+                        static_cast<size_t>(loan.count) * sizeof(float),
+                        [](void*, void* token) { Shard::ReturnLoan(token); }, loan.token);
   }
-  // zmq allocates message bodies with malloc: suitably aligned for float.
-  shard_.Read(req.slices, dst);
   if (coordinator_.ValidRank(req.rank)) coordinator_.RecordRead(req.rank);
   metrics_->bytes_sent[static_cast<size_t>(MsgType::kPull)]->Increment(
       static_cast<double>(FramesBytes(frames)));

@@ -156,6 +156,7 @@ class Server {
   void MaybeSnapshot(TimePoint now);
 
   std::vector<ParkedPull> parked_;
+  std::vector<Shard::Loan> loans_;  // SendPull's scratch
   StragglerTracker straggler_;
   TimePoint step_last_arrival_{};  // sync: when the current step's latest gradient arrived
   TimePoint gauges_updated_{};

@@ -63,7 +63,8 @@ Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
   const int num_slots = NumOptimizerSlots(reg.optimizer.kind);
   int64_t here = 0;
   for (uint32_t id : map->SlicesOfShard(shard_index_)) here += map->slices()[id].length;
-  const int64_t bytes = here * (1 + num_slots) * static_cast<int64_t>(sizeof(float));
+  // Values, their spare for copy-on-write (ApplyToSlice), and the slots.
+  const int64_t bytes = here * (2 + num_slots) * static_cast<int64_t>(sizeof(float));
   if (max_bytes_ > 0 && bytes > max_bytes_) {
     *reason = RejectReason::kBadRegistration;
     return Status::InvalidArgument("the model needs " + std::to_string(bytes) +
@@ -76,7 +77,7 @@ Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
   for (uint32_t id : map->SlicesOfShard(shard_index_)) {
     const SliceInfo& info = map->slices()[id];
     SliceState state;
-    state.values.resize(static_cast<size_t>(info.length));
+    state.values = LendableFloats(info.length);
     InitializeElements(reg.variables[info.var_index].init, reg.seed, info.var_index, info.offset,
                        state.values.data(), info.length);
     state.slots.assign(static_cast<size_t>(num_slots),
@@ -149,6 +150,14 @@ void Shard::Read(std::span<const SliceRange> ranges, std::span<float* const> out
   }
 }
 
+void Shard::Lend(std::span<const SliceRange> ranges, std::vector<Loan>& out) const {
+  out.clear();
+  for (const SliceRange& r : ranges) {
+    const SliceState& s = owned_[static_cast<size_t>(local_index_[r.slice_id])];
+    out.push_back({s.values.data() + r.begin, r.count, s.values.Lend()});
+  }
+}
+
 namespace {
 
 // True if no element is NaN or +-Inf: an exponent of all ones. On the bits, so that the loop
@@ -184,8 +193,35 @@ void Shard::ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_
   for (size_t k = 0; k < s.slots.size(); ++k) slot_ptrs[k] = s.slots[k].data() + begin;
   OptimizerSpec opt = registration_->optimizer;
   opt.learning_rate *= lr_scale;
-  ApplyUpdate(opt, s.updates, s.values.data() + begin, grad,
-              std::span<float* const>(slot_ptrs, s.slots.size()), count);
+  const std::span<float* const> slots(slot_ptrs, s.slots.size());
+  if (!s.values.lent()) {
+    ApplyUpdate(opt, s.updates, s.values.data() + begin, s.values.data() + begin, grad, slots,
+                count);
+    return;
+  }
+  // A pull reply is still sending these values: the update goes into another buffer (the
+  // optimizer reads the old values and writes the new, the same traffic as in place), which
+  // then becomes the slice's values. A spare no longer lent is reused; with none, one is
+  // allocated. At most kMaxSpares are kept (a dropped one still lent is freed by its reply).
+  constexpr size_t kMaxSpares = 2;
+  LendableFloats next;
+  for (size_t k = 0; k < s.spares.size(); ++k) {
+    if (!s.spares[k].lent()) {
+      next = std::move(s.spares[k]);
+      s.spares.erase(s.spares.begin() + static_cast<std::ptrdiff_t>(k));
+      break;
+    }
+  }
+  if (next.data() == nullptr) next = LendableFloats(s.values.size());
+  const float* old = s.values.data();
+  const size_t tail = static_cast<size_t>(begin + count);
+  std::memcpy(next.data(), old, static_cast<size_t>(begin) * sizeof(float));
+  std::memcpy(next.data() + tail, old + tail,
+              (static_cast<size_t>(s.values.size()) - tail) * sizeof(float));
+  ApplyUpdate(opt, s.updates, old + begin, next.data() + begin, grad, slots, count);
+  s.spares.push_back(std::move(s.values));
+  if (s.spares.size() > kMaxSpares) s.spares.erase(s.spares.begin());
+  s.values = std::move(next);
 }
 
 Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
@@ -208,7 +244,7 @@ Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const flo
   bool whole = ranges.size() == owned_.size();
   for (size_t i = 0; whole && i < ranges.size(); ++i) {
     const SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
-    whole = ranges[i].begin == 0 && ranges[i].count == static_cast<int64_t>(s.values.size());
+    whole = ranges[i].begin == 0 && ranges[i].count == s.values.size();
   }
   if (!whole) {
     *reason = RejectReason::kPartial;
@@ -256,7 +292,7 @@ void Shard::ApplyAccumulated(int count) {
 
 int64_t Shard::num_elements() const {
   int64_t n = 0;
-  for (const SliceState& s : owned_) n += static_cast<int64_t>(s.values.size());
+  for (const SliceState& s : owned_) n += s.values.size();
   return n;
 }
 
@@ -270,7 +306,7 @@ SliceSnapshot Shard::SnapshotOfSlice(uint32_t id) const {
   SliceSnapshot out;
   out.id = id;
   out.updates = s.updates;
-  out.values = s.values;
+  out.values.assign(s.values.begin(), s.values.end());
   out.slots = s.slots;
   return out;
 }
@@ -315,7 +351,8 @@ Status Shard::Restore(const ShardSnapshot& snap) {
       if (slot.size() != length) return Status::Corruption("restored optimizer slot of wrong size");
     }
     SliceState state;
-    state.values = in.values;
+    state.values = LendableFloats(static_cast<int64_t>(length));
+    std::memcpy(state.values.data(), in.values.data(), length * sizeof(float));
     state.slots = in.slots;
     state.updates = in.updates;
     local[in.id] = static_cast<int32_t>(owned.size());

@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "common/wire.h"
 #include "ps/checkpoint_store.h"
+#include "ps/lendable_floats.h"
 
 namespace parasync {
 
@@ -47,8 +48,8 @@ std::string_view RejectReasonName(RejectReason reason);
 class Shard {
  public:
   // Shard `shard_index` of `num_shards`. Precondition: 0 <= shard_index < num_shards.
-  // `max_bytes` bounds the memory a registration may claim here (values plus optimizer
-  // slots); 0 means no bound.
+  // `max_bytes` bounds the memory a registration may claim here (values, one spare copy of
+  // them for copy-on-write under pull replies, and the optimizer slots); 0 means no bound.
   Shard(int shard_index, int num_shards, int64_t max_bytes = 0);
 
   // First call: validates `reg`, builds the slice map, creates and initializes this shard's
@@ -69,6 +70,18 @@ class Shard {
 
   // Copies each range into out[i] (ranges[i].count floats). Precondition: ValidateRanges ok.
   void Read(std::span<const SliceRange> ranges, std::span<float* const> out) const;
+
+  // Read without a copy, for a pull reply sent from another thread: out[i] points at range
+  // i's current values, which stay valid and unchanged until ReturnLoan(out[i].token)
+  // (exactly once per range, from any thread, even after the Shard is gone); later updates
+  // write into another buffer meanwhile (copy-on-write). Precondition: ValidateRanges ok.
+  struct Loan {
+    const float* data = nullptr;
+    int64_t count = 0;
+    void* token = nullptr;
+  };
+  void Lend(std::span<const SliceRange> ranges, std::vector<Loan>& out) const;
+  static void ReturnLoan(void* token) noexcept { LendableFloats::Return(token); }
 
   // Applies the optimizer to each range with gradient grads[i] (ranges[i].count floats),
   // after checking every gradient is finite (InvalidArgument + kNonFinite otherwise, nothing
@@ -124,7 +137,9 @@ class Shard {
 
  private:
   struct SliceState {
-    std::vector<float> values;
+    LendableFloats values;
+    // Earlier value buffers, kept for reuse by copy-on-write (they may still be lent).
+    std::vector<LendableFloats> spares;
     std::vector<std::vector<float>> slots;
     // sync: the current step's gradient from each rank (allocated on first use, kept
     // zeroed between steps)

@@ -60,7 +60,7 @@ struct SliceUnderTest {
     ++step;
     std::vector<float*> ptrs;
     for (auto& slot : slots) ptrs.push_back(slot.data());
-    ApplyUpdate(spec, step, w.data(), g.data(), ptrs, static_cast<int64_t>(w.size()));
+    ApplyUpdate(spec, step, w.data(), w.data(), g.data(), ptrs, static_cast<int64_t>(w.size()));
   }
 };
 
@@ -209,7 +209,7 @@ TEST(OptimizerTest, ZeroLengthUpdateTouchesNothing) {
   float v = 0.0f;
   float* slots[] = {&m, &v};
   const float g = 1.0f;
-  ApplyUpdate(spec, 1, &w, &g, slots, 0);
+  ApplyUpdate(spec, 1, &w, &w, &g, slots, 0);
   EXPECT_EQ(w, 2.0f);
   EXPECT_EQ(m, 0.0f);
 }

@@ -334,7 +334,7 @@ TEST(ShardTest, AdamBiasCorrectionCountsPushesPerSlice) {
   RejectReason reason = RejectReason::kNone;
   auto reference = [&](int64_t step, size_t begin, size_t count) {
     float* slots[2] = {m.data() + begin, v.data() + begin};
-    ApplyUpdate(reg.optimizer, step, w.data() + begin, g.data() + begin, slots,
+    ApplyUpdate(reg.optimizer, step, w.data() + begin, w.data() + begin, g.data() + begin, slots,
                 static_cast<int64_t>(count));
   };
   const std::vector<float> half(g.begin(), g.begin() + 4);
@@ -785,6 +785,107 @@ TEST_F(ShardAccumulateRejectTest, InfIsNonFinite) {
   Push p = WholeShardPush(shard_, 2.0f);
   p.grads[0][0] = -std::numeric_limits<float>::infinity();
   ExpectRejected(p, RejectReason::kNonFinite);
+}
+
+// ---- zero-copy reads (Lend) and copy-on-write --------------------------------------------
+
+std::vector<float> Copy(std::span<const float> v) { return {v.begin(), v.end()}; }
+std::vector<float> Copy(const Shard::Loan& loan) {
+  return {loan.data, loan.data + loan.count};
+}
+
+TEST(ShardLendTest, LoanShowsTheValuesAndKeepsThemWhileUpdatesGoElsewhere) {
+  Shard shard(0, 1);
+  MustRegister(shard, SmallModel(1));
+  const std::vector<float> before = Copy(shard.SliceValues(0));
+  std::vector<Shard::Loan> loans;
+  const std::vector<SliceRange> ranges = {{0, 2, 5}};
+  shard.Lend(ranges, loans);
+  ASSERT_EQ(loans.size(), 1u);
+  ASSERT_EQ(loans[0].count, 5);
+  EXPECT_EQ(Copy(loans[0]), std::vector<float>(before.begin() + 2, before.begin() + 7));
+
+  // Two updates while the loan is out (the second finds the first's buffer not lent).
+  RejectReason reason = RejectReason::kNone;
+  const std::vector<float> g = Ramp(8);
+  ASSERT_TRUE(DoPush(shard, {{{0, 0, 8}}, {g}}, &reason).ok());
+  ASSERT_TRUE(DoPush(shard, {{{0, 0, 8}}, {g}}, &reason).ok());
+  EXPECT_EQ(Copy(loans[0]), std::vector<float>(before.begin() + 2, before.begin() + 7))
+      << "a lent range changed under its reader";
+  const std::vector<float> after = Copy(shard.SliceValues(0));
+  for (size_t k = 0; k < 8; ++k) {
+    EXPECT_FLOAT_EQ(after[k], before[k] - 0.5f * g[k] - 0.5f * g[k]) << k;
+  }
+  Shard::ReturnLoan(loans[0].token);
+  ASSERT_TRUE(DoPush(shard, {{{0, 0, 8}}, {g}}, &reason).ok());
+  EXPECT_FLOAT_EQ(shard.SliceValues(0)[7], after[7] - 0.5f * g[7]);
+}
+
+TEST(ShardLendTest, PartialUpdateOfALentSliceKeepsTheRestOfIt) {
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdam}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    Shard lent(0, 1), plain(0, 1);
+    MustRegister(lent, SmallModel(1, kind));
+    MustRegister(plain, SmallModel(1, kind));
+    RejectReason reason = RejectReason::kNone;
+    const std::vector<float> g = Ramp(3);
+    std::vector<Shard::Loan> loans;
+    for (int step = 0; step < 5; ++step) {
+      // The same pushes to both; `lent` has its slice lent each time (copy-on-write).
+      const std::vector<SliceRange> whole = {{0, 0, 8}};
+      lent.Lend(whole, loans);
+      const std::vector<float> seen = Copy(loans[0]);
+      const Push push({{0, static_cast<int64_t>(step % 3) * 2, 3}}, {g});
+      ASSERT_TRUE(DoPush(lent, push, &reason).ok());
+      ASSERT_TRUE(DoPush(plain, push, &reason).ok());
+      EXPECT_EQ(Copy(lent.SliceValues(0)), Copy(plain.SliceValues(0))) << "step " << step;
+      EXPECT_EQ(Copy(loans[0]), seen);
+      if (step % 2 == 0) Shard::ReturnLoan(loans[0].token);  // the rest stay out
+    }
+  }
+}
+
+TEST(ShardLendTest, ManyOutstandingLoansEachKeepTheirVersion) {
+  // More loans than the shard keeps spares: every loan still reads its own version.
+  Shard shard(0, 1);
+  MustRegister(shard, SmallModel(1));
+  RejectReason reason = RejectReason::kNone;
+  const std::vector<float> g = Ramp(8);
+  std::vector<std::pair<Shard::Loan, std::vector<float>>> out;
+  for (int step = 0; step < 6; ++step) {
+    std::vector<Shard::Loan> loans;
+    const std::vector<SliceRange> whole = {{0, 0, 8}};
+    shard.Lend(whole, loans);
+    out.emplace_back(loans[0], Copy(shard.SliceValues(0)));
+    ASSERT_TRUE(DoPush(shard, {{{0, 0, 8}}, {g}}, &reason).ok());
+  }
+  for (auto& [loan, seen] : out) {
+    EXPECT_EQ(Copy(loan), seen);
+    Shard::ReturnLoan(loan.token);
+  }
+}
+
+TEST(ShardLendTest, ALoanOutlivesItsShard) {
+  std::vector<Shard::Loan> loans;
+  std::vector<float> seen;
+  {
+    Shard shard(0, 1);
+    MustRegister(shard, SmallModel(1));
+    const std::vector<SliceRange> whole = {{0, 0, 8}};
+    shard.Lend(whole, loans);
+    seen = Copy(shard.SliceValues(0));
+  }
+  EXPECT_EQ(Copy(loans[0]), seen);  // under ASan, a use after free if the shard freed it
+  Shard::ReturnLoan(loans[0].token);
+}
+
+TEST(ShardLendTest, RegistrationCountsTheSpareCopy) {
+  // 35 elements, SGD: values + spare = 280 bytes.
+  Shard fits(0, 1, 280), too_small(0, 1, 279);
+  MustRegister(fits, SmallModel(1));
+  RejectReason reason = RejectReason::kNone;
+  EXPECT_FALSE(too_small.Register(SmallModel(1), &reason).ok());
+  EXPECT_EQ(reason, RejectReason::kBadRegistration);
 }
 
 }  // namespace

@@ -957,14 +957,14 @@ Status RunApply(const Settings& st, MemcpyTable& memcpy_table, Report& report) {
   for (const Kind& k : kinds) {
     if (Status s = ValidateOptimizer(k.spec); !s.ok()) return s;
     int64_t step = 1;
-    ApplyUpdate(k.spec, step++, w.data(), g.data(), slots, kElements);  // warm-up
+    ApplyUpdate(k.spec, step++, w.data(), w.data(), g.data(), slots, kElements);  // warm-up
     std::vector<double> rates;
     for (int rep = 0; rep < st.repeats; ++rep) {
       int64_t calls = 0;
       const auto start = Clock::now();
       const auto deadline = start + Dur(st.seconds);
       do {
-        ApplyUpdate(k.spec, step++, w.data(), g.data(), slots, kElements);
+        ApplyUpdate(k.spec, step++, w.data(), w.data(), g.data(), slots, kElements);
         Clobber(w.data());
         ++calls;
       } while (Clock::now() < deadline && calls < kMaxRounds);
