@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <malloc.h>
 #include <cstdio>
 
 #include <spdlog/sinks/stdout_sinks.h>
@@ -48,5 +49,11 @@ void InstallShutdownSignalHandlers() {
 bool ShutdownRequested() { return g_shutdown.load(std::memory_order_relaxed); }
 void RequestShutdown() { g_shutdown.store(true); }
 int ShutdownSignal() { return g_shutdown_signal.load(); }
+
+void KeepFreedMessageBuffers() {
+  // Setting either threshold also turns off glibc's dynamic adjustment of both.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+}
 
 }  // namespace parasync

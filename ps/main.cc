@@ -221,6 +221,7 @@ int main(int argc, char** argv) {
     if (ec) return Fail("cannot create --log-dir " + log_dir + ": " + ec.message(), kExitBadUsage);
   }
   InstallShutdownSignalHandlers();
+  KeepFreedMessageBuffers();
 
   const int shard = spec->task_index;
   PsMetrics metrics(shard, num_workers);

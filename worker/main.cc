@@ -403,6 +403,7 @@ int main(int argc, char** argv) {
     if (ec) return Fail("cannot create --log-dir " + log_dir + ": " + ec.message(), kExitBadUsage);
   }
   InstallShutdownSignalHandlers();
+  KeepFreedMessageBuffers();
   auto train = LoadIdxDataset(data_dir, "train");
   if (!train.ok()) return Fail(train.status().message(), kExitBadUsage);
   if (train_examples > 0 && train_examples < train->n) {

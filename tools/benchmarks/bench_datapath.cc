@@ -50,6 +50,7 @@
 #include <zmq.hpp>
 
 #include "common/model_spec.h"
+#include "common/process.h"
 #include "common/slice_map.h"
 #include "common/transport.h"
 #include "common/wire.h"
@@ -1235,6 +1236,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: %s (see --help)\n", kProgram, e.what());
     return 2;
   }
+  // As parasync-ps and parasync-worker do at start-up; the raw rows run in this process too,
+  // so the ceilings get the same allocator.
+  parasync::KeepFreedMessageBuffers();
   if (st.quick) {
     st.sizes = {4 * kKiB, 1 * kMiB, 64 * kMiB};
     if (seconds_option->count() == 0) st.seconds = 0.1;
