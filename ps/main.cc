@@ -104,8 +104,9 @@ int main(int argc, char** argv) {
                  "Largest message accepted; bigger ones are dropped by ZeroMQ")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-model-bytes", max_model_bytes,
-                 "Most memory a registered model may take on this shard (values + optimizer "
-                 "slots); 0 = 80% of physical memory")
+                 "Most memory a registered model may take on this shard (values, one spare "
+                 "copy of them for zero-copy pull replies, and the optimizer slots); 0 = 80% "
+                 "of physical memory")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--data-dir", data_dir,
                  "Keep this shard in a RocksDB store here and restore it at start (empty: "

@@ -202,8 +202,9 @@ void Shard::ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_
   // A pull reply is still sending these values: the update goes into another buffer (the
   // optimizer reads the old values and writes the new, the same traffic as in place), which
   // then becomes the slice's values. A spare no longer lent is reused; with none, one is
-  // allocated. At most kMaxSpares are kept (a dropped one still lent is freed by its reply).
-  constexpr size_t kMaxSpares = 2;
+  // allocated. At most kMaxSpares are kept (what --max-model-bytes counts); a dropped one
+  // still lent is freed by its last reply.
+  constexpr size_t kMaxSpares = 1;
   LendableFloats next;
   for (size_t k = 0; k < s.spares.size(); ++k) {
     if (!s.spares[k].lent()) {
