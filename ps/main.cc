@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   int64_t max_message_bytes = int64_t{1} << 30;
   int64_t max_model_bytes = 0;
+  int apply_threads = 2;
   int replicas_to_aggregate = 0;
   std::string data_dir;
   std::string durability = "periodic";
@@ -108,6 +109,10 @@ int main(int argc, char** argv) {
                  "copy of them for zero-copy pull replies, and the optimizer slots); 0 = 80% "
                  "of physical memory")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--apply-threads", apply_threads,
+                 "Threads that check and apply a pushed gradient of 1 MiB or more spread over "
+                 "several slices, this server's loop included (1: the loop alone)")
+      ->check(CLI::Range(1, 64));
   app.add_option("--data-dir", data_dir,
                  "Keep this shard in a RocksDB store here and restore it at start (empty: "
                  "memory only). A directory holding anything else is refused, never overwritten");
@@ -253,6 +258,7 @@ int main(int argc, char** argv) {
                       static_cast<int64_t>(sysconf(_SC_PAGESIZE));
   }
   options.max_model_bytes = max_model_bytes;
+  options.apply_threads = apply_threads;
   std::unique_ptr<CheckpointStore> store;
   std::optional<ShardSnapshot> restored;
   double restore_seconds = 0;

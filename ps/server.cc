@@ -50,7 +50,7 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
     : socket_(std::move(socket)),
       options_(options),
       metrics_(metrics),
-      shard_(options.shard_index, options.num_shards, options.max_model_bytes),
+      shard_(options.shard_index, options.num_shards, options.max_model_bytes, options.apply_threads),
       coordinator_({options.mode, options.num_workers, options.replicas_to_aggregate,
                     options.worker_timeout},
                    std::chrono::steady_clock::now()),

@@ -47,6 +47,9 @@ struct ServerOptions {
   std::chrono::milliseconds barrier_timeout{300000};
   int64_t max_message_bytes = int64_t{1} << 30;
   int64_t max_model_bytes = 0;  // bound on this shard's values + slots; 0: none
+  // Threads that check and apply a push of >= 1 MiB over several slices (the loop's own
+  // thread included); 1: the loop alone.
+  int apply_threads = 1;
   // Shutdown requests are accepted from loopback peers only, unless this is set. (Until the
   // transport authenticates peers, anyone who can reach the port could stop the server.)
   bool allow_remote_shutdown = false;

@@ -34,8 +34,21 @@ std::string_view RejectReasonName(RejectReason reason) {
   return "unknown";
 }
 
-Shard::Shard(int shard_index, int num_shards, int64_t max_bytes)
-    : shard_index_(shard_index), num_shards_(num_shards), max_bytes_(max_bytes) {}
+Shard::Shard(int shard_index, int num_shards, int64_t max_bytes, int apply_threads)
+    : shard_index_(shard_index),
+      num_shards_(num_shards),
+      max_bytes_(max_bytes),
+      apply_threads_(apply_threads > 1 ? std::make_unique<ParallelFor>(apply_threads) : nullptr) {}
+
+void Shard::ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn) {
+  if (!parallel || !apply_threads_) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  apply_threads_->Run([&](int part, int parts) {
+    for (size_t i = static_cast<size_t>(part); i < n; i += static_cast<size_t>(parts)) fn(i);
+  });
+}
 
 Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
   if (registration_) {
@@ -227,12 +240,26 @@ void Shard::ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_
 
 Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                     int64_t batch_examples, RejectReason* reason, float lr_scale) {
-  PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason));
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    // ValidateRanges allows one range per slice: one optimizer step per slice.
+  int64_t elements = 0;
+  for (const SliceRange& r : ranges) elements += r.count;
+  const bool parallel = ranges.size() >= 2 && elements >= kParallelApplyElements;
+  if (!parallel) {
+    PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason));
+  } else {
+    // Every gradient is checked before any slice changes; the first bad range is named.
+    std::vector<uint8_t> finite(ranges.size(), 1);
+    ForEachRange(ranges.size(), true,
+                 [&](size_t i) { finite[i] = AllFinite(grads[i], ranges[i].count) ? 1 : 0; });
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      if (finite[i] == 0) return CheckFinite(ranges.subspan(i, 1), grads.subspan(i, 1), reason);
+    }
+  }
+  // ValidateRanges allows one range per slice: one optimizer step per slice, and the slices
+  // of different threads are disjoint.
+  ForEachRange(ranges.size(), parallel, [&](size_t i) {
     SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
     ApplyToSlice(s, ranges[i].begin, grads[i], ranges[i].count, lr_scale);
-  }
+  });
   ++version_;
   examples_ += batch_examples > 0 ? batch_examples : 0;
   return Status::Ok();

@@ -2,10 +2,12 @@
 // and the rules for changing them. No sockets here: ps/server.h feeds it decoded requests.
 //
 // Every request is validated completely before anything is touched, so a rejected request
-// changes nothing. Not thread-safe: one thread (the server loop) owns a Shard.
+// changes nothing. Not thread-safe: one thread (the server loop) owns a Shard; a large push
+// is applied by that thread and up to apply_threads - 1 helpers, each taking its own slices.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -17,6 +19,7 @@
 #include "common/wire.h"
 #include "ps/checkpoint_store.h"
 #include "ps/lendable_floats.h"
+#include "ps/parallel_for.h"
 
 namespace parasync {
 
@@ -50,7 +53,10 @@ class Shard {
   // Shard `shard_index` of `num_shards`. Precondition: 0 <= shard_index < num_shards.
   // `max_bytes` bounds the memory a registration may claim here (values, one spare copy of
   // them for copy-on-write under pull replies, and the optimizer slots); 0 means no bound.
-  Shard(int shard_index, int num_shards, int64_t max_bytes = 0);
+  // A push of at least kParallelApplyElements over two or more slices is checked and applied
+  // by `apply_threads` threads (the caller and helpers), each over its own slices.
+  Shard(int shard_index, int num_shards, int64_t max_bytes = 0, int apply_threads = 1);
+  static constexpr int64_t kParallelApplyElements = int64_t{1} << 18;  // 1 MiB of float32
 
   // First call: validates `reg`, builds the slice map, creates and initializes this shard's
   // slices (deterministically from reg.seed) and zeroes their slots. Later calls succeed only
@@ -148,12 +154,16 @@ class Shard {
   };
   Status CheckFinite(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                      RejectReason* reason) const;
+  // Calls fn(i) for every i in [0, n): on the apply threads (each taking every parts-th i)
+  // when `parallel`, else in order on this thread.
+  void ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn);
   void ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_t count,
                     float lr_scale);
 
   int shard_index_;
   int num_shards_;
   int64_t max_bytes_;
+  std::unique_ptr<ParallelFor> apply_threads_;  // null when 1
   std::optional<ModelRegistration> registration_;
   std::optional<SliceMap> map_;
   std::vector<int32_t> local_index_;  // slice id -> index in owned_, or -1

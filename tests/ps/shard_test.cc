@@ -894,5 +894,89 @@ TEST(ShardLendTest, RegistrationCountsTheSpareCopy) {
   EXPECT_EQ(reason, RejectReason::kBadRegistration);
 }
 
+// ---- a large push checked and applied on several threads ---------------------------------
+
+// One variable of 4 slices x 128Ki elements: 2 MiB, above Shard::kParallelApplyElements.
+ModelRegistration LargeModel(OptimizerKind kind) {
+  ModelRegistration reg;
+  reg.variables = {{"w", {4 * 131072}, DType::kFloat32, {InitKind::kUniform, kLimit}}};
+  reg.optimizer.kind = kind;
+  reg.optimizer.learning_rate = 0.01f;
+  reg.seed = 99;
+  reg.max_slice_elements = 131072;
+  reg.num_shards = 1;
+  return reg;
+}
+
+Push LargePush(int step) {
+  std::vector<SliceRange> ranges;
+  std::vector<std::vector<float>> grads;
+  for (uint32_t id = 0; id < 4; ++id) {
+    ranges.push_back({id, 0, 131072});
+    std::vector<float> g(131072);
+    for (size_t k = 0; k < g.size(); ++k) {
+      g[k] = 0.001f * static_cast<float>((k * 7 + id * 13 + static_cast<size_t>(step) * 5) % 101) - 0.05f;
+    }
+    grads.push_back(std::move(g));
+  }
+  return {std::move(ranges), std::move(grads)};
+}
+
+std::vector<float> AllValues(const Shard& shard) {
+  std::vector<float> out;
+  for (uint32_t id = 0; id < 4; ++id) {
+    const std::span<const float> v = shard.SliceValues(id);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+TEST(ShardParallelApplyTest, SameResultAsOneThreadBitForBit) {
+  static_assert(4 * 131072 >= Shard::kParallelApplyElements);
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdam}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    Shard one(0, 1, 0, 1), three(0, 1, 0, 3);
+    MustRegister(one, LargeModel(kind));
+    MustRegister(three, LargeModel(kind));
+    RejectReason reason = RejectReason::kNone;
+    std::vector<Shard::Loan> loans;
+    for (int step = 0; step < 4; ++step) {
+      if (step == 2) {  // copy-on-write on the helper threads too
+        const std::vector<SliceRange> all = {{0, 0, 131072}, {1, 0, 131072}, {2, 0, 131072},
+                                             {3, 0, 131072}};
+        three.Lend(all, loans);
+      }
+      const Push push = LargePush(step);
+      ASSERT_TRUE(DoPush(one, push, &reason).ok());
+      ASSERT_TRUE(DoPush(three, push, &reason).ok());
+    }
+    EXPECT_EQ(AllValues(three), AllValues(one));
+    EXPECT_EQ(three.version(), 4);
+    for (const Shard::Loan& loan : loans) Shard::ReturnLoan(loan.token);
+  }
+}
+
+TEST(ShardParallelApplyTest, NonFiniteInAnySliceRejectsThePushAndChangesNothing) {
+  Shard shard(0, 1, 0, 3);
+  MustRegister(shard, LargeModel(OptimizerKind::kMomentum));
+  const std::vector<float> before = AllValues(shard);
+  Push push = LargePush(0);
+  push.grads[3][5] = std::numeric_limits<float>::infinity();
+  push.grads[2][70000] = std::numeric_limits<float>::quiet_NaN();
+  RejectReason reason = RejectReason::kNone;
+  const Status s = DoPush(shard, push, &reason);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(reason, RejectReason::kNonFinite);
+  EXPECT_TRUE(Contains(s.message(), "slice 2 ")) << s.message();  // the first bad one
+  EXPECT_EQ(AllValues(shard), before);
+  EXPECT_EQ(shard.version(), 0);
+  // The momentum slot is untouched too: a good push now gives the one-thread result.
+  Shard one(0, 1, 0, 1);
+  MustRegister(one, LargeModel(OptimizerKind::kMomentum));
+  ASSERT_TRUE(DoPush(shard, LargePush(1), &reason).ok());
+  ASSERT_TRUE(DoPush(one, LargePush(1), &reason).ok());
+  EXPECT_EQ(AllValues(shard), AllValues(one));
+}
+
 }  // namespace
 }  // namespace parasync

@@ -181,6 +181,7 @@ struct Settings {
   std::vector<int> barrier_workers = {2, 4, 8};
   std::vector<int> small_clients = {1, 2};
   int window = 64;
+  int apply_threads = 2;  // as parasync-ps
   bool Want(const std::string& section) const {
     return only.empty() || std::find(only.begin(), only.end(), section) != only.end();
   }
@@ -536,7 +537,8 @@ class RawClient {
 // `shards` real Servers, each with its own context, serving in its own thread.
 class PsCluster {
  public:
-  static Result<std::unique_ptr<PsCluster>> Start(int shards, int workers, TrainingMode mode) {
+  static Result<std::unique_ptr<PsCluster>> Start(int shards, int workers, TrainingMode mode,
+                                                  int apply_threads) {
     auto cluster = std::unique_ptr<PsCluster>(new PsCluster());
     for (int i = 0; i < shards; ++i) {
       auto node = std::make_unique<Node>();
@@ -551,6 +553,7 @@ class PsCluster {
       o.worker_timeout = std::chrono::seconds(60);
       o.barrier_timeout = std::chrono::seconds(10);
       o.straggler_log_seconds = 0;
+      o.apply_threads = apply_threads;
       auto server = Server::Create(*node->context, o, node->metrics.get());
       if (!server.ok()) return server.status().WithContext("starting a parasync server");
       node->server = std::move(server).value();
@@ -750,7 +753,7 @@ Status RunDataPath(const Settings& st, Report& report) {
         std::unique_ptr<PsCluster> cluster;
         std::vector<std::unique_ptr<PsWorker>> ps_workers;
         if (any_ps) {
-          auto started = PsCluster::Start(shards, workers, TrainingMode{});
+          auto started = PsCluster::Start(shards, workers, TrainingMode{}, st.apply_threads);
           if (!started.ok()) return started.status();
           cluster = std::move(started).value();
           const ModelRegistration reg =
@@ -869,7 +872,7 @@ Status RunBarrier(const Settings& st, Report& report) {
   const std::vector<float> grad(kElements, 1e-3f);
   for (int workers : st.barrier_workers) {
     Progress(fmt::format("sync barrier, {} workers", workers));
-    auto started = PsCluster::Start(1, workers, *sync);
+    auto started = PsCluster::Start(1, workers, *sync, st.apply_threads);
     if (!started.ok()) return started.status();
     std::unique_ptr<PsCluster> cluster = std::move(started).value();
     const ModelRegistration reg = OneVariable(kElements, 1, kDefaultMaxSliceElements, "sync");
@@ -1076,7 +1079,7 @@ Status RunSmall(const Settings& st, Report& report) {
       raw.push_back(std::make_unique<RawClient>(std::vector<std::string>{raw_server->endpoint()}));
     }
     // parasync: a model of 1024 slices of 256 floats on one server.
-    auto started = PsCluster::Start(1, clients, TrainingMode{});
+    auto started = PsCluster::Start(1, clients, TrainingMode{}, st.apply_threads);
     if (!started.ok()) return started.status();
     std::unique_ptr<PsCluster> cluster = std::move(started).value();
     const ModelRegistration reg =
@@ -1202,6 +1205,10 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", st.quick,
                "Sizes 4 KiB, 1 MiB and 64 MiB only and 0.1 s per measurement unless --seconds "
                "is given: the whole run in under 2 minutes on 2 cores");
+  app.add_option("--apply-threads", st.apply_threads,
+                 "The servers' --apply-threads (threads applying a push of >= 1 MiB)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_option("--repeats", st.repeats, "Repeats per figure; the median is reported")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
