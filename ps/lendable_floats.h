@@ -29,7 +29,6 @@ class LendableFloats {
   float* data() { return block_ ? Floats(block_) : nullptr; }
   const float* data() const { return block_ ? Floats(block_) : nullptr; }
   int64_t size() const { return block_ ? block_->size : 0; }
-  bool empty() const { return size() == 0; }
   operator std::span<const float>() const { return {data(), static_cast<size_t>(size())}; }
   const float* begin() const { return data(); }
   const float* end() const { return data() + size(); }
@@ -40,7 +39,7 @@ class LendableFloats {
 
   // Takes a reference for a reader: the array stays valid, and unchanged by its owner, until
   // Return(token) — exactly once, from any thread, even after the owner is gone.
-  // Precondition: !empty().
+  // Precondition: data() != nullptr.
   void* Lend() const {
     block_->refs.fetch_add(1, std::memory_order_relaxed);
     return block_;

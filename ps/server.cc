@@ -248,10 +248,11 @@ void Server::SendPull(zmq::message_t& identity, const Header& req) {
   reply.incarnation = incarnation_;
   // Zero-copy: each frame points at the slice's values and holds them (ZeroMQ returns the
   // loan once the bytes are written out); an update meanwhile goes to another buffer.
-  shard_.Lend(req.slices, loans_);
+  std::vector<Shard::Loan> loans;
+  shard_.Lend(req.slices, loans);
   std::vector<zmq::message_t> frames;
-  frames.reserve(loans_.size());
-  for (const Shard::Loan& loan : loans_) {
+  frames.reserve(loans.size());
+  for (const Shard::Loan& loan : loans) {
     frames.emplace_back(const_cast<float*>(loan.data),
                         static_cast<size_t>(loan.count) * sizeof(float),
                         [](void*, void* token) { Shard::ReturnLoan(token); }, loan.token);

@@ -159,7 +159,6 @@ class Server {
   void MaybeSnapshot(TimePoint now);
 
   std::vector<ParkedPull> parked_;
-  std::vector<Shard::Loan> loans_;  // SendPull's scratch
   StragglerTracker straggler_;
   TimePoint step_last_arrival_{};  // sync: when the current step's latest gradient arrived
   TimePoint gauges_updated_{};

@@ -40,7 +40,7 @@ Shard::Shard(int shard_index, int num_shards, int64_t max_bytes, int apply_threa
       max_bytes_(max_bytes),
       apply_threads_(apply_threads > 1 ? std::make_unique<ParallelFor>(apply_threads) : nullptr) {}
 
-void Shard::ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn) {
+void Shard::ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn) const {
   if (!parallel || !apply_threads_) {
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
@@ -188,9 +188,12 @@ bool AllFinite(const float* g, int64_t n) {
 }  // namespace
 
 Status Shard::CheckFinite(std::span<const SliceRange> ranges, std::span<const float* const> grads,
-                          RejectReason* reason) const {
+                          RejectReason* reason, bool parallel) const {
+  std::vector<uint8_t> finite(ranges.size(), 1);
+  ForEachRange(ranges.size(), parallel,
+               [&](size_t i) { finite[i] = AllFinite(grads[i], ranges[i].count) ? 1 : 0; });
   for (size_t i = 0; i < ranges.size(); ++i) {
-    if (!AllFinite(grads[i], ranges[i].count)) {
+    if (finite[i] == 0) {
       *reason = RejectReason::kNonFinite;
       return Status::InvalidArgument("gradient for slice " + std::to_string(ranges[i].slice_id) +
                                      " contains NaN or Inf");
@@ -214,27 +217,19 @@ void Shard::ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_
   }
   // A pull reply is still sending these values: the update goes into another buffer (the
   // optimizer reads the old values and writes the new, the same traffic as in place), which
-  // then becomes the slice's values. A spare no longer lent is reused; with none, one is
-  // allocated. At most kMaxSpares are kept (what --max-model-bytes counts); a dropped one
-  // still lent is freed by its last reply.
-  constexpr size_t kMaxSpares = 1;
-  LendableFloats next;
-  for (size_t k = 0; k < s.spares.size(); ++k) {
-    if (!s.spares[k].lent()) {
-      next = std::move(s.spares[k]);
-      s.spares.erase(s.spares.begin() + static_cast<std::ptrdiff_t>(k));
-      break;
-    }
-  }
-  if (next.data() == nullptr) next = LendableFloats(s.values.size());
+  // then becomes the slice's values, the old ones becoming the spare. The spare is reused
+  // when no longer lent, else a buffer is allocated; one replaced while still lent is freed
+  // by its last reply. One spare per slice is what --max-model-bytes counts.
+  LendableFloats next = s.spare.data() != nullptr && !s.spare.lent()
+                            ? std::move(s.spare)
+                            : LendableFloats(s.values.size());
   const float* old = s.values.data();
   const size_t tail = static_cast<size_t>(begin + count);
   std::memcpy(next.data(), old, static_cast<size_t>(begin) * sizeof(float));
   std::memcpy(next.data() + tail, old + tail,
               (static_cast<size_t>(s.values.size()) - tail) * sizeof(float));
   ApplyUpdate(opt, s.updates, old + begin, next.data() + begin, grad, slots, count);
-  s.spares.push_back(std::move(s.values));
-  if (s.spares.size() > kMaxSpares) s.spares.erase(s.spares.begin());
+  s.spare = std::move(s.values);
   s.values = std::move(next);
 }
 
@@ -243,17 +238,8 @@ Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* c
   int64_t elements = 0;
   for (const SliceRange& r : ranges) elements += r.count;
   const bool parallel = ranges.size() >= 2 && elements >= kParallelApplyElements;
-  if (!parallel) {
-    PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason));
-  } else {
-    // Every gradient is checked before any slice changes; the first bad range is named.
-    std::vector<uint8_t> finite(ranges.size(), 1);
-    ForEachRange(ranges.size(), true,
-                 [&](size_t i) { finite[i] = AllFinite(grads[i], ranges[i].count) ? 1 : 0; });
-    for (size_t i = 0; i < ranges.size(); ++i) {
-      if (finite[i] == 0) return CheckFinite(ranges.subspan(i, 1), grads.subspan(i, 1), reason);
-    }
-  }
+  // Every gradient is checked before any slice changes.
+  PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason, parallel));
   // ValidateRanges allows one range per slice: one optimizer step per slice, and the slices
   // of different threads are disjoint.
   ForEachRange(ranges.size(), parallel, [&](size_t i) {

@@ -144,19 +144,22 @@ class Shard {
  private:
   struct SliceState {
     LendableFloats values;
-    // Earlier value buffers, kept for reuse by copy-on-write (they may still be lent).
-    std::vector<LendableFloats> spares;
+    // The previous values buffer, kept for reuse by copy-on-write (it may still be lent);
+    // empty until the first update of a lent slice.
+    LendableFloats spare;
     std::vector<std::vector<float>> slots;
     // sync: the current step's gradient from each rank (allocated on first use, kept
     // zeroed between steps)
     std::vector<std::vector<float>> by_rank;
     int64_t updates = 0;
   };
+  // InvalidArgument + kNonFinite naming the first range whose gradient has a NaN or Inf;
+  // the ranges are checked on the apply threads when `parallel`.
   Status CheckFinite(std::span<const SliceRange> ranges, std::span<const float* const> grads,
-                     RejectReason* reason) const;
+                     RejectReason* reason, bool parallel = false) const;
   // Calls fn(i) for every i in [0, n): on the apply threads (each taking every parts-th i)
   // when `parallel`, else in order on this thread.
-  void ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn);
+  void ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn) const;
   void ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_t count,
                     float lr_scale);
 

@@ -43,8 +43,7 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(zmq::context_t& context,
   }
   auto client = std::unique_ptr<PsClient>(new PsClient(std::move(sockets), options));
   client->context_ = &context;
-  client->num_counters_ = options.ps_addresses.size();
-  client->unreleased_ = std::make_unique<std::atomic<int64_t>[]>(client->num_counters_);
+  client->unreleased_ = std::make_unique<std::atomic<int64_t>[]>(options.ps_addresses.size());
   client->read_versions_.assign(options.ps_addresses.size(), 0);
   client->next_step_.assign(options.ps_addresses.size(), 0);
   client->incarnation_.assign(options.ps_addresses.size(), 0);
@@ -66,7 +65,9 @@ PsClient::~PsClient() {
 
 int64_t PsClient::Unreleased() const {
   int64_t n = 0;
-  for (size_t s = 0; s < num_counters_; ++s) n += unreleased_[s].load(std::memory_order_acquire);
+  for (size_t s = 0; s < options_.ps_addresses.size(); ++s) {
+    n += unreleased_[s].load(std::memory_order_acquire);
+  }
   return n;
 }
 

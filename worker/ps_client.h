@@ -200,10 +200,9 @@ class PsClient {
   std::vector<std::unique_ptr<Socket>> sockets_;
   PsClientOptions options_;
   zmq::context_t* context_ = nullptr;
-  // Per shard: push frames handed to ZeroMQ and not yet released (ReleaseFrame). On the
-  // heap: ZeroMQ may release a frame after a socket is gone.
+  // Per shard (options_.ps_addresses.size()): push frames handed to ZeroMQ and not yet
+  // released (ReleaseFrame). On the heap: ZeroMQ may release a frame after a socket is gone.
   std::unique_ptr<std::atomic<int64_t>[]> unreleased_;
-  size_t num_counters_ = 0;
   std::optional<SliceMap> map_;
   std::vector<int64_t> var_sizes_;
   uint64_t next_request_id_ = 1;
