@@ -32,7 +32,10 @@ Status ValidateVariables(const std::vector<VariableSpec>& vars) {
     }
     total += n;
     if (v.dtype != DType::kFloat32) {
-      return Status::InvalidArgument("variable '" + v.name + "' has an unsupported dtype");
+      return Status::InvalidArgument("variable '" + v.name + "' has dtype " +
+                                     std::to_string(static_cast<int>(v.dtype)) +
+                                     ": variables are float32 (16-bit types are for the wire, "
+                                     "parasync-worker --wire-dtype)");
     }
   }
   return Status::Ok();

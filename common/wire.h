@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/float_codec.h"
 #include "common/model_spec.h"
 #include "common/status.h"
 
@@ -97,8 +98,5 @@ std::vector<uint8_t> EncodeHeader(const Header& header);
 // `data` need not be aligned. A header of another protocol version comes back with only
 // protocol_version, request_id and rank filled in, so the receiver can refuse it by name.
 Result<Header> DecodeHeader(const void* data, size_t size);
-
-// Bytes per element of `dtype`.
-inline size_t DTypeSize(DType) { return 4; }
 
 }  // namespace parasync

@@ -247,15 +247,22 @@ void Server::SendPull(zmq::message_t& identity, const Header& req) {
   reply.version = shard_.version();
   reply.incarnation = incarnation_;
   // Zero-copy: each frame points at the slice's values and holds them (ZeroMQ returns the
-  // loan once the bytes are written out); an update meanwhile goes to another buffer.
+  // loan once the bytes are written out); an update meanwhile goes to another buffer. A
+  // reply in a 16-bit wire dtype is encoded into a buffer of its own instead.
   std::vector<Shard::Loan> loans;
   shard_.Lend(req.slices, loans);
   std::vector<zmq::message_t> frames;
   frames.reserve(loans.size());
   for (const Shard::Loan& loan : loans) {
-    frames.emplace_back(const_cast<float*>(loan.data),
-                        static_cast<size_t>(loan.count) * sizeof(float),
-                        [](void*, void* token) { Shard::ReturnLoan(token); }, loan.token);
+    if (req.dtype == DType::kFloat32) {
+      frames.emplace_back(const_cast<float*>(loan.data),
+                          static_cast<size_t>(loan.count) * sizeof(float),
+                          [](void*, void* token) { Shard::ReturnLoan(token); }, loan.token);
+      continue;
+    }
+    frames.emplace_back(static_cast<size_t>(loan.count) * DTypeSize(req.dtype));
+    EncodeFloats(loan.data, static_cast<size_t>(loan.count), req.dtype, frames.back().data());
+    Shard::ReturnLoan(loan.token);
   }
   if (coordinator_.ValidRank(req.rank)) coordinator_.RecordRead(req.rank);
   metrics_->bytes_sent[static_cast<size_t>(MsgType::kPull)]->Increment(
@@ -331,13 +338,28 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   std::vector<const float*> grads;
   std::vector<std::vector<float>> realigned;  // only for frames that are not aligned
   grads.reserve(in_frames.size());
-  for (const auto& f : in_frames) {
-    if (reinterpret_cast<uintptr_t>(f.data()) % alignof(float) == 0) {
-      grads.push_back(static_cast<const float*>(f.data()));
-    } else {
-      realigned.emplace_back(f.size() / sizeof(float));
-      std::memcpy(realigned.back().data(), f.data(), f.size());
-      grads.push_back(realigned.back().data());
+  if (req.dtype != DType::kFloat32) {
+    // A 16-bit wire dtype: widened to float32 before the finite check and the optimizer see
+    // it (NaN and Inf survive the narrowing, so the check still catches them).
+    size_t total = 0;
+    for (const SliceRange& r : req.slices) total += static_cast<size_t>(r.count);
+    if (widened_.size() < total) widened_.resize(total);
+    float* at = widened_.data();
+    for (size_t i = 0; i < in_frames.size(); ++i) {
+      const auto count = static_cast<size_t>(req.slices[i].count);
+      DecodeFloats(in_frames[i].data(), count, req.dtype, at);
+      grads.push_back(at);
+      at += count;
+    }
+  } else {
+    for (const auto& f : in_frames) {
+      if (reinterpret_cast<uintptr_t>(f.data()) % alignof(float) == 0) {
+        grads.push_back(static_cast<const float*>(f.data()));
+      } else {
+        realigned.emplace_back(f.size() / sizeof(float));
+        std::memcpy(realigned.back().data(), f.data(), f.size());
+        grads.push_back(realigned.back().data());
+      }
     }
   }
   const int64_t staleness = version - read_version;

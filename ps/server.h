@@ -159,6 +159,9 @@ class Server {
   void MaybeSnapshot(TimePoint now);
 
   std::vector<ParkedPull> parked_;
+  // A push in a 16-bit wire dtype, widened to float32 (at most the shard's elements; kept
+  // between pushes so its pages are not faulted in again each time).
+  std::vector<float> widened_;
   StragglerTracker straggler_;
   TimePoint step_last_arrival_{};  // sync: when the current step's latest gradient arrived
   TimePoint gauges_updated_{};

@@ -111,10 +111,10 @@ Status Shard::ValidateRanges(std::span<const SliceRange> ranges, DType dtype,
     return Status::FailedPrecondition("shard " + std::to_string(shard_index_) +
                                       " has no model yet: send Register first");
   }
-  if (dtype != DType::kFloat32) {
+  if (dtype != DType::kFloat32 && dtype != DType::kBfloat16 && dtype != DType::kFloat16) {
     *reason = RejectReason::kDType;
     return Status::InvalidArgument("dtype " + std::to_string(static_cast<int>(dtype)) +
-                                   " is not the variables' float32");
+                                   " is not a wire dtype (float32, bfloat16 or float16)");
   }
   if (frame_bytes && frame_bytes->size() != ranges.size()) {
     *reason = RejectReason::kFrameCount;

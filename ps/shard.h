@@ -36,7 +36,7 @@ enum class RejectReason : uint8_t {
   kRange,              // element range outside the slice
   kByteLength,         // tensor frame length != count * dtype size
   kFrameCount,         // number of tensor frames != number of ranges
-  kDType,              // dtype other than the variable's
+  kDType,              // dtype that is not a wire dtype
   kNonFinite,          // gradient with NaN or Inf
   kUnsupported,        // message type this server does not accept
   kBadRank,            // worker rank outside the cluster
@@ -67,8 +67,9 @@ class Shard {
 
   // Checks that every range names a slice on this shard and fits in it, that slice ids are
   // strictly increasing (one range per slice, so a request can never ask for more than the
-  // shard holds), that the dtype is the variables', and — when `frame_bytes` is given
-  // (push) — that there is one frame per range of exactly count * 4 bytes. On failure sets
+  // shard holds), that the dtype is a wire dtype (the values are float32; a push's frames
+  // or a pull's reply may be narrower), and — when `frame_bytes` is given (push) — that
+  // there is one frame per range of exactly count * DTypeSize(dtype) bytes. On failure sets
   // *reason.
   Status ValidateRanges(std::span<const SliceRange> ranges, DType dtype,
                         std::optional<std::span<const size_t>> frame_bytes,

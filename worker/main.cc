@@ -259,6 +259,12 @@ int main(int argc, char** argv) {
   app.add_option("--lr-scaling", lr_scaling,
                  "linear: multiply --lr by the number of workers (the effective batch grows with "
                  "them); none: use --lr as given");
+  std::string wire_dtype = "float32";
+  app.add_option("--wire-dtype", wire_dtype,
+                 "How parameters and gradients travel: float32, or bfloat16 / float16 (bf16, "
+                 "fp16) for half the bytes, each value rounded to nearest once per transfer "
+                 "(the servers keep float32; float16 saturates at +-65504, bfloat16 keeps "
+                 "float32's range with 8 bits of precision)");
   app.add_option("--max-slice-elements", max_slice_elements,
                  "Variables are cut into slices of at most this many elements")
       ->check(CLI::PositiveNumber);
@@ -362,6 +368,11 @@ int main(int argc, char** argv) {
   opt.momentum = momentum;
   opt.staleness_aware = staleness_lr;
   if (Status s = ValidateOptimizer(opt); !s.ok()) return Fail(s.message(), kExitBadUsage);
+  const std::optional<DType> wire = ParseDType(wire_dtype);
+  if (!wire) {
+    return Fail("--wire-dtype must be float32, bfloat16 or float16, not '" + wire_dtype + "'",
+                kExitBadUsage);
+  }
   auto dev = ParseDevice(device);
   if (!dev.ok()) return Fail(dev.status().message(), kExitBadUsage);
   if (local_rank < 0) {
@@ -436,12 +447,18 @@ int main(int argc, char** argv) {
                    static_cast<int64_t>(spec->workers.size()),
                metrics_bind, bound_metrics_port);
 
+  if (*wire != DType::kFloat32) {
+    spdlog::info("parameters and gradients travel as {} (half the bytes of float32)",
+                 DTypeName(*wire));
+  }
+
   zmq::context_t context(1);
   PsClientOptions client_options;
   client_options.ps_addresses = spec->ps;
   client_options.rank = rank;
   client_options.request_timeout = std::chrono::seconds(request_timeout_s);
   client_options.curve = *curve;
+  client_options.wire_dtype = *wire;
   auto heartbeater = Heartbeater::Start(
       context, spec->ps, rank,
       std::chrono::milliseconds(static_cast<int64_t>(heartbeat_interval_s * 1000)), *curve);

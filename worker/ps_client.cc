@@ -345,6 +345,7 @@ void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::ve
     o.header.type = MsgType::kPull;
     o.header.min_version = min_versions[static_cast<size_t>(s)];
     o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
+    o.header.dtype = options_.wire_dtype;  // the dtype the reply is to carry
     for (uint32_t id : map_->SlicesOfShard(s)) {
       o.header.slices.push_back({id, 0, map_->slices()[id].length});
     }
@@ -358,6 +359,13 @@ void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batc
                                std::vector<Outgoing>* requests) {
   // One sequence number per push, the same on every shard: a resend is applied at most once.
   const uint64_t seq = seq_base_ | ((++pushes_) & 0xffffffffULL);
+  const bool narrow = options_.wire_dtype != DType::kFloat32;
+  if (narrow) {
+    int64_t total = 0;
+    for (const SliceInfo& info : map_->slices()) total += info.length;
+    if (narrowed_.size() < static_cast<size_t>(total)) narrowed_.resize(static_cast<size_t>(total));
+  }
+  uint16_t* next_narrowed = narrowed_.data();
   for (int s = 0; s < num_shards(); ++s) {
     if (map_->SlicesOfShard(s).empty()) continue;
     Outgoing o;
@@ -366,17 +374,22 @@ void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batc
     o.header.seq = seq;
     o.header.version = read_version == kLastRead ? read_versions_[static_cast<size_t>(s)] : read_version;
     o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
+    o.header.dtype = options_.wire_dtype;
     for (uint32_t id : map_->SlicesOfShard(s)) {
       const SliceInfo& info = map_->slices()[id];
       o.header.slices.push_back({id, 0, info.length});
-      // Zero-copy: the frame is the caller's memory, which Push keeps valid until ZeroMQ
-      // released every frame (ReleasePushFrames).
-      const float* data = grads[info.var_index] + info.offset;
+      // Zero-copy: the frame is the caller's memory (or narrowed_), which Push keeps valid
+      // until ZeroMQ released every frame (ReleasePushFrames).
+      void* data = const_cast<float*>(grads[info.var_index] + info.offset);
+      const auto count = static_cast<size_t>(info.length);
+      if (narrow) {
+        EncodeFloats(static_cast<const float*>(data), count, options_.wire_dtype, next_narrowed);
+        data = next_narrowed;
+        next_narrowed += count;
+      }
       std::atomic<int64_t>* counter = &unreleased_[static_cast<size_t>(s)];
       counter->fetch_add(1, std::memory_order_relaxed);
-      o.frames.emplace_back(const_cast<float*>(data),
-                            static_cast<size_t>(info.length) * sizeof(float), &ReleaseFrame,
-                            counter);
+      o.frames.emplace_back(data, count * DTypeSize(options_.wire_dtype), &ReleaseFrame, counter);
     }
     shards->push_back(s);
     requests->push_back(std::move(o));
@@ -393,14 +406,22 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
       return Status::Corruption("ps shard " + std::to_string(shards[i]) +
                                 " answered a pull with the wrong number of slices");
     }
+    // The reply carries the dtype asked for (a server that ignores the field: float32).
+    const DType dtype = in.header->dtype;
+    if (dtype != options_.wire_dtype && dtype != DType::kFloat32) {
+      return Status::Corruption("ps shard " + std::to_string(shards[i]) + " answered a " +
+                                std::string(DTypeName(options_.wire_dtype)) + " pull in " +
+                                std::string(DTypeName(dtype)));
+    }
     for (size_t k = 0; k < ids.size(); ++k) {
       const SliceInfo& info = map_->slices()[ids[k]];
-      const size_t bytes = static_cast<size_t>(info.length) * sizeof(float);
-      if (in.header->slices[k].slice_id != ids[k] || in.frames[k].size() != bytes) {
+      const auto count = static_cast<size_t>(info.length);
+      if (in.header->slices[k].slice_id != ids[k] ||
+          in.frames[k].size() != count * DTypeSize(dtype)) {
         return Status::Corruption("ps shard " + std::to_string(shards[i]) +
                                   " answered a pull with a mismatching slice");
       }
-      std::memcpy(params[info.var_index] + info.offset, in.frames[k].data(), bytes);
+      DecodeFloats(in.frames[k].data(), count, dtype, params[info.var_index] + info.offset);
     }
     lowest = std::min(lowest, in.header->version);
     read_versions_[static_cast<size_t>(shards[i])] = in.header->version;

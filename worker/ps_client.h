@@ -54,6 +54,10 @@ struct PsClientOptions {
   std::chrono::milliseconds resend_max{10000};
   // CURVE keys (common/curve.h); nullopt: plain text.
   std::optional<CurveClientKeys> curve;
+  // How tensors travel (common/float_codec.h): float32 as they are, or narrowed to bfloat16
+  // or float16 (half the bytes; values and gradients are rounded once per transfer, the
+  // parameters the servers keep stay float32).
+  DType wire_dtype = DType::kFloat32;
 };
 
 class PsClient {
@@ -204,6 +208,9 @@ class PsClient {
   // released (ReleaseFrame). On the heap: ZeroMQ may release a frame after a socket is gone.
   std::unique_ptr<std::atomic<int64_t>[]> unreleased_;
   std::optional<SliceMap> map_;
+  // A push's gradients narrowed to a 16-bit wire_dtype, one run per slice in shard order;
+  // the push frames point into it (so it is only written once every frame was released).
+  std::vector<uint16_t> narrowed_;
   std::vector<int64_t> var_sizes_;
   uint64_t next_request_id_ = 1;
   int64_t last_version_ = 0;

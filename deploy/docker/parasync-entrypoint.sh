@@ -42,7 +42,8 @@
 #            PARASYNC_MAX_SECONDS, PARASYNC_MODEL, PARASYNC_OPTIMIZER, PARASYNC_LR,
 #            PARASYNC_MOMENTUM, PARASYNC_SEED, PARASYNC_LR_SCALING, PARASYNC_DEVICE,
 #            PARASYNC_COMPUTE_THREADS, PARASYNC_TRAIN_EXAMPLES, PARASYNC_CONNECT_TIMEOUT,
-#            PARASYNC_REQUEST_TIMEOUT, PARASYNC_HEARTBEAT_INTERVAL, and the switches
+#            PARASYNC_REQUEST_TIMEOUT, PARASYNC_HEARTBEAT_INTERVAL, PARASYNC_WIRE_DTYPE
+#            (float32, bfloat16 or float16), and the switches
 #            PARASYNC_CHECKPOINT_EACH_EPOCH, PARASYNC_STALENESS_LR, PARASYNC_NO_SHUFFLE (=1)
 #   any other flag: PARASYNC_PS_ARGS / PARASYNC_WORKER_ARGS / PARASYNC_EXPORT_ARGS (split at
 #            blanks). export takes only the cluster and the CURVE settings below.
@@ -394,6 +395,7 @@ elif [[ $role == worker ]]; then
   add_flag --connect-timeout "${PARASYNC_CONNECT_TIMEOUT:-}"
   add_flag --request-timeout "${PARASYNC_REQUEST_TIMEOUT:-}"
   add_flag --heartbeat-interval "${PARASYNC_HEARTBEAT_INTERVAL:-}"
+  add_flag --wire-dtype "${PARASYNC_WIRE_DTYPE:-}"
   add_switch --checkpoint-each-epoch "${PARASYNC_CHECKPOINT_EACH_EPOCH:-}"
   add_switch --staleness-lr "${PARASYNC_STALENESS_LR:-}"
   add_switch --no-shuffle "${PARASYNC_NO_SHUFFLE:-}"

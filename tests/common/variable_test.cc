@@ -79,6 +79,13 @@ TEST(ValidateVariablesTest, RejectsUnknownDType) {
   VariableSpec v = Var("w", {4});
   v.dtype = static_cast<DType>(7);
   EXPECT_EQ(ValidateVariables({v}).code(), StatusCode::kInvalidArgument);
+  // The 16-bit dtypes are for the wire only: a variable is float32.
+  for (DType wire : {DType::kBfloat16, DType::kFloat16}) {
+    v.dtype = wire;
+    Status s = ValidateVariables({v});
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(Contains(s.message(), "variables are float32")) << s.message();
+  }
 }
 
 std::vector<float> Init(const Initializer& init, uint64_t seed, uint32_t var_index,

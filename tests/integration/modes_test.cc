@@ -406,6 +406,61 @@ std::string ModeTestName(const ::testing::TestParamInfo<std::string>& param_info
 INSTANTIATE_TEST_SUITE_P(Modes, LaunchModeTest, ::testing::Values("async", "sync", "ssp:2"),
                          ModeTestName);
 
+// The value of the sample of `name` in a Prometheus text file whose labels include every
+// one of `labels` (each `key="value"`); -1 if there is none.
+double PromSample(const std::string& text, const std::string& name,
+                  const std::vector<std::string>& labels) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + "{", 0) != 0) continue;
+    const size_t close = line.find('}');
+    if (close == std::string::npos) continue;
+    const std::string label_text = line.substr(0, close);
+    if (std::all_of(labels.begin(), labels.end(), [&](const std::string& l) {
+          return label_text.find(l) != std::string::npos;
+        })) {
+      return std::stod(line.substr(close + 1));
+    }
+  }
+  return -1;
+}
+
+// --wire-dtype with real processes: a sync cluster whose workers send and receive bfloat16
+// trains (the servers keep float32), and every tensor byte the server moved was 16-bit.
+TEST(WireDTypeTest, Bfloat16WireTrainsAndMovesTwoBytesPerElement) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  TempDir dir;
+  const std::string widths = "784-64-10";
+  constexpr int64_t kElements = 784 * 64 + 64 + 64 * 10 + 10;
+  Child launch = Child::Start(
+      {testing::BinDir() + "/parasync-launch", "--ps", "1", "--workers", "2", "--mode", "sync",
+       "--epochs", "1", "--max-steps", "100", "--model", widths, "--log-dir",
+       dir.path() + "/run", "--data", testing::DataDir(), "--worker-arg=--wire-dtype=bfloat16"},
+      dir.path() + "/out");
+  auto status = launch.Wait(120s);
+  ASSERT_TRUE(status.has_value()) << testing::ReadFile(dir.path() + "/out");
+  ASSERT_EQ(ExitCode(*status), 0) << testing::ReadFile(dir.path() + "/out");
+  EXPECT_NE(testing::ReadFile(dir.path() + "/out").find("travel as bfloat16"), std::string::npos);
+  const auto last = nlohmann::json::parse(testing::ReadLines(dir.path() + "/run/eval.jsonl").back());
+  EXPECT_EQ(last["step"], 100);
+  EXPECT_GE(last["test_accuracy"].get<double>(), 0.6) << last.dump();
+
+  const std::string prom = testing::ReadFile(dir.path() + "/run/metrics-ps0.prom");
+  const double pushes = PromSample(prom, "parasync_ps_requests_total", {"type=\"push\""});
+  const double pulls = PromSample(prom, "parasync_ps_requests_total", {"type=\"pull\""});
+  const double bytes_in = PromSample(prom, "parasync_ps_bytes_total",
+                                     {"type=\"push\"", "direction=\"in\""});
+  const double bytes_out = PromSample(prom, "parasync_ps_bytes_total",
+                                      {"type=\"pull\"", "direction=\"out\""});
+  ASSERT_GE(pushes, 200) << prom;  // 100 steps of 2 workers
+  EXPECT_EQ(bytes_in, pushes * kElements * 2) << prom;
+  // Pulls of the evaluation and of tools may be float32; the workers' are not: the bytes
+  // sent are at least 2 per element per pull and less than 4.
+  ASSERT_GE(pulls, 200) << prom;
+  EXPECT_GE(bytes_out, pulls * kElements * 2) << prom;
+  EXPECT_LT(bytes_out, pulls * kElements * 4) << prom;
+}
+
 TEST(SyncModeTest, TwoPsTwoWorkersReachEightyFivePercentInFiveEpochs) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   TempDir dir;

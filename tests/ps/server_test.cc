@@ -164,8 +164,11 @@ class RawPeer {
   }
 
   void SendHeader(const Header& h, std::vector<std::vector<uint8_t>> tensors = {}) {
-    tensors.insert(tensors.begin(), EncodeHeader(h));
-    Send(tensors);
+    std::vector<std::vector<uint8_t>> frames;
+    frames.reserve(tensors.size() + 1);
+    frames.push_back(EncodeHeader(h));
+    for (std::vector<uint8_t>& t : tensors) frames.push_back(std::move(t));
+    Send(frames);
   }
 
   // The reply's decoded header (TimedOut if none came); *frames gets the tensor frames.
@@ -510,6 +513,159 @@ TEST_F(ServerShardsTest, PushPullAppliesThePushBeforeAnsweringThePullOnEveryShar
     EXPECT_GE(times.pull_seconds, 0.0);
     EXPECT_LE(times.push_seconds + times.pull_seconds, total);
     ExpectSgdSteps(params, grads, round);
+  }
+}
+
+// --wire-dtype: a client that sends and receives bfloat16 or float16 against two shards,
+// beside a float32 client that sees what the servers really hold.
+class WireDTypeTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(s0_.started() && s1_.started());
+    narrow_ = Connect(GetParam());
+    exact_ = Connect(DType::kFloat32);
+    ASSERT_TRUE(narrow_ && exact_);
+    ASSERT_TRUE(narrow_->Register(reg_, kWait).ok());
+    ASSERT_TRUE(exact_->Register(reg_, kWait).ok());
+  }
+
+  std::unique_ptr<PsClient> Connect(DType wire) {
+    PsClientOptions options;
+    options.ps_addresses = {s0_.endpoint(), s1_.endpoint()};
+    options.request_timeout = kWait;
+    options.wire_dtype = wire;
+    auto client = PsClient::Connect(context_, options);
+    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    return client.ok() ? std::move(client).value() : nullptr;
+  }
+
+  // `values` as they arrive after one trip in the test's wire dtype.
+  std::vector<float> Narrowed(const std::vector<float>& values) const {
+    std::vector<uint8_t> wire(values.size() * 2);
+    EncodeFloats(values.data(), values.size(), GetParam(), wire.data());
+    std::vector<float> out(values.size());
+    DecodeFloats(wire.data(), values.size(), GetParam(), out.data());
+    return out;
+  }
+
+  double Rejected(RejectReason reason) const { return s0_.Rejected(reason) + s1_.Rejected(reason); }
+
+  zmq::context_t context_;  // declared first: outlives every socket
+  RunningServer s0_{context_, 0, 2};
+  RunningServer s1_{context_, 1, 2};
+  const ModelRegistration reg_ = SmallModel(2);
+  std::unique_ptr<PsClient> narrow_;
+  std::unique_ptr<PsClient> exact_;
+};
+
+// The servers apply exactly the narrowed gradient (widened back) to float32 values, and a
+// narrow pull returns those values narrowed once: nothing else is lost on the way.
+TEST_P(WireDTypeTest, PushPullAppliesTheNarrowedGradientAndReturnsNarrowedValues) {
+  std::vector<std::vector<float>> grads = Gradients(reg_);
+  grads[0][3] = 1.0f / 3.0f;  // not exact in 16 bits: the rounding must show
+  std::vector<std::vector<float>> params = {std::vector<float>(200), std::vector<float>(10)};
+  ASSERT_TRUE(narrow_->PushPull(Pointers<const float>(grads), 8, Pointers<float>(params)).ok());
+  EXPECT_EQ(narrow_->last_version(), 1);
+  std::vector<std::vector<float>> held = {std::vector<float>(200), std::vector<float>(10)};
+  ASSERT_TRUE(exact_->Pull(Pointers<float>(held)).ok());
+  const std::vector<std::vector<float>> w0 = InitialValues(reg_);
+  int rounded = 0;
+  for (size_t v = 0; v < held.size(); ++v) {
+    const std::vector<float> g = Narrowed(grads[v]);
+    const std::vector<float> seen = Narrowed(held[v]);
+    for (size_t i = 0; i < held[v].size(); ++i) {
+      ASSERT_FLOAT_EQ(held[v][i], w0[v][i] - kLearningRate * g[i])
+          << reg_.variables[v].name << "[" << i << "]";
+      ASSERT_EQ(params[v][i], seen[i]) << reg_.variables[v].name << "[" << i << "]";
+      rounded += held[v][i] != seen[i];
+    }
+  }
+  EXPECT_NE(Narrowed({1.0f / 3.0f})[0], 1.0f / 3.0f);
+  EXPECT_GT(rounded, 0) << "a narrow pull must differ from the float32 values somewhere";
+  // The push frames were half the bytes of float32 on both shards.
+  const double pushed = s0_.metrics().bytes_received[static_cast<size_t>(MsgType::kPush)]->Value() +
+                        s1_.metrics().bytes_received[static_cast<size_t>(MsgType::kPush)]->Value();
+  EXPECT_EQ(pushed, 210 * 2);
+}
+
+// NaN and Inf survive the narrowing and are refused as before; a finite gradient beyond the
+// 16-bit range is saturated, not turned into Inf, and applied.
+TEST_P(WireDTypeTest, NonFiniteGradientIsStillRefusedAndALargeFiniteOneSaturates) {
+  std::vector<std::vector<float>> grads = Gradients(reg_);
+  grads[1][4] = std::numeric_limits<float>::quiet_NaN();
+  Status s = narrow_->Push(Pointers<const float>(grads), 8);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_EQ(Rejected(RejectReason::kNonFinite), 1);
+  grads[1][4] = -std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(narrow_->Push(Pointers<const float>(grads), 8).ok());
+  EXPECT_EQ(Rejected(RejectReason::kNonFinite), 2);
+
+  grads = Gradients(reg_);
+  grads[1][4] = 1e6f;  // beyond float16's 65504
+  ASSERT_TRUE(narrow_->Push(Pointers<const float>(grads), 8).ok());
+  std::vector<std::vector<float>> held = {std::vector<float>(200), std::vector<float>(10)};
+  ASSERT_TRUE(exact_->Pull(Pointers<float>(held)).ok());
+  const float applied = Narrowed({1e6f})[0];
+  EXPECT_TRUE(std::isfinite(held[1][4]));
+  EXPECT_FLOAT_EQ(held[1][4], InitialValues(reg_)[1][4] - kLearningRate * applied);
+  if (GetParam() == DType::kFloat16) {
+    EXPECT_EQ(applied, 65504.0f);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Narrow, WireDTypeTest,
+                         ::testing::Values(DType::kBfloat16, DType::kFloat16),
+                         [](const ::testing::TestParamInfo<DType>& p) {
+                           return std::string(DTypeName(p.param));
+                         });
+
+// On the wire: a 16-bit push's frames must be count * 2 bytes (a float32-sized frame is
+// refused and changes nothing), and a pull asking for a 16-bit dtype gets count * 2 bytes.
+TEST_F(ServerTest, SixteenBitFramesAreCheckedAgainstTheirOwnSize) {
+  auto client = Client({server_->endpoint()});
+  ASSERT_NE(client, nullptr);
+  const ModelRegistration reg = SmallModel(1);
+  ASSERT_TRUE(client->Register(reg, kWait).ok());
+  RawPeer peer(context_, server_->endpoint());
+  Header push;
+  push.type = MsgType::kPush;
+  push.dtype = DType::kBfloat16;
+  push.slices = {{0, 0, 50}};
+  peer.SendHeader(push, {std::vector<uint8_t>(50 * 4, 0)});
+  Result<Header> reply = peer.Receive();
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply->status.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(reply->status.message(), "expected 100")) << reply->status.message();
+  EXPECT_EQ(server_->Rejected(RejectReason::kByteLength), 1);
+  EXPECT_EQ(reply->version, 0);
+
+  std::vector<float> g(50, 0.5f);
+  std::vector<uint8_t> wire(100);
+  EncodeFloats(g.data(), g.size(), DType::kBfloat16, wire.data());
+  peer.SendHeader(push, {wire});
+  reply = peer.Receive();
+  ASSERT_TRUE(reply.ok());
+  EXPECT_TRUE(reply->status.ok()) << reply->status.ToString();
+  EXPECT_EQ(reply->version, 1);
+
+  Header pull;
+  pull.type = MsgType::kPull;
+  pull.dtype = DType::kFloat16;
+  pull.slices = {{0, 0, 50}, {1, 10, 5}};
+  peer.SendHeader(pull);
+  std::vector<std::vector<uint8_t>> frames;
+  reply = peer.Receive(&frames);
+  ASSERT_TRUE(reply.ok());
+  ASSERT_TRUE(reply->status.ok()) << reply->status.ToString();
+  EXPECT_EQ(reply->dtype, DType::kFloat16);
+  ASSERT_EQ(frames.size(), 2u);
+  EXPECT_EQ(frames[0].size(), 100u);
+  EXPECT_EQ(frames[1].size(), 10u);
+  std::vector<float> values(50);
+  DecodeFloats(frames[0].data(), 50, DType::kFloat16, values.data());
+  const std::vector<float> w0 = InitialValues(reg)[0];
+  for (size_t i = 0; i < 50; ++i) {
+    EXPECT_EQ(values[i], HalfToFloat(FloatToHalf(w0[i] - kLearningRate * 0.5f))) << i;
   }
 }
 

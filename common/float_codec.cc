@@ -1,0 +1,125 @@
+#include "common/float_codec.h"
+
+#include <algorithm>
+#include <bit>
+#include <cctype>
+#include <cstring>
+#include <string>
+
+namespace parasync {
+
+static_assert(std::endian::native == std::endian::little, "the wire is little-endian");
+
+std::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "float32";
+    case DType::kBfloat16: return "bfloat16";
+    case DType::kFloat16: return "float16";
+  }
+  return "unknown";
+}
+
+std::optional<DType> ParseDType(std::string_view text) {
+  std::string t(text);
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (t == "float32" || t == "fp32" || t == "f32") return DType::kFloat32;
+  if (t == "bfloat16" || t == "bf16") return DType::kBfloat16;
+  if (t == "float16" || t == "fp16" || t == "f16" || t == "half") return DType::kFloat16;
+  return std::nullopt;
+}
+
+// The conversions are written without branches on the data (selects only), so the loops
+// in EncodeFloats / DecodeFloats vectorize.
+
+uint16_t FloatToBfloat16(float value) {
+  const uint32_t u = std::bit_cast<uint32_t>(value);
+  const uint32_t magnitude = u & 0x7fffffffu;
+  // Round to nearest even on the 16 bits dropped.
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  // A finite value that rounded up to Inf saturates at the largest finite bfloat16.
+  r = ((r & 0x7fffu) == 0x7f80u && magnitude < 0x7f800000u) ? r - 1u : r;
+  // NaN: keep the sign and the top of the payload, force it quiet.
+  r = magnitude > 0x7f800000u ? ((u >> 16) | 0x0040u) : r;
+  return static_cast<uint16_t>(r);
+}
+
+float Bfloat16ToFloat(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
+
+// After F. Giesen, "float->half variants" (2016): rebias and round in the integer domain for
+// normal results; let the FPU's own round-to-nearest-even place subnormal ones.
+uint16_t FloatToHalf(float value) {
+  const uint32_t u = std::bit_cast<uint32_t>(value);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  // Normal half: rebias the exponent (127 -> 15) and round the 13 dropped bits to even.
+  const uint32_t normal = (a - (112u << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  // Subnormal half (|value| < 2^-14): adding 0.5 lines the half's ulp (2^-24) up with the
+  // float's last mantissa bit, so the addition itself rounds.
+  const uint32_t sub = std::bit_cast<uint32_t>(std::bit_cast<float>(a) + 0.5f) - 0x3f000000u;
+  uint32_t r = a < 0x38800000u ? sub : normal;
+  r = a >= 0x477ff000u ? 0x7bffu : r;         // rounds to >= 65536: the largest finite half
+  r = a == 0x7f800000u ? 0x7c00u : r;         // Inf
+  r = a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x1ffu)) : r;  // NaN, quiet
+  return static_cast<uint16_t>(sign | r);
+}
+
+float HalfToFloat(uint16_t bits) {
+  const uint32_t h = bits;
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t em = (h & 0x7fffu) << 13;       // exponent and mantissa, in float position
+  const uint32_t exponent = em & 0x0f800000u;
+  const uint32_t normal = em + (112u << 23);     // rebias 15 -> 127
+  const uint32_t inf_nan = em + (224u << 23);    // exponent all ones
+  // Subnormal: place the mantissa as a float of exponent 2^-14 and subtract the implicit 1.
+  const uint32_t sub = std::bit_cast<uint32_t>(std::bit_cast<float>(em + (113u << 23)) -
+                                               std::bit_cast<float>(113u << 23));
+  uint32_t r = exponent == 0 ? sub : normal;
+  r = exponent == 0x0f800000u ? inf_nan : r;
+  return std::bit_cast<float>(sign | r);
+}
+
+void EncodeFloats(const float* in, size_t n, DType to, void* out) {
+  auto* bytes = static_cast<unsigned char*>(out);
+  switch (to) {
+    case DType::kFloat32:
+      std::memcpy(out, in, n * sizeof(float));
+      return;
+    case DType::kBfloat16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t v = FloatToBfloat16(in[i]);
+        std::memcpy(bytes + 2 * i, &v, 2);
+      }
+      return;
+    case DType::kFloat16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t v = FloatToHalf(in[i]);
+        std::memcpy(bytes + 2 * i, &v, 2);
+      }
+      return;
+  }
+}
+
+void DecodeFloats(const void* in, size_t n, DType from, float* out) {
+  const auto* bytes = static_cast<const unsigned char*>(in);
+  switch (from) {
+    case DType::kFloat32:
+      std::memcpy(out, in, n * sizeof(float));
+      return;
+    case DType::kBfloat16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t v;
+        std::memcpy(&v, bytes + 2 * i, 2);
+        out[i] = Bfloat16ToFloat(v);
+      }
+      return;
+    case DType::kFloat16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t v;
+        std::memcpy(&v, bytes + 2 * i, 2);
+        out[i] = HalfToFloat(v);
+      }
+      return;
+  }
+}
+
+}  // namespace parasync

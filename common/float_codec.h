@@ -1,0 +1,42 @@
+// Wire dtypes: float32 tensors sent as bfloat16 or float16 (--wire-dtype), half the bytes.
+//
+// Parameters and optimizer state always stay float32; only the bytes on the wire narrow.
+// A sender encodes, the receiver decodes back to float32 before anything else looks at the
+// values (the finite check, the optimizer, the trainer).
+//
+// Rounding is to nearest, ties to even (what hardware conversions do). NaN stays NaN (quiet)
+// and +-Inf stays +-Inf, so the server's finite check still sees a bad gradient. A finite
+// value beyond the narrow type's range becomes its largest finite value of the same sign
+// (float16: +-65504; bfloat16: +-3.39e38) instead of turning into Inf: narrowing alone never
+// makes a good gradient look non-finite. Subnormals are kept (float16 below 6.1e-5 loses
+// precision gradually, as the format does). Pure functions; thread-safe; any alignment.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "common/variable.h"
+
+namespace parasync {
+
+// Bytes per element of `dtype` on the wire.
+inline size_t DTypeSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+// "float32", "bfloat16", "float16".
+std::string_view DTypeName(DType dtype);
+// Accepts the names above and bf16, fp16, f16, fp32, f32 (any case); nullopt otherwise.
+std::optional<DType> ParseDType(std::string_view text);
+
+uint16_t FloatToBfloat16(float value);
+float Bfloat16ToFloat(uint16_t bits);
+uint16_t FloatToHalf(float value);
+float HalfToFloat(uint16_t bits);
+
+// Writes `n` floats as `to` into `out` (n * DTypeSize(to) bytes, little-endian).
+void EncodeFloats(const float* in, size_t n, DType to, void* out);
+// Reads `n` elements of `from` (n * DTypeSize(from) bytes) into `out` as float32.
+void DecodeFloats(const void* in, size_t n, DType from, float* out);
+
+}  // namespace parasync
