@@ -8,6 +8,8 @@
      (fixed seeds, rank-ordered sync sums).
   4. A straggler scenario reaches the worker it names, and only it.
   5. --seconds, a wall-clock budget, ends a run of many epochs early.
+  6. --wire-dtypes adds a bfloat16 run of the same configuration: it moves half the tensor
+     bytes of the float32 one and the report says so, at an accuracy close to it.
 
 Usage: compare_test.py SOURCE_DIR BIN_DIR [DATA_DIR]
 """
@@ -134,6 +136,37 @@ def main():
         rows = eval_rows(os.path.join(tmp, "c", "runs", "async-w2"))
         check(rows and rows[-1]["epoch"] < 1000, "the time budget did not stop the run")
         check(rows and rows[-1]["wall_s"] < 15, f"the run went on for {rows[-1]['wall_s']} s")
+
+        # 6. bfloat16 on the wire beside the float32 sync-w2 of folder b (kept, not rerun).
+        proc_w = run_compare(source, bin_dir, data, out_b, "--modes", "sync", "--wire-dtypes",
+                             "float32,bf16")
+        check(proc_w.returncode == 0, f"wire-dtype compare exited {proc_w.returncode}")
+        check(proc_w.stdout.count("finished earlier, skipped") == 1,
+              "the float32 run was not kept")
+        with open(os.path.join(out_b, "runs", "sync-w2-bf16", "cluster.json")) as f:
+            commands = [p["command"] for p in json.load(f)["processes"]
+                        if p["name"].startswith("worker")]
+        check(len(commands) == 2 and all("--wire-dtype=bfloat16" in c for c in commands),
+              "the bf16 run's workers were not given --wire-dtype=bfloat16")
+        with open(os.path.join(out_b, "report.md")) as f:
+            report = f.read()
+        cells = {}
+        for name in ("sync-w2", "sync-w2-bf16"):
+            row = re.search(r"\| " + re.escape(name) + r" \|.*", report)
+            check(row is not None, f"report.md lacks a row for {name}")
+            if row:
+                cells[name] = [c.strip() for c in row.group(0).split("|")[1:-1]]
+        if len(cells) == 2:
+            check(cells["sync-w2"][9] == "float32" and cells["sync-w2-bf16"][9] == "bfloat16",
+                  f"wire column: {cells['sync-w2'][9]}, {cells['sync-w2-bf16'][9]}")
+            mb32 = float(cells["sync-w2"][10].replace(",", ""))
+            mb16 = float(cells["sync-w2-bf16"][10].replace(",", ""))
+            # Same steps and requests, every tensor in half the bytes.
+            check(abs(mb16 / mb32 - 0.5) < 0.01, f"bf16 moved {mb16} MB against float32's {mb32}")
+            acc32 = float(cells["sync-w2"][1].split()[0])
+            acc16 = float(cells["sync-w2-bf16"][1].split()[0])
+            print(f"sync-w2 float32: {acc32:.4f}, {mb32} MB; bfloat16: {acc16:.4f}, {mb16} MB")
+            check(abs(acc16 - acc32) < 0.03, f"bf16 accuracy {acc16} vs float32 {acc32}")
 
     if failures:
         print(f"{len(failures)} check(s) failed")
