@@ -1,6 +1,8 @@
 #include "ps/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace parasync {
 
@@ -65,6 +67,19 @@ void ApplyUpdate(const OptimizerSpec& spec, int64_t step, const float* w_in, flo
   } else {
     Update<false>(spec, step, w_in, w_out, g, slots, n);
   }
+}
+
+bool ApplySgdIfFinite(float lr, const float* __restrict w_in, float* __restrict w_out,
+                      const float* __restrict g, int64_t n) {
+  // The check is on the bits (an exponent of all ones), so the loop vectorizes.
+  uint32_t worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, g + i, sizeof(bits));
+    worst = std::max(worst, bits & 0x7f800000u);
+    w_out[i] = w_in[i] - lr * g[i];
+  }
+  return worst != 0x7f800000u;
 }
 
 }  // namespace parasync

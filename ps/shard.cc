@@ -238,6 +238,14 @@ Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* c
   int64_t elements = 0;
   for (const SliceRange& r : ranges) elements += r.count;
   const bool parallel = ranges.size() >= 2 && elements >= kParallelApplyElements;
+  if (registration_->optimizer.kind == OptimizerKind::kSgd) {
+    bool whole = true;
+    for (const SliceRange& r : ranges) {
+      whole = whole && r.begin == 0 &&
+              r.count == owned_[static_cast<size_t>(local_index_[r.slice_id])].values.size();
+    }
+    if (whole) return ApplySgdWhole(ranges, grads, batch_examples, reason, lr_scale, parallel);
+  }
   // Every gradient is checked before any slice changes.
   PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason, parallel));
   // ValidateRanges allows one range per slice: one optimizer step per slice, and the slices
@@ -246,6 +254,45 @@ Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* c
     SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
     ApplyToSlice(s, ranges[i].begin, grads[i], ranges[i].count, lr_scale);
   });
+  ++version_;
+  examples_ += batch_examples > 0 ? batch_examples : 0;
+  return Status::Ok();
+}
+
+Status Shard::ApplySgdWhole(std::span<const SliceRange> ranges,
+                            std::span<const float* const> grads, int64_t batch_examples,
+                            RejectReason* reason, float lr_scale, bool parallel) {
+  // Each slice's new values go into another buffer (its spare when that is not lent), in
+  // the same pass that checks the gradient; the buffers become the values only once every
+  // gradient proved finite, so a refused push changes nothing.
+  std::vector<LendableFloats> next(ranges.size());
+  std::vector<uint8_t> finite(ranges.size(), 0);
+  const float lr = registration_->optimizer.learning_rate * lr_scale;
+  ForEachRange(ranges.size(), parallel, [&](size_t i) {
+    SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
+    next[i] = s.spare.data() != nullptr && !s.spare.lent() ? std::move(s.spare)
+                                                           : LendableFloats(s.values.size());
+    finite[i] = ApplySgdIfFinite(lr, s.values.data(), next[i].data(), grads[i],
+                                 ranges[i].count) ? 1 : 0;
+  });
+  const auto bad = std::find(finite.begin(), finite.end(), uint8_t{0});
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
+    if (bad != finite.end()) {
+      if (s.spare.data() == nullptr) s.spare = std::move(next[i]);  // keep it for next time
+      continue;
+    }
+    ++s.updates;
+    s.spare = std::move(s.values);
+    s.values = std::move(next[i]);
+  }
+  if (bad != finite.end()) {
+    *reason = RejectReason::kNonFinite;
+    return Status::InvalidArgument(
+        "gradient for slice " +
+        std::to_string(ranges[static_cast<size_t>(bad - finite.begin())].slice_id) +
+        " contains NaN or Inf");
+  }
   ++version_;
   examples_ += batch_examples > 0 ? batch_examples : 0;
   return Status::Ok();

@@ -163,6 +163,11 @@ class Shard {
   void ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn) const;
   void ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_t count,
                     float lr_scale);
+  // Apply for SGD when every range is a whole slice: check and update in one pass per slice,
+  // out of place (ApplySgdIfFinite), swapping the results in only when all are finite.
+  Status ApplySgdWhole(std::span<const SliceRange> ranges, std::span<const float* const> grads,
+                       int64_t batch_examples, RejectReason* reason, float lr_scale,
+                       bool parallel);
 
   int shard_index_;
   int num_shards_;

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -212,6 +215,38 @@ TEST(OptimizerTest, ZeroLengthUpdateTouchesNothing) {
   ApplyUpdate(spec, 1, &w, &w, &g, slots, 0);
   EXPECT_EQ(w, 2.0f);
   EXPECT_EQ(m, 0.0f);
+}
+
+// The fused SGD with its finite check: bit for bit ApplyUpdate's SGD, and false for a NaN or
+// Inf wherever it is (the vector body and the scalar tail of the loop), never writing w_in.
+TEST(OptimizerTest, ApplySgdIfFiniteIsSgdBitForBitAndCatchesEveryNonFinitePosition) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  OptimizerSpec spec;
+  spec.kind = OptimizerKind::kSgd;
+  spec.learning_rate = 0.0123f;
+  for (int64_t n : {0, 1, 7, 16, 33, 1000}) {
+    std::vector<float> w(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+    for (float& x : w) x = normal(rng);
+    for (float& x : g) x = normal(rng);
+    if (n > 0) g[0] = std::numeric_limits<float>::max();  // finite, extreme
+    const std::vector<float> w0 = w;
+    std::vector<float> fused(static_cast<size_t>(n), -1.0f), plain(static_cast<size_t>(n));
+    ASSERT_TRUE(ApplySgdIfFinite(spec.learning_rate, w.data(), fused.data(), g.data(), n));
+    ApplyUpdate(spec, 1, w.data(), plain.data(), g.data(), {}, n);
+    ASSERT_EQ(std::memcmp(fused.data(), plain.data(), fused.size() * sizeof(float)), 0) << n;
+    ASSERT_EQ(w, w0);
+    for (int64_t bad = 0; bad < n; ++bad) {
+      for (float poison : {std::numeric_limits<float>::quiet_NaN(),
+                           -std::numeric_limits<float>::infinity()}) {
+        std::vector<float> g2 = g;
+        g2[static_cast<size_t>(bad)] = poison;
+        ASSERT_FALSE(ApplySgdIfFinite(spec.learning_rate, w.data(), fused.data(), g2.data(), n))
+            << "n " << n << ", position " << bad;
+        ASSERT_EQ(w, w0);
+      }
+    }
+  }
 }
 
 }  // namespace

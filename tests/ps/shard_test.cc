@@ -353,11 +353,13 @@ TEST(ShardTest, AdamBiasCorrectionCountsPushesPerSlice) {
 // state matters) and both take one good push. The bad push goes to `shard_` only; afterwards
 // values, version and examples must be as before, and the next good push must give exactly
 // what it gives on the twin, which never saw the bad push.
-class ShardRejectTest : public ::testing::Test {
+// Under Adam (check, then update in place) and SGD (whole slices: checked and updated in one
+// pass, out of place) alike, a refused push changes nothing.
+class ShardRejectTest : public ::testing::TestWithParam<OptimizerKind> {
  protected:
   void SetUp() override {
-    MustRegister(shard_, SmallModel(2, OptimizerKind::kAdam));
-    MustRegister(twin_, SmallModel(2, OptimizerKind::kAdam));
+    MustRegister(shard_, SmallModel(2, GetParam()));
+    MustRegister(twin_, SmallModel(2, GetParam()));
     ASSERT_TRUE(shard_.registered());
     const SliceMap& map = MapOf(shard_);
     ASSERT_GE(map.SlicesOfShard(0).size(), 2u);
@@ -403,7 +405,7 @@ class ShardRejectTest : public ::testing::Test {
   int64_t len2_ = 0;
 };
 
-TEST_F(ShardRejectTest, UnknownSliceIdIsUnknownSlice) {
+TEST_P(ShardRejectTest, UnknownSliceIdIsUnknownSlice) {
   const auto past_end = static_cast<uint32_t>(MapOf(shard_).slices().size());
   ExpectRejected({{{past_end, 0, 1}}, {Ramp(1)}}, RejectReason::kUnknownSlice,
                  StatusCode::kNotFound);
@@ -411,37 +413,37 @@ TEST_F(ShardRejectTest, UnknownSliceIdIsUnknownSlice) {
                  StatusCode::kNotFound);
 }
 
-TEST_F(ShardRejectTest, SliceOfAnotherShardIsUnknownSlice) {
+TEST_P(ShardRejectTest, SliceOfAnotherShardIsUnknownSlice) {
   ExpectRejected({{{other_, 0, 1}}, {Ramp(1)}}, RejectReason::kUnknownSlice,
                  StatusCode::kNotFound);
 }
 
-TEST_F(ShardRejectTest, BeginPastEndIsRange) {
+TEST_P(ShardRejectTest, BeginPastEndIsRange) {
   ExpectRejected({{{mine_, len_ + 1, 0}}, {std::vector<float>{}}}, RejectReason::kRange,
                  StatusCode::kInvalidArgument);
 }
 
-TEST_F(ShardRejectTest, CountPastEndIsRange) {
+TEST_P(ShardRejectTest, CountPastEndIsRange) {
   ExpectRejected({{{mine_, 1, len_}}, {Ramp(len_)}}, RejectReason::kRange,
                  StatusCode::kInvalidArgument);
   ExpectRejected({{{mine_, 0, len_ + 1}}, {Ramp(len_ + 1)}}, RejectReason::kRange,
                  StatusCode::kInvalidArgument);
 }
 
-TEST_F(ShardRejectTest, CountThatWouldOverflowIsRange) {
+TEST_P(ShardRejectTest, CountThatWouldOverflowIsRange) {
   Push p{{{mine_, 1, std::numeric_limits<int64_t>::max()}}, {Ramp(1)}};
   p.frame_bytes = std::vector<size_t>{4};
   ExpectRejected(p, RejectReason::kRange, StatusCode::kInvalidArgument);
 }
 
-TEST_F(ShardRejectTest, NegativeBeginOrCountIsRange) {
+TEST_P(ShardRejectTest, NegativeBeginOrCountIsRange) {
   ExpectRejected({{{mine_, -1, 2}}, {Ramp(2)}}, RejectReason::kRange,
                  StatusCode::kInvalidArgument);
   Push p{{{mine_, 2, -1}}, {std::vector<float>{}}};
   ExpectRejected(p, RejectReason::kRange, StatusCode::kInvalidArgument);
 }
 
-TEST_F(ShardRejectTest, SliceIdsNotStrictlyIncreasingAreOrder) {
+TEST_P(ShardRejectTest, SliceIdsNotStrictlyIncreasingAreOrder) {
   // Repeating a slice would let a small request ask for unbounded work or memory.
   ExpectRejected({{{mine_, 0, 1}, {mine_, 1, 1}}, {Ramp(1), Ramp(1)}}, RejectReason::kOrder,
                  StatusCode::kInvalidArgument);
@@ -449,12 +451,12 @@ TEST_F(ShardRejectTest, SliceIdsNotStrictlyIncreasingAreOrder) {
                  RejectReason::kOrder, StatusCode::kInvalidArgument);
 }
 
-TEST_F(ShardRejectTest, BadRangeAfterGoodRangesRejectsWholePush) {
+TEST_P(ShardRejectTest, BadRangeAfterGoodRangesRejectsWholePush) {
   ExpectRejected({{{mine_, 0, len_}, {mine2_, 0, len2_ + 1}}, {Ramp(len_), Ramp(len2_ + 1)}},
                  RejectReason::kRange, StatusCode::kInvalidArgument);
 }
 
-TEST_F(ShardRejectTest, ShortOrLongFrameIsByteLength) {
+TEST_P(ShardRejectTest, ShortOrLongFrameIsByteLength) {
   ExpectRejected({{{mine_, 0, len_}}, {Ramp(len_ - 1)}}, RejectReason::kByteLength,
                  StatusCode::kInvalidArgument);
   ExpectRejected({{{mine_, 0, len_}}, {Ramp(len_ + 1)}}, RejectReason::kByteLength,
@@ -464,7 +466,7 @@ TEST_F(ShardRejectTest, ShortOrLongFrameIsByteLength) {
   ExpectRejected(ragged, RejectReason::kByteLength, StatusCode::kInvalidArgument);
 }
 
-TEST_F(ShardRejectTest, WrongFrameCountIsFrameCount) {
+TEST_P(ShardRejectTest, WrongFrameCountIsFrameCount) {
   Push fewer{{{mine_, 0, len_}, {mine2_, 0, len2_}}, {Ramp(len_)}};
   ExpectRejected(fewer, RejectReason::kFrameCount, StatusCode::kInvalidArgument);
   Push more{{{mine_, 0, len_}}, {Ramp(len_), Ramp(len_)}};
@@ -473,19 +475,19 @@ TEST_F(ShardRejectTest, WrongFrameCountIsFrameCount) {
   ExpectRejected(none, RejectReason::kFrameCount, StatusCode::kInvalidArgument);
 }
 
-TEST_F(ShardRejectTest, UnknownDTypeIsDType) {
+TEST_P(ShardRejectTest, UnknownDTypeIsDType) {
   Push p = GoodPush();
   p.dtype = static_cast<DType>(7);
   ExpectRejected(p, RejectReason::kDType, StatusCode::kInvalidArgument);
 }
 
-TEST_F(ShardRejectTest, NanGradientIsNonFinite) {
+TEST_P(ShardRejectTest, NanGradientIsNonFinite) {
   Push p = GoodPush();
   p.grads[0][2] = std::numeric_limits<float>::quiet_NaN();
   ExpectRejected(p, RejectReason::kNonFinite, StatusCode::kInvalidArgument);
 }
 
-TEST_F(ShardRejectTest, InfGradientIsNonFinite) {
+TEST_P(ShardRejectTest, InfGradientIsNonFinite) {
   Push p = GoodPush();
   p.grads[0][0] = std::numeric_limits<float>::infinity();
   ExpectRejected(p, RejectReason::kNonFinite, StatusCode::kInvalidArgument);
@@ -494,7 +496,7 @@ TEST_F(ShardRejectTest, InfGradientIsNonFinite) {
   ExpectRejected(p, RejectReason::kNonFinite, StatusCode::kInvalidArgument);
 }
 
-TEST_F(ShardRejectTest, EveryNanBitPatternIsNonFiniteAndExtremeFiniteValuesAreApplied) {
+TEST_P(ShardRejectTest, EveryNanBitPatternIsNonFiniteAndExtremeFiniteValuesAreApplied) {
   // The finite check looks at the exponent bits: a NaN with the sign bit and any payload, and
   // a signalling NaN, are caught; the largest finite magnitudes, denormals and -0 are not.
   for (const uint32_t bits : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffffffffu, 0x7fbfffffu}) {
@@ -512,13 +514,13 @@ TEST_F(ShardRejectTest, EveryNanBitPatternIsNonFiniteAndExtremeFiniteValuesAreAp
   EXPECT_EQ(reason, RejectReason::kNone);
 }
 
-TEST_F(ShardRejectTest, NanOnlyInLastRangeAppliesNothingFromEarlierRanges) {
+TEST_P(ShardRejectTest, NanOnlyInLastRangeAppliesNothingFromEarlierRanges) {
   Push p = GoodPush();
   p.grads.back().back() = std::numeric_limits<float>::quiet_NaN();
   ExpectRejected(p, RejectReason::kNonFinite, StatusCode::kInvalidArgument);
 }
 
-TEST_F(ShardRejectTest, PullOfBadRangesIsRejectedWithTheSameReasons) {
+TEST_P(ShardRejectTest, PullOfBadRangesIsRejectedWithTheSameReasons) {
   struct Case {
     SliceRange range;
     DType dtype;
@@ -542,11 +544,18 @@ TEST_F(ShardRejectTest, PullOfBadRangesIsRejectedWithTheSameReasons) {
   }
 }
 
-TEST_F(ShardRejectTest, EmptyRangeAtSliceEndIsAccepted) {
+TEST_P(ShardRejectTest, EmptyRangeAtSliceEndIsAccepted) {
   RejectReason reason = RejectReason::kNone;
   const std::vector<SliceRange> ranges = {{mine_, len_, 0}};
   EXPECT_TRUE(shard_.ValidateRanges(ranges, DType::kFloat32, std::nullopt, &reason).ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, ShardRejectTest,
+                         ::testing::Values(OptimizerKind::kAdam, OptimizerKind::kSgd),
+                         [](const ::testing::TestParamInfo<OptimizerKind>& p) {
+                           return p.param == OptimizerKind::kSgd ? std::string("sgd")
+                                                                 : std::string("adam");
+                         });
 
 TEST(RejectReasonTest, EveryReasonHasADistinctName) {
   std::vector<std::string> names;
@@ -957,25 +966,48 @@ TEST(ShardParallelApplyTest, SameResultAsOneThreadBitForBit) {
 }
 
 TEST(ShardParallelApplyTest, NonFiniteInAnySliceRejectsThePushAndChangesNothing) {
-  Shard shard(0, 1, 0, 3);
-  MustRegister(shard, LargeModel(OptimizerKind::kMomentum));
-  const std::vector<float> before = AllValues(shard);
-  Push push = LargePush(0);
-  push.grads[3][5] = std::numeric_limits<float>::infinity();
-  push.grads[2][70000] = std::numeric_limits<float>::quiet_NaN();
-  RejectReason reason = RejectReason::kNone;
-  const Status s = DoPush(shard, push, &reason);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(reason, RejectReason::kNonFinite);
-  EXPECT_TRUE(Contains(s.message(), "slice 2 ")) << s.message();  // the first bad one
-  EXPECT_EQ(AllValues(shard), before);
-  EXPECT_EQ(shard.version(), 0);
-  // The momentum slot is untouched too: a good push now gives the one-thread result.
-  Shard one(0, 1, 0, 1);
-  MustRegister(one, LargeModel(OptimizerKind::kMomentum));
-  ASSERT_TRUE(DoPush(shard, LargePush(1), &reason).ok());
-  ASSERT_TRUE(DoPush(one, LargePush(1), &reason).ok());
-  EXPECT_EQ(AllValues(shard), AllValues(one));
+  // Momentum checks first and updates in place; SGD checks while it writes out of place. On
+  // one and three threads, with the values lent to a pull reply or not.
+  for (OptimizerKind kind : {OptimizerKind::kMomentum, OptimizerKind::kSgd}) {
+    for (int threads : {1, 3}) {
+      for (bool lent : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "optimizer " << static_cast<int>(kind) << ", "
+                                          << threads << " thread(s), lent " << lent);
+        Shard shard(0, 1, 0, threads);
+        MustRegister(shard, LargeModel(kind));
+        RejectReason reason = RejectReason::kNone;
+        ASSERT_TRUE(DoPush(shard, LargePush(0), &reason).ok());  // a spare exists for SGD
+        std::vector<Shard::Loan> loans;
+        if (lent) shard.Lend(LargePush(0).ranges, loans);
+        const std::vector<float> before = AllValues(shard);
+        Push push = LargePush(1);
+        push.grads[3][5] = std::numeric_limits<float>::infinity();
+        push.grads[2][70000] = std::numeric_limits<float>::quiet_NaN();
+        const Status s = DoPush(shard, push, &reason);
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+        EXPECT_EQ(reason, RejectReason::kNonFinite);
+        EXPECT_TRUE(Contains(s.message(), "slice 2 ")) << s.message();  // the first bad one
+        EXPECT_EQ(AllValues(shard), before);
+        EXPECT_EQ(shard.version(), 1);
+        // The slots are untouched too: good pushes now give the one-thread result, and a
+        // loan still shows the values it was made of.
+        Shard one(0, 1, 0, 1);
+        MustRegister(one, LargeModel(kind));
+        for (int step : {0, 1, 2}) {
+          ASSERT_TRUE(DoPush(one, LargePush(step), &reason).ok());
+          if (step > 0) {
+            ASSERT_TRUE(DoPush(shard, LargePush(step), &reason).ok());
+          }
+        }
+        EXPECT_EQ(AllValues(shard), AllValues(one));
+        for (size_t i = 0; i < loans.size(); ++i) {
+          EXPECT_TRUE(std::equal(loans[i].data, loans[i].data + loans[i].count,
+                                 before.begin() + static_cast<std::ptrdiff_t>(i * 131072)));
+          Shard::ReturnLoan(loans[i].token);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -182,6 +182,7 @@ struct Settings {
   std::vector<int> small_clients = {1, 2};
   int window = 64;
   int apply_threads = 2;  // as parasync-ps
+  DType wire_dtype = DType::kFloat32;  // the parasync clients of the data-path rows
   bool Want(const std::string& section) const {
     return only.empty() || std::find(only.begin(), only.end(), section) != only.end();
   }
@@ -613,7 +614,7 @@ struct PsWorker {
 
 Result<std::unique_ptr<PsWorker>> ConnectWorker(const std::vector<std::string>& addresses,
                                                 int rank, const ModelRegistration& reg,
-                                                bool sync) {
+                                                bool sync, DType wire = DType::kFloat32) {
   auto w = std::make_unique<PsWorker>();
   w->context = std::make_unique<zmq::context_t>(1);
   PsClientOptions o;
@@ -622,6 +623,7 @@ Result<std::unique_ptr<PsWorker>> ConnectWorker(const std::vector<std::string>& 
   o.request_timeout = kReplyTimeout;
   o.blocking_timeout = std::chrono::seconds(15);
   o.pulls_may_wait = sync;
+  o.wire_dtype = wire;
   // Loopback: a resend only means a slow round; it would add traffic to the measurement.
   o.resend_after = std::chrono::seconds(60);
   o.resend_max = std::chrono::seconds(60);
@@ -770,7 +772,8 @@ Status RunDataPath(const Settings& st, Report& report) {
             }
           }
           for (int w = 0; w < workers; ++w) {
-            auto worker = ConnectWorker(cluster->addresses(), w, reg, /*sync=*/false);
+            auto worker =
+                ConnectWorker(cluster->addresses(), w, reg, /*sync=*/false, st.wire_dtype);
             if (!worker.ok()) return worker.status().WithContext("parasync client " + config);
             ps_workers.push_back(std::move(worker).value());
           }
@@ -843,8 +846,14 @@ Status RunDataPath(const Settings& st, Report& report) {
                               raw_faults[i] / raw_gb[i] / 1e3);
           if (ps_want[i]) {
             const double ours = Median(ps_rates[i]);
-            report.Add({std::string("parasync ") + PatternName(p), bytes, shards, workers, ours,
-                        std::nullopt, "GB/s", ceiling, ours / ceiling});
+            // With a 16-bit wire the figure is still of the float32 tensor moved (what a
+            // training step gets done), against the raw pair moving that tensor's bytes.
+            const std::string wire =
+                st.wire_dtype == DType::kFloat32
+                    ? ""
+                    : fmt::format(" ({} wire)", DTypeName(st.wire_dtype));
+            report.Add({std::string("parasync ") + PatternName(p) + wire, bytes, shards, workers,
+                        ours, std::nullopt, "GB/s", ceiling, ours / ceiling});
             line += fmt::format(" parasync {:.2f} ({:.2f}; {:.2f} CPU s/GB, {:.0f} faults/MB, "
                                 "server loop busy {:.0f}%);", ours, ours / ceiling,
                                 ps_all_cpu[i] / ps_gb[i], ps_faults[i] / ps_gb[i] / 1e3,
@@ -1209,6 +1218,12 @@ int main(int argc, char** argv) {
                  "The servers' --apply-threads (threads applying a push of >= 1 MiB)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  std::string wire_dtype = "float32";
+  app.add_option("--wire-dtype", wire_dtype,
+                 "The dtype the parasync clients of the push, pull and push+pull rows send and "
+                 "receive (float32, bfloat16, float16); their GB/s stay of the float32 tensor, "
+                 "the raw ceiling moves that tensor's bytes")
+      ->capture_default_str();
   app.add_option("--repeats", st.repeats, "Repeats per figure; the median is reported")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
@@ -1241,6 +1256,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     std::fprintf(stderr, "%s: %s (see --help)\n", kProgram, e.what());
+    return 2;
+  }
+  if (auto wire = ParseDType(wire_dtype)) {
+    st.wire_dtype = *wire;
+  } else {
+    std::fprintf(stderr, "%s: --wire-dtype must be float32, bfloat16 or float16, not '%s'\n",
+                 kProgram, wire_dtype.c_str());
     return 2;
   }
   // As parasync-ps and parasync-worker do at start-up; the raw rows run in this process too,
