@@ -28,8 +28,19 @@ std::optional<DType> ParseDType(std::string_view text) {
   return std::nullopt;
 }
 
-// The conversions are written without branches on the data (selects only), so the loops
-// in EncodeFloats / DecodeFloats vectorize.
+// The conversions are written without branches on the data: each candidate result is
+// computed and the right one picked with masks, so the loops in EncodeFloats / DecodeFloats
+// vectorize (GCC 12 leaves ternaries here as branches).
+
+namespace {
+
+// All ones where `condition`, else zero.
+inline uint32_t Mask(bool condition) { return 0u - static_cast<uint32_t>(condition); }
+inline uint32_t Pick(uint32_t mask, uint32_t if_set, uint32_t otherwise) {
+  return (if_set & mask) | (otherwise & ~mask);
+}
+
+}  // namespace
 
 uint16_t FloatToBfloat16(float value) {
   const uint32_t u = std::bit_cast<uint32_t>(value);
@@ -37,9 +48,9 @@ uint16_t FloatToBfloat16(float value) {
   // Round to nearest even on the 16 bits dropped.
   uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   // A finite value that rounded up to Inf saturates at the largest finite bfloat16.
-  r = ((r & 0x7fffu) == 0x7f80u && magnitude < 0x7f800000u) ? r - 1u : r;
+  r -= Mask((r & 0x7fffu) == 0x7f80u) & Mask(magnitude < 0x7f800000u) & 1u;
   // NaN: keep the sign and the top of the payload, force it quiet.
-  r = magnitude > 0x7f800000u ? ((u >> 16) | 0x0040u) : r;
+  r = Pick(Mask(magnitude > 0x7f800000u), (u >> 16) | 0x0040u, r);
   return static_cast<uint16_t>(r);
 }
 
@@ -54,12 +65,13 @@ uint16_t FloatToHalf(float value) {
   // Normal half: rebias the exponent (127 -> 15) and round the 13 dropped bits to even.
   const uint32_t normal = (a - (112u << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
   // Subnormal half (|value| < 2^-14): adding 0.5 lines the half's ulp (2^-24) up with the
-  // float's last mantissa bit, so the addition itself rounds.
+  // float's last mantissa bit, so the addition itself rounds. (Computed for every input,
+  // used for the small ones only; an Inf or NaN sum is never picked.)
   const uint32_t sub = std::bit_cast<uint32_t>(std::bit_cast<float>(a) + 0.5f) - 0x3f000000u;
-  uint32_t r = a < 0x38800000u ? sub : normal;
-  r = a >= 0x477ff000u ? 0x7bffu : r;         // rounds to >= 65536: the largest finite half
-  r = a == 0x7f800000u ? 0x7c00u : r;         // Inf
-  r = a > 0x7f800000u ? (0x7e00u | ((a >> 13) & 0x1ffu)) : r;  // NaN, quiet
+  uint32_t r = Pick(Mask(a < 0x38800000u), sub, normal);
+  r = Pick(Mask(a >= 0x477ff000u), 0x7bffu, r);  // rounds to >= 65536: the largest finite half
+  r = Pick(Mask(a == 0x7f800000u), 0x7c00u, r);  // Inf
+  r = Pick(Mask(a > 0x7f800000u), 0x7e00u | ((a >> 13) & 0x1ffu), r);  // NaN, quiet
   return static_cast<uint16_t>(sign | r);
 }
 
@@ -73,11 +85,14 @@ float HalfToFloat(uint16_t bits) {
   // Subnormal: place the mantissa as a float of exponent 2^-14 and subtract the implicit 1.
   const uint32_t sub = std::bit_cast<uint32_t>(std::bit_cast<float>(em + (113u << 23)) -
                                                std::bit_cast<float>(113u << 23));
-  uint32_t r = exponent == 0 ? sub : normal;
-  r = exponent == 0x0f800000u ? inf_nan : r;
+  uint32_t r = Pick(Mask(exponent == 0), sub, normal);
+  r = Pick(Mask(exponent == 0x0f800000u), inf_nan, r);
   return std::bit_cast<float>(sign | r);
 }
 
+// An AVX2 build of the loops where the CPU has it, chosen at load time: SSE2 alone has no
+// 32 -> 16 bit pack, so narrowing would be several shuffles per vector.
+__attribute__((target_clones("avx2", "default")))
 void EncodeFloats(const float* in, size_t n, DType to, void* out) {
   auto* bytes = static_cast<unsigned char*>(out);
   switch (to) {
@@ -99,6 +114,7 @@ void EncodeFloats(const float* in, size_t n, DType to, void* out) {
   }
 }
 
+__attribute__((target_clones("avx2", "default")))
 void DecodeFloats(const void* in, size_t n, DType from, float* out) {
   const auto* bytes = static_cast<const unsigned char*>(in);
   switch (from) {
