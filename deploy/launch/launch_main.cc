@@ -172,6 +172,9 @@ int main(int argc, char** argv) {
   AddOptional(training, "--seed", "N", options.seed, "Random seed", IntegerValidator(false));
   AddOptional(training, "--max-steps", "N", options.max_steps,
               "Stop each worker after this many steps", IntegerValidator(false));
+  AddOptional(training, "--wire-dtype", "DTYPE", options.wire_dtype,
+              "How tensors travel: float32, bfloat16 or float16 (half the bytes)",
+              CLI::IsMember(std::vector<std::string>{"float32", "fp32", "bfloat16", "bf16", "float16", "fp16"}));
   training.add_flag("--checkpoint-each-epoch", options.checkpoint_each_epoch,
                     "Passed to workers: checkpoint the model after every epoch");
 

@@ -507,7 +507,8 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
       const std::pair<const char*, const std::optional<std::string>*> training[] = {
           {"--batch-size", &options.batch_size}, {"--lr", &options.lr},
           {"--optimizer", &options.optimizer},   {"--model", &options.model},
-          {"--seed", &options.seed},             {"--max-steps", &options.max_steps}};
+          {"--seed", &options.seed},             {"--max-steps", &options.max_steps},
+          {"--wire-dtype", &options.wire_dtype}};
       for (const auto& [flag, value] : training) {
         if (value->has_value()) argv.insert(argv.end(), {flag, **value});
       }

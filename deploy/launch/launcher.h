@@ -90,6 +90,7 @@ struct LaunchOptions {
   std::optional<std::string> model;
   std::optional<std::string> seed;
   std::optional<std::string> max_steps;
+  std::optional<std::string> wire_dtype;
   bool checkpoint_each_epoch = false;  // passed to workers as --checkpoint-each-epoch
 
   // Non-empty: every PS i gets "--data-dir <ps_data_dir>/ps<i>" (its checkpoint store).

@@ -435,7 +435,7 @@ TEST(WireDTypeTest, Bfloat16WireTrainsAndMovesTwoBytesPerElement) {
   Child launch = Child::Start(
       {testing::BinDir() + "/parasync-launch", "--ps", "1", "--workers", "2", "--mode", "sync",
        "--epochs", "1", "--max-steps", "100", "--model", widths, "--log-dir",
-       dir.path() + "/run", "--data", testing::DataDir(), "--worker-arg=--wire-dtype=bfloat16"},
+       dir.path() + "/run", "--data", testing::DataDir(), "--wire-dtype", "bfloat16"},
       dir.path() + "/out");
   auto status = launch.Wait(120s);
   ASSERT_TRUE(status.has_value()) << testing::ReadFile(dir.path() + "/out");
