@@ -94,6 +94,7 @@ float HalfToFloat(uint16_t bits) {
 // 32 -> 16 bit pack, so narrowing would be several shuffles per vector.
 __attribute__((target_clones("avx2", "default")))
 void EncodeFloats(const float* in, size_t n, DType to, void* out) {
+  if (n == 0) return;  // the pointers may then be null (memcpy's are not allowed to be)
   auto* bytes = static_cast<unsigned char*>(out);
   switch (to) {
     case DType::kFloat32:
@@ -116,6 +117,7 @@ void EncodeFloats(const float* in, size_t n, DType to, void* out) {
 
 __attribute__((target_clones("avx2", "default")))
 void DecodeFloats(const void* in, size_t n, DType from, float* out) {
+  if (n == 0) return;
   const auto* bytes = static_cast<const unsigned char*>(in);
   switch (from) {
     case DType::kFloat32:
