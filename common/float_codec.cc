@@ -90,28 +90,37 @@ float HalfToFloat(uint16_t bits) {
   return std::bit_cast<float>(sign | r);
 }
 
+namespace {
+
+// One loop per direction and conversion; inlined into the clones below.
+template <uint16_t (*kNarrow)(float)>
+inline void NarrowAll(const float* in, size_t n, unsigned char* out) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t v = kNarrow(in[i]);
+    std::memcpy(out + 2 * i, &v, 2);
+  }
+}
+
+template <float (*kWiden)(uint16_t)>
+inline void WidenAll(const unsigned char* in, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t v;
+    std::memcpy(&v, in + 2 * i, 2);
+    out[i] = kWiden(v);
+  }
+}
+
+}  // namespace
+
 // An AVX2 build of the loops where the CPU has it, chosen at load time: SSE2 alone has no
 // 32 -> 16 bit pack, so narrowing would be several shuffles per vector.
 __attribute__((target_clones("avx2", "default")))
 void EncodeFloats(const float* in, size_t n, DType to, void* out) {
   if (n == 0) return;  // the pointers may then be null (memcpy's are not allowed to be)
-  auto* bytes = static_cast<unsigned char*>(out);
   switch (to) {
-    case DType::kFloat32:
-      std::memcpy(out, in, n * sizeof(float));
-      return;
-    case DType::kBfloat16:
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t v = FloatToBfloat16(in[i]);
-        std::memcpy(bytes + 2 * i, &v, 2);
-      }
-      return;
-    case DType::kFloat16:
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t v = FloatToHalf(in[i]);
-        std::memcpy(bytes + 2 * i, &v, 2);
-      }
-      return;
+    case DType::kFloat32: return (void)std::memcpy(out, in, n * sizeof(float));
+    case DType::kBfloat16: return NarrowAll<FloatToBfloat16>(in, n, static_cast<unsigned char*>(out));
+    case DType::kFloat16: return NarrowAll<FloatToHalf>(in, n, static_cast<unsigned char*>(out));
   }
 }
 
@@ -120,23 +129,9 @@ void DecodeFloats(const void* in, size_t n, DType from, float* out) {
   if (n == 0) return;
   const auto* bytes = static_cast<const unsigned char*>(in);
   switch (from) {
-    case DType::kFloat32:
-      std::memcpy(out, in, n * sizeof(float));
-      return;
-    case DType::kBfloat16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t v;
-        std::memcpy(&v, bytes + 2 * i, 2);
-        out[i] = Bfloat16ToFloat(v);
-      }
-      return;
-    case DType::kFloat16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t v;
-        std::memcpy(&v, bytes + 2 * i, 2);
-        out[i] = HalfToFloat(v);
-      }
-      return;
+    case DType::kFloat32: return (void)std::memcpy(out, in, n * sizeof(float));
+    case DType::kBfloat16: return WidenAll<Bfloat16ToFloat>(bytes, n, out);
+    case DType::kFloat16: return WidenAll<HalfToFloat>(bytes, n, out);
   }
 }
 
