@@ -4,6 +4,7 @@
 #include "common/file_util.h"
 #include "common/metrics.h"
 #include "common/mode.h"
+#include "common/ports.h"
 #include "common/preflight.h"
 #include "common/version.h"
 #include "deploy/launch/snapshot_server.h"
@@ -555,30 +556,12 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
 // ---- PortReservation --------------------------------------------------------------------
 
 Result<PortReservation> PortReservation::Reserve(const std::string& host, int count) {
-  sockaddr_in address {};
-  address.sin_family = AF_INET;
-  if (inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) {
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  }
+  // Below the ephemeral range and held bound until Release (common/ports.h): no outgoing
+  // connection can take one before its process binds it.
+  PARASYNC_ASSIGN_OR_RETURN(BoundPorts bound, BindFreePorts(host, count));
   PortReservation reservation;
-  for (int i = 0; i < count; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
-    reservation.fds_.push_back(fd);
-    // No SO_REUSEADDR: while we hold the port nobody else can bind it, and the kernel
-    // never hands it out again for another port-0 bind, so the ports are distinct.
-    address.sin_port = 0;
-    if (bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
-      return Status::Unavailable(std::string("bind to a free port on ") + host + ": " +
-                                 std::strerror(errno));
-    }
-    sockaddr_in bound {};
-    socklen_t length = sizeof(bound);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
-      return Status::Unavailable(std::string("getsockname: ") + std::strerror(errno));
-    }
-    reservation.ports_.push_back(ntohs(bound.sin_port));
-  }
+  reservation.fds_ = std::move(bound.fds);
+  reservation.ports_ = std::move(bound.ports);
   return reservation;
 }
 

@@ -1,5 +1,7 @@
 #include "tests/integration/process_util.h"
 
+#include "common/ports.h"
+
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -180,37 +182,10 @@ std::string JoinHosts(const std::vector<std::string>& hosts) {
 }
 
 std::vector<int> FreePorts(int n) {
-  // Chosen at random below the kernel's ephemeral range (ip_local_port_range starts at
-  // 32768 by default), so that no outgoing connection — another test's ZeroMQ client, for
-  // one — can take a port between its choice here and its server's bind (a port 0 bind
-  // returned ports from that range, and a cluster test once lost its ps bind to one). Each
-  // port is checked free by binding it, all held until every one is chosen.
-  static std::mt19937 rng(static_cast<unsigned>(getpid()) ^
-                          static_cast<unsigned>(std::random_device{}()));
-  std::uniform_int_distribution<int> pick(20000, 32000);
-  std::vector<int> fds;
-  std::vector<int> ports;
-  for (int tries = 0; static_cast<int>(ports.size()) < n && tries < 10000; ++tries) {
-    const int port = pick(rng);
-    if (std::find(ports.begin(), ports.end(), port) != ports.end()) continue;
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-      ports.push_back(port);
-      fds.push_back(fd);
-    } else if (fd >= 0) {
-      close(fd);
-    }
-  }
-  for (int fd : fds) close(fd);
-  if (static_cast<int>(ports.size()) < n) {
-    std::fprintf(stderr, "FreePorts: found only %zu free ports of %d\n", ports.size(), n);
-    std::abort();
-  }
-  return ports;
+  // Below the kernel's ephemeral range (common/ports.h): a port 0 bind returned ports from
+  // that range, and a cluster test once lost its ps bind to another test's outgoing
+  // connection.
+  return PickFreeLoopbackPorts(n);
 }
 
 }  // namespace parasync::testing

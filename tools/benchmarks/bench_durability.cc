@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 
 #include "common/process.h"
+#include "common/ports.h"
 #include "tools/benchmarks/bench_util.h"
 #include "worker/ps_client.h"
 
@@ -26,7 +27,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-using parasync::bench::FreePort;
 using parasync::bench::Spawn;
 
 double Median(std::vector<double> v) {
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round) {
     for (size_t m = 0; m < modes.size(); ++m) {
       const std::vector<std::string>& flags = modes[m].flags;
-      const std::string address = "127.0.0.1:" + std::to_string(FreePort());
+      const std::string address = "127.0.0.1:" + std::to_string(PickFreeLoopbackPorts(1)[0]);
       std::vector<std::string> ps = {bin + "/parasync-ps", "--ps-hosts", address,
                                      "--worker-hosts", "127.0.0.1:1", "--task-index", "0",
                                      "--log-level", "warn"};

@@ -1,10 +1,7 @@
-// What the process-starting benchmarks (bench_durability.cc, load.cc) share: a free loopback
-// port and a child process with its output in a log file.
+// What the process-starting benchmarks (bench_durability.cc, load.cc) share: a child process
+// with its output in a log file. Their ports come from common/ports.h.
 #pragma once
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,19 +9,6 @@
 #include <vector>
 
 namespace parasync::bench {
-
-// A loopback TCP port that was free a moment ago (the kernel's pick for port 0).
-inline int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // Starts argv[0] (a path) with stdout and stderr to `log`; returns its pid (-1 if fork
 // failed; exit status 127 if it could not be executed).

@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 
 #include "common/process.h"
+#include "common/ports.h"
 #include "tools/benchmarks/bench_util.h"
 #include "worker/ps_client.h"
 
@@ -42,7 +43,6 @@ using Clock = std::chrono::steady_clock;
 using namespace parasync;
 constexpr const char* kProgram = "parasync-load";
 
-using parasync::bench::FreePort;
 using parasync::bench::Spawn;
 
 // VmRSS of `pid` in KiB, or -1.
@@ -114,7 +114,9 @@ int main(int argc, char** argv) {
   const bool spawn = ps_hosts.empty();
   if (spawn) {
     const std::string bin = std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
-    for (int i = 0; i < num_ps; ++i) addresses.push_back("127.0.0.1:" + std::to_string(FreePort()));
+    for (int port : PickFreeLoopbackPorts(num_ps)) {
+      addresses.push_back("127.0.0.1:" + std::to_string(port));
+    }
     std::string joined, worker_hosts;
     for (const auto& a : addresses) joined += (joined.empty() ? "" : ",") + a;
     for (int r = 0; r < workers; ++r) {
