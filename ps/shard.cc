@@ -220,9 +220,7 @@ void Shard::ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_
   // then becomes the slice's values, the old ones becoming the spare. The spare is reused
   // when no longer lent, else a buffer is allocated; one replaced while still lent is freed
   // by its last reply. One spare per slice is what --max-model-bytes counts.
-  LendableFloats next = s.spare.data() != nullptr && !s.spare.lent()
-                            ? std::move(s.spare)
-                            : LendableFloats(s.values.size());
+  LendableFloats next = TakeSpare(s);
   const float* old = s.values.data();
   const size_t tail = static_cast<size_t>(begin + count);
   std::memcpy(next.data(), old, static_cast<size_t>(begin) * sizeof(float));
@@ -238,30 +236,36 @@ Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* c
   int64_t elements = 0;
   for (const SliceRange& r : ranges) elements += r.count;
   const bool parallel = ranges.size() >= 2 && elements >= kParallelApplyElements;
-  if (registration_->optimizer.kind == OptimizerKind::kSgd) {
-    bool whole = true;
-    for (const SliceRange& r : ranges) {
-      whole = whole && r.begin == 0 &&
-              r.count == owned_[static_cast<size_t>(local_index_[r.slice_id])].values.size();
-    }
-    if (whole) return ApplySgdWhole(ranges, grads, batch_examples, reason, lr_scale, parallel);
+  bool whole = registration_->optimizer.kind == OptimizerKind::kSgd;
+  for (const SliceRange& r : ranges) {
+    whole = whole && r.begin == 0 &&
+            r.count == owned_[static_cast<size_t>(local_index_[r.slice_id])].values.size();
   }
-  // Every gradient is checked before any slice changes.
-  PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason, parallel));
-  // ValidateRanges allows one range per slice: one optimizer step per slice, and the slices
-  // of different threads are disjoint.
-  ForEachRange(ranges.size(), parallel, [&](size_t i) {
-    SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
-    ApplyToSlice(s, ranges[i].begin, grads[i], ranges[i].count, lr_scale);
-  });
+  if (whole) {
+    PARASYNC_RETURN_IF_ERROR(ApplySgdWhole(ranges, grads, reason, lr_scale, parallel));
+  } else {
+    // Every gradient is checked before any slice changes.
+    PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason, parallel));
+    // ValidateRanges allows one range per slice: one optimizer step per slice, and the
+    // slices of different threads are disjoint.
+    ForEachRange(ranges.size(), parallel, [&](size_t i) {
+      SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
+      ApplyToSlice(s, ranges[i].begin, grads[i], ranges[i].count, lr_scale);
+    });
+  }
   ++version_;
   examples_ += batch_examples > 0 ? batch_examples : 0;
   return Status::Ok();
 }
 
+LendableFloats Shard::TakeSpare(SliceState& s) {
+  return s.spare.data() != nullptr && !s.spare.lent() ? std::move(s.spare)
+                                                      : LendableFloats(s.values.size());
+}
+
 Status Shard::ApplySgdWhole(std::span<const SliceRange> ranges,
-                            std::span<const float* const> grads, int64_t batch_examples,
-                            RejectReason* reason, float lr_scale, bool parallel) {
+                            std::span<const float* const> grads, RejectReason* reason,
+                            float lr_scale, bool parallel) {
   // Each slice's new values go into another buffer (its spare when that is not lent), in
   // the same pass that checks the gradient; the buffers become the values only once every
   // gradient proved finite, so a refused push changes nothing.
@@ -270,8 +274,7 @@ Status Shard::ApplySgdWhole(std::span<const SliceRange> ranges,
   const float lr = registration_->optimizer.learning_rate * lr_scale;
   ForEachRange(ranges.size(), parallel, [&](size_t i) {
     SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
-    next[i] = s.spare.data() != nullptr && !s.spare.lent() ? std::move(s.spare)
-                                                           : LendableFloats(s.values.size());
+    next[i] = TakeSpare(s);
     finite[i] = ApplySgdIfFinite(lr, s.values.data(), next[i].data(), grads[i],
                                  ranges[i].count) ? 1 : 0;
   });
@@ -293,8 +296,6 @@ Status Shard::ApplySgdWhole(std::span<const SliceRange> ranges,
         std::to_string(ranges[static_cast<size_t>(bad - finite.begin())].slice_id) +
         " contains NaN or Inf");
   }
-  ++version_;
-  examples_ += batch_examples > 0 ? batch_examples : 0;
   return Status::Ok();
 }
 

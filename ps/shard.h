@@ -145,8 +145,9 @@ class Shard {
  private:
   struct SliceState {
     LendableFloats values;
-    // The previous values buffer, kept for reuse by copy-on-write (it may still be lent);
-    // empty until the first update of a lent slice.
+    // The previous values buffer, kept for reuse by out-of-place updates (it may still be
+    // lent); empty until the first update that went out of place (a lent slice, or SGD of
+    // whole slices).
     LendableFloats spare;
     std::vector<std::vector<float>> slots;
     // sync: the current step's gradient from each rank (allocated on first use, kept
@@ -163,11 +164,14 @@ class Shard {
   void ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn) const;
   void ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_t count,
                     float lr_scale);
-  // Apply for SGD when every range is a whole slice: check and update in one pass per slice,
-  // out of place (ApplySgdIfFinite), swapping the results in only when all are finite.
+  // The buffer an out-of-place update of `s` writes into: its spare when no reply still
+  // reads it, else a new one.
+  static LendableFloats TakeSpare(SliceState& s);
+  // Apply's update for SGD when every range is a whole slice: check and update in one pass
+  // per slice, out of place (ApplySgdIfFinite), swapping the results in only when all are
+  // finite. Leaves version and examples to Apply.
   Status ApplySgdWhole(std::span<const SliceRange> ranges, std::span<const float* const> grads,
-                       int64_t batch_examples, RejectReason* reason, float lr_scale,
-                       bool parallel);
+                       RejectReason* reason, float lr_scale, bool parallel);
 
   int shard_index_;
   int num_shards_;

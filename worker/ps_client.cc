@@ -318,9 +318,7 @@ Status PsClient::Register(const ModelRegistration& reg, std::chrono::millisecond
   auto replies = Broadcast(h, timeout);
   if (!replies.ok()) return replies.status();
   registration_ = reg;
-  map_ = std::move(map).value();
-  var_sizes_.clear();
-  for (const VariableSpec& v : reg.variables) var_sizes_.push_back(v.num_elements());
+  UseModel(reg, std::move(map).value());
   return Status::Ok();
 }
 
@@ -331,10 +329,20 @@ Status PsClient::Adopt(const ModelRegistration& reg) {
   }
   auto map = SliceMap::Build(reg.variables, reg.max_slice_elements, reg.num_shards);
   if (!map.ok()) return map.status();
-  map_ = std::move(map).value();
-  var_sizes_.clear();
-  for (const VariableSpec& v : reg.variables) var_sizes_.push_back(v.num_elements());
+  UseModel(reg, std::move(map).value());
   return Status::Ok();
+}
+
+void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
+  map_ = std::move(map);
+  var_sizes_.clear();
+  int64_t total = 0;
+  for (const VariableSpec& v : reg.variables) {
+    var_sizes_.push_back(v.num_elements());
+    total += v.num_elements();
+  }
+  // Room for a whole push in 16 bits (no push is in flight between calls).
+  narrowed_.assign(options_.wire_dtype == DType::kFloat32 ? 0 : static_cast<size_t>(total), 0);
 }
 
 void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::vector<int>* shards,
@@ -360,11 +368,6 @@ void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batc
   // One sequence number per push, the same on every shard: a resend is applied at most once.
   const uint64_t seq = seq_base_ | ((++pushes_) & 0xffffffffULL);
   const bool narrow = options_.wire_dtype != DType::kFloat32;
-  if (narrow) {
-    int64_t total = 0;
-    for (const SliceInfo& info : map_->slices()) total += info.length;
-    if (narrowed_.size() < static_cast<size_t>(total)) narrowed_.resize(static_cast<size_t>(total));
-  }
   uint16_t* next_narrowed = narrowed_.data();
   for (int s = 0; s < num_shards(); ++s) {
     if (map_->SlicesOfShard(s).empty()) continue;

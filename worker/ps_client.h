@@ -158,6 +158,9 @@ class PsClient {
   };
   PsClient(std::vector<std::unique_ptr<Socket>> sockets, const PsClientOptions& options)
       : sockets_(std::move(sockets)), options_(options) {}
+  // Register's and Adopt's common end: the slice map, the variable sizes, and room for a
+  // narrowed push.
+  void UseModel(const ModelRegistration& reg, SliceMap map);
   static Result<std::unique_ptr<Socket>> OpenSocket(zmq::context_t& context,
                                                     const PsClientOptions& options, size_t shard);
   // Push frames point into the caller's gradients (no copy). Waits until ZeroMQ released
@@ -208,8 +211,9 @@ class PsClient {
   // released (ReleaseFrame). On the heap: ZeroMQ may release a frame after a socket is gone.
   std::unique_ptr<std::atomic<int64_t>[]> unreleased_;
   std::optional<SliceMap> map_;
-  // A push's gradients narrowed to a 16-bit wire_dtype, one run per slice in shard order;
-  // the push frames point into it (so it is only written once every frame was released).
+  // A push's gradients narrowed to a 16-bit wire_dtype (sized by UseModel), one run per
+  // slice in shard order; the push frames point into it (so it is only written once every
+  // frame was released).
   std::vector<uint16_t> narrowed_;
   std::vector<int64_t> var_sizes_;
   uint64_t next_request_id_ = 1;

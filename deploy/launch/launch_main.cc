@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/float_codec.h"
 #include "common/process.h"
 #include "common/version.h"
 #include "deploy/launch/launcher.h"
@@ -174,7 +175,13 @@ int main(int argc, char** argv) {
               "Stop each worker after this many steps", IntegerValidator(false));
   AddOptional(training, "--wire-dtype", "DTYPE", options.wire_dtype,
               "How tensors travel: float32, bfloat16 or float16 (half the bytes)",
-              CLI::IsMember(std::vector<std::string>{"float32", "fp32", "bfloat16", "bf16", "float16", "fp16"}));
+              CLI::Validator(
+                  [](std::string& value) -> std::string {
+                    if (parasync::ParseDType(value)) return std::string();
+                    return "float32, bfloat16 or float16 (bf16, fp16) is required, got '" +
+                           value + "'";
+                  },
+                  std::string()));
   training.add_flag("--checkpoint-each-epoch", options.checkpoint_each_epoch,
                     "Passed to workers: checkpoint the model after every epoch");
 
