@@ -45,9 +45,7 @@ void Shard::ForEachRange(size_t n, bool parallel, const std::function<void(size_
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  apply_threads_->Run([&](int part, int parts) {
-    for (size_t i = static_cast<size_t>(part); i < n; i += static_cast<size_t>(parts)) fn(i);
-  });
+  apply_threads_->ForEach(n, fn);
 }
 
 Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {

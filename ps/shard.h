@@ -3,7 +3,7 @@
 //
 // Every request is validated completely before anything is touched, so a rejected request
 // changes nothing. Not thread-safe: one thread (the server loop) owns a Shard; a large push
-// is applied by that thread and up to apply_threads - 1 helpers, each taking its own slices.
+// is applied by that thread and up to apply_threads - 1 helpers, each slice by one of them.
 #pragma once
 
 #include <cstdint>
@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "common/model_spec.h"
+#include "common/parallel_for.h"
 #include "common/slice_map.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "ps/checkpoint_store.h"
 #include "ps/lendable_floats.h"
-#include "ps/parallel_for.h"
 
 namespace parasync {
 
@@ -54,7 +54,8 @@ class Shard {
   // `max_bytes` bounds the memory a registration may claim here (values, one spare copy of
   // them for copy-on-write under pull replies, and the optimizer slots); 0 means no bound.
   // A push of at least kParallelApplyElements over two or more slices is checked and applied
-  // by `apply_threads` threads (the caller and helpers), each over its own slices.
+  // by `apply_threads` threads (the caller and the helpers that are free), a slice each at a
+  // time.
   Shard(int shard_index, int num_shards, int64_t max_bytes = 0, int apply_threads = 1);
   static constexpr int64_t kParallelApplyElements = int64_t{1} << 18;  // 1 MiB of float32
 
@@ -159,8 +160,8 @@ class Shard {
   // the ranges are checked on the apply threads when `parallel`.
   Status CheckFinite(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                      RejectReason* reason, bool parallel = false) const;
-  // Calls fn(i) for every i in [0, n): on the apply threads (each taking every parts-th i)
-  // when `parallel`, else in order on this thread.
+  // Calls fn(i) for every i in [0, n): on the apply threads (each taking the next i not yet
+  // taken) when `parallel`, else in order on this thread.
   void ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn) const;
   void ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_t count,
                     float lr_scale);
