@@ -260,11 +260,18 @@ int main(int argc, char** argv) {
                  "linear: multiply --lr by the number of workers (the effective batch grows with "
                  "them); none: use --lr as given");
   std::string wire_dtype = "float32";
+  int copy_threads = 2;
   app.add_option("--wire-dtype", wire_dtype,
                  "How parameters and gradients travel: float32, or bfloat16 / float16 (bf16, "
                  "fp16) for half the bytes, each value rounded to nearest once per transfer "
                  "(the servers keep float32; float16 saturates at +-65504, bfloat16 keeps "
                  "float32's range with 8 bits of precision)");
+  app.add_option("--copy-threads", copy_threads,
+                 "Threads that copy a pulled model of 1 MiB or more into the training buffers, "
+                 "this worker's training thread included (1: that thread alone); a helper not "
+                 "scheduled in time leaves its share to the others")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_option("--max-slice-elements", max_slice_elements,
                  "Variables are cut into slices of at most this many elements")
       ->check(CLI::PositiveNumber);
@@ -459,6 +466,7 @@ int main(int argc, char** argv) {
   client_options.request_timeout = std::chrono::seconds(request_timeout_s);
   client_options.curve = *curve;
   client_options.wire_dtype = *wire;
+  client_options.copy_threads = copy_threads;
   auto heartbeater = Heartbeater::Start(
       context, spec->ps, rank,
       std::chrono::milliseconds(static_cast<int64_t>(heartbeat_interval_s * 1000)), *curve);

@@ -401,6 +401,15 @@ void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batc
 
 Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const int> shards,
                                  std::span<Inbound> replies) {
+  // Every reply is checked before any parameter is written, so a bad one changes nothing.
+  struct Copy {
+    const void* from;
+    size_t count;
+    DType dtype;
+    float* to;
+  };
+  std::vector<Copy> copies;
+  int64_t elements = 0;
   int64_t lowest = INT64_MAX;
   for (size_t i = 0; i < replies.size(); ++i) {
     Inbound& in = replies[i];
@@ -424,11 +433,22 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
         return Status::Corruption("ps shard " + std::to_string(shards[i]) +
                                   " answered a pull with a mismatching slice");
       }
-      DecodeFloats(in.frames[k].data(), count, dtype, params[info.var_index] + info.offset);
+      copies.push_back({in.frames[k].data(), count, dtype, params[info.var_index] + info.offset});
+      elements += info.length;
     }
     lowest = std::min(lowest, in.header->version);
-    read_versions_[static_cast<size_t>(shards[i])] = in.header->version;
-    read_incarnation_[static_cast<size_t>(shards[i])] = in.header->incarnation;
+  }
+  auto copy = [&](size_t c) {
+    DecodeFloats(copies[c].from, copies[c].count, copies[c].dtype, copies[c].to);
+  };
+  if (copy_threads_ && elements >= kParallelCopyElements) {
+    copy_threads_->ForEach(copies.size(), copy);
+  } else {
+    for (size_t c = 0; c < copies.size(); ++c) copy(c);
+  }
+  for (size_t i = 0; i < replies.size(); ++i) {
+    read_versions_[static_cast<size_t>(shards[i])] = replies[i].header->version;
+    read_incarnation_[static_cast<size_t>(shards[i])] = replies[i].header->incarnation;
   }
   last_version_ = lowest == INT64_MAX ? 0 : lowest;
   return Status::Ok();

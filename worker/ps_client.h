@@ -23,6 +23,7 @@
 
 #include "common/curve.h"
 #include "common/model_spec.h"
+#include "common/parallel_for.h"
 #include "common/slice_map.h"
 #include "common/status.h"
 #include "common/transport.h"
@@ -58,6 +59,11 @@ struct PsClientOptions {
   // or float16 (half the bytes; values and gradients are rounded once per transfer, the
   // parameters the servers keep stay float32).
   DType wire_dtype = DType::kFloat32;
+  // Threads that copy a pull reply of at least PsClient::kParallelCopyElements into the
+  // caller's parameters: the calling thread and copy_threads - 1 helpers, a slice at a time
+  // each (common/parallel_for.h). A helper that is not scheduled in time leaves its share to
+  // the caller, so on a busy machine this costs nothing but the wake-up.
+  int copy_threads = 1;
 };
 
 class PsClient {
@@ -67,6 +73,8 @@ class PsClient {
   // the version this client last pulled from that shard. Shards keep versions of their own.
   static constexpr int64_t kNextStep = -1;
   static constexpr int64_t kLastRead = -1;
+  // A pull reply of at least this many elements is copied by options.copy_threads threads.
+  static constexpr int64_t kParallelCopyElements = int64_t{1} << 18;  // 1 MiB of float32
 
   // Creates the sockets; connections are made in the background. `context` must outlive the
   // client. InvalidArgument for no addresses, Unavailable if a socket cannot be made.
@@ -157,7 +165,10 @@ class PsClient {
     std::vector<zmq::message_t> frames;
   };
   PsClient(std::vector<std::unique_ptr<Socket>> sockets, const PsClientOptions& options)
-      : sockets_(std::move(sockets)), options_(options) {}
+      : sockets_(std::move(sockets)),
+        options_(options),
+        copy_threads_(options.copy_threads > 1 ? std::make_unique<ParallelFor>(options.copy_threads)
+                                               : nullptr) {}
   // Register's and Adopt's common end: the slice map, the variable sizes, and room for a
   // narrowed push.
   void UseModel(const ModelRegistration& reg, SliceMap map);
@@ -206,6 +217,7 @@ class PsClient {
 
   std::vector<std::unique_ptr<Socket>> sockets_;
   PsClientOptions options_;
+  std::unique_ptr<ParallelFor> copy_threads_;  // null when options_.copy_threads <= 1
   zmq::context_t* context_ = nullptr;
   // Per shard (options_.ps_addresses.size()): push frames handed to ZeroMQ and not yet
   // released (ReleaseFrame). On the heap: ZeroMQ may release a frame after a socket is gone.

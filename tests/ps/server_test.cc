@@ -669,6 +669,124 @@ TEST_F(ServerTest, SixteenBitFramesAreCheckedAgainstTheirOwnSize) {
   }
 }
 
+// ---- copying a pull reply into the caller's parameters -----------------------------------
+
+// One variable of 8 slices x 64Ki elements (2 MiB), above PsClient::kParallelCopyElements.
+ModelRegistration LargeModel(int num_shards) {
+  ModelRegistration reg;
+  reg.variables = {{"w", {8 * 65536}, DType::kFloat32, {InitKind::kUniform, 0.1f}}};
+  reg.optimizer.kind = OptimizerKind::kSgd;
+  reg.optimizer.learning_rate = kLearningRate;
+  reg.seed = 7;
+  reg.max_slice_elements = 65536;
+  reg.num_shards = num_shards;
+  return reg;
+}
+
+std::unique_ptr<PsClient> ConnectClient(zmq::context_t& context,
+                                        const std::vector<std::string>& addresses,
+                                        int copy_threads, DType wire = DType::kFloat32) {
+  PsClientOptions options;
+  options.ps_addresses = addresses;
+  options.request_timeout = kWait;
+  options.copy_threads = copy_threads;
+  options.wire_dtype = wire;
+  auto client = PsClient::Connect(context, options);
+  EXPECT_TRUE(client.ok()) << client.status().ToString();
+  return client.ok() ? std::move(client).value() : nullptr;
+}
+
+TEST(PullCopyTest, ThreeCopyThreadsFillTheParametersExactlyAsOne) {
+  static_assert(8 * 65536 >= PsClient::kParallelCopyElements);
+  zmq::context_t context;
+  RunningServer s0(context, 0, 2), s1(context, 1, 2);
+  ASSERT_TRUE(s0.started() && s1.started());
+  const ModelRegistration reg = LargeModel(2);
+  auto pusher = ConnectClient(context, {s0.endpoint(), s1.endpoint()}, 1);
+  ASSERT_NE(pusher, nullptr);
+  ASSERT_TRUE(pusher->Register(reg, kWait).ok());
+  std::vector<std::vector<float>> grads = Gradients(reg);
+  ASSERT_TRUE(pusher->Push(Pointers<const float>(grads), 8).ok());  // values not the initial ones
+  const std::vector<float> expected = [&] {
+    std::vector<float> w = InitialValues(reg)[0];
+    for (size_t i = 0; i < w.size(); ++i) w[i] -= kLearningRate * grads[0][i];
+    return w;
+  }();
+  for (DType wire : {DType::kFloat32, DType::kBfloat16}) {
+    std::vector<std::vector<float>> by_threads;
+    for (int threads : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(wire) << ", " << threads << " thread(s)");
+      auto client = ConnectClient(context, {s0.endpoint(), s1.endpoint()}, threads, wire);
+      ASSERT_NE(client, nullptr);
+      ASSERT_TRUE(client->Register(reg, kWait).ok());
+      // Each round starts from NaN everywhere: any slice left out shows.
+      for (int round = 0; round < 5; ++round) {
+        std::vector<std::vector<float>> params = {
+            std::vector<float>(expected.size(), std::numeric_limits<float>::quiet_NaN())};
+        ASSERT_TRUE(client->Pull(Pointers<float>(params)).ok());
+        EXPECT_EQ(client->last_version(), 1);
+        for (size_t i = 0; i < expected.size(); ++i) {
+          const float want = wire == DType::kFloat32
+                                 ? expected[i]
+                                 : Bfloat16ToFloat(FloatToBfloat16(expected[i]));
+          ASSERT_FLOAT_EQ(params[0][i], want) << "element " << i;
+        }
+        if (round == 0) by_threads.push_back(params[0]);
+      }
+    }
+    ASSERT_EQ(by_threads.size(), 2u);
+    EXPECT_EQ(0, std::memcmp(by_threads[0].data(), by_threads[1].data(),
+                             by_threads[0].size() * sizeof(float)))
+        << "bit for bit";
+  }
+}
+
+TEST(PullCopyTest, ABadReplyFromOneShardLeavesEveryParameterAsItWas) {
+  // Shard 0 answers properly; "shard 1" is a bare ROUTER that answers the pull with no slices.
+  // The good shard's reply comes first, yet nothing of it may be written either.
+  zmq::context_t context;
+  RunningServer s0(context, 0, 2), s1(context, 1, 2);
+  ASSERT_TRUE(s0.started() && s1.started());
+  const ModelRegistration reg = LargeModel(2);
+  auto registrar = ConnectClient(context, {s0.endpoint(), s1.endpoint()}, 1);
+  ASSERT_NE(registrar, nullptr);
+  ASSERT_TRUE(registrar->Register(reg, kWait).ok());
+  auto fake = Socket::Bind(context, "tcp://127.0.0.1:*");
+  ASSERT_TRUE(fake.ok()) << fake.status().ToString();
+  std::promise<Status> fake_done;
+  std::thread fake_shard([&] {
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto in = (*fake)->Receive(milliseconds(100));
+      if (!in.ok()) {
+        fake_done.set_value(in.status());
+        return;
+      }
+      if (!in->has_value() || !(*in)->header.ok()) continue;
+      Header reply;
+      reply.type = (*in)->header->type;
+      reply.request_id = (*in)->header->request_id;
+      reply.version = 1;  // and no slices, no frames
+      fake_done.set_value((*fake)->Send(&(*in)->identity, reply, {}));
+      return;
+    }
+    fake_done.set_value(Status::TimedOut("no pull reached the fake shard"));
+  });
+  {
+    auto client = ConnectClient(context, {s0.endpoint(), (*fake)->LastEndpoint()}, 3);
+    ASSERT_NE(client, nullptr);
+    ASSERT_TRUE(client->Adopt(reg).ok());
+    std::vector<std::vector<float>> params = {std::vector<float>(8 * 65536, 7.0f)};
+    const Status s = client->Pull(Pointers<float>(params));
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+    EXPECT_TRUE(Contains(s.message(), "shard 1")) << s.message();
+    EXPECT_EQ(std::count(params[0].begin(), params[0].end(), 7.0f),
+              static_cast<std::ptrdiff_t>(params[0].size()));
+  }
+  fake_shard.join();
+  EXPECT_TRUE(fake_done.get_future().get().ok());
+}
+
 TEST(ServerCreateTest, BindToAddressInUseIsUnavailable) {
   zmq::context_t context;
   RunningServer first(context, 0, 1);

@@ -182,6 +182,7 @@ struct Settings {
   std::vector<int> small_clients = {1, 2};
   int window = 64;
   int apply_threads = 2;  // as parasync-ps
+  int copy_threads = 2;   // as parasync-worker
   DType wire_dtype = DType::kFloat32;  // the parasync clients of the data-path rows
   bool Want(const std::string& section) const {
     return only.empty() || std::find(only.begin(), only.end(), section) != only.end();
@@ -614,7 +615,8 @@ struct PsWorker {
 
 Result<std::unique_ptr<PsWorker>> ConnectWorker(const std::vector<std::string>& addresses,
                                                 int rank, const ModelRegistration& reg,
-                                                bool sync, DType wire = DType::kFloat32) {
+                                                bool sync, DType wire = DType::kFloat32,
+                                                int copy_threads = 1) {
   auto w = std::make_unique<PsWorker>();
   w->context = std::make_unique<zmq::context_t>(1);
   PsClientOptions o;
@@ -624,6 +626,7 @@ Result<std::unique_ptr<PsWorker>> ConnectWorker(const std::vector<std::string>& 
   o.blocking_timeout = std::chrono::seconds(15);
   o.pulls_may_wait = sync;
   o.wire_dtype = wire;
+  o.copy_threads = copy_threads;
   // Loopback: a resend only means a slow round; it would add traffic to the measurement.
   o.resend_after = std::chrono::seconds(60);
   o.resend_max = std::chrono::seconds(60);
@@ -773,7 +776,8 @@ Status RunDataPath(const Settings& st, Report& report) {
           }
           for (int w = 0; w < workers; ++w) {
             auto worker =
-                ConnectWorker(cluster->addresses(), w, reg, /*sync=*/false, st.wire_dtype);
+                ConnectWorker(cluster->addresses(), w, reg, /*sync=*/false, st.wire_dtype,
+                              st.copy_threads);
             if (!worker.ok()) return worker.status().WithContext("parasync client " + config);
             ps_workers.push_back(std::move(worker).value());
           }
@@ -1216,6 +1220,11 @@ int main(int argc, char** argv) {
                "is given: the whole run in under 2 minutes on 2 cores");
   app.add_option("--apply-threads", st.apply_threads,
                  "The servers' --apply-threads (threads applying a push of >= 1 MiB)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--copy-threads", st.copy_threads,
+                 "The parasync clients' --copy-threads (threads copying a pull reply of >= 1 MiB "
+                 "into the parameters)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   std::string wire_dtype = "float32";
