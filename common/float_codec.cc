@@ -113,8 +113,16 @@ inline void WidenAll(const unsigned char* in, size_t n, float* out) {
 }  // namespace
 
 // An AVX2 build of the loops where the CPU has it, chosen at load time: SSE2 alone has no
-// 32 -> 16 bit pack, so narrowing would be several shuffles per vector.
-__attribute__((target_clones("avx2", "default")))
+// 32 -> 16 bit pack, so narrowing would be several shuffles per vector. Not under
+// ThreadSanitizer: the clones' resolver runs while the dynamic loader relocates, before the
+// sanitizer's runtime is up, and its instrumented code crashes every binary at start.
+#if defined(__SANITIZE_THREAD__)
+#define PARASYNC_CODEC_CLONES
+#else
+#define PARASYNC_CODEC_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+
+PARASYNC_CODEC_CLONES
 void EncodeFloats(const float* in, size_t n, DType to, void* out) {
   if (n == 0) return;  // the pointers may then be null (memcpy's are not allowed to be)
   switch (to) {
@@ -124,7 +132,7 @@ void EncodeFloats(const float* in, size_t n, DType to, void* out) {
   }
 }
 
-__attribute__((target_clones("avx2", "default")))
+PARASYNC_CODEC_CLONES
 void DecodeFloats(const void* in, size_t n, DType from, float* out) {
   if (n == 0) return;
   const auto* bytes = static_cast<const unsigned char*>(in);
