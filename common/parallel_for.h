@@ -1,9 +1,10 @@
-// ParallelFor: a fork-join over a fixed set of helper threads, for the server loop's large
-// updates (Shard::Apply spreads a push's slices over them). The items are claimed one at a
-// time from a shared counter, by the caller at once and by each helper as soon as it runs,
-// so the caller never waits for a helper to be scheduled: on a machine whose cores are busy
-// (with ZeroMQ's I/O threads, say) it simply does more of the items itself, and waits at the
-// end only for the items helpers have already taken. One caller at a time.
+// ParallelFor: a fork-join over a fixed set of helper threads, for per-slice passes over a
+// large tensor (Shard::Apply spreads a push's slices over them, PsClient the copy of a pull
+// reply into the caller's parameters). The items are claimed one at a time from a shared
+// counter, by the caller at once and by each helper as soon as it runs, so the caller never
+// waits for a helper to be scheduled: on a machine whose cores are busy (with ZeroMQ's I/O
+// threads, say) it simply does more of the items itself, and waits at the end only for the
+// items helpers have already taken. One caller at a time.
 #pragma once
 
 #include <atomic>

@@ -409,6 +409,7 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
     float* to;
   };
   std::vector<Copy> copies;
+  copies.reserve(map_->slices().size());
   int64_t elements = 0;
   int64_t lowest = INT64_MAX;
   for (size_t i = 0; i < replies.size(); ++i) {
