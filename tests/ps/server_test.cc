@@ -1145,7 +1145,9 @@ TEST_F(ModeServerTest, SyncPullTimesOutAfterTheBarrierTimeoutNamingTheMissingRan
 
 TEST_F(ModeServerTest, SilentWorkerIsDeclaredDeadAndTheBarrierGoesOnWithoutItUntilItReturns) {
   ServerOptions options = ModeOptions("sync", 2);
-  options.worker_timeout = milliseconds(300);
+  // 20 heartbeat intervals: under ThreadSanitizer on a loaded 2-core machine, rank 0's 50 ms
+  // heartbeats were once 300 ms apart, and rank 0 was declared dead too.
+  options.worker_timeout = milliseconds(1000);
   ASSERT_TRUE(Start(options));
   const ModelRegistration reg = ModeModel("sync");
   // Rank 0 heartbeats, as a worker does from its own thread; rank 1 is never heard from.
