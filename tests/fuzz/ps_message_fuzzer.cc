@@ -31,6 +31,7 @@
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
+#include "common/float_codec.h"
 #include "common/slice_map.h"
 #include "common/wire.h"
 #include "ps/ps_metrics.h"
@@ -128,8 +129,9 @@ std::vector<Header> DrainReplies(zmq::socket_t& dealer) {
         Violated("a pull reply has " + std::to_string(tensors.size()) + " tensor frames for " +
                  std::to_string(h->slices.size()) + " slice ranges");
       }
+      // A pull may ask for 16-bit values (--wire-dtype); the reply says which it carries.
       for (size_t i = 0; i < tensors.size(); ++i) {
-        if (tensors[i].size() != static_cast<size_t>(h->slices[i].count) * sizeof(float)) {
+        if (tensors[i].size() != static_cast<size_t>(h->slices[i].count) * DTypeSize(h->dtype)) {
           Violated("a pull reply's tensor frame has the wrong length");
         }
       }
