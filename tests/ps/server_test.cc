@@ -754,7 +754,9 @@ TEST(PullCopyTest, ABadReplyFromOneShardLeavesEveryParameterAsItWas) {
   auto fake = Socket::Bind(context, "tcp://127.0.0.1:*");
   ASSERT_TRUE(fake.ok()) << fake.status().ToString();
   std::promise<Status> fake_done;
-  std::thread fake_shard([&] {
+  std::future<Status> fake_result = fake_done.get_future();
+  // A jthread: a failed ASSERT below returns early, and the thread ends by its deadline.
+  std::jthread fake_shard([&] {
     const auto deadline = std::chrono::steady_clock::now() + kWait;
     while (std::chrono::steady_clock::now() < deadline) {
       auto in = (*fake)->Receive(milliseconds(100));
@@ -784,7 +786,7 @@ TEST(PullCopyTest, ABadReplyFromOneShardLeavesEveryParameterAsItWas) {
               static_cast<std::ptrdiff_t>(params[0].size()));
   }
   fake_shard.join();
-  EXPECT_TRUE(fake_done.get_future().get().ok());
+  EXPECT_TRUE(fake_result.get().ok());
 }
 
 TEST(ServerCreateTest, BindToAddressInUseIsUnavailable) {
