@@ -696,15 +696,29 @@ std::unique_ptr<PsClient> ConnectClient(zmq::context_t& context,
   return client.ok() ? std::move(client).value() : nullptr;
 }
 
-TEST(PullCopyTest, ThreeCopyThreadsFillTheParametersExactlyAsOne) {
+// Two shards holding LargeModel, registered by a one-thread client.
+class PullCopyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(s0_.started() && s1_.started());
+    registrar_ = ConnectClient(context_, {s0_.endpoint(), s1_.endpoint()}, 1);
+    ASSERT_NE(registrar_, nullptr);
+    ASSERT_TRUE(registrar_->Register(reg_, kWait).ok());
+  }
+
+  zmq::context_t context_;  // declared first: outlives every socket
+  RunningServer s0_{context_, 0, 2};
+  RunningServer s1_{context_, 1, 2};
+  const ModelRegistration reg_ = LargeModel(2);
+  std::unique_ptr<PsClient> registrar_;
+};
+
+TEST_F(PullCopyTest, ThreeCopyThreadsFillTheParametersExactlyAsOne) {
   static_assert(8 * 65536 >= PsClient::kParallelCopyElements);
-  zmq::context_t context;
-  RunningServer s0(context, 0, 2), s1(context, 1, 2);
-  ASSERT_TRUE(s0.started() && s1.started());
-  const ModelRegistration reg = LargeModel(2);
-  auto pusher = ConnectClient(context, {s0.endpoint(), s1.endpoint()}, 1);
-  ASSERT_NE(pusher, nullptr);
-  ASSERT_TRUE(pusher->Register(reg, kWait).ok());
+  zmq::context_t& context = context_;
+  RunningServer &s0 = s0_, &s1 = s1_;
+  const ModelRegistration& reg = reg_;
+  PsClient* pusher = registrar_.get();
   std::vector<std::vector<float>> grads = Gradients(reg);
   ASSERT_TRUE(pusher->Push(Pointers<const float>(grads), 8).ok());  // values not the initial ones
   const std::vector<float> expected = [&] {
@@ -741,16 +755,12 @@ TEST(PullCopyTest, ThreeCopyThreadsFillTheParametersExactlyAsOne) {
   }
 }
 
-TEST(PullCopyTest, ABadReplyFromOneShardLeavesEveryParameterAsItWas) {
+TEST_F(PullCopyTest, ABadReplyFromOneShardLeavesEveryParameterAsItWas) {
   // Shard 0 answers properly; "shard 1" is a bare ROUTER that answers the pull with no slices.
   // The good shard's reply comes first, yet nothing of it may be written either.
-  zmq::context_t context;
-  RunningServer s0(context, 0, 2), s1(context, 1, 2);
-  ASSERT_TRUE(s0.started() && s1.started());
-  const ModelRegistration reg = LargeModel(2);
-  auto registrar = ConnectClient(context, {s0.endpoint(), s1.endpoint()}, 1);
-  ASSERT_NE(registrar, nullptr);
-  ASSERT_TRUE(registrar->Register(reg, kWait).ok());
+  zmq::context_t& context = context_;
+  const RunningServer& s0 = s0_;
+  const ModelRegistration& reg = reg_;
   auto fake = Socket::Bind(context, "tcp://127.0.0.1:*");
   ASSERT_TRUE(fake.ok()) << fake.status().ToString();
   std::promise<Status> fake_done;
