@@ -6,6 +6,10 @@
 #include <cstring>
 #include <string>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace parasync {
 
 static_assert(std::endian::native == std::endian::little, "the wire is little-endian");
@@ -141,6 +145,18 @@ void DecodeFloats(const void* in, size_t n, DType from, float* out) {
     case DType::kBfloat16: return WidenAll<Bfloat16ToFloat>(bytes, n, out);
     case DType::kFloat16: return WidenAll<HalfToFloat>(bytes, n, out);
   }
+}
+
+void CopyFloatsStreaming(const float* in, size_t n, float* out) {
+#if defined(__SSE2__)
+  size_t i = 0;
+  for (; i < n && reinterpret_cast<uintptr_t>(out + i) % 16 != 0; ++i) out[i] = in[i];
+  for (; i + 4 <= n; i += 4) _mm_stream_ps(out + i, _mm_loadu_ps(in + i));
+  for (; i < n; ++i) out[i] = in[i];
+  _mm_sfence();
+#else
+  if (n != 0) std::memcpy(out, in, n * sizeof(float));
+#endif
 }
 
 }  // namespace parasync

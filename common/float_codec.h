@@ -39,4 +39,12 @@ void EncodeFloats(const float* in, size_t n, DType to, void* out);
 // Reads `n` elements of `from` (n * DTypeSize(from) bytes) into `out` as float32.
 void DecodeFloats(const void* in, size_t n, DType from, float* out);
 
+// memcpy of `n` floats whose stores bypass the caches (x86-64: SSE2 streaming stores; plain
+// memcpy elsewhere). For a destination too large to still be cached when it is next read:
+// an ordinary store first reads the destination's cache line in, a streaming one does not,
+// so a copy moves two bytes per byte instead of three. Ends with a store fence, so the
+// values are published by the caller's next release (a lock, an atomic) like ordinary
+// stores. `in` and `out` must not overlap; any alignment.
+void CopyFloatsStreaming(const float* in, size_t n, float* out);
+
 }  // namespace parasync

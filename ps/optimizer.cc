@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace parasync {
 
@@ -80,6 +85,35 @@ bool ApplySgdIfFinite(float lr, const float* __restrict w_in, float* __restrict 
     w_out[i] = w_in[i] - lr * g[i];
   }
   return worst != 0x7f800000u;
+}
+
+bool ApplySgdIfFiniteStreaming(float lr, const float* w_in, float* w_out, const float* g,
+                               int64_t n) {
+#if defined(__SSE2__)
+  // A scalar head up to w_out's 16-byte boundary, four floats at a time, a scalar tail. The
+  // vector step computes w - lr * g with a separate multiply and subtract, as the scalar
+  // loop does (no FMA), so the results are the same bits.
+  int64_t head = 0;
+  while (head < n && reinterpret_cast<uintptr_t>(w_out + head) % 16 != 0) ++head;
+  const int64_t body_end = head + (n - head) / 4 * 4;
+  bool finite = ApplySgdIfFinite(lr, w_in, w_out, g, head);
+  const __m128 rate = _mm_set1_ps(lr);
+  const __m128i exponent = _mm_set1_epi32(0x7f800000);
+  __m128i non_finite = _mm_setzero_si128();
+  for (int64_t i = head; i < body_end; i += 4) {
+    const __m128 grad = _mm_loadu_ps(g + i);
+    non_finite = _mm_or_si128(
+        non_finite,
+        _mm_cmpeq_epi32(_mm_and_si128(_mm_castps_si128(grad), exponent), exponent));
+    _mm_stream_ps(w_out + i, _mm_sub_ps(_mm_loadu_ps(w_in + i), _mm_mul_ps(rate, grad)));
+  }
+  _mm_sfence();
+  finite = _mm_movemask_epi8(non_finite) == 0 && finite;
+  return ApplySgdIfFinite(lr, w_in + body_end, w_out + body_end, g + body_end,
+                          n - body_end) && finite;
+#else
+  return ApplySgdIfFinite(lr, w_in, w_out, g, n);
+#endif
 }
 
 }  // namespace parasync

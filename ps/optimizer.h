@@ -33,5 +33,11 @@ void ApplyUpdate(const OptimizerSpec& spec, int64_t step, const float* w_in, flo
 // w_in is never written). One pass over the gradient where a check and an update take two.
 // The arrays must not overlap.
 bool ApplySgdIfFinite(float lr, const float* w_in, float* w_out, const float* g, int64_t n);
+// The same, bit for bit, with streaming stores into w_out (x86-64; elsewhere the same as
+// ApplySgdIfFinite): for a push too large for w_out to still be cached when the pull reply
+// reads it, the update then moves three bytes per byte instead of four (an ordinary store
+// reads the line in first). Ends with a store fence (see CopyFloatsStreaming).
+bool ApplySgdIfFiniteStreaming(float lr, const float* w_in, float* w_out, const float* g,
+                               int64_t n);
 
 }  // namespace parasync

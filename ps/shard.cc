@@ -234,13 +234,14 @@ Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* c
   int64_t elements = 0;
   for (const SliceRange& r : ranges) elements += r.count;
   const bool parallel = ranges.size() >= 2 && elements >= kParallelApplyElements;
+  const bool streaming = elements >= kStreamingApplyElements;
   bool whole = registration_->optimizer.kind == OptimizerKind::kSgd;
   for (const SliceRange& r : ranges) {
     whole = whole && r.begin == 0 &&
             r.count == owned_[static_cast<size_t>(local_index_[r.slice_id])].values.size();
   }
   if (whole) {
-    PARASYNC_RETURN_IF_ERROR(ApplySgdWhole(ranges, grads, reason, lr_scale, parallel));
+    PARASYNC_RETURN_IF_ERROR(ApplySgdWhole(ranges, grads, reason, lr_scale, parallel, streaming));
   } else {
     // Every gradient is checked before any slice changes.
     PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason, parallel));
@@ -263,7 +264,7 @@ LendableFloats Shard::TakeSpare(SliceState& s) {
 
 Status Shard::ApplySgdWhole(std::span<const SliceRange> ranges,
                             std::span<const float* const> grads, RejectReason* reason,
-                            float lr_scale, bool parallel) {
+                            float lr_scale, bool parallel, bool streaming) {
   // Each slice's new values go into another buffer (its spare when that is not lent), in
   // the same pass that checks the gradient; the buffers become the values only once every
   // gradient proved finite, so a refused push changes nothing.
@@ -273,8 +274,8 @@ Status Shard::ApplySgdWhole(std::span<const SliceRange> ranges,
   ForEachRange(ranges.size(), parallel, [&](size_t i) {
     SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
     next[i] = TakeSpare(s);
-    finite[i] = ApplySgdIfFinite(lr, s.values.data(), next[i].data(), grads[i],
-                                 ranges[i].count) ? 1 : 0;
+    const auto apply = streaming ? ApplySgdIfFiniteStreaming : ApplySgdIfFinite;
+    finite[i] = apply(lr, s.values.data(), next[i].data(), grads[i], ranges[i].count) ? 1 : 0;
   });
   const auto bad = std::find(finite.begin(), finite.end(), uint8_t{0});
   for (size_t i = 0; i < ranges.size(); ++i) {

@@ -58,6 +58,10 @@ class Shard {
   // time.
   Shard(int shard_index, int num_shards, int64_t max_bytes = 0, int apply_threads = 1);
   static constexpr int64_t kParallelApplyElements = int64_t{1} << 18;  // 1 MiB of float32
+  // An SGD push of at least this many elements writes its new values with streaming stores
+  // (ApplySgdIfFiniteStreaming): they would be out of the cache by the time a pull reply
+  // reads them anyway, and skipping the read-for-ownership saves a quarter of the traffic.
+  static constexpr int64_t kStreamingApplyElements = int64_t{1} << 21;  // 8 MiB of float32
 
   // First call: validates `reg`, builds the slice map, creates and initializes this shard's
   // slices (deterministically from reg.seed) and zeroes their slots. Later calls succeed only
@@ -172,7 +176,7 @@ class Shard {
   // per slice, out of place (ApplySgdIfFinite), swapping the results in only when all are
   // finite. Leaves version and examples to Apply.
   Status ApplySgdWhole(std::span<const SliceRange> ranges, std::span<const float* const> grads,
-                       RejectReason* reason, float lr_scale, bool parallel);
+                       RejectReason* reason, float lr_scale, bool parallel, bool streaming);
 
   int shard_index_;
   int num_shards_;

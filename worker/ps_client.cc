@@ -439,8 +439,14 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
     }
     lowest = std::min(lowest, in.header->version);
   }
+  const bool streaming = elements >= kStreamingCopyElements;
   auto copy = [&](size_t c) {
-    DecodeFloats(copies[c].from, copies[c].count, copies[c].dtype, copies[c].to);
+    if (streaming && copies[c].dtype == DType::kFloat32) {
+      CopyFloatsStreaming(static_cast<const float*>(copies[c].from), copies[c].count,
+                          copies[c].to);
+    } else {
+      DecodeFloats(copies[c].from, copies[c].count, copies[c].dtype, copies[c].to);
+    }
   };
   if (copy_threads_ && elements >= kParallelCopyElements) {
     copy_threads_->ForEach(copies.size(), copy);

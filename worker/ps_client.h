@@ -75,6 +75,10 @@ class PsClient {
   static constexpr int64_t kLastRead = -1;
   // A pull reply of at least this many elements is copied by options.copy_threads threads.
   static constexpr int64_t kParallelCopyElements = int64_t{1} << 18;  // 1 MiB of float32
+  // A float32 pull reply of at least this many elements is copied with streaming stores
+  // (CopyFloatsStreaming): a third less memory traffic than memcpy's cached stores, for
+  // parameters too large to stay cached until the trainer reads them.
+  static constexpr int64_t kStreamingCopyElements = int64_t{1} << 21;  // 8 MiB of float32
 
   // Creates the sockets; connections are made in the background. `context` must outlive the
   // client. InvalidArgument for no addresses, Unavailable if a socket cannot be made.

@@ -173,5 +173,33 @@ TEST(FloatCodecTest, EncodeDecodeArraysAtAnyAlignment) {
   }
 }
 
+// The streaming copy at every alignment of both ends (its head, vector body and tail), for
+// lengths around the vector width: every element copied bit for bit (NaN payloads too), and
+// nothing written outside [out, out + n).
+TEST(FloatCodecTest, CopyFloatsStreamingIsMemcpyAtEveryAlignment) {
+  std::vector<float> source(1100);
+  for (size_t i = 0; i < source.size(); ++i) {
+    source[i] = std::bit_cast<float>(static_cast<uint32_t>(0x3f800000u + 977u * i));
+  }
+  source[9] = std::bit_cast<float>(0x7fc01234u);  // a NaN with a payload
+  source[10] = -std::numeric_limits<float>::infinity();
+  constexpr float kUntouched = -7.0f;
+  for (size_t n : {0, 1, 3, 4, 5, 8, 17, 1000}) {
+    for (size_t in_offset = 0; in_offset < 4; ++in_offset) {
+      for (size_t out_offset = 0; out_offset < 8; ++out_offset) {
+        std::vector<float> out(out_offset + n + 8, kUntouched);
+        CopyFloatsStreaming(source.data() + in_offset, n, out.data() + out_offset);
+        for (size_t i = 0; i < out.size(); ++i) {
+          const bool inside = i >= out_offset && i < out_offset + n;
+          const float want = inside ? source[in_offset + i - out_offset] : kUntouched;
+          ASSERT_EQ(Bits(out[i]), Bits(want))
+              << "n " << n << ", in offset " << in_offset << ", out offset " << out_offset
+              << ", element " << i;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace parasync

@@ -251,5 +251,46 @@ TEST(OptimizerTest, ApplySgdIfFiniteIsSgdBitForBitAndCatchesEveryNonFinitePositi
   }
 }
 
+// The streaming-store SGD against the plain one, with w_out at every offset from a 16-byte
+// boundary (so the scalar head, the vector body and the scalar tail all run): the same bits,
+// and a NaN or Inf caught at every position, whichever of the three parts holds it.
+TEST(OptimizerTest, ApplySgdIfFiniteStreamingIsTheSameBitsAndCatchesEveryNonFinite) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float lr = 0.0123f;
+  for (int64_t n : {0, 1, 3, 4, 9, 40, 1001}) {
+    std::vector<float> w(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+    for (float& x : w) x = normal(rng);
+    for (float& x : g) x = normal(rng);
+    if (n > 1) g[1] = -std::numeric_limits<float>::max();  // finite, extreme
+    const std::vector<float> w0 = w;
+    std::vector<float> plain(static_cast<size_t>(n));
+    ASSERT_TRUE(ApplySgdIfFinite(lr, w.data(), plain.data(), g.data(), n));
+    for (size_t offset = 0; offset < 4; ++offset) {
+      SCOPED_TRACE(::testing::Message() << "n " << n << ", w_out offset " << offset);
+      // A 16-byte aligned buffer (vector's allocation), entered `offset` floats in.
+      std::vector<float> buffer(static_cast<size_t>(n) + 8, -1.0f);
+      float* out = buffer.data() + offset;
+      ASSERT_TRUE(ApplySgdIfFiniteStreaming(lr, w.data(), out, g.data(), n));
+      ASSERT_EQ(w, w0);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::memcmp(out + i, &plain[static_cast<size_t>(i)], sizeof(float)), 0)
+            << "element " << i;
+      }
+      EXPECT_EQ(buffer[offset + static_cast<size_t>(n)], -1.0f) << "wrote past the end";
+      for (int64_t bad = 0; bad < n; ++bad) {
+        for (float poison : {std::numeric_limits<float>::quiet_NaN(),
+                             std::numeric_limits<float>::infinity()}) {
+          std::vector<float> g2 = g;
+          g2[static_cast<size_t>(bad)] = poison;
+          ASSERT_FALSE(ApplySgdIfFiniteStreaming(lr, w.data(), out, g2.data(), n))
+              << "position " << bad;
+          ASSERT_EQ(w, w0);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace parasync

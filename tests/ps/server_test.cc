@@ -21,6 +21,7 @@
 #include <zmq.hpp>
 
 #include "common/wire.h"
+#include "ps/shard.h"
 #include "worker/heartbeater.h"
 #include "worker/ps_client.h"
 
@@ -671,10 +672,11 @@ TEST_F(ServerTest, SixteenBitFramesAreCheckedAgainstTheirOwnSize) {
 
 // ---- copying a pull reply into the caller's parameters -----------------------------------
 
-// One variable of 8 slices x 64Ki elements (2 MiB), above PsClient::kParallelCopyElements.
-ModelRegistration LargeModel(int num_shards) {
+// One variable of 8 slices x 64Ki elements (2 MiB) by default, above
+// PsClient::kParallelCopyElements.
+ModelRegistration LargeModel(int num_shards, int64_t elements = 8 * 65536) {
   ModelRegistration reg;
-  reg.variables = {{"w", {8 * 65536}, DType::kFloat32, {InitKind::kUniform, 0.1f}}};
+  reg.variables = {{"w", {elements}, DType::kFloat32, {InitKind::kUniform, 0.1f}}};
   reg.optimizer.kind = OptimizerKind::kSgd;
   reg.optimizer.learning_rate = kLearningRate;
   reg.seed = 7;
@@ -752,6 +754,36 @@ TEST_F(PullCopyTest, ThreeCopyThreadsFillTheParametersExactlyAsOne) {
     EXPECT_EQ(0, std::memcmp(by_threads[0].data(), by_threads[1].data(),
                              by_threads[0].size() * sizeof(float)))
         << "bit for bit";
+  }
+}
+
+// A pull of PsClient::kStreamingCopyElements or more is copied with streaming stores, after a
+// push the server applied with them (Shard::kStreamingApplyElements): the parameters are the
+// initial values minus lr * g bit for bit, on one copy thread and on two.
+TEST(PullStreamingTest, ALargePushAndPullGiveTheSgdResultBitForBit) {
+  constexpr int64_t kElements = int64_t{32} * 65536;  // 8 MiB
+  static_assert(kElements >= PsClient::kStreamingCopyElements);
+  static_assert(kElements >= Shard::kStreamingApplyElements);
+  zmq::context_t context;
+  RunningServer server(context, 0, 1);
+  ASSERT_TRUE(server.started());
+  const ModelRegistration reg = LargeModel(1, kElements);
+  std::vector<std::vector<float>> grads = Gradients(reg);
+  std::vector<float> expected = InitialValues(reg)[0];
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << threads << " copy thread(s)");
+    auto client = ConnectClient(context, {server.endpoint()}, threads);
+    ASSERT_NE(client, nullptr);
+    ASSERT_TRUE(client->Register(reg, kWait).ok());
+    ASSERT_TRUE(client->Push(Pointers<const float>(grads), 8).ok());
+    for (size_t i = 0; i < expected.size(); ++i) expected[i] -= kLearningRate * grads[0][i];
+    std::vector<std::vector<float>> params = {
+        std::vector<float>(expected.size(), std::numeric_limits<float>::quiet_NaN())};
+    ASSERT_TRUE(client->Pull(Pointers<float>(params)).ok());
+    ASSERT_EQ(0, std::memcmp(params[0].data(), expected.data(), expected.size() * sizeof(float)))
+        << "first differing element "
+        << std::mismatch(params[0].begin(), params[0].end(), expected.begin()).first -
+               params[0].begin();
   }
 }
 

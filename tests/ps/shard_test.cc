@@ -905,24 +905,25 @@ TEST(ShardLendTest, RegistrationCountsTheSpareCopy) {
 
 // ---- a large push checked and applied on several threads ---------------------------------
 
-// One variable of 4 slices x 128Ki elements: 2 MiB, above Shard::kParallelApplyElements.
-ModelRegistration LargeModel(OptimizerKind kind) {
+// One variable of 4 slices x 128Ki elements by default: 2 MiB, above
+// Shard::kParallelApplyElements.
+ModelRegistration LargeModel(OptimizerKind kind, int64_t slice_elements = 131072) {
   ModelRegistration reg;
-  reg.variables = {{"w", {4 * 131072}, DType::kFloat32, {InitKind::kUniform, kLimit}}};
+  reg.variables = {{"w", {4 * slice_elements}, DType::kFloat32, {InitKind::kUniform, kLimit}}};
   reg.optimizer.kind = kind;
   reg.optimizer.learning_rate = 0.01f;
   reg.seed = 99;
-  reg.max_slice_elements = 131072;
+  reg.max_slice_elements = slice_elements;
   reg.num_shards = 1;
   return reg;
 }
 
-Push LargePush(int step) {
+Push LargePush(int step, int64_t slice_elements = 131072) {
   std::vector<SliceRange> ranges;
   std::vector<std::vector<float>> grads;
   for (uint32_t id = 0; id < 4; ++id) {
-    ranges.push_back({id, 0, 131072});
-    std::vector<float> g(131072);
+    ranges.push_back({id, 0, slice_elements});
+    std::vector<float> g(static_cast<size_t>(slice_elements));
     for (size_t k = 0; k < g.size(); ++k) {
       g[k] = 0.001f * static_cast<float>((k * 7 + id * 13 + static_cast<size_t>(step) * 5) % 101) - 0.05f;
     }
@@ -1007,6 +1008,39 @@ TEST(ShardParallelApplyTest, NonFiniteInAnySliceRejectsThePushAndChangesNothing)
         }
       }
     }
+  }
+}
+
+// An SGD push of Shard::kStreamingApplyElements or more is written with streaming stores: on
+// one and two threads the values are w - lr * g bit for bit, and a NaN in the last element
+// of the last slice (the scalar tail of the last slice computed) still refuses the whole push.
+TEST(ShardStreamingApplyTest, LargeSgdPushIsWMinusLrGBitForBitAndANanStillChangesNothing) {
+  constexpr int64_t kSliceElements = 524288;  // 4 slices: 8 MiB
+  static_assert(4 * kSliceElements >= Shard::kStreamingApplyElements);
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << threads << " thread(s)");
+    Shard shard(0, 1, 0, threads);
+    MustRegister(shard, LargeModel(OptimizerKind::kSgd, kSliceElements));
+    RejectReason reason = RejectReason::kNone;
+    for (int step = 0; step < 2; ++step) {  // the second writes into the spares
+      const std::vector<float> before = AllValues(shard);
+      const Push push = LargePush(step, kSliceElements);
+      ASSERT_TRUE(DoPush(shard, push, &reason).ok());
+      const std::vector<float> after = AllValues(shard);
+      ASSERT_EQ(after.size(), before.size());
+      for (size_t i = 0; i < after.size(); ++i) {
+        const float g = push.grads[i / kSliceElements][i % kSliceElements];
+        const float want = before[i] - 0.01f * g;
+        ASSERT_EQ(std::memcmp(&after[i], &want, sizeof(float)), 0) << "element " << i;
+      }
+    }
+    const std::vector<float> before = AllValues(shard);
+    Push bad = LargePush(2, kSliceElements);
+    bad.grads[3][kSliceElements - 1] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_EQ(DoPush(shard, bad, &reason).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(reason, RejectReason::kNonFinite);
+    EXPECT_EQ(AllValues(shard), before);
+    EXPECT_EQ(shard.version(), 2);
   }
 }
 
