@@ -145,6 +145,14 @@ double ProcessPageFaults() {
   return static_cast<double>(u.ru_minflt);
 }
 
+// Context switches of every thread so far, voluntary (a thread blocked: a wake-up to come)
+// and involuntary (preempted).
+double ProcessContextSwitches() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_nvcsw + u.ru_nivcsw);
+}
+
 enum class Pattern { kPush, kPull, kPushPull };
 constexpr Pattern kPatterns[] = {Pattern::kPush, Pattern::kPull, Pattern::kPushPull};
 
@@ -807,29 +815,36 @@ Status RunDataPath(const Settings& st, Report& report) {
         double raw_all_cpu[3] = {0, 0, 0}, ps_all_cpu[3] = {0, 0, 0};  // every thread
         double raw_gb[3] = {0, 0, 0}, ps_gb[3] = {0, 0, 0};
         double raw_faults[3] = {0, 0, 0}, ps_faults[3] = {0, 0, 0};
+        double raw_switches[3] = {0, 0, 0}, ps_switches[3] = {0, 0, 0};
+        double raw_rounds[3] = {0, 0, 0}, ps_rounds[3] = {0, 0, 0};
         for (int rep = 0; rep < st.repeats; ++rep) {
           for (Pattern p : kPatterns) {
             const auto i = static_cast<size_t>(p);
             const double round_bytes = static_cast<double>(RoundBytes(p, bytes));
             if (raw_want[i]) {
               const double all0 = ProcessCpuSeconds(), faults0 = ProcessPageFaults();
+              const double switches0 = ProcessContextSwitches();
               auto r = RunParallel(workers, st.seconds, kMaxRounds, raw_round(p));
               raw_all_cpu[i] += ProcessCpuSeconds() - all0;
               raw_faults[i] += ProcessPageFaults() - faults0;
+              raw_switches[i] += ProcessContextSwitches() - switches0;
               if (!r.ok()) return r.status().WithContext(fmt::format("zmq {} {}", PatternName(p), config));
+              raw_rounds[i] += static_cast<double>(r->rounds);
               raw_rates[i].push_back(static_cast<double>(r->rounds) * round_bytes / r->seconds / 1e9);
               raw_gb[i] += static_cast<double>(r->rounds) * round_bytes / 1e9;
             }
             if (ps_want[i]) {
               const double cpu0 = cluster->CpuSeconds(), all0 = ProcessCpuSeconds();
-              const double faults0 = ProcessPageFaults();
+              const double faults0 = ProcessPageFaults(), switches0 = ProcessContextSwitches();
               auto r = RunParallel(workers, st.seconds, kMaxRounds, ps_round(p));
               ps_cpu[i] += cluster->CpuSeconds() - cpu0;
               ps_all_cpu[i] += ProcessCpuSeconds() - all0;
               ps_faults[i] += ProcessPageFaults() - faults0;
+              ps_switches[i] += ProcessContextSwitches() - switches0;
               if (!r.ok()) {
                 return r.status().WithContext(fmt::format("parasync {} {}", PatternName(p), config));
               }
+              ps_rounds[i] += static_cast<double>(r->rounds);
               ps_rates[i].push_back(static_cast<double>(r->rounds) * round_bytes / r->seconds / 1e9);
               ps_wall[i] += r->seconds;
               ps_gb[i] += static_cast<double>(r->rounds) * round_bytes / 1e9;
@@ -845,9 +860,10 @@ Status RunDataPath(const Settings& st, Report& report) {
             report.Add({std::string("zmq ") + PatternName(p), bytes, shards, workers, ceiling,
                         std::nullopt, "GB/s", std::nullopt, std::nullopt});
           }
-          line += fmt::format(" {} zmq {:.2f} ({:.2f} CPU s/GB, {:.0f} faults/MB)",
+          line += fmt::format(" {} zmq {:.2f} ({:.2f} CPU s/GB, {:.0f} faults/MB, {:.1f} "
+                              "switches/round)",
                               PatternName(p), ceiling, raw_all_cpu[i] / raw_gb[i],
-                              raw_faults[i] / raw_gb[i] / 1e3);
+                              raw_faults[i] / raw_gb[i] / 1e3, raw_switches[i] / raw_rounds[i]);
           if (ps_want[i]) {
             const double ours = Median(ps_rates[i]);
             // With a 16-bit wire the figure is still of the float32 tensor moved (what a
@@ -859,8 +875,9 @@ Status RunDataPath(const Settings& st, Report& report) {
             report.Add({std::string("parasync ") + PatternName(p) + wire, bytes, shards, workers,
                         ours, std::nullopt, "GB/s", ceiling, ours / ceiling});
             line += fmt::format(" parasync {:.2f} ({:.2f}; {:.2f} CPU s/GB, {:.0f} faults/MB, "
-                                "server loop busy {:.0f}%);", ours, ours / ceiling,
-                                ps_all_cpu[i] / ps_gb[i], ps_faults[i] / ps_gb[i] / 1e3,
+                                "{:.1f} switches/round, server loop busy {:.0f}%);", ours,
+                                ours / ceiling, ps_all_cpu[i] / ps_gb[i],
+                                ps_faults[i] / ps_gb[i] / 1e3, ps_switches[i] / ps_rounds[i],
                                 100 * ps_cpu[i] / ps_wall[i] / shards);
           } else {
             line += ";";
