@@ -1012,8 +1012,8 @@ TEST(ShardParallelApplyTest, NonFiniteInAnySliceRejectsThePushAndChangesNothing)
 }
 
 // An SGD push of Shard::kStreamingApplyElements or more is written with streaming stores: on
-// one and two threads the values are w - lr * g bit for bit, and a NaN in the last element
-// of the last slice (the scalar tail of the last slice computed) still refuses the whole push.
+// one and two threads the values are w - lr * g bit for bit, and a NaN in the very last
+// element (checked in the last vector step) still refuses the whole push.
 TEST(ShardStreamingApplyTest, LargeSgdPushIsWMinusLrGBitForBitAndANanStillChangesNothing) {
   constexpr int64_t kSliceElements = 524288;  // 4 slices: 8 MiB
   static_assert(4 * kSliceElements >= Shard::kStreamingApplyElements);
