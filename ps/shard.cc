@@ -271,10 +271,10 @@ Status Shard::ApplySgdWhole(std::span<const SliceRange> ranges,
   std::vector<LendableFloats> next(ranges.size());
   std::vector<uint8_t> finite(ranges.size(), 0);
   const float lr = registration_->optimizer.learning_rate * lr_scale;
+  const auto apply = streaming ? ApplySgdIfFiniteStreaming : ApplySgdIfFinite;
   ForEachRange(ranges.size(), parallel, [&](size_t i) {
     SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
     next[i] = TakeSpare(s);
-    const auto apply = streaming ? ApplySgdIfFiniteStreaming : ApplySgdIfFinite;
     finite[i] = apply(lr, s.values.data(), next[i].data(), grads[i], ranges[i].count) ? 1 : 0;
   });
   const auto bad = std::find(finite.begin(), finite.end(), uint8_t{0});

@@ -446,19 +446,42 @@ TEST_F(ServerTest, ShouldStopMakesRunReturnOk) {
   EXPECT_TRUE(server_->StopAndWait().ok());
 }
 
-// Two shards and one registered client (rank -1) of SmallModel(2).
-class ServerShardsTest : public ::testing::Test {
+std::unique_ptr<PsClient> ConnectClient(zmq::context_t& context,
+                                        const std::vector<std::string>& addresses,
+                                        int copy_threads, DType wire = DType::kFloat32) {
+  PsClientOptions options;
+  options.ps_addresses = addresses;
+  options.request_timeout = kWait;
+  options.copy_threads = copy_threads;
+  options.wire_dtype = wire;
+  auto client = PsClient::Connect(context, options);
+  EXPECT_TRUE(client.ok()) << client.status().ToString();
+  return client.ok() ? std::move(client).value() : nullptr;
+}
+
+// Two shards and one client (rank -1, one copy thread) that registered `reg_` on them.
+class TwoShardsTest : public ::testing::Test {
  protected:
+  explicit TwoShardsTest(ModelRegistration reg) : reg_(std::move(reg)) {}
+
   void SetUp() override {
     ASSERT_TRUE(s0_.started() && s1_.started());
-    PsClientOptions options;
-    options.ps_addresses = {s0_.endpoint(), s1_.endpoint()};
-    options.request_timeout = kWait;
-    auto connected = PsClient::Connect(context_, options);
-    ASSERT_TRUE(connected.ok());
-    client_ = std::move(connected).value();
+    client_ = ConnectClient(context_, {s0_.endpoint(), s1_.endpoint()}, 1);
+    ASSERT_NE(client_, nullptr);
     ASSERT_TRUE(client_->Register(reg_, kWait).ok());
   }
+
+  zmq::context_t context_;  // declared first: outlives every socket
+  RunningServer s0_{context_, 0, 2};
+  RunningServer s1_{context_, 1, 2};
+  const ModelRegistration reg_;
+  std::unique_ptr<PsClient> client_;
+};
+
+// TwoShardsTest of SmallModel(2).
+class ServerShardsTest : public TwoShardsTest {
+ protected:
+  ServerShardsTest() : TwoShardsTest(SmallModel(2)) {}
 
   // params must be the initial values minus `steps` SGD steps of grads.
   void ExpectSgdSteps(const std::vector<std::vector<float>>& params,
@@ -472,12 +495,6 @@ class ServerShardsTest : public ::testing::Test {
       }
     }
   }
-
-  zmq::context_t context_;  // declared first: outlives every socket
-  RunningServer s0_{context_, 0, 2};
-  RunningServer s1_{context_, 1, 2};
-  const ModelRegistration reg_ = SmallModel(2);
-  std::unique_ptr<PsClient> client_;
 };
 
 TEST_F(ServerShardsTest, TwoShardsServeTheirSlicesAndPullSeesSgdUpdate) {
@@ -685,46 +702,18 @@ ModelRegistration LargeModel(int num_shards, int64_t elements = 8 * 65536) {
   return reg;
 }
 
-std::unique_ptr<PsClient> ConnectClient(zmq::context_t& context,
-                                        const std::vector<std::string>& addresses,
-                                        int copy_threads, DType wire = DType::kFloat32) {
-  PsClientOptions options;
-  options.ps_addresses = addresses;
-  options.request_timeout = kWait;
-  options.copy_threads = copy_threads;
-  options.wire_dtype = wire;
-  auto client = PsClient::Connect(context, options);
-  EXPECT_TRUE(client.ok()) << client.status().ToString();
-  return client.ok() ? std::move(client).value() : nullptr;
-}
-
-// Two shards holding LargeModel, registered by a one-thread client.
-class PullCopyTest : public ::testing::Test {
+// TwoShardsTest of LargeModel(2).
+class PullCopyTest : public TwoShardsTest {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(s0_.started() && s1_.started());
-    registrar_ = ConnectClient(context_, {s0_.endpoint(), s1_.endpoint()}, 1);
-    ASSERT_NE(registrar_, nullptr);
-    ASSERT_TRUE(registrar_->Register(reg_, kWait).ok());
-  }
-
-  zmq::context_t context_;  // declared first: outlives every socket
-  RunningServer s0_{context_, 0, 2};
-  RunningServer s1_{context_, 1, 2};
-  const ModelRegistration reg_ = LargeModel(2);
-  std::unique_ptr<PsClient> registrar_;
+  PullCopyTest() : TwoShardsTest(LargeModel(2)) {}
 };
 
 TEST_F(PullCopyTest, ThreeCopyThreadsFillTheParametersExactlyAsOne) {
   static_assert(8 * 65536 >= PsClient::kParallelCopyElements);
-  zmq::context_t& context = context_;
-  RunningServer &s0 = s0_, &s1 = s1_;
-  const ModelRegistration& reg = reg_;
-  PsClient* pusher = registrar_.get();
-  std::vector<std::vector<float>> grads = Gradients(reg);
-  ASSERT_TRUE(pusher->Push(Pointers<const float>(grads), 8).ok());  // values not the initial ones
+  std::vector<std::vector<float>> grads = Gradients(reg_);
+  ASSERT_TRUE(client_->Push(Pointers<const float>(grads), 8).ok());  // values not the initial ones
   const std::vector<float> expected = [&] {
-    std::vector<float> w = InitialValues(reg)[0];
+    std::vector<float> w = InitialValues(reg_)[0];
     for (size_t i = 0; i < w.size(); ++i) w[i] -= kLearningRate * grads[0][i];
     return w;
   }();
@@ -732,9 +721,9 @@ TEST_F(PullCopyTest, ThreeCopyThreadsFillTheParametersExactlyAsOne) {
     std::vector<std::vector<float>> by_threads;
     for (int threads : {1, 3}) {
       SCOPED_TRACE(::testing::Message() << DTypeName(wire) << ", " << threads << " thread(s)");
-      auto client = ConnectClient(context, {s0.endpoint(), s1.endpoint()}, threads, wire);
+      auto client = ConnectClient(context_, {s0_.endpoint(), s1_.endpoint()}, threads, wire);
       ASSERT_NE(client, nullptr);
-      ASSERT_TRUE(client->Register(reg, kWait).ok());
+      ASSERT_TRUE(client->Register(reg_, kWait).ok());
       // Each round starts from NaN everywhere: any slice left out shows.
       for (int round = 0; round < 5; ++round) {
         std::vector<std::vector<float>> params = {
@@ -790,10 +779,7 @@ TEST(PullStreamingTest, ALargePushAndPullGiveTheSgdResultBitForBit) {
 TEST_F(PullCopyTest, ABadReplyFromOneShardLeavesEveryParameterAsItWas) {
   // Shard 0 answers properly; "shard 1" is a bare ROUTER that answers the pull with no slices.
   // The good shard's reply comes first, yet nothing of it may be written either.
-  zmq::context_t& context = context_;
-  const RunningServer& s0 = s0_;
-  const ModelRegistration& reg = reg_;
-  auto fake = Socket::Bind(context, "tcp://127.0.0.1:*");
+  auto fake = Socket::Bind(context_, "tcp://127.0.0.1:*");
   ASSERT_TRUE(fake.ok()) << fake.status().ToString();
   std::promise<Status> fake_done;
   std::future<Status> fake_result = fake_done.get_future();
@@ -817,9 +803,9 @@ TEST_F(PullCopyTest, ABadReplyFromOneShardLeavesEveryParameterAsItWas) {
     fake_done.set_value(Status::TimedOut("no pull reached the fake shard"));
   });
   {
-    auto client = ConnectClient(context, {s0.endpoint(), (*fake)->LastEndpoint()}, 3);
+    auto client = ConnectClient(context_, {s0_.endpoint(), (*fake)->LastEndpoint()}, 3);
     ASSERT_NE(client, nullptr);
-    ASSERT_TRUE(client->Adopt(reg).ok());
+    ASSERT_TRUE(client->Adopt(reg_).ok());
     std::vector<std::vector<float>> params = {std::vector<float>(8 * 65536, 7.0f)};
     const Status s = client->Pull(Pointers<float>(params));
     EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
