@@ -192,6 +192,7 @@ struct Settings {
   int apply_threads = 2;  // as parasync-ps
   int copy_threads = 2;   // as parasync-worker
   DType wire_dtype = DType::kFloat32;  // the parasync clients of the data-path rows
+  bool no_ceiling = false;  // parasync's data-path rows without the raw pair beside them
   bool Want(const std::string& section) const {
     return only.empty() || std::find(only.begin(), only.end(), section) != only.end();
   }
@@ -738,11 +739,12 @@ Status RunDataPath(const Settings& st, Report& report) {
   for (Pattern p : kPatterns) {
     const auto i = static_cast<size_t>(p);
     ps_want[i] = st.Want(PatternSection(p));
-    raw_want[i] = st.Want("zmq") || ps_want[i];  // the ceiling of every parasync row
+    // The ceiling of every parasync row, unless --no-ceiling leaves parasync alone.
+    raw_want[i] = st.Want("zmq") || (ps_want[i] && !st.no_ceiling);
     any_raw |= raw_want[i];
     any_ps |= ps_want[i];
   }
-  if (!any_raw) return Status::Ok();
+  if (!any_raw && !any_ps) return Status::Ok();
   const int64_t max_bytes = *std::max_element(st.sizes.begin(), st.sizes.end());
   const std::vector<char> payload(static_cast<size_t>(max_bytes), 1);  // raw clients send this
   const std::vector<float> grad(static_cast<size_t>(max_bytes) / sizeof(float), 1e-3f);
@@ -756,11 +758,11 @@ Status RunDataPath(const Settings& st, Report& report) {
         std::vector<std::unique_ptr<RawServer>> raw_servers;
         std::vector<std::unique_ptr<RawClient>> raw_clients;
         std::vector<std::string> raw_endpoints;
-        for (int s = 0; s < shards; ++s) {
+        for (int s = 0; any_raw && s < shards; ++s) {
           raw_servers.push_back(std::make_unique<RawServer>(bytes / shards + 1));
           raw_endpoints.push_back(raw_servers.back()->endpoint());
         }
-        for (int w = 0; w < workers; ++w) {
+        for (int w = 0; any_raw && w < workers; ++w) {
           raw_clients.push_back(std::make_unique<RawClient>(raw_endpoints));
         }
         std::unique_ptr<PsCluster> cluster;
@@ -854,16 +856,20 @@ Status RunDataPath(const Settings& st, Report& report) {
         std::string line = "data path " + config + ":";
         for (Pattern p : kPatterns) {
           const auto i = static_cast<size_t>(p);
-          if (!raw_want[i]) continue;
-          const double ceiling = Median(raw_rates[i]);
-          if (st.Want("zmq")) {
-            report.Add({std::string("zmq ") + PatternName(p), bytes, shards, workers, ceiling,
-                        std::nullopt, "GB/s", std::nullopt, std::nullopt});
+          if (!raw_want[i] && !ps_want[i]) continue;
+          line += fmt::format(" {}", PatternName(p));
+          std::optional<double> ceiling;
+          if (raw_want[i]) {
+            ceiling = Median(raw_rates[i]);
+            if (st.Want("zmq")) {
+              report.Add({std::string("zmq ") + PatternName(p), bytes, shards, workers, *ceiling,
+                          std::nullopt, "GB/s", std::nullopt, std::nullopt});
+            }
+            line += fmt::format(" zmq {:.2f} ({:.2f} CPU s/GB, {:.0f} faults/MB, {:.1f} "
+                                "switches/round)",
+                                *ceiling, raw_all_cpu[i] / raw_gb[i],
+                                raw_faults[i] / raw_gb[i] / 1e3, raw_switches[i] / raw_rounds[i]);
           }
-          line += fmt::format(" {} zmq {:.2f} ({:.2f} CPU s/GB, {:.0f} faults/MB, {:.1f} "
-                              "switches/round)",
-                              PatternName(p), ceiling, raw_all_cpu[i] / raw_gb[i],
-                              raw_faults[i] / raw_gb[i] / 1e3, raw_switches[i] / raw_rounds[i]);
           if (ps_want[i]) {
             const double ours = Median(ps_rates[i]);
             // With a 16-bit wire the figure is still of the float32 tensor moved (what a
@@ -872,11 +878,14 @@ Status RunDataPath(const Settings& st, Report& report) {
                 st.wire_dtype == DType::kFloat32
                     ? ""
                     : fmt::format(" ({} wire)", DTypeName(st.wire_dtype));
+            std::optional<double> ratio;
+            if (ceiling) ratio = ours / *ceiling;
             report.Add({std::string("parasync ") + PatternName(p) + wire, bytes, shards, workers,
-                        ours, std::nullopt, "GB/s", ceiling, ours / ceiling});
-            line += fmt::format(" parasync {:.2f} ({:.2f}; {:.2f} CPU s/GB, {:.0f} faults/MB, "
+                        ours, std::nullopt, "GB/s", ceiling, ratio});
+            line += fmt::format(" parasync {:.2f} ({}{:.2f} CPU s/GB, {:.0f} faults/MB, "
                                 "{:.1f} switches/round, server loop busy {:.0f}%);", ours,
-                                ours / ceiling, ps_all_cpu[i] / ps_gb[i],
+                                ratio ? fmt::format("{:.2f}; ", *ratio) : std::string(),
+                                ps_all_cpu[i] / ps_gb[i],
                                 ps_faults[i] / ps_gb[i] / 1e3, ps_switches[i] / ps_rounds[i],
                                 100 * ps_cpu[i] / ps_wall[i] / shards);
           } else {
@@ -1225,6 +1234,9 @@ int main(int argc, char** argv) {
       "  tools/bench --only pull,small --seconds 1\n"
       "  tools/bench --only zmq,push --sizes 4096,16777216\n"
       "  tools/bench --quick --json       one JSON object per row\n"
+      "  perf record -g tools/bench --only pushpull --no-ceiling --sizes 1048576 --shards 2 "
+      "--workers 4\n"
+      "                                   parasync's side of one row alone, for a profile\n"
       "Exit status: 0 with figures printed, 1 when anything failed (no figures printed), 2 for "
       "bad flags.");
   Settings st;
@@ -1250,6 +1262,21 @@ int main(int argc, char** argv) {
                  "receive (float32, bfloat16, float16); their GB/s stay of the float32 tensor, "
                  "the raw ceiling moves that tensor's bytes")
       ->capture_default_str();
+  app.add_option("--shards", st.shard_counts,
+                 "Comma-separated server counts for the push, pull and push+pull rows")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  app.add_option("--workers", st.worker_counts,
+                 "Comma-separated client counts (threads, each with its own context) for the "
+                 "push, pull and push+pull rows")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  app.add_flag("--no-ceiling", st.no_ceiling,
+               "Run parasync's push, pull and push+pull rows without the raw ZeroMQ pair beside "
+               "them (no ceiling, no ratio): to profile parasync alone, e.g. under perf; "
+               "--only zmq runs the raw pair alone");
   app.add_option("--repeats", st.repeats, "Repeats per figure; the median is reported")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
