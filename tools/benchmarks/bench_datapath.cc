@@ -732,6 +732,18 @@ Status RunMemcpy(const Settings& st, MemcpyTable& memcpy_table, Report& report) 
   return Status::Ok();
 }
 
+// What the timed repeats of one side (raw pair or parasync) of one data-path row added up to,
+// process-wide: every thread's CPU time, page faults and context switches.
+struct Tally {
+  std::vector<double> rates;  // GB/s of each repeat
+  double rounds = 0, gb = 0, seconds = 0, cpu = 0, faults = 0, switches = 0;
+  // "0.60 CPU s/GB, 0 faults/MB, 15.2 switches/round"
+  std::string Costs() const {
+    return fmt::format("{:.2f} CPU s/GB, {:.0f} faults/MB, {:.1f} switches/round", cpu / gb,
+                       faults / gb / 1e3, switches / rounds);
+  }
+};
+
 // Raw ZeroMQ and parasync, for every size, shard count and worker count; per configuration
 // both are set up side by side and their repeats interleaved, so that noise hits both alike.
 Status RunDataPath(const Settings& st, Report& report) {
@@ -812,44 +824,34 @@ Status RunDataPath(const Settings& st, Report& report) {
             if (!r.ok()) return r.status().WithContext("parasync " + config);
           }
         }
-        std::vector<double> raw_rates[3], ps_rates[3];
-        double ps_cpu[3] = {0, 0, 0}, ps_wall[3] = {0, 0, 0};  // the servers' loops
-        double raw_all_cpu[3] = {0, 0, 0}, ps_all_cpu[3] = {0, 0, 0};  // every thread
-        double raw_gb[3] = {0, 0, 0}, ps_gb[3] = {0, 0, 0};
-        double raw_faults[3] = {0, 0, 0}, ps_faults[3] = {0, 0, 0};
-        double raw_switches[3] = {0, 0, 0}, ps_switches[3] = {0, 0, 0};
-        double raw_rounds[3] = {0, 0, 0}, ps_rounds[3] = {0, 0, 0};
+        Tally raw[3], ours[3];
+        double loop_cpu[3] = {0, 0, 0};  // the servers' loops, during the parasync repeats
+        // One timed repeat of `round` on every worker, added to `t`.
+        auto measure = [&](Tally& t, Pattern p, auto round, const char* side) -> Status {
+          const double cpu0 = ProcessCpuSeconds(), faults0 = ProcessPageFaults();
+          const double switches0 = ProcessContextSwitches();
+          auto r = RunParallel(workers, st.seconds, kMaxRounds, round);
+          t.cpu += ProcessCpuSeconds() - cpu0;
+          t.faults += ProcessPageFaults() - faults0;
+          t.switches += ProcessContextSwitches() - switches0;
+          if (!r.ok()) {
+            return r.status().WithContext(fmt::format("{} {} {}", side, PatternName(p), config));
+          }
+          const double gb = static_cast<double>(r->rounds * RoundBytes(p, bytes)) / 1e9;
+          t.rounds += static_cast<double>(r->rounds);
+          t.gb += gb;
+          t.seconds += r->seconds;
+          t.rates.push_back(gb / r->seconds);
+          return Status::Ok();
+        };
         for (int rep = 0; rep < st.repeats; ++rep) {
           for (Pattern p : kPatterns) {
             const auto i = static_cast<size_t>(p);
-            const double round_bytes = static_cast<double>(RoundBytes(p, bytes));
-            if (raw_want[i]) {
-              const double all0 = ProcessCpuSeconds(), faults0 = ProcessPageFaults();
-              const double switches0 = ProcessContextSwitches();
-              auto r = RunParallel(workers, st.seconds, kMaxRounds, raw_round(p));
-              raw_all_cpu[i] += ProcessCpuSeconds() - all0;
-              raw_faults[i] += ProcessPageFaults() - faults0;
-              raw_switches[i] += ProcessContextSwitches() - switches0;
-              if (!r.ok()) return r.status().WithContext(fmt::format("zmq {} {}", PatternName(p), config));
-              raw_rounds[i] += static_cast<double>(r->rounds);
-              raw_rates[i].push_back(static_cast<double>(r->rounds) * round_bytes / r->seconds / 1e9);
-              raw_gb[i] += static_cast<double>(r->rounds) * round_bytes / 1e9;
-            }
+            if (raw_want[i]) PARASYNC_RETURN_IF_ERROR(measure(raw[i], p, raw_round(p), "zmq"));
             if (ps_want[i]) {
-              const double cpu0 = cluster->CpuSeconds(), all0 = ProcessCpuSeconds();
-              const double faults0 = ProcessPageFaults(), switches0 = ProcessContextSwitches();
-              auto r = RunParallel(workers, st.seconds, kMaxRounds, ps_round(p));
-              ps_cpu[i] += cluster->CpuSeconds() - cpu0;
-              ps_all_cpu[i] += ProcessCpuSeconds() - all0;
-              ps_faults[i] += ProcessPageFaults() - faults0;
-              ps_switches[i] += ProcessContextSwitches() - switches0;
-              if (!r.ok()) {
-                return r.status().WithContext(fmt::format("parasync {} {}", PatternName(p), config));
-              }
-              ps_rounds[i] += static_cast<double>(r->rounds);
-              ps_rates[i].push_back(static_cast<double>(r->rounds) * round_bytes / r->seconds / 1e9);
-              ps_wall[i] += r->seconds;
-              ps_gb[i] += static_cast<double>(r->rounds) * round_bytes / 1e9;
+              const double cpu0 = cluster->CpuSeconds();
+              PARASYNC_RETURN_IF_ERROR(measure(ours[i], p, ps_round(p), "parasync"));
+              loop_cpu[i] += cluster->CpuSeconds() - cpu0;
             }
           }
         }
@@ -860,18 +862,15 @@ Status RunDataPath(const Settings& st, Report& report) {
           line += fmt::format(" {}", PatternName(p));
           std::optional<double> ceiling;
           if (raw_want[i]) {
-            ceiling = Median(raw_rates[i]);
+            ceiling = Median(raw[i].rates);
             if (st.Want("zmq")) {
               report.Add({std::string("zmq ") + PatternName(p), bytes, shards, workers, *ceiling,
                           std::nullopt, "GB/s", std::nullopt, std::nullopt});
             }
-            line += fmt::format(" zmq {:.2f} ({:.2f} CPU s/GB, {:.0f} faults/MB, {:.1f} "
-                                "switches/round)",
-                                *ceiling, raw_all_cpu[i] / raw_gb[i],
-                                raw_faults[i] / raw_gb[i] / 1e3, raw_switches[i] / raw_rounds[i]);
+            line += fmt::format(" zmq {:.2f} ({})", *ceiling, raw[i].Costs());
           }
           if (ps_want[i]) {
-            const double ours = Median(ps_rates[i]);
+            const double median = Median(ours[i].rates);
             // With a 16-bit wire the figure is still of the float32 tensor moved (what a
             // training step gets done), against the raw pair moving that tensor's bytes.
             const std::string wire =
@@ -879,15 +878,13 @@ Status RunDataPath(const Settings& st, Report& report) {
                     ? ""
                     : fmt::format(" ({} wire)", DTypeName(st.wire_dtype));
             std::optional<double> ratio;
-            if (ceiling) ratio = ours / *ceiling;
+            if (ceiling) ratio = median / *ceiling;
             report.Add({std::string("parasync ") + PatternName(p) + wire, bytes, shards, workers,
-                        ours, std::nullopt, "GB/s", ceiling, ratio});
-            line += fmt::format(" parasync {:.2f} ({}{:.2f} CPU s/GB, {:.0f} faults/MB, "
-                                "{:.1f} switches/round, server loop busy {:.0f}%);", ours,
+                        median, std::nullopt, "GB/s", ceiling, ratio});
+            line += fmt::format(" parasync {:.2f} ({}{}, server loop busy {:.0f}%);", median,
                                 ratio ? fmt::format("{:.2f}; ", *ratio) : std::string(),
-                                ps_all_cpu[i] / ps_gb[i],
-                                ps_faults[i] / ps_gb[i] / 1e3, ps_switches[i] / ps_rounds[i],
-                                100 * ps_cpu[i] / ps_wall[i] / shards);
+                                ours[i].Costs(),
+                                100 * loop_cpu[i] / ours[i].seconds / shards);
           } else {
             line += ";";
           }
