@@ -43,6 +43,9 @@ struct ModelRegistration {
   int64_t max_slice_elements = kDefaultMaxSliceElements;
   int32_t num_shards = 1;
   std::string mode = "async";  // must equal the servers' --mode
+  // The model description (JSON) the variables came from, for exports; opaque to the
+  // servers and not compared between registrations (DescribeRegistrationMismatch).
+  std::string model;
   bool operator==(const ModelRegistration&) const = default;
 };
 
@@ -50,7 +53,8 @@ struct ModelRegistration {
 Status ValidateRegistration(const ModelRegistration& reg);
 
 // A one-line human description of the first difference between two registrations, for the
-// error a mismatching re-registration gets; empty when equal.
+// error a mismatching re-registration gets; empty when they match (the model description
+// aside: a server keeps the first one it was given).
 std::string DescribeRegistrationMismatch(const ModelRegistration& have,
                                          const ModelRegistration& got);
 

@@ -39,7 +39,8 @@ flatbuffers::Offset<fb::RegisterRequest> EncodeRegistration(flatbuffers::FlatBuf
   auto opt = fb::CreateOptimizerSpec(b, static_cast<fb::OptimizerKind>(o.kind), o.learning_rate,
                                      o.momentum, o.beta1, o.beta2, o.epsilon, o.staleness_aware);
   return fb::CreateRegisterRequest(b, b.CreateVector(vars), opt, r.seed, r.max_slice_elements,
-                                   r.num_shards, b.CreateString(r.mode));
+                                   r.num_shards, b.CreateString(r.mode),
+                                   r.model.empty() ? 0 : b.CreateString(r.model));
 }
 
 }  // namespace
@@ -151,6 +152,7 @@ Result<ModelRegistration> DecodeRegistration(const fb::RegisterRequest* r) {
   reg.max_slice_elements = r->max_slice_elements();
   reg.num_shards = r->num_shards();
   if (r->mode()) reg.mode = r->mode()->str();
+  if (r->model()) reg.model = r->model()->str();
   return reg;
 }
 

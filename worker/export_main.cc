@@ -83,11 +83,16 @@ int main(int argc, char** argv) {
   if (Status s = (*client)->Pull(ptrs); !s.ok()) return Fail("pull failed: " + s.ToString());
   nlohmann::json versions = nlohmann::json::array();
   for (const ShardStats& s : *stats) versions.push_back(s.version);
-  model.metadata_json = nlohmann::json{{"mode", reg.mode},
-                                       {"shard_versions", versions},
-                                       {"examples", (*stats)[0].examples},
-                                       {"exported_from", spec->ps}}
-                            .dump();
+  nlohmann::json metadata = {{"mode", reg.mode},
+                             {"shard_versions", versions},
+                             {"examples", (*stats)[0].examples},
+                             {"exported_from", spec->ps}};
+  // The workers' model description, so parasync-worker --eval-only needs nothing else.
+  if (!reg.model.empty()) {
+    nlohmann::json described = nlohmann::json::parse(reg.model, nullptr, false);
+    if (described.is_object()) metadata["model"] = std::move(described);
+  }
+  model.metadata_json = metadata.dump();
   if (Status s = WriteModelFile(out, model); !s.ok()) return Fail(s.message());
   int64_t elements = 0;
   for (const VariableSpec& v : reg.variables) elements += v.num_elements();

@@ -1,6 +1,5 @@
 // parasync-worker: trains on its shard of the data against the parameter servers. See --help.
-#include <cblas.h>
-
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/cluster_spec.h"
@@ -24,7 +24,7 @@
 #include "common/mode.h"
 #include "worker/data/dataset.h"
 #include "worker/heartbeater.h"
-#include "worker/model/mlp.h"
+#include "worker/model/model.h"
 #include "worker/ps_client.h"
 #include "worker/trainer.h"
 #include "worker/worker_metrics.h"
@@ -41,109 +41,104 @@ std::string WidthsText(const std::vector<int64_t>& widths) {
   return text;
 }
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return "[" + WidthsText(shape) + "]";
-}
-
-// Returns the MLP whose variables a model file holds: the widths come from the kernels
-// "dense<l>/kernel" {in, out}, which must chain (out of layer l = in of layer l+1), and the
-// variables must then be exactly MlpVariables(widths) by name, shape and dtype (in any order).
-// InvalidArgument naming the first thing that does not fit.
-parasync::Result<parasync::MlpSpec> MlpFromModelFile(const parasync::ModelFile& file) {
+// The model description a model file holds: its metadata's "model" (parasync-export writes
+// it), or, for files written before descriptions were kept, the MLP its "dense<l>/kernel"
+// variables chain into. InvalidArgument naming what does not fit.
+parasync::Result<parasync::ModelSpec> ModelSpecFromFile(const parasync::ModelFile& file,
+                                                        const std::string& path) {
   using namespace parasync;
+  nlohmann::json meta = nlohmann::json::parse(file.metadata_json, nullptr, false);
+  if (meta.is_object() && meta.contains("model") && meta["model"].is_object()) {
+    return ParseModelSpecJson(meta["model"].dump(), path + " (its model description)");
+  }
   std::map<std::string, const VariableSpec*> by_name;
   for (const VariableSpec& v : file.variables) by_name[v.name] = &v;
   std::vector<int64_t> widths;
   for (int layer = 0;; ++layer) {
-    const std::string name = "dense" + std::to_string(layer) + "/kernel";
-    const auto it = by_name.find(name);
-    if (it == by_name.end()) break;
-    const std::vector<int64_t>& shape = it->second->shape;
-    if (shape.size() != 2) {
-      return Status::InvalidArgument(name + " has shape " + ShapeText(shape) +
-                                     ", not [inputs-outputs]");
-    }
-    if (layer == 0) {
-      widths.push_back(shape[0]);
-    } else if (shape[0] != widths.back()) {
-      return Status::InvalidArgument(name + " has " + std::to_string(shape[0]) +
-                                     " inputs but layer " + std::to_string(layer - 1) + " has " +
-                                     std::to_string(widths.back()) + " outputs");
-    }
-    widths.push_back(shape[1]);
+    const auto it = by_name.find("dense" + std::to_string(layer) + "/kernel");
+    if (it == by_name.end() || it->second->shape.size() != 2) break;
+    if (layer == 0) widths.push_back(it->second->shape[0]);
+    widths.push_back(it->second->shape[1]);
   }
-  if (widths.empty()) return Status::InvalidArgument("no dense0/kernel: not an MLP model");
-  PARASYNC_ASSIGN_OR_RETURN(MlpSpec spec, ParseMlpWidths(WidthsText(widths)));
-  const std::string what = "an MLP " + WidthsText(spec.widths);
-  const std::vector<VariableSpec> expected = MlpVariables(spec);
-  for (const VariableSpec& e : expected) {
-    const auto it = by_name.find(e.name);
-    if (it == by_name.end()) {
-      return Status::InvalidArgument("no " + e.name + ", which " + what + " needs");
-    }
-    if (it->second->shape != e.shape) {
-      return Status::InvalidArgument(e.name + " has shape " + ShapeText(it->second->shape) +
-                                     ", " + what + " needs " + ShapeText(e.shape));
-    }
-    if (it->second->dtype != e.dtype) {
-      return Status::InvalidArgument(e.name + " is not float32");
-    }
+  if (widths.size() < 2) {
+    return Status::InvalidArgument(path + " has no model description and no dense0/kernel "
+                                   "(it was not written by parasync-export)");
   }
-  if (file.variables.size() != expected.size()) {
-    for (const VariableSpec& v : file.variables) {
-      bool known = false;
-      for (const VariableSpec& e : expected) known = known || e.name == v.name;
-      if (!known) return Status::InvalidArgument("variable " + v.name + " is not part of " + what);
-    }
-    return Status::InvalidArgument(std::to_string(file.variables.size()) + " variables, " +
-                                   what + " has " + std::to_string(expected.size()));
-  }
-  return spec;
+  return ResolveModelSpec(WidthsText(widths));
 }
 
-// --eval-only: evaluates the model in `model_path` (docs/model-format.md) on the t10k split
+// Whether the file's variables are exactly the model's, by name, shape and dtype (in any
+// order); InvalidArgument naming the first that is not. On success params[i] points at the
+// file's values of model variable i.
+parasync::Status MatchVariables(const parasync::Model& model, const parasync::ModelFile& file,
+                                std::vector<const float*>* params) {
+  using namespace parasync;
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < file.variables.size(); ++i) index[file.variables[i].name] = i;
+  for (const VariableSpec& v : model.variables()) {
+    const auto it = index.find(v.name);
+    if (it == index.end()) return Status::InvalidArgument("no " + v.name + ", which the model needs");
+    const VariableSpec& have = file.variables[it->second];
+    if (have.shape != v.shape) {
+      return Status::InvalidArgument(v.name + " has shape " + ShapeString(have.shape) +
+                                     ", the model needs " + ShapeString(v.shape));
+    }
+    if (have.dtype != v.dtype) return Status::InvalidArgument(v.name + " is not float32");
+    params->push_back(file.values[it->second].data());
+  }
+  for (const VariableSpec& v : file.variables) {
+    const auto& want = model.variables();
+    if (std::none_of(want.begin(), want.end(), [&](const VariableSpec& w) { return w.name == v.name; })) {
+      return Status::InvalidArgument("variable " + v.name + " is not part of the model");
+    }
+  }
+  return Status::Ok();
+}
+
+// --eval-only: evaluates the model in `model_path` (docs/model-format.md) on the test split
 // of `data_dir` with the CPU backend, as the chief's evaluation does, and prints one line for
-// people and one JSON line with the exact values. No cluster is involved. `explicit_widths`
-// is --model when the user gave it: it must match the file. Returns the exit status: 0, 2
-// for a missing, corrupt or mismatched model file or missing data, 1 if evaluation fails.
+// people and one JSON line with the exact values. No cluster is involved. `explicit_model`
+// is --model when the user gave it: it must describe the same variables as the file.
+// Returns the exit status: 0, 2 for a missing, corrupt or mismatched model file or missing
+// data, 1 if evaluation fails.
 int RunEvalOnly(const std::string& model_path, const std::string& data_dir,
-                const std::optional<std::string>& explicit_widths, int compute_threads) {
+                const std::optional<std::string>& explicit_model, int compute_threads) {
   using namespace parasync;
   if (model_path.empty()) return Fail("--eval-only needs --model-file FILE", kExitBadUsage);
   auto file = ReadModelFile(model_path);
   if (!file.ok()) return Fail(file.status().message(), kExitBadUsage);
-  auto mlp = MlpFromModelFile(*file);
-  if (!mlp.ok()) {
-    return Fail(model_path + " does not hold an MLP parasync can evaluate: " +
-                    mlp.status().message(),
+  auto spec = ModelSpecFromFile(*file, model_path);
+  if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
+  auto test = LoadDataset(data_dir, "test");
+  if (!test.ok()) return Fail(test.status().message(), kExitBadUsage);
+  if (test->n == 0) return Fail("the test data in " + data_dir + " has no examples", kExitBadUsage);
+  auto model = Model::Build(*spec, test->shape);
+  if (!model.ok()) {
+    return Fail("the model in " + model_path + " does not fit the test data: " +
+                    model.status().message(),
                 kExitBadUsage);
   }
-  if (explicit_widths) {
-    auto wanted = ParseMlpWidths(*explicit_widths);
+  std::vector<const float*> params;
+  if (Status s = MatchVariables(*model, *file, &params); !s.ok()) {
+    return Fail(model_path + " does not hold the model it describes: " + s.message(), kExitBadUsage);
+  }
+  if (explicit_model) {
+    auto wanted = ResolveModelSpec(*explicit_model);
     if (!wanted.ok()) return Fail(wanted.status().message(), kExitBadUsage);
-    if (wanted->widths != mlp->widths) {
-      return Fail("--model " + WidthsText(wanted->widths) + " does not match " + model_path +
-                      ", which holds an MLP " + WidthsText(mlp->widths),
+    auto built = Model::Build(*wanted, test->shape);
+    if (!built.ok()) return Fail(built.status().message(), kExitBadUsage);
+    if (built->variables() != model->variables() || built->ops().size() != model->ops().size()) {
+      return Fail("--model " + *explicit_model + " does not match " + model_path +
+                      ", which holds model '" + spec->name + "'",
                   kExitBadUsage);
     }
   }
-  auto test = LoadIdxDataset(data_dir, "t10k");
-  if (!test.ok()) return Fail(test.status().message(), kExitBadUsage);
-  if (test->dim != mlp->widths.front() || test->n == 0) {
-    return Fail("the test data has " + std::to_string(test->n) + " examples of " +
-                    std::to_string(test->dim) + " features; the model in " + model_path +
-                    " expects " + std::to_string(mlp->widths.front()) + " features",
-                kExitBadUsage);
+  if (Status s = model->CheckLabelsFit(MaxLabel(*test)); !s.ok()) {
+    return Fail("the test data does not fit the model: " + s.message(), kExitBadUsage);
   }
-  openblas_set_num_threads(compute_threads);
-  auto backend = CreateCpuBackend(*mlp);
+  SetCpuComputeThreads(compute_threads);
+  auto backend = CreateCpuBackend(*model);
   if (!backend.ok()) return Fail(backend.status().message());
-  std::vector<const float*> params;
-  for (const VariableSpec& v : MlpVariables(*mlp)) {
-    for (size_t i = 0; i < file->variables.size(); ++i) {
-      if (file->variables[i].name == v.name) params.push_back(file->values[i].data());
-    }
-  }
   auto result = (*backend)->Evaluate(params, test->x.data(), test->y.data(), test->n);
   if (!result.ok()) return Fail("evaluation failed: " + result.status().ToString());
   const double accuracy = result->accuracy();  // as the chief computes it (trainer.cc)
@@ -190,7 +185,7 @@ int main(int argc, char** argv) {
   int batch_size = 64;
   int64_t max_steps = 0;
   double max_seconds = 0;
-  std::string model = "784-256-128-10";
+  std::string model = "mlp";
   std::string optimizer = "adam";
   float lr = 0.001f;
   float momentum = 0.9f;
@@ -224,7 +219,9 @@ int main(int argc, char** argv) {
   app.add_option("--mode", mode,
                  "async, sync or ssp:K; must equal the parameter servers' --mode");
   app.add_option("--data", data_dir,
-                 "Directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (IDX format)");
+                 "Directory with the data: IDX files {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] "
+                 "(images [n, H, W] or [n, H, W, C]) or NumPy files {train,test}_{x,y}.npy "
+                 "(docs/data.md)");
   app.add_option("--epochs", epochs, "Passes over this worker's shard")->check(CLI::Range(1, 100000));
   app.add_option("--batch-size", batch_size, "Examples per step")->check(CLI::Range(1, 1 << 20));
   app.add_option("--max-seconds", max_seconds,
@@ -233,7 +230,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e9));
   app.add_option("--max-steps", max_steps, "Stop after this many steps (0: no limit)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--model", model, "MLP widths, input-hidden...-classes");
+  app.add_option("--model", model,
+                 "The model: a built-in (mlp: 784-256-128-10; cnn: Conv2D 32 3x3 ReLU, Dense 128, "
+                 "Dense 10; lenet5), MLP widths input-hidden...-classes, or a JSON model file "
+                 "(docs/models.md)");
   app.add_option("--optimizer", optimizer, "Server-side optimizer: sgd, momentum or adam");
   app.add_option("--lr", lr, "Learning rate");
   app.add_option("--momentum", momentum, "Momentum coefficient (--optimizer momentum)");
@@ -337,14 +337,15 @@ int main(int argc, char** argv) {
   }
 
   if (eval_only) {
-    std::optional<std::string> widths;
-    if (app.count("--model") > 0) widths = model;
-    // `--eval-only --model FILE` works too: a --model that is no list of widths is the file.
-    if (model_file.empty() && widths && !ParseMlpWidths(*widths).ok()) {
-      model_file = *widths;
-      widths.reset();
+    std::optional<std::string> described;
+    if (app.count("--model") > 0) described = model;
+    // `--eval-only --model FILE.psm` works too: a --model that describes no model is the
+    // model file.
+    if (model_file.empty() && described && !ResolveModelSpec(*described).ok()) {
+      model_file = *described;
+      described.reset();
     }
-    return RunEvalOnly(model_file, data_dir, widths, compute_threads);
+    return RunEvalOnly(model_file, data_dir, described, compute_threads);
   }
   if (!model_file.empty()) return Fail("--model-file is only used with --eval-only", kExitBadUsage);
   // Everything the user can get wrong is checked before anything starts.
@@ -364,8 +365,8 @@ int main(int argc, char** argv) {
   if (lr_scaling != "none" && lr_scaling != "linear") {
     return Fail("--lr-scaling must be linear or none, not '" + lr_scaling + "'", kExitBadUsage);
   }
-  auto mlp = ParseMlpWidths(model);
-  if (!mlp.ok()) return Fail(mlp.status().message(), kExitBadUsage);
+  auto model_spec = ResolveModelSpec(model);
+  if (!model_spec.ok()) return Fail(model_spec.status().message(), kExitBadUsage);
   auto opt_kind = ParseOptimizerKind(optimizer);
   if (!opt_kind.ok()) return Fail(opt_kind.status().message(), kExitBadUsage);
   OptimizerSpec opt;
@@ -393,18 +394,9 @@ int main(int argc, char** argv) {
   if (check) {
     std::vector<std::string> problems;
     const std::string who = "worker" + std::to_string(rank);
-    std::string missing;
-    for (const char* split : {"train", "t10k"}) {
-      for (const char* part : {"images-idx3", "labels-idx1"}) {
-        const std::string file = std::string(split) + "-" + part + "-ubyte";
-        const std::string base = data_dir + "/" + file;
-        std::error_code ec;
-        if (!std::filesystem::exists(base, ec) && !std::filesystem::exists(base + ".gz", ec)) {
-          missing += (missing.empty() ? "" : ", ") + file + "[.gz]";
-        }
-      }
+    if (Status s = CheckDataFilesExist(data_dir); !s.ok()) {
+      problems.push_back(who + ": " + s.message());
     }
-    if (!missing.empty()) problems.push_back(who + ": --data " + data_dir + " lacks " + missing);
     if (metrics_port != 0) {
       if (std::string p = BindProblem(metrics_bind, metrics_port); !p.empty()) {
         problems.push_back(who + " metrics: " + p);
@@ -422,7 +414,7 @@ int main(int argc, char** argv) {
   }
   InstallShutdownSignalHandlers();
   KeepFreedMessageBuffers();
-  auto train = LoadIdxDataset(data_dir, "train");
+  auto train = LoadDataset(data_dir, "train");
   if (!train.ok()) return Fail(train.status().message(), kExitBadUsage);
   if (train_examples > 0 && train_examples < train->n) {
     train->n = train_examples;
@@ -431,9 +423,21 @@ int main(int argc, char** argv) {
   }
   Dataset test;
   if (rank == 0) {
-    auto t = LoadIdxDataset(data_dir, "t10k");
+    auto t = LoadDataset(data_dir, "test");
     if (!t.ok()) return Fail(t.status().message(), kExitBadUsage);
     test = std::move(t).value();
+    if (test.shape != train->shape) {
+      return Fail("the test examples have shape " + ShapeString(test.shape) +
+                      " but the training examples " + ShapeString(train->shape),
+                  kExitBadUsage);
+    }
+  }
+  // The model meets its data: shapes layer by layer, then the labels against its outputs.
+  auto built = Model::Build(*model_spec, train->shape);
+  if (!built.ok()) return Fail(built.status().message(), kExitBadUsage);
+  const Model& net = *built;
+  if (Status s = net.CheckLabelsFit(std::max(MaxLabel(*train), MaxLabel(test))); !s.ok()) {
+    return Fail("model '" + net.spec().name + "': " + s.message(), kExitBadUsage);
   }
 
   WorkerMetrics metrics(rank);
@@ -443,10 +447,11 @@ int main(int argc, char** argv) {
   const int bound_metrics_port = (*metrics_server)->port();
   MetricsServer::KeepUntilExit(std::move(metrics_server).value());
 
-  openblas_set_num_threads(compute_threads);
+  SetCpuComputeThreads(compute_threads);
   std::string why;
-  auto backend = CreateBackend(*dev, *mlp, local_rank, &why);
+  auto backend = CreateBackend(*dev, net, local_rank, &why);
   if (!backend.ok()) return Fail(backend.status().message(), kExitBadUsage);
+  if (rank == 0) spdlog::info("{}", net.Summary());
   spdlog::info("rank {}/{}: compute on {} ({}); {} training examples in this shard; metrics on "
                "http://{}:{}/metrics",
                rank, spec->workers.size(), (*backend)->name(), why,
@@ -488,7 +493,13 @@ int main(int argc, char** argv) {
   if (!client.ok()) return Fail(client.status().message());
 
   ModelRegistration reg;
-  reg.variables = MlpVariables(*mlp);
+  reg.variables = net.variables();
+  {
+    // The description travels with the registration, so parasync-export can record it.
+    ModelSpec described = net.spec();
+    described.input = net.input_shape();
+    reg.model = ModelSpecToJson(described);
+  }
   reg.optimizer = opt;
   reg.seed = seed;
   reg.max_slice_elements = max_slice_elements;
@@ -518,7 +529,7 @@ int main(int argc, char** argv) {
   options.max_seconds = max_seconds;
   options.seed = seed;
   options.log_dir = log_dir;
-  options.model = *mlp;
+  options.model = net;
   options.optimizer = opt;
   auto summary = RunTraining(options, *train, test, **client, **backend, metrics,
                              [] { return ShutdownRequested(); });

@@ -17,6 +17,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// SplitMix64's finaliser.
+uint64_t MixSeed(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -65,11 +73,11 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
                                     const Dataset& test, PsClient& client,
                                     ComputeBackend& backend, WorkerMetrics& metrics,
                                     const std::function<bool()>& should_stop) {
-  const std::vector<VariableSpec> vars = MlpVariables(o.model);
-  if (train.dim != o.model.widths.front()) {
+  const std::vector<VariableSpec>& vars = o.model.variables();
+  if (train.dim != o.model.input_size()) {
     return Status::InvalidArgument("the data has " + std::to_string(train.dim) +
                                    " features per example but the model expects " +
-                                   std::to_string(o.model.widths.front()));
+                                   std::to_string(o.model.input_size()));
   }
   const bool chief = o.rank == 0;
   std::vector<int64_t> shard = ShardIndices(train.n, o.rank, o.num_workers);
@@ -196,8 +204,11 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
         have_params = true;
       }
       const auto t1 = Clock::now();
-      auto loss = backend.ForwardBackward(params.cptrs, bx, by,
-                                          static_cast<int>(count), grads.ptrs);
+      // Dropout masks differ by run, rank and step, and repeat when all three do.
+      const uint64_t step_seed = MixSeed(MixSeed(o.seed ^ (uint64_t{static_cast<uint32_t>(o.rank)} << 32)) ^
+                                         static_cast<uint64_t>(summary.steps));
+      auto loss = backend.ForwardBackward(params.cptrs, bx, by, static_cast<int>(count),
+                                          step_seed, grads.ptrs);
       if (!loss.ok()) return loss.status();
       if (!std::isfinite(*loss)) {
         // Pushing it would be refused by the servers (or worse, half-applied across shards).

@@ -15,7 +15,7 @@
 #include "common/status.h"
 #include "worker/compute/backend.h"
 #include "worker/data/dataset.h"
-#include "worker/model/mlp.h"
+#include "worker/model/model.h"
 #include "worker/ps_client.h"
 #include "worker/worker_metrics.h"
 
@@ -40,7 +40,7 @@ struct TrainerOptions {
   double max_seconds = 0;  // > 0: stop after this many seconds of training (a time budget)
   uint64_t seed = 42;
   std::string log_dir;    // chief writes eval.jsonl here
-  MlpSpec model;
+  Model model;
   OptimizerSpec optimizer;
 };
 

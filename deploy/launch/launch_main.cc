@@ -168,7 +168,8 @@ int main(int argc, char** argv) {
   AddOptional(training, "--lr", "X", options.lr, "Learning rate", NumberValidator(true));
   AddOptional(training, "--optimizer", "NAME", options.optimizer, "Optimizer name",
               CLI::Validator());
-  AddOptional(training, "--model", "W", options.model, "Model (layer widths)",
+  AddOptional(training, "--model", "M", options.model,
+              "Model: mlp, cnn, lenet5, MLP widths or a JSON model file (docs/models.md)",
               CLI::Validator());
   AddOptional(training, "--seed", "N", options.seed, "Random seed", IntegerValidator(false));
   AddOptional(training, "--max-steps", "N", options.max_steps,

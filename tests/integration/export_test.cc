@@ -18,7 +18,7 @@
 
 #include "common/model_file.h"
 #include "tests/integration/process_util.h"
-#include "worker/model/mlp.h"
+#include "tests/support/test_models.h"
 #include "worker/ps_client.h"
 
 namespace parasync {
@@ -55,7 +55,7 @@ int CountLines(const std::string& text) {
 // A model file holding an MLP of `widths` with small deterministic values.
 ModelFile MlpModelFile(const std::string& widths) {
   ModelFile model;
-  model.variables = MlpVariables(*ParseMlpWidths(widths));
+  model.variables = testing::MakeModel(widths, {1, 28, 28}).variables();
   for (const VariableSpec& v : model.variables) {
     std::vector<float> values(static_cast<size_t>(v.num_elements()));
     for (size_t i = 0; i < values.size(); ++i) {
@@ -166,7 +166,7 @@ TEST(ExportTest, EvalOnlyRefusesACorruptOrMismatchedModelFile) {
   run = RunEvalOnly(dir, {"--model-file", unchained, "--data", data});
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_EQ(CountLines(run.output), 1) << run.output;
-  EXPECT_NE(run.output.find("dense1/kernel has 16 inputs but layer 0 has 32 outputs"),
+  EXPECT_NE(run.output.find("dense1/kernel has shape [16, 10], the model needs [32, 10]"),
             std::string::npos)
       << run.output;
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/integration/process_util.h"
+#include "tests/support/test_models.h"
 #include "worker/compute/backend_factory.h"
 
 namespace parasync {
@@ -28,7 +29,7 @@ std::string NoGpuReason() {
   DeviceChoice cuda;
   cuda.kind = DeviceChoice::Kind::kCuda;
   std::string why;
-  auto backend = CreateBackend(cuda, MlpSpec{{4, 3}}, 0, &why);
+  auto backend = CreateBackend(cuda, testing::MakeModel("4-3", {4}), 0, &why);
   if (backend.ok()) return "";
   EXPECT_EQ(backend.status().code(), StatusCode::kUnavailable) << backend.status().ToString();
   EXPECT_EQ(std::getenv("PARASYNC_REQUIRE_GPU"), nullptr)

@@ -18,7 +18,7 @@
 #include "tests/integration/process_util.h"
 #include "worker/compute/backend.h"
 #include "worker/data/dataset.h"
-#include "worker/model/mlp.h"
+#include "tests/support/test_models.h"
 #include "worker/ps_client.h"
 
 namespace parasync {
@@ -122,7 +122,7 @@ class Cluster {
 ModelRegistration WorkerRegistration(const std::string& widths, float lr, int shards,
                                      const std::string& mode) {
   ModelRegistration reg;
-  reg.variables = MlpVariables(*ParseMlpWidths(widths));
+  reg.variables = testing::MakeModel(widths, {1, 28, 28}).variables();
   reg.optimizer.kind = OptimizerKind::kSgd;
   reg.optimizer.learning_rate = lr;
   reg.seed = 42;
@@ -173,7 +173,7 @@ TEST(SyncModeTest, FourWorkersEqualOneProcessDoingSgdWithFourTimesTheBatch) {
   // together the contiguous block [64t, 64t+64).
   auto data = LoadIdxDataset(testing::DataDir(), "train");
   ASSERT_TRUE(data.ok());
-  auto backend = CreateCpuBackend(*ParseMlpWidths(widths));
+  auto backend = CreateCpuBackend(testing::MakeModel(widths, {1, 28, 28}));
   ASSERT_TRUE(backend.ok());
   Params reference(reg.variables), grad(reg.variables);
   reference.data = start.data;
@@ -184,7 +184,7 @@ TEST(SyncModeTest, FourWorkersEqualOneProcessDoingSgdWithFourTimesTheBatch) {
     std::vector<int64_t> idx(static_cast<size_t>(big));
     for (int j = 0; j < big; ++j) idx[static_cast<size_t>(j)] = int64_t{big} * t + j;
     GatherBatch(*data, idx, x.data(), y.data());
-    ASSERT_TRUE((*backend)->ForwardBackward(reference.cptrs, x.data(), y.data(), big, grad.ptrs).ok());
+    ASSERT_TRUE((*backend)->ForwardBackward(reference.cptrs, x.data(), y.data(), big, 0, grad.ptrs).ok());
     for (size_t v = 0; v < reference.data.size(); ++v) {
       for (size_t i = 0; i < reference.data[v].size(); ++i) {
         reference.data[v][i] -= kLr * grad.data[v][i];

@@ -1,5 +1,6 @@
 // --device parsing, GPU choice by local rank, and what each device choice creates on this
 // machine (the GPU checks themselves are in cuda_backend_test.cc, labelled gpu).
+#include "tests/support/test_models.h"
 #include "worker/compute/backend_factory.h"
 
 #include <gtest/gtest.h>
@@ -92,14 +93,14 @@ bool HaveGpu() {
   DeviceChoice cuda;
   cuda.kind = Kind::kCuda;
   std::string why;
-  return CreateBackend(cuda, MlpSpec{{4, 3}}, 0, &why).ok();
+  return CreateBackend(cuda, testing::MakeModel("4-3", {4}), 0, &why).ok();
 }
 
 TEST(CreateBackendTest, CpuIsTheCpuBackend) {
   DeviceChoice cpu;
   cpu.kind = Kind::kCpu;
   std::string why;
-  auto backend = CreateBackend(cpu, MlpSpec{{4, 3}}, 0, &why);
+  auto backend = CreateBackend(cpu, testing::MakeModel("4-3", {4}), 0, &why);
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
   EXPECT_EQ((*backend)->name(), "cpu");
   EXPECT_EQ(why, "--device cpu");
@@ -107,7 +108,7 @@ TEST(CreateBackendTest, CpuIsTheCpuBackend) {
 
 TEST(CreateBackendTest, AutoSaysWhichDeviceItPickedAndWhy) {
   std::string why;
-  auto backend = CreateBackend(DeviceChoice{}, MlpSpec{{4, 3}}, 0, &why);
+  auto backend = CreateBackend(DeviceChoice{}, testing::MakeModel("4-3", {4}), 0, &why);
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
   if (HaveGpu()) {
     EXPECT_EQ((*backend)->name().rfind("cuda:0", 0), 0u) << (*backend)->name();
@@ -123,7 +124,7 @@ TEST(CreateBackendTest, CudaWithoutGpuIsUnavailableWithTheReason) {
   DeviceChoice cuda;
   cuda.kind = Kind::kCuda;
   std::string why;
-  auto backend = CreateBackend(cuda, MlpSpec{{4, 3}}, 0, &why);
+  auto backend = CreateBackend(cuda, testing::MakeModel("4-3", {4}), 0, &why);
   ASSERT_FALSE(backend.ok());
   EXPECT_EQ(backend.status().code(), StatusCode::kUnavailable) << backend.status().ToString();
   // Either the module is missing (a CPU-only build) or it found no GPU.
@@ -135,7 +136,7 @@ TEST(CreateBackendTest, CudaWithoutGpuIsUnavailableWithTheReason) {
 
 TEST(CreateBackendTest, HostBuffersAreZeroedAndUsable) {
   std::string why;
-  auto backend = CreateBackend(DeviceChoice{}, MlpSpec{{4, 3}}, 0, &why);
+  auto backend = CreateBackend(DeviceChoice{}, testing::MakeModel("4-3", {4}), 0, &why);
   ASSERT_TRUE(backend.ok());
   std::shared_ptr<void> buffer = (*backend)->AllocateHost(1000 * sizeof(float));
   ASSERT_NE(buffer, nullptr);

@@ -6,331 +6,376 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "tests/support/reference_model.h"
+#include "tests/support/test_models.h"
 #include "worker/compute/backend.h"
-#include "worker/model/mlp.h"
+#include "worker/model/model.h"
 
 namespace parasync {
 namespace {
 
-// Parameters (or gradients) of an MLP as owned host arrays, plus the pointer views the
+using ::parasync::testing::MakeModel;
+using ::parasync::testing::ReferenceLoss;
+
+// Parameters (or gradients) of a model as owned host arrays, plus the pointer views the
 // backend interface takes.
 struct Arrays {
-  explicit Arrays(const MlpSpec& spec) {
-    for (const VariableSpec& v : MlpVariables(spec)) {
+  explicit Arrays(const Model& model) {
+    for (const VariableSpec& v : model.variables()) {
       data.emplace_back(static_cast<size_t>(v.num_elements()), 0.0f);
     }
     for (std::vector<float>& d : data) ptrs.push_back(d.data());
-  }
-  std::span<const float* const> in() const {
     const_ptrs.assign(ptrs.begin(), ptrs.end());
-    return const_ptrs;
   }
+  std::span<const float* const> in() const { return const_ptrs; }
   std::span<float* const> out() { return ptrs; }
+  std::vector<std::vector<double>> AsDouble() const {
+    std::vector<std::vector<double>> d;
+    for (const std::vector<float>& v : data) d.emplace_back(v.begin(), v.end());
+    return d;
+  }
 
   std::vector<std::vector<float>> data;
   std::vector<float*> ptrs;
-  mutable std::vector<const float*> const_ptrs;
+  std::vector<const float*> const_ptrs;
 };
 
-std::unique_ptr<ComputeBackend> MakeBackend(const MlpSpec& spec) {
-  Result<std::unique_ptr<ComputeBackend>> backend = CreateCpuBackend(spec);
+std::unique_ptr<ComputeBackend> MakeBackend(const Model& model) {
+  Result<std::unique_ptr<ComputeBackend>> backend = CreateCpuBackend(model);
   EXPECT_TRUE(backend.ok()) << backend.status().ToString();
   return backend.ok() ? std::move(backend).value() : nullptr;
 }
 
-// Mean softmax cross-entropy of the MLP in double precision, written independently of the
-// backend. If min_abs_preact is given, stores the smallest |pre-activation| of any hidden
-// unit, i.e. how close the batch is to a ReLU kink.
-double ReferenceLoss(const MlpSpec& spec, const Arrays& params, const std::vector<float>& x,
-                     const std::vector<uint8_t>& y, int batch, double* min_abs_preact) {
-  double loss = 0.0;
-  double min_abs = INFINITY;
-  const int layers = spec.num_layers();
-  for (int i = 0; i < batch; ++i) {
-    std::vector<double> a(x.begin() + i * spec.widths[0], x.begin() + (i + 1) * spec.widths[0]);
-    for (int l = 0; l < layers; ++l) {
-      const int64_t in = spec.widths[l];
-      const int64_t out = spec.widths[l + 1];
-      const std::vector<float>& w = params.data[2 * l];
-      const std::vector<float>& b = params.data[2 * l + 1];
-      std::vector<double> z(static_cast<size_t>(out));
-      for (int64_t o = 0; o < out; ++o) {
-        double s = b[o];
-        for (int64_t k = 0; k < in; ++k) s += a[k] * w[k * out + o];
-        z[o] = s;
-      }
-      if (l + 1 < layers) {
-        for (double& v : z) {
-          min_abs = std::min(min_abs, std::fabs(v));
-          v = std::max(v, 0.0);
-        }
-      }
-      a = std::move(z);
-    }
-    const double m = *std::max_element(a.begin(), a.end());
-    double sum = 0.0;
-    for (double v : a) sum += std::exp(v - m);
-    loss += m + std::log(sum) - a[y[i]];
-  }
-  if (min_abs_preact != nullptr) *min_abs_preact = min_abs;
-  return loss / batch;
+float Uniform(std::mt19937_64& gen, float lo, float hi) {
+  return lo + (hi - lo) * static_cast<float>(gen() >> 40) * (1.0f / 16777216.0f);
 }
 
-void FillUniform(std::vector<float>* v, float lo, float hi, std::mt19937_64* gen) {
-  for (float& f : *v) {
-    f = lo + (hi - lo) * static_cast<float>((*gen)() >> 40) * (1.0f / 16777216.0f);
-  }
-}
-
-TEST(CpuBackendTest, GradientMatchesCentralFiniteDifferencesForEveryParameter) {
-  const MlpSpec spec{{7, 5, 4, 3}};
-  constexpr int kBatch = 6;
-  std::unique_ptr<ComputeBackend> backend = MakeBackend(spec);
-  ASSERT_NE(backend, nullptr);
-
-  // Pick the first seed whose batch stays clear of ReLU kinks, so a +-eps step never
-  // crosses one (a crossing would make the finite difference meaningless, not the backend
-  // wrong).
-  Arrays params(spec);
-  std::vector<float> x(kBatch * 7);
-  std::vector<uint8_t> y(kBatch);
-  double margin = 0.0;
-  uint64_t seed = 1;
-  for (; seed < 200; ++seed) {
+// A batch and parameters drawn from `seed`: parameters uniform in [-0.5, 0.5], inputs in
+// [-1, 1] (or integer ids below the embedding's vocabulary), labels the loss accepts.
+struct Problem {
+  Problem(const Model& model, int batch_size, uint64_t seed) : params(model), batch(batch_size) {
     std::mt19937_64 gen(seed);
-    for (std::vector<float>& p : params.data) FillUniform(&p, -1.0f, 1.0f, &gen);
-    FillUniform(&x, 0.0f, 1.0f, &gen);
-    for (int i = 0; i < kBatch; ++i) y[i] = static_cast<uint8_t>(gen() % 3);
-    ReferenceLoss(spec, params, x, y, kBatch, &margin);
-    if (margin > 0.15) break;
+    for (std::vector<float>& p : params.data) {
+      for (float& v : p) v = Uniform(gen, -0.5f, 0.5f);
+    }
+    const LayerOp& first = model.ops().front();
+    x.resize(static_cast<size_t>(batch * model.input_size()));
+    for (float& v : x) {
+      v = first.spec.kind == LayerKind::kEmbedding
+              ? static_cast<float>(gen() % static_cast<uint64_t>(first.spec.vocab))
+              : Uniform(gen, -1.0f, 1.0f);
+    }
+    const uint64_t classes =
+        model.loss() == LossKind::kSigmoidCrossEntropy ? 2 : static_cast<uint64_t>(model.outputs());
+    for (int i = 0; i < batch; ++i) y.push_back(static_cast<uint8_t>(gen() % classes));
   }
-  ASSERT_GT(margin, 0.15) << "no kink-free seed found";
+  Arrays params;
+  int batch;
+  std::vector<float> x;
+  std::vector<uint8_t> y;
+};
 
-  Arrays grads(spec);
-  Result<float> loss = backend->ForwardBackward(params.in(), x.data(), y.data(), kBatch,
-                                                grads.out());
-  ASSERT_TRUE(loss.ok()) << loss.status().ToString();
-  EXPECT_NEAR(*loss, ReferenceLoss(spec, params, x, y, kBatch, nullptr), 1e-5);
-
-  constexpr float kEps = 1e-2f;
-  Arrays scratch(spec);  // gradients of the perturbed runs, ignored
-  int checked = 0;
-  double max_abs_grad = 0.0;
-  for (size_t v = 0; v < params.data.size(); ++v) {
-    for (size_t k = 0; k < params.data[v].size(); ++k) {
-      float& p = params.data[v][k];
-      const float original = p;
-      const float up = original + kEps;
-      const float down = original - kEps;
-      p = up;
-      Result<float> loss_up =
-          backend->ForwardBackward(params.in(), x.data(), y.data(), kBatch, scratch.out());
-      p = down;
-      Result<float> loss_down =
-          backend->ForwardBackward(params.in(), x.data(), y.data(), kBatch, scratch.out());
-      p = original;
-      ASSERT_TRUE(loss_up.ok() && loss_down.ok());
-      const double numeric = (static_cast<double>(*loss_up) - *loss_down) / (up - down);
+// Compares `grads` with central finite differences of the double-precision reference loss
+// (step 1e-6), for every element of variables up to `max_per_variable` elements and an
+// evenly spread sample of larger ones. Returns one line per element that disagrees.
+std::vector<std::string> GradientMismatches(const Model& model, const Problem& p,
+                                            const Arrays& grads, uint64_t seed,
+                                            size_t max_per_variable, int* checked) {
+  std::vector<std::vector<double>> params = p.params.AsDouble();
+  const std::vector<double> x(p.x.begin(), p.x.end());
+  std::vector<std::string> bad;
+  constexpr double kStep = 1e-6;
+  for (size_t v = 0; v < params.size(); ++v) {
+    const size_t n = params[v].size();
+    const size_t stride = std::max<size_t>(1, n / max_per_variable);
+    for (size_t k = 0; k < n; k += stride) {
+      const double original = params[v][k];
+      params[v][k] = original + kStep;
+      const double up = ReferenceLoss(model, params, x, p.y, p.batch, true, seed);
+      params[v][k] = original - kStep;
+      const double down = ReferenceLoss(model, params, x, p.y, p.batch, true, seed);
+      params[v][k] = original;
+      const double numeric = (up - down) / (2 * kStep);
       const double analytic = grads.data[v][k];
-      EXPECT_NEAR(analytic, numeric, 5e-4 + 1e-2 * std::fabs(numeric))
-          << "variable " << v << " element " << k;
-      max_abs_grad = std::max(max_abs_grad, std::fabs(analytic));
-      ++checked;
+      if (std::fabs(analytic - numeric) > 2e-5 + 2e-3 * std::fabs(numeric)) {
+        bad.push_back(model.variables()[v].name + "[" + std::to_string(k) + "]: backend " +
+                      std::to_string(analytic) + ", finite differences " + std::to_string(numeric));
+      }
+      ++*checked;
     }
   }
-  EXPECT_EQ(checked, 7 * 5 + 5 + 5 * 4 + 4 + 4 * 3 + 3);
-  EXPECT_GT(max_abs_grad, 1e-2) << "gradients vanish; the check would be vacuous";
+  return bad;
 }
+
+// Runs the backend on a random problem and checks its loss against the reference and each
+// gradient against finite differences.
+void ExpectGradientsMatch(const std::string& description, const std::vector<int64_t>& input,
+                          int batch, size_t max_per_variable = 64) {
+  SCOPED_TRACE(description + " on " + ShapeString(input) + ", batch " + std::to_string(batch));
+  const Model model = MakeModel(description, input);
+  std::unique_ptr<ComputeBackend> backend = MakeBackend(model);
+  ASSERT_NE(backend, nullptr);
+  const Problem p(model, batch, /*seed=*/7);
+  constexpr uint64_t kDropoutSeed = 99;
+  Arrays grads(model);
+  Result<float> loss =
+      backend->ForwardBackward(p.params.in(), p.x.data(), p.y.data(), batch, kDropoutSeed, grads.out());
+  ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+  const double reference = ReferenceLoss(model, p.params.AsDouble(),
+                                         std::vector<double>(p.x.begin(), p.x.end()), p.y, batch,
+                                         true, kDropoutSeed);
+  EXPECT_NEAR(*loss, reference, 1e-5 * (1 + std::fabs(reference)));
+  int checked = 0;
+  const std::vector<std::string> bad =
+      GradientMismatches(model, p, grads, kDropoutSeed, max_per_variable, &checked);
+  for (const std::string& line : bad) ADD_FAILURE() << line;
+  EXPECT_GT(checked, 0);
+  double largest = 0;
+  for (const std::vector<float>& g : grads.data) {
+    for (float v : g) largest = std::max(largest, static_cast<double>(std::fabs(v)));
+  }
+  EXPECT_GT(largest, 1e-3) << "gradients vanish; the check would be vacuous";
+}
+
+// ---- Every layer's backward pass against finite differences ----------------------------
+// Each layer without variables sits behind a layer with some, so its input gradient is
+// checked through theirs.
+
+TEST(CpuLayerGradientTest, DenseWithOddSizesAtBatchOneAndThree) {
+  const std::string m = R"({"layers": [{"type": "dense", "units": 4, "activation": "tanh"},
+                                       {"type": "dense", "units": 3}]})";
+  ExpectGradientsMatch(m, {5}, 1);
+  ExpectGradientsMatch(m, {5}, 3);
+}
+
+TEST(CpuLayerGradientTest, Conv2dValidStrideOne) {
+  ExpectGradientsMatch(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                                      {"type": "conv2d", "filters": 3, "kernel": 3},
+                                      {"type": "flatten"}, {"type": "dense", "units": 3}]})",
+                       {2, 5, 5}, 2);
+}
+
+TEST(CpuLayerGradientTest, Conv2dSameStrideTwoWithUnevenPadding) {
+  // 7 wide, kernel 4, stride 2, same: 4 outputs, 3 padding columns split 1 before, 2 after.
+  ExpectGradientsMatch(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                                      {"type": "conv2d", "filters": 3, "kernel": 4, "stride": 2,
+                                       "padding": "same"},
+                                      {"type": "dense", "units": 3}]})",
+                       {2, 7, 7}, 1);
+}
+
+TEST(CpuLayerGradientTest, Conv2dValidStrideTwoLeavesTheLastRowOut) {
+  ExpectGradientsMatch(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                                      {"type": "conv2d", "filters": 2, "kernel": 3, "stride": 2},
+                                      {"type": "dense", "units": 3}]})",
+                       {1, 6, 6}, 3);
+}
+
+TEST(CpuLayerGradientTest, MaxPoolValidWithLeftoverThenSame) {
+  ExpectGradientsMatch(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                                      {"type": "max_pool2d", "pool": 2},
+                                      {"type": "max_pool2d", "pool": 3, "stride": 2, "padding": "same"},
+                                      {"type": "flatten"}, {"type": "dense", "units": 3}]})",
+                       {2, 5, 5}, 2);
+}
+
+TEST(CpuLayerGradientTest, AvgPoolValidWithLeftoverThenSameExcludingPadding) {
+  ExpectGradientsMatch(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                                      {"type": "avg_pool2d", "pool": 2},
+                                      {"type": "avg_pool2d", "pool": 3, "stride": 2, "padding": "same"},
+                                      {"type": "flatten"}, {"type": "dense", "units": 3}]})",
+                       {2, 5, 5}, 2);
+}
+
+TEST(CpuLayerGradientTest, ReluTanhAndSigmoid) {
+  for (const char* a : {"relu", "tanh", "sigmoid"}) {
+    ExpectGradientsMatch(std::string(R"({"layers": [{"type": "dense", "units": 6},
+                                                    {"type": "activation", "activation": ")") +
+                             a + R"("}, {"type": "dense", "units": 3}]})",
+                         {4}, 3);
+  }
+}
+
+TEST(CpuLayerGradientTest, ActivationsFusedIntoConvolution) {
+  ExpectGradientsMatch(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 2,
+                                       "activation": "sigmoid"},
+                                      {"type": "conv2d", "filters": 2, "kernel": 2,
+                                       "activation": "tanh"},
+                                      {"type": "dense", "units": 3}]})",
+                       {1, 4, 4}, 2);
+}
+
+TEST(CpuLayerGradientTest, DropoutInTraining) {
+  ExpectGradientsMatch(R"({"layers": [{"type": "dense", "units": 8},
+                                      {"type": "dropout", "rate": 0.5},
+                                      {"type": "dense", "units": 3}]})",
+                       {4}, 3);
+}
+
+TEST(CpuLayerGradientTest, EmbeddingSumAndMean) {
+  for (const char* c : {"sum", "mean"}) {
+    ExpectGradientsMatch(std::string(R"({"layers": [{"type": "embedding", "vocab": 7, "dim": 4,
+                                                     "combiner": ")") +
+                             c + R"("}, {"type": "dense", "units": 3}]})",
+                         {3}, 4);
+  }
+}
+
+TEST(CpuLayerGradientTest, SigmoidCrossEntropy) {
+  ExpectGradientsMatch(R"({"layers": [{"type": "dense", "units": 3, "activation": "relu"},
+                                      {"type": "dense", "units": 1}],
+                          "loss": "sigmoid_cross_entropy"})",
+                       {4}, 5);
+}
+
+TEST(CpuLayerGradientTest, BuiltinModelsOnFashionMnistShapes) {
+  for (const char* name : {"mlp", "cnn", "lenet5"}) ExpectGradientsMatch(name, {1, 28, 28}, 2, 12);
+}
+
+TEST(CpuLayerGradientTest, TheCheckCatchesABrokenGradient) {
+  // The comparison itself must be able to fail: one gradient element off by 1e-3 is found.
+  const Model model = MakeModel(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 2},
+                                               {"type": "dense", "units": 3}]})",
+                                {1, 3, 3});
+  std::unique_ptr<ComputeBackend> backend = MakeBackend(model);
+  ASSERT_NE(backend, nullptr);
+  const Problem p(model, 2, 7);
+  Arrays grads(model);
+  ASSERT_TRUE(backend->ForwardBackward(p.params.in(), p.x.data(), p.y.data(), 2, 1, grads.out()).ok());
+  int checked = 0;
+  EXPECT_TRUE(GradientMismatches(model, p, grads, 1, 64, &checked).empty());
+  grads.data[1][1] += 1e-3f;  // conv2d0/bias
+  const std::vector<std::string> bad = GradientMismatches(model, p, grads, 1, 64, &checked);
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_NE(bad[0].find("conv2d0/bias[1]"), std::string::npos) << bad[0];
+}
+
+// ---- Forward, evaluation and argument checks -------------------------------------------
 
 TEST(CpuBackendTest, LossOfZeroParametersIsLogOfClassCount) {
-  const MlpSpec spec{{4, 6, 5}};
-  std::unique_ptr<ComputeBackend> backend = MakeBackend(spec);
+  const Model model = MakeModel("cnn", {1, 8, 8});
+  std::unique_ptr<ComputeBackend> backend = MakeBackend(model);
   ASSERT_NE(backend, nullptr);
-  Arrays params(spec);
-  Arrays grads(spec);
-  for (std::vector<float>& g : grads.data) std::fill(g.begin(), g.end(), 7.0f);  // stale
-  std::vector<float> x = {0.1f, 0.9f, 0.3f, 0.4f, 0.5f, 0.2f, 0.0f, 1.0f};
-  std::vector<uint8_t> y = {4, 4};
-  Result<float> loss = backend->ForwardBackward(params.in(), x.data(), y.data(), 2, grads.out());
+  Arrays params(model), grads(model);
+  std::vector<float> x(3 * 64, 0.5f);
+  std::vector<uint8_t> y = {0, 4, 9};
+  Result<float> loss = backend->ForwardBackward(params.in(), x.data(), y.data(), 3, 0, grads.out());
   ASSERT_TRUE(loss.ok()) << loss.status().ToString();
-  EXPECT_NEAR(*loss, std::log(5.0), 1e-6);
-  // Uniform softmax: the last bias gradient is 1/5 - [c == 4]; everything else is zero
-  // (the hidden layer is dead at zero weights, and stale gradients must be overwritten).
-  for (int c = 0; c < 5; ++c) {
-    EXPECT_NEAR(grads.data[3][c], c == 4 ? 0.2f - 1.0f : 0.2f, 1e-6f) << c;
-  }
-  for (int v = 0; v < 3; ++v) {
-    for (float g : grads.data[v]) EXPECT_EQ(g, 0.0f) << "variable " << v;
-  }
+  EXPECT_NEAR(*loss, std::log(10.0), 1e-6);
 }
 
-TEST(CpuBackendTest, EvaluateCountsCorrectAndSumsLossAcrossChunks) {
-  // One identity layer: logits = x, so the prediction and loss of each row are known.
-  const MlpSpec spec{{3, 3}};
-  std::unique_ptr<ComputeBackend> backend = MakeBackend(spec);
+TEST(CpuBackendTest, EvaluateCountsCorrectAndSumsLossWithoutDropout) {
+  // More rows than one evaluation chunk holds, and dropout that must not apply.
+  const Model model = MakeModel(R"({"layers": [{"type": "dense", "units": 5, "activation": "relu"},
+                                               {"type": "dropout", "rate": 0.5},
+                                               {"type": "dense", "units": 3}]})",
+                                {4});
+  std::unique_ptr<ComputeBackend> backend = MakeBackend(model);
   ASSERT_NE(backend, nullptr);
-  Arrays params(spec);
-  for (int k = 0; k < 3; ++k) params.data[0][k * 3 + k] = 1.0f;
-
-  constexpr int64_t kN = 2500;  // more than one evaluation chunk
-  std::vector<float> x(kN * 3, 0.0f);
-  std::vector<uint8_t> y(kN);
-  int64_t want_correct = 0;
-  double want_loss = 0.0;
-  const double lse = std::log(std::exp(2.0) + 2.0);
-  for (int64_t i = 0; i < kN; ++i) {
-    const int hot = static_cast<int>(i % 3);
-    x[i * 3 + hot] = 2.0f;
-    const bool right = i % 5 != 0;
-    y[i] = static_cast<uint8_t>(right ? hot : (hot + 1) % 3);
-    want_correct += right ? 1 : 0;
-    want_loss += right ? lse - 2.0 : lse;
-  }
-  Result<EvalResult> r = backend->Evaluate(params.in(), x.data(), y.data(), kN);
+  constexpr int kRows = 2500;
+  const Problem p(model, kRows, 3);
+  Result<EvalResult> r = backend->Evaluate(p.params.in(), p.x.data(), p.y.data(), kRows);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->count, kN);
-  EXPECT_EQ(r->correct, want_correct);
-  EXPECT_EQ(want_correct, 2000);
-  EXPECT_NEAR(r->loss_sum, want_loss, 1e-6 * want_loss);
+  EXPECT_EQ(r->count, kRows);
+  const double reference = ReferenceLoss(model, p.params.AsDouble(),
+                                         std::vector<double>(p.x.begin(), p.x.end()), p.y, kRows,
+                                         false, 0);
+  EXPECT_NEAR(r->mean_loss(), reference, 1e-5);
+  // Correct predictions counted again in five separate calls of 500 rows.
+  int64_t correct = 0;
+  for (int i = 0; i < kRows; i += 500) {
+    Result<EvalResult> part = backend->Evaluate(p.params.in(), p.x.data() + 4 * i, p.y.data() + i, 500);
+    ASSERT_TRUE(part.ok());
+    correct += part->correct;
+  }
+  EXPECT_EQ(r->correct, correct);
+  EXPECT_GT(correct, 0);
+  EXPECT_LT(correct, kRows);
 }
 
-TEST(CpuBackendTest, EvaluateLossAgreesWithForwardBackward) {
-  const MlpSpec spec{{10, 8, 4}};
-  std::unique_ptr<ComputeBackend> backend = MakeBackend(spec);
+TEST(CpuBackendTest, SigmoidAccuracyComparesTheLogitWithZero) {
+  const Model model = MakeModel(R"({"layers": [{"type": "dense", "units": 1}],
+                                   "loss": "sigmoid_cross_entropy"})",
+                                {1});
+  std::unique_ptr<ComputeBackend> backend = MakeBackend(model);
   ASSERT_NE(backend, nullptr);
-  std::mt19937_64 gen(7);
-  Arrays params(spec);
-  for (std::vector<float>& p : params.data) FillUniform(&p, -1.0f, 1.0f, &gen);
-  constexpr int kBatch = 33;
-  std::vector<float> x(kBatch * 10);
-  FillUniform(&x, 0.0f, 1.0f, &gen);
-  std::vector<uint8_t> y(kBatch);
-  for (uint8_t& l : y) l = static_cast<uint8_t>(gen() % 4);
-  Arrays grads(spec);
-  Result<float> loss = backend->ForwardBackward(params.in(), x.data(), y.data(), kBatch,
-                                                grads.out());
-  Result<EvalResult> eval = backend->Evaluate(params.in(), x.data(), y.data(), kBatch);
-  ASSERT_TRUE(loss.ok() && eval.ok());
-  EXPECT_EQ(eval->count, kBatch);
-  EXPECT_NEAR(eval->loss_sum / kBatch, *loss, 1e-5);
+  Arrays params(model);
+  params.data[0][0] = 1.0f;  // logit = x
+  const std::vector<float> x = {2.0f, -1.0f, 3.0f, -0.5f};
+  const std::vector<uint8_t> y = {1, 0, 0, 1};
+  Result<EvalResult> r = backend->Evaluate(params.in(), x.data(), y.data(), 4);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->correct, 2);
 }
 
 TEST(CpuBackendTest, ScratchReuseAcrossBatchSizesGivesSameResults) {
-  const MlpSpec spec{{6, 9, 3}};
-  std::unique_ptr<ComputeBackend> backend = MakeBackend(spec);
-  ASSERT_NE(backend, nullptr);
-  std::mt19937_64 gen(11);
-  Arrays params(spec);
-  for (std::vector<float>& p : params.data) FillUniform(&p, -1.0f, 1.0f, &gen);
-  std::vector<float> x(8 * 6);
-  FillUniform(&x, 0.0f, 1.0f, &gen);
-  std::vector<uint8_t> y = {0, 1, 2, 0, 1, 2, 2, 1};
-
-  Arrays first(spec), small(spec), again(spec);
-  Result<float> l1 = backend->ForwardBackward(params.in(), x.data(), y.data(), 8, first.out());
-  Result<float> l2 = backend->ForwardBackward(params.in(), x.data(), y.data(), 3, small.out());
-  Result<float> l3 = backend->ForwardBackward(params.in(), x.data(), y.data(), 8, again.out());
-  ASSERT_TRUE(l1.ok() && l2.ok() && l3.ok());
-  EXPECT_EQ(*l1, *l3);
-  EXPECT_NE(*l1, *l2);
-  EXPECT_EQ(first.data, again.data);
-
-  // A fresh backend on the small batch agrees with the warmed-up one.
-  std::unique_ptr<ComputeBackend> fresh = MakeBackend(spec);
-  Arrays fresh_grads(spec);
-  Result<float> l4 = fresh->ForwardBackward(params.in(), x.data(), y.data(), 3,
-                                            fresh_grads.out());
-  ASSERT_TRUE(l4.ok());
-  EXPECT_EQ(*l2, *l4);
-  EXPECT_EQ(small.data, fresh_grads.data);
+  const Model model = MakeModel("lenet5", {1, 28, 28});
+  const Problem p(model, 5, 11);
+  std::unique_ptr<ComputeBackend> fresh = MakeBackend(model);
+  std::unique_ptr<ComputeBackend> reused = MakeBackend(model);
+  ASSERT_TRUE(fresh != nullptr && reused != nullptr);
+  Arrays g1(model), g2(model);
+  ASSERT_TRUE(reused->ForwardBackward(p.params.in(), p.x.data(), p.y.data(), 5, 1, g2.out()).ok());
+  Result<float> a = fresh->ForwardBackward(p.params.in(), p.x.data(), p.y.data(), 3, 1, g1.out());
+  Result<float> b = reused->ForwardBackward(p.params.in(), p.x.data(), p.y.data(), 3, 1, g2.out());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ(g1.data, g2.data);
 }
 
-TEST(CpuBackendTest, GradientDescentStepsReduceLoss) {
-  const MlpSpec spec{{4, 16, 2}};
-  std::unique_ptr<ComputeBackend> backend = MakeBackend(spec);
+TEST(CpuBackendTest, GradientDescentStepsReduceTheLoss) {
+  const Model model = MakeModel("cnn", {1, 10, 10});
+  std::unique_ptr<ComputeBackend> backend = MakeBackend(model);
   ASSERT_NE(backend, nullptr);
-  std::mt19937_64 gen(3);
-  Arrays params(spec);
-  FillUniform(&params.data[0], -0.5f, 0.5f, &gen);
-  FillUniform(&params.data[2], -0.5f, 0.5f, &gen);
-  // Class = whether the first feature exceeds the second.
-  constexpr int kBatch = 64;
-  std::vector<float> x(kBatch * 4);
-  FillUniform(&x, 0.0f, 1.0f, &gen);
-  std::vector<uint8_t> y(kBatch);
-  for (int i = 0; i < kBatch; ++i) y[i] = x[i * 4] > x[i * 4 + 1] ? 1 : 0;
-
-  Arrays grads(spec);
-  Result<float> start = backend->ForwardBackward(params.in(), x.data(), y.data(), kBatch,
-                                                 grads.out());
-  ASSERT_TRUE(start.ok());
-  float last = *start;
-  for (int step = 0; step < 200; ++step) {
-    for (size_t v = 0; v < params.data.size(); ++v) {
-      for (size_t k = 0; k < params.data[v].size(); ++k) {
-        params.data[v][k] -= 0.5f * grads.data[v][k];
-      }
-    }
-    Result<float> loss = backend->ForwardBackward(params.in(), x.data(), y.data(), kBatch,
-                                                  grads.out());
-    ASSERT_TRUE(loss.ok());
+  Problem p(model, 16, 5);
+  for (std::vector<float>& v : p.params.data) {
+    for (float& w : v) w *= 0.1f;
+  }
+  Arrays grads(model);
+  float first = 0, last = 0;
+  for (int step = 0; step < 60; ++step) {
+    Result<float> loss = backend->ForwardBackward(p.params.in(), p.x.data(), p.y.data(), 16, 0, grads.out());
+    ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+    if (step == 0) first = *loss;
     last = *loss;
+    for (size_t v = 0; v < grads.data.size(); ++v) {
+      for (size_t k = 0; k < grads.data[v].size(); ++k) p.params.data[v][k] -= 0.1f * grads.data[v][k];
+    }
   }
-  EXPECT_LT(last, 0.5f * *start) << "start " << *start << " end " << last;
+  EXPECT_LT(last, 0.5f * first);
 }
 
-TEST(CpuBackendTest, LabelOutsideClassesIsInvalidArgument) {
-  const MlpSpec spec{{2, 3}};
-  std::unique_ptr<ComputeBackend> backend = MakeBackend(spec);
+TEST(CpuBackendTest, BadLabelsIdsBatchesAndArraysAreInvalidArgument) {
+  const Model model = MakeModel("4-3", {4});
+  std::unique_ptr<ComputeBackend> backend = MakeBackend(model);
   ASSERT_NE(backend, nullptr);
-  Arrays params(spec), grads(spec);
-  std::vector<float> x = {0.5f, 0.5f, 0.1f, 0.2f};
-  std::vector<uint8_t> y = {2, 3};
-  Result<float> loss = backend->ForwardBackward(params.in(), x.data(), y.data(), 2, grads.out());
-  ASSERT_FALSE(loss.ok());
-  EXPECT_EQ(loss.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(loss.status().message().find("label 3"), std::string::npos)
-      << loss.status().message();
-
-  Result<EvalResult> eval = backend->Evaluate(params.in(), x.data(), y.data(), 2);
-  ASSERT_FALSE(eval.ok());
-  EXPECT_EQ(eval.status().code(), StatusCode::kInvalidArgument);
-}
-
-TEST(CpuBackendTest, BadBatchOrArraysIsInvalidArgument) {
-  const MlpSpec spec{{2, 3}};
-  std::unique_ptr<ComputeBackend> backend = MakeBackend(spec);
-  ASSERT_NE(backend, nullptr);
-  Arrays params(spec), grads(spec);
-  std::vector<float> x = {0.5f, 0.5f};
-  std::vector<uint8_t> y = {1};
-  for (int batch : {0, -1}) {
-    Result<float> r = backend->ForwardBackward(params.in(), x.data(), y.data(), batch,
-                                               grads.out());
-    ASSERT_FALSE(r.ok()) << batch;
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  }
-  std::span<const float* const> too_few = params.in().first(1);
-  Result<float> r = backend->ForwardBackward(too_few, x.data(), y.data(), 1, grads.out());
+  Arrays params(model), grads(model);
+  std::vector<float> x(8, 0.1f);
+  std::vector<uint8_t> y = {1, 3};
+  Result<float> r = backend->ForwardBackward(params.in(), x.data(), y.data(), 2, 0, grads.out());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  Result<EvalResult> e = backend->Evaluate(params.in(), x.data(), y.data(), -1);
-  ASSERT_FALSE(e.ok());
-  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
-}
+  EXPECT_NE(r.status().message().find("label 3 of example 1"), std::string::npos);
+  y[1] = 0;
+  EXPECT_FALSE(backend->ForwardBackward(params.in(), x.data(), y.data(), 0, 0, grads.out()).ok());
+  EXPECT_FALSE(backend->ForwardBackward(params.in().first(1), x.data(), y.data(), 2, 0, grads.out()).ok());
 
-TEST(CpuBackendTest, CreateRejectsBadSpec) {
-  for (const MlpSpec& spec : {MlpSpec{}, MlpSpec{{784}}, MlpSpec{{784, 0, 10}},
-                              MlpSpec{{784, 300}}}) {
-    Result<std::unique_ptr<ComputeBackend>> b = CreateCpuBackend(spec);
-    ASSERT_FALSE(b.ok());
-    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  const Model embed = MakeModel(R"({"layers": [{"type": "embedding", "vocab": 5, "dim": 2},
+                                               {"type": "dense", "units": 2}]})",
+                                {2});
+  std::unique_ptr<ComputeBackend> eb = MakeBackend(embed);
+  ASSERT_NE(eb, nullptr);
+  Arrays ep(embed), eg(embed);
+  for (const std::vector<float>& ids : {std::vector<float>{0, 1, 4, 5}, std::vector<float>{0, 1, 2.5f, 1}}) {
+    Result<float> bad = eb->ForwardBackward(ep.in(), ids.data(), y.data(), 2, 0, eg.out());
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("of example 1 is not an integer in [0, 5)"), std::string::npos)
+        << bad.status().message();
   }
-  Result<std::unique_ptr<ComputeBackend>> ok = CreateCpuBackend(MlpSpec{{784, 256, 10}});
-  ASSERT_TRUE(ok.ok());
-  EXPECT_EQ((*ok)->name(), "cpu");
 }
 
 }  // namespace

@@ -17,15 +17,25 @@
 
 #include "worker/compute/backend.h"
 #include "worker/compute/backend_factory.h"
-#include "worker/model/mlp.h"
+#include "tests/support/test_models.h"
 
 namespace parasync {
 namespace {
 
+// The CUDA backend runs dense chains today (cuda_backend.cc): the tests name them by widths.
+struct MlpSpec {
+  std::vector<int64_t> widths;
+};
+Model ModelOf(const MlpSpec& spec) {
+  std::string text;
+  for (int64_t w : spec.widths) text += (text.empty() ? "" : "-") + std::to_string(w);
+  return testing::MakeModel(text, {spec.widths.front()});
+}
+
 // The model's arrays in memory a backend gave (page-locked for the GPU) or plain memory.
 struct Arrays {
   Arrays(const MlpSpec& spec, ComputeBackend* host_from) {
-    for (const VariableSpec& v : MlpVariables(spec)) {
+    for (const VariableSpec& v : ModelOf(spec).variables()) {
       const size_t n = static_cast<size_t>(v.num_elements());
       if (host_from != nullptr) {
         blocks.push_back(host_from->AllocateHost(n * sizeof(float)));
@@ -60,7 +70,7 @@ class CudaBackendTest : public ::testing::Test {
     DeviceChoice cuda;
     cuda.kind = DeviceChoice::Kind::kCuda;
     std::string why;
-    auto backend = CreateBackend(cuda, spec, 0, &why);
+    auto backend = CreateBackend(cuda, ModelOf(spec), 0, &why);
     if (backend.ok()) return std::move(backend).value();
     skip_reason_ = backend.status().ToString();
     EXPECT_EQ(backend.status().code(), StatusCode::kUnavailable) << skip_reason_;
@@ -69,7 +79,7 @@ class CudaBackendTest : public ::testing::Test {
     return nullptr;
   }
   std::unique_ptr<ComputeBackend> Cpu(const MlpSpec& spec) {
-    auto backend = CreateCpuBackend(spec);
+    auto backend = CreateCpuBackend(ModelOf(spec));
     EXPECT_TRUE(backend.ok());
     return std::move(backend).value();
   }
@@ -112,8 +122,8 @@ void ExpectSameGradients(ComputeBackend& gpu, ComputeBackend& cpu, const MlpSpec
   for (size_t v = 0; v < gpu_grads.sizes.size(); ++v) {
     std::fill(gpu_grads.var(v).begin(), gpu_grads.var(v).end(), NAN);  // all must be written
   }
-  auto gpu_loss = gpu.ForwardBackward(params.cptrs, x.data(), y.data(), batch, gpu_grads.ptrs);
-  auto cpu_loss = cpu.ForwardBackward(params.cptrs, x.data(), y.data(), batch, cpu_grads.ptrs);
+  auto gpu_loss = gpu.ForwardBackward(params.cptrs, x.data(), y.data(), batch, 0, gpu_grads.ptrs);
+  auto cpu_loss = cpu.ForwardBackward(params.cptrs, x.data(), y.data(), batch, 0, cpu_grads.ptrs);
   ASSERT_TRUE(gpu_loss.ok()) << gpu_loss.status().ToString();
   ASSERT_TRUE(cpu_loss.ok()) << cpu_loss.status().ToString();
   EXPECT_NEAR(*gpu_loss, *cpu_loss, 1e-4 * std::fabs(*cpu_loss));
@@ -219,7 +229,7 @@ TEST_F(CudaBackendTest, GradientStepsOnTheGpuReduceTheLoss) {
   for (uint8_t& label : y) label = static_cast<uint8_t>(gen() % 10);
   float first = 0.0f, last = 0.0f;
   for (int step = 0; step < 30; ++step) {
-    auto loss = gpu->ForwardBackward(params.cptrs, x.data(), y.data(), batch, grads.ptrs);
+    auto loss = gpu->ForwardBackward(params.cptrs, x.data(), y.data(), batch, 0, grads.ptrs);
     ASSERT_TRUE(loss.ok()) << loss.status().ToString();
     if (step == 0) first = *loss;
     last = *loss;
@@ -238,7 +248,7 @@ TEST_F(CudaBackendTest, BadInputIsInvalidArgumentAndTheBackendStillWorks) {
   Arrays grads(spec, nullptr);
   std::vector<float> x(8 * 4, 0.5f);
   std::vector<uint8_t> y = {0, 1, 2, 3};  // 3 is not below 3 classes
-  auto bad = gpu->ForwardBackward(params.cptrs, x.data(), y.data(), 4, grads.ptrs);
+  auto bad = gpu->ForwardBackward(params.cptrs, x.data(), y.data(), 4, 0, grads.ptrs);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("label 3 of example 3"), std::string::npos);
@@ -246,9 +256,9 @@ TEST_F(CudaBackendTest, BadInputIsInvalidArgumentAndTheBackendStillWorks) {
   ASSERT_FALSE(bad_eval.ok());
   EXPECT_EQ(bad_eval.status().code(), StatusCode::kInvalidArgument);
   auto short_params = std::span<const float* const>(params.cptrs).first(1);
-  EXPECT_EQ(gpu->ForwardBackward(short_params, x.data(), y.data(), 3, grads.ptrs).status().code(),
+  EXPECT_EQ(gpu->ForwardBackward(short_params, x.data(), y.data(), 3, 0, grads.ptrs).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(gpu->ForwardBackward(params.cptrs, x.data(), y.data(), 0, grads.ptrs).status().code(),
+  EXPECT_EQ(gpu->ForwardBackward(params.cptrs, x.data(), y.data(), 0, 0, grads.ptrs).status().code(),
             StatusCode::kInvalidArgument);
   // Still usable: a good batch gives the CPU's answer.
   ExpectSameGradients(*gpu, *cpu, spec, 3, /*pinned=*/false, 1);

@@ -15,8 +15,41 @@ namespace parasync {
 namespace {
 
 using ::parasync::testing::IdxBytes;
+using ::parasync::testing::LeBytes;
+using ::parasync::testing::NpyBytes;
 using ::parasync::testing::TempDir;
 using ::parasync::testing::WriteFile;
+
+// Pixel (e, h, w, c) of the channels-last test images: distinct for 2 images of 2x3x3.
+uint8_t HwcPixel(int e, int h, int w, int c) {
+  return static_cast<uint8_t>(e * 100 + (h * 3 + w) * 10 + c);
+}
+
+// The bytes of 2 images of 2 rows, 3 columns and 3 channels, channels last.
+std::vector<uint8_t> HwcImages() {
+  std::vector<uint8_t> v;
+  for (int e = 0; e < 2; ++e)
+    for (int h = 0; h < 2; ++h)
+      for (int w = 0; w < 3; ++w)
+        for (int c = 0; c < 3; ++c) v.push_back(HwcPixel(e, h, w, c));
+  return v;
+}
+
+// Expects `d` to hold HwcImages() in CHW order, scaled by 1/255.
+void ExpectChwImages(const Dataset& d) {
+  EXPECT_EQ(d.n, 2);
+  EXPECT_EQ(d.dim, 18);
+  EXPECT_EQ(d.shape, (std::vector<int64_t>{3, 2, 3}));
+  ASSERT_EQ(d.x.size(), 36u);
+  for (int e = 0; e < 2; ++e)
+    for (int c = 0; c < 3; ++c)
+      for (int h = 0; h < 2; ++h)
+        for (int w = 0; w < 3; ++w) {
+          EXPECT_EQ(d.x[e * 18 + c * 6 + h * 3 + w],
+                    static_cast<float>(HwcPixel(e, h, w, c)) * (1.0f / 255.0f))
+              << e << " " << c << " " << h << " " << w;
+        }
+}
 
 TEST(DatasetTest, LoadIdxDatasetScalesPixelsAndKeepsLabels) {
   TempDir dir;
@@ -30,6 +63,7 @@ TEST(DatasetTest, LoadIdxDatasetScalesPixelsAndKeepsLabels) {
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->n, 2);
   EXPECT_EQ(d->dim, 4);
+  EXPECT_EQ(d->shape, (std::vector<int64_t>{1, 2, 2}));
   ASSERT_EQ(d->x.size(), 8u);
   for (size_t i = 0; i < pixels.size(); ++i) {
     EXPECT_FLOAT_EQ(d->x[i], static_cast<float>(pixels[i]) / 255.0f) << i;
@@ -51,8 +85,8 @@ TEST(DatasetTest, LoadIdxDatasetPrefersGzipWhenBothExist) {
 TEST(DatasetTest, LoadIdxDatasetWithCountMismatchIsCorruption) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
-  ASSERT_TRUE(WriteFile(dir.File("train-images-idx3-ubyte"), IdxBytes({3, 1, 2}, {1, 2, 3, 4, 5, 6}),
-                        false));
+  ASSERT_TRUE(WriteFile(dir.File("train-images-idx3-ubyte"),
+                        IdxBytes({3, 1, 2}, {1, 2, 3, 4, 5, 6}), false));
   ASSERT_TRUE(WriteFile(dir.File("train-labels-idx1-ubyte"), IdxBytes({2}, {0, 1}), false));
   Result<Dataset> d = LoadIdxDataset(dir.path(), "train");
   ASSERT_FALSE(d.ok());
@@ -89,6 +123,198 @@ TEST(DatasetTest, LoadIdxDatasetWithMissingFilesIsNotFound) {
       << d.status().message();
 }
 
+TEST(DatasetTest, LoadIdxDatasetTransposesChannelsLastImagesToChw) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  ASSERT_TRUE(WriteFile(dir.File("train-images-idx4-ubyte"), IdxBytes({2, 2, 3, 3}, HwcImages()),
+                        false));
+  ASSERT_TRUE(WriteFile(dir.File("train-labels-idx1-ubyte.gz"), IdxBytes({2}, {4, 9}), true));
+  Result<Dataset> d = LoadIdxDataset(dir.path(), "train");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ExpectChwImages(*d);
+  EXPECT_EQ(d->y, (std::vector<uint8_t>{4, 9}));
+}
+
+TEST(DatasetTest, LoadNpyDatasetKeepsFloat32FeaturesExactly) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::vector<float> x = {0.1f, -2.5f, 1e-30f, 3e38f, 0.0f, 255.0f};
+  ASSERT_TRUE(WriteFile(dir.File("x.npy"), NpyBytes("<f4", {3, 2}, LeBytes(x)), false));
+  ASSERT_TRUE(WriteFile(dir.File("y.npy"),
+                        NpyBytes("<i8", {3}, LeBytes(std::vector<int64_t>{0, 255, 7})), false));
+  Result<Dataset> d = LoadNpyDataset(dir.File("x.npy"), dir.File("y.npy"));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->n, 3);
+  EXPECT_EQ(d->dim, 2);
+  EXPECT_EQ(d->shape, (std::vector<int64_t>{2}));
+  EXPECT_EQ(d->x, x);
+  EXPECT_EQ(d->y, (std::vector<uint8_t>{0, 255, 7}));
+}
+
+TEST(DatasetTest, LoadNpyDatasetTransposesUint8ChannelsLastToChwAndScales) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  ASSERT_TRUE(WriteFile(dir.File("x.npy"), NpyBytes("|u1", {2, 2, 3, 3}, HwcImages()), false));
+  ASSERT_TRUE(WriteFile(dir.File("y.npy"), NpyBytes("|u1", {2, 1}, {4, 9}), false));
+  Result<Dataset> d = LoadNpyDataset(dir.File("x.npy"), dir.File("y.npy"));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ExpectChwImages(*d);
+  EXPECT_EQ(d->y, (std::vector<uint8_t>{4, 9}));
+}
+
+TEST(DatasetTest, LoadNpyDatasetTakesIntegerFeaturesAsTheyAreUpTo2To24) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::vector<int64_t> ids = {0, 16777216, -16777216, 5};
+  ASSERT_TRUE(WriteFile(dir.File("x.npy"), NpyBytes("<i8", {2, 2}, LeBytes(ids)), false));
+  ASSERT_TRUE(WriteFile(dir.File("y.npy"), NpyBytes("|u1", {2}, {1, 0}), false));
+  Result<Dataset> d = LoadNpyDataset(dir.File("x.npy"), dir.File("y.npy"));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->shape, (std::vector<int64_t>{2}));
+  EXPECT_EQ(d->x, (std::vector<float>{0.0f, 16777216.0f, -16777216.0f, 5.0f}));
+
+  const std::vector<int64_t> too_big = {0, 1, 16777217, 2};
+  ASSERT_TRUE(WriteFile(dir.File("x.npy"), NpyBytes("<i8", {2, 2}, LeBytes(too_big)), false));
+  d = LoadNpyDataset(dir.File("x.npy"), dir.File("y.npy"));
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("element 2 (example 1) is 16777217"), std::string::npos)
+      << d.status().message();
+}
+
+TEST(DatasetTest, LoadNpyDatasetMapsFeatureShapesToExampleShapes) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  ASSERT_TRUE(WriteFile(dir.File("y.npy"),
+                        NpyBytes("<i4", {2}, LeBytes(std::vector<int32_t>{1, 2})), false));
+  struct Case {
+    std::vector<int64_t> file_shape;
+    std::vector<int64_t> example_shape;  // empty: refused
+  };
+  for (const Case& c : {Case{{2}, {1}}, Case{{2, 3, 4}, {1, 3, 4}}, Case{{2, 1, 1, 1, 1}, {}}}) {
+    int64_t count = 1;
+    for (int64_t dim : c.file_shape) count *= dim;
+    const std::vector<double> x(static_cast<size_t>(count), 0.25);
+    ASSERT_TRUE(WriteFile(dir.File("x.npy"), NpyBytes("<f8", c.file_shape, LeBytes(x)), false));
+    Result<Dataset> d = LoadNpyDataset(dir.File("x.npy"), dir.File("y.npy"));
+    if (c.example_shape.empty()) {
+      ASSERT_FALSE(d.ok());
+      EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << d.status().ToString();
+      continue;
+    }
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->shape, c.example_shape);
+    EXPECT_EQ(d->dim, count / 2);
+    EXPECT_EQ(d->x, std::vector<float>(static_cast<size_t>(count), 0.25f));
+  }
+}
+
+TEST(DatasetTest, LoadNpyDatasetLabelOutsideUint8IsInvalidArgumentNamingExample) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string x = dir.File("x.npy");
+  const std::string y = dir.File("y.npy");
+  ASSERT_TRUE(WriteFile(x, NpyBytes("|u1", {3, 1}, {1, 2, 3}), false));
+  ASSERT_TRUE(WriteFile(y, NpyBytes("<i2", {3}, LeBytes(std::vector<int16_t>{3, 300, 1})),
+                        false));
+  Result<Dataset> d = LoadNpyDataset(x, y);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find(y + ": example 1 has label 300"), std::string::npos)
+      << d.status().message();
+
+  ASSERT_TRUE(WriteFile(y, NpyBytes("<i8", {3, 1}, LeBytes(std::vector<int64_t>{0, 1, -1})),
+                        false));
+  d = LoadNpyDataset(x, y);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("example 2 has label -1"), std::string::npos)
+      << d.status().message();
+
+  ASSERT_TRUE(WriteFile(y, NpyBytes("<f4", {3}, LeBytes(std::vector<float>{0, 1, 2})), false));
+  d = LoadNpyDataset(x, y);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("must be integers"), std::string::npos)
+      << d.status().message();
+}
+
+TEST(DatasetTest, LoadNpyDatasetCountMismatchIsCorruptionNamingBothFiles) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string x = dir.File("x.npy");
+  const std::string y = dir.File("y.npy");
+  ASSERT_TRUE(WriteFile(x, NpyBytes("|u1", {3, 2}, {1, 2, 3, 4, 5, 6}), false));
+  ASSERT_TRUE(WriteFile(y, NpyBytes("|u1", {2}, {0, 1}), false));
+  Result<Dataset> d = LoadNpyDataset(x, y);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(d.status().message().find(x + " have 3 examples but labels " + y + " have 2"),
+            std::string::npos)
+      << d.status().message();
+}
+
+TEST(DatasetTest, LoadDatasetPrefersIdxAndFallsBackToNpy) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  // train: both formats, IDX wins. test: NumPy only (IDX "t10k" files absent).
+  ASSERT_TRUE(WriteFile(dir.File("train-images-idx3-ubyte"), IdxBytes({1, 1, 2}, {0, 255}),
+                        false));
+  ASSERT_TRUE(WriteFile(dir.File("train-labels-idx1-ubyte"), IdxBytes({1}, {6}), false));
+  ASSERT_TRUE(WriteFile(dir.File("train_x.npy"), NpyBytes("|u1", {2, 5}, std::vector<uint8_t>(10)),
+                        false));
+  ASSERT_TRUE(WriteFile(dir.File("train_y.npy"), NpyBytes("|u1", {2}, {0, 0}), false));
+  ASSERT_TRUE(WriteFile(dir.File("test_x.npy"),
+                        NpyBytes("<f4", {1, 3}, LeBytes(std::vector<float>{1, 2, 3})), false));
+  ASSERT_TRUE(WriteFile(dir.File("test_y.npy"), NpyBytes("|u1", {1}, {8}), false));
+
+  Result<Dataset> train = LoadDataset(dir.path(), "train");
+  ASSERT_TRUE(train.ok()) << train.status().ToString();
+  EXPECT_EQ(train->shape, (std::vector<int64_t>{1, 1, 2}));
+  EXPECT_EQ(train->x, (std::vector<float>{0.0f, 1.0f}));
+  EXPECT_EQ(train->y, (std::vector<uint8_t>{6}));
+
+  Result<Dataset> test = LoadDataset(dir.path(), "test");
+  ASSERT_TRUE(test.ok()) << test.status().ToString();
+  EXPECT_EQ(test->shape, (std::vector<int64_t>{3}));
+  EXPECT_EQ(test->x, (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(test->y, (std::vector<uint8_t>{8}));
+  EXPECT_TRUE(CheckDataFilesExist(dir.path()).ok());
+
+  Result<Dataset> other = LoadDataset(dir.path(), "t10k");
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(DatasetTest, MissingDataFilesAreNotFoundInOneLineNamingBothPairs) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  // Half of each pair is no pair.
+  ASSERT_TRUE(WriteFile(dir.File("train-images-idx3-ubyte"), IdxBytes({1, 1, 1}, {1}), false));
+  ASSERT_TRUE(WriteFile(dir.File("train_y.npy"), NpyBytes("|u1", {1}, {0}), false));
+  Result<Dataset> d = LoadDataset(dir.path(), "train");
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(d.status().message(),
+            "--data " + dir.path() +
+                " lacks train-images-idx3-ubyte[.gz] + train-labels-idx1-ubyte[.gz] and "
+                "train_x.npy + train_y.npy (either pair will do)");
+
+  ASSERT_TRUE(WriteFile(dir.File("train-labels-idx1-ubyte"), IdxBytes({1}, {0}), false));
+  const Status check = CheckDataFilesExist(dir.path());
+  EXPECT_EQ(check.code(), StatusCode::kNotFound);
+  EXPECT_EQ(check.message(), "--data " + dir.path() +
+                                 " lacks t10k-images-idx3-ubyte[.gz] + "
+                                 "t10k-labels-idx1-ubyte[.gz] and test_x.npy + test_y.npy "
+                                 "(either pair will do)");
+}
+
+TEST(DatasetTest, MaxLabelIsTheLargestLabelOrMinusOne) {
+  Dataset d;
+  EXPECT_EQ(MaxLabel(d), -1);
+  d.y = {3, 255, 0};
+  EXPECT_EQ(MaxLabel(d), 255);
+}
+
 // The real data set, where the machine has it (PARASYNC_DATA_DIR overrides the location).
 TEST(DatasetTest, LoadsFashionMnistTrainAndTestSplits) {
   const char* env = std::getenv("PARASYNC_DATA_DIR");
@@ -106,6 +332,7 @@ TEST(DatasetTest, LoadsFashionMnistTrainAndTestSplits) {
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     EXPECT_EQ(d->n, split.n) << split.name;
     EXPECT_EQ(d->dim, 784) << split.name;
+    EXPECT_EQ(d->shape, (std::vector<int64_t>{1, 28, 28})) << split.name;
     ASSERT_EQ(d->x.size(), static_cast<size_t>(split.n * 784));
     ASSERT_EQ(d->y.size(), static_cast<size_t>(split.n));
     const auto [lo, hi] = std::minmax_element(d->x.begin(), d->x.end());

@@ -1,5 +1,5 @@
-// Test helpers for the worker data tests: a scratch directory and IDX file writers.
-// Not thread-safe; each test owns its TempDir.
+// Test helpers for the worker data tests: a scratch directory and IDX and NumPy .npy file
+// writers. Not thread-safe; each test owns its TempDir.
 #pragma once
 
 #include <stdlib.h>
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -51,6 +52,50 @@ inline std::vector<uint8_t> IdxBytes(const std::vector<uint32_t>& dims,
   }
   out.insert(out.end(), data.begin(), data.end());
   return out;
+}
+
+// The little-endian bytes of `values` (the tests run on little-endian hosts only, as the
+// readers do).
+template <typename T>
+std::vector<uint8_t> LeBytes(const std::vector<T>& values) {
+  std::vector<uint8_t> out(values.size() * sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+// The bytes of a .npy file of format version `major`.0 whose header is the dict literal
+// `dict`, padded with spaces and a newline to a multiple of 64 bytes as np.save does,
+// followed by `data` (which may disagree with the header, to build damaged files).
+inline std::vector<uint8_t> NpyBytesWithHeader(const std::string& dict,
+                                               const std::vector<uint8_t>& data,
+                                               int major = 1) {
+  const size_t prefix = major == 1 ? 10 : 12;
+  std::string header = dict;
+  while ((prefix + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::vector<uint8_t> out = {0x93, 'N', 'U', 'M', 'P', 'Y', static_cast<uint8_t>(major), 0};
+  for (size_t i = 0; i < prefix - 8; ++i) {
+    out.push_back(static_cast<uint8_t>(header.size() >> (8 * i)));
+  }
+  out.insert(out.end(), header.begin(), header.end());
+  out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+// The bytes of a .npy file as np.save writes an array of dtype `descr` (e.g. "<f4") and
+// `shape` holding `data`.
+inline std::vector<uint8_t> NpyBytes(const std::string& descr, const std::vector<int64_t>& shape,
+                                     const std::vector<uint8_t>& data, int major = 1,
+                                     bool fortran_order = false) {
+  std::string tuple = "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    tuple += (i == 0 ? "" : ", ") + std::to_string(shape[i]);
+  }
+  tuple += shape.size() == 1 ? ",)" : ")";
+  return NpyBytesWithHeader("{'descr': '" + descr + "', 'fortran_order': " +
+                                (fortran_order ? "True" : "False") + ", 'shape': " + tuple +
+                                ", }",
+                            data, major);
 }
 
 // Writes `bytes` to `path`, gzip-compressed when `gzip`. Returns false on failure.

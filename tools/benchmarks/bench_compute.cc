@@ -3,8 +3,6 @@
 // backend), no network — for a list of batch sizes on one device. Prints CSV:
 //   device,batch,median_examples_per_sec,min,max,repeats,steps_per_repeat
 // tools/bench-worker runs it for the CPU and the GPU beside PyTorch and prints the table.
-#include <cblas.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,7 +17,7 @@
 
 #include "common/process.h"
 #include "worker/compute/backend_factory.h"
-#include "worker/model/mlp.h"
+#include "worker/model/model.h"
 
 namespace {
 
@@ -54,19 +52,23 @@ std::vector<int> ParseBatches(const std::string& text) {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "Times one worker's compute (forward + backward of the MLP, host arrays in and out, no "
+      "Times one worker's compute (forward + backward of the model, host arrays in and out, no "
       "network) for each batch size on one device, and prints CSV: device, batch, median "
       "examples/sec over the repeats, min, max, repeats, steps per repeat."};
   app.footer("Example:\n  parasync-bench-compute --device cuda --batches 64,1024,8192\n"
              "  tools/bench-worker runs it for the CPU and the GPU beside PyTorch.");
   std::string device = "cpu";
-  std::string model = "784-256-128-10";
+  std::string model = "mlp";
+  std::string input_text = "1,28,28";
   std::string batches_text = "64,128,256,512,1024,2048,4096,8192";
   double seconds = 0.5;
   int repeats = 5;
   int threads = 1;
   app.add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
-  app.add_option("--model", model, "MLP widths")->capture_default_str();
+  app.add_option("--model", model, "A built-in model (mlp, cnn, lenet5), MLP widths or a model file")
+      ->capture_default_str();
+  app.add_option("--input", input_text, "The shape of one example: C,H,W or D")
+      ->capture_default_str();
   app.add_option("--batches", batches_text, "Comma-separated batch sizes")->capture_default_str();
   app.add_option("--seconds", seconds, "Seconds per repeat and batch size (at least 3 steps)")
       ->check(CLI::Range(0.01, 600.0))
@@ -74,7 +76,7 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "Timed repeats per batch size; the median is reported")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  app.add_option("--threads", threads, "OpenBLAS threads of the CPU backend")
+  app.add_option("--threads", threads, "Threads of the CPU backend (OpenBLAS and oneDNN)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -85,18 +87,36 @@ int main(int argc, char** argv) {
                                     "comma-separated, not '" + batches_text + "'",
                                     parasync::kExitBadUsage);
   }
-  auto spec = parasync::ParseMlpWidths(model);
+  auto spec = parasync::ResolveModelSpec(model);
   if (!spec.ok()) {
     return parasync::PrintErrorLine(kProgram, spec.status().message(), parasync::kExitBadUsage);
+  }
+  std::vector<int64_t> input;
+  {
+    std::stringstream in(input_text);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      char* end = nullptr;
+      const long long d = std::strtoll(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || d < 1) {
+        return parasync::PrintErrorLine(kProgram, "--input must be C,H,W or D, not '" + input_text + "'",
+                                        parasync::kExitBadUsage);
+      }
+      input.push_back(d);
+    }
+  }
+  auto net = parasync::Model::Build(*spec, input);
+  if (!net.ok()) {
+    return parasync::PrintErrorLine(kProgram, net.status().message(), parasync::kExitBadUsage);
   }
   auto choice = parasync::ParseDevice(device);
   if (!choice.ok() || choice->kind == parasync::DeviceChoice::Kind::kAuto) {
     return parasync::PrintErrorLine(kProgram, "--device must be cpu, cuda or cuda:N",
                                     parasync::kExitBadUsage);
   }
-  openblas_set_num_threads(threads);
+  parasync::SetCpuComputeThreads(threads);
   std::string why;
-  auto backend = parasync::CreateBackend(*choice, *spec, 0, &why);
+  auto backend = parasync::CreateBackend(*choice, *net, 0, &why);
   if (!backend.ok()) {
     return parasync::PrintErrorLine(kProgram, backend.status().message(), parasync::kExitBadUsage);
   }
@@ -104,9 +124,11 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "parasync-bench-compute: %s, model %s, %d thread(s)\n", b.name().c_str(),
                model.c_str(), threads);
 
-  const std::vector<parasync::VariableSpec> vars = parasync::MlpVariables(*spec);
+  const std::vector<parasync::VariableSpec>& vars = net->variables();
   const int max_batch = *std::max_element(batches.begin(), batches.end());
-  const int64_t inputs = spec->widths.front();
+  const int64_t inputs = net->input_size();
+  const parasync::LayerOp& first = net->ops().front();
+  const bool ids = first.spec.kind == parasync::LayerKind::kEmbedding;
   std::mt19937_64 gen(1);
   std::uniform_real_distribution<float> uniform(-0.05f, 0.05f);
   // Page-locked where the backend offers it, as the trainer's buffers are.
@@ -128,15 +150,20 @@ int main(int argc, char** argv) {
     grads.push_back(host_floats(static_cast<size_t>(v.num_elements())));
   }
   float* x = host_floats(static_cast<size_t>(max_batch * inputs));
-  for (int64_t k = 0; k < max_batch * inputs; ++k) x[k] = uniform(gen) + 0.05f;
+  for (int64_t k = 0; k < max_batch * inputs; ++k) {
+    x[k] = ids ? static_cast<float>(gen() % static_cast<uint64_t>(first.spec.vocab))
+               : uniform(gen) + 0.05f;
+  }
   auto* y = reinterpret_cast<uint8_t*>(host_floats(static_cast<size_t>(max_batch) / 4 + 1));
-  for (int i = 0; i < max_batch; ++i) y[i] = static_cast<uint8_t>(gen() % spec->widths.back());
+  const uint64_t classes =
+      net->loss() == parasync::LossKind::kSigmoidCrossEntropy ? 2 : static_cast<uint64_t>(net->outputs());
+  for (int i = 0; i < max_batch; ++i) y[i] = static_cast<uint8_t>(gen() % std::min<uint64_t>(classes, 256));
 
   std::printf("device,batch,median_examples_per_sec,min,max,repeats,steps_per_repeat\n");
   const std::string label = choice->kind == parasync::DeviceChoice::Kind::kCpu ? "cpu" : "cuda";
   for (int batch : batches) {
     auto step = [&]() -> bool {
-      auto loss = b.ForwardBackward(params, x, y, batch, grads);
+      auto loss = b.ForwardBackward(params, x, y, batch, /*seed=*/1, grads);
       if (!loss.ok()) {
         parasync::PrintErrorLine(kProgram, loss.status().ToString(), 1);
         return false;

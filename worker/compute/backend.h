@@ -2,8 +2,9 @@
 // (worker/compute/cpu) or a GPU (worker/compute/cuda). The training loop sees only this.
 //
 // A backend instance is used by one thread at a time (the training thread); it may keep
-// scratch buffers between calls. Parameters and gradients cross this interface as host
-// float arrays in the order and shapes of MlpVariables() (worker/model/mlp.h).
+// scratch buffers between calls. A backend runs one Model (worker/model/model.h), layer by
+// layer; parameters and gradients cross this interface as host float arrays in the order and
+// shapes of Model::variables().
 #pragma once
 
 #include <cstdint>
@@ -13,13 +14,15 @@
 #include <string>
 
 #include "common/status.h"
-#include "worker/model/mlp.h"
+#include "worker/model/model.h"
 
 namespace parasync {
 
 struct EvalResult {
   double loss_sum = 0.0;  // sum over examples of the cross-entropy loss
-  int64_t correct = 0;    // examples whose arg-max logit equals the label
+  // Examples predicted right: the first arg-max logit equals the label (softmax), or the
+  // logit is > 0 exactly when the label is 1 (sigmoid).
+  int64_t correct = 0;
   int64_t count = 0;
   // The figures the chief logs and eval-only prints, computed one way for both.
   double accuracy() const { return static_cast<double>(correct) / static_cast<double>(count); }
@@ -42,22 +45,31 @@ class ComputeBackend {
     return std::shared_ptr<void>(std::calloc(bytes == 0 ? 1 : bytes, 1), std::free);
   }
 
-  // Forward and backward pass of the MLP on one batch.
-  //  params: one host array per variable, in MlpVariables() order (not owned, read only).
-  //  x: batch * widths[0] floats, row-major; labels: batch values in [0, widths.back()).
+  // Forward and backward pass of the model on one batch, in training mode.
+  //  params: one host array per variable, in Model::variables() order (not owned, read only).
+  //  x: batch * input_size() floats, example after example (images [C, H, W]);
+  //  labels: batch values the loss accepts (Model::CheckLabelsFit).
+  //  seed: draws dropout masks; the same seed gives the same masks (the trainer mixes the
+  //        run's seed, its rank and the step).
   //  grads: one host array per variable, same sizes as params; overwritten with the
   //         gradient of the MEAN loss over the batch.
-  // Returns the mean cross-entropy loss, or InvalidArgument for a bad label or batch.
+  // Returns the mean loss, or InvalidArgument for a bad label, id or batch.
   virtual Result<float> ForwardBackward(std::span<const float* const> params, const float* x,
-                                        const uint8_t* labels, int batch,
+                                        const uint8_t* labels, int batch, uint64_t seed,
                                         std::span<float* const> grads) = 0;
 
-  // Forward pass only, over n examples (processed in chunks of the backend's choosing).
+  // Forward pass only (inference mode: no dropout), over n examples (processed in chunks of
+  // the backend's choosing).
   virtual Result<EvalResult> Evaluate(std::span<const float* const> params, const float* x,
                                       const uint8_t* labels, int64_t n) = 0;
 };
 
-// The CPU backend (OpenBLAS sgemm). Fails with InvalidArgument for a bad spec.
-Result<std::unique_ptr<ComputeBackend>> CreateCpuBackend(const MlpSpec& spec);
+// The CPU backend (oneDNN primitives, OpenBLAS for dense layers). Fails with
+// InvalidArgument for a model it cannot run, Internal when oneDNN refuses a layer.
+Result<std::unique_ptr<ComputeBackend>> CreateCpuBackend(const Model& model);
+
+// Sizes the CPU backend's thread pools (OpenBLAS's and oneDNN's OpenMP threads) for the
+// whole process. Call before the first pass; keep 1 when several processes share a machine.
+void SetCpuComputeThreads(int threads);
 
 }  // namespace parasync

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "worker/compute/cuda/cuda_module.h"
 
@@ -79,9 +80,9 @@ class ModuleBackend final : public ComputeBackend {
   std::string name() const override { return impl_->name(); }
   std::shared_ptr<void> AllocateHost(size_t bytes) override { return impl_->AllocateHost(bytes); }
   Result<float> ForwardBackward(std::span<const float* const> params, const float* x,
-                                const uint8_t* labels, int batch,
+                                const uint8_t* labels, int batch, uint64_t seed,
                                 std::span<float* const> grads) override {
-    return impl_->ForwardBackward(params, x, labels, batch, grads);
+    return impl_->ForwardBackward(params, x, labels, batch, seed, grads);
   }
   Result<EvalResult> Evaluate(std::span<const float* const> params, const float* x,
                               const uint8_t* labels, int64_t n) override {
@@ -101,7 +102,7 @@ std::string ModulePath() {
   return (exe.parent_path().parent_path() / "lib" / "libparasync_cuda.so").string();
 }
 
-Result<std::unique_ptr<ComputeBackend>> CreateCuda(const DeviceChoice& device, const MlpSpec& spec,
+Result<std::unique_ptr<ComputeBackend>> CreateCuda(const DeviceChoice& device, const Model& model,
                                                    int local_rank, std::string* picked) {
   const std::string path = ModulePath();
   void* module = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -132,7 +133,10 @@ Result<std::unique_ptr<ComputeBackend>> CreateCuda(const DeviceChoice& device, c
               " GPU(s): cuda:" + std::to_string(*gpu);
     if (local_rank >= count) *picked += ", shared with local rank " + std::to_string(*gpu);
   }
-  void* impl = create_fn(spec.widths.data(), static_cast<int>(spec.widths.size()), *gpu,
+  // The module builds its own Model from the description and the input shape.
+  const std::string description = ModelSpecToJson(model.spec());
+  const std::vector<int64_t>& input = model.input_shape();
+  void* impl = create_fn(description.c_str(), input.data(), static_cast<int>(input.size()), *gpu,
                          err.data(), err.size());
   if (impl == nullptr) return Status::NotSupported(err.data());
   return std::unique_ptr<ComputeBackend>(
@@ -142,15 +146,15 @@ Result<std::unique_ptr<ComputeBackend>> CreateCuda(const DeviceChoice& device, c
 }  // namespace
 
 Result<std::unique_ptr<ComputeBackend>> CreateBackend(const DeviceChoice& device,
-                                                      const MlpSpec& spec, int local_rank,
+                                                      const Model& model, int local_rank,
                                                       std::string* why) {
   std::string picked;
   switch (device.kind) {
     case DeviceChoice::Kind::kCpu:
       *why = "--device cpu";
-      return CreateCpuBackend(spec);
+      return CreateCpuBackend(model);
     case DeviceChoice::Kind::kCuda: {
-      auto cuda = CreateCuda(device, spec, local_rank, &picked);
+      auto cuda = CreateCuda(device, model, local_rank, &picked);
       *why = "--device cuda; " + picked;
       if (!cuda.ok()) {
         return Status(cuda.status().code(),
@@ -160,13 +164,13 @@ Result<std::unique_ptr<ComputeBackend>> CreateBackend(const DeviceChoice& device
       return cuda;
     }
     case DeviceChoice::Kind::kAuto: {
-      auto cuda = CreateCuda(device, spec, local_rank, &picked);
+      auto cuda = CreateCuda(device, model, local_rank, &picked);
       if (cuda.ok()) {
         *why = "--device auto found a GPU; " + picked;
         return cuda;
       }
       *why = "--device auto: " + cuda.status().message() + "; using the CPU";
-      return CreateCpuBackend(spec);
+      return CreateCpuBackend(model);
     }
   }
   return Status::Internal("unknown device kind");

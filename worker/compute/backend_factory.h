@@ -12,7 +12,7 @@
 
 #include "common/status.h"
 #include "worker/compute/backend.h"
-#include "worker/model/mlp.h"
+#include "worker/model/model.h"
 
 namespace parasync {
 
@@ -38,7 +38,7 @@ Result<int> LocalRankFromEnvironment();
 // or Unavailable ("no GPU") / NotSupported with the reason. kAuto: CUDA when the module
 // loads and a GPU is present, else CPU. `*why` says which was picked and why.
 Result<std::unique_ptr<ComputeBackend>> CreateBackend(const DeviceChoice& device,
-                                                      const MlpSpec& spec, int local_rank,
+                                                      const Model& model, int local_rank,
                                                       std::string* why);
 
 }  // namespace parasync

@@ -8,37 +8,14 @@
 #include <string>
 
 #include "common/status.h"
-#include "worker/model/mlp.h"
+#include "worker/model/model.h"
 
 namespace parasync::compute {
 
-inline constexpr int64_t kMaxWidth = int64_t{1} << 20;
-// Labels are uint8.
-inline constexpr int64_t kMaxClasses = 256;
-
-// A spec a backend can run: at least two widths, each in [1, kMaxWidth], at most
-// kMaxClasses classes.
-inline Status ValidateSpec(const MlpSpec& spec) {
-  if (spec.widths.size() < 2) {
-    return Status::InvalidArgument("MLP needs at least two widths (inputs and classes)");
-  }
-  for (int64_t w : spec.widths) {
-    if (w < 1 || w > kMaxWidth) {
-      return Status::InvalidArgument("MLP width " + std::to_string(w) + " is out of range [1, " +
-                                     std::to_string(kMaxWidth) + "]");
-    }
-  }
-  if (spec.widths.back() > kMaxClasses) {
-    return Status::InvalidArgument("MLP has " + std::to_string(spec.widths.back()) +
-                                   " classes; labels are uint8, so at most 256");
-  }
-  return Status::Ok();
-}
-
-// One non-null array per variable of `spec`.
+// One non-null array per variable of `model`.
 template <typename T>
-Status CheckArrays(const MlpSpec& spec, std::span<T* const> arrays, const char* what) {
-  const size_t want = 2 * static_cast<size_t>(spec.num_layers());
+Status CheckArrays(const Model& model, std::span<T* const> arrays, const char* what) {
+  const size_t want = model.variables().size();
   if (arrays.size() != want) {
     return Status::InvalidArgument(std::string(what) + ": expected " + std::to_string(want) +
                                    " arrays, got " + std::to_string(arrays.size()));
@@ -49,44 +26,78 @@ Status CheckArrays(const MlpSpec& spec, std::span<T* const> arrays, const char* 
   return Status::Ok();
 }
 
-// Every label is a class index; `offset` is the first row's index, for the message.
-inline Status CheckLabels(const MlpSpec& spec, const uint8_t* labels, int64_t rows,
+// Every label fits the loss; `offset` is the first row's index, for the message.
+inline Status CheckLabels(const Model& model, const uint8_t* labels, int64_t rows,
                           int64_t offset) {
-  const int64_t classes = spec.widths.back();
+  const int64_t limit = model.loss() == LossKind::kSigmoidCrossEntropy ? 2 : model.outputs();
   for (int64_t i = 0; i < rows; ++i) {
-    if (labels[i] >= classes) {
+    if (labels[i] >= limit) {
       return Status::InvalidArgument("label " + std::to_string(labels[i]) + " of example " +
                                      std::to_string(offset + i) + " is not below " +
-                                     std::to_string(classes) + " classes");
+                                     std::to_string(limit) +
+                                     (limit == 2 ? " (0/1 labels)" : " classes"));
     }
   }
   return Status::Ok();
 }
 
 // The checks of ForwardBackward's arguments, before any work.
-inline Status CheckForwardBackward(const MlpSpec& spec, std::span<const float* const> params,
+inline Status CheckForwardBackward(const Model& model, std::span<const float* const> params,
                                    const float* x, const uint8_t* labels, int batch,
                                    std::span<float* const> grads) {
-  PARASYNC_RETURN_IF_ERROR(CheckArrays(spec, params, "params"));
-  PARASYNC_RETURN_IF_ERROR(CheckArrays(spec, grads, "grads"));
+  PARASYNC_RETURN_IF_ERROR(CheckArrays(model, params, "params"));
+  PARASYNC_RETURN_IF_ERROR(CheckArrays(model, grads, "grads"));
   if (batch <= 0) {
     return Status::InvalidArgument("batch must be positive, got " + std::to_string(batch));
   }
   if (x == nullptr || labels == nullptr) {
     return Status::InvalidArgument("x and labels must not be null");
   }
-  return CheckLabels(spec, labels, batch, 0);
+  return CheckLabels(model, labels, batch, 0);
 }
 
 // The checks of Evaluate's arguments; labels are checked chunk by chunk as they are used.
-inline Status CheckEvaluate(const MlpSpec& spec, std::span<const float* const> params,
+inline Status CheckEvaluate(const Model& model, std::span<const float* const> params,
                             const float* x, const uint8_t* labels, int64_t n) {
-  PARASYNC_RETURN_IF_ERROR(CheckArrays(spec, params, "params"));
+  PARASYNC_RETURN_IF_ERROR(CheckArrays(model, params, "params"));
   if (n < 0) return Status::InvalidArgument("n must not be negative, got " + std::to_string(n));
   if (n > 0 && (x == nullptr || labels == nullptr)) {
     return Status::InvalidArgument("x and labels must not be null");
   }
   return Status::Ok();
+}
+
+// Embedding ids travel as float features: each must be an integer in [0, vocab).
+inline Status CheckIds(const LayerOp& op, const float* ids, int64_t count, int64_t first_example) {
+  const int64_t bag = op.in_size();
+  for (int64_t k = 0; k < count; ++k) {
+    const float id = ids[k];
+    if (!(id >= 0.0f) || id >= static_cast<float>(op.spec.vocab) ||
+        id != static_cast<float>(static_cast<int64_t>(id))) {
+      return Status::InvalidArgument("layer '" + op.spec.name + "': id " + std::to_string(id) +
+                                     " of example " + std::to_string(first_example + k / bag) +
+                                     " is not an integer in [0, " +
+                                     std::to_string(op.spec.vocab) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+// The dropout mask, the same on every backend: element `index` of the layer whose op index
+// is `op` is kept with probability 1 - rate, from a counter-based hash of (seed, op, index),
+// so no state or order of computation matters.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline bool DropoutKeeps(uint64_t seed, uint32_t op, uint64_t index, float rate) {
+  uint64_t x = seed ^ (static_cast<uint64_t>(op) << 40) ^ (index * 0x9e3779b97f4a7c15ULL);
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  // The top 24 bits as a uniform in [0, 1).
+  const float u = static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
+  return u >= rate;
 }
 
 }  // namespace parasync::compute

@@ -3,26 +3,165 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <random>
+#include <type_traits>
 #include <utility>
 
 #include "worker/data/idx_reader.h"
+#include "worker/data/npy_reader.h"
 
 namespace parasync {
 
 namespace {
+
+constexpr float kPixelScale = 1.0f / 255.0f;
+// Every integer of at most this magnitude is exactly a float32.
+constexpr int64_t kMaxExactFloatInt = int64_t{1} << 24;
 
 bool FileExists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
 }
 
-// Prefers the gzip-compressed file, falls back to the plain one.
-Result<IdxTensor> ReadEitherIdx(const std::string& base) {
-  const std::string gz = base + ".gz";
-  if (FileExists(gz)) return ReadIdxFile(gz);
-  if (FileExists(base)) return ReadIdxFile(base);
-  return Status::NotFound("neither " + gz + " nor " + base + " exists");
+// The first of `bases`, each tried gzip-compressed first and then plain, that exists; empty
+// if none does.
+std::string FindIdx(const std::vector<std::string>& bases) {
+  for (const std::string& base : bases) {
+    if (FileExists(base + ".gz")) return base + ".gz";
+    if (FileExists(base)) return base;
+  }
+  return "";
+}
+
+// Reorders each of the n examples in x from [H, W, C] to [C, H, W]. A loop because it runs
+// once per load, on data whose layout only we know.
+void HwcToChw(int64_t n, int64_t h, int64_t w, int64_t c, std::vector<float>* x) {
+  if (c == 1) return;  // same layout
+  const size_t hw = static_cast<size_t>(h * w);
+  const size_t channels = static_cast<size_t>(c);
+  const size_t dim = hw * channels;
+  std::vector<float> example(dim);
+  for (size_t e = 0; e < static_cast<size_t>(n); ++e) {
+    float* ex = x->data() + e * dim;
+    for (size_t p = 0; p < hw; ++p) {
+      for (size_t ch = 0; ch < channels; ++ch) example[ch * hw + p] = ex[p * channels + ch];
+    }
+    std::copy(example.begin(), example.end(), ex);
+  }
+}
+
+// Calls f(T{}) with T the C++ type of `dtype`'s elements and returns what it returns.
+template <typename F>
+auto VisitDtype(NpyDtype dtype, F&& f) {
+  switch (dtype) {
+    case NpyDtype::kInt8: return f(int8_t{});
+    case NpyDtype::kUint8: return f(uint8_t{});
+    case NpyDtype::kInt16: return f(int16_t{});
+    case NpyDtype::kUint16: return f(uint16_t{});
+    case NpyDtype::kInt32: return f(int32_t{});
+    case NpyDtype::kUint32: return f(uint32_t{});
+    case NpyDtype::kInt64: return f(int64_t{});
+    case NpyDtype::kUint64: return f(uint64_t{});
+    case NpyDtype::kFloat32: return f(float{});
+    case NpyDtype::kFloat64: return f(double{});
+  }
+  std::abort();  // every enumerator has a case
+}
+
+// Element i of `a`, whose elements are T. NpyArray holds little-endian bytes, and
+// npy_reader.cc refuses to build on a big-endian host.
+template <typename T>
+T ElementAt(const NpyArray& a, size_t i) {
+  T v;
+  std::memcpy(&v, a.data.data() + i * sizeof(T), sizeof(T));
+  return v;
+}
+
+// Converts the elements of `features` (of type T) to float into *x: uint8 scaled to [0, 1],
+// others as they are; refuses integers float32 cannot hold exactly.
+template <typename T>
+Status ConvertFeatures(const std::string& path, const NpyArray& features, int64_t dim,
+                       std::vector<float>* x) {
+  const size_t count = features.data.size() / sizeof(T);
+  x->resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    const T v = ElementAt<T>(features, i);
+    if constexpr (std::is_same_v<T, uint8_t>) {
+      (*x)[i] = static_cast<float>(v) * kPixelScale;
+    } else {
+      if constexpr (std::is_integral_v<T> && sizeof(T) > 2) {
+        bool exact = v <= static_cast<T>(kMaxExactFloatInt);
+        if constexpr (std::is_signed_v<T>) exact = exact && v >= -static_cast<T>(kMaxExactFloatInt);
+        if (!exact) {
+          return Status::InvalidArgument(
+              "features " + path + ": element " + std::to_string(i) + " (example " +
+              std::to_string(i / static_cast<size_t>(dim)) + ") is " + std::to_string(v) +
+              "; integer features must be within +-2^24 to be exact in float32");
+        }
+      }
+      (*x)[i] = static_cast<float>(v);
+    }
+  }
+  return Status::Ok();
+}
+
+// Copies the integer labels of `labels` (of type T) into *y; refuses values outside uint8.
+template <typename T>
+Status ConvertLabels(const std::string& path, const NpyArray& labels, std::vector<uint8_t>* y) {
+  const size_t count = labels.data.size() / sizeof(T);
+  y->resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    const T v = ElementAt<T>(labels, i);
+    bool in_range = true;
+    if constexpr (std::is_floating_point_v<T>) {
+      in_range = false;  // LoadNpyDataset refuses float labels before; kept total for safety
+    } else {
+      if constexpr (std::is_signed_v<T>) in_range = v >= 0;
+      in_range = in_range && v <= 255;
+    }
+    if (!in_range) {
+      return Status::InvalidArgument("labels " + path + ": example " + std::to_string(i) +
+                                     " has label " + std::to_string(v) +
+                                     "; labels must be in [0, 255]");
+    }
+    (*y)[i] = static_cast<uint8_t>(v);
+  }
+  return Status::Ok();
+}
+
+// Where split `split` ("train" or "test") of `data` lives: IDX files or a NumPy pair.
+struct DataFiles {
+  bool idx = false;
+  std::string dir;
+  std::string idx_split;  // the IDX file prefix: "train" or "t10k"
+  std::string features;   // the .npy paths, when !idx
+  std::string labels;
+};
+
+// Finds the files LoadDataset reads, without reading them. Fails as LoadDataset documents.
+Result<DataFiles> FindDataFiles(const std::string& data, const std::string& split) {
+  if (split != "train" && split != "test") {
+    return Status::InvalidArgument("data set split must be 'train' or 'test', not '" + split +
+                                   "'");
+  }
+  DataFiles files;
+  files.dir = data.empty() ? std::string(".") : data;
+  files.idx_split = split == "train" ? "train" : "t10k";
+  const std::string prefix = files.dir + "/" + files.idx_split;
+  if (!FindIdx({prefix + "-images-idx3-ubyte", prefix + "-images-idx4-ubyte"}).empty() &&
+      !FindIdx({prefix + "-labels-idx1-ubyte"}).empty()) {
+    files.idx = true;
+    return files;
+  }
+  files.features = files.dir + "/" + split + "_x.npy";
+  files.labels = files.dir + "/" + split + "_y.npy";
+  if (FileExists(files.features) && FileExists(files.labels)) return files;
+  return Status::NotFound("--data " + files.dir + " lacks " + files.idx_split +
+                          "-images-idx3-ubyte[.gz] + " + files.idx_split +
+                          "-labels-idx1-ubyte[.gz] and " + split + "_x.npy + " + split +
+                          "_y.npy (either pair will do)");
 }
 
 // SplitMix64 finaliser: spreads (seed, rank, epoch) over all 64 bits of the engine seed.
@@ -45,17 +184,45 @@ uint64_t UniformBelow(std::mt19937_64& gen, uint64_t bound) {
 
 }  // namespace
 
+Result<Dataset> LoadDataset(const std::string& data, const std::string& split) {
+  PARASYNC_ASSIGN_OR_RETURN(DataFiles files, FindDataFiles(data, split));
+  if (files.idx) return LoadIdxDataset(files.dir, files.idx_split);
+  return LoadNpyDataset(files.features, files.labels);
+}
+
+Status CheckDataFilesExist(const std::string& data) {
+  std::string missing;
+  for (const char* split : {"train", "test"}) {
+    Result<DataFiles> files = FindDataFiles(data, split);
+    if (!files.ok()) missing += (missing.empty() ? "" : "; ") + files.status().message();
+  }
+  if (!missing.empty()) return Status::NotFound(missing);
+  return Status::Ok();
+}
+
 Result<Dataset> LoadIdxDataset(const std::string& dir, const std::string& split) {
   if (split.empty()) return Status::InvalidArgument("empty data set split name");
   const std::string prefix = (dir.empty() ? std::string(".") : dir) + "/" + split;
-  PARASYNC_ASSIGN_OR_RETURN(IdxTensor images, ReadEitherIdx(prefix + "-images-idx3-ubyte"));
-  PARASYNC_ASSIGN_OR_RETURN(IdxTensor labels, ReadEitherIdx(prefix + "-labels-idx1-ubyte"));
-  if (images.dims.size() != 3) {
-    return Status::Corruption(prefix + "-images-idx3-ubyte: expected 3 dimensions, found " +
-                              std::to_string(images.dims.size()));
+  const std::string images_path =
+      FindIdx({prefix + "-images-idx3-ubyte", prefix + "-images-idx4-ubyte"});
+  if (images_path.empty()) {
+    return Status::NotFound("neither " + prefix + "-images-idx3-ubyte[.gz] nor " + prefix +
+                            "-images-idx4-ubyte[.gz] exists");
+  }
+  const std::string labels_path = FindIdx({prefix + "-labels-idx1-ubyte"});
+  if (labels_path.empty()) {
+    return Status::NotFound("neither " + prefix + "-labels-idx1-ubyte.gz nor " + prefix +
+                            "-labels-idx1-ubyte exists");
+  }
+  PARASYNC_ASSIGN_OR_RETURN(IdxTensor images, ReadIdxFile(images_path));
+  PARASYNC_ASSIGN_OR_RETURN(IdxTensor labels, ReadIdxFile(labels_path));
+  const size_t rank = images.dims.size();
+  if (rank != 3 && rank != 4) {
+    return Status::Corruption(images_path + ": expected 3 dimensions [n, rows, cols] or 4 " +
+                              "[n, H, W, C], found " + std::to_string(rank));
   }
   if (labels.dims.size() != 1) {
-    return Status::Corruption(prefix + "-labels-idx1-ubyte: expected 1 dimension, found " +
+    return Status::Corruption(labels_path + ": expected 1 dimension, found " +
                               std::to_string(labels.dims.size()));
   }
   if (images.dims[0] != labels.dims[0]) {
@@ -64,13 +231,71 @@ Result<Dataset> LoadIdxDataset(const std::string& dir, const std::string& split)
   }
   Dataset data;
   data.n = images.dims[0];
-  data.dim = images.dims[1] * images.dims[2];
+  const int64_t h = images.dims[1];
+  const int64_t w = images.dims[2];
+  const int64_t c = rank == 4 ? images.dims[3] : 1;
+  data.dim = c * h * w;
+  data.shape = {c, h, w};
   data.x.resize(images.data.size());
-  constexpr float kScale = 1.0f / 255.0f;
   std::transform(images.data.begin(), images.data.end(), data.x.begin(),
-                 [](uint8_t p) { return static_cast<float>(p) * kScale; });
+                 [](uint8_t p) { return static_cast<float>(p) * kPixelScale; });
+  HwcToChw(data.n, h, w, c, &data.x);
   data.y = std::move(labels.data);
   return data;
+}
+
+Result<Dataset> LoadNpyDataset(const std::string& features_path, const std::string& labels_path) {
+  // Labels first: they are small, and a problem with them is found before the big read.
+  PARASYNC_ASSIGN_OR_RETURN(NpyArray labels, ReadNpyFile(labels_path));
+  if (!NpyIsInteger(labels.dtype)) {
+    return Status::InvalidArgument("labels " + labels_path + " have dtype " +
+                                   std::string(NpyDescr(labels.dtype)) +
+                                   "; labels must be integers (e.g. uint8 or int64)");
+  }
+  if (labels.shape.empty() || labels.shape.size() > 2 ||
+      (labels.shape.size() == 2 && labels.shape[1] != 1)) {
+    return Status::InvalidArgument("labels " + labels_path + " have shape " +
+                                   NpyShapeString(labels.shape) + "; expected (n,) or (n, 1)");
+  }
+  PARASYNC_ASSIGN_OR_RETURN(NpyArray features, ReadNpyFile(features_path));
+  const std::vector<int64_t>& fs = features.shape;
+  if (fs.empty() || fs.size() > 4) {
+    return Status::InvalidArgument("features " + features_path + " have shape " +
+                                   NpyShapeString(fs) +
+                                   "; expected (n,), (n, D), (n, H, W) or (n, H, W, C)");
+  }
+  if (std::find(fs.begin(), fs.end(), 0) != fs.end()) {
+    return Status::InvalidArgument("features " + features_path + " have shape " +
+                                   NpyShapeString(fs) + "; every dimension must be at least 1");
+  }
+  if (fs[0] != labels.shape[0]) {
+    return Status::Corruption("features " + features_path + " have " + std::to_string(fs[0]) +
+                              " examples but labels " + labels_path + " have " +
+                              std::to_string(labels.shape[0]));
+  }
+  Dataset data;
+  data.n = fs[0];
+  switch (fs.size()) {
+    case 1: data.shape = {1}; break;
+    case 2: data.shape = {fs[1]}; break;
+    case 3: data.shape = {1, fs[1], fs[2]}; break;
+    default: data.shape = {fs[3], fs[1], fs[2]}; break;  // channels last in the file
+  }
+  data.dim = 1;
+  for (int64_t d : data.shape) data.dim *= d;
+  PARASYNC_RETURN_IF_ERROR(VisitDtype(features.dtype, [&](auto t) {
+    return ConvertFeatures<decltype(t)>(features_path, features, data.dim, &data.x);
+  }));
+  if (fs.size() == 4) HwcToChw(data.n, fs[1], fs[2], fs[3], &data.x);
+  PARASYNC_RETURN_IF_ERROR(VisitDtype(labels.dtype, [&](auto t) {
+    return ConvertLabels<decltype(t)>(labels_path, labels, &data.y);
+  }));
+  return data;
+}
+
+int MaxLabel(const Dataset& data) {
+  if (data.y.empty()) return -1;
+  return *std::max_element(data.y.begin(), data.y.end());
 }
 
 std::vector<int64_t> ShardIndices(int64_t n, int rank, int world) {

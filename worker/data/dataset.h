@@ -1,8 +1,9 @@
-// The training data as the worker holds it: a labelled image set in memory, how it is split
-// among worker ranks, and the per-epoch order in which a rank visits its share.
+// The training data as the worker holds it: a labelled data set in memory (read from IDX or
+// NumPy .npy files), how it is split among worker ranks, and the per-epoch order in which a
+// rank visits its share. docs/data.md describes the files for users.
 //
-// Dataset is a plain value. The functions are pure (deterministic in their arguments) and
-// thread-safe; they share no state.
+// Dataset is a plain value. The functions are pure (deterministic in their arguments and the
+// files they read) and thread-safe; they share no state.
 #pragma once
 
 #include <cstdint>
@@ -14,22 +15,55 @@
 
 namespace parasync {
 
-// n examples of dim features each, features scaled to [0, 1].
+// n examples of dim features each, and one label per example.
 struct Dataset {
   int64_t n = 0;
   int64_t dim = 0;
-  std::vector<float> x;    // n * dim, row-major, pixel / 255
-  std::vector<uint8_t> y;  // n labels
+  std::vector<int64_t> shape;  // of one example: [C, H, W] for images, else [dim]; product dim
+  std::vector<float> x;        // n * dim, row-major; images channel-first (CHW), pixel / 255
+  std::vector<uint8_t> y;      // n labels
 };
 
-// Loads the split `split` (e.g. "train" or "t10k") of an MNIST-style data set from `dir`:
-// "<split>-images-idx3-ubyte[.gz]" ([n, rows, cols] bytes) and "<split>-labels-idx1-ubyte[.gz]"
-// ([n] bytes), each taken gzip-compressed if that file exists and plain otherwise. On
-// success dim = rows * cols. Fails with NotFound if either file is missing, Corruption if a
-// file is damaged (see ReadIdxFile), has the wrong number of dimensions, or the image and
-// label counts differ; InvalidArgument for an empty split name. Labels are not range-checked
-// here; the compute backend rejects ones outside its classes. Blocks on file I/O.
+// Loads split `split` of the data set in directory `data` (empty means "."), the one entry
+// point the worker uses. `split` is "train" or "test". Looks first for IDX files (see
+// LoadIdxDataset; prefix "train" for the train split, "t10k" for the test split), then for
+// NumPy files "<split>_x.npy" and "<split>_y.npy" (see LoadNpyDataset). On success returns
+// the data set of whichever pair exists. Fails with InvalidArgument for another split name;
+// NotFound, one line naming both pairs looked for, when neither pair exists; otherwise as the
+// loader of the pair found. Blocks on file I/O.
+Result<Dataset> LoadDataset(const std::string& data, const std::string& split);
+
+// Returns Ok if LoadDataset would find a pair of files for both the "train" and the "test"
+// split of `data`, without reading them; else NotFound with the one line LoadDataset would
+// give (both splits' lines joined by "; " when both lack files). For preflight checks.
+[[nodiscard]] Status CheckDataFilesExist(const std::string& data);
+
+// Loads split `split` (e.g. "train" or "t10k") of an MNIST-style data set from `dir`: images
+// from "<split>-images-idx3-ubyte[.gz]" or, if that is absent, "<split>-images-idx4-ubyte[.gz]",
+// and labels from "<split>-labels-idx1-ubyte[.gz]", each taken gzip-compressed if that file
+// exists and plain otherwise. Images are [n, rows, cols] (shape [1, rows, cols]) or
+// [n, H, W, C], channels last in the file (shape [C, H, W], transposed to CHW in x); the
+// header decides, not the file name. Pixels are scaled by 1/255. Fails with NotFound if no
+// images file or no labels file exists; Corruption if a file is damaged (see ReadIdxFile),
+// images do not have 3 or 4 dimensions or labels 1, or the image and label counts differ;
+// InvalidArgument for an empty split name. Labels are not range-checked here; the compute
+// backend rejects ones outside its classes. Blocks on file I/O.
 Result<Dataset> LoadIdxDataset(const std::string& dir, const std::string& split);
+
+// Loads a data set from two .npy files (see ReadNpyFile for what fails to read). Features
+// [n] give shape [1]; [n, D] give [D]; [n, H, W] give [1, H, W]; [n, H, W, C] are channels
+// last and become [C, H, W], transposed to CHW in x. uint8 features are pixels, scaled by
+// 1/255; every other dtype is taken as it is (float64 rounded to float32), and integers must
+// be at most 2^24 in magnitude so float32 holds them exactly. Labels have an integer dtype,
+// shape [n] or [n, 1], and values in [0, 255]. Fails with InvalidArgument (one line naming
+// the file, and for a bad value the element or example and the value) for features of 0 or
+// more than 4 dimensions or with a zero-sized dimension, an integer feature out of range,
+// float labels, labels of another shape, or a label outside [0, 255]; Corruption naming both
+// files when their example counts differ. Blocks on file I/O.
+Result<Dataset> LoadNpyDataset(const std::string& features_path, const std::string& labels_path);
+
+// The largest label in `data`, or -1 when it has none.
+int MaxLabel(const Dataset& data);
 
 // The example indices rank `rank` of `world` owns: every i in [0, n) with i % world == rank,
 // ascending. Shards of different ranks are disjoint, together cover [0, n), and differ in

@@ -1,7 +1,9 @@
 // IDX files: the tensor format of MNIST and Fashion-MNIST. A big-endian header (two zero
 // bytes, a type code, the number of dimensions, then one uint32 per dimension) followed by
 // the elements, row-major. Only unsigned-byte tensors (type code 0x08) are supported, which
-// covers images (magic 0x00000803, [n, rows, cols]) and labels (0x00000801, [n]).
+// covers images (magic 0x00000803, [n, rows, cols], or 0x00000804, [n, H, W, C] with channels
+// last) and labels (0x00000801, [n]). The reader takes any number of dimensions; callers
+// check the number they expect.
 //
 // Files may be gzip-compressed or not; the reader detects which. Plain functions and values;
 // thread-safe.

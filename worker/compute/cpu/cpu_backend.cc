@@ -1,20 +1,20 @@
-// The CPU compute backend: the MLP's forward and backward passes with OpenBLAS sgemm for
-// the matrix products and plain loops (which the compiler vectorises) for bias, ReLU and
-// softmax. It is the reference the GPU backend is tested against.
+// The CPU compute backend: runs a Model as a chain of CpuLayers (one file per layer family
+// beside this one: oneDNN for convolution, pooling and activations, OpenBLAS for dense
+// layers), then the loss. It is the reference the GPU backend is tested against.
 //
-// Layout is row-major throughout: activations [batch, width], kernels [in, out], so a layer
-// computes Z = A * W + b. OpenBLAS runs its products on its own thread pool; this file never
-// sets its size (parasync-worker does, from --compute-threads).
-//
-// Not thread-safe: one training thread uses an instance (see worker/compute/backend.h).
-// Scratch buffers grow to the largest batch seen and are then reused, so a warmed-up
+// Buffers: every layer that computes a new array gets an activation buffer of its own, kept
+// until the backward pass reads it; activations and dropout run in place, flatten is a view.
+// The backward pass ping-pongs between two gradient buffers the size of the largest
+// activation. Buffers grow to the largest row count seen and are then reused, so a warmed-up
 // instance allocates nothing per call.
+//
+// Threads: OpenBLAS's pool and oneDNN's OpenMP threads, both sized by
+// SetCpuComputeThreads(). Not thread-safe: one training thread uses an instance.
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
@@ -22,167 +22,169 @@
 
 #include "worker/compute/backend.h"
 #include "worker/compute/checks.h"
+#include "worker/compute/cpu/cpu_layer.h"
+#include "worker/compute/cpu/loss.h"
 
 namespace parasync {
 
 namespace {
 
-// Rows per forward pass in Evaluate: bounds scratch memory for large evaluation sets.
-constexpr int kEvalChunkRows = 1024;
+// Evaluate runs chunks of at most this many rows, and at most kEvalChunkBytes of
+// activations: bounds scratch memory for large evaluation sets and wide models.
+constexpr int64_t kEvalChunkRows = 1024;
+constexpr int64_t kEvalChunkBytes = int64_t{64} << 20;
 
 class CpuBackend final : public ComputeBackend {
  public:
-  explicit CpuBackend(MlpSpec spec) : spec_(std::move(spec)), acts_(spec_.widths.size()) {
-    for (size_t l = 1; l < spec_.widths.size(); ++l) {
-      max_width_ = std::max(max_width_, spec_.widths[l]);
+  explicit CpuBackend(Model model) : model_(std::move(model)) {}
+
+  Status Init() {
+    const std::vector<LayerOp>& ops = model_.ops();
+    const size_t n = ops.size();
+    for (size_t i = 0; i < n; ++i) {
+      PARASYNC_ASSIGN_OR_RETURN(auto layer, cpu::MakeCpuLayer(ops[i], static_cast<uint32_t>(i), dnn_));
+      layers_.push_back(std::move(layer));
     }
+    // act_[j]: the buffer holding op j-1's output (j >= 1); -1 is the caller's input.
+    act_.assign(n + 1, -1);
+    for (size_t i = 0; i < n; ++i) {
+      const cpu::Aliasing a = layers_[i]->aliasing();
+      if (a == cpu::Aliasing::kView || (a == cpu::Aliasing::kInPlace && act_[i] >= 0)) {
+        act_[i + 1] = act_[i];
+      } else {
+        act_[i + 1] = static_cast<int>(act_elements_.size());
+        act_elements_.push_back(0);
+      }
+      if (act_[i + 1] >= 0) {
+        int64_t& e = act_elements_[static_cast<size_t>(act_[i + 1])];
+        e = std::max(e, ops[i].out_size());
+      }
+      per_example_ += ops[i].out_size();
+    }
+    // Op i needs dx when an op below it has variables to differentiate.
+    needs_dx_.assign(n, false);
+    bool below = false;
+    for (size_t i = 0; i < n; ++i) {
+      needs_dx_[i] = below;
+      below = below || ops[i].num_variables > 0;
+    }
+    // delta_[j]: which of the two gradient buffers holds dLoss/d(op j-1's output).
+    delta_.assign(n + 1, 0);
+    for (size_t i = n; i-- > 0;) {
+      const bool same = layers_[i]->aliasing() != cpu::Aliasing::kNone;
+      delta_[i] = same ? delta_[i + 1] : 1 - delta_[i + 1];
+      delta_elements_ = std::max(delta_elements_, ops[i].out_size());
+    }
+    return Status::Ok();
   }
 
   std::string name() const override { return "cpu"; }
 
   Result<float> ForwardBackward(std::span<const float* const> params, const float* x,
-                                const uint8_t* labels, int batch,
+                                const uint8_t* labels, int batch, uint64_t seed,
                                 std::span<float* const> grads) override {
-    PARASYNC_RETURN_IF_ERROR(compute::CheckForwardBackward(spec_, params, x, labels, batch, grads));
-
+    PARASYNC_RETURN_IF_ERROR(compute::CheckForwardBackward(model_, params, x, labels, batch, grads));
     Reserve(batch);
-    Forward(params, x, batch);
-
-    // Softmax cross-entropy. delta_ receives dLoss_mean/dLogits = (softmax - onehot) / batch.
-    const int layers = spec_.num_layers();
-    const int64_t classes = spec_.widths.back();
-    const float* logits = acts_[layers].data();
-    float* delta = delta_.data();
-    const float inv_batch = 1.0f / static_cast<float>(batch);
-    double loss_sum = 0.0;
-    for (int i = 0; i < batch; ++i) {
-      const float* z = logits + static_cast<size_t>(i) * classes;
-      float* d = delta + static_cast<size_t>(i) * classes;
-      const float m = *std::max_element(z, z + classes);
-      float sum = 0.0f;
-      for (int64_t c = 0; c < classes; ++c) {
-        d[c] = std::exp(z[c] - m);
-        sum += d[c];
-      }
-      const float scale = inv_batch / sum;
-      for (int64_t c = 0; c < classes; ++c) d[c] *= scale;
-      d[labels[i]] -= inv_batch;
-      loss_sum += static_cast<double>(m) + std::log(static_cast<double>(sum)) -
-                  static_cast<double>(z[labels[i]]);
-    }
-
-    // Backward, last layer first. On entry to layer l, delta holds dLoss/dZ_l [batch, out].
-    for (int l = layers - 1; l >= 0; --l) {
-      const int in = static_cast<int>(spec_.widths[l]);
-      const int out = static_cast<int>(spec_.widths[l + 1]);
-      const float* a_in = l == 0 ? x : acts_[l].data();
-      float* dw = grads[2 * l];
-      float* db = grads[2 * l + 1];
-      // dW = A_in^T * dZ: [in, batch] x [batch, out].
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, batch, 1.0f, a_in, in,
-                  delta, out, 0.0f, dw, out);
-      // db = column sums of dZ.
-      std::fill(db, db + out, 0.0f);
-      for (int i = 0; i < batch; ++i) {
-        const float* d = delta + static_cast<size_t>(i) * out;
-        for (int o = 0; o < out; ++o) db[o] += d[o];
-      }
-      if (l == 0) break;
-      // dA_in = dZ * W^T: [batch, out] x [out, in], then through the ReLU that made A_in.
-      float* delta_in = delta_prev_.data();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, in, out, 1.0f, delta, out,
-                  params[2 * l], out, 0.0f, delta_in, in);
-      const size_t count = static_cast<size_t>(batch) * in;
-      for (size_t k = 0; k < count; ++k) {
-        delta_in[k] = a_in[k] > 0.0f ? delta_in[k] : 0.0f;
-      }
-      std::swap(delta_, delta_prev_);
-      delta = delta_.data();
+    cpu::Pass pass;
+    pass.rows = batch;
+    pass.training = true;
+    pass.seed = seed;
+    PARASYNC_RETURN_IF_ERROR(Forward(params, x, pass));
+    const size_t n = layers_.size();
+    float* dlogits = DeltaBuffer(n);
+    const double loss_sum =
+        cpu::LossAndGradient(model_.loss(), Act(n, x), labels, batch, model_.outputs(),
+                             1.0f / static_cast<float>(batch), dlogits, nullptr);
+    for (size_t i = n; i-- > 0;) {
+      const LayerOp& op = model_.ops()[i];
+      float* dx = needs_dx_[i] ? DeltaBuffer(i) : nullptr;
+      if (!needs_dx_[i] && op.num_variables == 0) continue;  // nothing to compute below here
+      PARASYNC_RETURN_IF_ERROR(layers_[i]->Backward(
+          params.data() + op.first_variable, Act(i, x), Act(i + 1, x), DeltaBuffer(i + 1), dx,
+          grads.data() + op.first_variable, pass));
     }
     return static_cast<float>(loss_sum / batch);
   }
 
   Result<EvalResult> Evaluate(std::span<const float* const> params, const float* x,
                               const uint8_t* labels, int64_t n) override {
-    PARASYNC_RETURN_IF_ERROR(compute::CheckEvaluate(spec_, params, x, labels, n));
+    PARASYNC_RETURN_IF_ERROR(compute::CheckEvaluate(model_, params, x, labels, n));
     EvalResult result;
     if (n == 0) return result;
-    const int64_t inputs = spec_.widths.front();
-    const int64_t classes = spec_.widths.back();
-    Reserve(static_cast<int>(std::min<int64_t>(n, kEvalChunkRows)));
-    for (int64_t start = 0; start < n; start += kEvalChunkRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(kEvalChunkRows, n - start));
+    const int64_t by_bytes =
+        std::max<int64_t>(1, kEvalChunkBytes / (4 * std::max<int64_t>(per_example_, 1)));
+    const int64_t chunk = std::min({n, kEvalChunkRows, by_bytes});
+    Reserve(static_cast<int>(chunk));
+    const int64_t inputs = model_.input_size();
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int rows = static_cast<int>(std::min(chunk, n - start));
       const uint8_t* y = labels + start;
-      PARASYNC_RETURN_IF_ERROR(compute::CheckLabels(spec_, y, rows, start));
-      Forward(params, x + start * inputs, rows);
-      const float* logits = acts_[spec_.num_layers()].data();
-      for (int i = 0; i < rows; ++i) {
-        const float* z = logits + static_cast<size_t>(i) * classes;
-        // First maximum wins ties, so the count is deterministic.
-        const float* top = std::max_element(z, z + classes);
-        const float m = *top;
-        float sum = 0.0f;
-        for (int64_t c = 0; c < classes; ++c) sum += std::exp(z[c] - m);
-        result.loss_sum += static_cast<double>(m) + std::log(static_cast<double>(sum)) -
-                           static_cast<double>(z[y[i]]);
-        if (top - z == y[i]) ++result.correct;
-      }
+      PARASYNC_RETURN_IF_ERROR(compute::CheckLabels(model_, y, rows, start));
+      cpu::Pass pass;
+      pass.rows = rows;
+      pass.first_example = start;
+      const float* xs = x + start * inputs;
+      PARASYNC_RETURN_IF_ERROR(Forward(params, xs, pass));
+      result.loss_sum += cpu::LossAndGradient(model_.loss(), Act(layers_.size(), xs), y, rows,
+                                              model_.outputs(), 0.0f, nullptr, &result.correct);
       result.count += rows;
     }
     return result;
   }
 
  private:
-  // Grows the scratch buffers to hold `rows` examples; never shrinks them.
+  Status Forward(std::span<const float* const> params, const float* x, const cpu::Pass& pass) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      PARASYNC_RETURN_IF_ERROR(layers_[i]->Forward(params.data() + model_.ops()[i].first_variable,
+                                                   Act(i, x), Act(i + 1, x), pass));
+    }
+    return Status::Ok();
+  }
+
+  // The input of op j (the output of op j-1); the caller's x for j = 0 or a view of it.
+  float* Act(size_t j, const float* x) {
+    return act_[j] < 0 ? const_cast<float*>(x) : buffers_[static_cast<size_t>(act_[j])].data();
+  }
+  float* DeltaBuffer(size_t j) { return deltas_[static_cast<size_t>(delta_[j])].data(); }
+
+  // Grows the buffers to hold `rows` examples; never shrinks them.
   void Reserve(int rows) {
     if (rows <= capacity_) return;
     capacity_ = rows;
-    for (size_t l = 1; l < acts_.size(); ++l) {
-      acts_[l].resize(static_cast<size_t>(rows) * spec_.widths[l]);
+    buffers_.resize(act_elements_.size());
+    for (size_t b = 0; b < buffers_.size(); ++b) {
+      buffers_[b].resize(static_cast<size_t>(rows) * static_cast<size_t>(act_elements_[b]));
     }
-    const size_t delta_size = static_cast<size_t>(rows) * max_width_;
-    delta_.resize(delta_size);
-    delta_prev_.resize(delta_size);
-  }
-
-  // acts_[l+1] = layer l applied to acts_[l] (x for l = 0): ReLU on hidden layers, raw
-  // logits on the last. Precondition: Reserve(rows).
-  void Forward(std::span<const float* const> params, const float* x, int rows) {
-    const int layers = spec_.num_layers();
-    for (int l = 0; l < layers; ++l) {
-      const int in = static_cast<int>(spec_.widths[l]);
-      const int out = static_cast<int>(spec_.widths[l + 1]);
-      const float* a_in = l == 0 ? x : acts_[l].data();
-      const float* w = params[2 * l];
-      const float* b = params[2 * l + 1];
-      float* z = acts_[l + 1].data();
-      for (int i = 0; i < rows; ++i) {
-        std::copy(b, b + out, z + static_cast<size_t>(i) * out);
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, out, in, 1.0f, a_in, in, w,
-                  out, 1.0f, z, out);
-      if (l + 1 < layers) {
-        const size_t count = static_cast<size_t>(rows) * out;
-        for (size_t k = 0; k < count; ++k) z[k] = std::max(z[k], 0.0f);
-      }
+    for (std::vector<float>& d : deltas_) {
+      d.resize(static_cast<size_t>(rows) * static_cast<size_t>(delta_elements_));
     }
   }
 
-  const MlpSpec spec_;
-  int64_t max_width_ = 0;  // widest layer output, for the delta buffers
-  int capacity_ = 0;       // rows the scratch buffers hold
-  // acts_[l] for l >= 1: output of layer l-1, [capacity_, widths[l]]; acts_[0] unused
-  // (the input is read in place).
-  std::vector<std::vector<float>> acts_;
-  std::vector<float> delta_;       // dLoss/dZ of the current layer
-  std::vector<float> delta_prev_;  // dLoss/dZ of the layer below, being computed
+  const Model model_;
+  cpu::OneDnn dnn_;
+  std::vector<std::unique_ptr<cpu::CpuLayer>> layers_;
+  std::vector<int> act_;                // per op boundary: buffer index, -1 for the input
+  std::vector<int64_t> act_elements_;   // per buffer: elements per example
+  std::vector<bool> needs_dx_;
+  std::vector<int> delta_;              // per op boundary: gradient buffer 0 or 1
+  int64_t delta_elements_ = 0;
+  int64_t per_example_ = 0;             // activation elements per example, all buffers
+  int capacity_ = 0;
+  std::vector<std::vector<float>> buffers_;
+  std::vector<float> deltas_[2];
 };
 
 }  // namespace
 
-Result<std::unique_ptr<ComputeBackend>> CreateCpuBackend(const MlpSpec& spec) {
-  PARASYNC_RETURN_IF_ERROR(compute::ValidateSpec(spec));
-  return std::unique_ptr<ComputeBackend>(std::make_unique<CpuBackend>(spec));
+Result<std::unique_ptr<ComputeBackend>> CreateCpuBackend(const Model& model) {
+  auto backend = std::make_unique<CpuBackend>(model);
+  PARASYNC_RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<ComputeBackend>(std::move(backend));
+}
+
+void SetCpuComputeThreads(int threads) {
+  openblas_set_num_threads(threads);
+  omp_set_num_threads(threads);
 }
 
 }  // namespace parasync

@@ -1,5 +1,11 @@
 // The CUDA backend (cuda_backend.h).
 //
+// Today it runs the models that are a chain of dense layers with ReLU between them and
+// softmax cross-entropy at the end (the built-in mlp, MLP widths, and files of that shape,
+// flatten layers allowed); any other layer is NotSupported at creation, so --device auto
+// falls back to the CPU saying why. The cuDNN layers (convolution, pooling, the other
+// activations, dropout, embedding) are the next step (docs/models.md).
+//
 // Layout and arithmetic follow the CPU backend (worker/compute/cpu/cpu_backend.cc), which is
 // the reference it is tested against: row-major activations [batch, width], kernels
 // [in, out], Z = A * W + b, ReLU on hidden layers, softmax cross-entropy on the last. cuBLAS
@@ -103,9 +109,59 @@ struct Totals {
   unsigned long long correct;
 };
 
+// A model as this backend runs it: widths = {inputs, units of each dense layer}; ReLU after
+// every dense layer but the last. Dense layer l's kernel is variable 2l, its bias 2l+1.
+struct MlpSpec {
+  std::vector<int64_t> widths;
+  int num_layers() const { return static_cast<int>(widths.size()) - 1; }
+};
+
+// The dense chain `model` is, or NotSupported naming the first op this backend lacks.
+Result<MlpSpec> DenseChain(const Model& model) {
+  MlpSpec spec;
+  spec.widths.push_back(model.input_size());
+  const std::vector<LayerOp>& ops = model.ops();
+  auto unsupported = [](const LayerOp& op, const std::string& why) {
+    return Status::NotSupported("the CUDA backend cannot run layer '" + op.spec.name + "' (" +
+                                std::string(LayerKindName(op.spec.kind)) + "): " + why);
+  };
+  if (model.loss() != LossKind::kSoftmaxCrossEntropy) {
+    return Status::NotSupported("the CUDA backend has softmax_cross_entropy only, not " +
+                                std::string(LossKindName(model.loss())));
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const LayerOp& op = ops[i];
+    if (op.spec.kind == LayerKind::kFlatten) continue;
+    if (op.spec.kind != LayerKind::kDense) {
+      return unsupported(op, "it runs dense layers with ReLU between them only");
+    }
+    spec.widths.push_back(op.out_size());
+    size_t next = i + 1;
+    while (next < ops.size() && ops[next].spec.kind == LayerKind::kFlatten) ++next;
+    const bool last_dense = std::none_of(ops.begin() + static_cast<std::ptrdiff_t>(next), ops.end(),
+                                         [](const LayerOp& o) { return o.spec.kind == LayerKind::kDense; });
+    const bool relu_next = next < ops.size() && ops[next].spec.kind == LayerKind::kActivation &&
+                           ops[next].spec.activation == Activation::kRelu;
+    if (last_dense && next < ops.size()) {
+      return unsupported(ops[next], "the last dense layer must give the logits");
+    }
+    if (!last_dense && !relu_next) {
+      return unsupported(op, "every dense layer but the last must be followed by a ReLU");
+    }
+    if (relu_next) i = next;
+  }
+  if (spec.widths.size() < 2) return Status::NotSupported("the CUDA backend needs a dense layer");
+  if (spec.widths.back() > 256) {
+    return Status::InvalidArgument("the model has " + std::to_string(spec.widths.back()) +
+                                   " classes; labels are uint8, so at most 256");
+  }
+  return spec;
+}
+
 class CudaBackend final : public ComputeBackend {
  public:
-  CudaBackend(MlpSpec spec, int device) : spec_(std::move(spec)), device_(device) {}
+  CudaBackend(Model model, MlpSpec spec, int device)
+      : model_(std::move(model)), spec_(std::move(spec)), device_(device) {}
 
   ~CudaBackend() override {
     // Best effort: nothing to report to from a destructor.
@@ -151,7 +207,7 @@ class CudaBackend final : public ComputeBackend {
     // Full FP32 products (no TF32), so the results match the CPU backend's.
     PARASYNC_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
 
-    const std::vector<VariableSpec> vars = MlpVariables(spec_);
+    const std::vector<VariableSpec>& vars = model_.variables();
     size_t total = 0;
     for (const VariableSpec& v : vars) {
       var_offset_.push_back(total);
@@ -186,10 +242,10 @@ class CudaBackend final : public ComputeBackend {
   }
 
   Result<float> ForwardBackward(std::span<const float* const> params, const float* x,
-                                const uint8_t* labels, int batch,
+                                const uint8_t* labels, int batch, uint64_t /*seed: no dropout*/,
                                 std::span<float* const> grads) override {
     PARASYNC_RETURN_IF_ERROR(failed_);
-    PARASYNC_RETURN_IF_ERROR(compute::CheckForwardBackward(spec_, params, x, labels, batch, grads));
+    PARASYNC_RETURN_IF_ERROR(compute::CheckForwardBackward(model_, params, x, labels, batch, grads));
     PARASYNC_CUDA_CHECK(cudaSetDevice(device_));
     PARASYNC_RETURN_IF_ERROR(Reserve(batch));
     const int layers = spec_.num_layers();
@@ -268,11 +324,11 @@ class CudaBackend final : public ComputeBackend {
   Result<EvalResult> Evaluate(std::span<const float* const> params, const float* x,
                               const uint8_t* labels, int64_t n) override {
     PARASYNC_RETURN_IF_ERROR(failed_);
-    PARASYNC_RETURN_IF_ERROR(compute::CheckEvaluate(spec_, params, x, labels, n));
+    PARASYNC_RETURN_IF_ERROR(compute::CheckEvaluate(model_, params, x, labels, n));
     EvalResult result;
     if (n == 0) return result;
     // All labels before any work is queued: an early return leaves nothing running.
-    PARASYNC_RETURN_IF_ERROR(compute::CheckLabels(spec_, labels, n, 0));
+    PARASYNC_RETURN_IF_ERROR(compute::CheckLabels(model_, labels, n, 0));
     PARASYNC_CUDA_CHECK(cudaSetDevice(device_));
     const int layers = spec_.num_layers();
     const int64_t inputs = spec_.widths.front();
@@ -359,6 +415,7 @@ class CudaBackend final : public ComputeBackend {
     return Status::Ok();
   }
 
+  const Model model_;
   const MlpSpec spec_;
   const int device_;
   std::string name_;
@@ -369,7 +426,7 @@ class CudaBackend final : public ComputeBackend {
   std::vector<cudaEvent_t> events_;
   cublasHandle_t cublas_ = nullptr;
 
-  // All variables in one block each, at var_offset_ in MlpVariables() order.
+  // All variables in one block each, at var_offset_ in Model::variables() order.
   std::vector<size_t> var_offset_;
   std::vector<size_t> var_elements_;
   DeviceBuffer params_;
@@ -389,9 +446,9 @@ class CudaBackend final : public ComputeBackend {
 
 }  // namespace
 
-Result<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const MlpSpec& spec, int device) {
-  PARASYNC_RETURN_IF_ERROR(compute::ValidateSpec(spec));
-  auto backend = std::make_unique<CudaBackend>(spec, device);
+Result<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const Model& model, int device) {
+  PARASYNC_ASSIGN_OR_RETURN(MlpSpec spec, DenseChain(model));
+  auto backend = std::make_unique<CudaBackend>(model, std::move(spec), device);
   PARASYNC_RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<ComputeBackend>(std::move(backend));
 }

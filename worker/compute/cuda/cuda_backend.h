@@ -1,4 +1,4 @@
-// The CUDA compute backend: the MLP's forward and backward passes on one GPU, with cuBLAS
+// The CUDA compute backend: a model's forward and backward passes on one GPU, with cuBLAS
 // for the matrix products and the kernels of kernels.cu for the rest. Lives in the CUDA
 // module (libparasync_cuda.so); the worker reaches it through cuda_module.h.
 #pragma once
@@ -7,12 +7,12 @@
 
 #include "common/status.h"
 #include "worker/compute/backend.h"
-#include "worker/model/mlp.h"
+#include "worker/model/model.h"
 
 namespace parasync::cuda {
 
 // A backend on GPU `device`; Unavailable/Internal with the CUDA or cuBLAS reason when the
-// device cannot be set up, InvalidArgument for a bad spec.
-Result<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const MlpSpec& spec, int device);
+// device cannot be set up, NotSupported for a model with layers it does not have yet.
+Result<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const Model& model, int device);
 
 }  // namespace parasync::cuda

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <utility>
+#include <vector>
 
 #include "worker/compute/cuda/cuda_backend.h"
 #include "worker/compute/cuda/device_query.h"
@@ -13,11 +14,20 @@ int parasync_cuda_device_count(char* err, size_t err_len) {
   return parasync::cuda::CountDevices(err, err_len);
 }
 
-void* parasync_cuda_create_backend(const int64_t* widths, int num_widths, int device, char* err,
-                                   size_t err_len) {
-  parasync::MlpSpec spec;
-  spec.widths.assign(widths, widths + (num_widths > 0 ? num_widths : 0));
-  auto backend = parasync::cuda::CreateCudaBackend(spec, device);
+void* parasync_cuda_create_backend(const char* model_json, const int64_t* input, int input_rank,
+                                   int device, char* err, size_t err_len) {
+  auto spec = parasync::ParseModelSpecJson(model_json, "the model description");
+  if (!spec.ok()) {
+    std::snprintf(err, err_len, "%s", spec.status().message().c_str());
+    return nullptr;
+  }
+  auto model = parasync::Model::Build(
+      *spec, std::vector<int64_t>(input, input + (input_rank > 0 ? input_rank : 0)));
+  if (!model.ok()) {
+    std::snprintf(err, err_len, "%s", model.status().message().c_str());
+    return nullptr;
+  }
+  auto backend = parasync::cuda::CreateCudaBackend(*model, device);
   if (!backend.ok()) {
     std::snprintf(err, err_len, "%s", backend.status().message().c_str());
     return nullptr;

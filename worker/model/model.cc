@@ -1,0 +1,683 @@
+#include "worker/model/model.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+namespace parasync {
+
+namespace {
+
+using Json = nlohmann::json;
+
+// Bounds that keep every size in int32 for BLAS/oneDNN/cuDNN and every model sane.
+constexpr int64_t kMaxDim = int64_t{1} << 20;
+constexpr int64_t kMaxExampleSize = int64_t{1} << 26;  // elements of one example's activation
+constexpr int kMaxKernel = 1024;
+
+struct KindName {
+  LayerKind kind;
+  const char* name;
+};
+constexpr KindName kKinds[] = {
+    {LayerKind::kDense, "dense"},           {LayerKind::kConv2d, "conv2d"},
+    {LayerKind::kMaxPool2d, "max_pool2d"},  {LayerKind::kAvgPool2d, "avg_pool2d"},
+    {LayerKind::kFlatten, "flatten"},       {LayerKind::kActivation, "activation"},
+    {LayerKind::kDropout, "dropout"},       {LayerKind::kEmbedding, "embedding"},
+};
+
+std::string Quote(const std::string& s) { return "'" + s + "'"; }
+
+int64_t Product(const std::vector<int64_t>& shape) {
+  int64_t p = 1;
+  for (int64_t d : shape) p *= d;
+  return p;
+}
+
+// Output length and padding of a window of `k` at stride `s` over `n` (TensorFlow's rule:
+// valid floor((n - k) / s) + 1; same ceil(n / s), padding split with the extra one after).
+struct Window {
+  int64_t out = 0;
+  int pad_begin = 0;
+  int pad_end = 0;
+};
+Window Slide(int64_t n, int k, int s, Padding padding) {
+  Window w;
+  if (padding == Padding::kValid) {
+    w.out = n >= k ? (n - k) / s + 1 : 0;
+    return w;
+  }
+  w.out = (n + s - 1) / s;
+  const int64_t total = std::max<int64_t>((w.out - 1) * s + k - n, 0);
+  w.pad_begin = static_cast<int>(total / 2);
+  w.pad_end = static_cast<int>(total - total / 2);
+  return w;
+}
+
+// ---- JSON reading -----------------------------------------------------------------------
+
+class LayerReader {
+ public:
+  LayerReader(const Json& j, std::string where) : j_(j), where_(std::move(where)) {}
+
+  Status CheckKeys(std::initializer_list<const char*> allowed) const {
+    for (const auto& [key, value] : j_.items()) {
+      bool known = key == "type" || key == "name";
+      for (const char* a : allowed) known = known || key == a;
+      if (!known) {
+        std::string list;
+        for (const char* a : allowed) list += std::string(list.empty() ? "" : ", ") + a;
+        return Status::InvalidArgument(where_ + ": unknown key " + Quote(key) +
+                                       (list.empty() ? "" : " (this layer takes " + list + ")"));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // An integer in [lo, hi]; `fallback` when absent and not required.
+  Result<int64_t> Int(const char* key, int64_t lo, int64_t hi, std::optional<int64_t> fallback) const {
+    if (!j_.contains(key)) {
+      if (fallback) return *fallback;
+      return Status::InvalidArgument(where_ + ": needs " + Quote(key));
+    }
+    const Json& v = j_.at(key);
+    if (!v.is_number_integer()) {
+      return Status::InvalidArgument(where_ + ": " + Quote(key) + " must be an integer, not " +
+                                     v.dump());
+    }
+    const int64_t x = v.get<int64_t>();
+    if (x < lo || x > hi) {
+      return Status::InvalidArgument(where_ + ": " + Quote(key) + " " + std::to_string(x) +
+                                     " is out of range [" + std::to_string(lo) + ", " +
+                                     std::to_string(hi) + "]");
+    }
+    return x;
+  }
+
+  // A string among `choices`; `fallback` when absent.
+  Result<std::string> Choice(const char* key, std::initializer_list<const char*> choices,
+                             std::optional<std::string> fallback) const {
+    std::string list;
+    for (const char* c : choices) list += std::string(list.empty() ? "" : ", ") + c;
+    if (!j_.contains(key)) {
+      if (fallback) return *fallback;
+      return Status::InvalidArgument(where_ + ": needs " + Quote(key) + " (" + list + ")");
+    }
+    const Json& v = j_.at(key);
+    if (v.is_string()) {
+      const std::string s = v.get<std::string>();
+      for (const char* c : choices) {
+        if (s == c) return s;
+      }
+    }
+    return Status::InvalidArgument(where_ + ": " + Quote(key) + " must be one of " + list +
+                                   ", not " + v.dump());
+  }
+
+  Result<double> Number(const char* key, double lo, double hi_exclusive) const {
+    if (!j_.contains(key) || !j_.at(key).is_number()) {
+      return Status::InvalidArgument(where_ + ": needs a number " + Quote(key));
+    }
+    const double x = j_.at(key).get<double>();
+    if (!(x >= lo && x < hi_exclusive)) {
+      return Status::InvalidArgument(where_ + ": " + Quote(key) + " " + j_.at(key).dump() +
+                                     " is out of range [" + Json(lo).dump() + ", " +
+                                     Json(hi_exclusive).dump() + ")");
+    }
+    return x;
+  }
+
+ private:
+  const Json& j_;
+  std::string where_;
+};
+
+Result<Activation> ParseActivation(const std::string& s) {
+  if (s == "relu") return Activation::kRelu;
+  if (s == "tanh") return Activation::kTanh;
+  if (s == "sigmoid") return Activation::kSigmoid;
+  if (s == "linear" || s == "none") return Activation::kNone;
+  return Status::InvalidArgument("unknown activation " + Quote(s));
+}
+
+Result<LayerSpec> ParseLayer(const Json& j, const std::string& where) {
+  if (!j.is_object()) return Status::InvalidArgument(where + ": a layer is a JSON object");
+  if (!j.contains("type") || !j.at("type").is_string()) {
+    return Status::InvalidArgument(where + ": needs \"type\"");
+  }
+  const std::string type = j.at("type").get<std::string>();
+  LayerSpec layer;
+  bool found = false;
+  for (const KindName& k : kKinds) {
+    if (type == k.name) {
+      layer.kind = k.kind;
+      found = true;
+    }
+  }
+  if (!found) {
+    std::string list;
+    for (const KindName& k : kKinds) list += std::string(list.empty() ? "" : ", ") + k.name;
+    return Status::InvalidArgument(where + ": unknown layer type " + Quote(type) + " (known: " +
+                                   list + ")");
+  }
+  if (j.contains("name")) {
+    if (!j.at("name").is_string() || j.at("name").get<std::string>().empty()) {
+      return Status::InvalidArgument(where + ": \"name\" must be a non-empty string");
+    }
+    layer.name = j.at("name").get<std::string>();
+    if (layer.name.find('/') != std::string::npos) {
+      return Status::InvalidArgument(where + ": a layer name may not contain '/'");
+    }
+  }
+  const LayerReader r(j, where);
+  auto activation = [&](bool required) -> Status {
+    PARASYNC_ASSIGN_OR_RETURN(
+        std::string a,
+        r.Choice("activation", {"relu", "tanh", "sigmoid", "linear"},
+                 required ? std::nullopt : std::optional<std::string>("linear")));
+    PARASYNC_ASSIGN_OR_RETURN(layer.activation, ParseActivation(a));
+    return Status::Ok();
+  };
+  auto padding = [&]() -> Status {
+    PARASYNC_ASSIGN_OR_RETURN(std::string p, r.Choice("padding", {"valid", "same"}, "valid"));
+    layer.padding = p == "same" ? Padding::kSame : Padding::kValid;
+    return Status::Ok();
+  };
+  switch (layer.kind) {
+    case LayerKind::kDense: {
+      PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"units", "activation"}));
+      PARASYNC_ASSIGN_OR_RETURN(layer.units, r.Int("units", 1, kMaxDim, std::nullopt));
+      PARASYNC_RETURN_IF_ERROR(activation(false));
+      break;
+    }
+    case LayerKind::kConv2d: {
+      PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"filters", "kernel", "stride", "padding", "activation"}));
+      PARASYNC_ASSIGN_OR_RETURN(layer.units, r.Int("filters", 1, 65536, std::nullopt));
+      PARASYNC_ASSIGN_OR_RETURN(int64_t k, r.Int("kernel", 1, kMaxKernel, std::nullopt));
+      PARASYNC_ASSIGN_OR_RETURN(int64_t s, r.Int("stride", 1, kMaxKernel, 1));
+      layer.kernel = static_cast<int>(k);
+      layer.stride = static_cast<int>(s);
+      PARASYNC_RETURN_IF_ERROR(padding());
+      PARASYNC_RETURN_IF_ERROR(activation(false));
+      break;
+    }
+    case LayerKind::kMaxPool2d:
+    case LayerKind::kAvgPool2d: {
+      PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"pool", "stride", "padding"}));
+      PARASYNC_ASSIGN_OR_RETURN(int64_t k, r.Int("pool", 1, kMaxKernel, 2));
+      PARASYNC_ASSIGN_OR_RETURN(int64_t s, r.Int("stride", 1, kMaxKernel, k));
+      layer.kernel = static_cast<int>(k);
+      layer.stride = static_cast<int>(s);
+      PARASYNC_RETURN_IF_ERROR(padding());
+      break;
+    }
+    case LayerKind::kFlatten:
+      PARASYNC_RETURN_IF_ERROR(r.CheckKeys({}));
+      break;
+    case LayerKind::kActivation:
+      PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"activation"}));
+      PARASYNC_RETURN_IF_ERROR(activation(true));
+      break;
+    case LayerKind::kDropout: {
+      PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"rate"}));
+      PARASYNC_ASSIGN_OR_RETURN(double rate, r.Number("rate", 0.0, 1.0));
+      layer.rate = static_cast<float>(rate);
+      break;
+    }
+    case LayerKind::kEmbedding: {
+      PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"vocab", "dim", "combiner"}));
+      // Ids travel as float32 features, exact up to 2^24.
+      PARASYNC_ASSIGN_OR_RETURN(layer.vocab, r.Int("vocab", 1, int64_t{1} << 24, std::nullopt));
+      PARASYNC_ASSIGN_OR_RETURN(layer.units, r.Int("dim", 1, 65536, std::nullopt));
+      PARASYNC_ASSIGN_OR_RETURN(std::string c, r.Choice("combiner", {"sum", "mean"}, "sum"));
+      layer.combiner = c == "mean" ? Combiner::kMean : Combiner::kSum;
+      break;
+    }
+  }
+  return layer;
+}
+
+// Names every unnamed layer "<type><k>", k counting the layers of that type, and checks
+// names are unique.
+Status NameLayers(std::vector<LayerSpec>* layers, const std::string& source) {
+  std::map<LayerKind, int> count;
+  std::set<std::string> seen;
+  for (LayerSpec& l : *layers) {
+    const int k = count[l.kind]++;
+    if (l.name.empty()) l.name = std::string(LayerKindName(l.kind)) + std::to_string(k);
+    if (!seen.insert(l.name).second) {
+      return Status::InvalidArgument(source + ": two layers are named " + Quote(l.name));
+    }
+  }
+  return Status::Ok();
+}
+
+LayerSpec Dense(int64_t units, Activation a) {
+  LayerSpec l;
+  l.kind = LayerKind::kDense;
+  l.units = units;
+  l.activation = a;
+  return l;
+}
+LayerSpec Conv(int64_t filters, int kernel, Padding p, Activation a) {
+  LayerSpec l;
+  l.kind = LayerKind::kConv2d;
+  l.units = filters;
+  l.kernel = kernel;
+  l.padding = p;
+  l.activation = a;
+  return l;
+}
+LayerSpec Pool(LayerKind kind, int size) {
+  LayerSpec l;
+  l.kind = kind;
+  l.kernel = size;
+  l.stride = size;
+  return l;
+}
+LayerSpec Flatten() {
+  LayerSpec l;
+  l.kind = LayerKind::kFlatten;
+  return l;
+}
+
+Result<ModelSpec> Builtin(const std::string& name) {
+  ModelSpec m;
+  m.name = name;
+  if (name == "mlp") {
+    m.layers = {Flatten(), Dense(256, Activation::kRelu), Dense(128, Activation::kRelu),
+                Dense(10, Activation::kNone)};
+  } else if (name == "cnn") {
+    // The Keras MNIST CNN: Conv2D(32, 3, relu) -> Flatten -> Dense(128, relu) -> Dense(10).
+    m.layers = {Conv(32, 3, Padding::kValid, Activation::kRelu), Flatten(),
+                Dense(128, Activation::kRelu), Dense(10, Activation::kNone)};
+  } else if (name == "lenet5") {
+    // LeCun et al. 1998 on 28x28 inputs: the first convolution pads to keep 28x28.
+    m.layers = {Conv(6, 5, Padding::kSame, Activation::kTanh),
+                Pool(LayerKind::kAvgPool2d, 2),
+                Conv(16, 5, Padding::kValid, Activation::kTanh),
+                Pool(LayerKind::kAvgPool2d, 2),
+                Flatten(),
+                Dense(120, Activation::kTanh),
+                Dense(84, Activation::kTanh),
+                Dense(10, Activation::kNone)};
+  } else {
+    return Status::NotFound("no built-in model " + Quote(name));
+  }
+  PARASYNC_RETURN_IF_ERROR(NameLayers(&m.layers, name));
+  return m;
+}
+
+// "784-256-128-10" -> widths; nullopt when the text is not of that form at all.
+std::optional<Result<std::vector<int64_t>>> ParseWidths(const std::string& text) {
+  if (text.empty() || text.find_first_not_of("0123456789-") != std::string::npos ||
+      text.find('-') == std::string::npos) {
+    return std::nullopt;
+  }
+  std::vector<int64_t> widths;
+  std::string_view rest(text);
+  while (true) {
+    const size_t dash = rest.find('-');
+    const std::string_view field = rest.substr(0, dash);
+    int64_t w = 0;
+    const auto [end, ec] = std::from_chars(field.data(), field.data() + field.size(), w);
+    if (field.empty() || ec != std::errc() || end != field.data() + field.size() || w < 1 ||
+        w > kMaxDim) {
+      return Result<std::vector<int64_t>>(Status::InvalidArgument(
+          "MLP widths " + Quote(text) + ": " + Quote(std::string(field)) +
+          " is not a width in [1, " + std::to_string(kMaxDim) + "] (expected e.g. 784-256-128-10)"));
+    }
+    widths.push_back(w);
+    if (dash == std::string_view::npos) break;
+    rest.remove_prefix(dash + 1);
+  }
+  return Result<std::vector<int64_t>>(std::move(widths));
+}
+
+void AddVariable(std::vector<VariableSpec>* vars, const std::string& name,
+                 std::vector<int64_t> shape, InitKind kind, float value) {
+  VariableSpec v;
+  v.name = name;
+  v.shape = std::move(shape);
+  v.init.kind = kind;
+  v.init.value = value;
+  vars->push_back(std::move(v));
+}
+
+}  // namespace
+
+std::string_view LayerKindName(LayerKind kind) {
+  for (const KindName& k : kKinds) {
+    if (k.kind == kind) return k.name;
+  }
+  return "?";
+}
+
+std::string_view ActivationName(Activation a) {
+  switch (a) {
+    case Activation::kNone: return "linear";
+    case Activation::kRelu: return "relu";
+    case Activation::kTanh: return "tanh";
+    case Activation::kSigmoid: return "sigmoid";
+  }
+  return "?";
+}
+
+std::string_view LossKindName(LossKind loss) {
+  return loss == LossKind::kSigmoidCrossEntropy ? "sigmoid_cross_entropy"
+                                                 : "softmax_cross_entropy";
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::vector<std::string> BuiltinModelNames() { return {"mlp", "cnn", "lenet5"}; }
+
+Result<ModelSpec> ParseModelSpecJson(const std::string& json_text, const std::string& source) {
+  Json j;
+  try {
+    j = Json::parse(json_text);
+  } catch (const Json::parse_error& e) {
+    return Status::InvalidArgument(source + ": not JSON: " + e.what());
+  }
+  if (!j.is_object()) return Status::InvalidArgument(source + ": a model is a JSON object");
+  for (const auto& [key, value] : j.items()) {
+    if (key != "name" && key != "input" && key != "layers" && key != "loss") {
+      return Status::InvalidArgument(source + ": unknown key " + Quote(key) +
+                                     " (a model has name, input, layers and loss)");
+    }
+  }
+  ModelSpec m;
+  if (j.contains("name")) {
+    if (!j.at("name").is_string()) return Status::InvalidArgument(source + ": \"name\" must be a string");
+    m.name = j.at("name").get<std::string>();
+  }
+  if (j.contains("input")) {
+    const Json& in = j.at("input");
+    bool ok = in.is_array() && (in.size() == 1 || in.size() == 3);
+    if (ok) {
+      for (const Json& d : in) {
+        ok = ok && d.is_number_integer() && d.get<int64_t>() >= 1 && d.get<int64_t>() <= kMaxDim;
+        if (ok) m.input.push_back(d.get<int64_t>());
+      }
+    }
+    if (!ok) {
+      return Status::InvalidArgument(source + ": \"input\" must be [D] or [C, H, W] of positive "
+                                     "integers, not " + in.dump());
+    }
+  }
+  if (!j.contains("layers") || !j.at("layers").is_array() || j.at("layers").empty()) {
+    return Status::InvalidArgument(source + ": needs a non-empty \"layers\" list");
+  }
+  int index = 0;
+  for (const Json& l : j.at("layers")) {
+    PARASYNC_ASSIGN_OR_RETURN(
+        LayerSpec layer, ParseLayer(l, source + ": layer " + std::to_string(index)));
+    m.layers.push_back(std::move(layer));
+    ++index;
+  }
+  const std::string loss = j.value("loss", std::string("softmax_cross_entropy"));
+  if (j.contains("loss") && !j.at("loss").is_string()) {
+    return Status::InvalidArgument(source + ": \"loss\" must be a string");
+  }
+  if (loss == "softmax_cross_entropy") {
+    m.loss = LossKind::kSoftmaxCrossEntropy;
+  } else if (loss == "sigmoid_cross_entropy") {
+    m.loss = LossKind::kSigmoidCrossEntropy;
+  } else {
+    return Status::InvalidArgument(source + ": unknown loss " + Quote(loss) +
+                                   " (softmax_cross_entropy or sigmoid_cross_entropy)");
+  }
+  PARASYNC_RETURN_IF_ERROR(NameLayers(&m.layers, source));
+  return m;
+}
+
+std::string ModelSpecToJson(const ModelSpec& spec) {
+  Json layers = Json::array();
+  for (const LayerSpec& l : spec.layers) {
+    Json j = {{"type", std::string(LayerKindName(l.kind))}, {"name", l.name}};
+    const std::string padding = l.padding == Padding::kSame ? "same" : "valid";
+    switch (l.kind) {
+      case LayerKind::kDense:
+        j["units"] = l.units;
+        j["activation"] = std::string(ActivationName(l.activation));
+        break;
+      case LayerKind::kConv2d:
+        j["filters"] = l.units;
+        j["kernel"] = l.kernel;
+        j["stride"] = l.stride;
+        j["padding"] = padding;
+        j["activation"] = std::string(ActivationName(l.activation));
+        break;
+      case LayerKind::kMaxPool2d:
+      case LayerKind::kAvgPool2d:
+        j["pool"] = l.kernel;
+        j["stride"] = l.stride;
+        j["padding"] = padding;
+        break;
+      case LayerKind::kFlatten:
+        break;
+      case LayerKind::kActivation:
+        j["activation"] = std::string(ActivationName(l.activation));
+        break;
+      case LayerKind::kDropout:
+        j["rate"] = l.rate;
+        break;
+      case LayerKind::kEmbedding:
+        j["vocab"] = l.vocab;
+        j["dim"] = l.units;
+        j["combiner"] = l.combiner == Combiner::kMean ? "mean" : "sum";
+        break;
+    }
+    layers.push_back(std::move(j));
+  }
+  Json m = {{"name", spec.name}, {"layers", std::move(layers)},
+            {"loss", std::string(LossKindName(spec.loss))}};
+  if (!spec.input.empty()) m["input"] = spec.input;
+  return m.dump();
+}
+
+Result<ModelSpec> ResolveModelSpec(const std::string& text) {
+  for (const std::string& name : BuiltinModelNames()) {
+    if (text == name) return Builtin(name);
+  }
+  if (auto widths = ParseWidths(text)) {
+    if (!widths->ok()) return widths->status();
+    const std::vector<int64_t>& w = **widths;
+    ModelSpec m;
+    m.name = text;
+    m.input = {w.front()};
+    for (size_t i = 1; i < w.size(); ++i) {
+      m.layers.push_back(Dense(w[i], i + 1 < w.size() ? Activation::kRelu : Activation::kNone));
+    }
+    PARASYNC_RETURN_IF_ERROR(NameLayers(&m.layers, text));
+    return m;
+  }
+  std::ifstream in(text, std::ios::binary);
+  if (!in) {
+    std::string names;
+    for (const std::string& n : BuiltinModelNames()) names += (names.empty() ? "" : ", ") + n;
+    return Status::NotFound("--model " + Quote(text) + " is not a built-in model (" + names +
+                            "), not MLP widths (e.g. 784-256-128-10), and no readable file");
+  }
+  std::stringstream text_in;
+  text_in << in.rdbuf();
+  return ParseModelSpecJson(text_in.str(), text);
+}
+
+int64_t LayerOp::in_size() const { return Product(in); }
+int64_t LayerOp::out_size() const { return Product(out); }
+
+Result<Model> Model::Build(const ModelSpec& spec, const std::vector<int64_t>& input) {
+  Model m;
+  m.spec_ = spec;
+  m.input_ = input;
+  const std::string model = spec.name.empty() ? "the model" : "model " + Quote(spec.name);
+  if (input.empty() || input.size() == 2 || input.size() > 3 ||
+      std::any_of(input.begin(), input.end(), [](int64_t d) { return d < 1 || d > kMaxDim; })) {
+    return Status::InvalidArgument(model + ": the input shape " + ShapeString(input) +
+                                   " is not [D] or [C, H, W]");
+  }
+  if (!spec.input.empty()) {
+    const bool flat_match = spec.input.size() == 1 && spec.input[0] == Product(input);
+    if (spec.input != input && !flat_match) {
+      return Status::InvalidArgument(model + " expects inputs of shape " +
+                                     ShapeString(spec.input) + " but the data's examples are " +
+                                     ShapeString(input));
+    }
+  }
+  if (spec.layers.empty()) return Status::InvalidArgument(model + " has no layers");
+  std::vector<int64_t> shape = input;
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    const LayerSpec& l = spec.layers[i];
+    const std::string who = "layer " + Quote(l.name) + " (" + std::string(LayerKindName(l.kind)) + ")";
+    LayerOp op;
+    op.spec = l;
+    op.spec.activation = l.kind == LayerKind::kActivation ? l.activation : Activation::kNone;
+    op.in = shape;
+    op.first_variable = static_cast<int>(m.variables_.size());
+    switch (l.kind) {
+      case LayerKind::kDense: {
+        const int64_t in = Product(shape);
+        op.out = {l.units};
+        AddVariable(&m.variables_, l.name + "/kernel", {in, l.units}, InitKind::kUniform,
+                    static_cast<float>(std::sqrt(6.0 / static_cast<double>(in + l.units))));
+        AddVariable(&m.variables_, l.name + "/bias", {l.units}, InitKind::kZeros, 0);
+        break;
+      }
+      case LayerKind::kConv2d:
+      case LayerKind::kMaxPool2d:
+      case LayerKind::kAvgPool2d: {
+        if (shape.size() != 3) {
+          return Status::InvalidArgument(who + " needs an image input [C, H, W], but its input is " +
+                                         ShapeString(shape));
+        }
+        const Window h = Slide(shape[1], l.kernel, l.stride, l.padding);
+        const Window w = Slide(shape[2], l.kernel, l.stride, l.padding);
+        if (h.out < 1 || w.out < 1) {
+          return Status::InvalidArgument(who + ": its " + std::to_string(l.kernel) + "x" +
+                                         std::to_string(l.kernel) + " window is larger than its input " +
+                                         ShapeString(shape) + " (use padding same or a smaller window)");
+        }
+        op.pad_begin = h.pad_begin;
+        op.pad_end = h.pad_end;
+        // Square windows on a square image pad alike on both axes; on others they may not.
+        if (w.pad_begin != h.pad_begin || w.pad_end != h.pad_end) {
+          return Status::NotSupported(who + ": `same` padding of a " + ShapeString(shape) +
+                                      " input would differ between height and width");
+        }
+        const int64_t channels = l.kind == LayerKind::kConv2d ? l.units : shape[0];
+        op.out = {channels, h.out, w.out};
+        if (l.kind == LayerKind::kConv2d) {
+          const int64_t k2 = int64_t{l.kernel} * l.kernel;
+          AddVariable(&m.variables_, l.name + "/kernel", {l.units, shape[0], l.kernel, l.kernel},
+                      InitKind::kUniform,
+                      static_cast<float>(std::sqrt(6.0 / static_cast<double>((shape[0] + l.units) * k2))));
+          AddVariable(&m.variables_, l.name + "/bias", {l.units}, InitKind::kZeros, 0);
+        }
+        break;
+      }
+      case LayerKind::kFlatten:
+        op.out = {Product(shape)};
+        break;
+      case LayerKind::kActivation:
+      case LayerKind::kDropout:
+        op.out = shape;
+        break;
+      case LayerKind::kEmbedding:
+        if (i != 0 || shape.size() != 1) {
+          return Status::InvalidArgument(who + " must be the first layer, on flat inputs of ids "
+                                         "(its input is " + ShapeString(shape) + ")");
+        }
+        op.out = {l.units};
+        // Keras's default: uniform in [-0.05, 0.05].
+        AddVariable(&m.variables_, l.name + "/table", {l.vocab, l.units}, InitKind::kUniform,
+                    0.05f);
+        break;
+    }
+    if (Product(op.out) > kMaxExampleSize) {
+      return Status::InvalidArgument(who + ": its output " + ShapeString(op.out) +
+                                     " is larger than " + std::to_string(kMaxExampleSize) +
+                                     " elements per example");
+    }
+    op.num_variables = static_cast<int>(m.variables_.size()) - op.first_variable;
+    shape = op.out;
+    const Activation fused = l.kind == LayerKind::kDense || l.kind == LayerKind::kConv2d
+                                 ? l.activation
+                                 : Activation::kNone;
+    m.ops_.push_back(std::move(op));
+    if (fused != Activation::kNone) {
+      LayerOp act;
+      act.spec.kind = LayerKind::kActivation;
+      act.spec.name = l.name + "/" + std::string(ActivationName(fused));
+      act.spec.activation = fused;
+      act.in = shape;
+      act.out = shape;
+      act.first_variable = static_cast<int>(m.variables_.size());
+      m.ops_.push_back(std::move(act));
+    }
+  }
+  if (shape.size() != 1) {
+    return Status::InvalidArgument(model + ": the last layer's output " + ShapeString(shape) +
+                                   " is not flat; end with a dense layer");
+  }
+  if (spec.loss == LossKind::kSigmoidCrossEntropy && shape[0] != 1) {
+    return Status::InvalidArgument(model + ": sigmoid_cross_entropy needs one output, the last "
+                                   "layer has " + std::to_string(shape[0]));
+  }
+  PARASYNC_RETURN_IF_ERROR(ValidateVariables(m.variables_));
+  return m;
+}
+
+int64_t Model::input_size() const { return Product(input_); }
+int64_t Model::outputs() const { return ops_.back().out_size(); }
+
+int64_t Model::num_parameters() const {
+  int64_t n = 0;
+  for (const VariableSpec& v : variables_) n += v.num_elements();
+  return n;
+}
+
+Status Model::CheckLabelsFit(int max_label) const {
+  if (loss() == LossKind::kSigmoidCrossEntropy) {
+    if (max_label > 1) {
+      return Status::InvalidArgument("the labels go up to " + std::to_string(max_label) +
+                                     " but sigmoid_cross_entropy takes 0/1 labels");
+    }
+    return Status::Ok();
+  }
+  if (max_label >= outputs()) {
+    return Status::InvalidArgument(
+        "the labels have " + std::to_string(max_label + 1) + " classes but the last layer " +
+        Quote(ops_.back().spec.name) + " has " + std::to_string(outputs()) + " outputs " +
+        ShapeString(ops_.back().out));
+  }
+  return Status::Ok();
+}
+
+std::string Model::Summary() const {
+  std::string s = "model " + (spec_.name.empty() ? std::string("(unnamed)") : spec_.name) +
+                  ": input " + ShapeString(input_) + ", " + std::to_string(num_parameters()) +
+                  " parameters in " + std::to_string(variables_.size()) + " variables, loss " +
+                  std::string(LossKindName(loss()));
+  for (const LayerOp& op : ops_) {
+    int64_t params = 0;
+    for (int v = 0; v < op.num_variables; ++v) params += variables_[op.first_variable + v].num_elements();
+    s += "\n  " + op.spec.name + " (" + std::string(LayerKindName(op.spec.kind)) + ") -> " +
+         ShapeString(op.out) + (params > 0 ? ", " + std::to_string(params) + " parameters" : "");
+  }
+  return s;
+}
+
+}  // namespace parasync
