@@ -6,7 +6,7 @@
 #                        lib/   libparasync_cuda.so (found by the binaries as ../lib)
 #                        deps/  every shared library they load that a bare system lacks
 #                               (ldd), except the CUDA runtime and cuBLAS, which it has
-#                        tools/ bench-worker and benchmarks/torch_mlp.py
+#                        tools/ bench-worker, install-deps.sh and benchmarks/torch_model.py
 #   data/                Fashion-MNIST (already gzip: not packed again)
 #   run-gpu-checks.sh    unpacks, runs the gpu tests (with the GPU cluster) and bench-worker
 # Then, with the device tool: carry [".gpubundle"], command "bash .gpubundle/run-gpu-checks.sh"
@@ -39,7 +39,8 @@ done | sort -u | grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libc
   while read -r lib; do cp -L "$lib" "$stage/deps/"; done
 strip --strip-debug "$stage"/deps/*.so* 2>/dev/null || true
 cp tools/bench-worker "$stage/tools/"
-cp tools/benchmarks/torch_mlp.py "$stage/tools/benchmarks/"
+cp tools/install-deps.sh "$stage/tools/"
+cp tools/benchmarks/torch_model.py "$stage/tools/benchmarks/"
 echo "gpu-bundle: compressing (about 20 s) ..." >&2
 tar -C "$stage" -cJf "$out/payload.tar.xz" .
 cp /usr/share/datasets/fashion-mnist/*.gz "$out/data/"

@@ -79,6 +79,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "Threads of the CPU backend (OpenBLAS and oneDNN)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  bool describe = false;
+  app.add_flag("--describe", describe,
+               "Print the model's description (JSON, docs/models.md) and exit: what "
+               "tools/benchmarks/torch_model.py builds the same model from");
   CLI11_PARSE(app, argc, argv);
 
   const std::vector<int> batches = ParseBatches(batches_text);
@@ -108,6 +112,10 @@ int main(int argc, char** argv) {
   auto net = parasync::Model::Build(*spec, input);
   if (!net.ok()) {
     return parasync::PrintErrorLine(kProgram, net.status().message(), parasync::kExitBadUsage);
+  }
+  if (describe) {
+    std::printf("%s\n", parasync::ModelSpecToJson(net->spec()).c_str());
+    return 0;
   }
   auto choice = parasync::ParseDevice(device);
   if (!choice.ok() || choice->kind == parasync::DeviceChoice::Kind::kAuto) {

@@ -2,10 +2,10 @@
 // beside this one: oneDNN for convolution, pooling and activations, OpenBLAS for dense
 // layers), then the loss. It is the reference the GPU backend is tested against.
 //
-// Buffers: every layer that computes a new array gets an activation buffer of its own, kept
-// until the backward pass reads it; activations and dropout run in place, flatten is a view.
-// The backward pass ping-pongs between two gradient buffers the size of the largest
-// activation. Buffers grow to the largest row count seen and are then reused, so a warmed-up
+// Buffers (compute::BufferPlan): every layer that computes a new array gets an activation
+// buffer of its own, kept until the backward pass reads it; activations and dropout run in
+// place, flatten is a view. The backward pass ping-pongs between two gradient buffers the
+// size of the largest activation. Buffers grow to the largest row count seen and are then reused, so a warmed-up
 // instance allocates nothing per call.
 //
 // Threads: OpenBLAS's pool and oneDNN's OpenMP threads, both sized by
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "worker/compute/backend.h"
+#include "worker/compute/buffer_plan.h"
 #include "worker/compute/checks.h"
 #include "worker/compute/cpu/cpu_layer.h"
 #include "worker/compute/cpu/loss.h"
@@ -45,36 +46,9 @@ class CpuBackend final : public ComputeBackend {
       PARASYNC_ASSIGN_OR_RETURN(auto layer, cpu::MakeCpuLayer(ops[i], static_cast<uint32_t>(i), dnn_));
       layers_.push_back(std::move(layer));
     }
-    // act_[j]: the buffer holding op j-1's output (j >= 1); -1 is the caller's input.
-    act_.assign(n + 1, -1);
-    for (size_t i = 0; i < n; ++i) {
-      const cpu::Aliasing a = layers_[i]->aliasing();
-      if (a == cpu::Aliasing::kView || (a == cpu::Aliasing::kInPlace && act_[i] >= 0)) {
-        act_[i + 1] = act_[i];
-      } else {
-        act_[i + 1] = static_cast<int>(act_elements_.size());
-        act_elements_.push_back(0);
-      }
-      if (act_[i + 1] >= 0) {
-        int64_t& e = act_elements_[static_cast<size_t>(act_[i + 1])];
-        e = std::max(e, ops[i].out_size());
-      }
-      per_example_ += ops[i].out_size();
-    }
-    // Op i needs dx when an op below it has variables to differentiate.
-    needs_dx_.assign(n, false);
-    bool below = false;
-    for (size_t i = 0; i < n; ++i) {
-      needs_dx_[i] = below;
-      below = below || ops[i].num_variables > 0;
-    }
-    // delta_[j]: which of the two gradient buffers holds dLoss/d(op j-1's output).
-    delta_.assign(n + 1, 0);
-    for (size_t i = n; i-- > 0;) {
-      const bool same = layers_[i]->aliasing() != cpu::Aliasing::kNone;
-      delta_[i] = same ? delta_[i + 1] : 1 - delta_[i + 1];
-      delta_elements_ = std::max(delta_elements_, ops[i].out_size());
-    }
+    std::vector<compute::Aliasing> aliasing;
+    for (const auto& layer : layers_) aliasing.push_back(layer->aliasing());
+    plan_ = compute::BufferPlan::For(model_, aliasing);
     return Status::Ok();
   }
 
@@ -97,8 +71,8 @@ class CpuBackend final : public ComputeBackend {
                              1.0f / static_cast<float>(batch), dlogits, nullptr);
     for (size_t i = n; i-- > 0;) {
       const LayerOp& op = model_.ops()[i];
-      float* dx = needs_dx_[i] ? DeltaBuffer(i) : nullptr;
-      if (!needs_dx_[i] && op.num_variables == 0) continue;  // nothing to compute below here
+      float* dx = plan_.needs_dx[i] ? DeltaBuffer(i) : nullptr;
+      if (!plan_.needs_dx[i] && op.num_variables == 0) continue;  // nothing to compute below here
       PARASYNC_RETURN_IF_ERROR(layers_[i]->Backward(
           params.data() + op.first_variable, Act(i, x), Act(i + 1, x), DeltaBuffer(i + 1), dx,
           grads.data() + op.first_variable, pass));
@@ -112,7 +86,7 @@ class CpuBackend final : public ComputeBackend {
     EvalResult result;
     if (n == 0) return result;
     const int64_t by_bytes =
-        std::max<int64_t>(1, kEvalChunkBytes / (4 * std::max<int64_t>(per_example_, 1)));
+        std::max<int64_t>(1, kEvalChunkBytes / (4 * std::max<int64_t>(plan_.per_example, 1)));
     const int64_t chunk = std::min({n, kEvalChunkRows, by_bytes});
     Reserve(static_cast<int>(chunk));
     const int64_t inputs = model_.input_size();
@@ -143,32 +117,28 @@ class CpuBackend final : public ComputeBackend {
 
   // The input of op j (the output of op j-1); the caller's x for j = 0 or a view of it.
   float* Act(size_t j, const float* x) {
-    return act_[j] < 0 ? const_cast<float*>(x) : buffers_[static_cast<size_t>(act_[j])].data();
+    return plan_.act[j] < 0 ? const_cast<float*>(x)
+                            : buffers_[static_cast<size_t>(plan_.act[j])].data();
   }
-  float* DeltaBuffer(size_t j) { return deltas_[static_cast<size_t>(delta_[j])].data(); }
+  float* DeltaBuffer(size_t j) { return deltas_[static_cast<size_t>(plan_.delta[j])].data(); }
 
   // Grows the buffers to hold `rows` examples; never shrinks them.
   void Reserve(int rows) {
     if (rows <= capacity_) return;
     capacity_ = rows;
-    buffers_.resize(act_elements_.size());
+    buffers_.resize(plan_.act_elements.size());
     for (size_t b = 0; b < buffers_.size(); ++b) {
-      buffers_[b].resize(static_cast<size_t>(rows) * static_cast<size_t>(act_elements_[b]));
+      buffers_[b].resize(static_cast<size_t>(rows) * static_cast<size_t>(plan_.act_elements[b]));
     }
     for (std::vector<float>& d : deltas_) {
-      d.resize(static_cast<size_t>(rows) * static_cast<size_t>(delta_elements_));
+      d.resize(static_cast<size_t>(rows) * static_cast<size_t>(plan_.delta_elements));
     }
   }
 
   const Model model_;
   cpu::OneDnn dnn_;
   std::vector<std::unique_ptr<cpu::CpuLayer>> layers_;
-  std::vector<int> act_;                // per op boundary: buffer index, -1 for the input
-  std::vector<int64_t> act_elements_;   // per buffer: elements per example
-  std::vector<bool> needs_dx_;
-  std::vector<int> delta_;              // per op boundary: gradient buffer 0 or 1
-  int64_t delta_elements_ = 0;
-  int64_t per_example_ = 0;             // activation elements per example, all buffers
+  compute::BufferPlan plan_;
   int capacity_ = 0;
   std::vector<std::vector<float>> buffers_;
   std::vector<float> deltas_[2];

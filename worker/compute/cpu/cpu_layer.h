@@ -14,6 +14,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "common/status.h"
+#include "worker/compute/buffer_plan.h"
 #include "worker/model/model.h"
 
 namespace parasync::cpu {
@@ -26,12 +27,7 @@ struct Pass {
   int64_t first_example = 0;   // for messages naming an example
 };
 
-// How a layer's output relates to its input buffer.
-enum class Aliasing {
-  kNone,     // y is a buffer of its own
-  kInPlace,  // y may be x (and dx may be dy); the backend does so unless x is the caller's
-  kView,     // y is x: nothing to compute either way (flatten)
-};
+using compute::Aliasing;  // how a layer's output relates to its input buffer
 
 class CpuLayer {
  public:
