@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,82 @@ inline Model MakeModel(const std::string& text, const std::vector<int64_t>& inpu
     std::abort();
   }
   return std::move(model).value();
+}
+
+// A small model exercising one layer (or one edge case of it), for the gradient tests of
+// every backend. Layers without variables sit behind one with some, so their input
+// gradients are checked too.
+struct LayerCase {
+  std::string name;  // a test name
+  std::string description;
+  std::vector<int64_t> input;
+  int batch;
+};
+
+inline std::vector<LayerCase> LayerCases() {
+  return {
+      {"DenseOddSizesBatchOne", R"({"layers": [{"type": "dense", "units": 4, "activation": "tanh"},
+                                               {"type": "dense", "units": 3}]})", {5}, 1},
+      {"DenseOddSizesBatchThree", R"({"layers": [{"type": "dense", "units": 4, "activation": "tanh"},
+                                                 {"type": "dense", "units": 3}]})", {5}, 3},
+      {"Conv2dValidStrideOne", R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                                              {"type": "conv2d", "filters": 3, "kernel": 3},
+                                              {"type": "flatten"}, {"type": "dense", "units": 3}]})",
+       {2, 5, 5}, 2},
+      // 7 wide, kernel 3, stride 2, same: 4 outputs, one padding column on each side.
+      {"Conv2dSameStrideTwo", R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                                             {"type": "conv2d", "filters": 3, "kernel": 3, "stride": 2,
+                                              "padding": "same"},
+                                             {"type": "dense", "units": 3}]})", {2, 7, 7}, 1},
+      // 7 wide, kernel 4, stride 2, same: 4 outputs, padding 1 before and 2 after.
+      {"Conv2dSameUnevenPadding", R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                                                 {"type": "conv2d", "filters": 3, "kernel": 4, "stride": 2,
+                                                  "padding": "same"},
+                                                 {"type": "dense", "units": 3}]})", {2, 7, 7}, 1},
+      {"Conv2dValidStrideTwoLeavesTheLastRowOut",
+       R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                      {"type": "conv2d", "filters": 2, "kernel": 3, "stride": 2},
+                      {"type": "dense", "units": 3}]})", {1, 6, 6}, 3},
+      {"MaxPoolValidWithLeftoverThenSame",
+       R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                      {"type": "max_pool2d", "pool": 2},
+                      {"type": "max_pool2d", "pool": 3, "stride": 2, "padding": "same"},
+                      {"type": "flatten"}, {"type": "dense", "units": 3}]})", {2, 5, 5}, 2},
+      {"AvgPoolValidWithLeftoverThenSame",
+       R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                      {"type": "avg_pool2d", "pool": 2},
+                      {"type": "avg_pool2d", "pool": 3, "stride": 1, "padding": "same"},
+                      {"type": "flatten"}, {"type": "dense", "units": 3}]})", {2, 5, 5}, 2},
+      {"Relu", R"({"layers": [{"type": "dense", "units": 6}, {"type": "activation", "activation": "relu"},
+                              {"type": "dense", "units": 3}]})", {4}, 3},
+      {"Tanh", R"({"layers": [{"type": "dense", "units": 6}, {"type": "activation", "activation": "tanh"},
+                              {"type": "dense", "units": 3}]})", {4}, 3},
+      {"Sigmoid", R"({"layers": [{"type": "dense", "units": 6},
+                                 {"type": "activation", "activation": "sigmoid"},
+                                 {"type": "dense", "units": 3}]})", {4}, 3},
+      {"ActivationsFusedIntoConvolutions",
+       R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 2, "activation": "sigmoid"},
+                      {"type": "conv2d", "filters": 2, "kernel": 2, "activation": "tanh"},
+                      {"type": "dense", "units": 3}]})", {1, 4, 4}, 2},
+      {"Dropout", R"({"layers": [{"type": "dense", "units": 8}, {"type": "dropout", "rate": 0.5},
+                                 {"type": "dense", "units": 3}]})", {4}, 3},
+      {"EmbeddingSum", R"({"layers": [{"type": "embedding", "vocab": 7, "dim": 4},
+                                      {"type": "dense", "units": 3}]})", {3}, 4},
+      {"EmbeddingMean", R"({"layers": [{"type": "embedding", "vocab": 7, "dim": 4, "combiner": "mean"},
+                                       {"type": "dense", "units": 3}]})", {3}, 4},
+      {"SigmoidCrossEntropy", R"({"layers": [{"type": "dense", "units": 3, "activation": "relu"},
+                                             {"type": "dense", "units": 1}],
+                                  "loss": "sigmoid_cross_entropy"})", {4}, 5},
+  };
+}
+
+// Test names in failure messages instead of bytes.
+inline void PrintTo(const LayerCase& c, std::ostream* os) { *os << c.name; }
+
+// The built-in models on Fashion-MNIST's shape.
+inline std::vector<LayerCase> BuiltinCases() {
+  return {{"mlp", "mlp", {1, 28, 28}, 2}, {"cnn", "cnn", {1, 28, 28}, 2},
+          {"lenet5", "lenet5", {1, 28, 28}, 2}};
 }
 
 }  // namespace parasync::testing

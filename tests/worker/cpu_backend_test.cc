@@ -141,101 +141,25 @@ void ExpectGradientsMatch(const std::string& description, const std::vector<int6
 }
 
 // ---- Every layer's backward pass against finite differences ----------------------------
-// Each layer without variables sits behind a layer with some, so its input gradient is
-// checked through theirs.
 
-TEST(CpuLayerGradientTest, DenseWithOddSizesAtBatchOneAndThree) {
-  const std::string m = R"({"layers": [{"type": "dense", "units": 4, "activation": "tanh"},
-                                       {"type": "dense", "units": 3}]})";
-  ExpectGradientsMatch(m, {5}, 1);
-  ExpectGradientsMatch(m, {5}, 3);
+class CpuLayerGradientTest : public ::testing::TestWithParam<testing::LayerCase> {};
+
+TEST_P(CpuLayerGradientTest, MatchesFiniteDifferencesOfTheReference) {
+  const testing::LayerCase& c = GetParam();
+  ExpectGradientsMatch(c.description, c.input, c.batch);
 }
 
-TEST(CpuLayerGradientTest, Conv2dValidStrideOne) {
-  ExpectGradientsMatch(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
-                                      {"type": "conv2d", "filters": 3, "kernel": 3},
-                                      {"type": "flatten"}, {"type": "dense", "units": 3}]})",
-                       {2, 5, 5}, 2);
-}
+INSTANTIATE_TEST_SUITE_P(Layers, CpuLayerGradientTest, ::testing::ValuesIn(testing::LayerCases()),
+                         [](const auto& info) { return info.param.name; });
 
-TEST(CpuLayerGradientTest, Conv2dSameStrideTwoWithUnevenPadding) {
-  // 7 wide, kernel 4, stride 2, same: 4 outputs, 3 padding columns split 1 before, 2 after.
-  ExpectGradientsMatch(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
-                                      {"type": "conv2d", "filters": 3, "kernel": 4, "stride": 2,
-                                       "padding": "same"},
-                                      {"type": "dense", "units": 3}]})",
-                       {2, 7, 7}, 1);
-}
-
-TEST(CpuLayerGradientTest, Conv2dValidStrideTwoLeavesTheLastRowOut) {
-  ExpectGradientsMatch(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
-                                      {"type": "conv2d", "filters": 2, "kernel": 3, "stride": 2},
-                                      {"type": "dense", "units": 3}]})",
-                       {1, 6, 6}, 3);
-}
-
-TEST(CpuLayerGradientTest, MaxPoolValidWithLeftoverThenSame) {
-  ExpectGradientsMatch(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
-                                      {"type": "max_pool2d", "pool": 2},
-                                      {"type": "max_pool2d", "pool": 3, "stride": 2, "padding": "same"},
-                                      {"type": "flatten"}, {"type": "dense", "units": 3}]})",
-                       {2, 5, 5}, 2);
-}
-
-TEST(CpuLayerGradientTest, AvgPoolValidWithLeftoverThenSameExcludingPadding) {
-  ExpectGradientsMatch(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
-                                      {"type": "avg_pool2d", "pool": 2},
-                                      {"type": "avg_pool2d", "pool": 3, "stride": 2, "padding": "same"},
-                                      {"type": "flatten"}, {"type": "dense", "units": 3}]})",
-                       {2, 5, 5}, 2);
-}
-
-TEST(CpuLayerGradientTest, ReluTanhAndSigmoid) {
-  for (const char* a : {"relu", "tanh", "sigmoid"}) {
-    ExpectGradientsMatch(std::string(R"({"layers": [{"type": "dense", "units": 6},
-                                                    {"type": "activation", "activation": ")") +
-                             a + R"("}, {"type": "dense", "units": 3}]})",
-                         {4}, 3);
+TEST(CpuModelGradientTest, BuiltinModelsOnFashionMnistShapes) {
+  // A sample of each large variable's elements: the reference in double is slow.
+  for (const testing::LayerCase& c : testing::BuiltinCases()) {
+    ExpectGradientsMatch(c.description, c.input, c.batch, 12);
   }
 }
 
-TEST(CpuLayerGradientTest, ActivationsFusedIntoConvolution) {
-  ExpectGradientsMatch(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 2,
-                                       "activation": "sigmoid"},
-                                      {"type": "conv2d", "filters": 2, "kernel": 2,
-                                       "activation": "tanh"},
-                                      {"type": "dense", "units": 3}]})",
-                       {1, 4, 4}, 2);
-}
-
-TEST(CpuLayerGradientTest, DropoutInTraining) {
-  ExpectGradientsMatch(R"({"layers": [{"type": "dense", "units": 8},
-                                      {"type": "dropout", "rate": 0.5},
-                                      {"type": "dense", "units": 3}]})",
-                       {4}, 3);
-}
-
-TEST(CpuLayerGradientTest, EmbeddingSumAndMean) {
-  for (const char* c : {"sum", "mean"}) {
-    ExpectGradientsMatch(std::string(R"({"layers": [{"type": "embedding", "vocab": 7, "dim": 4,
-                                                     "combiner": ")") +
-                             c + R"("}, {"type": "dense", "units": 3}]})",
-                         {3}, 4);
-  }
-}
-
-TEST(CpuLayerGradientTest, SigmoidCrossEntropy) {
-  ExpectGradientsMatch(R"({"layers": [{"type": "dense", "units": 3, "activation": "relu"},
-                                      {"type": "dense", "units": 1}],
-                          "loss": "sigmoid_cross_entropy"})",
-                       {4}, 5);
-}
-
-TEST(CpuLayerGradientTest, BuiltinModelsOnFashionMnistShapes) {
-  for (const char* name : {"mlp", "cnn", "lenet5"}) ExpectGradientsMatch(name, {1, 28, 28}, 2, 12);
-}
-
-TEST(CpuLayerGradientTest, TheCheckCatchesABrokenGradient) {
+TEST(CpuGradientCheckTest, TheCheckCatchesABrokenGradient) {
   // The comparison itself must be able to fail: one gradient element off by 1e-3 is found.
   const Model model = MakeModel(R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 2},
                                                {"type": "dense", "units": 3}]})",

@@ -66,11 +66,12 @@ class CudaBackendTest : public ::testing::Test {
   // The CUDA backend for `spec`; nullptr (the test then skips) only when this machine has
   // no GPU or the build no CUDA module. Any other failure to create it fails the test, as
   // does any skip when PARASYNC_REQUIRE_GPU is set (tools/gpu-bundle.sh's run script sets it).
-  std::unique_ptr<ComputeBackend> Gpu(const MlpSpec& spec) {
+  std::unique_ptr<ComputeBackend> Gpu(const MlpSpec& spec) { return Gpu(ModelOf(spec)); }
+  std::unique_ptr<ComputeBackend> Gpu(const Model& model) {
     DeviceChoice cuda;
     cuda.kind = DeviceChoice::Kind::kCuda;
     std::string why;
-    auto backend = CreateBackend(cuda, ModelOf(spec), 0, &why);
+    auto backend = CreateBackend(cuda, model, 0, &why);
     if (backend.ok()) return std::move(backend).value();
     skip_reason_ = backend.status().ToString();
     EXPECT_EQ(backend.status().code(), StatusCode::kUnavailable) << skip_reason_;
@@ -151,6 +152,77 @@ TEST_F(CudaBackendTest, GradientsMatchForOtherShapes) {
     auto cpu = Cpu(spec);
     for (int batch : {1, 33, 512}) {
       ExpectSameGradients(*gpu, *cpu, spec, batch, /*pinned=*/true, 77 + batch);
+    }
+  }
+}
+
+// Every layer (each edge case of the CPU gradient tests) and every built-in model: the GPU's
+// loss, gradients and evaluation are the CPU backend's within 1e-4 relative, dropout masks
+// included. cuDNN pads evenly, so the uneven-padding case must be refused by name instead.
+TEST_F(CudaBackendTest, EveryLayerAndBuiltinModelMatchesTheCpuBackend) {
+  std::vector<testing::LayerCase> cases = testing::LayerCases();
+  for (const testing::LayerCase& c : testing::BuiltinCases()) cases.push_back(c);
+  for (const testing::LayerCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Model model = testing::MakeModel(c.description, c.input);
+    if (c.name == "Conv2dSameUnevenPadding") {
+      DeviceChoice cuda;
+      cuda.kind = DeviceChoice::Kind::kCuda;
+      std::string why;
+      auto refused = CreateBackend(cuda, model, 0, &why);
+      if (refused.status().code() == StatusCode::kUnavailable) continue;  // no GPU: skipped below
+      ASSERT_FALSE(refused.ok());
+      EXPECT_EQ(refused.status().code(), StatusCode::kNotSupported);
+      EXPECT_NE(refused.status().message().find("conv2d1"), std::string::npos)
+          << refused.status().message();
+      continue;
+    }
+    GPU_OR_SKIP(gpu, model);
+    auto cpu = CreateCpuBackend(model);
+    ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+    for (int batch : {c.batch, 37}) {
+      SCOPED_TRACE("batch " + std::to_string(batch));
+      std::mt19937_64 gen(static_cast<uint64_t>(batch) * 7 + 1);
+      std::vector<std::vector<float>> params, g_gpu, g_cpu;
+      for (const VariableSpec& v : model.variables()) {
+        params.emplace_back(static_cast<size_t>(v.num_elements()));
+        FillUniform(params.back(), -0.3f, 0.3f, &gen);
+        g_gpu.emplace_back(params.back().size(), NAN);  // every element must be written
+        g_cpu.emplace_back(params.back().size(), 0.0f);
+      }
+      std::vector<const float*> p;
+      std::vector<float*> gg, gc;
+      for (size_t v = 0; v < params.size(); ++v) {
+        p.push_back(params[v].data());
+        gg.push_back(g_gpu[v].data());
+        gc.push_back(g_cpu[v].data());
+      }
+      const LayerOp& first = model.ops().front();
+      std::vector<float> x(static_cast<size_t>(batch * model.input_size()));
+      for (float& f : x) {
+        f = first.spec.kind == LayerKind::kEmbedding
+                ? static_cast<float>(gen() % static_cast<uint64_t>(first.spec.vocab))
+                : std::uniform_real_distribution<float>(-1.0f, 1.0f)(gen);
+      }
+      const uint64_t classes = model.loss() == LossKind::kSigmoidCrossEntropy
+                                   ? 2
+                                   : static_cast<uint64_t>(model.outputs());
+      std::vector<uint8_t> y(static_cast<size_t>(batch));
+      for (uint8_t& label : y) label = static_cast<uint8_t>(gen() % classes);
+      auto lg = gpu->ForwardBackward(p, x.data(), y.data(), batch, 5, gg);
+      auto lc = (*cpu)->ForwardBackward(p, x.data(), y.data(), batch, 5, gc);
+      ASSERT_TRUE(lg.ok()) << lg.status().ToString();
+      ASSERT_TRUE(lc.ok()) << lc.status().ToString();
+      EXPECT_NEAR(*lg, *lc, 1e-4 * std::fabs(*lc));
+      for (size_t v = 0; v < params.size(); ++v) {
+        const double err = RelativeError(g_gpu[v], g_cpu[v]);
+        EXPECT_LE(err, 1e-4) << model.variables()[v].name << ": relative error " << err;
+      }
+      auto eg = gpu->Evaluate(p, x.data(), y.data(), batch);
+      auto ec = (*cpu)->Evaluate(p, x.data(), y.data(), batch);
+      ASSERT_TRUE(eg.ok() && ec.ok());
+      EXPECT_NEAR(eg->loss_sum, ec->loss_sum, 1e-4 * std::fabs(ec->loss_sum));
+      EXPECT_EQ(eg->correct, ec->correct);
     }
   }
 }

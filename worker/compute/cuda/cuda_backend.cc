@@ -1,38 +1,26 @@
-// The CUDA backend (cuda_backend.h).
-//
-// Today it runs the models that are a chain of dense layers with ReLU between them and
-// softmax cross-entropy at the end (the built-in mlp, MLP widths, and files of that shape,
-// flatten layers allowed); any other layer is NotSupported at creation, so --device auto
-// falls back to the CPU saying why. The cuDNN layers (convolution, pooling, the other
-// activations, dropout, embedding) are the next step (docs/models.md).
-//
-// Layout and arithmetic follow the CPU backend (worker/compute/cpu/cpu_backend.cc), which is
-// the reference it is tested against: row-major activations [batch, width], kernels
-// [in, out], Z = A * W + b, ReLU on hidden layers, softmax cross-entropy on the last. cuBLAS
-// is column-major, and a row-major [r, c] matrix is a column-major [c, r] one, so each
-// product below is written for the transposes (comments give the row-major meaning).
+// The CUDA backend (cuda_backend.h): runs a Model as a chain of GpuLayers (gpu_layer.h; cuDNN
+// for convolution, pooling and activations, cuBLAS for dense layers, kernels.cu for the
+// rest), then the loss, on one GPU. The CPU backend (worker/compute/cpu) is the reference it
+// is tested against: same layouts, same buffer plan (compute::BufferPlan), same dropout masks.
 //
 // One step (ForwardBackward) runs on three streams:
-//   h2d_:     the batch, then each layer's kernel and bias, one event per layer;
-//   compute_: layer l's forward product starts as soon as layer l's parameters have
-//             arrived, while the later layers' are still on the wire; then the loss and the
-//             backward pass, last layer first;
+//   h2d_:     the batch, then each layer's variables, one event per layer that has some;
+//   compute_: layer i's forward pass starts as soon as its variables have arrived, while
+//             the later layers' are still on the wire; then the loss and the backward pass,
+//             last layer first;
 //   d2h_:     each layer's gradients go back to the host as soon as they exist, while the
 //             layers below are still being differentiated.
 // The copies are asynchronous when the host arrays are page-locked (AllocateHost, which the
 // trainer uses for its parameter, gradient and batch buffers); any other memory works too,
 // the runtime then copies through its own staging and the overlap is lost.
 //
-// Every CUDA and cuBLAS call is checked; a failure becomes a Status naming the call. Errors
-// during execution (a fault in a kernel) leave a CUDA context unusable, so after one the
-// backend refuses further work with the same error.
+// Every CUDA, cuBLAS and cuDNN call is checked; a failure becomes a Status naming the call.
+// Errors during execution (a fault in a kernel) leave a CUDA context unusable, so after one
+// the backend refuses further work with the same error.
 //
 // Not thread-safe: one training thread uses an instance (worker/compute/backend.h).
 
 #include "worker/compute/cuda/cuda_backend.h"
-
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -41,40 +29,19 @@
 #include <utility>
 #include <vector>
 
+#include "worker/compute/buffer_plan.h"
 #include "worker/compute/checks.h"
 #include "worker/compute/cuda/device_query.h"
+#include "worker/compute/cuda/gpu_layer.h"
 #include "worker/compute/cuda/kernels.h"
 
 namespace parasync::cuda {
 
 namespace {
 
-// Rows per forward pass in Evaluate: bounds device memory for large evaluation sets.
-constexpr int kEvalChunkRows = 8192;
-
-Status CudaError(cudaError_t rc, const char* call) {
-  return Status::Internal(std::string(call) + " failed: " + cudaGetErrorString(rc) + " (" +
-                          cudaGetErrorName(rc) + ")");
-}
-
-Status CublasError(cublasStatus_t rc, const char* call) {
-  return Status::Internal(std::string(call) + " failed: " + cublasGetStatusString(rc) +
-                          " (cuBLAS status " + std::to_string(static_cast<int>(rc)) + ")");
-}
-
-#define PARASYNC_CUDA_CHECK(expr)                                          \
-  do {                                                                     \
-    const cudaError_t parasync_cuda_rc_ = (expr);                          \
-    if (parasync_cuda_rc_ != cudaSuccess) return Fail(CudaError(parasync_cuda_rc_, #expr)); \
-  } while (0)
-
-#define PARASYNC_CUBLAS_CHECK(expr)                                               \
-  do {                                                                            \
-    const cublasStatus_t parasync_cublas_rc_ = (expr);                            \
-    if (parasync_cublas_rc_ != CUBLAS_STATUS_SUCCESS) {                           \
-      return Fail(CublasError(parasync_cublas_rc_, #expr));                       \
-    }                                                                             \
-  } while (0)
+// Evaluate runs chunks of at most this many rows and this many bytes of activations.
+constexpr int64_t kEvalChunkRows = 8192;
+constexpr int64_t kEvalChunkBytes = int64_t{256} << 20;
 
 // A device allocation, freed with the owner.
 class DeviceBuffer {
@@ -103,73 +70,37 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
 };
 
-// What the loss kernel accumulates, on the device and (pinned) on the host.
+// What the loss kernels accumulate, on the device and (pinned) on the host.
 struct Totals {
   double loss_sum;
   unsigned long long correct;
 };
 
-// A model as this backend runs it: widths = {inputs, units of each dense layer}; ReLU after
-// every dense layer but the last. Dense layer l's kernel is variable 2l, its bias 2l+1.
-struct MlpSpec {
-  std::vector<int64_t> widths;
-  int num_layers() const { return static_cast<int>(widths.size()) - 1; }
-};
+// Records the first failure of `expr` in failed_ and returns it.
+#define PARASYNC_GPU_CHECK(expr)                  \
+  do {                                            \
+    ::parasync::Status parasync_s_ = (expr);      \
+    if (!parasync_s_.ok()) return Fail(parasync_s_); \
+  } while (0)
 
-// The dense chain `model` is, or NotSupported naming the first op this backend lacks.
-Result<MlpSpec> DenseChain(const Model& model) {
-  MlpSpec spec;
-  spec.widths.push_back(model.input_size());
-  const std::vector<LayerOp>& ops = model.ops();
-  auto unsupported = [](const LayerOp& op, const std::string& why) {
-    return Status::NotSupported("the CUDA backend cannot run layer '" + op.spec.name + "' (" +
-                                std::string(LayerKindName(op.spec.kind)) + "): " + why);
-  };
-  if (model.loss() != LossKind::kSoftmaxCrossEntropy) {
-    return Status::NotSupported("the CUDA backend has softmax_cross_entropy only, not " +
-                                std::string(LossKindName(model.loss())));
-  }
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const LayerOp& op = ops[i];
-    if (op.spec.kind == LayerKind::kFlatten) continue;
-    if (op.spec.kind != LayerKind::kDense) {
-      return unsupported(op, "it runs dense layers with ReLU between them only");
-    }
-    spec.widths.push_back(op.out_size());
-    size_t next = i + 1;
-    while (next < ops.size() && ops[next].spec.kind == LayerKind::kFlatten) ++next;
-    const bool last_dense = std::none_of(ops.begin() + static_cast<std::ptrdiff_t>(next), ops.end(),
-                                         [](const LayerOp& o) { return o.spec.kind == LayerKind::kDense; });
-    const bool relu_next = next < ops.size() && ops[next].spec.kind == LayerKind::kActivation &&
-                           ops[next].spec.activation == Activation::kRelu;
-    if (last_dense && next < ops.size()) {
-      return unsupported(ops[next], "the last dense layer must give the logits");
-    }
-    if (!last_dense && !relu_next) {
-      return unsupported(op, "every dense layer but the last must be followed by a ReLU");
-    }
-    if (relu_next) i = next;
-  }
-  if (spec.widths.size() < 2) return Status::NotSupported("the CUDA backend needs a dense layer");
-  if (spec.widths.back() > 256) {
-    return Status::InvalidArgument("the model has " + std::to_string(spec.widths.back()) +
-                                   " classes; labels are uint8, so at most 256");
-  }
-  return spec;
+Status Call(cudaError_t rc, const char* what) {
+  return rc == cudaSuccess ? Status::Ok() : CudaError(rc, what);
 }
+#define PARASYNC_CUDA_CHECK(expr) PARASYNC_GPU_CHECK(Call((expr), #expr))
 
 class CudaBackend final : public ComputeBackend {
  public:
-  CudaBackend(Model model, MlpSpec spec, int device)
-      : model_(std::move(model)), spec_(std::move(spec)), device_(device) {}
+  CudaBackend(Model model, int device) : model_(std::move(model)), device_(device) {}
 
   ~CudaBackend() override {
     // Best effort: nothing to report to from a destructor.
     cudaSetDevice(device_);
-    if (compute_ != nullptr) cudaStreamSynchronize(compute_);
-    if (d2h_ != nullptr) cudaStreamSynchronize(d2h_);
-    if (h2d_ != nullptr) cudaStreamSynchronize(h2d_);
+    for (cudaStream_t s : {compute_, h2d_, d2h_}) {
+      if (s != nullptr) cudaStreamSynchronize(s);
+    }
+    layers_.clear();  // their descriptors and workspaces, before the handles
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    if (cudnn_ != nullptr) cudnnDestroy(cudnn_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     for (cudaStream_t s : {compute_, h2d_, d2h_}) {
       if (s != nullptr) cudaStreamDestroy(s);
@@ -184,7 +115,7 @@ class CudaBackend final : public ComputeBackend {
       return Status::Unavailable("cuda:" + std::to_string(device_) + ": " + description);
     }
     name_ = "cuda:" + std::to_string(device_) + " (" + description + ")";
-    PARASYNC_CUDA_CHECK(cudaSetDevice(device_));
+    PARASYNC_CUDA_RETURN(cudaSetDevice(device_));
     // A GPU this build has no code for would fail only at the first step; say so now, so
     // --device auto falls back to the CPU.
     if (const cudaError_t rc = CheckKernelImage(); rc != cudaSuccess) {
@@ -194,36 +125,49 @@ class CudaBackend final : public ComputeBackend {
                                  "-DCMAKE_CUDA_ARCHITECTURES=<its sm number>");
     }
     for (cudaStream_t* s : {&compute_, &h2d_, &d2h_}) {
-      PARASYNC_CUDA_CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+      PARASYNC_CUDA_RETURN(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
     }
-    const int layers = spec_.num_layers();
-    // Per layer: its parameters arrived, its gradients computed; then the loss computed.
-    events_.resize(2 * static_cast<size_t>(layers) + 1);
-    for (cudaEvent_t& e : events_) {
-      PARASYNC_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    }
-    PARASYNC_CUBLAS_CHECK(cublasCreate(&cublas_));
-    PARASYNC_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+    PARASYNC_CUBLAS_RETURN(cublasCreate(&cublas_));
+    PARASYNC_CUBLAS_RETURN(cublasSetStream(cublas_, compute_));
     // Full FP32 products (no TF32), so the results match the CPU backend's.
-    PARASYNC_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    PARASYNC_CUBLAS_RETURN(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    PARASYNC_CUDNN_RETURN(cudnnCreate(&cudnn_));
+    PARASYNC_CUDNN_RETURN(cudnnSetStream(cudnn_, compute_));
+    context_.stream = compute_;
+    context_.cublas = cublas_;
+    context_.cudnn = cudnn_;
 
-    const std::vector<VariableSpec>& vars = model_.variables();
+    const std::vector<LayerOp>& ops = model_.ops();
+    std::vector<compute::Aliasing> aliasing;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      PARASYNC_ASSIGN_OR_RETURN(auto layer,
+                                MakeGpuLayer(ops[i], static_cast<uint32_t>(i), context_));
+      aliasing.push_back(layer->aliasing());
+      layers_.push_back(std::move(layer));
+    }
+    plan_ = compute::BufferPlan::For(model_, aliasing);
+    // Per op: its variables arrived, its gradients computed; then the loss computed.
+    events_.resize(2 * ops.size() + 1);
+    for (cudaEvent_t& e : events_) {
+      PARASYNC_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+
     size_t total = 0;
-    for (const VariableSpec& v : vars) {
+    for (const VariableSpec& v : model_.variables()) {
       var_offset_.push_back(total);
       var_elements_.push_back(static_cast<size_t>(v.num_elements()));
       total += static_cast<size_t>(v.num_elements());
     }
-    PARASYNC_CUDA_CHECK(params_.Allocate(total * sizeof(float)));
-    PARASYNC_CUDA_CHECK(grads_.Allocate(total * sizeof(float)));
-    PARASYNC_CUDA_CHECK(totals_.Allocate(sizeof(Totals)));
+    PARASYNC_CUDA_RETURN(params_.Allocate(total * sizeof(float)));
+    PARASYNC_CUDA_RETURN(grads_.Allocate(total * sizeof(float)));
+    PARASYNC_CUDA_RETURN(totals_.Allocate(sizeof(Totals)));
     void* host_totals = nullptr;
-    PARASYNC_CUDA_CHECK(cudaMallocHost(&host_totals, sizeof(Totals)));
+    PARASYNC_CUDA_RETURN(cudaMallocHost(&host_totals, sizeof(Totals)));
     host_totals_ = static_cast<Totals*>(host_totals);
-    for (size_t l = 1; l < spec_.widths.size(); ++l) {
-      max_width_ = std::max(max_width_, spec_.widths[l]);
+    for (int v = 0; v < static_cast<int>(var_offset_.size()); ++v) {
+      param_ptrs_.push_back(Param(v));
+      grad_ptrs_.push_back(Grad(v));
     }
-    acts_.resize(spec_.widths.size());
     return Status::Ok();
   }
 
@@ -242,82 +186,66 @@ class CudaBackend final : public ComputeBackend {
   }
 
   Result<float> ForwardBackward(std::span<const float* const> params, const float* x,
-                                const uint8_t* labels, int batch, uint64_t /*seed: no dropout*/,
+                                const uint8_t* labels, int batch, uint64_t seed,
                                 std::span<float* const> grads) override {
     PARASYNC_RETURN_IF_ERROR(failed_);
     PARASYNC_RETURN_IF_ERROR(compute::CheckForwardBackward(model_, params, x, labels, batch, grads));
+    PARASYNC_RETURN_IF_ERROR(CheckIds(x, batch, 0));
     PARASYNC_CUDA_CHECK(cudaSetDevice(device_));
-    PARASYNC_RETURN_IF_ERROR(Reserve(batch));
-    const int layers = spec_.num_layers();
-    const int inputs = static_cast<int>(spec_.widths.front());
-    const int classes = static_cast<int>(spec_.widths.back());
-    cudaEvent_t* layer_ready = events_.data();
-    cudaEvent_t* grads_ready = events_.data() + layers;
-    cudaEvent_t loss_ready = events_[2 * static_cast<size_t>(layers)];
+    PARASYNC_GPU_CHECK(Reserve(batch));
+    const std::vector<LayerOp>& ops = model_.ops();
+    const size_t n = ops.size();
+    cudaEvent_t* vars_ready = events_.data();
+    cudaEvent_t* grads_ready = events_.data() + n;
+    cudaEvent_t loss_ready = events_[2 * n];
 
-    // Host to device: the batch, then the parameters layer by layer.
-    PARASYNC_CUDA_CHECK(cudaMemcpyAsync(x_.as<float>(), x,
-                                        static_cast<size_t>(batch) * inputs * sizeof(float),
+    // Host to device: the batch, then the variables op by op.
+    PARASYNC_CUDA_CHECK(cudaMemcpyAsync(x_.as<float>(), x, InputBytes(batch),
                                         cudaMemcpyHostToDevice, h2d_));
-    PARASYNC_CUDA_CHECK(cudaMemcpyAsync(labels_.as<uint8_t>(), labels,
-                                        static_cast<size_t>(batch), cudaMemcpyHostToDevice, h2d_));
-    for (int l = 0; l < layers; ++l) {
-      for (int v = 2 * l; v <= 2 * l + 1; ++v) {
-        PARASYNC_CUDA_CHECK(cudaMemcpyAsync(Param(v), params[v], Bytes(v),
+    PARASYNC_CUDA_CHECK(cudaMemcpyAsync(labels_.as<uint8_t>(), labels, static_cast<size_t>(batch),
+                                        cudaMemcpyHostToDevice, h2d_));
+    for (size_t i = 0; i < n; ++i) {
+      for (int v = ops[i].first_variable; v < ops[i].first_variable + ops[i].num_variables; ++v) {
+        PARASYNC_CUDA_CHECK(cudaMemcpyAsync(Param(v), params[static_cast<size_t>(v)], Bytes(v),
                                             cudaMemcpyHostToDevice, h2d_));
       }
-      PARASYNC_CUDA_CHECK(cudaEventRecord(layer_ready[l], h2d_));
+      PARASYNC_CUDA_CHECK(cudaEventRecord(vars_ready[i], h2d_));
     }
 
-    // Forward.
+    GpuPass pass;
+    pass.rows = batch;
+    pass.training = true;
+    pass.seed = seed;
     PARASYNC_CUDA_CHECK(cudaMemsetAsync(totals_.as<Totals>(), 0, sizeof(Totals), compute_));
-    for (int l = 0; l < layers; ++l) {
-      PARASYNC_CUDA_CHECK(cudaStreamWaitEvent(compute_, layer_ready[l], 0));
-      PARASYNC_RETURN_IF_ERROR(LayerForward(l, batch, /*bias=*/l + 1 < layers));
+    for (size_t i = 0; i < n; ++i) {
+      PARASYNC_CUDA_CHECK(cudaStreamWaitEvent(compute_, vars_ready[i], 0));
+      PARASYNC_GPU_CHECK(layers_[i]->Forward(param_ptrs_.data() + ops[i].first_variable, Act(i),
+                                             Act(i + 1), pass));
     }
-    // The last layer's bias is added inside the loss kernel.
-    float* delta = delta_.as<float>();
-    float* delta_below = delta_below_.as<float>();
-    PARASYNC_CUDA_CHECK(LaunchSoftmaxCrossEntropy(
-        acts_[layers].as<float>(), Param(2 * layers - 1), labels_.as<uint8_t>(), batch, classes,
-        1.0f / static_cast<float>(batch), delta, &totals_.as<Totals>()->loss_sum, nullptr,
-        compute_));
+    PARASYNC_GPU_CHECK(Loss(batch, 1.0f / static_cast<float>(batch), DeltaBuffer(n), false));
     PARASYNC_CUDA_CHECK(cudaEventRecord(loss_ready, compute_));
+    PARASYNC_CUDA_CHECK(cudaStreamWaitEvent(d2h_, loss_ready, 0));
+    PARASYNC_CUDA_CHECK(cudaMemcpyAsync(host_totals_, totals_.as<Totals>(), sizeof(Totals),
+                                        cudaMemcpyDeviceToHost, d2h_));
 
-    // Backward, last layer first. On entry to layer l, delta holds dLoss/dZ_l [batch, out].
-    const float one = 1.0f, zero = 0.0f;
-    for (int l = layers - 1; l >= 0; --l) {
-      const int in = static_cast<int>(spec_.widths[l]);
-      const int out = static_cast<int>(spec_.widths[l + 1]);
-      const float* a_in = l == 0 ? x_.as<float>() : acts_[l].as<float>();
-      // dW [in, out] = A_in^T [in, batch] * dZ [batch, out].
-      PARASYNC_CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, out, in, batch, &one,
-                                        delta, out, a_in, in, &zero, Grad(2 * l), out));
-      // db [out] = column sums of dZ: the column-major [out, batch] dZ times ones.
-      PARASYNC_CUBLAS_CHECK(cublasSgemv(cublas_, CUBLAS_OP_N, out, batch, &one, delta, out,
-                                        ones_.as<float>(), 1, &zero, Grad(2 * l + 1), 1));
-      PARASYNC_CUDA_CHECK(cudaEventRecord(grads_ready[l], compute_));
-      PARASYNC_CUDA_CHECK(cudaStreamWaitEvent(d2h_, grads_ready[l], 0));
-      for (int v = 2 * l; v <= 2 * l + 1; ++v) {
-        PARASYNC_CUDA_CHECK(cudaMemcpyAsync(grads[v], Grad(v), Bytes(v),
+    // Backward, last op first; each op's gradients leave as soon as they exist.
+    for (size_t i = n; i-- > 0;) {
+      const LayerOp& op = ops[i];
+      if (!plan_.needs_dx[i] && op.num_variables == 0) continue;
+      float* dx = plan_.needs_dx[i] ? DeltaBuffer(i) : nullptr;
+      PARASYNC_GPU_CHECK(layers_[i]->Backward(param_ptrs_.data() + op.first_variable, Act(i),
+                                              Act(i + 1), DeltaBuffer(i + 1), dx,
+                                              grad_ptrs_.data() + op.first_variable, pass));
+      if (op.num_variables == 0) continue;
+      PARASYNC_CUDA_CHECK(cudaEventRecord(grads_ready[i], compute_));
+      PARASYNC_CUDA_CHECK(cudaStreamWaitEvent(d2h_, grads_ready[i], 0));
+      for (int v = op.first_variable; v < op.first_variable + op.num_variables; ++v) {
+        PARASYNC_CUDA_CHECK(cudaMemcpyAsync(grads[static_cast<size_t>(v)], Grad(v), Bytes(v),
                                             cudaMemcpyDeviceToHost, d2h_));
       }
-      if (l == layers - 1) {
-        PARASYNC_CUDA_CHECK(cudaStreamWaitEvent(d2h_, loss_ready, 0));
-        PARASYNC_CUDA_CHECK(cudaMemcpyAsync(host_totals_, totals_.as<Totals>(), sizeof(Totals),
-                                            cudaMemcpyDeviceToHost, d2h_));
-      }
-      if (l == 0) break;
-      // dA_in [batch, in] = dZ [batch, out] * W^T [out, in], then through the ReLU that
-      // made A_in.
-      PARASYNC_CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, in, batch, out, &one,
-                                        Param(2 * l), out, delta, out, &zero, delta_below, in));
-      PARASYNC_CUDA_CHECK(LaunchReluBackward(delta_below, a_in, static_cast<size_t>(batch) * in,
-                                             compute_));
-      std::swap(delta, delta_below);
     }
-    // The last copy on d2h_ waited for the last product on compute_: one wait covers all.
     PARASYNC_CUDA_CHECK(cudaStreamSynchronize(d2h_));
+    PARASYNC_CUDA_CHECK(cudaStreamSynchronize(compute_));
     return static_cast<float>(host_totals_->loss_sum / batch);
   }
 
@@ -327,34 +255,36 @@ class CudaBackend final : public ComputeBackend {
     PARASYNC_RETURN_IF_ERROR(compute::CheckEvaluate(model_, params, x, labels, n));
     EvalResult result;
     if (n == 0) return result;
-    // All labels before any work is queued: an early return leaves nothing running.
+    // All labels and ids before any work is queued: an early return leaves nothing running.
     PARASYNC_RETURN_IF_ERROR(compute::CheckLabels(model_, labels, n, 0));
+    PARASYNC_RETURN_IF_ERROR(CheckIds(x, n, 0));
     PARASYNC_CUDA_CHECK(cudaSetDevice(device_));
-    const int layers = spec_.num_layers();
-    const int64_t inputs = spec_.widths.front();
-    const int classes = static_cast<int>(spec_.widths.back());
-    PARASYNC_RETURN_IF_ERROR(Reserve(static_cast<int>(std::min<int64_t>(n, kEvalChunkRows))));
+    const int64_t by_bytes =
+        std::max<int64_t>(1, kEvalChunkBytes / (4 * std::max<int64_t>(plan_.per_example, 1)));
+    const int64_t chunk = std::min({n, kEvalChunkRows, by_bytes});
     // Everything on compute_, in order: evaluation runs once per epoch, overlap buys little.
-    for (int v = 0; v < 2 * layers; ++v) {
-      PARASYNC_CUDA_CHECK(cudaMemcpyAsync(Param(v), params[v], Bytes(v), cudaMemcpyHostToDevice,
+    for (size_t v = 0; v < var_offset_.size(); ++v) {
+      PARASYNC_CUDA_CHECK(cudaMemcpyAsync(Param(static_cast<int>(v)), params[v],
+                                          Bytes(static_cast<int>(v)), cudaMemcpyHostToDevice,
                                           compute_));
     }
     PARASYNC_CUDA_CHECK(cudaMemsetAsync(totals_.as<Totals>(), 0, sizeof(Totals), compute_));
-    for (int64_t start = 0; start < n; start += kEvalChunkRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(kEvalChunkRows, n - start));
-      PARASYNC_CUDA_CHECK(cudaMemcpyAsync(x_.as<float>(), x + start * inputs,
-                                          static_cast<size_t>(rows) * inputs * sizeof(float),
+    const int64_t inputs = model_.input_size();
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int rows = static_cast<int>(std::min(chunk, n - start));
+      PARASYNC_GPU_CHECK(Reserve(rows));
+      PARASYNC_CUDA_CHECK(cudaMemcpyAsync(x_.as<float>(), x + start * inputs, InputBytes(rows),
                                           cudaMemcpyHostToDevice, compute_));
       PARASYNC_CUDA_CHECK(cudaMemcpyAsync(labels_.as<uint8_t>(), labels + start,
                                           static_cast<size_t>(rows), cudaMemcpyHostToDevice,
                                           compute_));
-      for (int l = 0; l < layers; ++l) {
-        PARASYNC_RETURN_IF_ERROR(LayerForward(l, rows, /*bias=*/l + 1 < layers));
+      GpuPass pass;
+      pass.rows = rows;
+      for (size_t i = 0; i < layers_.size(); ++i) {
+        PARASYNC_GPU_CHECK(layers_[i]->Forward(
+            param_ptrs_.data() + model_.ops()[i].first_variable, Act(i), Act(i + 1), pass));
       }
-      Totals* totals = totals_.as<Totals>();
-      PARASYNC_CUDA_CHECK(LaunchSoftmaxCrossEntropy(
-          acts_[layers].as<float>(), Param(2 * layers - 1), labels_.as<uint8_t>(), rows, classes,
-          0.0f, nullptr, &totals->loss_sum, &totals->correct, compute_));
+      PARASYNC_GPU_CHECK(Loss(rows, 0.0f, nullptr, true));
       result.count += rows;
     }
     PARASYNC_CUDA_CHECK(cudaMemcpyAsync(host_totals_, totals_.as<Totals>(), sizeof(Totals),
@@ -366,57 +296,81 @@ class CudaBackend final : public ComputeBackend {
   }
 
  private:
-  // Records the first CUDA/cuBLAS failure: after it the backend answers only with it.
+  // Records the first CUDA/cuBLAS/cuDNN failure: after it the backend answers only with it.
   Status Fail(Status s) {
     if (failed_.ok()) failed_ = s;
     return s;
   }
 
-  float* Param(int v) const { return params_.as<float>() + var_offset_[v]; }
-  float* Grad(int v) const { return grads_.as<float>() + var_offset_[v]; }
-  size_t Bytes(int v) const { return var_elements_[v] * sizeof(float); }
+  // An embedding's ids are checked on the host, before they reach a kernel.
+  Status CheckIds(const float* x, int64_t rows, int64_t first_example) const {
+    const LayerOp& first = model_.ops().front();
+    if (first.spec.kind != LayerKind::kEmbedding) return Status::Ok();
+    return compute::CheckIds(first, x, rows * first.in_size(), first_example);
+  }
 
-  // acts_[l+1] = A_l * W_l on compute_ (A_0 is the batch), plus the bias and ReLU unless
-  // `bias` is false (the last layer, whose bias the loss kernel adds).
-  Status LayerForward(int l, int rows, bool bias) {
-    const int in = static_cast<int>(spec_.widths[l]);
-    const int out = static_cast<int>(spec_.widths[l + 1]);
-    const float* a_in = l == 0 ? x_.as<float>() : acts_[l].as<float>();
-    float* z = acts_[l + 1].as<float>();
-    const float one = 1.0f, zero = 0.0f;
-    // Z [rows, out] = A [rows, in] * W [in, out].
-    PARASYNC_CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, &one,
-                                      Param(2 * l), out, a_in, in, &zero, z, out));
-    if (bias) {
-      PARASYNC_CUDA_CHECK(LaunchBiasActivation(z, Param(2 * l + 1), rows, out, /*relu=*/true,
-                                               compute_));
+  // The loss of `rows` logits into totals_ (and, when delta is not null, its gradient).
+  Status Loss(int rows, float grad_scale, float* delta, bool count_correct) {
+    Totals* totals = totals_.as<Totals>();
+    unsigned long long* correct = count_correct ? &totals->correct : nullptr;
+    const float* logits = Act(layers_.size());
+    if (model_.loss() == LossKind::kSigmoidCrossEntropy) {
+      PARASYNC_CUDA_RETURN(LaunchSigmoidCrossEntropy(logits, labels_.as<uint8_t>(), rows,
+                                                     grad_scale, delta, &totals->loss_sum,
+                                                     correct, compute_));
+    } else {
+      PARASYNC_CUDA_RETURN(LaunchSoftmaxCrossEntropy(
+          logits, nullptr, labels_.as<uint8_t>(), rows, static_cast<int>(model_.outputs()),
+          grad_scale, delta, &totals->loss_sum, correct, compute_));
     }
     return Status::Ok();
   }
 
-  // Grows the batch-sized device buffers to `rows` rows; never shrinks them.
+  float* Param(int v) const { return params_.as<float>() + var_offset_[static_cast<size_t>(v)]; }
+  float* Grad(int v) const { return grads_.as<float>() + var_offset_[static_cast<size_t>(v)]; }
+  size_t Bytes(int v) const { return var_elements_[static_cast<size_t>(v)] * sizeof(float); }
+  size_t InputBytes(int64_t rows) const {
+    return static_cast<size_t>(rows) * static_cast<size_t>(model_.input_size()) * sizeof(float);
+  }
+  // The input of op j (the output of op j-1): the uploaded batch, or a buffer.
+  float* Act(size_t j) const {
+    const int b = plan_.act[j];
+    return b < 0 ? x_.as<float>() : acts_[static_cast<size_t>(b)].as<float>();
+  }
+  float* DeltaBuffer(size_t j) const { return deltas_[plan_.delta[j]].as<float>(); }
+
+  // Readies the buffers (grown to `rows`, never shrunk) and every layer for passes of `rows`.
   Status Reserve(int rows) {
-    if (rows <= capacity_) return Status::Ok();
-    // Nothing may still be using the old buffers; until all new ones exist, none count.
-    PARASYNC_CUDA_CHECK(cudaDeviceSynchronize());
-    capacity_ = 0;
-    const size_t r = static_cast<size_t>(rows);
-    PARASYNC_CUDA_CHECK(x_.Allocate(r * spec_.widths.front() * sizeof(float)));
-    PARASYNC_CUDA_CHECK(labels_.Allocate(r));
-    for (size_t l = 1; l < acts_.size(); ++l) {
-      PARASYNC_CUDA_CHECK(acts_[l].Allocate(r * spec_.widths[l] * sizeof(float)));
+    if (rows > capacity_) {
+      // Nothing may still be using the old buffers; until all new ones exist, none count.
+      PARASYNC_CUDA_RETURN(cudaDeviceSynchronize());
+      capacity_ = 0;
+      const size_t r = static_cast<size_t>(rows);
+      PARASYNC_CUDA_RETURN(x_.Allocate(InputBytes(rows)));
+      PARASYNC_CUDA_RETURN(labels_.Allocate(r));
+      acts_.clear();
+      for (int64_t elements : plan_.act_elements) {
+        acts_.emplace_back();
+        PARASYNC_CUDA_RETURN(acts_.back().Allocate(r * static_cast<size_t>(elements) * sizeof(float)));
+      }
+      for (DeviceBuffer& d : deltas_) {
+        PARASYNC_CUDA_RETURN(d.Allocate(r * static_cast<size_t>(plan_.delta_elements) * sizeof(float)));
+      }
+      PARASYNC_CUDA_RETURN(ones_.Allocate(r * sizeof(float)));
+      PARASYNC_CUDA_RETURN(LaunchFill(ones_.as<float>(), 1.0f, r, compute_));
+      PARASYNC_CUDA_RETURN(cudaStreamSynchronize(compute_));
+      context_.ones = ones_.as<float>();
+      capacity_ = rows;
     }
-    PARASYNC_CUDA_CHECK(delta_.Allocate(r * max_width_ * sizeof(float)));
-    PARASYNC_CUDA_CHECK(delta_below_.Allocate(r * max_width_ * sizeof(float)));
-    PARASYNC_CUDA_CHECK(ones_.Allocate(r * sizeof(float)));
-    PARASYNC_CUDA_CHECK(LaunchFill(ones_.as<float>(), 1.0f, r, compute_));
-    PARASYNC_CUDA_CHECK(cudaStreamSynchronize(compute_));
-    capacity_ = rows;
+    if (rows != described_rows_) {
+      described_rows_ = 0;
+      for (auto& layer : layers_) PARASYNC_RETURN_IF_ERROR(layer->Reserve(rows));
+      described_rows_ = rows;
+    }
     return Status::Ok();
   }
 
   const Model model_;
-  const MlpSpec spec_;
   const int device_;
   std::string name_;
   Status failed_;
@@ -425,30 +379,34 @@ class CudaBackend final : public ComputeBackend {
   cudaStream_t d2h_ = nullptr;
   std::vector<cudaEvent_t> events_;
   cublasHandle_t cublas_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  GpuContext context_;  // the layers hold a reference to it
+  std::vector<std::unique_ptr<GpuLayer>> layers_;
+  compute::BufferPlan plan_;
 
   // All variables in one block each, at var_offset_ in Model::variables() order.
   std::vector<size_t> var_offset_;
   std::vector<size_t> var_elements_;
   DeviceBuffer params_;
   DeviceBuffer grads_;
+  std::vector<const float*> param_ptrs_;
+  std::vector<float*> grad_ptrs_;
   DeviceBuffer totals_;
   Totals* host_totals_ = nullptr;  // page-locked
 
-  int64_t max_width_ = 0;
-  int capacity_ = 0;  // rows the batch-sized buffers hold
+  int capacity_ = 0;        // rows the batch-sized buffers hold
+  int described_rows_ = 0;  // rows the layers are ready for
   DeviceBuffer x_;
   DeviceBuffer labels_;
-  std::vector<DeviceBuffer> acts_;  // acts_[l], l >= 1: output of layer l-1; acts_[0] unused
-  DeviceBuffer delta_;
-  DeviceBuffer delta_below_;
+  std::vector<DeviceBuffer> acts_;
+  DeviceBuffer deltas_[2];
   DeviceBuffer ones_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<ComputeBackend>> CreateCudaBackend(const Model& model, int device) {
-  PARASYNC_ASSIGN_OR_RETURN(MlpSpec spec, DenseChain(model));
-  auto backend = std::make_unique<CudaBackend>(model, std::move(spec), device);
+  auto backend = std::make_unique<CudaBackend>(model, device);
   PARASYNC_RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<ComputeBackend>(std::move(backend));
 }

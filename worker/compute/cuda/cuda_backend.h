@@ -1,6 +1,7 @@
-// The CUDA compute backend: a model's forward and backward passes on one GPU, with cuBLAS
-// for the matrix products and the kernels of kernels.cu for the rest. Lives in the CUDA
-// module (libparasync_cuda.so); the worker reaches it through cuda_module.h.
+// The CUDA compute backend: a model's forward and backward passes on one GPU, layer by layer,
+// with cuDNN (convolution, pooling, activations), cuBLAS (dense layers) and the kernels of
+// kernels.cu for the rest. Lives in the CUDA module (libparasync_cuda.so); the worker reaches
+// it through cuda_module.h.
 #pragma once
 
 #include <memory>

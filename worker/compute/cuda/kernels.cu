@@ -1,5 +1,7 @@
 #include "worker/compute/cuda/kernels.h"
 
+#include "worker/compute/dropout_mask.h"
+
 #include <climits>
 #include <cmath>
 
@@ -24,13 +26,6 @@ __global__ void BiasActivationKernel(float* z, const float* b, size_t n, int wid
        k += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const float v = z[k] + b[k % width];
     z[k] = relu ? fmaxf(v, 0.0f) : v;
-  }
-}
-
-__global__ void ReluBackwardKernel(float* delta, const float* a, size_t n) {
-  for (size_t k = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; k < n;
-       k += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    if (!(a[k] > 0.0f)) delta[k] = 0.0f;
   }
 }
 
@@ -61,7 +56,7 @@ __global__ void SoftmaxCrossEntropyKernel(const float* z, const float* b, const 
     float m = -INFINITY;
     int arg = INT_MAX;
     for (int c = lane; c < classes; c += kWarp) {
-      const float v = zr[c] + b[c];
+      const float v = zr[c] + (b != nullptr ? b[c] : 0.0f);
       if (v > m) {  // strict: within a lane c grows, so the first maximum stays
         m = v;
         arg = c;
@@ -76,21 +71,23 @@ __global__ void SoftmaxCrossEntropyKernel(const float* z, const float* b, const 
       }
     }
     float sum = 0.0f;
-    for (int c = lane; c < classes; c += kWarp) sum += expf(zr[c] + b[c] - m);
+    for (int c = lane; c < classes; c += kWarp) {
+      sum += expf(zr[c] + (b != nullptr ? b[c] : 0.0f) - m);
+    }
     for (int offset = kWarp / 2; offset > 0; offset /= 2) {
       sum += __shfl_xor_sync(kFullMask, sum, offset);
     }
     const int label = labels[row];
     if (lane == 0) {
       row_loss = static_cast<double>(m) + log(static_cast<double>(sum)) -
-                 static_cast<double>(zr[label] + b[label]);
+                 static_cast<double>(zr[label] + (b != nullptr ? b[label] : 0.0f));
       row_correct = arg == label ? 1u : 0u;
     }
     if (delta != nullptr) {
       const float scale = grad_scale / sum;
       float* dr = delta + static_cast<size_t>(row) * classes;
       for (int c = lane; c < classes; c += kWarp) {
-        float d = expf(zr[c] + b[c] - m) * scale;
+        float d = expf(zr[c] + (b != nullptr ? b[c] : 0.0f) - m) * scale;
         if (c == label) d -= grad_scale;
         dr[c] = d;
       }
@@ -113,7 +110,105 @@ __global__ void SoftmaxCrossEntropyKernel(const float* z, const float* b, const 
   }
 }
 
+// One thread per row: loss = max(z, 0) - z y + log(1 + exp(-|z|)), dLoss/dz = sigmoid(z) - y,
+// as the CPU backend (loss.cc) computes them, in double.
+__global__ void SigmoidCrossEntropyKernel(const float* z, const uint8_t* labels, int rows,
+                                          float grad_scale, float* delta, double* loss_sum,
+                                          unsigned long long* correct) {
+  __shared__ double block_loss[kThreads];
+  __shared__ unsigned block_correct[kThreads];
+  const int row = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  double loss = 0.0;
+  unsigned right = 0;
+  if (row < rows) {
+    const double v = z[row];
+    const double y = labels[row];
+    loss = fmax(v, 0.0) - v * y + log1p(exp(-fabs(v)));
+    if (delta != nullptr) delta[row] = static_cast<float>(1.0 / (1.0 + exp(-v)) - y) * grad_scale;
+    right = (v > 0.0) == (labels[row] == 1) ? 1u : 0u;
+  }
+  block_loss[threadIdx.x] = loss;
+  block_correct[threadIdx.x] = right;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    unsigned count = 0;
+    for (int t = 0; t < kThreads; ++t) {
+      total += block_loss[t];
+      count += block_correct[t];
+    }
+    atomicAdd(loss_sum, total);
+    if (correct != nullptr) atomicAdd(correct, static_cast<unsigned long long>(count));
+  }
+}
+
+__global__ void DropoutKernel(const float* in, float* out, size_t n, uint64_t seed, uint32_t op,
+                              float rate) {
+  const float scale = 1.0f / (1.0f - rate);
+  for (size_t k = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    out[k] = compute::DropoutKeeps(seed, op, k, rate) ? in[k] * scale : 0.0f;
+  }
+}
+
+// One thread per (row, d): the sum over the row's bag of table[id][d], times scale.
+__global__ void EmbeddingForwardKernel(const float* ids, const float* table, float* out,
+                                       int rows, int bag, int dim, float scale) {
+  const size_t n = static_cast<size_t>(rows) * dim;
+  for (size_t k = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t row = k / dim, d = k % dim;
+    float sum = 0.0f;
+    for (int j = 0; j < bag; ++j) {
+      sum += table[static_cast<size_t>(ids[row * bag + j]) * dim + d];
+    }
+    out[k] = sum * scale;
+  }
+}
+
+// One thread per (row, slot, d): adds scale * dy[row][d] into its id's row of dtable.
+__global__ void EmbeddingBackwardKernel(const float* ids, const float* dy, float* dtable,
+                                        int rows, int bag, int dim, float scale) {
+  const size_t n = static_cast<size_t>(rows) * bag * dim;
+  for (size_t k = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t d = k % dim, slot = k / dim, row = slot / bag;
+    atomicAdd(&dtable[static_cast<size_t>(ids[slot]) * dim + d], scale * dy[row * dim + d]);
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchSigmoidCrossEntropy(const float* z, const uint8_t* labels, int rows,
+                                      float grad_scale, float* delta, double* loss_sum,
+                                      unsigned long long* correct, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((rows + kThreads - 1) / kThreads);
+  SigmoidCrossEntropyKernel<<<blocks, kThreads, 0, stream>>>(z, labels, rows, grad_scale, delta,
+                                                             loss_sum, correct);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDropout(const float* in, float* out, size_t n, uint64_t seed, uint32_t op,
+                          float rate, cudaStream_t stream) {
+  DropoutKernel<<<BlocksFor(n), kThreads, 0, stream>>>(in, out, n, seed, op, rate);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchEmbeddingForward(const float* ids, const float* table, float* out, int rows,
+                                   int bag, int dim, float scale, cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(rows) * dim;
+  EmbeddingForwardKernel<<<BlocksFor(n), kThreads, 0, stream>>>(ids, table, out, rows, bag, dim,
+                                                                 scale);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchEmbeddingBackward(const float* ids, const float* dy, float* dtable, int rows,
+                                    int bag, int dim, float scale, cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(rows) * bag * dim;
+  EmbeddingBackwardKernel<<<BlocksFor(n), kThreads, 0, stream>>>(ids, dy, dtable, rows, bag, dim,
+                                                                  scale);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchBiasActivation(float* z, const float* b, int rows, int width, bool relu,
                                  cudaStream_t stream) {
@@ -129,11 +224,6 @@ cudaError_t LaunchSoftmaxCrossEntropy(const float* z, const float* b, const uint
   const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
   SoftmaxCrossEntropyKernel<<<blocks, kThreads, 0, stream>>>(z, b, labels, rows, classes,
                                                              grad_scale, delta, loss_sum, correct);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchReluBackward(float* delta, const float* a, size_t n, cudaStream_t stream) {
-  ReluBackwardKernel<<<BlocksFor(n), kThreads, 0, stream>>>(delta, a, n);
   return cudaGetLastError();
 }
 

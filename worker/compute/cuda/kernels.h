@@ -17,7 +17,8 @@ namespace parasync::cuda {
 cudaError_t LaunchBiasActivation(float* z, const float* b, int rows, int width, bool relu,
                                  cudaStream_t stream);
 
-// Softmax cross-entropy of the logits z[r][c] + b[c] (z itself is left as it is).
+// Softmax cross-entropy of the logits z[r][c] + b[c] (z itself is left as it is; b may be
+// null: no bias).
 // Adds the rows' summed loss to *loss_sum. When `correct` is not null, adds the number of
 // rows whose first arg-max logit equals the label. When `delta` is not null, writes
 // dLoss/dLogits = (softmax - onehot) * grad_scale into delta [rows, classes].
@@ -27,8 +28,27 @@ cudaError_t LaunchSoftmaxCrossEntropy(const float* z, const float* b, const uint
                                       double* loss_sum, unsigned long long* correct,
                                       cudaStream_t stream);
 
-// delta[k] = a[k] > 0 ? delta[k] : 0 for k < n: the gradient through a ReLU whose output is a.
-cudaError_t LaunchReluBackward(float* delta, const float* a, size_t n, cudaStream_t stream);
+// Sigmoid cross-entropy of one logit per row against 0/1 labels: adds the rows' summed loss
+// to *loss_sum and, when `correct` is not null, the rows whose logit is > 0 exactly when the
+// label is 1; when `delta` is not null, writes dLoss/dz * grad_scale into it.
+cudaError_t LaunchSigmoidCrossEntropy(const float* z, const uint8_t* labels, int rows,
+                                      float grad_scale, float* delta, double* loss_sum,
+                                      unsigned long long* correct, cudaStream_t stream);
+
+// out[k] = in[k] / (1 - rate) where compute::DropoutKeeps(seed, op, k, rate), else 0, for
+// k < n (in may be out). The same masks as the CPU backend's.
+cudaError_t LaunchDropout(const float* in, float* out, size_t n, uint64_t seed, uint32_t op,
+                          float rate, cudaStream_t stream);
+
+// out[r][d] = scale * sum over j < bag of table[ids[r][j]][d]: rows bags of `bag` ids (floats
+// holding integers the host checked) into [rows, dim].
+cudaError_t LaunchEmbeddingForward(const float* ids, const float* table, float* out, int rows,
+                                   int bag, int dim, float scale, cudaStream_t stream);
+
+// dtable[ids[r][j]][d] += scale * dy[r][d] (atomically); dtable must be zeroed first.
+cudaError_t LaunchEmbeddingBackward(const float* ids, const float* dy, float* dtable, int rows,
+                                    int bag, int dim, float scale, cudaStream_t stream);
+
 
 // cudaSuccess when this module's kernels can run on the current device, else the reason
 // (cudaErrorNoKernelImageForDevice: built for other GPU architectures).
