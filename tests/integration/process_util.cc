@@ -39,17 +39,6 @@ bool DataAvailable() {
          std::filesystem::exists(DataDir() + "/train-images-idx3-ubyte");
 }
 
-TempDir::TempDir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "parasync-test-XXXXXX").string();
-  if (mkdtemp(tmpl.data()) == nullptr) std::abort();
-  path_ = tmpl;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
 Child Child::Start(const std::vector<std::string>& argv, const std::string& log_path,
                    const std::vector<std::string>& env) {
   std::vector<char*> args;

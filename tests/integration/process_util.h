@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/temp_dir.h"
+
 namespace parasync::testing {
 
 // The directory holding parasync-ps, parasync-worker and parasync-launch (PARASYNC_BIN_DIR).
@@ -17,19 +19,6 @@ std::string BinDir();
 // Fashion-MNIST directory (PARASYNC_DATA_DIR or the Debian package's path).
 std::string DataDir();
 bool DataAvailable();
-
-// A fresh temporary directory, removed with its contents when the object dies.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // A child process started by the test. The destructor kills it (SIGKILL) if still running,
 // so a failing test leaves nothing behind.

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/worker/idx_test_util.h"
+#include "tests/support/data_files.h"
 
 namespace parasync {
 namespace {

@@ -1,5 +1,5 @@
-// Test helpers for the worker data tests: a scratch directory and IDX and NumPy .npy file
-// writers. Not thread-safe; each test owns its TempDir.
+// Test helpers for data files: IDX and NumPy .npy writers (and the scratch directory they
+// go in, tests/support/temp_dir.h).
 #pragma once
 
 #include <stdlib.h>
@@ -14,30 +14,9 @@
 #include <system_error>
 #include <vector>
 
+#include "tests/support/temp_dir.h"
+
 namespace parasync::testing {
-
-// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base != nullptr ? base : "/tmp") + "/parasync_test_XXXXXX";
-    if (mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  // Empty if the directory could not be created.
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // The bytes of an unsigned-byte IDX file with `dims` and `data` (data may be shorter or
 // longer than the dims promise, to build damaged files).
