@@ -65,17 +65,22 @@ struct Outcome {
   std::string output;
 };
 
-Outcome Launch(const TempDir& dir, const std::vector<std::string>& args) {
-  const std::string out = dir.path() + "/launch.out";
-  std::vector<std::string> argv = {testing::BinDir() + "/parasync-launch", "--ps", "2",
-                                   "--workers", "2", "--grace-seconds", "10"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  Child launch = Child::Start(argv, out);
-  auto status = launch.Wait(240s);
+// Runs `argv` to its end (at most 240 s), its output in `out`.
+Outcome RunToEnd(const std::vector<std::string>& argv, const std::string& out) {
+  std::remove(out.c_str());
+  Child child = Child::Start(argv, out);
+  auto status = child.Wait(240s);
   Outcome run;
   run.output = testing::ReadFile(out);
   if (status) run.exit_code = ExitCode(*status);
   return run;
+}
+
+Outcome Launch(const TempDir& dir, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {testing::BinDir() + "/parasync-launch", "--ps", "2",
+                                   "--workers", "2", "--grace-seconds", "10"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunToEnd(argv, dir.path() + "/launch.out");
 }
 
 TEST(OwnDataTest, NumpyFilesAndAModelFileTrainThroughTheLauncher) {
@@ -113,14 +118,7 @@ TEST(OwnDataTest, DataAndModelsThatDoNotFitAreOneLineAndExitCode2) {
                                      "--task-index", "0", "--data", data,
                                      "--log-dir", dir.path() + "/w"};
     argv.insert(argv.end(), args.begin(), args.end());
-    const std::string out = dir.path() + "/worker.out";
-    std::remove(out.c_str());
-    Child child = Child::Start(argv, out);
-    auto status = child.Wait(60s);
-    Outcome run;
-    run.output = testing::ReadFile(out);
-    if (status) run.exit_code = ExitCode(*status);
-    return run;
+    return RunToEnd(argv, dir.path() + "/worker.out");
   };
   auto expect_refused = [](const Outcome& run, const std::string& says) {
     EXPECT_EQ(run.exit_code, 2) << run.output;

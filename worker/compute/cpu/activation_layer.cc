@@ -1,8 +1,6 @@
 // ReLU, tanh and sigmoid on the CPU: oneDNN's eltwise primitives in their use-dst-for-backward
 // forms, so the backward pass needs only the output and the layer runs in place (the
 // activation overwrites its input, the input's gradient its output's).
-#include <map>
-
 #include "worker/compute/cpu/cpu_layer.h"
 
 namespace parasync::cpu {
@@ -30,8 +28,7 @@ class ActivationLayer final : public CpuLayer {
 
   Status Forward(const float* const* /*params*/, const float* x, float* y,
                  const Pass& pass) override {
-    Primitives* p = nullptr;
-    PARASYNC_RETURN_IF_ERROR(For(pass.rows, &p));
+    PARASYNC_ASSIGN_OR_RETURN(Primitives * p, Get(pass.rows));
     return OneDnnCall(op_, "eltwise forward", [&] {
       p->a.set_data_handle(const_cast<float*>(x));
       p->b.set_data_handle(y);
@@ -43,8 +40,7 @@ class ActivationLayer final : public CpuLayer {
   Status Backward(const float* const* /*params*/, const float* /*x*/, const float* y,
                   const float* dy, float* dx, float* const* /*grads*/, const Pass& pass) override {
     if (dx == nullptr) return Status::Ok();
-    Primitives* p = nullptr;
-    PARASYNC_RETURN_IF_ERROR(For(pass.rows, &p));
+    PARASYNC_ASSIGN_OR_RETURN(Primitives * p, Get(pass.rows));
     return OneDnnCall(op_, "eltwise backward", [&] {
       p->a.set_data_handle(const_cast<float*>(y));
       p->b.set_data_handle(const_cast<float*>(dy));
@@ -62,34 +58,28 @@ class ActivationLayer final : public CpuLayer {
     memory a, b, c;  // every array here has the one flat layout
   };
 
-  Status For(int rows, Primitives** out) {
-    auto it = cache_.find(rows);
-    if (it != cache_.end()) {
-      *out = &it->second;
-      return Status::Ok();
-    }
-    Primitives p;
-    PARASYNC_RETURN_IF_ERROR(OneDnnCall(op_, "eltwise set-up", [&] {
-      const memory::desc md({static_cast<memory::dim>(rows) * op_.out_size()},
-                            memory::data_type::f32, memory::format_tag::a);
-      const dnnl::eltwise_forward::primitive_desc fwd(
-          {dnnl::prop_kind::forward_training, algorithm_, md, 0.0f, 0.0f}, dnn_.engine);
-      const dnnl::eltwise_backward::primitive_desc bwd({algorithm_, md, md, 0.0f, 0.0f},
-                                                       dnn_.engine, fwd);
-      p.forward = dnnl::eltwise_forward(fwd);
-      p.backward = dnnl::eltwise_backward(bwd);
-      p.a = memory(md, dnn_.engine, DNNL_MEMORY_NONE);
-      p.b = memory(md, dnn_.engine, DNNL_MEMORY_NONE);
-      p.c = memory(md, dnn_.engine, DNNL_MEMORY_NONE);
-    }));
-    *out = &cache_.emplace(rows, std::move(p)).first->second;
-    return Status::Ok();
+  Result<Primitives*> Get(int rows) {
+    return cache_.Get(op_, rows, [this](int n, Primitives& p) { Make(n, p); });
+  }
+
+  void Make(int rows, Primitives& p) {
+    const memory::desc md({static_cast<memory::dim>(rows) * op_.out_size()},
+                          memory::data_type::f32, memory::format_tag::a);
+    const dnnl::eltwise_forward::primitive_desc fwd(
+        {dnnl::prop_kind::forward_training, algorithm_, md, 0.0f, 0.0f}, dnn_.engine);
+    const dnnl::eltwise_backward::primitive_desc bwd({algorithm_, md, md, 0.0f, 0.0f},
+                                                     dnn_.engine, fwd);
+    p.forward = dnnl::eltwise_forward(fwd);
+    p.backward = dnnl::eltwise_backward(bwd);
+    p.a = memory(md, dnn_.engine, DNNL_MEMORY_NONE);
+    p.b = memory(md, dnn_.engine, DNNL_MEMORY_NONE);
+    p.c = memory(md, dnn_.engine, DNNL_MEMORY_NONE);
   }
 
   const LayerOp op_;
   OneDnn& dnn_;
   const dnnl::algorithm algorithm_;
-  std::map<int, Primitives> cache_;
+  PerRowCount<Primitives> cache_;
 };
 
 }  // namespace

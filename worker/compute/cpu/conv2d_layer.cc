@@ -1,8 +1,6 @@
 // Conv2d layer on the CPU: oneDNN's convolution forward, backward-data and backward-weights
 // primitives (direct algorithm; oneDNN picks the implementation), on plain NCHW activations
 // and OIHW weights, the layouts the parameter servers and the GPU backend share.
-#include <map>
-
 #include "worker/compute/cpu/cpu_layer.h"
 
 namespace parasync::cpu {
@@ -19,8 +17,7 @@ class Conv2dLayer final : public CpuLayer {
 
   Status Forward(const float* const* params, const float* x, float* y,
                  const Pass& pass) override {
-    Primitives* p = nullptr;
-    PARASYNC_RETURN_IF_ERROR(For(pass.rows, &p));
+    PARASYNC_ASSIGN_OR_RETURN(Primitives * p, Get(pass.rows));
     return OneDnnCall(op_, "convolution forward", [&] {
       p->src.set_data_handle(const_cast<float*>(x));
       p->weights.set_data_handle(const_cast<float*>(params[0]));
@@ -36,8 +33,7 @@ class Conv2dLayer final : public CpuLayer {
 
   Status Backward(const float* const* params, const float* x, const float* /*y*/,
                   const float* dy, float* dx, float* const* grads, const Pass& pass) override {
-    Primitives* p = nullptr;
-    PARASYNC_RETURN_IF_ERROR(For(pass.rows, &p));
+    PARASYNC_ASSIGN_OR_RETURN(Primitives * p, Get(pass.rows));
     return OneDnnCall(op_, "convolution backward", [&] {
       p->src.set_data_handle(const_cast<float*>(x));
       p->dst.set_data_handle(const_cast<float*>(dy));  // diff_dst has dst's layout
@@ -67,46 +63,40 @@ class Conv2dLayer final : public CpuLayer {
     memory src, weights, bias, dst;
   };
 
-  Status For(int rows, Primitives** out) {
-    auto it = cache_.find(rows);
-    if (it != cache_.end()) {
-      *out = &it->second;
-      return Status::Ok();
-    }
-    Primitives p;
-    PARASYNC_RETURN_IF_ERROR(OneDnnCall(op_, "convolution set-up", [&] {
-      const memory::dim k = op_.spec.kernel, s = op_.spec.stride;
-      const memory::desc src = BatchDesc(rows, op_.in);
-      const memory::desc dst = BatchDesc(rows, op_.out);
-      const memory::desc weights({op_.out[0], op_.in[0], k, k}, DType::f32, Tag::oihw);
-      const memory::desc bias({op_.out[0]}, DType::f32, Tag::x);
-      const memory::dims strides{s, s}, pad_l{op_.pad_begin, op_.pad_begin},
-          pad_r{op_.pad_end, op_.pad_end};
-      const dnnl::convolution_forward::primitive_desc fwd(
-          {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src, weights,
-           bias, dst, strides, pad_l, pad_r},
-          dnn_.engine);
-      const dnnl::convolution_backward_data::primitive_desc bwd_data(
-          {dnnl::algorithm::convolution_direct, src, weights, dst, strides, pad_l, pad_r},
-          dnn_.engine, fwd);
-      const dnnl::convolution_backward_weights::primitive_desc bwd_weights(
-          {dnnl::algorithm::convolution_direct, src, weights, bias, dst, strides, pad_l, pad_r},
-          dnn_.engine, fwd);
-      p.forward = dnnl::convolution_forward(fwd);
-      p.backward_data = dnnl::convolution_backward_data(bwd_data);
-      p.backward_weights = dnnl::convolution_backward_weights(bwd_weights);
-      p.src = memory(src, dnn_.engine, DNNL_MEMORY_NONE);
-      p.weights = memory(weights, dnn_.engine, DNNL_MEMORY_NONE);
-      p.bias = memory(bias, dnn_.engine, DNNL_MEMORY_NONE);
-      p.dst = memory(dst, dnn_.engine, DNNL_MEMORY_NONE);
-    }));
-    *out = &cache_.emplace(rows, std::move(p)).first->second;
-    return Status::Ok();
+  Result<Primitives*> Get(int rows) {
+    return cache_.Get(op_, rows, [this](int n, Primitives& p) { Make(n, p); });
+  }
+
+  void Make(int rows, Primitives& p) {
+    const memory::dim k = op_.spec.kernel, s = op_.spec.stride;
+    const memory::desc src = BatchDesc(rows, op_.in);
+    const memory::desc dst = BatchDesc(rows, op_.out);
+    const memory::desc weights({op_.out[0], op_.in[0], k, k}, DType::f32, Tag::oihw);
+    const memory::desc bias({op_.out[0]}, DType::f32, Tag::x);
+    const memory::dims strides{s, s}, pad_l{op_.pad_begin, op_.pad_begin},
+        pad_r{op_.pad_end, op_.pad_end};
+    const dnnl::convolution_forward::primitive_desc fwd(
+        {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src, weights,
+         bias, dst, strides, pad_l, pad_r},
+        dnn_.engine);
+    const dnnl::convolution_backward_data::primitive_desc bwd_data(
+        {dnnl::algorithm::convolution_direct, src, weights, dst, strides, pad_l, pad_r},
+        dnn_.engine, fwd);
+    const dnnl::convolution_backward_weights::primitive_desc bwd_weights(
+        {dnnl::algorithm::convolution_direct, src, weights, bias, dst, strides, pad_l, pad_r},
+        dnn_.engine, fwd);
+    p.forward = dnnl::convolution_forward(fwd);
+    p.backward_data = dnnl::convolution_backward_data(bwd_data);
+    p.backward_weights = dnnl::convolution_backward_weights(bwd_weights);
+    p.src = memory(src, dnn_.engine, DNNL_MEMORY_NONE);
+    p.weights = memory(weights, dnn_.engine, DNNL_MEMORY_NONE);
+    p.bias = memory(bias, dnn_.engine, DNNL_MEMORY_NONE);
+    p.dst = memory(dst, dnn_.engine, DNNL_MEMORY_NONE);
   }
 
   const LayerOp op_;
   OneDnn& dnn_;
-  std::map<int, Primitives> cache_;  // by row count: the batch, an epoch's last, eval chunks
+  PerRowCount<Primitives> cache_;
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -80,6 +81,24 @@ Status OneDnnCall(const LayerOp& op, const char* what, F&& body) {
                             ")");
   }
 }
+
+// Primitives made once per row count and kept (the batch, an epoch's shorter last batch,
+// evaluation chunks). Get returns the entry for `rows`, made by make(rows, entry) the first
+// time; a dnnl::error from make becomes Internal naming the layer.
+template <typename P>
+class PerRowCount {
+ public:
+  template <typename Make>
+  Result<P*> Get(const LayerOp& op, int rows, Make&& make) {
+    if (auto it = entries_.find(rows); it != entries_.end()) return &it->second;
+    P entry;
+    PARASYNC_RETURN_IF_ERROR(OneDnnCall(op, "set-up", [&] { make(rows, entry); }));
+    return &entries_.emplace(rows, std::move(entry)).first->second;
+  }
+
+ private:
+  std::map<int, P> entries_;
+};
 
 // dnnl dims of a batch of `rows` examples of `shape` ([C, H, W] -> nchw, [D] -> nc).
 dnnl::memory::desc BatchDesc(int rows, const std::vector<int64_t>& shape);

@@ -1,8 +1,6 @@
 // Max and average pooling on the CPU: oneDNN's pooling forward and backward primitives. Max
 // pooling keeps oneDNN's workspace (where each maximum was) from Forward to Backward;
 // average pooling excludes padding from the average, as TensorFlow's `same` does.
-#include <map>
-
 #include "worker/compute/cpu/cpu_layer.h"
 
 namespace parasync::cpu {
@@ -22,8 +20,7 @@ class PoolLayer final : public CpuLayer {
 
   Status Forward(const float* const* /*params*/, const float* x, float* y,
                  const Pass& pass) override {
-    Primitives* p = nullptr;
-    PARASYNC_RETURN_IF_ERROR(For(pass.rows, &p));
+    PARASYNC_ASSIGN_OR_RETURN(Primitives * p, Get(pass.rows));
     return OneDnnCall(op_, "pooling forward", [&] {
       p->src.set_data_handle(const_cast<float*>(x));
       p->dst.set_data_handle(y);
@@ -37,8 +34,7 @@ class PoolLayer final : public CpuLayer {
   Status Backward(const float* const* /*params*/, const float* /*x*/, const float* /*y*/,
                   const float* dy, float* dx, float* const* /*grads*/, const Pass& pass) override {
     if (dx == nullptr) return Status::Ok();  // no variables, nothing below to feed
-    Primitives* p = nullptr;
-    PARASYNC_RETURN_IF_ERROR(For(pass.rows, &p));
+    PARASYNC_ASSIGN_OR_RETURN(Primitives * p, Get(pass.rows));
     return OneDnnCall(op_, "pooling backward", [&] {
       p->dst.set_data_handle(const_cast<float*>(dy));
       p->src.set_data_handle(dx);
@@ -58,39 +54,33 @@ class PoolLayer final : public CpuLayer {
     bool has_workspace = false;
   };
 
-  Status For(int rows, Primitives** out) {
-    auto it = cache_.find(rows);
-    if (it != cache_.end()) {
-      *out = &it->second;
-      return Status::Ok();
-    }
-    Primitives p;
-    PARASYNC_RETURN_IF_ERROR(OneDnnCall(op_, "pooling set-up", [&] {
-      const memory::dim k = op_.spec.kernel, s = op_.spec.stride;
-      const memory::desc src = BatchDesc(rows, op_.in);
-      const memory::desc dst = BatchDesc(rows, op_.out);
-      const memory::dims strides{s, s}, kernel{k, k}, pad_l{op_.pad_begin, op_.pad_begin},
-          pad_r{op_.pad_end, op_.pad_end};
-      const dnnl::pooling_forward::primitive_desc fwd(
-          {dnnl::prop_kind::forward_training, algorithm_, src, dst, strides, kernel, pad_l, pad_r},
-          dnn_.engine);
-      const dnnl::pooling_backward::primitive_desc bwd(
-          {algorithm_, src, dst, strides, kernel, pad_l, pad_r}, dnn_.engine, fwd);
-      p.forward = dnnl::pooling_forward(fwd);
-      p.backward = dnnl::pooling_backward(bwd);
-      p.src = memory(src, dnn_.engine, DNNL_MEMORY_NONE);
-      p.dst = memory(dst, dnn_.engine, DNNL_MEMORY_NONE);
-      p.has_workspace = fwd.workspace_desc().get_size() > 0;
-      if (p.has_workspace) p.workspace = memory(fwd.workspace_desc(), dnn_.engine);
-    }));
-    *out = &cache_.emplace(rows, std::move(p)).first->second;
-    return Status::Ok();
+  Result<Primitives*> Get(int rows) {
+    return cache_.Get(op_, rows, [this](int n, Primitives& p) { Make(n, p); });
+  }
+
+  void Make(int rows, Primitives& p) {
+    const memory::dim k = op_.spec.kernel, s = op_.spec.stride;
+    const memory::desc src = BatchDesc(rows, op_.in);
+    const memory::desc dst = BatchDesc(rows, op_.out);
+    const memory::dims strides{s, s}, kernel{k, k}, pad_l{op_.pad_begin, op_.pad_begin},
+        pad_r{op_.pad_end, op_.pad_end};
+    const dnnl::pooling_forward::primitive_desc fwd(
+        {dnnl::prop_kind::forward_training, algorithm_, src, dst, strides, kernel, pad_l, pad_r},
+        dnn_.engine);
+    const dnnl::pooling_backward::primitive_desc bwd(
+        {algorithm_, src, dst, strides, kernel, pad_l, pad_r}, dnn_.engine, fwd);
+    p.forward = dnnl::pooling_forward(fwd);
+    p.backward = dnnl::pooling_backward(bwd);
+    p.src = memory(src, dnn_.engine, DNNL_MEMORY_NONE);
+    p.dst = memory(dst, dnn_.engine, DNNL_MEMORY_NONE);
+    p.has_workspace = fwd.workspace_desc().get_size() > 0;
+    if (p.has_workspace) p.workspace = memory(fwd.workspace_desc(), dnn_.engine);
   }
 
   const LayerOp op_;
   OneDnn& dnn_;
   const dnnl::algorithm algorithm_;
-  std::map<int, Primitives> cache_;
+  PerRowCount<Primitives> cache_;
 };
 
 }  // namespace
