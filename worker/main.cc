@@ -440,7 +440,7 @@ int main(int argc, char** argv) {
     return Fail("model '" + net.spec().name + "': " + s.message(), kExitBadUsage);
   }
 
-  WorkerMetrics metrics(rank);
+  WorkerMetrics metrics(rank, net.spec().name, net.num_parameters());
   // The metrics server starts before any compute backend is loaded (see backend_factory.h).
   auto metrics_server = MetricsServer::Start(metrics_bind, metrics_port, metrics.registry);
   if (!metrics_server.ok()) return Fail(metrics_server.status().message());

@@ -4,7 +4,8 @@
 
 namespace parasync {
 
-WorkerMetrics::WorkerMetrics(int rank) : registry(std::make_shared<prometheus::Registry>()) {
+WorkerMetrics::WorkerMetrics(int rank, const std::string& model, int64_t parameters)
+    : registry(std::make_shared<prometheus::Registry>()) {
   const prometheus::Labels labels{{"role", "worker"}, {"rank", std::to_string(rank)}};
   examples = &prometheus::BuildCounter()
                   .Name("parasync_worker_examples_total")
@@ -77,6 +78,13 @@ WorkerMetrics::WorkerMetrics(int rank) : registry(std::make_shared<prometheus::R
                   .Labels(labels)
                   .Register(*registry)
                   .Add({});
+  model_parameters = &prometheus::BuildGauge()
+                          .Name("parasync_worker_model_parameters")
+                          .Help("Parameters of the model this worker trains (label model: its name)")
+                          .Labels(labels)
+                          .Register(*registry)
+                          .Add({{"model", model}});
+  model_parameters->Set(static_cast<double>(parameters));
   if (rank != 0) return;
   eval_accuracy = &prometheus::BuildGauge()
                        .Name("parasync_worker_eval_accuracy")

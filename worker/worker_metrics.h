@@ -3,7 +3,9 @@
 // rank="<r>". prometheus-cpp metrics are thread-safe; built once, then only read.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -13,7 +15,9 @@
 namespace parasync {
 
 struct WorkerMetrics {
-  explicit WorkerMetrics(int rank);
+  // `model` and `parameters` label and set parasync_worker_model_parameters (the model this
+  // worker trains, as its description names it, and its parameter count).
+  explicit WorkerMetrics(int rank, const std::string& model = "", int64_t parameters = 0);
 
   std::shared_ptr<prometheus::Registry> registry;
   prometheus::Counter* examples = nullptr;  // rate() of it is examples/sec
@@ -28,7 +32,8 @@ struct WorkerMetrics {
   prometheus::Histogram* push_seconds = nullptr;     // phase="push"
   prometheus::Gauge* train_loss = nullptr;
   prometheus::Gauge* epoch = nullptr;
-  prometheus::Gauge* finished = nullptr;  // 1 once training ended: these are the final values
+  prometheus::Gauge* finished = nullptr;
+  prometheus::Gauge* model_parameters = nullptr;  // 1 once training ended: these are the final values
   // Chief (rank 0) only; null elsewhere, so a dashboard never averages in zeros.
   prometheus::Gauge* eval_accuracy = nullptr;
   prometheus::Gauge* eval_loss = nullptr;
