@@ -19,6 +19,14 @@ enum class Aliasing {
   kView,     // the output is the input: nothing to compute either way (flatten)
 };
 
+// What an op's implementation allows and needs of its buffers.
+struct OpMemory {
+  Aliasing aliasing = Aliasing::kNone;
+  // Its backward pass reads its own output (an activation computing its gradient from its
+  // output, cuDNN's pooling): no later op may write over that output in place.
+  bool backward_reads_output = false;
+};
+
 struct BufferPlan {
   // act[j] for j in [0, ops]: the buffer holding op j-1's output (the input of op j);
   // -1 is the caller's input, which is never written.
@@ -29,15 +37,23 @@ struct BufferPlan {
   int64_t delta_elements = 0;         // per example, both gradient buffers
   int64_t per_example = 0;            // activation elements per example, all buffers
 
-  // `aliasing[i]` is what op i's implementation allows.
-  static BufferPlan For(const Model& model, const std::vector<Aliasing>& aliasing) {
+  // `memory[i]` is what op i's implementation allows and needs. An op runs in place only
+  // on a buffer of the plan's (never the caller's input) whose content no backward pass
+  // reads (the op that wrote it last, views looked through, does not read its output).
+  static BufferPlan For(const Model& model, const std::vector<OpMemory>& memory) {
     const std::vector<LayerOp>& ops = model.ops();
     const size_t n = ops.size();
     BufferPlan p;
     p.act.assign(n + 1, -1);
+    bool content_read = false;  // the content of act[i] is read by its writer's backward pass
+    std::vector<Aliasing> aliasing(n);
     for (size_t i = 0; i < n; ++i) {
-      if (aliasing[i] == Aliasing::kView ||
-          (aliasing[i] == Aliasing::kInPlace && p.act[i] >= 0)) {
+      aliasing[i] = memory[i].aliasing;
+      if (aliasing[i] == Aliasing::kInPlace && (p.act[i] < 0 || content_read)) {
+        aliasing[i] = Aliasing::kNone;
+      }
+      if (aliasing[i] != Aliasing::kView) content_read = memory[i].backward_reads_output;
+      if (aliasing[i] != Aliasing::kNone) {
         p.act[i + 1] = p.act[i];
       } else {
         p.act[i + 1] = static_cast<int>(p.act_elements.size());

@@ -24,7 +24,8 @@ class ActivationLayer final : public CpuLayer {
   ActivationLayer(const LayerOp& op, OneDnn& dnn)
       : op_(op), dnn_(dnn), algorithm_(AlgorithmFor(op.spec.activation)) {}
 
-  Aliasing aliasing() const override { return Aliasing::kInPlace; }
+  // In place; the backward pass reads the output (use-dst-for-backward).
+  compute::OpMemory buffer_use() const override { return {Aliasing::kInPlace, true}; }
 
   Status Forward(const float* const* /*params*/, const float* x, float* y,
                  const Pass& pass) override {

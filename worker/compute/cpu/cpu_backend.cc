@@ -46,9 +46,9 @@ class CpuBackend final : public ComputeBackend {
       PARASYNC_ASSIGN_OR_RETURN(auto layer, cpu::MakeCpuLayer(ops[i], static_cast<uint32_t>(i), dnn_));
       layers_.push_back(std::move(layer));
     }
-    std::vector<compute::Aliasing> aliasing;
-    for (const auto& layer : layers_) aliasing.push_back(layer->aliasing());
-    plan_ = compute::BufferPlan::For(model_, aliasing);
+    std::vector<compute::OpMemory> memory;
+    for (const auto& layer : layers_) memory.push_back(layer->buffer_use());
+    plan_ = compute::BufferPlan::For(model_, memory);
     return Status::Ok();
   }
 

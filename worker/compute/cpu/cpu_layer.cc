@@ -7,7 +7,7 @@ namespace {
 // Flatten: the NCHW batch already is the flat [rows, C*H*W] one.
 class FlattenLayer final : public CpuLayer {
  public:
-  Aliasing aliasing() const override { return Aliasing::kView; }
+  compute::OpMemory buffer_use() const override { return {Aliasing::kView, false}; }
   Status Forward(const float* const*, const float*, float*, const Pass&) override {
     return Status::Ok();
   }

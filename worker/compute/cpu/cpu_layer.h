@@ -28,13 +28,15 @@ struct Pass {
   int64_t first_example = 0;   // for messages naming an example
 };
 
-using compute::Aliasing;  // how a layer's output relates to its input buffer
+using compute::Aliasing;
 
 class CpuLayer {
  public:
   virtual ~CpuLayer() = default;
 
-  virtual Aliasing aliasing() const { return Aliasing::kNone; }
+  // How its output relates to its input buffer, and whether its backward pass reads its
+  // output (compute::BufferPlan).
+  virtual compute::OpMemory buffer_use() const { return {}; }
 
   // y = layer(x). params: this layer's variables in Model::variables() order (not owned).
   // InvalidArgument for bad input values (an embedding id out of range), Internal when the

@@ -15,7 +15,7 @@ class DropoutLayer final : public CpuLayer {
   DropoutLayer(const LayerOp& op, uint32_t op_index)
       : size_(op.out_size()), rate_(op.spec.rate), op_index_(op_index) {}
 
-  Aliasing aliasing() const override { return Aliasing::kInPlace; }
+  compute::OpMemory buffer_use() const override { return {Aliasing::kInPlace, false}; }
 
   Status Forward(const float* const* /*params*/, const float* x, float* y,
                  const Pass& pass) override {

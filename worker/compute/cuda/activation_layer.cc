@@ -23,7 +23,7 @@ class ActivationLayer final : public GpuLayer {
     return Status::Ok();
   }
 
-  compute::Aliasing aliasing() const override { return compute::Aliasing::kInPlace; }
+  compute::OpMemory buffer_use() const override { return {compute::Aliasing::kInPlace, true}; }
 
   Status Reserve(int rows) override {
     return tensor_.Set(rows, static_cast<int>(op_.out_size()), 1, 1);

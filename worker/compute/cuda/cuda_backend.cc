@@ -138,14 +138,14 @@ class CudaBackend final : public ComputeBackend {
     context_.cudnn = cudnn_;
 
     const std::vector<LayerOp>& ops = model_.ops();
-    std::vector<compute::Aliasing> aliasing;
+    std::vector<compute::OpMemory> memory;
     for (size_t i = 0; i < ops.size(); ++i) {
       PARASYNC_ASSIGN_OR_RETURN(auto layer,
                                 MakeGpuLayer(ops[i], static_cast<uint32_t>(i), context_));
-      aliasing.push_back(layer->aliasing());
+      memory.push_back(layer->buffer_use());
       layers_.push_back(std::move(layer));
     }
-    plan_ = compute::BufferPlan::For(model_, aliasing);
+    plan_ = compute::BufferPlan::For(model_, memory);
     // Per op: its variables arrived, its gradients computed; then the loss computed.
     events_.resize(2 * ops.size() + 1);
     for (cudaEvent_t& e : events_) {

@@ -13,7 +13,7 @@ class DropoutLayer final : public GpuLayer {
   DropoutLayer(const LayerOp& op, uint32_t op_index, const GpuContext& context)
       : size_(op.out_size()), rate_(op.spec.rate), op_index_(op_index), c_(context) {}
 
-  compute::Aliasing aliasing() const override { return compute::Aliasing::kInPlace; }
+  compute::OpMemory buffer_use() const override { return {compute::Aliasing::kInPlace, false}; }
 
   Status Forward(const float* const* /*params*/, const float* x, float* y,
                  const GpuPass& pass) override {

@@ -30,7 +30,7 @@ namespace {
 // Flatten: the NCHW batch already is the flat [rows, C*H*W] one.
 class FlattenLayer final : public GpuLayer {
  public:
-  compute::Aliasing aliasing() const override { return compute::Aliasing::kView; }
+  compute::OpMemory buffer_use() const override { return {compute::Aliasing::kView, false}; }
   Status Forward(const float* const*, const float*, float*, const GpuPass&) override {
     return Status::Ok();
   }

@@ -63,7 +63,9 @@ class GpuLayer {
  public:
   virtual ~GpuLayer() = default;
 
-  virtual compute::Aliasing aliasing() const { return compute::Aliasing::kNone; }
+  // How its output relates to its input buffer, and whether its backward pass reads its
+  // output (compute::BufferPlan).
+  virtual compute::OpMemory buffer_use() const { return {}; }
 
   // Readies the layer for passes of `rows` rows (cuDNN descriptors, algorithms, workspace).
   // Called whenever the row count changes, with no work of the layer in flight.

@@ -25,6 +25,9 @@ class PoolLayer final : public GpuLayer {
     return Status::Ok();
   }
 
+  // cuDNN's pooling backward reads the output (a max pool finds its maxima by it).
+  compute::OpMemory buffer_use() const override { return {compute::Aliasing::kNone, true}; }
+
   Status Reserve(int rows) override {
     PARASYNC_RETURN_IF_ERROR(DescribeBatch(&x_, rows, op_.in));
     return DescribeBatch(&y_, rows, op_.out);
