@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git curl
   libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler librocksdb-dev
-  prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
+  prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libspdlog-dev nlohmann-json3-dev zlib1g-dev libdnnl-dev ocl-icd-opencl-dev prometheus
   dataset-fashion-mnist python3 python3-matplotlib shellcheck nodejs
 )

@@ -64,12 +64,11 @@ class ComputeBackend {
                                       const uint8_t* labels, int64_t n) = 0;
 };
 
-// The CPU backend (oneDNN primitives, OpenBLAS for dense layers). Fails with
-// InvalidArgument for a model it cannot run, Internal when oneDNN refuses a layer.
+// The CPU backend (oneDNN primitives). Fails with InvalidArgument for a model it cannot run,
+// Internal when oneDNN refuses a layer.
 Result<std::unique_ptr<ComputeBackend>> CreateCpuBackend(const Model& model);
 
-// Sizes the CPU backend's thread pools (OpenBLAS's and oneDNN's OpenMP threads) for the
-// whole process. Call before the first pass; keep 1 when several processes share a machine.
+// Sizes the CPU backend's thread pool (oneDNN's OpenMP threads) for the whole process. Call before the first pass; keep 1 when several processes share a machine.
 void SetCpuComputeThreads(int threads);
 
 }  // namespace parasync

@@ -410,7 +410,7 @@ else
   lookup() {
     local missing=0 p
     while read -r p; do
-      [[ $p == cuda-* || $p == libcublas* ]] && continue
+      [[ $p == cuda-* || $p == libcublas* || $p == libcudnn* ]] && continue
       if ! apt-cache show --no-all-versions "$p" >/dev/null 2>&1; then
         echo "  FAIL no Debian package $p"
         missing=1

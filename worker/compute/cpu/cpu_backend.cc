@@ -1,6 +1,6 @@
 // The CPU compute backend: runs a Model as a chain of CpuLayers (one file per layer family
-// beside this one: oneDNN for convolution, pooling and activations, OpenBLAS for dense
-// layers), then the loss. It is the reference the GPU backend is tested against.
+// beside this one: oneDNN for dense layers (inner product), convolution, pooling and
+// activations), then the loss. It is the reference the GPU backend is tested against.
 //
 // Buffers (compute::BufferPlan): every layer that computes a new array gets an activation
 // buffer of its own, kept until the backward pass reads it; activations and dropout run in
@@ -8,10 +8,8 @@
 // size of the largest activation. Buffers grow to the largest row count seen and are then reused, so a warmed-up
 // instance allocates nothing per call.
 //
-// Threads: OpenBLAS's pool and oneDNN's OpenMP threads, both sized by
-// SetCpuComputeThreads(). Not thread-safe: one training thread uses an instance.
+// Threads: oneDNN's OpenMP threads, sized by SetCpuComputeThreads(). Not thread-safe: one training thread uses an instance.
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -153,7 +151,6 @@ Result<std::unique_ptr<ComputeBackend>> CreateCpuBackend(const Model& model) {
 }
 
 void SetCpuComputeThreads(int threads) {
-  openblas_set_num_threads(threads);
   omp_set_num_threads(threads);
 }
 

@@ -33,7 +33,7 @@ dnnl::memory::desc BatchDesc(int rows, const std::vector<int64_t>& shape) {
 Result<std::unique_ptr<CpuLayer>> MakeCpuLayer(const LayerOp& op, uint32_t op_index,
                                                OneDnn& dnn) {
   switch (op.spec.kind) {
-    case LayerKind::kDense: return MakeDenseLayer(op);
+    case LayerKind::kDense: return MakeDenseLayer(op, dnn);
     case LayerKind::kConv2d: return MakeConv2dLayer(op, dnn);
     case LayerKind::kMaxPool2d:
     case LayerKind::kAvgPool2d: return MakePoolLayer(op, dnn);

@@ -63,7 +63,7 @@ Result<std::unique_ptr<CpuLayer>> MakeCpuLayer(const LayerOp& op, uint32_t op_in
                                                OneDnn& dnn);
 
 // The families, one per file.
-std::unique_ptr<CpuLayer> MakeDenseLayer(const LayerOp& op);
+std::unique_ptr<CpuLayer> MakeDenseLayer(const LayerOp& op, OneDnn& dnn);
 std::unique_ptr<CpuLayer> MakeConv2dLayer(const LayerOp& op, OneDnn& dnn);
 std::unique_ptr<CpuLayer> MakePoolLayer(const LayerOp& op, OneDnn& dnn);
 std::unique_ptr<CpuLayer> MakeActivationLayer(const LayerOp& op, OneDnn& dnn);
