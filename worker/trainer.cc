@@ -11,19 +11,13 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "worker/compute/dropout_mask.h"
+
 namespace parasync {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// SplitMix64's finaliser.
-uint64_t MixSeed(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -204,11 +198,9 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
         have_params = true;
       }
       const auto t1 = Clock::now();
-      // Dropout masks differ by run, rank and step, and repeat when all three do.
-      const uint64_t step_seed = MixSeed(MixSeed(o.seed ^ (uint64_t{static_cast<uint32_t>(o.rank)} << 32)) ^
-                                         static_cast<uint64_t>(summary.steps));
       auto loss = backend.ForwardBackward(params.cptrs, bx, by, static_cast<int>(count),
-                                          step_seed, grads.ptrs);
+                                          compute::StepSeed(o.seed, o.rank, summary.steps),
+                                          grads.ptrs);
       if (!loss.ok()) return loss.status();
       if (!std::isfinite(*loss)) {
         // Pushing it would be refused by the servers (or worse, half-applied across shards).
