@@ -5,7 +5,8 @@
 #   payload.tar.xz       bin/   parasync-ps, -worker, -launch, -bench-compute, the gpu tests
 #                        lib/   libparasync_cuda.so (found by the binaries as ../lib)
 #                        deps/  every shared library they load that a bare system lacks
-#                               (ldd), except the CUDA runtime and cuBLAS, which it has
+#                               (ldd), except the CUDA runtime and cuBLAS, which it has, and
+#                               cuDNN (about 480 MB), which the GPU machine's PyTorch brings
 #                        tools/ bench-worker, install-deps.sh and benchmarks/torch_model.py
 #   data/                Fashion-MNIST (already gzip: not packed again)
 #   run-gpu-checks.sh    unpacks, runs the gpu tests (with the GPU cluster) and bench-worker
@@ -35,7 +36,7 @@ strip --strip-debug -o "$stage/lib/libparasync_cuda.so" "$build/lib/libparasync_
 # Everything ldd resolves, except the C runtime every Linux has and the CUDA libraries.
 for f in "$stage"/bin/* "$stage/lib/libparasync_cuda.so"; do
   ldd "$f" | awk '/=> \// {print $3}'
-done | sort -u | grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt)\.so' |
+done | sort -u | grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*)\.so' |
   while read -r lib; do cp -L "$lib" "$stage/deps/"; done
 strip --strip-debug "$stage"/deps/*.so* 2>/dev/null || true
 cp tools/bench-worker "$stage/tools/"
@@ -53,6 +54,12 @@ here=$(mktemp -d /tmp/parasync-gpu.XXXXXX)
 trap 'rm -rf "$here"' EXIT
 tar -C "$here" -xJf "$bundle/payload.tar.xz"
 export LD_LIBRARY_PATH="$here/deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuDNN 9: the one of the machine's PyTorch wheel (nvidia-cudnn), when the system has none.
+cudnn=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null || true)
+if [[ -n "$cudnn" && -d "$cudnn" ]]; then
+  echo "run-gpu-checks: cuDNN from $cudnn: $(ls "$cudnn" | tr '\n' ' ')"
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cudnn"
+fi
 export PARASYNC_BIN_DIR="$here/bin" PARASYNC_DATA_DIR="$bundle/data"
 # Here a skipped GPU test is a failure: the point is to run them.
 export PARASYNC_REQUIRE_GPU=1

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""The accuracy a model reaches without any parameter server: one PyTorch process on the CPU
+trains the model parasync describes (parasync-bench-compute --describe, built by
+torch_model.py) on Fashion-MNIST with Adam, and prints the test accuracy after every epoch.
+A reference for what the model itself can reach in so many epochs, beside parasync's runs.
+
+  torch_train.py --describe "$(build/bin/parasync-bench-compute --model cnn --describe)" \
+      [--epochs 10] [--batch-size 64] [--lr 0.001] [--threads 2] [--seed 42]
+
+Runs with Debian's python3 (python3-torch, python3-numpy).
+"""
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_model import build  # noqa: E402
+
+
+def load(data, split):
+    import numpy as np
+    with gzip.open(os.path.join(data, f"{split}-images-idx3-ubyte.gz")) as f:
+        x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
+    with gzip.open(os.path.join(data, f"{split}-labels-idx1-ubyte.gz")) as f:
+        y = np.frombuffer(f.read(), np.uint8, offset=8)
+    return x.astype(np.float32) * np.float32(1 / 255), y.astype(np.int64)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--describe", required=True)
+    parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.001)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args()
+    import torch
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    spec = json.loads(args.describe)
+    xtr, ytr = load(args.data, "train")
+    xte, yte = load(args.data, "t10k")
+    xtr, ytr = torch.from_numpy(xtr), torch.from_numpy(ytr)
+    xte, yte = torch.from_numpy(xte), torch.from_numpy(yte)
+    model = build(torch, spec, list(xtr.shape[1:]))
+    # Adam with TensorFlow's epsilon, as parasync's servers apply it.
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr, eps=1e-7)
+    start = time.perf_counter()
+    for epoch in range(1, args.epochs + 1):
+        model.train()
+        order = torch.randperm(len(xtr))
+        for i in range(0, len(xtr), args.batch_size):
+            idx = order[i:i + args.batch_size]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            logits = torch.cat([model(xte[i:i + 1000]) for i in range(0, len(xte), 1000)])
+            acc = (logits.argmax(1) == yte).float().mean().item()
+            loss = torch.nn.functional.cross_entropy(logits, yte).item()
+        print(f"epoch {epoch}: test accuracy {acc:.4f}, test loss {loss:.4f} "
+              f"({time.perf_counter() - start:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
