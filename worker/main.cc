@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -127,7 +128,18 @@ int RunEvalOnly(const std::string& model_path, const std::string& data_dir,
     if (!wanted.ok()) return Fail(wanted.status().message(), kExitBadUsage);
     auto built = Model::Build(*wanted, test->shape);
     if (!built.ok()) return Fail(built.status().message(), kExitBadUsage);
-    if (built->variables() != model->variables() || built->ops().size() != model->ops().size()) {
+    // The same variables and the same computation (flatten ops aside: a view either way).
+    auto computation = [](const Model& m) {
+      std::vector<std::tuple<LayerKind, Activation, int, int, int, int, float, Combiner>> ops;
+      for (const LayerOp& op : m.ops()) {
+        if (op.spec.kind == LayerKind::kFlatten) continue;
+        ops.emplace_back(op.spec.kind, op.spec.activation, op.spec.kernel, op.spec.stride,
+                         op.pad_begin, op.pad_end, op.spec.rate, op.spec.combiner);
+      }
+      return ops;
+    };
+    if (built->variables() != model->variables() || computation(*built) != computation(*model) ||
+        built->loss() != model->loss()) {
       return Fail("--model " + *explicit_model + " does not match " + model_path +
                       ", which holds model '" + spec->name + "'",
                   kExitBadUsage);

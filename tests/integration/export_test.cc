@@ -128,6 +128,13 @@ TEST(ExportTest, EvalOnlyRefusesACorruptOrMismatchedModelFile) {
   EXPECT_EQ(CountLines(run.output), 1) << run.output;
   EXPECT_NE(run.output.find("784-100-10"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("784-256-128-10"), std::string::npos) << run.output;
+  // The same variables computed otherwise (tanh instead of ReLU): refused too.
+  const std::string tanh_mlp = dir.path() + "/tanh.json";
+  std::ofstream(tanh_mlp) << R"({"layers": [{"type": "dense", "units": 256, "activation": "tanh"},
+      {"type": "dense", "units": 128, "activation": "relu"}, {"type": "dense", "units": 10}]})";
+  run = RunEvalOnly(dir, {"--model-file", good, "--model", tanh_mlp, "--data", data});
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("does not match"), std::string::npos) << run.output;
 
   // One flipped byte in the data: the checksum catches it.
   const std::string corrupt = dir.path() + "/corrupt.psm";
