@@ -19,8 +19,6 @@ class FlattenLayer final : public CpuLayer {
 
 }  // namespace
 
-std::unique_ptr<CpuLayer> MakeFlattenLayer() { return std::make_unique<FlattenLayer>(); }
-
 dnnl::memory::desc BatchDesc(int rows, const std::vector<int64_t>& shape) {
   using dnnl::memory;
   if (shape.size() == 3) {
@@ -37,7 +35,7 @@ Result<std::unique_ptr<CpuLayer>> MakeCpuLayer(const LayerOp& op, uint32_t op_in
     case LayerKind::kConv2d: return MakeConv2dLayer(op, dnn);
     case LayerKind::kMaxPool2d:
     case LayerKind::kAvgPool2d: return MakePoolLayer(op, dnn);
-    case LayerKind::kFlatten: return MakeFlattenLayer();
+    case LayerKind::kFlatten: return std::unique_ptr<CpuLayer>(std::make_unique<FlattenLayer>());
     case LayerKind::kActivation: return MakeActivationLayer(op, dnn);
     case LayerKind::kDropout: return MakeDropoutLayer(op, op_index);
     case LayerKind::kEmbedding: return MakeEmbeddingLayer(op);

@@ -69,7 +69,6 @@ std::unique_ptr<CpuLayer> MakePoolLayer(const LayerOp& op, OneDnn& dnn);
 std::unique_ptr<CpuLayer> MakeActivationLayer(const LayerOp& op, OneDnn& dnn);
 std::unique_ptr<CpuLayer> MakeDropoutLayer(const LayerOp& op, uint32_t op_index);
 std::unique_ptr<CpuLayer> MakeEmbeddingLayer(const LayerOp& op);
-std::unique_ptr<CpuLayer> MakeFlattenLayer();
 
 // Runs `body`, turning a dnnl::error into Internal naming `what` and the layer.
 template <typename F>

@@ -320,7 +320,7 @@ class CudaBackend final : public ComputeBackend {
                                                      correct, compute_));
     } else {
       PARASYNC_CUDA_RETURN(LaunchSoftmaxCrossEntropy(
-          logits, nullptr, labels_.as<uint8_t>(), rows, static_cast<int>(model_.outputs()),
+          logits, labels_.as<uint8_t>(), rows, static_cast<int>(model_.outputs()),
           grad_scale, delta, &totals->loss_sum, correct, compute_));
     }
     return Status::Ok();

@@ -20,8 +20,7 @@ class DenseLayer final : public GpuLayer {
     // y [rows, out] = x [rows, in] * W [in, out], then + b.
     PARASYNC_CUBLAS_RETURN(cublasSgemm(c_.cublas, CUBLAS_OP_N, CUBLAS_OP_N, out_, pass.rows, in_,
                                        &one, params[0], out_, x, in_, &zero, y, out_));
-    PARASYNC_CUDA_RETURN(LaunchBiasActivation(y, params[1], pass.rows, out_, /*relu=*/false,
-                                              c_.stream));
+    PARASYNC_CUDA_RETURN(LaunchBiasAdd(y, params[1], pass.rows, out_, c_.stream));
     return Status::Ok();
   }
 

@@ -21,11 +21,10 @@ unsigned BlocksFor(size_t n) {
   return static_cast<unsigned>(blocks < 4096 ? (blocks == 0 ? 1 : blocks) : 4096);
 }
 
-__global__ void BiasActivationKernel(float* z, const float* b, size_t n, int width, bool relu) {
+__global__ void BiasAddKernel(float* z, const float* b, size_t n, int width) {
   for (size_t k = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float v = z[k] + b[k % width];
-    z[k] = relu ? fmaxf(v, 0.0f) : v;
+    z[k] += b[k % width];
   }
 }
 
@@ -39,7 +38,7 @@ __global__ void FillKernel(float* out, float value, size_t n) {
 // One warp per row: the lanes stride over the classes, then reduce with shuffles. The
 // arithmetic follows the CPU backend: max-shifted exponentials summed in float, the loss
 // m + log(sum) - z[label] in double.
-__global__ void SoftmaxCrossEntropyKernel(const float* z, const float* b, const uint8_t* labels,
+__global__ void SoftmaxCrossEntropyKernel(const float* z, const uint8_t* labels,
                                           int rows, int classes, float grad_scale, float* delta,
                                           double* loss_sum, unsigned long long* correct) {
   __shared__ double block_loss[kRowsPerBlock];
@@ -56,7 +55,7 @@ __global__ void SoftmaxCrossEntropyKernel(const float* z, const float* b, const 
     float m = -INFINITY;
     int arg = INT_MAX;
     for (int c = lane; c < classes; c += kWarp) {
-      const float v = zr[c] + (b != nullptr ? b[c] : 0.0f);
+      const float v = zr[c];
       if (v > m) {  // strict: within a lane c grows, so the first maximum stays
         m = v;
         arg = c;
@@ -72,7 +71,7 @@ __global__ void SoftmaxCrossEntropyKernel(const float* z, const float* b, const 
     }
     float sum = 0.0f;
     for (int c = lane; c < classes; c += kWarp) {
-      sum += expf(zr[c] + (b != nullptr ? b[c] : 0.0f) - m);
+      sum += expf(zr[c] - m);
     }
     for (int offset = kWarp / 2; offset > 0; offset /= 2) {
       sum += __shfl_xor_sync(kFullMask, sum, offset);
@@ -80,14 +79,14 @@ __global__ void SoftmaxCrossEntropyKernel(const float* z, const float* b, const 
     const int label = labels[row];
     if (lane == 0) {
       row_loss = static_cast<double>(m) + log(static_cast<double>(sum)) -
-                 static_cast<double>(zr[label] + (b != nullptr ? b[label] : 0.0f));
+                 static_cast<double>(zr[label]);
       row_correct = arg == label ? 1u : 0u;
     }
     if (delta != nullptr) {
       const float scale = grad_scale / sum;
       float* dr = delta + static_cast<size_t>(row) * classes;
       for (int c = lane; c < classes; c += kWarp) {
-        float d = expf(zr[c] + (b != nullptr ? b[c] : 0.0f) - m) * scale;
+        float d = expf(zr[c] - m) * scale;
         if (c == label) d -= grad_scale;
         dr[c] = d;
       }
@@ -210,19 +209,18 @@ cudaError_t LaunchEmbeddingBackward(const float* ids, const float* dy, float* dt
   return cudaGetLastError();
 }
 
-cudaError_t LaunchBiasActivation(float* z, const float* b, int rows, int width, bool relu,
-                                 cudaStream_t stream) {
+cudaError_t LaunchBiasAdd(float* z, const float* b, int rows, int width, cudaStream_t stream) {
   const size_t n = static_cast<size_t>(rows) * width;
-  BiasActivationKernel<<<BlocksFor(n), kThreads, 0, stream>>>(z, b, n, width, relu);
+  BiasAddKernel<<<BlocksFor(n), kThreads, 0, stream>>>(z, b, n, width);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchSoftmaxCrossEntropy(const float* z, const float* b, const uint8_t* labels,
+cudaError_t LaunchSoftmaxCrossEntropy(const float* z, const uint8_t* labels,
                                       int rows, int classes, float grad_scale, float* delta,
                                       double* loss_sum, unsigned long long* correct,
                                       cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  SoftmaxCrossEntropyKernel<<<blocks, kThreads, 0, stream>>>(z, b, labels, rows, classes,
+  SoftmaxCrossEntropyKernel<<<blocks, kThreads, 0, stream>>>(z, labels, rows, classes,
                                                              grad_scale, delta, loss_sum, correct);
   return cudaGetLastError();
 }

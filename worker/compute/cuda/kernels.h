@@ -13,17 +13,15 @@
 
 namespace parasync::cuda {
 
-// z[r][o] += b[o], then max(z, 0) when `relu`.
-cudaError_t LaunchBiasActivation(float* z, const float* b, int rows, int width, bool relu,
-                                 cudaStream_t stream);
+// z[r][o] += b[o]: a dense layer's bias, z [rows, width].
+cudaError_t LaunchBiasAdd(float* z, const float* b, int rows, int width, cudaStream_t stream);
 
-// Softmax cross-entropy of the logits z[r][c] + b[c] (z itself is left as it is; b may be
-// null: no bias).
+// Softmax cross-entropy of the logits z [rows, classes] (left as they are).
 // Adds the rows' summed loss to *loss_sum. When `correct` is not null, adds the number of
 // rows whose first arg-max logit equals the label. When `delta` is not null, writes
 // dLoss/dLogits = (softmax - onehot) * grad_scale into delta [rows, classes].
 // Labels must be below `classes` (the host checks them before upload).
-cudaError_t LaunchSoftmaxCrossEntropy(const float* z, const float* b, const uint8_t* labels,
+cudaError_t LaunchSoftmaxCrossEntropy(const float* z, const uint8_t* labels,
                                       int rows, int classes, float grad_scale, float* delta,
                                       double* loss_sum, unsigned long long* correct,
                                       cudaStream_t stream);
