@@ -275,7 +275,9 @@ void ExpectKilledServerCostsUnderOnePoint(const std::string& mode, int epochs) {
             << crashed.final_accuracy << "\n";
   // Restored a recent snapshot (every 20 versions; a tick of slack), not a fresh start.
   EXPECT_GE(crashed.restored_version, 300 - 2 * 20);
-  EXPECT_NEAR(crashed.final_accuracy, uninterrupted.final_accuracy, 0.01);
+  // A cost is a loss: an async crashed run that ends higher (arrival order) costs nothing.
+  // (A fresh-clone ASan run had the crashed run 0.0122 above its baseline: 0.8775 vs 0.8653.)
+  EXPECT_GE(crashed.final_accuracy, uninterrupted.final_accuracy - 0.01);
   EXPECT_GE(uninterrupted.final_accuracy, 0.8) << "the baseline did not learn: the check is weak";
 }
 
