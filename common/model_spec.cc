@@ -1,6 +1,8 @@
 #include "common/model_spec.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 
 namespace parasync {
 
@@ -18,6 +20,30 @@ std::string_view OptimizerKindName(OptimizerKind kind) {
     case OptimizerKind::kAdam: return "adam";
   }
   return "unknown";
+}
+
+Result<LrSchedule> ParseLrSchedule(const std::string& name) {
+  if (name == "constant") return LrSchedule::kConstant;
+  if (name == "cosine") return LrSchedule::kCosine;
+  return Status::InvalidArgument("unknown learning-rate schedule '" + name +
+                                 "' (expected constant or cosine)");
+}
+
+std::string_view LrScheduleName(LrSchedule schedule) {
+  switch (schedule) {
+    case LrSchedule::kConstant: return "constant";
+    case LrSchedule::kCosine: return "cosine";
+  }
+  return "unknown";
+}
+
+float LrScheduleFactor(const OptimizerSpec& spec, int64_t examples) {
+  if (spec.schedule != LrSchedule::kCosine) return 1.0f;
+  const double progress =
+      static_cast<double>(std::clamp<int64_t>(examples, 0, spec.decay_examples)) /
+      static_cast<double>(spec.decay_examples);
+  const double f = spec.final_lr_fraction;
+  return static_cast<float>(f + (1.0 - f) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
 }
 
 Status ValidateOptimizer(const OptimizerSpec& s) {
@@ -38,6 +64,20 @@ Status ValidateOptimizer(const OptimizerSpec& s) {
       break;
     default:
       return Status::InvalidArgument("unknown optimizer kind");
+  }
+  switch (s.schedule) {
+    case LrSchedule::kConstant: break;
+    case LrSchedule::kCosine:
+      if (s.decay_examples < 1) {
+        return Status::InvalidArgument("a cosine learning-rate schedule needs a horizon of >= 1 "
+                                       "examples");
+      }
+      if (!(s.final_lr_fraction >= 0.0f && s.final_lr_fraction <= 1.0f)) {
+        return Status::InvalidArgument("the final learning-rate fraction must be in [0, 1]");
+      }
+      break;
+    default:
+      return Status::InvalidArgument("unknown learning-rate schedule");
   }
   return Status::Ok();
 }

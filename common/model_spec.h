@@ -13,6 +13,7 @@ namespace parasync {
 
 // Numbers are part of the wire protocol (schema/parasync.fbs): never renumber.
 enum class OptimizerKind : uint8_t { kSgd = 0, kMomentum = 1, kAdam = 2 };
+enum class LrSchedule : uint8_t { kConstant = 0, kCosine = 1 };
 
 struct OptimizerSpec {
   OptimizerKind kind = OptimizerKind::kSgd;
@@ -24,13 +25,30 @@ struct OptimizerSpec {
   // Divide each update by max(1, staleness), staleness = versions applied between the read
   // and the apply of its gradient (Zhang et al. 2016). For async and ssp.
   bool staleness_aware = false;
+  // Learning-rate schedule. Its clock is the number of training examples the shard has
+  // applied: the same measure in async, ssp and sync (where a step's examples are every
+  // contributor's), and restored with the store, so a restarted server goes on where it
+  // was. kCosine is Keras's CosineDecay over `decay_examples`:
+  //   lr * (f + (1 - f) * (1 + cos(pi * min(e, decay_examples) / decay_examples)) / 2)
+  // with f = final_lr_fraction, then lr * f from decay_examples on.
+  LrSchedule schedule = LrSchedule::kConstant;
+  int64_t decay_examples = 0;      // kCosine: > 0
+  float final_lr_fraction = 0.0f;  // kCosine: in [0, 1]
   bool operator==(const OptimizerSpec&) const = default;
 };
+
+// "constant", "cosine" -> schedule; InvalidArgument otherwise.
+Result<LrSchedule> ParseLrSchedule(const std::string& name);
+std::string_view LrScheduleName(LrSchedule schedule);
+// The factor the schedule multiplies the learning rate by once `examples` have been applied
+// (1 for kConstant). Precondition: ValidateOptimizer(spec) ok.
+float LrScheduleFactor(const OptimizerSpec& spec, int64_t examples);
 
 // "sgd", "momentum", "adam" -> kind; InvalidArgument otherwise.
 Result<OptimizerKind> ParseOptimizerKind(const std::string& name);
 std::string_view OptimizerKindName(OptimizerKind kind);
-// Checks learning rate > 0 and finite, momentum/betas in [0, 1), epsilon > 0.
+// Checks learning rate > 0 and finite, momentum/betas in [0, 1), epsilon > 0, and the
+// schedule's horizon and final fraction.
 Status ValidateOptimizer(const OptimizerSpec& spec);
 
 // Slices hold at most this many elements by default (256 KiB of float32).

@@ -37,7 +37,9 @@ flatbuffers::Offset<fb::RegisterRequest> EncodeRegistration(flatbuffers::FlatBuf
   }
   const OptimizerSpec& o = r.optimizer;
   auto opt = fb::CreateOptimizerSpec(b, static_cast<fb::OptimizerKind>(o.kind), o.learning_rate,
-                                     o.momentum, o.beta1, o.beta2, o.epsilon, o.staleness_aware);
+                                     o.momentum, o.beta1, o.beta2, o.epsilon, o.staleness_aware,
+                                     static_cast<fb::LrSchedule>(o.schedule), o.decay_examples,
+                                     o.final_lr_fraction);
   return fb::CreateRegisterRequest(b, b.CreateVector(vars), opt, r.seed, r.max_slice_elements,
                                    r.num_shards, b.CreateString(r.mode),
                                    r.model.empty() ? 0 : b.CreateString(r.model));
@@ -146,8 +148,19 @@ Result<ModelRegistration> DecodeRegistration(const fb::RegisterRequest* r) {
   if (!InRange(o->kind(), fb::OptimizerKind::MAX)) {
     return Status::Corruption("unknown optimizer kind");
   }
-  reg.optimizer = {static_cast<OptimizerKind>(o->kind()), o->learning_rate(), o->momentum(),
-                   o->beta1(), o->beta2(), o->epsilon(), o->staleness_aware()};
+  if (!InRange(o->lr_schedule(), fb::LrSchedule::MAX)) {
+    return Status::Corruption("unknown learning-rate schedule");
+  }
+  reg.optimizer = {static_cast<OptimizerKind>(o->kind()),
+                   o->learning_rate(),
+                   o->momentum(),
+                   o->beta1(),
+                   o->beta2(),
+                   o->epsilon(),
+                   o->staleness_aware(),
+                   static_cast<LrSchedule>(o->lr_schedule()),
+                   o->decay_examples(),
+                   o->final_lr_fraction()};
   reg.seed = r->seed();
   reg.max_slice_elements = r->max_slice_elements();
   reg.num_shards = r->num_shards();

@@ -59,6 +59,13 @@ PsMetrics::PsMetrics(int shard, int num_workers)
                  .Labels(labels)
                  .Register(*registry)
                  .Add({});
+  learning_rate = &prometheus::BuildGauge()
+                       .Name("parasync_ps_learning_rate")
+                       .Help("Learning rate of the next update: the registered one times its "
+                             "schedule (before any staleness scaling); 0 before Register")
+                       .Labels(labels)
+                       .Register(*registry)
+                       .Add({});
   examples = &prometheus::BuildCounter()
                   .Name("parasync_ps_examples_total")
                   .Help("Training examples behind the gradients applied on this shard")

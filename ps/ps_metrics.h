@@ -27,6 +27,7 @@ struct PsMetrics {
   std::array<prometheus::Counter*, kNumRejectReasons> rejected{};   // by reason
   prometheus::Histogram* apply_seconds = nullptr;
   prometheus::Gauge* version = nullptr;
+  prometheus::Gauge* learning_rate = nullptr;
   prometheus::Counter* examples = nullptr;
   prometheus::Gauge* elements = nullptr;
   prometheus::Gauge* registered = nullptr;

@@ -72,7 +72,7 @@ Status Server::Restore(const ShardSnapshot& snap) {
   last_saved_version_ = shard_.version();
   metrics_->registered->Set(1);
   metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
-  metrics_->version->Set(static_cast<double>(shard_.version()));
+  PublishProgress();
   return Status::Ok();
 }
 
@@ -395,7 +395,7 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
         return;
       }
     }
-    metrics_->version->Set(static_cast<double>(shard_.version()));
+    PublishProgress();
     if (req.batch_examples > 0) metrics_->examples->Increment(static_cast<double>(req.batch_examples));
   }
   metrics_->apply_seconds->Observe(
@@ -426,8 +426,16 @@ void Server::MaybeCompleteStep() {
   }
   metrics_->apply_seconds->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  metrics_->version->Set(static_cast<double>(shard_.version()));
+  PublishProgress();
   metrics_->examples->Increment(static_cast<double>(shard_.examples() - before));
+}
+
+void Server::PublishProgress() {
+  metrics_->version->Set(static_cast<double>(shard_.version()));
+  if (const ModelRegistration* reg = shard_.registration()) {
+    metrics_->learning_rate->Set(static_cast<double>(
+        reg->optimizer.learning_rate * LrScheduleFactor(reg->optimizer, shard_.examples())));
+  }
 }
 
 void Server::RecordStragglerWait(int rank, double seconds, TimePoint now, const char* what) {
@@ -623,9 +631,16 @@ bool Server::Handle(Inbound& in) {
             coordinator_.RestartSilenceClocks(now);
             metrics_->registered->Set(1);
             metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
-            spdlog::info("model registered by rank {}: {} variables, {} slices / {} elements here",
+            PublishProgress();
+            const OptimizerSpec& opt = req.registration->optimizer;
+            spdlog::info("model registered by rank {}: {} variables, {} slices / {} elements "
+                         "here; {} at learning rate {}{}",
                          req.rank, req.registration->variables.size(), shard_.num_slices(),
-                         shard_.num_elements());
+                         shard_.num_elements(), OptimizerKindName(opt.kind), opt.learning_rate,
+                         opt.schedule == LrSchedule::kCosine
+                             ? fmt::format(", cosine decay to {} x over {} examples",
+                                           opt.final_lr_fraction, opt.decay_examples)
+                             : std::string());
           }
           if (ranked) reply.clock = coordinator_.workers()[static_cast<size_t>(req.rank)].clock;
         }

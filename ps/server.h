@@ -129,6 +129,8 @@ class Server {
   void SendPull(zmq::message_t& identity, const Header& req);
   // Applies the sync step if it has enough gradients.
   void MaybeCompleteStep();
+  // Sets the version and learning-rate gauges from the shard.
+  void PublishProgress();
   // Answers the parked pulls that may now be served.
   void ServeParked(TimePoint now);
   // Liveness and barrier timeouts; called every loop turn. `idle`: the socket had nothing

@@ -231,6 +231,7 @@ void Shard::ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_
 
 Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                     int64_t batch_examples, RejectReason* reason, float lr_scale) {
+  lr_scale *= LrScheduleFactor(registration_->optimizer, examples_);
   int64_t elements = 0;
   for (const SliceRange& r : ranges) elements += r.count;
   const bool parallel = ranges.size() >= 2 && elements >= kParallelApplyElements;
@@ -331,6 +332,7 @@ Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const flo
 
 void Shard::ApplyAccumulated(int count) {
   const float inv = 1.0f / static_cast<float>(count);
+  const float lr_scale = LrScheduleFactor(registration_->optimizer, examples_);
   for (SliceState& s : owned_) {
     average_.assign(s.values.size(), 0.0f);
     // Rank order, whatever order the pushes came in.
@@ -343,7 +345,7 @@ void Shard::ApplyAccumulated(int count) {
       }
     }
     for (float& a : average_) a *= inv;
-    ApplyToSlice(s, 0, average_.data(), static_cast<int64_t>(average_.size()), 1.0f);
+    ApplyToSlice(s, 0, average_.data(), static_cast<int64_t>(average_.size()), lr_scale);
   }
   std::fill(contributed_.begin(), contributed_.end(), false);
   ++version_;

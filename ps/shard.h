@@ -98,8 +98,9 @@ class Shard {
   // Applies the optimizer to each range with gradient grads[i] (ranges[i].count floats),
   // after checking every gradient is finite (InvalidArgument + kNonFinite otherwise, nothing
   // applied). Increments each touched slice's update count (Adam's t) by one, version() by
-  // one and examples() by batch_examples. The learning rate is multiplied by `lr_scale`
-  // (staleness-aware async). Precondition: ValidateRanges ok.
+  // one and examples() by batch_examples. The learning rate is the registered one times its
+  // schedule's factor at examples() (before this update) times `lr_scale` (staleness-aware
+  // async). Precondition: ValidateRanges ok.
   Status Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                int64_t batch_examples, RejectReason* reason, float lr_scale = 1.0f);
 
@@ -115,8 +116,8 @@ class Shard {
   Status Accumulate(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                     int64_t batch_examples, RejectReason* reason, int rank);
   // Sync mode: applies the optimizer once with the average of the `count` accumulated
-  // gradients (summed in rank order), clears them, and increments version() by one and
-  // examples() by the accumulated examples. Precondition: count >= 1 gradients were
+  // gradients (summed in rank order) at the scheduled learning rate, clears them, and
+  // increments version() by one and examples() by the accumulated examples. Precondition: count >= 1 gradients were
   // accumulated.
   void ApplyAccumulated(int count);
 

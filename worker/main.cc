@@ -201,6 +201,9 @@ int main(int argc, char** argv) {
   std::string optimizer = "adam";
   float lr = 0.001f;
   float momentum = 0.9f;
+  std::string lr_schedule = "constant";
+  double lr_decay_epochs = 0;
+  float lr_final_fraction = 0.0f;
   uint64_t seed = 42;
   int64_t max_slice_elements = kDefaultMaxSliceElements;
   std::string device = "auto";
@@ -249,6 +252,19 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", optimizer, "Server-side optimizer: sgd, momentum or adam");
   app.add_option("--lr", lr, "Learning rate");
   app.add_option("--momentum", momentum, "Momentum coefficient (--optimizer momentum)");
+  app.add_option("--lr-schedule", lr_schedule,
+                 "constant, or cosine: the servers decay the learning rate along a half cosine "
+                 "(Keras's CosineDecay) over --lr-decay-epochs of examples applied, to --lr "
+                 "times --lr-final-fraction")
+      ->capture_default_str();
+  app.add_option("--lr-decay-epochs", lr_decay_epochs,
+                 "cosine: the decay's length in epochs of the training set, counted in examples "
+                 "the servers applied from all workers (0: --epochs)")
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_option("--lr-final-fraction", lr_final_fraction,
+                 "cosine: the learning rate ends at --lr times this, in [0, 1]")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--seed", seed, "Seed of the initial parameters and of the data shuffles");
   app.add_flag("--no-shuffle", no_shuffle, "Walk the data shard in order every epoch");
   app.add_option("--train-examples", train_examples,
@@ -387,6 +403,17 @@ int main(int argc, char** argv) {
   if (lr_scaling == "linear") opt.learning_rate = lr * static_cast<float>(spec->workers.size());
   opt.momentum = momentum;
   opt.staleness_aware = staleness_lr;
+  auto schedule = ParseLrSchedule(lr_schedule);
+  if (!schedule.ok()) return Fail("--lr-schedule: " + schedule.status().message(), kExitBadUsage);
+  opt.schedule = *schedule;
+  if (opt.schedule == LrSchedule::kConstant &&
+      (lr_decay_epochs != 0 || lr_final_fraction != 0.0f)) {
+    return Fail("--lr-decay-epochs and --lr-final-fraction need --lr-schedule cosine",
+                kExitBadUsage);
+  }
+  opt.final_lr_fraction = lr_final_fraction;
+  // The horizon in examples is known once the data is: a placeholder until then.
+  if (opt.schedule == LrSchedule::kCosine) opt.decay_examples = 1;
   if (Status s = ValidateOptimizer(opt); !s.ok()) return Fail(s.message(), kExitBadUsage);
   const std::optional<DType> wire = ParseDType(wire_dtype);
   if (!wire) {
@@ -443,6 +470,11 @@ int main(int argc, char** argv) {
                       " but the training examples " + ShapeString(train->shape),
                   kExitBadUsage);
     }
+  }
+  if (opt.schedule == LrSchedule::kCosine) {
+    const double decay_epochs = lr_decay_epochs > 0 ? lr_decay_epochs : epochs;
+    opt.decay_examples =
+        std::max<int64_t>(1, std::llround(decay_epochs * static_cast<double>(train->n)));
   }
   // The model meets its data: shapes layer by layer, then the labels against its outputs.
   auto built = Model::Build(*model_spec, train->shape);

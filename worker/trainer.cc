@@ -158,6 +158,7 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
                           {"optimizer", std::string(OptimizerKindName(o.optimizer.kind))},
                           // Shortest decimal form of the float (0.001, not 0.0010000000474974513).
                           {"learning_rate", std::stod(fmt::format("{}", o.optimizer.learning_rate))},
+                          {"lr_schedule", std::string(LrScheduleName(o.optimizer.schedule))},
                           {"seed", o.seed}};
     PARASYNC_RETURN_IF_ERROR(eval_log.Append(row));
     spdlog::info("eval epoch {}: test accuracy {:.4f}, test loss {:.4f} (global step {}, {} "

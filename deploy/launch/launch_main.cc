@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/float_codec.h"
+#include "common/model_spec.h"
 #include "common/process.h"
 #include "common/version.h"
 #include "deploy/launch/launcher.h"
@@ -168,6 +169,14 @@ int main(int argc, char** argv) {
   AddOptional(training, "--lr", "X", options.lr, "Learning rate", NumberValidator(true));
   AddOptional(training, "--optimizer", "NAME", options.optimizer, "Optimizer name",
               CLI::Validator());
+  AddOptional(training, "--lr-schedule", "NAME", options.lr_schedule,
+              "constant, or cosine: the learning rate decays to 0 over the run's epochs",
+              CLI::Validator(
+                  [](std::string& value) -> std::string {
+                    if (parasync::ParseLrSchedule(value).ok()) return std::string();
+                    return "constant or cosine is required, got '" + value + "'";
+                  },
+                  std::string()));
   AddOptional(training, "--model", "M", options.model,
               "Model: mlp, cnn, lenet5, MLP widths or a JSON model file (docs/models.md)",
               CLI::Validator());

@@ -507,7 +507,8 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
       if (!options.data_dir.empty()) argv.insert(argv.end(), {"--data", options.data_dir});
       const std::pair<const char*, const std::optional<std::string>*> training[] = {
           {"--batch-size", &options.batch_size}, {"--lr", &options.lr},
-          {"--optimizer", &options.optimizer},   {"--model", &options.model},
+          {"--optimizer", &options.optimizer},   {"--lr-schedule", &options.lr_schedule},
+          {"--model", &options.model},
           {"--seed", &options.seed},             {"--max-steps", &options.max_steps},
           {"--wire-dtype", &options.wire_dtype}};
       for (const auto& [flag, value] : training) {

@@ -87,6 +87,7 @@ struct LaunchOptions {
   std::optional<std::string> batch_size;
   std::optional<std::string> lr;
   std::optional<std::string> optimizer;
+  std::optional<std::string> lr_schedule;
   std::optional<std::string> model;
   std::optional<std::string> seed;
   std::optional<std::string> max_steps;

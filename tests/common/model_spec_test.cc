@@ -38,6 +38,63 @@ TEST(ParseOptimizerKindTest, RejectsUnknownNameAndNamesIt) {
   EXPECT_TRUE(Contains(k.status().message(), "rmsprop"));
 }
 
+TEST(LrScheduleTest, ParsesBothNamesAndRefusesOthersByName) {
+  EXPECT_EQ(*ParseLrSchedule("constant"), LrSchedule::kConstant);
+  EXPECT_EQ(*ParseLrSchedule("cosine"), LrSchedule::kCosine);
+  for (LrSchedule s : {LrSchedule::kConstant, LrSchedule::kCosine}) {
+    EXPECT_EQ(*ParseLrSchedule(std::string(LrScheduleName(s))), s);
+  }
+  Result<LrSchedule> bad = ParseLrSchedule("exponential");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(Contains(bad.status().message(), "exponential"));
+}
+
+TEST(LrScheduleTest, ConstantIsOneWhateverTheExamples) {
+  OptimizerSpec s;
+  for (int64_t e : {int64_t{0}, int64_t{1000}, int64_t{1} << 40}) {
+    EXPECT_EQ(LrScheduleFactor(s, e), 1.0f) << e;
+  }
+}
+
+TEST(LrScheduleTest, CosineFallsFromOneToTheFinalFractionAndStaysThere) {
+  OptimizerSpec s;
+  s.schedule = LrSchedule::kCosine;
+  s.decay_examples = 1000;
+  EXPECT_EQ(LrScheduleFactor(s, 0), 1.0f);
+  EXPECT_FLOAT_EQ(LrScheduleFactor(s, 250), static_cast<float>((1 + std::sqrt(0.5)) / 2));
+  EXPECT_FLOAT_EQ(LrScheduleFactor(s, 500), 0.5f);
+  EXPECT_EQ(LrScheduleFactor(s, 1000), 0.0f);
+  EXPECT_EQ(LrScheduleFactor(s, 5000), 0.0f);
+  s.final_lr_fraction = 0.1f;
+  EXPECT_FLOAT_EQ(LrScheduleFactor(s, 500), 0.55f);
+  EXPECT_FLOAT_EQ(LrScheduleFactor(s, 1000), 0.1f);
+  EXPECT_FLOAT_EQ(LrScheduleFactor(s, 1 << 30), 0.1f);
+  // Monotone on the way down.
+  float previous = 2.0f;
+  for (int64_t e = 0; e <= 1000; e += 10) {
+    const float f = LrScheduleFactor(s, e);
+    EXPECT_LE(f, previous) << e;
+    previous = f;
+  }
+}
+
+TEST(ValidateOptimizerTest, RejectsACosineScheduleWithoutAHorizonOrWithABadFraction) {
+  OptimizerSpec s;
+  s.schedule = LrSchedule::kCosine;
+  s.decay_examples = 0;
+  EXPECT_EQ(ValidateOptimizer(s).code(), StatusCode::kInvalidArgument);
+  s.decay_examples = 10;
+  EXPECT_TRUE(ValidateOptimizer(s).ok());
+  for (float f : {-0.1f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    s.final_lr_fraction = f;
+    EXPECT_EQ(ValidateOptimizer(s).code(), StatusCode::kInvalidArgument) << f;
+  }
+  s.final_lr_fraction = 1.0f;
+  EXPECT_TRUE(ValidateOptimizer(s).ok());
+  s.schedule = static_cast<LrSchedule>(7);
+  EXPECT_EQ(ValidateOptimizer(s).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(ValidateOptimizerTest, AcceptsDefaults) {
   for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdam}) {
     OptimizerSpec s;

@@ -124,6 +124,21 @@ TEST(WireTest, RoundTripKeepsEveryOptimizerKind) {
   }
 }
 
+TEST(WireTest, RoundTripKeepsTheLearningRateSchedule) {
+  Header h;
+  h.type = MsgType::kRegister;
+  h.registration = SampleRegistration();
+  h.registration->optimizer.schedule = LrSchedule::kCosine;
+  h.registration->optimizer.decay_examples = 600000;
+  h.registration->optimizer.final_lr_fraction = 0.125f;
+  Result<Header> d = RoundTrip(h);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->registration->optimizer.schedule, LrSchedule::kCosine);
+  EXPECT_EQ(d->registration->optimizer.decay_examples, 600000);
+  EXPECT_EQ(d->registration->optimizer.final_lr_fraction, 0.125f);
+  EXPECT_EQ(*d->registration, *h.registration);
+}
+
 TEST(WireTest, RoundTripKeepsStats) {
   Header h;
   h.type = MsgType::kStats;
@@ -217,6 +232,10 @@ TEST(WireTest, DecodeRejectsOutOfRangeEnumsAsCorruption) {
   h.registration = SampleRegistration();
   h.registration->optimizer.kind = static_cast<OptimizerKind>(3);
   ExpectCorruption(h, "optimizer kind 3");
+  h = Header{};
+  h.registration = SampleRegistration();
+  h.registration->optimizer.schedule = static_cast<LrSchedule>(2);
+  ExpectCorruption(h, "learning-rate schedule 2");
 }
 
 Header FullHeader() {

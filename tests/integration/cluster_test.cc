@@ -133,6 +133,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadInvocation{"parasync-worker", {kCluster, kWorkers, "--model=784-x-10"}, "784-x-10"},
         BadInvocation{"parasync-worker", {kCluster, kWorkers, "--lr=-1"}, "learning rate"},
         BadInvocation{"parasync-worker", {kCluster, kWorkers, "--device=tpu"}, "tpu"},
+        BadInvocation{"parasync-worker", {kCluster, kWorkers, "--lr-schedule=step"}, "step"},
+        BadInvocation{"parasync-worker", {kCluster, kWorkers, "--lr-decay-epochs=3"},
+                      "--lr-schedule cosine"},
+        BadInvocation{"parasync-worker",
+                      {kCluster, kWorkers, "--lr-schedule=cosine", "--lr-final-fraction=2"},
+                      "--lr-final-fraction"},
+        BadInvocation{"parasync-launch", {"--lr-schedule=linear"}, "linear"},
         BadInvocation{"parasync-worker", {kCluster, kWorkers, "--epochs=0"}, "--epochs"},
         BadInvocation{"parasync-launch", {"--workers=0"}, "--workers"}));
 

@@ -142,8 +142,10 @@ struct Params {
   std::vector<const float*> cptrs;
 };
 
-TEST(SyncModeTest, FourWorkersEqualOneProcessDoingSgdWithFourTimesTheBatch) {
-  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+// Four sync workers, 20 steps of 16 examples each, against one process doing SGD with batch
+// 64 on the same examples; with `cosine`, the servers' schedule decays the learning rate over
+// exactly those 1280 examples and the one process applies the same factors step by step.
+void ExpectSyncEqualsOneProcessSgd(bool cosine) {
   constexpr int kWorkers = 4, kBatch = 16, kSteps = 20;
   constexpr float kLr = 0.1f;
   const std::string widths = "784-32-10";
@@ -151,16 +153,22 @@ TEST(SyncModeTest, FourWorkersEqualOneProcessDoingSgdWithFourTimesTheBatch) {
   Cluster cluster(2, kWorkers, "sync", {}, dir);
   zmq::context_t ctx;
   auto client = cluster.Client(ctx);
-  const ModelRegistration reg = WorkerRegistration(widths, kLr, 2, "sync");
+  ModelRegistration reg = WorkerRegistration(widths, kLr, 2, "sync");
+  std::vector<std::string> args = {"--model", widths, "--optimizer", "sgd", "--lr", "0.1",
+                                   "--batch-size", std::to_string(kBatch), "--no-shuffle",
+                                   "--max-steps", std::to_string(kSteps), "--epochs", "1"};
+  if (cosine) {
+    constexpr int kExamples = kWorkers * kBatch * kSteps;
+    reg.optimizer.schedule = LrSchedule::kCosine;
+    reg.optimizer.decay_examples = kExamples;
+    args.insert(args.end(), {"--lr-schedule", "cosine", "--lr-decay-epochs", "1",
+                             "--train-examples", std::to_string(kExamples)});
+  }
   ASSERT_TRUE(client->Register(reg, 20s).ok());
   Params start(reg.variables);
   ASSERT_TRUE(client->Pull(start.ptrs).ok());
 
-  for (int r = 0; r < kWorkers; ++r) {
-    cluster.StartWorker(r, {"--model", widths, "--optimizer", "sgd", "--lr", "0.1",
-                            "--batch-size", std::to_string(kBatch), "--no-shuffle",
-                            "--max-steps", std::to_string(kSteps), "--epochs", "1"});
-  }
+  for (int r = 0; r < kWorkers; ++r) cluster.StartWorker(r, args);
   for (int code : cluster.WaitWorkers(120s)) ASSERT_EQ(code, 0) << cluster.Dump();
   Params trained(reg.variables);
   ASSERT_TRUE(client->Pull(trained.ptrs).ok());
@@ -185,9 +193,10 @@ TEST(SyncModeTest, FourWorkersEqualOneProcessDoingSgdWithFourTimesTheBatch) {
     for (int j = 0; j < big; ++j) idx[static_cast<size_t>(j)] = int64_t{big} * t + j;
     GatherBatch(*data, idx, x.data(), y.data());
     ASSERT_TRUE((*backend)->ForwardBackward(reference.cptrs, x.data(), y.data(), big, 0, grad.ptrs).ok());
+    const float lr = kLr * LrScheduleFactor(reg.optimizer, int64_t{big} * t);
     for (size_t v = 0; v < reference.data.size(); ++v) {
       for (size_t i = 0; i < reference.data[v].size(); ++i) {
-        reference.data[v][i] -= kLr * grad.data[v][i];
+        reference.data[v][i] -= lr * grad.data[v][i];
       }
     }
   }
@@ -202,6 +211,16 @@ TEST(SyncModeTest, FourWorkersEqualOneProcessDoingSgdWithFourTimesTheBatch) {
             << max_move << "\n";
   EXPECT_LE(max_diff, 1e-5) << "sync training differs from batch-64 SGD";
   EXPECT_GT(max_move, 1e-3) << "the parameters did not move: the comparison proves nothing";
+}
+
+TEST(SyncModeTest, FourWorkersEqualOneProcessDoingSgdWithFourTimesTheBatch) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  ExpectSyncEqualsOneProcessSgd(/*cosine=*/false);
+}
+
+TEST(SyncModeTest, TheServersCosineScheduleIsOneProcessesCosineStepForStep) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  ExpectSyncEqualsOneProcessSgd(/*cosine=*/true);
 }
 
 TEST(SspModeTest, StragglerNeverCausesClockStalenessAboveTheBoundAndFastWorkersBlock) {

@@ -55,6 +55,10 @@ ModelRegistration AdamModel(int num_shards) {
   reg.optimizer.learning_rate = 0.001f;
   reg.optimizer.beta1 = 0.8f;
   reg.optimizer.staleness_aware = true;
+  // A restored server goes on along its schedule: the schedule is part of what is stored.
+  reg.optimizer.schedule = LrSchedule::kCosine;
+  reg.optimizer.decay_examples = 600000;
+  reg.optimizer.final_lr_fraction = 0.05f;
   reg.seed = 987654321;
   reg.max_slice_elements = 8;
   reg.num_shards = num_shards;

@@ -718,6 +718,72 @@ TEST(ShardSyncTest, ApplyWithLrScaleHalfEqualsSgdWithHalfTheLearningRate) {
   EXPECT_NE(Take(scaled).values, Take(plain).values);
 }
 
+// A cosine schedule over 16 examples, pushes of 8: the factors are 1, 0.5 and then 0.
+ModelRegistration CosineModel(OptimizerKind kind) {
+  ModelRegistration reg = SmallModel(1, kind);
+  reg.optimizer.schedule = LrSchedule::kCosine;
+  reg.optimizer.decay_examples = 16;
+  return reg;
+}
+
+TEST(ShardScheduleTest, EachPushUsesTheFactorAtTheExamplesAppliedBeforeIt) {
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kMomentum,
+                             OptimizerKind::kAdam}) {
+    SCOPED_TRACE(std::string(OptimizerKindName(kind)));
+    Shard scheduled(0, 1);
+    Shard scaled(0, 1);  // the same optimizer, constant, scaled by hand
+    MustRegister(scheduled, CosineModel(kind));
+    MustRegister(scaled, SmallModel(1, kind));
+    RejectReason reason = RejectReason::kNone;
+    float previous_first = NAN;
+    for (float factor : {1.0f, 0.5f, 0.0f, 0.0f}) {
+      const Push p = WholeShardPush(scheduled, factor == 0.0f ? 3.0f : 1.0f);
+      std::vector<const float*> ptrs;
+      for (const auto& g : p.grads) ptrs.push_back(g.data());
+      ASSERT_TRUE(scheduled.Apply(p.ranges, ptrs, 8, &reason).ok());
+      ASSERT_TRUE(scaled.Apply(p.ranges, ptrs, 8, &reason, factor).ok());
+      EXPECT_EQ(Take(scheduled), Take(scaled)) << "factor " << factor;
+      const float first = scheduled.SliceValues(0)[0];
+      if (factor == 0.0f) {
+        EXPECT_EQ(first, previous_first);
+      } else {
+        EXPECT_NE(first, previous_first);
+      }
+      previous_first = first;
+    }
+  }
+}
+
+TEST(ShardScheduleTest, ASyncStepUsesTheFactorAtTheExamplesOfTheStepsBeforeIt) {
+  Shard shard(0, 1);
+  const ModelRegistration reg = CosineModel(OptimizerKind::kSgd);
+  MustRegister(shard, reg);
+  RejectReason reason = RejectReason::kNone;
+  const double lr = reg.optimizer.learning_rate;
+  // Two contributors of 4 examples a step: steps start at 0, 8 and 16 examples.
+  for (double factor : {1.0, 0.5, 0.0}) {
+    const Snapshot before = Take(shard);
+    const Push a = WholeShardPush(shard, 1.0f);
+    Push b = WholeShardPush(shard, -3.0f);
+    Push a4 = a;
+    a4.batch_examples = 4;
+    b.batch_examples = 4;
+    ASSERT_TRUE(DoAccumulate(shard, a4, &reason, 0).ok());
+    ASSERT_TRUE(DoAccumulate(shard, b, &reason, 1).ok());
+    shard.ApplyAccumulated(2);
+    const Snapshot after = Take(shard);
+    for (size_t i = 0; i < a.ranges.size(); ++i) {
+      const uint32_t id = a.ranges[i].slice_id;
+      for (size_t k = 0; k < after.values[id].size(); ++k) {
+        const double mean = (static_cast<double>(a.grads[i][k]) + b.grads[i][k]) / 2;
+        EXPECT_NEAR(after.values[id][k], before.values[id][k] - lr * factor * mean, 1e-6)
+            << "factor " << factor << " slice " << id << " element " << k;
+      }
+    }
+  }
+  EXPECT_EQ(shard.examples(), 24);
+}
+
 // Rejected contributions to a sync step: like ShardRejectTest, the bad gradient goes to
 // `shard_` only; afterwards nothing visible may have changed, and a good step (two whole
 // gradients, averaged) must give exactly what it gives on the twin — so the step's hidden

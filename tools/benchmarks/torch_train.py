@@ -5,13 +5,15 @@ torch_model.py) on Fashion-MNIST with Adam, and prints the test accuracy after e
 A reference for what the model itself can reach in so many epochs, beside parasync's runs.
 
   torch_train.py --describe "$(build/bin/parasync-bench-compute --model cnn --describe)" \
-      [--epochs 10] [--batch-size 64] [--lr 0.001] [--threads 2] [--seed 42]
+      [--epochs 10] [--batch-size 64] [--lr 0.001] [--lr-schedule cosine] [--threads 2]
+      [--seed 42]
 
 Runs with Debian's python3 (python3-torch, python3-numpy).
 """
 import argparse
 import gzip
 import json
+import math
 import os
 import sys
 import time
@@ -39,6 +41,9 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
+                        help="cosine: decay the learning rate to 0 over the run's examples, "
+                             "as parasync's servers do with --lr-schedule cosine")
     args = parser.parse_args()
     import torch
     torch.set_num_threads(args.threads)
@@ -51,12 +56,21 @@ def main() -> int:
     model = build(torch, spec, list(xtr.shape[1:]))
     # Adam with TensorFlow's epsilon, as parasync's servers apply it.
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, eps=1e-7)
+    # The schedule's clock is the examples applied before a step (parasync's servers count
+    # them the same way).
+    horizon = args.epochs * len(xtr)
+    applied = 0
     start = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         model.train()
         order = torch.randperm(len(xtr))
         for i in range(0, len(xtr), args.batch_size):
             idx = order[i:i + args.batch_size]
+            if args.lr_schedule == "cosine":
+                factor = 0.5 * (1 + math.cos(math.pi * min(applied, horizon) / horizon))
+                for group in opt.param_groups:
+                    group["lr"] = args.lr * factor
+            applied += len(idx)
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
             opt.step()
