@@ -4,6 +4,8 @@
 #include <csignal>
 #include <malloc.h>
 #include <cstdio>
+#include <pthread.h>
+#include <thread>
 
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -40,10 +42,22 @@ void InstallShutdownSignalHandlers() {
   struct sigaction sa {};
   sa.sa_handler = OnShutdownSignal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = 0;  // no SA_RESTART: blocking waits return so loops can see the flag
+  sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  sigset_t shutdown_signals;
+  sigemptyset(&shutdown_signals);
+  sigaddset(&shutdown_signals, SIGINT);
+  sigaddset(&shutdown_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &shutdown_signals, nullptr);
+  // Detached: it blocks in sigwait until the process ends.
+  std::thread([shutdown_signals] {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&shutdown_signals, &sig) == 0) OnShutdownSignal(sig);
+    }
+  }).detach();
 }
 
 bool ShutdownRequested() { return g_shutdown.load(std::memory_order_relaxed); }

@@ -15,8 +15,14 @@ inline constexpr int kExitBadUsage = 2;
 // Prints "<program>: <line>" to stderr and returns `code`, for `return Fail(...)` in main.
 int PrintErrorLine(const char* program, const std::string& line, int code);
 
-// Installs SIGINT/SIGTERM handlers that only set a flag (async-signal-safe), and ignores
-// SIGPIPE. Call once from main before starting threads.
+// Makes SIGINT and SIGTERM set a flag (ShutdownRequested) and ignores SIGPIPE. The two
+// signals are blocked in the calling thread, and so in every thread it starts afterwards,
+// and taken by one thread of their own (sigwait): a shutdown signal never interrupts the
+// code of another thread. (One delivered into oneDNN's CPU kernels corrupted the heap: a
+// worker stopped by its launcher in mid-step died in free(), "corrupted size vs.
+// prev_size".) A handler that only sets the flag stays installed for a thread started
+// before this call. Loops see the flag at their next bounded wait, not through EINTR.
+// Call once from main before starting threads.
 void InstallShutdownSignalHandlers();
 
 // True once SIGINT or SIGTERM arrived (or RequestShutdown() was called). Thread-safe.
