@@ -44,8 +44,8 @@ int CheckShutdownSignals() {
   return ShutdownSignal() == SIGTERM ? kOk : kWrongSignal;
 }
 
-// A shutdown signal is taken by a thread of its own and never interrupts the others (one
-// delivered into a worker's oneDNN kernels corrupted its heap), and it still sets the flag.
+// A shutdown signal is taken by a thread of its own and never interrupts the others (see
+// common/process.h for the heap corruption that came with it), and it still sets the flag.
 TEST(ShutdownSignalsTest, AreBlockedInEveryThreadAndStillRequestShutdown) {
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
