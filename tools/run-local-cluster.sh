@@ -7,5 +7,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
 tools/build.sh
-# Logs go to runs/<YYYYmmdd-HHMMSS>, the launcher's default (or --log-dir DIR).
-exec "${BUILD_DIR:-build}/bin/parasync-launch" --ps 2 --workers 2 --mode async --epochs 5 "$@"
+# The defaults below apply only where the arguments do not set the flag: the launcher refuses
+# a flag given twice. Logs go to runs/<YYYYmmdd-HHMMSS>, the launcher's default (or --log-dir).
+defaults=()
+for pair in "--ps 2" "--workers 2" "--mode async" "--epochs 5"; do
+  flag=${pair%% *}
+  given=0
+  for arg in "$@"; do
+    if [[ $arg == "$flag" || $arg == "$flag="* ]]; then given=1; fi
+  done
+  if [[ $given == 0 ]]; then defaults+=("$flag" "${pair#* }"); fi
+done
+exec "${BUILD_DIR:-build}/bin/parasync-launch" "${defaults[@]}" "$@"
