@@ -1,8 +1,10 @@
 // Conv2d on the GPU: cuDNN's convolution forward, backward data, backward filter and
 // backward bias, NCHW activations and OIHW filters (the CPU backend's layouts). FP32 math
 // only (CUDNN_FMA_MATH: no TF32), so results match the CPU backend's within rounding. The
-// algorithms are cuDNN's heuristic first choices for each row count, the backward ones
-// restricted to deterministic algorithms, with one workspace for all three.
+// algorithms are cuDNN's heuristic first choices for each row count among the direct and
+// GEMM-based ones (FFT and Winograd transforms round differently: on an H100 they put
+// lenet5's first kernel gradient 4.9e-4 from the CPU's), the backward ones also
+// deterministic, with one workspace for all three.
 //
 // cuDNN pads symmetrically: a `same` padding with an extra row after (an even window, or an
 // odd remainder at stride > 1) is NotSupported here, and --device auto then trains on the CPU.
@@ -17,6 +19,30 @@ namespace {
 
 // Workspace the algorithm choice may ask for.
 constexpr size_t kMaxWorkspace = size_t{256} << 20;
+
+// The algorithms that compute the convolution's sums as written (no FFT or Winograd).
+bool Exact(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+}
+bool Exact(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+}
+bool Exact(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+
+// The first usable choice: it ran in the heuristic's estimate, fits the workspace, computes
+// exactly and, for the backward passes, is deterministic.
+template <typename Perf>
+const Perf* Pick(const Perf* begin, const Perf* end, bool deterministic) {
+  return std::find_if(begin, end, [&](const Perf& p) {
+    return p.status == CUDNN_STATUS_SUCCESS && p.memory <= kMaxWorkspace && Exact(p.algo) &&
+           (!deterministic || p.determinism == CUDNN_DETERMINISTIC);
+  });
+}
 
 class Conv2dLayer final : public GpuLayer {
  public:
@@ -60,10 +86,8 @@ class Conv2dLayer final : public GpuLayer {
       std::array<cudnnConvolutionFwdAlgoPerf_t, kChoices> perf{};
       PARASYNC_CUDNN_RETURN(cudnnGetConvolutionForwardAlgorithm_v7(
           c_.cudnn, x_.get(), filter_, conv_, y_.get(), kChoices, &found, perf.data()));
-      const auto* pick = std::find_if(perf.begin(), perf.begin() + found, [](const auto& p) {
-        return p.status == CUDNN_STATUS_SUCCESS && p.memory <= kMaxWorkspace;
-      });
-      if (pick == perf.begin() + found) return NoAlgorithm("forward");
+      const auto* pick = Pick(perf.data(), perf.data() + found, /*deterministic=*/false);
+      if (pick == perf.data() + found) return NoAlgorithm("forward");
       forward_ = pick->algo;
       need = std::max(need, pick->memory);
     }
@@ -71,11 +95,8 @@ class Conv2dLayer final : public GpuLayer {
       std::array<cudnnConvolutionBwdDataAlgoPerf_t, kChoices> perf{};
       PARASYNC_CUDNN_RETURN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
           c_.cudnn, filter_, y_.get(), conv_, x_.get(), kChoices, &found, perf.data()));
-      const auto* pick = std::find_if(perf.begin(), perf.begin() + found, [](const auto& p) {
-        return p.status == CUDNN_STATUS_SUCCESS && p.memory <= kMaxWorkspace &&
-               p.determinism == CUDNN_DETERMINISTIC;
-      });
-      if (pick == perf.begin() + found) return NoAlgorithm("backward data");
+      const auto* pick = Pick(perf.data(), perf.data() + found, /*deterministic=*/true);
+      if (pick == perf.data() + found) return NoAlgorithm("backward data");
       backward_data_ = pick->algo;
       need = std::max(need, pick->memory);
     }
@@ -83,11 +104,8 @@ class Conv2dLayer final : public GpuLayer {
       std::array<cudnnConvolutionBwdFilterAlgoPerf_t, kChoices> perf{};
       PARASYNC_CUDNN_RETURN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
           c_.cudnn, x_.get(), y_.get(), conv_, filter_, kChoices, &found, perf.data()));
-      const auto* pick = std::find_if(perf.begin(), perf.begin() + found, [](const auto& p) {
-        return p.status == CUDNN_STATUS_SUCCESS && p.memory <= kMaxWorkspace &&
-               p.determinism == CUDNN_DETERMINISTIC;
-      });
-      if (pick == perf.begin() + found) return NoAlgorithm("backward filter");
+      const auto* pick = Pick(perf.data(), perf.data() + found, /*deterministic=*/true);
+      if (pick == perf.data() + found) return NoAlgorithm("backward filter");
       backward_filter_ = pick->algo;
       need = std::max(need, pick->memory);
     }
