@@ -103,6 +103,8 @@ Result<std::unique_ptr<Socket>> Socket::Bind(zmq::context_t& context, const std:
     std::unique_ptr<Socket> socket(new Socket(std::move(s)));
     socket->kind_ = Kind::kServer;
     socket->max_frames_ = options.max_frames;
+    socket->max_bytes_ = options.max_message_bytes > 0
+                             ? static_cast<uint64_t>(options.max_message_bytes) : 0;
     return socket;
   } catch (const zmq::error_t& e) {
     return FromZmq(e, "cannot bind " + endpoint);
@@ -136,6 +138,8 @@ Result<std::unique_ptr<Socket>> Socket::Connect(zmq::context_t& context,
     socket->monitor_ = std::move(monitor);
     socket->kind_ = Kind::kClient;
     socket->max_frames_ = options.max_frames;
+    socket->max_bytes_ = options.max_message_bytes > 0
+                             ? static_cast<uint64_t>(options.max_message_bytes) : 0;
     return socket;
   } catch (const zmq::error_t& e) {
     return FromZmq(e, "cannot connect to " + endpoint);
@@ -218,9 +222,22 @@ Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout
     const size_t limit = max_frames_ + (kind_ == Kind::kServer ? 2 : 1);
     parts.reserve(std::min<size_t>(limit, 8));
     bool too_many = false;
+    bool too_big = false;
+    // ZMQ_MAXMSGSIZE bounds each frame; the whole message is bounded here: once its frames
+    // pass max_bytes_, they are read to the end and dropped as they come (the routing id is
+    // kept, to reply), so a message of many large frames holds at most max_bytes_ + a frame.
+    uint64_t bytes = 0;
     for (;;) {  // `part` holds the next frame; the rest of a message is already queued
       const bool more = part.more();
-      if (parts.size() < limit) {
+      const bool routing_id = kind_ == Kind::kServer && parts.empty() && !too_big;
+      bytes += part.size();
+      if (!routing_id && max_bytes_ > 0 && bytes > max_bytes_ && !too_big) {
+        too_big = true;
+        parts.resize(kind_ == Kind::kServer ? 1 : 0);  // gives the kept frames back now
+      }
+      if (too_big) {
+        if (routing_id) parts.push_back(std::move(part));
+      } else if (parts.size() < limit) {
         parts.push_back(std::move(part));
       } else {
         too_many = true;  // read the rest of the message, keep none of it
@@ -231,6 +248,12 @@ Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout
     }
     size_t next = 0;
     if (kind_ == Kind::kServer) in.identity = std::move(parts[next++]);
+    if (too_big) {
+      in.header = Status::Corruption("message of " + std::to_string(bytes) +
+                                     " bytes or more; the limit is " + std::to_string(max_bytes_) +
+                                     " (--max-message-bytes)");
+      return std::optional<Inbound>(std::move(in));
+    }
     if (too_many) {
       in.header = Status::Corruption("message has more than " + std::to_string(max_frames_) +
                                      " tensor frames");

@@ -32,7 +32,8 @@ struct Inbound {
 struct SocketOptions {
   int send_high_water_mark = 1000;      // messages queued per peer before sends would block
   int receive_high_water_mark = 1000;
-  int64_t max_message_bytes = -1;       // ZMQ_MAXMSGSIZE, a bound on EACH frame; -1 = none
+  // A bound on each frame (ZMQ_MAXMSGSIZE) and on a whole message (Receive); -1 = none.
+  int64_t max_message_bytes = -1;
   size_t max_frames = 1 << 16;          // frames per message; more -> header is Corruption
   std::chrono::milliseconds send_timeout{10000};  // a send blocked this long fails
   // CURVE (common/curve.h). A server with a secret key requires CURVE from every client and
@@ -67,7 +68,8 @@ class Socket {
 
   // Waits up to `timeout` for one whole message. Returns std::nullopt on timeout or when a
   // signal interrupted the wait; an error only for a broken socket. A message of more than
-  // max_frames frames is read to its end and returned with a Corruption header.
+  // max_frames frames, or of more than max_message_bytes in all (the routing id aside), is
+  // read to its end, its frames dropped as they come, and returned with a Corruption header.
   Result<std::optional<Inbound>> Receive(std::chrono::milliseconds timeout);
 
   // The bound endpoint with the actual port (useful after binding port 0).
@@ -90,6 +92,7 @@ class Socket {
   static constexpr int kFailedHandshakesBeforeGivingUp = 10;
   Kind kind_ = Kind::kClient;
   size_t max_frames_ = 1 << 16;
+  uint64_t max_bytes_ = 0;  // a whole message's bytes, routing id aside; 0: no bound
 };
 
 // Waits until at least one of `sockets` has a message or `timeout` passes. Returns, for each

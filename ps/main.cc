@@ -38,7 +38,14 @@ int main(int argc, char** argv) {
       "--task-index 0\n"
       "The cluster may instead come from TF_CONFIG "
       "({\"cluster\":{\"ps\":[...],\"worker\":[...]},\"task\":{\"type\":\"ps\",\"index\":0}}); "
-      "flags win."};
+      "flags win.\n\n"
+      "Memory: the server states a bound at start, and again with the model's figures once "
+      "one registers (log line \"memory bound\", gauges parasync_ps_memory_bound_*): about "
+      "96 MiB + the model (values, a spare copy, optimizer slots; sync: a gradient per "
+      "worker; with --data-dir: a snapshot's copies) + --max-unread-reply-bytes + one "
+      "--max-message-bytes, plus (4 + 1) x --max-message-bytes + 1 MiB per connected peer. "
+      "It holds whatever a peer sends or leaves unread: a pull past the unread-reply bound "
+      "and a message past --max-message-bytes are refused."};
   app.option_defaults()->always_capture_default();
   // A flag given twice takes its last value, so a launcher's per-rank argument overrides a
   // shared one (parasync-launch --worker-arg ... --rank-arg R:...).
@@ -52,6 +59,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   int64_t max_message_bytes = int64_t{1} << 30;
   int64_t max_model_bytes = 0;
+  int64_t max_unread_reply_bytes = 0;
   int apply_threads = 2;
   int replicas_to_aggregate = 0;
   std::string data_dir;
@@ -102,8 +110,13 @@ int main(int argc, char** argv) {
   app.add_option("--log-dir", log_dir, "Directory for the metrics snapshot written at exit");
   app.add_option("--log-level", log_level, "debug, info, warn or error");
   app.add_option("--max-message-bytes", max_message_bytes,
-                 "Largest message accepted; bigger ones are dropped by ZeroMQ")
+                 "Largest message accepted, all its frames together; bigger ones are refused")
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-unread-reply-bytes", max_unread_reply_bytes,
+                 "Most bytes of pull replies that peers have not read yet, all together; a "
+                 "pull past it, or from a peer with twice the shard's values unread, is "
+                 "refused (0 = 2 x (workers + 2) x the shard's values)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-model-bytes", max_model_bytes,
                  "Most memory a registered model may take on this shard (values, one spare "
                  "copy of them for zero-copy pull replies, and the optimizer slots); 0 = 80% "
@@ -252,6 +265,7 @@ int main(int argc, char** argv) {
   options.shard_index = shard;
   options.num_shards = static_cast<int>(spec->ps.size());
   options.max_message_bytes = max_message_bytes;
+  options.max_unread_reply_bytes = max_unread_reply_bytes;
   if (max_model_bytes == 0) {
     // A registration is a remote request: it must not be able to exhaust this machine.
     max_model_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) / 5 * 4 *

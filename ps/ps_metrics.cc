@@ -182,6 +182,34 @@ PsMetrics::PsMetrics(int shard, int num_workers)
                              .Labels(labels)
                              .Register(*registry)
                              .Add({});
+  store_failed = &prometheus::BuildGauge()
+                      .Name("parasync_ps_store_failed")
+                      .Help("1 once a durable write failed (--durability every-update): pushes "
+                            "are refused until the server is restarted")
+                      .Labels(labels)
+                      .Register(*registry)
+                      .Add({});
+  unread_reply_bytes = &prometheus::BuildGauge()
+                            .Name("parasync_ps_unread_reply_bytes")
+                            .Help("Bytes of pull replies queued for peers and not yet written "
+                                  "out (bounded by --max-unread-reply-bytes)")
+                            .Labels(labels)
+                            .Register(*registry)
+                            .Add({});
+  memory_bound_bytes = &prometheus::BuildGauge()
+                            .Name("parasync_ps_memory_bound_bytes")
+                            .Help("The memory bound this server states for its present model "
+                                  "and limits, without the part per connected peer")
+                            .Labels(labels)
+                            .Register(*registry)
+                            .Add({});
+  memory_bound_per_connection_bytes =
+      &prometheus::BuildGauge()
+           .Name("parasync_ps_memory_bound_per_connection_bytes")
+           .Help("The part of the memory bound each connected peer adds")
+           .Labels(labels)
+           .Register(*registry)
+           .Add({});
   registered = &prometheus::BuildGauge()
                     .Name("parasync_ps_registered")
                     .Help("1 once a model is registered")

@@ -47,6 +47,15 @@ struct PsMetrics {
   prometheus::Histogram* checkpoint_seconds = nullptr;
   prometheus::Gauge* last_checkpoint_time = nullptr;  // unix seconds of the last snapshot
   prometheus::Counter* checkpoint_failures = nullptr;
+  // 1 once a durable write failed with --durability every-update: the shard acknowledges
+  // no more pushes until restarted.
+  prometheus::Gauge* store_failed = nullptr;
+  // Bytes of pull replies handed to ZeroMQ and not yet written out (or dropped), all peers.
+  prometheus::Gauge* unread_reply_bytes = nullptr;
+  // The stated memory bound for the present model (ps/server.h MemoryBound): fixed part,
+  // and the part for each connected peer.
+  prometheus::Gauge* memory_bound_bytes = nullptr;
+  prometheus::Gauge* memory_bound_per_connection_bytes = nullptr;
   // CURVE connections the ZAP handler admitted / refused ("unknown_key", "not_curve").
   prometheus::Counter* auth_accepted = nullptr;
   prometheus::Counter* auth_refused_unknown_key = nullptr;

@@ -5,8 +5,12 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <malloc.h>
+#include <new>
 
 #include <spdlog/spdlog.h>
+
+#include "ps/optimizer.h"
 
 namespace parasync {
 
@@ -28,7 +32,79 @@ double SecondsSince(Coordinator::TimePoint since, Coordinator::TimePoint now) {
   return std::chrono::duration<double>(now - since).count();
 }
 
+// What a pull reply's frame holds until ZeroMQ frees it: the shard's loan (or a buffer of
+// its own) and its bytes on the unread counters.
+struct FrameHold {
+  void* loan = nullptr;  // a Shard loan token; null: the frame's data is malloc'ed
+  int64_t bytes = 0;
+  std::shared_ptr<std::atomic<int64_t>> peer, total, released;
+};
+
+// ZeroMQ's free function for a reply frame; runs on its I/O thread (or where the socket is
+// closed).
+void ReleaseFrame(void* data, void* hint) {
+  auto* hold = static_cast<FrameHold*>(hint);
+  if (hold->loan != nullptr) {
+    Shard::ReturnLoan(hold->loan);
+  } else {
+    std::free(data);
+  }
+  hold->peer->fetch_sub(hold->bytes, std::memory_order_relaxed);
+  hold->total->fetch_sub(hold->bytes, std::memory_order_relaxed);
+  hold->released->fetch_add(hold->bytes, std::memory_order_relaxed);
+  delete hold;
+}
+
+std::string Mib(int64_t bytes) {
+  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0);
+}
+
+// Process memory the model does not explain: code, libraries, ZeroMQ's and the metrics
+// server's threads, RocksDB's block cache and memtables between flushes, the allocator's
+// slack. Measured: an idle parasync-ps takes 13-20 MiB; the rest is headroom.
+constexpr int64_t kBaseBytes = int64_t{96} << 20;
+// Header-only replies (push acknowledgements, errors) ZeroMQ may queue for one peer: at
+// most its send queue (1000 messages) of at most 1 KiB each (the stats reply aside).
+constexpr int64_t kHeaderRepliesPerConnection = int64_t{1000} << 10;
+
 }  // namespace
+
+int64_t UnreadReplyCap(const ServerOptions& options, int64_t elements) {
+  const int64_t values = elements * static_cast<int64_t>(sizeof(float));
+  if (options.max_unread_reply_bytes > 0) return std::max(options.max_unread_reply_bytes, values);
+  return 2 * (options.num_workers + 2) * values;
+}
+
+MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, int slots) {
+  const int64_t values = elements * static_cast<int64_t>(sizeof(float));
+  MemoryBound b;
+  b.base = kBaseBytes;
+  // values + the spare copy-on-write buffer + slots; sync: a gradient per contributing
+  // rank and their average; a 16-bit push widened; a store: a snapshot's copy, its
+  // WriteBatch and its memtable entry (values and slots each), or a rollback's load.
+  const bool sync = options.mode.kind == TrainingMode::Kind::kSync;
+  const int64_t copies = 2 + slots + (sync ? options.num_workers + 1 : 0) + 1 +
+                         (options.store != nullptr ? 3 * (1 + slots) : 0);
+  b.model = copies * values;
+  b.unread = UnreadReplyCap(options, elements);
+  // A whole message being handled, one more frame being read past the limit, and the
+  // deepest allocation the rollback or a snapshot can add are covered by the terms above
+  // except for the message: one per server (the loop handles one at a time).
+  b.fixed = b.base + b.model + b.unread + options.max_message_bytes;
+  // ZeroMQ queues up to kServerReceiveQueue messages from a connection and decodes one
+  // more; each is at most max_message_bytes (per frame; the whole message is checked only
+  // when read, so a multi-frame message is bounded by that check plus one frame).
+  b.per_connection = (kServerReceiveQueue + 1) * options.max_message_bytes +
+                     kHeaderRepliesPerConnection;
+  return b;
+}
+
+std::string MemoryBound::Describe() const {
+  return fmt::format("{} + {} per connected peer (base {}, model {}, unread pull replies {}, "
+                     "one message in hand {})",
+                     Mib(fixed), Mib(per_connection), Mib(base), Mib(model), Mib(unread),
+                     Mib(fixed - base - model - unread));
+}
 
 Result<std::unique_ptr<Server>> Server::Create(zmq::context_t& context,
                                                const ServerOptions& options, PsMetrics* metrics) {
@@ -38,12 +114,15 @@ Result<std::unique_ptr<Server>> Server::Create(zmq::context_t& context,
   }
   SocketOptions socket_options;
   socket_options.max_message_bytes = options.max_message_bytes;
+  socket_options.receive_high_water_mark = kServerReceiveQueue;
   // A reply to a worker that vanished must not stall the loop for long.
   socket_options.send_timeout = std::chrono::milliseconds(1000);
   socket_options.curve_server_secret_key = options.curve_secret_key;
   auto socket = Socket::Bind(context, options.endpoint, socket_options);
   if (!socket.ok()) return socket.status();
-  return std::unique_ptr<Server>(new Server(std::move(socket).value(), options, metrics));
+  std::unique_ptr<Server> server(new Server(std::move(socket).value(), options, metrics));
+  server->PublishMemoryBound();
+  return server;
 }
 
 Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsMetrics* metrics)
@@ -70,6 +149,7 @@ Status Server::Restore(const ShardSnapshot& snap) {
     }
   }
   last_saved_version_ = shard_.version();
+  PublishMemoryBound();
   metrics_->registered->Set(1);
   metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
   PublishProgress();
@@ -141,7 +221,7 @@ void Server::RecordSeq(int rank, uint64_t seq) {
   last_seq_[static_cast<size_t>(rank)] = seq;
 }
 
-Status Server::PersistUpdate(std::span<const SliceRange> ranges, int rank) {
+Status Server::PersistUpdate(std::span<const SliceRange> ranges, int rank, uint64_t seq) {
   std::vector<SliceSnapshot> slices;
   const SliceMap* map = shard_.slice_map();
   if (map == nullptr) return Status::FailedPrecondition("nothing registered to persist");
@@ -155,9 +235,8 @@ Status Server::PersistUpdate(std::span<const SliceRange> ranges, int rank) {
   std::vector<const SliceSnapshot*> ptrs;
   for (const SliceSnapshot& s : slices) ptrs.push_back(&s);
   std::optional<RankRecord> record;
-  if (rank >= 0 && static_cast<size_t>(rank) < last_seq_.size() &&
-      last_seq_[static_cast<size_t>(rank)] != 0) {
-    record = RankRecord{rank, last_seq_[static_cast<size_t>(rank)]};
+  if (seq != 0 && rank >= 0 && static_cast<size_t>(rank) < last_seq_.size()) {
+    record = RankRecord{rank, seq};
   }
   const auto t0 = std::chrono::steady_clock::now();
   PARASYNC_RETURN_IF_ERROR(options_.store->SaveUpdate(shard_.version(), shard_.examples(), ptrs,
@@ -167,6 +246,46 @@ Status Server::PersistUpdate(std::span<const SliceRange> ranges, int rank) {
   metrics_->last_checkpoint_time->SetToCurrentTime();
   last_saved_version_ = shard_.version();
   return Status::Ok();
+}
+
+void Server::OnStoreFailure(const Status& failure, const std::string& what) {
+  metrics_->checkpoint_failures->Increment();
+  if (store_failure_) return;
+  store_failure_ = "ps shard " + std::to_string(options_.shard_index) + ": the store in " +
+                   options_.store->dir() + " failed a durable write (" + what + ": " +
+                   failure.message() +
+                   "); no push is acknowledged any more: fix or free the disk, then restart "
+                   "this server";
+  metrics_->store_failed->Set(1);
+  spdlog::error("{}", *store_failure_);
+  // Memory goes back to the last durable state: what was applied but not persisted was never
+  // acknowledged, and must not be served or counted as applied (seqs included).
+  if (auto durable = options_.store->Load(); durable.ok()) {
+    std::fill(last_seq_.begin(), last_seq_.end(), 0);
+    if (Status s = Restore(*durable); !s.ok()) {
+      spdlog::error("rolling back to the store failed: {}", s.ToString());
+    } else {
+      spdlog::error("rolled back to the durable version {}", shard_.version());
+    }
+  } else if (durable.status().code() != StatusCode::kNotFound) {
+    spdlog::error("rolling back to the store failed: {}", durable.status().ToString());
+  }
+  for (ParkedPull& p : parked_) {
+    FailParked(p, Status::Unavailable(*store_failure_), RejectReason::kStoreFailed);
+  }
+  parked_.clear();
+}
+
+void Server::FailParked(ParkedPull& p, const Status& status, RejectReason reason) {
+  Header reply;
+  reply.type = p.request.type;
+  reply.request_id = p.request.request_id;
+  reply.rank = p.request.rank;
+  reply.version = shard_.version();
+  reply.incarnation = incarnation_;
+  reply.status = status;
+  Reject(reason);
+  (void)socket_->Send(&p.identity, reply, {});
 }
 
 Status Server::Run(const std::function<bool()>& should_stop) {
@@ -237,7 +356,57 @@ std::string Server::DescribeWait(const Header& req) const {
          RankList(coordinator_.SspBlockers(req.rank)) + ")";
 }
 
+Server::ByteCounter Server::UnreadCounterOf(const zmq::message_t& identity) {
+  ByteCounter& c = unread_by_peer_[std::string(static_cast<const char*>(identity.data()),
+                                               identity.size())];
+  if (!c) c = std::make_shared<std::atomic<int64_t>>(0);
+  return c;
+}
+
+void Server::MaybeTrimMemory(TimePoint now) {
+  // glibc keeps freed memory of its arenas (ZeroMQ's I/O thread allocates received messages
+  // in one of its own) for reuse: a flood, or the replies of a peer that left, would stay
+  // resident. After 64 MiB came and went, it is given back.
+  // Messages dropped unread (too large) are not counted: a trim every 30 s when idle
+  // covers them.
+  const bool churned = released_since_trim_->load(std::memory_order_relaxed) >= (int64_t{64} << 20);
+  if (now - last_trim_ < (churned ? std::chrono::seconds(2) : std::chrono::seconds(30))) return;
+  last_trim_ = now;
+  released_since_trim_->store(0, std::memory_order_relaxed);
+  malloc_trim(0);
+}
+
 void Server::SendPull(zmq::message_t& identity, const Header& req) {
+  int64_t bytes = 0;
+  for (const SliceRange& r : req.slices) bytes += r.count * static_cast<int64_t>(DTypeSize(req.dtype));
+  const ByteCounter peer = UnreadCounterOf(identity);
+  const int64_t peer_unread = peer->load(std::memory_order_relaxed);
+  const int64_t total_unread = unread_total_->load(std::memory_order_relaxed);
+  const int64_t peer_cap = 2 * shard_.num_elements() * static_cast<int64_t>(sizeof(float));
+  const int64_t cap = UnreadReplyCap(options_, shard_.num_elements());
+  if ((peer_unread > 0 && peer_unread + bytes > peer_cap) || total_unread + bytes > cap) {
+    // Another reply would pin another version of the model for a peer that does not read.
+    Header refusal;
+    refusal.type = req.type;
+    refusal.request_id = req.request_id;
+    refusal.rank = req.rank;
+    refusal.version = shard_.version();
+    refusal.incarnation = incarnation_;
+    refusal.status = Status::Unavailable(
+        peer_unread + bytes > peer_cap
+            ? "pull refused: " + std::to_string(peer_unread) +
+                  " bytes of earlier pull replies to this connection are still unread"
+            : "pull refused: this server has " + std::to_string(total_unread) +
+                  " bytes of pull replies unread by their peers (at most " +
+                  std::to_string(cap) + ", --max-unread-reply-bytes)");
+    Reject(RejectReason::kUnreadReplies);
+    if (ShouldLogRejection()) {
+      spdlog::warn("rejected pull from rank {} ({}): {}", req.rank,
+                   RejectReasonName(RejectReason::kUnreadReplies), refusal.status.message());
+    }
+    (void)socket_->Send(&identity, refusal, {});
+    return;
+  }
   Header reply;
   reply.type = req.type;
   reply.request_id = req.request_id;
@@ -254,15 +423,38 @@ void Server::SendPull(zmq::message_t& identity, const Header& req) {
   std::vector<zmq::message_t> frames;
   frames.reserve(loans.size());
   for (const Shard::Loan& loan : loans) {
-    if (req.dtype == DType::kFloat32) {
-      frames.emplace_back(const_cast<float*>(loan.data),
-                          static_cast<size_t>(loan.count) * sizeof(float),
-                          [](void*, void* token) { Shard::ReturnLoan(token); }, loan.token);
+    const size_t size = static_cast<size_t>(loan.count) * DTypeSize(req.dtype);
+    if (size == 0) {
+      frames.emplace_back();
+      Shard::ReturnLoan(loan.token);
       continue;
     }
-    frames.emplace_back(static_cast<size_t>(loan.count) * DTypeSize(req.dtype));
-    EncodeFloats(loan.data, static_cast<size_t>(loan.count), req.dtype, frames.back().data());
-    Shard::ReturnLoan(loan.token);
+    // Counted before the frame exists: ReleaseFrame may run as soon as it is queued.
+    auto* hold = new FrameHold{nullptr, static_cast<int64_t>(size), peer, unread_total_,
+                               released_since_trim_};
+    peer->fetch_add(hold->bytes, std::memory_order_relaxed);
+    unread_total_->fetch_add(hold->bytes, std::memory_order_relaxed);
+    void* data = nullptr;
+    if (req.dtype == DType::kFloat32) {
+      hold->loan = loan.token;
+      data = const_cast<float*>(loan.data);
+    } else {
+      data = std::malloc(size);
+      if (data != nullptr) {
+        EncodeFloats(loan.data, static_cast<size_t>(loan.count), req.dtype, data);
+      }
+      Shard::ReturnLoan(loan.token);
+    }
+    if (data == nullptr) {
+      ReleaseFrame(nullptr, hold);
+      throw std::bad_alloc();
+    }
+    try {
+      frames.emplace_back(data, size, &ReleaseFrame, hold);
+    } catch (...) {
+      ReleaseFrame(data, hold);
+      throw;
+    }
   }
   if (coordinator_.ValidRank(req.rank)) coordinator_.RecordRead(req.rank);
   metrics_->bytes_sent[static_cast<size_t>(MsgType::kPull)]->Increment(
@@ -287,7 +479,12 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   }
   const bool ranked = coordinator_.ValidRank(req.rank);
   if (ranked && AlreadyApplied(req.rank, req.seq)) {
-    reply.replayed = true;  // a resend of a push applied before: acknowledge it again
+    reply.replayed = true;  // a resend of a push applied (and, every-update, durable) before
+    return;
+  }
+  if (store_failure_) {
+    *reason = RejectReason::kStoreFailed;
+    reply.status = Status::Unavailable(*store_failure_);
     return;
   }
   const int64_t version = shard_.version();
@@ -386,15 +583,16 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     }
     reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale);
     if (!reply.status.ok()) return;
-    if (ranked) RecordSeq(req.rank, req.seq);
     if (options_.store != nullptr && options_.every_update) {
-      if (Status s = PersistUpdate(req.slices, req.rank); !s.ok()) {
-        // Applied in memory but not durable: the sender must not take it as acknowledged.
-        metrics_->checkpoint_failures->Increment();
-        reply.status = Status::Unavailable("update applied but not persisted: " + s.message());
+      if (Status s = PersistUpdate(req.slices, ranked ? req.rank : -1, req.seq); !s.ok()) {
+        // Not durable, so not acknowledged (and rolled back): the seq is not recorded.
+        OnStoreFailure(s, "push of rank " + std::to_string(req.rank));
+        *reason = RejectReason::kStoreFailed;
+        reply.status = Status::Unavailable(*store_failure_);
         return;
       }
     }
+    if (ranked) RecordSeq(req.rank, req.seq);
     PublishProgress();
     if (req.batch_examples > 0) metrics_->examples->Increment(static_cast<double>(req.batch_examples));
   }
@@ -419,15 +617,26 @@ void Server::MaybeCompleteStep() {
   shard_.ApplyAccumulated(n);
   coordinator_.CompleteStep();
   if (options_.store != nullptr && options_.every_update) {
-    if (Status s = PersistUpdate({}, -1); !s.ok()) {
-      metrics_->checkpoint_failures->Increment();
-      spdlog::error("step {} not persisted: {}", shard_.version(), s.ToString());
+    // The step's pulls are answered only after it is durable (ServeParked runs after this).
+    if (Status s = PersistUpdate({}, -1, 0); !s.ok()) {
+      OnStoreFailure(s, "step " + std::to_string(shard_.version()));
     }
   }
   metrics_->apply_seconds->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   PublishProgress();
   metrics_->examples->Increment(static_cast<double>(shard_.examples() - before));
+}
+
+void Server::PublishMemoryBound() {
+  const ModelRegistration* reg = shard_.registration();
+  const MemoryBound bound =
+      reg ? ComputeMemoryBound(options_, shard_.num_elements(), NumOptimizerSlots(reg->optimizer.kind))
+          : ComputeMemoryBound(options_, options_.max_model_bytes / 8, 0);
+  metrics_->memory_bound_bytes->Set(static_cast<double>(bound.fixed));
+  metrics_->memory_bound_per_connection_bytes->Set(static_cast<double>(bound.per_connection));
+  spdlog::info("memory bound {}: {}", reg ? "for this model" : "before a model registers",
+               bound.Describe());
 }
 
 void Server::PublishProgress() {
@@ -458,6 +667,10 @@ void Server::UpdateGauges(TimePoint now) {
   if (now - gauges_updated_ < std::chrono::milliseconds(100)) return;
   gauges_updated_ = now;
   metrics_->parked_pulls->Set(static_cast<double>(parked_.size()));
+  metrics_->unread_reply_bytes->Set(
+      static_cast<double>(unread_total_->load(std::memory_order_relaxed)));
+  // Peers whose replies are all gone (no frame holds their counter) are forgotten.
+  std::erase_if(unread_by_peer_, [](const auto& entry) { return entry.second.use_count() == 1; });
   double oldest = 0;
   for (const ParkedPull& p : parked_) oldest = std::max(oldest, SecondsSince(p.since, now));
   metrics_->oldest_parked_pull_seconds->Set(oldest);
@@ -489,6 +702,7 @@ void Server::ServeParked(TimePoint now) {
 }
 
 void Server::Tick(TimePoint now, bool idle) {
+  if (idle) MaybeTrimMemory(now);
   if (!shard_.registered()) return;
   if (idle) last_idle_ = now;
   // Silence is judged only once the queue is drained (a heartbeat may be waiting behind
@@ -513,19 +727,13 @@ void Server::Tick(TimePoint now, bool idle) {
       still.push_back(std::move(p));
       continue;
     }
-    Header reply;
-    reply.type = p.request.type;
-    reply.request_id = p.request.request_id;
-    reply.rank = p.request.rank;
-    reply.version = shard_.version();
-    reply.incarnation = incarnation_;
     char waited[32];
     std::snprintf(waited, sizeof(waited), "%.1f", SecondsSince(p.since, now));
-    reply.status = Status::TimedOut("pull by rank " + std::to_string(p.request.rank) +
-                                    " waited " + waited + " s for " + DescribeWait(p.request));
-    Reject(RejectReason::kBarrierTimeout);
-    spdlog::error("{}", reply.status.message());
-    (void)socket_->Send(&p.identity, reply, {});
+    const Status timed_out = Status::TimedOut("pull by rank " + std::to_string(p.request.rank) +
+                                              " waited " + waited + " s for " +
+                                              DescribeWait(p.request));
+    spdlog::error("{}", timed_out.message());
+    FailParked(p, timed_out, RejectReason::kBarrierTimeout);
   }
   parked_ = std::move(still);
 }
@@ -600,6 +808,8 @@ bool Server::Handle(Inbound& in) {
     const auto type = static_cast<size_t>(req.type);
     metrics_->requests[type]->Increment();
     metrics_->bytes_received[type]->Increment(static_cast<double>(FramesBytes(in.frames)));
+    released_since_trim_->fetch_add(static_cast<int64_t>(FramesBytes(in.frames)),
+                                    std::memory_order_relaxed);
     if (ranked && req.type != MsgType::kStats && req.type != MsgType::kShutdown &&
         req.type != MsgType::kLeave &&
         coordinator_.Touch(req.rank, now, req.type == MsgType::kHeartbeat)) {
@@ -622,12 +832,17 @@ bool Server::Handle(Inbound& in) {
           if (reply.status.ok() && first && options_.store != nullptr) {
             // The model is on disk before anyone trains on it: a restart restores it, and
             // every-update writes have a snapshot to update.
-            if (Status s = SaveSnapshot(/*force=*/true); !s.ok()) {
+            if (Status s = SaveSnapshot(/*force=*/true); !s.ok() && options_.every_update) {
+              OnStoreFailure(s, "the registered model");
+              reason = RejectReason::kStoreFailed;
+              reply.status = Status::Unavailable(*store_failure_);
+            } else if (!s.ok()) {
               metrics_->checkpoint_failures->Increment();
               spdlog::error("could not save the registered model: {}", s.ToString());
             }
           }
           if (reply.status.ok() && first) {
+            PublishMemoryBound();
             coordinator_.RestartSilenceClocks(now);
             metrics_->registered->Set(1);
             metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
@@ -656,6 +871,12 @@ bool Server::Handle(Inbound& in) {
         if (CanServePull(req)) {
           SendPull(in.identity, req);
           return true;
+        }
+        if (store_failure_) {
+          // It waits for a step that cannot be made durable: it would wait forever.
+          reason = RejectReason::kStoreFailed;
+          reply.status = Status::Unavailable(*store_failure_);
+          break;
         }
         // A worker waits on one pull per shard at a time: a newer one replaces its older
         // (abandoned) one — and a resend of the same request keeps its first arrival time,
@@ -713,6 +934,10 @@ bool Server::Handle(Inbound& in) {
               " keeps no checkpoints (start it with --data-dir)");
         } else {
           reply.status = SaveSnapshot(/*force=*/true);
+          if (!reply.status.ok() && options_.every_update) {
+            OnStoreFailure(reply.status, "a checkpoint requested by rank " +
+                                             std::to_string(req.rank));
+          }
           if (reply.status.ok()) {
             spdlog::info("checkpoint of version {} written on request of rank {}",
                          shard_.version(), req.rank);

@@ -17,7 +17,9 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <zmq.hpp>
@@ -45,7 +47,13 @@ struct ServerOptions {
   std::string curve_secret_key;
   std::chrono::milliseconds worker_timeout{10000};
   std::chrono::milliseconds barrier_timeout{300000};
+  // Bound on one whole message (all its frames); see MemoryBound.
   int64_t max_message_bytes = int64_t{1} << 30;
+  // Bound on the bytes of pull replies handed to ZeroMQ and not yet written out, all peers
+  // together (0: 2 x (num_workers + 2) x the shard's values). A pull that would pass it, or
+  // that comes from a peer with more than two copies of the shard's values unread, is
+  // refused (Unavailable) instead of pinning another version of the model.
+  int64_t max_unread_reply_bytes = 0;
   int64_t max_model_bytes = 0;  // bound on this shard's values + slots; 0: none
   // Threads that check and apply a push of >= 1 MiB over several slices (the loop's own
   // thread included); 1: the loop alone.
@@ -73,6 +81,27 @@ struct ServerOptions {
   // applied (what a connection cut between apply and acknowledgement looks like). 0: off.
   int64_t drop_push_reply_every = 0;
 };
+
+// Messages ZeroMQ may queue from one connection before it stops reading it (ZMQ_RCVHWM).
+inline constexpr int kServerReceiveQueue = 4;
+
+// The memory a server can take, stated before anything is registered and again, with the
+// model's figures, once it is: `fixed` bytes plus `per_connection` bytes for each connected
+// peer. It holds whatever a peer sends or fails to read (ps/server.cc, MemoryBound).
+struct MemoryBound {
+  int64_t fixed = 0;
+  int64_t per_connection = 0;
+  // The terms, for the log and --help.
+  int64_t base = 0;       // code, libraries, threads, metrics, RocksDB's caches
+  int64_t model = 0;      // values, spare, slots, sync buffers, snapshot copies
+  int64_t unread = 0;     // pull replies not yet written out
+  std::string Describe() const;
+};
+// For a shard holding `elements` floats with `slots` optimizer slots per element. Before
+// registration, pass the elements --max-model-bytes admits.
+MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, int slots);
+// The unread-reply cap in force (options.max_unread_reply_bytes, or its default).
+int64_t UnreadReplyCap(const ServerOptions& options, int64_t elements);
 
 class Server {
  public:
@@ -125,10 +154,21 @@ class Server {
   void HandlePush(const Header& req, std::vector<zmq::message_t>& frames, Header& reply,
                   RejectReason* reason);
   bool CanServePull(const Header& req) const;
-  // Reads the requested slices into a reply and sends it.
+  // Reads the requested slices into a reply and sends it — or, when the peer or the server
+  // has too many reply bytes unread, sends an error reply instead (kUnreadReplies).
   void SendPull(zmq::message_t& identity, const Header& req);
+  // Reply bytes handed to ZeroMQ and not yet written out (or dropped with their peer): each
+  // reply frame holds its peer's counter and the total until ZeroMQ frees it, on its I/O
+  // thread (the counters are shared, so they outlive the Server if need be).
+  using ByteCounter = std::shared_ptr<std::atomic<int64_t>>;
+  ByteCounter UnreadCounterOf(const zmq::message_t& identity);
+  // Returns memory freed since the last trim to the system, at most every 2 s.
+  void MaybeTrimMemory(TimePoint now);
   // Applies the sync step if it has enough gradients.
   void MaybeCompleteStep();
+  // Logs the memory bound for the registered model (or, before one, for the largest
+  // --max-model-bytes admits) and sets its gauges.
+  void PublishMemoryBound();
   // Sets the version and learning-rate gauges from the shard.
   void PublishProgress();
   // Answers the parked pulls that may now be served.
@@ -155,12 +195,24 @@ class Server {
   // Push dedupe: a push whose seq was already applied is replayed, not applied again.
   bool AlreadyApplied(int rank, uint64_t seq) const;
   void RecordSeq(int rank, uint64_t seq);
-  // Every-update durability: writes the slices of `ranges` (all slices when empty) and the
-  // rank's seq. Returns the store's error.
-  Status PersistUpdate(std::span<const SliceRange> ranges, int rank);
+  // Every-update durability: writes the slices of `ranges` (all slices when empty) and, for
+  // a valid rank and seq != 0, the rank's seq, in one synced write. Returns the store's error.
+  Status PersistUpdate(std::span<const SliceRange> ranges, int rank, uint64_t seq);
+  // Every-update durability: a durable write failed. Latches the failure (no push is
+  // acknowledged from now on, the store_failed gauge reads 1), rolls the shard back to what
+  // the store holds, so memory serves nothing that was not acknowledged, and answers the
+  // parked pulls, which wait for a step that cannot come. `what` names the write.
+  void OnStoreFailure(const Status& failure, const std::string& what);
+  // Sends `p` an error reply `status` (counted as `reason`).
+  void FailParked(ParkedPull& p, const Status& status, RejectReason reason);
   void MaybeSnapshot(TimePoint now);
 
   std::vector<ParkedPull> parked_;
+  ByteCounter unread_total_ = std::make_shared<std::atomic<int64_t>>(0);
+  std::unordered_map<std::string, ByteCounter> unread_by_peer_;
+  // Bytes of replies written out or dropped, and of requests received, since the last trim.
+  ByteCounter released_since_trim_ = std::make_shared<std::atomic<int64_t>>(0);
+  TimePoint last_trim_{};
   // A push in a 16-bit wire dtype, widened to float32 (at most the shard's elements; kept
   // between pushes so its pages are not faulted in again each time).
   std::vector<float> widened_;
@@ -171,7 +223,11 @@ class Server {
   TimePoint last_idle_;  // the last turn that found the socket empty
   uint64_t incarnation_ = 0;
   int64_t pushes_handled_ = 0;
-  std::vector<uint64_t> last_seq_;  // by rank
+  // By rank: the last push seq applied, and with every-update durability also durable (a
+  // resend of a push whose write failed is refused again, never acknowledged as applied).
+  std::vector<uint64_t> last_seq_;
+  // Every-update durability: why the store failed (set once, until restart).
+  std::optional<std::string> store_failure_;
   int64_t last_saved_version_ = -1;
   TimePoint last_save_time_;
   std::atomic<bool> stop_{false};

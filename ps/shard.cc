@@ -30,6 +30,8 @@ std::string_view RejectReasonName(RejectReason reason) {
     case RejectReason::kBadVersion: return "bad_version";
     case RejectReason::kPartial: return "partial";
     case RejectReason::kBarrierTimeout: return "barrier_timeout";
+    case RejectReason::kStoreFailed: return "store_failed";
+    case RejectReason::kUnreadReplies: return "unread_replies";
   }
   return "unknown";
 }

@@ -44,8 +44,10 @@ enum class RejectReason : uint8_t {
   kBadVersion,         // gradient computed from a version the shard has not reached
   kPartial,            // sync: a push that does not cover every slice of the shard
   kBarrierTimeout,     // a pull waited longer than the barrier timeout
+  kStoreFailed,        // every-update: the store failed a write; nothing more is acknowledged
+  kUnreadReplies,      // a pull while this peer (or all peers) left too many reply bytes unread
 };
-inline constexpr int kNumRejectReasons = 19;
+inline constexpr int kNumRejectReasons = 21;
 std::string_view RejectReasonName(RejectReason reason);
 
 class Shard {
