@@ -168,6 +168,11 @@ void RunInput(const uint8_t* data, size_t size) {
   options.barrier_timeout = config.zero_barrier_timeout ? std::chrono::milliseconds(0)
                                                         : std::chrono::hours(1);
   options.max_model_bytes = kMaxModelBytes;
+  // The memory limits in force, tight: inputs reach 16 KiB (-max_len), so messages past the
+  // whole-message bound are refused; the unread-reply cap is the smallest there is (one
+  // shard's values), and the harness drains every reply, so honest pulls still pass it.
+  options.max_message_bytes = 8192;
+  options.max_unread_reply_bytes = 1;
   options.drop_push_reply_every = config.drop_push_replies ? 2 : 0;
   auto created = Server::Create(context, options, &Metrics());
   if (!created.ok()) Violated("Server::Create: " + created.status().ToString());
