@@ -130,6 +130,8 @@ TEST(StoreFailureTest, SyncEveryUpdateAcknowledgesNoStepTheStoreFailedToPersist)
     EXPECT_EQ(client->last_version(), 6);
   }
   const ShardSnapshot restored = Reopened(dir.path());
+  std::printf("sync every-update, EIO from step 7: acknowledged %lld, restored %lld\n",
+              static_cast<long long>(acknowledged), static_cast<long long>(restored.version));
   EXPECT_GE(restored.version, acknowledged) << "an acknowledged step was lost";
 }
 
