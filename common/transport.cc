@@ -1,5 +1,7 @@
 #include "common/transport.h"
 
+#include "common/address.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -59,33 +61,12 @@ std::string ToEndpoint(const std::string& address) {
 
 Result<std::string> ToBindEndpoint(const std::string& address) {
   if (address.find("://") != std::string::npos) return address;
-  const auto colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return Status::InvalidArgument("address '" + address + "' is not host:port");
-  }
-  std::string host = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  unsigned char buf[sizeof(in6_addr)];
-  if (host == "*" || inet_pton(AF_INET, host.c_str(), buf) == 1 ||
-      inet_pton(AF_INET6, host.c_str(), buf) == 1) {
-    return "tcp://" + address;
-  }
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
-  if (rc != 0 || found == nullptr) {
-    return Status::InvalidArgument("cannot resolve host '" + host + "' to bind: " +
-                                   gai_strerror(rc) + " (use --bind IP:PORT)");
-  }
-  char ip[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, ip, sizeof(ip));
-  freeaddrinfo(found);
-  return "tcp://" + std::string(ip) + ":" + port;
+  // One parser for every address flag (common/address.h): no address is read loosely.
+  PARASYNC_ASSIGN_OR_RETURN(HostPort parsed,
+                            ParseHostPort(address, "bind address", PortRule::kZeroAllowed));
+  PARASYNC_ASSIGN_OR_RETURN(std::string ip, ResolveBindHost(parsed.host, "bind address"));
+  if (ip.find(':') != std::string::npos) ip = "[" + ip + "]";
+  return "tcp://" + ip + ":" + std::to_string(parsed.port);
 }
 
 bool IsLoopbackAddress(const std::string& ip) {

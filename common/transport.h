@@ -101,9 +101,10 @@ Result<std::vector<bool>> WaitReadable(std::span<Socket* const> sockets,
 // "inproc://" is returned as is.
 std::string ToEndpoint(const std::string& address);
 
-// The endpoint to bind for "host:port". ZeroMQ binds interfaces and IP addresses, not host
-// names, so a name is resolved to its first IPv4 address ("*" and IP literals are kept).
-// InvalidArgument for a malformed address or a name that does not resolve.
+// The endpoint to bind for "host:port" (port 0: a free one). ZeroMQ binds interfaces and IP
+// addresses, not host names, so a name is resolved to its first IPv4 address ("*" and IP
+// literals are kept). InvalidArgument for an address ParseHostPort refuses or a name that
+// does not resolve.
 Result<std::string> ToBindEndpoint(const std::string& address);
 
 // True for 127.0.0.0/8, ::1 and IPv4-mapped loopback.

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/address.h"
 #include "common/cluster_spec.h"
 #include "common/curve.h"
 #include "common/metrics.h"
@@ -64,8 +65,11 @@ int main(int argc, char** argv) {
   bool allow_remote_shutdown = false;
   int64_t drop_push_reply_every = 0;
 
-  app.add_option("--ps-hosts", cluster.ps_hosts, "Comma-separated host:port of every PS shard");
-  app.add_option("--worker-hosts", cluster.worker_hosts, "Comma-separated host:port of every worker");
+  app.add_option("--ps-hosts", cluster.ps_hosts,
+                 "Comma-separated host:port of every PS shard (IP addresses or host names, "
+                 "ports 1-65535, each address once)");
+  app.add_option("--worker-hosts", cluster.worker_hosts,
+                 "Comma-separated host:port of every worker (as --ps-hosts)");
   app.add_option("--task-index", cluster.task_index, "This shard's index in --ps-hosts")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--mode", mode,
@@ -91,13 +95,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 86400.0));
   app.add_option("--bind", bind,
                  "Address to bind, host:port (default: this task's address in the cluster; "
-                 "use 0.0.0.0:PORT to listen on all interfaces)");
+                 "use 0.0.0.0:PORT to listen on all interfaces; a host name must resolve)");
   // The last of repeated metrics flags wins, so a user's --ps-arg/--worker-arg overrides
   // the launcher's.
   app.add_option("--metrics-port", metrics_port, "Port of /metrics; 0 picks a free one and logs it")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
       ->check(CLI::Range(0, 65535));
-  app.add_option("--metrics-bind", metrics_bind, "Address the metrics server listens on")
+  app.add_option("--metrics-bind", metrics_bind,
+                 "Address the metrics server listens on: an IP address (checked: four octets "
+                 "0-255), * or a host name that resolves")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--log-dir", log_dir, "Directory for the metrics snapshot written at exit");
   app.add_option("--log-level", log_level, "debug, info, warn or error");
@@ -160,6 +166,12 @@ int main(int argc, char** argv) {
 
   auto spec = ResolveClusterSpecFromEnvironment(cluster, "ps");
   if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
+  // Both addresses this process binds, checked (and names resolved) before anything starts.
+  auto endpoint =
+      ToBindEndpoint(bind.empty() ? spec->ps[static_cast<size_t>(spec->task_index)] : bind);
+  if (!endpoint.ok()) return Fail(endpoint.status().message(), kExitBadUsage);
+  auto metrics_ip = ResolveBindHost(metrics_bind, "--metrics-bind");
+  if (!metrics_ip.ok()) return Fail(metrics_ip.status().message(), kExitBadUsage);
   auto training_mode = TrainingMode::Parse(mode);
   if (!training_mode.ok()) return Fail(training_mode.status().message(), kExitBadUsage);
   const int num_workers = static_cast<int>(spec->workers.size());
@@ -231,14 +243,12 @@ int main(int argc, char** argv) {
 
   const int shard = spec->task_index;
   PsMetrics metrics(shard, num_workers);
-  auto metrics_server = MetricsServer::Start(metrics_bind, metrics_port, metrics.registry);
+  auto metrics_server = MetricsServer::Start(*metrics_ip, metrics_port, metrics.registry);
   if (!metrics_server.ok()) return Fail(metrics_server.status().message());
   const int bound_metrics_port = (*metrics_server)->port();
   MetricsServer::KeepUntilExit(std::move(metrics_server).value());
 
   ServerOptions options;
-  auto endpoint = ToBindEndpoint(bind.empty() ? spec->ps[static_cast<size_t>(shard)] : bind);
-  if (!endpoint.ok()) return Fail(endpoint.status().message(), kExitBadUsage);
   options.endpoint = *endpoint;
   options.allow_remote_shutdown = allow_remote_shutdown;
   options.drop_push_reply_every = drop_push_reply_every;
@@ -330,7 +340,7 @@ int main(int argc, char** argv) {
                                                                      : num_workers) +
                          " gradients per step"
                    : std::string(),
-               metrics_bind, bound_metrics_port);
+               *metrics_ip, bound_metrics_port);
 
   Status run = (*server)->Run([] { return ShutdownRequested(); });
   // A graceful stop keeps everything applied so far.

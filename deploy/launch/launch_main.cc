@@ -243,7 +243,8 @@ int main(int argc, char** argv) {
                "After the run, keep every metrics port answering with the process's final "
                "metrics until Ctrl-C, so Prometheus and Grafana keep the final values");
   app.add_option("--host", options.host,
-                 "Host name or IPv4 address used in the cluster spec and metrics URLs")
+                 "Host name or IPv4 address (four octets 0-255) used in the cluster spec and "
+                 "metrics URLs")
       ->capture_default_str()
       ->type_name("HOST");
 

@@ -391,6 +391,30 @@ TEST(LaunchPlanTest, ModeSettingsGoToTheParameterServersOnly) {
   EXPECT_THAT(plan->processes[1].argv, ::testing::Not(::testing::Contains("--worker-timeout")));
 }
 
+TEST(LaunchPlanTest, HostMustBeAnAddressOrAName) {
+  LaunchOptions options;
+  for (const char* bad : {"999.1.1.1", "1.2.3", "a b", "h:1"}) {
+    options.host = bad;
+    const Status s = ValidateOptions(options);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr(std::string("--host must be")) ) << bad;
+  }
+  options.host = "node-1.example.org";
+  EXPECT_TRUE(ValidateOptions(options).ok());
+}
+
+TEST(LaunchPlanTest, TwoSpellingsOfOneHostThatWouldShareAPortAreRefused) {
+  LaunchOptions options;
+  options.num_ps = 2;
+  options.ps_placement = {{"node1", 1}, {"NODE1", 1}};
+  options.num_workers = 1;
+  options.worker_placement = {{"node2", 1}};
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {29500, 29500, 29500, 30000, 30000, 30000});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(plan.status().message(), HasSubstr("names one address twice: 'node1:29500'"));
+}
+
 TEST(LaunchPlanTest, DataDirGivesEveryParameterServerItsOwnDirectory) {
   LaunchOptions options;
   options.ps_data_dir = "/state";
@@ -691,6 +715,24 @@ TEST_F(LaunchTest, BadKillOrRankArgExitsTwoWithOneLine) {
     auto launcher = Launch(args, {});
     EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), 2) << extra[1];
     EXPECT_EQ(ReadLines(root_ + "/stderr").size(), 1u) << extra[1] << ": " << launcher->err();
+  }
+}
+
+TEST_F(LaunchTest, BadAddressesExitTwoBeforeStartingAnything) {
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--host", "999.1.1.1"},
+       "parasync-launch: --host must be a host name or IPv4 address (four octets 0-255), got "
+       "'999.1.1.1'\n"},
+  };
+  for (const auto& [extra, line] : cases) {
+    std::vector<std::string> args = BaseArgs();
+    args.insert(args.end(), extra.begin(), extra.end());
+    // Fakes that would run until stopped: a launch that starts them cannot end in time.
+    auto launcher = Launch(args, {{"FAKE_DEFAULT", "hang"}});
+    EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitUsage) << extra[1];
+    EXPECT_EQ(launcher->err(), line);
+    EXPECT_TRUE(RecordedPids().empty()) << extra[1] << ": processes were started";
+    EXPECT_FALSE(std::filesystem::exists(log_dir_)) << extra[1];
   }
 }
 
