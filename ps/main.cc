@@ -121,7 +121,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--data-dir", data_dir,
                  "Keep this shard in a RocksDB store here and restore it at start (empty: "
-                 "memory only). A directory holding anything else is refused, never overwritten");
+                 "memory only). A directory holding anything else is refused, never "
+                 "overwritten, and so is a store registered in another --mode");
   app.add_option("--durability", durability,
                  "periodic: snapshots every --checkpoint-every seconds / versions (a crash loses "
                  "at most that much); every-update: each applied update is on disk (WAL synced) "
@@ -243,10 +244,6 @@ int main(int argc, char** argv) {
 
   const int shard = spec->task_index;
   PsMetrics metrics(shard, num_workers);
-  auto metrics_server = MetricsServer::Start(*metrics_ip, metrics_port, metrics.registry);
-  if (!metrics_server.ok()) return Fail(metrics_server.status().message());
-  const int bound_metrics_port = (*metrics_server)->port();
-  MetricsServer::KeepUntilExit(std::move(metrics_server).value());
 
   ServerOptions options;
   options.endpoint = *endpoint;
@@ -284,6 +281,13 @@ int main(int argc, char** argv) {
       return Fail("cannot restore from " + data_dir + ": " + loaded.status().message(),
                   kExitBadUsage);
     }
+    // A store of another mode would refuse every worker's Register: say so now.
+    if (restored) {
+      if (Status s = CheckStoredMode(restored->registration.mode, *training_mode, data_dir);
+          !s.ok()) {
+        return Fail(s.message(), kExitBadUsage);
+      }
+    }
     restore_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     options.store = store.get();
@@ -297,6 +301,12 @@ int main(int argc, char** argv) {
                    "--checkpoint-every-versions N keeps them aligned");
     }
   }
+  // After the store is found to fit: a server refused at startup binds nothing.
+  auto metrics_server = MetricsServer::Start(*metrics_ip, metrics_port, metrics.registry);
+  if (!metrics_server.ok()) return Fail(metrics_server.status().message());
+  const int bound_metrics_port = (*metrics_server)->port();
+  MetricsServer::KeepUntilExit(std::move(metrics_server).value());
+
   zmq::context_t context(1);
   // Bound before the server socket, so no connection is ever admitted without it; destroyed
   // (declared after the context) before the context.

@@ -303,6 +303,40 @@ std::pair<int, std::vector<std::string>> RunRefused(const std::vector<std::strin
   return {status ? ExitCode(*status) : -1, testing::ReadLines(log)};
 }
 
+TEST(PsStartupTest, StoreRegisteredInAnotherModeIsRefusedWithExitTwoAndOneLine) {
+  TempDir dir;
+  const std::string data = dir.path() + "/data";
+  auto ports = testing::FreePorts(3);
+  const std::string address = "127.0.0.1:" + std::to_string(ports[0]);
+  auto ps = [&](const std::string& mode) {
+    return std::vector<std::string>{testing::BinDir() + "/parasync-ps", "--ps-hosts", address,
+                                    "--worker-hosts", "127.0.0.1:" + std::to_string(ports[1]),
+                                    "--task-index", "0", "--mode", mode, "--data-dir", data,
+                                    "--durability", "every-update", "--metrics-port",
+                                    std::to_string(ports[2])};
+  };
+  {
+    // A sync store: registered by a sync worker, stopped cleanly.
+    Child sync = Child::Start(ps("sync"), dir.path() + "/sync.log");
+    zmq::context_t ctx(1);
+    auto client = Connect(ctx, {address});
+    ModelRegistration reg = SmallModel(1);
+    reg.mode = "sync";
+    ASSERT_TRUE(client->Register(reg, 10s).ok()) << testing::ReadFile(dir.path() + "/sync.log");
+    client.reset();
+    sync.Signal(SIGTERM);
+    auto s = sync.Wait(20s);
+    ASSERT_TRUE(s.has_value() && ExitCode(*s) == 0) << testing::ReadFile(dir.path() + "/sync.log");
+  }
+  const auto [code, lines] = RunRefused(ps("async"), dir);
+  EXPECT_EQ(code, 2) << ::testing::PrintToString(lines);
+  ASSERT_EQ(lines.size(), 1u) << ::testing::PrintToString(lines);
+  EXPECT_EQ(lines[0], "parasync-ps: --data-dir " + data +
+                          " holds a model registered in mode sync, but this server runs --mode "
+                          "async: start it with --mode sync, or give a new --data-dir");
+  EXPECT_EQ(testing::HttpGet(ports[2], "/metrics"), "") << "the refused server served metrics";
+}
+
 TEST(PsStartupTest, AddressFlagsAreCheckedAsAddressesWithExitTwoAndOneLine) {
   TempDir dir;
   auto ports = testing::FreePorts(3);
