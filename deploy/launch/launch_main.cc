@@ -197,7 +197,8 @@ int main(int argc, char** argv) {
 
   CLI::App& modes = *app.add_option_group("Modes", "Passed to parameter servers only when given");
   AddOptional(modes, "--replicas-to-aggregate", "R", options.replicas_to_aggregate,
-              "sync: gradients per step (fewer than --workers makes backup workers)",
+              "sync: gradients per step, at most --workers (fewer makes backup workers); "
+              "checked, like every count and rank, before anything starts",
               IntegerValidator(true));
   AddOptional(modes, "--worker-timeout", "S", options.worker_timeout,
               "Seconds of silence before a worker is declared dead", NumberValidator(true));

@@ -178,6 +178,27 @@ Status ValidateOptions(const LaunchOptions& options) {
     return Status::InvalidArgument("--host must be a host name or IPv4 address (four octets "
                                    "0-255), got '" + options.host + "'");
   }
+  if (options.replicas_to_aggregate) {
+    // Checked here, before anything starts: every PS would refuse it after the launch.
+    int replicas = 0;
+    const std::string& text = *options.replicas_to_aggregate;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), replicas);
+    if (ec != std::errc() || end != text.data() + text.size() || replicas < 1) {
+      return Status::InvalidArgument("--replicas-to-aggregate must be a positive integer, got '" +
+                                     text + "'");
+    }
+    const auto mode = TrainingMode::Parse(options.mode);
+    if (mode.ok() && mode->kind != TrainingMode::Kind::kSync) {
+      return Status::InvalidArgument("--replicas-to-aggregate applies to --mode sync only, not "
+                                     "--mode " + options.mode);
+    }
+    if (replicas > options.num_workers) {
+      return Status::InvalidArgument(
+          "--replicas-to-aggregate " + text + " is more than the " +
+          std::to_string(options.num_workers) +
+          " workers (it may be at most --workers; fewer makes the rest backup workers)");
+    }
+  }
   for (const auto& [rank, arg] : options.rank_args) {
     if (rank < 0 || rank >= options.num_workers) {
       return Status::InvalidArgument("--rank-arg names worker " + std::to_string(rank) +

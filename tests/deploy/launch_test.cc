@@ -381,14 +381,33 @@ TEST(LaunchPlanTest, ModeSettingsGoToTheParameterServersOnly) {
   LaunchOptions options;
   options.mode = "sync";
   options.num_ps = 1;
-  options.num_workers = 1;
+  options.num_workers = 3;
   options.replicas_to_aggregate = "3";
   options.worker_timeout = "2.5";
-  const Result<LaunchPlan> plan = BuildPlan(options, "/b", "/l", {5000, 6000, 7000, 7001});
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {5000, 6000, 6001, 6002, 7000, 7001, 7002, 7003});
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_THAT(plan->processes[0].argv,
               ::testing::IsSupersetOf({"--replicas-to-aggregate", "3", "--worker-timeout", "2.5"}));
   EXPECT_THAT(plan->processes[1].argv, ::testing::Not(::testing::Contains("--worker-timeout")));
+}
+
+TEST(LaunchPlanTest, ReplicasToAggregateMustFitTheWorkersAndSyncMode) {
+  LaunchOptions options;
+  options.mode = "sync";
+  options.num_workers = 2;
+  options.replicas_to_aggregate = "2";
+  EXPECT_TRUE(ValidateOptions(options).ok());
+  options.replicas_to_aggregate = "3";
+  Status s = ValidateOptions(options);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "--replicas-to-aggregate 3 is more than the 2 workers (it may be at "
+                         "most --workers; fewer makes the rest backup workers)");
+  options.replicas_to_aggregate = "1";
+  options.mode = "async";
+  s = ValidateOptions(options);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("applies to --mode sync only"));
 }
 
 TEST(LaunchPlanTest, HostMustBeAnAddressOrAName) {
@@ -718,8 +737,11 @@ TEST_F(LaunchTest, BadKillOrRankArgExitsTwoWithOneLine) {
   }
 }
 
-TEST_F(LaunchTest, BadAddressesExitTwoBeforeStartingAnything) {
+TEST_F(LaunchTest, ImpossibleCountsAndBadAddressesExitTwoBeforeStartingAnything) {
   const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--mode", "sync", "--workers", "2", "--replicas-to-aggregate", "3"},
+       "parasync-launch: --replicas-to-aggregate 3 is more than the 2 workers (it may be at "
+       "most --workers; fewer makes the rest backup workers)\n"},
       {{"--host", "999.1.1.1"},
        "parasync-launch: --host must be a host name or IPv4 address (four octets 0-255), got "
        "'999.1.1.1'\n"},
