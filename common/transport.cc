@@ -49,6 +49,20 @@ void ApplyOptions(zmq::socket_t& s, const SocketOptions& o) {
   }
 }
 
+// Makes `s` report `events` to a fresh inproc PAIR, and returns the connected other end
+// (before `s` binds or connects, so that no event is missed); null when libzmq refuses.
+std::unique_ptr<zmq::socket_t> AttachMonitor(zmq::context_t& context, zmq::socket_t& s,
+                                             int events) {
+  static std::atomic<uint64_t> next_monitor{0};
+  const std::string monitor_endpoint =
+      "inproc://parasync-handshake-" + std::to_string(next_monitor++);
+  if (zmq_socket_monitor(s.handle(), monitor_endpoint.c_str(), events) != 0) return nullptr;
+  auto monitor = std::make_unique<zmq::socket_t>(context, zmq::socket_type::pair);
+  monitor->set(zmq::sockopt::linger, 0);
+  monitor->connect(monitor_endpoint);
+  return monitor;
+}
+
 }  // namespace
 
 std::string ToEndpoint(const std::string& address) {
@@ -78,10 +92,23 @@ Result<std::unique_ptr<Socket>> Socket::Bind(zmq::context_t& context, const std:
   try {
     zmq::socket_t s(context, zmq::socket_type::router);
     ApplyOptions(s, options);
+    // A CURVE server reports every handshake (and the connections around them, for the
+    // peer's address) to whoever takes TakeHandshakeMonitor(): refusals before or without
+    // the ZAP handler are seen only there.
+    std::unique_ptr<zmq::socket_t> monitor;
+    if (!options.curve_server_secret_key.empty()) {
+      monitor = AttachMonitor(context, s,
+                              ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED |
+                                  ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                  ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                  ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
+    }
     // A ROUTER silently drops replies to vanished peers unless told otherwise; we want that:
     // a worker that died must not block the server.
     s.bind(endpoint);
     std::unique_ptr<Socket> socket(new Socket(std::move(s)));
+    socket->monitor_ = std::move(monitor);
     socket->kind_ = Kind::kServer;
     socket->max_frames_ = options.max_frames;
     return socket;
@@ -100,17 +127,10 @@ Result<std::unique_ptr<Socket>> Socket::Connect(zmq::context_t& context,
     // rather than a server that never answers (set up before connecting: no event missed).
     std::unique_ptr<zmq::socket_t> monitor;
     if (!options.curve_server_public_key.empty()) {
-      static std::atomic<uint64_t> next_monitor{0};
-      const std::string monitor_endpoint =
-          "inproc://parasync-handshake-" + std::to_string(next_monitor++);
-      if (zmq_socket_monitor(s.handle(), monitor_endpoint.c_str(),
-                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                                 ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0) {
-        monitor = std::make_unique<zmq::socket_t>(context, zmq::socket_type::pair);
-        monitor->set(zmq::sockopt::linger, 0);
-        monitor->connect(monitor_endpoint);
-      }
+      monitor = AttachMonitor(context, s,
+                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                  ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
     }
     s.connect(endpoint);
     std::unique_ptr<Socket> socket(new Socket(std::move(s)));

@@ -1,6 +1,7 @@
 // parasync-ps: one parameter-server shard. See --help.
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -25,6 +26,42 @@ namespace {
 
 int Fail(const std::string& line, int code = 1) {
   return parasync::PrintErrorLine("parasync-ps", line, code);
+}
+
+// Counts one refused CURVE peer and logs it (rate-limited: RefusalLogSuppressedBefore).
+// Called from the ZAP handler's thread and the refusal watcher's.
+void CountRefusal(parasync::PsMetrics* metrics, std::atomic<uint64_t>* refusals,
+                  parasync::CurveRefusal reason, const std::string& peer,
+                  const std::string& detail) {
+  using parasync::CurveRefusal;
+  metrics->auth_refused[static_cast<size_t>(reason)]->Increment();
+  const uint64_t n = ++*refusals;
+  const auto suppressed = parasync::RefusalLogSuppressedBefore(n);
+  if (!suppressed) return;
+  const char* why = "";
+  switch (reason) {
+    case CurveRefusal::kPlainTextClient:
+      why = "the client does not speak CURVE (no --curve-key)";
+      break;
+    case CurveRefusal::kBadKeyOrSecret:
+      why = "the client's secret key does not match its public key, or it used another "
+            "server public key (--curve-server-key)";
+      break;
+    case CurveRefusal::kNotAllowed:
+      why = "its public key is not in --curve-allow";
+      break;
+    case CurveRefusal::kOther:
+      why = "the CURVE handshake failed";
+      break;
+  }
+  spdlog::warn("CURVE connection refused ({}) from {}: {}{}{}",
+               parasync::CurveRefusalName(reason),
+               peer.empty() ? std::string("an unknown peer") : peer, why,
+               detail.empty() ? std::string() : " (" + detail + ")",
+               *suppressed > 0 ? " [" + std::to_string(*suppressed) +
+                                     " refusals not logged since the last line; all counted in "
+                                     "parasync_ps_auth_refused_total]"
+                               : std::string());
 }
 
 }  // namespace
@@ -145,7 +182,8 @@ int main(int argc, char** argv) {
   std::string curve_allow;
   app.add_option("--curve-key", curve_key_file,
                  "CURVE: this server's key pair file (parasync-keygen); with it every "
-                 "connection is encrypted and only --curve-allow keys are admitted")
+                 "connection is encrypted and only --curve-allow keys are admitted (every "
+                 "refused one is logged and counted in parasync_ps_auth_refused_total{reason})")
       ->group("Security");
   app.add_option("--curve-allow", curve_allow,
                  "CURVE: the public keys admitted, a directory of .pub files or a file of keys "
@@ -311,17 +349,18 @@ int main(int argc, char** argv) {
   // Bound before the server socket, so no connection is ever admitted without it; destroyed
   // (declared after the context) before the context.
   std::unique_ptr<ZapAuthenticator> authenticator;
+  std::atomic<uint64_t> refusals{0};  // every refused CURVE peer, for the log's rate limit
   if (curve_key) {
     options.curve_secret_key = curve_key->secret_key;
     PsMetrics* m = &metrics;
+    std::atomic<uint64_t>* n = &refusals;
     auto started = ZapAuthenticator::Start(
-        context, curve_allowed, [m](bool accepted, const std::string& reason) {
-          if (accepted) {
+        context, curve_allowed,
+        [m, n](std::optional<CurveRefusal> refusal, const std::string& peer) {
+          if (!refusal) {
             m->auth_accepted->Increment();
           } else {
-            (reason == "unknown_key" ? m->auth_refused_unknown_key : m->auth_refused_not_curve)
-                ->Increment();
-            spdlog::warn("connection refused by the CURVE allow-list: {}", reason);
+            CountRefusal(m, n, *refusal, peer, "");
           }
         });
     if (!started.ok()) return Fail(started.status().message());
@@ -330,6 +369,23 @@ int main(int argc, char** argv) {
   }
   auto server = Server::Create(context, options, &metrics);
   if (!server.ok()) return Fail(server.status().message());
+  // Refusals inside the CURVE handshake (a plain-text client, a key pair that does not
+  // match) never reach the ZAP handler: libzmq reports them only as monitor events. They
+  // are read on a thread of their own rather than in the server loop, so that they are
+  // drained (the monitor queue drops what overflows) even while the loop is busy applying a
+  // large gradient, and the loop's code stays as it is. Destroyed before the server.
+  std::unique_ptr<CurveRefusalWatcher> refusal_watcher;
+  if (curve_key) {
+    PsMetrics* m = &metrics;
+    std::atomic<uint64_t>* n = &refusals;
+    auto watching = CurveRefusalWatcher::Start(
+        (*server)->TakeHandshakeMonitor(),
+        [m, n](CurveRefusal reason, const std::string& peer, const std::string& detail) {
+          CountRefusal(m, n, reason, peer, detail);
+        });
+    if (!watching.ok()) return Fail(watching.status().message());
+    refusal_watcher = std::move(watching).value();
+  }
   if (restored) {
     if (Status s = (*server)->Restore(*restored); !s.ok()) {
       return Fail("cannot restore from " + data_dir + ": " + s.message(), kExitBadUsage);

@@ -12,6 +12,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "common/curve.h"
 #include "common/wire.h"
 #include "ps/shard.h"
 
@@ -47,10 +48,10 @@ struct PsMetrics {
   prometheus::Histogram* checkpoint_seconds = nullptr;
   prometheus::Gauge* last_checkpoint_time = nullptr;  // unix seconds of the last snapshot
   prometheus::Counter* checkpoint_failures = nullptr;
-  // CURVE connections the ZAP handler admitted / refused ("unknown_key", "not_curve").
+  // CURVE connections the ZAP handler admitted, and every refused one by reason (indexed by
+  // CurveRefusal: refused in the handshake, or by the ZAP handler).
   prometheus::Counter* auth_accepted = nullptr;
-  prometheus::Counter* auth_refused_unknown_key = nullptr;
-  prometheus::Counter* auth_refused_not_curve = nullptr;
+  std::array<prometheus::Counter*, kNumCurveRefusals> auth_refused{};
 };
 
 }  // namespace parasync
