@@ -1,9 +1,10 @@
 #include "common/cluster_spec.h"
 
-#include <charconv>
 #include <cstdlib>
 
 #include <nlohmann/json.hpp>
+
+#include "common/address.h"
 
 namespace parasync {
 
@@ -75,22 +76,6 @@ Result<ClusterSpec> ParseTfConfig(const std::string& text) {
   return spec;
 }
 
-namespace {
-Status CheckAddress(const std::string& role, const std::string& address) {
-  const auto colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return Status::InvalidArgument(role + " address '" + address + "' is not host:port");
-  }
-  int port = 0;
-  const char* begin = address.data() + colon + 1;
-  const char* end = address.data() + address.size();
-  auto [ptr, ec] = std::from_chars(begin, end, port);
-  if (ec != std::errc() || ptr != end || port < 1 || port > 65535) {
-    return Status::InvalidArgument(role + " address '" + address + "' has no valid port");
-  }
-  return Status::Ok();
-}
-}  // namespace
 
 Result<ClusterSpec> ResolveClusterSpec(const ClusterFlags& flags,
                                        const std::optional<std::string>& tf_config,
@@ -116,8 +101,13 @@ Result<ClusterSpec> ResolveClusterSpec(const ClusterFlags& flags,
   if (spec.workers.empty()) {
     return Status::InvalidArgument("no workers: give --worker-hosts or TF_CONFIG cluster.worker");
   }
-  for (const auto& a : spec.ps) PARASYNC_RETURN_IF_ERROR(CheckAddress("ps", a));
-  for (const auto& a : spec.workers) PARASYNC_RETURN_IF_ERROR(CheckAddress("worker", a));
+  // Every address as an address (common/address.h), and none twice: two shards on one
+  // address would be one server holding two shards' slices.
+  const std::string ps_source = flags.ps_hosts ? "--ps-hosts" : "TF_CONFIG cluster.ps";
+  const std::string worker_source =
+      flags.worker_hosts ? "--worker-hosts" : "TF_CONFIG cluster.worker";
+  PARASYNC_RETURN_IF_ERROR(CheckDistinctAddresses(spec.ps, ps_source));
+  PARASYNC_RETURN_IF_ERROR(CheckDistinctAddresses(spec.workers, worker_source));
   const size_t n = task_type == "ps" ? spec.ps.size() : spec.workers.size();
   if (spec.task_index < 0 || static_cast<size_t>(spec.task_index) >= n) {
     return Status::InvalidArgument("task index " + std::to_string(spec.task_index) +

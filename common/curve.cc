@@ -1,11 +1,17 @@
 #include "common/curve.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <array>
 #include <filesystem>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -149,6 +155,161 @@ Result<std::optional<CurveClientKeys>> LoadCurveClientKeys(const std::string& ke
   return std::optional<CurveClientKeys>(std::move(keys));
 }
 
+const char* CurveRefusalName(CurveRefusal refusal) {
+  switch (refusal) {
+    case CurveRefusal::kPlainTextClient:
+      return "plain_text_client";
+    case CurveRefusal::kBadKeyOrSecret:
+      return "bad_key_or_secret";
+    case CurveRefusal::kNotAllowed:
+      return "not_allowed";
+    case CurveRefusal::kOther:
+      break;
+  }
+  return "other";
+}
+
+std::optional<CurveRefusal> ClassifyServerHandshakeEvent(uint16_t event, uint32_t value) {
+  switch (event) {
+    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+      if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+        return CurveRefusal::kPlainTextClient;
+      }
+      // A HELLO sealed for another server key, or a vouch sealed with a secret key that is
+      // not the client's: the box does not open.
+      if (value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC) return CurveRefusal::kBadKeyOrSecret;
+      return CurveRefusal::kOther;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+      // 400 is our ZAP handler's denial, counted where it is decided; other codes (300, 500)
+      // come from no decision of ours.
+      if (value == 400) return std::nullopt;
+      return CurveRefusal::kOther;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+      return CurveRefusal::kOther;
+    default:
+      return std::nullopt;
+  }
+}
+
+std::string DescribeServerHandshakeEvent(uint16_t event, uint32_t value) {
+  char code[16];
+  std::snprintf(code, sizeof(code), "0x%08x", value);
+  switch (event) {
+    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+      return std::string("ZMTP protocol error ") + code;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+      return std::string("connection lost in the handshake: ") +
+             std::strerror(static_cast<int>(value));
+    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+      return "ZAP status " + std::to_string(value);
+    default:
+      return "monitor event " + std::to_string(event) + ", value " + code;
+  }
+}
+
+std::optional<uint64_t> RefusalLogSuppressedBefore(uint64_t n) {
+  constexpr uint64_t kFirst = 20;
+  constexpr uint64_t kEvery = 1000;
+  if (n <= kFirst) return uint64_t{0};
+  if (n % kEvery != 0) return std::nullopt;
+  const uint64_t previous = std::max(kFirst, n - kEvery);
+  return n - previous - 1;
+}
+
+Result<std::unique_ptr<CurveRefusalWatcher>> CurveRefusalWatcher::Start(
+    std::unique_ptr<zmq::socket_t> monitor, Callback on_refusal) {
+  if (monitor == nullptr) return Status::InvalidArgument("no handshake monitor to watch");
+  return std::unique_ptr<CurveRefusalWatcher>(
+      new CurveRefusalWatcher(std::move(monitor), std::move(on_refusal)));
+}
+
+CurveRefusalWatcher::CurveRefusalWatcher(std::unique_ptr<zmq::socket_t> monitor,
+                                         Callback on_refusal)
+    : monitor_(std::move(monitor)), on_refusal_(std::move(on_refusal)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+CurveRefusalWatcher::~CurveRefusalWatcher() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+namespace {
+
+// "ip:port" of the peer of a connected TCP socket; "" when it is gone or not TCP.
+std::string PeerOf(int fd) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return "";
+  char ip[INET6_ADDRSTRLEN] = {};
+  if (address.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&address);
+    inet_ntop(AF_INET, &a->sin_addr, ip, sizeof(ip));
+    return std::string(ip) + ":" + std::to_string(ntohs(a->sin_port));
+  }
+  if (address.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&address);
+    inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof(ip));
+    return "[" + std::string(ip) + "]:" + std::to_string(ntohs(a->sin6_port));
+  }
+  return "";
+}
+
+}  // namespace
+
+void CurveRefusalWatcher::Loop() {
+  // Connections accepted and not yet through their handshake: fd -> peer. libzmq 4.3's
+  // handshake events carry no fd, so a result is pinned on a connection only when it is
+  // the one in flight; `unmatched` counts results pinned on none (their connections are
+  // still listed until their disconnect event).
+  std::map<int, std::string> in_flight;
+  size_t unmatched = 0;
+  while (!stop_.load()) {
+    zmq::message_t event;
+    zmq::message_t address;
+    try {
+      zmq::pollitem_t item{monitor_->handle(), 0, ZMQ_POLLIN, 0};
+      // The timeout only bounds how long stopping takes.
+      if (zmq::poll(&item, 1, std::chrono::milliseconds(100)) == 0) continue;
+      if (!monitor_->recv(event, zmq::recv_flags::dontwait)) continue;
+      if (event.more()) (void)monitor_->recv(address, zmq::recv_flags::none);
+    } catch (const zmq::error_t&) {
+      if (stop_.load()) break;
+      continue;
+    }
+    if (event.size() < 6) continue;
+    uint16_t id = 0;
+    uint32_t value = 0;
+    std::memcpy(&id, event.data(), sizeof(id));
+    std::memcpy(&value, static_cast<const char*>(event.data()) + 2, sizeof(value));
+    if (id == ZMQ_EVENT_MONITOR_STOPPED) break;
+    const int fd = static_cast<int>(value);
+    if (id == ZMQ_EVENT_ACCEPTED) {
+      // Read at once: the fd is still this connection's unless it failed already.
+      in_flight[fd] = PeerOf(fd);
+      continue;
+    }
+    if (id == ZMQ_EVENT_DISCONNECTED) {
+      // A connection still listed had its result among the unmatched ones.
+      if (in_flight.erase(fd) > 0 && unmatched > 0) --unmatched;
+      continue;
+    }
+    std::string peer;
+    if (in_flight.size() == 1 && unmatched == 0) {
+      peer = in_flight.begin()->second;
+      in_flight.clear();
+    } else if (++unmatched >= in_flight.size()) {
+      // Every listed connection has its result: none is in flight any more.
+      in_flight.clear();
+      unmatched = 0;
+    }
+    if (const auto refusal = ClassifyServerHandshakeEvent(id, value); refusal && on_refusal_) {
+      on_refusal_(*refusal, peer, DescribeServerHandshakeEvent(id, value));
+    }
+  }
+  monitor_->close();
+}
+
 Result<std::unique_ptr<ZapAuthenticator>> ZapAuthenticator::Start(
     zmq::context_t& context, const std::vector<std::string>& allowed, Callback on_decision) {
   std::set<std::string> binary;
@@ -195,12 +356,13 @@ void ZapAuthenticator::Loop() {
       }
       // version, request id, domain, address, routing id, mechanism, credentials...
       std::string status = "400";
-      std::string reason = "not_curve";
+      std::optional<CurveRefusal> refusal = CurveRefusal::kOther;
       if (request.size() >= 7 && request[5].to_string() == "CURVE" && request[6].size() == 32) {
         const bool known = allowed_.count(request[6].to_string()) > 0;
         status = known ? "200" : "400";
-        reason = known ? "ok" : "unknown_key";
+        refusal = known ? std::nullopt : std::optional<CurveRefusal>(CurveRefusal::kNotAllowed);
       }
+      const std::string peer = request.size() > 3 ? request[3].to_string() : "";
       const std::string request_id = request.size() > 1 ? request[1].to_string() : "";
       const std::string texts[] = {"1.0", request_id, status,
                                    status == "200" ? "OK" : "not allowed", "", ""};
@@ -208,7 +370,7 @@ void ZapAuthenticator::Loop() {
         zmq::message_t frame(texts[i].data(), texts[i].size());
         socket_.send(frame, i + 1 < 6 ? zmq::send_flags::sndmore : zmq::send_flags::none);
       }
-      if (on_decision_) on_decision_(status == "200", reason);
+      if (on_decision_) on_decision_(refusal, peer);
     } catch (const zmq::error_t&) {
       if (stop_.load()) break;  // context terminating
     }

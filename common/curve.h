@@ -13,6 +13,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -64,15 +65,73 @@ Result<std::optional<CurveClientKeys>> LoadCurveClientKeys(const std::string& ke
                                                            const std::string& server_key_file,
                                                            size_t num_shards);
 
+// Why a CURVE server refused a peer. Each refused connection has exactly one reason, found
+// either by the ZAP handler (kNotAllowed) or in the handshake before it (the rest).
+enum class CurveRefusal {
+  kPlainTextClient,  // the peer spoke another mechanism (no --curve-key): ZMTP mechanism mismatch
+  kBadKeyOrSecret,   // a CURVE box did not open: the client's secret key does not match its
+                     // public key, or it used another server public key
+  kNotAllowed,       // the ZAP handler denied the client's public key (not on --curve-allow)
+  kOther,            // any other handshake failure (malformed traffic, a cut connection)
+};
+inline constexpr int kNumCurveRefusals = 4;
+
+// "plain_text_client", "bad_key_or_secret", "not_allowed", "other": the metric label values.
+const char* CurveRefusalName(CurveRefusal refusal);
+
+// What one libzmq monitor event of a CURVE server socket (ZMQ_EVENT_*, and its value: the
+// ZMQ_PROTOCOL_ERROR_* code or ZAP status code) says: a refusal and its reason, or nullopt
+// for events that are no refusal or whose refusal the ZAP handler reports itself (a
+// ZMQ_EVENT_HANDSHAKE_FAILED_AUTH with status 400 is the ZapAuthenticator's own denial).
+std::optional<CurveRefusal> ClassifyServerHandshakeEvent(uint16_t event, uint32_t value);
+
+// Rate limit for the log line of the `n`th refusal (counted from 1): the first 20 are
+// logged, then every 1000th. Returns nullopt when the line is suppressed, else how many
+// lines were suppressed since the previous logged one.
+std::optional<uint64_t> RefusalLogSuppressedBefore(uint64_t n);
+
+// What a monitor event says, for a log line: "ZMTP protocol error 0x11000002", "connection
+// lost in the handshake: Connection reset by peer", "ZAP status 500".
+std::string DescribeServerHandshakeEvent(uint16_t event, uint32_t value);
+
+// Reads a CURVE server socket's handshake monitor (Socket::TakeHandshakeMonitor) on a
+// thread of its own and calls on_refusal(reason, peer, detail) from that thread for every
+// refusal ClassifyServerHandshakeEvent reports (detail: DescribeServerHandshakeEvent). `peer` is "ip:port" when libzmq's events tell which
+// connection failed (libzmq 4.3's stable monitor events do not name the peer: it is known
+// from the accepted connection's socket when only one handshake was in flight), else "".
+// Destroy it before the context.
+class CurveRefusalWatcher {
+ public:
+  using Callback = std::function<void(CurveRefusal reason, const std::string& peer,
+                                      const std::string& detail)>;
+  // InvalidArgument for a null monitor.
+  static Result<std::unique_ptr<CurveRefusalWatcher>> Start(
+      std::unique_ptr<zmq::socket_t> monitor, Callback on_refusal);
+  ~CurveRefusalWatcher();
+  CurveRefusalWatcher(const CurveRefusalWatcher&) = delete;
+  CurveRefusalWatcher& operator=(const CurveRefusalWatcher&) = delete;
+
+ private:
+  CurveRefusalWatcher(std::unique_ptr<zmq::socket_t> monitor, Callback on_refusal);
+  void Loop();
+
+  std::unique_ptr<zmq::socket_t> monitor_;  // used by thread_ only
+  Callback on_refusal_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 // Answers ZAP requests (RFC 27) for every CURVE server socket of one context: 200 for a
 // CURVE client whose public key is allowed, 400 for anyone else. Start it before binding
 // any such socket (libzmq admits everyone while no handler is bound) and destroy it before
 // the context.
 class ZapAuthenticator {
  public:
-  // on_decision(accepted, reason) is called from the handler's thread for every request;
-  // reason is "ok", "unknown_key" or "not_curve".
-  using Callback = std::function<void(bool accepted, const std::string& reason)>;
+  // on_decision(refusal, peer) is called from the handler's thread for every request:
+  // refusal is nullopt for an admitted client, kNotAllowed for a key not allowed (kOther
+  // for a request that is not CURVE); peer is the client's IP address as ZAP gives it.
+  using Callback =
+      std::function<void(std::optional<CurveRefusal> refusal, const std::string& peer)>;
   static Result<std::unique_ptr<ZapAuthenticator>> Start(zmq::context_t& context,
                                                          const std::vector<std::string>& allowed,
                                                          Callback on_decision);

@@ -26,7 +26,8 @@ inline constexpr int kMetricsReadTimeoutMs = 2000;
 class MetricsServer {
  public:
   // Serves `registry` at http://bind:port/metrics; port 0 picks a free port (see port()).
-  // Returns Unavailable when the address cannot be bound.
+  // `bind` is checked and resolved by ResolveBindHost (common/address.h): InvalidArgument
+  // for an address it refuses. Returns Unavailable when the address cannot be bound.
   static Result<std::unique_ptr<MetricsServer>> Start(const std::string& bind, int port,
                                                       std::shared_ptr<prometheus::Registry> registry);
   ~MetricsServer();

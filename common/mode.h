@@ -20,4 +20,10 @@ struct TrainingMode {
   bool operator==(const TrainingMode&) const = default;
 };
 
+// OK when `stored_mode`, the mode recorded with the registration in a data directory, is
+// `mode`; else InvalidArgument, one line naming both modes and `data_dir` (a server of
+// another mode would refuse every worker's Register).
+Status CheckStoredMode(const std::string& stored_mode, const TrainingMode& mode,
+                       const std::string& data_dir);
+
 }  // namespace parasync

@@ -1,5 +1,7 @@
 #include "common/transport.h"
 
+#include "common/address.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -47,6 +49,20 @@ void ApplyOptions(zmq::socket_t& s, const SocketOptions& o) {
   }
 }
 
+// Makes `s` report `events` to a fresh inproc PAIR, and returns the connected other end
+// (before `s` binds or connects, so that no event is missed); null when libzmq refuses.
+std::unique_ptr<zmq::socket_t> AttachMonitor(zmq::context_t& context, zmq::socket_t& s,
+                                             int events) {
+  static std::atomic<uint64_t> next_monitor{0};
+  const std::string monitor_endpoint =
+      "inproc://parasync-handshake-" + std::to_string(next_monitor++);
+  if (zmq_socket_monitor(s.handle(), monitor_endpoint.c_str(), events) != 0) return nullptr;
+  auto monitor = std::make_unique<zmq::socket_t>(context, zmq::socket_type::pair);
+  monitor->set(zmq::sockopt::linger, 0);
+  monitor->connect(monitor_endpoint);
+  return monitor;
+}
+
 }  // namespace
 
 std::string ToEndpoint(const std::string& address) {
@@ -59,33 +75,12 @@ std::string ToEndpoint(const std::string& address) {
 
 Result<std::string> ToBindEndpoint(const std::string& address) {
   if (address.find("://") != std::string::npos) return address;
-  const auto colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return Status::InvalidArgument("address '" + address + "' is not host:port");
-  }
-  std::string host = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  unsigned char buf[sizeof(in6_addr)];
-  if (host == "*" || inet_pton(AF_INET, host.c_str(), buf) == 1 ||
-      inet_pton(AF_INET6, host.c_str(), buf) == 1) {
-    return "tcp://" + address;
-  }
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
-  if (rc != 0 || found == nullptr) {
-    return Status::InvalidArgument("cannot resolve host '" + host + "' to bind: " +
-                                   gai_strerror(rc) + " (use --bind IP:PORT)");
-  }
-  char ip[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, ip, sizeof(ip));
-  freeaddrinfo(found);
-  return "tcp://" + std::string(ip) + ":" + port;
+  // One parser for every address flag (common/address.h): no address is read loosely.
+  PARASYNC_ASSIGN_OR_RETURN(HostPort parsed,
+                            ParseHostPort(address, "bind address", PortRule::kZeroAllowed));
+  PARASYNC_ASSIGN_OR_RETURN(std::string ip, ResolveBindHost(parsed.host, "bind address"));
+  if (ip.find(':') != std::string::npos) ip = "[" + ip + "]";
+  return "tcp://" + ip + ":" + std::to_string(parsed.port);
 }
 
 bool IsLoopbackAddress(const std::string& ip) {
@@ -97,10 +92,23 @@ Result<std::unique_ptr<Socket>> Socket::Bind(zmq::context_t& context, const std:
   try {
     zmq::socket_t s(context, zmq::socket_type::router);
     ApplyOptions(s, options);
+    // A CURVE server reports every handshake (and the connections around them, for the
+    // peer's address) to whoever takes TakeHandshakeMonitor(): refusals before or without
+    // the ZAP handler are seen only there.
+    std::unique_ptr<zmq::socket_t> monitor;
+    if (!options.curve_server_secret_key.empty()) {
+      monitor = AttachMonitor(context, s,
+                              ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED |
+                                  ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                  ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                  ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
+    }
     // A ROUTER silently drops replies to vanished peers unless told otherwise; we want that:
     // a worker that died must not block the server.
     s.bind(endpoint);
     std::unique_ptr<Socket> socket(new Socket(std::move(s)));
+    socket->monitor_ = std::move(monitor);
     socket->kind_ = Kind::kServer;
     socket->max_frames_ = options.max_frames;
     socket->max_bytes_ = options.max_message_bytes > 0
@@ -121,17 +129,10 @@ Result<std::unique_ptr<Socket>> Socket::Connect(zmq::context_t& context,
     // rather than a server that never answers (set up before connecting: no event missed).
     std::unique_ptr<zmq::socket_t> monitor;
     if (!options.curve_server_public_key.empty()) {
-      static std::atomic<uint64_t> next_monitor{0};
-      const std::string monitor_endpoint =
-          "inproc://parasync-handshake-" + std::to_string(next_monitor++);
-      if (zmq_socket_monitor(s.handle(), monitor_endpoint.c_str(),
-                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                                 ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0) {
-        monitor = std::make_unique<zmq::socket_t>(context, zmq::socket_type::pair);
-        monitor->set(zmq::sockopt::linger, 0);
-        monitor->connect(monitor_endpoint);
-      }
+      monitor = AttachMonitor(context, s,
+                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                  ZMQ_EVENT_HANDSHAKE_SUCCEEDED);
     }
     s.connect(endpoint);
     std::unique_ptr<Socket> socket(new Socket(std::move(s)));

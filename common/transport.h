@@ -81,12 +81,21 @@ class Socket {
   // and always for sockets without CURVE. Never blocks.
   std::optional<std::string> HandshakeFailure();
 
+  // A CURVE server's handshake monitor: the other end of an inproc PAIR that gets libzmq's
+  // monitor events (ZMQ_EVENT_ACCEPTED, _DISCONNECTED, _HANDSHAKE_SUCCEEDED and
+  // _HANDSHAKE_FAILED_*) from before the bind on. The caller owns it, may use it from one
+  // other thread, and must close it before the context. Null for other sockets and on
+  // later calls.
+  std::unique_ptr<zmq::socket_t> TakeHandshakeMonitor() {
+    return kind_ == Kind::kServer ? std::move(monitor_) : nullptr;
+  }
+
   zmq::socket_t& raw() { return socket_; }
 
  private:
   explicit Socket(zmq::socket_t socket) : socket_(std::move(socket)) {}
   zmq::socket_t socket_;
-  std::unique_ptr<zmq::socket_t> monitor_;  // CURVE client: handshake events of socket_
+  std::unique_ptr<zmq::socket_t> monitor_;  // CURVE: handshake events of socket_
   std::optional<std::string> handshake_failure_;
   int failed_handshakes_ = 0;  // in a row, without the server's verdict
   static constexpr int kFailedHandshakesBeforeGivingUp = 10;
@@ -104,9 +113,10 @@ Result<std::vector<bool>> WaitReadable(std::span<Socket* const> sockets,
 // "inproc://" is returned as is.
 std::string ToEndpoint(const std::string& address);
 
-// The endpoint to bind for "host:port". ZeroMQ binds interfaces and IP addresses, not host
-// names, so a name is resolved to its first IPv4 address ("*" and IP literals are kept).
-// InvalidArgument for a malformed address or a name that does not resolve.
+// The endpoint to bind for "host:port" (port 0: a free one). ZeroMQ binds interfaces and IP
+// addresses, not host names, so a name is resolved to its first IPv4 address ("*" and IP
+// literals are kept). InvalidArgument for an address ParseHostPort refuses or a name that
+// does not resolve.
 Result<std::string> ToBindEndpoint(const std::string& address);
 
 // True for 127.0.0.0/8, ::1 and IPv4-mapped loopback.

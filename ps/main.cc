@@ -1,6 +1,7 @@
 // parasync-ps: one parameter-server shard. See --help.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -9,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/address.h"
 #include "common/cluster_spec.h"
 #include "common/curve.h"
 #include "common/metrics.h"
@@ -26,6 +28,42 @@ namespace {
 
 int Fail(const std::string& line, int code = 1) {
   return parasync::PrintErrorLine("parasync-ps", line, code);
+}
+
+// Counts one refused CURVE peer and logs it (rate-limited: RefusalLogSuppressedBefore).
+// Called from the ZAP handler's thread and the refusal watcher's.
+void CountRefusal(parasync::PsMetrics* metrics, std::atomic<uint64_t>* refusals,
+                  parasync::CurveRefusal reason, const std::string& peer,
+                  const std::string& detail) {
+  using parasync::CurveRefusal;
+  metrics->auth_refused[static_cast<size_t>(reason)]->Increment();
+  const uint64_t n = ++*refusals;
+  const auto suppressed = parasync::RefusalLogSuppressedBefore(n);
+  if (!suppressed) return;
+  const char* why = "";
+  switch (reason) {
+    case CurveRefusal::kPlainTextClient:
+      why = "the client does not speak CURVE (no --curve-key)";
+      break;
+    case CurveRefusal::kBadKeyOrSecret:
+      why = "the client's secret key does not match its public key, or it used another "
+            "server public key (--curve-server-key)";
+      break;
+    case CurveRefusal::kNotAllowed:
+      why = "its public key is not in --curve-allow";
+      break;
+    case CurveRefusal::kOther:
+      why = "the CURVE handshake failed";
+      break;
+  }
+  spdlog::warn("CURVE connection refused ({}) from {}: {}{}{}",
+               parasync::CurveRefusalName(reason),
+               peer.empty() ? std::string("an unknown peer") : peer, why,
+               detail.empty() ? std::string() : " (" + detail + ")",
+               *suppressed > 0 ? " [" + std::to_string(*suppressed) +
+                                     " refusals not logged since the last line; all counted in "
+                                     "parasync_ps_auth_refused_total]"
+                               : std::string());
 }
 
 }  // namespace
@@ -74,8 +112,11 @@ int main(int argc, char** argv) {
   bool allow_remote_shutdown = false;
   int64_t drop_push_reply_every = 0;
 
-  app.add_option("--ps-hosts", cluster.ps_hosts, "Comma-separated host:port of every PS shard");
-  app.add_option("--worker-hosts", cluster.worker_hosts, "Comma-separated host:port of every worker");
+  app.add_option("--ps-hosts", cluster.ps_hosts,
+                 "Comma-separated host:port of every PS shard (IP addresses or host names, "
+                 "ports 1-65535, each address once)");
+  app.add_option("--worker-hosts", cluster.worker_hosts,
+                 "Comma-separated host:port of every worker (as --ps-hosts)");
   app.add_option("--task-index", cluster.task_index, "This shard's index in --ps-hosts")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--mode", mode,
@@ -101,13 +142,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 86400.0));
   app.add_option("--bind", bind,
                  "Address to bind, host:port (default: this task's address in the cluster; "
-                 "use 0.0.0.0:PORT to listen on all interfaces)");
+                 "use 0.0.0.0:PORT to listen on all interfaces; a host name must resolve)");
   // The last of repeated metrics flags wins, so a user's --ps-arg/--worker-arg overrides
   // the launcher's.
   app.add_option("--metrics-port", metrics_port, "Port of /metrics; 0 picks a free one and logs it")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
       ->check(CLI::Range(0, 65535));
-  app.add_option("--metrics-bind", metrics_bind, "Address the metrics server listens on")
+  app.add_option("--metrics-bind", metrics_bind,
+                 "Address the metrics server listens on: an IP address (checked: four octets "
+                 "0-255), * or a host name that resolves")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--log-dir", log_dir, "Directory for the metrics snapshot written at exit");
   app.add_option("--log-level", log_level, "debug, info, warn or error");
@@ -130,7 +173,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--data-dir", data_dir,
                  "Keep this shard in a RocksDB store here and restore it at start (empty: "
-                 "memory only). A directory holding anything else is refused, never overwritten");
+                 "memory only). A directory holding anything else is refused, never "
+                 "overwritten, and so is a store registered in another --mode");
   app.add_option("--durability", durability,
                  "periodic: snapshots every --checkpoint-every seconds / versions (a crash loses "
                  "at most that much); every-update: each applied update is on disk (WAL synced) "
@@ -153,7 +197,8 @@ int main(int argc, char** argv) {
   std::string curve_allow;
   app.add_option("--curve-key", curve_key_file,
                  "CURVE: this server's key pair file (parasync-keygen); with it every "
-                 "connection is encrypted and only --curve-allow keys are admitted")
+                 "connection is encrypted and only --curve-allow keys are admitted (every "
+                 "refused one is logged and counted in parasync_ps_auth_refused_total{reason})")
       ->group("Security");
   app.add_option("--curve-allow", curve_allow,
                  "CURVE: the public keys admitted, a directory of .pub files or a file of keys "
@@ -175,6 +220,12 @@ int main(int argc, char** argv) {
 
   auto spec = ResolveClusterSpecFromEnvironment(cluster, "ps");
   if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
+  // Both addresses this process binds, checked (and names resolved) before anything starts.
+  auto endpoint =
+      ToBindEndpoint(bind.empty() ? spec->ps[static_cast<size_t>(spec->task_index)] : bind);
+  if (!endpoint.ok()) return Fail(endpoint.status().message(), kExitBadUsage);
+  auto metrics_ip = ResolveBindHost(metrics_bind, "--metrics-bind");
+  if (!metrics_ip.ok()) return Fail(metrics_ip.status().message(), kExitBadUsage);
   auto training_mode = TrainingMode::Parse(mode);
   if (!training_mode.ok()) return Fail(training_mode.status().message(), kExitBadUsage);
   const int num_workers = static_cast<int>(spec->workers.size());
@@ -246,14 +297,8 @@ int main(int argc, char** argv) {
 
   const int shard = spec->task_index;
   PsMetrics metrics(shard, num_workers);
-  auto metrics_server = MetricsServer::Start(metrics_bind, metrics_port, metrics.registry);
-  if (!metrics_server.ok()) return Fail(metrics_server.status().message());
-  const int bound_metrics_port = (*metrics_server)->port();
-  MetricsServer::KeepUntilExit(std::move(metrics_server).value());
 
   ServerOptions options;
-  auto endpoint = ToBindEndpoint(bind.empty() ? spec->ps[static_cast<size_t>(shard)] : bind);
-  if (!endpoint.ok()) return Fail(endpoint.status().message(), kExitBadUsage);
   options.endpoint = *endpoint;
   options.allow_remote_shutdown = allow_remote_shutdown;
   options.drop_push_reply_every = drop_push_reply_every;
@@ -296,6 +341,13 @@ int main(int argc, char** argv) {
       return Fail("cannot restore from " + data_dir + ": " + loaded.status().message(),
                   kExitBadUsage);
     }
+    // A store of another mode would refuse every worker's Register: say so now.
+    if (restored) {
+      if (Status s = CheckStoredMode(restored->registration.mode, *training_mode, data_dir);
+          !s.ok()) {
+        return Fail(s.message(), kExitBadUsage);
+      }
+    }
     restore_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     options.store = store.get();
@@ -309,21 +361,28 @@ int main(int argc, char** argv) {
                    "--checkpoint-every-versions N keeps them aligned");
     }
   }
+  // After the store is found to fit: a server refused at startup binds nothing.
+  auto metrics_server = MetricsServer::Start(*metrics_ip, metrics_port, metrics.registry);
+  if (!metrics_server.ok()) return Fail(metrics_server.status().message());
+  const int bound_metrics_port = (*metrics_server)->port();
+  MetricsServer::KeepUntilExit(std::move(metrics_server).value());
+
   zmq::context_t context(1);
   // Bound before the server socket, so no connection is ever admitted without it; destroyed
   // (declared after the context) before the context.
   std::unique_ptr<ZapAuthenticator> authenticator;
+  std::atomic<uint64_t> refusals{0};  // every refused CURVE peer, for the log's rate limit
   if (curve_key) {
     options.curve_secret_key = curve_key->secret_key;
     PsMetrics* m = &metrics;
+    std::atomic<uint64_t>* n = &refusals;
     auto started = ZapAuthenticator::Start(
-        context, curve_allowed, [m](bool accepted, const std::string& reason) {
-          if (accepted) {
+        context, curve_allowed,
+        [m, n](std::optional<CurveRefusal> refusal, const std::string& peer) {
+          if (!refusal) {
             m->auth_accepted->Increment();
           } else {
-            (reason == "unknown_key" ? m->auth_refused_unknown_key : m->auth_refused_not_curve)
-                ->Increment();
-            spdlog::warn("connection refused by the CURVE allow-list: {}", reason);
+            CountRefusal(m, n, *refusal, peer, "");
           }
         });
     if (!started.ok()) return Fail(started.status().message());
@@ -332,6 +391,23 @@ int main(int argc, char** argv) {
   }
   auto server = Server::Create(context, options, &metrics);
   if (!server.ok()) return Fail(server.status().message());
+  // Refusals inside the CURVE handshake (a plain-text client, a key pair that does not
+  // match) never reach the ZAP handler: libzmq reports them only as monitor events. They
+  // are read on a thread of their own rather than in the server loop, so that they are
+  // drained (the monitor queue drops what overflows) even while the loop is busy applying a
+  // large gradient, and the loop's code stays as it is. Destroyed before the server.
+  std::unique_ptr<CurveRefusalWatcher> refusal_watcher;
+  if (curve_key) {
+    PsMetrics* m = &metrics;
+    std::atomic<uint64_t>* n = &refusals;
+    auto watching = CurveRefusalWatcher::Start(
+        (*server)->TakeHandshakeMonitor(),
+        [m, n](CurveRefusal reason, const std::string& peer, const std::string& detail) {
+          CountRefusal(m, n, reason, peer, detail);
+        });
+    if (!watching.ok()) return Fail(watching.status().message());
+    refusal_watcher = std::move(watching).value();
+  }
   if (restored) {
     if (Status s = (*server)->Restore(*restored); !s.ok()) {
       return Fail("cannot restore from " + data_dir + ": " + s.message(), kExitBadUsage);
@@ -352,7 +428,7 @@ int main(int argc, char** argv) {
                                                                      : num_workers) +
                          " gradients per step"
                    : std::string(),
-               metrics_bind, bound_metrics_port);
+               *metrics_ip, bound_metrics_port);
 
   Status run = (*server)->Run([] { return ShutdownRequested(); });
   // A graceful stop keeps everything applied so far.

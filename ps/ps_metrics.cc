@@ -40,12 +40,16 @@ PsMetrics::PsMetrics(int shard, int num_workers)
                        .Add({});
   auto& refused = prometheus::BuildCounter()
                       .Name("parasync_ps_auth_refused_total")
-                      .Help("Connections refused at the ZeroMQ handshake by the CURVE allow-list "
-                            "(ZAP), by reason")
+                      .Help("CURVE connections refused at the ZeroMQ handshake, by reason: "
+                            "plain_text_client (no CURVE), bad_key_or_secret (a key pair that "
+                            "does not match, or another server key), not_allowed (a key not on "
+                            "--curve-allow), other")
                       .Labels(labels)
                       .Register(*registry);
-  auth_refused_unknown_key = &refused.Add({{"reason", "unknown_key"}});
-  auth_refused_not_curve = &refused.Add({{"reason", "not_curve"}});
+  for (int r = 0; r < kNumCurveRefusals; ++r) {
+    auth_refused[static_cast<size_t>(r)] =
+        &refused.Add({{"reason", CurveRefusalName(static_cast<CurveRefusal>(r))}});
+  }
   apply_seconds = &prometheus::BuildHistogram()
                        .Name("parasync_ps_apply_seconds")
                        .Help("Time to validate and apply one push")

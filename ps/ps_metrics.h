@@ -12,6 +12,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "common/curve.h"
 #include "common/wire.h"
 #include "ps/shard.h"
 
@@ -56,10 +57,10 @@ struct PsMetrics {
   // and the part for each connected peer.
   prometheus::Gauge* memory_bound_bytes = nullptr;
   prometheus::Gauge* memory_bound_per_connection_bytes = nullptr;
-  // CURVE connections the ZAP handler admitted / refused ("unknown_key", "not_curve").
+  // CURVE connections the ZAP handler admitted, and every refused one by reason (indexed by
+  // CurveRefusal: refused in the handshake, or by the ZAP handler).
   prometheus::Counter* auth_accepted = nullptr;
-  prometheus::Counter* auth_refused_unknown_key = nullptr;
-  prometheus::Counter* auth_refused_not_curve = nullptr;
+  std::array<prometheus::Counter*, kNumCurveRefusals> auth_refused{};
 };
 
 }  // namespace parasync

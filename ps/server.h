@@ -126,6 +126,9 @@ class Server {
   void Stop() { stop_.store(true); }
 
   std::string endpoint() const { return socket_->LastEndpoint(); }
+  // With options.curve_secret_key: the socket's handshake monitor (Socket::
+  // TakeHandshakeMonitor), for a thread that counts refused peers; call before Run().
+  std::unique_ptr<zmq::socket_t> TakeHandshakeMonitor() { return socket_->TakeHandshakeMonitor(); }
   // Random per server process; every reply carries it, so clients notice a restart.
   uint64_t incarnation() const { return incarnation_; }
 

@@ -33,7 +33,9 @@ int main(int argc, char** argv) {
   ClusterFlags cluster;
   std::string out;
   int timeout_s = 30;
-  app.add_option("--ps-hosts", cluster.ps_hosts, "Comma-separated host:port of every PS shard");
+  app.add_option("--ps-hosts", cluster.ps_hosts,
+                 "Comma-separated host:port of every PS shard (IP addresses or host names, "
+                 "ports 1-65535, each address once)");
   app.add_option("--out", out, "The model file to write")->required();
   app.add_option("--timeout", timeout_s, "Seconds to wait for each server")
       ->check(CLI::Range(1, 86400));

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/address.h"
 #include "common/cluster_spec.h"
 #include "common/metrics.h"
 #include "common/model_file.h"
@@ -226,7 +227,9 @@ int main(int argc, char** argv) {
   bool eval_only = false;
   std::string model_file;
 
-  app.add_option("--ps-hosts", cluster.ps_hosts, "Comma-separated host:port of every PS shard");
+  app.add_option("--ps-hosts", cluster.ps_hosts,
+                 "Comma-separated host:port of every PS shard (IP addresses or host names, "
+                 "ports 1-65535, each address once)");
   app.add_option("--worker-hosts", cluster.worker_hosts,
                  "Comma-separated host:port of every worker (their count is the world size)");
   app.add_option("--task-index", cluster.task_index, "This worker's rank; 0 is the chief")
@@ -321,7 +324,9 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-port", metrics_port, "Port of /metrics; 0 picks a free one and logs it")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
       ->check(CLI::Range(0, 65535));
-  app.add_option("--metrics-bind", metrics_bind, "Address the metrics server listens on")
+  app.add_option("--metrics-bind", metrics_bind,
+                 "Address the metrics server listens on: an IP address (checked: four octets "
+                 "0-255), * or a host name that resolves")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--request-timeout", request_timeout_s,
                  "Seconds to wait for a parameter server's reply, resending meanwhile (also "
@@ -379,6 +384,8 @@ int main(int argc, char** argv) {
   // Everything the user can get wrong is checked before anything starts.
   auto spec = ResolveClusterSpecFromEnvironment(cluster, "worker");
   if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
+  auto metrics_ip = ResolveBindHost(metrics_bind, "--metrics-bind");
+  if (!metrics_ip.ok()) return Fail(metrics_ip.status().message(), kExitBadUsage);
   if (heartbeat_interval_s * 3 > request_timeout_s + connect_timeout_s) {
     return Fail("--heartbeat-interval must be under a third of --request-timeout + "
                 "--connect-timeout (a silent server is detected from missing heartbeats)",
@@ -486,7 +493,7 @@ int main(int argc, char** argv) {
 
   WorkerMetrics metrics(rank, net.spec().name, net.num_parameters());
   // The metrics server starts before any compute backend is loaded (see backend_factory.h).
-  auto metrics_server = MetricsServer::Start(metrics_bind, metrics_port, metrics.registry);
+  auto metrics_server = MetricsServer::Start(*metrics_ip, metrics_port, metrics.registry);
   if (!metrics_server.ok()) return Fail(metrics_server.status().message());
   const int bound_metrics_port = (*metrics_server)->port();
   MetricsServer::KeepUntilExit(std::move(metrics_server).value());
@@ -501,7 +508,7 @@ int main(int argc, char** argv) {
                rank, spec->workers.size(), (*backend)->name(), why,
                (train->n + static_cast<int64_t>(spec->workers.size()) - 1 - rank) /
                    static_cast<int64_t>(spec->workers.size()),
-               metrics_bind, bound_metrics_port);
+               *metrics_ip, bound_metrics_port);
 
   if (*wire != DType::kFloat32) {
     spdlog::info("parameters and gradients travel as {} (half the bytes of float32)",

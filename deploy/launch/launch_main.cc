@@ -197,7 +197,8 @@ int main(int argc, char** argv) {
 
   CLI::App& modes = *app.add_option_group("Modes", "Passed to parameter servers only when given");
   AddOptional(modes, "--replicas-to-aggregate", "R", options.replicas_to_aggregate,
-              "sync: gradients per step (fewer than --workers makes backup workers)",
+              "sync: gradients per step, at most --workers (fewer makes backup workers); "
+              "checked, like every count and rank, before anything starts",
               IntegerValidator(true));
   AddOptional(modes, "--worker-timeout", "S", options.worker_timeout,
               "Seconds of silence before a worker is declared dead", NumberValidator(true));
@@ -243,7 +244,8 @@ int main(int argc, char** argv) {
                "After the run, keep every metrics port answering with the process's final "
                "metrics until Ctrl-C, so Prometheus and Grafana keep the final values");
   app.add_option("--host", options.host,
-                 "Host name or IPv4 address used in the cluster spec and metrics URLs")
+                 "Host name or IPv4 address (four octets 0-255) used in the cluster spec and "
+                 "metrics URLs")
       ->capture_default_str()
       ->type_name("HOST");
 

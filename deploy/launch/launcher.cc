@@ -1,5 +1,7 @@
 #include "deploy/launch/launcher.h"
 
+#include "common/address.h"
+#include "common/cluster_spec.h"
 #include "common/curve.h"
 #include "common/file_util.h"
 #include "common/metrics.h"
@@ -171,10 +173,31 @@ Status ValidateOptions(const LaunchOptions& options) {
   if (!std::isfinite(options.grace_seconds) || options.grace_seconds < 0) {
     return Status::InvalidArgument("--grace-seconds must be a number >= 0");
   }
-  if (options.host.empty() ||
-      options.host.find_first_of(",: \t\n") != std::string::npos) {
-    return Status::InvalidArgument("--host must be a host name or IPv4 address, got '" +
-                                   options.host + "'");
+  if (options.host.empty() || options.host.find(':') != std::string::npos ||
+      !CheckHost(options.host, "--host").ok()) {
+    return Status::InvalidArgument("--host must be a host name or IPv4 address (four octets "
+                                   "0-255), got '" + options.host + "'");
+  }
+  if (options.replicas_to_aggregate) {
+    // Checked here, before anything starts: every PS would refuse it after the launch.
+    int replicas = 0;
+    const std::string& text = *options.replicas_to_aggregate;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), replicas);
+    if (ec != std::errc() || end != text.data() + text.size() || replicas < 1) {
+      return Status::InvalidArgument("--replicas-to-aggregate must be a positive integer, got '" +
+                                     text + "'");
+    }
+    const auto mode = TrainingMode::Parse(options.mode);
+    if (mode.ok() && mode->kind != TrainingMode::Kind::kSync) {
+      return Status::InvalidArgument("--replicas-to-aggregate applies to --mode sync only, not "
+                                     "--mode " + options.mode);
+    }
+    if (replicas > options.num_workers) {
+      return Status::InvalidArgument(
+          "--replicas-to-aggregate " + text + " is more than the " +
+          std::to_string(options.num_workers) +
+          " workers (it may be at most --workers; fewer makes the rest backup workers)");
+    }
   }
   for (const auto& [rank, arg] : options.rank_args) {
     if (rank < 0 || rank >= options.num_workers) {
@@ -201,7 +224,7 @@ Status ValidateOptions(const LaunchOptions& options) {
       for (const HostSlots& h : *placement) {
         if (h.host.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                      "0123456789.-_") != std::string::npos ||
-            h.host.front() == '-' || h.host.find_first_not_of("0123456789") == std::string::npos) {
+            h.host.front() == '-' || !CheckHost(h.host, "host").ok()) {
           return Status::InvalidArgument("'" + h.host + "' is not a host name or IPv4 address");
         }
         (IsLocalHost(h.host) ? local : remote) = true;
@@ -455,6 +478,11 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
   };
   const std::string ps_hosts = join_addresses(0, num_ps);
   const std::string worker_hosts = join_addresses(num_ps, num_workers);
+  // What every process will check of its --ps-hosts / --worker-hosts, checked before any
+  // starts (two names of one host, "node1" and "NODE1", would get the same ports).
+  PARASYNC_RETURN_IF_ERROR(CheckDistinctAddresses(SplitHostList(ps_hosts), "the planned --ps-hosts"));
+  PARASYNC_RETURN_IF_ERROR(
+      CheckDistinctAddresses(SplitHostList(worker_hosts), "the planned --worker-hosts"));
 
   LaunchPlan plan;
   plan.log_dir = log_dir;

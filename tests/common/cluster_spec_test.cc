@@ -157,6 +157,37 @@ TEST(ResolveClusterSpecTest, RejectsBadPortsAndNamesTheAddress) {
   }
 }
 
+TEST(ResolveClusterSpecTest, RejectsTheSameAddressTwiceNamingIt) {
+  ClusterFlags flags;
+  flags.ps_hosts = "127.0.0.1:5000,127.0.0.1:5000";
+  flags.worker_hosts = "w:1";
+  Result<ClusterSpec> spec = ResolveClusterSpec(flags, std::nullopt, "worker");
+  ASSERT_FALSE(spec.ok()) << "a duplicate PS address was accepted";
+  EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(spec.status().message(), "--ps-hosts names one address twice: '127.0.0.1:5000'"))
+      << spec.status().message();
+  flags.ps_hosts = "p:1";
+  flags.worker_hosts = "w:1,W:1";
+  EXPECT_FALSE(ResolveClusterSpec(flags, std::nullopt, "worker").ok());
+  // From TF_CONFIG too, named as such.
+  spec = ResolveClusterSpec(
+      {}, std::string(R"({"cluster":{"ps":["p:1","p:1"],"worker":["w:1"]},"task":{"type":"worker","index":0}})"),
+      "worker");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_TRUE(Contains(spec.status().message(), "TF_CONFIG cluster.ps")) << spec.status().message();
+}
+
+TEST(ResolveClusterSpecTest, RejectsHostsThatAreNotAddresses) {
+  for (const char* ps : {"999.1.1.1:5000", "1.2.3:5000", "bad host:5000", "-x:5000"}) {
+    ClusterFlags flags;
+    flags.ps_hosts = ps;
+    flags.worker_hosts = "w:1";
+    Result<ClusterSpec> spec = ResolveClusterSpec(flags, std::nullopt, "worker");
+    ASSERT_FALSE(spec.ok()) << ps << " was accepted";
+    EXPECT_TRUE(Contains(spec.status().message(), ps)) << spec.status().message();
+  }
+}
+
 TEST(ResolveClusterSpecTest, AcceptsPortBounds) {
   ClusterFlags flags;
   flags.ps_hosts = "h:1,h:65535";

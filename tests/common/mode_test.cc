@@ -51,5 +51,21 @@ TEST(TrainingModeTest, ParseOfAnythingElseIsInvalidArgumentQuotingTheText) {
   }
 }
 
+TEST(CheckStoredModeTest, SameModeIsFineAnotherIsOneLineNamingBothAndTheDirectory) {
+  EXPECT_TRUE(CheckStoredMode("sync", *TrainingMode::Parse("sync"), "/d").ok());
+  EXPECT_TRUE(CheckStoredMode("ssp:3", *TrainingMode::Parse("ssp:3"), "/d").ok());
+  for (const auto& [stored, running] : {std::pair<const char*, const char*>{"sync", "async"},
+                                        {"async", "sync"},
+                                        {"ssp:2", "ssp:3"},
+                                        {"garbage", "async"}}) {
+    const Status s = CheckStoredMode(stored, *TrainingMode::Parse(running), "/data/ps0");
+    ASSERT_FALSE(s.ok()) << stored << " under " << running;
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message(), std::string("--data-dir /data/ps0 holds a model registered in mode ") +
+                               stored + ", but this server runs --mode " + running +
+                               ": start it with --mode " + stored + ", or give a new --data-dir");
+  }
+}
+
 }  // namespace
 }  // namespace parasync

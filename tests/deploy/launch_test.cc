@@ -381,14 +381,57 @@ TEST(LaunchPlanTest, ModeSettingsGoToTheParameterServersOnly) {
   LaunchOptions options;
   options.mode = "sync";
   options.num_ps = 1;
-  options.num_workers = 1;
+  options.num_workers = 3;
   options.replicas_to_aggregate = "3";
   options.worker_timeout = "2.5";
-  const Result<LaunchPlan> plan = BuildPlan(options, "/b", "/l", {5000, 6000, 7000, 7001});
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {5000, 6000, 6001, 6002, 7000, 7001, 7002, 7003});
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_THAT(plan->processes[0].argv,
               ::testing::IsSupersetOf({"--replicas-to-aggregate", "3", "--worker-timeout", "2.5"}));
   EXPECT_THAT(plan->processes[1].argv, ::testing::Not(::testing::Contains("--worker-timeout")));
+}
+
+TEST(LaunchPlanTest, ReplicasToAggregateMustFitTheWorkersAndSyncMode) {
+  LaunchOptions options;
+  options.mode = "sync";
+  options.num_workers = 2;
+  options.replicas_to_aggregate = "2";
+  EXPECT_TRUE(ValidateOptions(options).ok());
+  options.replicas_to_aggregate = "3";
+  Status s = ValidateOptions(options);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "--replicas-to-aggregate 3 is more than the 2 workers (it may be at "
+                         "most --workers; fewer makes the rest backup workers)");
+  options.replicas_to_aggregate = "1";
+  options.mode = "async";
+  s = ValidateOptions(options);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("applies to --mode sync only"));
+}
+
+TEST(LaunchPlanTest, HostMustBeAnAddressOrAName) {
+  LaunchOptions options;
+  for (const char* bad : {"999.1.1.1", "1.2.3", "a b", "h:1"}) {
+    options.host = bad;
+    const Status s = ValidateOptions(options);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr(std::string("--host must be")) ) << bad;
+  }
+  options.host = "node-1.example.org";
+  EXPECT_TRUE(ValidateOptions(options).ok());
+}
+
+TEST(LaunchPlanTest, TwoSpellingsOfOneHostThatWouldShareAPortAreRefused) {
+  LaunchOptions options;
+  options.num_ps = 2;
+  options.ps_placement = {{"node1", 1}, {"NODE1", 1}};
+  options.num_workers = 1;
+  options.worker_placement = {{"node2", 1}};
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {29500, 29500, 29500, 30000, 30000, 30000});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(plan.status().message(), HasSubstr("names one address twice: 'node1:29500'"));
 }
 
 TEST(LaunchPlanTest, DataDirGivesEveryParameterServerItsOwnDirectory) {
@@ -691,6 +734,27 @@ TEST_F(LaunchTest, BadKillOrRankArgExitsTwoWithOneLine) {
     auto launcher = Launch(args, {});
     EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), 2) << extra[1];
     EXPECT_EQ(ReadLines(root_ + "/stderr").size(), 1u) << extra[1] << ": " << launcher->err();
+  }
+}
+
+TEST_F(LaunchTest, ImpossibleCountsAndBadAddressesExitTwoBeforeStartingAnything) {
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--mode", "sync", "--workers", "2", "--replicas-to-aggregate", "3"},
+       "parasync-launch: --replicas-to-aggregate 3 is more than the 2 workers (it may be at "
+       "most --workers; fewer makes the rest backup workers)\n"},
+      {{"--host", "999.1.1.1"},
+       "parasync-launch: --host must be a host name or IPv4 address (four octets 0-255), got "
+       "'999.1.1.1'\n"},
+  };
+  for (const auto& [extra, line] : cases) {
+    std::vector<std::string> args = BaseArgs();
+    args.insert(args.end(), extra.begin(), extra.end());
+    // Fakes that would run until stopped: a launch that starts them cannot end in time.
+    auto launcher = Launch(args, {{"FAKE_DEFAULT", "hang"}});
+    EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitUsage) << extra[1];
+    EXPECT_EQ(launcher->err(), line);
+    EXPECT_TRUE(RecordedPids().empty()) << extra[1] << ": processes were started";
+    EXPECT_FALSE(std::filesystem::exists(log_dir_)) << extra[1];
   }
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <zmq.hpp>
 
@@ -288,6 +289,91 @@ TEST(PsProcessTest, SigtermAndShutdownMessageStopTheServerWithExitZero) {
     EXPECT_NE(testing::ReadFile(dir.path() + "/" + name).find("parasync_ps_requests_total"),
               std::string::npos)
         << name;
+  }
+}
+
+// Runs a binary that must refuse its configuration at startup: returns its exit code (-1
+// if it did not exit within 10 s) and its output lines.
+std::pair<int, std::vector<std::string>> RunRefused(const std::vector<std::string>& argv,
+                                                    const TempDir& dir) {
+  static int runs = 0;
+  const std::string log = dir.path() + "/refused" + std::to_string(runs++) + ".log";
+  Child child = Child::Start(argv, log);
+  const auto status = child.Wait(10s);
+  return {status ? ExitCode(*status) : -1, testing::ReadLines(log)};
+}
+
+TEST(PsStartupTest, StoreRegisteredInAnotherModeIsRefusedWithExitTwoAndOneLine) {
+  TempDir dir;
+  const std::string data = dir.path() + "/data";
+  auto ports = testing::FreePorts(3);
+  const std::string address = "127.0.0.1:" + std::to_string(ports[0]);
+  auto ps = [&](const std::string& mode) {
+    return std::vector<std::string>{testing::BinDir() + "/parasync-ps", "--ps-hosts", address,
+                                    "--worker-hosts", "127.0.0.1:" + std::to_string(ports[1]),
+                                    "--task-index", "0", "--mode", mode, "--data-dir", data,
+                                    "--durability", "every-update", "--metrics-port",
+                                    std::to_string(ports[2])};
+  };
+  {
+    // A sync store: registered by a sync worker, stopped cleanly.
+    Child sync = Child::Start(ps("sync"), dir.path() + "/sync.log");
+    zmq::context_t ctx(1);
+    auto client = Connect(ctx, {address});
+    ModelRegistration reg = SmallModel(1);
+    reg.mode = "sync";
+    ASSERT_TRUE(client->Register(reg, 10s).ok()) << testing::ReadFile(dir.path() + "/sync.log");
+    client.reset();
+    sync.Signal(SIGTERM);
+    auto s = sync.Wait(20s);
+    ASSERT_TRUE(s.has_value() && ExitCode(*s) == 0) << testing::ReadFile(dir.path() + "/sync.log");
+  }
+  const auto [code, lines] = RunRefused(ps("async"), dir);
+  EXPECT_EQ(code, 2) << ::testing::PrintToString(lines);
+  ASSERT_EQ(lines.size(), 1u) << ::testing::PrintToString(lines);
+  EXPECT_EQ(lines[0], "parasync-ps: --data-dir " + data +
+                          " holds a model registered in mode sync, but this server runs --mode "
+                          "async: start it with --mode sync, or give a new --data-dir");
+  EXPECT_EQ(testing::HttpGet(ports[2], "/metrics"), "") << "the refused server served metrics";
+}
+
+TEST(PsStartupTest, AddressFlagsAreCheckedAsAddressesWithExitTwoAndOneLine) {
+  TempDir dir;
+  auto ports = testing::FreePorts(3);
+  const std::string ps_address = "127.0.0.1:" + std::to_string(ports[0]);
+  const std::string worker_address = "127.0.0.1:" + std::to_string(ports[1]);
+  struct Case {
+    const char* binary;
+    std::vector<std::string> flags;
+    std::string named;  // what the line must quote
+  };
+  const std::vector<Case> cases = {
+      // civetweb read this as 231.1.1.1.
+      {"parasync-ps", {"--metrics-bind", "999.1.1.1", "--metrics-port", std::to_string(ports[2])},
+       "--metrics-bind '999.1.1.1'"},
+      {"parasync-ps", {"--bind", "999.1.1.1:" + std::to_string(ports[0])}, "'999.1.1.1'"},
+      {"parasync-ps", {"--bind", "127.0.0.1:70000"}, "'127.0.0.1:70000'"},
+      {"parasync-ps", {"--ps-hosts", ps_address + "," + ps_address},
+       "--ps-hosts names one address twice: '" + ps_address + "'"},
+      {"parasync-ps", {"--ps-hosts", "256.0.0.1:5000"}, "'256.0.0.1'"},
+      {"parasync-worker", {"--metrics-bind", "999.1.1.1"}, "--metrics-bind '999.1.1.1'"},
+      {"parasync-worker", {"--ps-hosts", ps_address + "," + ps_address},
+       "--ps-hosts names one address twice: '" + ps_address + "'"},
+      {"parasync-export", {"--ps-hosts", ps_address + "," + ps_address, "--out",
+                           dir.path() + "/m.psm"},
+       "--ps-hosts names one address twice: '" + ps_address + "'"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {testing::BinDir() + "/" + c.binary, "--ps-hosts",
+                                     ps_address, "--worker-hosts", worker_address,
+                                     "--task-index", "0"};
+    if (std::string(c.binary) == "parasync-export") argv.resize(1);  // its own flags only
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());  // the last --ps-hosts wins
+    const auto [code, lines] = RunRefused(argv, dir);
+    EXPECT_EQ(code, 2) << c.binary << " " << c.flags[1] << ": " << ::testing::PrintToString(lines);
+    ASSERT_EQ(lines.size(), 1u) << c.binary << " " << c.flags[1] << ": "
+                                << ::testing::PrintToString(lines);
+    EXPECT_NE(lines[0].find(c.named), std::string::npos) << lines[0];
   }
 }
 

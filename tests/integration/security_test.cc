@@ -3,8 +3,10 @@
 // The PS runs with --curve-key/--curve-allow (keys from the real parasync-keygen). A client
 // with an allowed key registers, pushes and pulls; a client with an unknown key, one with an
 // allowed public key but the wrong secret, and one without CURVE get nothing accepted (the
-// servers' version and registration stay as the allowed client left them), and the unknown
-// key is counted in parasync_ps_auth_refused_total. A TCP relay between a client and the PS
+// servers' version and registration stay as the allowed client left them), and every refused
+// connection is counted once, by reason, in parasync_ps_auth_refused_total and logged (a
+// plain-text client, a key pair that does not match and a wrong server key fail inside the
+// CURVE handshake, before the ZAP handler: only a socket monitor sees them). A TCP relay between a client and the PS
 // records the bytes: a push of a recognisable float pattern never shows in them under CURVE,
 // while the same push to a plain PS does (the control that shows the check can fail).
 #include <arpa/inet.h>
@@ -13,10 +15,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <mutex>
 #include <string>
@@ -256,7 +260,7 @@ TEST_F(SecurityTest, OnlyAllowedKeysGetInAndUnknownOnesAreCounted) {
     EXPECT_FALSE(client->Stats().ok()) << a.who << " read the stats";
   }
   ASSERT_TRUE(testing::WaitFor(
-      [&] { return Metric(metrics, "parasync_ps_auth_refused_total{role=\"ps\",shard=\"0\",reason=\"unknown_key\"}") >= 1; },
+      [&] { return Metric(metrics, "parasync_ps_auth_refused_total{role=\"ps\",shard=\"0\",reason=\"not_allowed\"}") >= 1; },
       10s))
       << "the unknown key was not counted";
   EXPECT_EQ(Metric(metrics, "parasync_ps_auth_accepted_total{role=\"ps\",shard=\"0\"}"), 0);
@@ -275,6 +279,119 @@ TEST_F(SecurityTest, OnlyAllowedKeysGetInAndUnknownOnesAreCounted) {
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ((*stats)[0].version, 1) << "exactly the allowed client's one push was applied";
   EXPECT_GE(Metric(metrics, "parasync_ps_auth_accepted_total{role=\"ps\",shard=\"0\"}"), 1);
+}
+
+// One connection that is refused: a CURVE DEALER that never reconnects, so it is refused
+// exactly once. `keys`: its public and secret key and the server's public key.
+struct OneShotClient {
+  OneShotClient(zmq::context_t& context, int port,
+                const std::optional<std::array<std::string, 3>>& keys)
+      : socket(context, zmq::socket_type::dealer) {
+    socket.set(zmq::sockopt::linger, 0);
+    socket.set(zmq::sockopt::reconnect_ivl, -1);
+    socket.set(zmq::sockopt::curve_publickey, (*keys)[0]);
+    socket.set(zmq::sockopt::curve_secretkey, (*keys)[1]);
+    socket.set(zmq::sockopt::curve_serverkey, (*keys)[2]);
+    socket.connect("tcp://127.0.0.1:" + std::to_string(port));
+  }
+  zmq::socket_t socket;
+};
+
+// A plain-text ZeroMQ peer on a raw loopback socket: sends the ZMTP 3.0 greeting of the
+// NULL mechanism and waits (up to 10 s) for the server to hang up. A libzmq plain-text
+// client would do the same but hang up itself as soon as it sees the server's CURVE
+// greeting; on a loaded machine that can reach the server before it has read the client's
+// greeting, and the server then sees only a lost connection (counted as "other"): this peer
+// leaves the server the time to read its greeting.
+void PlainTextGreeting(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  std::string greeting(64, '\0');
+  greeting[0] = '\xff';  // signature: 0xff, 8 bytes of padding, 0x7f
+  greeting[9] = '\x7f';
+  greeting[10] = 3;  // version 3.0
+  std::memcpy(&greeting[12], "NULL", 4);  // mechanism, zero-padded to 20 bytes
+  ASSERT_EQ(send(fd, greeting.data(), greeting.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(greeting.size()));
+  char buf[256];
+  for (pollfd p{fd, POLLIN, 0}; poll(&p, 1, 10000) > 0;) {
+    if (recv(fd, buf, sizeof(buf), 0) <= 0) break;  // the server hung up
+  }
+  close(fd);
+}
+
+TEST_F(SecurityTest, EveryRefusedConnectionIsCountedOnceByReasonAndLogged) {
+  auto [port, metrics] = StartPs(/*curve=*/true);
+  auto pair = [&](const std::string& name) {
+    auto p = ReadKeyPairFile(keys_ + "/" + name + ".key");
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? *p : CurveKeyPair{};
+  };
+  const CurveKeyPair ps = pair("ps"), worker = pair("worker0"), intruder = pair("intruder");
+  auto refused = [&](const std::string& reason) {
+    return Metric(metrics, "parasync_ps_auth_refused_total{role=\"ps\",shard=\"0\",reason=\"" +
+                               reason + "\"}");
+  };
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return Metric(metrics, "parasync_ps_auth_accepted_total{role=\"ps\",shard=\"0\"}") == 0; },
+      10s))
+      << PsLogs();
+
+  struct Case {
+    const char* reason;
+    std::optional<std::array<std::string, 3>> keys;
+  };
+  const Case cases[] = {
+      {"plain_text_client", std::nullopt},  // PlainTextGreeting
+      // An allowed public key with a secret key that is not its own.
+      {"bad_key_or_secret", std::array<std::string, 3>{worker.public_key, intruder.secret_key,
+                                                       ps.public_key}},
+      // A whole key pair, allowed, but another server's public key.
+      {"bad_key_or_secret", std::array<std::string, 3>{worker.public_key, worker.secret_key,
+                                                       intruder.public_key}},
+      // The ZAP handler's denial: counted by it, not a second time from the monitor.
+      {"not_allowed", std::array<std::string, 3>{intruder.public_key, intruder.secret_key,
+                                                 ps.public_key}},
+  };
+  std::map<std::string, double> expected = {
+      {"plain_text_client", 0}, {"bad_key_or_secret", 0}, {"not_allowed", 0}, {"other", 0}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.reason);
+    expected[c.reason] += 1;
+    {
+      std::optional<OneShotClient> client;
+      if (c.keys) {
+        client.emplace(context_, port, c.keys);
+      } else {
+        PlainTextGreeting(port);
+      }
+      ASSERT_TRUE(testing::WaitFor([&] { return refused(c.reason) == expected[c.reason]; }, 10s))
+          << "refusal not counted: " << refused(c.reason) << " of " << expected[c.reason] << "\n"
+          << PsLogs();
+    }
+    // Nothing else counted it, and nothing counted it twice (a ZAP denial also makes a
+    // handshake-failed event).
+    std::this_thread::sleep_for(300ms);
+    for (const auto& [reason, count] : expected) {
+      EXPECT_EQ(refused(reason), count) << reason << "\n" << PsLogs();
+    }
+  }
+  EXPECT_EQ(Metric(metrics, "parasync_ps_auth_accepted_total{role=\"ps\",shard=\"0\"}"), 0);
+  // One log line per refusal.
+  const std::string logs = PsLogs();
+  auto lines_with = [&](const std::string& text) {
+    size_t n = 0;
+    for (size_t at = logs.find(text); at != std::string::npos; at = logs.find(text, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(lines_with("CURVE connection refused (plain_text_client) from "), 1u) << logs;
+  EXPECT_EQ(lines_with("CURVE connection refused (bad_key_or_secret) from "), 2u) << logs;
+  EXPECT_EQ(lines_with("CURVE connection refused (not_allowed) from 127.0.0.1"), 1u) << logs;
+  EXPECT_EQ(lines_with("CURVE connection refused"), 4u) << logs;
 }
 
 TEST_F(SecurityTest, PayloadsAreNotPlainTextOnTheWireUnderCurve) {
