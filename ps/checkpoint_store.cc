@@ -1,6 +1,7 @@
 #include "ps/checkpoint_store.h"
 
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
 #include <rocksdb/iterator.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
@@ -20,6 +21,8 @@
 #include <utility>
 
 #include "common/wire.h"
+#include "ps/storage_faults.h"
+#include "ps/storage_faults_fs.h"
 
 namespace parasync {
 
@@ -439,14 +442,22 @@ Result<ModelRegistration> DecodeRegistration(std::string_view value) {
 
 // A database opened for this shard, and whether it holds a registration.
 struct OpenedDb {
-  std::unique_ptr<rocksdb::DB> db;
+  std::unique_ptr<rocksdb::Env> env;  // the fault-injecting one, or null for the default
+  std::unique_ptr<rocksdb::DB> db;    // declared after env: closed before it goes
   bool has_registration = false;
 };
 
 // CheckpointStore::Open without its argument checks and exception guard.
-Result<OpenedDb> OpenDb(const std::string& dir, int shard, int num_shards) {
+Result<OpenedDb> OpenDb(const std::string& dir, int shard, int num_shards,
+                        std::shared_ptr<StorageFaults> faults) {
   PARASYNC_ASSIGN_OR_RETURN(const DirState state, InspectDir(dir));
+  OpenedDb opened;
   rocksdb::Options options = StoreOptions();
+  if (faults) {
+    opened.env = rocksdb::NewCompositeEnv(
+        NewFaultInjectingFileSystem(rocksdb::FileSystem::Default(), std::move(faults)));
+    options.env = opened.env.get();
+  }
   bool fresh = state == DirState::kEmpty;
   if (!fresh) {
     // Look read-only first: opening for writing may rewrite the manifest and flush the WAL,
@@ -469,7 +480,6 @@ Result<OpenedDb> OpenDb(const std::string& dir, int shard, int num_shards) {
   options.error_if_exists = state == DirState::kEmpty;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(options, dir, &raw);
-  OpenedDb opened;
   opened.db.reset(raw);
   PARASYNC_RETURN_IF_ERROR(FromRocks(s, dir));
   rocksdb::DB* db = opened.db.get();
@@ -498,6 +508,7 @@ Result<OpenedDb> OpenDb(const std::string& dir, int shard, int num_shards) {
 }  // namespace
 
 struct CheckpointStore::Rep {
+  std::unique_ptr<rocksdb::Env> env;  // outlives db
   std::unique_ptr<rocksdb::DB> db;
 };
 
@@ -517,17 +528,18 @@ CheckpointStore::~CheckpointStore() {
   (void)rep_->db->Close();
 }
 
-Result<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const std::string& dir, int shard,
-                                                               int num_shards) {
+Result<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
+    const std::string& dir, int shard, int num_shards, std::shared_ptr<StorageFaults> faults) {
   if (dir.empty()) return Status::InvalidArgument("checkpoint directory is empty");
   if (num_shards < 1 || shard < 0 || shard >= num_shards) {
     return Status::InvalidArgument("shard " + std::to_string(shard) + " of " +
                                    std::to_string(num_shards) + " does not exist");
   }
   PARASYNC_ASSIGN_OR_RETURN(OpenedDb opened, Guarded("opening checkpoint store " + dir, [&] {
-                              return OpenDb(dir, shard, num_shards);
+                              return OpenDb(dir, shard, num_shards, std::move(faults));
                             }));
   auto rep = std::make_unique<Rep>();
+  rep->env = std::move(opened.env);
   rep->db = std::move(opened.db);
   return std::unique_ptr<CheckpointStore>(
       new CheckpointStore(dir, shard, num_shards, std::move(rep), opened.has_registration));

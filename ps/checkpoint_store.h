@@ -33,6 +33,8 @@
 
 namespace parasync {
 
+struct StorageFaults;  // ps/storage_faults.h
+
 // The name of the on-disk format this build reads and writes.
 inline constexpr char kCheckpointFormat[] = "parasync-ps/1";
 
@@ -74,8 +76,11 @@ class CheckpointStore {
   //    naming the path.
   // InvalidArgument unless 0 <= shard < num_shards; Unavailable on I/O errors, including a
   // store that is already open (RocksDB's LOCK file).
-  static Result<std::unique_ptr<CheckpointStore>> Open(const std::string& dir, int shard,
-                                                       int num_shards);
+  // `faults`, when given, makes every file the store writes go through a filesystem that
+  // fails syncs and appends as it says (ps/storage_faults.h); the store shares it. For tests.
+  static Result<std::unique_ptr<CheckpointStore>> Open(
+      const std::string& dir, int shard, int num_shards,
+      std::shared_ptr<StorageFaults> faults = nullptr);
 
   // Closes the database. Every acknowledged write is already in the WAL, so nothing is lost
   // if closing fails. Precondition: no other call on this store is in progress.

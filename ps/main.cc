@@ -1,6 +1,7 @@
 // parasync-ps: one parameter-server shard. See --help.
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -19,6 +20,7 @@
 #include "ps/checkpoint_store.h"
 #include "ps/ps_metrics.h"
 #include "ps/server.h"
+#include "ps/storage_faults.h"
 
 namespace {
 
@@ -263,7 +265,13 @@ int main(int argc, char** argv) {
   std::optional<ShardSnapshot> restored;
   double restore_seconds = 0;
   if (!data_dir.empty()) {
-    auto opened = CheckpointStore::Open(data_dir, shard, options.num_shards);
+    auto faults = StorageFaultsFromEnvironment();
+    if (!faults.ok()) return Fail(faults.status().message(), kExitBadUsage);
+    if (*faults) {
+      spdlog::warn("FAULT INJECTION: {}={} makes the store's disk fail on purpose",
+                   kStorageFaultsVariable, std::getenv(kStorageFaultsVariable));
+    }
+    auto opened = CheckpointStore::Open(data_dir, shard, options.num_shards, *faults);
     if (!opened.ok()) return Fail(opened.status().message(), kExitBadUsage);
     store = std::move(opened).value();
     const auto t0 = std::chrono::steady_clock::now();
