@@ -161,6 +161,14 @@ class FaultInjectingFileSystem : public rocksdb::FileSystemWrapper {
     if (s.ok()) *result = std::make_unique<FaultyDirectory>(std::move(*result), name, faults_);
     return s;
   }
+  // RocksDB's info LOG is written through a FileSystem of its own choosing unless the
+  // FileSystem in use makes it: FileSystem's own NewLogger opens the file with this->
+  // NewWritableFile, so the LOG fills the disk and fails as every other file does.
+  rocksdb::IOStatus NewLogger(const std::string& fname, const rocksdb::IOOptions& options,
+                              std::shared_ptr<rocksdb::Logger>* result,
+                              rocksdb::IODebugContext* dbg) override {
+    return FileSystem::NewLogger(fname, options, result, dbg);
+  }
   rocksdb::IOStatus GetFreeSpace(const std::string& path, const rocksdb::IOOptions& options,
                                  uint64_t* diskfree, rocksdb::IODebugContext* dbg) override {
     rocksdb::IOStatus s = target()->GetFreeSpace(path, options, diskfree, dbg);

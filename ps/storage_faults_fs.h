@@ -16,7 +16,8 @@ namespace parasync {
 //    IOError (EIO) once faults->syncs_before_eio is used up (each success counts it down);
 //  - Append and PositionedAppend write only the bytes faults->space_left_bytes still allows
 //    (counting it down) and fail with NoSpace (ENOSPC) when the data did not fit;
-//  - GetFreeSpace reports at most faults->space_left_bytes.
+//  - GetFreeSpace reports at most faults->space_left_bytes;
+//  - RocksDB's info LOG is one of the files written through it, as on a real disk.
 // Files opened for reading are `base`'s own. Both arguments must be non-null; the result
 // shares them. Thread-safe as `base` is.
 std::shared_ptr<rocksdb::FileSystem> NewFaultInjectingFileSystem(
