@@ -6,16 +6,20 @@
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
 #include <rocksdb/snapshot.h>
+#include <rocksdb/utilities/options_util.h>
 #include <rocksdb/write_batch.h>
 
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cstddef>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
 #include <limits>
+#include <mutex>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -23,6 +27,7 @@
 #include "common/wire.h"
 #include "ps/storage_faults.h"
 #include "ps/storage_faults_fs.h"
+#include "ps/store_file_system.h"
 
 namespace parasync {
 
@@ -219,6 +224,13 @@ Status FromRocks(const rocksdb::Status& s, const std::string& context) {
   return Status::Internal(std::move(m));
 }
 
+// The Status for a write RocksDB refused: Unavailable, naming the cause first, since it is
+// what an operator must act on.
+Status WriteFailed(const rocksdb::Status& s, const std::string& dir) {
+  std::string cause = s.IsNoSpace() ? "no space left on device" : "write failed";
+  return Status::Unavailable(cause + ": checkpoint store " + dir + ": RocksDB: " + s.ToString());
+}
+
 // Runs `f`, turning any exception (RocksDB's, std::bad_alloc, filesystem) into a Status.
 template <typename F>
 auto Guarded(const std::string& context, F&& f) -> decltype(f()) {
@@ -246,6 +258,32 @@ rocksdb::Options StoreOptions() {
 }
 
 // ---- Opening ------------------------------------------------------------------------------------
+
+// The info log of the read-only look at a store, which must not create, rename or write the
+// LOG file: it keeps only the last warning in memory, because RocksDB names the damaged file
+// there and not always in the Status (a bad WAL record: "<file>: dropping N bytes; ...").
+class LastWarningLogger : public rocksdb::Logger {
+ public:
+  LastWarningLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
+
+  void Logv(const char* /*format*/, va_list /*ap*/) override {}
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < rocksdb::InfoLogLevel::WARN_LEVEL) return;
+    char line[512];
+    std::vsnprintf(line, sizeof(line), format, ap);
+    std::lock_guard<std::mutex> lock(mu_);
+    last_warning_ = line;
+  }
+
+  std::string last_warning() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_warning_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::string last_warning_;  // guarded by mu_
+};
 
 enum class DirState { kEmpty, kDatabase };
 
@@ -440,6 +478,70 @@ Result<ModelRegistration> DecodeRegistration(std::string_view value) {
   return std::move(*header->registration);
 }
 
+// Reads the snapshot stored in `db` as Load() does, checking every record.
+Result<ShardSnapshot> ReadSnapshot(rocksdb::DB* db, const std::string& dir) {
+  // One snapshot for every read, so a concurrent Save is seen whole or not at all.
+  rocksdb::ManagedSnapshot snapshot(db);
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snapshot.snapshot();
+  ro.fill_cache = false;  // read once at start-up
+
+  ShardSnapshot snap;
+  std::string value;
+  rocksdb::Status s = db->Get(ro, kRegistrationKey, &value);
+  if (s.IsNotFound()) return Status::NotFound("no checkpoint was ever saved in " + dir);
+  PARASYNC_RETURN_IF_ERROR(FromRocks(s, dir));
+  Result<ModelRegistration> reg = DecodeRegistration(value);
+  if (!reg.ok()) return reg.status().WithContext(dir);
+  snap.registration = std::move(*reg);
+
+  s = db->Get(ro, kStateKey, &value);
+  if (s.IsNotFound()) return BadRecord(kStateKey, "is missing").WithContext(dir);
+  PARASYNC_RETURN_IF_ERROR(FromRocks(s, dir));
+  Result<std::string_view> state = Unseal(kStateKey, value);
+  if (!state.ok()) return state.status().WithContext(dir);
+  Reader r(*state);
+  if (!r.Get(&snap.version) || !r.Get(&snap.examples) || r.left() != 0) {
+    return BadRecord(kStateKey, "has the wrong length").WithContext(dir);
+  }
+
+  // Keys are fixed-width lowercase hex, so byte order is ascending id.
+  const rocksdb::Slice slice_end(kSliceEnd);
+  ro.iterate_upper_bound = &slice_end;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro));
+  for (it->Seek(kSlicePrefix); it->Valid(); it->Next()) {
+    Result<SliceSnapshot> slice =
+        DecodeSlice(it->key().ToStringView(), it->value().ToStringView());
+    if (!slice.ok()) return slice.status().WithContext(dir);
+    snap.slices.push_back(std::move(*slice));
+  }
+  PARASYNC_RETURN_IF_ERROR(FromRocks(it->status(), dir));
+
+  const rocksdb::Slice rank_end(kRankEnd);
+  ro.iterate_upper_bound = &rank_end;
+  it.reset(db->NewIterator(ro));
+  for (it->Seek(kRankPrefix); it->Valid(); it->Next()) {
+    const std::string_view key = it->key().ToStringView();
+    RankRecord rank;
+    uint32_t bits = 0;
+    if (!ParseHexKey(key, kRankPrefix, &bits))
+      return BadRecord(key, "has a malformed key").WithContext(dir);
+    rank.rank = static_cast<int32_t>(bits);
+    Result<std::string_view> payload = Unseal(key, it->value().ToStringView());
+    if (!payload.ok()) return payload.status().WithContext(dir);
+    Reader rr(*payload);
+    if (!rr.Get(&rank.last_seq) || rr.left() != 0) {
+      return BadRecord(key, "has the wrong length").WithContext(dir);
+    }
+    snap.ranks.push_back(rank);
+  }
+  PARASYNC_RETURN_IF_ERROR(FromRocks(it->status(), dir));
+  // Key order puts negative ranks last.
+  std::sort(snap.ranks.begin(), snap.ranks.end(),
+            [](const RankRecord& a, const RankRecord& b) { return a.rank < b.rank; });
+  return snap;
+}
+
 // A database opened for this shard, and whether it holds a registration.
 struct OpenedDb {
   std::unique_ptr<rocksdb::Env> env;  // the fault-injecting one, or null for the default
@@ -447,30 +549,70 @@ struct OpenedDb {
   bool has_registration = false;
 };
 
+// Checks, on the store opened read-only, everything that the writable open and Load() rely on:
+// every block of every table file against RocksDB's checksums, every record against ours, and
+// that RocksDB can parse its OPTIONS file. Corruption naming the path and the damaged file or
+// record; FailedPrecondition for a registration of another wire protocol version.
+Status VerifyStore(rocksdb::DB* db, rocksdb::Env* env, const std::string& dir) {
+  PARASYNC_RETURN_IF_ERROR(FromRocks(db->VerifyChecksum(), dir));
+  Result<ShardSnapshot> snap = ReadSnapshot(db, dir);
+  if (!snap.ok() && snap.status().code() != StatusCode::kNotFound) return snap.status();
+  // RocksDB never reads the OPTIONS file back (our options come from code), and the writable
+  // open replaces it; a file it cannot parse is still a sign of damage not to write over. A
+  // flip it can still parse is harmless and cannot be seen: the file has no checksum.
+  std::string options_file;
+  rocksdb::Status s = rocksdb::GetLatestOptionsFileName(dir, env, &options_file);
+  if (s.IsNotFound()) return Status::Ok();
+  PARASYNC_RETURN_IF_ERROR(FromRocks(s, dir));
+  rocksdb::ConfigOptions config;
+  config.env = env;
+  config.ignore_unknown_options = false;
+  rocksdb::DBOptions db_options;
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+  const std::string path = dir + "/" + options_file;
+  s = rocksdb::LoadOptionsFromFile(config, path, &db_options, &families);
+  if (!s.ok()) return Status::Corruption(path + " is damaged: RocksDB: " + s.ToString());
+  return Status::Ok();
+}
+
 // CheckpointStore::Open without its argument checks and exception guard.
 Result<OpenedDb> OpenDb(const std::string& dir, int shard, int num_shards,
                         std::shared_ptr<StorageFaults> faults) {
   PARASYNC_ASSIGN_OR_RETURN(const DirState state, InspectDir(dir));
   OpenedDb opened;
+  std::shared_ptr<rocksdb::FileSystem> file_system = rocksdb::FileSystem::Default();
+  if (faults) file_system = NewFaultInjectingFileSystem(file_system, std::move(faults));
+  opened.env = rocksdb::NewCompositeEnv(NewStoreFileSystem(std::move(file_system)));
   rocksdb::Options options = StoreOptions();
-  if (faults) {
-    opened.env = rocksdb::NewCompositeEnv(
-        NewFaultInjectingFileSystem(rocksdb::FileSystem::Default(), std::move(faults)));
-    options.env = opened.env.get();
-  }
+  options.env = opened.env.get();
   bool fresh = state == DirState::kEmpty;
   if (!fresh) {
-    // Look read-only first: opening for writing may rewrite the manifest and flush the WAL,
-    // which must not happen to a directory we then refuse.
+    // Look read-only first and verify everything: opening for writing may rewrite the
+    // manifest, flush the WAL and replace the OPTIONS file, which must not happen to a
+    // directory we then refuse. Read-only RocksDB writes nothing but its LOG: it gets none.
+    rocksdb::Options ro_options = options;
+    const auto logger = std::make_shared<LastWarningLogger>();
+    ro_options.info_log = logger;
     rocksdb::DB* raw = nullptr;
-    rocksdb::Status s = rocksdb::DB::OpenForReadOnly(options, dir, &raw);
+    rocksdb::Status s = rocksdb::DB::OpenForReadOnly(ro_options, dir, &raw);
     std::unique_ptr<rocksdb::DB> ro(raw);
     if (s.IsInvalidArgument() || s.IsNotSupported()) {
       return Status::FailedPrecondition(dir + " is not a parasync-ps data directory (RocksDB: " +
                                         s.ToString() + "); refusing to touch it");
     }
+    if (s.IsCorruption()) {
+      const std::string warning = logger->last_warning();
+      return Status::Corruption(dir + ": RocksDB: " + s.ToString() +
+                                (warning.empty() ? "" : " (" + warning + ")"));
+    }
+    // CURRENT or the MANIFEST names a file that is not there: the store is damaged.
+    if (s.IsPathNotFound()) {
+      return Status::Corruption(dir + ": a file the store needs is missing: RocksDB: " +
+                                s.ToString());
+    }
     if (!s.ok()) return FromRocks(s, dir);
     PARASYNC_ASSIGN_OR_RETURN(const bool has_meta, CheckMeta(ro.get(), dir, shard, num_shards));
+    PARASYNC_RETURN_IF_ERROR(VerifyStore(ro.get(), opened.env.get(), dir));
     fresh = !has_meta;
     (void)ro->Close();
   }
@@ -481,6 +623,7 @@ Result<OpenedDb> OpenDb(const std::string& dir, int shard, int num_shards,
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(options, dir, &raw);
   opened.db.reset(raw);
+  if (s.IsNoSpace()) return WriteFailed(s, dir);
   PARASYNC_RETURN_IF_ERROR(FromRocks(s, dir));
   rocksdb::DB* db = opened.db.get();
 
@@ -491,7 +634,8 @@ Result<OpenedDb> OpenDb(const std::string& dir, int shard, int num_shards,
     PARASYNC_RETURN_IF_ERROR(FromRocks(batch.Put(kShardKey, ShardValue(shard, num_shards)), dir));
     rocksdb::WriteOptions wo;
     wo.sync = true;
-    PARASYNC_RETURN_IF_ERROR(FromRocks(db->Write(wo, &batch), dir));
+    s = db->Write(wo, &batch);
+    if (!s.ok()) return WriteFailed(s, dir);
   } else {
     // Again under the lock the writable open holds, in case the store changed in between.
     PARASYNC_ASSIGN_OR_RETURN(const bool has_meta, CheckMeta(db, dir, shard, num_shards));
@@ -523,9 +667,26 @@ CheckpointStore::CheckpointStore(std::string dir, int shard, int num_shards,
 CheckpointStore::~CheckpointStore() {
   // Every write is already in the WAL; flushing it into table files as well means a cleanly
   // stopped store no longer depends on its WAL. A failed flush or close loses nothing that
-  // was acknowledged.
-  (void)rep_->db->Flush(rocksdb::FlushOptions());
+  // was acknowledged. A failed store is not asked to write again.
+  if (!failure().has_value()) (void)rep_->db->Flush(rocksdb::FlushOptions());
   (void)rep_->db->Close();
+}
+
+std::optional<std::string> CheckpointStore::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  if (!failure_) return std::nullopt;
+  return failure_->message();
+}
+
+Status CheckpointStore::LatchedFailure() const {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  return failure_.value_or(Status::Ok());
+}
+
+Status CheckpointStore::Latch(Status failure) {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  if (!failure_) failure_ = std::move(failure);
+  return *failure_;
 }
 
 Result<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
@@ -546,72 +707,12 @@ Result<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
 }
 
 Result<ShardSnapshot> CheckpointStore::Load() {
-  return Guarded("loading checkpoint from " + dir_, [&]() -> Result<ShardSnapshot> {
-    rocksdb::DB* db = rep_->db.get();
-    // One snapshot for every read, so a concurrent Save is seen whole or not at all.
-    rocksdb::ManagedSnapshot snapshot(db);
-    rocksdb::ReadOptions ro;
-    ro.snapshot = snapshot.snapshot();
-    ro.fill_cache = false;  // read once at start-up
-
-    ShardSnapshot snap;
-    std::string value;
-    rocksdb::Status s = db->Get(ro, kRegistrationKey, &value);
-    if (s.IsNotFound()) return Status::NotFound("no checkpoint was ever saved in " + dir_);
-    PARASYNC_RETURN_IF_ERROR(FromRocks(s, dir_));
-    Result<ModelRegistration> reg = DecodeRegistration(value);
-    if (!reg.ok()) return reg.status().WithContext(dir_);
-    snap.registration = std::move(*reg);
-
-    s = db->Get(ro, kStateKey, &value);
-    if (s.IsNotFound()) return BadRecord(kStateKey, "is missing").WithContext(dir_);
-    PARASYNC_RETURN_IF_ERROR(FromRocks(s, dir_));
-    Result<std::string_view> state = Unseal(kStateKey, value);
-    if (!state.ok()) return state.status().WithContext(dir_);
-    Reader r(*state);
-    if (!r.Get(&snap.version) || !r.Get(&snap.examples) || r.left() != 0) {
-      return BadRecord(kStateKey, "has the wrong length").WithContext(dir_);
-    }
-
-    // Keys are fixed-width lowercase hex, so byte order is ascending id.
-    const rocksdb::Slice slice_end(kSliceEnd);
-    ro.iterate_upper_bound = &slice_end;
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro));
-    for (it->Seek(kSlicePrefix); it->Valid(); it->Next()) {
-      Result<SliceSnapshot> slice =
-          DecodeSlice(it->key().ToStringView(), it->value().ToStringView());
-      if (!slice.ok()) return slice.status().WithContext(dir_);
-      snap.slices.push_back(std::move(*slice));
-    }
-    PARASYNC_RETURN_IF_ERROR(FromRocks(it->status(), dir_));
-
-    const rocksdb::Slice rank_end(kRankEnd);
-    ro.iterate_upper_bound = &rank_end;
-    it.reset(db->NewIterator(ro));
-    for (it->Seek(kRankPrefix); it->Valid(); it->Next()) {
-      const std::string_view key = it->key().ToStringView();
-      RankRecord rank;
-      uint32_t bits = 0;
-      if (!ParseHexKey(key, kRankPrefix, &bits))
-        return BadRecord(key, "has a malformed key").WithContext(dir_);
-      rank.rank = static_cast<int32_t>(bits);
-      Result<std::string_view> payload = Unseal(key, it->value().ToStringView());
-      if (!payload.ok()) return payload.status().WithContext(dir_);
-      Reader rr(*payload);
-      if (!rr.Get(&rank.last_seq) || rr.left() != 0) {
-        return BadRecord(key, "has the wrong length").WithContext(dir_);
-      }
-      snap.ranks.push_back(rank);
-    }
-    PARASYNC_RETURN_IF_ERROR(FromRocks(it->status(), dir_));
-    // Key order puts negative ranks last.
-    std::sort(snap.ranks.begin(), snap.ranks.end(),
-              [](const RankRecord& a, const RankRecord& b) { return a.rank < b.rank; });
-    return snap;
-  });
+  return Guarded("loading checkpoint from " + dir_,
+                 [&]() -> Result<ShardSnapshot> { return ReadSnapshot(rep_->db.get(), dir_); });
 }
 
 Status CheckpointStore::Save(const ShardSnapshot& snap, bool sync) {
+  PARASYNC_RETURN_IF_ERROR(LatchedFailure());
   if (snap.registration.num_shards != num_shards_) {
     return Status::InvalidArgument("registration for " +
                                    std::to_string(snap.registration.num_shards) +
@@ -653,7 +754,8 @@ Status CheckpointStore::Save(const ShardSnapshot& snap, bool sync) {
     }
     rocksdb::WriteOptions wo;
     wo.sync = sync;
-    PARASYNC_RETURN_IF_ERROR(FromRocks(rep_->db->Write(wo, &batch), dir_));
+    const rocksdb::Status s = rep_->db->Write(wo, &batch);
+    if (!s.ok()) return Latch(WriteFailed(s, dir_));
     has_registration_.store(true);
     return Status::Ok();
   });
@@ -662,6 +764,7 @@ Status CheckpointStore::Save(const ShardSnapshot& snap, bool sync) {
 Status CheckpointStore::SaveUpdate(int64_t version, int64_t examples,
                                    const std::vector<const SliceSnapshot*>& slices,
                                    const std::optional<RankRecord>& rank, bool sync) {
+  PARASYNC_RETURN_IF_ERROR(LatchedFailure());
   if (!has_registration_.load()) {
     return Status::FailedPrecondition("no snapshot was saved in " + dir_ +
                                       " yet; SaveUpdate needs a Save first");
@@ -681,7 +784,9 @@ Status CheckpointStore::SaveUpdate(int64_t version, int64_t examples,
     }
     rocksdb::WriteOptions wo;
     wo.sync = sync;
-    return FromRocks(rep_->db->Write(wo, &batch), dir_);
+    const rocksdb::Status s = rep_->db->Write(wo, &batch);
+    if (!s.ok()) return Latch(WriteFailed(s, dir_));
+    return Status::Ok();
   });
 }
 

@@ -17,6 +17,19 @@
 //                      num_slots * n floats slots
 //   rank/<8 hex rank>  uint64 last_seq
 //
+// A store is verified before anything is written to it: Open() first opens it read-only and
+// checks every table block (RocksDB's checksums), every record (ours) and the WAL (damage
+// anywhere but a torn last record is refused), so a damaged store is refused with its files
+// byte for byte as they were.
+//
+// Failed writes: a write RocksDB refuses (ENOSPC on a full disk, EIO from an fsync, ...) is
+// returned as Unavailable naming the cause, and the store is failed from then on: it keeps the
+// first failure, and every later Save or SaveUpdate returns that same status at once without
+// touching RocksDB (which has stopped writing anyway). What the caller was told was written is
+// in the WAL; the failed write may or may not be there after a restart (see SaveUpdate). A
+// full disk never aborts the process: RocksDB's info LOG drops its lines once it cannot write
+// them (ps/store_file_system.h says why that matters).
+//
 // Thread safety: all methods may be called from any thread, also concurrently. Writes are
 // applied whole and in some order; Load() reads one consistent point in time.
 #pragma once
@@ -24,6 +37,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,10 +86,14 @@ class CheckpointStore {
   //    directory (found <a file name>); refusing to touch it";
   //  - a store of another format, or of another shard index or shard count:
   //    FailedPrecondition naming both;
-  //  - a store RocksDB reports corrupt, or whose meta records fail their checks: Corruption
-  //    naming the path.
+  //  - a store RocksDB reports corrupt (a table block, the MANIFEST, CURRENT, a WAL record
+  //    before the last one, an OPTIONS file RocksDB cannot parse), or with a record that fails
+  //    its CRC or length check: Corruption naming the path and the file or key. Nothing in
+  //    the directory is written, created or removed then. (Damage RocksDB has no checksum
+  //    for is not seen: the info LOG and IDENTITY, which the store does not depend on.)
   // InvalidArgument unless 0 <= shard < num_shards; Unavailable on I/O errors, including a
-  // store that is already open (RocksDB's LOCK file).
+  // store that is already open (RocksDB's LOCK file) and a disk too full to open it on
+  // ("no space left on device: ...").
   // `faults`, when given, makes every file the store writes go through a filesystem that
   // fails syncs and appends as it says (ps/storage_faults.h); the store shares it. For tests.
   static Result<std::unique_ptr<CheckpointStore>> Open(
@@ -99,7 +117,9 @@ class CheckpointStore {
   // against power loss); otherwise the write survives a crash of this process only.
   // InvalidArgument (nothing written) when slices are not strictly ascending by id, a slot is
   // not values.size() long, a rank appears twice, or registration.num_shards differs from the
-  // store's; Unavailable on I/O errors. Blocks on disk I/O.
+  // store's; Unavailable when the write fails ("no space left on device: <dir>: ..." or
+  // "write failed: <dir>: ...") and, without trying, once the store has failed (failure()).
+  // Blocks on disk I/O.
   Status Save(const ShardSnapshot& snap, bool sync);
 
   // Every-update durability: overwrites just `slices` (whole slices; the pointers are only
@@ -107,7 +127,10 @@ class CheckpointStore {
   // WriteBatch, fsynced when `sync`. Other slices and ranks stay as they are.
   // FailedPrecondition when no Save() happened yet, in this process or an earlier one (the
   // registration is not stored); InvalidArgument (nothing written) for a null pointer or a
-  // slot of the wrong length; Unavailable on I/O errors. Blocks on disk I/O.
+  // slot of the wrong length; Unavailable, as Save, when the write fails or the store has
+  // failed. A write that failed in its fsync (EIO) reached RocksDB's WAL before the sync, so a
+  // restart may show it although the caller was told it failed; one that failed in its append
+  // (ENOSPC) is not shown. Blocks on disk I/O.
   Status SaveUpdate(int64_t version, int64_t examples,
                     const std::vector<const SliceSnapshot*>& slices,
                     const std::optional<RankRecord>& rank, bool sync);
@@ -119,16 +142,27 @@ class CheckpointStore {
   // The directory given to Open().
   const std::string& dir() const { return dir_; }
 
+  // The message of the first write that failed (what every write returns since), or nullopt
+  // while every write has succeeded. Does not block on I/O.
+  std::optional<std::string> failure() const;
+
  private:
   struct Rep;  // the RocksDB handle; only checkpoint_store.cc sees RocksDB
   CheckpointStore(std::string dir, int shard, int num_shards, std::unique_ptr<Rep> rep,
                   bool has_registration);
+
+  // The status every write returns once the store has failed; ok while it has not.
+  Status LatchedFailure() const;
+  // Keeps `failure` as the store's failure unless one is kept already; returns it.
+  Status Latch(Status failure);
 
   const std::string dir_;
   const int shard_;
   const int num_shards_;
   const std::unique_ptr<Rep> rep_;
   std::atomic<bool> has_registration_;  // a Save() happened, now or in an earlier process
+  mutable std::mutex failure_mu_;
+  std::optional<Status> failure_;  // guarded by failure_mu_; the first failed write
 };
 
 }  // namespace parasync

@@ -37,9 +37,12 @@ rocksdb::IOStatus InjectedEio(const char* what, const std::string& fname) {
                                     "Input/output error (injected by StorageFaults)");
 }
 
+// As RocksDB's POSIX filesystem reports ENOSPC: NoSpace, retryable.
 rocksdb::IOStatus InjectedNoSpace(const std::string& fname) {
-  return rocksdb::IOStatus::NoSpace("While appending to file: " + fname,
-                                    "No space left on device (injected by StorageFaults)");
+  rocksdb::IOStatus s = rocksdb::IOStatus::NoSpace(
+      "While appending to file: " + fname, "No space left on device (injected by StorageFaults)");
+  s.SetRetryable(true);
+  return s;
 }
 
 class FaultyWritableFile : public rocksdb::FSWritableFileOwnerWrapper {

@@ -298,9 +298,11 @@ struct PsRun {
   std::string output;
 };
 
-// Runs parasync-ps as shard `shard` of `num_shards` on `data_dir`; a server that starts is
-// stopped (SIGTERM) once it says it serves, so a wrong acceptance fails instead of hanging.
-PsRun RunPs(const TempDir& dir, const std::string& data_dir, int shard, int num_shards) {
+// Runs parasync-ps as shard `shard` of `num_shards` on `data_dir`, with `env` ("K=V") added to
+// its environment; a server that starts is stopped (SIGTERM) once it says it serves, so a wrong
+// acceptance fails instead of hanging.
+PsRun RunPs(const TempDir& dir, const std::string& data_dir, int shard, int num_shards,
+            const std::vector<std::string>& env = {}) {
   const auto ports = testing::FreePorts(num_shards + 1);
   std::vector<std::string> ps;
   for (int i = 0; i < num_shards; ++i) ps.push_back("127.0.0.1:" + std::to_string(ports[i]));
@@ -310,7 +312,7 @@ PsRun RunPs(const TempDir& dir, const std::string& data_dir, int shard, int num_
                               "--worker-hosts",
                               "127.0.0.1:" + std::to_string(ports[static_cast<size_t>(num_shards)]),
                               "--task-index", std::to_string(shard), "--data-dir", data_dir},
-                             log);
+                             log, env);
   PsRun run;
   std::optional<int> status;
   testing::WaitFor(
@@ -489,6 +491,88 @@ TEST(DataDirTest, LauncherRunResumesFromItsDataDirs) {
   EXPECT_GE(resumed["step"].get<int64_t>(), 100) << resumed.dump();
   EXPECT_GE(resumed["test_accuracy"].get<double>(), 0.6)
       << "epoch 0 of the second run did not start from the first run's model: " << resumed.dump();
+}
+
+// A store of shard 0 of 1 written by a real server through a client and stopped cleanly
+// (SIGTERM), so that it lives in table files: a counter and 48 Ki floats of padding, which the
+// store keeps in data blocks of their own after the block of its meta records.
+void WriteStoppedStore(const TempDir& dir, const std::string& store) {
+  const auto ports = testing::FreePorts(2);
+  const std::string ps = "127.0.0.1:" + std::to_string(ports[0]);
+  Child server = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts", ps,
+                               "--worker-hosts", "127.0.0.1:" + std::to_string(ports[1]),
+                               "--task-index", "0", "--data-dir", store, "--durability",
+                               "every-update"},
+                              dir.path() + "/store-writer.log");
+  {
+    ModelRegistration reg;
+    reg.variables = {{"counter", {1}, DType::kFloat32, {InitKind::kZeros, 0.0f}},
+                     {"padding", {48 * 1024}, DType::kFloat32, {InitKind::kUniform, 1.0f}}};
+    reg.optimizer.kind = OptimizerKind::kSgd;
+    reg.optimizer.learning_rate = 1.0f;
+    reg.num_shards = 1;
+    PsClientOptions o;
+    o.ps_addresses = {ps};
+    o.rank = 0;
+    o.request_timeout = 30s;
+    zmq::context_t ctx;
+    auto client = PsClient::Connect(ctx, o);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    const Status registered = (*client)->Register(reg, 20s);
+    ASSERT_TRUE(registered.ok()) << registered.ToString() << "\n"
+                                 << testing::ReadFile(dir.path() + "/store-writer.log");
+    const float minus_one = -1.0f;
+    const std::vector<float> zeros(48 * 1024, 0.0f);
+    const float* grads[] = {&minus_one, zeros.data()};
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE((*client)->Push(grads, 1).ok());
+  }
+  server.Signal(SIGTERM);
+  const auto stopped = server.Wait(20s);
+  ASSERT_TRUE(stopped.has_value());
+  ASSERT_EQ(ExitCode(*stopped), 0) << testing::ReadFile(dir.path() + "/store-writer.log");
+}
+
+TEST(DataDirTest, AByteFlippedInATableDataBlockIsRefusedWithOneLineAndLeftByteIdentical) {
+  TempDir dir;
+  const std::string store = dir.path() + "/store";
+  ASSERT_NO_FATAL_FAILURE(WriteStoppedStore(dir, store));
+  std::string table;
+  for (const auto& entry : fs::directory_iterator(store)) {
+    if (entry.path().extension() == ".sst") table = entry.path().filename().string();
+  }
+  ASSERT_FALSE(table.empty()) << "the stopped server left no table file";
+  // The middle of the table is padding values, in a data block that only a full read sees.
+  {
+    std::fstream f(store + "/" + table, std::ios::in | std::ios::out | std::ios::binary);
+    const auto middle = static_cast<std::streamoff>(fs::file_size(store + "/" + table) / 2);
+    f.seekg(middle);
+    char c = 0;
+    f.get(c);
+    f.seekp(middle);
+    f.put(static_cast<char>(c ^ 0x04));
+    ASSERT_TRUE(f.good());
+  }
+  const auto before = DirContents(store);
+  const PsRun run = RunPs(dir, store, 0, 1);
+  ExpectRefused(run, {store, table, "Corruption"});
+  EXPECT_EQ(DirContents(store), before) << "the damaged store was changed";
+}
+
+TEST(DataDirTest, StoreOnAFullDiskIsRefusedWithOneLineAndNoAbort) {
+  TempDir dir;
+  const std::string store = dir.path() + "/store";
+  ASSERT_NO_FATAL_FAILURE(WriteStoppedStore(dir, store));
+  const PsRun run = RunPs(dir, store, 0, 1, {"PARASYNC_STORAGE_FAULTS=space_left_bytes=0"});
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  // The fault injection's warning, then the one line of the refusal.
+  const auto lines = NonEmptyLines(run.output);
+  ASSERT_EQ(lines.size(), 2u) << run.output;
+  EXPECT_NE(lines[0].find("FAULT INJECTION"), std::string::npos) << run.output;
+  EXPECT_NE(lines[1].find("no space left on device"), std::string::npos) << run.output;
+  EXPECT_NE(lines[1].find(store), std::string::npos) << run.output;
+  // With space again, the store opens with its data.
+  const PsRun healthy = RunPs(dir, store, 0, 1);
+  EXPECT_NE(healthy.output.find("restored from"), std::string::npos) << healthy.output;
 }
 
 }  // namespace
