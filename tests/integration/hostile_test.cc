@@ -331,5 +331,83 @@ TEST(HostileTest, AFloodOfPushesFromFourSocketsStaysInsideTheBoundAndIsGivenBack
       << "rss " << ProcBytes(ps.pid(), "VmRSS") << " before " << rss_before;
 }
 
+// A disk that fills up under a running server (PARASYNC_STORAGE_FAULTS: appends fail with
+// ENOSPC once 256 KiB are written, through RocksDB's FileSystem). Every-update: the push
+// that cannot be persisted is refused naming the cause, and so is every later one; periodic:
+// pushes go on and each failed snapshot is counted. In every mode the server stays up and
+// serves pulls. (Before: SIGABRT inside RocksDB.)
+class FullDiskTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FullDiskTest, TheServerRefusesWhatItCannotPersistAndKeepsServingPulls) {
+  const std::string durability = GetParam().substr(0, GetParam().find('/'));
+  const std::string mode = GetParam().substr(GetParam().find('/') + 1);
+  TempDir dir;
+  const auto ports = testing::FreePorts(3);
+  const std::string address = "127.0.0.1:" + std::to_string(ports[0]);
+  const std::string log = dir.path() + "/ps.log";
+  std::vector<std::string> argv = {testing::BinDir() + "/parasync-ps", "--ps-hosts", address,
+                                   "--worker-hosts", "127.0.0.1:" + std::to_string(ports[1]),
+                                   "--task-index", "0", "--metrics-port",
+                                   std::to_string(ports[2]), "--mode", mode, "--data-dir",
+                                   dir.path() + "/store", "--durability", durability,
+                                   "--checkpoint-every-versions", "1"};
+  Child ps = Child::Start(argv, log, {"PARASYNC_STORAGE_FAULTS=space_left_bytes=262144"});
+  zmq::context_t ctx;
+  PsClientOptions o;
+  o.ps_addresses = {address};
+  o.rank = 0;
+  o.request_timeout = 20s;
+  o.blocking_timeout = 20s;
+  auto connected = PsClient::Connect(ctx, o);
+  ASSERT_TRUE(connected.ok());
+  auto client = std::move(connected).value();
+  ModelRegistration reg;
+  reg.variables = {{"w", {64, 64}, DType::kFloat32, {InitKind::kUniform, 0.1f}}};
+  reg.optimizer.kind = OptimizerKind::kSgd;
+  reg.optimizer.learning_rate = 0.01f;
+  reg.num_shards = 1;
+  reg.mode = mode;
+  ASSERT_TRUE(client->Register(reg, 20s).ok()) << testing::ReadFile(log);
+  std::vector<float> params(64 * 64), grad(64 * 64, 1e-3f);
+  float* p = params.data();
+  const float* g = grad.data();
+  std::string refused;
+  int accepted = 0;
+  for (int i = 0; i < 200 && refused.empty(); ++i) {  // 200 x 16 KiB: past 256 KiB
+    Status s = client->Push({&g, 1}, 8);
+    if (s.ok() && mode == "sync") s = client->Pull({&p, 1}, PsClient::kNextStep);
+    if (s.ok()) {
+      ++accepted;
+    } else {
+      refused = s.ToString();
+    }
+  }
+  ASSERT_TRUE(testing::ProcessAlive(ps.pid())) << testing::ReadFile(log);
+  EXPECT_GE(Metric(ports[2], "parasync_ps_checkpoint_failures_total"), 1.0);
+  if (durability == "every-update") {
+    EXPECT_NE(refused.find("no space left on device"), std::string::npos) << refused;
+    EXPECT_EQ(Metric(ports[2], "parasync_ps_store_failed"), 1.0);
+  } else {
+    EXPECT_EQ(refused, "") << "periodic: pushes go on";
+    EXPECT_EQ(accepted, 200);
+  }
+  // Pulls are still served, with what was acknowledged.
+  ASSERT_TRUE(client->Pull({&p, 1}).ok()) << testing::ReadFile(log);
+  EXPECT_EQ(client->last_version(), accepted);
+  std::printf("%s %s: %d updates acknowledged before the disk was full; %s\n", durability.c_str(),
+              mode.c_str(), accepted, refused.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, FullDiskTest,
+                         ::testing::Values("every-update/async", "every-update/sync",
+                                           "periodic/async"),
+                         [](const ::testing::TestParamInfo<std::string>& param) {
+                           std::string name = param.param;
+                           for (char& c : name) {
+                             if (c == '-' || c == '/') c = '_';
+                           }
+                           return name;
+                         });
+
 }  // namespace
 }  // namespace parasync
