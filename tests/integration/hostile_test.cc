@@ -4,6 +4,7 @@
 // with the bound the server states (its parasync_ps_memory_bound_* gauges, for the
 // connections the test opened), checks that an honest client keeps going meanwhile, and
 // that the memory is given back once the hostile peers are gone.
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -394,8 +395,26 @@ TEST_P(FullDiskTest, TheServerRefusesWhatItCannotPersistAndKeepsServingPulls) {
   // Pulls are still served, with what was acknowledged.
   ASSERT_TRUE(client->Pull({&p, 1}).ok()) << testing::ReadFile(log);
   EXPECT_EQ(client->last_version(), accepted);
-  std::printf("%s %s: %d updates acknowledged before the disk was full; %s\n", durability.c_str(),
-              mode.c_str(), accepted, refused.c_str());
+
+  // Stopped, and started again on the same store with the disk freed: every acknowledged
+  // update is there (every-update); periodic keeps its last snapshot that fit.
+  ps.Signal(SIGTERM);
+  const auto stopped = ps.Wait(20s);
+  ASSERT_TRUE(stopped.has_value());
+  EXPECT_EQ(testing::ExitCode(*stopped), 0) << testing::ReadFile(log);
+  Child again = Child::Start(argv, dir.path() + "/ps-again.log");
+  auto reconnected = PsClient::Connect(ctx, o);
+  ASSERT_TRUE(reconnected.ok());
+  ASSERT_TRUE((*reconnected)->Register(reg, 20s).ok())
+      << testing::ReadFile(dir.path() + "/ps-again.log");
+  ASSERT_TRUE((*reconnected)->Pull({&p, 1}).ok());
+  const int64_t restored = (*reconnected)->last_version();
+  if (durability == "every-update") {
+    EXPECT_GE(restored, accepted) << "an acknowledged update was lost";
+  }
+  std::printf("%s %s: %d updates acknowledged, version %lld restored; refused: %s\n",
+              durability.c_str(), mode.c_str(), accepted, static_cast<long long>(restored),
+              refused.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, FullDiskTest,
