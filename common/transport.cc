@@ -224,17 +224,25 @@ Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout
     parts.reserve(std::min<size_t>(limit, 8));
     bool too_many = false;
     bool too_big = false;
-    // ZMQ_MAXMSGSIZE bounds each frame; the whole message is bounded here: once its frames
-    // pass max_bytes_, they are read to the end and dropped as they come (the routing id is
-    // kept, to reply), so a message of many large frames holds at most max_bytes_ + a frame.
+    // ZMQ_MAXMSGSIZE bounds each frame; the whole message is checked here: once its frames
+    // pass max_bytes_ it is refused, and its frames are dropped as they are read (the routing
+    // id is kept to reply, and the request id read from the header). This bounds what the
+    // caller holds, not what libzmq held: it delivers a multipart message only once all of
+    // it has arrived (docs/reliability.md).
     uint64_t bytes = 0;
+    std::optional<uint64_t> refused_request;
     for (;;) {  // `part` holds the next frame; the rest of a message is already queued
       const bool more = part.more();
       const bool routing_id = kind_ == Kind::kServer && parts.empty() && !too_big;
-      bytes += part.size();
+      if (!routing_id) bytes += part.size();
       if (!routing_id && max_bytes_ > 0 && bytes > max_bytes_ && !too_big) {
         too_big = true;
-        parts.resize(kind_ == Kind::kServer ? 1 : 0);  // gives the kept frames back now
+        const size_t header_at = kind_ == Kind::kServer ? 1 : 0;
+        if (parts.size() > header_at) {
+          auto header = DecodeHeader(parts[header_at].data(), parts[header_at].size());
+          if (header.ok()) refused_request = header->request_id;
+        }
+        parts.resize(header_at);  // gives the kept frames back now
       }
       if (too_big) {
         if (routing_id) parts.push_back(std::move(part));
@@ -251,8 +259,9 @@ Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout
     if (kind_ == Kind::kServer) in.identity = std::move(parts[next++]);
     if (too_big) {
       in.header = Status::Corruption("message of " + std::to_string(bytes) +
-                                     " bytes or more; the limit is " + std::to_string(max_bytes_) +
+                                     " bytes; the limit is " + std::to_string(max_bytes_) +
                                      " (--max-message-bytes)");
+      in.refused_request_id = refused_request;
       return std::optional<Inbound>(std::move(in));
     }
     if (too_many) {

@@ -27,6 +27,8 @@ struct Inbound {
   std::string peer_address;           // ROUTER: the peer's IP address ("" if unknown)
   Result<Header> header = Status::Internal("no header");
   std::vector<zmq::message_t> frames;  // the tensor frames after the header
+  // A message refused unread for its size: its request id, when its header decoded.
+  std::optional<uint64_t> refused_request_id;
 };
 
 struct SocketOptions {
@@ -69,7 +71,8 @@ class Socket {
   // Waits up to `timeout` for one whole message. Returns std::nullopt on timeout or when a
   // signal interrupted the wait; an error only for a broken socket. A message of more than
   // max_frames frames, or of more than max_message_bytes in all (the routing id aside), is
-  // read to its end, its frames dropped as they come, and returned with a Corruption header.
+  // read to its end, its frames dropped as they come, and returned with a Corruption header
+  // (and, for the latter, refused_request_id). libzmq has held the whole message by then.
   Result<std::optional<Inbound>> Receive(std::chrono::milliseconds timeout);
 
   // The bound endpoint with the actual port (useful after binding port 0).

@@ -84,8 +84,9 @@ int main(int argc, char** argv) {
       "96 MiB + the model (values, a spare copy, optimizer slots; sync: a gradient per "
       "worker; with --data-dir: a snapshot's copies) + --max-unread-reply-bytes + one "
       "--max-message-bytes, plus (4 + 1) x --max-message-bytes + 1 MiB per connected peer. "
-      "It holds whatever a peer sends or leaves unread: a pull past the unread-reply bound "
-      "and a message past --max-message-bytes are refused."};
+      "It holds whatever a peer sends or leaves unread — a pull past the unread-reply bound "
+      "and a message past --max-message-bytes are refused — with one gap: libzmq holds a "
+      "message of many frames whole before it can be refused (docs/reliability.md)."};
   app.option_defaults()->always_capture_default();
   // A flag given twice takes its last value, so a launcher's per-rank argument overrides a
   // shared one (parasync-launch --worker-arg ... --rank-arg R:...).
@@ -160,7 +161,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-unread-reply-bytes", max_unread_reply_bytes,
                  "Most bytes of pull replies that peers have not read yet, all together; a "
                  "pull past it, or from a peer with twice the shard's values unread, is "
-                 "refused (0 = 2 x (workers + 2) x the shard's values)")
+                 "refused (0 = 2 x (workers + 2) x the shard's values; at least (workers + 1) x "
+                 "them)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-model-bytes", max_model_bytes,
                  "Most memory a registered model may take on this shard (values, one spare "
@@ -320,6 +322,12 @@ int main(int argc, char** argv) {
   }
   options.max_model_bytes = max_model_bytes;
   options.apply_threads = apply_threads;
+  // Before the store: /metrics answers while a large store is verified and restored (the
+  // probes of deploy/k8s rely on it). A store refused below exits before the server binds.
+  auto metrics_server = MetricsServer::Start(*metrics_ip, metrics_port, metrics.registry);
+  if (!metrics_server.ok()) return Fail(metrics_server.status().message());
+  const int bound_metrics_port = (*metrics_server)->port();
+  MetricsServer::KeepUntilExit(std::move(metrics_server).value());
   std::unique_ptr<CheckpointStore> store;
   std::optional<ShardSnapshot> restored;
   double restore_seconds = 0;
@@ -361,11 +369,6 @@ int main(int argc, char** argv) {
                    "--checkpoint-every-versions N keeps them aligned");
     }
   }
-  // After the store is found to fit: a server refused at startup binds nothing.
-  auto metrics_server = MetricsServer::Start(*metrics_ip, metrics_port, metrics.registry);
-  if (!metrics_server.ok()) return Fail(metrics_server.status().message());
-  const int bound_metrics_port = (*metrics_server)->port();
-  MetricsServer::KeepUntilExit(std::move(metrics_server).value());
 
   zmq::context_t context(1);
   // Bound before the server socket, so no connection is ever admitted without it; destroyed

@@ -71,7 +71,10 @@ constexpr int64_t kHeaderRepliesPerConnection = int64_t{1000} << 10;
 
 int64_t UnreadReplyCap(const ServerOptions& options, int64_t elements) {
   const int64_t values = elements * static_cast<int64_t>(sizeof(float));
-  if (options.max_unread_reply_bytes > 0) return std::max(options.max_unread_reply_bytes, values);
+  // Never below a reply for every worker at once (a sync step answers them together).
+  if (options.max_unread_reply_bytes > 0) {
+    return std::max(options.max_unread_reply_bytes, (options.num_workers + 1) * values);
+  }
   return 2 * (options.num_workers + 2) * values;
 }
 
@@ -92,8 +95,9 @@ MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, i
   // except for the message: one per server (the loop handles one at a time).
   b.fixed = b.base + b.model + b.unread + options.max_message_bytes;
   // ZeroMQ queues up to kServerReceiveQueue messages from a connection and decodes one
-  // more; each is at most max_message_bytes (per frame; the whole message is checked only
-  // when read, so a multi-frame message is bounded by that check plus one frame).
+  // more, each of at most max_message_bytes. The gap: libzmq bounds each frame, not a
+  // message, and holds a multipart message whole until its last frame is in, so one of many
+  // frames is held whole before Receive refuses it (docs/reliability.md).
   b.per_connection = (kServerReceiveQueue + 1) * options.max_message_bytes +
                      kHeaderRepliesPerConnection;
   return b;
@@ -137,6 +141,7 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
       last_idle_(std::chrono::steady_clock::now()),
       last_seq_(static_cast<size_t>(options.num_workers), 0),
       last_save_time_(std::chrono::steady_clock::now()) {
+  shard_.set_max_message_bytes(options.max_message_bytes);
   std::random_device rd;
   while (incarnation_ == 0) incarnation_ = (uint64_t{rd()} << 32) | rd();
 }
@@ -377,8 +382,15 @@ void Server::MaybeTrimMemory(TimePoint now) {
 }
 
 void Server::SendPull(zmq::message_t& identity, const Header& req) {
+  // What a reply keeps alive: a float32 frame pins its whole slice (a loan), a 16-bit one its
+  // own encoded copy.
   int64_t bytes = 0;
-  for (const SliceRange& r : req.slices) bytes += r.count * static_cast<int64_t>(DTypeSize(req.dtype));
+  const SliceMap* map = shard_.slice_map();  // registered: the ranges were validated
+  for (const SliceRange& r : req.slices) {
+    bytes += req.dtype == DType::kFloat32 && map != nullptr
+                 ? map->slices()[r.slice_id].length * static_cast<int64_t>(sizeof(float))
+                 : r.count * static_cast<int64_t>(DTypeSize(req.dtype));
+  }
   const ByteCounter peer = UnreadCounterOf(identity);
   const int64_t peer_unread = peer->load(std::memory_order_relaxed);
   const int64_t total_unread = unread_total_->load(std::memory_order_relaxed);
@@ -422,39 +434,49 @@ void Server::SendPull(zmq::message_t& identity, const Header& req) {
   shard_.Lend(req.slices, loans);
   std::vector<zmq::message_t> frames;
   frames.reserve(loans.size());
-  for (const Shard::Loan& loan : loans) {
-    const size_t size = static_cast<size_t>(loan.count) * DTypeSize(req.dtype);
-    if (size == 0) {
-      frames.emplace_back();
-      Shard::ReturnLoan(loan.token);
-      continue;
-    }
-    // Counted before the frame exists: ReleaseFrame may run as soon as it is queued.
-    auto* hold = new FrameHold{nullptr, static_cast<int64_t>(size), peer, unread_total_,
-                               released_since_trim_};
-    peer->fetch_add(hold->bytes, std::memory_order_relaxed);
-    unread_total_->fetch_add(hold->bytes, std::memory_order_relaxed);
-    void* data = nullptr;
-    if (req.dtype == DType::kFloat32) {
-      hold->loan = loan.token;
-      data = const_cast<float*>(loan.data);
-    } else {
-      data = std::malloc(size);
-      if (data != nullptr) {
-        EncodeFloats(loan.data, static_cast<size_t>(loan.count), req.dtype, data);
+  size_t taken = 0;  // loans [taken, end) are still ours to return
+  try {
+    for (; taken < loans.size(); ++taken) {
+      const Shard::Loan& loan = loans[taken];
+      const size_t size = static_cast<size_t>(loan.count) * DTypeSize(req.dtype);
+      if (size == 0) {
+        frames.emplace_back();
+        Shard::ReturnLoan(loan.token);
+        continue;
       }
-      Shard::ReturnLoan(loan.token);
+      const bool lent = req.dtype == DType::kFloat32;
+      // A lent frame keeps its whole slice alive; an encoded one its own bytes.
+      auto owned_hold = std::make_unique<FrameHold>(FrameHold{
+          nullptr,
+          lent ? loan.pinned * static_cast<int64_t>(sizeof(float)) : static_cast<int64_t>(size),
+          peer, unread_total_, released_since_trim_});
+      void* data = const_cast<float*>(loan.data);
+      if (!lent) {
+        data = std::malloc(size);
+        if (data == nullptr) throw std::bad_alloc();
+        EncodeFloats(loan.data, static_cast<size_t>(loan.count), req.dtype, data);
+        Shard::ReturnLoan(loan.token);
+      } else {
+        owned_hold->loan = loan.token;
+      }
+      // From here the hold owns the loan (or the buffer). Counted before the frame exists:
+      // ReleaseFrame may run as soon as it is queued.
+      FrameHold* hold = owned_hold.release();
+      peer->fetch_add(hold->bytes, std::memory_order_relaxed);
+      unread_total_->fetch_add(hold->bytes, std::memory_order_relaxed);
+      try {
+        frames.emplace_back(data, size, &ReleaseFrame, hold);
+      } catch (...) {
+        ReleaseFrame(data, hold);
+        ++taken;
+        throw;
+      }
     }
-    if (data == nullptr) {
-      ReleaseFrame(nullptr, hold);
-      throw std::bad_alloc();
-    }
-    try {
-      frames.emplace_back(data, size, &ReleaseFrame, hold);
-    } catch (...) {
-      ReleaseFrame(data, hold);
-      throw;
-    }
+  } catch (...) {
+    // Out of memory mid-reply: what is not yet in a frame goes back (the frames built so
+    // far give theirs back as `frames` is destroyed).
+    for (; taken < loans.size(); ++taken) Shard::ReturnLoan(loans[taken].token);
+    throw;
   }
   if (coordinator_.ValidRank(req.rank)) coordinator_.RecordRead(req.rank);
   metrics_->bytes_sent[static_cast<size_t>(MsgType::kPull)]->Increment(
@@ -611,6 +633,8 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
 
 void Server::MaybeCompleteStep() {
   if (options_.mode.kind != TrainingMode::Kind::kSync || !coordinator_.StepReady()) return;
+  // After a rollback the step's gradients may be gone: no step is taken that cannot be kept.
+  if (store_failure_) return;
   const int n = coordinator_.contributors();
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t before = shard_.examples();
@@ -772,6 +796,8 @@ bool Server::Handle(Inbound& in) {
       spdlog::warn("rejected a malformed message: {}", in.header.status().message());
     }
     reply.status = in.header.status();
+    // A message refused for its size still answers its request, so the sender sees why.
+    if (in.refused_request_id) reply.request_id = *in.refused_request_id;
     (void)socket_->Send(&in.identity, reply, {});
     return true;
   }

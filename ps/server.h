@@ -50,7 +50,8 @@ struct ServerOptions {
   // Bound on one whole message (all its frames); see MemoryBound.
   int64_t max_message_bytes = int64_t{1} << 30;
   // Bound on the bytes of pull replies handed to ZeroMQ and not yet written out, all peers
-  // together (0: 2 x (num_workers + 2) x the shard's values). A pull that would pass it, or
+  // together (0: 2 x (num_workers + 2) x the shard's values; never less than (num_workers
+  // + 1) x the shard's values, a reply for every worker at once). A pull that would pass it, or
   // that comes from a peer with more than two copies of the shard's values unread, is
   // refused (Unavailable) instead of pinning another version of the model.
   int64_t max_unread_reply_bytes = 0;

@@ -85,6 +85,18 @@ Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
                                    ", more than its limit of " + std::to_string(max_bytes_) +
                                    " (--max-model-bytes)");
   }
+  // A worker pushes its whole share here in one message: it must fit the message bound.
+  const int64_t push_bytes = here * static_cast<int64_t>(sizeof(float)) +
+                             32 * static_cast<int64_t>(map->SlicesOfShard(shard_index_).size()) +
+                             4096;
+  if (max_message_bytes_ > 0 && push_bytes > max_message_bytes_) {
+    *reason = RejectReason::kBadRegistration;
+    return Status::InvalidArgument("a push of shard " + std::to_string(shard_index_) +
+                                   "'s share of the model takes up to " +
+                                   std::to_string(push_bytes) + " bytes, more than its limit of " +
+                                   std::to_string(max_message_bytes_) +
+                                   " (--max-message-bytes)");
+  }
   local_index_.assign(map->slices().size(), -1);
   owned_.clear();
   for (uint32_t id : map->SlicesOfShard(shard_index_)) {
@@ -167,7 +179,7 @@ void Shard::Lend(std::span<const SliceRange> ranges, std::vector<Loan>& out) con
   out.clear();
   for (const SliceRange& r : ranges) {
     const SliceState& s = owned_[static_cast<size_t>(local_index_[r.slice_id])];
-    out.push_back({s.values.data() + r.begin, r.count, s.values.Lend()});
+    out.push_back({s.values.data() + r.begin, r.count, s.values.Lend(), s.values.size()});
   }
 }
 

@@ -60,6 +60,9 @@ class Shard {
   // time.
   Shard(int shard_index, int num_shards, int64_t max_bytes = 0, int apply_threads = 1);
   static constexpr int64_t kParallelApplyElements = int64_t{1} << 18;  // 1 MiB of float32
+  // A registration whose push to this shard (its values and a header) would pass this many
+  // bytes is refused (InvalidArgument naming --max-message-bytes); 0: no bound.
+  void set_max_message_bytes(int64_t bytes) { max_message_bytes_ = bytes; }
   // An SGD push of at least this many elements writes its new values with streaming stores
   // (ApplySgdIfFiniteStreaming): they would be out of the cache by the time a pull reply
   // reads them anyway, and skipping the read-for-ownership saves a quarter of the traffic.
@@ -93,6 +96,7 @@ class Shard {
     const float* data = nullptr;
     int64_t count = 0;
     void* token = nullptr;
+    int64_t pinned = 0;  // floats the loan keeps alive: the whole slice, whatever the range
   };
   void Lend(std::span<const SliceRange> ranges, std::vector<Loan>& out) const;
   static void ReturnLoan(void* token) noexcept { LendableFloats::Return(token); }
@@ -184,6 +188,7 @@ class Shard {
   int shard_index_;
   int num_shards_;
   int64_t max_bytes_;
+  int64_t max_message_bytes_ = 0;
   std::unique_ptr<ParallelFor> apply_threads_;  // null when 1
   std::optional<ModelRegistration> registration_;
   std::optional<SliceMap> map_;
