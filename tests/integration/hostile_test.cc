@@ -31,6 +31,30 @@ using testing::Child;
 using testing::TempDir;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
+
+// Under a sanitizer (this build's flags are the servers'), its allocator keeps freed memory
+// in quarantine and pads every block: resident memory says nothing about the bound, so the
+// tests check everything else and say that they skipped the memory figures.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// Resident memory at most `bytes`: true under a sanitizer (see kSanitized).
+bool MemoryWithin(int64_t resident, int64_t bytes) {
+  if (kSanitized) {
+    std::printf("memory figures not checked under a sanitizer\n");
+    return true;
+  }
+  return resident <= bytes;
+}
 double Mib(int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(kMiB); }
 
 // "VmRSS" or "VmHWM" of `pid`, in bytes (-1 if unreadable).
@@ -183,7 +207,7 @@ TEST(HostileTest, APeerThatNeverReadsItsPullRepliesCannotPinModelVersions) {
   std::printf("unread pulls: rss before %.1f MiB, peak %.1f MiB (sampled %.1f), bound %.1f MiB\n",
               Mib(rss_before), Mib(peak), Mib(peak_sampled),
               Mib(bound));
-  EXPECT_LE(peak, bound);
+  EXPECT_TRUE(MemoryWithin(peak, bound)) << Mib(peak) << " MiB against " << Mib(bound);
   EXPECT_GE(ps.Rejected("unread_replies"), kPulls - 10.0);
   EXPECT_LE(Metric(ps.metrics_port(), "parasync_ps_unread_reply_bytes"), 2.0 * 4 * 512 * 512);
 
@@ -192,7 +216,7 @@ TEST(HostileTest, APeerThatNeverReadsItsPullRepliesCannotPinModelVersions) {
   EXPECT_TRUE(testing::WaitFor(
       [&] { return Metric(ps.metrics_port(), "parasync_ps_unread_reply_bytes") == 0; }, 10s));
   EXPECT_TRUE(testing::WaitFor(
-      [&] { return ProcBytes(ps.pid(), "VmRSS") <= rss_before + 16 * kMiB; }, 10s))
+      [&] { return MemoryWithin(ProcBytes(ps.pid(), "VmRSS"), rss_before + 16 * kMiB); }, 10s))
       << "rss " << ProcBytes(ps.pid(), "VmRSS") << " before " << rss_before;
 }
 
@@ -232,7 +256,7 @@ TEST(HostileTest, PullsOfTinyRangesAreChargedTheSlicesTheyPin) {
   const int64_t peak = ProcBytes(ps.pid(), "VmHWM");
   std::printf("tiny pulls: peak %.1f MiB, bound %.1f MiB, %.0f pulls refused\n", Mib(peak),
               Mib(bound), ps.Rejected("unread_replies"));
-  EXPECT_LE(peak, bound);
+  EXPECT_TRUE(MemoryWithin(peak, bound)) << Mib(peak) << " MiB against " << Mib(bound);
   // Each tiny reply pins 1 MiB though it carries 16 bytes: nearly all are refused.
   EXPECT_GE(ps.Rejected("unread_replies"), kTiny - 5.0);
 }
@@ -302,7 +326,7 @@ TEST(HostileTest, AMessageOfManyLargeFramesIsRefusedAndItsMemoryGivenBack) {
   EXPECT_TRUE(header->status.ok()) << header->status.ToString();
   // Given back (the server trims after 64 MiB came and went).
   EXPECT_TRUE(testing::WaitFor(
-      [&] { return ProcBytes(ps.pid(), "VmRSS") <= rss_before + 16 * kMiB; }, 40s))
+      [&] { return MemoryWithin(ProcBytes(ps.pid(), "VmRSS"), rss_before + 16 * kMiB); }, 40s))
       << "rss " << ProcBytes(ps.pid(), "VmRSS") << " before " << rss_before;
 }
 
@@ -387,11 +411,11 @@ TEST(HostileTest, AFloodOfPushesFromFourSocketsStaysInsideTheBoundAndIsGivenBack
               Mib(rss_before), Mib(peak), Mib(peak_sampled),
               Mib(bound));
   EXPECT_GT(sent.load(), 100);
-  EXPECT_LE(peak, bound);
+  EXPECT_TRUE(MemoryWithin(peak, bound)) << Mib(peak) << " MiB against " << Mib(bound);
   // The flooders are gone: what they cost is given back (within 32 MiB: the allocator keeps
   // what it keeps in use, and the server's threads their stacks).
   EXPECT_TRUE(testing::WaitFor(
-      [&] { return ProcBytes(ps.pid(), "VmRSS") <= rss_before + 32 * kMiB; }, 40s))
+      [&] { return MemoryWithin(ProcBytes(ps.pid(), "VmRSS"), rss_before + 32 * kMiB); }, 40s))
       << "rss " << ProcBytes(ps.pid(), "VmRSS") << " before " << rss_before;
 }
 
