@@ -660,6 +660,7 @@ void Server::MaybeCompleteStep() {
     // The step's pulls are answered only after it is durable (ServeParked runs after this).
     if (Status s = PersistUpdate({}, -1, 0); !s.ok()) {
       OnStoreFailure(s, "step " + std::to_string(shard_.version()));
+      return;  // rolled back: this step's examples were not applied after all
     }
   }
   metrics_->apply_seconds->Observe(
