@@ -85,6 +85,25 @@ double Metric(int port, const std::string& series) {
   return std::nan("");
 }
 
+// A DEALER that asks and never reads: ZeroMQ on its side takes one message and the kernel
+// buffers a little; the rest of the replies wait in the server.
+std::unique_ptr<zmq::socket_t> NonReader(zmq::context_t& ctx, const std::string& address) {
+  auto s = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+  s->set(zmq::sockopt::linger, 0);
+  s->set(zmq::sockopt::rcvhwm, 1);
+  s->set(zmq::sockopt::rcvbuf, 4096);
+  s->connect("tcp://" + address);
+  return s;
+}
+
+// Waits (bounded) until `pid` is resident within `slack` of `before`: what a hostile peer
+// cost is given back.
+void ExpectGivenBack(pid_t pid, int64_t before, int64_t slack, std::chrono::seconds bound) {
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return MemoryWithin(ProcBytes(pid, "VmRSS"), before + slack); }, bound))
+      << "rss " << ProcBytes(pid, "VmRSS") << " before " << before;
+}
+
 // One parasync-ps (shard 0 of 1, one worker) with the given extra flags.
 class Ps {
  public:
@@ -180,13 +199,8 @@ TEST(HostileTest, APeerThatNeverReadsItsPullRepliesCannotPinModelVersions) {
   ASSERT_TRUE(honest->Pull({&p, 1}).ok());
   const int64_t rss_before = ProcBytes(ps.pid(), "VmRSS");
 
-  // It asks and asks, and reads nothing: ZeroMQ on its side takes one message, the kernel
-  // buffers a little; the rest would wait in the server.
-  auto reader = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
-  reader->set(zmq::sockopt::linger, 0);
-  reader->set(zmq::sockopt::rcvhwm, 1);
-  reader->set(zmq::sockopt::rcvbuf, 4096);
-  reader->connect("tcp://" + ps.address());
+  // It asks and asks, and reads nothing.
+  auto reader = NonReader(ctx, ps.address());
   Header pull;
   pull.type = MsgType::kPull;
   pull.rank = -1;
@@ -215,9 +229,7 @@ TEST(HostileTest, APeerThatNeverReadsItsPullRepliesCannotPinModelVersions) {
   reader.reset();
   EXPECT_TRUE(testing::WaitFor(
       [&] { return Metric(ps.metrics_port(), "parasync_ps_unread_reply_bytes") == 0; }, 10s));
-  EXPECT_TRUE(testing::WaitFor(
-      [&] { return MemoryWithin(ProcBytes(ps.pid(), "VmRSS"), rss_before + 16 * kMiB); }, 10s))
-      << "rss " << ProcBytes(ps.pid(), "VmRSS") << " before " << rss_before;
+  ExpectGivenBack(ps.pid(), rss_before, 16 * kMiB, 10s);
 }
 
 // A pull of one float per slice pins each whole slice (the reply lends the slice's buffer):
@@ -231,11 +243,7 @@ TEST(HostileTest, PullsOfTinyRangesAreChargedTheSlicesTheyPin) {
   ASSERT_TRUE(honest->Register(MiBModel(), 20s).ok());
   std::vector<float> grad(512 * 512, 1e-3f);
   const float* g = grad.data();
-  auto reader = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
-  reader->set(zmq::sockopt::linger, 0);
-  reader->set(zmq::sockopt::rcvhwm, 1);
-  reader->set(zmq::sockopt::rcvbuf, 4096);
-  reader->connect("tcp://" + ps.address());
+  auto reader = NonReader(ctx, ps.address());
   // Whole pulls first, until the kernel's buffers are full and replies wait in the server;
   // then pulls of one float per slice, each with an honest push after it.
   Header pull;
@@ -325,9 +333,7 @@ TEST(HostileTest, AMessageOfManyLargeFramesIsRefusedAndItsMemoryGivenBack) {
   ASSERT_TRUE(header.ok());
   EXPECT_TRUE(header->status.ok()) << header->status.ToString();
   // Given back (the server trims after 64 MiB came and went).
-  EXPECT_TRUE(testing::WaitFor(
-      [&] { return MemoryWithin(ProcBytes(ps.pid(), "VmRSS"), rss_before + 16 * kMiB); }, 40s))
-      << "rss " << ProcBytes(ps.pid(), "VmRSS") << " before " << rss_before;
+  ExpectGivenBack(ps.pid(), rss_before, 16 * kMiB, 40s);
 }
 
 TEST(HostileTest, AFloodOfPushesFromFourSocketsStaysInsideTheBoundAndIsGivenBack) {
@@ -414,9 +420,7 @@ TEST(HostileTest, AFloodOfPushesFromFourSocketsStaysInsideTheBoundAndIsGivenBack
   EXPECT_TRUE(MemoryWithin(peak, bound)) << Mib(peak) << " MiB against " << Mib(bound);
   // The flooders are gone: what they cost is given back (within 32 MiB: the allocator keeps
   // what it keeps in use, and the server's threads their stacks).
-  EXPECT_TRUE(testing::WaitFor(
-      [&] { return MemoryWithin(ProcBytes(ps.pid(), "VmRSS"), rss_before + 32 * kMiB); }, 40s))
-      << "rss " << ProcBytes(ps.pid(), "VmRSS") << " before " << rss_before;
+  ExpectGivenBack(ps.pid(), rss_before, 32 * kMiB, 40s);
 }
 
 // A disk that fills up under a running server (PARASYNC_STORAGE_FAULTS: appends fail with
