@@ -1,16 +1,34 @@
 #!/usr/bin/env bash
 # Installs what parasync needs from Debian's packages. Idempotent: installs only what is
 # missing, and runs `apt-get update` only then. Needs root (or sudo).
+#
+#   tools/install-deps.sh            what builds the binaries and runs the quick start
+#                                    (tools/run-local-cluster.sh): compilers, the libraries,
+#                                    Debian's Fashion-MNIST
+#   tools/install-deps.sh --tests    that, and what the test suite uses besides
+#                                    (tools/run-tests.sh): GoogleTest, the Prometheus server,
+#                                    Python with matplotlib, shellcheck, Node.js, curl, git
+#   tools/install-deps.sh PKG ...    that, and extra packages a tool needs only for itself,
+#                                    e.g. `tools/install-deps.sh chromium`
 set -euo pipefail
 
+# The build and the quick start. (tests/deploy/manifests/check-dockerfile.mjs reads this
+# list: the image's build stage must install all of it but the data set.)
 packages=(
-  build-essential cmake ninja-build pkg-config git curl
+  build-essential cmake ninja-build pkg-config
   libzmq3-dev cppzmq-dev libflatbuffers-dev flatbuffers-compiler librocksdb-dev
-  prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev libspdlog-dev nlohmann-json3-dev zlib1g-dev libdnnl-dev ocl-icd-opencl-dev prometheus
-  dataset-fashion-mnist python3 python3-matplotlib shellcheck nodejs
+  prometheus-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev zlib1g-dev libdnnl-dev
+  ocl-icd-opencl-dev dataset-fashion-mnist
 )
-# Extra packages a tool needs only for itself, e.g. `tools/install-deps.sh chromium`.
+# The test suite's own needs: unit tests, the real Prometheus of the integration tests,
+# tools/compare's plots, the deploy checks' shellcheck and Node.js validators, the scripts.
+test_packages=(
+  libgtest-dev libgmock-dev prometheus python3 python3-matplotlib shellcheck nodejs curl git
+)
+if [[ ${1:-} == --tests ]]; then
+  shift
+  packages+=("${test_packages[@]}")
+fi
 packages+=("$@")
 
 missing=()

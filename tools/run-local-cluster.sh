@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The quick start: installs the dependencies, builds, and trains an MLP on Fashion-MNIST
-# with a local cluster of 2 parameter servers and 2 workers in async mode.
+# with a local cluster of 2 parameter servers and 2 workers in async mode. It installs and
+# builds only what it runs (tools/install-deps.sh, tools/build.sh --quick): no tests, no
+# benchmarks, and the CUDA module only with PARASYNC_CUDA=AUTO (or ON) in the environment,
+# e.g. `PARASYNC_CUDA=AUTO tools/run-local-cluster.sh --worker-arg=--device=cuda`.
 # Extra arguments go to parasync-launch (see build/bin/parasync-launch --help), e.g.
 #   tools/run-local-cluster.sh --epochs 10 --workers 4
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
-tools/build.sh
+tools/build.sh --quick
 # The defaults below apply only where the arguments do not set the flag: the launcher refuses
 # a flag given twice. Logs go to runs/<YYYYmmdd-HHMMSS>, the launcher's default (or --log-dir).
 defaults=()

@@ -24,9 +24,9 @@ jobs=${JOBS:-$(nproc)}
 build_dir=${SANITIZER_BUILD_DIR:-build-$mode}
 
 if [[ $mode == fuzz ]]; then
-  tools/install-deps.sh clang libclang-rt-14-dev
+  tools/install-deps.sh --tests clang libclang-rt-14-dev
 else
-  tools/install-deps.sh
+  tools/install-deps.sh --tests
 fi
 # check_manifests (tests/deploy) validates with npm packages pinned by package-lock.json; the
 # same step as tools/run-tests.sh, needed only for the whole suite (asan).

@@ -21,7 +21,7 @@ for s in ${stages//,/ }; do
 done
 has_stage() { [[ ",$stages," == *",$1,"* ]]; }
 
-tools/install-deps.sh
+tools/install-deps.sh --tests
 # The deploy/ validators' npm packages (ctest check_manifests), pinned by package-lock.json;
 # refreshed only when the lock file is newer than the install. Node.js comes with npm where
 # it is nodesource's; Debian's nodejs needs its npm package.
