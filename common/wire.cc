@@ -96,6 +96,9 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
   hb.add_seq(h.seq);
   hb.add_replayed(h.replayed);
   hb.add_staleness(h.staleness);
+  hb.add_progress_epoch(h.progress.epoch);
+  hb.add_progress_done(h.progress.done);
+  hb.add_progress_of(h.progress.of);
   if (!reg.IsNull()) hb.add_register_(reg);
   if (!stats.IsNull()) hb.add_stats(stats);
   b.Finish(hb.Finish());
@@ -217,6 +220,7 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.seq = in->seq();
   h.replayed = in->replayed();
   h.staleness = in->staleness();
+  h.progress = {in->progress_epoch(), in->progress_done(), in->progress_of()};
   if (const fb::RegisterRequest* r = in->register_()) {
     auto reg = DecodeRegistration(r);
     if (!reg.ok()) return reg.status();

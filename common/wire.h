@@ -13,6 +13,7 @@
 
 #include "common/float_codec.h"
 #include "common/model_spec.h"
+#include "common/progress.h"
 #include "common/status.h"
 
 namespace parasync {
@@ -85,6 +86,7 @@ struct Header {
   uint64_t seq = 0;         // push: (sender incarnation << 32) | counter; 0 = none
   bool replayed = false;    // push reply: already applied, not applied again
   int64_t staleness = 0;    // push reply: versions applied between read and acceptance
+  DataProgress progress;    // push: sender's position after it; register reply: the rank's
   std::optional<ModelRegistration> registration;  // Register requests
   std::optional<ShardStats> stats;                // Stats replies
 };

@@ -452,6 +452,11 @@ std::string StateValue(int64_t version, int64_t examples) {
 std::string RankValue(const RankRecord& rank) {
   std::string payload;
   Append<uint64_t>(&payload, rank.last_seq);
+  if (!rank.progress.empty()) {
+    Append<int32_t>(&payload, rank.progress.epoch);
+    Append<int64_t>(&payload, rank.progress.done);
+    Append<int64_t>(&payload, rank.progress.of);
+  }
   return SealedValue(RankKey(rank.rank), std::move(payload));
 }
 
@@ -530,7 +535,12 @@ Result<ShardSnapshot> ReadSnapshot(rocksdb::DB* db, const std::string& dir) {
     Result<std::string_view> payload = Unseal(key, it->value().ToStringView());
     if (!payload.ok()) return payload.status().WithContext(dir);
     Reader rr(*payload);
-    if (!rr.Get(&rank.last_seq) || rr.left() != 0) {
+    // Without its DataProgress (stored before 0.2, or none recorded): only last_seq.
+    const bool with_progress = rr.left() > sizeof(uint64_t);
+    if (!rr.Get(&rank.last_seq) ||
+        (with_progress && (!rr.Get(&rank.progress.epoch) || !rr.Get(&rank.progress.done) ||
+                           !rr.Get(&rank.progress.of))) ||
+        rr.left() != 0) {
       return BadRecord(key, "has the wrong length").WithContext(dir);
     }
     snap.ranks.push_back(rank);
@@ -763,7 +773,7 @@ Status CheckpointStore::Save(const ShardSnapshot& snap, bool sync) {
 
 Status CheckpointStore::SaveUpdate(int64_t version, int64_t examples,
                                    const std::vector<const SliceSnapshot*>& slices,
-                                   const std::optional<RankRecord>& rank, bool sync) {
+                                   const std::vector<RankRecord>& ranks, bool sync) {
   PARASYNC_RETURN_IF_ERROR(LatchedFailure());
   if (!has_registration_.load()) {
     return Status::FailedPrecondition("no snapshot was saved in " + dir_ +
@@ -779,8 +789,8 @@ Status CheckpointStore::SaveUpdate(int64_t version, int64_t examples,
     for (const SliceSnapshot* slice : slices) {
       PARASYNC_RETURN_IF_ERROR(FromRocks(PutSlice(*slice, &batch), dir_));
     }
-    if (rank) {
-      PARASYNC_RETURN_IF_ERROR(FromRocks(batch.Put(RankKey(rank->rank), RankValue(*rank)), dir_));
+    for (const RankRecord& rank : ranks) {
+      PARASYNC_RETURN_IF_ERROR(FromRocks(batch.Put(RankKey(rank.rank), RankValue(rank)), dir_));
     }
     rocksdb::WriteOptions wo;
     wo.sync = sync;

@@ -15,7 +15,8 @@
 //   meta/state         int64 version, int64 examples
 //   slice/<8 hex id>   int64 updates, uint32 num_slots, uint64 n, n floats values,
 //                      num_slots * n floats slots
-//   rank/<8 hex rank>  uint64 last_seq
+//   rank/<8 hex rank>  uint64 last_seq [, int32 epoch, int64 done, int64 of: the rank's
+//                      DataProgress, written since 0.2; a record without it reads as none]
 //
 // A store is verified before anything is written to it: Open() first opens it read-only and
 // checks every table block (RocksDB's checksums), every record (ours) and the WAL (damage
@@ -43,6 +44,7 @@
 #include <vector>
 
 #include "common/model_spec.h"
+#include "common/progress.h"
 #include "common/status.h"
 
 namespace parasync {
@@ -61,10 +63,12 @@ struct SliceSnapshot {
 };
 
 // The highest push sequence number applied for a rank, so a retried push is not applied
-// twice after a restart.
+// twice after a restart, and where the rank was in its data with the updates stored, so a
+// restarted worker goes on from there.
 struct RankRecord {
   int32_t rank = 0;
   uint64_t last_seq = 0;
+  DataProgress progress;
   bool operator==(const RankRecord&) const = default;
 };
 
@@ -123,7 +127,7 @@ class CheckpointStore {
   Status Save(const ShardSnapshot& snap, bool sync);
 
   // Every-update durability: overwrites just `slices` (whole slices; the pointers are only
-  // read during the call), version, examples and, when given, `rank`, in one atomic
+  // read during the call), version, examples and the records of `ranks`, in one atomic
   // WriteBatch, fsynced when `sync`. Other slices and ranks stay as they are.
   // FailedPrecondition when no Save() happened yet, in this process or an earlier one (the
   // registration is not stored); InvalidArgument (nothing written) for a null pointer or a
@@ -133,7 +137,7 @@ class CheckpointStore {
   // (ENOSPC) is not shown. Blocks on disk I/O.
   Status SaveUpdate(int64_t version, int64_t examples,
                     const std::vector<const SliceSnapshot*>& slices,
-                    const std::optional<RankRecord>& rank, bool sync);
+                    const std::vector<RankRecord>& ranks, bool sync);
 
   // Bytes the store takes on disk now: the sum of the sizes of the files in dir() (SST
   // files, WAL, manifest, logs). Best effort: files that vanish while counting are skipped.

@@ -154,6 +154,8 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
       straggler_({options.num_workers, options.straggler_log_seconds}),
       last_idle_(std::chrono::steady_clock::now()),
       last_seq_(static_cast<size_t>(options.num_workers), 0),
+      progress_(static_cast<size_t>(options.num_workers)),
+      pending_progress_(static_cast<size_t>(options.num_workers)),
       last_save_time_(std::chrono::steady_clock::now()) {
   shard_.set_max_message_bytes(options.max_message_bytes);
   std::random_device rd;
@@ -165,6 +167,7 @@ Status Server::Restore(const ShardSnapshot& snap) {
   for (const RankRecord& r : snap.ranks) {
     if (r.rank >= 0 && static_cast<size_t>(r.rank) < last_seq_.size()) {
       last_seq_[static_cast<size_t>(r.rank)] = r.last_seq;
+      progress_[static_cast<size_t>(r.rank)] = r.progress;
     }
   }
   last_saved_version_ = shard_.version();
@@ -181,7 +184,9 @@ Status Server::SaveSnapshot(bool force) {
   const auto t0 = std::chrono::steady_clock::now();
   ShardSnapshot snap = shard_.Snapshot();
   for (size_t r = 0; r < last_seq_.size(); ++r) {
-    if (last_seq_[r] != 0) snap.ranks.push_back({static_cast<int32_t>(r), last_seq_[r]});
+    if (last_seq_[r] != 0 || !progress_[r].empty()) {
+      snap.ranks.push_back({static_cast<int32_t>(r), last_seq_[r], progress_[r]});
+    }
   }
   PARASYNC_RETURN_IF_ERROR(options_.store->Save(snap, /*sync=*/true));
   const auto t1 = std::chrono::steady_clock::now();
@@ -225,6 +230,7 @@ void Server::DropGradient(const Header& req, Header& reply, bool stale) {
   if (coordinator_.ValidRank(req.rank)) {
     coordinator_.RecordDropped(req.rank);
     RecordSeq(req.rank, req.seq);
+    RecordProgress(req.rank, req.progress);  // the batch is settled: dropped, not pending
     metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
   }
 }
@@ -240,7 +246,24 @@ void Server::RecordSeq(int rank, uint64_t seq) {
   last_seq_[static_cast<size_t>(rank)] = seq;
 }
 
-Status Server::PersistUpdate(std::span<const SliceRange> ranges, int rank, uint64_t seq) {
+void Server::RecordProgress(int rank, const DataProgress& progress) {
+  if (progress.empty() || rank < 0 || static_cast<size_t>(rank) >= progress_.size()) return;
+  progress_[static_cast<size_t>(rank)] = progress;
+}
+
+std::vector<RankRecord> Server::RankRecords(std::span<const int> ranks) const {
+  std::vector<RankRecord> records;
+  for (int rank : ranks) {
+    if (rank < 0 || static_cast<size_t>(rank) >= last_seq_.size()) continue;
+    const auto r = static_cast<size_t>(rank);
+    if (last_seq_[r] != 0 || !progress_[r].empty()) {
+      records.push_back({rank, last_seq_[r], progress_[r]});
+    }
+  }
+  return records;
+}
+
+Status Server::PersistUpdate(std::span<const SliceRange> ranges, std::vector<RankRecord> ranks) {
   std::vector<SliceSnapshot> slices;
   const SliceMap* map = shard_.slice_map();
   if (map == nullptr) return Status::FailedPrecondition("nothing registered to persist");
@@ -253,13 +276,9 @@ Status Server::PersistUpdate(std::span<const SliceRange> ranges, int rank, uint6
   }
   std::vector<const SliceSnapshot*> ptrs;
   for (const SliceSnapshot& s : slices) ptrs.push_back(&s);
-  std::optional<RankRecord> record;
-  if (seq != 0 && rank >= 0 && static_cast<size_t>(rank) < last_seq_.size()) {
-    record = RankRecord{rank, seq};
-  }
   const auto t0 = std::chrono::steady_clock::now();
   PARASYNC_RETURN_IF_ERROR(options_.store->SaveUpdate(shard_.version(), shard_.examples(), ptrs,
-                                                      record, /*sync=*/true));
+                                                      ranks, /*sync=*/true));
   metrics_->checkpoint_seconds->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   metrics_->last_checkpoint_time->SetToCurrentTime();
@@ -281,6 +300,8 @@ void Server::OnStoreFailure(const Status& failure, const std::string& what) {
   // acknowledged, and must not be served or counted as applied (seqs included).
   if (auto durable = options_.store->Load(); durable.ok()) {
     std::fill(last_seq_.begin(), last_seq_.end(), 0);
+    std::fill(progress_.begin(), progress_.end(), DataProgress{});
+    std::fill(pending_progress_.begin(), pending_progress_.end(), DataProgress{});
     if (Status s = Restore(*durable); !s.ok()) {
       spdlog::error("rolling back to the store failed: {}", s.ToString());
     } else {
@@ -515,6 +536,15 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
                                            " is out of range");
     return;
   }
+  const DataProgress& p = req.progress;
+  if (p.epoch < 0 || p.of < 0 || p.of > (int64_t{1} << 40) || p.done < 0 || p.done > p.of ||
+      (p.epoch == 0 && (p.done != 0 || p.of != 0))) {
+    *reason = RejectReason::kMalformed;
+    reply.status = Status::InvalidArgument(
+        "progress epoch " + std::to_string(p.epoch) + ", " + std::to_string(p.done) + " of " +
+        std::to_string(p.of) + " examples is not a position in a data shard");
+    return;
+  }
   const bool ranked = coordinator_.ValidRank(req.rank);
   if (ranked && AlreadyApplied(req.rank, req.seq)) {
     reply.replayed = true;  // a resend of a push applied (and, every-update, durable) before
@@ -608,6 +638,7 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
         coordinator_.contributors() > 0 && coordinator_.OnlyMissing(req.rank);
     coordinator_.Contribute(req.rank);
     RecordSeq(req.rank, req.seq);
+    if (!req.progress.empty()) pending_progress_[static_cast<size_t>(req.rank)] = req.progress;
     const TimePoint arrived = std::chrono::steady_clock::now();
     if (waited_for_this_rank && coordinator_.StepReady()) {
       RecordStragglerWait(req.rank, SecondsSince(step_last_arrival_, arrived), arrived,
@@ -622,7 +653,12 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale);
     if (!reply.status.ok()) return;
     if (options_.store != nullptr && options_.every_update) {
-      if (Status s = PersistUpdate(req.slices, ranked ? req.rank : -1, req.seq); !s.ok()) {
+      std::vector<RankRecord> record;
+      if (ranked && (req.seq != 0 || !req.progress.empty())) {
+        const DataProgress& was = progress_[static_cast<size_t>(req.rank)];
+        record.push_back({req.rank, req.seq, req.progress.empty() ? was : req.progress});
+      }
+      if (Status s = PersistUpdate(req.slices, std::move(record)); !s.ok()) {
         // Not durable, so not acknowledged (and rolled back): the seq is not recorded.
         OnStoreFailure(s, "push of rank " + std::to_string(req.rank));
         *reason = RejectReason::kStoreFailed;
@@ -630,7 +666,10 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
         return;
       }
     }
-    if (ranked) RecordSeq(req.rank, req.seq);
+    if (ranked) {
+      RecordSeq(req.rank, req.seq);
+      RecordProgress(req.rank, req.progress);
+    }
     PublishProgress();
     if (req.batch_examples > 0) metrics_->examples->Increment(static_cast<double>(req.batch_examples));
   }
@@ -656,9 +695,17 @@ void Server::MaybeCompleteStep() {
   const int64_t before = shard_.examples();
   shard_.ApplyAccumulated(n);
   coordinator_.CompleteStep();
+  // The contributors' positions count now that their gradients are applied; with
+  // every-update durability they are stored with the step, seqs included.
+  std::vector<int> contributors;
+  for (size_t r = 0; r < pending_progress_.size(); ++r) {
+    if (pending_progress_[r].empty()) continue;
+    progress_[r] = std::exchange(pending_progress_[r], DataProgress{});
+    contributors.push_back(static_cast<int>(r));
+  }
   if (options_.store != nullptr && options_.every_update) {
     // The step's pulls are answered only after it is durable (ServeParked runs after this).
-    if (Status s = PersistUpdate({}, -1, 0); !s.ok()) {
+    if (Status s = PersistUpdate({}, RankRecords(contributors)); !s.ok()) {
       OnStoreFailure(s, "step " + std::to_string(shard_.version()));
       return;  // rolled back: this step's examples were not applied after all
     }
@@ -900,7 +947,10 @@ bool Server::Handle(Inbound& in) {
                                            opt.final_lr_fraction, opt.decay_examples)
                              : std::string());
           }
-          if (ranked) reply.clock = coordinator_.workers()[static_cast<size_t>(req.rank)].clock;
+          if (ranked) {
+            reply.clock = coordinator_.workers()[static_cast<size_t>(req.rank)].clock;
+            reply.progress = progress_[static_cast<size_t>(req.rank)];
+          }
         }
         break;
       case MsgType::kPull: {

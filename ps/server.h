@@ -199,9 +199,13 @@ class Server {
   // Push dedupe: a push whose seq was already applied is replayed, not applied again.
   bool AlreadyApplied(int rank, uint64_t seq) const;
   void RecordSeq(int rank, uint64_t seq);
-  // Every-update durability: writes the slices of `ranges` (all slices when empty) and, for
-  // a valid rank and seq != 0, the rank's seq, in one synced write. Returns the store's error.
-  Status PersistUpdate(std::span<const SliceRange> ranges, int rank, uint64_t seq);
+  // Where `rank` is in its data once its push counts (nothing for an empty one).
+  void RecordProgress(int rank, const DataProgress& progress);
+  // The records of `ranks` as they stand (seq and progress), for the store.
+  std::vector<RankRecord> RankRecords(std::span<const int> ranks) const;
+  // Every-update durability: writes the slices of `ranges` (all slices when empty) and the
+  // records of `ranks`, in one synced write. Returns the store's error.
+  Status PersistUpdate(std::span<const SliceRange> ranges, std::vector<RankRecord> ranks);
   // Every-update durability: a durable write failed. Latches the failure (no push is
   // acknowledged from now on, the store_failed gauge reads 1), rolls the shard back to what
   // the store holds, so memory serves nothing that was not acknowledged, and answers the
@@ -230,6 +234,11 @@ class Server {
   // By rank: the last push seq applied, and with every-update durability also durable (a
   // resend of a push whose write failed is refused again, never acknowledged as applied).
   std::vector<uint64_t> last_seq_;
+  // By rank: where the worker is in its data with the updates applied here (a restarted
+  // worker is told at Register). Sync: a contribution's position waits in pending_progress_
+  // until its step is applied.
+  std::vector<DataProgress> progress_;
+  std::vector<DataProgress> pending_progress_;
   // Every-update durability: why the store failed (set once, until restart).
   std::optional<std::string> store_failure_;
   int64_t last_saved_version_ = -1;

@@ -319,6 +319,16 @@ Status PsClient::Register(const ModelRegistration& reg, std::chrono::millisecond
   if (!replies.ok()) return replies.status();
   registration_ = reg;
   UseModel(reg, std::move(map).value());
+  recorded_progress_ = {};
+  bool first = true;
+  for (int s = 0; s < num_shards(); ++s) {
+    if (map_->SlicesOfShard(s).empty()) continue;  // it never sees a push
+    const DataProgress& p = (*replies)[static_cast<size_t>(s)].header->progress;
+    const auto position = [](const DataProgress& d) { return std::pair(d.epoch, d.done); };
+    if (first || p.empty() || position(p) < position(recorded_progress_)) recorded_progress_ = p;
+    if (p.empty()) break;
+    first = false;
+  }
   return Status::Ok();
 }
 
@@ -375,6 +385,7 @@ void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batc
     o.header.type = MsgType::kPush;
     o.header.batch_examples = batch_examples;
     o.header.seq = seq;
+    o.header.progress = progress_;
     o.header.version = read_version == kLastRead ? read_versions_[static_cast<size_t>(s)] : read_version;
     o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
     o.header.dtype = options_.wire_dtype;

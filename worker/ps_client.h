@@ -94,6 +94,16 @@ class PsClient {
   // mismatch).
   Status Register(const ModelRegistration& reg, std::chrono::milliseconds timeout);
 
+  // After Register: where the shards recorded this rank to be in its data with the updates
+  // they hold — the earliest over the shards that hold slices (a crash can leave one shard a
+  // push ahead of another), empty when one of them recorded nothing. A restarted worker
+  // goes on from here.
+  const DataProgress& recorded_progress() const { return recorded_progress_; }
+
+  // The position every later Push and PushPull reports: where this worker is in its data
+  // once that gradient counts.
+  void set_progress(const DataProgress& progress) { progress_ = progress; }
+
   // Takes the model the servers already hold (e.g. from Stats().registration) without
   // registering it, so a tool can pull. InvalidArgument if it does not fit the shard count.
   Status Adopt(const ModelRegistration& reg);
@@ -240,6 +250,8 @@ class PsClient {
   std::vector<uint64_t> read_incarnation_;  // per shard: incarnation of the last pull reply
   std::optional<ModelRegistration> registration_;  // re-sent to a restarted shard
   uint64_t seq_base_ = 0;               // this client's random incarnation << 32
+  DataProgress recorded_progress_;       // from Register's replies
+  DataProgress progress_;                // sent with every push
   uint64_t pushes_ = 0;
   int64_t resends_ = 0;
   int64_t reconnects_ = 0;

@@ -61,6 +61,50 @@ class EvalLog {
   std::string path_;
 };
 
+// The highest "epoch" in the eval log at `path`, -1 when there is none (or no file).
+int LastLoggedEpoch(const std::string& path) {
+  std::ifstream in(path);
+  int last = -1;
+  for (std::string line; std::getline(in, line);) {
+    const auto row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (row.is_object() && row.contains("epoch") && row["epoch"].is_number_integer()) {
+      last = std::max(last, row["epoch"].get<int>());
+    }
+  }
+  return last;
+}
+
+// Where training starts: the epoch, the first example of it, and whether the epoch before
+// was finished but perhaps not evaluated (a stop between its last push and its evaluation).
+struct StartPoint {
+  int epoch = 1;
+  size_t offset = 0;
+  int finished_epoch = 0;  // > 0: the recorded position is the end of this epoch
+};
+
+StartPoint ResumeFrom(const DataProgress& recorded, size_t shard_size, int rank) {
+  if (recorded.empty()) return {};
+  StartPoint start;
+  if (recorded.of != static_cast<int64_t>(shard_size)) {
+    spdlog::warn("the servers recorded rank {} at epoch {}, example {} of {}, but its data shard "
+                 "now holds {} examples (other data or another worker count): going on from "
+                 "the start of epoch {}",
+                 rank, recorded.epoch, recorded.done, recorded.of, shard_size, recorded.epoch);
+    start.epoch = recorded.epoch;
+    return start;
+  }
+  if (recorded.done == recorded.of) {
+    start.epoch = recorded.epoch + 1;
+    start.finished_epoch = recorded.epoch;
+  } else {
+    start.epoch = recorded.epoch;
+    start.offset = static_cast<size_t>(recorded.done);
+  }
+  spdlog::info("resuming where the servers recorded rank {}: epoch {}, {} of {} examples done",
+               rank, recorded.epoch, recorded.done, recorded.of);
+  return start;
+}
+
 }  // namespace
 
 Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& train,
@@ -167,12 +211,33 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
     return Status::Ok();
   };
 
+  const StartPoint start_at = ResumeFrom(client.recorded_progress(), shard.size(), o.rank);
+  // The shuffles are cumulative: the order of epoch e is that of e - 1, shuffled again.
+  for (int e = 1; e < start_at.epoch && o.shuffle; ++e) ShuffleForEpoch(&shard, o.seed, o.rank, e);
+  // This rank's step count, the steps before a restart included (as this batch size counts
+  // them): it seeds the dropout masks, which so go on where they were.
+  const auto batches = [&](size_t examples) {
+    return static_cast<int64_t>((examples + static_cast<size_t>(batch) - 1) /
+                                static_cast<size_t>(batch));
+  };
+  int64_t rank_step = (start_at.epoch - 1) * batches(shard.size()) + batches(start_at.offset);
   if (chief) {
-    PARASYNC_RETURN_IF_ERROR(evaluate(0, NAN, 0.0));
+    const int logged = LastLoggedEpoch(eval_log.path());
+    if (client.recorded_progress().empty()) {
+      PARASYNC_RETURN_IF_ERROR(evaluate(0, NAN, 0.0));
+    } else if (start_at.finished_epoch > logged && start_at.finished_epoch > 0) {
+      // The epoch ended before the stop, its evaluation did not.
+      PARASYNC_RETURN_IF_ERROR(evaluate(start_at.finished_epoch, NAN, 0.0));
+    }
+  }
+  if (start_at.epoch > o.epochs) {
+    spdlog::info("all {} epochs were trained before (the servers' record): nothing left to do",
+                 o.epochs);
   }
   bool stop = false;
   bool have_params = false;  // params hold the model for the next step
-  for (int epoch = 1; epoch <= o.epochs && !stop; ++epoch) {
+  auto last_progress_line = Clock::now();
+  for (int epoch = start_at.epoch; epoch <= o.epochs && !stop; ++epoch) {
     metrics.epoch->Set(epoch);
     if (o.shuffle) ShuffleForEpoch(&shard, o.seed, o.rank, epoch);
     const auto epoch_start = Clock::now();
@@ -180,7 +245,8 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
     int64_t epoch_steps = 0;
     int64_t epoch_examples = 0;
     double t_pull = 0, t_compute = 0, t_push = 0;
-    for (size_t first = 0; first < shard.size(); first += static_cast<size_t>(batch)) {
+    const size_t epoch_first = epoch == start_at.epoch ? start_at.offset : 0;
+    for (size_t first = epoch_first; first < shard.size(); first += static_cast<size_t>(batch)) {
       if (should_stop()) {
         stop = true;
         break;
@@ -200,7 +266,7 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       }
       const auto t1 = Clock::now();
       auto loss = backend.ForwardBackward(params.cptrs, bx, by, static_cast<int>(count),
-                                          compute::StepSeed(o.seed, o.rank, summary.steps),
+                                          compute::StepSeed(o.seed, o.rank, rank_step),
                                           grads.ptrs);
       if (!loss.ok()) return loss.status();
       if (!std::isfinite(*loss)) {
@@ -215,6 +281,9 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       }
       if (o.step_delay.count() > 0) std::this_thread::sleep_for(o.step_delay);
       const auto t2 = Clock::now();
+      // Where this worker is once the servers count this gradient (stored with it).
+      client.set_progress({epoch, static_cast<int64_t>(first + count),
+                           static_cast<int64_t>(shard.size())});
       // The gradient out and the next step's parameters in, in one round trip.
       PsClient::PushPullTimes exchange;
       PARASYNC_RETURN_IF_ERROR(client.PushPull(grads.cptrs, static_cast<int64_t>(count),
@@ -246,7 +315,18 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       ++epoch_steps;
       epoch_examples += static_cast<int64_t>(count);
       ++summary.steps;
+      ++rank_step;
       summary.examples += static_cast<int64_t>(count);
+      if (o.log_every_seconds > 0 && Seconds(last_progress_line, Clock::now()) >= o.log_every_seconds) {
+        last_progress_line = Clock::now();
+        const double so_far = Seconds(epoch_start, last_progress_line);
+        spdlog::info("epoch {}/{}: {} of {} examples ({:.0f}%), {:.0f} examples/sec, train loss "
+                     "{:.4f}",
+                     epoch, o.epochs, first + count, shard.size(),
+                     100.0 * static_cast<double>(first + count) / static_cast<double>(shard.size()),
+                     static_cast<double>(epoch_examples) / so_far,
+                     loss_sum / static_cast<double>(epoch_steps));
+      }
       if (o.max_steps > 0 && summary.steps >= o.max_steps) {
         stop = true;
         break;
@@ -257,9 +337,11 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
     const double train_loss = loss_sum / static_cast<double>(epoch_steps);
     const double eps = static_cast<double>(epoch_examples) / secs;
     summary.epochs_done = epoch;
-    spdlog::info("epoch {}/{}: {} examples in {:.2f} s = {:.0f} examples/sec, train loss {:.4f} "
+    spdlog::info("epoch {}/{}: {} examples{} in {:.2f} s = {:.0f} examples/sec, train loss {:.4f} "
                  "(per step: pull {:.2f} ms, compute {:.2f} ms, push {:.2f} ms)",
-                 epoch, o.epochs, epoch_examples, secs, eps, train_loss,
+                 epoch, o.epochs, epoch_examples,
+                 epoch_first > 0 ? fmt::format(" (resumed at example {})", epoch_first) : "",
+                 secs, eps, train_loss,
                  1e3 * t_pull / static_cast<double>(epoch_steps),
                  1e3 * t_compute / static_cast<double>(epoch_steps),
                  1e3 * t_push / static_cast<double>(epoch_steps));

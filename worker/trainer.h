@@ -40,6 +40,8 @@ struct TrainerOptions {
   double max_seconds = 0;  // > 0: stop after this many seconds of training (a time budget)
   uint64_t seed = 42;
   std::string log_dir;    // chief writes eval.jsonl here
+  // > 0: a progress line within each epoch at most this often (seconds).
+  double log_every_seconds = 0;
   Model model;
   OptimizerSpec optimizer;
 };
@@ -54,7 +56,10 @@ struct TrainingSummary {
 };
 
 // Trains until `epochs` (or max_steps) are done or `should_stop()` turns true (checked every
-// step). `train` is the whole training set (sharded here by rank, before shuffling); `test`
+// step). Goes on from where the servers recorded this rank to be (client.recorded_progress(),
+// Keras BackupAndRestore's semantics): a restarted worker skips the epochs and the examples
+// it had trained, in the same shuffled order, and the chief neither evaluates epoch 0 again
+// nor an epoch eval.jsonl already holds. Every push tells the servers the position after it. `train` is the whole training set (sharded here by rank, before shuffling); `test`
 // is evaluated by the chief and may be empty on other ranks. In sync mode each pull waits
 // for the step after the one this worker last pushed to. When done or stopped (not on error)
 // the worker sends Leave, so barriers stop counting on it.

@@ -97,7 +97,8 @@ ShardSnapshot MakeSnapshot() {
   snap.version = 41;
   snap.examples = 41 * 32;
   snap.slices = {MakeSlice(1, 8, 1.0f, 17), MakeSlice(3, 7, 3.0f, 5), MakeSlice(5, 5, 5.0f, 0)};
-  snap.ranks = {{-1, 3}, {0, 40}, {2, 12345678901ull}};
+  // Rank 0's record carries its data progress; the others have none (as before 0.2).
+  snap.ranks = {{-1, 3, {}}, {0, 40, {3, 120, 600}}, {2, 12345678901ull, {}}};
   return snap;
 }
 
@@ -208,7 +209,7 @@ TEST(CheckpointStoreTest, SecondSaveReplacesTheFirstCompletely) {
   second.version = 7;
   second.examples = 70;
   second.slices = {MakeSlice(3, 7, 30.0f, 2)};
-  second.ranks = {{1, 9}};
+  second.ranks = {{1, 9, {}}};
   ASSERT_TRUE(store->Save(second, false).ok());
 
   const ShardSnapshot got = MustLoad(*store);
@@ -227,21 +228,23 @@ TEST(CheckpointStoreTest, SaveUpdateChangesOnlyTheNamedSlicesAndTheState) {
   ASSERT_TRUE(store->Save(before, false).ok());
 
   const SliceSnapshot updated = MakeSlice(3, 7, 33.0f, 6);
-  ASSERT_TRUE(store->SaveUpdate(42, 42 * 32, {&updated}, RankRecord{0, 41}, true).ok());
+  ASSERT_TRUE(
+      store->SaveUpdate(42, 42 * 32, {&updated}, {RankRecord{0, 41, {3, 180, 600}}}, true).ok());
 
   ShardSnapshot expected = before;
   expected.version = 42;
   expected.examples = 42 * 32;
   expected.slices[1] = updated;
   expected.ranks[1].last_seq = 41;
+  expected.ranks[1].progress = {3, 180, 600};
   EXPECT_TRUE(MustLoad(*store) == expected);
 
   // A rank seen for the first time is added; no rank leaves the others alone.
-  ASSERT_TRUE(store->SaveUpdate(43, 43 * 32, {}, RankRecord{1, 1}, false).ok());
-  ASSERT_TRUE(store->SaveUpdate(44, 44 * 32, {}, std::nullopt, false).ok());
+  ASSERT_TRUE(store->SaveUpdate(43, 43 * 32, {}, {RankRecord{1, 1, {}}}, false).ok());
+  ASSERT_TRUE(store->SaveUpdate(44, 44 * 32, {}, {}, false).ok());
   expected.version = 44;
   expected.examples = 44 * 32;
-  expected.ranks.insert(expected.ranks.begin() + 2, RankRecord{1, 1});
+  expected.ranks.insert(expected.ranks.begin() + 2, RankRecord{1, 1, {}});
   EXPECT_TRUE(MustLoad(*store) == expected);
 }
 
@@ -250,7 +253,7 @@ TEST(CheckpointStoreTest, SaveUpdateBeforeAnySaveIsFailedPrecondition) {
   auto store = MustOpen(tmp.path(), 0, 1);
   ASSERT_NE(store, nullptr);
   const SliceSnapshot slice = MakeSlice(0, 4, 1.0f, 1);
-  Status s = store->SaveUpdate(1, 8, {&slice}, std::nullopt, false);
+  Status s = store->SaveUpdate(1, 8, {&slice}, {}, false);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
   EXPECT_EQ(store->Load().status().code(), StatusCode::kNotFound);
 }
@@ -272,7 +275,7 @@ TEST(CheckpointStoreTest, SaveRefusesBadSnapshotsAndWritesNothing) {
   EXPECT_EQ(store->Save(unordered, false).code(), StatusCode::kInvalidArgument);
 
   ShardSnapshot twice = good;
-  twice.ranks.push_back({0, 1});
+  twice.ranks.push_back({0, 1, {}});
   EXPECT_EQ(store->Save(twice, false).code(), StatusCode::kInvalidArgument);
 
   ShardSnapshot other_count = good;
@@ -280,7 +283,7 @@ TEST(CheckpointStoreTest, SaveRefusesBadSnapshotsAndWritesNothing) {
   EXPECT_EQ(store->Save(other_count, false).code(), StatusCode::kInvalidArgument);
 
   const SliceSnapshot bad = short_slot.slices[2];
-  EXPECT_EQ(store->SaveUpdate(100, 1, {&bad}, std::nullopt, false).code(),
+  EXPECT_EQ(store->SaveUpdate(100, 1, {&bad}, {}, false).code(),
             StatusCode::kInvalidArgument);
   EXPECT_TRUE(MustLoad(*store) == good);
 }
@@ -293,7 +296,8 @@ TEST(CheckpointStoreTest, ReopenAfterCloseKeepsTheData) {
     ASSERT_NE(store, nullptr);
     ASSERT_TRUE(store->Save(expected, false).ok());
     const SliceSnapshot updated = MakeSlice(5, 5, 55.0f, 1);
-    ASSERT_TRUE(store->SaveUpdate(50, 1600, {&updated}, RankRecord{2, 12345678902ull}, false).ok());
+    ASSERT_TRUE(
+        store->SaveUpdate(50, 1600, {&updated}, {RankRecord{2, 12345678902ull, {}}}, false).ok());
     expected.version = 50;
     expected.examples = 1600;
     expected.slices[2] = updated;
@@ -303,7 +307,7 @@ TEST(CheckpointStoreTest, ReopenAfterCloseKeepsTheData) {
   ASSERT_NE(store, nullptr);
   EXPECT_TRUE(MustLoad(*store) == expected);
   // The stored registration counts as the Save that SaveUpdate needs.
-  EXPECT_TRUE(store->SaveUpdate(51, 1632, {}, std::nullopt, true).ok());
+  EXPECT_TRUE(store->SaveUpdate(51, 1632, {}, {}, true).ok());
   EXPECT_EQ(MustLoad(*store).version, 51);
 }
 
@@ -485,7 +489,7 @@ void ApplyUpdate(ShardSnapshot* snap, int i) {
 Status EveryUpdate(CheckpointStore& store, ShardSnapshot* snap, int i, bool sync) {
   ShardSnapshot next = *snap;
   ApplyUpdate(&next, i);
-  Status s = store.SaveUpdate(next.version, next.examples, {&next.slices[0]}, std::nullopt, sync);
+  Status s = store.SaveUpdate(next.version, next.examples, {&next.slices[0]}, {}, sync);
   if (s.ok()) *snap = std::move(next);
   return s;
 }

@@ -1,0 +1,182 @@
+// A run killed mid-epoch and launched again on its state directories goes on where it
+// stopped, as Keras's BackupAndRestore does: the chief's eval.jsonl continues from the epoch
+// it had reached, and the examples trained add up to an uninterrupted run's within one batch
+// per worker. Real parasync-launch, parasync-ps and parasync-worker over loopback; the whole
+// cluster (launcher, servers, workers) killed with SIGKILL.
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/process_util.h"
+#include "tests/support/data_files.h"
+
+namespace parasync {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Child;
+using testing::ExitCode;
+using testing::TempDir;
+
+constexpr int kFeatures = 12;
+constexpr int kTrain = 2400;
+constexpr int kWorkers = 2;
+constexpr int kBatch = 50;
+constexpr int kEpochs = 4;
+constexpr int kShard = kTrain / kWorkers;  // examples per worker per epoch
+
+// n examples of kFeatures features in [-1, 1], labelled 0..2 by a fixed linear rule.
+void WriteSplit(const std::string& dir, const std::string& split, int n, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n) * kFeatures);
+  std::vector<int64_t> y(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    for (int f = 0; f < kFeatures; ++f) x[static_cast<size_t>(i * kFeatures + f)] = u(gen);
+    const float a = x[static_cast<size_t>(i * kFeatures)];
+    const float b = x[static_cast<size_t>(i * kFeatures + 1)];
+    y[static_cast<size_t>(i)] = a + b > 0.5f ? 0 : (a - b > 0 ? 1 : 2);
+  }
+  ASSERT_TRUE(testing::WriteFile(dir + "/" + split + "_x.npy",
+                                 testing::NpyBytes("<f4", {n, kFeatures}, testing::LeBytes(x)),
+                                 false));
+  ASSERT_TRUE(testing::WriteFile(dir + "/" + split + "_y.npy",
+                                 testing::NpyBytes("<i8", {n}, testing::LeBytes(y)), false));
+}
+
+class ResumeTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    data_ = dir_.path() + "/data";
+    std::filesystem::create_directories(data_);
+    WriteSplit(data_, "train", kTrain, 1);
+    WriteSplit(data_, "test", 300, 2);
+  }
+
+  // The launcher's command line for a run keeping its state in `state` and its logs in `log`.
+  // Every update is durable (a SIGKILL loses nothing acknowledged); the workers pause 15 ms a
+  // step, so an epoch lasts long enough to be killed in, and log their progress.
+  std::vector<std::string> Command(const std::string& state, const std::string& log) const {
+    return {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers",
+            std::to_string(kWorkers), "--mode", GetParam(), "--epochs", std::to_string(kEpochs),
+            "--data", data_, "--model", "12-16-3", "--batch-size", std::to_string(kBatch),
+            "--lr", "0.05", "--data-dir", state, "--log-dir", log, "--grace-seconds", "5",
+            "--ps-arg=--durability=every-update", "--worker-arg=--step-delay-ms=15",
+            "--worker-arg=--log-every=0.05"};
+  }
+
+  // Runs the launcher to its end; returns its exit code (-1 on timeout).
+  int RunToEnd(const std::vector<std::string>& argv, const std::string& out) {
+    Child child = Child::Start(argv, out);
+    const auto status = child.Wait(180s);
+    return status ? ExitCode(*status) : -1;
+  }
+
+  TempDir dir_;
+  std::string data_;
+};
+
+struct EvalRow {
+  int epoch = 0;
+  int64_t examples = 0;
+};
+
+std::vector<EvalRow> ReadEval(const std::string& path) {
+  std::vector<EvalRow> rows;
+  for (const std::string& line : testing::ReadLines(path)) {
+    if (line.empty()) continue;
+    const auto row = nlohmann::json::parse(line);
+    rows.push_back({row["epoch"].get<int>(), row["examples"].get<int64_t>()});
+  }
+  return rows;
+}
+
+std::vector<int> Epochs(const std::vector<EvalRow>& rows) {
+  std::vector<int> epochs;
+  for (const EvalRow& r : rows) epochs.push_back(r.epoch);
+  return epochs;
+}
+
+// The examples of worker 0's current epoch its last progress line reports in `epoch`, or -1.
+int64_t ProgressInEpoch(const std::string& log, int epoch) {
+  const std::regex line("epoch " + std::to_string(epoch) + "/" + std::to_string(kEpochs) +
+                        ": ([0-9]+) of " + std::to_string(kShard) + " examples");
+  int64_t done = -1;
+  for (const std::string& text : testing::ReadLines(log)) {
+    std::smatch m;
+    if (std::regex_search(text, m, line)) done = std::stoll(m[1].str());
+  }
+  return done;
+}
+
+TEST_P(ResumeTest, AClusterKilledMidEpochGoesOnFromWhereItStopped) {
+  const std::vector<int> all_epochs = {0, 1, 2, 3, 4};
+  // The uninterrupted run: the figure to match.
+  const std::string whole_log = dir_.path() + "/whole";
+  ASSERT_EQ(RunToEnd(Command(dir_.path() + "/whole-state", whole_log), dir_.path() + "/whole.out"),
+            0)
+      << testing::ReadFile(dir_.path() + "/whole.out");
+  const std::vector<EvalRow> whole = ReadEval(whole_log + "/eval.jsonl");
+  ASSERT_EQ(Epochs(whole), all_epochs);
+  const int64_t uninterrupted = whole.back().examples;
+  EXPECT_EQ(uninterrupted, int64_t{kEpochs} * kTrain);
+
+  // The same run, killed whole (SIGKILL: launcher, servers, workers) in the middle of epoch 2.
+  const std::string state = dir_.path() + "/state";
+  const std::string log = dir_.path() + "/run";
+  {
+    Child launcher = Child::Start(Command(state, log), dir_.path() + "/first.out");
+    const bool mid_epoch = testing::WaitFor(
+        [&] {
+          const int64_t done = ProgressInEpoch(log + "/worker0.log", 2);
+          return done > 0 && done < kShard / 2;
+        },
+        120s);
+    ASSERT_TRUE(mid_epoch) << testing::ReadFile(dir_.path() + "/first.out");
+    const auto cluster = nlohmann::json::parse(testing::ReadFile(log + "/cluster.json"));
+    launcher.Signal(SIGKILL);
+    std::vector<pid_t> pids;
+    for (const auto& p : cluster["processes"]) pids.push_back(p["pid"].get<pid_t>());
+    for (pid_t pid : pids) kill(pid, SIGKILL);
+    ASSERT_TRUE(launcher.Wait(10s).has_value());
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          return std::none_of(pids.begin(), pids.end(), [](pid_t p) { return testing::ProcessAlive(p); });
+        },
+        10s));
+  }
+  const std::vector<EvalRow> before = ReadEval(log + "/eval.jsonl");
+  ASSERT_EQ(Epochs(before), (std::vector<int>{0, 1}));
+
+  // Launched again on the same directories: it goes on in epoch 2.
+  const std::string again_out = dir_.path() + "/again.out";
+  ASSERT_EQ(RunToEnd(Command(state, log), again_out), 0) << testing::ReadFile(again_out);
+  const std::string again = testing::ReadFile(again_out);
+  EXPECT_NE(again.find("resuming where the servers recorded rank 0: epoch 2"), std::string::npos)
+      << again;
+  EXPECT_NE(again.find("resuming where the servers recorded rank 1: epoch 2"), std::string::npos)
+      << again;
+  const std::vector<EvalRow> rows = ReadEval(log + "/eval.jsonl");
+  EXPECT_EQ(Epochs(rows), all_epochs);  // epochs 0 and 1 are not evaluated again
+  ASSERT_FALSE(rows.empty());
+  // A SIGKILL can leave one server a push of a worker ahead of the other; that push is made
+  // again, so the count may exceed the uninterrupted one by a batch per worker, never more.
+  EXPECT_GE(rows.back().examples, uninterrupted);
+  EXPECT_LE(rows.back().examples, uninterrupted + int64_t{kWorkers} * kBatch);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ResumeTest, ::testing::Values("async", "sync"),
+                         [](const auto& param_info) { return param_info.param; });
+
+}  // namespace
+}  // namespace parasync
