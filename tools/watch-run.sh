@@ -98,8 +98,13 @@ rules_src="$repo_dir/deploy/prometheus/parasync-alerts.yml"
 [[ -f "$config_src" && -f "$rules_src" ]] || die "missing $config_src or $rules_src"
 
 prometheus_bin=$(command -v prometheus || true)
-[[ -n "$prometheus_bin" ]] ||
-  die "no prometheus binary on PATH; install it with: sudo apt-get install prometheus"
+if [[ -z "$prometheus_bin" ]]; then
+  # The quick start does not install it (the test suite does): Debian's package.
+  "$repo_dir/tools/install-deps.sh" prometheus ||
+    die "no prometheus binary on PATH, and installing Debian's prometheus failed"
+  prometheus_bin=$(command -v prometheus || true)
+  [[ -n "$prometheus_bin" ]] || die "no prometheus binary on PATH after installing it"
+fi
 
 out_dir="$run_dir/prometheus"
 mkdir -p "$out_dir/targets" "$out_dir/data"
