@@ -64,15 +64,18 @@ class ResumeTest : public ::testing::TestWithParam<std::string> {
   }
 
   // The launcher's command line for a run keeping its state in `state` and its logs in `log`.
-  // Every update is durable (a SIGKILL loses nothing acknowledged); the workers pause 15 ms a
-  // step, so an epoch lasts long enough to be killed in, and log their progress.
+  // Every update is durable (a SIGKILL loses nothing acknowledged); the workers pause a few
+  // ms a step, so an epoch lasts long enough to be killed in, and log their progress. The
+  // chief pauses longest: the launcher stops the other workers once the chief is done, and
+  // in async mode this way they have trained all their epochs by then, so that an
+  // uninterrupted run trains exactly kEpochs * kTrain examples.
   std::vector<std::string> Command(const std::string& state, const std::string& log) const {
     return {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers",
             std::to_string(kWorkers), "--mode", GetParam(), "--epochs", std::to_string(kEpochs),
             "--data", data_, "--model", "12-16-3", "--batch-size", std::to_string(kBatch),
             "--lr", "0.05", "--data-dir", state, "--log-dir", log, "--grace-seconds", "5",
-            "--ps-arg=--durability=every-update", "--worker-arg=--step-delay-ms=15",
-            "--worker-arg=--log-every=0.05"};
+            "--ps-arg=--durability=every-update", "--rank-arg", "0:--step-delay-ms=25",
+            "--rank-arg", "1:--step-delay-ms=15", "--worker-arg=--log-every=0.05"};
   }
 
   // Runs the launcher to its end; returns its exit code (-1 on timeout).
@@ -164,7 +167,8 @@ TEST_P(ResumeTest, AClusterKilledMidEpochGoesOnFromWhereItStopped) {
   const std::string again = testing::ReadFile(again_out);
   EXPECT_NE(again.find("resuming where the servers recorded rank 0: epoch 2"), std::string::npos)
       << again;
-  EXPECT_NE(again.find("resuming where the servers recorded rank 1: epoch 2"), std::string::npos)
+  // Rank 1 is faster: it was in epoch 2 or 3 (or done, in async mode).
+  EXPECT_TRUE(again.find("resuming where the servers recorded rank 1: epoch") != std::string::npos)
       << again;
   const std::vector<EvalRow> rows = ReadEval(log + "/eval.jsonl");
   EXPECT_EQ(Epochs(rows), all_epochs);  // epochs 0 and 1 are not evaluated again
