@@ -60,7 +60,8 @@ class HouseFormatter : public CLI::Formatter {
   }
 
   std::string make_option_desc(const CLI::Option* option) const override {
-    return Wrap(option->get_description(), kHelpWidth - kNameColumn);
+    // Two columns spare for the deeper indentation of an option group's options.
+    return Wrap(option->get_description(), kHelpWidth - kNameColumn - 2);
   }
 
   std::string make_footer(const CLI::App* app) const override {

@@ -286,6 +286,26 @@ int main(int argc, char** argv) {
                            " cannot be created (" + existing.string() +
                            " is not a writable directory)");
       }
+      // What it holds, as the start would find it: anything but this shard's store of this
+      // --mode is refused (a store locked by a running server too: it is in use).
+      if (std::filesystem::exists(state_dir, ec) && !std::filesystem::is_empty(state_dir, ec)) {
+        auto opened = CheckpointStore::Open(state_dir, spec->task_index,
+                                            static_cast<int>(spec->ps.size()));
+        Status found = opened.status();
+        if (opened.ok()) {
+          auto loaded = (*opened)->Load();
+          if (loaded.ok()) {
+            found = CheckStoredMode(loaded->registration.mode, *training_mode, state_dir);
+          } else if (loaded.status().code() != StatusCode::kNotFound) {
+            found = loaded.status();
+          }
+        }
+        if (!found.ok()) {
+          const std::string& m = found.message();
+          problems.push_back("ps" + std::to_string(spec->task_index) + ": " +
+                             (m.starts_with("--state-dir") ? m : "--state-dir " + m));
+        }
+      }
     }
     return ReportCheck(problems);
   }
