@@ -37,10 +37,10 @@ Status CheckStoredMode(const std::string& stored_mode, const TrainingMode& mode,
                        const std::string& data_dir) {
   const auto stored = TrainingMode::Parse(stored_mode);
   if (stored.ok() && *stored == mode) return Status::Ok();
-  return Status::InvalidArgument("--data-dir " + data_dir + " holds a model registered in mode " +
+  return Status::InvalidArgument("--state-dir " + data_dir + " holds a model registered in mode " +
                                  stored_mode + ", but this server runs --mode " +
                                  mode.ToString() + ": start it with --mode " + stored_mode +
-                                 ", or give a new --data-dir");
+                                 ", or give a new --state-dir");
 }
 
 }  // namespace parasync

@@ -4,6 +4,8 @@
 #include <csignal>
 #include <malloc.h>
 #include <cstdio>
+#include <cstdlib>
+#include <string_view>
 #include <pthread.h>
 #include <thread>
 
@@ -26,7 +28,11 @@ bool InitLogging(const std::string& role, int index, const std::string& level) {
   const auto lvl = spdlog::level::from_str(level);
   if (lvl == spdlog::level::off && level != "off") return false;
   auto logger = spdlog::stderr_logger_mt(role + std::to_string(index));
-  logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ [%n] %v");
+  // Under a launcher that prefixes every line with the process's name, the name once.
+  const char* prefixed = std::getenv(kLogPrefixedVariable);
+  const bool named_by_parent = prefixed != nullptr && std::string_view(prefixed) == "1";
+  logger->set_pattern(named_by_parent ? "%Y-%m-%d %H:%M:%S.%e %^%l%$ %v"
+                                      : "%Y-%m-%d %H:%M:%S.%e %^%l%$ [%n] %v");
   logger->set_level(lvl);
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);

@@ -5,8 +5,13 @@
 
 namespace parasync {
 
+// Set to "1" by a parent that prefixes each line of a child's output with the child's name
+// (parasync-launch's "[worker0] "): the child then leaves its own name out.
+inline constexpr const char* kLogPrefixedVariable = "PARASYNC_LOG_PREFIXED";
+
 // Sets the default spdlog logger to print "<time> <level> [<role><index>] message" to stderr
-// at `level` ("debug", "info", "warn", "error"). Returns false for an unknown level.
+// at `level` ("debug", "info", "warn", "error"), without "[<role><index>] " when
+// PARASYNC_LOG_PREFIXED=1. Returns false for an unknown level.
 bool InitLogging(const std::string& role, int index, const std::string& level);
 
 // Exit status of our binaries for bad flags, a bad cluster spec or missing input.

@@ -7,10 +7,10 @@
 #include <optional>
 #include <string>
 
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/address.h"
+#include "common/cli.h"
 #include "common/cluster_spec.h"
 #include "common/curve.h"
 #include "common/metrics.h"
@@ -26,8 +26,10 @@
 
 namespace {
 
-int Fail(const std::string& line, int code = 1) {
-  return parasync::PrintErrorLine("parasync-ps", line, code);
+constexpr const char* kProgram = "parasync-ps";
+
+int Fail(const std::string& line, int code = parasync::kExitRetryable) {
+  return parasync::PrintErrorLine(kProgram, line, code);
 }
 
 // Counts one refused CURVE peer and logs it (rate-limited: RefusalLogSuppressedBefore).
@@ -70,27 +72,32 @@ void CountRefusal(parasync::PsMetrics* metrics, std::atomic<uint64_t>* refusals,
 
 int main(int argc, char** argv) {
   using namespace parasync;
-  CLI::App app{
-      "parasync-ps: a parameter-server shard. Holds its share of the model's variables, applies "
-      "the optimizer to pushed gradients and serves pulls over ZeroMQ.\n\n"
-      "Example (shard 0 of 2):\n"
-      "  parasync-ps --ps-hosts 127.0.0.1:5000,127.0.0.1:5001 --worker-hosts 127.0.0.1:6000 "
-      "--task-index 0\n"
-      "The cluster may instead come from TF_CONFIG "
-      "({\"cluster\":{\"ps\":[...],\"worker\":[...]},\"task\":{\"type\":\"ps\",\"index\":0}}); "
-      "flags win.\n\n"
-      "Memory: the server states a bound at start, and again with the model's figures once "
-      "one registers (log line \"memory bound\", gauges parasync_ps_memory_bound_*): about "
-      "96 MiB + the model (values, a spare copy, optimizer slots; sync: a gradient per "
-      "worker; with --data-dir: a snapshot's copies) + --max-unread-reply-bytes + one "
-      "--max-message-bytes, plus (4 + 1) x --max-message-bytes + 1 MiB per connected peer. "
-      "It holds whatever a peer sends or leaves unread — a pull past the unread-reply bound "
-      "and a message past --max-message-bytes are refused — with one gap: libzmq holds a "
-      "message of many frames whole before it can be refused (docs/reliability.md)."};
-  app.option_defaults()->always_capture_default();
-  // A flag given twice takes its last value, so a launcher's per-rank argument overrides a
-  // shared one (parasync-launch --worker-arg ... --rank-arg R:...).
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  CLI::App app;
+  SetUpCommandLine(
+      app,
+      {.name = kProgram,
+       .purpose = "a parameter-server shard. Holds its share of the model's variables, applies "
+                  "the optimizer to pushed gradients and serves pulls over ZeroMQ.",
+       .details =
+           "The cluster comes from --ps-hosts, --worker-hosts and --task-index, or from "
+           "TF_CONFIG ({\"cluster\":{\"ps\":[...],\"worker\":[...]},\"task\":{\"type\":"
+           "\"ps\",\"index\":0}}); flags win.\n\n"
+           "Memory: the server states a bound at start, and again with the model's figures once "
+           "one registers (log line \"memory bound\", gauges parasync_ps_memory_bound_*): about "
+           "96 MiB + the model (values, a spare copy, optimizer slots; sync: a gradient per "
+           "worker; with --state-dir: a snapshot's copies) + --max-unread-reply-bytes + one "
+           "--max-message-bytes, plus (4 + 1) x --max-message-bytes + 1 MiB per connected peer. "
+           "It holds whatever a peer sends or leaves unread — a pull past the unread-reply bound "
+           "and a message past --max-message-bytes are refused — with one gap: libzmq holds a "
+           "message of many frames whole before it can be refused (docs/reliability.md).",
+       .exit_status = "Status 2 also for a port in use (--bind / --ps-hosts, --metrics-port) and "
+                      "a --state-dir that holds something else or a store of another shard, "
+                      "shard count or --mode; 1 for a --state-dir locked by another process. "
+                      "SIGINT and SIGTERM stop the server after a final snapshot, status 0.",
+       .examples = "parasync-ps --ps-hosts 127.0.0.1:5000,127.0.0.1:5001 --worker-hosts "
+                   "127.0.0.1:6000 --task-index 0\n"
+                   "parasync-ps --ps-hosts 127.0.0.1:5000 --worker-hosts 127.0.0.1:6000,127.0.0.1:6001 "
+                   "\\\n      --task-index 0 --mode sync --state-dir /var/lib/parasync/ps0"});
   ClusterFlags cluster;
   std::string mode = "async";
   std::string bind;
@@ -103,7 +110,7 @@ int main(int argc, char** argv) {
   int64_t max_unread_reply_bytes = 0;
   int apply_threads = 2;
   int replicas_to_aggregate = 0;
-  std::string data_dir;
+  std::string state_dir;
   std::string durability = "periodic";
   double checkpoint_every_s = 30;
   int64_t checkpoint_every_versions = 0;
@@ -128,19 +135,20 @@ int main(int argc, char** argv) {
                  "sync: gradients per step (default 0 = the number of workers); fewer than the "
                  "workers makes the rest backup workers whose late gradients are dropped")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--worker-timeout", worker_timeout_s,
-                 "Seconds of silence after which a worker is declared dead and leaves the "
-                 "barrier / staleness set (workers heartbeat meanwhile)")
-      ->check(CLI::Range(0.1, 86400.0));
-  app.add_option("--barrier-timeout", barrier_timeout_s,
-                 "Seconds a pull may wait for a sync step or the ssp bound before it fails "
-                 "with an error naming the ranks it waited for")
-      ->check(CLI::Range(0.1, 86400.0));
-  app.add_option("--straggler-log-seconds", straggler_log_s,
-                 "Log the rank a barrier waited for when one wait on it alone exceeds this "
-                 "(at most every 10 s per rank; 0: never). Always exported as "
-                 "parasync_ps_barrier_waited_for_seconds_total{rank} and parasync_ps_straggler_rank")
-      ->check(CLI::Range(0.0, 86400.0));
+  AddSecondsOption(app, "--worker-timeout", worker_timeout_s,
+                   "Seconds of silence after which a worker is declared dead and leaves the "
+                   "barrier / staleness set (workers heartbeat meanwhile)",
+                   0.1, 86400.0);
+  AddSecondsOption(app, "--barrier-timeout", barrier_timeout_s,
+                   "Seconds a pull may wait for a sync step or the ssp bound before it fails "
+                   "with an error naming the ranks it waited for",
+                   0.1, 86400.0);
+  AddSecondsOption(app, "--straggler-log-seconds", straggler_log_s,
+                   "Log the rank a barrier waited for when one wait on it alone exceeds this "
+                   "(at most every 10 s per rank; 0: never). Always exported as "
+                   "parasync_ps_barrier_waited_for_seconds_total{rank} and "
+                   "parasync_ps_straggler_rank",
+                   0.0, 86400.0);
   app.add_option("--bind", bind,
                  "Address to bind, host:port (default: this task's address in the cluster; "
                  "use 0.0.0.0:PORT to listen on all interfaces; a host name must resolve)");
@@ -173,17 +181,19 @@ int main(int argc, char** argv) {
                  "Threads that check and apply a pushed gradient of 1 MiB or more spread over "
                  "several slices, this server's loop included (1: the loop alone)")
       ->check(CLI::Range(1, 64));
-  app.add_option("--data-dir", data_dir,
-                 "Keep this shard in a RocksDB store here and restore it at start (empty: "
-                 "memory only). A directory holding anything else is refused, never "
-                 "overwritten, and so is a store registered in another --mode");
+  app.add_option("--state-dir", state_dir,
+                 "Keep this shard's state in a RocksDB store here and restore it at start "
+                 "(empty: memory only). A directory holding anything else is refused, never "
+                 "overwritten, and so is a store of another shard or --mode (old name: "
+                 "--data-dir)")
+      ->type_name("DIR");
+  AddHiddenAlias(app, "--data-dir", state_dir);
   app.add_option("--durability", durability,
                  "periodic: snapshots every --checkpoint-every seconds / versions (a crash loses "
                  "at most that much); every-update: each applied update is on disk (WAL synced) "
                  "before it is acknowledged");
-  app.add_option("--checkpoint-every", checkpoint_every_s,
-                 "periodic: seconds between snapshots (0: off)")
-      ->check(CLI::Range(0.0, 86400.0));
+  AddSecondsOption(app, "--checkpoint-every", checkpoint_every_s,
+                   "periodic: seconds between snapshots (0: off)", 0.0, 86400.0);
   app.add_option("--checkpoint-every-versions", checkpoint_every_versions,
                  "periodic: versions between snapshots (0: off); in sync mode snapshots fall on "
                  "multiples of it, so all shards hold the same step")
@@ -211,14 +221,7 @@ int main(int argc, char** argv) {
                "Preflight: validate the flags, try binding this shard's address and metrics port "
                "and print `check version ...` and one `check problem ...` line per problem, then "
                "exit (0: fine); parasync-launch --check runs it on every host");
-  app.set_version_flag("--version", VersionLine("parasync-ps"));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {  // --help, --version
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return Fail(e.what() + std::string(" (see --help)"), kExitBadUsage);
-  }
+  if (auto done = ParseCommandLine(app, argc, argv)) return *done;
 
   auto spec = ResolveClusterSpecFromEnvironment(cluster, "ps");
   if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
@@ -235,8 +238,8 @@ int main(int argc, char** argv) {
     return Fail("--durability must be periodic or every-update, not '" + durability + "'",
                 kExitBadUsage);
   }
-  if (durability == "every-update" && data_dir.empty()) {
-    return Fail("--durability every-update needs --data-dir", kExitBadUsage);
+  if (durability == "every-update" && state_dir.empty()) {
+    return Fail("--durability every-update needs --state-dir", kExitBadUsage);
   }
   if (replicas_to_aggregate > num_workers) {
     return Fail("--replicas-to-aggregate " + std::to_string(replicas_to_aggregate) +
@@ -269,22 +272,62 @@ int main(int argc, char** argv) {
         problems.push_back("ps" + std::to_string(spec->task_index) + " metrics: " + p);
       }
     }
-    if (!data_dir.empty()) {
+    if (!state_dir.empty()) {
       // The store creates the whole path: its nearest existing ancestor must be a writable
       // directory.
       std::error_code ec;
-      auto existing = std::filesystem::absolute(data_dir, ec);
+      auto existing = std::filesystem::absolute(state_dir, ec);
       while (!std::filesystem::exists(existing, ec) && existing.has_parent_path() &&
              existing != existing.parent_path()) {
         existing = existing.parent_path();
       }
       if (!std::filesystem::is_directory(existing, ec) || access(existing.c_str(), W_OK) != 0) {
-        problems.push_back("ps" + std::to_string(spec->task_index) + ": --data-dir " + data_dir +
+        problems.push_back("ps" + std::to_string(spec->task_index) + ": --state-dir " + state_dir +
                            " cannot be created (" + existing.string() +
                            " is not a writable directory)");
       }
+      // What it holds, as the start would find it: anything but this shard's store of this
+      // --mode is refused (a store locked by a running server too: it is in use).
+      if (std::filesystem::exists(state_dir, ec) && !std::filesystem::is_empty(state_dir, ec)) {
+        auto opened = CheckpointStore::Open(state_dir, spec->task_index,
+                                            static_cast<int>(spec->ps.size()));
+        Status found = opened.status();
+        if (opened.ok()) {
+          auto loaded = (*opened)->Load();
+          if (loaded.ok()) {
+            found = CheckStoredMode(loaded->registration.mode, *training_mode, state_dir);
+          } else if (loaded.status().code() != StatusCode::kNotFound) {
+            found = loaded.status();
+          }
+        }
+        if (!found.ok()) {
+          const std::string& m = found.message();
+          problems.push_back("ps" + std::to_string(spec->task_index) + ": " +
+                             (m.starts_with("--state-dir") ? m : "--state-dir " + m));
+        }
+      }
     }
     return ReportCheck(problems);
+  }
+  // A port in use is refused before anything starts, naming the flag: a retry would find it
+  // taken again (kExitBadUsage).
+  {
+    const std::string address =
+        bind.empty() ? spec->ps[static_cast<size_t>(spec->task_index)] : bind;
+    const size_t colon = address.rfind(':');
+    const int port = colon == std::string::npos ? 0 : std::atoi(address.c_str() + colon + 1);
+    if (std::string p = BindProblem(address.substr(0, colon), port); !p.empty()) {
+      return Fail((bind.empty() ? "shard " + std::to_string(spec->task_index) +
+                                      "'s address in --ps-hosts, " + address
+                                : "--bind " + address) +
+                      ": " + p,
+                  kExitBadUsage);
+    }
+    if (metrics_port != 0) {
+      if (std::string p = BindProblem(metrics_bind, metrics_port); !p.empty()) {
+        return Fail("--metrics-port " + std::to_string(metrics_port) + ": " + p, kExitBadUsage);
+      }
+    }
   }
   if (!InitLogging("ps", spec->task_index, log_level)) {
     return Fail("unknown --log-level " + log_level, kExitBadUsage);
@@ -325,33 +368,44 @@ int main(int argc, char** argv) {
   // Before the store: /metrics answers while a large store is verified and restored (the
   // probes of deploy/k8s rely on it). A store refused below exits before the server binds.
   auto metrics_server = MetricsServer::Start(*metrics_ip, metrics_port, metrics.registry);
-  if (!metrics_server.ok()) return Fail(metrics_server.status().message());
+  if (!metrics_server.ok()) {
+    // Checked free a moment ago (above): taken since, or refused for another reason.
+    return Fail("cannot serve metrics on --metrics-bind " + metrics_bind + " --metrics-port " +
+                    std::to_string(metrics_port) + ": " + metrics_server.status().message(),
+                metrics_port != 0 ? kExitBadUsage : kExitRetryable);
+  }
   const int bound_metrics_port = (*metrics_server)->port();
   MetricsServer::KeepUntilExit(std::move(metrics_server).value());
   std::unique_ptr<CheckpointStore> store;
   std::optional<ShardSnapshot> restored;
   double restore_seconds = 0;
-  if (!data_dir.empty()) {
+  if (!state_dir.empty()) {
     auto faults = StorageFaultsFromEnvironment();
     if (!faults.ok()) return Fail(faults.status().message(), kExitBadUsage);
     if (*faults) {
       spdlog::warn("FAULT INJECTION: {}={} makes the store's disk fail on purpose",
                    kStorageFaultsVariable, std::getenv(kStorageFaultsVariable));
     }
-    auto opened = CheckpointStore::Open(data_dir, shard, options.num_shards, *faults);
-    if (!opened.ok()) return Fail(opened.status().message(), kExitBadUsage);
+    auto opened = CheckpointStore::Open(state_dir, shard, options.num_shards, *faults);
+    if (!opened.ok()) {
+      // Unavailable: the store is locked by another process (or the disk failed), which
+      // may pass; anything else (a foreign directory, another shard's store, damage) stays.
+      return Fail("--state-dir " + opened.status().message(),
+                  opened.status().code() == StatusCode::kUnavailable ? kExitRetryable
+                                                                     : kExitBadUsage);
+    }
     store = std::move(opened).value();
     const auto t0 = std::chrono::steady_clock::now();
     auto loaded = store->Load();
     if (loaded.ok()) {
       restored = std::move(loaded).value();
     } else if (loaded.status().code() != StatusCode::kNotFound) {
-      return Fail("cannot restore from " + data_dir + ": " + loaded.status().message(),
+      return Fail("cannot restore from " + state_dir + ": " + loaded.status().message(),
                   kExitBadUsage);
     }
     // A store of another mode would refuse every worker's Register: say so now.
     if (restored) {
-      if (Status s = CheckStoredMode(restored->registration.mode, *training_mode, data_dir);
+      if (Status s = CheckStoredMode(restored->registration.mode, *training_mode, state_dir);
           !s.ok()) {
         return Fail(s.message(), kExitBadUsage);
       }
@@ -393,7 +447,11 @@ int main(int argc, char** argv) {
     spdlog::info("CURVE on: encrypted, {} client key(s) allowed", curve_allowed.size());
   }
   auto server = Server::Create(context, options, &metrics);
-  if (!server.ok()) return Fail(server.status().message());
+  if (!server.ok()) {
+    return Fail(server.status().message(), server.status().code() == StatusCode::kInvalidArgument
+                                               ? kExitBadUsage
+                                               : kExitRetryable);
+  }
   // Refusals inside the CURVE handshake (a plain-text client, a key pair that does not
   // match) never reach the ZAP handler: libzmq reports them only as monitor events. They
   // are read on a thread of their own rather than in the server loop, so that they are
@@ -413,15 +471,15 @@ int main(int argc, char** argv) {
   }
   if (restored) {
     if (Status s = (*server)->Restore(*restored); !s.ok()) {
-      return Fail("cannot restore from " + data_dir + ": " + s.message(), kExitBadUsage);
+      return Fail("cannot restore from " + state_dir + ": " + s.message(), kExitBadUsage);
     }
     spdlog::info("restored from {}: version {}, {} examples, {} slices, {} bytes on disk, in "
                  "{:.3f} s",
-                 data_dir, restored->version, restored->examples, restored->slices.size(),
+                 state_dir, restored->version, restored->examples, restored->slices.size(),
                  store->ApproximateBytes(), restore_seconds);
     restored.reset();  // the shard holds its own copy now; do not keep the model twice
   } else if (store) {
-    spdlog::info("new data directory {} (durability {})", data_dir, durability);
+    spdlog::info("new data directory {} (durability {})", state_dir, durability);
   }
   spdlog::info("shard {}/{} serving {} worker(s) on {} (mode {}{}), metrics on "
                "http://{}:{}/metrics",

@@ -4,42 +4,58 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
+#include "common/cli.h"
 #include "common/curve.h"
 #include "common/process.h"
 
+namespace {
+
+constexpr const char* kProgram = "parasync-keygen";
+
+int Fail(const std::string& line, int code) {
+  return parasync::PrintErrorLine(kProgram, line, code);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace parasync;
-  CLI::App app{
-      "parasync-keygen: writes a CurveZMQ key pair per NAME: DIR/NAME.key (the pair, mode "
-      "0600, stays with its process) and DIR/NAME.pub (the public key, given to the peers)."};
-  app.footer(
-      "Example (one PS key, two workers, the exporter):\n"
-      "  parasync-keygen --dir keys ps worker0 worker1 export\n"
-      "  mkdir keys/allowed && cp keys/worker*.pub keys/export.pub keys/allowed/\n"
-      "  parasync-ps --curve-key keys/ps.key --curve-allow keys/allowed ...\n"
-      "  parasync-worker --curve-key keys/worker0.key --curve-server-key keys/ps.pub ...\n"
-      "Existing files are never overwritten.");
+  CLI::App app;
+  SetUpCommandLine(
+      app, {.name = kProgram,
+            .purpose = "writes a CurveZMQ key pair per NAME: DIR/NAME.key (the pair, mode 0600, "
+                       "stays with its process) and DIR/NAME.pub (the public key, given to the "
+                       "peers).",
+            .details = "Existing files are never overwritten.",
+            .exit_status = "A key file that exists already, or a --dir that cannot be made, is "
+                           "status 2.",
+            .examples = "parasync-keygen --dir keys ps worker0 worker1 export\n"
+                        "mkdir keys/allowed && cp keys/worker*.pub keys/export.pub keys/allowed/\n"
+                        "parasync-ps --curve-key keys/ps.key --curve-allow keys/allowed ...\n"
+                        "parasync-worker --curve-key keys/worker0.key --curve-server-key "
+                        "keys/ps.pub ..."});
   std::string dir = ".";
   std::vector<std::string> names;
-  app.add_option("--dir", dir, "Where the files go (created if missing)")->capture_default_str();
-  app.add_option("names", names, "Key names, e.g. ps worker0 worker1")->required();
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--dir", dir, "Where the files go (created if missing)")->type_name("DIR");
+  app.add_option("names", names, "Key names, e.g. ps worker0 worker1")
+      ->required()
+      ->type_name("NAME");
+  if (auto done = ParseCommandLine(app, argc, argv)) return *done;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) return PrintErrorLine("parasync-keygen", "cannot create " + dir + ": " + ec.message(), 1);
+  if (ec) return Fail("cannot create --dir " + dir + ": " + ec.message(), kExitBadUsage);
   for (const std::string& name : names) {
     if (name.empty() || name.find('/') != std::string::npos) {
-      return PrintErrorLine("parasync-keygen", "a key name is a plain file name, not '" + name + "'",
-                            kExitBadUsage);
+      return Fail("a key name is a plain file name, not '" + name + "'", kExitBadUsage);
     }
+  }
+  for (const std::string& name : names) {
     auto pair = GenerateCurveKeyPair();
-    if (!pair.ok()) return PrintErrorLine("parasync-keygen", pair.status().message(), 1);
+    // A libzmq without CURVE support: nothing a retry changes.
+    if (!pair.ok()) return Fail(pair.status().message(), kExitBadUsage);
     const std::string base = dir + "/" + name;
-    if (Status s = WriteKeyFiles(base, *pair); !s.ok()) {
-      return PrintErrorLine("parasync-keygen", s.message(), 1);
-    }
+    // An existing key file is refused, never overwritten; an unwritable --dir stays so.
+    if (Status s = WriteKeyFiles(base, *pair); !s.ok()) return Fail(s.message(), kExitBadUsage);
     std::printf("%s.key %s.pub  public key %s\n", base.c_str(), base.c_str(),
                 pair->public_key.c_str());
   }

@@ -1,12 +1,18 @@
 // parasync-export: gathers the whole model from every parameter-server shard into one file
 // (docs/model-format.md), for parasync-worker --eval-only or any other reader.
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/cli.h"
 #include "common/cluster_spec.h"
 #include "common/model_file.h"
 #include "common/process.h"
@@ -14,44 +20,65 @@
 
 namespace {
 
-int Fail(const std::string& line, int code = 1) {
-  return parasync::PrintErrorLine("parasync-export", line, code);
+constexpr const char* kProgram = "parasync-export";
+
+int Fail(const std::string& line, int code = parasync::kExitRetryable) {
+  return parasync::PrintErrorLine(kProgram, line, code);
+}
+
+// Empty when a file can be written at `path` (its directory exists and is writable), else why
+// not: checked before the servers are asked, so a typo costs no transfer.
+std::string OutProblem(const std::string& path) {
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return path + " is a directory";
+  if (!std::filesystem::is_directory(dir, ec)) return dir.string() + " is not a directory";
+  if (::access(dir.c_str(), W_OK) != 0) {
+    return "cannot write in " + dir.string() + ": " + std::strerror(errno);
+  }
+  return std::string();
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace parasync;
-  CLI::App app{
-      "parasync-export: writes the model held by the parameter servers to one file.\n\n"
-      "Example:\n"
-      "  parasync-export --ps-hosts 127.0.0.1:5000,127.0.0.1:5001 --out model.psm\n"
-      "  parasync-worker --eval-only --model-file model.psm\n"
-      "The cluster may also come from TF_CONFIG. The servers keep training meanwhile: the file "
-      "holds each shard's values at the moment it answered (metadata lists their versions)."};
-  app.option_defaults()->always_capture_default();
+  CLI::App app;
+  SetUpCommandLine(
+      app,
+      {.name = kProgram,
+       .purpose = "writes the model held by the parameter servers to one file "
+                  "(docs/model-format.md).",
+       .details = "The cluster may also come from TF_CONFIG. The servers keep training "
+                  "meanwhile: the file holds each shard's values at the moment it answered "
+                  "(metadata lists their versions). Against servers with --curve-key, give "
+                  "--curve-key and --curve-server-key too.",
+       .exit_status = "Status 2 also for an --out that cannot be written and a model the "
+                      "servers hold for another number of shards; 1 when a server does not "
+                      "answer within --timeout or holds no model yet.",
+       .examples = "parasync-export --ps-hosts 127.0.0.1:5000,127.0.0.1:5001 --out model.psm\n"
+                   "parasync-worker --eval-only --model-file model.psm"});
   ClusterFlags cluster;
   std::string out;
-  int timeout_s = 30;
+  double timeout_s = 30;
   app.add_option("--ps-hosts", cluster.ps_hosts,
                  "Comma-separated host:port of every PS shard (IP addresses or host names, "
                  "ports 1-65535, each address once)");
-  app.add_option("--out", out, "The model file to write")->required();
-  app.add_option("--timeout", timeout_s, "Seconds to wait for each server")
-      ->check(CLI::Range(1, 86400));
+  app.add_option("--out", out, "The model file to write")->required()->type_name("FILE");
+  AddSecondsOption(app, "--timeout", timeout_s, "Seconds to wait for each server", 0.1, 86400.0);
   std::string curve_key_file;
   std::string curve_server_key_file;
   app.add_option("--curve-key", curve_key_file,
                  "CURVE: this client's key pair file (its public key in the servers' "
-                 "--curve-allow)");
+                 "--curve-allow)")
+      ->group("Security");
   app.add_option("--curve-server-key", curve_server_key_file,
-                 "CURVE: the servers' public key file");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {  // --help
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return Fail(e.what() + std::string(" (see --help)"), kExitBadUsage);
+                 "CURVE: the servers' public key file")
+      ->group("Security");
+  if (auto done = ParseCommandLine(app, argc, argv)) return *done;
+  if (std::string p = OutProblem(out); !p.empty()) {
+    return Fail("--out " + out + ": " + p, kExitBadUsage);
   }
   // The exporter is no task of the cluster: any worker list will do.
   if (!cluster.worker_hosts) cluster.worker_hosts = "export:1";
@@ -66,14 +93,14 @@ int main(int argc, char** argv) {
   options.ps_addresses = spec->ps;
   options.curve = *curve;
   options.rank = -1;
-  options.request_timeout = std::chrono::seconds(timeout_s);
+  options.request_timeout = std::chrono::milliseconds(std::llround(timeout_s * 1000));
   auto client = PsClient::Connect(context, options);
   if (!client.ok()) return Fail(client.status().message());
   auto stats = (*client)->Stats();
   if (!stats.ok()) return Fail("cannot reach the servers: " + stats.status().ToString());
   if (!(*stats)[0].registration) return Fail("the servers hold no model yet (nothing registered)");
   const ModelRegistration reg = *(*stats)[0].registration;
-  if (Status s = (*client)->Adopt(reg); !s.ok()) return Fail(s.message());
+  if (Status s = (*client)->Adopt(reg); !s.ok()) return Fail(s.message(), kExitBadUsage);
 
   ModelFile model;
   model.variables = reg.variables;
@@ -95,7 +122,11 @@ int main(int argc, char** argv) {
     if (described.is_object()) metadata["model"] = std::move(described);
   }
   model.metadata_json = metadata.dump();
-  if (Status s = WriteModelFile(out, model); !s.ok()) return Fail(s.message());
+  if (Status s = WriteModelFile(out, model); !s.ok()) {
+    return Fail("--out " + out + ": " + s.message(), s.code() == StatusCode::kUnavailable
+                                                          ? kExitRetryable
+                                                          : kExitBadUsage);
+  }
   int64_t elements = 0;
   for (const VariableSpec& v : reg.variables) elements += v.num_elements();
   std::printf("parasync-export: wrote %s: %zu variables, %lld parameters, from %zu shard(s)\n",

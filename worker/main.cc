@@ -10,11 +10,11 @@
 #include <tuple>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/address.h"
+#include "common/cli.h"
 #include "common/cluster_spec.h"
 #include "common/metrics.h"
 #include "common/model_file.h"
@@ -33,8 +33,15 @@
 
 namespace {
 
-int Fail(const std::string& line, int code = 1) {
-  return parasync::PrintErrorLine("parasync-worker", line, code);
+constexpr const char* kProgram = "parasync-worker";
+
+int Fail(const std::string& line, int code = parasync::kExitRetryable) {
+  return parasync::PrintErrorLine(kProgram, line, code);
+}
+
+// Whole milliseconds of a duration flag in decimal seconds.
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
 }
 
 std::string WidthsText(const std::vector<int64_t>& widths) {
@@ -176,24 +183,28 @@ int RunEvalOnly(const std::string& model_path, const std::string& data_dir,
 
 int main(int argc, char** argv) {
   using namespace parasync;
-  CLI::App app{
-      "parasync-worker: trains a model on its shard of the data. Each step pulls the "
-      "parameters from every parameter server, computes the gradient of a batch and pushes it "
-      "back. Rank 0 is the chief: it also evaluates on the whole test set after every epoch "
-      "and appends the result to <log-dir>/eval.jsonl.\n\n"
-      "Example (rank 0 of 2, with 2 parameter servers):\n"
-      "  parasync-worker --ps-hosts 127.0.0.1:5000,127.0.0.1:5001 "
-      "--worker-hosts 127.0.0.1:6000,127.0.0.1:6001 --task-index 0 --epochs 5\n"
-      "The cluster may instead come from TF_CONFIG; flags win.\n\n"
-      "Evaluate an exported model (parasync-export) without any cluster:\n"
-      "  parasync-worker --eval-only --model-file model.psm [--data DIR]"};
-  app.option_defaults()->always_capture_default();
-  // A flag given twice takes its last value, so a launcher's per-rank argument overrides a
-  // shared one (parasync-launch --worker-arg ... --rank-arg R:...).
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  CLI::App app;
+  SetUpCommandLine(
+      app,
+      {.name = kProgram,
+       .purpose = "trains a model on its shard of the data.",
+       .details =
+           "Each step pulls the parameters from every parameter server, computes the gradient of "
+           "a batch and pushes it back. Rank 0 is the chief: it also evaluates on the whole test "
+           "set after every epoch and appends the result to <log-dir>/eval.jsonl. The cluster "
+           "comes from --ps-hosts, --worker-hosts and --task-index, or from TF_CONFIG; flags "
+           "win. With --eval-only it evaluates an exported model (parasync-export) without any "
+           "cluster.",
+       .exit_status = "Status 2 also for a missing or unreadable --dataset, a --metrics-port in "
+                      "use, and a registration the servers refuse for good (another --mode, "
+                      "another model than the one they hold); 1 when the servers cannot be "
+                      "reached in time. SIGINT and SIGTERM stop training, status 0.",
+       .examples = "parasync-worker --ps-hosts 127.0.0.1:5000,127.0.0.1:5001 \\\n"
+                   "      --worker-hosts 127.0.0.1:6000,127.0.0.1:6001 --task-index 0 --epochs 5\n"
+                   "parasync-worker --eval-only --model-file model.psm [--dataset DIR]"});
   ClusterFlags cluster;
   std::string mode = "async";
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string data_dir = kDefaultDataDir;
   int epochs = 5;
   int batch_size = 64;
   int64_t max_steps = 0;
@@ -214,13 +225,14 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   std::string metrics_bind = "127.0.0.1";
   int metrics_port = 0;
-  int request_timeout_s = 120;
-  int connect_timeout_s = 60;
+  double request_timeout_s = 120;
+  double connect_timeout_s = 60;
   double heartbeat_interval_s = 1.0;
   bool staleness_lr = false;
   std::string lr_scaling = "none";
   bool no_shuffle = false;
   int64_t train_examples = 0;
+  double step_delay_s = 0;
   int step_delay_ms = 0;
   double slowdown = 1.0;
   bool checkpoint_each_epoch = false;
@@ -236,16 +248,19 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--mode", mode,
                  "async, sync or ssp:K; must equal the parameter servers' --mode");
-  app.add_option("--data", data_dir,
-                 "Directory with the data: IDX files {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] "
-                 "(images [n, H, W] or [n, H, W, C]) or NumPy files {train,test}_{x,y}.npy "
-                 "(docs/data.md)");
+  app.add_option("--dataset", data_dir,
+                 "Directory with the data set: IDX files "
+                 "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (images [n, H, W] or "
+                 "[n, H, W, C]) or NumPy files {train,test}_{x,y}.npy (docs/data.md); old name "
+                 "--data")
+      ->type_name("DIR");
+  AddHiddenAlias(app, "--data", data_dir);
   app.add_option("--epochs", epochs, "Passes over this worker's shard")->check(CLI::Range(1, 100000));
   app.add_option("--batch-size", batch_size, "Examples per step")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--max-seconds", max_seconds,
-                 "Stop after this many seconds of training, evaluating first on the chief (a "
-                 "time budget; 0: no limit)")
-      ->check(CLI::Range(0.0, 1e9));
+  AddSecondsOption(app, "--max-seconds", max_seconds,
+                   "Stop after this many seconds of training, evaluating first on the chief (a "
+                   "time budget; 0: no limit)",
+                   0.0, 1e9);
   app.add_option("--max-steps", max_steps, "Stop after this many steps (0: no limit)")
       ->check(CLI::NonNegativeNumber);
   double log_every_s = 0;
@@ -279,17 +294,18 @@ int main(int argc, char** argv) {
   app.add_option("--train-examples", train_examples,
                  "Use only the first N training examples (0: all)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--step-delay-ms", step_delay_ms,
-                 "Fault injection: sleep this long before every push, making this worker a "
-                 "straggler")
-      ->check(CLI::Range(0, 3600000));
+  AddSecondsOption(app, "--step-delay", step_delay_s,
+                   "Fault injection: sleep this many seconds before every push, making this "
+                   "worker a straggler (old form: --step-delay-ms MILLISECONDS)",
+                   0.0, 3600.0);
+  app.add_option("--step-delay-ms", step_delay_ms)->check(CLI::Range(0, 3600000))->group("");
   app.add_option("--slowdown", slowdown,
                  "Fault injection: compute this many times slower (after each gradient, sleep "
                  "FACTOR - 1 times the time it took), making this worker a straggler")
       ->check(CLI::Range(1.0, 1000.0));
   app.add_flag("--checkpoint-each-epoch", checkpoint_each_epoch,
                "Chief: after each epoch's evaluation, ask every parameter server to save a "
-               "snapshot (they need --data-dir)");
+               "snapshot (they need --state-dir)");
   app.add_flag("--staleness-lr", staleness_lr,
                "async/ssp: the servers divide each update by its staleness (versions applied "
                "between its read and its apply), after Zhang et al. 2016");
@@ -334,17 +350,16 @@ int main(int argc, char** argv) {
                  "Address the metrics server listens on: an IP address (checked: four octets "
                  "0-255), * or a host name that resolves")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("--request-timeout", request_timeout_s,
-                 "Seconds to wait for a parameter server's reply, resending meanwhile (also "
-                 "across a restart of the server) before failing")
-      ->check(CLI::Range(1, 86400));
-  app.add_option("--connect-timeout", connect_timeout_s,
-                 "Seconds to wait for the parameter servers at start")
-      ->check(CLI::Range(1, 86400));
-  app.add_option("--heartbeat-interval", heartbeat_interval_s,
-                 "Seconds between heartbeats to the parameter servers (keep it well below their "
-                 "--worker-timeout)")
-      ->check(CLI::Range(0.01, 3600.0));
+  AddSecondsOption(app, "--request-timeout", request_timeout_s,
+                   "Seconds to wait for a parameter server's reply, resending meanwhile (also "
+                   "across a restart of the server) before failing",
+                   0.1, 86400.0);
+  AddSecondsOption(app, "--connect-timeout", connect_timeout_s,
+                   "Seconds to wait for the parameter servers at start", 0.1, 86400.0);
+  AddSecondsOption(app, "--heartbeat-interval", heartbeat_interval_s,
+                   "Seconds between heartbeats to the parameter servers (keep it well below "
+                   "their --worker-timeout)",
+                   0.01, 3600.0);
   app.add_flag("--eval-only", eval_only,
                "Evaluate --model-file on the t10k test set (CPU) and exit; no cluster flags are "
                "needed, and none are used");
@@ -366,13 +381,13 @@ int main(int argc, char** argv) {
                "Preflight: validate the flags, look for the data files, try binding the metrics "
                "port and print `check version ...` and one `check problem ...` line per "
                "problem, then exit (0: fine); parasync-launch --check runs it on every host");
-  app.set_version_flag("--version", VersionLine("parasync-worker"));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {  // --help, --version
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return Fail(e.what() + std::string(" (see --help)"), kExitBadUsage);
+  if (auto done = ParseCommandLine(app, argc, argv)) return *done;
+  if (app.count("--step-delay-ms") > 0) {
+    if (app.count("--step-delay") > 0) {
+      return Fail("--step-delay and --step-delay-ms (its old form) both given: give one",
+                  kExitBadUsage);
+    }
+    step_delay_s = step_delay_ms / 1000.0;
   }
 
   if (eval_only) {
@@ -456,6 +471,12 @@ int main(int argc, char** argv) {
     }
     return ReportCheck(problems);
   }
+  // A metrics port in use is refused before anything starts, naming the flag.
+  if (metrics_port != 0) {
+    if (std::string p = BindProblem(metrics_bind, metrics_port); !p.empty()) {
+      return Fail("--metrics-port " + std::to_string(metrics_port) + ": " + p, kExitBadUsage);
+    }
+  }
   if (!InitLogging("worker", rank, log_level)) {
     return Fail("unknown --log-level " + log_level, kExitBadUsage);
   }
@@ -500,7 +521,12 @@ int main(int argc, char** argv) {
   WorkerMetrics metrics(rank, net.spec().name, net.num_parameters());
   // The metrics server starts before any compute backend is loaded (see backend_factory.h).
   auto metrics_server = MetricsServer::Start(*metrics_ip, metrics_port, metrics.registry);
-  if (!metrics_server.ok()) return Fail(metrics_server.status().message());
+  if (!metrics_server.ok()) {
+    // Checked free at start (above): taken since, or refused for another reason.
+    return Fail("cannot serve metrics on --metrics-bind " + metrics_bind + " --metrics-port " +
+                    std::to_string(metrics_port) + ": " + metrics_server.status().message(),
+                metrics_port != 0 ? kExitBadUsage : kExitRetryable);
+  }
   const int bound_metrics_port = (*metrics_server)->port();
   MetricsServer::KeepUntilExit(std::move(metrics_server).value());
 
@@ -525,7 +551,7 @@ int main(int argc, char** argv) {
   PsClientOptions client_options;
   client_options.ps_addresses = spec->ps;
   client_options.rank = rank;
-  client_options.request_timeout = std::chrono::seconds(request_timeout_s);
+  client_options.request_timeout = Millis(request_timeout_s);
   client_options.curve = *curve;
   client_options.wire_dtype = *wire;
   client_options.copy_threads = copy_threads;
@@ -536,8 +562,7 @@ int main(int argc, char** argv) {
   // A blocked pull gives up when asked to stop, or when a server has stopped answering
   // heartbeats for longer than the request plus connect timeouts (it died: waiting would
   // never end).
-  const auto silence_limit = std::chrono::seconds(request_timeout_s) +
-                             std::chrono::seconds(connect_timeout_s);
+  const auto silence_limit = Millis(request_timeout_s) + Millis(connect_timeout_s);
   Heartbeater* beats = heartbeater->get();
   client_options.interrupted = [beats, silence_limit] {
     return ShutdownRequested() || beats->LongestSilence() > silence_limit;
@@ -562,12 +587,16 @@ int main(int argc, char** argv) {
   reg.max_slice_elements = max_slice_elements;
   reg.num_shards = static_cast<int32_t>(spec->ps.size());
   reg.mode = training_mode->ToString();
-  if (Status s = (*client)->Register(reg, std::chrono::seconds(connect_timeout_s)); !s.ok()) {
+  if (Status s = (*client)->Register(reg, Millis(connect_timeout_s)); !s.ok()) {
     if (ShutdownRequested()) {
       spdlog::info("stopped by signal {} before training", ShutdownSignal());
       return 0;
     }
-    return Fail("registration failed: " + s.ToString());
+    // Refused by a server (another --mode, another model, another shard count): no retry
+    // changes that. Unreachable servers or a timeout may pass.
+    const bool refused = s.code() == StatusCode::kFailedPrecondition ||
+                         s.code() == StatusCode::kInvalidArgument;
+    return Fail("registration failed: " + s.ToString(), refused ? kExitBadUsage : kExitRetryable);
   }
   spdlog::info("registered {} variables as {} slices on {} parameter server(s)",
                reg.variables.size(), (*client)->slice_map().slices().size(), spec->ps.size());
@@ -577,7 +606,7 @@ int main(int argc, char** argv) {
   options.num_workers = static_cast<int>(spec->workers.size());
   options.mode = *training_mode;
   options.shuffle = !no_shuffle;
-  options.step_delay = std::chrono::milliseconds(step_delay_ms);
+  options.step_delay = Millis(step_delay_s);
   options.slowdown = slowdown;
   options.checkpoint_each_epoch = checkpoint_each_epoch;
   options.epochs = epochs;

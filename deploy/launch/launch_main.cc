@@ -8,13 +8,16 @@
 #include <set>
 #include <string>
 
-#include <CLI/CLI.hpp>
+#include <cstdlib>
 
+#include "common/cli.h"
 #include "common/float_codec.h"
 #include "common/model_spec.h"
 #include "common/process.h"
 #include "common/version.h"
 #include "deploy/launch/launcher.h"
+#include "deploy/launch/preflight_local.h"
+#include "worker/data/dataset.h"
 
 namespace {
 
@@ -26,40 +29,41 @@ using parasync::launch::LaunchOptions;
 
 constexpr const char* kProgram = "parasync-launch";
 
-constexpr const char* kDescription =
-    "Runs a local parasync cluster: starts the parameter servers (parasync-ps), then the "
-    "workers (parasync-worker), on free ports of --host; forwards their output prefixed with "
-    "[ps0], [worker1], ... and writes it to <log-dir>/<name>.log; when worker 0 (the chief) "
-    "finishes, stops the others (SIGTERM, then SIGKILL after --grace-seconds) and prints "
-    "where the results are. With --export FILE, the model is written to FILE by "
-    "parasync-export after the chief finished and the other workers stopped, before the "
-    "parameter servers are stopped. Worker i gets --local-rank i, so on a machine with "
-    "several GPUs each worker computes on its own (worker --device auto, the default, "
-    "picks a GPU when there is one).\n"
-    "Exit status: 0 when every process exited 0, 1 when one failed or had to be killed, "
-    "2 for bad flags or missing binaries, 130 when interrupted. A failed export fails the run.";
+constexpr const char* kDetails =
+    "Starts the parameter servers (parasync-ps), then the workers (parasync-worker), on free "
+    "ports of --host; forwards their output prefixed with [ps0], [worker1], ... and writes it "
+    "to <log-dir>/<name>.log; when worker 0 (the chief) finishes, stops the others (SIGTERM, "
+    "then SIGKILL after --grace-seconds) and prints where the results are. With --export FILE, "
+    "parasync-export writes the model to FILE after the chief finished and the other workers "
+    "stopped, before the parameter servers are stopped. Worker i gets --local-rank i, so on a "
+    "machine with several GPUs each worker computes on its own.\n\n"
+    "Before it starts anything it checks what would make a process refuse to start: the data "
+    "set (--dataset, or the worker's default) present and readable, counts consistent, ports "
+    "free, a --state-dir holding something else or the stores of another run.\n\n"
+    "Values that begin with '-' are safest written with '=': --worker-arg=--device=cpu.";
 
-constexpr const char* kFooter =
-    "Values that begin with '-' are safest written with '=': --worker-arg=--device=cpu.\n"
-    "\n"
-    "Example:\n"
-    "  parasync-launch --ps 2 --workers 2 --mode ssp:3 --epochs 5 --lr 0.05 \\\n"
+constexpr const char* kExitStatus =
+    "Status 2 also when a process exited 2 (it refused its flags, data or state); 1 when one "
+    "failed otherwise or had to be killed; 130 when interrupted. A failed export fails the run.";
+
+constexpr const char* kExamples =
+    "parasync-launch --ps 2 --workers 2 --mode ssp:3 --epochs 5 --lr 0.05 \\\n"
     "      --log-dir runs/ssp3 --worker-arg=--device=cpu\n"
-    "  Then: runs/ssp3/eval.jsonl (the chief's evaluations), runs/ssp3/worker0.log, ...,\n"
-    "  runs/ssp3/cluster.json (pids, addresses, metrics ports, command lines).\n"
-    "  parasync-launch --ps 2 --workers 2 --epochs 5 --export runs/model.psm\n"
-    "  Then: parasync-worker --eval-only --model-file runs/model.psm\n"
-    "  parasync-launch --ps 2 --workers 4 --mode sync --rank-arg 3:--slowdown=4 \\\n"
-    "      --kill ps:1@20+5 --data-dir runs/faults/ckpt --log-dir runs/faults\n"
-    "  Then: worker 3 computes 4x slower; ps1 is killed 20 s in and restarted 5 s later\n"
-    "  from its data directory.\n"
-    "  parasync-launch --ps node1:1 -H node1:2,node2:2 --mode sync --log-dir /shared/run1 \\\n"
-    "      --data /shared/fashion-mnist --check     (then without --check to run)\n"
-    "  Then: 1 PS on node1, workers 0-1 on node1 and 2-3 on node2, started over ssh;\n"
-    "  --dry-run prints the commands instead.\n"
-    "  parasync-launch --mode sync --epochs 20 --log-dir runs/watch --metrics\n"
-    "  Beside it: tools/watch-run.sh runs/watch (Prometheus on http://127.0.0.1:9090,\n"
-    "  scraping runs/watch/prometheus-targets.json); Ctrl-C ends the --metrics serving.\n";
+    "   Then: runs/ssp3/eval.jsonl (the chief's evaluations), runs/ssp3/worker0.log, ...,\n"
+    "   runs/ssp3/cluster.json (pids, addresses, metrics ports, command lines).\n"
+    "parasync-launch --ps 2 --workers 2 --epochs 5 --export runs/model.psm\n"
+    "   Then: parasync-worker --eval-only --model-file runs/model.psm\n"
+    "parasync-launch --ps 2 --workers 4 --mode sync --rank-arg 3:--slowdown=4 \\\n"
+    "      --kill ps:1@20+5 --state-dir runs/faults/state --log-dir runs/faults\n"
+    "   Then: worker 3 computes 4x slower; ps1 is killed 20 s in and restarted 5 s later\n"
+    "   from its state directory.\n"
+    "parasync-launch --ps node1:1 -H node1:2,node2:2 --mode sync --log-dir /shared/run1 \\\n"
+    "      --dataset /shared/fashion-mnist --check     (then without --check to run)\n"
+    "   Then: 1 PS on node1, workers 0-1 on node1 and 2-3 on node2, started over ssh;\n"
+    "   --dry-run prints the commands instead.\n"
+    "parasync-launch --mode sync --epochs 20 --log-dir runs/watch --metrics\n"
+    "   Beside it: tools/watch-run.sh runs/watch (Prometheus on http://127.0.0.1:9090,\n"
+    "   scraping runs/watch/prometheus-targets.json); Ctrl-C ends the --metrics serving.";
 
 // CLI11 validator: a non-negative (or, with `positive`, positive) decimal integer.
 CLI::Validator IntegerValidator(bool positive) {
@@ -103,9 +107,12 @@ void AddOptional(CLI::App& app, const std::string& name, const std::string& type
 
 int main(int argc, char** argv) {
   LaunchOptions options;
-  CLI::App app(kDescription, "parasync-launch");
-  app.footer(kFooter);
-  app.get_formatter()->column_width(34);
+  CLI::App app;
+  parasync::SetUpCommandLine(app, {.name = kProgram,
+                                   .purpose = "runs a local or multi-host parasync cluster.",
+                                   .details = kDetails,
+                                   .exit_status = kExitStatus,
+                                   .examples = kExamples});
 
   std::string ps_text = std::to_string(options.num_ps);
   app.add_option("--ps", ps_text,
@@ -153,11 +160,16 @@ int main(int argc, char** argv) {
                  "Logs, cluster.json, eval.jsonl, metrics files [default: "
                  "./runs/<YYYYmmdd-HHMMSS>]")
       ->type_name("DIR");
-  app.add_option("--data", options.data_dir, "Dataset directory, passed to workers when given")
+  app.add_option("--dataset", options.data_dir,
+                 "The data set's directory, passed to workers when given (default: the "
+                 "worker's, " + std::string(parasync::kDefaultDataDir) + "); old name --data")
       ->type_name("DIR");
-  app.add_option("--data-dir", options.ps_data_dir,
-                 "Parameter-server state: PS i gets --data-dir DIR/ps<i> when given")
+  parasync::AddHiddenAlias(app, "--data", options.data_dir);
+  app.add_option("--state-dir", options.ps_data_dir,
+                 "The parameter servers' state: PS i keeps its store in DIR/ps<i> and restores "
+                 "it at start (default: memory only); old name --data-dir")
       ->type_name("DIR");
+  parasync::AddHiddenAlias(app, "--data-dir", options.ps_data_dir);
   app.add_option("--export", options.export_path,
                  "After the chief finished: write the model to FILE with parasync-export, "
                  "before the parameter servers are stopped")
@@ -231,11 +243,8 @@ int main(int argc, char** argv) {
                  "Where parasync-ps and parasync-worker are [default: the directory of "
                  "this executable]")
       ->type_name("DIR");
-  app.add_option("--grace-seconds", options.grace_seconds,
-                 "Seconds a process gets after SIGTERM before SIGKILL")
-      ->capture_default_str()
-      ->check(NumberValidator(false))
-      ->type_name("S");
+  parasync::AddSecondsOption(app, "--grace-seconds", options.grace_seconds,
+                             "Seconds a process gets after SIGTERM before SIGKILL", 0.0, 86400.0);
   app.add_option("--job", options.job,
                  "Prometheus job label of this run in <log-dir>/prometheus-targets.json "
                  "[default: the log directory's name]")
@@ -249,13 +258,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->type_name("HOST");
 
-  app.set_version_flag("--version", parasync::VersionLine(kProgram));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    return parasync::PrintErrorLine(kProgram, std::string(e.what()) + " (see --help)", kExitUsage);
-  }
+  if (auto done = parasync::ParseCommandLine(app, argc, argv)) return *done;
 
   if (ps_text.find_first_not_of("0123456789") == std::string::npos && !ps_text.empty()) {
     try {
@@ -334,6 +337,17 @@ int main(int argc, char** argv) {
     }
     return problems.empty() ? 0 : 1;
   }
+  // Whatever would make a process here refuse to start is said now, and nothing starts.
+  if (const std::vector<std::string> problems =
+          parasync::launch::LocalPreflight(options, (*launcher)->plan());
+      !problems.empty()) {
+    for (const std::string& problem : problems) {
+      parasync::PrintErrorLine(kProgram, problem, kExitUsage);
+    }
+    return kExitUsage;
+  }
+  // The children's log lines are prefixed with their names here: they leave theirs out.
+  setenv(parasync::kLogPrefixedVariable, "1", 1);
   const parasync::Status started = (*launcher)->Start();
   if (!started.ok()) {
     return parasync::PrintErrorLine(kProgram, started.message(), kExitFailed);

@@ -1364,6 +1364,8 @@ void Launcher::OnExit(Child& child, int wait_status) {
                          ? " finished early with exit status 0"
                          : " exited with status 0 before the chief finished"));
     } else {
+      // A process that refused its flags, data or state fails the run the same way.
+      failure_is_bad_usage_ = WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kExitUsage;
       failure_ = who + " failed with " + DescribeWaitStatus(wait_status) +
                  (is_chief ? "" : " before the chief finished") + "; log: " +
                  child.spec.log_path;
@@ -1543,7 +1545,7 @@ int Launcher::ComputeExitCode() {
   }
   if (!failure_.empty()) {
     Message("run failed: " + failure_);
-    return kExitFailed;
+    return failure_is_bad_usage_ ? kExitUsage : kExitFailed;
   }
   if (!unclean.empty()) {
     Message("run failed: " + unclean + " did not exit with status 0");

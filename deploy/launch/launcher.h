@@ -29,7 +29,9 @@ namespace parasync::launch {
 // Exit codes of parasync-launch.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;       // a process failed or did not stop in time
-inline constexpr int kExitUsage = 2;        // bad flags, missing binaries
+// Bad flags, missing binaries or data, a port in use, a foreign --state-dir (found before
+// anything starts), or a process that exited 2 itself (it refused its flags, data or state).
+inline constexpr int kExitUsage = 2;
 inline constexpr int kExitInterrupted = 130;  // SIGINT/SIGTERM/SIGHUP to the launcher
 
 inline constexpr std::string_view kPsBinary = "parasync-ps";
@@ -264,7 +266,8 @@ class Launcher {
   // when worker 0 exited 0 and nothing failed or interrupted the run, parasync-export runs
   // between the two (output prefixed [export], up to kExportTimeoutSeconds). Returns kExitOk
   // when every process (the exporter included) exited 0, kExitInterrupted when stopped by a
-  // signal, else kExitFailed. Precondition: Start() returned OK. Call once.
+  // signal, kExitUsage when the first process to fail exited with status 2, else kExitFailed.
+  // Precondition: Start() returned OK. Call once.
   int Supervise();
 
   // After Supervise(): serves each process's final metrics snapshot
@@ -329,6 +332,7 @@ class Launcher {
   bool interrupted_ = false;
   bool output_broken_ = false;  // output_fd closed by the reader: keep only the log files
   std::string failure_;         // the first failure, as told to the user
+  bool failure_is_bad_usage_ = false;  // it was a process's exit status 2: so is the run's
   double stop_deadline_ = 0.0;  // seconds on the steady clock
   bool group_killed_ = false;   // SIGKILL already sent to the group being stopped
   bool chief_succeeded_ = false;

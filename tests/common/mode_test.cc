@@ -61,9 +61,9 @@ TEST(CheckStoredModeTest, SameModeIsFineAnotherIsOneLineNamingBothAndTheDirector
     const Status s = CheckStoredMode(stored, *TrainingMode::Parse(running), "/data/ps0");
     ASSERT_FALSE(s.ok()) << stored << " under " << running;
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ(s.message(), std::string("--data-dir /data/ps0 holds a model registered in mode ") +
+    EXPECT_EQ(s.message(), std::string("--state-dir /data/ps0 holds a model registered in mode ") +
                                stored + ", but this server runs --mode " + running +
-                               ": start it with --mode " + stored + ", or give a new --data-dir");
+                               ": start it with --mode " + stored + ", or give a new --state-dir");
   }
 }
 

@@ -249,6 +249,12 @@ class LaunchTest : public ::testing::Test {
       std::ofstream(path) << kFakeScript;
       ASSERT_EQ(chmod(path.c_str(), 0755), 0);
     }
+    // The launcher looks for the data set before it starts anything; the fakes read none.
+    data_dir_ = root_ + "/data";
+    std::filesystem::create_directories(data_dir_);
+    for (const char* name : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) {
+      std::ofstream(data_dir_ + "/" + name) << "";
+    }
   }
 
   void TearDown() override {
@@ -265,7 +271,7 @@ class LaunchTest : public ::testing::Test {
   }
 
   std::vector<std::string> BaseArgs() const {
-    return {"--bin-dir", bin_dir_, "--log-dir", log_dir_};
+    return {"--bin-dir", bin_dir_, "--log-dir", log_dir_, "--dataset", data_dir_};
   }
 
   std::unique_ptr<LauncherProcess> Launch(std::vector<std::string> args,
@@ -316,6 +322,7 @@ class LaunchTest : public ::testing::Test {
   std::string bin_dir_;
   std::string fake_dir_;
   std::string log_dir_;
+  std::string data_dir_;  // empty files the launcher's preflight finds
 };
 
 // ---- in-process: options and plan -------------------------------------------------------
@@ -760,7 +767,8 @@ TEST_F(LaunchTest, ImpossibleCountsAndBadAddressesExitTwoBeforeStartingAnything)
 
 TEST_F(LaunchTest, PassesClusterSpecPortsAndFlags) {
   std::vector<std::string> args = BaseArgs();
-  args.insert(args.end(), {"--mode", "ssp:3", "--epochs", "7", "--data", "/data/fmnist",
+  // --data: the old name of --dataset, still accepted.
+  args.insert(args.end(), {"--mode", "ssp:3", "--epochs", "7", "--data", data_dir_,
                            "--batch-size", "32", "--lr", "0.05", "--seed", "0", "--ps-arg",
                            "--ps-flag", "--ps-arg=--ps-extra=1", "--worker-arg=--device=cpu"});
   auto launcher = Launch(args, {{"FAKE_worker0", "ok"}});
@@ -783,7 +791,7 @@ TEST_F(LaunchTest, PassesClusterSpecPortsAndFlags) {
               ElementsAre("--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts, "--task-index",
                           "1", "--mode", "ssp:3", "--metrics-port", ::testing::_,
                           "--metrics-bind", "127.0.0.1", "--log-dir", log_dir_, "--local-rank", "1",
-                          "--epochs", "7", "--data", "/data/fmnist", "--batch-size",
+                          "--epochs", "7", "--data", data_dir_, "--batch-size",
                           "32", "--lr", "0.05", "--seed", "0", "--device=cpu"));
 
   // Every service and metrics port is distinct, and cluster.json agrees with the fakes.

@@ -151,7 +151,7 @@ TEST_F(PreflightTest, MissingDataIsNamed) {
   auto [code, out] = Launch({"--ps", "127.0.0.2:1", "-H", "127.0.0.3:1", "--port-base",
                              std::to_string(FreePortBase()), "--check", "--data", "/nonexistent"});
   EXPECT_EQ(code, 1) << out;
-  EXPECT_THAT(out, HasSubstr("check: worker0 on 127.0.0.3: --data /nonexistent lacks "
+  EXPECT_THAT(out, HasSubstr("check: worker0 on 127.0.0.3: --dataset /nonexistent lacks "
                              "train-images-idx3-ubyte[.gz]"));
 }
 

@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/cli.h"
+#include "common/process.h"
 #include "common/slice_map.h"
 #include "common/wire.h"
 #include "tests/fuzz/fuzz_input.h"
@@ -142,12 +144,34 @@ Config MakeConfig(int mode_bits, bool preregister, OptimizerKind optimizer,
 int main(int argc, char** argv) {
   using namespace parasync;
   using namespace parasync::fuzz;
-  const bool check = argc == 3 && std::strcmp(argv[1], "--check") == 0;
-  if (argc != 2 && !check) {
-    std::fprintf(stderr, "usage: %s OUTPUT_DIR | --check DIR\n", argv[0]);
-    return 2;
+  // A developer tool beside the real binaries in bin/ (ctest and docs/fuzzing.md run it from
+  // there), so it answers --help and --version as they do and never takes a flag for a
+  // directory.
+  CLI::App app;
+  SetUpCommandLine(
+      app, {.name = "parasync-fuzz-corpus",
+            .purpose = "writes the PS fuzzer's seed corpus with the real encoder (a developer "
+                       "tool; docs/fuzzing.md).",
+            .details = "Valid Register / Pull / Push / Stats / Heartbeat / Leave exchanges for "
+                       "every mode, plus a few malformed messages. Regenerate after a wire "
+                       "change; with --check, verify that DIR holds exactly these seeds (ctest "
+                       "fuzz_corpus_current).",
+            .exit_status = "With --check, 1 when DIR's seeds are not current.",
+            .examples = "rm -r tests/fuzz/corpus && build/bin/parasync-fuzz-corpus "
+                        "tests/fuzz/corpus\n"
+                        "build/bin/parasync-fuzz-corpus --check tests/fuzz/corpus"});
+  bool check = false;
+  std::string dir_text;
+  app.add_flag("--check", check, "Verify DIR instead of writing it");
+  app.add_option("dir", dir_text, "The corpus directory")->required()->type_name("DIR");
+  if (auto done = ParseCommandLine(app, argc, argv)) return *done;
+  if (dir_text.starts_with("-")) {
+    return PrintErrorLine("parasync-fuzz-corpus",
+                          "DIR '" + dir_text + "' looks like a flag; write ./" + dir_text +
+                              " for a directory of that name",
+                          kExitBadUsage);
   }
-  const std::filesystem::path dir = argv[check ? 2 : 1];
+  const std::filesystem::path dir = dir_text;
   std::vector<std::pair<std::string, std::string>> seeds;  // name, bytes
   auto write = [&](const std::string& name, const std::string& data) {
     seeds.emplace_back(name, data);

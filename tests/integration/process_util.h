@@ -46,6 +46,22 @@ class Child {
 // Exit code of a wait status; 128+signal when killed by a signal.
 int ExitCode(int wait_status);
 
+// What a command that ran to its end left: its exit code (-1 when it had to be killed after
+// the timeout) and its stdout and stderr, apart.
+struct Finished {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+  // The lines of `err` (without their newlines; a last line without one counts too).
+  std::vector<std::string> ErrLines() const;
+};
+
+// Runs argv[0] (a path) with argv and `env` entries ("K=V") added to the environment, stdin
+// from /dev/null, stdout and stderr into files of `dir`, until it exits or `timeout` passes
+// (then SIGKILL). Blocks.
+Finished RunToExit(const std::vector<std::string>& argv, const std::string& dir,
+                   std::chrono::milliseconds timeout, const std::vector<std::string>& env = {});
+
 // Waits up to `timeout` for `pred` to hold, checking every 20 ms.
 bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout);
 

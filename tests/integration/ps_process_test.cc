@@ -331,9 +331,9 @@ TEST(PsStartupTest, StoreRegisteredInAnotherModeIsRefusedWithExitTwoAndOneLine) 
   const auto [code, lines] = RunRefused(ps("async"), dir);
   EXPECT_EQ(code, 2) << ::testing::PrintToString(lines);
   ASSERT_EQ(lines.size(), 1u) << ::testing::PrintToString(lines);
-  EXPECT_EQ(lines[0], "parasync-ps: --data-dir " + data +
+  EXPECT_EQ(lines[0], "parasync-ps: --state-dir " + data +
                           " holds a model registered in mode sync, but this server runs --mode "
-                          "async: start it with --mode sync, or give a new --data-dir");
+                          "async: start it with --mode sync, or give a new --state-dir");
   EXPECT_EQ(testing::HttpGet(ports[2], "/metrics"), "") << "the refused server served metrics";
 }
 

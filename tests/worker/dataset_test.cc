@@ -295,14 +295,14 @@ TEST(DatasetTest, MissingDataFilesAreNotFoundInOneLineNamingBothPairs) {
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(d.status().message(),
-            "--data " + dir.path() +
+            "--dataset " + dir.path() +
                 " lacks train-images-idx3-ubyte[.gz] + train-labels-idx1-ubyte[.gz] and "
                 "train_x.npy + train_y.npy (either pair will do)");
 
   ASSERT_TRUE(WriteFile(dir.File("train-labels-idx1-ubyte"), IdxBytes({1}, {0}), false));
   const Status check = CheckDataFilesExist(dir.path());
   EXPECT_EQ(check.code(), StatusCode::kNotFound);
-  EXPECT_EQ(check.message(), "--data " + dir.path() +
+  EXPECT_EQ(check.message(), "--dataset " + dir.path() +
                                  " lacks t10k-images-idx3-ubyte[.gz] + "
                                  "t10k-labels-idx1-ubyte[.gz] and test_x.npy + test_y.npy "
                                  "(either pair will do)");

@@ -1,8 +1,10 @@
 #include "worker/data/dataset.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -138,6 +140,7 @@ struct DataFiles {
   std::string idx_split;  // the IDX file prefix: "train" or "t10k"
   std::string features;   // the .npy paths, when !idx
   std::string labels;
+  std::vector<std::string> paths;  // every file the split is read from
 };
 
 // Finds the files LoadDataset reads, without reading them. Fails as LoadDataset documents.
@@ -150,15 +153,21 @@ Result<DataFiles> FindDataFiles(const std::string& data, const std::string& spli
   files.dir = data.empty() ? std::string(".") : data;
   files.idx_split = split == "train" ? "train" : "t10k";
   const std::string prefix = files.dir + "/" + files.idx_split;
-  if (!FindIdx({prefix + "-images-idx3-ubyte", prefix + "-images-idx4-ubyte"}).empty() &&
-      !FindIdx({prefix + "-labels-idx1-ubyte"}).empty()) {
+  const std::string images =
+      FindIdx({prefix + "-images-idx3-ubyte", prefix + "-images-idx4-ubyte"});
+  const std::string labels = FindIdx({prefix + "-labels-idx1-ubyte"});
+  if (!images.empty() && !labels.empty()) {
     files.idx = true;
+    files.paths = {images, labels};
     return files;
   }
   files.features = files.dir + "/" + split + "_x.npy";
   files.labels = files.dir + "/" + split + "_y.npy";
-  if (FileExists(files.features) && FileExists(files.labels)) return files;
-  return Status::NotFound("--data " + files.dir + " lacks " + files.idx_split +
+  if (FileExists(files.features) && FileExists(files.labels)) {
+    files.paths = {files.features, files.labels};
+    return files;
+  }
+  return Status::NotFound("--dataset " + files.dir + " lacks " + files.idx_split +
                           "-images-idx3-ubyte[.gz] + " + files.idx_split +
                           "-labels-idx1-ubyte[.gz] and " + split + "_x.npy + " + split +
                           "_y.npy (either pair will do)");
@@ -194,7 +203,16 @@ Status CheckDataFilesExist(const std::string& data) {
   std::string missing;
   for (const char* split : {"train", "test"}) {
     Result<DataFiles> files = FindDataFiles(data, split);
-    if (!files.ok()) missing += (missing.empty() ? "" : "; ") + files.status().message();
+    if (!files.ok()) {
+      missing += (missing.empty() ? "" : "; ") + files.status().message();
+      continue;
+    }
+    for (const std::string& path : files->paths) {
+      if (::access(path.c_str(), R_OK) != 0) {
+        return Status::FailedPrecondition("--dataset " + files->dir + ": cannot read " + path +
+                                        ": " + std::strerror(errno));
+      }
+    }
   }
   if (!missing.empty()) return Status::NotFound(missing);
   return Status::Ok();

@@ -15,6 +15,10 @@
 
 namespace parasync {
 
+// Where the worker (and parasync-launch's preflight) looks for the data set when --dataset
+// is not given: Debian's dataset-fashion-mnist package.
+inline constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
+
 // n examples of dim features each, and one label per example.
 struct Dataset {
   int64_t n = 0;
@@ -34,8 +38,9 @@ struct Dataset {
 Result<Dataset> LoadDataset(const std::string& data, const std::string& split);
 
 // Returns Ok if LoadDataset would find a pair of files for both the "train" and the "test"
-// split of `data`, without reading them; else NotFound with the one line LoadDataset would
-// give (both splits' lines joined by "; " when both lack files). For preflight checks.
+// split of `data` and this process may read them, without reading them; else NotFound with
+// the one line LoadDataset would give (both splits' lines joined by "; " when both lack
+// files), or FailedPrecondition naming a file that cannot be read. For preflight checks.
 [[nodiscard]] Status CheckDataFilesExist(const std::string& data);
 
 // Loads split `split` (e.g. "train" or "t10k") of an MNIST-style data set from `dir`: images
