@@ -264,11 +264,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", max_steps, "Stop after this many steps (0: no limit)")
       ->check(CLI::NonNegativeNumber);
   double log_every_s = 0;
-  app.add_option("--log-every", log_every_s,
-                 "Within each epoch, a progress line (examples done, examples/sec, train loss) "
-                 "at most every SECONDS (0: only the line at each epoch's end)")
-      ->type_name("SECONDS")
-      ->check(CLI::Range(0.0, 1e9));
+  AddSecondsOption(app, "--log-every", log_every_s,
+                   "Within each epoch, a progress line (examples done, examples/sec, train "
+                   "loss) at most this often (0: only the line at each epoch's end)",
+                   0.0, 1e9);
   app.add_option("--model", model,
                  "The model: a built-in (mlp: 784-256-128-10; cnn: Conv2D 32 3x3 ReLU, Dense 128, "
                  "Dense 10; lenet5), MLP widths input-hidden...-classes, or a JSON model file "

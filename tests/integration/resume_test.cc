@@ -72,10 +72,10 @@ class ResumeTest : public ::testing::TestWithParam<std::string> {
   std::vector<std::string> Command(const std::string& state, const std::string& log) const {
     return {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers",
             std::to_string(kWorkers), "--mode", GetParam(), "--epochs", std::to_string(kEpochs),
-            "--data", data_, "--model", "12-16-3", "--batch-size", std::to_string(kBatch),
-            "--lr", "0.05", "--data-dir", state, "--log-dir", log, "--grace-seconds", "5",
-            "--ps-arg=--durability=every-update", "--rank-arg", "0:--step-delay-ms=25",
-            "--rank-arg", "1:--step-delay-ms=15", "--worker-arg=--log-every=0.05"};
+            "--dataset", data_, "--model", "12-16-3", "--batch-size", std::to_string(kBatch),
+            "--lr", "0.05", "--state-dir", state, "--log-dir", log, "--grace-seconds", "5",
+            "--ps-arg=--durability=every-update", "--rank-arg", "0:--step-delay=0.025",
+            "--rank-arg", "1:--step-delay=0.015", "--worker-arg=--log-every=0.05"};
   }
 
   // Runs the launcher to its end; returns its exit code (-1 on timeout).
