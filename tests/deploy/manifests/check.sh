@@ -240,7 +240,7 @@ if command -v promtool >/dev/null 2>&1; then
     promtool check config "$tmp/prometheus/prometheus.yml" || return 1
     # Every target is a compose service on the metrics port.
     node "$here/helpers.mjs" compose-targets "$docker_dir/compose.yaml" \
-      "$docker_dir/prometheus-targets.json" 9100
+      "$docker_dir/prometheus-targets.json" 7100
   }
   step "promtool check config (compose layout) and targets vs services" prometheus_layout
 else
