@@ -1,18 +1,22 @@
 // Metrics plumbing shared by every process: serving a prometheus-cpp Registry on /metrics
-// and writing a text snapshot of it at exit. Which metrics exist is decided in one place per
-// process (ps/ps_metrics.h, worker/worker_metrics.h).
+// (with the process_* and parasync_build_info metrics of common/process_metrics.h beside
+// it), a liveness signal on /healthz and /readyz, and writing a text snapshot of the registry
+// at exit. Which parasync_* metrics exist is decided in one place per process
+// (ps/ps_metrics.h, worker/worker_metrics.h).
 #pragma once
 
+#include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <prometheus/registry.h>
 
 #include "common/status.h"
 
-namespace prometheus {
-class Exposer;
-}
+class CivetServer;
 
 namespace parasync {
 
@@ -22,14 +26,69 @@ inline constexpr int kMetricsThreads = 8;
 inline constexpr int kMetricsReadTimeoutMs = 2000;
 
 
-// An HTTP server for /metrics. Serves from its own threads until destroyed.
+// When a process's main loop counts as wedged: parasync-ps's request loop turns at least
+// every 100 ms even when idle (ps/server.h), so 30 s without a turn is no slow request; a
+// worker's loop turns with every request to the servers and every 100 ms while it waits for
+// a reply, but between requests it computes a batch or (the chief) evaluates the whole test
+// set, which for a large model on a small CPU takes tens of seconds.
+inline constexpr std::chrono::seconds kPsLoopStaleAfter{30};
+inline constexpr std::chrono::seconds kWorkerLoopStaleAfter{60};
+
+// The liveness of a process's main loop: the loop calls Beat() on every turn, and the metrics
+// server's /healthz reads how long ago that was. The metrics server runs on threads of its
+// own, so /metrics answering says nothing about the loop; this does. Lock-free: Beat() from
+// the loop's thread, SinceLastBeat() from any thread.
+class LoopHeartbeat {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  void Beat() { last_beat_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
+
+  // How long ago the last Beat() was; nullopt before the first one.
+  std::optional<Clock::duration> SinceLastBeat() const {
+    const Clock::rep last = last_beat_.load(std::memory_order_relaxed);
+    if (last == kNever) return std::nullopt;
+    return Clock::now().time_since_epoch() - Clock::duration(last);
+  }
+
+ private:
+  static constexpr Clock::rep kNever = INT64_MIN;
+  std::atomic<Clock::rep> last_beat_{kNever};
+};
+
+// What /healthz and /readyz answer, given the loop's heartbeat and its bound:
+//   /healthz  200 "ok" while the loop beat within `stale_after`, and also before its first
+//             beat (the process is still starting: restoring a store, loading data); 503 and
+//             one line naming the age of the last beat otherwise. For liveness probes.
+//   /readyz   as /healthz, but 503 before the first beat too. For readiness probes.
+// Each returns the HTTP status and the body (one line, ending in a newline).
+struct HealthAnswer {
+  int status = 200;
+  std::string body;
+};
+HealthAnswer Healthz(const LoopHeartbeat& loop, std::chrono::milliseconds stale_after);
+HealthAnswer Readyz(const LoopHeartbeat& loop, std::chrono::milliseconds stale_after);
+
+// What a MetricsServer serves beside the registry.
+struct MetricsServerOptions {
+  // The main loop's heartbeat for /healthz and /readyz (not owned; must outlive the server).
+  // Null: those two paths answer 404.
+  const LoopHeartbeat* loop = nullptr;
+  std::chrono::milliseconds stale_after{kPsLoopStaleAfter};
+};
+
+// An HTTP server for /metrics, /healthz and /readyz. Serves from its own threads until
+// destroyed; every path is answered from those threads, never by the process's loop.
 class MetricsServer {
  public:
-  // Serves `registry` at http://bind:port/metrics; port 0 picks a free port (see port()).
-  // `bind` is checked and resolved by ResolveBindHost (common/address.h): InvalidArgument
-  // for an address it refuses. Returns Unavailable when the address cannot be bound.
+  // Serves `registry` and the process metrics (common/process_metrics.h) at
+  // http://bind:port/metrics, and with options.loop /healthz and /readyz; port 0 picks a
+  // free port (see port()). `bind` is checked and resolved by ResolveBindHost
+  // (common/address.h): InvalidArgument for an address it refuses. Returns Unavailable when
+  // the address cannot be bound.
   static Result<std::unique_ptr<MetricsServer>> Start(const std::string& bind, int port,
-                                                      std::shared_ptr<prometheus::Registry> registry);
+                                                      std::shared_ptr<prometheus::Registry> registry,
+                                                      MetricsServerOptions options = {});
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
@@ -43,8 +102,13 @@ class MetricsServer {
   static void KeepUntilExit(std::unique_ptr<MetricsServer> server);
 
  private:
+  class Handler;
   MetricsServer() = default;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  // Destroyed after server_, whose threads call them.
+  std::unique_ptr<Handler> metrics_handler_;
+  std::unique_ptr<Handler> healthz_handler_;
+  std::unique_ptr<Handler> readyz_handler_;
+  std::unique_ptr<CivetServer> server_;
   int port_ = 0;
 };
 

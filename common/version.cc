@@ -11,9 +11,14 @@
 
 namespace parasync {
 
+BuildIdentity GetBuildIdentity() {
+  return {PARASYNC_VERSION, std::to_string(kProtocolVersion),
+          std::string(PARASYNC_SCHEMA_SHA256).substr(0, 12)};
+}
+
 std::string BuildVersion() {
-  return std::string(PARASYNC_VERSION) + " protocol " + std::to_string(kProtocolVersion) +
-         " schema " + std::string(PARASYNC_SCHEMA_SHA256).substr(0, 12);
+  const BuildIdentity b = GetBuildIdentity();
+  return b.version + " protocol " + b.protocol + " schema " + b.schema;
 }
 
 std::string VersionLine(const std::string& program) { return program + " " + BuildVersion(); }

@@ -11,6 +11,15 @@ namespace parasync {
 // (common/wire.h) and the first 12 hex digits of schema/parasync.fbs's SHA-256.
 std::string BuildVersion();
 
+// The three parts of BuildVersion(), e.g. {"0.1.0", "3", "1a2b3c4d5e6f"}: the labels of the
+// parasync_build_info metric (common/process_metrics.h).
+struct BuildIdentity {
+  std::string version;
+  std::string protocol;
+  std::string schema;
+};
+BuildIdentity GetBuildIdentity();
+
 // "<program> <BuildVersion()>".
 std::string VersionLine(const std::string& program);
 

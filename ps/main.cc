@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
                    "Log the rank a barrier waited for when one wait on it alone exceeds this "
                    "(at most every 10 s per rank; 0: never). Always exported as "
                    "parasync_ps_barrier_waited_for_seconds_total{rank} and "
-                   "parasync_ps_straggler_rank",
+                   "parasync_ps_straggler{rank}",
                    0.0, 86400.0);
   app.add_option("--bind", bind,
                  "Address to bind, host:port (default: this task's address in the cluster; "
@@ -365,9 +365,12 @@ int main(int argc, char** argv) {
   }
   options.max_model_bytes = max_model_bytes;
   options.apply_threads = apply_threads;
-  // Before the store: /metrics answers while a large store is verified and restored (the
-  // probes of deploy/k8s rely on it). A store refused below exits before the server binds.
-  auto metrics_server = MetricsServer::Start(*metrics_ip, metrics_port, metrics.registry);
+  // Before the store: /metrics answers, and /healthz says "ok", while a large store is
+  // verified and restored (the probes of deploy/k8s rely on it); /readyz waits for the
+  // request loop. A store refused below exits before the server binds.
+  auto metrics_server =
+      MetricsServer::Start(*metrics_ip, metrics_port, metrics.registry,
+                           {.loop = &metrics.loop, .stale_after = kPsLoopStaleAfter});
   if (!metrics_server.ok()) {
     // Checked free a moment ago (above): taken since, or refused for another reason.
     return Fail("cannot serve metrics on --metrics-bind " + metrics_bind + " --metrics-port " +

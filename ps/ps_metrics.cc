@@ -104,14 +104,23 @@ PsMetrics::PsMetrics(int shard, int num_workers)
     worker_dropped.push_back(&per_worker_dropped.Add({{"rank", std::to_string(r)}}));
     waited_for_seconds.push_back(&per_worker_waited.Add({{"rank", std::to_string(r)}}));
   }
+  auto& straggler_family = prometheus::BuildGauge()
+                               .Name("parasync_ps_straggler")
+                               .Help("1 for the rank the barriers waited for longest lately "
+                                     "(decayed sum, half-life 60 s), 0 for the others; all 0: none")
+                               .Labels(labels)
+                               .Register(*registry);
+  for (int r = 0; r < num_workers; ++r) {
+    straggler.push_back(&straggler_family.Add({{"rank", std::to_string(r)}}));
+  }
   straggler_rank = &prometheus::BuildGauge()
                         .Name("parasync_ps_straggler_rank")
-                        .Help("Rank the barriers waited for longest lately (decayed sum, "
-                              "half-life 60 s); -1: none")
+                        .Help("Deprecated, removed after 0.1: use parasync_ps_straggler{rank}. "
+                              "The straggler's rank as the value; -1: none")
                         .Labels(labels)
                         .Register(*registry)
                         .Add({});
-  straggler_rank->Set(-1);
+  SetStraggler(-1);
   parked_pulls = &prometheus::BuildGauge()
                       .Name("parasync_ps_parked_pulls")
                       .Help("Pulls waiting now for a sync step or the ssp bound")
@@ -220,6 +229,13 @@ PsMetrics::PsMetrics(int shard, int num_workers)
                     .Labels(labels)
                     .Register(*registry)
                     .Add({});
+}
+
+void PsMetrics::SetStraggler(int rank) {
+  for (size_t r = 0; r < straggler.size(); ++r) {
+    straggler[r]->Set(static_cast<int>(r) == rank ? 1 : 0);
+  }
+  straggler_rank->Set(rank);
 }
 
 }  // namespace parasync

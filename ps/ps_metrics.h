@@ -1,6 +1,7 @@
 // Every metric a parameter server exports, registered in one place. Names follow Prometheus
 // conventions with the parasync_ps_ prefix and constant labels role="ps", shard="<i>".
-// prometheus-cpp metrics are thread-safe; this struct is built once and then only read.
+// prometheus-cpp metrics are thread-safe; this struct is built once and then only read,
+// except `loop`, which the request loop beats (lock-free).
 #pragma once
 
 #include <array>
@@ -13,6 +14,7 @@
 #include <prometheus/registry.h>
 
 #include "common/curve.h"
+#include "common/metrics.h"
 #include "common/wire.h"
 #include "ps/shard.h"
 
@@ -36,7 +38,13 @@ struct PsMetrics {
   std::vector<prometheus::Counter*> worker_gradients;  // by rank
   std::vector<prometheus::Counter*> worker_dropped;    // by rank
   std::vector<prometheus::Counter*> waited_for_seconds;  // by rank: barrier waits pinned on it
-  prometheus::Gauge* straggler_rank = nullptr;           // -1: none
+  // The straggler as a labelled series: parasync_ps_straggler{rank="r"} is 1 for the rank
+  // the barriers waited for longest lately and 0 for every other (all 0: none). The old
+  // parasync_ps_straggler_rank (the rank as its value, -1: none) is kept for this release
+  // only, deprecated. Set both with SetStraggler.
+  std::vector<prometheus::Gauge*> straggler;  // by rank
+  prometheus::Gauge* straggler_rank = nullptr;
+  void SetStraggler(int rank);
   prometheus::Gauge* parked_pulls = nullptr;
   prometheus::Gauge* oldest_parked_pull_seconds = nullptr;
   prometheus::Gauge* store_disk_bytes = nullptr;
@@ -61,6 +69,9 @@ struct PsMetrics {
   // CurveRefusal: refused in the handshake, or by the ZAP handler).
   prometheus::Counter* auth_accepted = nullptr;
   std::array<prometheus::Counter*, kNumCurveRefusals> auth_refused{};
+
+  // The request loop's heartbeat, served as /healthz and /readyz (common/metrics.h).
+  LoopHeartbeat loop;
 };
 
 }  // namespace parasync

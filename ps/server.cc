@@ -342,6 +342,7 @@ Status Server::Run(const std::function<bool()>& should_stop) {
 }
 
 Result<bool> Server::ServeOnce(std::chrono::milliseconds timeout) {
+  metrics_->loop.Beat();  // /healthz: this loop turns (common/metrics.h)
   auto received = socket_->Receive(timeout);
   if (!received.ok()) return received.status();
   bool keep_serving = true;
@@ -762,7 +763,7 @@ void Server::UpdateGauges(TimePoint now) {
   double oldest = 0;
   for (const ParkedPull& p : parked_) oldest = std::max(oldest, SecondsSince(p.since, now));
   metrics_->oldest_parked_pull_seconds->Set(oldest);
-  metrics_->straggler_rank->Set(straggler_.Straggler(now));
+  metrics_->SetStraggler(straggler_.Straggler(now));
   // Walking the store's directory costs a few syscalls per file: every 5 s is plenty.
   if (options_.store != nullptr && now - store_size_updated_ >= std::chrono::seconds(5)) {
     store_size_updated_ = now;

@@ -519,7 +519,9 @@ int main(int argc, char** argv) {
 
   WorkerMetrics metrics(rank, net.spec().name, net.num_parameters());
   // The metrics server starts before any compute backend is loaded (see backend_factory.h).
-  auto metrics_server = MetricsServer::Start(*metrics_ip, metrics_port, metrics.registry);
+  auto metrics_server = MetricsServer::Start(
+      *metrics_ip, metrics_port, metrics.registry,
+      {.loop = &metrics.loop, .stale_after = kWorkerLoopStaleAfter});
   if (!metrics_server.ok()) {
     // Checked free at start (above): taken since, or refused for another reason.
     return Fail("cannot serve metrics on --metrics-bind " + metrics_bind + " --metrics-port " +
@@ -570,6 +572,7 @@ int main(int argc, char** argv) {
   // incarnation in its heartbeat replies: requests to it are registered again and resent.
   client_options.incarnation_of = [beats](int shard) { return beats->Incarnation(shard); };
   client_options.pulls_may_wait = training_mode->kind != TrainingMode::Kind::kAsync;
+  client_options.loop = &metrics.loop;  // the training thread's turns, for /healthz
   auto client = PsClient::Connect(context, client_options);
   if (!client.ok()) return Fail(client.status().message());
 

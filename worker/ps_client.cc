@@ -8,6 +8,8 @@
 #include <spdlog/spdlog.h>
 #include <cstring>
 
+#include "common/metrics.h"
+
 namespace parasync {
 
 namespace {
@@ -178,6 +180,7 @@ Result<std::vector<Inbound>> PsClient::Exchange(
   std::vector<int> waiting_shard;
   if (answered_at != nullptr) answered_at->assign(n, Clock::time_point{});
   while (pending > 0) {
+    if (options_.loop != nullptr) options_.loop->Beat();
     if (interruptible && options_.interrupted && options_.interrupted()) {
       return Status::Aborted("interrupted while waiting for the parameter servers");
     }

@@ -31,6 +31,8 @@
 
 namespace parasync {
 
+class LoopHeartbeat;  // common/metrics.h
+
 struct PsClientOptions {
   std::vector<std::string> ps_addresses;  // "host:port", shard i = index i
   int rank = -1;
@@ -64,6 +66,10 @@ struct PsClientOptions {
   // each (common/parallel_for.h). A helper that is not scheduled in time leaves its share to
   // the caller, so on a busy machine this costs nothing but the wake-up.
   int copy_threads = 1;
+  // Beaten on every turn of a call's wait for replies (at least every 100 ms) from the
+  // calling thread: the worker's /healthz tells a training thread that waits at a barrier
+  // from one that is stuck (common/metrics.h). Not owned; optional.
+  LoopHeartbeat* loop = nullptr;
 };
 
 class PsClient {

@@ -1,6 +1,7 @@
 // Every metric a worker exports, registered in one place. Names follow Prometheus
 // conventions with the parasync_worker_ prefix and constant labels role="worker",
-// rank="<r>". prometheus-cpp metrics are thread-safe; built once, then only read.
+// rank="<r>". prometheus-cpp metrics are thread-safe; built once, then only read, except
+// `loop`, which the training thread beats (lock-free).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,8 @@
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include "common/metrics.h"
 
 namespace parasync {
 
@@ -37,6 +40,11 @@ struct WorkerMetrics {
   // Chief (rank 0) only; null elsewhere, so a dashboard never averages in zeros.
   prometheus::Gauge* eval_accuracy = nullptr;
   prometheus::Gauge* eval_loss = nullptr;
+
+  // The training thread's heartbeat, served as /healthz and /readyz (common/metrics.h). The
+  // PsClient beats it on every request and every 100 ms while a request waits
+  // (PsClientOptions::loop).
+  LoopHeartbeat loop;
 };
 
 }  // namespace parasync

@@ -10,7 +10,8 @@
 #   parasync-entrypoint export [FLAG...]   run parasync-export on the cluster's servers (--ps-hosts
 #                                          and the CURVE client flags from the settings below)
 #   parasync-entrypoint keys               make the CURVE keys PARASYNC_KEYS_DIR lacks (see CURVE)
-#   parasync-entrypoint healthcheck [PORT] exit 0 if http://127.0.0.1:PORT/metrics answers 200
+#   parasync-entrypoint healthcheck [PORT] exit 0 if http://127.0.0.1:PORT/healthz answers 200
+#                                          (the process's main loop turned lately)
 #   parasync-entrypoint COMMAND [ARG...]   run anything else (parasync-keygen, bash, ...)
 #
 # The cluster (only when TF_CONFIG is unset; a given TF_CONFIG is passed on untouched):
@@ -31,8 +32,10 @@
 # already among the arguments, so arguments win, as flags win over TF_CONFIG):
 #   both:    PARASYNC_MODE --mode, PARASYNC_LOG_LEVEL --log-level, PARASYNC_LOG_DIR --log-dir,
 #            PARASYNC_METRICS_BIND --metrics-bind (default 0.0.0.0: scraped from outside),
-#            PARASYNC_METRICS_PORT --metrics-port (default 9100; or PARASYNC_METRICS_PORT_BASE
-#            plus the task index, for several tasks on one host)
+#            PARASYNC_METRICS_PORT --metrics-port (default 7100; or PARASYNC_METRICS_PORT_BASE
+#            plus the task index, for several tasks on one host). The port also serves
+#            /healthz and /readyz. 7100, not 9100: 9100-9999 is Prometheus' exporter port
+#            range (9100 is node exporter's), which a host may already use.
 #   ps:      PARASYNC_BIND --bind (default 0.0.0.0:<port of this shard's address>),
 #            PARASYNC_DATA_DIR --data-dir, PARASYNC_DURABILITY, PARASYNC_CHECKPOINT_EVERY,
 #            PARASYNC_CHECKPOINT_EVERY_VERSIONS, PARASYNC_REPLICAS_TO_AGGREGATE,
@@ -143,7 +146,7 @@ json_list() {
 }
 
 # The metrics port of this task: PARASYNC_METRICS_PORT, else PARASYNC_METRICS_PORT_BASE plus
-# the task index, else 9100.
+# the task index, else 7100.
 metrics_port() {
   local role=$1
   if [[ -n ${PARASYNC_METRICS_PORT:-} ]]; then
@@ -153,7 +156,7 @@ metrics_port() {
     index=$(task_index "$role")
     echo "$((PARASYNC_METRICS_PORT_BASE + index))"
   else
-    echo 9100
+    echo 7100
   fi
 }
 
@@ -170,18 +173,19 @@ cgroup_memory_limit() {
   if [[ $limit =~ ^[0-9]+$ ]] && ((${#limit} < 16)); then echo "$limit"; fi
 }
 
-# healthcheck PORT: one HTTP GET of /metrics with bash's /dev/tcp (no curl in the image).
+# healthcheck PORT: one HTTP GET of /healthz with bash's /dev/tcp (no curl in the image). Not
+# /metrics: that is served by threads of its own and answers while the main loop is wedged.
 healthcheck() {
   local port=$1 status=""
   if ! { exec 3<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null; then
     echo "$prog: nothing listens on 127.0.0.1:$port" >&2
     exit 1
   fi
-  printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+  printf 'GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
   IFS= read -r -t 5 status <&3 || true
   exec 3<&-
   if [[ $status == "HTTP/1."?" 200"* ]]; then exit 0; fi
-  echo "$prog: http://127.0.0.1:$port/metrics answered '${status%$'\r'}'" >&2
+  echo "$prog: http://127.0.0.1:$port/healthz answered '${status%$'\r'}'" >&2
   exit 1
 }
 

@@ -1,6 +1,7 @@
 // Tests that the Grafana dashboard (dashboards/parasync.json) and the Prometheus alert rules
 // (deploy/prometheus/parasync-alerts.yml) use only metric names the processes export, taken
-// from the registries parasync-ps and parasync-worker really build, and that the dashboard
+// from the registries parasync-ps and parasync-worker really build and the process metrics
+// every metrics server adds (common/process_metrics.h), none deprecated, and that the dashboard
 // keeps the structure its provisioning relies on. A renamed metric fails here, not on a
 // blank panel in production.
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
 
+#include "common/process_metrics.h"
 #include "ps/ps_metrics.h"
 #include "worker/worker_metrics.h"
 
@@ -38,8 +40,9 @@ struct Expr {
 // Adds the names a query may use for each family in `registry`: counters and gauges as
 // registered; histograms only as name_bucket, name_sum and name_count (a classic histogram
 // has no series under its bare name); summaries as name, name_sum and name_count.
-void AddExportedNames(const prometheus::Registry& registry, std::set<std::string>* names) {
-  for (const prometheus::MetricFamily& family : registry.Collect()) {
+void AddExportedNames(const std::vector<prometheus::MetricFamily>& families,
+                      std::set<std::string>* names) {
+  for (const prometheus::MetricFamily& family : families) {
     switch (family.type) {
       case prometheus::MetricType::Histogram:
         names->insert(family.name + "_bucket");
@@ -63,14 +66,19 @@ std::set<std::string> ExportedNames() {
   std::set<std::string> names;
   const PsMetrics ps(/*shard=*/0, /*num_workers=*/2);
   const WorkerMetrics chief(/*rank=*/0);
-  AddExportedNames(*ps.registry, &names);
-  AddExportedNames(*chief.registry, &names);
+  AddExportedNames(ps.registry->Collect(), &names);
+  AddExportedNames(chief.registry->Collect(), &names);
+  AddExportedNames(ProcessCollector().Collect(), &names);
   return names;
 }
 
-// The parasync_... metric names in a PromQL expression, in order of appearance.
+// Still exported for one release, but no dashboard or rule of ours may build on them.
+const std::set<std::string> kDeprecated = {"parasync_ps_straggler_rank"};
+
+// The parasync_... and process_... metric names in a PromQL expression, in order of
+// appearance.
 std::vector<std::string> MetricTokens(const std::string& expr) {
-  static const std::regex kToken("parasync_[a-zA-Z0-9_:]+");
+  static const std::regex kToken("\\b(?:parasync|process)_[a-zA-Z0-9_:]+");
   std::vector<std::string> tokens;
   for (auto it = std::sregex_iterator(expr.begin(), expr.end(), kToken);
        it != std::sregex_iterator(); ++it) {
@@ -86,6 +94,9 @@ std::vector<std::string> UnknownMetrics(const std::vector<Expr>& exprs,
   for (const Expr& e : exprs) {
     for (const std::string& token : MetricTokens(e.expr)) {
       if (known.count(token) == 0) unknown.push_back(e.where + ": unknown metric " + token);
+      if (kDeprecated.count(token) != 0) {
+        unknown.push_back(e.where + ": deprecated metric " + token);
+      }
     }
   }
   return unknown;
@@ -227,6 +238,13 @@ TEST(ObservabilityTest, RegistriesExportTheMetricsDashboardsAreBuiltOn) {
   EXPECT_EQ(names.count("parasync_ps_version"), 1u);
   EXPECT_EQ(names.count("parasync_ps_apply_seconds_bucket"), 1u);
   EXPECT_EQ(names.count("parasync_ps_apply_seconds"), 0u) << "a histogram has no bare series";
+  EXPECT_EQ(names.count("parasync_ps_straggler"), 1u);
+  EXPECT_EQ(names.count("parasync_build_info"), 1u);
+  for (const char* name : {"process_cpu_seconds_total", "process_resident_memory_bytes",
+                           "process_virtual_memory_bytes", "process_start_time_seconds",
+                           "process_open_fds", "process_max_fds"}) {
+    EXPECT_EQ(names.count(name), 1u) << name;
+  }
 }
 
 TEST(ObservabilityTest, DashboardUsesOnlyExportedMetrics) {
@@ -324,6 +342,15 @@ TEST(ObservabilityTest, ScanReportsBareHistogramName) {
       {{"fake", "histogram_quantile(0.99, rate(parasync_ps_apply_seconds[1m]))"}},
       ExportedNames());
   EXPECT_THAT(unknown, ElementsAre("fake: unknown metric parasync_ps_apply_seconds"));
+}
+
+TEST(ObservabilityTest, ScanReportsUnknownProcessMetricAndDeprecatedMetric) {
+  const std::vector<std::string> unknown = UnknownMetrics(
+      {{"fake", "process_resident_memory_bytes + process_no_such_bytes + "
+                "parasync_ps_straggler_rank"}},
+      ExportedNames());
+  EXPECT_THAT(unknown, ElementsAre("fake: unknown metric process_no_such_bytes",
+                                   "fake: deprecated metric parasync_ps_straggler_rank"));
 }
 
 TEST(ObservabilityTest, AlertScanReadsInlineAndBlockExprs) {

@@ -286,9 +286,12 @@ TEST_P(StragglerTest, TheSlowRankIsExportedAsTheStragglerAndLogged) {
   const double fast = std::max(Sample(page, waited, "rank=\"0\""),
                                Sample(page, waited, "rank=\"1\""));
   std::cout << GetParam() << ": barrier waited for rank 2 " << slow << " s, for the others at "
-            << "most " << fast << " s; straggler rank "
+            << "most " << fast << " s; parasync_ps_straggler_rank "
             << Sample(page, "parasync_ps_straggler_rank") << "\n";
-  EXPECT_EQ(Sample(page, "parasync_ps_straggler_rank"), 2) << page;
+  EXPECT_EQ(Sample(page, "parasync_ps_straggler", "rank=\"2\""), 1) << page;
+  EXPECT_EQ(Sample(page, "parasync_ps_straggler", "rank=\"0\""), 0) << page;
+  EXPECT_EQ(Sample(page, "parasync_ps_straggler", "rank=\"1\""), 0) << page;
+  EXPECT_EQ(Sample(page, "parasync_ps_straggler_rank"), 2) << page;  // deprecated, kept in 0.1
   // 40 steps of a 40 ms delay: most of it is pinned on rank 2, little on the others.
   EXPECT_GT(slow, 0.5) << page;
   EXPECT_LT(fast, slow / 4) << page;

@@ -2,6 +2,7 @@
 // the real client (worker/ps_client.h) against the same server.
 #include "ps/server.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,8 +21,10 @@
 
 #include <zmq.hpp>
 
+#include "common/metrics.h"
 #include "common/wire.h"
 #include "ps/shard.h"
+#include "tests/integration/process_util.h"
 #include "worker/heartbeater.h"
 #include "worker/ps_client.h"
 
@@ -29,6 +32,7 @@ namespace parasync {
 namespace {
 
 using std::chrono::milliseconds;
+using ::testing::HasSubstr;
 
 constexpr milliseconds kWait{5000};  // bound on every wait in this file
 constexpr float kLearningRate = 0.5f;
@@ -1368,6 +1372,67 @@ TEST_F(ModeServerTest, PushFromAVersionTheShardHasNotReachedIsRefused) {
   Status s = w0->Push(Pointers<const float>(g), 8, 5);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_EQ(StatsOf(*w0).version, 0);
+}
+
+// The server's /healthz (common/metrics.h) is kept fresh by the request loop itself: idle for
+// several bounds it still answers 200 (the loop turns every 100 ms), and once the loop stops
+// turning — its should_stop callback blocks, as a wedged handler would, while the metrics
+// threads go on — /healthz answers 503 within the bound, and 200 again when the loop turns.
+TEST(ServerHealthTest, HealthzIs503WithinTheBoundWhileTheRequestLoopIsWedged) {
+  using Clock = std::chrono::steady_clock;
+  constexpr milliseconds kBound{500};
+  zmq::context_t context;
+  PsMetrics metrics(/*shard=*/0, /*num_workers=*/1);
+  ServerOptions options;
+  options.endpoint = "tcp://127.0.0.1:*";
+  auto server = Server::Create(context, options, &metrics);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto http = MetricsServer::Start("127.0.0.1", 0, metrics.registry,
+                                   {.loop = &metrics.loop, .stale_after = kBound});
+  ASSERT_TRUE(http.ok()) << http.status().ToString();
+  const int port = (*http)->port();
+  EXPECT_THAT(testing::HttpGet(port, "/readyz"), HasSubstr(" 503 ")) << "ready before the loop ran";
+
+  std::atomic<bool> wedged{false};
+  std::atomic<bool> stop{false};
+  std::thread loop([&] {
+    Status s = (*server)->Run([&] {
+      while (wedged.load()) std::this_thread::sleep_for(milliseconds(5));
+      return stop.load();
+    });
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  });
+  // Polls /healthz until its status line has `code`; the answer and how long that took.
+  auto await = [&](const std::string& code) {
+    const auto t0 = Clock::now();
+    std::string answer;
+    while (Clock::now() - t0 < kWait) {
+      answer = testing::HttpGet(port, "/healthz");
+      if (answer.find(" " + code + " ") < answer.find("\r\n")) break;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return std::make_pair(answer, Clock::now() - t0);
+  };
+
+  std::this_thread::sleep_for(3 * kBound);  // idle
+  EXPECT_THAT(testing::HttpGet(port, "/healthz"), HasSubstr(" 200 OK\r\n"));
+  EXPECT_THAT(testing::HttpGet(port, "/readyz"), HasSubstr(" 200 OK\r\n"));
+
+  wedged.store(true);
+  const auto [unhealthy, took] = await("503");
+  EXPECT_THAT(unhealthy, HasSubstr("unhealthy: the main loop last turned "));
+  // The last turn began at most one 100 ms poll before the wedge.
+  EXPECT_LT(took, kBound + milliseconds(400)) << unhealthy;
+
+  wedged.store(false);
+  const auto [healthy, back] = await("200");
+  EXPECT_THAT(healthy, HasSubstr("\r\n\r\nok\n"));
+  EXPECT_LT(back, milliseconds(500));
+
+  stop.store(true);
+  loop.join();
+  // Stopping civetweb takes up to 2 s (common/metrics.h); the test process's exit is sooner.
+  MetricsServer::KeepUntilExit(std::move(http).value());
 }
 
 }  // namespace

@@ -19,7 +19,14 @@
 #            and the binaries (stubs/): a fresh key directory (0700) and every task's command
 #   shell    shellcheck on every shell script under deploy/ (and this one, and stubs/)
 # Every entrypoint run above must start each server with --curve-key and --curve-allow and
-# each worker with --curve-key and --curve-server-key (CURVE on by default everywhere).
+# each worker with --curve-key and --curve-server-key (CURVE on by default everywhere), and
+# with a --metrics-port outside Prometheus' exporter range 9100-9999 (9100: node exporter).
+# The Kubernetes objects' ports, annotations and Services must be outside it too, parasync
+# pods' liveness probes GET /healthz, and a PodMonitor carry a release label (validate-k8s.mjs).
+# Every file a kustomization.yaml names (resources, patches, or "x.yml beside this file" in
+# a comment) must exist. The export commands of README.md's Kubernetes and docker compose
+# sections run in a server pod's / service's environment (dry run) and must carry the export
+# key pair and the servers' public key (--curve-key, --curve-server-key).
 #   docker   COPY/ADD sources, stages, the ignore file and drift against
 #            tools/install-deps.sh; every apt package exists in Debian (apt-cache); with
 #            BIN_DIR, the runtime stage installs the package of every library the binaries
@@ -74,6 +81,23 @@ names() {
 # ---- Kubernetes -------------------------------------------------------------------------------
 section "Kubernetes manifests"
 k8s=$src_dir/deploy/k8s
+# Every *.yaml / *.yml a kustomization.yaml names, in its fields or its comments, exists
+# beside it (a comment once sent readers to a file that was never written).
+named_files_exist() {
+  local kustomization dir name bad=0
+  for kustomization in "$k8s"/*/kustomization.yaml; do
+    dir=$(dirname "$kustomization")
+    while read -r name; do
+      [[ $name == kustomization.yaml || $name == */* ]] && continue
+      if [[ ! -e $dir/$name ]]; then
+        echo "  FAIL $(rel "$kustomization") names $name, which is not in $(rel "$dir")"
+        bad=1
+      fi
+    done < <(grep -oE '(\.\./)?[A-Za-z0-9_./-]+\.ya?ml' "$kustomization" | sort -u)
+  done
+  return "$bad"
+}
+step "every file each deploy/k8s/*/kustomization.yaml names exists" named_files_exist
 if command -v kubectl >/dev/null 2>&1; then
   for kustomization in "$k8s"/*/kustomization.yaml; do
     dir=$(dirname "$kustomization")
@@ -123,7 +147,76 @@ curve_ok() {
       bad=1
     fi
   done
+  [[ $role == export ]] || metrics_port_ok "$role" "$line" || bad=1
   return "$bad"
+}
+
+# metrics_port_ok ROLE LINE: LINE (an exec line) has a --metrics-port outside Prometheus'
+# exporter range 9100-9999, where node exporter and the other exporters listen.
+metrics_port_ok() {
+  local role=$1 line=" $2 " port
+  if [[ $line =~ \ --metrics-port[=\ ]([0-9]+)\  ]]; then
+    port=${BASH_REMATCH[1]}
+  else
+    echo "  FAIL parasync-$role without --metrics-port: ${2#parasync-entrypoint: exec }"
+    return 1
+  fi
+  if ((port >= 9100 && port <= 9999)); then
+    echo "  FAIL parasync-$role metrics port $port is in Prometheus' exporter range 9100-9999"
+    return 1
+  fi
+}
+
+# joined_lines FILE: FILE with each line ending in a backslash joined to the next.
+joined_lines() {
+  awk '{ if (sub(/\\$/, "")) { buf = buf $0; next } print buf $0; buf = "" }' "$1"
+}
+
+# export_dry_run WHAT ENV_FILE ROOT COMMAND...: runs an export command as documented
+# (parasync-entrypoint export ... or parasync-export ...) with the environment in ENV_FILE,
+# whose key files lie under ROOT; it must carry the export key and the servers' public key.
+export_dry_run() {
+  local what=$1 env_file=$2 root=$3 flag path bad=0
+  shift 3
+  local -a env=() words=("$@")
+  mapfile -t env <"$env_file"
+  echo "  [$what] ${words[*]}"
+  case ${words[0]} in
+    parasync-entrypoint)
+      if [[ ${words[1]:-} != export ]]; then
+        echo "  FAIL $what: parasync-entrypoint ${words[1]:-}, not parasync-entrypoint export"
+        return 1
+      fi
+      (cd "$tmp" && env -i PATH="$PATH" PARASYNC_DRY_RUN=1 "${env[@]}" "$entrypoint" export \
+        "${words[@]:2}") >"$tmp/export.out" 2>&1
+      local rc=$?
+      sed 's/^/  /' "$tmp/export.out"
+      ((rc == 0)) || return 1
+      curve_ok export "$tmp/export.out"
+      ;;
+    parasync-export)
+      # Given as flags: each must name a key file the pod or service has.
+      for flag in --curve-key --curve-server-key; do
+        path=""
+        for ((i = 1; i < ${#words[@]}; i++)); do
+          [[ ${words[i]} == "$flag" ]] && path=${words[i + 1]:-}
+          [[ ${words[i]} == "$flag="* ]] && path=${words[i]#*=}
+        done
+        if [[ -z $path ]]; then
+          echo "  FAIL $what: parasync-export without $flag"
+          bad=1
+        elif [[ ! -e $root$path ]]; then
+          echo "  FAIL $what: $flag $path is not a key file there (no Secret item / volume file)"
+          bad=1
+        fi
+      done
+      return "$bad"
+      ;;
+    *)
+      echo "  FAIL $what: runs ${words[0]}, neither parasync-entrypoint export nor parasync-export"
+      return 1
+      ;;
+  esac
 }
 
 # entrypoint_run ROLE OUT ENV...: runs the entrypoint's dry run for ROLE with only ENV (and
@@ -180,6 +273,27 @@ if command -v kubectl >/dev/null 2>&1; then
     step "parasync-entrypoint dry run of ps 1 and worker 1 as $(basename "$rendered" .yaml) starts them" \
       pod_dry_run "$rendered"
   done
+  # The export commands of README.md's Kubernetes section, as a server pod of the base runs
+  # them (kubectl exec gives the command the container's environment and mounts).
+  readme_k8s_export() {
+    local root=$tmp/pod-export line n=0 bad=0
+    local -a words
+    node "$here/helpers.mjs" pod-env "$root" StatefulSet/parasync-ps ps "$tmp/base.yaml" \
+      >"$tmp/pod-export.env" || return 1
+    while IFS= read -r line; do
+      read -r -a words <<<"${line#* -- }"
+      n=$((n + 1))
+      export_dry_run "README.md: kubectl exec" "$tmp/pod-export.env" "$root" "${words[@]}" || bad=1
+    done < <(joined_lines "$src_dir/README.md" |
+      grep -E '^kubectl .*exec .*parasync-ps-[0-9]+ -- .*export')
+    if ((n == 0)); then
+      echo "  FAIL README.md has no 'kubectl ... exec parasync-ps-<i> -- ... export' command"
+      return 1
+    fi
+    return "$bad"
+  }
+  step "README.md's Kubernetes export command carries the CURVE keys (dry run in a server pod)" \
+    readme_k8s_export
 else
   step "parasync-entrypoint dry run of ps 1 and worker 1 as deploy/k8s/base starts them" \
     pod_dry_run "${base_files[@]}"
@@ -229,6 +343,31 @@ compose_dry_run() {
 }
 step "keys service twice, then parasync-entrypoint dry run of every server and worker service" \
   compose_dry_run
+# The export commands of README.md's and deploy/docker/README.md's compose sections, in the
+# environment of the service they exec into, with the keys the keys service made above.
+readme_compose_export() {
+  local file line service n=0 bad=0
+  local -a words
+  for file in "$src_dir/README.md" "$docker_dir/README.md"; do
+    while IFS= read -r line; do
+      line=${line#*docker compose exec }
+      service=${line%% *}
+      read -r -a words <<<"${line#* }"
+      n=$((n + 1))
+      if [[ ! -s $tmp/compose-$service.env ]]; then
+        echo "  FAIL $(rel "$file"): docker compose exec $service: no such server service"
+        bad=1
+        continue
+      fi
+      export_dry_run "$(rel "$file"): docker compose exec $service" "$tmp/compose-$service.env" \
+        "$tmp/compose" "${words[@]}" || bad=1
+    done < <(joined_lines "$file" | grep -oE "docker compose exec [A-Za-z0-9_-]+ [^\`]*export[^\`]*")
+  done
+  ((n > 0)) || { echo "  FAIL no 'docker compose exec SERVICE ... export' command in the READMEs"; return 1; }
+  return "$bad"
+}
+step "the READMEs' docker compose export commands carry the CURVE keys (dry run in the service)" \
+  readme_compose_export
 if command -v promtool >/dev/null 2>&1; then
   # compose.yaml mounts the project's prometheus.yml and alert rules unchanged, and its
   # targets file into targets/: check that arrangement (promtool reads the targets too).
@@ -240,7 +379,7 @@ if command -v promtool >/dev/null 2>&1; then
     promtool check config "$tmp/prometheus/prometheus.yml" || return 1
     # Every target is a compose service on the metrics port.
     node "$here/helpers.mjs" compose-targets "$docker_dir/compose.yaml" \
-      "$docker_dir/prometheus-targets.json" 9100
+      "$docker_dir/prometheus-targets.json" 7100
   }
   step "promtool check config (compose layout) and targets vs services" prometheus_layout
 else

@@ -17,6 +17,12 @@
 //     worker; and nothing sets PARASYNC_INSECURE. A Secret volume's items name keys of
 //     the Secret when the Secret is among the documents (e.g. from `kubectl create secret
 //     ... --dry-run=client -o yaml`; the manifests themselves hold none).
+//     Metrics and probes: no container port, Service port or prometheus.io/port annotation
+//     is in Prometheus' exporter range 9100-9999 (9100: node exporter); every parasync
+//     server and worker has a livenessProbe GET /healthz (the main loop's heartbeat; /metrics
+//     answers while the loop is wedged) and a readinessProbe, if any, GET /readyz or
+//     /healthz; every PodMonitor and ServiceMonitor has a release label (what a stock
+//     kube-prometheus-stack selects them by).
 // Usage: node validate-k8s.mjs [--consistency] FILE...   ('-' reads standard input)
 // Prints one line per problem and exits 1 if there is any, 0 otherwise.
 import { readFileSync } from "node:fs";
@@ -239,6 +245,44 @@ function curveConsistency(where, pod, configMaps, reportProblem) {
   }
 }
 
+const exporterRange = (port) => Number(port) >= 9100 && Number(port) <= 9999;
+
+function metricsAndProbes(doc, pod, problem) {
+  const where = `${doc.kind}/${doc.metadata?.name}`;
+  if (pod) {
+    const annotations = doc.spec?.template?.metadata?.annotations ?? {};
+    const annotated = annotations["prometheus.io/port"];
+    if (annotated !== undefined && exporterRange(annotated)) {
+      problem(`${where}: prometheus.io/port ${annotated} is in Prometheus' exporter range 9100-9999`);
+    }
+    for (const c of [...(pod.spec.initContainers ?? []), ...(pod.spec.containers ?? [])]) {
+      for (const p of c.ports ?? []) {
+        if (exporterRange(p.containerPort)) {
+          problem(`${where}: container ${c.name} port ${p.name ?? ""} ${p.containerPort} is in Prometheus' exporter range 9100-9999`);
+        }
+      }
+      const role = parasyncRole(c);
+      if (!role) continue;
+      const live = c.livenessProbe?.httpGet?.path;
+      if (live !== "/healthz") {
+        problem(`${where}: container ${c.name} (${role}): livenessProbe ${live ? `GETs ${live}` : "is no httpGet"}, not /healthz`);
+      }
+      const ready = c.readinessProbe?.httpGet?.path;
+      if (c.readinessProbe && !["/readyz", "/healthz"].includes(ready)) {
+        problem(`${where}: container ${c.name} (${role}): readinessProbe ${ready ? `GETs ${ready}` : "is no httpGet"}, not /readyz or /healthz`);
+      }
+    }
+  }
+  if (doc.kind === "Service") {
+    for (const p of doc.spec?.ports ?? []) {
+      if (exporterRange(p.port)) problem(`${where}: port ${p.name ?? ""} ${p.port} is in Prometheus' exporter range 9100-9999`);
+    }
+  }
+  if ((doc.kind === "PodMonitor" || doc.kind === "ServiceMonitor") && !doc.metadata?.labels?.release) {
+    problem(`${where}: no release label: a stock kube-prometheus-stack selects ${doc.kind}s by release=<Helm release name>`);
+  }
+}
+
 function consistency(docs, problem) {
   const named = (kind) => new Map(docs.filter((d) => d.kind === kind).map((d) => [d.metadata?.name, d]));
   const configMaps = named("ConfigMap");
@@ -247,6 +291,7 @@ function consistency(docs, problem) {
   for (const doc of docs) {
     const where = `${doc.kind}/${doc.metadata?.name}`;
     const pod = podSpecOf(doc);
+    metricsAndProbes(doc, pod?.spec ? pod : null, problem);
     if (!pod || !pod.spec) continue;
     const matchLabels = doc.spec?.selector?.matchLabels;
     if (matchLabels && !selects(matchLabels, pod.labels)) {
