@@ -373,7 +373,7 @@ std::string RemoteCommand(const std::vector<std::string>& argv, double grace_sec
   // dying), so a remote process never outlives its launcher. Background jobs of a
   // non-interactive shell read /dev/null, hence the dance with descriptor 3.
   // After the grace period a process that ignored SIGTERM gets SIGKILL there too.
-  return "exec 3<&0; " + command +
+  return "exec 3<&0; " + std::string(kLogPrefixedEnv) + "=1 " + command +
          " </dev/null 3<&- & p=$!; (cat <&3 >/dev/null; kill -TERM $p 2>/dev/null; sleep " +
          grace + "; kill -KILL $p 2>/dev/null) & w=$!; "
          "exec 3<&-; wait $p; s=$?; kill $w 2>/dev/null; exit $s";
@@ -1000,6 +1000,18 @@ Status Launcher::SpawnOne(Child& child) {
   for (std::string& arg : command) argv.push_back(arg.data());
   argv.push_back(nullptr);
   const std::string exec_failed = "parasync-launch: cannot execute " + command[0] + "\n";
+  // Our environment with kLogPrefixedEnv=1: we prefix the child's lines with its name.
+  const std::string prefixed = std::string(kLogPrefixedEnv) + "=";
+  std::vector<std::string> environment;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    if (std::strncmp(*entry, prefixed.c_str(), prefixed.size()) != 0) {
+      environment.emplace_back(*entry);
+    }
+  }
+  environment.push_back(prefixed + "1");
+  std::vector<char*> envp;
+  for (std::string& entry : environment) envp.push_back(entry.data());
+  envp.push_back(nullptr);
   const pid_t parent = getpid();
   // A remote process's ssh reads a pipe from us: closing it stops the process.
   int in_fds[2] = {-1, -1};
@@ -1036,7 +1048,7 @@ Status Launcher::SpawnOne(Child& child) {
     fcntl(STDOUT_FILENO, F_SETFD, 0);
     fcntl(STDERR_FILENO, F_SETFD, 0);
     sigprocmask(SIG_SETMASK, &previous, nullptr);
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     [[maybe_unused]] ssize_t n = write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
     _exit(127);
   }

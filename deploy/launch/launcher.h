@@ -36,6 +36,10 @@ inline constexpr std::string_view kPsBinary = "parasync-ps";
 inline constexpr std::string_view kWorkerBinary = "parasync-worker";
 inline constexpr std::string_view kExportBinary = "parasync-export";
 
+// Set to "1" in the environment of every process the launcher starts (on other hosts too):
+// the launcher prefixes their lines with their name, so they need not print it themselves.
+inline constexpr std::string_view kLogPrefixedEnv = "PARASYNC_LOG_PREFIXED";
+
 // How long parasync-export may run before it is killed and the run counts as failed.
 inline constexpr double kExportTimeoutSeconds = 120.0;
 
@@ -68,7 +72,7 @@ bool IsLocalHost(std::string_view host);
 
 // The shell command that runs `argv` on a remote host under ssh: the process gets SIGTERM
 // when the launcher closes the connection's stdin (its way to stop a remote process), and
-// the command's exit status is the process's.
+// the command's exit status is the process's. It runs with kLogPrefixedEnv=1.
 // The process gets SIGKILL `grace_seconds` after SIGTERM if it is still there.
 std::string RemoteCommand(const std::vector<std::string>& argv, double grace_seconds);
 

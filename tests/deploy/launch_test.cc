@@ -50,9 +50,10 @@ using Clock = std::chrono::steady_clock;
 //   fail3        prints, exits 3 0.2 s after all are ready
 //   hang         runs until SIGTERM, then says so and exits 0
 //   ignore_term  ignores SIGTERM; only SIGKILL ends it
-// Each fake records its arguments (one a line) and its PID in $FAKE_DIR, and a .ready
-// marker once its greeting is printed; ok and fail3 wait (up to 5 s) until all FAKE_COUNT
-// (default 4) fakes are ready, so no fake is stopped before it has set itself up.
+// Each fake records its arguments (one a line), its PARASYNC_LOG_PREFIXED ("unset" when
+// absent) and its PID in $FAKE_DIR, and a .ready marker once its greeting is printed; ok
+// and fail3 wait (up to 5 s) until all FAKE_COUNT (default 4) fakes are ready, so no fake
+// is stopped before it has set itself up.
 constexpr const char* kFakeScript = R"(#!/bin/sh
 role=ps
 case "$0" in *parasync-worker) role=worker ;; esac
@@ -71,6 +72,7 @@ case "$behaviour" in
   ignore_term) trap '' TERM ;;
 esac
 printf '%s\n' "$@" > "$FAKE_DIR/$name.args"
+printf '%s\n' "${PARASYNC_LOG_PREFIXED-unset}" > "$FAKE_DIR/$name.env"
 # What a real process writes at exit (written at start here: the launcher reads it after).
 eval "no_prom=\${FAKE_NO_PROM_$name:-\${FAKE_NO_PROM:-}}"
 if [ -n "$log_dir" ] && [ -z "$no_prom" ]; then
@@ -109,6 +111,7 @@ esac
 // still alive, and then, by FAKE_EXPORT, writes the --out file (ok, the default) or exits 4.
 constexpr const char* kFakeExportScript = R"sh(#!/bin/sh
 printf '%s\n' "$@" > "$FAKE_DIR/export.args"
+printf '%s\n' "${PARASYNC_LOG_PREFIXED-unset}" > "$FAKE_DIR/export.env"
 alive() {
   n=0
   for f in "$FAKE_DIR"/$1*.pid; do
@@ -489,6 +492,14 @@ TEST(LaunchPlanTest, CurveDirGivesEveryProcessItsKeys) {
   EXPECT_THAT(plan->processes[2].argv, Not(::testing::Contains("/k/worker0.key")));
   ASSERT_TRUE(plan->exporter.has_value());
   EXPECT_THAT(plan->exporter->argv, ::testing::IsSupersetOf({"/k/export.key", "/k/ps.pub"}));
+}
+
+TEST(LaunchPlanTest, RemoteProcessesAreToldTheirLinesArePrefixed) {
+  // The launcher prefixes a remote process's lines as a local one's: the process runs with
+  // PARASYNC_LOG_PREFIXED=1 on its host.
+  EXPECT_THAT(RemoteCommand({"/opt/bin/parasync-ps", "--task-index", "0"}, 10.0),
+              HasSubstr("; PARASYNC_LOG_PREFIXED=1 /opt/bin/parasync-ps --task-index 0 "
+                        "</dev/null"));
 }
 
 TEST(EnsureCurveKeysTest, MakesWhatIsMissingAndKeepsWhatExists) {
@@ -916,6 +927,7 @@ TEST_F(LaunchTest, ExportRunsAfterTheWorkersStopAndBeforeTheServersStop) {
   ASSERT_THAT(out, HasSubstr("[ps0] ps0 got SIGTERM\n"));
   EXPECT_LT(out.find("[export] wrote"), out.find("ps0 got SIGTERM"));
   EXPECT_EQ(ReadFile(model), "model\n");
+  EXPECT_EQ(ReadFile(fake_dir_ + "/export.env"), "1\n");
   EXPECT_THAT(ReadFile(log_dir_ + "/export.log"), HasSubstr("wrote " + model));
   const std::vector<std::string> ps0 = ReadLines(fake_dir_ + "/ps0.args");
   ASSERT_GE(ps0.size(), 2u);
