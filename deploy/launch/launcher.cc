@@ -79,7 +79,21 @@ constexpr size_t kReadChunk = 64 * 1024;
 // A "line" longer than this without a newline is forwarded in pieces.
 constexpr size_t kMaxLineBytes = 64 * 1024;
 constexpr int kMaxDrainReads = 64;
-constexpr std::string_view kLauncherPrefix = "[launch] ";
+
+// "[launch 12:03:04.512] ": the launcher's own lines carry the local time of day, to the
+// millisecond.
+std::string LauncherPrefix() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+  const auto millis =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm local {};
+  localtime_r(&seconds, &local);
+  char buffer[40];
+  std::snprintf(buffer, sizeof(buffer), "[launch %02d:%02d:%02d.%03d] ", local.tm_hour,
+                local.tm_min, local.tm_sec, static_cast<int>(millis));
+  return buffer;
+}
 
 // The self-pipe: the signal handler only writes the signal number into it.
 int g_signal_pipe[2] = {-1, -1};
@@ -1188,7 +1202,7 @@ void Launcher::WriteOut(std::string_view text) {
 }
 
 void Launcher::Message(std::string_view text) {
-  std::string line(kLauncherPrefix);
+  std::string line = LauncherPrefix();
   line.append(text);
   line.push_back('\n');
   WriteOut(line);
@@ -1570,11 +1584,12 @@ int Launcher::ComputeExitCode() {
 }
 
 std::string Launcher::Summary() const {
+  const std::string prefix = LauncherPrefix();
   std::ostringstream out;
   const std::string eval_path = plan_.log_dir + "/eval.jsonl";
   std::ifstream eval(eval_path);
   if (!eval) {
-    out << kLauncherPrefix << "no " << eval_path
+    out << prefix << "no " << eval_path
         << " (the chief writes it after each evaluation)\n";
   } else {
     std::string line;
@@ -1591,12 +1606,12 @@ std::string Launcher::Summary() const {
     };
     const std::optional<double> accuracy = number("test_accuracy");
     if (!accuracy.has_value()) {
-      out << kLauncherPrefix << "the last line of " << eval_path
+      out << prefix << "the last line of " << eval_path
           << " has no test_accuracy\n";
     } else {
       char text[160];
       std::snprintf(text, sizeof(text), "final test accuracy %.4f", *accuracy);
-      out << kLauncherPrefix << text;
+      out << prefix << text;
       if (const std::optional<double> epoch = number("epoch"); epoch.has_value()) {
         std::snprintf(text, sizeof(text), " after epoch %.0f", *epoch);
         out << text;
@@ -1611,31 +1626,31 @@ std::string Launcher::Summary() const {
 
   if (plan_.exporter) {
     if (exporter_ != nullptr && ExitedZero(exporter_->wait_status)) {
-      out << kLauncherPrefix << "model: " << options_.export_path
+      out << prefix << "model: " << options_.export_path
           << " (evaluate it: parasync-worker --eval-only --model-file " << options_.export_path
           << ")\n";
     } else {
-      out << kLauncherPrefix
+      out << prefix
           << (export_outcome_.empty() ? "no model exported to " + options_.export_path
                                       : export_outcome_)
           << "\n";
     }
   }
-  out << kLauncherPrefix << "logs:";
+  out << prefix << "logs:";
   for (const Child& child : children_) out << " " << child.spec.log_path;
   if (exporter_ != nullptr) out << " " << exporter_->spec.log_path;
   out << "\n";
-  out << kLauncherPrefix << "evaluation log: " << eval_path << "\n";
-  out << kLauncherPrefix << "cluster description: " << plan_.log_dir << "/cluster.json\n";
-  out << kLauncherPrefix << "metrics endpoints (live during the run):";
+  out << prefix << "evaluation log: " << eval_path << "\n";
+  out << prefix << "cluster description: " << plan_.log_dir << "/cluster.json\n";
+  out << prefix << "metrics endpoints (live during the run):";
   for (const Child& child : children_) {
     out << " " << child.spec.name << " http://" << child.spec.host << ":"
         << child.spec.metrics_port << "/metrics";
   }
   out << "\n";
-  out << kLauncherPrefix << "each process writes its final metrics to " << plan_.log_dir
+  out << prefix << "each process writes its final metrics to " << plan_.log_dir
       << "/metrics-<role><index>.prom at exit (e.g. metrics-ps0.prom, metrics-worker0.prom)\n";
-  out << kLauncherPrefix << "Prometheus targets (job \"" << plan_.job << "\"): " << plan_.log_dir
+  out << prefix << "Prometheus targets (job \"" << plan_.job << "\"): " << plan_.log_dir
       << "/prometheus-targets.json\n";
   return out.str();
 }

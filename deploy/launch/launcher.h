@@ -7,6 +7,8 @@
 // launcher is told to stop, then stops and reaps every child (exporting the model first when
 // asked to) and returns the exit code; Summary() tells the user where the results are.
 //
+// Every line the launcher prints itself begins "[launch HH:MM:SS.mmm] " (local time).
+//
 // Thread safety: a Launcher is used from one thread. Start() installs process-wide handlers
 // for SIGINT, SIGTERM, SIGHUP and SIGCHLD and ignores SIGPIPE, so at most one Launcher may be
 // started per process. Only PIDs this Launcher started are ever signalled or waited for.

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -234,6 +235,37 @@ class LauncherProcess {
   Clock::time_point start_;
   double seconds_ = 0;
 };
+
+// The launcher's own lines of `out` ("[launch HH:MM:SS.mmm] text"), as their text. Lines
+// that begin "[launch" without such a timestamp come back whole, so no check can miss them.
+std::vector<std::string> LauncherMessages(const std::string& out) {
+  static const std::regex kStamped(R"(^\[launch \d\d:\d\d:\d\d\.\d\d\d\] (.*)$)");
+  std::vector<std::string> messages;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("[launch", 0) != 0) continue;
+    std::smatch match;
+    messages.push_back(std::regex_match(line, match, kStamped) ? match[1].str() : line);
+  }
+  return messages;
+}
+
+// Every line of the launcher's output is a process's ("[ps0] ...") or the launcher's own,
+// with the time of day.
+void ExpectEveryLauncherLineTimestamped(const std::string& out) {
+  static const std::regex kStamped(R"(^\[launch \d\d:\d\d:\d\d\.\d\d\d\] \S.*$)");
+  static const std::regex kForwarded(R"(^\[(ps|worker)\d+\] .*|^\[export\] .*)");
+  std::istringstream lines(out);
+  int stamped = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (std::regex_match(line, kStamped)) {
+      ++stamped;
+    } else {
+      EXPECT_TRUE(std::regex_match(line, kForwarded)) << "a line without a timestamp: " << line;
+    }
+  }
+  EXPECT_GE(stamped, 8) << out;  // starting, one per process, the end and the final lines
+}
 
 class LaunchTest : public ::testing::Test {
  protected:
@@ -706,6 +738,7 @@ TEST_F(LaunchTest, ChiefFinishingStopsOthersAndExitsZero) {
   // Workers are stopped before the PS processes.
   ASSERT_THAT(out, HasSubstr("[ps0] ps0 got SIGTERM\n"));
   EXPECT_LT(out.find("worker1 got SIGTERM"), out.find("ps0 got SIGTERM"));
+  ExpectEveryLauncherLineTimestamped(out);
 }
 
 TEST_F(LaunchTest, KillInjectsFaultsRestartsWhenAskedAndTheRunStillSucceeds) {
@@ -921,7 +954,7 @@ TEST_F(LaunchTest, ExportRunsAfterTheWorkersStopAndBeforeTheServersStop) {
   const std::string out = launcher->out();
   EXPECT_THAT(out, HasSubstr("[export] export sees 2 ps and 0 workers alive\n"));
   EXPECT_THAT(out, HasSubstr("[export] wrote " + model + "\n"));
-  EXPECT_THAT(out, HasSubstr("[launch] model: " + model));
+  EXPECT_THAT(LauncherMessages(out), ::testing::Contains(HasSubstr("model: " + model)));
   EXPECT_THAT(out, HasSubstr("parasync-worker --eval-only --model-file " + model));
   EXPECT_LT(out.find("worker1 got SIGTERM"), out.find("[export] export sees"));
   ASSERT_THAT(out, HasSubstr("[ps0] ps0 got SIGTERM\n"));
