@@ -103,6 +103,7 @@ void AddOptional(CLI::App& app, const std::string& name, const std::string& type
 
 int main(int argc, char** argv) {
   LaunchOptions options;
+  options.command_line.assign(argv, argv + argc);  // for summary.json
   CLI::App app(kDescription, "parasync-launch");
   app.footer(kFooter);
   app.get_formatter()->column_width(34);
