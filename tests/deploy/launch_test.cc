@@ -928,6 +928,41 @@ TEST_F(LaunchTest, KillInjectsFaultsRestartsWhenAskedAndTheRunStillSucceeds) {
   const auto cluster = nlohmann::json::parse(ReadFile(log_dir_ + "/cluster.json"));
   EXPECT_EQ(std::to_string(cluster["processes"][1]["pid"].get<int>()) + "\n", second_ps1);
   ExpectAllFakesGone(4);
+
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  ASSERT_TRUE(summary.is_object()) << ReadFile(log_dir_ + "/summary.json");
+  EXPECT_EQ(summary["outcome"], "succeeded");
+  const nlohmann::json ps1 = SummaryProcess(summary, "ps1");
+  EXPECT_EQ(ps1["restarts"], 1);
+  EXPECT_EQ(ps1["fault_injection"], false);
+  EXPECT_EQ(std::to_string(ps1["pid"].get<int>()) + "\n", second_ps1);
+  EXPECT_EQ(ps1["exit_status"], 0);
+  const nlohmann::json worker1 = SummaryProcess(summary, "worker1");
+  EXPECT_EQ(worker1["fault_injection"], true);
+  EXPECT_EQ(worker1["signal"], "SIGKILL");
+  EXPECT_EQ(worker1["killed_by_launcher"], true);
+  EXPECT_EQ(worker1["restarts"], 0);
+  // A killed worker's count is lost, and no evaluation was written: no examples figure.
+  EXPECT_TRUE(summary["examples"].is_null()) << summary["examples"];
+}
+
+TEST_F(LaunchTest, AStartThatFailsLeavesASummarySayingWhy) {
+  // ps1's log file cannot be opened: the launcher fails before it starts any process.
+  std::filesystem::create_directories(log_dir_ + "/ps1.log");
+  auto launcher = Launch(BaseArgs(), {});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitFailed) << launcher->err();
+  EXPECT_TRUE(RecordedPids().empty());
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  ASSERT_TRUE(summary.is_object()) << ReadFile(log_dir_ + "/summary.json");
+  EXPECT_EQ(summary["outcome"], "failed");
+  EXPECT_EQ(summary["exit_code"], kExitFailed);
+  EXPECT_THAT(summary["reason"].get<std::string>(),
+              HasSubstr("cannot open " + log_dir_ + "/ps1.log"));
+  ASSERT_EQ(summary["processes"].size(), 4u);
+  for (const nlohmann::json& process : summary["processes"]) {
+    EXPECT_TRUE(process["pid"].is_null()) << process;
+    EXPECT_TRUE(process["exit_status"].is_null()) << process;
+  }
 }
 
 TEST_F(LaunchTest, BadKillOrRankArgExitsTwoWithOneLine) {
