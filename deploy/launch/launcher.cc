@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -240,6 +241,23 @@ std::string DescribeWaitStatus(int wait_status) {
   if (WIFEXITED(wait_status)) return "exit status " + std::to_string(WEXITSTATUS(wait_status));
   if (WIFSIGNALED(wait_status)) return "killed by " + SignalName(WTERMSIG(wait_status));
   return "wait status " + std::to_string(wait_status);
+}
+
+// `name` when it holds a '/', else the first executable file of that name in $PATH (as
+// execvp would find it, but before fork), else `name` itself (exec then fails and says so).
+std::string FindExecutable(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  if (name.empty() || name.find('/') != std::string::npos || path == nullptr) return name;
+  std::istringstream dirs(path);
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    struct stat info {};
+    if (stat(candidate.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
+        access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+  }
+  return name;
 }
 
 bool ExitedZero(int wait_status) { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
@@ -1128,6 +1146,8 @@ Status Launcher::SpawnOne(Child& child) {
   std::vector<char*> argv;
   for (std::string& arg : command) argv.push_back(arg.data());
   argv.push_back(nullptr);
+  // ssh, from --ssh-command, is found in $PATH; the binaries have absolute paths.
+  const std::string executable = FindExecutable(command[0]);
   const std::string exec_failed = "parasync-launch: cannot execute " + command[0] + "\n";
   // Our environment with kLogPrefixedEnv=1: we prefix the child's lines with its name.
   const std::string prefixed = std::string(kLogPrefixedEnv) + "=";
@@ -1177,7 +1197,7 @@ Status Launcher::SpawnOne(Child& child) {
     fcntl(STDOUT_FILENO, F_SETFD, 0);
     fcntl(STDERR_FILENO, F_SETFD, 0);
     sigprocmask(SIG_SETMASK, &previous, nullptr);
-    execve(argv[0], argv.data(), envp.data());
+    execve(executable.c_str(), argv.data(), envp.data());
     [[maybe_unused]] ssize_t n = write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
     _exit(127);
   }

@@ -176,7 +176,10 @@ class LauncherProcess {
     args.insert(args.begin(), LauncherPath());
     std::vector<std::string> environment;
     for (char** entry = environ; *entry != nullptr; ++entry) {
-      if (std::strncmp(*entry, "FAKE_", 5) != 0) environment.emplace_back(*entry);
+      const std::string_view text(*entry);
+      const std::string key(text.substr(0, text.find('=')));
+      if (key.rfind("FAKE_", 0) == 0 || env.count(key) > 0) continue;  // ours, or given anew
+      environment.emplace_back(text);
     }
     for (const auto& [key, value] : env) environment.push_back(key + "=" + value);
     std::vector<char*> argv;
@@ -963,6 +966,27 @@ TEST_F(LaunchTest, AStartThatFailsLeavesASummarySayingWhy) {
     EXPECT_TRUE(process["pid"].is_null()) << process;
     EXPECT_TRUE(process["exit_status"].is_null()) << process;
   }
+}
+
+TEST_F(LaunchTest, ABareSshCommandIsFoundInThePath) {
+  // As the default "ssh -o ...": a name, not a path. The fake runs the command here, without
+  // the environment the launcher gave it (ssh passes none on).
+  const std::string path_dir = root_ + "/path";
+  std::filesystem::create_directories(path_dir);
+  std::ofstream(path_dir + "/fake-ssh")
+      << "#!/bin/sh\nshift\nexec env -u PARASYNC_LOG_PREFIXED /bin/sh -c \"$1\"\n";
+  ASSERT_EQ(chmod((path_dir + "/fake-ssh").c_str(), 0755), 0);
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(),
+              {"--ps", "127.0.0.2:1", "-H", "127.0.0.3:1", "--ssh-command", "fake-ssh"});
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"},
+                                {"FAKE_COUNT", "2"},
+                                {"PATH", path_dir + ":" + std::getenv("PATH")}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitOk) << launcher->out();
+  EXPECT_THAT(launcher->out(), HasSubstr("[127.0.0.3 worker0] hello from worker0\n"));
+  // Told through the remote command line, not the ssh client's environment.
+  EXPECT_EQ(ReadFile(fake_dir_ + "/ps0.env"), "1\n");
+  ExpectAllFakesGone(2);
 }
 
 TEST_F(LaunchTest, BadKillOrRankArgExitsTwoWithOneLine) {
