@@ -1841,7 +1841,7 @@ Status Launcher::WriteSummaryJson() const {
       {"workers", options_.num_workers},
       {"epochs", options_.epochs},
       {"model", optional(options_.model)},
-      {"data", options_.data_dir.empty() ? json(nullptr) : json(options_.data_dir)},
+      {"dataset", options_.data_dir.empty() ? json(nullptr) : json(options_.data_dir)},
       {"host", plan_.host},
       {"log_dir", plan_.log_dir},
       {"command_line", options_.command_line},

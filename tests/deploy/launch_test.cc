@@ -787,9 +787,14 @@ TEST_F(LaunchTest, SummaryJsonTellsTheConfigurationFiguresAndEveryProcessExit) {
   EXPECT_TRUE(summary["reason"].is_null());
   std::vector<std::string> command_line = args;
   command_line.insert(command_line.begin(), LauncherPath());
+  // The dataset as given (BaseArgs may name one).
+  nlohmann::json dataset = nullptr;
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--data" || args[i] == "--dataset") dataset = args[i + 1];
+  }
   const nlohmann::json expected_config = {
-      {"mode", "sync"}, {"ps", 2},        {"workers", 2},         {"epochs", 3},
-      {"model", "cnn"}, {"data", nullptr}, {"host", "127.0.0.1"}, {"log_dir", log_dir_},
+      {"mode", "sync"}, {"ps", 2},          {"workers", 2},         {"epochs", 3},
+      {"model", "cnn"}, {"dataset", dataset}, {"host", "127.0.0.1"}, {"log_dir", log_dir_},
       {"command_line", command_line}};
   EXPECT_EQ(summary["config"], expected_config) << summary["config"].dump();
 
