@@ -107,6 +107,7 @@ void AddOptional(CLI::App& app, const std::string& name, const std::string& type
 
 int main(int argc, char** argv) {
   LaunchOptions options;
+  options.command_line.assign(argv, argv + argc);  // for summary.json
   CLI::App app;
   parasync::SetUpCommandLine(app, {.name = kProgram,
                                    .purpose = "runs a local or multi-host parasync cluster.",

@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -79,7 +80,21 @@ constexpr size_t kReadChunk = 64 * 1024;
 // A "line" longer than this without a newline is forwarded in pieces.
 constexpr size_t kMaxLineBytes = 64 * 1024;
 constexpr int kMaxDrainReads = 64;
-constexpr std::string_view kLauncherPrefix = "[launch] ";
+
+// "[launch 12:03:04.512] ": the launcher's own lines carry the local time of day, to the
+// millisecond (summary.json has the full dates).
+std::string LauncherPrefix() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+  const auto millis =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm local {};
+  localtime_r(&seconds, &local);
+  char buffer[40];
+  std::snprintf(buffer, sizeof(buffer), "[launch %02d:%02d:%02d.%03d] ", local.tm_hour,
+                local.tm_min, local.tm_sec, static_cast<int>(millis));
+  return buffer;
+}
 
 // The self-pipe: the signal handler only writes the signal number into it.
 int g_signal_pipe[2] = {-1, -1};
@@ -122,6 +137,100 @@ double NowSeconds() {
       .count();
 }
 
+double UnixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// ISO 8601 local time with milliseconds and UTC offset: "2025-03-01T12:03:04.512+01:00".
+std::string IsoLocalTime(double unix_seconds) {
+  const auto whole = static_cast<std::time_t>(std::floor(unix_seconds));
+  const int millis =
+      std::clamp(static_cast<int>((unix_seconds - static_cast<double>(whole)) * 1000.0), 0, 999);
+  std::tm local {};
+  localtime_r(&whole, &local);
+  char date[32];
+  char zone[8];
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%S", &local);
+  std::strftime(zone, sizeof(zone), "%z", &local);  // "+0100"
+  std::string offset = zone;
+  if (offset.size() == 5) offset.insert(3, ":");
+  char text[64];
+  std::snprintf(text, sizeof(text), "%s.%03d%s", date, millis, offset.c_str());
+  return text;
+}
+
+// One row of eval.jsonl, as far as the launcher reports it.
+struct EvalRow {
+  double test_accuracy = 0.0;
+  std::optional<int64_t> epoch;
+  std::optional<double> wall_s;       // the chief's seconds since its start
+  std::optional<int64_t> examples;    // the servers' count of examples applied
+};
+
+struct EvalRows {
+  bool exists = false;
+  int rows = 0;                    // non-blank lines read
+  bool last_unreadable = false;    // the last of them has no test_accuracy
+  std::optional<EvalRow> last;
+  std::optional<EvalRow> best;     // the highest test_accuracy, the earliest on a tie
+};
+
+// Reads the rows of `path` after its first `offset` bytes (all of them if the file is now
+// shorter: it was replaced).
+EvalRows ReadEvalRows(const std::string& path, uintmax_t offset) {
+  EvalRows result;
+  std::ifstream in(path);
+  if (!in) return result;
+  result.exists = true;
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size >= offset) in.seekg(static_cast<std::streamoff>(offset));
+  for (std::string line; std::getline(in, line);) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    ++result.rows;
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    auto field = [&](const char* key) -> const nlohmann::json* {
+      if (!record.is_object() || !record.contains(key) || !record[key].is_number()) return nullptr;
+      return &record[key];
+    };
+    const nlohmann::json* accuracy = field("test_accuracy");
+    result.last_unreadable = accuracy == nullptr;
+    result.last.reset();
+    if (accuracy == nullptr) continue;
+    EvalRow row;
+    row.test_accuracy = accuracy->get<double>();
+    if (const nlohmann::json* v = field("epoch")) row.epoch = std::llround(v->get<double>());
+    if (const nlohmann::json* v = field("wall_s")) row.wall_s = v->get<double>();
+    if (const nlohmann::json* v = field("examples")) row.examples = std::llround(v->get<double>());
+    if (!result.best || row.test_accuracy > result.best->test_accuracy) result.best = row;
+    result.last = row;
+  }
+  return result;
+}
+
+// The sum of the samples of `metric` in a Prometheus text file, or nullopt when the file
+// cannot be read or has none.
+std::optional<double> SnapshotSum(const std::string& path, std::string_view metric) {
+  std::ifstream in(path);
+  std::optional<double> sum;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(metric, 0) != 0) continue;
+    size_t rest = metric.size();
+    if (rest < line.size() && line[rest] == '{') {
+      rest = line.find('}', rest);
+      if (rest == std::string::npos) continue;
+      ++rest;
+    }
+    if (rest >= line.size() || line[rest] != ' ') continue;  // another metric's name
+    char* end = nullptr;
+    const double value = std::strtod(line.c_str() + rest + 1, &end);
+    if (end == line.c_str() + rest + 1 || !std::isfinite(value)) continue;
+    sum = sum.value_or(0.0) + value;
+  }
+  return sum;
+}
+
 std::string SignalName(int signal_number) {
   const char* abbrev = sigabbrev_np(signal_number);
   if (abbrev == nullptr) return "signal " + std::to_string(signal_number);
@@ -132,6 +241,23 @@ std::string DescribeWaitStatus(int wait_status) {
   if (WIFEXITED(wait_status)) return "exit status " + std::to_string(WEXITSTATUS(wait_status));
   if (WIFSIGNALED(wait_status)) return "killed by " + SignalName(WTERMSIG(wait_status));
   return "wait status " + std::to_string(wait_status);
+}
+
+// `name` when it holds a '/', else the first executable file of that name in $PATH (as
+// execvp would find it, but before fork), else `name` itself (exec then fails and says so).
+std::string FindExecutable(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  if (name.empty() || name.find('/') != std::string::npos || path == nullptr) return name;
+  std::istringstream dirs(path);
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    struct stat info {};
+    if (stat(candidate.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
+        access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+  }
+  return name;
 }
 
 bool ExitedZero(int wait_status) { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
@@ -373,7 +499,7 @@ std::string RemoteCommand(const std::vector<std::string>& argv, double grace_sec
   // dying), so a remote process never outlives its launcher. Background jobs of a
   // non-interactive shell read /dev/null, hence the dance with descriptor 3.
   // After the grace period a process that ignored SIGTERM gets SIGKILL there too.
-  return "exec 3<&0; " + command +
+  return "exec 3<&0; " + std::string(kLogPrefixedEnv) + "=1 " + command +
          " </dev/null 3<&- & p=$!; (cat <&3 >/dev/null; kill -TERM $p 2>/dev/null; sleep " +
          grace + "; kill -KILL $p 2>/dev/null) & w=$!; "
          "exec 3<&-; wait $p; s=$?; kill $w 2>/dev/null; exit $s";
@@ -630,6 +756,8 @@ struct Launcher::Child {
   bool sent_term = false;
   bool killed_after_grace = false;
   bool fault_killed = false;  // killed by fault injection: its death is no failure
+  bool sent_kill = false;     // the launcher sent it SIGKILL (grace over, --kill, a second ^C)
+  int restarts = 0;           // by fault injection
   int in_fd = -1;  // remote: write end of ssh's stdin; closing it stops the process
 };
 
@@ -871,11 +999,27 @@ Status Launcher::Start() {
   std::filesystem::create_directories(plan_.log_dir, ec);
   if (ec) return Status::Unavailable("cannot create log directory " + plan_.log_dir + ": " +
                                      ec.message());
+  run_start_ = NowSeconds();
+  run_start_unix_ = UnixSeconds();
+  // eval.jsonl is appended to, run after run: this run's rows are those after this offset.
+  eval_offset_ = std::filesystem::file_size(plan_.log_dir + "/eval.jsonl", ec);
+  if (ec) eval_offset_ = 0;
+  // An earlier run's summary must not pass for this one's should this launcher be killed.
+  std::filesystem::remove(plan_.log_dir + "/" + std::string(kSummaryFile), ec);
+  // From here on a failure is this run's end, and summary.json says so.
+  auto failed = [this](Status status) {
+    end_reason_ = status.message();
+    Finish(kExitFailed);
+    return status;
+  };
   if (plan_.exporter) {
     // The model often goes next to the logs, e.g. <log_dir>/model.psm.
     const std::string dir = std::filesystem::path(options_.export_path).parent_path().string();
     std::filesystem::create_directories(dir, ec);
-    if (ec) return Status::Unavailable("cannot create " + dir + " for --export: " + ec.message());
+    if (ec) {
+      return failed(Status::Unavailable("cannot create " + dir + " for --export: " +
+                                        ec.message()));
+    }
   }
   for (const Child& child : children_) {
     // A snapshot left by an earlier run in this directory must never pass for this run's
@@ -888,11 +1032,11 @@ Status Launcher::Start() {
     child.log_fd = open(child.spec.log_path.c_str(),
                         O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (child.log_fd < 0) {
-      return Status::Unavailable("cannot open " + child.spec.log_path + ": " +
-                                 std::strerror(errno));
+      return failed(Status::Unavailable("cannot open " + child.spec.log_path + ": " +
+                                        std::strerror(errno)));
     }
   }
-  PARASYNC_RETURN_IF_ERROR(InstallSignalHandlers());
+  if (Status installed = InstallSignalHandlers(); !installed.ok()) return failed(installed);
 
   Message("starting " + std::to_string(options_.num_ps) + " ps and " +
           std::to_string(options_.num_workers) + " workers, mode " + plan_.mode +
@@ -914,7 +1058,7 @@ Status Launcher::Start() {
         other.running = false;
         other.wait_status = wait_status;
       }
-      return status;
+      return failed(status);
     }
     Message(child.spec.name + " pid " + std::to_string(child.pid) + " at " +
             child.spec.address + ", metrics http://" + child.spec.host + ":" +
@@ -954,6 +1098,7 @@ double Launcher::InjectFaults() {
         continue;
       }
       child.fault_killed = true;
+      child.sent_kill = true;
       kill(child.pid, SIGKILL);
       Message("fault injection: killed " + child.spec.name + " (pid " +
               std::to_string(child.pid) + ") with SIGKILL at " + FormatSeconds(now) + " s" +
@@ -971,6 +1116,7 @@ double Launcher::InjectFaults() {
     child.log_fd = open(child.spec.log_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
     child.fault_killed = false;
     child.sent_term = false;
+    child.sent_kill = false;
     child.partial.clear();
     if (Status status = SpawnOne(child); !status.ok()) {
       failure_ = "fault injection: could not restart " + child.spec.name + ": " + status.message();
@@ -978,6 +1124,7 @@ double Launcher::InjectFaults() {
       BeginStopping(Phase::kStoppingWorkers);
       return next;
     }
+    ++child.restarts;
     Message("fault injection: restarted " + child.spec.name + " as pid " +
             std::to_string(child.pid));
     if (Status written = WriteClusterJson(); !written.ok()) {
@@ -999,7 +1146,21 @@ Status Launcher::SpawnOne(Child& child) {
   std::vector<char*> argv;
   for (std::string& arg : command) argv.push_back(arg.data());
   argv.push_back(nullptr);
+  // ssh, from --ssh-command, is found in $PATH; the binaries have absolute paths.
+  const std::string executable = FindExecutable(command[0]);
   const std::string exec_failed = "parasync-launch: cannot execute " + command[0] + "\n";
+  // Our environment with kLogPrefixedEnv=1: we prefix the child's lines with its name.
+  const std::string prefixed = std::string(kLogPrefixedEnv) + "=";
+  std::vector<std::string> environment;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    if (std::strncmp(*entry, prefixed.c_str(), prefixed.size()) != 0) {
+      environment.emplace_back(*entry);
+    }
+  }
+  environment.push_back(prefixed + "1");
+  std::vector<char*> envp;
+  for (std::string& entry : environment) envp.push_back(entry.data());
+  envp.push_back(nullptr);
   const pid_t parent = getpid();
   // A remote process's ssh reads a pipe from us: closing it stops the process.
   int in_fds[2] = {-1, -1};
@@ -1036,7 +1197,7 @@ Status Launcher::SpawnOne(Child& child) {
     fcntl(STDOUT_FILENO, F_SETFD, 0);
     fcntl(STDERR_FILENO, F_SETFD, 0);
     sigprocmask(SIG_SETMASK, &previous, nullptr);
-    execv(argv[0], argv.data());
+    execve(executable.c_str(), argv.data(), envp.data());
     [[maybe_unused]] ssize_t n = write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
     _exit(127);
   }
@@ -1176,7 +1337,7 @@ void Launcher::WriteOut(std::string_view text) {
 }
 
 void Launcher::Message(std::string_view text) {
-  std::string line(kLauncherPrefix);
+  std::string line = LauncherPrefix();
   line.append(text);
   line.push_back('\n');
   WriteOut(line);
@@ -1402,11 +1563,15 @@ void Launcher::SignalGroup(Role role, int signal_number) {
       kill(child.pid, signal_number);
     }
     if (signal_number == SIGTERM) child.sent_term = true;
+    if (signal_number == SIGKILL) child.sent_kill = true;
   }
 }
 
 void Launcher::KillAllNow() {
-  if (exporter_ != nullptr && exporter_->running) kill(exporter_->pid, SIGKILL);
+  if (exporter_ != nullptr && exporter_->running) {
+    kill(exporter_->pid, SIGKILL);
+    exporter_->sent_kill = true;
+  }
   SignalGroup(Role::kWorker, SIGKILL);
   SignalGroup(Role::kPs, SIGKILL);
 }
@@ -1462,6 +1627,7 @@ int Launcher::Supervise() {
             continue;
           }
           interrupted_ = true;
+          end_reason_ = "got " + SignalName(signal_number);
           Message("got " + SignalName(signal_number) +
                   "; stopping all processes (send it again to kill them at once)");
           if (phase_ == Phase::kRunning) BeginStopping(Phase::kStoppingWorkers);
@@ -1492,6 +1658,7 @@ int Launcher::Supervise() {
           advanced = true;
         } else if (!group_killed_ && NowSeconds() >= stop_deadline_) {
           exporter_->killed_after_grace = true;
+          exporter_->sent_kill = true;
           kill(exporter_->pid, SIGKILL);
           group_killed_ = true;
         }
@@ -1514,7 +1681,9 @@ int Launcher::Supervise() {
       }
     }
   }
-  return ComputeExitCode();
+  const int exit_code = ComputeExitCode();
+  Finish(exit_code);
+  return exit_code;
 }
 
 int Launcher::ComputeExitCode() {
@@ -1544,11 +1713,13 @@ int Launcher::ComputeExitCode() {
     return kExitInterrupted;
   }
   if (!failure_.empty()) {
+    end_reason_ = failure_;
     Message("run failed: " + failure_);
     return failure_is_bad_usage_ ? kExitUsage : kExitFailed;
   }
   if (!unclean.empty()) {
-    Message("run failed: " + unclean + " did not exit with status 0");
+    end_reason_ = unclean + " did not exit with status 0";
+    Message("run failed: " + end_reason_);
     return kExitFailed;
   }
   bool faults = false;
@@ -1559,74 +1730,236 @@ int Launcher::ComputeExitCode() {
   return kExitOk;
 }
 
+// ---- the end of the run: summary.json and the final lines -------------------------------
+
+struct Launcher::Report {
+  EvalRows eval;          // this run's rows of eval.jsonl
+  double wall_seconds = 0.0;
+  std::optional<int64_t> examples;
+  std::string examples_source;  // "worker_snapshots" or "eval_jsonl"
+  std::optional<double> examples_per_second;
+};
+
+void Launcher::Finish(int exit_code) {
+  exit_code_ = exit_code;
+  run_end_ = NowSeconds();
+  run_end_unix_ = UnixSeconds();
+  report_ = std::make_unique<Report>(ComputeReport());
+  if (Status written = WriteSummaryJson(); !written.ok()) {
+    Message("warning: " + written.ToString());
+  }
+}
+
+Launcher::Report Launcher::ComputeReport() const {
+  Report report;
+  report.eval = ReadEvalRows(plan_.log_dir + "/eval.jsonl", eval_offset_);
+  const double end = run_end_ > 0 ? run_end_ : NowSeconds();
+  report.wall_seconds = run_start_ > 0 ? std::max(0.0, end - run_start_) : 0.0;
+  // The workers' own counters say what this run trained, including after the chief's last
+  // evaluation. They need every worker's final snapshot from one uninterrupted process (a
+  // killed worker writes none; a restarted one counts from zero). Otherwise the servers'
+  // count at the last evaluation, which includes what a restored model had already seen.
+  int64_t counted = 0;
+  bool complete = true;
+  for (const Child& child : children_) {
+    if (child.spec.role != Role::kWorker) continue;
+    const std::optional<double> value =
+        child.restarts > 0 || child.fault_killed
+            ? std::nullopt
+            : SnapshotSum(MetricsSnapshotPath(plan_.log_dir, child.spec.name),
+                          "parasync_worker_examples_total");
+    if (!value.has_value()) {
+      complete = false;
+      break;
+    }
+    counted += std::llround(*value);
+  }
+  if (complete) {
+    report.examples = counted;
+    report.examples_source = "worker_snapshots";
+  } else if (report.eval.last.has_value() && report.eval.last->examples.has_value()) {
+    report.examples = report.eval.last->examples;
+    report.examples_source = "eval_jsonl";
+  }
+  if (report.examples.has_value() && report.wall_seconds > 0) {
+    report.examples_per_second = static_cast<double>(*report.examples) / report.wall_seconds;
+  }
+  return report;
+}
+
+Status Launcher::WriteSummaryJson() const {
+  using json = nlohmann::ordered_json;  // the fields in the order docs/run-summary.md has them
+  const Report& report = *report_;
+  const auto optional = [](const auto& value) {
+    return value.has_value() ? json(*value) : json(nullptr);
+  };
+  const auto row_json = [&](const std::optional<EvalRow>& row) {
+    if (!row.has_value()) return json(nullptr);
+    return json{{"epoch", optional(row->epoch)},
+                {"test_accuracy", row->test_accuracy},
+                {"examples", optional(row->examples)},
+                {"wall_s", optional(row->wall_s)}};
+  };
+  const auto process_json = [&](const Child& child, const char* role) {
+    const bool started = child.pid > 0;
+    const int status = child.wait_status;
+    const bool signaled = started && !child.running && WIFSIGNALED(status);
+    const int signal_number = signaled ? WTERMSIG(status) : 0;
+    return json{
+        {"name", child.spec.name},
+        {"role", role},
+        {"host", child.spec.host},
+        {"pid", started ? json(child.pid) : json(nullptr)},
+        {"exit_status", started && !child.running && WIFEXITED(status)
+                            ? json(WEXITSTATUS(status))
+                            : json(nullptr)},
+        {"signal", signaled ? json(SignalName(signal_number)) : json(nullptr)},
+        {"launcher_signal", child.sent_kill   ? json("SIGKILL")
+                            : child.sent_term ? json("SIGTERM")
+                                              : json(nullptr)},
+        {"killed_by_launcher", (signal_number == SIGKILL && child.sent_kill) ||
+                                   (signal_number == SIGTERM && child.sent_term)},
+        {"fault_injection", child.fault_killed},
+        {"restarts", child.restarts},
+        {"log", child.spec.log_path},
+    };
+  };
+
+  json processes = json::array();
+  for (const Child& child : children_) {
+    processes.push_back(process_json(child, child.spec.role == Role::kPs ? "ps" : "worker"));
+  }
+  if (exporter_ != nullptr) processes.push_back(process_json(*exporter_, "export"));
+
+  json doc;
+  doc["outcome"] = exit_code_ == kExitOk            ? "succeeded"
+                   : exit_code_ == kExitInterrupted ? "interrupted"
+                                                    : "failed";
+  doc["exit_code"] = exit_code_;
+  doc["reason"] = end_reason_.empty() ? json(nullptr) : json(end_reason_);
+  doc["config"] = {
+      {"mode", plan_.mode},
+      {"ps", options_.num_ps},
+      {"workers", options_.num_workers},
+      {"epochs", options_.epochs},
+      {"model", optional(options_.model)},
+      {"dataset", options_.data_dir.empty() ? json(nullptr) : json(options_.data_dir)},
+      {"host", plan_.host},
+      {"log_dir", plan_.log_dir},
+      {"command_line", options_.command_line},
+  };
+  doc["start_time"] = IsoLocalTime(run_start_unix_);
+  doc["end_time"] = IsoLocalTime(run_end_unix_);
+  doc["wall_seconds"] = std::round(report.wall_seconds * 1000.0) / 1000.0;
+  doc["examples"] = optional(report.examples);
+  doc["examples_source"] =
+      report.examples_source.empty() ? json(nullptr) : json(report.examples_source);
+  doc["examples_per_second"] =
+      report.examples_per_second.has_value()
+          ? json(std::round(*report.examples_per_second * 10.0) / 10.0)
+          : json(nullptr);
+  doc["eval_rows"] = report.eval.rows;
+  doc["final"] = row_json(report.eval.last);
+  doc["best"] = row_json(report.eval.best);
+  if (plan_.exporter) {
+    doc["export"] = {
+        {"path", options_.export_path},
+        {"exported", exporter_ != nullptr && !exporter_->running &&
+                         ExitedZero(exporter_->wait_status)},
+        {"outcome", export_outcome_.empty() ? json(nullptr) : json(export_outcome_)},
+    };
+  }
+  doc["processes"] = processes;
+  // Arguments are user input: replace invalid UTF-8 rather than throw.
+  return WriteFileAtomically(plan_.log_dir + "/" + std::string(kSummaryFile),
+                             doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+}
+
 std::string Launcher::Summary() const {
+  Report computed;
+  if (report_ == nullptr) computed = ComputeReport();
+  const Report& report = report_ != nullptr ? *report_ : computed;
+  const std::string prefix = LauncherPrefix();
   std::ostringstream out;
   const std::string eval_path = plan_.log_dir + "/eval.jsonl";
-  std::ifstream eval(eval_path);
-  if (!eval) {
-    out << kLauncherPrefix << "no " << eval_path
-        << " (the chief writes it after each evaluation)\n";
+  const auto exists = [](const std::string& path) {
+    std::error_code ec;
+    return std::filesystem::exists(path, ec);
+  };
+
+  char text[160];
+  std::snprintf(text, sizeof(text), "run wall time %.1f s", report.wall_seconds);
+  std::string run = text;
+  if (report.examples_per_second.has_value()) {
+    std::snprintf(text, sizeof(text), ", %lld examples, %.0f examples/sec",
+                  static_cast<long long>(*report.examples), *report.examples_per_second);
+    run += text;
+  }
+  const EvalRows& eval = report.eval;
+  if (!eval.exists) {
+    out << prefix << "no " << eval_path << " (the chief writes it after each evaluation)\n";
+    out << prefix << run << "\n";
+  } else if (eval.rows == 0) {
+    out << prefix << "no evaluation from this run in " << eval_path
+        << " (the chief writes a row after each evaluation)\n";
+    out << prefix << run << "\n";
+  } else if (!eval.last.has_value()) {
+    out << prefix << "the last line of " << eval_path << " has no test_accuracy\n";
+    out << prefix << run << "\n";
   } else {
-    std::string line;
-    std::string last;
-    while (std::getline(eval, line)) {
-      if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+    const EvalRow& last = *eval.last;
+    std::snprintf(text, sizeof(text), "final test accuracy %.4f", last.test_accuracy);
+    out << prefix << text;
+    if (last.epoch.has_value()) out << " after epoch " << *last.epoch;
+    if (last.wall_s.has_value()) {
+      std::snprintf(text, sizeof(text), " (%.1f s)", *last.wall_s);
+      out << text;
     }
-    const nlohmann::json record = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
-    auto number = [&](const char* key) -> std::optional<double> {
-      if (!record.is_object() || !record.contains(key) || !record[key].is_number()) {
-        return std::nullopt;
-      }
-      return record[key].get<double>();
-    };
-    const std::optional<double> accuracy = number("test_accuracy");
-    if (!accuracy.has_value()) {
-      out << kLauncherPrefix << "the last line of " << eval_path
-          << " has no test_accuracy\n";
-    } else {
-      char text[160];
-      std::snprintf(text, sizeof(text), "final test accuracy %.4f", *accuracy);
-      out << kLauncherPrefix << text;
-      if (const std::optional<double> epoch = number("epoch"); epoch.has_value()) {
-        std::snprintf(text, sizeof(text), " after epoch %.0f", *epoch);
-        out << text;
-      }
-      if (const std::optional<double> wall = number("wall_s"); wall.has_value()) {
-        std::snprintf(text, sizeof(text), " (%.1f s)", *wall);
-        out << text;
-      }
-      out << "\n";
+    if (eval.best.has_value() && eval.best->test_accuracy > last.test_accuracy) {
+      std::snprintf(text, sizeof(text), ", best %.4f", eval.best->test_accuracy);
+      out << text;
+      if (eval.best->epoch.has_value()) out << " after epoch " << *eval.best->epoch;
     }
+    out << "; " << run << "\n";
   }
 
   if (plan_.exporter) {
     if (exporter_ != nullptr && ExitedZero(exporter_->wait_status)) {
-      out << kLauncherPrefix << "model: " << options_.export_path
+      out << prefix << "model: " << options_.export_path
           << " (evaluate it: parasync-worker --eval-only --model-file " << options_.export_path
           << ")\n";
     } else {
-      out << kLauncherPrefix
+      out << prefix
           << (export_outcome_.empty() ? "no model exported to " + options_.export_path
                                       : export_outcome_)
           << "\n";
     }
   }
-  out << kLauncherPrefix << "logs:";
+  out << prefix << "logs:";
   for (const Child& child : children_) out << " " << child.spec.log_path;
   if (exporter_ != nullptr) out << " " << exporter_->spec.log_path;
   out << "\n";
-  out << kLauncherPrefix << "evaluation log: " << eval_path << "\n";
-  out << kLauncherPrefix << "cluster description: " << plan_.log_dir << "/cluster.json\n";
-  out << kLauncherPrefix << "metrics endpoints (live during the run):";
+  // Only what is there: a run that failed early has no evaluation log, maybe no more.
+  if (eval.exists) out << prefix << "evaluation log: " << eval_path << "\n";
+  const std::string summary_path = plan_.log_dir + "/" + std::string(kSummaryFile);
+  if (exists(summary_path)) {
+    out << prefix << "run summary: " << summary_path << " (fields: docs/run-summary.md)\n";
+  }
+  if (exists(plan_.log_dir + "/cluster.json")) {
+    out << prefix << "cluster description: " << plan_.log_dir << "/cluster.json\n";
+  }
+  out << prefix << "metrics endpoints (live during the run):";
   for (const Child& child : children_) {
     out << " " << child.spec.name << " http://" << child.spec.host << ":"
         << child.spec.metrics_port << "/metrics";
   }
   out << "\n";
-  out << kLauncherPrefix << "each process writes its final metrics to " << plan_.log_dir
+  out << prefix << "each process writes its final metrics to " << plan_.log_dir
       << "/metrics-<role><index>.prom at exit (e.g. metrics-ps0.prom, metrics-worker0.prom)\n";
-  out << kLauncherPrefix << "Prometheus targets (job \"" << plan_.job << "\"): " << plan_.log_dir
-      << "/prometheus-targets.json\n";
+  if (exists(plan_.log_dir + "/prometheus-targets.json")) {
+    out << prefix << "Prometheus targets (job \"" << plan_.job << "\"): " << plan_.log_dir
+        << "/prometheus-targets.json\n";
+  }
   return out.str();
 }
 

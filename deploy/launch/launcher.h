@@ -15,6 +15,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +38,13 @@ inline constexpr int kExitInterrupted = 130;  // SIGINT/SIGTERM/SIGHUP to the la
 inline constexpr std::string_view kPsBinary = "parasync-ps";
 inline constexpr std::string_view kWorkerBinary = "parasync-worker";
 inline constexpr std::string_view kExportBinary = "parasync-export";
+
+// Set to "1" in the environment of every process the launcher starts (on other hosts too):
+// the launcher prefixes their lines with their name, so they need not print it themselves.
+inline constexpr std::string_view kLogPrefixedEnv = "PARASYNC_LOG_PREFIXED";
+
+// The run's machine-readable report, beside eval.jsonl in the log directory.
+inline constexpr std::string_view kSummaryFile = "summary.json";
 
 // How long parasync-export may run before it is killed and the run counts as failed.
 inline constexpr double kExportTimeoutSeconds = 120.0;
@@ -70,7 +78,7 @@ bool IsLocalHost(std::string_view host);
 
 // The shell command that runs `argv` on a remote host under ssh: the process gets SIGTERM
 // when the launcher closes the connection's stdin (its way to stop a remote process), and
-// the command's exit status is the process's.
+// the command's exit status is the process's. It runs with kLogPrefixedEnv=1.
 // The process gets SIGKILL `grace_seconds` after SIGTERM if it is still there.
 std::string RemoteCommand(const std::vector<std::string>& argv, double grace_seconds);
 
@@ -144,6 +152,8 @@ struct LaunchOptions {
 
   // Where forwarded lines and the launcher's own messages go.
   int output_fd = STDOUT_FILENO;
+  // How the launcher was invoked (its argv), recorded in summary.json; may be empty.
+  std::vector<std::string> command_line;
 };
 
 enum class Role {
@@ -256,7 +266,8 @@ class Launcher {
   // Creates the log directory (and the --export file's directory), installs the signal
   // handlers, releases the reserved ports and starts every PS, then every worker, then writes
   // <log_dir>/cluster.json. On error the processes already started are killed and reaped,
-  // and the status says what failed. Call once.
+  // and the status says what failed (and, when the log directory exists, summary.json says
+  // so too). Call once.
   Status Start();
 
   // Blocks: forwards every child's output line by line (prefixed on output_fd, raw to
@@ -264,7 +275,8 @@ class Launcher {
   // SIGINT/SIGTERM/SIGHUP; then stops the remaining workers and then the PS processes
   // (SIGTERM, up to grace_seconds, then SIGKILL) and reaps them all. With an export path,
   // when worker 0 exited 0 and nothing failed or interrupted the run, parasync-export runs
-  // between the two (output prefixed [export], up to kExportTimeoutSeconds). Returns kExitOk
+  // between the two (output prefixed [export], up to kExportTimeoutSeconds). Then writes
+  // <log_dir>/summary.json (a failure to write it is reported, not fatal). Returns kExitOk
   // when every process (the exporter included) exited 0, kExitInterrupted when stopped by a
   // signal, kExitUsage when the first process to fail exited with status 2, else kExitFailed.
   // Precondition: Start() returned OK. Call once.
@@ -284,13 +296,15 @@ class Launcher {
   // launcher's. Empty: all clear. Call instead of Start().
   std::vector<std::string> Preflight(double timeout_seconds = 30.0);
 
-  // Returns the end-of-run text: the final test accuracy from <log_dir>/eval.jsonl (or
-  // that it is missing), the exported model file (or why there is none) when one was asked
-  // for, the log files, the metrics endpoints and the .prom files.
+  // Returns the end-of-run text: the final test accuracy from the rows this run appended to
+  // <log_dir>/eval.jsonl (or that there are none), the run's wall time and examples/sec,
+  // the exported model file (or why there is none) when one was asked for, and the files
+  // and endpoints the run left (only those that exist). Precondition: Supervise() returned.
   std::string Summary() const;
 
  private:
   struct Child;
+  struct Report;
   enum class Phase { kRunning, kStoppingWorkers, kExporting, kStoppingPs, kDone };
 
   Launcher(LaunchOptions options, LaunchPlan plan, PortReservation ports);
@@ -318,6 +332,10 @@ class Launcher {
   void Message(std::string_view text);
   void WriteOut(std::string_view text);
   int ComputeExitCode();
+  // Records the end of the run, computes report_ and writes summary.json.
+  void Finish(int exit_code);
+  Report ComputeReport() const;
+  Status WriteSummaryJson() const;
   // Kills or restarts what options_.faults asks for by now; returns the seconds until the
   // next such action (or a large number when none is left).
   double InjectFaults();
@@ -338,6 +356,15 @@ class Launcher {
   bool chief_succeeded_ = false;
   std::string export_outcome_;  // for Summary(): where the model is, or why it is not there
   double started_at_ = 0.0;     // steady-clock seconds when every process had been started
+  // The run as summary.json tells it: from Start() to the last process reaped.
+  double run_start_ = 0.0;           // steady-clock seconds
+  double run_end_ = 0.0;
+  double run_start_unix_ = 0.0;      // wall-clock (Unix) seconds
+  double run_end_unix_ = 0.0;
+  uintmax_t eval_offset_ = 0;        // size of eval.jsonl before the run: later rows are its own
+  int exit_code_ = -1;               // set by Finish()
+  std::string end_reason_;           // why the run failed, as ComputeExitCode told it
+  std::unique_ptr<Report> report_;   // set by Finish()
   struct FaultState {
     bool killed = false;
     bool restarted = false;

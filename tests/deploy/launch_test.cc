@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -46,13 +47,15 @@ using Clock = std::chrono::steady_clock;
 
 // Behaviour per process from FAKE_<name> or FAKE_DEFAULT:
 //   ok           prints, exits 0 FAKE_OK_DELAY s after all are ready, leaving its last line
-//                without a newline; worker0 writes eval.jsonl when FAKE_WRITE_EVAL is set
+//                without a newline; worker0 appends two rows to eval.jsonl when
+//                FAKE_WRITE_EVAL is set (best accuracy 0.8801 at epoch 4, final 0.8712 at 5)
 //   fail3        prints, exits 3 0.2 s after all are ready
 //   hang         runs until SIGTERM, then says so and exits 0
 //   ignore_term  ignores SIGTERM; only SIGKILL ends it
-// Each fake records its arguments (one a line) and its PID in $FAKE_DIR, and a .ready
-// marker once its greeting is printed; ok and fail3 wait (up to 5 s) until all FAKE_COUNT
-// (default 4) fakes are ready, so no fake is stopped before it has set itself up.
+// Each fake records its arguments (one a line), its PARASYNC_LOG_PREFIXED ("unset" when
+// absent) and its PID in $FAKE_DIR, and a .ready marker once its greeting is printed; ok
+// and fail3 wait (up to 5 s) until all FAKE_COUNT (default 4) fakes are ready, so no fake
+// is stopped before it has set itself up.
 constexpr const char* kFakeScript = R"(#!/bin/sh
 role=ps
 case "$0" in *parasync-worker) role=worker ;; esac
@@ -71,10 +74,16 @@ case "$behaviour" in
   ignore_term) trap '' TERM ;;
 esac
 printf '%s\n' "$@" > "$FAKE_DIR/$name.args"
-# What a real process writes at exit (written at start here: the launcher reads it after).
+printf '%s\n' "${PARASYNC_LOG_PREFIXED-unset}" > "$FAKE_DIR/$name.env"
+# What a real process writes at exit (written at start here: the launcher reads it after);
+# worker i counts 1000 * (i + 1) examples.
 eval "no_prom=\${FAKE_NO_PROM_$name:-\${FAKE_NO_PROM:-}}"
 if [ -n "$log_dir" ] && [ -z "$no_prom" ]; then
   printf 'fake_final{name="%s"} 42\n' "$name" > "$log_dir/metrics-$name.prom"
+  if [ "$role" = worker ]; then
+    printf 'parasync_worker_examples_total{rank="%s",role="worker"} %s\n' "$index" \
+      $((1000 * (index + 1))) >> "$log_dir/metrics-$name.prom"
+  fi
 fi
 echo $$ > "$FAKE_DIR/$name.pid.tmp" && mv "$FAKE_DIR/$name.pid.tmp" "$FAKE_DIR/$name.pid"
 echo "hello from $name"
@@ -95,8 +104,10 @@ case "$behaviour" in
   ok)
     sleep "${FAKE_OK_DELAY:-0.3}"
     if [ "$name" = worker0 ] && [ -n "$FAKE_WRITE_EVAL" ]; then
-      echo '{"epoch": 4, "test_accuracy": 0.85, "wall_s": 99.0}' > "$log_dir/eval.jsonl"
-      echo '{"epoch": 5, "test_accuracy": 0.8712, "wall_s": 123.4}' >> "$log_dir/eval.jsonl"
+      echo '{"epoch": 4, "test_accuracy": 0.8801, "examples": 48000, "wall_s": 99.0}' \
+        >> "$log_dir/eval.jsonl"
+      echo '{"epoch": 5, "test_accuracy": 0.8712, "examples": 60000, "wall_s": 123.4}' \
+        >> "$log_dir/eval.jsonl"
     fi
     printf 'last words of %s' "$name"
     exit 0 ;;
@@ -109,6 +120,7 @@ esac
 // still alive, and then, by FAKE_EXPORT, writes the --out file (ok, the default) or exits 4.
 constexpr const char* kFakeExportScript = R"sh(#!/bin/sh
 printf '%s\n' "$@" > "$FAKE_DIR/export.args"
+printf '%s\n' "${PARASYNC_LOG_PREFIXED-unset}" > "$FAKE_DIR/export.env"
 alive() {
   n=0
   for f in "$FAKE_DIR"/$1*.pid; do
@@ -164,7 +176,10 @@ class LauncherProcess {
     args.insert(args.begin(), LauncherPath());
     std::vector<std::string> environment;
     for (char** entry = environ; *entry != nullptr; ++entry) {
-      if (std::strncmp(*entry, "FAKE_", 5) != 0) environment.emplace_back(*entry);
+      const std::string_view text(*entry);
+      const std::string key(text.substr(0, text.find('=')));
+      if (key.rfind("FAKE_", 0) == 0 || env.count(key) > 0) continue;  // ours, or given anew
+      environment.emplace_back(text);
     }
     for (const auto& [key, value] : env) environment.push_back(key + "=" + value);
     std::vector<char*> argv;
@@ -231,6 +246,50 @@ class LauncherProcess {
   Clock::time_point start_;
   double seconds_ = 0;
 };
+
+// The launcher's own lines of `out` ("[launch HH:MM:SS.mmm] text"), as their text. Lines
+// that begin "[launch" without such a timestamp come back whole, so no check can miss them.
+std::vector<std::string> LauncherMessages(const std::string& out) {
+  static const std::regex kStamped(R"(^\[launch \d\d:\d\d:\d\d\.\d\d\d\] (.*)$)");
+  std::vector<std::string> messages;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("[launch", 0) != 0) continue;
+    std::smatch match;
+    messages.push_back(std::regex_match(line, match, kStamped) ? match[1].str() : line);
+  }
+  return messages;
+}
+
+// Every line of the launcher's output is a process's ("[ps0] ...") or the launcher's own,
+// with the time of day.
+void ExpectEveryLauncherLineTimestamped(const std::string& out) {
+  static const std::regex kStamped(R"(^\[launch \d\d:\d\d:\d\d\.\d\d\d\] \S.*$)");
+  static const std::regex kForwarded(R"(^\[(ps|worker)\d+\] .*|^\[export\] .*)");
+  std::istringstream lines(out);
+  int stamped = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (std::regex_match(line, kStamped)) {
+      ++stamped;
+    } else {
+      EXPECT_TRUE(std::regex_match(line, kForwarded)) << "a line without a timestamp: " << line;
+    }
+  }
+  EXPECT_GE(stamped, 8) << out;  // starting, one per process, the end and the final lines
+}
+
+// <log_dir>/summary.json, or null when it is missing or not JSON.
+nlohmann::json ReadSummary(const std::string& log_dir) {
+  return nlohmann::json::parse(ReadFile(log_dir + "/summary.json"), nullptr, false);
+}
+
+// The entry of summary.json's "processes" named `name` (null if none).
+nlohmann::json SummaryProcess(const nlohmann::json& summary, const std::string& name) {
+  for (const nlohmann::json& process : summary["processes"]) {
+    if (process["name"] == name) return process;
+  }
+  return nullptr;
+}
 
 class LaunchTest : public ::testing::Test {
  protected:
@@ -498,6 +557,14 @@ TEST(LaunchPlanTest, CurveDirGivesEveryProcessItsKeys) {
   EXPECT_THAT(plan->exporter->argv, ::testing::IsSupersetOf({"/k/export.key", "/k/ps.pub"}));
 }
 
+TEST(LaunchPlanTest, RemoteProcessesAreToldTheirLinesArePrefixed) {
+  // The launcher prefixes a remote process's lines as a local one's: the process runs with
+  // PARASYNC_LOG_PREFIXED=1 on its host.
+  EXPECT_THAT(RemoteCommand({"/opt/bin/parasync-ps", "--task-index", "0"}, 10.0),
+              HasSubstr("; PARASYNC_LOG_PREFIXED=1 /opt/bin/parasync-ps --task-index 0 "
+                        "</dev/null"));
+}
+
 TEST(EnsureCurveKeysTest, MakesWhatIsMissingAndKeepsWhatExists) {
   char tmpl[] = "/tmp/parasync-keys-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -702,6 +769,154 @@ TEST_F(LaunchTest, ChiefFinishingStopsOthersAndExitsZero) {
   // Workers are stopped before the PS processes.
   ASSERT_THAT(out, HasSubstr("[ps0] ps0 got SIGTERM\n"));
   EXPECT_LT(out.find("worker1 got SIGTERM"), out.find("ps0 got SIGTERM"));
+  ExpectEveryLauncherLineTimestamped(out);
+}
+
+TEST_F(LaunchTest, SummaryJsonTellsTheConfigurationFiguresAndEveryProcessExit) {
+  // An earlier run's row in the same directory is no part of this run's figures.
+  std::filesystem::create_directories(log_dir_);
+  std::ofstream(log_dir_ + "/eval.jsonl")
+      << R"({"epoch": 9, "test_accuracy": 0.99, "examples": 7, "wall_s": 1.0})" << "\n";
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--mode", "sync", "--epochs", "3", "--model", "cnn"});
+  // Set to something else here: every child must see "1" all the same.
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"},
+                                {"FAKE_WRITE_EVAL", "1"},
+                                {"PARASYNC_LOG_PREFIXED", "0"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitOk) << launcher->out();
+  ExpectAllFakesGone(4);
+
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  ASSERT_TRUE(summary.is_object()) << ReadFile(log_dir_ + "/summary.json");
+  EXPECT_FALSE(std::filesystem::exists(log_dir_ + "/summary.json.tmp"));
+  EXPECT_EQ(summary["outcome"], "succeeded");
+  EXPECT_EQ(summary["exit_code"], 0);
+  EXPECT_TRUE(summary["reason"].is_null());
+  std::vector<std::string> command_line = args;
+  command_line.insert(command_line.begin(), LauncherPath());
+  // The dataset as given (BaseArgs may name one).
+  nlohmann::json dataset = nullptr;
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--data" || args[i] == "--dataset") dataset = args[i + 1];
+  }
+  const nlohmann::json expected_config = {
+      {"mode", "sync"}, {"ps", 2},          {"workers", 2},         {"epochs", 3},
+      {"model", "cnn"}, {"dataset", dataset}, {"host", "127.0.0.1"}, {"log_dir", log_dir_},
+      {"command_line", command_line}};
+  EXPECT_EQ(summary["config"], expected_config) << summary["config"].dump();
+
+  const std::regex iso(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d)");
+  EXPECT_TRUE(std::regex_match(summary["start_time"].get<std::string>(), iso)) << summary;
+  EXPECT_TRUE(std::regex_match(summary["end_time"].get<std::string>(), iso)) << summary;
+  EXPECT_LE(summary["start_time"].get<std::string>(), summary["end_time"].get<std::string>());
+  const double wall = summary["wall_seconds"].get<double>();
+  EXPECT_GT(wall, 0.0);
+  EXPECT_LE(wall, launcher->seconds()) << "longer than the launcher's whole life";
+
+  // Examples from the workers' final snapshots (1000 + 2000), over the run's wall time.
+  EXPECT_EQ(summary["examples"], 3000);
+  EXPECT_EQ(summary["examples_source"], "worker_snapshots");
+  EXPECT_NEAR(summary["examples_per_second"].get<double>(), 3000.0 / wall,
+              0.01 * 3000.0 / wall);
+  // This run's two rows only: the best is not the earlier run's 0.99.
+  EXPECT_EQ(summary["eval_rows"], 2);
+  EXPECT_EQ(summary["final"], nlohmann::json::parse(R"({"epoch": 5, "test_accuracy": 0.8712,
+                                                         "examples": 60000, "wall_s": 123.4})"));
+  EXPECT_EQ(summary["best"], nlohmann::json::parse(R"({"epoch": 4, "test_accuracy": 0.8801,
+                                                        "examples": 48000, "wall_s": 99.0})"));
+
+  ASSERT_EQ(summary["processes"].size(), 4u) << summary["processes"];
+  for (const char* name : {"ps0", "ps1", "worker0", "worker1"}) {
+    const nlohmann::json process = SummaryProcess(summary, name);
+    ASSERT_TRUE(process.is_object()) << name;
+    EXPECT_EQ(std::to_string(process["pid"].get<int>()) + "\n",
+              ReadFile(fake_dir_ + "/" + name + ".pid"))
+        << name;
+    EXPECT_EQ(process["exit_status"], 0) << name;
+    EXPECT_TRUE(process["signal"].is_null()) << name;
+    EXPECT_EQ(process["killed_by_launcher"], false) << name;
+    EXPECT_EQ(process["log"], log_dir_ + "/" + name + ".log");
+    // The chief finished by itself; the launcher stopped the rest with SIGTERM.
+    if (std::string(name) == "worker0") {
+      EXPECT_TRUE(process["launcher_signal"].is_null());
+    } else {
+      EXPECT_EQ(process["launcher_signal"], "SIGTERM") << name;
+    }
+    EXPECT_EQ(ReadFile(fake_dir_ + "/" + name + ".env"), "1\n")
+        << name << " was not told PARASYNC_LOG_PREFIXED=1";
+  }
+  EXPECT_EQ(SummaryProcess(summary, "ps1")["role"], "ps");
+  EXPECT_EQ(SummaryProcess(summary, "worker1")["role"], "worker");
+
+  const std::string out = launcher->out();
+  const std::vector<std::string> messages = LauncherMessages(out);
+  EXPECT_THAT(messages,
+              ::testing::Contains(::testing::MatchesRegex(
+                  R"(final test accuracy 0\.8712 after epoch 5 \(123\.4 s\), best 0\.8801 )"
+                  R"(after epoch 4; run wall time [0-9]+\.[0-9] s, 3000 examples, )"
+                  R"([0-9]+ examples/sec)")))
+      << out;
+  EXPECT_THAT(messages, ::testing::Contains("evaluation log: " + log_dir_ + "/eval.jsonl"));
+  EXPECT_THAT(messages, ::testing::Contains("run summary: " + log_dir_ +
+                                            "/summary.json (fields: docs/run-summary.md)"));
+  ExpectEveryLauncherLineTimestamped(out);
+}
+
+TEST_F(LaunchTest, SummaryJsonOfAFailedRunNamesTheFailureAndHowEachProcessEnded) {
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--grace-seconds", "0.2"});
+  // worker1 ignores SIGTERM and leaves no metrics snapshot (as when killed), and no
+  // evaluation is written: no examples can be counted.
+  auto launcher = Launch(args, {{"FAKE_ps1", "fail3"},
+                                {"FAKE_worker1", "ignore_term"},
+                                {"FAKE_NO_PROM_worker1", "1"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitFailed) << launcher->out();
+  ExpectAllFakesGone(4);
+
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  ASSERT_TRUE(summary.is_object()) << ReadFile(log_dir_ + "/summary.json");
+  EXPECT_EQ(summary["outcome"], "failed");
+  EXPECT_EQ(summary["exit_code"], kExitFailed);
+  EXPECT_THAT(summary["reason"].get<std::string>(),
+              ::testing::StartsWith("ps1 (pid " + ReadLines(fake_dir_ + "/ps1.pid")[0] +
+                                    ") failed with exit status 3"));
+  EXPECT_GT(summary["wall_seconds"].get<double>(), 0.2) << "the grace period is in it";
+  EXPECT_LE(summary["wall_seconds"].get<double>(), launcher->seconds());
+  EXPECT_EQ(summary["eval_rows"], 0);
+  EXPECT_TRUE(summary["final"].is_null());
+  EXPECT_TRUE(summary["best"].is_null());
+  EXPECT_TRUE(summary["examples"].is_null());
+  EXPECT_TRUE(summary["examples_source"].is_null());
+  EXPECT_TRUE(summary["examples_per_second"].is_null());
+
+  const nlohmann::json ps1 = SummaryProcess(summary, "ps1");
+  EXPECT_EQ(ps1["exit_status"], 3);
+  EXPECT_TRUE(ps1["signal"].is_null());
+  EXPECT_TRUE(ps1["launcher_signal"].is_null());
+  EXPECT_EQ(ps1["killed_by_launcher"], false);
+  const nlohmann::json worker1 = SummaryProcess(summary, "worker1");
+  EXPECT_TRUE(worker1["exit_status"].is_null());
+  EXPECT_EQ(worker1["signal"], "SIGKILL");
+  EXPECT_EQ(worker1["launcher_signal"], "SIGKILL");
+  EXPECT_EQ(worker1["killed_by_launcher"], true);
+  for (const char* name : {"ps0", "worker0"}) {  // stopped politely, exited 0
+    const nlohmann::json process = SummaryProcess(summary, name);
+    EXPECT_EQ(process["exit_status"], 0) << name;
+    EXPECT_EQ(process["launcher_signal"], "SIGTERM") << name;
+    EXPECT_EQ(process["killed_by_launcher"], false) << name;
+  }
+
+  // Only what exists is pointed at: no evaluation log.
+  const std::string out = launcher->out();
+  const std::vector<std::string> messages = LauncherMessages(out);
+  EXPECT_THAT(messages, ::testing::Contains("no " + log_dir_ +
+                                            "/eval.jsonl (the chief writes it after each "
+                                            "evaluation)"));
+  EXPECT_THAT(messages,
+              ::testing::Contains(::testing::MatchesRegex(R"(run wall time [0-9]+\.[0-9] s)")));
+  EXPECT_THAT(out, Not(HasSubstr("evaluation log:")));
+  EXPECT_FALSE(std::filesystem::exists(log_dir_ + "/eval.jsonl"));
+  ExpectEveryLauncherLineTimestamped(out);
 }
 
 TEST_F(LaunchTest, KillInjectsFaultsRestartsWhenAskedAndTheRunStillSucceeds) {
@@ -728,6 +943,62 @@ TEST_F(LaunchTest, KillInjectsFaultsRestartsWhenAskedAndTheRunStillSucceeds) {
   const auto cluster = nlohmann::json::parse(ReadFile(log_dir_ + "/cluster.json"));
   EXPECT_EQ(std::to_string(cluster["processes"][1]["pid"].get<int>()) + "\n", second_ps1);
   ExpectAllFakesGone(4);
+
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  ASSERT_TRUE(summary.is_object()) << ReadFile(log_dir_ + "/summary.json");
+  EXPECT_EQ(summary["outcome"], "succeeded");
+  const nlohmann::json ps1 = SummaryProcess(summary, "ps1");
+  EXPECT_EQ(ps1["restarts"], 1);
+  EXPECT_EQ(ps1["fault_injection"], false);
+  EXPECT_EQ(std::to_string(ps1["pid"].get<int>()) + "\n", second_ps1);
+  EXPECT_EQ(ps1["exit_status"], 0);
+  const nlohmann::json worker1 = SummaryProcess(summary, "worker1");
+  EXPECT_EQ(worker1["fault_injection"], true);
+  EXPECT_EQ(worker1["signal"], "SIGKILL");
+  EXPECT_EQ(worker1["killed_by_launcher"], true);
+  EXPECT_EQ(worker1["restarts"], 0);
+  // A killed worker's count is lost, and no evaluation was written: no examples figure.
+  EXPECT_TRUE(summary["examples"].is_null()) << summary["examples"];
+}
+
+TEST_F(LaunchTest, AStartThatFailsLeavesASummarySayingWhy) {
+  // ps1's log file cannot be opened: the launcher fails before it starts any process.
+  std::filesystem::create_directories(log_dir_ + "/ps1.log");
+  auto launcher = Launch(BaseArgs(), {});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitFailed) << launcher->err();
+  EXPECT_TRUE(RecordedPids().empty());
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  ASSERT_TRUE(summary.is_object()) << ReadFile(log_dir_ + "/summary.json");
+  EXPECT_EQ(summary["outcome"], "failed");
+  EXPECT_EQ(summary["exit_code"], kExitFailed);
+  EXPECT_THAT(summary["reason"].get<std::string>(),
+              HasSubstr("cannot open " + log_dir_ + "/ps1.log"));
+  ASSERT_EQ(summary["processes"].size(), 4u);
+  for (const nlohmann::json& process : summary["processes"]) {
+    EXPECT_TRUE(process["pid"].is_null()) << process;
+    EXPECT_TRUE(process["exit_status"].is_null()) << process;
+  }
+}
+
+TEST_F(LaunchTest, ABareSshCommandIsFoundInThePath) {
+  // As the default "ssh -o ...": a name, not a path. The fake runs the command here, without
+  // the environment the launcher gave it (ssh passes none on).
+  const std::string path_dir = root_ + "/path";
+  std::filesystem::create_directories(path_dir);
+  std::ofstream(path_dir + "/fake-ssh")
+      << "#!/bin/sh\nshift\nexec env -u PARASYNC_LOG_PREFIXED /bin/sh -c \"$1\"\n";
+  ASSERT_EQ(chmod((path_dir + "/fake-ssh").c_str(), 0755), 0);
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(),
+              {"--ps", "127.0.0.2:1", "-H", "127.0.0.3:1", "--ssh-command", "fake-ssh"});
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"},
+                                {"FAKE_COUNT", "2"},
+                                {"PATH", path_dir + ":" + std::getenv("PATH")}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitOk) << launcher->out();
+  EXPECT_THAT(launcher->out(), HasSubstr("[127.0.0.3 worker0] hello from worker0\n"));
+  // Told through the remote command line, not the ssh client's environment.
+  EXPECT_EQ(ReadFile(fake_dir_ + "/ps0.env"), "1\n");
+  ExpectAllFakesGone(2);
 }
 
 TEST_F(LaunchTest, BadKillOrRankArgExitsTwoWithOneLine) {
@@ -918,12 +1189,13 @@ TEST_F(LaunchTest, ExportRunsAfterTheWorkersStopAndBeforeTheServersStop) {
   const std::string out = launcher->out();
   EXPECT_THAT(out, HasSubstr("[export] export sees 2 ps and 0 workers alive\n"));
   EXPECT_THAT(out, HasSubstr("[export] wrote " + model + "\n"));
-  EXPECT_THAT(out, HasSubstr("[launch] model: " + model));
+  EXPECT_THAT(LauncherMessages(out), ::testing::Contains(HasSubstr("model: " + model)));
   EXPECT_THAT(out, HasSubstr("parasync-worker --eval-only --model-file " + model));
   EXPECT_LT(out.find("worker1 got SIGTERM"), out.find("[export] export sees"));
   ASSERT_THAT(out, HasSubstr("[ps0] ps0 got SIGTERM\n"));
   EXPECT_LT(out.find("[export] wrote"), out.find("ps0 got SIGTERM"));
   EXPECT_EQ(ReadFile(model), "model\n");
+  EXPECT_EQ(ReadFile(fake_dir_ + "/export.env"), "1\n");
   EXPECT_THAT(ReadFile(log_dir_ + "/export.log"), HasSubstr("wrote " + model));
   const std::vector<std::string> ps0 = ReadLines(fake_dir_ + "/ps0.args");
   ASSERT_GE(ps0.size(), 2u);
@@ -1013,6 +1285,16 @@ TEST_F(LaunchTest, SigintStopsEverythingAndExits130) {
   ExpectAllFakesGone(4);
   EXPECT_THAT(launcher->out(), HasSubstr("got SIGINT"));
   EXPECT_THAT(launcher->out(), HasSubstr("[worker0] worker0 got SIGTERM"));
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  ASSERT_TRUE(summary.is_object()) << ReadFile(log_dir_ + "/summary.json");
+  EXPECT_EQ(summary["outcome"], "interrupted");
+  EXPECT_EQ(summary["exit_code"], kExitInterrupted);
+  EXPECT_EQ(summary["reason"], "got SIGINT");
+  ASSERT_EQ(summary["processes"].size(), 4u);
+  for (const nlohmann::json& process : summary["processes"]) {
+    EXPECT_EQ(process["launcher_signal"], "SIGTERM") << process;
+    EXPECT_EQ(process["exit_status"], 0) << process;
+  }
 }
 
 TEST_F(LaunchTest, ChildrenDieWithAKilledLauncher) {

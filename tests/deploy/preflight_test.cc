@@ -160,7 +160,8 @@ TEST_F(PreflightTest, DryRunPrintsEveryCommandWithItsHostAndLocalRank) {
   EXPECT_EQ(code, 0) << out;
   const auto lines = testing::ReadLines(dir_.path() + "/out");
   ASSERT_EQ(lines.size(), 4u) << out;
-  EXPECT_THAT(lines[0], HasSubstr("ps0 on n1: " + ssh_ + " n1 'exec 3<&0; /REMOTE/parasync-ps "
+  EXPECT_THAT(lines[0], HasSubstr("ps0 on n1: " + ssh_ +
+                                  " n1 'exec 3<&0; PARASYNC_LOG_PREFIXED=1 /REMOTE/parasync-ps "
                                   "--ps-hosts n1:29500 --worker-hosts n1:29501,n1:29502,n2:29500"));
   EXPECT_THAT(lines[3], HasSubstr("worker2 on n2: " + ssh_ + " n2 "));
   EXPECT_THAT(lines[3], HasSubstr("--local-rank 0"));  // the first worker on n2

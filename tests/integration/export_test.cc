@@ -84,7 +84,8 @@ TEST(ExportTest, ExportThenEvalOnlyReproducesTheChiefsLastAccuracyExactly) {
   ASSERT_EQ(ExitCode(*status), 0) << printed;
   EXPECT_NE(printed.find("[export] parasync-export: wrote " + model), std::string::npos)
       << printed;
-  EXPECT_NE(printed.find("[launch] model: " + model), std::string::npos) << printed;
+  // The launcher's line: "[launch HH:MM:SS.mmm] model: ..." (the [export] lines differ).
+  EXPECT_NE(printed.find("] model: " + model + " (evaluate it"), std::string::npos) << printed;
 
   const auto last =
       nlohmann::json::parse(testing::ReadLines(dir.path() + "/run/eval.jsonl").back());
