@@ -563,7 +563,8 @@ TEST(DataDirTest, StoreOnAFullDiskIsRefusedWithOneLineAndNoAbort) {
   const std::string store = dir.path() + "/store";
   ASSERT_NO_FATAL_FAILURE(WriteStoppedStore(dir, store));
   const PsRun run = RunPs(dir, store, 0, 1, {"PARASYNC_STORAGE_FAULTS=space_left_bytes=0"});
-  EXPECT_EQ(run.exit_code, 2) << run.output;
+  // Exit 1, not 2: freeing the disk is enough, so a supervisor's restart may succeed.
+  EXPECT_EQ(run.exit_code, 1) << run.output;
   // The fault injection's warning, then the one line of the refusal.
   const auto lines = NonEmptyLines(run.output);
   ASSERT_EQ(lines.size(), 2u) << run.output;
