@@ -648,7 +648,7 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
         argv.insert(argv.end(), {"--worker-timeout", *options.worker_timeout});
       }
       if (!options.ps_data_dir.empty()) {
-        argv.insert(argv.end(), {"--data-dir", options.ps_data_dir + "/" + spec.name});
+        argv.insert(argv.end(), {"--state-dir", options.ps_data_dir + "/" + spec.name});
       }
       argv.insert(argv.end(), options.ps_args.begin(), options.ps_args.end());
     } else {
@@ -658,7 +658,7 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
       for (size_t other = num_ps; other < slot; ++other) local_rank += hosts[other] == spec.host;
       argv.insert(argv.end(), {"--local-rank", std::to_string(local_rank), "--epochs",
                                std::to_string(options.epochs)});
-      if (!options.data_dir.empty()) argv.insert(argv.end(), {"--data", options.data_dir});
+      if (!options.data_dir.empty()) argv.insert(argv.end(), {"--dataset", options.data_dir});
       const std::pair<const char*, const std::optional<std::string>*> training[] = {
           {"--batch-size", &options.batch_size}, {"--lr", &options.lr},
           {"--optimizer", &options.optimizer},   {"--lr-schedule", &options.lr_schedule},

@@ -440,7 +440,7 @@ TEST(LaunchPlanTest, BuildsCommandLinesForEveryProcess) {
                           "127.0.0.1:6000,127.0.0.1:6001", "--task-index", "0", "--mode", "sync",
                           "--metrics-port", "7002", "--metrics-bind", "127.0.0.1", "--log-dir",
                           "/logs", "--local-rank", "0", "--epochs", "3",
-                          "--data", "/data", "--lr", "0.1", "--device=cpu"));
+                          "--dataset", "/data", "--lr", "0.1", "--device=cpu"));
 }
 
 TEST(LaunchPlanTest, ModeSettingsGoToTheParameterServersOnly) {
@@ -506,17 +506,17 @@ TEST(LaunchPlanTest, DataDirGivesEveryParameterServerItsOwnDirectory) {
   const Result<LaunchPlan> plan =
       BuildPlan(options, "/b", "/l", {5000, 5001, 6000, 6001, 7000, 7001, 7002, 7003});
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  EXPECT_THAT(plan->processes[0].argv, ::testing::IsSupersetOf({"--data-dir", "/state/ps0"}));
-  EXPECT_THAT(plan->processes[1].argv, ::testing::IsSupersetOf({"--data-dir", "/state/ps1"}));
+  EXPECT_THAT(plan->processes[0].argv, ::testing::IsSupersetOf({"--state-dir", "/state/ps0"}));
+  EXPECT_THAT(plan->processes[1].argv, ::testing::IsSupersetOf({"--state-dir", "/state/ps1"}));
   EXPECT_THAT(plan->processes[1].argv, Not(::testing::Contains("/state/ps0")));
   for (size_t worker = 2; worker < 4; ++worker) {
-    EXPECT_THAT(plan->processes[worker].argv, Not(::testing::Contains("--data-dir")));
+    EXPECT_THAT(plan->processes[worker].argv, Not(::testing::Contains("--state-dir")));
   }
   options.ps_data_dir.clear();
   const Result<LaunchPlan> without =
       BuildPlan(options, "/b", "/l", {5000, 5001, 6000, 6001, 7000, 7001, 7002, 7003});
   ASSERT_TRUE(without.ok());
-  EXPECT_THAT(without->processes[0].argv, Not(::testing::Contains("--data-dir")));
+  EXPECT_THAT(without->processes[0].argv, Not(::testing::Contains("--state-dir")));
 }
 
 TEST(LaunchPlanTest, RankArgsGoToTheirWorkerOnlyAfterTheSharedOnes) {
@@ -1062,7 +1062,7 @@ TEST_F(LaunchTest, PassesClusterSpecPortsAndFlags) {
               ElementsAre("--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts, "--task-index",
                           "1", "--mode", "ssp:3", "--metrics-port", ::testing::_,
                           "--metrics-bind", "127.0.0.1", "--log-dir", log_dir_, "--local-rank", "1",
-                          "--epochs", "7", "--data", data_dir_, "--batch-size",
+                          "--epochs", "7", "--dataset", data_dir_, "--batch-size",
                           "32", "--lr", "0.05", "--seed", "0", "--device=cpu"));
 
   // Every service and metrics port is distinct, and cluster.json agrees with the fakes.
