@@ -16,6 +16,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      std::printf(
+          "%s: replays fuzz inputs through the PS message fuzz target once each (a developer "
+          "tool; docs/fuzzing.md)\n\nUsage: %s FILE|DIR...\n\nEvery file named, and every "
+          "file in a directory named (sorted), is run once; a finding aborts.\nExit status: "
+          "0 when every input ran, 2 for a path that is no file or directory.\n",
+          argv[0], argv[0]);
+      return 0;
+    }
+  }
   LLVMFuzzerInitialize(&argc, &argv);
   std::vector<fs::path> files;
   for (int i = 1; i < argc; ++i) {
