@@ -954,6 +954,49 @@ class ModeServerTest : public ::testing::Test {
 // How long a pull that must wait is watched for an early answer.
 constexpr milliseconds kStillParked{200};
 
+// A worker's data position (for resuming) comes back at Register once its gradient counts:
+// at once in async mode, in sync mode only when the step it went into is applied.
+TEST_F(ModeServerTest, ARanksDataPositionIsToldAtRegisterOnceItsGradientCounts) {
+  ASSERT_TRUE(Start(ModeOptions("sync", 2)));
+  const ModelRegistration reg = ModeModel("sync");
+  std::unique_ptr<PsClient> w0 = Worker(0, reg);
+  std::unique_ptr<PsClient> w1 = Worker(1, reg);
+  ASSERT_TRUE(w0 && w1);
+  EXPECT_TRUE(w0->recorded_progress().empty());
+  std::vector<std::vector<float>> g0 = GradientsOfRank(reg, 0);
+  std::vector<std::vector<float>> g1 = GradientsOfRank(reg, 1);
+  w0->set_progress({1, 4, 12});
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g0), 4).ok());
+  // Aggregated, not applied: a restarted rank 0 would train that batch again.
+  std::unique_ptr<PsClient> again = Worker(0, reg);
+  ASSERT_NE(again, nullptr);
+  EXPECT_TRUE(again->recorded_progress().empty());
+  w1->set_progress({1, 4, 12});
+  ASSERT_TRUE(w1->Push(Pointers<const float>(g1), 4).ok());
+  ASSERT_EQ(StatsOf(*w1).version, 1);  // the step is applied before the push is answered
+  again = Worker(0, reg);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->recorded_progress(), (DataProgress{1, 4, 12}));
+
+  // A position that is no position in a data shard is refused as malformed.
+  w1->set_progress({1, 13, 12});
+  EXPECT_EQ(w1->Push(Pointers<const float>(g1), 4).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(server_->Rejected(RejectReason::kMalformed), 1.0);
+}
+
+TEST_F(ModeServerTest, AnAsyncPushsDataPositionIsToldAtRegisterAtOnce) {
+  ASSERT_TRUE(Start(ModeOptions("async", 1)));
+  const ModelRegistration reg = ModeModel("async");
+  std::unique_ptr<PsClient> w0 = Worker(0, reg);
+  ASSERT_NE(w0, nullptr);
+  w0->set_progress({3, 12, 12});
+  std::vector<std::vector<float>> g = GradientsOfRank(reg, 0);
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g), 4).ok());
+  std::unique_ptr<PsClient> again = Worker(0, reg);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->recorded_progress(), (DataProgress{3, 12, 12}));
+}
+
 TEST_F(ModeServerTest, SyncPullWaitsForEveryRankThenSeesTheMeanGradient) {
   ASSERT_TRUE(Start(ModeOptions("sync", 2)));
   const ModelRegistration reg = ModeModel("sync");
