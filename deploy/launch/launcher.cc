@@ -10,6 +10,7 @@
 #include "common/preflight.h"
 #include "common/version.h"
 #include "deploy/launch/snapshot_server.h"
+#include "deploy/launch/spawn.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -850,35 +851,15 @@ std::vector<std::string> Launcher::Preflight(double timeout_seconds) {
       command.push_back(child.spec.host);
       command.push_back(ShellJoin(argv));
     }
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) {
-      problems.push_back(std::string("pipe2: ") + std::strerror(errno));
-      break;
-    }
-    std::vector<char*> args;
-    for (std::string& a : command) args.push_back(a.data());
-    args.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const int null_fd = open("/dev/null", O_RDONLY);
-      if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
-      dup2(fds[1], STDOUT_FILENO);
-      dup2(fds[1], STDERR_FILENO);
-      execvp(args[0], args.data());
-      const std::string failed = "cannot execute " + command[0] + "\n";
-      [[maybe_unused]] ssize_t n = write(STDERR_FILENO, failed.data(), failed.size());
-      _exit(127);
-    }
-    close(fds[1]);
-    if (pid < 0) {
-      close(fds[0]);
-      problems.push_back("fork: " + std::string(std::strerror(errno)));
+    Result<OutputPipe> started = StartWithOutputPipe(command);
+    if (!started.ok()) {
+      problems.push_back(started.status().message());
       break;
     }
     Probe probe;
     probe.spec = &child.spec;
-    probe.pid = pid;
-    probe.fd = fds[0];
+    probe.pid = started->pid;
+    probe.fd = started->fd;
     probes.push_back(std::move(probe));
   }
   // Collect every answer, all probes at once, until the deadline.

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "common/preflight.h"
+#include "deploy/launch/spawn.h"
 #include "worker/data/dataset.h"
 
 namespace parasync::launch {
@@ -28,40 +29,24 @@ bool RunsHere(const ProcessSpec& spec) { return !spec.remote; }
 // Runs `argv` with stdout and stderr into a pipe; returns what it printed, or why it could
 // not run. Kills it after `timeout_ms`.
 std::string RunCapture(const std::vector<std::string>& argv, int timeout_ms) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return "check problem cannot make a pipe";
-  std::vector<char*> args;
-  std::vector<std::string> copy = argv;
-  for (std::string& a : copy) args.push_back(a.data());
-  args.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int null_fd = open("/dev/null", O_RDONLY);
-    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
-    dup2(fds[1], STDOUT_FILENO);
-    dup2(fds[1], STDERR_FILENO);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  if (pid < 0) {
-    close(fds[0]);
-    return "check problem cannot fork";
-  }
+  Result<OutputPipe> started = StartWithOutputPipe(argv);
+  if (!started.ok()) return "check problem " + started.status().message();
+  const int fd = started->fd;
+  const pid_t pid = started->pid;
   std::string output;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) break;
-    pollfd p{fds[0], POLLIN, 0};
+    pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
     char buffer[4096];
-    const ssize_t n = read(fds[0], buffer, sizeof(buffer));
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
     if (n <= 0) break;
     output.append(buffer, static_cast<size_t>(n));
   }
-  close(fds[0]);
+  close(fd);
   kill(pid, SIGKILL);  // a no-op for one that has exited (it is still ours until reaped)
   int status = 0;
   waitpid(pid, &status, 0);
