@@ -205,6 +205,9 @@ int main(int argc, char** argv) {
                            value + "'";
                   },
                   std::string()));
+  AddOptional(training, "--log-every", "SECONDS", options.log_every,
+              "Each worker logs a progress line within its epochs at most this often",
+              NumberValidator(false));
   training.add_flag("--checkpoint-each-epoch", options.checkpoint_each_epoch,
                     "Passed to workers: checkpoint the model after every epoch");
 

@@ -665,7 +665,7 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
           {"--optimizer", &options.optimizer},   {"--lr-schedule", &options.lr_schedule},
           {"--model", &options.model},
           {"--seed", &options.seed},             {"--max-steps", &options.max_steps},
-          {"--wire-dtype", &options.wire_dtype}};
+          {"--wire-dtype", &options.wire_dtype}, {"--log-every", &options.log_every}};
       for (const auto& [flag, value] : training) {
         if (value->has_value()) argv.insert(argv.end(), {flag, **value});
       }

@@ -1040,8 +1040,9 @@ TEST_F(LaunchTest, PassesClusterSpecPortsAndFlags) {
   std::vector<std::string> args = BaseArgs();
   // --data: the old name of --dataset, still accepted.
   args.insert(args.end(), {"--mode", "ssp:3", "--epochs", "7", "--data", data_dir_,
-                           "--batch-size", "32", "--lr", "0.05", "--seed", "0", "--ps-arg",
-                           "--ps-flag", "--ps-arg=--ps-extra=1", "--worker-arg=--device=cpu"});
+                           "--batch-size", "32", "--lr", "0.05", "--seed", "0", "--log-every",
+                           "2.5", "--ps-arg", "--ps-flag", "--ps-arg=--ps-extra=1",
+                           "--worker-arg=--device=cpu"});
   auto launcher = Launch(args, {{"FAKE_worker0", "ok"}});
   ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitOk) << launcher->out();
   ExpectAllFakesGone(4);
@@ -1063,7 +1064,8 @@ TEST_F(LaunchTest, PassesClusterSpecPortsAndFlags) {
                           "1", "--mode", "ssp:3", "--metrics-port", ::testing::_,
                           "--metrics-bind", "127.0.0.1", "--log-dir", log_dir_, "--local-rank", "1",
                           "--epochs", "7", "--dataset", data_dir_, "--batch-size",
-                          "32", "--lr", "0.05", "--seed", "0", "--device=cpu"));
+                          "32", "--lr", "0.05", "--seed", "0", "--log-every", "2.5",
+                          "--device=cpu"));
 
   // Every service and metrics port is distinct, and cluster.json agrees with the fakes.
   std::set<std::string> ports;
