@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <random>
 #include <regex>
@@ -137,12 +138,13 @@ TEST_P(ResumeTest, AClusterKilledMidEpochGoesOnFromWhereItStopped) {
   // The same run, killed whole (SIGKILL: launcher, servers, workers) in the middle of epoch 2.
   const std::string state = dir_.path() + "/state";
   const std::string log = dir_.path() + "/run";
+  int64_t killed_at = -1;
   {
     Child launcher = Child::Start(Command(state, log), dir_.path() + "/first.out");
     const bool mid_epoch = testing::WaitFor(
         [&] {
-          const int64_t done = ProgressInEpoch(log + "/worker0.log", 2);
-          return done > 0 && done < kShard / 2;
+          killed_at = ProgressInEpoch(log + "/worker0.log", 2);
+          return killed_at > 0 && killed_at < kShard / 2;
         },
         120s);
     ASSERT_TRUE(mid_epoch) << testing::ReadFile(dir_.path() + "/first.out");
@@ -171,6 +173,10 @@ TEST_P(ResumeTest, AClusterKilledMidEpochGoesOnFromWhereItStopped) {
   EXPECT_TRUE(again.find("resuming where the servers recorded rank 1: epoch") != std::string::npos)
       << again;
   const std::vector<EvalRow> rows = ReadEval(log + "/eval.jsonl");
+  std::printf("[ resume   ] killed at worker 0's example %lld of epoch 2; examples trained: "
+              "uninterrupted %lld, killed and resumed %lld\n",
+              static_cast<long long>(killed_at), static_cast<long long>(uninterrupted),
+              static_cast<long long>(rows.empty() ? -1 : rows.back().examples));
   EXPECT_EQ(Epochs(rows), all_epochs);  // epochs 0 and 1 are not evaluated again
   ASSERT_FALSE(rows.empty());
   // A SIGKILL can leave one server a push of a worker ahead of the other; that push is made
