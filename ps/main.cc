@@ -393,7 +393,7 @@ int main(int argc, char** argv) {
     if (!opened.ok()) {
       // Unavailable: the store is locked by another process (or the disk failed), which
       // may pass; anything else (a foreign directory, another shard's store, damage) stays.
-      const std::string& m = opened.status().message();
+      const std::string m = opened.status().message();  // status() is a copy
       return Fail("--state-dir " + (m.starts_with(state_dir) ? m : state_dir + ": " + m),
                   opened.status().code() == StatusCode::kUnavailable ? kExitRetryable
                                                                      : kExitBadUsage);
