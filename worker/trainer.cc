@@ -317,7 +317,8 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
       ++summary.steps;
       ++rank_step;
       summary.examples += static_cast<int64_t>(count);
-      if (o.log_every_seconds > 0 && Seconds(last_progress_line, Clock::now()) >= o.log_every_seconds) {
+      if (o.log_every_seconds > 0 &&
+          Seconds(last_progress_line, Clock::now()) >= o.log_every_seconds) {
         last_progress_line = Clock::now();
         const double so_far = Seconds(epoch_start, last_progress_line);
         spdlog::info("epoch {}/{}: {} of {} examples ({:.0f}%), {:.0f} examples/sec, train loss "

@@ -156,7 +156,8 @@ TEST_P(ResumeTest, AClusterKilledMidEpochGoesOnFromWhereItStopped) {
     ASSERT_TRUE(launcher.Wait(10s).has_value());
     ASSERT_TRUE(testing::WaitFor(
         [&] {
-          return std::none_of(pids.begin(), pids.end(), [](pid_t p) { return testing::ProcessAlive(p); });
+          return std::none_of(pids.begin(), pids.end(),
+                              [](pid_t p) { return testing::ProcessAlive(p); });
         },
         10s));
   }
