@@ -656,8 +656,9 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     if (options_.store != nullptr && options_.every_update) {
       std::vector<RankRecord> record;
       if (ranked && (req.seq != 0 || !req.progress.empty())) {
-        const DataProgress& was = progress_[static_cast<size_t>(req.rank)];
-        record.push_back({req.rank, req.seq, req.progress.empty() ? was : req.progress});
+        const auto r = static_cast<size_t>(req.rank);
+        record.push_back({req.rank, req.seq != 0 ? req.seq : last_seq_[r],
+                          req.progress.empty() ? progress_[r] : req.progress});
       }
       if (Status s = PersistUpdate(req.slices, std::move(record)); !s.ok()) {
         // Not durable, so not acknowledged (and rolled back): the seq is not recorded.
