@@ -2,6 +2,11 @@
 // the real client (worker/ps_client.h) against the same server.
 #include "ps/server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -1104,13 +1109,25 @@ TEST_F(ModeServerTest, AFailedPushLeavesNothingQueuedThatReadsTheFreedGradientsL
   // that queued push must never go out. The server that comes up later must see the next
   // request first.
   zmq::context_t server_context;
-  std::string endpoint;
-  {
-    // An ephemeral port, free again at once: nobody listens there while the client pushes.
-    auto probe = Socket::Bind(server_context, "tcp://127.0.0.1:*");
-    ASSERT_TRUE(probe.ok());
-    endpoint = (*probe)->LastEndpoint();
-  }
+  // A port held but not listened on while the client pushes: its connects are refused, and
+  // no other process can take the port meanwhile (a freed ephemeral port was once taken by
+  // a concurrent test's server, which answered the push). SO_REUSEADDR on both sides lets
+  // the server below bind it while it is still held (Linux refuses only a listener).
+  const int holder = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(holder, 0);
+  const int one = 1;
+  ASSERT_EQ(setsockopt(holder, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(getsockname(holder, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  struct CloseAtExit {
+    int fd;
+    ~CloseAtExit() { close(fd); }
+  } close_holder{holder};
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(ntohs(address.sin_port));
   PsClientOptions options;
   options.ps_addresses = {endpoint};
   options.rank = 0;
