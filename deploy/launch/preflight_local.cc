@@ -147,17 +147,8 @@ void CheckStateDirs(const LaunchOptions& options, const LaunchPlan& plan,
       continue;
     }
     if (fs::is_empty(dir, ec)) continue;
-    if (!fs::exists(dir + "/CURRENT", ec)) {
-      std::string first;
-      for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-        const std::string name = it->path().filename().string();
-        if (first.empty() || name < first) first = name;
-      }
-      problems->push_back("--state-dir " + dir + " is not a parasync-ps state directory (found " +
-                          first + "); refusing to start");
-      continue;
-    }
-    // A store: whether it is this shard's, of this --mode, only parasync-ps can say.
+    // Whether it holds a store, this shard's, of this --mode: only parasync-ps can say (its
+    // CheckpointStore refuses a foreign directory naming a file it found).
     std::vector<std::string> argv = spec.argv;
     argv.push_back("--check");
     const std::string output = RunCapture(argv, kStoreCheckTimeoutMs);
