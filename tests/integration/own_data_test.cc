@@ -2,13 +2,11 @@
 // JSON model file, trained by the real parasync-launch, parasync-ps and parasync-worker
 // over loopback; and the one-line refusals of data and models that do not fit.
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -26,38 +24,9 @@ using testing::Child;
 using testing::ExitCode;
 using testing::TempDir;
 
-constexpr int kFeatures = 12;
-constexpr int kClasses = 3;
 
-// n examples of kFeatures float32 features uniform in [-1, 1], labelled by a fixed linear
-// rule: the class whose row of W scores highest. Separable by a dense layer, and nothing
-// else in the features tells the classes apart, so only a data path that keeps every
-// example's features with its own label can learn it.
 void WriteLinearSplit(const std::string& dir, const std::string& split, int n, uint64_t seed) {
-  std::mt19937_64 rule_gen(1);  // one rule for every split
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> w(kClasses * kFeatures);
-  for (float& v : w) v = u(rule_gen);
-  std::mt19937_64 gen(seed);
-  std::vector<float> x(static_cast<size_t>(n) * kFeatures);
-  std::vector<int64_t> y(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) {
-    float best = -INFINITY;
-    for (int f = 0; f < kFeatures; ++f) x[i * kFeatures + f] = u(gen);
-    for (int c = 0; c < kClasses; ++c) {
-      float score = 0;
-      for (int f = 0; f < kFeatures; ++f) score += w[c * kFeatures + f] * x[i * kFeatures + f];
-      if (score > best) {
-        best = score;
-        y[i] = c;
-      }
-    }
-  }
-  ASSERT_TRUE(testing::WriteFile(dir + "/" + split + "_x.npy",
-                                 testing::NpyBytes("<f4", {n, kFeatures}, testing::LeBytes(x)),
-                                 false));
-  ASSERT_TRUE(testing::WriteFile(dir + "/" + split + "_y.npy",
-                                 testing::NpyBytes("<i8", {n}, testing::LeBytes(y)), false));
+  ASSERT_TRUE(testing::WriteLinearSplit(dir, split, n, seed));
 }
 
 struct Outcome {

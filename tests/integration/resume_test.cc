@@ -7,10 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <random>
 #include <regex>
 #include <string>
 #include <vector>
@@ -29,39 +27,19 @@ using testing::Child;
 using testing::ExitCode;
 using testing::TempDir;
 
-constexpr int kFeatures = 12;
 constexpr int kTrain = 2400;
 constexpr int kWorkers = 2;
 constexpr int kBatch = 50;
 constexpr int kEpochs = 4;
 constexpr int kShard = kTrain / kWorkers;  // examples per worker per epoch
 
-// n examples of kFeatures features in [-1, 1], labelled 0..2 by a fixed linear rule.
-void WriteSplit(const std::string& dir, const std::string& split, int n, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n) * kFeatures);
-  std::vector<int64_t> y(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) {
-    for (int f = 0; f < kFeatures; ++f) x[static_cast<size_t>(i * kFeatures + f)] = u(gen);
-    const float a = x[static_cast<size_t>(i * kFeatures)];
-    const float b = x[static_cast<size_t>(i * kFeatures + 1)];
-    y[static_cast<size_t>(i)] = a + b > 0.5f ? 0 : (a - b > 0 ? 1 : 2);
-  }
-  ASSERT_TRUE(testing::WriteFile(dir + "/" + split + "_x.npy",
-                                 testing::NpyBytes("<f4", {n, kFeatures}, testing::LeBytes(x)),
-                                 false));
-  ASSERT_TRUE(testing::WriteFile(dir + "/" + split + "_y.npy",
-                                 testing::NpyBytes("<i8", {n}, testing::LeBytes(y)), false));
-}
-
 class ResumeTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     data_ = dir_.path() + "/data";
     std::filesystem::create_directories(data_);
-    WriteSplit(data_, "train", kTrain, 1);
-    WriteSplit(data_, "test", 300, 2);
+    ASSERT_TRUE(testing::WriteLinearSplit(data_, "train", kTrain, 1));
+    ASSERT_TRUE(testing::WriteLinearSplit(data_, "test", 300, 2));
   }
 
   // The launcher's command line for a run keeping its state in `state` and its logs in `log`.

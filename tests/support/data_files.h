@@ -5,11 +5,13 @@
 #include <stdlib.h>
 #include <zlib.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -91,6 +93,39 @@ inline bool WriteFile(const std::string& path, const std::vector<uint8_t>& bytes
   if (f == nullptr) return false;
   const size_t n = std::fwrite(bytes.data(), 1, bytes.size(), f);
   return std::fclose(f) == 0 && n == bytes.size();
+}
+
+// A classification split as NumPy files <dir>/<split>_x.npy (n x 12 float32, uniform in
+// [-1, 1]) and <split>_y.npy (int64 labels 0..2), labelled by a fixed linear rule: the class
+// whose row of W scores highest. Separable by a dense layer, and nothing else in the features
+// tells the classes apart, so only a data path that keeps every example's features with its
+// own label can learn it. The rule is the same for every split; `seed` draws the examples.
+inline constexpr int kLinearFeatures = 12;
+inline constexpr int kLinearClasses = 3;
+inline bool WriteLinearSplit(const std::string& dir, const std::string& split, int n,
+                             uint64_t seed) {
+  constexpr int kF = kLinearFeatures;
+  std::mt19937_64 rule_gen(1);  // one rule for every split
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> w(kLinearClasses * kF);
+  for (float& v : w) v = u(rule_gen);
+  std::mt19937_64 gen(seed);
+  std::vector<float> x(static_cast<size_t>(n) * kF);
+  std::vector<int64_t> y(static_cast<size_t>(n));
+  for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+    float best = -INFINITY;
+    for (size_t f = 0; f < kF; ++f) x[i * kF + f] = u(gen);
+    for (int c = 0; c < kLinearClasses; ++c) {
+      float score = 0;
+      for (size_t f = 0; f < kF; ++f) score += w[static_cast<size_t>(c) * kF + f] * x[i * kF + f];
+      if (score > best) {
+        best = score;
+        y[i] = c;
+      }
+    }
+  }
+  return WriteFile(dir + "/" + split + "_x.npy", NpyBytes("<f4", {n, kF}, LeBytes(x)), false) &&
+         WriteFile(dir + "/" + split + "_y.npy", NpyBytes("<i8", {n}, LeBytes(y)), false);
 }
 
 }  // namespace parasync::testing
