@@ -12,7 +12,7 @@ dirs=("$@")
 [[ ${#dirs[@]} -gt 0 ]] || dirs=(ps worker common deploy/launch)
 command -v ctags >/dev/null || { echo "function-lengths: needs universal-ctags (apt-get install universal-ctags)" >&2; exit 2; }
 mapfile -t files < <(find "${dirs[@]}" -type f \( -name '*.cc' -o -name '*.h' -o -name '*.cu' \) | sort)
-ctags --language-force=C++ --c++-kinds=f --fields=+ne -o - "${files[@]}" |
+long="$(ctags --language-force=C++ --c++-kinds=f --fields=+ne -o - "${files[@]}" |
   awk -F'\t' -v max="$max" '{
     line = ""; end = ""
     for (i = 4; i <= NF; ++i) {
@@ -20,4 +20,5 @@ ctags --language-force=C++ --c++-kinds=f --fields=+ne -o - "${files[@]}" |
       if ($i ~ /^end:/) end = substr($i, 5)
     }
     if (line != "" && end != "" && end - line + 1 > max) printf "%5d %s %s:%s\n", end - line + 1, $1, $2, line
-  }' | sort -rn | tee /dev/stderr | { ! read -r _; }
+  }' | sort -rn)"
+[[ -z "$long" ]] || { echo "$long"; exit 1; }
