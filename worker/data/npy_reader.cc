@@ -14,6 +14,8 @@
 #include <tuple>
 #include <utility>
 
+#include "common/file_util.h"
+
 namespace parasync {
 
 // The array bytes are handed out as the file stores them, little-endian; readers memcpy
@@ -388,14 +390,7 @@ Status TakeShape(const std::string& path, const HeaderFields& fields, NpyArray* 
 }  // namespace
 
 Result<NpyArray> ReadNpyFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT || err == ENOTDIR) {
-      return Status::NotFound("NumPy file " + path + " does not exist");
-    }
-    return Status::Unavailable("cannot open NumPy file " + path + ": " + std::strerror(err));
-  }
+  PARASYNC_ASSIGN_OR_RETURN(const int fd, OpenForReading(path, "NumPy file"));
   FdCloser closer{fd};
   struct stat st;
   if (::fstat(fd, &st) != 0) {
