@@ -147,11 +147,10 @@ struct EpochTotals {
   Clock::time_point start;
   size_t first = 0;  // the example it started at (> 0: resumed)
   double loss_sum = 0;
-  int64_t steps = 0;
-  int64_t examples = 0;
-  double pull_seconds = 0;
-  double compute_seconds = 0;
-  double push_seconds = 0;
+  int64_t steps = 0, examples = 0;
+  struct {
+    double pull = 0, compute = 0, push = 0;
+  } seconds;  // in each phase of its steps
 };
 
 // One RunTraining call: its buffers, where it is, and what it has counted. Used by the
@@ -387,9 +386,9 @@ void TrainingRun::CountPush() {
 
 void TrainingRun::CountStep(size_t count, double loss, double pull_s, double compute_s,
                             double push_s, EpochTotals& totals) {
-  totals.pull_seconds += pull_s;
-  totals.compute_seconds += compute_s;
-  totals.push_seconds += push_s;
+  totals.seconds.pull += pull_s;
+  totals.seconds.compute += compute_s;
+  totals.seconds.push += push_s;
   metrics_.pull_seconds->Observe(pull_s);
   metrics_.compute_seconds->Observe(compute_s);
   metrics_.push_seconds->Observe(push_s);
@@ -431,8 +430,8 @@ Status TrainingRun::EndEpoch(int epoch, const EpochTotals& totals) {
                "(per step: pull {:.2f} ms, compute {:.2f} ms, push {:.2f} ms)",
                epoch, o_.epochs, totals.examples,
                totals.first > 0 ? fmt::format(" (resumed at example {})", totals.first) : "",
-               secs, eps, train_loss, 1e3 * totals.pull_seconds / steps,
-               1e3 * totals.compute_seconds / steps, 1e3 * totals.push_seconds / steps);
+               secs, eps, train_loss, 1e3 * totals.seconds.pull / steps,
+               1e3 * totals.seconds.compute / steps, 1e3 * totals.seconds.push / steps);
   if (o_.rank != 0 || (stop_ && should_stop_())) return Status::Ok();
   PARASYNC_RETURN_IF_ERROR(Evaluate(epoch, train_loss, eps));
   if (o_.checkpoint_each_epoch) {

@@ -26,6 +26,17 @@ void SendAll(RequestTracker& tracker, Clock::time_point t0, uint64_t incarnation
   tracker.Start(t0);
 }
 
+// The tracker started at `t0` times out at t0 + `at` ms (not a millisecond before), naming
+// requests `silent` and the limit `limit_ms` they missed.
+void ExpectTimesOutAt(const RequestTracker& tracker, Clock::time_point t0, int at,
+                      const std::vector<size_t>& silent, int limit_ms) {
+  EXPECT_FALSE(tracker.CheckOverdue(t0 + milliseconds(at - 1)));
+  const auto overdue = tracker.CheckOverdue(t0 + milliseconds(at));
+  ASSERT_TRUE(overdue);
+  EXPECT_EQ(overdue->silent, silent);
+  EXPECT_EQ(overdue->limit, milliseconds(limit_ms));
+}
+
 TEST(RequestTrackerTest, UnansweredRequestIsResentWithDoublingBackoffUpToTheMaximum) {
   RequestTracker tracker({0}, TestLimits());
   auto t = Clock::now();
@@ -113,11 +124,7 @@ TEST(RequestTrackerTest, TimesOutNamingTheUnansweredRequests) {
   const auto t = Clock::now();
   SendAll(tracker, t);
   tracker.Answer(1, t);
-  EXPECT_FALSE(tracker.CheckOverdue(t + milliseconds(9999)));
-  auto overdue = tracker.CheckOverdue(t + milliseconds(10000));
-  ASSERT_TRUE(overdue);
-  EXPECT_EQ(overdue->silent, (std::vector<size_t>{0, 2}));
-  EXPECT_EQ(overdue->limit, milliseconds(10000));
+  ExpectTimesOutAt(tracker, t, 10000, {0, 2}, 10000);
   EXPECT_EQ(tracker.Remaining(t + milliseconds(4000)), milliseconds(6000));
 }
 
@@ -129,18 +136,10 @@ TEST(RequestTrackerTest, ShortRequestsTimeOutFirst) {
   const auto t = Clock::now();
   SendAll(tracker, t);
   tracker.Answer(0, t);
-  EXPECT_FALSE(tracker.CheckOverdue(t + milliseconds(499)));
-  auto overdue = tracker.CheckOverdue(t + milliseconds(500));
-  ASSERT_TRUE(overdue);
-  EXPECT_EQ(overdue->silent, (std::vector<size_t>{1}));  // the pulls may wait on
-  EXPECT_EQ(overdue->limit, milliseconds(500));
+  ExpectTimesOutAt(tracker, t, 500, {1}, 500);  // the pulls may wait on
   // Once the short ones are answered, only the long deadline counts.
   tracker.Answer(1, t);
-  EXPECT_FALSE(tracker.CheckOverdue(t + milliseconds(9999)));
-  overdue = tracker.CheckOverdue(t + milliseconds(10000));
-  ASSERT_TRUE(overdue);
-  EXPECT_EQ(overdue->silent, (std::vector<size_t>{2, 3}));
-  EXPECT_EQ(overdue->limit, milliseconds(10000));
+  ExpectTimesOutAt(tracker, t, 10000, {2, 3}, 10000);
 }
 
 }  // namespace
