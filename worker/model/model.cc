@@ -148,17 +148,16 @@ Result<Activation> ParseActivation(const std::string& s) {
   return Status::InvalidArgument("unknown activation " + Quote(s));
 }
 
-Result<LayerSpec> ParseLayer(const Json& j, const std::string& where) {
-  if (!j.is_object()) return Status::InvalidArgument(where + ": a layer is a JSON object");
+// The layer's "type" and "name" into *layer.
+Status ParseLayerKindAndName(const Json& j, const std::string& where, LayerSpec* layer) {
   if (!j.contains("type") || !j.at("type").is_string()) {
     return Status::InvalidArgument(where + ": needs \"type\"");
   }
   const std::string type = j.at("type").get<std::string>();
-  LayerSpec layer;
   bool found = false;
   for (const KindName& k : kKinds) {
     if (type == k.name) {
-      layer.kind = k.kind;
+      layer->kind = k.kind;
       found = true;
     }
   }
@@ -172,39 +171,43 @@ Result<LayerSpec> ParseLayer(const Json& j, const std::string& where) {
     if (!j.at("name").is_string() || j.at("name").get<std::string>().empty()) {
       return Status::InvalidArgument(where + ": \"name\" must be a non-empty string");
     }
-    layer.name = j.at("name").get<std::string>();
-    if (layer.name.find('/') != std::string::npos) {
+    layer->name = j.at("name").get<std::string>();
+    if (layer->name.find('/') != std::string::npos) {
       return Status::InvalidArgument(where + ": a layer name may not contain '/'");
     }
   }
-  const LayerReader r(j, where);
+  return Status::Ok();
+}
+
+// The fields of a layer of kind layer->kind, read by `r`, into *layer.
+Status ParseLayerFields(const LayerReader& r, LayerSpec* layer) {
   auto activation = [&](bool required) -> Status {
     PARASYNC_ASSIGN_OR_RETURN(
         std::string a,
         r.Choice("activation", {"relu", "tanh", "sigmoid", "linear"},
                  required ? std::nullopt : std::optional<std::string>("linear")));
-    PARASYNC_ASSIGN_OR_RETURN(layer.activation, ParseActivation(a));
+    PARASYNC_ASSIGN_OR_RETURN(layer->activation, ParseActivation(a));
     return Status::Ok();
   };
   auto padding = [&]() -> Status {
     PARASYNC_ASSIGN_OR_RETURN(std::string p, r.Choice("padding", {"valid", "same"}, "valid"));
-    layer.padding = p == "same" ? Padding::kSame : Padding::kValid;
+    layer->padding = p == "same" ? Padding::kSame : Padding::kValid;
     return Status::Ok();
   };
-  switch (layer.kind) {
+  switch (layer->kind) {
     case LayerKind::kDense: {
       PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"units", "activation"}));
-      PARASYNC_ASSIGN_OR_RETURN(layer.units, r.Int("units", 1, kMaxDim, std::nullopt));
+      PARASYNC_ASSIGN_OR_RETURN(layer->units, r.Int("units", 1, kMaxDim, std::nullopt));
       PARASYNC_RETURN_IF_ERROR(activation(false));
       break;
     }
     case LayerKind::kConv2d: {
       PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"filters", "kernel", "stride", "padding", "activation"}));
-      PARASYNC_ASSIGN_OR_RETURN(layer.units, r.Int("filters", 1, 65536, std::nullopt));
+      PARASYNC_ASSIGN_OR_RETURN(layer->units, r.Int("filters", 1, 65536, std::nullopt));
       PARASYNC_ASSIGN_OR_RETURN(int64_t k, r.Int("kernel", 1, kMaxKernel, std::nullopt));
       PARASYNC_ASSIGN_OR_RETURN(int64_t s, r.Int("stride", 1, kMaxKernel, 1));
-      layer.kernel = static_cast<int>(k);
-      layer.stride = static_cast<int>(s);
+      layer->kernel = static_cast<int>(k);
+      layer->stride = static_cast<int>(s);
       PARASYNC_RETURN_IF_ERROR(padding());
       PARASYNC_RETURN_IF_ERROR(activation(false));
       break;
@@ -214,8 +217,8 @@ Result<LayerSpec> ParseLayer(const Json& j, const std::string& where) {
       PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"pool", "stride", "padding"}));
       PARASYNC_ASSIGN_OR_RETURN(int64_t k, r.Int("pool", 1, kMaxKernel, 2));
       PARASYNC_ASSIGN_OR_RETURN(int64_t s, r.Int("stride", 1, kMaxKernel, k));
-      layer.kernel = static_cast<int>(k);
-      layer.stride = static_cast<int>(s);
+      layer->kernel = static_cast<int>(k);
+      layer->stride = static_cast<int>(s);
       PARASYNC_RETURN_IF_ERROR(padding());
       break;
     }
@@ -229,19 +232,27 @@ Result<LayerSpec> ParseLayer(const Json& j, const std::string& where) {
     case LayerKind::kDropout: {
       PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"rate"}));
       PARASYNC_ASSIGN_OR_RETURN(double rate, r.Number("rate", 0.0, 1.0));
-      layer.rate = static_cast<float>(rate);
+      layer->rate = static_cast<float>(rate);
       break;
     }
     case LayerKind::kEmbedding: {
       PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"vocab", "dim", "combiner"}));
       // Ids travel as float32 features, exact up to 2^24.
-      PARASYNC_ASSIGN_OR_RETURN(layer.vocab, r.Int("vocab", 1, int64_t{1} << 24, std::nullopt));
-      PARASYNC_ASSIGN_OR_RETURN(layer.units, r.Int("dim", 1, 65536, std::nullopt));
+      PARASYNC_ASSIGN_OR_RETURN(layer->vocab, r.Int("vocab", 1, int64_t{1} << 24, std::nullopt));
+      PARASYNC_ASSIGN_OR_RETURN(layer->units, r.Int("dim", 1, 65536, std::nullopt));
       PARASYNC_ASSIGN_OR_RETURN(std::string c, r.Choice("combiner", {"sum", "mean"}, "sum"));
-      layer.combiner = c == "mean" ? Combiner::kMean : Combiner::kSum;
+      layer->combiner = c == "mean" ? Combiner::kMean : Combiner::kSum;
       break;
     }
   }
+  return Status::Ok();
+}
+
+Result<LayerSpec> ParseLayer(const Json& j, const std::string& where) {
+  if (!j.is_object()) return Status::InvalidArgument(where + ": a layer is a JSON object");
+  LayerSpec layer;
+  PARASYNC_RETURN_IF_ERROR(ParseLayerKindAndName(j, where, &layer));
+  PARASYNC_RETURN_IF_ERROR(ParseLayerFields(LayerReader(j, where), &layer));
   return layer;
 }
 
