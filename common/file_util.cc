@@ -1,5 +1,7 @@
 #include "common/file_util.h"
 
+#include <fcntl.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +23,17 @@ Status WriteFileAtomically(const std::string& path, std::string_view bytes) {
                                std::strerror(errno));
   }
   return Status::Ok();
+}
+
+Result<int> OpenForReading(const std::string& path, std::string_view what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) return fd;
+  const int err = errno;
+  if (err == ENOENT || err == ENOTDIR) {
+    return Status::NotFound(std::string(what) + " " + path + " does not exist");
+  }
+  return Status::Unavailable("cannot open " + std::string(what) + " " + path + ": " +
+                             std::strerror(err));
 }
 
 }  // namespace parasync

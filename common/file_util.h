@@ -13,4 +13,9 @@ namespace parasync {
 // the reason, on an I/O error.
 Status WriteFileAtomically(const std::string& path, std::string_view bytes);
 
+// Opens `path` read-only (close-on-exec) and returns the descriptor, which the caller closes.
+// NotFound "<what> <path> does not exist" when it (or a directory on the way) is missing,
+// else Unavailable "cannot open <what> <path>: <reason>". Does not block beyond open(2).
+Result<int> OpenForReading(const std::string& path, std::string_view what);
+
 }  // namespace parasync

@@ -207,6 +207,57 @@ Status Socket::Send(zmq::message_t* identity, const Header& header,
   }
 }
 
+namespace {
+
+// One message's frames as read, within the bounds; what was dropped, and why.
+struct ReadFrames {
+  std::vector<zmq::message_t> parts;  // a ROUTER's routing id first
+  uint64_t bytes = 0;
+  bool too_many = false;
+  bool too_big = false;
+  std::optional<uint64_t> refused_request;
+};
+
+// Reads the message whose first frame is `part` (the rest of it is already queued) into
+// *in, keeping at most `limit` frames and, once its frames pass `max_bytes` (0: no bound),
+// none but the routing id. False if a frame cannot be received. May throw zmq::error_t.
+//
+// ZMQ_MAXMSGSIZE bounds each frame; the whole message is checked here: once its frames pass
+// max_bytes it is refused, and its frames are dropped as they are read (the routing id is
+// kept to reply, and the request id read from the header). This bounds what the caller
+// holds, not what libzmq held: it delivers a multipart message only once all of it has
+// arrived (docs/reliability.md).
+bool ReadMessage(zmq::socket_t& socket, zmq::message_t part, bool server, size_t limit,
+                 uint64_t max_bytes, ReadFrames* in) {
+  in->parts.reserve(std::min<size_t>(limit, 8));
+  for (;;) {  // `part` holds the next frame
+    const bool more = part.more();
+    const bool routing_id = server && in->parts.empty() && !in->too_big;
+    if (!routing_id) in->bytes += part.size();
+    if (!routing_id && max_bytes > 0 && in->bytes > max_bytes && !in->too_big) {
+      in->too_big = true;
+      const size_t header_at = server ? 1 : 0;
+      if (in->parts.size() > header_at) {
+        auto header = DecodeHeader(in->parts[header_at].data(), in->parts[header_at].size());
+        if (header.ok()) in->refused_request = header->request_id;
+      }
+      in->parts.resize(header_at);  // gives the kept frames back now
+    }
+    if (in->too_big) {
+      if (routing_id) in->parts.push_back(std::move(part));
+    } else if (in->parts.size() < limit) {
+      in->parts.push_back(std::move(part));
+    } else {
+      in->too_many = true;  // read the rest of the message, keep none of it
+    }
+    if (!more) return true;
+    part = zmq::message_t();
+    if (!socket.recv(part, zmq::recv_flags::none)) return false;
+  }
+}
+
+}  // namespace
+
 Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout) {
   try {
     // Under load a message is usually queued already: take it without the poll (one system
@@ -217,54 +268,25 @@ Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout
       if (zmq::poll(&item, 1, timeout) == 0) return std::optional<Inbound>();
       if (!socket_.recv(part, zmq::recv_flags::dontwait)) return std::optional<Inbound>();
     }
-    Inbound in;
-    std::vector<zmq::message_t> parts;
+    const bool server = kind_ == Kind::kServer;
+    ReadFrames read;
     // A ROUTER's message has the routing id in front of the header and tensor frames.
-    const size_t limit = max_frames_ + (kind_ == Kind::kServer ? 2 : 1);
-    parts.reserve(std::min<size_t>(limit, 8));
-    bool too_many = false;
-    bool too_big = false;
-    // ZMQ_MAXMSGSIZE bounds each frame; the whole message is checked here: once its frames
-    // pass max_bytes_ it is refused, and its frames are dropped as they are read (the routing
-    // id is kept to reply, and the request id read from the header). This bounds what the
-    // caller holds, not what libzmq held: it delivers a multipart message only once all of
-    // it has arrived (docs/reliability.md).
-    uint64_t bytes = 0;
-    std::optional<uint64_t> refused_request;
-    for (;;) {  // `part` holds the next frame; the rest of a message is already queued
-      const bool more = part.more();
-      const bool routing_id = kind_ == Kind::kServer && parts.empty() && !too_big;
-      if (!routing_id) bytes += part.size();
-      if (!routing_id && max_bytes_ > 0 && bytes > max_bytes_ && !too_big) {
-        too_big = true;
-        const size_t header_at = kind_ == Kind::kServer ? 1 : 0;
-        if (parts.size() > header_at) {
-          auto header = DecodeHeader(parts[header_at].data(), parts[header_at].size());
-          if (header.ok()) refused_request = header->request_id;
-        }
-        parts.resize(header_at);  // gives the kept frames back now
-      }
-      if (too_big) {
-        if (routing_id) parts.push_back(std::move(part));
-      } else if (parts.size() < limit) {
-        parts.push_back(std::move(part));
-      } else {
-        too_many = true;  // read the rest of the message, keep none of it
-      }
-      if (!more) break;
-      part = zmq::message_t();
-      if (!socket_.recv(part, zmq::recv_flags::none)) return std::optional<Inbound>();
+    if (!ReadMessage(socket_, std::move(part), server, max_frames_ + (server ? 2 : 1),
+                     max_bytes_, &read)) {
+      return std::optional<Inbound>();
     }
+    std::vector<zmq::message_t>& parts = read.parts;
+    Inbound in;
     size_t next = 0;
-    if (kind_ == Kind::kServer) in.identity = std::move(parts[next++]);
-    if (too_big) {
-      in.header = Status::Corruption("message of " + std::to_string(bytes) +
+    if (server) in.identity = std::move(parts[next++]);
+    if (read.too_big) {
+      in.header = Status::Corruption("message of " + std::to_string(read.bytes) +
                                      " bytes; the limit is " + std::to_string(max_bytes_) +
                                      " (--max-message-bytes)");
-      in.refused_request_id = refused_request;
+      in.refused_request_id = read.refused_request;
       return std::optional<Inbound>(std::move(in));
     }
-    if (too_many) {
+    if (read.too_many) {
       in.header = Status::Corruption("message has more than " + std::to_string(max_frames_) +
                                      " tensor frames");
       return std::optional<Inbound>(std::move(in));
@@ -272,7 +294,7 @@ Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout
     if (next >= parts.size()) {
       in.header = Status::Corruption("message without a header frame");
     } else {
-      if (kind_ == Kind::kServer) {
+      if (server) {
         try {
           in.peer_address = parts[next].gets("Peer-Address");
         } catch (const zmq::error_t&) {

@@ -24,25 +24,148 @@ std::string_view MsgTypeName(MsgType type) {
   return "unknown";
 }
 
+// Every C++ enum that mirrors a schema enum has the same numbers (they travel as they are).
+template <typename A, typename B>
+constexpr bool SameNumber(A a, B b) {
+  return static_cast<int>(a) == static_cast<int>(b);
+}
+static_assert(kNumMsgTypes == static_cast<int>(fb::MsgType::MAX) + 1);
+static_assert(SameNumber(MsgType::kRegister, fb::MsgType::Register));
+static_assert(SameNumber(MsgType::kPull, fb::MsgType::Pull));
+static_assert(SameNumber(MsgType::kPush, fb::MsgType::Push));
+static_assert(SameNumber(MsgType::kStats, fb::MsgType::Stats));
+static_assert(SameNumber(MsgType::kShutdown, fb::MsgType::Shutdown));
+static_assert(SameNumber(MsgType::kHeartbeat, fb::MsgType::Heartbeat));
+static_assert(SameNumber(MsgType::kLeave, fb::MsgType::Leave));
+static_assert(SameNumber(MsgType::kCheckpoint, fb::MsgType::Checkpoint));
+static_assert(SameNumber(StatusCode::kOk, fb::Code::Ok));
+static_assert(SameNumber(StatusCode::kInvalidArgument, fb::Code::InvalidArgument));
+static_assert(SameNumber(StatusCode::kNotFound, fb::Code::NotFound));
+static_assert(SameNumber(StatusCode::kUnavailable, fb::Code::Unavailable));
+static_assert(SameNumber(StatusCode::kTimedOut, fb::Code::TimedOut));
+static_assert(SameNumber(StatusCode::kAborted, fb::Code::Aborted));
+static_assert(SameNumber(StatusCode::kCorruption, fb::Code::Corruption));
+static_assert(SameNumber(StatusCode::kInternal, fb::Code::Internal));
+static_assert(SameNumber(StatusCode::kNotSupported, fb::Code::NotSupported));
+static_assert(SameNumber(StatusCode::kFailedPrecondition, fb::Code::FailedPrecondition));
+static_assert(SameNumber(StatusCode::kFailedPrecondition, fb::Code::MAX));
+static_assert(SameNumber(DType::kFloat32, fb::DType::Float32));
+static_assert(SameNumber(DType::kBfloat16, fb::DType::Bfloat16));
+static_assert(SameNumber(DType::kFloat16, fb::DType::Float16));
+static_assert(SameNumber(DType::kFloat16, fb::DType::MAX));
+static_assert(SameNumber(InitKind::kZeros, fb::InitKind::Zeros));
+static_assert(SameNumber(InitKind::kConstant, fb::InitKind::Constant));
+static_assert(SameNumber(InitKind::kUniform, fb::InitKind::Uniform));
+static_assert(SameNumber(InitKind::kUniform, fb::InitKind::MAX));
+static_assert(SameNumber(OptimizerKind::kSgd, fb::OptimizerKind::Sgd));
+static_assert(SameNumber(OptimizerKind::kMomentum, fb::OptimizerKind::Momentum));
+static_assert(SameNumber(OptimizerKind::kAdam, fb::OptimizerKind::Adam));
+static_assert(SameNumber(OptimizerKind::kAdam, fb::OptimizerKind::MAX));
+static_assert(SameNumber(LrSchedule::kConstant, fb::LrSchedule::Constant));
+static_assert(SameNumber(LrSchedule::kCosine, fb::LrSchedule::Cosine));
+static_assert(SameNumber(LrSchedule::kCosine, fb::LrSchedule::MAX));
+
 namespace {
+
+// Tables are built field by field (never Create*(b, ...) by position), so a new field cannot
+// shift the others silently. Fields are added in the order the generated Create* functions
+// use (largest first), and nested objects are made in the order they were before, so the
+// bytes stay what they were.
+
+flatbuffers::Offset<fb::VariableSpec> EncodeVariable(flatbuffers::FlatBufferBuilder& b,
+                                                     const VariableSpec& v) {
+  const auto shape = b.CreateVector(v.shape);
+  const auto name = b.CreateString(v.name);
+  fb::VariableSpecBuilder vb(b);
+  vb.add_init_value(v.init.value);
+  vb.add_shape(shape);
+  vb.add_name(name);
+  vb.add_init_kind(static_cast<fb::InitKind>(v.init.kind));
+  vb.add_dtype(static_cast<fb::DType>(v.dtype));
+  return vb.Finish();
+}
+
+flatbuffers::Offset<fb::OptimizerSpec> EncodeOptimizer(flatbuffers::FlatBufferBuilder& b,
+                                                       const OptimizerSpec& o) {
+  fb::OptimizerSpecBuilder ob(b);
+  ob.add_decay_examples(o.decay_examples);
+  ob.add_final_lr_fraction(o.final_lr_fraction);
+  ob.add_epsilon(o.epsilon);
+  ob.add_beta2(o.beta2);
+  ob.add_beta1(o.beta1);
+  ob.add_momentum(o.momentum);
+  ob.add_learning_rate(o.learning_rate);
+  ob.add_lr_schedule(static_cast<fb::LrSchedule>(o.schedule));
+  ob.add_staleness_aware(o.staleness_aware);
+  ob.add_kind(static_cast<fb::OptimizerKind>(o.kind));
+  return ob.Finish();
+}
 
 flatbuffers::Offset<fb::RegisterRequest> EncodeRegistration(flatbuffers::FlatBufferBuilder& b,
                                                             const ModelRegistration& r) {
   std::vector<flatbuffers::Offset<fb::VariableSpec>> vars;
   vars.reserve(r.variables.size());
-  for (const VariableSpec& v : r.variables) {
-    vars.push_back(fb::CreateVariableSpec(b, b.CreateString(v.name), b.CreateVector(v.shape),
-                                          static_cast<fb::DType>(v.dtype),
-                                          static_cast<fb::InitKind>(v.init.kind), v.init.value));
-  }
-  const OptimizerSpec& o = r.optimizer;
-  auto opt = fb::CreateOptimizerSpec(b, static_cast<fb::OptimizerKind>(o.kind), o.learning_rate,
-                                     o.momentum, o.beta1, o.beta2, o.epsilon, o.staleness_aware,
-                                     static_cast<fb::LrSchedule>(o.schedule), o.decay_examples,
-                                     o.final_lr_fraction);
-  return fb::CreateRegisterRequest(b, b.CreateVector(vars), opt, r.seed, r.max_slice_elements,
-                                   r.num_shards, b.CreateString(r.mode),
-                                   r.model.empty() ? 0 : b.CreateString(r.model));
+  for (const VariableSpec& v : r.variables) vars.push_back(EncodeVariable(b, v));
+  const auto opt = EncodeOptimizer(b, r.optimizer);
+  const auto model = r.model.empty() ? 0 : b.CreateString(r.model);
+  const auto mode = b.CreateString(r.mode);
+  const auto variables = b.CreateVector(vars);
+  fb::RegisterRequestBuilder rb(b);
+  rb.add_max_slice_elements(r.max_slice_elements);
+  rb.add_seed(r.seed);
+  rb.add_model(model);
+  rb.add_mode(mode);
+  rb.add_num_shards(r.num_shards);
+  rb.add_optimizer(opt);
+  rb.add_variables(variables);
+  return rb.Finish();
+}
+
+fb::WorkerStats EncodeWorker(const WorkerStats& w) {
+  fb::WorkerStats out;  // zeroed padding, as the generated constructor writes
+  out.mutate_live(w.live);
+  out.mutate_clock(w.clock);
+  out.mutate_gradients(w.gradients);
+  out.mutate_dropped(w.dropped);
+  return out;
+}
+
+flatbuffers::Offset<fb::StatsReply> EncodeStats(flatbuffers::FlatBufferBuilder& b,
+                                                const ShardStats& s) {
+  std::vector<fb::WorkerStats> worker_stats;
+  worker_stats.reserve(s.workers.size());
+  for (const WorkerStats& w : s.workers) worker_stats.push_back(EncodeWorker(w));
+  flatbuffers::Offset<fb::RegisterRequest> registration = 0;
+  if (s.registration) registration = EncodeRegistration(b, *s.registration);
+  const auto workers = b.CreateVectorOfStructs(worker_stats);
+  const auto mode = b.CreateString(s.mode);
+  fb::StatsReplyBuilder sb(b);
+  sb.add_workers_declared_dead(s.workers_declared_dead);
+  sb.add_blocked_pulls(s.blocked_pulls);
+  sb.add_max_clock_staleness(s.max_clock_staleness);
+  sb.add_max_version_staleness(s.max_version_staleness);
+  sb.add_dropped_stale(s.dropped_stale);
+  sb.add_rejected(s.rejected);
+  sb.add_requests(s.requests);
+  sb.add_num_elements(s.num_elements);
+  sb.add_examples(s.examples);
+  sb.add_version(s.version);
+  sb.add_registration(registration);
+  sb.add_workers(workers);
+  sb.add_live_workers(s.live_workers);
+  sb.add_mode(mode);
+  sb.add_num_slices(s.num_slices);
+  sb.add_shard(s.shard);
+  sb.add_registered(s.registered);
+  return sb.Finish();
+}
+
+fb::SliceRange EncodeSlice(const SliceRange& s) {
+  fb::SliceRange out;  // zeroed padding, as the generated constructor writes
+  out.mutate_slice_id(s.slice_id);
+  out.mutate_begin(s.begin);
+  out.mutate_count(s.count);
+  return out;
 }
 
 }  // namespace
@@ -53,26 +176,12 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
   flatbuffers::Offset<fb::RegisterRequest> reg = 0;
   if (h.registration) reg = EncodeRegistration(b, *h.registration);
   flatbuffers::Offset<fb::StatsReply> stats = 0;
-  if (h.stats) {
-    const ShardStats& s = *h.stats;
-    std::vector<fb::WorkerStats> workers;
-    workers.reserve(s.workers.size());
-    for (const WorkerStats& w : s.workers) {
-      workers.emplace_back(w.live, w.clock, w.gradients, w.dropped);
-    }
-    flatbuffers::Offset<fb::RegisterRequest> stats_reg = 0;
-    if (s.registration) stats_reg = EncodeRegistration(b, *s.registration);
-    stats = fb::CreateStatsReply(b, s.shard, s.version, s.examples, s.num_slices, s.num_elements,
-                                 s.requests, s.rejected, s.registered, b.CreateString(s.mode),
-                                 s.live_workers, s.dropped_stale, s.max_version_staleness,
-                                 s.max_clock_staleness, s.blocked_pulls, s.workers_declared_dead,
-                                 b.CreateVectorOfStructs(workers), stats_reg);
-  }
+  if (h.stats) stats = EncodeStats(b, *h.stats);
   flatbuffers::Offset<flatbuffers::Vector<const fb::SliceRange*>> slices = 0;
   if (!h.slices.empty()) {
     std::vector<fb::SliceRange> ranges;
     ranges.reserve(h.slices.size());
-    for (const SliceRange& s : h.slices) ranges.emplace_back(s.slice_id, s.begin, s.count);
+    for (const SliceRange& s : h.slices) ranges.push_back(EncodeSlice(s));
     slices = b.CreateVectorOfStructs(ranges);
   }
   flatbuffers::Offset<flatbuffers::String> message = 0;
@@ -172,6 +281,39 @@ Result<ModelRegistration> DecodeRegistration(const fb::RegisterRequest* r) {
   return reg;
 }
 
+Result<ShardStats> DecodeStats(const fb::StatsReply* s) {
+  ShardStats out;
+  out.shard = s->shard();
+  out.version = s->version();
+  out.examples = s->examples();
+  out.num_slices = s->num_slices();
+  out.num_elements = s->num_elements();
+  out.requests = s->requests();
+  out.rejected = s->rejected();
+  out.registered = s->registered();
+  if (s->mode()) out.mode = s->mode()->str();
+  out.live_workers = s->live_workers();
+  out.dropped_stale = s->dropped_stale();
+  out.max_version_staleness = s->max_version_staleness();
+  out.max_clock_staleness = s->max_clock_staleness();
+  out.blocked_pulls = s->blocked_pulls();
+  out.workers_declared_dead = s->workers_declared_dead();
+  if (const auto* ws = s->workers()) {
+    if (!ElementsAligned(ws, alignof(fb::WorkerStats))) {
+      return Status::Corruption("misaligned worker stats");
+    }
+    for (const fb::WorkerStats* w : *ws) {
+      out.workers.push_back({w->live(), w->clock(), w->gradients(), w->dropped()});
+    }
+  }
+  if (const fb::RegisterRequest* r = s->registration()) {
+    auto reg = DecodeRegistration(r);
+    if (!reg.ok()) return reg.status();
+    out.registration = std::move(reg).value();
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<Header> DecodeHeader(const void* data, size_t size) {
@@ -227,36 +369,9 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
     h.registration = std::move(reg).value();
   }
   if (const fb::StatsReply* s = in->stats()) {
-    ShardStats out;
-    out.shard = s->shard();
-    out.version = s->version();
-    out.examples = s->examples();
-    out.num_slices = s->num_slices();
-    out.num_elements = s->num_elements();
-    out.requests = s->requests();
-    out.rejected = s->rejected();
-    out.registered = s->registered();
-    if (s->mode()) out.mode = s->mode()->str();
-    out.live_workers = s->live_workers();
-    out.dropped_stale = s->dropped_stale();
-    out.max_version_staleness = s->max_version_staleness();
-    out.max_clock_staleness = s->max_clock_staleness();
-    out.blocked_pulls = s->blocked_pulls();
-    out.workers_declared_dead = s->workers_declared_dead();
-    if (const auto* ws = s->workers()) {
-      if (!ElementsAligned(ws, alignof(fb::WorkerStats))) {
-        return Status::Corruption("misaligned worker stats");
-      }
-      for (const fb::WorkerStats* w : *ws) {
-        out.workers.push_back({w->live(), w->clock(), w->gradients(), w->dropped()});
-      }
-    }
-    if (const fb::RegisterRequest* r = s->registration()) {
-      auto reg = DecodeRegistration(r);
-      if (!reg.ok()) return reg.status();
-      out.registration = std::move(reg).value();
-    }
-    h.stats = std::move(out);
+    auto stats = DecodeStats(s);
+    if (!stats.ok()) return stats.status();
+    h.stats = std::move(stats).value();
   }
   return h;
 }

@@ -33,6 +33,9 @@ enum class MsgType : uint8_t {
 };
 std::string_view MsgTypeName(MsgType type);
 inline constexpr int kNumMsgTypes = 8;
+// Tied to the enum here, and to the schema's MsgType in common/wire.cc.
+static_assert(static_cast<int>(MsgType::kCheckpoint) + 1 == kNumMsgTypes,
+              "kNumMsgTypes must count every MsgType");
 
 struct SliceRange {
   uint32_t slice_id = 0;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,11 +41,17 @@ std::string OutProblem(const std::string& path) {
   return std::string();
 }
 
-}  // namespace
+// The command line, as --help lists it.
+struct ExportFlags {
+  parasync::ClusterFlags cluster;
+  std::string out;
+  double timeout_s = 30;
+  std::string curve_key_file;
+  std::string curve_server_key_file;
+};
 
-int main(int argc, char** argv) {
+void SetUpExportCommandLine(CLI::App& app, ExportFlags& f) {
   using namespace parasync;
-  CLI::App app;
   SetUpCommandLine(
       app,
       {.name = kProgram,
@@ -59,41 +66,72 @@ int main(int argc, char** argv) {
                       "answer within --timeout or holds no model yet.",
        .examples = "parasync-export --ps-hosts 127.0.0.1:5000,127.0.0.1:5001 --out model.psm\n"
                    "parasync-worker --eval-only --model-file model.psm"});
-  ClusterFlags cluster;
-  std::string out;
-  double timeout_s = 30;
-  app.add_option("--ps-hosts", cluster.ps_hosts,
+  app.add_option("--ps-hosts", f.cluster.ps_hosts,
                  "Comma-separated host:port of every PS shard (IP addresses or host names, "
                  "ports 1-65535, each address once)");
-  app.add_option("--out", out, "The model file to write")->required()->type_name("FILE");
-  AddSecondsOption(app, "--timeout", timeout_s, "Seconds to wait for each server", 0.1, 86400.0);
-  std::string curve_key_file;
-  std::string curve_server_key_file;
-  app.add_option("--curve-key", curve_key_file,
+  app.add_option("--out", f.out, "The model file to write")->required()->type_name("FILE");
+  AddSecondsOption(app, "--timeout", f.timeout_s, "Seconds to wait for each server", 0.1, 86400.0);
+  app.add_option("--curve-key", f.curve_key_file,
                  "CURVE: this client's key pair file (its public key in the servers' "
                  "--curve-allow)")
       ->group("Security");
-  app.add_option("--curve-server-key", curve_server_key_file,
+  app.add_option("--curve-server-key", f.curve_server_key_file,
                  "CURVE: the servers' public key file")
       ->group("Security");
-  if (auto done = ParseCommandLine(app, argc, argv)) return *done;
-  if (std::string p = OutProblem(out); !p.empty()) {
-    return Fail("--out " + out + ": " + p, kExitBadUsage);
+}
+
+// The flags, checked and resolved.
+struct ExportConfig {
+  parasync::ClusterSpec cluster;
+  std::optional<parasync::CurveClientKeys> curve;
+};
+
+// Checks the flags; InvalidArgument with the line to print otherwise.
+parasync::Result<ExportConfig> Validate(ExportFlags f) {
+  using namespace parasync;
+  if (std::string p = OutProblem(f.out); !p.empty()) {
+    return Status::InvalidArgument("--out " + f.out + ": " + p);
   }
   // The exporter is no task of the cluster: any worker list will do.
-  if (!cluster.worker_hosts) cluster.worker_hosts = "export:1";
-  cluster.task_index = 0;
-  auto spec = ResolveClusterSpecFromEnvironment(cluster, "worker");
-  if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
+  if (!f.cluster.worker_hosts) f.cluster.worker_hosts = "export:1";
+  f.cluster.task_index = 0;
+  ExportConfig c;
+  auto spec = ResolveClusterSpecFromEnvironment(f.cluster, "worker");
+  if (!spec.ok()) return spec.status();
+  c.cluster = std::move(spec).value();
+  auto curve = LoadCurveClientKeys(f.curve_key_file, f.curve_server_key_file, c.cluster.ps.size());
+  if (!curve.ok()) return curve.status();
+  c.curve = *curve;
+  return c;
+}
 
-  auto curve = LoadCurveClientKeys(curve_key_file, curve_server_key_file, spec->ps.size());
-  if (!curve.ok()) return Fail(curve.status().message(), kExitBadUsage);
+// The file's metadata: the mode, each shard's version, the examples, the servers, and the
+// workers' model description (so parasync-worker --eval-only needs nothing else).
+std::string ExportMetadata(const parasync::ModelRegistration& reg,
+                           const std::vector<parasync::ShardStats>& stats,
+                           const std::vector<std::string>& ps) {
+  nlohmann::json versions = nlohmann::json::array();
+  for (const parasync::ShardStats& s : stats) versions.push_back(s.version);
+  nlohmann::json metadata = {{"mode", reg.mode},
+                             {"shard_versions", versions},
+                             {"examples", stats[0].examples},
+                             {"exported_from", ps}};
+  if (!reg.model.empty()) {
+    nlohmann::json described = nlohmann::json::parse(reg.model, nullptr, false);
+    if (described.is_object()) metadata["model"] = std::move(described);
+  }
+  return metadata.dump();
+}
+
+// Pulls the model the servers hold and writes it to --out; the exit status.
+int Run(const ExportFlags& f, const ExportConfig& c) {
+  using namespace parasync;
   zmq::context_t context(1);
   PsClientOptions options;
-  options.ps_addresses = spec->ps;
-  options.curve = *curve;
+  options.ps_addresses = c.cluster.ps;
+  options.curve = c.curve;
   options.rank = -1;
-  options.request_timeout = std::chrono::milliseconds(std::llround(timeout_s * 1000));
+  options.request_timeout = std::chrono::milliseconds(std::llround(f.timeout_s * 1000));
   auto client = PsClient::Connect(context, options);
   if (!client.ok()) return Fail(client.status().message());
   auto stats = (*client)->Stats();
@@ -110,26 +148,28 @@ int main(int argc, char** argv) {
     ptrs.push_back(model.values.back().data());
   }
   if (Status s = (*client)->Pull(ptrs); !s.ok()) return Fail("pull failed: " + s.ToString());
-  nlohmann::json versions = nlohmann::json::array();
-  for (const ShardStats& s : *stats) versions.push_back(s.version);
-  nlohmann::json metadata = {{"mode", reg.mode},
-                             {"shard_versions", versions},
-                             {"examples", (*stats)[0].examples},
-                             {"exported_from", spec->ps}};
-  // The workers' model description, so parasync-worker --eval-only needs nothing else.
-  if (!reg.model.empty()) {
-    nlohmann::json described = nlohmann::json::parse(reg.model, nullptr, false);
-    if (described.is_object()) metadata["model"] = std::move(described);
-  }
-  model.metadata_json = metadata.dump();
-  if (Status s = WriteModelFile(out, model); !s.ok()) {
-    return Fail("--out " + out + ": " + s.message(), s.code() == StatusCode::kUnavailable
-                                                          ? kExitRetryable
-                                                          : kExitBadUsage);
+  model.metadata_json = ExportMetadata(reg, *stats, c.cluster.ps);
+  if (Status s = WriteModelFile(f.out, model); !s.ok()) {
+    return Fail("--out " + f.out + ": " + s.message(), s.code() == StatusCode::kUnavailable
+                                                            ? kExitRetryable
+                                                            : kExitBadUsage);
   }
   int64_t elements = 0;
   for (const VariableSpec& v : reg.variables) elements += v.num_elements();
   std::printf("parasync-export: wrote %s: %zu variables, %lld parameters, from %zu shard(s)\n",
-              out.c_str(), reg.variables.size(), static_cast<long long>(elements), spec->ps.size());
+              f.out.c_str(), reg.variables.size(), static_cast<long long>(elements),
+              c.cluster.ps.size());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app;
+  ExportFlags flags;
+  SetUpExportCommandLine(app, flags);
+  if (auto done = parasync::ParseCommandLine(app, argc, argv)) return *done;
+  auto config = Validate(flags);
+  if (!config.ok()) return Fail(config.status().message(), parasync::kExitBadUsage);
+  return Run(flags, *config);
 }

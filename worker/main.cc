@@ -104,6 +104,30 @@ parasync::Status MatchVariables(const parasync::Model& model, const parasync::Mo
   return Status::Ok();
 }
 
+// Whether --model `explicit_model` describes the same variables and computation as `model`
+// (the file's) for examples of `shape`; the error if it cannot be resolved or built.
+parasync::Result<bool> SameModel(const std::string& explicit_model,
+                                    const parasync::Model& model,
+                                    const std::vector<int64_t>& shape) {
+  using namespace parasync;
+  auto wanted = ResolveModelSpec(explicit_model);
+  if (!wanted.ok()) return wanted.status();
+  auto built = Model::Build(*wanted, shape);
+  if (!built.ok()) return built.status();
+  // The same variables and the same computation (flatten ops aside: a view either way).
+  auto computation = [](const Model& m) {
+    std::vector<std::tuple<LayerKind, Activation, int, int, int, int, float, Combiner>> ops;
+    for (const LayerOp& op : m.ops()) {
+      if (op.spec.kind == LayerKind::kFlatten) continue;
+      ops.emplace_back(op.spec.kind, op.spec.activation, op.spec.kernel, op.spec.stride,
+                       op.pad_begin, op.pad_end, op.spec.rate, op.spec.combiner);
+    }
+    return ops;
+  };
+  return built->variables() == model.variables() && computation(*built) == computation(model) &&
+         built->loss() == model.loss();
+}
+
 // --eval-only: evaluates the model in `model_path` (docs/model-format.md) on the test split
 // of `data_dir` with the CPU backend, as the chief's evaluation does, and prints one line for
 // people and one JSON line with the exact values. No cluster is involved. `explicit_model`
@@ -132,22 +156,9 @@ int RunEvalOnly(const std::string& model_path, const std::string& data_dir,
     return Fail(model_path + " does not hold the model it describes: " + s.message(), kExitBadUsage);
   }
   if (explicit_model) {
-    auto wanted = ResolveModelSpec(*explicit_model);
-    if (!wanted.ok()) return Fail(wanted.status().message(), kExitBadUsage);
-    auto built = Model::Build(*wanted, test->shape);
-    if (!built.ok()) return Fail(built.status().message(), kExitBadUsage);
-    // The same variables and the same computation (flatten ops aside: a view either way).
-    auto computation = [](const Model& m) {
-      std::vector<std::tuple<LayerKind, Activation, int, int, int, int, float, Combiner>> ops;
-      for (const LayerOp& op : m.ops()) {
-        if (op.spec.kind == LayerKind::kFlatten) continue;
-        ops.emplace_back(op.spec.kind, op.spec.activation, op.spec.kernel, op.spec.stride,
-                         op.pad_begin, op.pad_end, op.spec.rate, op.spec.combiner);
-      }
-      return ops;
-    };
-    if (built->variables() != model->variables() || computation(*built) != computation(*model) ||
-        built->loss() != model->loss()) {
+    auto same = SameModel(*explicit_model, *model, test->shape);
+    if (!same.ok()) return Fail(same.status().message(), kExitBadUsage);
+    if (!*same) {
       return Fail("--model " + *explicit_model + " does not match " + model_path +
                       ", which holds model '" + spec->name + "'",
                   kExitBadUsage);
@@ -179,12 +190,207 @@ int RunEvalOnly(const std::string& model_path, const std::string& data_dir,
   return 0;
 }
 
-}  // namespace
+// The command line, as --help lists it.
+struct WorkerFlags {
+  parasync::ClusterFlags cluster;
+  std::string mode = "async";
+  std::string data_dir = parasync::kDefaultDataDir;
+  int epochs = 5;
+  int batch_size = 64;
+  int64_t max_steps = 0;
+  double max_seconds = 0;
+  double log_every_s = 0;
+  std::string model = "mlp";
+  std::string optimizer = "adam";
+  float lr = 0.001f;
+  float momentum = 0.9f;
+  std::string lr_schedule = "constant";
+  double lr_decay_epochs = 0;
+  float lr_final_fraction = 0.0f;
+  uint64_t seed = 42;
+  bool no_shuffle = false;
+  int64_t train_examples = 0;
+  double step_delay_s = 0;
+  int step_delay_ms = 0;
+  double slowdown = 1.0;
+  bool checkpoint_each_epoch = false;
+  bool staleness_lr = false;
+  std::string lr_scaling = "none";
+  std::string wire_dtype = "float32";
+  int copy_threads = 2;
+  int64_t max_slice_elements = parasync::kDefaultMaxSliceElements;
+  std::string device = "auto";
+  int local_rank = -1;
+  int compute_threads = 1;
+  std::string log_dir = ".";
+  std::string log_level = "info";
+  int metrics_port = 0;
+  std::string metrics_bind = "127.0.0.1";
+  double request_timeout_s = 120;
+  double connect_timeout_s = 60;
+  double heartbeat_interval_s = 1.0;
+  bool eval_only = false;
+  std::string model_file;
+  std::string curve_key_file;
+  std::string curve_server_key_file;
+  bool check = false;
+};
 
-int main(int argc, char** argv) {
+void AddClusterAndDataFlags(CLI::App& app, WorkerFlags& f) {
   using namespace parasync;
-  CLI::App app;
-  SetUpCommandLine(
+  app.add_option("--ps-hosts", f.cluster.ps_hosts,
+                 "Comma-separated host:port of every PS shard (IP addresses or host names, "
+                 "ports 1-65535, each address once)");
+  app.add_option("--worker-hosts", f.cluster.worker_hosts,
+                 "Comma-separated host:port of every worker (their count is the world size)");
+  app.add_option("--task-index", f.cluster.task_index, "This worker's rank; 0 is the chief")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--mode", f.mode,
+                 "async, sync or ssp:K; must equal the parameter servers' --mode");
+  app.add_option("--dataset", f.data_dir,
+                 "Directory with the data set: IDX files "
+                 "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (images [n, H, W] or "
+                 "[n, H, W, C]) or NumPy files {train,test}_{x,y}.npy (docs/data.md); old name "
+                 "--data")
+      ->type_name("DIR");
+  AddHiddenAlias(app, "--data", f.data_dir);
+  app.add_option("--epochs", f.epochs, "Passes over this worker's shard")->check(CLI::Range(1, 100000));
+  app.add_option("--batch-size", f.batch_size, "Examples per step")->check(CLI::Range(1, 1 << 20));
+  AddSecondsOption(app, "--max-seconds", f.max_seconds,
+                   "Stop after this many seconds of training, evaluating first on the chief (a "
+                   "time budget; 0: no limit)",
+                   0.0, 1e9);
+  app.add_option("--max-steps", f.max_steps, "Stop after this many steps (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  AddSecondsOption(app, "--log-every", f.log_every_s,
+                   "Within each epoch, a progress line (examples done, examples/sec, train "
+                   "loss) at most this often (0: only the line at each epoch's end)",
+                   0.0, 1e9);
+  app.add_option("--model", f.model,
+                 "The model: a built-in (mlp: 784-256-128-10; cnn: Conv2D 32 3x3 ReLU, Dense 128, "
+                 "Dense 10; lenet5), MLP widths input-hidden...-classes, or a JSON model file "
+                 "(docs/models.md)");
+}
+
+void AddOptimizerFlags(CLI::App& app, WorkerFlags& f) {
+  app.add_option("--optimizer", f.optimizer, "Server-side optimizer: sgd, momentum or adam");
+  app.add_option("--lr", f.lr, "Learning rate");
+  app.add_option("--momentum", f.momentum, "Momentum coefficient (--optimizer momentum)");
+  app.add_option("--lr-schedule", f.lr_schedule,
+                 "constant, or cosine: the servers decay the learning rate along a half cosine "
+                 "(Keras's CosineDecay) over --lr-decay-epochs of examples applied, to --lr "
+                 "times --lr-final-fraction")
+      ->capture_default_str();
+  app.add_option("--lr-decay-epochs", f.lr_decay_epochs,
+                 "cosine: the decay's length in epochs of the training set, counted in examples "
+                 "the servers applied from all workers (0: --epochs)")
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_option("--lr-final-fraction", f.lr_final_fraction,
+                 "cosine: the learning rate ends at --lr times this, in [0, 1]")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--seed", f.seed, "Seed of the initial parameters and of the data shuffles");
+  app.add_flag("--no-shuffle", f.no_shuffle, "Walk the data shard in order every epoch");
+  app.add_option("--train-examples", f.train_examples,
+                 "Use only the first N training examples (0: all)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+void AddFaultAndWireFlags(CLI::App& app, WorkerFlags& f) {
+  using namespace parasync;
+  AddSecondsOption(app, "--step-delay", f.step_delay_s,
+                   "Fault injection: sleep this many seconds before every push, making this "
+                   "worker a straggler (old form: --step-delay-ms MILLISECONDS)",
+                   0.0, 3600.0);
+  app.add_option("--step-delay-ms", f.step_delay_ms)->check(CLI::Range(0, 3600000))->group("");
+  app.add_option("--slowdown", f.slowdown,
+                 "Fault injection: compute this many times slower (after each gradient, sleep "
+                 "FACTOR - 1 times the time it took), making this worker a straggler")
+      ->check(CLI::Range(1.0, 1000.0));
+  app.add_flag("--checkpoint-each-epoch", f.checkpoint_each_epoch,
+               "Chief: after each epoch's evaluation, ask every parameter server to save a "
+               "snapshot (they need --state-dir)");
+  app.add_flag("--staleness-lr", f.staleness_lr,
+               "async/ssp: the servers divide each update by its staleness (versions applied "
+               "between its read and its apply), after Zhang et al. 2016");
+  app.add_option("--lr-scaling", f.lr_scaling,
+                 "linear: multiply --lr by the number of workers (the effective batch grows with "
+                 "them); none: use --lr as given");
+  app.add_option("--wire-dtype", f.wire_dtype,
+                 "How parameters and gradients travel: float32, or bfloat16 / float16 (bf16, "
+                 "fp16) for half the bytes, each value rounded to nearest once per transfer "
+                 "(the servers keep float32; float16 saturates at +-65504, bfloat16 keeps "
+                 "float32's range with 8 bits of precision)");
+  app.add_option("--copy-threads", f.copy_threads,
+                 "Threads that copy a pulled model of 1 MiB or more into the training buffers, "
+                 "this worker's training thread included (1: that thread alone); a helper not "
+                 "scheduled in time leaves its share to the others")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--max-slice-elements", f.max_slice_elements,
+                 "Variables are cut into slices of at most this many elements")
+      ->check(CLI::PositiveNumber);
+}
+
+void AddRuntimeFlags(CLI::App& app, WorkerFlags& f) {
+  using namespace parasync;
+  app.add_option("--device", f.device,
+                 "auto, cpu, cuda or cuda:N (auto: a GPU if present, else the CPU; auto and cuda "
+                 "take the GPU --local-rank names)");
+  app.add_option("--local-rank", f.local_rank,
+                 "This worker's index among the workers on its machine: it uses GPU "
+                 "local-rank mod GPU count, one worker per GPU (default: $LOCAL_RANK, else 0; "
+                 "parasync-launch sets it)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--compute-threads", f.compute_threads,
+                 "BLAS threads of the CPU backend (keep 1 when several processes share a machine)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--log-dir", f.log_dir, "Where the chief writes eval.jsonl and every worker its metrics snapshot");
+  app.add_option("--log-level", f.log_level, "debug, info, warn or error");
+  // The last of repeated metrics flags wins, so a user's --ps-arg/--worker-arg overrides
+  // the launcher's.
+  app.add_option("--metrics-port", f.metrics_port, "Port of /metrics; 0 picks a free one and logs it")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-bind", f.metrics_bind,
+                 "Address the metrics server listens on: an IP address (checked: four octets "
+                 "0-255), * or a host name that resolves")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  AddSecondsOption(app, "--request-timeout", f.request_timeout_s,
+                   "Seconds to wait for a parameter server's reply, resending meanwhile (also "
+                   "across a restart of the server) before failing",
+                   0.1, 86400.0);
+  AddSecondsOption(app, "--connect-timeout", f.connect_timeout_s,
+                   "Seconds to wait for the parameter servers at start", 0.1, 86400.0);
+  AddSecondsOption(app, "--heartbeat-interval", f.heartbeat_interval_s,
+                   "Seconds between heartbeats to the parameter servers (keep it well below "
+                   "their --worker-timeout)",
+                   0.01, 3600.0);
+}
+
+void AddEvalSecurityAndCheckFlags(CLI::App& app, WorkerFlags& f) {
+  app.add_flag("--eval-only", f.eval_only,
+               "Evaluate --model-file on the t10k test set (CPU) and exit; no cluster flags are "
+               "needed, and none are used");
+  app.add_option("--model-file", f.model_file,
+                 "--eval-only: the model file to evaluate, as parasync-export writes it "
+                 "(docs/model-format.md); `--eval-only --model FILE` is accepted too");
+  app.add_option("--curve-key", f.curve_key_file,
+                 "CURVE: this worker's key pair file (parasync-keygen); its public key must be "
+                 "in the servers' --curve-allow")
+      ->group("Security");
+  app.add_option("--curve-server-key", f.curve_server_key_file,
+                 "CURVE: the servers' public key file (one key for all, or one per server in "
+                 "--ps-hosts order)")
+      ->group("Security");
+  app.add_flag("--check", f.check,
+               "Preflight: validate the flags, look for the data files, try binding the metrics "
+               "port and print `check version ...` and one `check problem ...` line per "
+               "problem, then exit (0: fine); parasync-launch --check runs it on every host");
+}
+
+void SetUpWorkerCommandLine(CLI::App& app, WorkerFlags& f) {
+  parasync::SetUpCommandLine(
       app,
       {.name = kProgram,
        .purpose = "trains a model on its shard of the data.",
@@ -202,394 +408,262 @@ int main(int argc, char** argv) {
        .examples = "parasync-worker --ps-hosts 127.0.0.1:5000,127.0.0.1:5001 \\\n"
                    "      --worker-hosts 127.0.0.1:6000,127.0.0.1:6001 --task-index 0 --epochs 5\n"
                    "parasync-worker --eval-only --model-file model.psm [--dataset DIR]"});
-  ClusterFlags cluster;
-  std::string mode = "async";
-  std::string data_dir = kDefaultDataDir;
-  int epochs = 5;
-  int batch_size = 64;
-  int64_t max_steps = 0;
-  double max_seconds = 0;
-  std::string model = "mlp";
-  std::string optimizer = "adam";
-  float lr = 0.001f;
-  float momentum = 0.9f;
-  std::string lr_schedule = "constant";
-  double lr_decay_epochs = 0;
-  float lr_final_fraction = 0.0f;
-  uint64_t seed = 42;
-  int64_t max_slice_elements = kDefaultMaxSliceElements;
-  std::string device = "auto";
-  int local_rank = -1;
-  int compute_threads = 1;
-  std::string log_dir = ".";
-  std::string log_level = "info";
-  std::string metrics_bind = "127.0.0.1";
-  int metrics_port = 0;
-  double request_timeout_s = 120;
-  double connect_timeout_s = 60;
-  double heartbeat_interval_s = 1.0;
-  bool staleness_lr = false;
-  std::string lr_scaling = "none";
-  bool no_shuffle = false;
-  int64_t train_examples = 0;
-  double step_delay_s = 0;
-  int step_delay_ms = 0;
-  double slowdown = 1.0;
-  bool checkpoint_each_epoch = false;
-  bool eval_only = false;
-  std::string model_file;
+  AddClusterAndDataFlags(app, f);
+  AddOptimizerFlags(app, f);
+  AddFaultAndWireFlags(app, f);
+  AddRuntimeFlags(app, f);
+  AddEvalSecurityAndCheckFlags(app, f);
+}
 
-  app.add_option("--ps-hosts", cluster.ps_hosts,
-                 "Comma-separated host:port of every PS shard (IP addresses or host names, "
-                 "ports 1-65535, each address once)");
-  app.add_option("--worker-hosts", cluster.worker_hosts,
-                 "Comma-separated host:port of every worker (their count is the world size)");
-  app.add_option("--task-index", cluster.task_index, "This worker's rank; 0 is the chief")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--mode", mode,
-                 "async, sync or ssp:K; must equal the parameter servers' --mode");
-  app.add_option("--dataset", data_dir,
-                 "Directory with the data set: IDX files "
-                 "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (images [n, H, W] or "
-                 "[n, H, W, C]) or NumPy files {train,test}_{x,y}.npy (docs/data.md); old name "
-                 "--data")
-      ->type_name("DIR");
-  AddHiddenAlias(app, "--data", data_dir);
-  app.add_option("--epochs", epochs, "Passes over this worker's shard")->check(CLI::Range(1, 100000));
-  app.add_option("--batch-size", batch_size, "Examples per step")->check(CLI::Range(1, 1 << 20));
-  AddSecondsOption(app, "--max-seconds", max_seconds,
-                   "Stop after this many seconds of training, evaluating first on the chief (a "
-                   "time budget; 0: no limit)",
-                   0.0, 1e9);
-  app.add_option("--max-steps", max_steps, "Stop after this many steps (0: no limit)")
-      ->check(CLI::NonNegativeNumber);
-  double log_every_s = 0;
-  AddSecondsOption(app, "--log-every", log_every_s,
-                   "Within each epoch, a progress line (examples done, examples/sec, train "
-                   "loss) at most this often (0: only the line at each epoch's end)",
-                   0.0, 1e9);
-  app.add_option("--model", model,
-                 "The model: a built-in (mlp: 784-256-128-10; cnn: Conv2D 32 3x3 ReLU, Dense 128, "
-                 "Dense 10; lenet5), MLP widths input-hidden...-classes, or a JSON model file "
-                 "(docs/models.md)");
-  app.add_option("--optimizer", optimizer, "Server-side optimizer: sgd, momentum or adam");
-  app.add_option("--lr", lr, "Learning rate");
-  app.add_option("--momentum", momentum, "Momentum coefficient (--optimizer momentum)");
-  app.add_option("--lr-schedule", lr_schedule,
-                 "constant, or cosine: the servers decay the learning rate along a half cosine "
-                 "(Keras's CosineDecay) over --lr-decay-epochs of examples applied, to --lr "
-                 "times --lr-final-fraction")
-      ->capture_default_str();
-  app.add_option("--lr-decay-epochs", lr_decay_epochs,
-                 "cosine: the decay's length in epochs of the training set, counted in examples "
-                 "the servers applied from all workers (0: --epochs)")
-      ->check(CLI::Range(0.0, 1e6));
-  app.add_option("--lr-final-fraction", lr_final_fraction,
-                 "cosine: the learning rate ends at --lr times this, in [0, 1]")
-      ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
-  app.add_option("--seed", seed, "Seed of the initial parameters and of the data shuffles");
-  app.add_flag("--no-shuffle", no_shuffle, "Walk the data shard in order every epoch");
-  app.add_option("--train-examples", train_examples,
-                 "Use only the first N training examples (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  AddSecondsOption(app, "--step-delay", step_delay_s,
-                   "Fault injection: sleep this many seconds before every push, making this "
-                   "worker a straggler (old form: --step-delay-ms MILLISECONDS)",
-                   0.0, 3600.0);
-  app.add_option("--step-delay-ms", step_delay_ms)->check(CLI::Range(0, 3600000))->group("");
-  app.add_option("--slowdown", slowdown,
-                 "Fault injection: compute this many times slower (after each gradient, sleep "
-                 "FACTOR - 1 times the time it took), making this worker a straggler")
-      ->check(CLI::Range(1.0, 1000.0));
-  app.add_flag("--checkpoint-each-epoch", checkpoint_each_epoch,
-               "Chief: after each epoch's evaluation, ask every parameter server to save a "
-               "snapshot (they need --state-dir)");
-  app.add_flag("--staleness-lr", staleness_lr,
-               "async/ssp: the servers divide each update by its staleness (versions applied "
-               "between its read and its apply), after Zhang et al. 2016");
-  app.add_option("--lr-scaling", lr_scaling,
-                 "linear: multiply --lr by the number of workers (the effective batch grows with "
-                 "them); none: use --lr as given");
-  std::string wire_dtype = "float32";
-  int copy_threads = 2;
-  app.add_option("--wire-dtype", wire_dtype,
-                 "How parameters and gradients travel: float32, or bfloat16 / float16 (bf16, "
-                 "fp16) for half the bytes, each value rounded to nearest once per transfer "
-                 "(the servers keep float32; float16 saturates at +-65504, bfloat16 keeps "
-                 "float32's range with 8 bits of precision)");
-  app.add_option("--copy-threads", copy_threads,
-                 "Threads that copy a pulled model of 1 MiB or more into the training buffers, "
-                 "this worker's training thread included (1: that thread alone); a helper not "
-                 "scheduled in time leaves its share to the others")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  app.add_option("--max-slice-elements", max_slice_elements,
-                 "Variables are cut into slices of at most this many elements")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--device", device,
-                 "auto, cpu, cuda or cuda:N (auto: a GPU if present, else the CPU; auto and cuda "
-                 "take the GPU --local-rank names)");
-  app.add_option("--local-rank", local_rank,
-                 "This worker's index among the workers on its machine: it uses GPU "
-                 "local-rank mod GPU count, one worker per GPU (default: $LOCAL_RANK, else 0; "
-                 "parasync-launch sets it)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--compute-threads", compute_threads,
-                 "BLAS threads of the CPU backend (keep 1 when several processes share a machine)")
-      ->check(CLI::Range(1, 1024));
-  app.add_option("--log-dir", log_dir, "Where the chief writes eval.jsonl and every worker its metrics snapshot");
-  app.add_option("--log-level", log_level, "debug, info, warn or error");
-  // The last of repeated metrics flags wins, so a user's --ps-arg/--worker-arg overrides
-  // the launcher's.
-  app.add_option("--metrics-port", metrics_port, "Port of /metrics; 0 picks a free one and logs it")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
-      ->check(CLI::Range(0, 65535));
-  app.add_option("--metrics-bind", metrics_bind,
-                 "Address the metrics server listens on: an IP address (checked: four octets "
-                 "0-255), * or a host name that resolves")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  AddSecondsOption(app, "--request-timeout", request_timeout_s,
-                   "Seconds to wait for a parameter server's reply, resending meanwhile (also "
-                   "across a restart of the server) before failing",
-                   0.1, 86400.0);
-  AddSecondsOption(app, "--connect-timeout", connect_timeout_s,
-                   "Seconds to wait for the parameter servers at start", 0.1, 86400.0);
-  AddSecondsOption(app, "--heartbeat-interval", heartbeat_interval_s,
-                   "Seconds between heartbeats to the parameter servers (keep it well below "
-                   "their --worker-timeout)",
-                   0.01, 3600.0);
-  app.add_flag("--eval-only", eval_only,
-               "Evaluate --model-file on the t10k test set (CPU) and exit; no cluster flags are "
-               "needed, and none are used");
-  app.add_option("--model-file", model_file,
-                 "--eval-only: the model file to evaluate, as parasync-export writes it "
-                 "(docs/model-format.md); `--eval-only --model FILE` is accepted too");
-  std::string curve_key_file;
-  std::string curve_server_key_file;
-  app.add_option("--curve-key", curve_key_file,
-                 "CURVE: this worker's key pair file (parasync-keygen); its public key must be "
-                 "in the servers' --curve-allow")
-      ->group("Security");
-  app.add_option("--curve-server-key", curve_server_key_file,
-                 "CURVE: the servers' public key file (one key for all, or one per server in "
-                 "--ps-hosts order)")
-      ->group("Security");
-  bool check = false;
-  app.add_flag("--check", check,
-               "Preflight: validate the flags, look for the data files, try binding the metrics "
-               "port and print `check version ...` and one `check problem ...` line per "
-               "problem, then exit (0: fine); parasync-launch --check runs it on every host");
-  if (auto done = ParseCommandLine(app, argc, argv)) return *done;
-  if (app.count("--step-delay-ms") > 0) {
-    if (app.count("--step-delay") > 0) {
-      return Fail("--step-delay and --step-delay-ms (its old form) both given: give one",
-                  kExitBadUsage);
-    }
-    step_delay_s = step_delay_ms / 1000.0;
-  }
+// The flags, checked and resolved: everything the user can get wrong is found before
+// anything starts.
+struct WorkerConfig {
+  parasync::ClusterSpec cluster;
+  int rank = 0;
+  std::string metrics_ip;
+  parasync::TrainingMode mode;
+  parasync::ModelSpec model;
+  parasync::OptimizerSpec optimizer;  // decay_examples: a placeholder until the data is known
+  parasync::DType wire = parasync::DType::kFloat32;
+  parasync::DeviceChoice device;
+  int local_rank = 0;
+  std::optional<parasync::CurveClientKeys> curve;
+};
 
-  if (eval_only) {
-    std::optional<std::string> described;
-    if (app.count("--model") > 0) described = model;
-    // `--eval-only --model FILE.psm` works too: a --model that describes no model is the
-    // model file.
-    if (model_file.empty() && described && !ResolveModelSpec(*described).ok()) {
-      model_file = *described;
-      described.reset();
-    }
-    return RunEvalOnly(model_file, data_dir, described, compute_threads);
-  }
-  if (!model_file.empty()) return Fail("--model-file is only used with --eval-only", kExitBadUsage);
-  // Everything the user can get wrong is checked before anything starts.
-  auto spec = ResolveClusterSpecFromEnvironment(cluster, "worker");
-  if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
-  auto metrics_ip = ResolveBindHost(metrics_bind, "--metrics-bind");
-  if (!metrics_ip.ok()) return Fail(metrics_ip.status().message(), kExitBadUsage);
-  if (heartbeat_interval_s * 3 > request_timeout_s + connect_timeout_s) {
-    return Fail("--heartbeat-interval must be under a third of --request-timeout + "
-                "--connect-timeout (a silent server is detected from missing heartbeats)",
-                kExitBadUsage);
-  }
-  auto training_mode = TrainingMode::Parse(mode);
-  if (!training_mode.ok()) return Fail(training_mode.status().message(), kExitBadUsage);
-  if (staleness_lr && training_mode->kind == TrainingMode::Kind::kSync) {
-    return Fail("--staleness-lr applies to async and ssp modes (sync gradients are never stale)",
-                kExitBadUsage);
-  }
-  if (lr_scaling != "none" && lr_scaling != "linear") {
-    return Fail("--lr-scaling must be linear or none, not '" + lr_scaling + "'", kExitBadUsage);
-  }
-  auto model_spec = ResolveModelSpec(model);
-  if (!model_spec.ok()) return Fail(model_spec.status().message(), kExitBadUsage);
-  auto opt_kind = ParseOptimizerKind(optimizer);
-  if (!opt_kind.ok()) return Fail(opt_kind.status().message(), kExitBadUsage);
+// The optimizer the flags describe for `num_workers` workers; InvalidArgument naming the
+// flag that is wrong.
+parasync::Result<parasync::OptimizerSpec> OptimizerFromFlags(const WorkerFlags& f,
+                                                             size_t num_workers) {
+  using namespace parasync;
+  auto opt_kind = ParseOptimizerKind(f.optimizer);
+  if (!opt_kind.ok()) return opt_kind.status();
   OptimizerSpec opt;
   opt.kind = *opt_kind;
-  opt.learning_rate = lr;
-  if (lr_scaling == "linear") opt.learning_rate = lr * static_cast<float>(spec->workers.size());
-  opt.momentum = momentum;
-  opt.staleness_aware = staleness_lr;
-  auto schedule = ParseLrSchedule(lr_schedule);
-  if (!schedule.ok()) return Fail("--lr-schedule: " + schedule.status().message(), kExitBadUsage);
+  opt.learning_rate = f.lr;
+  if (f.lr_scaling == "linear") opt.learning_rate = f.lr * static_cast<float>(num_workers);
+  opt.momentum = f.momentum;
+  opt.staleness_aware = f.staleness_lr;
+  auto schedule = ParseLrSchedule(f.lr_schedule);
+  if (!schedule.ok()) return Status::InvalidArgument("--lr-schedule: " + schedule.status().message());
   opt.schedule = *schedule;
   if (opt.schedule == LrSchedule::kConstant &&
-      (lr_decay_epochs != 0 || lr_final_fraction != 0.0f)) {
-    return Fail("--lr-decay-epochs and --lr-final-fraction need --lr-schedule cosine",
-                kExitBadUsage);
+      (f.lr_decay_epochs != 0 || f.lr_final_fraction != 0.0f)) {
+    return Status::InvalidArgument(
+        "--lr-decay-epochs and --lr-final-fraction need --lr-schedule cosine");
   }
-  opt.final_lr_fraction = lr_final_fraction;
+  opt.final_lr_fraction = f.lr_final_fraction;
   // The horizon in examples is known once the data is: a placeholder until then.
   if (opt.schedule == LrSchedule::kCosine) opt.decay_examples = 1;
-  if (Status s = ValidateOptimizer(opt); !s.ok()) return Fail(s.message(), kExitBadUsage);
-  const std::optional<DType> wire = ParseDType(wire_dtype);
+  if (Status s = ValidateOptimizer(opt); !s.ok()) return s;
+  return opt;
+}
+
+// Checks the flags (except the eval-only ones) and resolves what they name; InvalidArgument
+// with the line to print otherwise. `f.local_rank` < 0 is taken from the environment.
+parasync::Result<WorkerConfig> Validate(const WorkerFlags& f) {
+  using namespace parasync;
+  WorkerConfig c;
+  auto spec = ResolveClusterSpecFromEnvironment(f.cluster, "worker");
+  if (!spec.ok()) return spec.status();
+  c.cluster = std::move(spec).value();
+  c.rank = c.cluster.task_index;
+  auto metrics_ip = ResolveBindHost(f.metrics_bind, "--metrics-bind");
+  if (!metrics_ip.ok()) return metrics_ip.status();
+  c.metrics_ip = *metrics_ip;
+  if (f.heartbeat_interval_s * 3 > f.request_timeout_s + f.connect_timeout_s) {
+    return Status::InvalidArgument(
+        "--heartbeat-interval must be under a third of --request-timeout + "
+        "--connect-timeout (a silent server is detected from missing heartbeats)");
+  }
+  auto mode = TrainingMode::Parse(f.mode);
+  if (!mode.ok()) return mode.status();
+  c.mode = *mode;
+  if (f.staleness_lr && c.mode.kind == TrainingMode::Kind::kSync) {
+    return Status::InvalidArgument(
+        "--staleness-lr applies to async and ssp modes (sync gradients are never stale)");
+  }
+  if (f.lr_scaling != "none" && f.lr_scaling != "linear") {
+    return Status::InvalidArgument("--lr-scaling must be linear or none, not '" + f.lr_scaling +
+                                   "'");
+  }
+  auto model = ResolveModelSpec(f.model);
+  if (!model.ok()) return model.status();
+  c.model = std::move(model).value();
+  auto opt = OptimizerFromFlags(f, c.cluster.workers.size());
+  if (!opt.ok()) return opt.status();
+  c.optimizer = *opt;
+  const std::optional<DType> wire = ParseDType(f.wire_dtype);
   if (!wire) {
-    return Fail("--wire-dtype must be float32, bfloat16 or float16, not '" + wire_dtype + "'",
-                kExitBadUsage);
+    return Status::InvalidArgument("--wire-dtype must be float32, bfloat16 or float16, not '" +
+                                   f.wire_dtype + "'");
   }
-  auto dev = ParseDevice(device);
-  if (!dev.ok()) return Fail(dev.status().message(), kExitBadUsage);
-  if (local_rank < 0) {
+  c.wire = *wire;
+  auto device = ParseDevice(f.device);
+  if (!device.ok()) return device.status();
+  c.device = *device;
+  c.local_rank = f.local_rank;
+  if (c.local_rank < 0) {
     auto from_env = LocalRankFromEnvironment();
-    if (!from_env.ok()) return Fail(from_env.status().message(), kExitBadUsage);
-    local_rank = *from_env;
+    if (!from_env.ok()) return from_env.status();
+    c.local_rank = *from_env;
   }
-  const int rank = spec->task_index;
-  auto curve = LoadCurveClientKeys(curve_key_file, curve_server_key_file, spec->ps.size());
-  if (!curve.ok()) return Fail(curve.status().message(), kExitBadUsage);
-  if (check) {
-    std::vector<std::string> problems;
-    const std::string who = "worker" + std::to_string(rank);
-    if (Status s = CheckDataFilesExist(data_dir); !s.ok()) {
-      problems.push_back(who + ": " + s.message());
-    }
-    if (metrics_port != 0) {
-      if (std::string p = BindProblem(metrics_bind, metrics_port); !p.empty()) {
-        problems.push_back(who + " metrics: " + p);
-      }
-    }
-    return ReportCheck(problems);
+  auto curve = LoadCurveClientKeys(f.curve_key_file, f.curve_server_key_file, c.cluster.ps.size());
+  if (!curve.ok()) return curve.status();
+  c.curve = *curve;
+  return c;
+}
+
+// --check: the data files and the metrics port; prints the report, returns the exit status.
+int RunCheck(const WorkerFlags& f, const WorkerConfig& c) {
+  using namespace parasync;
+  std::vector<std::string> problems;
+  const std::string who = "worker" + std::to_string(c.rank);
+  if (Status s = CheckDataFilesExist(f.data_dir); !s.ok()) {
+    problems.push_back(who + ": " + s.message());
   }
-  // A metrics port in use is refused before anything starts, naming the flag.
-  if (metrics_port != 0) {
-    if (std::string p = BindProblem(metrics_bind, metrics_port); !p.empty()) {
-      return Fail("--metrics-port " + std::to_string(metrics_port) + ": " + p, kExitBadUsage);
+  if (f.metrics_port != 0) {
+    if (std::string p = BindProblem(f.metrics_bind, f.metrics_port); !p.empty()) {
+      problems.push_back(who + " metrics: " + p);
     }
   }
-  if (!InitLogging("worker", rank, log_level)) {
-    return Fail("unknown --log-level " + log_level, kExitBadUsage);
+  return ReportCheck(problems);
+}
+
+// The training split (cut to --train-examples) and, on the chief, the test split; sets the
+// cosine horizon in `opt` from the training split's size.
+parasync::Status LoadData(const WorkerFlags& f, int rank, parasync::Dataset* train,
+                          parasync::Dataset* test, parasync::OptimizerSpec* opt) {
+  using namespace parasync;
+  auto loaded = LoadDataset(f.data_dir, "train");
+  if (!loaded.ok()) return loaded.status();
+  *train = std::move(loaded).value();
+  if (f.train_examples > 0 && f.train_examples < train->n) {
+    train->n = f.train_examples;
+    train->x.resize(static_cast<size_t>(f.train_examples * train->dim));
+    train->y.resize(static_cast<size_t>(f.train_examples));
   }
-  {
-    std::error_code ec;
-    std::filesystem::create_directories(log_dir, ec);
-    if (ec) return Fail("cannot create --log-dir " + log_dir + ": " + ec.message(), kExitBadUsage);
-  }
-  InstallShutdownSignalHandlers();
-  KeepFreedMessageBuffers();
-  auto train = LoadDataset(data_dir, "train");
-  if (!train.ok()) return Fail(train.status().message(), kExitBadUsage);
-  if (train_examples > 0 && train_examples < train->n) {
-    train->n = train_examples;
-    train->x.resize(static_cast<size_t>(train_examples * train->dim));
-    train->y.resize(static_cast<size_t>(train_examples));
-  }
-  Dataset test;
   if (rank == 0) {
-    auto t = LoadDataset(data_dir, "test");
-    if (!t.ok()) return Fail(t.status().message(), kExitBadUsage);
-    test = std::move(t).value();
-    if (test.shape != train->shape) {
-      return Fail("the test examples have shape " + ShapeString(test.shape) +
-                      " but the training examples " + ShapeString(train->shape),
-                  kExitBadUsage);
+    auto t = LoadDataset(f.data_dir, "test");
+    if (!t.ok()) return t.status();
+    *test = std::move(t).value();
+    if (test->shape != train->shape) {
+      return Status::InvalidArgument("the test examples have shape " + ShapeString(test->shape) +
+                                     " but the training examples " + ShapeString(train->shape));
     }
   }
-  if (opt.schedule == LrSchedule::kCosine) {
-    const double decay_epochs = lr_decay_epochs > 0 ? lr_decay_epochs : epochs;
-    opt.decay_examples =
+  if (opt->schedule == LrSchedule::kCosine) {
+    const double decay_epochs = f.lr_decay_epochs > 0 ? f.lr_decay_epochs : f.epochs;
+    opt->decay_examples =
         std::max<int64_t>(1, std::llround(decay_epochs * static_cast<double>(train->n)));
   }
-  // The model meets its data: shapes layer by layer, then the labels against its outputs.
-  auto built = Model::Build(*model_spec, train->shape);
-  if (!built.ok()) return Fail(built.status().message(), kExitBadUsage);
-  const Model& net = *built;
-  if (Status s = net.CheckLabelsFit(std::max(MaxLabel(*train), MaxLabel(test))); !s.ok()) {
-    return Fail("model '" + net.spec().name + "': " + s.message(), kExitBadUsage);
+  return Status::Ok();
+}
+
+// Logging, the log directory, signal handling; an exit status if one fails.
+std::optional<int> SetUpProcess(const WorkerFlags& f, int rank) {
+  using namespace parasync;
+  // A metrics port in use is refused before anything starts, naming the flag.
+  if (f.metrics_port != 0) {
+    if (std::string p = BindProblem(f.metrics_bind, f.metrics_port); !p.empty()) {
+      return Fail("--metrics-port " + std::to_string(f.metrics_port) + ": " + p, kExitBadUsage);
+    }
   }
-
-  WorkerMetrics metrics(rank, net.spec().name, net.num_parameters());
-  // The metrics server starts before any compute backend is loaded (see backend_factory.h).
-  auto metrics_server = MetricsServer::Start(
-      *metrics_ip, metrics_port, metrics.registry,
-      {.loop = &metrics.loop, .stale_after = kWorkerLoopStaleAfter});
-  if (!metrics_server.ok()) {
-    // Checked free at start (above): taken since, or refused for another reason.
-    return Fail("cannot serve metrics on --metrics-bind " + metrics_bind + " --metrics-port " +
-                    std::to_string(metrics_port) + ": " + metrics_server.status().message(),
-                metrics_port != 0 ? kExitBadUsage : kExitRetryable);
+  if (!InitLogging("worker", rank, f.log_level)) {
+    return Fail("unknown --log-level " + f.log_level, kExitBadUsage);
   }
-  const int bound_metrics_port = (*metrics_server)->port();
-  MetricsServer::KeepUntilExit(std::move(metrics_server).value());
+  std::error_code ec;
+  std::filesystem::create_directories(f.log_dir, ec);
+  if (ec) return Fail("cannot create --log-dir " + f.log_dir + ": " + ec.message(), kExitBadUsage);
+  InstallShutdownSignalHandlers();
+  KeepFreedMessageBuffers();
+  return std::nullopt;
+}
 
-  SetCpuComputeThreads(compute_threads);
-  std::string why;
-  auto backend = CreateBackend(*dev, net, local_rank, &why);
-  if (!backend.ok()) return Fail(backend.status().message(), kExitBadUsage);
-  if (rank == 0) spdlog::info("{}", net.Summary());
-  spdlog::info("rank {}/{}: compute on {} ({}); {} training examples in this shard; metrics on "
-               "http://{}:{}/metrics",
-               rank, spec->workers.size(), (*backend)->name(), why,
-               (train->n + static_cast<int64_t>(spec->workers.size()) - 1 - rank) /
-                   static_cast<int64_t>(spec->workers.size()),
-               *metrics_ip, bound_metrics_port);
-
-  if (*wire != DType::kFloat32) {
-    spdlog::info("parameters and gradients travel as {} (half the bytes of float32)",
-                 DTypeName(*wire));
+// Starts /metrics (before any compute backend is loaded, see backend_factory.h) and keeps it
+// until exit, setting *bound_port; an exit status if it cannot.
+std::optional<int> StartMetrics(const WorkerFlags& f, const WorkerConfig& c,
+                                parasync::WorkerMetrics& metrics, int* bound_port) {
+  using namespace parasync;
+  auto server = MetricsServer::Start(c.metrics_ip, f.metrics_port, metrics.registry,
+                                     {.loop = &metrics.loop, .stale_after = kWorkerLoopStaleAfter});
+  if (!server.ok()) {
+    // Checked free at start (SetUpProcess): taken since, or refused for another reason.
+    return Fail("cannot serve metrics on --metrics-bind " + f.metrics_bind + " --metrics-port " +
+                    std::to_string(f.metrics_port) + ": " + server.status().message(),
+                f.metrics_port != 0 ? kExitBadUsage : kExitRetryable);
   }
+  *bound_port = (*server)->port();
+  MetricsServer::KeepUntilExit(std::move(server).value());
+  return std::nullopt;
+}
 
-  zmq::context_t context(1);
+// The connection to the parameter servers: heartbeats, and the push/pull client that gives
+// up when they stop answering them. Destroyed client first.
+struct Connection {
+  std::unique_ptr<parasync::Heartbeater> heartbeater;
+  std::unique_ptr<parasync::PsClient> client;
+  // A blocked pull gives up when a server has not answered heartbeats for this long.
+  std::chrono::milliseconds silence_limit{0};
+};
+
+// Starts the heartbeats and connects the client; an exit status if either fails.
+std::optional<int> Connect(zmq::context_t& context, const WorkerFlags& f, const WorkerConfig& c,
+                           parasync::WorkerMetrics& metrics, Connection* conn) {
+  using namespace parasync;
   PsClientOptions client_options;
-  client_options.ps_addresses = spec->ps;
-  client_options.rank = rank;
-  client_options.request_timeout = Millis(request_timeout_s);
-  client_options.curve = *curve;
-  client_options.wire_dtype = *wire;
-  client_options.copy_threads = copy_threads;
+  client_options.ps_addresses = c.cluster.ps;
+  client_options.rank = c.rank;
+  client_options.request_timeout = Millis(f.request_timeout_s);
+  client_options.curve = c.curve;
+  client_options.wire_dtype = c.wire;
+  client_options.copy_threads = f.copy_threads;
   auto heartbeater = Heartbeater::Start(
-      context, spec->ps, rank,
-      std::chrono::milliseconds(static_cast<int64_t>(heartbeat_interval_s * 1000)), *curve);
+      context, c.cluster.ps, c.rank,
+      std::chrono::milliseconds(static_cast<int64_t>(f.heartbeat_interval_s * 1000)), c.curve);
   if (!heartbeater.ok()) return Fail(heartbeater.status().message());
+  conn->heartbeater = std::move(heartbeater).value();
   // A blocked pull gives up when asked to stop, or when a server has stopped answering
   // heartbeats for longer than the request plus connect timeouts (it died: waiting would
   // never end).
-  const auto silence_limit = Millis(request_timeout_s) + Millis(connect_timeout_s);
-  Heartbeater* beats = heartbeater->get();
-  client_options.interrupted = [beats, silence_limit] {
+  conn->silence_limit = Millis(f.request_timeout_s) + Millis(f.connect_timeout_s);
+  Heartbeater* beats = conn->heartbeater.get();
+  client_options.interrupted = [beats, silence_limit = conn->silence_limit] {
     return ShutdownRequested() || beats->LongestSilence() > silence_limit;
   };
   // A parameter server that restarts (and restores its data directory) announces a new
   // incarnation in its heartbeat replies: requests to it are registered again and resent.
   client_options.incarnation_of = [beats](int shard) { return beats->Incarnation(shard); };
-  client_options.pulls_may_wait = training_mode->kind != TrainingMode::Kind::kAsync;
+  client_options.pulls_may_wait = c.mode.kind != TrainingMode::Kind::kAsync;
   client_options.loop = &metrics.loop;  // the training thread's turns, for /healthz
   auto client = PsClient::Connect(context, client_options);
   if (!client.ok()) return Fail(client.status().message());
+  conn->client = std::move(client).value();
+  return std::nullopt;
+}
 
+parasync::ModelRegistration RegistrationOf(const parasync::Model& net, const WorkerFlags& f,
+                                           const WorkerConfig& c,
+                                           const parasync::OptimizerSpec& opt) {
+  using namespace parasync;
   ModelRegistration reg;
   reg.variables = net.variables();
-  {
-    // The description travels with the registration, so parasync-export can record it.
-    ModelSpec described = net.spec();
-    described.input = net.input_shape();
-    reg.model = ModelSpecToJson(described);
-  }
+  // The description travels with the registration, so parasync-export can record it.
+  ModelSpec described = net.spec();
+  described.input = net.input_shape();
+  reg.model = ModelSpecToJson(described);
   reg.optimizer = opt;
-  reg.seed = seed;
-  reg.max_slice_elements = max_slice_elements;
-  reg.num_shards = static_cast<int32_t>(spec->ps.size());
-  reg.mode = training_mode->ToString();
-  if (Status s = (*client)->Register(reg, Millis(connect_timeout_s)); !s.ok()) {
+  reg.seed = f.seed;
+  reg.max_slice_elements = f.max_slice_elements;
+  reg.num_shards = static_cast<int32_t>(c.cluster.ps.size());
+  reg.mode = c.mode.ToString();
+  return reg;
+}
+
+// Registers the model with every server; an exit status if training is not to start.
+std::optional<int> RegisterModel(parasync::PsClient& client, const parasync::ModelRegistration& reg,
+                                 const WorkerFlags& f) {
+  using namespace parasync;
+  if (Status s = client.Register(reg, Millis(f.connect_timeout_s)); !s.ok()) {
     if (ShutdownRequested()) {
       spdlog::info("stopped by signal {} before training", ShutdownSignal());
       return 0;
@@ -601,29 +675,38 @@ int main(int argc, char** argv) {
     return Fail("registration failed: " + s.ToString(), refused ? kExitBadUsage : kExitRetryable);
   }
   spdlog::info("registered {} variables as {} slices on {} parameter server(s)",
-               reg.variables.size(), (*client)->slice_map().slices().size(), spec->ps.size());
+               reg.variables.size(), client.slice_map().slices().size(), reg.num_shards);
+  return std::nullopt;
+}
 
-  TrainerOptions options;
-  options.rank = rank;
-  options.num_workers = static_cast<int>(spec->workers.size());
-  options.mode = *training_mode;
-  options.shuffle = !no_shuffle;
-  options.step_delay = Millis(step_delay_s);
-  options.slowdown = slowdown;
-  options.checkpoint_each_epoch = checkpoint_each_epoch;
-  options.epochs = epochs;
-  options.batch_size = batch_size;
-  options.max_steps = max_steps;
-  options.max_seconds = max_seconds;
-  options.log_every_seconds = log_every_s;
-  options.seed = seed;
-  options.log_dir = log_dir;
+parasync::TrainerOptions TrainerOptionsOf(const WorkerFlags& f, const WorkerConfig& c,
+                                          const parasync::Model& net,
+                                          const parasync::OptimizerSpec& opt) {
+  parasync::TrainerOptions options;
+  options.rank = c.rank;
+  options.num_workers = static_cast<int>(c.cluster.workers.size());
+  options.mode = c.mode;
+  options.shuffle = !f.no_shuffle;
+  options.step_delay = Millis(f.step_delay_s);
+  options.slowdown = f.slowdown;
+  options.checkpoint_each_epoch = f.checkpoint_each_epoch;
+  options.epochs = f.epochs;
+  options.batch_size = f.batch_size;
+  options.max_steps = f.max_steps;
+  options.max_seconds = f.max_seconds;
+  options.log_every_seconds = f.log_every_s;
+  options.seed = f.seed;
+  options.log_dir = f.log_dir;
   options.model = net;
   options.optimizer = opt;
-  auto summary = RunTraining(options, *train, test, **client, **backend, metrics,
-                             [] { return ShutdownRequested(); });
+  return options;
+}
 
-  const std::string snapshot = MetricsSnapshotPath(log_dir, "worker" + std::to_string(rank));
+// After training: the metrics snapshot, then the outcome's log line; the exit status.
+int Finish(const parasync::Result<parasync::TrainingSummary>& summary, const WorkerFlags& f,
+           int rank, parasync::WorkerMetrics& metrics, const Connection& conn) {
+  using namespace parasync;
+  const std::string snapshot = MetricsSnapshotPath(f.log_dir, "worker" + std::to_string(rank));
   if (Status w = WriteMetricsSnapshot(*metrics.registry, snapshot); !w.ok()) {
     spdlog::warn("metrics snapshot not written: {}", w.message());
   }
@@ -632,9 +715,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!summary.ok()) {
-    if ((*heartbeater)->LongestSilence() > silence_limit) {
+    if (conn.heartbeater->LongestSilence() > conn.silence_limit) {
       return Fail("training failed: a parameter server has not answered for " +
-                  std::to_string((*heartbeater)->LongestSilence().count() / 1000) + " s (" +
+                  std::to_string(conn.heartbeater->LongestSilence().count() / 1000) + " s (" +
                   summary.status().message() + ")");
     }
     return Fail("training failed: " + summary.status().ToString());
@@ -643,10 +726,90 @@ int main(int argc, char** argv) {
     spdlog::info("training done: {} epochs, {} steps here; final test accuracy {:.4f}, test loss "
                  "{:.4f}; eval log {}/eval.jsonl",
                  summary->epochs_done, summary->steps, summary->final_test_accuracy,
-                 summary->final_test_loss, log_dir);
+                 summary->final_test_loss, f.log_dir);
   } else {
     spdlog::info("training done: {} epochs, {} steps, {} gradients dropped as stale",
                  summary->epochs_done, summary->steps, summary->dropped);
   }
   return 0;
+}
+
+// Training with validated flags: data, model, metrics, backend, servers, the loop.
+int Run(const WorkerFlags& f, const WorkerConfig& c) {
+  using namespace parasync;
+  if (auto exit = SetUpProcess(f, c.rank)) return *exit;
+  Dataset train;
+  Dataset test;
+  OptimizerSpec opt = c.optimizer;
+  if (Status s = LoadData(f, c.rank, &train, &test, &opt); !s.ok()) {
+    return Fail(s.message(), kExitBadUsage);
+  }
+  // The model meets its data: shapes layer by layer, then the labels against its outputs.
+  auto built = Model::Build(c.model, train.shape);
+  if (!built.ok()) return Fail(built.status().message(), kExitBadUsage);
+  const Model& net = *built;
+  if (Status s = net.CheckLabelsFit(std::max(MaxLabel(train), MaxLabel(test))); !s.ok()) {
+    return Fail("model '" + net.spec().name + "': " + s.message(), kExitBadUsage);
+  }
+  WorkerMetrics metrics(c.rank, net.spec().name, net.num_parameters());
+  int metrics_port = 0;
+  if (auto exit = StartMetrics(f, c, metrics, &metrics_port)) return *exit;
+  SetCpuComputeThreads(f.compute_threads);
+  std::string why;
+  auto backend = CreateBackend(c.device, net, c.local_rank, &why);
+  if (!backend.ok()) return Fail(backend.status().message(), kExitBadUsage);
+  const auto num_workers = static_cast<int64_t>(c.cluster.workers.size());
+  if (c.rank == 0) spdlog::info("{}", net.Summary());
+  spdlog::info("rank {}/{}: compute on {} ({}); {} training examples in this shard; metrics on "
+               "http://{}:{}/metrics",
+               c.rank, c.cluster.workers.size(), (*backend)->name(), why,
+               (train.n + num_workers - 1 - c.rank) / num_workers, c.metrics_ip, metrics_port);
+  if (c.wire != DType::kFloat32) {
+    spdlog::info("parameters and gradients travel as {} (half the bytes of float32)",
+                 DTypeName(c.wire));
+  }
+  zmq::context_t context(1);
+  Connection conn;
+  if (auto exit = Connect(context, f, c, metrics, &conn)) return *exit;
+  if (auto exit = RegisterModel(*conn.client, RegistrationOf(net, f, c, opt), f)) return *exit;
+  auto summary = RunTraining(TrainerOptionsOf(f, c, net, opt), train, test, *conn.client,
+                             **backend, metrics, [] { return ShutdownRequested(); });
+  return Finish(summary, f, c.rank, metrics, conn);
+}
+
+// --eval-only: `--eval-only --model FILE.psm` works too (a --model that describes no model
+// is the model file).
+int RunEvalOnlyFlags(const CLI::App& app, WorkerFlags& f) {
+  std::optional<std::string> described;
+  if (app.count("--model") > 0) described = f.model;
+  if (f.model_file.empty() && described && !parasync::ResolveModelSpec(*described).ok()) {
+    f.model_file = *described;
+    described.reset();
+  }
+  return RunEvalOnly(f.model_file, f.data_dir, described, f.compute_threads);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace parasync;
+  CLI::App app;
+  WorkerFlags flags;
+  SetUpWorkerCommandLine(app, flags);
+  if (auto done = ParseCommandLine(app, argc, argv)) return *done;
+  if (app.count("--step-delay-ms") > 0) {
+    if (app.count("--step-delay") > 0) {
+      return Fail("--step-delay and --step-delay-ms (its old form) both given: give one",
+                  kExitBadUsage);
+    }
+    flags.step_delay_s = flags.step_delay_ms / 1000.0;
+  }
+  if (flags.eval_only) return RunEvalOnlyFlags(app, flags);
+  if (!flags.model_file.empty()) {
+    return Fail("--model-file is only used with --eval-only", kExitBadUsage);
+  }
+  auto config = Validate(flags);
+  if (!config.ok()) return Fail(config.status().message(), kExitBadUsage);
+  if (flags.check) return RunCheck(flags, *config);
+  return Run(flags, *config);
 }

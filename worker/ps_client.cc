@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/metrics.h"
+#include "worker/request_tracker.h"
 
 namespace parasync {
 
@@ -131,165 +132,156 @@ Status PsClient::ReleasePushFrames(bool answered) {
   return result;
 }
 
-Result<std::vector<Inbound>> PsClient::Exchange(
-    std::vector<int> shards, std::vector<Outgoing> requests, std::chrono::milliseconds timeout,
-    bool interruptible, std::vector<std::chrono::steady_clock::time_point>* answered_at,
-    size_t short_count, std::chrono::milliseconds short_timeout) {
+std::string PsClient::ShardName(int shard) const {
+  return "ps shard " + std::to_string(shard) + " (" +
+         options_.ps_addresses[static_cast<size_t>(shard)] + ")";
+}
+
+Status PsClient::SendRequest(RequestTracker& tracker, size_t i, Outgoing& request) {
+  const size_t s = static_cast<size_t>(tracker.shard(i));
+  // The header's incarnation stays what the request was built for: a push computed from
+  // (or a pull waiting for) a version of one server process says so, also when resent.
+  // Frames are copied so the request can be resent.
+  std::vector<zmq::message_t> frames;
+  frames.reserve(request.frames.size());
+  for (auto& f : request.frames) {
+    frames.emplace_back();
+    frames.back().copy(f);
+  }
+  tracker.Sent(i, incarnation_[s], std::chrono::steady_clock::now());
+  return sockets_[s]->Send(nullptr, request.header, std::move(frames));
+}
+
+Status PsClient::ResendDue(RequestTracker& tracker, std::vector<Outgoing>& requests,
+                           std::chrono::steady_clock::time_point now) {
+  for (size_t i = 0; i < tracker.size(); ++i) {
+    if (tracker.answered(i)) continue;
+    const int shard = tracker.shard(i);
+    const size_t s = static_cast<size_t>(shard);
+    const uint64_t announced = options_.incarnation_of ? options_.incarnation_of(shard) : 0;
+    const RequestTracker::Resend why = tracker.ResendDue(i, announced, now);
+    if (why == RequestTracker::Resend::kNotDue) continue;
+    const bool restarted = why == RequestTracker::Resend::kRestarted;
+    if (tracker.FirstComplaint(i)) {
+      spdlog::warn("{} {}; sending again (for up to {} s)", ShardName(shard),
+                   restarted ? "restarted" : "does not answer",
+                   std::chrono::duration_cast<std::chrono::seconds>(tracker.Remaining(now)).count());
+    }
+    if (restarted) {
+      incarnation_[s] = announced;
+      ++reconnects_;
+      // The new process may hold no model (nothing saved yet): register first (idempotent).
+      if (registration_ && requests[i].header.type != MsgType::kRegister) {
+        Header reg;
+        reg.type = MsgType::kRegister;
+        reg.request_id = next_request_id_++;  // its reply is not waited for
+        reg.rank = options_.rank;
+        reg.registration = registration_;
+        (void)sockets_[s]->Send(nullptr, reg, {});
+      }
+    }
+    ++resends_;
+    if (Status st = SendRequest(tracker, i, requests[i]); !st.ok()) {
+      return st.WithContext(ShardName(shard));
+    }
+  }
+  return Status::Ok();
+}
+
+Status PsClient::TakeReplies(RequestTracker& tracker, int shard,
+                             std::vector<std::optional<Inbound>>& replies) {
   using Clock = std::chrono::steady_clock;
-  const size_t n = shards.size();
-  std::vector<uint64_t> ids(n);
-  std::vector<Clock::time_point> sent_at(n);
-  std::vector<uint64_t> sent_to(n);  // incarnation each request was addressed to
-  std::vector<std::chrono::milliseconds> backoff(n, options_.resend_after);
-  std::vector<bool> complained(n, false);
-  auto who = [&](size_t i) {
-    return "ps shard " + std::to_string(shards[i]) + " (" +
-           options_.ps_addresses[static_cast<size_t>(shards[i])] + ")";
-  };
-  // Sends request i (again). Frames are copied so the request can be resent.
-  auto send = [&](size_t i) -> Status {
-    const size_t s = static_cast<size_t>(shards[i]);
-    // The header's incarnation stays what the request was built for: a push computed from
-    // (or a pull waiting for) a version of one server process says so, also when resent.
-    std::vector<zmq::message_t> frames;
-    frames.reserve(requests[i].frames.size());
-    for (auto& f : requests[i].frames) {
-      frames.emplace_back();
-      frames.back().copy(f);
+  // Drain what is queued: replies to abandoned requests (other ids) may be ahead of ours.
+  for (;;) {
+    auto in = sockets_[static_cast<size_t>(shard)]->Receive(std::chrono::milliseconds(0));
+    if (!in.ok()) return in.status();
+    if (!in->has_value()) return Status::Ok();
+    Inbound& msg = **in;
+    if (!msg.header.ok()) {
+      return msg.header.status().WithContext(ShardName(shard) + " sent a bad reply");
     }
-    sent_at[i] = Clock::now();
-    sent_to[i] = incarnation_[s];
-    return sockets_[s]->Send(nullptr, requests[i].header, std::move(frames));
-  };
-  for (size_t i = 0; i < n; ++i) {
-    if (!sockets_[static_cast<size_t>(shards[i])]) {
-      return Status::Unavailable(who(i) + ": its connection could not be reopened after a failed push");
+    if (msg.header->incarnation != 0) {
+      incarnation_[static_cast<size_t>(shard)] = msg.header->incarnation;
     }
+    const std::optional<size_t> i = tracker.Match(shard, msg.header->request_id);
+    if (!i) continue;  // a late reply to an abandoned request
+    if (!msg.header->status.ok()) return msg.header->status.WithContext(ShardName(shard));
+    const auto now = Clock::now();
+    if (tracker.complained(*i)) {
+      spdlog::info("{} answered again after {:.1f} s", ShardName(shard),
+                   std::chrono::duration<double>(tracker.Elapsed(now)).count());
+    }
+    tracker.Answer(*i, now);
+    replies[*i] = std::move(msg);
   }
-  for (size_t i = 0; i < n; ++i) {
-    ids[i] = next_request_id_++;
-    requests[i].header.request_id = ids[i];
-    requests[i].header.rank = options_.rank;
-    if (Status st = send(i); !st.ok()) return st.WithContext(who(i));
-  }
-  std::vector<std::optional<Inbound>> replies(n);
-  size_t pending = n;
-  const auto start = Clock::now();
-  const auto deadline = start + timeout;
+}
+
+Status PsClient::AwaitReplies(RequestTracker& tracker, std::vector<Outgoing>& requests,
+                              bool interruptible, std::vector<std::optional<Inbound>>& replies) {
+  using Clock = std::chrono::steady_clock;
   std::vector<Socket*> waiting;
-  std::vector<int> waiting_shard;
-  if (answered_at != nullptr) answered_at->assign(n, Clock::time_point{});
-  while (pending > 0) {
+  while (tracker.pending() > 0) {
     if (options_.loop != nullptr) options_.loop->Beat();
     if (interruptible && options_.interrupted && options_.interrupted()) {
       return Status::Aborted("interrupted while waiting for the parameter servers");
     }
     const auto now = Clock::now();
-    // Requests [0, short_count) must be answered within short_timeout (PushPull's pushes,
-    // whose pulls may wait far longer at a barrier).
-    const bool short_overdue = [&] {
-      if (now < start + short_timeout) return false;
-      for (size_t i = 0; i < std::min(short_count, n); ++i) {
-        if (!replies[i]) return true;
-      }
-      return false;
-    }();
-    if (now >= deadline || short_overdue) {
+    if (auto overdue = tracker.CheckOverdue(now)) {
       std::string silent;
-      for (size_t i = 0; i < (short_overdue ? std::min(short_count, n) : n); ++i) {
-        if (!replies[i]) silent += (silent.empty() ? "" : ", ") + who(i);
+      for (size_t i : overdue->silent) {
+        silent += (silent.empty() ? "" : ", ") + ShardName(tracker.shard(i));
       }
       return Status::TimedOut("no reply from " + silent + " within " +
-                              std::to_string((short_overdue ? short_timeout : timeout).count()) +
-                              " ms");
+                              std::to_string(overdue->limit.count()) + " ms");
     }
-    // A restarted server lost what was sent to its predecessor; a lost reply is asked for
-    // again after resend_after. Same id: whichever reply comes first is taken.
-    for (size_t i = 0; i < n; ++i) {
-      if (replies[i]) continue;
-      const size_t s = static_cast<size_t>(shards[i]);
-      const uint64_t now_inc = options_.incarnation_of ? options_.incarnation_of(shards[i]) : 0;
-      const bool restarted = now_inc != 0 && sent_to[i] != 0 && now_inc != sent_to[i];
-      if (!restarted && now - sent_at[i] < backoff[i]) continue;
-      backoff[i] = restarted ? options_.resend_after : std::min(backoff[i] * 2, options_.resend_max);
-      if (!complained[i]) {
-        spdlog::warn("{} {}; sending again (for up to {} s)", who(i),
-                     restarted ? "restarted" : "does not answer",
-                     std::chrono::duration_cast<std::chrono::seconds>(deadline - now).count());
-        complained[i] = true;
-      }
-      if (restarted) {
-        incarnation_[s] = now_inc;
-        ++reconnects_;
-        // The new process may hold no model (nothing saved yet): register first (idempotent).
-        if (registration_ && requests[i].header.type != MsgType::kRegister) {
-          Header reg;
-          reg.type = MsgType::kRegister;
-          reg.request_id = next_request_id_++;  // its reply is not waited for
-          reg.rank = options_.rank;
-          reg.registration = registration_;
-          (void)sockets_[s]->Send(nullptr, reg, {});
-        }
-      }
-      ++resends_;
-      if (Status st = send(i); !st.ok()) return st.WithContext(who(i));
-    }
+    PARASYNC_RETURN_IF_ERROR(ResendDue(tracker, requests, now));
     // Every shard with an unanswered request, once (a shard may have several: PushPull).
+    const std::vector<int> waiting_shard = tracker.WaitingShards();
     waiting.clear();
-    waiting_shard.clear();
-    for (size_t i = 0; i < n; ++i) {
-      if (replies[i]) continue;
-      const int shard = shards[i];
-      if (std::find(waiting_shard.begin(), waiting_shard.end(), shard) != waiting_shard.end()) {
-        continue;
-      }
+    for (int shard : waiting_shard) {
       // A refused CURVE key never gets an answer: say so now instead of waiting it out.
       if (auto refused = sockets_[static_cast<size_t>(shard)]->HandshakeFailure()) {
-        return Status::Unavailable(who(i) + ": " + *refused);
+        return Status::Unavailable(ShardName(shard) + ": " + *refused);
       }
       waiting.push_back(sockets_[static_cast<size_t>(shard)].get());
-      waiting_shard.push_back(shard);
     }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(tracker.Remaining(now));
     auto ready = WaitReadable(waiting, std::min(left, std::chrono::milliseconds(100)) +
                                            std::chrono::milliseconds(1));
     if (!ready.ok()) return ready.status();
     for (size_t k = 0; k < waiting.size(); ++k) {
-      if (!(*ready)[k]) continue;
-      // Drain what is queued: replies to abandoned requests (other ids) may be ahead of ours.
-      for (;;) {
-        auto in = waiting[k]->Receive(std::chrono::milliseconds(0));
-        if (!in.ok()) return in.status();
-        if (!in->has_value()) break;
-        Inbound& msg = **in;
-        size_t i = n;
-        for (size_t j = 0; j < n; ++j) {
-          if (shards[j] == waiting_shard[k] && !replies[j] &&
-              (!msg.header.ok() || msg.header->request_id == ids[j])) {
-            i = j;
-            break;
-          }
-        }
-        if (!msg.header.ok()) {
-          return msg.header.status().WithContext(
-              "ps shard " + std::to_string(waiting_shard[k]) + " (" +
-              options_.ps_addresses[static_cast<size_t>(waiting_shard[k])] + ") sent a bad reply");
-        }
-        if (msg.header->incarnation != 0) {
-          incarnation_[static_cast<size_t>(waiting_shard[k])] = msg.header->incarnation;
-        }
-        if (i == n) continue;  // a late reply to an abandoned request
-        if (!msg.header->status.ok()) return msg.header->status.WithContext(who(i));
-        if (complained[i]) {
-          spdlog::info("{} answered again after {:.1f} s", who(i),
-                       std::chrono::duration<double>(Clock::now() - start).count());
-        }
-        if (answered_at != nullptr) (*answered_at)[i] = Clock::now();
-        replies[i] = std::move(msg);
-        --pending;
-      }
+      if ((*ready)[k]) PARASYNC_RETURN_IF_ERROR(TakeReplies(tracker, waiting_shard[k], replies));
     }
   }
+  return Status::Ok();
+}
+
+Result<std::vector<Inbound>> PsClient::Exchange(
+    std::vector<int> shards, std::vector<Outgoing> requests, std::chrono::milliseconds timeout,
+    bool interruptible, std::vector<std::chrono::steady_clock::time_point>* answered_at,
+    size_t short_count, std::chrono::milliseconds short_timeout) {
+  const size_t n = shards.size();
+  RequestTracker tracker(std::move(shards),
+                         {timeout, short_count, short_timeout, options_.resend_after,
+                          options_.resend_max});
+  for (size_t i = 0; i < n; ++i) {
+    if (!sockets_[static_cast<size_t>(tracker.shard(i))]) {
+      return Status::Unavailable(ShardName(tracker.shard(i)) +
+                                 ": its connection could not be reopened after a failed push");
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    tracker.SetId(i, next_request_id_++);
+    requests[i].header.request_id = tracker.id(i);
+    requests[i].header.rank = options_.rank;
+    if (Status st = SendRequest(tracker, i, requests[i]); !st.ok()) {
+      return st.WithContext(ShardName(tracker.shard(i)));
+    }
+  }
+  tracker.Start(std::chrono::steady_clock::now());
+  std::vector<std::optional<Inbound>> replies(n);
+  PARASYNC_RETURN_IF_ERROR(AwaitReplies(tracker, requests, interruptible, replies));
+  if (answered_at != nullptr) *answered_at = tracker.answered_at();
   std::vector<Inbound> out;
   out.reserve(n);
   for (auto& r : replies) out.push_back(std::move(*r));

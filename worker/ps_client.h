@@ -32,6 +32,7 @@
 namespace parasync {
 
 class LoopHeartbeat;  // common/metrics.h
+class RequestTracker;  // worker/request_tracker.h
 
 struct PsClientOptions {
   std::vector<std::string> ps_addresses;  // "host:port", shard i = index i
@@ -216,6 +217,21 @@ class PsClient {
       bool interruptible = true,
       std::vector<std::chrono::steady_clock::time_point>* answered_at = nullptr,
       size_t short_count = 0, std::chrono::milliseconds short_timeout = {});
+
+  // Exchange's steps. "ps shard N (host:port)", as errors and logs name a shard.
+  std::string ShardName(int shard) const;
+  // Sends request i of `tracker` (again), copying its frames so it can be resent.
+  Status SendRequest(RequestTracker& tracker, size_t i, Outgoing& request);
+  // Sends again every unanswered request that is due (re-registering with a restarted
+  // server first).
+  Status ResendDue(RequestTracker& tracker, std::vector<Outgoing>& requests,
+                   std::chrono::steady_clock::time_point now);
+  // Waits until every request is answered, an error arrives, or the tracker times out.
+  Status AwaitReplies(RequestTracker& tracker, std::vector<Outgoing>& requests,
+                      bool interruptible, std::vector<std::optional<Inbound>>& replies);
+  // Takes every reply queued at `shard`'s socket, matching them to tracked requests.
+  Status TakeReplies(RequestTracker& tracker, int shard,
+                     std::vector<std::optional<Inbound>>& replies);
 
   // The requests of a pull (min_versions by shard) / a push, one per shard that holds slices,
   // appended to shards and requests; and what their replies tell.

@@ -105,265 +105,372 @@ StartPoint ResumeFrom(const DataProgress& recorded, size_t shard_size, int rank)
   return start;
 }
 
+// One evaluation's numbers, as a row of eval.jsonl holds them.
+struct EvalPoint {
+  int epoch = 0;
+  int64_t global_step = 0;
+  int64_t global_examples = 0;
+  double wall = 0;       // seconds since training started
+  double unix_time = 0;  // of the servers' statistics
+  double train_loss = 0;
+  double test_loss = 0;
+  double test_accuracy = 0;
+  double chief_examples_per_sec = 0;
+};
+
+nlohmann::json EvalRow(const TrainerOptions& o, int num_shards, const EvalPoint& p) {
+  return {{"mode", o.mode.ToString()},
+          {"workers", o.num_workers},
+          {"ps", num_shards},
+          {"epoch", p.epoch},
+          {"step", p.global_step},
+          {"examples", p.global_examples},
+          {"wall_s", p.wall},
+          {"time", p.unix_time},
+          {"train_loss", std::isfinite(p.train_loss) ? nlohmann::json(p.train_loss)
+                                                     : nlohmann::json(nullptr)},
+          {"test_loss", p.test_loss},
+          {"test_accuracy", p.test_accuracy},
+          {"chief_examples_per_sec", p.chief_examples_per_sec},
+          {"global_examples_per_sec",
+           p.wall > 0 ? static_cast<double>(p.global_examples) / p.wall : 0.0},
+          {"batch_size", o.batch_size},
+          {"optimizer", std::string(OptimizerKindName(o.optimizer.kind))},
+          // Shortest decimal form of the float (0.001, not 0.0010000000474974513).
+          {"learning_rate", std::stod(fmt::format("{}", o.optimizer.learning_rate))},
+          {"lr_schedule", std::string(LrScheduleName(o.optimizer.schedule))},
+          {"seed", o.seed}};
+}
+
+// What one epoch added up to.
+struct EpochTotals {
+  Clock::time_point start;
+  size_t first = 0;  // the example it started at (> 0: resumed)
+  double loss_sum = 0;
+  int64_t steps = 0, examples = 0;
+  struct {
+    double pull = 0, compute = 0, push = 0;
+  } seconds;  // in each phase of its steps
+};
+
+// One RunTraining call: its buffers, where it is, and what it has counted. Used by the
+// calling thread alone.
+class TrainingRun {
+ public:
+  TrainingRun(const TrainerOptions& o, const Dataset& train, const Dataset& test,
+              PsClient& client, ComputeBackend& backend, WorkerMetrics& metrics,
+              const std::function<bool()>& should_stop, std::vector<int64_t> shard)
+      : o_(o), train_(train), test_(test), client_(client), backend_(backend),
+        metrics_(metrics), should_stop_(should_stop), shard_(std::move(shard)),
+        params_(o.model.variables(), backend), grads_(o.model.variables(), backend),
+        batch_x_(backend.AllocateHost(static_cast<size_t>(o.batch_size) *
+                                      static_cast<size_t>(train.dim) * sizeof(float))),
+        batch_y_(backend.AllocateHost(static_cast<size_t>(o.batch_size))),
+        eval_log_(o.log_dir.empty() ? "eval.jsonl" : o.log_dir + "/eval.jsonl"),
+        start_(Clock::now()) {}
+
+  // Whether every buffer could be allocated.
+  bool ok() const {
+    return params_.ok() && grads_.ok() && batch_x_ != nullptr && batch_y_ != nullptr;
+  }
+  // The client counts retries and reconnects itself; the metrics follow its counts after
+  // every step and on every way out (an error return included), registration's too.
+  void SyncClientCounters() {
+    Follow(metrics_.retries, client_.resends(), counted_resends_);
+    Follow(metrics_.reconnects, client_.reconnects(), counted_reconnects_);
+  }
+  // Trains from where the servers recorded this rank to the last epoch, or until a stop.
+  Result<TrainingSummary> Run();
+
+ private:
+  static void Follow(prometheus::Counter* counter, int64_t now, int64_t& counted) {
+    if (now > counted) counter->Increment(static_cast<double>(now - counted));
+    counted = now;
+  }
+  bool sync() const { return o_.mode.kind == TrainingMode::Kind::kSync; }
+  Status Resume();
+  Status Evaluate(int epoch, double train_loss, double epoch_examples_per_sec);
+  Status TrainEpoch(int epoch, EpochTotals& totals);
+  Status Step(int epoch, size_t first, size_t count, EpochTotals& totals);
+  void CountPush();
+  void CountStep(size_t count, double loss, double pull_s, double compute_s, double push_s,
+                 EpochTotals& totals);
+  void MaybeLogProgress(int epoch, size_t done, const EpochTotals& totals);
+  Status EndEpoch(int epoch, const EpochTotals& totals);
+
+  const TrainerOptions& o_;
+  const Dataset& train_;
+  const Dataset& test_;
+  PsClient& client_;
+  ComputeBackend& backend_;
+  WorkerMetrics& metrics_;
+  const std::function<bool()>& should_stop_;
+  std::vector<int64_t> shard_;  // this rank's example indices, in this epoch's order
+  Tensors params_;
+  Tensors grads_;
+  std::shared_ptr<void> batch_x_;
+  std::shared_ptr<void> batch_y_;
+  EvalLog eval_log_;
+  const Clock::time_point start_;
+  TrainingSummary summary_;
+  StartPoint start_at_;
+  // This rank's step count, the steps before a restart included (as this batch size counts
+  // them): it seeds the dropout masks, which so go on where they were.
+  int64_t rank_step_ = 0;
+  bool stop_ = false;
+  bool have_params_ = false;  // params_ hold the model for the next step
+  Clock::time_point last_progress_line_;
+  int64_t counted_resends_ = 0;
+  int64_t counted_reconnects_ = 0;
+};
+
+// Evaluates the current server-side model on the whole test set (chief only). In sync mode
+// it waits for the step the chief last pushed to, so the model evaluated after an epoch is
+// the same in every run with the same seeds (not whichever step had completed).
+Status TrainingRun::Evaluate(int epoch, double train_loss, double epoch_examples_per_sec) {
+  PARASYNC_RETURN_IF_ERROR(client_.Pull(params_.ptrs, sync() ? PsClient::kNextStep : 0));
+  auto stats = client_.Stats();
+  if (!stats.ok()) return stats.status();
+  EvalPoint p{.epoch = epoch, .train_loss = train_loss,
+              .chief_examples_per_sec = epoch_examples_per_sec};
+  // Unix time of these statistics, to line the row up with other clocks (Prometheus).
+  p.unix_time =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  auto result = backend_.Evaluate(params_.cptrs, test_.x.data(), test_.y.data(), test_.n);
+  if (!result.ok()) return result.status();
+  p.test_accuracy = result->accuracy();
+  p.test_loss = result->mean_loss();
+  // Every push reaches every shard that holds slices, so their counters are the global
+  // ones (a shard without slices reports 0): take the largest.
+  for (const ShardStats& s : *stats) {
+    p.global_step = std::max(p.global_step, s.version);
+    p.global_examples = std::max(p.global_examples, s.examples);
+  }
+  p.wall = Seconds(start_, Clock::now());
+  if (metrics_.eval_accuracy != nullptr) metrics_.eval_accuracy->Set(p.test_accuracy);
+  if (metrics_.eval_loss != nullptr) metrics_.eval_loss->Set(p.test_loss);
+  summary_.final_test_accuracy = p.test_accuracy;
+  summary_.final_test_loss = p.test_loss;
+  PARASYNC_RETURN_IF_ERROR(eval_log_.Append(EvalRow(o_, client_.num_shards(), p)));
+  spdlog::info("eval epoch {}: test accuracy {:.4f}, test loss {:.4f} (global step {}, {} "
+               "examples, {:.1f} s)",
+               epoch, p.test_accuracy, p.test_loss, p.global_step, p.global_examples, p.wall);
+  return Status::Ok();
+}
+
+// Where to start, from the servers' record of this rank; the evaluation a restart owes.
+Status TrainingRun::Resume() {
+  start_at_ = ResumeFrom(client_.recorded_progress(), shard_.size(), o_.rank);
+  // The shuffles are cumulative: the order of epoch e is that of e - 1, shuffled again.
+  for (int e = 1; e < start_at_.epoch && o_.shuffle; ++e) {
+    ShuffleForEpoch(&shard_, o_.seed, o_.rank, e);
+  }
+  const auto batch = static_cast<size_t>(o_.batch_size);
+  const auto batches = [&](size_t examples) {
+    return static_cast<int64_t>((examples + batch - 1) / batch);
+  };
+  rank_step_ = (start_at_.epoch - 1) * batches(shard_.size()) + batches(start_at_.offset);
+  if (o_.rank == 0) {
+    const int logged = LastLoggedEpoch(eval_log_.path());
+    if (client_.recorded_progress().empty()) {
+      PARASYNC_RETURN_IF_ERROR(Evaluate(0, NAN, 0.0));
+    } else if (start_at_.finished_epoch > logged && start_at_.finished_epoch > 0) {
+      // The epoch ended before the stop, its evaluation did not.
+      PARASYNC_RETURN_IF_ERROR(Evaluate(start_at_.finished_epoch, NAN, 0.0));
+    }
+  }
+  if (start_at_.epoch > o_.epochs) {
+    spdlog::info("all {} epochs were trained before (the servers' record): nothing left to do",
+                 o_.epochs);
+  }
+  return Status::Ok();
+}
+
+Result<TrainingSummary> TrainingRun::Run() {
+  PARASYNC_RETURN_IF_ERROR(Resume());
+  last_progress_line_ = Clock::now();
+  for (int epoch = start_at_.epoch; epoch <= o_.epochs && !stop_; ++epoch) {
+    EpochTotals totals;
+    totals.first = epoch == start_at_.epoch ? start_at_.offset : 0;
+    PARASYNC_RETURN_IF_ERROR(TrainEpoch(epoch, totals));
+    if (totals.steps == 0) break;
+    PARASYNC_RETURN_IF_ERROR(EndEpoch(epoch, totals));
+  }
+  // Done or stopped: let the barriers go on without this rank (briefly, when stopping).
+  const auto leave_timeout = should_stop_() ? std::chrono::milliseconds(1000)
+                                            : std::chrono::milliseconds(10000);
+  if (Status s = client_.Leave(leave_timeout); !s.ok()) {
+    spdlog::warn("leave not acknowledged: {}", s.message());
+  }
+  return summary_;
+}
+
+Status TrainingRun::TrainEpoch(int epoch, EpochTotals& totals) {
+  metrics_.epoch->Set(epoch);
+  if (o_.shuffle) ShuffleForEpoch(&shard_, o_.seed, o_.rank, epoch);
+  totals.start = Clock::now();
+  const auto batch = static_cast<size_t>(o_.batch_size);
+  for (size_t first = totals.first; first < shard_.size(); first += batch) {
+    if (should_stop_()) {
+      stop_ = true;
+      break;
+    }
+    if (o_.max_seconds > 0 && Seconds(start_, Clock::now()) >= o_.max_seconds) {
+      stop_ = true;  // the time budget is spent: evaluate what there is, as after an epoch
+      break;
+    }
+    const size_t count = std::min(batch, shard_.size() - first);
+    PARASYNC_RETURN_IF_ERROR(Step(epoch, first, count, totals));
+    if (o_.max_steps > 0 && summary_.steps >= o_.max_steps) {
+      stop_ = true;
+      break;
+    }
+  }
+  return Status::Ok();
+}
+
+Status TrainingRun::Step(int epoch, size_t first, size_t count, EpochTotals& totals) {
+  auto* bx = static_cast<float*>(batch_x_.get());
+  auto* by = static_cast<uint8_t*>(batch_y_.get());
+  GatherBatch(train_, std::span<const int64_t>(shard_.data() + first, count), bx, by);
+  const auto t0 = Clock::now();
+  // Sync: each shard answers once it has applied the step this worker last pushed to.
+  // After the first step the parameters came with the last push (PushPull below).
+  if (!have_params_) {
+    PARASYNC_RETURN_IF_ERROR(client_.Pull(params_.ptrs, sync() ? PsClient::kNextStep : 0));
+    have_params_ = true;
+  }
+  const auto t1 = Clock::now();
+  auto loss = backend_.ForwardBackward(params_.cptrs, bx, by, static_cast<int>(count),
+                                       compute::StepSeed(o_.seed, o_.rank, rank_step_),
+                                       grads_.ptrs);
+  if (!loss.ok()) return loss.status();
+  if (!std::isfinite(*loss)) {
+    // Pushing it would be refused by the servers (or worse, half-applied across shards).
+    return Status::Aborted("training diverged: the loss is " + std::to_string(*loss) +
+                           " at epoch " + std::to_string(epoch) + "; try a smaller --lr");
+  }
+  if (o_.slowdown > 1.0) {
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>((o_.slowdown - 1.0) * Seconds(t1, Clock::now())));
+  }
+  if (o_.step_delay.count() > 0) std::this_thread::sleep_for(o_.step_delay);
+  const auto t2 = Clock::now();
+  // Where this worker is once the servers count this gradient (stored with it).
+  client_.set_progress({epoch, static_cast<int64_t>(first + count),
+                        static_cast<int64_t>(shard_.size())});
+  // The gradient out and the next step's parameters in, in one round trip.
+  PsClient::PushPullTimes exchange;
+  PARASYNC_RETURN_IF_ERROR(client_.PushPull(grads_.cptrs, static_cast<int64_t>(count),
+                                            params_.ptrs, sync() ? PsClient::kNextStep : 0,
+                                            &exchange));
+  CountPush();
+  SyncClientCounters();
+  CountStep(count, *loss, Seconds(t0, t1) + exchange.pull_seconds, Seconds(t1, t2),
+            exchange.push_seconds, totals);
+  MaybeLogProgress(epoch, first + count, totals);
+  return Status::Ok();
+}
+
+void TrainingRun::CountPush() {
+  if (client_.last_push_dropped()) {
+    ++summary_.dropped;
+    metrics_.dropped->Increment();
+  }
+  if (client_.last_push_staleness() >= 0) {
+    const auto staleness = static_cast<double>(client_.last_push_staleness());
+    metrics_.staleness->Observe(staleness);
+    if (staleness > metrics_.staleness_max->Value()) metrics_.staleness_max->Set(staleness);
+  }
+}
+
+void TrainingRun::CountStep(size_t count, double loss, double pull_s, double compute_s,
+                            double push_s, EpochTotals& totals) {
+  totals.seconds.pull += pull_s;
+  totals.seconds.compute += compute_s;
+  totals.seconds.push += push_s;
+  metrics_.pull_seconds->Observe(pull_s);
+  metrics_.compute_seconds->Observe(compute_s);
+  metrics_.push_seconds->Observe(push_s);
+  metrics_.examples->Increment(static_cast<double>(count));
+  metrics_.steps->Increment();
+  metrics_.train_loss->Set(loss);
+  totals.loss_sum += loss;
+  ++totals.steps;
+  totals.examples += static_cast<int64_t>(count);
+  ++summary_.steps;
+  ++rank_step_;
+  summary_.examples += static_cast<int64_t>(count);
+}
+
+// Within an epoch, a progress line at most every log_every_seconds; `done` examples of it.
+void TrainingRun::MaybeLogProgress(int epoch, size_t done, const EpochTotals& totals) {
+  if (o_.log_every_seconds <= 0 ||
+      Seconds(last_progress_line_, Clock::now()) < o_.log_every_seconds) {
+    return;
+  }
+  last_progress_line_ = Clock::now();
+  const double so_far = Seconds(totals.start, last_progress_line_);
+  spdlog::info("epoch {}/{}: {} of {} examples ({:.0f}%), {:.0f} examples/sec, train loss "
+               "{:.4f}",
+               epoch, o_.epochs, done, shard_.size(),
+               100.0 * static_cast<double>(done) / static_cast<double>(shard_.size()),
+               static_cast<double>(totals.examples) / so_far,
+               totals.loss_sum / static_cast<double>(totals.steps));
+}
+
+// The epoch's line; on the chief (unless stopped by a signal) its evaluation and checkpoint.
+Status TrainingRun::EndEpoch(int epoch, const EpochTotals& totals) {
+  const double secs = Seconds(totals.start, Clock::now());
+  const auto steps = static_cast<double>(totals.steps);
+  const double train_loss = totals.loss_sum / steps;
+  const double eps = static_cast<double>(totals.examples) / secs;
+  summary_.epochs_done = epoch;
+  spdlog::info("epoch {}/{}: {} examples{} in {:.2f} s = {:.0f} examples/sec, train loss {:.4f} "
+               "(per step: pull {:.2f} ms, compute {:.2f} ms, push {:.2f} ms)",
+               epoch, o_.epochs, totals.examples,
+               totals.first > 0 ? fmt::format(" (resumed at example {})", totals.first) : "",
+               secs, eps, train_loss, 1e3 * totals.seconds.pull / steps,
+               1e3 * totals.seconds.compute / steps, 1e3 * totals.seconds.push / steps);
+  if (o_.rank != 0 || (stop_ && should_stop_())) return Status::Ok();
+  PARASYNC_RETURN_IF_ERROR(Evaluate(epoch, train_loss, eps));
+  if (o_.checkpoint_each_epoch) {
+    if (Status s = client_.Checkpoint(); !s.ok()) {
+      spdlog::warn("checkpoint after epoch {} failed: {}", epoch, s.message());
+    } else {
+      spdlog::info("checkpoint after epoch {} saved on every server", epoch);
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& train,
                                     const Dataset& test, PsClient& client,
                                     ComputeBackend& backend, WorkerMetrics& metrics,
                                     const std::function<bool()>& should_stop) {
-  const std::vector<VariableSpec>& vars = o.model.variables();
   if (train.dim != o.model.input_size()) {
     return Status::InvalidArgument("the data has " + std::to_string(train.dim) +
                                    " features per example but the model expects " +
                                    std::to_string(o.model.input_size()));
   }
-  const bool chief = o.rank == 0;
   std::vector<int64_t> shard = ShardIndices(train.n, o.rank, o.num_workers);
   if (shard.empty()) return Status::InvalidArgument("this worker's data shard is empty");
-  const int batch = o.batch_size;
-  Tensors params(vars, backend);
-  Tensors grads(vars, backend);
-  std::shared_ptr<void> batch_x =
-      backend.AllocateHost(static_cast<size_t>(batch) * static_cast<size_t>(train.dim) * sizeof(float));
-  std::shared_ptr<void> batch_y = backend.AllocateHost(static_cast<size_t>(batch));
-  if (!params.ok() || !grads.ok() || batch_x == nullptr || batch_y == nullptr) {
+  TrainingRun run(o, train, test, client, backend, metrics, should_stop, std::move(shard));
+  if (!run.ok()) {
     return Status::Unavailable("out of host memory for the parameter, gradient and batch buffers");
   }
-  float* bx = static_cast<float*>(batch_x.get());
-  uint8_t* by = static_cast<uint8_t*>(batch_y.get());
-
-  EvalLog eval_log(o.log_dir.empty() ? "eval.jsonl" : o.log_dir + "/eval.jsonl");
-  const auto start = Clock::now();
-  TrainingSummary summary;
-
-  // The client counts retries and reconnects itself; the metrics follow its counts after
-  // every step and on every way out (an error return included), registration's too.
-  int64_t counted_resends = 0;
-  int64_t counted_reconnects = 0;
-  auto follow = [](prometheus::Counter* counter, int64_t now, int64_t& counted) {
-    if (now > counted) counter->Increment(static_cast<double>(now - counted));
-    counted = now;
-  };
-  auto sync_client_counters = [&] {
-    follow(metrics.retries, client.resends(), counted_resends);
-    follow(metrics.reconnects, client.reconnects(), counted_reconnects);
-  };
+  // On every way out from here, an error return included.
   struct AtExit {
-    std::function<void()> run;
-    ~AtExit() { run(); }
-  } at_exit{[&] {
-    sync_client_counters();
-    metrics.finished->Set(1);
-  }};
-
-  const bool sync = o.mode.kind == TrainingMode::Kind::kSync;
-  // Evaluates the current server-side model on the whole test set (chief only). In sync
-  // mode it waits for the step the chief last pushed to, so the model evaluated after an
-  // epoch is the same in every run with the same seeds (not whichever step had completed).
-  auto evaluate = [&](int epoch, double train_loss, double epoch_examples_per_sec) -> Status {
-    PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs, sync ? PsClient::kNextStep : 0));
-    auto stats = client.Stats();
-    if (!stats.ok()) return stats.status();
-    // Unix time of these statistics, to line the row up with other clocks (Prometheus).
-    const double unix_time =
-        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    auto result = backend.Evaluate(params.cptrs, test.x.data(), test.y.data(), test.n);
-    if (!result.ok()) return result.status();
-    const double acc = result->accuracy();
-    const double loss = result->mean_loss();
-    // Every push reaches every shard that holds slices, so their counters are the global
-    // ones (a shard without slices reports 0): take the largest.
-    int64_t global_step = 0, global_examples = 0;
-    for (const ShardStats& s : *stats) {
-      global_step = std::max(global_step, s.version);
-      global_examples = std::max(global_examples, s.examples);
+    TrainingRun& run;
+    WorkerMetrics& metrics;
+    ~AtExit() {
+      run.SyncClientCounters();
+      metrics.finished->Set(1);
     }
-    const double wall = Seconds(start, Clock::now());
-    if (metrics.eval_accuracy != nullptr) metrics.eval_accuracy->Set(acc);
-    if (metrics.eval_loss != nullptr) metrics.eval_loss->Set(loss);
-    summary.final_test_accuracy = acc;
-    summary.final_test_loss = loss;
-    nlohmann::json row = {{"mode", o.mode.ToString()},
-                          {"workers", o.num_workers},
-                          {"ps", client.num_shards()},
-                          {"epoch", epoch},
-                          {"step", global_step},
-                          {"examples", global_examples},
-                          {"wall_s", wall},
-                          {"time", unix_time},
-                          {"train_loss", std::isfinite(train_loss) ? nlohmann::json(train_loss)
-                                                                   : nlohmann::json(nullptr)},
-                          {"test_loss", loss},
-                          {"test_accuracy", acc},
-                          {"chief_examples_per_sec", epoch_examples_per_sec},
-                          {"global_examples_per_sec",
-                           wall > 0 ? static_cast<double>(global_examples) / wall : 0.0},
-                          {"batch_size", o.batch_size},
-                          {"optimizer", std::string(OptimizerKindName(o.optimizer.kind))},
-                          // Shortest decimal form of the float (0.001, not 0.0010000000474974513).
-                          {"learning_rate", std::stod(fmt::format("{}", o.optimizer.learning_rate))},
-                          {"lr_schedule", std::string(LrScheduleName(o.optimizer.schedule))},
-                          {"seed", o.seed}};
-    PARASYNC_RETURN_IF_ERROR(eval_log.Append(row));
-    spdlog::info("eval epoch {}: test accuracy {:.4f}, test loss {:.4f} (global step {}, {} "
-                 "examples, {:.1f} s)",
-                 epoch, acc, loss, global_step, global_examples, wall);
-    return Status::Ok();
-  };
-
-  const StartPoint start_at = ResumeFrom(client.recorded_progress(), shard.size(), o.rank);
-  // The shuffles are cumulative: the order of epoch e is that of e - 1, shuffled again.
-  for (int e = 1; e < start_at.epoch && o.shuffle; ++e) ShuffleForEpoch(&shard, o.seed, o.rank, e);
-  // This rank's step count, the steps before a restart included (as this batch size counts
-  // them): it seeds the dropout masks, which so go on where they were.
-  const auto batches = [&](size_t examples) {
-    return static_cast<int64_t>((examples + static_cast<size_t>(batch) - 1) /
-                                static_cast<size_t>(batch));
-  };
-  int64_t rank_step = (start_at.epoch - 1) * batches(shard.size()) + batches(start_at.offset);
-  if (chief) {
-    const int logged = LastLoggedEpoch(eval_log.path());
-    if (client.recorded_progress().empty()) {
-      PARASYNC_RETURN_IF_ERROR(evaluate(0, NAN, 0.0));
-    } else if (start_at.finished_epoch > logged && start_at.finished_epoch > 0) {
-      // The epoch ended before the stop, its evaluation did not.
-      PARASYNC_RETURN_IF_ERROR(evaluate(start_at.finished_epoch, NAN, 0.0));
-    }
-  }
-  if (start_at.epoch > o.epochs) {
-    spdlog::info("all {} epochs were trained before (the servers' record): nothing left to do",
-                 o.epochs);
-  }
-  bool stop = false;
-  bool have_params = false;  // params hold the model for the next step
-  auto last_progress_line = Clock::now();
-  for (int epoch = start_at.epoch; epoch <= o.epochs && !stop; ++epoch) {
-    metrics.epoch->Set(epoch);
-    if (o.shuffle) ShuffleForEpoch(&shard, o.seed, o.rank, epoch);
-    const auto epoch_start = Clock::now();
-    double loss_sum = 0;
-    int64_t epoch_steps = 0;
-    int64_t epoch_examples = 0;
-    double t_pull = 0, t_compute = 0, t_push = 0;
-    const size_t epoch_first = epoch == start_at.epoch ? start_at.offset : 0;
-    for (size_t first = epoch_first; first < shard.size(); first += static_cast<size_t>(batch)) {
-      if (should_stop()) {
-        stop = true;
-        break;
-      }
-      if (o.max_seconds > 0 && Seconds(start, Clock::now()) >= o.max_seconds) {
-        stop = true;  // the time budget is spent: evaluate what there is, as after an epoch
-        break;
-      }
-      const size_t count = std::min(static_cast<size_t>(batch), shard.size() - first);
-      GatherBatch(train, std::span<const int64_t>(shard.data() + first, count), bx, by);
-      const auto t0 = Clock::now();
-      // Sync: each shard answers once it has applied the step this worker last pushed to.
-      // After the first step the parameters came with the last push (PushPull below).
-      if (!have_params) {
-        PARASYNC_RETURN_IF_ERROR(client.Pull(params.ptrs, sync ? PsClient::kNextStep : 0));
-        have_params = true;
-      }
-      const auto t1 = Clock::now();
-      auto loss = backend.ForwardBackward(params.cptrs, bx, by, static_cast<int>(count),
-                                          compute::StepSeed(o.seed, o.rank, rank_step),
-                                          grads.ptrs);
-      if (!loss.ok()) return loss.status();
-      if (!std::isfinite(*loss)) {
-        // Pushing it would be refused by the servers (or worse, half-applied across shards).
-        return Status::Aborted("training diverged: the loss is " + std::to_string(*loss) +
-                               " at epoch " + std::to_string(epoch) +
-                               "; try a smaller --lr");
-      }
-      if (o.slowdown > 1.0) {
-        std::this_thread::sleep_for(
-            std::chrono::duration<double>((o.slowdown - 1.0) * Seconds(t1, Clock::now())));
-      }
-      if (o.step_delay.count() > 0) std::this_thread::sleep_for(o.step_delay);
-      const auto t2 = Clock::now();
-      // Where this worker is once the servers count this gradient (stored with it).
-      client.set_progress({epoch, static_cast<int64_t>(first + count),
-                           static_cast<int64_t>(shard.size())});
-      // The gradient out and the next step's parameters in, in one round trip.
-      PsClient::PushPullTimes exchange;
-      PARASYNC_RETURN_IF_ERROR(client.PushPull(grads.cptrs, static_cast<int64_t>(count),
-                                               params.ptrs, sync ? PsClient::kNextStep : 0,
-                                               &exchange));
-      if (client.last_push_dropped()) {
-        ++summary.dropped;
-        metrics.dropped->Increment();
-      }
-      if (client.last_push_staleness() >= 0) {
-        const auto staleness = static_cast<double>(client.last_push_staleness());
-        metrics.staleness->Observe(staleness);
-        if (staleness > metrics.staleness_max->Value()) metrics.staleness_max->Set(staleness);
-      }
-      sync_client_counters();
-
-      const double pull_s = Seconds(t0, t1) + exchange.pull_seconds;
-      const double compute_s = Seconds(t1, t2), push_s = exchange.push_seconds;
-      t_pull += pull_s;
-      t_compute += compute_s;
-      t_push += push_s;
-      metrics.pull_seconds->Observe(pull_s);
-      metrics.compute_seconds->Observe(compute_s);
-      metrics.push_seconds->Observe(push_s);
-      metrics.examples->Increment(static_cast<double>(count));
-      metrics.steps->Increment();
-      metrics.train_loss->Set(*loss);
-      loss_sum += *loss;
-      ++epoch_steps;
-      epoch_examples += static_cast<int64_t>(count);
-      ++summary.steps;
-      ++rank_step;
-      summary.examples += static_cast<int64_t>(count);
-      if (o.log_every_seconds > 0 &&
-          Seconds(last_progress_line, Clock::now()) >= o.log_every_seconds) {
-        last_progress_line = Clock::now();
-        const double so_far = Seconds(epoch_start, last_progress_line);
-        spdlog::info("epoch {}/{}: {} of {} examples ({:.0f}%), {:.0f} examples/sec, train loss "
-                     "{:.4f}",
-                     epoch, o.epochs, first + count, shard.size(),
-                     100.0 * static_cast<double>(first + count) / static_cast<double>(shard.size()),
-                     static_cast<double>(epoch_examples) / so_far,
-                     loss_sum / static_cast<double>(epoch_steps));
-      }
-      if (o.max_steps > 0 && summary.steps >= o.max_steps) {
-        stop = true;
-        break;
-      }
-    }
-    if (epoch_steps == 0) break;
-    const double secs = Seconds(epoch_start, Clock::now());
-    const double train_loss = loss_sum / static_cast<double>(epoch_steps);
-    const double eps = static_cast<double>(epoch_examples) / secs;
-    summary.epochs_done = epoch;
-    spdlog::info("epoch {}/{}: {} examples{} in {:.2f} s = {:.0f} examples/sec, train loss {:.4f} "
-                 "(per step: pull {:.2f} ms, compute {:.2f} ms, push {:.2f} ms)",
-                 epoch, o.epochs, epoch_examples,
-                 epoch_first > 0 ? fmt::format(" (resumed at example {})", epoch_first) : "",
-                 secs, eps, train_loss,
-                 1e3 * t_pull / static_cast<double>(epoch_steps),
-                 1e3 * t_compute / static_cast<double>(epoch_steps),
-                 1e3 * t_push / static_cast<double>(epoch_steps));
-    if (chief && !(stop && should_stop())) {
-      PARASYNC_RETURN_IF_ERROR(evaluate(epoch, train_loss, eps));
-      if (o.checkpoint_each_epoch) {
-        if (Status s = client.Checkpoint(); !s.ok()) {
-          spdlog::warn("checkpoint after epoch {} failed: {}", epoch, s.message());
-        } else {
-          spdlog::info("checkpoint after epoch {} saved on every server", epoch);
-        }
-      }
-    }
-  }
-  // Done or stopped: let the barriers go on without this rank (briefly, when stopping).
-  const auto leave_timeout = should_stop() ? std::chrono::milliseconds(1000)
-                                           : std::chrono::milliseconds(10000);
-  if (Status s = client.Leave(leave_timeout); !s.ok()) {
-    spdlog::warn("leave not acknowledged: {}", s.message());
-  }
-  return summary;
+  } at_exit{run, metrics};
+  return run.Run();
 }
 
 }  // namespace parasync

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <memory>
 
+#include "common/file_util.h"
+
 namespace parasync {
 
 namespace {
@@ -52,14 +54,7 @@ Status ReadUpTo(gzFile f, const std::string& path, uint8_t* dst, size_t n, size_
 }  // namespace
 
 Result<IdxTensor> ReadIdxFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT || err == ENOTDIR) {
-      return Status::NotFound("IDX file " + path + " does not exist");
-    }
-    return Status::Unavailable("cannot open IDX file " + path + ": " + std::strerror(err));
-  }
+  PARASYNC_ASSIGN_OR_RETURN(const int fd, OpenForReading(path, "IDX file"));
   GzFilePtr file(gzdopen(fd, "rb"));
   if (file == nullptr) {
     ::close(fd);

@@ -14,6 +14,8 @@
 #include <tuple>
 #include <utility>
 
+#include "common/file_util.h"
+
 namespace parasync {
 
 // The array bytes are handed out as the file stores them, little-endian; readers memcpy
@@ -270,25 +272,11 @@ int64_t NpyArray::NumElements() const {
   return n;
 }
 
-Result<NpyArray> ReadNpyFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ENOENT || err == ENOTDIR) {
-      return Status::NotFound("NumPy file " + path + " does not exist");
-    }
-    return Status::Unavailable("cannot open NumPy file " + path + ": " + std::strerror(err));
-  }
-  FdCloser closer{fd};
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    return Status::Unavailable("cannot stat NumPy file " + path + ": " + std::strerror(errno));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return Status::InvalidArgument("NumPy file " + path + " is not a regular file");
-  }
-  const size_t file_bytes = static_cast<size_t>(st.st_size);
+namespace {
 
+// Reads the magic, the version and the header text of the open NumPy file `fd`; sets
+// *data_start to where the data begins.
+Status ReadHeaderText(int fd, const std::string& path, std::string* header, size_t* data_start) {
   // Magic, version, header length: 10 bytes in version 1, 12 in versions 2 and 3.
   uint8_t pre[12];
   size_t got = 0;
@@ -323,25 +311,27 @@ Result<NpyArray> ReadNpyFile(const std::string& path) {
                               std::to_string(header_len) + "-byte header; at most " +
                               std::to_string(kMaxHeaderBytes) + " is plausible");
   }
-  const size_t data_start = kPrefixBytes + len_bytes + header_len;
-  std::string header(header_len, '\0');
+  *data_start = kPrefixBytes + len_bytes + header_len;
+  header->assign(header_len, '\0');
   PARASYNC_RETURN_IF_ERROR(
-      ReadUpTo(fd, path, reinterpret_cast<uint8_t*>(header.data()), header_len, &got));
-  if (got < header_len) return Truncated(path, data_start, kPrefixBytes + len_bytes + got);
+      ReadUpTo(fd, path, reinterpret_cast<uint8_t*>(header->data()), header_len, &got));
+  if (got < header_len) return Truncated(path, *data_start, kPrefixBytes + len_bytes + got);
+  return Status::Ok();
+}
 
-  PyDict dict;
-  HeaderParser parser(header);
-  if (!parser.ParseDict(&dict)) {
-    return Status::Corruption("NumPy file " + path + ": the header does not parse: " +
-                              parser.error());
-  }
+// The header dictionary's three entries, pointing into it.
+struct HeaderFields {
   const PyValue* descr = nullptr;
   const PyValue* fortran = nullptr;
   const PyValue* shape = nullptr;
+};
+
+// Finds descr, fortran_order and shape in `dict` (no other key) and checks their kinds.
+Status FindHeaderFields(const std::string& path, const PyDict& dict, HeaderFields* fields) {
   for (const auto& [key, value] : dict) {
-    const PyValue** slot = key == "descr"           ? &descr
-                           : key == "fortran_order" ? &fortran
-                           : key == "shape"         ? &shape
+    const PyValue** slot = key == "descr"           ? &fields->descr
+                           : key == "fortran_order" ? &fields->fortran
+                           : key == "shape"         ? &fields->shape
                                                     : nullptr;
     if (slot == nullptr) {
       return Status::Corruption("NumPy file " + path + ": the header has unexpected key '" +
@@ -349,56 +339,93 @@ Result<NpyArray> ReadNpyFile(const std::string& path) {
     }
     *slot = &value;
   }
-  for (const auto& [value, key] : {std::pair{descr, "descr"},
-                                   std::pair{fortran, "fortran_order"},
-                                   std::pair{shape, "shape"}}) {
+  for (const auto& [value, key] : {std::pair{fields->descr, "descr"},
+                                   std::pair{fields->fortran, "fortran_order"},
+                                   std::pair{fields->shape, "shape"}}) {
     if (value == nullptr) {
       return Status::Corruption("NumPy file " + path + ": the header lacks '" + key + "'");
     }
   }
-  if (descr->kind != PyValue::Kind::kString) {
+  if (fields->descr->kind != PyValue::Kind::kString) {
     return Status::NotSupported("NumPy file " + path +
                                 " has a structured dtype; only plain numeric arrays are read");
   }
-  if (fortran->kind != PyValue::Kind::kBool) {
+  if (fields->fortran->kind != PyValue::Kind::kBool) {
     return Status::Corruption("NumPy file " + path + ": 'fortran_order' is not True or False");
   }
-  if (shape->kind != PyValue::Kind::kSequence) {
+  if (fields->shape->kind != PyValue::Kind::kSequence) {
     return Status::Corruption("NumPy file " + path + ": 'shape' is not a tuple");
   }
+  return Status::Ok();
+}
 
-  NpyArray array;
-  PARASYNC_RETURN_IF_ERROR(ParseDescr(path, descr->str, &array.dtype));
-  const int64_t item = static_cast<int64_t>(NpyItemSize(array.dtype));
-  int64_t data_bytes = item;
+// Sets array->shape from the header's fields and *data_bytes to the size it promises
+// (array->dtype set already).
+Status TakeShape(const std::string& path, const HeaderFields& fields, NpyArray* array,
+                 int64_t* data_bytes) {
+  *data_bytes = static_cast<int64_t>(NpyItemSize(array->dtype));
   int non_trivial = 0;
-  for (const PyValue& d : shape->items) {
+  for (const PyValue& d : fields.shape->items) {
     if (d.kind != PyValue::Kind::kInt || d.integer < 0) {
       return Status::Corruption("NumPy file " + path +
                                 ": 'shape' holds something other than sizes >= 0");
     }
-    if (d.integer > 0 && data_bytes > kMaxDataBytes / d.integer) {
+    if (d.integer > 0 && *data_bytes > kMaxDataBytes / d.integer) {
       return Status::Corruption("NumPy file " + path + " declares more than " +
                                 std::to_string(kMaxDataBytes) + " data bytes");
     }
-    data_bytes *= d.integer;
+    *data_bytes *= d.integer;
     if (d.integer > 1) ++non_trivial;
-    array.shape.push_back(d.integer);
+    array->shape.push_back(d.integer);
   }
   // With at most one dimension longer than 1, Fortran and C order lay out the same bytes.
-  if (fortran->boolean && non_trivial > 1) {
-    return Status::NotSupported("NumPy file " + path + " of shape " + NpyShapeString(array.shape) +
+  if (fields.fortran->boolean && non_trivial > 1) {
+    return Status::NotSupported("NumPy file " + path + " of shape " +
+                                NpyShapeString(array->shape) +
                                 " is in Fortran order; save np.ascontiguousarray(a) instead");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<NpyArray> ReadNpyFile(const std::string& path) {
+  PARASYNC_ASSIGN_OR_RETURN(const int fd, OpenForReading(path, "NumPy file"));
+  FdCloser closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return Status::Unavailable("cannot stat NumPy file " + path + ": " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument("NumPy file " + path + " is not a regular file");
+  }
+  const size_t file_bytes = static_cast<size_t>(st.st_size);
+  std::string header;
+  size_t data_start = 0;
+  PARASYNC_RETURN_IF_ERROR(ReadHeaderText(fd, path, &header, &data_start));
+
+  PyDict dict;
+  HeaderParser parser(header);
+  if (!parser.ParseDict(&dict)) {
+    return Status::Corruption("NumPy file " + path + ": the header does not parse: " +
+                              parser.error());
+  }
+  HeaderFields fields;
+  PARASYNC_RETURN_IF_ERROR(FindHeaderFields(path, dict, &fields));
+  NpyArray array;
+  PARASYNC_RETURN_IF_ERROR(ParseDescr(path, fields.descr->str, &array.dtype));
+  int64_t data_bytes = 0;
+  PARASYNC_RETURN_IF_ERROR(TakeShape(path, fields, &array, &data_bytes));
   const size_t expected = static_cast<size_t>(data_bytes);
   const size_t actual = file_bytes >= data_start ? file_bytes - data_start : 0;
   if (actual != expected) {
     return Status::Corruption("NumPy file " + path + ": the header promises " +
                               std::to_string(expected) + " data bytes (shape " +
-                              NpyShapeString(array.shape) + " of " + descr->str +
+                              NpyShapeString(array.shape) + " of " + fields.descr->str +
                               "), the file has " + std::to_string(actual));
   }
   array.data.resize(expected);
+  size_t got = 0;
   PARASYNC_RETURN_IF_ERROR(ReadUpTo(fd, path, array.data.data(), expected, &got));
   if (got != expected) {  // the file shrank while we read it
     return Status::Corruption("NumPy file " + path + ": the header promises " +

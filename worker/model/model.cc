@@ -148,17 +148,16 @@ Result<Activation> ParseActivation(const std::string& s) {
   return Status::InvalidArgument("unknown activation " + Quote(s));
 }
 
-Result<LayerSpec> ParseLayer(const Json& j, const std::string& where) {
-  if (!j.is_object()) return Status::InvalidArgument(where + ": a layer is a JSON object");
+// The layer's "type" and "name" into *layer.
+Status ParseLayerKindAndName(const Json& j, const std::string& where, LayerSpec* layer) {
   if (!j.contains("type") || !j.at("type").is_string()) {
     return Status::InvalidArgument(where + ": needs \"type\"");
   }
   const std::string type = j.at("type").get<std::string>();
-  LayerSpec layer;
   bool found = false;
   for (const KindName& k : kKinds) {
     if (type == k.name) {
-      layer.kind = k.kind;
+      layer->kind = k.kind;
       found = true;
     }
   }
@@ -172,39 +171,43 @@ Result<LayerSpec> ParseLayer(const Json& j, const std::string& where) {
     if (!j.at("name").is_string() || j.at("name").get<std::string>().empty()) {
       return Status::InvalidArgument(where + ": \"name\" must be a non-empty string");
     }
-    layer.name = j.at("name").get<std::string>();
-    if (layer.name.find('/') != std::string::npos) {
+    layer->name = j.at("name").get<std::string>();
+    if (layer->name.find('/') != std::string::npos) {
       return Status::InvalidArgument(where + ": a layer name may not contain '/'");
     }
   }
-  const LayerReader r(j, where);
+  return Status::Ok();
+}
+
+// The fields of a layer of kind layer->kind, read by `r`, into *layer.
+Status ParseLayerFields(const LayerReader& r, LayerSpec* layer) {
   auto activation = [&](bool required) -> Status {
     PARASYNC_ASSIGN_OR_RETURN(
         std::string a,
         r.Choice("activation", {"relu", "tanh", "sigmoid", "linear"},
                  required ? std::nullopt : std::optional<std::string>("linear")));
-    PARASYNC_ASSIGN_OR_RETURN(layer.activation, ParseActivation(a));
+    PARASYNC_ASSIGN_OR_RETURN(layer->activation, ParseActivation(a));
     return Status::Ok();
   };
   auto padding = [&]() -> Status {
     PARASYNC_ASSIGN_OR_RETURN(std::string p, r.Choice("padding", {"valid", "same"}, "valid"));
-    layer.padding = p == "same" ? Padding::kSame : Padding::kValid;
+    layer->padding = p == "same" ? Padding::kSame : Padding::kValid;
     return Status::Ok();
   };
-  switch (layer.kind) {
+  switch (layer->kind) {
     case LayerKind::kDense: {
       PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"units", "activation"}));
-      PARASYNC_ASSIGN_OR_RETURN(layer.units, r.Int("units", 1, kMaxDim, std::nullopt));
+      PARASYNC_ASSIGN_OR_RETURN(layer->units, r.Int("units", 1, kMaxDim, std::nullopt));
       PARASYNC_RETURN_IF_ERROR(activation(false));
       break;
     }
     case LayerKind::kConv2d: {
       PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"filters", "kernel", "stride", "padding", "activation"}));
-      PARASYNC_ASSIGN_OR_RETURN(layer.units, r.Int("filters", 1, 65536, std::nullopt));
+      PARASYNC_ASSIGN_OR_RETURN(layer->units, r.Int("filters", 1, 65536, std::nullopt));
       PARASYNC_ASSIGN_OR_RETURN(int64_t k, r.Int("kernel", 1, kMaxKernel, std::nullopt));
       PARASYNC_ASSIGN_OR_RETURN(int64_t s, r.Int("stride", 1, kMaxKernel, 1));
-      layer.kernel = static_cast<int>(k);
-      layer.stride = static_cast<int>(s);
+      layer->kernel = static_cast<int>(k);
+      layer->stride = static_cast<int>(s);
       PARASYNC_RETURN_IF_ERROR(padding());
       PARASYNC_RETURN_IF_ERROR(activation(false));
       break;
@@ -214,8 +217,8 @@ Result<LayerSpec> ParseLayer(const Json& j, const std::string& where) {
       PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"pool", "stride", "padding"}));
       PARASYNC_ASSIGN_OR_RETURN(int64_t k, r.Int("pool", 1, kMaxKernel, 2));
       PARASYNC_ASSIGN_OR_RETURN(int64_t s, r.Int("stride", 1, kMaxKernel, k));
-      layer.kernel = static_cast<int>(k);
-      layer.stride = static_cast<int>(s);
+      layer->kernel = static_cast<int>(k);
+      layer->stride = static_cast<int>(s);
       PARASYNC_RETURN_IF_ERROR(padding());
       break;
     }
@@ -229,19 +232,27 @@ Result<LayerSpec> ParseLayer(const Json& j, const std::string& where) {
     case LayerKind::kDropout: {
       PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"rate"}));
       PARASYNC_ASSIGN_OR_RETURN(double rate, r.Number("rate", 0.0, 1.0));
-      layer.rate = static_cast<float>(rate);
+      layer->rate = static_cast<float>(rate);
       break;
     }
     case LayerKind::kEmbedding: {
       PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"vocab", "dim", "combiner"}));
       // Ids travel as float32 features, exact up to 2^24.
-      PARASYNC_ASSIGN_OR_RETURN(layer.vocab, r.Int("vocab", 1, int64_t{1} << 24, std::nullopt));
-      PARASYNC_ASSIGN_OR_RETURN(layer.units, r.Int("dim", 1, 65536, std::nullopt));
+      PARASYNC_ASSIGN_OR_RETURN(layer->vocab, r.Int("vocab", 1, int64_t{1} << 24, std::nullopt));
+      PARASYNC_ASSIGN_OR_RETURN(layer->units, r.Int("dim", 1, 65536, std::nullopt));
       PARASYNC_ASSIGN_OR_RETURN(std::string c, r.Choice("combiner", {"sum", "mean"}, "sum"));
-      layer.combiner = c == "mean" ? Combiner::kMean : Combiner::kSum;
+      layer->combiner = c == "mean" ? Combiner::kMean : Combiner::kSum;
       break;
     }
   }
+  return Status::Ok();
+}
+
+Result<LayerSpec> ParseLayer(const Json& j, const std::string& where) {
+  if (!j.is_object()) return Status::InvalidArgument(where + ": a layer is a JSON object");
+  LayerSpec layer;
+  PARASYNC_RETURN_IF_ERROR(ParseLayerKindAndName(j, where, &layer));
+  PARASYNC_RETURN_IF_ERROR(ParseLayerFields(LayerReader(j, where), &layer));
   return layer;
 }
 
@@ -519,11 +530,11 @@ Result<ModelSpec> ResolveModelSpec(const std::string& text) {
 int64_t LayerOp::in_size() const { return Product(in); }
 int64_t LayerOp::out_size() const { return Product(out); }
 
-Result<Model> Model::Build(const ModelSpec& spec, const std::vector<int64_t>& input) {
-  Model m;
-  m.spec_ = spec;
-  m.input_ = input;
-  const std::string model = spec.name.empty() ? "the model" : "model " + Quote(spec.name);
+namespace {
+
+// Whether `input` is a shape the model `spec` (called `model` in errors) can take.
+Status CheckInputShape(const ModelSpec& spec, const std::vector<int64_t>& input,
+                       const std::string& model) {
   if (input.empty() || input.size() == 2 || input.size() > 3 ||
       std::any_of(input.begin(), input.end(), [](int64_t d) { return d < 1 || d > kMaxDim; })) {
     return Status::InvalidArgument(model + ": the input shape " + ShapeString(input) +
@@ -538,79 +549,105 @@ Result<Model> Model::Build(const ModelSpec& spec, const std::vector<int64_t>& in
     }
   }
   if (spec.layers.empty()) return Status::InvalidArgument(model + " has no layers");
+  return Status::Ok();
+}
+
+// A conv2d or pooling layer `l` (called `who`) on inputs of `shape`: its output shape and
+// padding in *op, its variables appended to *vars.
+Status PlanWindowLayer(const LayerSpec& l, const std::string& who,
+                       const std::vector<int64_t>& shape, LayerOp* op,
+                       std::vector<VariableSpec>* vars) {
+  if (shape.size() != 3) {
+    return Status::InvalidArgument(who + " needs an image input [C, H, W], but its input is " +
+                                   ShapeString(shape));
+  }
+  const Window h = Slide(shape[1], l.kernel, l.stride, l.padding);
+  const Window w = Slide(shape[2], l.kernel, l.stride, l.padding);
+  if (h.out < 1 || w.out < 1) {
+    return Status::InvalidArgument(who + ": its " + std::to_string(l.kernel) + "x" +
+                                   std::to_string(l.kernel) + " window is larger than its input " +
+                                   ShapeString(shape) + " (use padding same or a smaller window)");
+  }
+  op->pad_begin = h.pad_begin;
+  op->pad_end = h.pad_end;
+  // Square windows on a square image pad alike on both axes; on others they may not.
+  if (w.pad_begin != h.pad_begin || w.pad_end != h.pad_end) {
+    return Status::NotSupported(who + ": `same` padding of a " + ShapeString(shape) +
+                                " input would differ between height and width");
+  }
+  const int64_t channels = l.kind == LayerKind::kConv2d ? l.units : shape[0];
+  op->out = {channels, h.out, w.out};
+  if (l.kind == LayerKind::kConv2d) {
+    const int64_t k2 = int64_t{l.kernel} * l.kernel;
+    AddVariable(vars, l.name + "/kernel", {l.units, shape[0], l.kernel, l.kernel},
+                InitKind::kUniform,
+                static_cast<float>(std::sqrt(6.0 / static_cast<double>((shape[0] + l.units) * k2))));
+    AddVariable(vars, l.name + "/bias", {l.units}, InitKind::kZeros, 0);
+  }
+  return Status::Ok();
+}
+
+// Layer `index` of a model, `l`, on inputs of `shape`: its output shape (and padding) in
+// *op, its variables appended to *vars.
+Status PlanLayer(size_t index, const LayerSpec& l, const std::vector<int64_t>& shape, LayerOp* op,
+                 std::vector<VariableSpec>* vars) {
+  const std::string who = "layer " + Quote(l.name) + " (" + std::string(LayerKindName(l.kind)) + ")";
+  switch (l.kind) {
+    case LayerKind::kDense: {
+      const int64_t in = Product(shape);
+      op->out = {l.units};
+      AddVariable(vars, l.name + "/kernel", {in, l.units}, InitKind::kUniform,
+                  static_cast<float>(std::sqrt(6.0 / static_cast<double>(in + l.units))));
+      AddVariable(vars, l.name + "/bias", {l.units}, InitKind::kZeros, 0);
+      break;
+    }
+    case LayerKind::kConv2d:
+    case LayerKind::kMaxPool2d:
+    case LayerKind::kAvgPool2d:
+      PARASYNC_RETURN_IF_ERROR(PlanWindowLayer(l, who, shape, op, vars));
+      break;
+    case LayerKind::kFlatten:
+      op->out = {Product(shape)};
+      break;
+    case LayerKind::kActivation:
+    case LayerKind::kDropout:
+      op->out = shape;
+      break;
+    case LayerKind::kEmbedding:
+      if (index != 0 || shape.size() != 1) {
+        return Status::InvalidArgument(who + " must be the first layer, on flat inputs of ids "
+                                       "(its input is " + ShapeString(shape) + ")");
+      }
+      op->out = {l.units};
+      // Keras's default: uniform in [-0.05, 0.05].
+      AddVariable(vars, l.name + "/table", {l.vocab, l.units}, InitKind::kUniform, 0.05f);
+      break;
+  }
+  if (Product(op->out) > kMaxExampleSize) {
+    return Status::InvalidArgument(who + ": its output " + ShapeString(op->out) +
+                                   " is larger than " + std::to_string(kMaxExampleSize) +
+                                   " elements per example");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Model> Model::Build(const ModelSpec& spec, const std::vector<int64_t>& input) {
+  Model m;
+  m.spec_ = spec;
+  m.input_ = input;
+  const std::string model = spec.name.empty() ? "the model" : "model " + Quote(spec.name);
+  PARASYNC_RETURN_IF_ERROR(CheckInputShape(spec, input, model));
   std::vector<int64_t> shape = input;
   for (size_t i = 0; i < spec.layers.size(); ++i) {
     const LayerSpec& l = spec.layers[i];
-    const std::string who = "layer " + Quote(l.name) + " (" + std::string(LayerKindName(l.kind)) + ")";
     LayerOp op;
     op.spec = l;
     op.spec.activation = l.kind == LayerKind::kActivation ? l.activation : Activation::kNone;
     op.in = shape;
     op.first_variable = static_cast<int>(m.variables_.size());
-    switch (l.kind) {
-      case LayerKind::kDense: {
-        const int64_t in = Product(shape);
-        op.out = {l.units};
-        AddVariable(&m.variables_, l.name + "/kernel", {in, l.units}, InitKind::kUniform,
-                    static_cast<float>(std::sqrt(6.0 / static_cast<double>(in + l.units))));
-        AddVariable(&m.variables_, l.name + "/bias", {l.units}, InitKind::kZeros, 0);
-        break;
-      }
-      case LayerKind::kConv2d:
-      case LayerKind::kMaxPool2d:
-      case LayerKind::kAvgPool2d: {
-        if (shape.size() != 3) {
-          return Status::InvalidArgument(who + " needs an image input [C, H, W], but its input is " +
-                                         ShapeString(shape));
-        }
-        const Window h = Slide(shape[1], l.kernel, l.stride, l.padding);
-        const Window w = Slide(shape[2], l.kernel, l.stride, l.padding);
-        if (h.out < 1 || w.out < 1) {
-          return Status::InvalidArgument(who + ": its " + std::to_string(l.kernel) + "x" +
-                                         std::to_string(l.kernel) + " window is larger than its input " +
-                                         ShapeString(shape) + " (use padding same or a smaller window)");
-        }
-        op.pad_begin = h.pad_begin;
-        op.pad_end = h.pad_end;
-        // Square windows on a square image pad alike on both axes; on others they may not.
-        if (w.pad_begin != h.pad_begin || w.pad_end != h.pad_end) {
-          return Status::NotSupported(who + ": `same` padding of a " + ShapeString(shape) +
-                                      " input would differ between height and width");
-        }
-        const int64_t channels = l.kind == LayerKind::kConv2d ? l.units : shape[0];
-        op.out = {channels, h.out, w.out};
-        if (l.kind == LayerKind::kConv2d) {
-          const int64_t k2 = int64_t{l.kernel} * l.kernel;
-          AddVariable(&m.variables_, l.name + "/kernel", {l.units, shape[0], l.kernel, l.kernel},
-                      InitKind::kUniform,
-                      static_cast<float>(std::sqrt(6.0 / static_cast<double>((shape[0] + l.units) * k2))));
-          AddVariable(&m.variables_, l.name + "/bias", {l.units}, InitKind::kZeros, 0);
-        }
-        break;
-      }
-      case LayerKind::kFlatten:
-        op.out = {Product(shape)};
-        break;
-      case LayerKind::kActivation:
-      case LayerKind::kDropout:
-        op.out = shape;
-        break;
-      case LayerKind::kEmbedding:
-        if (i != 0 || shape.size() != 1) {
-          return Status::InvalidArgument(who + " must be the first layer, on flat inputs of ids "
-                                         "(its input is " + ShapeString(shape) + ")");
-        }
-        op.out = {l.units};
-        // Keras's default: uniform in [-0.05, 0.05].
-        AddVariable(&m.variables_, l.name + "/table", {l.vocab, l.units}, InitKind::kUniform,
-                    0.05f);
-        break;
-    }
-    if (Product(op.out) > kMaxExampleSize) {
-      return Status::InvalidArgument(who + ": its output " + ShapeString(op.out) +
-                                     " is larger than " + std::to_string(kMaxExampleSize) +
-                                     " elements per example");
-    }
+    PARASYNC_RETURN_IF_ERROR(PlanLayer(i, l, shape, &op, &m.variables_));
     op.num_variables = static_cast<int>(m.variables_.size()) - op.first_variable;
     shape = op.out;
     const Activation fused = l.kind == LayerKind::kDense || l.kind == LayerKind::kConv2d
