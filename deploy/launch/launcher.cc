@@ -10,14 +10,13 @@
 #include "common/preflight.h"
 #include "common/version.h"
 #include "deploy/launch/snapshot_server.h"
-#include "deploy/launch/spawn.h"
+#include "common/subprocess.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -242,23 +241,6 @@ std::string DescribeWaitStatus(int wait_status) {
   if (WIFEXITED(wait_status)) return "exit status " + std::to_string(WEXITSTATUS(wait_status));
   if (WIFSIGNALED(wait_status)) return "killed by " + SignalName(WTERMSIG(wait_status));
   return "wait status " + std::to_string(wait_status);
-}
-
-// `name` when it holds a '/', else the first executable file of that name in $PATH (as
-// execvp would find it, but before fork), else `name` itself (exec then fails and says so).
-std::string FindExecutable(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  if (name.empty() || name.find('/') != std::string::npos || path == nullptr) return name;
-  std::istringstream dirs(path);
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
-    struct stat info {};
-    if (stat(candidate.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
-        access(candidate.c_str(), X_OK) == 0) {
-      return candidate;
-    }
-  }
-  return name;
 }
 
 bool ExitedZero(int wait_status) { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
@@ -851,7 +833,10 @@ std::vector<std::string> Launcher::Preflight(double timeout_seconds) {
       command.push_back(child.spec.host);
       command.push_back(ShellJoin(argv));
     }
-    Result<OutputPipe> started = StartWithOutputPipe(command);
+    SpawnOptions spawn;
+    spawn.argv = command;
+    spawn.out = spawn.err = StreamTarget::Pipe();
+    Result<Spawned> started = Spawn(spawn);
     if (!started.ok()) {
       problems.push_back(started.status().message());
       break;
@@ -859,7 +844,7 @@ std::vector<std::string> Launcher::Preflight(double timeout_seconds) {
     Probe probe;
     probe.spec = &child.spec;
     probe.pid = started->pid;
-    probe.fd = started->fd;
+    probe.fd = started->output_fd;
     probes.push_back(std::move(probe));
   }
   // Collect every answer, all probes at once, until the deadline.
@@ -1116,86 +1101,35 @@ double Launcher::InjectFaults() {
 }
 
 Status Launcher::SpawnOne(Child& child) {
-  int pipe_fds[2];
-  if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
-    return Status::Internal(std::string("pipe2: ") + std::strerror(errno));
-  }
-  // Everything the child needs is prepared before fork: after it only async-signal-safe
-  // calls are allowed.
-  std::vector<std::string>& command = child.spec.spawn_argv.empty() ? child.spec.argv
-                                                                     : child.spec.spawn_argv;
-  std::vector<char*> argv;
-  for (std::string& arg : command) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  // ssh, from --ssh-command, is found in $PATH; the binaries have absolute paths.
-  const std::string executable = FindExecutable(command[0]);
-  const std::string exec_failed = "parasync-launch: cannot execute " + command[0] + "\n";
+  const std::vector<std::string>& command =
+      child.spec.spawn_argv.empty() ? child.spec.argv : child.spec.spawn_argv;
+  SpawnOptions spawn;
+  spawn.argv = command;
   // Our environment with kLogPrefixedEnv=1: we prefix the child's lines with its name.
-  const std::string prefixed = std::string(kLogPrefixedEnv) + "=";
-  std::vector<std::string> environment;
-  for (char** entry = environ; *entry != nullptr; ++entry) {
-    if (std::strncmp(*entry, prefixed.c_str(), prefixed.size()) != 0) {
-      environment.emplace_back(*entry);
-    }
-  }
-  environment.push_back(prefixed + "1");
-  std::vector<char*> envp;
-  for (std::string& entry : environment) envp.push_back(entry.data());
-  envp.push_back(nullptr);
-  const pid_t parent = getpid();
+  spawn.env_set = {std::string(kLogPrefixedEnv) + "=1"};
   // A remote process's ssh reads a pipe from us: closing it stops the process.
-  int in_fds[2] = {-1, -1};
-  if (child.spec.remote && pipe2(in_fds, O_CLOEXEC) != 0) {
-    close(pipe_fds[0]);
-    close(pipe_fds[1]);
-    return Status::Internal(std::string("pipe2: ") + std::strerror(errno));
+  spawn.in = child.spec.remote ? StreamTarget::Pipe() : StreamTarget::Null();
+  spawn.out = StreamTarget::Pipe();
+  spawn.err = StreamTarget::Pipe();
+  // Not left behind if the launcher itself is killed.
+  spawn.parent_death_signal = SIGTERM;
+  // ssh dies of a terminal's Ctrl-C; only the launcher may get it, so that the remote
+  // process is stopped through its connection, workers first.
+  spawn.new_process_group = child.spec.remote;
+  spawn.exec_failure_line = "parasync-launch: cannot execute " + command[0];
+  Result<Spawned> spawned = Spawn(spawn);
+  if (!spawned.ok()) {
+    // Worded as before Spawn existed: "fork for ps0: ...".
+    const std::string why = spawned.status().message();
+    return Status::Internal(why.starts_with("fork: ")
+                                ? "fork for " + child.spec.name + ": " + why.substr(6)
+                                : why);
   }
-
-  sigset_t all;
-  sigset_t previous;
-  sigfillset(&all);
-  sigprocmask(SIG_BLOCK, &all, &previous);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    // Child: undo the launcher's signal setup before anything can be delivered.
-    for (int signal_number : kStopSignals) signal(signal_number, SIG_DFL);
-    signal(SIGCHLD, SIG_DFL);
-    signal(SIGPIPE, SIG_DFL);
-    // Not left behind if the launcher itself is killed.
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    // ssh dies of a terminal's Ctrl-C; only the launcher may get it, so that the remote
-    // process is stopped through its connection, workers first.
-    if (in_fds[0] >= 0) setpgid(0, 0);
-    if (getppid() != parent) _exit(1);
-    if (in_fds[0] >= 0) {
-      dup2(in_fds[0], STDIN_FILENO);
-    } else {
-      const int null_fd = open("/dev/null", O_RDONLY);
-      if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
-    }
-    dup2(pipe_fds[1], STDOUT_FILENO);
-    dup2(pipe_fds[1], STDERR_FILENO);
-    fcntl(STDOUT_FILENO, F_SETFD, 0);
-    fcntl(STDERR_FILENO, F_SETFD, 0);
-    sigprocmask(SIG_SETMASK, &previous, nullptr);
-    execve(executable.c_str(), argv.data(), envp.data());
-    [[maybe_unused]] ssize_t n = write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
-    _exit(127);
-  }
-  const int fork_errno = errno;
-  sigprocmask(SIG_SETMASK, &previous, nullptr);
-  close(pipe_fds[1]);
-  if (in_fds[0] >= 0) close(in_fds[0]);
-  if (pid < 0) {
-    close(pipe_fds[0]);
-    if (in_fds[1] >= 0) close(in_fds[1]);
-    return Status::Internal("fork for " + child.spec.name + ": " + std::strerror(fork_errno));
-  }
-  child.in_fd = in_fds[1];
-  fcntl(pipe_fds[0], F_SETFL, fcntl(pipe_fds[0], F_GETFL) | O_NONBLOCK);
-  child.pid = pid;
+  child.in_fd = spawned->stdin_fd;
+  child.out_fd = spawned->output_fd;
+  fcntl(child.out_fd, F_SETFL, fcntl(child.out_fd, F_GETFL) | O_NONBLOCK);
+  child.pid = spawned->pid;
   child.running = true;
-  child.out_fd = pipe_fds[0];
   return Status::Ok();
 }
 

@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "common/preflight.h"
-#include "deploy/launch/spawn.h"
+#include "common/subprocess.h"
 #include "worker/data/dataset.h"
 
 namespace parasync::launch {
@@ -29,9 +29,12 @@ bool RunsHere(const ProcessSpec& spec) { return !spec.remote; }
 // Runs `argv` with stdout and stderr into a pipe; returns what it printed, or why it could
 // not run. Kills it after `timeout_ms`.
 std::string RunCapture(const std::vector<std::string>& argv, int timeout_ms) {
-  Result<OutputPipe> started = StartWithOutputPipe(argv);
+  SpawnOptions spawn;
+  spawn.argv = argv;
+  spawn.out = spawn.err = StreamTarget::Pipe();
+  Result<Spawned> started = Spawn(spawn);
   if (!started.ok()) return "check problem " + started.status().message();
-  const int fd = started->fd;
+  const int fd = started->output_fd;
   const pid_t pid = started->pid;
   std::string output;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
