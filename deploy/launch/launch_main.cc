@@ -16,7 +16,7 @@
 #include "common/process.h"
 #include "common/version.h"
 #include "deploy/launch/launcher.h"
-#include "deploy/launch/preflight_local.h"
+#include "deploy/launch/preflight.h"
 #include "worker/data/dataset.h"
 
 namespace {
