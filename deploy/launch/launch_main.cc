@@ -16,7 +16,7 @@
 #include "common/process.h"
 #include "common/version.h"
 #include "deploy/launch/launcher.h"
-#include "deploy/launch/preflight_local.h"
+#include "deploy/launch/preflight.h"
 #include "worker/data/dataset.h"
 
 namespace {
@@ -26,6 +26,7 @@ using parasync::launch::kExitFailed;
 using parasync::launch::kExitUsage;
 using parasync::launch::Launcher;
 using parasync::launch::LaunchOptions;
+using parasync::Status;
 
 constexpr const char* kProgram = "parasync-launch";
 
@@ -103,31 +104,33 @@ void AddOptional(CLI::App& app, const std::string& name, const std::string& type
       ->type_name(type_name);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Everything the command line sets: the options, and the flags read further after CLI11.
+struct Flags {
   LaunchOptions options;
-  options.command_line.assign(argv, argv + argc);  // for summary.json
-  CLI::App app;
-  parasync::SetUpCommandLine(app, {.name = kProgram,
-                                   .purpose = "runs a local or multi-host parasync cluster.",
-                                   .details = kDetails,
-                                   .exit_status = kExitStatus,
-                                   .examples = kExamples});
+  std::string ps;                      // --ps: a count, or host:N,host:N
+  std::string worker_hosts;            // -H
+  CLI::Option* workers = nullptr;      // --workers, to tell whether it was given
+  std::vector<std::string> rank_args;  // --rank-arg RANK:ARG
+  std::vector<std::string> kills;      // --kill WHO@S[+R]
+  bool dry_run = false;
+  bool check = false;
+};
 
-  std::string ps_text = std::to_string(options.num_ps);
-  app.add_option("--ps", ps_text,
+// --ps ... --check: how many processes, where, and what to do instead of a run.
+void AddClusterFlags(CLI::App& app, Flags& flags) {
+  LaunchOptions& options = flags.options;
+  flags.ps = std::to_string(options.num_ps);
+  app.add_option("--ps", flags.ps,
                  "Number of parameter-server processes, or where they run: host:N,host:N "
                  "(multi-host; without it they go round-robin over the -H hosts)")
       ->capture_default_str()
       ->type_name("N|HOSTS");
-  CLI::Option* workers_option =
+  flags.workers =
       app.add_option("--workers", options.num_workers,
                      "Number of worker processes; worker 0 is the chief [default: 2, or the "
                      "-H slots]")
           ->type_name("N");
-  std::string worker_hosts_text;
-  app.add_option("-H,--hosts", worker_hosts_text,
+  app.add_option("-H,--hosts", flags.worker_hosts,
                  "Multi-host: where the workers run, host:slots,host:slots (as horovodrun -H); "
                  "processes on hosts other than localhost start over --ssh-command")
       ->type_name("HOSTS");
@@ -143,13 +146,16 @@ int main(int argc, char** argv) {
                  "PORT+500, ...")
       ->capture_default_str()
       ->type_name("PORT");
-  bool dry_run = false;
-  app.add_flag("--dry-run", dry_run, "Print every process's command line (with its host) and exit");
-  bool check = false;
-  app.add_flag("--check", check,
+  app.add_flag("--dry-run", flags.dry_run,
+               "Print every process's command line (with its host) and exit");
+  app.add_flag("--check", flags.check,
                "Preflight: run every process's binary with --check where it would run (every "
                "host reachable, ports free, data present, the same version, protocol and "
                "schema everywhere) and print one line per problem; exit 0 when all is clear");
+}
+
+// --mode ... --export: the run and where it leaves its files.
+void AddRunFlags(CLI::App& app, LaunchOptions& options) {
   app.add_option("--mode", options.mode,
                  "async, sync or ssp:<staleness>; passed to every process")
       ->capture_default_str()
@@ -175,7 +181,10 @@ int main(int argc, char** argv) {
                  "After the chief finished: write the model to FILE with parasync-export, "
                  "before the parameter servers are stopped")
       ->type_name("FILE");
+}
 
+// The Training group (passed to workers) and the Modes group (passed to parameter servers).
+void AddTrainingFlags(CLI::App& app, LaunchOptions& options) {
   CLI::App& training = *app.add_option_group("Training", "Passed to workers only when given");
   AddOptional(training, "--batch-size", "N", options.batch_size, "Per-worker batch size",
               IntegerValidator(true));
@@ -218,7 +227,11 @@ int main(int argc, char** argv) {
               IntegerValidator(true));
   AddOptional(modes, "--worker-timeout", "S", options.worker_timeout,
               "Seconds of silence before a worker is declared dead", NumberValidator(true));
+}
 
+// --ps-arg ... --host: the processes' extra arguments, keys, faults, binaries and endpoints.
+void AddProcessFlags(CLI::App& app, Flags& flags) {
+  LaunchOptions& options = flags.options;
   app.add_option("--ps-arg", options.ps_args, "Extra argument for every PS; repeatable")
       ->allow_extra_args(false)
       ->type_name("ARG");
@@ -230,13 +243,11 @@ int main(int argc, char** argv) {
                  "Authenticate and encrypt every connection with CurveZMQ, keys in DIR "
                  "(ps.key, worker<i>.key, export.key, allowed/; the missing ones are made)")
       ->type_name("DIR");
-  std::vector<std::string> rank_args;
-  app.add_option("--rank-arg", rank_args,
+  app.add_option("--rank-arg", flags.rank_args,
                  "Extra argument for one worker, as RANK:ARG (e.g. 3:--slowdown=4); repeatable")
       ->allow_extra_args(false)
       ->type_name("RANK:ARG");
-  std::vector<std::string> kills;
-  app.add_option("--kill", kills,
+  app.add_option("--kill", flags.kills,
                  "Fault injection: kill a process with SIGKILL SECONDS after the start, and "
                  "with +RESTART start it again that many seconds later (same command line): "
                  "ps:INDEX@SECONDS[+RESTART] or worker:INDEX@SECONDS[+RESTART], INDEX > 0 for "
@@ -261,89 +272,89 @@ int main(int argc, char** argv) {
                  "metrics URLs")
       ->capture_default_str()
       ->type_name("HOST");
+}
 
-  if (auto done = parasync::ParseCommandLine(app, argc, argv)) return *done;
-
-  if (ps_text.find_first_not_of("0123456789") == std::string::npos && !ps_text.empty()) {
+// --ps and -H into counts and placements.
+Status ParsePlacement(Flags& flags) {
+  LaunchOptions& options = flags.options;
+  if (flags.ps.find_first_not_of("0123456789") == std::string::npos && !flags.ps.empty()) {
     try {
-      options.num_ps = std::stoi(ps_text);
+      options.num_ps = std::stoi(flags.ps);
     } catch (const std::exception&) {
-      return parasync::PrintErrorLine(kProgram, "--ps " + ps_text + " is out of range", kExitUsage);
+      return Status::InvalidArgument("--ps " + flags.ps + " is out of range");
     }
   } else {
-    auto placement = parasync::launch::ParseHostSlots(ps_text, "--ps");
-    if (!placement.ok()) {
-      return parasync::PrintErrorLine(kProgram, placement.status().message(), kExitUsage);
-    }
+    auto placement = parasync::launch::ParseHostSlots(flags.ps, "--ps");
+    if (!placement.ok()) return placement.status();
     options.ps_placement = *placement;
     options.num_ps = 0;
     for (const auto& h : options.ps_placement) options.num_ps += h.count;
   }
-  if (!worker_hosts_text.empty()) {
-    auto placement = parasync::launch::ParseHostSlots(worker_hosts_text, "-H");
-    if (!placement.ok()) {
-      return parasync::PrintErrorLine(kProgram, placement.status().message(), kExitUsage);
-    }
+  if (!flags.worker_hosts.empty()) {
+    auto placement = parasync::launch::ParseHostSlots(flags.worker_hosts, "-H");
+    if (!placement.ok()) return placement.status();
     options.worker_placement = *placement;
     int slots = 0;
     for (const auto& h : options.worker_placement) slots += h.count;
-    if (workers_option->count() == 0) options.num_workers = slots;
+    if (flags.workers->count() == 0) options.num_workers = slots;
   }
-  for (const std::string& item : rank_args) {
+  return Status::Ok();
+}
+
+// Completes flags.options from the flags CLI11 left as text (--ps, -H, --rank-arg, --kill);
+// InvalidArgument with the line to print otherwise.
+Status CompleteOptions(Flags& flags) {
+  PARASYNC_RETURN_IF_ERROR(ParsePlacement(flags));
+  for (const std::string& item : flags.rank_args) {
     const size_t colon = item.find(':');
     int rank = -1;
     const char* end = item.data() + (colon == std::string::npos ? item.size() : colon);
     auto [p, ec] = std::from_chars(item.data(), end, rank);
     if (colon == std::string::npos || colon == 0 || ec != std::errc() || p != end ||
         colon + 1 == item.size()) {
-      return parasync::PrintErrorLine(
-          kProgram, "--rank-arg takes RANK:ARG, e.g. 1:--slowdown=4, not '" + item + "'",
-          kExitUsage);
+      return Status::InvalidArgument("--rank-arg takes RANK:ARG, e.g. 1:--slowdown=4, not '" +
+                                     item + "'");
     }
-    options.rank_args.emplace_back(rank, item.substr(colon + 1));
+    flags.options.rank_args.emplace_back(rank, item.substr(colon + 1));
   }
-  for (const std::string& item : kills) {
-    auto fault = parasync::launch::ParseFault(item);
-    if (!fault.ok()) return parasync::PrintErrorLine(kProgram, fault.status().message(), kExitUsage);
-    options.faults.push_back(*fault);
+  for (const std::string& item : flags.kills) {
+    PARASYNC_ASSIGN_OR_RETURN(parasync::launch::Fault fault, parasync::launch::ParseFault(item));
+    flags.options.faults.push_back(fault);
   }
-  auto launcher = Launcher::Create(options);
-  if (!launcher.ok()) {
-    const parasync::Status status = launcher.status();
-    const bool usage = status.code() == StatusCode::kInvalidArgument ||
-                       status.code() == StatusCode::kNotFound;
-    return parasync::PrintErrorLine(kProgram, status.message(), usage ? kExitUsage : kExitFailed);
+  return Status::Ok();
+}
+
+// --dry-run: every process's command line with its host.
+int PrintDryRun(const Launcher& launcher) {
+  for (const auto& spec : launcher.plan().processes) {
+    std::cout << spec.name << " on " << spec.host << ": "
+              << parasync::launch::ShellJoin(spec.spawn_argv) << "\n";
   }
-  if (!options.curve_dir.empty() && !dry_run) {
-    // Made before anything starts, so every process finds its key.
-    const parasync::Status keys =
-        parasync::launch::EnsureCurveKeys(options.curve_dir, options.num_workers);
-    if (!keys.ok()) return parasync::PrintErrorLine(kProgram, keys.message(), kExitFailed);
+  return 0;
+}
+
+// --check: one line per problem, or that all is clear.
+int RunCheck(Launcher& launcher) {
+  const std::vector<std::string> problems = launcher.Preflight();
+  for (const std::string& problem : problems) {
+    parasync::PrintErrorLine(kProgram, "check: " + problem, 1);
   }
-  if (dry_run) {
-    for (const auto& spec : (*launcher)->plan().processes) {
-      std::cout << spec.name << " on " << spec.host << ": "
-                << parasync::launch::ShellJoin(spec.spawn_argv) << "\n";
-    }
-    return 0;
+  if (problems.empty()) {
+    std::set<std::string> hosts;
+    for (const auto& spec : launcher.plan().processes) hosts.insert(spec.host);
+    std::cout << kProgram << ": check passed: " << launcher.plan().processes.size()
+              << " processes on " << hosts.size() << " host(s), all "
+              << parasync::BuildVersion() << "\n";
   }
-  if (check) {
-    const std::vector<std::string> problems = (*launcher)->Preflight();
-    for (const std::string& problem : problems) {
-      parasync::PrintErrorLine(kProgram, "check: " + problem, 1);
-    }
-    if (problems.empty()) {
-      std::set<std::string> hosts;
-      for (const auto& spec : (*launcher)->plan().processes) hosts.insert(spec.host);
-      std::cout << kProgram << ": check passed: " << (*launcher)->plan().processes.size()
-                << " processes on " << hosts.size() << " host(s), all "
-                << parasync::BuildVersion() << "\n";
-    }
-    return problems.empty() ? 0 : 1;
-  }
+  return problems.empty() ? 0 : 1;
+}
+
+// The run itself, after the local preflight: start, supervise, tell, and serve the final
+// metrics when asked.
+int RunCluster(const LaunchOptions& options, Launcher& launcher) {
   // Whatever would make a process here refuse to start is said now, and nothing starts.
   if (const std::vector<std::string> problems =
-          parasync::launch::LocalPreflight(options, (*launcher)->plan());
+          parasync::launch::LocalPreflight(options, launcher.plan());
       !problems.empty()) {
     for (const std::string& problem : problems) {
       parasync::PrintErrorLine(kProgram, problem, kExitUsage);
@@ -352,15 +363,55 @@ int main(int argc, char** argv) {
   }
   // The children's log lines are prefixed with their names here: they leave theirs out.
   setenv(parasync::kLogPrefixedVariable, "1", 1);
-  const parasync::Status started = (*launcher)->Start();
-  if (!started.ok()) {
-    return parasync::PrintErrorLine(kProgram, started.message(), kExitFailed);
-  }
-  const int exit_code = (*launcher)->Supervise();
-  std::cout << (*launcher)->Summary() << std::flush;
+  const Status started = launcher.Start();
+  if (!started.ok()) return parasync::PrintErrorLine(kProgram, started.message(), kExitFailed);
+  const int exit_code = launcher.Supervise();
+  std::cout << launcher.Summary() << std::flush;
   if (options.serve_metrics && exit_code != parasync::launch::kExitInterrupted) {
-    const parasync::Status served = (*launcher)->ServeFinalMetrics();
+    const Status served = launcher.ServeFinalMetrics();
     if (!served.ok()) parasync::PrintErrorLine(kProgram, "--metrics: " + served.message(), 0);
   }
   return exit_code;
+}
+
+// What the flags ask for: the plan, then a dry run, a check or the run.
+int Run(const Flags& flags) {
+  const LaunchOptions& options = flags.options;
+  auto launcher = Launcher::Create(options);
+  if (!launcher.ok()) {
+    const Status status = launcher.status();
+    const bool usage = status.code() == StatusCode::kInvalidArgument ||
+                       status.code() == StatusCode::kNotFound;
+    return parasync::PrintErrorLine(kProgram, status.message(), usage ? kExitUsage : kExitFailed);
+  }
+  if (!options.curve_dir.empty() && !flags.dry_run) {
+    // Made before anything starts, so every process finds its key.
+    const Status keys = parasync::launch::EnsureCurveKeys(options.curve_dir, options.num_workers);
+    if (!keys.ok()) return parasync::PrintErrorLine(kProgram, keys.message(), kExitFailed);
+  }
+  if (flags.dry_run) return PrintDryRun(**launcher);
+  if (flags.check) return RunCheck(**launcher);
+  return RunCluster(options, **launcher);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  flags.options.command_line.assign(argv, argv + argc);  // for summary.json
+  CLI::App app;
+  parasync::SetUpCommandLine(app, {.name = kProgram,
+                                   .purpose = "runs a local or multi-host parasync cluster.",
+                                   .details = kDetails,
+                                   .exit_status = kExitStatus,
+                                   .examples = kExamples});
+  AddClusterFlags(app, flags);
+  AddRunFlags(app, flags.options);
+  AddTrainingFlags(app, flags.options);
+  AddProcessFlags(app, flags);
+  if (auto done = parasync::ParseCommandLine(app, argc, argv)) return *done;
+  if (const Status completed = CompleteOptions(flags); !completed.ok()) {
+    return parasync::PrintErrorLine(kProgram, completed.message(), kExitUsage);
+  }
+  return Run(flags);
 }

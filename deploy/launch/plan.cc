@@ -1,0 +1,404 @@
+#include "deploy/launch/plan.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <utility>
+
+#include "common/address.h"
+#include "common/cluster_spec.h"
+#include "common/curve.h"
+#include "common/ports.h"
+
+namespace parasync::launch {
+namespace {
+
+// POSIX shell single-quoting.
+std::string ShellQuote(const std::string& word) {
+  if (!word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                              "0123456789_-+=./:,@%") == std::string::npos) {
+    return word;
+  }
+  std::string quoted = "'";
+  for (char c : word) {
+    if (c == '\'') {
+      quoted += "'\\''";
+    } else {
+      quoted += c;
+    }
+  }
+  return quoted + "'";
+}
+
+// Where each process runs: every PS by index, then every worker. A role without a
+// placement of its own goes round-robin over the other role's hosts.
+std::vector<std::string> ProcessHosts(const LaunchOptions& options) {
+  std::vector<std::string> hosts;
+  auto place = [&](const std::vector<HostSlots>& own, const std::vector<HostSlots>& other,
+                   int count) {
+    if (!own.empty()) {
+      for (const HostSlots& s : own) {
+        for (int i = 0; i < s.count; ++i) hosts.push_back(s.host);
+      }
+    } else if (!other.empty()) {
+      for (int i = 0; i < count; ++i) hosts.push_back(other[static_cast<size_t>(i) % other.size()].host);
+    } else {
+      for (int i = 0; i < count; ++i) hosts.push_back(options.host);
+    }
+  };
+  place(options.ps_placement, options.worker_placement, options.num_ps);
+  place(options.worker_placement, options.ps_placement, options.num_workers);
+  return hosts;
+}
+
+// What every process of the cluster shares, for PlanProcess.
+struct Cluster {
+  std::vector<std::string> hosts;  // by slot: every PS, then every worker
+  const std::vector<int>* ports;   // as BuildPlan takes them
+  size_t num_ps = 0;
+  std::string ps_hosts;      // --ps-hosts
+  std::string worker_hosts;  // --worker-hosts
+  std::string bin_dir;
+  std::string log_dir;
+};
+
+// "host:port,host:port" of the `count` processes from slot `first`.
+std::string JoinAddresses(const std::vector<std::string>& hosts, const std::vector<int>& ports,
+                          size_t first, size_t count) {
+  std::string joined;
+  for (size_t i = 0; i < count; ++i) {
+    if (i > 0) joined += ",";
+    joined += hosts[first + i] + ":" + std::to_string(ports[first + i]);
+  }
+  return joined;
+}
+
+void AddPsFlags(const LaunchOptions& options, const ProcessSpec& spec,
+                std::vector<std::string>& argv) {
+  if (options.replicas_to_aggregate) {
+    argv.insert(argv.end(), {"--replicas-to-aggregate", *options.replicas_to_aggregate});
+  }
+  if (options.worker_timeout) {
+    argv.insert(argv.end(), {"--worker-timeout", *options.worker_timeout});
+  }
+  if (!options.ps_data_dir.empty()) {
+    argv.insert(argv.end(), {"--state-dir", options.ps_data_dir + "/" + spec.name});
+  }
+  argv.insert(argv.end(), options.ps_args.begin(), options.ps_args.end());
+}
+
+// `local_rank`: the worker's index among the workers on its host (each takes its own GPU
+// where there are several).
+void AddWorkerFlags(const LaunchOptions& options, const ProcessSpec& spec, int local_rank,
+                    std::vector<std::string>& argv) {
+  argv.insert(argv.end(), {"--local-rank", std::to_string(local_rank), "--epochs",
+                           std::to_string(options.epochs)});
+  if (!options.data_dir.empty()) argv.insert(argv.end(), {"--dataset", options.data_dir});
+  const std::pair<const char*, const std::optional<std::string>*> training[] = {
+      {"--batch-size", &options.batch_size}, {"--lr", &options.lr},
+      {"--optimizer", &options.optimizer},   {"--lr-schedule", &options.lr_schedule},
+      {"--model", &options.model},
+      {"--seed", &options.seed},             {"--max-steps", &options.max_steps},
+      {"--wire-dtype", &options.wire_dtype}, {"--log-every", &options.log_every}};
+  for (const auto& [flag, value] : training) {
+    if (value->has_value()) argv.insert(argv.end(), {flag, **value});
+  }
+  if (options.checkpoint_each_epoch) argv.push_back("--checkpoint-each-epoch");
+  argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
+  for (const auto& [rank, arg] : options.rank_args) {
+    if (rank == spec.index) argv.push_back(arg);
+  }
+}
+
+void AddCurveFlags(const LaunchOptions& options, const ProcessSpec& spec,
+                   std::vector<std::string>& argv) {
+  if (options.curve_dir.empty()) return;
+  const std::string& k = options.curve_dir;
+  if (spec.role == Role::kPs) {
+    argv.insert(argv.end(), {"--curve-key", k + "/ps.key", "--curve-allow", k + "/allowed"});
+  } else {
+    argv.insert(argv.end(), {"--curve-key", k + "/worker" + std::to_string(spec.index) + ".key",
+                             "--curve-server-key", k + "/ps.pub"});
+  }
+}
+
+// The process of `slot` (a PS below cluster.num_ps, else a worker).
+ProcessSpec PlanProcess(const LaunchOptions& options, const Cluster& cluster, size_t slot) {
+  const std::vector<int>& ports = *cluster.ports;
+  const size_t total = cluster.hosts.size();
+  const bool is_ps = slot < cluster.num_ps;
+  ProcessSpec spec;
+  spec.role = is_ps ? Role::kPs : Role::kWorker;
+  spec.index = static_cast<int>(is_ps ? slot : slot - cluster.num_ps);
+  spec.name = std::string(is_ps ? "ps" : "worker") + std::to_string(spec.index);
+  spec.host = cluster.hosts[slot];
+  spec.remote = !IsLocalHost(spec.host) && IsMultiHost(options);
+  spec.address = spec.host + ":" + std::to_string(ports[slot]);
+  spec.metrics_port = ports[total + slot];
+  spec.log_path = cluster.log_dir + "/" + spec.name + ".log";
+
+  std::vector<std::string>& argv = spec.argv;
+  const std::string& dir =
+      spec.remote && !options.remote_bin_dir.empty() ? options.remote_bin_dir : cluster.bin_dir;
+  argv.push_back(dir + "/" + std::string(is_ps ? kPsBinary : kWorkerBinary));
+  argv.insert(argv.end(), {"--ps-hosts", cluster.ps_hosts, "--worker-hosts",
+                           cluster.worker_hosts, "--task-index", std::to_string(spec.index),
+                           "--mode", options.mode, "--metrics-port",
+                           std::to_string(spec.metrics_port), "--metrics-bind",
+                           MetricsBindFor(spec.host), "--log-dir", cluster.log_dir});
+  if (is_ps) {
+    AddPsFlags(options, spec, argv);
+  } else {
+    int local_rank = 0;
+    for (size_t other = cluster.num_ps; other < slot; ++other) {
+      local_rank += cluster.hosts[other] == spec.host;
+    }
+    AddWorkerFlags(options, spec, local_rank, argv);
+  }
+  AddCurveFlags(options, spec, argv);
+  spec.spawn_argv = argv;
+  if (spec.remote) {
+    spec.spawn_argv = SshArgv(options, spec.host, RemoteCommand(argv, options.grace_seconds));
+  }
+  return spec;
+}
+
+ProcessSpec PlanExporter(const LaunchOptions& options, const Cluster& cluster) {
+  ProcessSpec exporter;
+  exporter.role = Role::kExport;
+  exporter.name = "export";
+  exporter.log_path = cluster.log_dir + "/export.log";
+  exporter.argv = {cluster.bin_dir + "/" + std::string(kExportBinary), "--ps-hosts",
+                   cluster.ps_hosts, "--out", options.export_path};
+  if (!options.curve_dir.empty()) {
+    exporter.argv.insert(exporter.argv.end(),
+                         {"--curve-key", options.curve_dir + "/export.key", "--curve-server-key",
+                          options.curve_dir + "/ps.pub"});
+  }
+  return exporter;
+}
+
+}  // namespace
+
+std::string ShellJoin(const std::vector<std::string>& argv) {
+  std::string command;
+  for (const std::string& a : argv) command += (command.empty() ? "" : " ") + ShellQuote(a);
+  return command;
+}
+
+std::string RemoteCommand(const std::vector<std::string>& argv, double grace_seconds) {
+  const std::string command = ShellJoin(argv);
+  char grace[32];
+  std::snprintf(grace, sizeof(grace), "%.0f", std::ceil(std::max(0.0, grace_seconds)));
+  // The process runs in the background with its own stdin; a watcher reads the connection's
+  // stdin and sends SIGTERM when it closes (the launcher stopping it, or the connection
+  // dying), so a remote process never outlives its launcher. Background jobs of a
+  // non-interactive shell read /dev/null, hence the dance with descriptor 3.
+  // After the grace period a process that ignored SIGTERM gets SIGKILL there too.
+  return "exec 3<&0; " + std::string(kLogPrefixedEnv) + "=1 " + command +
+         " </dev/null 3<&- & p=$!; (cat <&3 >/dev/null; kill -TERM $p 2>/dev/null; sleep " +
+         grace + "; kill -KILL $p 2>/dev/null) & w=$!; "
+         "exec 3<&-; wait $p; s=$?; kill $w 2>/dev/null; exit $s";
+}
+
+std::vector<std::string> SshArgv(const LaunchOptions& options, const std::string& host,
+                                 std::string command) {
+  std::vector<std::string> argv = SshCommandWords(options);
+  argv.push_back(host);
+  argv.push_back(std::move(command));
+  return argv;
+}
+
+Status EnsureCurveKeys(const std::string& dir, int num_workers) {
+  std::error_code ec;
+  // `allowed` may also be a file of keys (parasync-entrypoint keys writes one): then the
+  // missing clients' public keys are appended to it.
+  const bool allowed_file = std::filesystem::is_regular_file(dir + "/allowed", ec);
+  if (!allowed_file) std::filesystem::create_directories(dir + "/allowed", ec);
+  if (ec) return Status::Unavailable("cannot create " + dir + "/allowed: " + ec.message());
+  std::vector<std::string> names = {"ps", "export"};
+  for (int i = 0; i < num_workers; ++i) names.push_back("worker" + std::to_string(i));
+  for (const std::string& name : names) {
+    const std::string base = dir + "/" + name;
+    if (!std::filesystem::exists(base + ".key")) {
+      PARASYNC_ASSIGN_OR_RETURN(CurveKeyPair pair, GenerateCurveKeyPair());
+      PARASYNC_RETURN_IF_ERROR(WriteKeyFiles(base, pair));
+    }
+    if (name == "ps") continue;
+    if (allowed_file) {
+      PARASYNC_ASSIGN_OR_RETURN(std::vector<std::string> listed, ReadPublicKeys(dir + "/allowed"));
+      PARASYNC_ASSIGN_OR_RETURN(CurveKeyPair pair, ReadKeyPairFile(base + ".key"));
+      if (std::find(listed.begin(), listed.end(), pair.public_key) == listed.end()) {
+        std::ofstream(dir + "/allowed", std::ios::app) << "public-key = " << pair.public_key << "\n";
+      }
+      continue;
+    }
+    const std::string allowed = dir + "/allowed/" + name + ".pub";
+    if (!std::filesystem::exists(allowed)) {
+      std::filesystem::copy_file(base + ".pub", allowed, ec);
+      if (ec) return Status::Unavailable("cannot copy " + base + ".pub: " + ec.message());
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::string> ExecutableDir() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return Status::Internal("cannot read /proc/self/exe: " + ec.message());
+  return exe.parent_path().string();
+}
+
+std::string MetricsBindFor(const std::string& host) {
+  if (host == "localhost") return "127.0.0.1";
+  in_addr parsed{};
+  if (inet_pton(AF_INET, host.c_str(), &parsed) == 1) return host;
+  return "0.0.0.0";
+}
+
+std::string DefaultLogDir() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local {};
+  localtime_r(&now, &local);
+  char buffer[32];
+  std::strftime(buffer, sizeof(buffer), "%Y%m%d-%H%M%S", &local);
+  return std::string("runs/") + buffer;
+}
+
+Status CheckBinaries(const std::string& bin_dir, bool with_export) {
+  std::vector<std::string> missing;
+  for (std::string_view name : {kPsBinary, kWorkerBinary, kExportBinary}) {
+    if (name == kExportBinary && !with_export) continue;
+    const std::string path = bin_dir + "/" + std::string(name);
+    struct stat info {};
+    if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode) ||
+        access(path.c_str(), X_OK) != 0) {
+      missing.push_back(path);
+    }
+  }
+  if (missing.empty()) return Status::Ok();
+  std::string message = "cannot find executable ";
+  for (size_t i = 0; i < missing.size(); ++i) {
+    if (i > 0) message += " and ";
+    message += missing[i];
+  }
+  message += " (build them, or point --bin-dir at the directory that holds them)";
+  return Status::NotFound(message);
+}
+
+Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bin_dir,
+                             const std::string& log_dir, const std::vector<int>& ports) {
+  PARASYNC_RETURN_IF_ERROR(ValidateOptions(options));
+  const size_t num_ps = static_cast<size_t>(options.num_ps);
+  const size_t num_workers = static_cast<size_t>(options.num_workers);
+  const size_t total = num_ps + num_workers;
+  if (ports.size() != 2 * total) {
+    return Status::InvalidArgument("BuildPlan needs " + std::to_string(2 * total) +
+                                   " ports, got " + std::to_string(ports.size()));
+  }
+  Cluster cluster{ProcessHosts(options), &ports, num_ps, "", "", bin_dir, log_dir};
+  cluster.ps_hosts = JoinAddresses(cluster.hosts, ports, 0, num_ps);
+  cluster.worker_hosts = JoinAddresses(cluster.hosts, ports, num_ps, num_workers);
+  // What every process will check of its --ps-hosts / --worker-hosts, checked before any
+  // starts (two names of one host, "node1" and "NODE1", would get the same ports).
+  PARASYNC_RETURN_IF_ERROR(
+      CheckDistinctAddresses(SplitHostList(cluster.ps_hosts), "the planned --ps-hosts"));
+  PARASYNC_RETURN_IF_ERROR(
+      CheckDistinctAddresses(SplitHostList(cluster.worker_hosts), "the planned --worker-hosts"));
+
+  LaunchPlan plan;
+  plan.log_dir = log_dir;
+  plan.host = options.host;
+  plan.mode = options.mode;
+  plan.metrics_bind = MetricsBindFor(options.host);
+  plan.job = options.job;
+  if (plan.job.empty()) plan.job = std::filesystem::path(log_dir).filename().string();
+  if (plan.job.empty()) plan.job = "parasync";
+  for (size_t slot = 0; slot < total; ++slot) {
+    plan.processes.push_back(PlanProcess(options, cluster, slot));
+  }
+  if (!options.export_path.empty()) plan.exporter = PlanExporter(options, cluster);
+  return plan;
+}
+
+std::vector<int> PortBasePorts(const LaunchOptions& options) {
+  const std::vector<std::string> hosts = ProcessHosts(options);
+  std::map<std::string, int> next;
+  std::vector<int> ports(2 * hosts.size(), 0);
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    // localhost and 127.0.0.1 are one machine: one port counter.
+    const int k = next[IsLocalHost(hosts[i]) ? std::string("localhost") : hosts[i]]++;
+    ports[i] = options.port_base + k;
+    ports[hosts.size() + i] = options.port_base + kMetricsPortOffset + k;
+  }
+  return ports;
+}
+
+Result<std::string> ResolvePaths(LaunchOptions* options) {
+  std::error_code ec;
+  if (!options->export_path.empty()) {
+    const std::filesystem::path path =
+        std::filesystem::absolute(options->export_path, ec).lexically_normal();
+    if (ec || !path.has_filename() || std::filesystem::is_directory(path)) {
+      return Status::InvalidArgument("--export must name a file, got '" + options->export_path +
+                                     "'");
+    }
+    options->export_path = path.string();
+  }
+  if (!options->curve_dir.empty()) {
+    std::string& curve_dir = options->curve_dir;
+    curve_dir = std::filesystem::absolute(curve_dir, ec).lexically_normal().string();
+    if (curve_dir.size() > 1 && curve_dir.back() == '/') curve_dir.pop_back();
+  }
+  const std::string log_dir_text = options->log_dir.empty() ? DefaultLogDir() : options->log_dir;
+  std::filesystem::path log_dir = std::filesystem::absolute(log_dir_text, ec);
+  if (ec) return Status::InvalidArgument("--log-dir '" + log_dir_text + "': " + ec.message());
+  std::string log_dir_string = log_dir.lexically_normal().string();
+  if (log_dir_string.size() > 1 && log_dir_string.back() == '/') log_dir_string.pop_back();
+  return log_dir_string;
+}
+
+// ---- PortReservation --------------------------------------------------------------------
+
+Result<PortReservation> PortReservation::Reserve(const std::string& host, int count) {
+  // Below the ephemeral range and held bound until Release (common/ports.h): no outgoing
+  // connection can take one before its process binds it.
+  PARASYNC_ASSIGN_OR_RETURN(BoundPorts bound, BindFreePorts(host, count));
+  PortReservation reservation;
+  reservation.fds_ = std::move(bound.fds);
+  reservation.ports_ = std::move(bound.ports);
+  return reservation;
+}
+
+PortReservation::PortReservation(PortReservation&& other) noexcept
+    : fds_(std::move(other.fds_)), ports_(std::move(other.ports_)) {
+  other.fds_.clear();
+}
+
+PortReservation& PortReservation::operator=(PortReservation&& other) noexcept {
+  if (this != &other) {
+    Release();
+    fds_ = std::move(other.fds_);
+    ports_ = std::move(other.ports_);
+    other.fds_.clear();
+  }
+  return *this;
+}
+
+PortReservation::~PortReservation() { Release(); }
+
+void PortReservation::Release() {
+  for (int fd : fds_) close(fd);
+  fds_.clear();
+}
+
+}  // namespace parasync::launch

@@ -1,0 +1,133 @@
+// The plan of a run: which processes run where, with which command lines (over ssh for
+// other hosts), on which ports. BuildPlan is pure; the helpers around it resolve what the
+// plan needs from this machine (binaries, paths, free ports, CURVE keys). Nothing here
+// starts a process. Functions may be called from any thread; PortReservation is not
+// thread-safe.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "deploy/launch/options.h"
+
+namespace parasync::launch {
+
+inline constexpr std::string_view kPsBinary = "parasync-ps";
+inline constexpr std::string_view kWorkerBinary = "parasync-worker";
+inline constexpr std::string_view kExportBinary = "parasync-export";
+
+// Set to "1" in the environment of every process the launcher starts (on other hosts too):
+// the launcher prefixes their lines with their name, so they need not print it themselves.
+inline constexpr std::string_view kLogPrefixedEnv = "PARASYNC_LOG_PREFIXED";
+
+// The shell command that runs `argv` on a remote host under ssh: the process gets SIGTERM
+// when the launcher closes the connection's stdin (its way to stop a remote process), and
+// the command's exit status is the process's. It runs with kLogPrefixedEnv=1.
+// The process gets SIGKILL `grace_seconds` after SIGTERM if it is still there.
+std::string RemoteCommand(const std::vector<std::string>& argv, double grace_seconds);
+
+// `argv` as one POSIX shell command line (words quoted where needed).
+std::string ShellJoin(const std::vector<std::string>& argv);
+
+// The command that runs the shell command `command` on `host` over LaunchOptions::ssh_command:
+// its words, then the host, then the command as one word.
+std::vector<std::string> SshArgv(const LaunchOptions& options, const std::string& host,
+                                 std::string command);
+
+enum class Role {
+  kPs,
+  kWorker,
+  kExport,  // parasync-export, run once after training when --export is given
+};
+
+// One process of the cluster, fully resolved.
+struct ProcessSpec {
+  Role role = Role::kPs;
+  int index = 0;
+  std::string host;     // where it runs
+  bool remote = false;  // started over ssh: `spawn_argv` wraps `argv`
+  std::vector<std::string> spawn_argv;  // what the launcher executes (argv when local)
+  std::string name;      // "ps0", "worker1": the output prefix and the log file's stem
+  std::string address;   // host:port in the cluster spec
+  int metrics_port = 0;
+  std::vector<std::string> argv;  // argv[0] is the absolute path of the binary
+  std::string log_path;           // <log_dir>/<name>.log, written by the launcher
+};
+
+struct LaunchPlan {
+  std::string log_dir;  // absolute
+  std::string host;
+  std::string job;           // Prometheus job label
+  std::string metrics_bind;  // what every process's /metrics listens on (--metrics-bind)
+  std::string mode;
+  std::vector<ProcessSpec> processes;  // every PS (by index), then every worker (by index)
+  // The exporter (role kExport, name "export"), when options.export_path is set. It runs
+  // after training, so it has no port and is not part of `processes`.
+  std::optional<ProcessSpec> exporter;
+};
+
+// Returns the directory holding the running executable (from /proc/self/exe), or an
+// Internal status.
+Result<std::string> ExecutableDir();
+
+// The address a process's /metrics should listen on for a cluster on `host`: `host` itself
+// when it is an IPv4 address, 127.0.0.1 for "localhost", else 0.0.0.0 (a host name: reachable
+// by whoever resolves it).
+std::string MetricsBindFor(const std::string& host);
+
+// Makes the CURVE keys of LaunchOptions::curve_dir that are missing for `num_workers`
+// workers: ps, worker<i>, export, and allowed/ with every client's public key.
+Status EnsureCurveKeys(const std::string& dir, int num_workers);
+
+// Returns "runs/<YYYYmmdd-HHMMSS>" for the current local time.
+std::string DefaultLogDir();
+
+// Returns OK when <bin_dir>/parasync-ps and <bin_dir>/parasync-worker (and, with
+// `with_export`, <bin_dir>/parasync-export) exist and are executable, else NotFound naming
+// what is missing.
+Status CheckBinaries(const std::string& bin_dir, bool with_export = false);
+
+// Builds the command lines. `ports` holds, in order, one service port per PS, one cluster
+// port per worker, then one metrics port per PS and one per worker: 2 * (num_ps +
+// num_workers) in all. `bin_dir` and `log_dir` are used as given. Pure: touches nothing.
+// Returns InvalidArgument if the options are invalid or the port count is wrong.
+Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bin_dir,
+                             const std::string& log_dir, const std::vector<int>& ports);
+
+// Holds `count` distinct free TCP ports by keeping a socket bound to each (127.0.0.1, or
+// `host` when it is an IPv4 literal) until Release() or destruction. Not thread-safe.
+class PortReservation {
+ public:
+  // Returns the reservation, or Unavailable if sockets could not be bound.
+  static Result<PortReservation> Reserve(const std::string& host, int count);
+
+  PortReservation(PortReservation&& other) noexcept;
+  PortReservation& operator=(PortReservation&& other) noexcept;
+  PortReservation(const PortReservation&) = delete;
+  PortReservation& operator=(const PortReservation&) = delete;
+  ~PortReservation();
+
+  const std::vector<int>& ports() const { return ports_; }
+  // Closes the sockets so the processes can bind the ports. Idempotent.
+  void Release();
+
+ private:
+  PortReservation() = default;
+  std::vector<int> fds_;
+  std::vector<int> ports_;
+};
+
+// Multi-host: the ports of every process, as BuildPlan takes them, fixed from --port-base
+// and counted per host (a launcher cannot reserve ports on other machines; --check tells
+// whether they are free).
+std::vector<int> PortBasePorts(const LaunchOptions& options);
+
+// Makes options->export_path and options->curve_dir absolute (InvalidArgument when --export
+// names no file: checked now, not after the training it would otherwise waste) and returns
+// the absolute log directory (--log-dir or DefaultLogDir()), without a trailing '/'.
+Result<std::string> ResolvePaths(LaunchOptions* options);
+
+}  // namespace parasync::launch

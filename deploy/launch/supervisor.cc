@@ -1,0 +1,819 @@
+#include "deploy/launch/supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <utility>
+
+#include "common/metrics.h"
+#include "common/subprocess.h"
+#include "deploy/launch/preflight.h"
+#include "deploy/launch/snapshot_server.h"
+
+namespace parasync::launch {
+
+namespace {
+
+constexpr size_t kReadChunk = 64 * 1024;
+// A "line" longer than this without a newline is forwarded in pieces.
+constexpr size_t kMaxLineBytes = 64 * 1024;
+constexpr int kMaxDrainReads = 64;
+
+// The self-pipe: the signal handler only writes the signal number into it.
+int g_signal_pipe[2] = {-1, -1};
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+void OnSignal(int signal_number) {
+  const int saved_errno = errno;
+  const auto byte = static_cast<unsigned char>(signal_number);
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+Status InstallSignalHandlers() {
+  if (g_signal_pipe[0] < 0 && pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return Status::Internal(std::string("pipe2: ") + std::strerror(errno));
+  }
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int signal_number : kStopSignals) {
+    if (sigaction(signal_number, &action, nullptr) != 0) {
+      return Status::Internal(std::string("sigaction: ") + std::strerror(errno));
+    }
+  }
+  action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  if (sigaction(SIGCHLD, &action, nullptr) != 0) {
+    return Status::Internal(std::string("sigaction: ") + std::strerror(errno));
+  }
+  // A closed reader of our stdout must not kill the launcher and orphan the cluster.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, nullptr);
+  return Status::Ok();
+}
+
+}  // namespace
+
+struct Launcher::Child : ProcessRecord {
+  std::string prefix;  // "[ps0] "
+  int out_fd = -1;     // read end of the child's stdout+stderr pipe
+  int log_fd = -1;
+  std::string partial;  // bytes after the last newline
+  int in_fd = -1;  // remote: write end of ssh's stdin; closing it stops the process
+};
+
+Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& given) {
+  PARASYNC_RETURN_IF_ERROR(ValidateOptions(given));
+  LaunchOptions options = given;
+  std::string bin_dir = options.bin_dir;
+  if (bin_dir.empty()) {
+    PARASYNC_ASSIGN_OR_RETURN(bin_dir, ExecutableDir());
+  }
+  PARASYNC_RETURN_IF_ERROR(CheckBinaries(bin_dir, !options.export_path.empty()));
+  PARASYNC_ASSIGN_OR_RETURN(const std::string log_dir, ResolvePaths(&options));
+
+  const int port_count = 2 * (options.num_ps + options.num_workers);
+  const bool multi_host = IsMultiHost(options);
+  // Multi-host: fixed ports from --port-base (PortBasePorts); reserved here otherwise.
+  PARASYNC_ASSIGN_OR_RETURN(PortReservation ports,
+                            PortReservation::Reserve(options.host, multi_host ? 0 : port_count));
+  const std::vector<int> port_list = multi_host ? PortBasePorts(options) : ports.ports();
+  PARASYNC_ASSIGN_OR_RETURN(LaunchPlan plan, BuildPlan(options, bin_dir, log_dir, port_list));
+  return std::unique_ptr<Launcher>(new Launcher(options, std::move(plan), std::move(ports)));
+}
+
+Launcher::Launcher(LaunchOptions options, LaunchPlan plan, PortReservation ports)
+    : options_(std::move(options)), plan_(std::move(plan)), ports_(std::move(ports)) {
+  const bool multi_host = IsMultiHost(options_);
+  for (const ProcessSpec& spec : plan_.processes) {
+    Child child;
+    child.spec = spec;
+    child.prefix = multi_host ? "[" + spec.host + " " + spec.name + "] " : "[" + spec.name + "] ";
+    children_.push_back(std::move(child));
+  }
+  run_.options = &options_;
+  run_.plan = &plan_;
+  for (const Child& child : children_) run_.processes.push_back(&child);
+}
+
+std::vector<std::string> Launcher::Preflight(double timeout_seconds) {
+  // The processes' --check binds their own ports: the launcher's reservation must not hold them.
+  ports_.Release();
+  return ClusterPreflight(options_, plan_, timeout_seconds);
+}
+
+Status Launcher::Start() {
+  if (started_) return Status::FailedPrecondition("Launcher::Start called twice");
+  started_ = true;
+
+  std::error_code ec;
+  std::filesystem::create_directories(plan_.log_dir, ec);
+  if (ec) return Status::Unavailable("cannot create log directory " + plan_.log_dir + ": " +
+                                     ec.message());
+  run_.start = NowSeconds();
+  run_.start_unix = UnixSeconds();
+  // eval.jsonl is appended to, run after run: this run's rows are those after this offset.
+  run_.eval_offset = std::filesystem::file_size(plan_.log_dir + "/eval.jsonl", ec);
+  if (ec) run_.eval_offset = 0;
+  // An earlier run's summary must not pass for this one's should this launcher be killed.
+  std::filesystem::remove(plan_.log_dir + "/" + std::string(kSummaryFile), ec);
+  // From here on a failure is this run's end, and summary.json says so.
+  if (Status prepared = PrepareFiles(); !prepared.ok()) return Fail(prepared);
+  if (Status installed = InstallSignalHandlers(); !installed.ok()) return Fail(installed);
+
+  Message("starting " + std::to_string(options_.num_ps) + " ps and " +
+          std::to_string(options_.num_workers) + " workers, mode " + plan_.mode +
+          ", logs in " + plan_.log_dir);
+  ports_.Release();
+  if (Status spawned = SpawnAll(); !spawned.ok()) return Fail(spawned);
+  Status written = WriteClusterJson(run_);
+  if (!written.ok()) Message("warning: " + written.ToString());
+  written = WritePrometheusTargets(plan_);
+  if (!written.ok()) Message("warning: " + written.ToString());
+  Message("Prometheus targets (job \"" + plan_.job + "\"): " + plan_.log_dir +
+          "/prometheus-targets.json; watch the run: tools/watch-run.sh " + plan_.log_dir);
+  started_at_ = NowSeconds();
+  fault_states_.assign(options_.faults.size(), FaultState{});
+  return Status::Ok();
+}
+
+Status Launcher::Fail(Status status) {
+  run_.end_reason = status.message();
+  Finish(kExitFailed);
+  return status;
+}
+
+Status Launcher::PrepareFiles() {
+  std::error_code ec;
+  if (plan_.exporter) {
+    // The model often goes next to the logs, e.g. <log_dir>/model.psm.
+    const std::string dir = std::filesystem::path(options_.export_path).parent_path().string();
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      return Status::Unavailable("cannot create " + dir + " for --export: " + ec.message());
+    }
+  }
+  for (const Child& child : children_) {
+    // A snapshot left by an earlier run in this directory must never pass for this run's
+    // (ServeFinalMetrics serves what is there at the end).
+    const std::string snapshot = MetricsSnapshotPath(plan_.log_dir, child.spec.name);
+    std::filesystem::remove(snapshot, ec);
+    std::filesystem::remove(snapshot + ".tmp", ec);
+  }
+  for (Child& child : children_) {
+    child.log_fd = open(child.spec.log_path.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (child.log_fd < 0) {
+      return Status::Unavailable("cannot open " + child.spec.log_path + ": " +
+                                 std::strerror(errno));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Launcher::SpawnAll() {
+  std::map<std::string, int> ssh_started;
+  for (Child& child : children_) {
+    // sshd refuses connections beyond ~10 unauthenticated at once (MaxStartups 10:30:100):
+    // past 8 to one host, leave each some time to authenticate.
+    if (child.spec.remote && ++ssh_started[child.spec.host] > 8) usleep(150000);
+    Status status = SpawnOne(child);
+    if (!status.ok()) {
+      KillAllNow();
+      for (Child& other : children_) {
+        if (!other.running) continue;
+        int wait_status = 0;
+        while (waitpid(other.pid, &wait_status, 0) < 0 && errno == EINTR) {
+        }
+        other.running = false;
+        other.wait_status = wait_status;
+      }
+      return status;
+    }
+    Message(child.spec.name + " pid " + std::to_string(child.pid) + " at " +
+            child.spec.address + ", metrics http://" + child.spec.host + ":" +
+            std::to_string(child.spec.metrics_port) + "/metrics");
+  }
+  return Status::Ok();
+}
+
+Launcher::~Launcher() {
+  if (exporter_ != nullptr && exporter_->running) {
+    kill(exporter_->pid, SIGKILL);
+    while (waitpid(exporter_->pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    exporter_->running = false;
+  }
+  if (exporter_ != nullptr) {
+    CloseOutput(*exporter_);
+    if (exporter_->log_fd >= 0) close(exporter_->log_fd);
+    exporter_->log_fd = -1;
+  }
+  for (Child& child : children_) {
+    if (child.running) kill(child.pid, SIGKILL);
+  }
+  for (Child& child : children_) {
+    if (child.running) {
+      int wait_status = 0;
+      while (waitpid(child.pid, &wait_status, 0) < 0 && errno == EINTR) {
+      }
+      child.running = false;
+    }
+    CloseOutput(child);
+    if (child.log_fd >= 0) close(child.log_fd);
+    child.log_fd = -1;
+  }
+}
+
+Status Launcher::SpawnOne(Child& child) {
+  const std::vector<std::string>& command =
+      child.spec.spawn_argv.empty() ? child.spec.argv : child.spec.spawn_argv;
+  SpawnOptions spawn;
+  spawn.argv = command;
+  // Our environment with kLogPrefixedEnv=1: we prefix the child's lines with its name.
+  spawn.env_set = {std::string(kLogPrefixedEnv) + "=1"};
+  // A remote process's ssh reads a pipe from us: closing it stops the process.
+  spawn.in = child.spec.remote ? StreamTarget::Pipe() : StreamTarget::Null();
+  spawn.out = StreamTarget::Pipe();
+  spawn.err = StreamTarget::Pipe();
+  // Not left behind if the launcher itself is killed.
+  spawn.parent_death_signal = SIGTERM;
+  // ssh dies of a terminal's Ctrl-C; only the launcher may get it, so that the remote
+  // process is stopped through its connection, workers first.
+  spawn.new_process_group = child.spec.remote;
+  spawn.exec_failure_line = "parasync-launch: cannot execute " + command[0];
+  Result<Spawned> spawned = Spawn(spawn);
+  if (!spawned.ok()) {
+    // Worded as before Spawn existed: "fork for ps0: ...".
+    const std::string why = spawned.status().message();
+    return Status::Internal(why.starts_with("fork: ")
+                                ? "fork for " + child.spec.name + ": " + why.substr(6)
+                                : why);
+  }
+  child.in_fd = spawned->stdin_fd;
+  child.out_fd = spawned->output_fd;
+  fcntl(child.out_fd, F_SETFL, fcntl(child.out_fd, F_GETFL) | O_NONBLOCK);
+  child.pid = spawned->pid;
+  child.running = true;
+  return Status::Ok();
+}
+
+Status Launcher::ServeFinalMetrics() {
+  std::vector<SnapshotEndpoint> endpoints;
+  std::vector<std::string> names;
+  for (const Child& child : children_) {
+    const std::string path = MetricsSnapshotPath(plan_.log_dir, child.spec.name);
+    Result<std::string> text = ReadSnapshotFile(path);
+    if (!text.ok()) {
+      Message(child.spec.name + " left no final metrics (" + text.status().message() +
+              "); its port stays closed");
+      continue;
+    }
+    endpoints.push_back({plan_.metrics_bind, child.spec.metrics_port, std::move(text).value()});
+    names.push_back(child.spec.name);
+  }
+  if (endpoints.empty()) return Status::Unavailable("no process left a final metrics snapshot");
+  std::vector<std::string> skipped;
+  PARASYNC_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotServer> server,
+                            SnapshotServer::Start(endpoints, &skipped));
+  for (const std::string& why : skipped) Message(why);
+  std::string where;
+  const std::vector<int> bound = server->ports();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (bound[i] == 0) continue;
+    where += " " + names[i] + " http://" + plan_.host + ":" +
+             std::to_string(endpoints[i].port) + "/metrics";
+  }
+  Message("--metrics: serving the final metrics on the same ports until Ctrl-C:" + where);
+  for (;;) {
+    // Bytes already in the signal pipe (SIGCHLD of the reaped processes) are not a stop.
+    unsigned char signals[64];
+    ssize_t n;
+    bool stop = false;
+    while ((n = read(g_signal_pipe[0], signals, sizeof(signals))) > 0) {
+      for (ssize_t i = 0; i < n; ++i) stop |= signals[i] != SIGCHLD;
+    }
+    if (stop) break;
+    server->ServeUntilReadable(g_signal_pipe[0]);
+  }
+  Message("stopped serving the final metrics");
+  return Status::Ok();
+}
+
+void Launcher::WriteOut(std::string_view text) {
+  if (output_broken_) return;
+  const char* data = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t n = write(options_.output_fd, data, left);
+    if (n > 0) {
+      data += n;
+      left -= static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      pollfd writable {options_.output_fd, POLLOUT, 0};
+      poll(&writable, 1, 100);
+    } else {
+      // The reader went away: the log files still get everything.
+      output_broken_ = true;
+      return;
+    }
+  }
+}
+
+void Launcher::Message(std::string_view text) {
+  std::string line = LauncherPrefix();
+  line.append(text);
+  line.push_back('\n');
+  WriteOut(line);
+}
+
+void Launcher::EmitLine(Child& child, std::string_view line) {
+  std::string out = child.prefix;
+  out.append(line);
+  out.push_back('\n');
+  WriteOut(out);
+  if (child.log_fd >= 0) {
+    const char* data = out.data() + child.prefix.size();
+    size_t left = out.size() - child.prefix.size();
+    while (left > 0) {
+      const ssize_t n = write(child.log_fd, data, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      data += n;
+      left -= static_cast<size_t>(n);
+    }
+  }
+}
+
+void Launcher::FlushPartial(Child& child) {
+  if (child.partial.empty()) return;
+  EmitLine(child, child.partial);
+  child.partial.clear();
+}
+
+void Launcher::CloseOutput(Child& child) {
+  if (child.out_fd >= 0) close(child.out_fd);
+  child.out_fd = -1;
+}
+
+void Launcher::ReadOutput(Child& child, bool drain) {
+  char buffer[kReadChunk];
+  for (int reads = 0; child.out_fd >= 0 && reads < (drain ? kMaxDrainReads : 1); ++reads) {
+    const ssize_t n = read(child.out_fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) {
+      --reads;
+      continue;
+    }
+    if (n < 0 && errno == EAGAIN) return;
+    if (n <= 0) {  // EOF or a read error: this child has nothing more for us
+      FlushPartial(child);
+      CloseOutput(child);
+      return;
+    }
+    child.partial.append(buffer, static_cast<size_t>(n));
+    size_t start = 0;
+    for (size_t newline = child.partial.find('\n'); newline != std::string::npos;
+         newline = child.partial.find('\n', start)) {
+      std::string_view line(child.partial.data() + start, newline - start);
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      EmitLine(child, line);
+      start = newline + 1;
+    }
+    child.partial.erase(0, start);
+    while (child.partial.size() >= kMaxLineBytes) {
+      EmitLine(child, std::string_view(child.partial).substr(0, kMaxLineBytes));
+      child.partial.erase(0, kMaxLineBytes);
+    }
+  }
+}
+
+void Launcher::ReapExited() {
+  for (Child& child : children_) {
+    int wait_status = 0;
+    if (TryReap(child, &wait_status)) OnExit(child, wait_status);
+  }
+  int wait_status = 0;
+  if (exporter_ != nullptr && TryReap(*exporter_, &wait_status)) OnExportExit(wait_status);
+}
+
+bool Launcher::TryReap(Child& child, int* wait_status_out) {
+  if (!child.running) return false;
+  int wait_status = 0;
+  const pid_t reaped = waitpid(child.pid, &wait_status, WNOHANG);
+  if (reaped == 0 || (reaped < 0 && errno == EINTR)) return false;
+  if (reaped < 0) {
+    // Only possible if someone else reaped our child; count it as a failure.
+    Message(child.spec.name + " (pid " + std::to_string(child.pid) +
+            ") vanished: " + std::strerror(errno));
+    wait_status = 0xff00;  // exit status 255
+  }
+  // Everything the process wrote is in the pipe now: forward it before reporting.
+  ReadOutput(child, /*drain=*/true);
+  FlushPartial(child);
+  CloseOutput(child);
+  if (child.log_fd >= 0) close(child.log_fd);
+  child.log_fd = -1;
+  if (child.in_fd >= 0) close(child.in_fd);
+  child.in_fd = -1;
+  child.running = false;
+  *wait_status_out = wait_status;
+  return true;
+}
+
+void Launcher::AfterWorkersStopped() {
+  if (!plan_.exporter) {
+    BeginStopping(Phase::kStoppingPs);
+    return;
+  }
+  const std::string& path = options_.export_path;
+  const std::string skip = ReasonNotToExport();
+  if (!skip.empty()) {
+    run_.export_outcome = "no model exported to " + path + ": " + skip;
+    if (failure_.empty() && !interrupted_) failure_ = run_.export_outcome;
+    Message(run_.export_outcome);
+    BeginStopping(Phase::kStoppingPs);
+    return;
+  }
+  exporter_ = std::make_unique<Child>();
+  run_.exporter = exporter_.get();
+  exporter_->spec = *plan_.exporter;
+  exporter_->prefix = "[" + exporter_->spec.name + "] ";
+  // Without its log file the output is still forwarded.
+  exporter_->log_fd = open(exporter_->spec.log_path.c_str(),
+                           O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  Message("exporting the model to " + path + " before stopping the parameter servers");
+  const Status spawned = SpawnOne(*exporter_);
+  if (!spawned.ok()) {
+    failure_ = "export failed: " + spawned.message();
+    run_.export_outcome = "no model exported to " + path + ": " + spawned.message();
+    Message(failure_);
+    BeginStopping(Phase::kStoppingPs);
+    return;
+  }
+  phase_ = Phase::kExporting;
+  group_killed_ = false;
+  stop_deadline_ = NowSeconds() + kExportTimeoutSeconds;
+}
+
+std::string Launcher::ReasonNotToExport() const {
+  if (interrupted_) return "the run was interrupted";
+  if (!failure_.empty()) return "the run failed";
+  if (!chief_succeeded_) return "the chief did not finish";
+  for (const Child& child : children_) {
+    if (child.spec.role == Role::kPs && !child.running) {
+      return child.spec.name + " had already exited";
+    }
+  }
+  return "";
+}
+
+void Launcher::OnExportExit(int wait_status) {
+  exporter_->wait_status = wait_status;
+  const std::string& path = options_.export_path;
+  if (ExitedZero(wait_status)) {
+    run_.export_outcome = "model exported to " + path;
+    Message(run_.export_outcome);
+    return;
+  }
+  const std::string how =
+      exporter_->killed_after_grace
+          ? "did not finish within " + FormatSeconds(kExportTimeoutSeconds) +
+                " s and was killed with SIGKILL"
+          : "failed with " + DescribeWaitStatus(wait_status) +
+                (exporter_->sent_term ? " after SIGTERM" : "");
+  const std::string failure = std::string(kExportBinary) + " (pid " +
+                              std::to_string(exporter_->pid) + ") " + how + "; log: " +
+                              exporter_->spec.log_path;
+  if (failure_.empty()) failure_ = failure;
+  run_.export_outcome = "no model exported to " + path + ": " + failure;
+  Message(failure);
+}
+
+void Launcher::OnExit(Child& child, int wait_status) {
+  child.running = false;
+  child.wait_status = wait_status;
+  const bool clean = ExitedZero(wait_status);
+  const std::string who = child.spec.name + " (pid " + std::to_string(child.pid) + ")";
+  const bool is_chief = child.spec.role == Role::kWorker && child.spec.index == 0;
+  if (clean && is_chief) chief_succeeded_ = true;
+
+  if (child.fault_killed && phase_ == Phase::kRunning) {
+    Message(who + " ended by fault injection (" + DescribeWaitStatus(wait_status) + ")");
+    return;
+  }
+  if (phase_ == Phase::kRunning) {
+    if (clean && is_chief) {
+      Message("chief " + who + " finished; stopping the others");
+      BeginStopping(Phase::kStoppingWorkers);
+    } else if (clean) {
+      Message(who + (child.spec.role == Role::kWorker
+                         ? " finished early with exit status 0"
+                         : " exited with status 0 before the chief finished"));
+    } else {
+      // A process that refused its flags, data or state fails the run the same way.
+      failure_is_bad_usage_ = WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kExitUsage;
+      failure_ = who + " failed with " + DescribeWaitStatus(wait_status) +
+                 (is_chief ? "" : " before the chief finished") + "; log: " +
+                 child.spec.log_path;
+      Message(failure_);
+      BeginStopping(Phase::kStoppingWorkers);
+    }
+    return;
+  }
+  if (child.killed_after_grace) {
+    Message(who + " did not stop within " + FormatSeconds(options_.grace_seconds) +
+            " s of SIGTERM and was killed with SIGKILL; log: " + child.spec.log_path);
+  } else if (!clean && !interrupted_) {
+    Message(who + " ended with " + DescribeWaitStatus(wait_status) +
+            (child.sent_term ? " after SIGTERM" : "") + "; log: " + child.spec.log_path);
+  }
+}
+
+bool Launcher::GroupRunning(Role role) const {
+  for (const Child& child : children_) {
+    if (child.running && child.spec.role == role) return true;
+  }
+  return false;
+}
+
+void Launcher::SignalGroup(Role role, int signal_number) {
+  for (Child& child : children_) {
+    if (!child.running || child.spec.role != role) continue;
+    if (child.spec.remote && signal_number == SIGTERM) {
+      // A remote process is asked to stop by closing its connection's stdin: its wrapper
+      // sends it SIGTERM there (RemoteCommand), and ssh exits when it has.
+      if (child.in_fd >= 0) close(child.in_fd);
+      child.in_fd = -1;
+    } else {
+      kill(child.pid, signal_number);
+    }
+    if (signal_number == SIGTERM) child.sent_term = true;
+    if (signal_number == SIGKILL) child.sent_kill = true;
+  }
+}
+
+void Launcher::KillAllNow() {
+  if (exporter_ != nullptr && exporter_->running) {
+    kill(exporter_->pid, SIGKILL);
+    exporter_->sent_kill = true;
+  }
+  SignalGroup(Role::kWorker, SIGKILL);
+  SignalGroup(Role::kPs, SIGKILL);
+}
+
+void Launcher::BeginStopping(Phase phase) {
+  phase_ = phase;
+  group_killed_ = false;
+  stop_deadline_ = NowSeconds() + options_.grace_seconds;
+  SignalGroup(phase == Phase::kStoppingWorkers ? Role::kWorker : Role::kPs, SIGTERM);
+}
+
+int Launcher::Supervise() {
+  while (phase_ != Phase::kDone) {
+    PollOnce();
+    ReapExited();
+    AdvanceStopping();
+  }
+  const int exit_code = ComputeExitCode();
+  Finish(exit_code);
+  return exit_code;
+}
+
+void Launcher::PollOnce() {
+  std::vector<pollfd> poll_fds;
+  std::vector<Child*> owners;
+  poll_fds.push_back({g_signal_pipe[0], POLLIN, 0});
+  for (Child& child : children_) {
+    if (child.out_fd < 0) continue;
+    poll_fds.push_back({child.out_fd, POLLIN, 0});
+    owners.push_back(&child);
+  }
+  if (exporter_ != nullptr && exporter_->out_fd >= 0) {
+    poll_fds.push_back({exporter_->out_fd, POLLIN, 0});
+    owners.push_back(exporter_.get());
+  }
+  // The signal pipe wakes us for every exit; the timeout only serves the deadlines.
+  int timeout_ms = static_cast<int>(std::clamp(std::ceil(InjectFaults() * 1000.0), 0.0, 1000.0));
+  if (phase_ != Phase::kRunning) {
+    const double left = stop_deadline_ - NowSeconds();
+    timeout_ms = group_killed_ ? 100
+                               : static_cast<int>(std::clamp(std::ceil(left * 1000.0),
+                                                             0.0, 1000.0));
+  }
+  const int ready = poll(poll_fds.data(), poll_fds.size(), timeout_ms);
+  if (ready < 0 && errno != EINTR) {
+    Message(std::string("poll failed: ") + std::strerror(errno) + "; killing all processes");
+    if (failure_.empty()) failure_ = "poll failed";
+    KillAllNow();
+    group_killed_ = true;
+  }
+  if (ready > 0 && (poll_fds[0].revents & POLLIN) != 0) HandleSignals();
+  for (size_t i = 1; ready > 0 && i < poll_fds.size(); ++i) {
+    if ((poll_fds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+      ReadOutput(*owners[i - 1], /*drain=*/false);
+    }
+  }
+}
+
+void Launcher::HandleSignals() {
+  unsigned char signals[64];
+  ssize_t n;
+  while ((n = read(g_signal_pipe[0], signals, sizeof(signals))) > 0) {
+    for (ssize_t i = 0; i < n; ++i) {
+      const int signal_number = signals[i];
+      if (signal_number == SIGCHLD) continue;
+      if (interrupted_) {
+        Message("got " + SignalName(signal_number) + " again; killing all processes");
+        KillAllNow();
+        group_killed_ = true;
+        continue;
+      }
+      interrupted_ = true;
+      run_.end_reason = "got " + SignalName(signal_number);
+      Message("got " + SignalName(signal_number) +
+              "; stopping all processes (send it again to kill them at once)");
+      if (phase_ == Phase::kRunning) BeginStopping(Phase::kStoppingWorkers);
+      if (phase_ == Phase::kExporting) {
+        // An interrupted export gets the grace period, like every other process.
+        kill(exporter_->pid, SIGTERM);
+        exporter_->sent_term = true;
+        stop_deadline_ = std::min(stop_deadline_, NowSeconds() + options_.grace_seconds);
+      }
+    }
+  }
+}
+
+// Stop workers, export (when asked), then stop the PS; each group gets the grace period
+// (the exporter kExportTimeoutSeconds), then SIGKILL.
+void Launcher::AdvanceStopping() {
+  for (bool advanced = true; advanced;) {
+    advanced = false;
+    if (phase_ == Phase::kRunning || phase_ == Phase::kDone) break;
+    if (phase_ == Phase::kExporting) {
+      if (!exporter_->running) {
+        BeginStopping(Phase::kStoppingPs);
+        advanced = true;
+      } else if (!group_killed_ && NowSeconds() >= stop_deadline_) {
+        exporter_->killed_after_grace = true;
+        exporter_->sent_kill = true;
+        kill(exporter_->pid, SIGKILL);
+        group_killed_ = true;
+      }
+      continue;
+    }
+    const Role role = phase_ == Phase::kStoppingWorkers ? Role::kWorker : Role::kPs;
+    if (!GroupRunning(role)) {
+      if (phase_ == Phase::kStoppingWorkers) {
+        AfterWorkersStopped();
+      } else {
+        phase_ = Phase::kDone;
+      }
+      advanced = true;
+    } else if (!group_killed_ && NowSeconds() >= stop_deadline_) {
+      for (Child& child : children_) {
+        if (child.running && child.spec.role == role) child.killed_after_grace = true;
+      }
+      SignalGroup(role, SIGKILL);
+      group_killed_ = true;
+    }
+  }
+}
+
+int Launcher::ComputeExitCode() {
+  std::string statuses;
+  std::string unclean;
+  for (const Child& child : children_) {
+    if (!statuses.empty()) statuses += ", ";
+    if (child.fault_killed) {  // killed by --kill and not restarted: as asked
+      statuses += child.spec.name + " killed by fault injection";
+      continue;
+    }
+    const bool clean = ExitedZero(child.wait_status);
+    if (!clean) unclean += (unclean.empty() ? "" : ", ") + child.spec.name;
+    statuses += child.spec.name + " " +
+                (clean ? std::string("exit 0") : DescribeWaitStatus(child.wait_status));
+    if (child.killed_after_grace) statuses += " after the grace period";
+  }
+  if (exporter_ != nullptr) {
+    const bool clean = ExitedZero(exporter_->wait_status);
+    if (!clean) unclean += (unclean.empty() ? "" : ", ") + exporter_->spec.name;
+    statuses += ", " + exporter_->spec.name + " " +
+                (clean ? std::string("exit 0") : DescribeWaitStatus(exporter_->wait_status));
+  }
+  Message("exit status: " + statuses);
+  if (interrupted_) {
+    Message("stopped by a signal; every process has been stopped");
+    return kExitInterrupted;
+  }
+  if (!failure_.empty()) {
+    run_.end_reason = failure_;
+    Message("run failed: " + failure_);
+    return failure_is_bad_usage_ ? kExitUsage : kExitFailed;
+  }
+  if (!unclean.empty()) {
+    run_.end_reason = unclean + " did not exit with status 0";
+    Message("run failed: " + run_.end_reason);
+    return kExitFailed;
+  }
+  bool faults = false;
+  for (const Child& child : children_) faults |= child.fault_killed;
+  Message(faults ? "run succeeded: every process not killed by fault injection exited with "
+                   "status 0"
+                 : "run succeeded: every process exited with status 0");
+  return kExitOk;
+}
+
+double Launcher::InjectFaults() {
+  double next = 1e9;
+  if (phase_ != Phase::kRunning) return next;
+  const double now = NowSeconds() - started_at_;
+  for (size_t i = 0; i < options_.faults.size(); ++i) {
+    const Fault& f = options_.faults[i];
+    FaultState& state = fault_states_[i];
+    const size_t slot = static_cast<size_t>(f.ps ? f.index : options_.num_ps + f.index);
+    Child& child = children_[slot];
+    if (!state.killed) {
+      if (now < f.at_seconds) {
+        next = std::min(next, f.at_seconds - now);
+        continue;
+      }
+      state.killed = true;
+      state.killed_at = now;
+      if (!child.running) {
+        Message("fault injection: " + child.spec.name + " had already exited; nothing to kill"
+                + (f.restart_after ? " or restart" : ""));
+        state.restarted = true;  // it ended by itself: never start it again
+        continue;
+      }
+      child.fault_killed = true;
+      child.sent_kill = true;
+      kill(child.pid, SIGKILL);
+      Message("fault injection: killed " + child.spec.name + " (pid " +
+              std::to_string(child.pid) + ") with SIGKILL at " + FormatSeconds(now) + " s" +
+              (f.restart_after ? "; restarting it in " + FormatSeconds(*f.restart_after) + " s"
+                               : ""));
+    }
+    if (!f.restart_after || state.restarted) continue;
+    const double restart_at = state.killed_at + *f.restart_after;
+    if (now < restart_at || child.running) {
+      // Not yet, or not yet reaped (the next loop turn reaps it).
+      next = std::min(next, child.running ? 0.05 : restart_at - now);
+      continue;
+    }
+    state.restarted = true;
+    if (!RestartAfterFault(child)) return next;
+  }
+  return next;
+}
+
+bool Launcher::RestartAfterFault(Child& child) {
+  child.log_fd = open(child.spec.log_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  child.fault_killed = false;
+  child.sent_term = false;
+  child.sent_kill = false;
+  child.partial.clear();
+  if (Status status = SpawnOne(child); !status.ok()) {
+    failure_ = "fault injection: could not restart " + child.spec.name + ": " + status.message();
+    Message(failure_);
+    BeginStopping(Phase::kStoppingWorkers);
+    return false;
+  }
+  ++child.restarts;
+  Message("fault injection: restarted " + child.spec.name + " as pid " +
+          std::to_string(child.pid));
+  if (Status written = WriteClusterJson(run_); !written.ok()) {
+    Message("warning: " + written.ToString());
+  }
+  return true;
+}
+
+// ---- the end of the run: summary.json and the final lines (report.h) --------------------
+
+void Launcher::Finish(int exit_code) {
+  run_.exit_code = exit_code;
+  run_.end = NowSeconds();
+  run_.end_unix = UnixSeconds();
+  report_ = ComputeReport(run_);
+  if (Status written = WriteSummaryJson(run_, *report_); !written.ok()) {
+    Message("warning: " + written.ToString());
+  }
+}
+
+std::string Launcher::Summary() const {
+  return SummaryText(run_, report_.has_value() ? *report_ : ComputeReport(run_));
+}
+}  // namespace parasync::launch

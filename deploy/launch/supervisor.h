@@ -1,0 +1,160 @@
+// The supervisor of a run, Launcher: starts a parasync cluster (parameter servers, then
+// workers) as child processes, forwards their output, and stops every one of them when the
+// run ends.
+//
+// Use: Launcher::Create(options) validates the options, finds the binaries, reserves free
+// ports and builds the plan (no process is started); Start() spawns the processes;
+// Supervise() forwards output until the chief worker finishes, a process fails or the
+// launcher is told to stop, then stops and reaps every child (exporting the model first when
+// asked to) and returns the exit code; Summary() tells the user where the results are.
+//
+// Thread safety: a Launcher is used from one thread. Start() installs process-wide handlers
+// for SIGINT, SIGTERM, SIGHUP and SIGCHLD and ignores SIGPIPE, so at most one Launcher may be
+// started per process. Only PIDs this Launcher started are ever signalled or waited for.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "deploy/launch/options.h"
+#include "deploy/launch/plan.h"
+#include "deploy/launch/report.h"
+
+namespace parasync::launch {
+
+// How long parasync-export may run before it is killed and the run counts as failed.
+inline constexpr double kExportTimeoutSeconds = 120.0;
+
+class Launcher {
+ public:
+  // Validates `options` (InvalidArgument), resolves the binary directory and checks the
+  // binaries (NotFound), reserves ports (Unavailable) and builds the plan. Starts nothing
+  // and creates no files.
+  static Result<std::unique_ptr<Launcher>> Create(const LaunchOptions& options);
+
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+  // Kills (SIGKILL) and reaps any child still running, e.g. after a failed Start().
+  ~Launcher();
+
+  const LaunchPlan& plan() const { return plan_; }
+
+  // Creates the log directory (and the --export file's directory), installs the signal
+  // handlers, releases the reserved ports and starts every PS, then every worker, then writes
+  // <log_dir>/cluster.json. On error the processes already started are killed and reaped,
+  // and the status says what failed (and, when the log directory exists, summary.json says
+  // so too). Call once.
+  Status Start();
+
+  // Blocks: forwards every child's output line by line (prefixed on output_fd, raw to
+  // <log_dir>/<name>.log) until worker 0 exits 0, any process fails, or the launcher gets
+  // SIGINT/SIGTERM/SIGHUP; then stops the remaining workers and then the PS processes
+  // (SIGTERM, up to grace_seconds, then SIGKILL) and reaps them all. With an export path,
+  // when worker 0 exited 0 and nothing failed or interrupted the run, parasync-export runs
+  // between the two (output prefixed [export], up to kExportTimeoutSeconds). Then writes
+  // <log_dir>/summary.json (a failure to write it is reported, not fatal). Returns kExitOk
+  // when every process (the exporter included) exited 0, kExitInterrupted when stopped by a
+  // signal, kExitUsage when the first process to fail exited with status 2, else kExitFailed.
+  // Precondition: Start() returned OK. Call once.
+  int Supervise();
+
+  // After Supervise(): serves each process's final metrics snapshot
+  // (<log_dir>/metrics-<name>.prom) on the port the process used, until the launcher gets
+  // SIGINT, SIGTERM or SIGHUP, so Prometheus keeps the final values and no target goes down.
+  // A process that wrote no snapshot (killed) leaves its port closed. Returns Unavailable
+  // when no port could be served. Precondition: Supervise() returned.
+  Status ServeFinalMetrics();
+
+  // Preflight (parasync-launch --check): runs every planned process's command with --check
+  // (over ssh for remote hosts, at most `timeout_seconds` each) and returns one line per
+  // problem: a host that cannot be reached, a port in use or an address not on its host,
+  // missing data, or a binary whose version, protocol or schema differs from this
+  // launcher's. Empty: all clear. Call instead of Start(). (ClusterPreflight, after the
+  // launcher's port reservation is released.)
+  std::vector<std::string> Preflight(double timeout_seconds = 30.0);
+
+  // Returns the end-of-run text: the final test accuracy from the rows this run appended to
+  // <log_dir>/eval.jsonl (or that there are none), the run's wall time and examples/sec,
+  // the exported model file (or why there is none) when one was asked for, and the files
+  // and endpoints the run left (only those that exist). Precondition: Supervise() returned.
+  std::string Summary() const;
+
+ private:
+  struct Child;
+  enum class Phase { kRunning, kStoppingWorkers, kExporting, kStoppingPs, kDone };
+
+  Launcher(LaunchOptions options, LaunchPlan plan, PortReservation ports);
+
+  // Start(), in steps: the files the run writes (log files, the --export directory; stale
+  // metrics snapshots removed), then every process. Fail() ends the run with `status`.
+  Status PrepareFiles();
+  Status SpawnAll();
+  Status Fail(Status status);
+  Status SpawnOne(Child& child);
+  // Supervise(), one turn: waits for output, a signal or a deadline and handles them.
+  void PollOnce();
+  void HandleSignals();
+  // Moves the stopping phases along: workers, export, parameter servers, each in its time.
+  void AdvanceStopping();
+  void ReadOutput(Child& child, bool drain);
+  void EmitLine(Child& child, std::string_view line);
+  void FlushPartial(Child& child);
+  void CloseOutput(Child& child);
+  void ReapExited();
+  // Returns true, with the wait status, when `child` was running and has now exited; its
+  // remaining output is forwarded first.
+  bool TryReap(Child& child, int* wait_status);
+  void OnExit(Child& child, int wait_status);
+  void BeginStopping(Phase phase);
+  // After the workers are stopped: starts the exporter when it should run (else goes on to
+  // stopping the PS processes).
+  void AfterWorkersStopped();
+  // Why the exporter must not run, or empty when it may.
+  std::string ReasonNotToExport() const;
+  void OnExportExit(int wait_status);
+  void SignalGroup(Role role, int signal_number);
+  void KillAllNow();
+  bool GroupRunning(Role role) const;
+  void Message(std::string_view text);
+  void WriteOut(std::string_view text);
+  int ComputeExitCode();
+  // Records the end of the run, computes report_ and writes summary.json.
+  void Finish(int exit_code);
+  // Kills or restarts what options_.faults asks for by now; returns the seconds until the
+  // next such action (or a large number when none is left).
+  double InjectFaults();
+  // Starts the process a fault killed again; false (the run then stops) when it cannot.
+  bool RestartAfterFault(Child& child);
+
+  LaunchOptions options_;
+  LaunchPlan plan_;
+  PortReservation ports_;
+  std::vector<Child> children_;      // one per plan_.processes entry; never resized
+  std::unique_ptr<Child> exporter_;  // set once the exporter has been started
+  RunRecord run_;                    // what report.h reads: points into the members above
+  std::optional<RunReport> report_;  // set by Finish()
+  Phase phase_ = Phase::kRunning;
+  bool started_ = false;
+  bool interrupted_ = false;
+  bool output_broken_ = false;  // output_fd closed by the reader: keep only the log files
+  std::string failure_;         // the first failure, as told to the user
+  bool failure_is_bad_usage_ = false;  // it was a process's exit status 2: so is the run's
+  double stop_deadline_ = 0.0;  // seconds on the steady clock
+  bool group_killed_ = false;   // SIGKILL already sent to the group being stopped
+  bool chief_succeeded_ = false;
+  double started_at_ = 0.0;     // steady-clock seconds when every process had been started
+  struct FaultState {
+    bool killed = false;
+    bool restarted = false;
+    double killed_at = 0.0;
+  };
+  std::vector<FaultState> fault_states_;  // one per options_.faults entry
+};
+
+}  // namespace parasync::launch
