@@ -29,9 +29,7 @@
 
 #include "deploy/launch/launcher.h"
 #include "deploy/launch/snapshot_server.h"
-#include "tests/integration/process_util.h"
-
-extern char** environ;
+#include "tests/support/process_util.h"
 
 namespace parasync::launch {
 namespace {
@@ -39,6 +37,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using parasync::testing::Child;
 using parasync::testing::HttpGet;
 using parasync::testing::ReadFile;
 using parasync::testing::ReadLines;  // non-empty lines
@@ -172,66 +171,23 @@ class LauncherProcess {
  public:
   LauncherProcess(std::vector<std::string> args, const std::map<std::string, std::string>& env,
                   const std::string& out_path, const std::string& err_path)
-      : out_path_(out_path), err_path_(err_path) {
-    args.insert(args.begin(), LauncherPath());
-    std::vector<std::string> environment;
-    for (char** entry = environ; *entry != nullptr; ++entry) {
-      const std::string_view text(*entry);
-      const std::string key(text.substr(0, text.find('=')));
-      if (key.rfind("FAKE_", 0) == 0 || env.count(key) > 0) continue;  // ours, or given anew
-      environment.emplace_back(text);
-    }
-    for (const auto& [key, value] : env) environment.push_back(key + "=" + value);
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    std::vector<char*> envp;
-    for (std::string& entry : environment) envp.push_back(entry.data());
-    envp.push_back(nullptr);
+      : out_path_(out_path),
+        err_path_(err_path),
+        start_(Clock::now()),
+        child_(Start(std::move(args), env, out_path, err_path)) {}
 
-    const int out_fd = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    const int err_fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    start_ = Clock::now();
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out_fd, STDOUT_FILENO);
-      dup2(err_fd, STDERR_FILENO);
-      execve(argv[0], argv.data(), envp.data());
-      _exit(126);
-    }
-    close(out_fd);
-    close(err_fd);
-  }
-
-  ~LauncherProcess() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return child_.pid(); }
 
   // Waits up to `timeout` for the launcher to exit; returns its exit code, 128 + signal if
   // it died of one, or -1 (after killing it) if it did not exit in time.
   int Wait(std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
-    while (true) {
-      int status = 0;
-      const pid_t reaped = waitpid(pid_, &status, WNOHANG);
-      if (reaped == pid_) {
-        exited_ = true;
-        seconds_ = std::chrono::duration<double>(Clock::now() - start_).count();
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      if (Clock::now() >= deadline) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, nullptr, 0);
-        exited_ = true;
-        return -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (std::optional<int> status = child_.Wait(timeout)) {
+      seconds_ = std::chrono::duration<double>(Clock::now() - start_).count();
+      return ExitCode(*status);
     }
+    child_.Signal(SIGKILL);
+    child_.Wait(std::chrono::hours(1));
+    return -1;
   }
 
   double seconds() const { return seconds_; }
@@ -239,11 +195,25 @@ class LauncherProcess {
   std::string err() const { return ReadFile(err_path_); }
 
  private:
+  // The launcher with our environment less the FAKE_ variables of other tests, plus `env`;
+  // stdin is ours, as a user's terminal would be.
+  static Child Start(std::vector<std::string> args, const std::map<std::string, std::string>& env,
+                     const std::string& out_path, const std::string& err_path) {
+    SpawnOptions options;
+    options.argv = std::move(args);
+    options.argv.insert(options.argv.begin(), LauncherPath());
+    options.env_unset = {"FAKE_*"};
+    for (const auto& [key, value] : env) options.env_set.push_back(key + "=" + value);
+    options.in = StreamTarget::Inherit();
+    options.out = StreamTarget::File(out_path);
+    options.err = StreamTarget::File(err_path);
+    return Child::Start(std::move(options));
+  }
+
   std::string out_path_;
   std::string err_path_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
   Clock::time_point start_;
+  Child child_;
   double seconds_ = 0;
 };
 
@@ -294,10 +264,7 @@ nlohmann::json SummaryProcess(const nlohmann::json& summary, const std::string& 
 class LaunchTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "launch_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
-    root_ = pattern;
+    root_ = tmp_.path();
     bin_dir_ = root_ + "/bin";
     fake_dir_ = root_ + "/fake";
     log_dir_ = root_ + "/logs";
@@ -319,8 +286,6 @@ class LaunchTest : public ::testing::Test {
   void TearDown() override {
     // Safety net: a failed test must not leave fakes running.
     for (pid_t pid : RecordedPids()) kill(pid, SIGKILL);
-    std::error_code ec;
-    std::filesystem::remove_all(root_, ec);
   }
 
   void InstallFakeExporter() const {
@@ -377,6 +342,7 @@ class LaunchTest : public ::testing::Test {
         << "processes left behind";
   }
 
+  parasync::testing::TempDir tmp_;
   std::string root_;
   std::string bin_dir_;
   std::string fake_dir_;
@@ -566,9 +532,8 @@ TEST(LaunchPlanTest, RemoteProcessesAreToldTheirLinesArePrefixed) {
 }
 
 TEST(EnsureCurveKeysTest, MakesWhatIsMissingAndKeepsWhatExists) {
-  char tmpl[] = "/tmp/parasync-keys-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  parasync::testing::TempDir tmp;
+  const std::string dir = tmp.path();
   ASSERT_TRUE(EnsureCurveKeys(dir, 2).ok());
   for (const char* f : {"ps.key", "ps.pub", "worker0.key", "worker1.key", "export.key",
                         "allowed/worker0.pub", "allowed/worker1.pub", "allowed/export.pub"}) {
@@ -582,7 +547,6 @@ TEST(EnsureCurveKeysTest, MakesWhatIsMissingAndKeepsWhatExists) {
   EXPECT_EQ(std::filesystem::status(dir + "/ps.key").permissions() &
                 std::filesystem::perms::others_read,
             std::filesystem::perms::none);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(LaunchPlanTest, HostPlacementRefusesBadHostsAndLocalhostBesideRemoteHosts) {

@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/integration/process_util.h"
+#include "tests/support/process_util.h"
 #include "worker/ps_client.h"
 
 namespace parasync {

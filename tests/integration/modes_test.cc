@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/integration/process_util.h"
+#include "tests/support/process_util.h"
 #include "worker/compute/backend.h"
 #include "worker/data/dataset.h"
 #include "tests/support/test_models.h"

@@ -32,7 +32,7 @@
 #include <zmq.hpp>
 
 #include "common/curve.h"
-#include "tests/integration/process_util.h"
+#include "tests/support/process_util.h"
 #include "worker/ps_client.h"
 
 namespace parasync {

@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "ps/storage_faults.h"
+#include "tests/support/in_child.h"
+#include "tests/support/temp_dir.h"
 
 namespace parasync {
 namespace {
@@ -34,28 +36,8 @@ bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// A fresh directory under the system temp dir, removed with everything in it at the end.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "checkpoint_store_test.XXXXXX").string();
-    char* made = mkdtemp(pattern.data());
-    if (made == nullptr) std::abort();
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::string& path() const { return path_; }
-  std::string Sub(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using testing::RunInChild;
+using testing::TempDir;
 
 ModelRegistration AdamModel(int num_shards) {
   ModelRegistration reg;
@@ -191,7 +173,7 @@ TEST(CheckpointStoreTest, LoadOnFreshStoreIsNotFound) {
 
 TEST(CheckpointStoreTest, OpenCreatesMissingDirectory) {
   TempDir tmp;
-  const std::string dir = tmp.Sub("a/b/shard-0");
+  const std::string dir = tmp.File("a/b/shard-0");
   auto store = MustOpen(dir, 0, 1);
   ASSERT_NE(store, nullptr);
   EXPECT_TRUE(fs::is_directory(dir));
@@ -326,7 +308,7 @@ TEST(CheckpointStoreTest, ApproximateBytesGrowsWithSavedData) {
 
 TEST(CheckpointStoreTest, OpenRefusesDirWithStrayFileAndLeavesItUntouched) {
   TempDir tmp;
-  const std::string notes = tmp.Sub("notes.txt");
+  const std::string notes = tmp.File("notes.txt");
   std::ofstream(notes) << "my experiment notes\n";
   Result<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(tmp.path(), 0, 1);
   ASSERT_FALSE(store.ok());
@@ -341,7 +323,7 @@ TEST(CheckpointStoreTest, OpenRefusesDirWithStrayFileAndLeavesItUntouched) {
 
 TEST(CheckpointStoreTest, OpenRefusesAPlainFile) {
   TempDir tmp;
-  const std::string file = tmp.Sub("file");
+  const std::string file = tmp.File("file");
   std::ofstream(file) << "x";
   Result<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(file, 0, 1);
   EXPECT_EQ(store.status().code(), StatusCode::kFailedPrecondition) << store.status().ToString();
@@ -497,19 +479,6 @@ Status EveryUpdate(CheckpointStore& store, ShardSnapshot* snap, int i, bool sync
 // Runs `scenario` (returning "" when every check held, else what failed) in a child process, a
 // death test that re-runs this binary, so that a SIGABRT inside RocksDB fails this test instead
 // of ending the whole test binary.
-#define EXPECT_IN_CHILD(scenario)                                                      \
-  do {                                                                                 \
-    GTEST_FLAG_SET(death_test_style, "threadsafe");                                    \
-    EXPECT_EXIT(                                                                       \
-        {                                                                              \
-          const std::string child_failed = (scenario)();                                   \
-          std::fprintf(stderr, "%s\n", child_failed.empty() ? "scenario held" : child_failed.c_str()); \
-          std::fflush(stderr);                                                         \
-          std::_Exit(child_failed.empty() ? 0 : 1);                                        \
-        },                                                                             \
-        ::testing::ExitedWithCode(0), "scenario held");                                \
-  } while (0)
-
 // Checks that `s` is the Unavailable of a full disk in `dir`; "" if so.
 std::string CheckNoSpace(const Status& s, const std::string& dir, const char* what) {
   if (s.code() != StatusCode::kUnavailable || !Contains(s.message(), "no space left on device") ||
@@ -641,13 +610,8 @@ TEST(CheckpointStoreFaultTest, OpenOnAFullDiskFailsWithoutAbortingAndDamagesNoth
 // A real full filesystem: a 2 MiB tmpfs in a private mount namespace (user namespaces must be
 // allowed). Shows that the wrapper's failures are the ones RocksDB meets on a real full disk.
 bool CanMountTmpfs() {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    _exit(unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0 ? 0 : 1);
-  }
-  int status = 0;
-  return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
-         WEXITSTATUS(status) == 0;
+  const int status = RunInChild([] { return unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0 ? 0 : 1; });
+  return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 bool WriteProcFile(const char* path, const std::string& text) {
@@ -673,7 +637,7 @@ TEST(CheckpointStoreFaultTest, RealFullTmpfsFailsWritesAndOpenWithoutAborting) {
     if (mount("tmpfs", mount_point.path().c_str(), "tmpfs", 0, "size=2m") != 0) {
       return std::string("mount tmpfs failed");
     }
-    const std::string dir = mount_point.Sub("store");
+    const std::string dir = mount_point.File("store");
     std::string failure;
     {
       auto opened = CheckpointStore::Open(dir, 0, 1);
@@ -754,7 +718,7 @@ TEST(CheckpointStoreDamageTest, FlippedByteInATableDataBlockIsRefusedAndLeftUnto
   const auto tables = FilesNamed(tmp.path(), "", ".sst");
   ASSERT_EQ(tables.size(), 1u);
   // The first data block starts at offset 0; 10 is inside its first key.
-  FlipByte(tmp.Sub(tables[0]), 10);
+  FlipByte(tmp.File(tables[0]), 10);
   ExpectRefusedUntouched(tmp.path(), tables[0]);
 }
 
@@ -774,11 +738,11 @@ TEST(CheckpointStoreDamageTest, FlippedByteInADataBlockOnlyLoadReadsIsRefusedAnd
   ASSERT_EQ(tables.size(), 1u);
   // A value of the last slice, found by its bytes.
   const float marker = snap.slices[2].values[700];
-  const std::string bytes = ReadFile(tmp.Sub(tables[0]));
+  const std::string bytes = ReadFile(tmp.File(tables[0]));
   const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(&marker), sizeof(float)));
   ASSERT_NE(at, std::string::npos);
   ASSERT_GT(at, 16u * 1024) << "the slice is in the first block";
-  FlipByte(tmp.Sub(tables[0]), at);
+  FlipByte(tmp.File(tables[0]), at);
   ExpectRefusedUntouched(tmp.path(), tables[0]);
 }
 
@@ -787,17 +751,17 @@ TEST(CheckpointStoreDamageTest, FlippedByteInTheManifestIsRefusedAndLeftUntouche
   MakeClosedStore(tmp.path());
   const auto manifests = FilesNamed(tmp.path(), "MANIFEST-");
   ASSERT_EQ(manifests.size(), 1u);
-  FlipByte(tmp.Sub(manifests[0]), ReadFile(tmp.Sub(manifests[0])).size() / 2);
+  FlipByte(tmp.File(manifests[0]), ReadFile(tmp.File(manifests[0])).size() / 2);
   ExpectRefusedUntouched(tmp.path(), manifests[0]);
 }
 
 TEST(CheckpointStoreDamageTest, FlippedByteInCurrentIsRefusedAndLeftUntouched) {
   TempDir tmp;
   MakeClosedStore(tmp.path());
-  const std::string current = ReadFile(tmp.Sub("CURRENT"));
+  const std::string current = ReadFile(tmp.File("CURRENT"));
   ASSERT_TRUE(current.starts_with("MANIFEST-")) << current;
   // The last digit of the manifest number: CURRENT then names a manifest that is not there.
-  FlipByte(tmp.Sub("CURRENT"), current.size() - 2);
+  FlipByte(tmp.File("CURRENT"), current.size() - 2);
   ExpectRefusedUntouched(tmp.path(), "MANIFEST-");
 }
 
@@ -806,7 +770,7 @@ TEST(CheckpointStoreDamageTest, FlippedByteInAnOptionsFileIsRefusedAndLeftUntouc
   MakeClosedStore(tmp.path());
   const auto options = FilesNamed(tmp.path(), "OPTIONS-");
   ASSERT_FALSE(options.empty());
-  const std::string path = tmp.Sub(options.back());
+  const std::string path = tmp.File(options.back());
   const size_t at = ReadFile(path).find("write_buffer_size=");
   ASSERT_NE(at, std::string::npos);
   FlipByte(path, at + 1);  // "wbite_buffer_size": an option RocksDB does not know
@@ -828,24 +792,24 @@ ShardSnapshot MakeCrashedStore(const std::string& dir, const std::string& copy, 
 
 TEST(CheckpointStoreDamageTest, FlippedByteInAWalRecordBeforeTheLastIsRefusedAndLeftUntouched) {
   TempDir tmp;
-  MakeCrashedStore(tmp.Sub("live"), tmp.Sub("crashed"), 5);
-  const auto wals = FilesNamed(tmp.Sub("crashed"), "", ".log");
+  MakeCrashedStore(tmp.File("live"), tmp.File("crashed"), 5);
+  const auto wals = FilesNamed(tmp.File("crashed"), "", ".log");
   ASSERT_EQ(wals.size(), 1u);
   // The first record (the Save) is followed by five more: the default point-in-time recovery
   // would silently stop the replay there and lose all six acknowledged writes.
-  ASSERT_GT(ReadFile(tmp.Sub("crashed/" + wals[0])).size(), 200u);
-  FlipByte(tmp.Sub("crashed/" + wals[0]), 100);
-  ExpectRefusedUntouched(tmp.Sub("crashed"), wals[0]);
+  ASSERT_GT(ReadFile(tmp.File("crashed/" + wals[0])).size(), 200u);
+  FlipByte(tmp.File("crashed/" + wals[0]), 100);
+  ExpectRefusedUntouched(tmp.File("crashed"), wals[0]);
 }
 
 TEST(CheckpointStoreDamageTest, TornLastWalRecordOfACrashIsAcceptedWithTheWritesBeforeIt) {
   TempDir tmp;
-  const ShardSnapshot last = MakeCrashedStore(tmp.Sub("live"), tmp.Sub("crashed"), 5);
-  const auto wals = FilesNamed(tmp.Sub("crashed"), "", ".log");
+  const ShardSnapshot last = MakeCrashedStore(tmp.File("live"), tmp.File("crashed"), 5);
+  const auto wals = FilesNamed(tmp.File("crashed"), "", ".log");
   ASSERT_EQ(wals.size(), 1u);
-  const std::string wal = tmp.Sub("crashed/" + wals[0]);
+  const std::string wal = tmp.File("crashed/" + wals[0]);
   fs::resize_file(wal, fs::file_size(wal) - 3);  // the crash hit the middle of the last write
-  auto store = MustOpen(tmp.Sub("crashed"), 0, 1);
+  auto store = MustOpen(tmp.File("crashed"), 0, 1);
   ASSERT_NE(store, nullptr);
   const ShardSnapshot restored = MustLoad(*store);
   EXPECT_EQ(restored.version, last.version - 1);
@@ -854,8 +818,8 @@ TEST(CheckpointStoreDamageTest, TornLastWalRecordOfACrashIsAcceptedWithTheWrites
 
 TEST(CheckpointStoreDamageTest, CleanCrashImageOpensWithEveryWrite) {
   TempDir tmp;
-  const ShardSnapshot last = MakeCrashedStore(tmp.Sub("live"), tmp.Sub("crashed"), 5);
-  auto store = MustOpen(tmp.Sub("crashed"), 0, 1);
+  const ShardSnapshot last = MakeCrashedStore(tmp.File("live"), tmp.File("crashed"), 5);
+  auto store = MustOpen(tmp.File("crashed"), 0, 1);
   ASSERT_NE(store, nullptr);
   EXPECT_EQ(MustLoad(*store), last);
 }
@@ -866,13 +830,13 @@ TEST(CheckpointStoreDamageTest, FlippedByteInTheInfoLogOrIdentityIsAcceptedWithT
   for (const std::string name : {"LOG", "IDENTITY"}) {
     TempDir tmp;
     MakeClosedStore(tmp.path());
-    FlipByte(tmp.Sub(name), 5);
-    const std::string damaged = ReadFile(tmp.Sub(name));
+    FlipByte(tmp.File(name), 5);
+    const std::string damaged = ReadFile(tmp.File(name));
     auto store = MustOpen(tmp.path(), 0, 1);
     ASSERT_NE(store, nullptr) << name;
     EXPECT_EQ(MustLoad(*store), OneShardSnapshot()) << name;
     if (name == "IDENTITY") {
-      EXPECT_EQ(ReadFile(tmp.Sub(name)), damaged);
+      EXPECT_EQ(ReadFile(tmp.File(name)), damaged);
     }
   }
 }

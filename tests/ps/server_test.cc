@@ -29,7 +29,7 @@
 #include "common/metrics.h"
 #include "common/wire.h"
 #include "ps/shard.h"
-#include "tests/integration/process_util.h"
+#include "tests/support/process_util.h"
 #include "worker/heartbeater.h"
 #include "worker/ps_client.h"
 
