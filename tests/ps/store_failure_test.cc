@@ -17,6 +17,7 @@
 #include "ps/checkpoint_store.h"
 #include "ps/server.h"
 #include "ps/storage_faults.h"
+#include "tests/support/in_process_server.h"
 #include "tests/support/temp_dir.h"
 #include "worker/ps_client.h"
 
@@ -39,36 +40,16 @@ ModelRegistration Model(const std::string& mode) {
   return reg;
 }
 
-// A Server over `store` serving on its own thread until destroyed.
-class StoreServer {
- public:
-  StoreServer(zmq::context_t& context, const std::string& mode, CheckpointStore* store)
-      : metrics_(0, 1) {
-    ServerOptions options;
-    options.endpoint = "tcp://127.0.0.1:*";
-    auto parsed = TrainingMode::Parse(mode);
-    EXPECT_TRUE(parsed.ok());
-    options.mode = *parsed;
-    options.store = store;
-    options.every_update = true;
-    auto server = Server::Create(context, options, &metrics_);
-    EXPECT_TRUE(server.ok()) << server.status().ToString();
-    server_ = std::move(server).value();
-    thread_ = std::thread([this] { (void)server_->Run([this] { return stop_.load(); }); });
-  }
-  ~StoreServer() {
-    stop_ = true;
-    thread_.join();
-  }
-  std::string endpoint() const { return server_->endpoint(); }
-  const PsMetrics& metrics() const { return metrics_; }
-
- private:
-  PsMetrics metrics_;
-  std::unique_ptr<Server> server_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
+// A Server over `store` with --durability every-update, serving until destroyed.
+ServerOptions StoreOptions(const std::string& mode, CheckpointStore* store) {
+  ServerOptions options;
+  auto parsed = TrainingMode::Parse(mode);
+  EXPECT_TRUE(parsed.ok());
+  options.mode = *parsed;
+  options.store = store;
+  options.every_update = true;
+  return options;
+}
 
 std::unique_ptr<PsClient> Client(zmq::context_t& context, const std::string& endpoint) {
   PsClientOptions o;
@@ -100,7 +81,7 @@ TEST(StoreFailureTest, SyncEveryUpdateAcknowledgesNoStepTheStoreFailedToPersist)
     auto store = CheckpointStore::Open(dir.path(), 0, 1, faults);
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     zmq::context_t context;
-    StoreServer server(context, "sync", store->get());
+    testing::InProcessServer server(context, StoreOptions("sync", store->get()));
     auto client = Client(context, server.endpoint());
     const ModelRegistration reg = Model("sync");
     ASSERT_TRUE(client->Register(reg, kWait).ok());
@@ -142,7 +123,7 @@ TEST(StoreFailureTest, AsyncPushRefusedAsNotDurableIsNotAcknowledgedWhenSentAgai
     auto store = CheckpointStore::Open(dir.path(), 0, 1, faults);
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     zmq::context_t context;
-    StoreServer server(context, "async", store->get());
+    testing::InProcessServer server(context, StoreOptions("async", store->get()));
     auto client = Client(context, server.endpoint());
     const ModelRegistration reg = Model("async");
     ASSERT_TRUE(client->Register(reg, kWait).ok());
