@@ -1,5 +1,6 @@
 // Helpers for tests that run our real binaries as child processes: start one (on
-// common/subprocess.h) with the output in a file, wait for exit with a bound, read files, find free loopback ports. Test-only code.
+// common/subprocess.h) with the output in a file, wait for exit with a bound, read files,
+// find free loopback ports. Test-only code.
 #pragma once
 
 #include <sys/types.h>
