@@ -35,6 +35,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using testing::Child;
 using testing::ExitCode;
+using testing::NonEmptyLines;
 using testing::ProcessCluster;
 using testing::TempDir;
 
@@ -48,15 +49,6 @@ std::map<std::string, std::string> DirContents(const std::string& dir) {
     contents[entry.path().filename().string()] = bytes.str();
   }
   return contents;
-}
-
-std::vector<std::string> NonEmptyLines(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) lines.push_back(line);
-  }
-  return lines;
 }
 
 // Overwrites `path` with seeded random bytes of the same size, so size checks still pass and only

@@ -14,6 +14,7 @@
 #include "common/wire.h"
 #include "tests/support/process_cluster.h"
 #include "tests/support/process_util.h"
+#include "tests/support/small_model.h"
 #include "worker/ps_client.h"
 
 namespace parasync {
@@ -25,17 +26,12 @@ using testing::ExitCode;
 using testing::ProcessCluster;
 using testing::TempDir;
 
+// Two dense layers (the second without a bias), 24,770 floats in slices of up to 5000.
 ModelRegistration SmallModel(int shards) {
-  ModelRegistration reg;
-  reg.variables = {{"dense0/kernel", {300, 70}, DType::kFloat32, {InitKind::kUniform, 0.1f}},
-                   {"dense0/bias", {70}, DType::kFloat32, {InitKind::kZeros, 0.0f}},
-                   {"dense1/kernel", {70, 10}, DType::kFloat32, {InitKind::kUniform, 0.2f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = 0.5f;
-  reg.seed = 7;
-  reg.max_slice_elements = 5000;
-  reg.num_shards = shards;
-  return reg;
+  std::vector<VariableSpec> variables = testing::DenseLayer("dense0", 300, 70, 0.1f);
+  variables.push_back({"dense1/kernel", {70, 10}, DType::kFloat32, {InitKind::kUniform, 0.2f}});
+  return testing::SmallModel(std::move(variables), /*max_slice_elements=*/5000, shards,
+                             /*seed=*/7, /*learning_rate=*/0.5f);
 }
 
 struct Params {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ps/checkpoint_store.h"
+#include "tests/support/small_model.h"
 
 namespace parasync::checkpoint_store_test {
 
@@ -26,20 +27,16 @@ inline bool Contains(const std::string& text, const std::string& part) {
 }
 
 inline ModelRegistration AdamModel(int num_shards) {
-  ModelRegistration reg;
-  reg.variables = {{"dense/kernel", {6, 5}, DType::kFloat32, {InitKind::kUniform, 0.5f}},
-                   {"dense/bias", {5}, DType::kFloat32, {InitKind::kZeros, 0.0f}}};
-  reg.optimizer.kind = OptimizerKind::kAdam;
-  reg.optimizer.learning_rate = 0.001f;
+  ModelRegistration reg =
+      testing::SmallModel(testing::DenseLayer("dense", 6, 5, 0.5f), /*max_slice_elements=*/8,
+                          num_shards, /*seed=*/987654321, /*learning_rate=*/0.001f,
+                          OptimizerKind::kAdam);
   reg.optimizer.beta1 = 0.8f;
   reg.optimizer.staleness_aware = true;
   // A restored server goes on along its schedule: the schedule is part of what is stored.
   reg.optimizer.schedule = LrSchedule::kCosine;
   reg.optimizer.decay_examples = 600000;
   reg.optimizer.final_lr_fraction = 0.05f;
-  reg.seed = 987654321;
-  reg.max_slice_elements = 8;
-  reg.num_shards = num_shards;
   reg.mode = "ssp:2";
   return reg;
 }
@@ -70,7 +67,8 @@ inline ShardSnapshot MakeSnapshot() {
   return snap;
 }
 
-inline std::unique_ptr<CheckpointStore> MustOpen(const std::string& dir, int shard, int num_shards) {
+inline std::unique_ptr<CheckpointStore> MustOpen(const std::string& dir, int shard,
+                                                 int num_shards) {
   Result<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(dir, shard, num_shards);
   EXPECT_TRUE(store.ok()) << store.status().ToString();
   return store.ok() ? std::move(*store) : nullptr;

@@ -29,6 +29,7 @@
 #include "common/metrics.h"
 #include "common/wire.h"
 #include "ps/shard.h"
+#include "tests/support/small_model.h"
 #include "worker/heartbeater.h"
 #include "tests/ps/server_test_util.h"
 #include "worker/ps_client.h"
@@ -203,14 +204,9 @@ INSTANTIATE_TEST_SUITE_P(Narrow, WireDTypeTest,
 // One variable of 8 slices x 64Ki elements (2 MiB) by default, above
 // PsClient::kParallelCopyElements.
 ModelRegistration LargeModel(int num_shards, int64_t elements = 8 * 65536) {
-  ModelRegistration reg;
-  reg.variables = {{"w", {elements}, DType::kFloat32, {InitKind::kUniform, 0.1f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = kLearningRate;
-  reg.seed = 7;
-  reg.max_slice_elements = 65536;
-  reg.num_shards = num_shards;
-  return reg;
+  return testing::SmallModel({{"w", {elements}, DType::kFloat32, {InitKind::kUniform, 0.1f}}},
+                             /*max_slice_elements=*/65536, num_shards, /*seed=*/7,
+                             kLearningRate);
 }
 
 // TwoShardsTest of LargeModel(2).

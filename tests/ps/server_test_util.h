@@ -19,6 +19,7 @@
 #include "ps/server.h"
 #include "ps/shard.h"
 #include "tests/support/in_process_server.h"
+#include "tests/support/small_model.h"
 #include "worker/ps_client.h"
 
 namespace parasync::server_test {
@@ -36,15 +37,9 @@ inline bool Contains(const std::string& text, const std::string& part) {
 
 // A 20x10 kernel in four 50-element slices and a 10-element bias, trained with SGD.
 inline ModelRegistration SmallModel(int num_shards) {
-  ModelRegistration reg;
-  reg.variables = {{"dense/kernel", {20, 10}, DType::kFloat32, {InitKind::kUniform, 0.1f}},
-                   {"dense/bias", {10}, DType::kFloat32, {InitKind::kConstant, 0.25f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = kLearningRate;
-  reg.seed = 99;
-  reg.max_slice_elements = 50;
-  reg.num_shards = num_shards;
-  return reg;
+  return testing::SmallModel(
+      testing::DenseLayer("dense", 20, 10, 0.1f, {InitKind::kConstant, 0.25f}),
+      /*max_slice_elements=*/50, num_shards, /*seed=*/99, kLearningRate);
 }
 
 inline std::vector<std::vector<float>> InitialValues(const ModelRegistration& reg) {

@@ -17,6 +17,7 @@
 
 
 #include "tests/ps/shard_test_util.h"
+#include "tests/support/small_model.h"
 
 namespace parasync {
 namespace {
@@ -135,14 +136,9 @@ TEST(ShardLendTest, RegistrationCountsTheSpareCopy) {
 // One variable of 4 slices x 128Ki elements by default: 2 MiB, above
 // Shard::kParallelApplyElements.
 ModelRegistration LargeModel(OptimizerKind kind, int64_t slice_elements = 131072) {
-  ModelRegistration reg;
-  reg.variables = {{"w", {4 * slice_elements}, DType::kFloat32, {InitKind::kUniform, kLimit}}};
-  reg.optimizer.kind = kind;
-  reg.optimizer.learning_rate = 0.01f;
-  reg.seed = 99;
-  reg.max_slice_elements = slice_elements;
-  reg.num_shards = 1;
-  return reg;
+  return testing::SmallModel(
+      {{"w", {4 * slice_elements}, DType::kFloat32, {InitKind::kUniform, kLimit}}}, slice_elements,
+      /*num_shards=*/1, /*seed=*/99, /*learning_rate=*/0.01f, kind);
 }
 
 Push LargePush(int step, int64_t slice_elements = 131072) {

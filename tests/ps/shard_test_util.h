@@ -15,6 +15,7 @@
 
 #include "ps/optimizer.h"
 #include "ps/shard.h"
+#include "tests/support/small_model.h"
 
 namespace parasync::shard_test {
 
@@ -26,15 +27,8 @@ inline constexpr float kLimit = 0.5f;
 
 // A 30-element kernel cut into 8-element slices (8, 8, 7, 7) and a 5-element bias.
 inline ModelRegistration SmallModel(int num_shards, OptimizerKind kind = OptimizerKind::kSgd) {
-  ModelRegistration reg;
-  reg.variables = {{"dense/kernel", {6, 5}, DType::kFloat32, {InitKind::kUniform, kLimit}},
-                   {"dense/bias", {5}, DType::kFloat32, {InitKind::kZeros, 0.0f}}};
-  reg.optimizer.kind = kind;
-  reg.optimizer.learning_rate = 0.5f;
-  reg.seed = 1234;
-  reg.max_slice_elements = 8;
-  reg.num_shards = num_shards;
-  return reg;
+  return testing::SmallModel(testing::DenseLayer("dense", 6, 5, kLimit), /*max_slice_elements=*/8,
+                             num_shards, /*seed=*/1234, /*learning_rate=*/0.5f, kind);
 }
 
 inline void MustRegister(Shard& shard, const ModelRegistration& reg) {

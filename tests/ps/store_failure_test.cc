@@ -18,6 +18,7 @@
 #include "ps/server.h"
 #include "ps/storage_faults.h"
 #include "tests/support/in_process_server.h"
+#include "tests/support/small_model.h"
 #include "tests/support/temp_dir.h"
 #include "worker/ps_client.h"
 
@@ -28,14 +29,10 @@ using namespace std::chrono_literals;
 constexpr auto kWait = std::chrono::milliseconds(10000);
 
 ModelRegistration Model(const std::string& mode) {
-  ModelRegistration reg;
-  reg.variables = {{"w", {64, 32}, DType::kFloat32, {InitKind::kUniform, 0.1f}},
-                   {"b", {32}, DType::kFloat32, {InitKind::kZeros, 0.0f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = 0.1f;
-  reg.seed = 5;
-  reg.max_slice_elements = 1024;
-  reg.num_shards = 1;
+  ModelRegistration reg = testing::SmallModel(
+      {{"w", {64, 32}, DType::kFloat32, {InitKind::kUniform, 0.1f}},
+       {"b", {32}, DType::kFloat32, {InitKind::kZeros, 0.0f}}},
+      /*max_slice_elements=*/1024, /*num_shards=*/1, /*seed=*/5, /*learning_rate=*/0.1f);
   reg.mode = mode;
   return reg;
 }

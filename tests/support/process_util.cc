@@ -154,8 +154,12 @@ std::string ReadFile(const std::string& path) {
 }
 
 std::vector<std::string> ReadLines(const std::string& path) {
+  return NonEmptyLines(ReadFile(path));
+}
+
+std::vector<std::string> NonEmptyLines(const std::string& text) {
   std::vector<std::string> lines;
-  std::ifstream in(path);
+  std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     if (!line.empty()) lines.push_back(line);
   }

@@ -74,7 +74,9 @@ bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeou
 bool ProcessAlive(pid_t pid);
 
 std::string ReadFile(const std::string& path);
+// The non-empty lines of the file at `path` / of `text`, without their newlines.
 std::vector<std::string> ReadLines(const std::string& path);
+std::vector<std::string> NonEmptyLines(const std::string& text);
 
 // GET http://127.0.0.1:port<path>; returns the whole response (status line, headers, body),
 // or "" if the connection failed. Bounded by a 5 s socket timeout.
