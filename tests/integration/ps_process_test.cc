@@ -57,7 +57,8 @@ std::unique_ptr<PsClient> Connect(zmq::context_t& ctx, const std::vector<std::st
 
 TEST(PsProcessTest, PullAfterPushSeesTheSgdUpdateOnEveryShard) {
   TempDir dir;
-  ProcessCluster cluster(2, 1, "", {}, dir.path(), ProcessCluster::kPsMetricsPorts);
+  ProcessCluster cluster(2, 1, "", {}, dir.path(),
+                         ProcessCluster::kPsLogDir | ProcessCluster::kPsMetricsPorts);
   zmq::context_t ctx;
   auto client = Connect(ctx, cluster.addresses());
   const ModelRegistration reg = SmallModel(2);
@@ -102,7 +103,8 @@ TEST(PsProcessTest, PullAfterPushSeesTheSgdUpdateOnEveryShard) {
 
 TEST(PsProcessTest, HostileMessagesGetErrorRepliesAndChangeNothing) {
   TempDir dir;
-  ProcessCluster cluster(1, 1, "", {}, dir.path(), ProcessCluster::kPsMetricsPorts);
+  ProcessCluster cluster(1, 1, "", {}, dir.path(),
+                         ProcessCluster::kPsLogDir | ProcessCluster::kPsMetricsPorts);
   zmq::context_t ctx;
   auto client = Connect(ctx, cluster.addresses());
   const ModelRegistration reg = SmallModel(1);
@@ -237,7 +239,8 @@ TEST(PsProcessTest, HostileMessagesGetErrorRepliesAndChangeNothing) {
 
 TEST(PsProcessTest, SigtermAndShutdownMessageStopTheServerWithExitZero) {
   TempDir dir;
-  ProcessCluster cluster(2, 1, "", {}, dir.path(), ProcessCluster::kPsMetricsPorts);
+  ProcessCluster cluster(2, 1, "", {}, dir.path(),
+                         ProcessCluster::kPsLogDir | ProcessCluster::kPsMetricsPorts);
   zmq::context_t ctx;
   auto client = Connect(ctx, cluster.addresses());
   ASSERT_TRUE(client->Register(SmallModel(2), 20s).ok());

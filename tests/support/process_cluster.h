@@ -31,7 +31,8 @@ class ProcessCluster {
   enum Extras {
     kNoExtras = 0,
     kPsDataDirs = 1,      // each its own --data-dir <dir>/data/ps<i> (DataDir(i))
-    kPsMetricsPorts = 2,  // --log-dir <dir> and --metrics-port on a free port (metrics_port(i))
+    kPsLogDir = 2,        // --log-dir <dir>
+    kPsMetricsPorts = 4,  // --metrics-port on a free port each (metrics_port(i))
   };
 
   // `num_workers` worker hosts are named to the servers; `mode` goes to servers and workers
@@ -42,6 +43,7 @@ class ProcessCluster {
         ps_args_(std::move(ps_args)),
         dir_(std::move(dir)),
         data_dirs_((extras & kPsDataDirs) != 0),
+        log_dir_((extras & kPsLogDir) != 0),
         metrics_((extras & kPsMetricsPorts) != 0) {
     const std::vector<int> ports = FreePorts(num_ps + num_workers + (metrics_ ? num_ps : 0));
     for (int i = 0; i < num_ps; ++i) ps_.push_back("127.0.0.1:" + std::to_string(ports[i]));
@@ -65,10 +67,8 @@ class ProcessCluster {
                                      std::to_string(i)};
     if (!mode_.empty()) argv.insert(argv.end(), {"--mode", mode_});
     if (data_dirs_) argv.insert(argv.end(), {"--data-dir", DataDir(i)});
-    if (metrics_) {
-      argv.insert(argv.end(), {"--log-dir", dir_, "--metrics-port",
-                               std::to_string(metrics_port(i))});
-    }
+    if (log_dir_) argv.insert(argv.end(), {"--log-dir", dir_});
+    if (metrics_) argv.insert(argv.end(), {"--metrics-port", std::to_string(metrics_port(i))});
     argv.insert(argv.end(), ps_args_.begin(), ps_args_.end());
     ps_children_[static_cast<size_t>(i)].reset();  // reaps a previous incarnation
     ps_children_[static_cast<size_t>(i)] = std::make_unique<Child>(Child::Start(argv, Log(log)));
@@ -112,6 +112,7 @@ class ProcessCluster {
   }
 
   Child& ps(int i) { return *ps_children_[static_cast<size_t>(i)]; }
+  const Child& ps(int i) const { return *ps_children_[static_cast<size_t>(i)]; }
   Child& worker(int rank) { return *worker_children_[static_cast<size_t>(rank)]; }
 
   // Waits for every worker to exit; returns their exit codes (-1 on timeout).
@@ -169,6 +170,7 @@ class ProcessCluster {
   std::vector<std::string> ps_args_;
   std::string dir_;
   bool data_dirs_;
+  bool log_dir_;
   bool metrics_;
   std::vector<std::string> ps_;
   std::vector<std::string> workers_;
