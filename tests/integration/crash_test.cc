@@ -26,6 +26,7 @@
 
 #include "tests/support/process_cluster.h"
 #include "tests/support/process_util.h"
+#include "tests/support/small_model.h"
 #include "worker/ps_client.h"
 
 namespace parasync {
@@ -392,12 +393,10 @@ void WriteStoppedStore(const TempDir& dir, const std::string& store) {
                                "every-update"},
                               dir.path() + "/store-writer.log");
   {
-    ModelRegistration reg;
-    reg.variables = {{"counter", {1}, DType::kFloat32, {InitKind::kZeros, 0.0f}},
-                     {"padding", {48 * 1024}, DType::kFloat32, {InitKind::kUniform, 1.0f}}};
-    reg.optimizer.kind = OptimizerKind::kSgd;
-    reg.optimizer.learning_rate = 1.0f;
-    reg.num_shards = 1;
+    const ModelRegistration reg = testing::SmallModel(
+        {{"counter", {1}, DType::kFloat32, {InitKind::kZeros, 0.0f}},
+         {"padding", {48 * 1024}, DType::kFloat32, {InitKind::kUniform, 1.0f}}},
+        kDefaultMaxSliceElements, /*num_shards=*/1, /*seed=*/0, /*learning_rate=*/1.0f);
     PsClientOptions o;
     o.ps_addresses = {ps};
     o.rank = 0;

@@ -13,6 +13,7 @@
 
 #include "tests/support/process_cluster.h"
 #include "tests/support/process_util.h"
+#include "tests/support/small_model.h"
 #include "worker/ps_client.h"
 
 namespace parasync {
@@ -25,12 +26,9 @@ using testing::TempDir;
 // A model with one counter-like variable: SGD with learning rate 1 and gradient -1 adds
 // exactly 1 per applied push (exact in float32 far beyond these counts).
 ModelRegistration CounterModel() {
-  ModelRegistration reg;
-  reg.variables = {{"counter", {1}, DType::kFloat32, {InitKind::kZeros, 0.0f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = 1.0f;
-  reg.num_shards = 1;
-  return reg;
+  return testing::SmallModel({{"counter", {1}, DType::kFloat32, {InitKind::kZeros, 0.0f}}},
+                             kDefaultMaxSliceElements, /*num_shards=*/1, /*seed=*/0,
+                             /*learning_rate=*/1.0f);
 }
 
 std::unique_ptr<PsClient> CounterClient(zmq::context_t& ctx, const std::string& address) {

@@ -22,6 +22,7 @@
 #include "common/wire.h"
 #include "tests/support/process_cluster.h"
 #include "tests/support/process_util.h"
+#include "tests/support/small_model.h"
 #include "worker/ps_client.h"
 
 namespace parasync {
@@ -138,14 +139,9 @@ class Ps {
 
 // A 1 MiB model (SGD) in 4 slices.
 ModelRegistration MiBModel() {
-  ModelRegistration reg;
-  reg.variables = {{"w", {512, 512}, DType::kFloat32, {InitKind::kUniform, 0.1f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = 0.01f;
-  reg.seed = 3;
-  reg.max_slice_elements = 65536;
-  reg.num_shards = 1;
-  return reg;
+  return testing::SmallModel({{"w", {512, 512}, DType::kFloat32, {InitKind::kUniform, 0.1f}}},
+                             /*max_slice_elements=*/65536, /*num_shards=*/1, /*seed=*/3,
+                             /*learning_rate=*/0.01f);
 }
 
 std::unique_ptr<PsClient> Honest(zmq::context_t& ctx, const std::string& address) {
@@ -445,11 +441,10 @@ TEST_P(FullDiskTest, TheServerRefusesWhatItCannotPersistAndKeepsServingPulls) {
   auto connected = PsClient::Connect(ctx, o);
   ASSERT_TRUE(connected.ok());
   auto client = std::move(connected).value();
-  ModelRegistration reg;
-  reg.variables = {{"w", {64, 64}, DType::kFloat32, {InitKind::kUniform, 0.1f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = 0.01f;
-  reg.num_shards = 1;
+  ModelRegistration reg =
+      testing::SmallModel({{"w", {64, 64}, DType::kFloat32, {InitKind::kUniform, 0.1f}}},
+                          kDefaultMaxSliceElements, /*num_shards=*/1, /*seed=*/0,
+                          /*learning_rate=*/0.01f);
   reg.mode = mode;
   ASSERT_TRUE(client->Register(reg, 20s).ok()) << testing::ReadFile(log);
   std::vector<float> params(64 * 64), grad(64 * 64, 1e-3f);
