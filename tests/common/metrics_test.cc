@@ -16,7 +16,7 @@
 
 #include "common/process_metrics.h"
 #include "common/version.h"
-#include "tests/integration/process_util.h"
+#include "tests/support/process_util.h"
 
 namespace parasync {
 namespace {

@@ -8,18 +8,17 @@
 #include <fstream>
 #include <string>
 
+#include "tests/support/temp_dir.h"
+
 namespace parasync {
 namespace {
 
 class ModelFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "model-file-XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-    path_ = dir_ + "/m.psm";
+    dir_ = tmp_.path();
+    path_ = tmp_.File("m.psm");
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   static ModelFile Sample() {
     ModelFile m;
@@ -42,6 +41,7 @@ class ModelFileTest : public ::testing::Test {
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
 
+  testing::TempDir tmp_;
   std::string dir_;
   std::string path_;
 };

@@ -10,6 +10,8 @@
 #include <chrono>
 #include <thread>
 
+#include "tests/support/in_child.h"
+
 namespace parasync {
 namespace {
 
@@ -47,11 +49,8 @@ int CheckShutdownSignals() {
 // A shutdown signal is taken by a thread of its own and never interrupts the others (see
 // common/process.h for the heap corruption that came with it), and it still sets the flag.
 TEST(ShutdownSignalsTest, AreBlockedInEveryThreadAndStillRequestShutdown) {
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) _exit(CheckShutdownSignals());
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const int status = testing::RunInChild(CheckShutdownSignals);
+  ASSERT_NE(status, -1) << "fork or wait failed";
   ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), kOk)
       << "10: not blocked in the caller, 11: not blocked in a thread started after, 12: the "

@@ -24,7 +24,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/integration/process_util.h"
+#include "tests/support/process_cluster.h"
+#include "tests/support/process_util.h"
+#include "tests/support/small_model.h"
 #include "worker/ps_client.h"
 
 namespace parasync {
@@ -34,6 +36,8 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using testing::Child;
 using testing::ExitCode;
+using testing::NonEmptyLines;
+using testing::ProcessCluster;
 using testing::TempDir;
 
 // Everything a directory holds, file name -> bytes, to prove a refused directory is untouched.
@@ -46,15 +50,6 @@ std::map<std::string, std::string> DirContents(const std::string& dir) {
     contents[entry.path().filename().string()] = bytes.str();
   }
   return contents;
-}
-
-std::vector<std::string> NonEmptyLines(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) lines.push_back(line);
-  }
-  return lines;
 }
 
 // Overwrites `path` with seeded random bytes of the same size, so size checks still pass and only
@@ -86,114 +81,6 @@ std::optional<int64_t> RestoredVersion(const std::string& log) {
   return std::stoll(m[1].str());
 }
 
-// Parameter servers with a data directory each, and workers, started by the test so it can
-// kill and restart a server in the middle of a run.
-class DurableCluster {
- public:
-  DurableCluster(int num_ps, int num_workers, std::string mode, std::vector<std::string> ps_args,
-                 std::string dir)
-      : mode_(std::move(mode)), ps_args_(std::move(ps_args)), dir_(std::move(dir)) {
-    auto ports = testing::FreePorts(num_ps + num_workers);
-    for (int i = 0; i < num_ps; ++i) ps_.push_back("127.0.0.1:" + std::to_string(ports[i]));
-    for (int i = 0; i < num_workers; ++i) {
-      workers_.push_back("127.0.0.1:" + std::to_string(ports[num_ps + i]));
-    }
-    ps_children_.resize(static_cast<size_t>(num_ps));
-    worker_children_.resize(static_cast<size_t>(num_workers));
-    for (int i = 0; i < num_ps; ++i) StartPs(i, "ps" + std::to_string(i));
-  }
-
-  // Starts (or restarts) shard i on its address and data directory, output in <log>.log.
-  void StartPs(int i, const std::string& log) {
-    std::vector<std::string> argv = {testing::BinDir() + "/parasync-ps", "--ps-hosts", testing::JoinHosts(ps_),
-                                     "--worker-hosts", testing::JoinHosts(workers_), "--task-index",
-                                     std::to_string(i), "--mode", mode_, "--data-dir",
-                                     DataDir(i)};
-    argv.insert(argv.end(), ps_args_.begin(), ps_args_.end());
-    ps_children_[static_cast<size_t>(i)].reset();  // reaps a previous incarnation
-    ps_children_[static_cast<size_t>(i)] = std::make_unique<Child>(Child::Start(argv, Log(log)));
-    ps_logs_.push_back(log);
-  }
-
-  // SIGKILL: no final snapshot, no goodbye. Returns once the process is gone.
-  void KillPs(int i) {
-    Child& ps = *ps_children_[static_cast<size_t>(i)];
-    ps.Signal(SIGKILL);
-    const auto status = ps.Wait(10s);
-    ASSERT_TRUE(status.has_value()) << "ps" << i << " survived SIGKILL";
-    ASSERT_EQ(ExitCode(*status), 128 + SIGKILL);
-  }
-
-  // SIGTERM to every server; returns their exit codes (-1 for one that did not stop in time).
-  std::vector<int> StopPs() {
-    for (auto& ps : ps_children_) ps->Signal(SIGTERM);
-    std::vector<int> codes;
-    for (auto& ps : ps_children_) {
-      const auto status = ps->Wait(20s);
-      codes.push_back(status ? ExitCode(*status) : -1);
-    }
-    return codes;
-  }
-
-  void StartWorker(int rank, const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {testing::BinDir() + "/parasync-worker", "--ps-hosts",
-                                     testing::JoinHosts(ps_), "--worker-hosts", testing::JoinHosts(workers_), "--task-index",
-                                     std::to_string(rank), "--mode", mode_, "--data",
-                                     testing::DataDir(), "--log-dir", dir_,
-                                     "--heartbeat-interval", "0.2"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    worker_children_[static_cast<size_t>(rank)] = std::make_unique<Child>(
-        Child::Start(argv, Log("worker" + std::to_string(rank))));
-  }
-
-  // Waits for every worker to exit; returns their exit codes (-1 on timeout).
-  std::vector<int> WaitWorkers(std::chrono::seconds timeout) {
-    std::vector<int> codes;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (auto& w : worker_children_) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      const auto status = w->Wait(std::max(left, std::chrono::milliseconds(0)));
-      codes.push_back(status ? ExitCode(*status) : -1);
-    }
-    return codes;
-  }
-
-  // A rank -1 client: reads statistics, takes no part in training.
-  std::unique_ptr<PsClient> Client(zmq::context_t& ctx) const {
-    PsClientOptions o;
-    o.ps_addresses = ps_;
-    o.rank = -1;
-    o.request_timeout = 10s;
-    auto c = PsClient::Connect(ctx, o);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? std::move(c).value() : nullptr;
-  }
-
-  std::string DataDir(int i) const { return dir_ + "/data/ps" + std::to_string(i); }
-  std::string Log(const std::string& name) const { return dir_ + "/" + name + ".log"; }
-  std::string EvalLog() const { return dir_ + "/eval.jsonl"; }
-  std::string Dump() const {
-    std::string out;
-    for (const auto& name : ps_logs_) out += "--- " + name + "\n" + testing::ReadFile(Log(name));
-    for (size_t i = 0; i < worker_children_.size(); ++i) {
-      const std::string name = "worker" + std::to_string(i);
-      out += "--- " + name + "\n" + testing::ReadFile(Log(name));
-    }
-    return out;
-  }
-
- private:
-  std::string mode_;
-  std::vector<std::string> ps_args_;
-  std::string dir_;
-  std::vector<std::string> ps_;
-  std::vector<std::string> workers_;
-  std::vector<std::unique_ptr<Child>> ps_children_;
-  std::vector<std::unique_ptr<Child>> worker_children_;
-  std::vector<std::string> ps_logs_;
-};
-
 // A run without the kill took 7-12 s on the 2-core VM when this was written; everything waits
 // well beyond that, never forever.
 constexpr auto kRunTimeout = 150s;
@@ -210,7 +97,8 @@ struct RunOutcome {
 void TrainTwoByTwo(const std::string& mode, int epochs, std::optional<int64_t> kill_after_version,
                    RunOutcome* outcome) {
   TempDir dir;
-  DurableCluster cluster(2, 2, mode, {"--checkpoint-every-versions", "20"}, dir.path());
+  ProcessCluster cluster(2, 2, mode, {"--checkpoint-every-versions", "20"}, dir.path(),
+                         ProcessCluster::kPsDataDirs);
   for (int r = 0; r < 2; ++r) {
     cluster.StartWorker(r, {"--epochs", std::to_string(epochs), "--seed", "42"});
   }
@@ -505,12 +393,10 @@ void WriteStoppedStore(const TempDir& dir, const std::string& store) {
                                "every-update"},
                               dir.path() + "/store-writer.log");
   {
-    ModelRegistration reg;
-    reg.variables = {{"counter", {1}, DType::kFloat32, {InitKind::kZeros, 0.0f}},
-                     {"padding", {48 * 1024}, DType::kFloat32, {InitKind::kUniform, 1.0f}}};
-    reg.optimizer.kind = OptimizerKind::kSgd;
-    reg.optimizer.learning_rate = 1.0f;
-    reg.num_shards = 1;
+    const ModelRegistration reg = testing::SmallModel(
+        {{"counter", {1}, DType::kFloat32, {InitKind::kZeros, 0.0f}},
+         {"padding", {48 * 1024}, DType::kFloat32, {InitKind::kUniform, 1.0f}}},
+        kDefaultMaxSliceElements, /*num_shards=*/1, /*seed=*/0, /*learning_rate=*/1.0f);
     PsClientOptions o;
     o.ps_addresses = {ps};
     o.rank = 0;

@@ -11,59 +11,24 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/integration/process_util.h"
+#include "tests/support/process_cluster.h"
+#include "tests/support/process_util.h"
+#include "tests/support/small_model.h"
 #include "worker/ps_client.h"
 
 namespace parasync {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::Child;
+using testing::ProcessCluster;
 using testing::TempDir;
-
-// One parameter server the test can kill and start again on the same data directory.
-class Server {
- public:
-  Server(const TempDir& dir, std::vector<std::string> flags) : dir_(dir.path()), flags_(std::move(flags)) {
-    const auto ports = testing::FreePorts(2);
-    address_ = "127.0.0.1:" + std::to_string(ports[0]);
-    worker_ = "127.0.0.1:" + std::to_string(ports[1]);
-    Start();
-  }
-  void Start() {
-    std::vector<std::string> argv = {testing::BinDir() + "/parasync-ps", "--ps-hosts", address_,
-                                     "--worker-hosts", worker_, "--task-index", "0"};
-    argv.insert(argv.end(), flags_.begin(), flags_.end());
-    child_ = std::make_unique<Child>(
-        Child::Start(argv, dir_ + "/ps" + std::to_string(starts_++) + ".log"));
-  }
-  void Kill() {
-    child_->Signal(SIGKILL);
-    ASSERT_TRUE(child_->Wait(10s).has_value());
-  }
-  std::string Log(int start) const {
-    return testing::ReadFile(dir_ + "/ps" + std::to_string(start) + ".log");
-  }
-  const std::string& address() const { return address_; }
-
- private:
-  std::string dir_;
-  std::vector<std::string> flags_;
-  std::string address_;
-  std::string worker_;
-  int starts_ = 0;
-  std::unique_ptr<Child> child_;
-};
 
 // A model with one counter-like variable: SGD with learning rate 1 and gradient -1 adds
 // exactly 1 per applied push (exact in float32 far beyond these counts).
 ModelRegistration CounterModel() {
-  ModelRegistration reg;
-  reg.variables = {{"counter", {1}, DType::kFloat32, {InitKind::kZeros, 0.0f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = 1.0f;
-  reg.num_shards = 1;
-  return reg;
+  return testing::SmallModel({{"counter", {1}, DType::kFloat32, {InitKind::kZeros, 0.0f}}},
+                             kDefaultMaxSliceElements, /*num_shards=*/1, /*seed=*/0,
+                             /*learning_rate=*/1.0f);
 }
 
 std::unique_ptr<PsClient> CounterClient(zmq::context_t& ctx, const std::string& address) {
@@ -94,9 +59,12 @@ float Counter(PsClient& client) {
 
 TEST(DurabilityTest, EveryUpdateModeLosesNoAcknowledgedPushWhenKilledAtARandomMoment) {
   TempDir dir;
-  Server server(dir, {"--data-dir", dir.path() + "/data", "--durability", "every-update"});
+  // One server the test kills and starts again (ps0.log, then ps1.log).
+  ProcessCluster server(1, 1, "",
+                        {"--data-dir", dir.path() + "/data", "--durability", "every-update"},
+                        dir.path());
   zmq::context_t ctx;
-  auto client = CounterClient(ctx, server.address());
+  auto client = CounterClient(ctx, server.addresses()[0]);
   const unsigned seed = std::random_device{}();
   std::mt19937 rng(seed);
   const auto kill_after = std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 900)(rng));
@@ -105,8 +73,8 @@ TEST(DurabilityTest, EveryUpdateModeLosesNoAcknowledgedPushWhenKilledAtARandomMo
   std::atomic<bool> restarted{false};
   std::thread killer([&] {
     std::this_thread::sleep_for(kill_after);  // the random moment, not a wait for a condition
-    server.Kill();
-    server.Start();
+    server.KillPs(0);
+    server.StartPs(0, "ps1");
     restarted = true;
   });
   int64_t acknowledged = 0;
@@ -125,7 +93,8 @@ TEST(DurabilityTest, EveryUpdateModeLosesNoAcknowledgedPushWhenKilledAtARandomMo
   killer.join();
   ASSERT_TRUE(failure.ok()) << failure.ToString();
   ASSERT_EQ(after_restart, 50) << "the client did not get through to the restarted server";
-  EXPECT_NE(server.Log(1).find("restored from"), std::string::npos) << server.Log(1);
+  const std::string restarted_log = testing::ReadFile(server.Log("ps1"));
+  EXPECT_NE(restarted_log.find("restored from"), std::string::npos) << restarted_log;
   EXPECT_EQ(Counter(*client), static_cast<float>(acknowledged))
       << acknowledged << " pushes were acknowledged";
   auto stats = client->Stats();
@@ -137,19 +106,22 @@ TEST(DurabilityTest, PeriodicModeLosesAtMostTheCheckpointInterval) {
   TempDir dir;
   constexpr int kEvery = 10;
   constexpr int kPushes = 57;
-  Server server(dir, {"--data-dir", dir.path() + "/data", "--checkpoint-every", "0",
-                      "--checkpoint-every-versions", std::to_string(kEvery)});
+  // One server the test kills and starts again (ps0.log, then ps1.log).
+  ProcessCluster server(1, 1, "",
+                        {"--data-dir", dir.path() + "/data", "--checkpoint-every", "0",
+                         "--checkpoint-every-versions", std::to_string(kEvery)},
+                        dir.path());
   zmq::context_t ctx;
-  auto client = CounterClient(ctx, server.address());
+  auto client = CounterClient(ctx, server.addresses()[0]);
   for (int i = 0; i < kPushes; ++i) ASSERT_TRUE(Increment(*client).ok());
-  server.Kill();
-  server.Start();
+  server.KillPs(0);
+  server.StartPs(0, "ps1");
   const float restored = Counter(*client);
   std::cout << kPushes << " acknowledged, " << restored << " restored (snapshots every " << kEvery
             << " versions)\n";
   EXPECT_LE(restored, static_cast<float>(kPushes));
   EXPECT_GT(restored, static_cast<float>(kPushes - kEvery)) << "lost more than the interval";
-  EXPECT_NE(server.Log(1).find("restored from"), std::string::npos);
+  EXPECT_NE(testing::ReadFile(server.Log("ps1")).find("restored from"), std::string::npos);
 }
 
 TEST(DurabilityTest, PushWhoseAcknowledgementWasLostIsAppliedExactlyOnce) {
@@ -157,14 +129,14 @@ TEST(DurabilityTest, PushWhoseAcknowledgementWasLostIsAppliedExactlyOnce) {
   // The server applies every third push but does not acknowledge it, as if the connection
   // broke between apply and reply: the client sends it again, the server must not apply it
   // a second time.
-  Server server(dir, {"--fault-drop-push-reply-every", "3"});
+  ProcessCluster server(1, 1, "", {"--fault-drop-push-reply-every", "3"}, dir.path());
   zmq::context_t ctx;
-  auto client = CounterClient(ctx, server.address());
+  auto client = CounterClient(ctx, server.addresses()[0]);
   constexpr int kPushes = 12;
   for (int i = 0; i < kPushes; ++i) ASSERT_TRUE(Increment(*client).ok());
   EXPECT_EQ(Counter(*client), static_cast<float>(kPushes));
   EXPECT_GE(client->resends(), kPushes / 3);
-  const std::string log = server.Log(0);
+  const std::string log = testing::ReadFile(server.Log("ps0"));
   size_t drops = 0;
   for (size_t at = log.find("fault injection"); at != std::string::npos;
        at = log.find("fault injection", at + 1)) {

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/model_file.h"
-#include "tests/integration/process_util.h"
+#include "tests/support/process_util.h"
 #include "tests/support/test_models.h"
 #include "worker/ps_client.h"
 

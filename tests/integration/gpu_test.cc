@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/integration/process_util.h"
+#include "tests/support/process_util.h"
 #include "tests/support/test_models.h"
 #include "worker/compute/backend_factory.h"
 

@@ -20,7 +20,9 @@
 #include <zmq.hpp>
 
 #include "common/wire.h"
-#include "tests/integration/process_util.h"
+#include "tests/support/process_cluster.h"
+#include "tests/support/process_util.h"
+#include "tests/support/small_model.h"
 #include "worker/ps_client.h"
 
 namespace parasync {
@@ -28,6 +30,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::Child;
+using testing::ProcessCluster;
 using testing::TempDir;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
@@ -104,56 +107,41 @@ void ExpectGivenBack(pid_t pid, int64_t before, int64_t slack, std::chrono::seco
       << "rss " << ProcBytes(pid, "VmRSS") << " before " << before;
 }
 
-// One parasync-ps (shard 0 of 1, one worker) with the given extra flags.
+// One parasync-ps (shard 0 of 1, one worker) with the given extra flags, a metrics port, and
+// its memory bound exported before the test goes on.
 class Ps {
  public:
-  Ps(const TempDir& dir, const std::vector<std::string>& flags) {
-    const auto ports = testing::FreePorts(3);
-    address_ = "127.0.0.1:" + std::to_string(ports[0]);
-    metrics_port_ = ports[2];
-    std::vector<std::string> argv = {testing::BinDir() + "/parasync-ps", "--ps-hosts", address_,
-                                     "--worker-hosts", "127.0.0.1:" + std::to_string(ports[1]),
-                                     "--task-index", "0", "--metrics-port",
-                                     std::to_string(metrics_port_)};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    log_ = dir.path() + "/ps.log";
-    child_.emplace(Child::Start(argv, log_));
+  Ps(const TempDir& dir, const std::vector<std::string>& flags)
+      : cluster_(1, 1, "", flags, dir.path(), ProcessCluster::kPsMetricsPorts) {
     EXPECT_TRUE(testing::WaitFor(
-        [&] { return !std::isnan(Metric(metrics_port_, "parasync_ps_memory_bound_bytes")); }, 20s))
-        << testing::ReadFile(log_);
+        [&] { return !std::isnan(Metric(metrics_port(), "parasync_ps_memory_bound_bytes")); },
+        20s))
+        << Log();
   }
-  pid_t pid() const { return child_->pid(); }
-  const std::string& address() const { return address_; }
-  int metrics_port() const { return metrics_port_; }
-  std::string Log() const { return testing::ReadFile(log_); }
+  pid_t pid() const { return cluster_.ps(0).pid(); }
+  const std::string& address() const { return cluster_.addresses()[0]; }
+  int metrics_port() const { return cluster_.metrics_port(0); }
+  std::string Log() const { return cluster_.PsLog(0); }
   // The stated bound with `connections` peers connected.
   int64_t Bound(int connections) const {
-    return static_cast<int64_t>(Metric(metrics_port_, "parasync_ps_memory_bound_bytes") +
-                                connections * Metric(metrics_port_,
+    return static_cast<int64_t>(Metric(metrics_port(), "parasync_ps_memory_bound_bytes") +
+                                connections * Metric(metrics_port(),
                                                      "parasync_ps_memory_bound_per_connection_bytes"));
   }
   double Rejected(const std::string& reason) const {
-    return Metric(metrics_port_,
+    return Metric(metrics_port(),
                   "parasync_ps_rejected_total{role=\"ps\",shard=\"0\",reason=\"" + reason + "\"");
   }
 
  private:
-  std::string address_;
-  int metrics_port_ = 0;
-  std::string log_;
-  std::optional<Child> child_;
+  ProcessCluster cluster_;
 };
 
 // A 1 MiB model (SGD) in 4 slices.
 ModelRegistration MiBModel() {
-  ModelRegistration reg;
-  reg.variables = {{"w", {512, 512}, DType::kFloat32, {InitKind::kUniform, 0.1f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = 0.01f;
-  reg.seed = 3;
-  reg.max_slice_elements = 65536;
-  reg.num_shards = 1;
-  return reg;
+  return testing::SmallModel({{"w", {512, 512}, DType::kFloat32, {InitKind::kUniform, 0.1f}}},
+                             /*max_slice_elements=*/65536, /*num_shards=*/1, /*seed=*/3,
+                             /*learning_rate=*/0.01f);
 }
 
 std::unique_ptr<PsClient> Honest(zmq::context_t& ctx, const std::string& address) {
@@ -453,11 +441,10 @@ TEST_P(FullDiskTest, TheServerRefusesWhatItCannotPersistAndKeepsServingPulls) {
   auto connected = PsClient::Connect(ctx, o);
   ASSERT_TRUE(connected.ok());
   auto client = std::move(connected).value();
-  ModelRegistration reg;
-  reg.variables = {{"w", {64, 64}, DType::kFloat32, {InitKind::kUniform, 0.1f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = 0.01f;
-  reg.num_shards = 1;
+  ModelRegistration reg =
+      testing::SmallModel({{"w", {64, 64}, DType::kFloat32, {InitKind::kUniform, 0.1f}}},
+                          kDefaultMaxSliceElements, /*num_shards=*/1, /*seed=*/0,
+                          /*learning_rate=*/0.01f);
   reg.mode = mode;
   ASSERT_TRUE(client->Register(reg, 20s).ok()) << testing::ReadFile(log);
   std::vector<float> params(64 * 64), grad(64 * 64, 1e-3f);

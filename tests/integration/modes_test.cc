@@ -15,7 +15,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/integration/process_util.h"
+#include "tests/support/process_cluster.h"
+#include "tests/support/process_util.h"
 #include "worker/compute/backend.h"
 #include "worker/data/dataset.h"
 #include "tests/support/test_models.h"
@@ -27,96 +28,8 @@ namespace {
 using namespace std::chrono_literals;
 using testing::Child;
 using testing::ExitCode;
+using testing::ProcessCluster;
 using testing::TempDir;
-
-// Parameter servers and workers started by the test itself, so it can stop, kill, restart
-// and inspect any of them while the servers outlive the workers.
-class Cluster {
- public:
-  Cluster(int num_ps, int num_workers, const std::string& mode, std::vector<std::string> ps_args,
-          const TempDir& dir)
-      : mode_(mode), dir_(dir.path()) {
-    auto ports = testing::FreePorts(num_ps + num_workers);
-    for (int i = 0; i < num_ps; ++i) ps_.push_back("127.0.0.1:" + std::to_string(ports[i]));
-    for (int i = 0; i < num_workers; ++i) {
-      workers_.push_back("127.0.0.1:" + std::to_string(ports[num_ps + i]));
-    }
-    for (int i = 0; i < num_ps; ++i) {
-      std::vector<std::string> argv = {testing::BinDir() + "/parasync-ps", "--ps-hosts",
-                                       testing::JoinHosts(ps_), "--worker-hosts", testing::JoinHosts(workers_),
-                                       "--task-index", std::to_string(i), "--mode", mode};
-      argv.insert(argv.end(), ps_args.begin(), ps_args.end());
-      ps_children_.push_back(Child::Start(argv, Log("ps" + std::to_string(i))));
-    }
-    worker_children_.resize(static_cast<size_t>(num_workers));
-  }
-
-  // Starts (or restarts) worker `rank` with the common training flags plus `args`.
-  void StartWorker(int rank, const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {testing::BinDir() + "/parasync-worker", "--ps-hosts",
-                                     testing::JoinHosts(ps_), "--worker-hosts", testing::JoinHosts(workers_), "--task-index",
-                                     std::to_string(rank), "--mode", mode_, "--data",
-                                     testing::DataDir(), "--log-dir", dir_,
-                                     "--heartbeat-interval", "0.2"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    worker_children_[static_cast<size_t>(rank)].reset();  // reaps a previous incarnation
-    worker_children_[static_cast<size_t>(rank)] =
-        std::make_unique<Child>(Child::Start(argv, Log("worker" + std::to_string(rank))));
-  }
-
-  Child& worker(int rank) { return *worker_children_[static_cast<size_t>(rank)]; }
-
-  // Waits for every running worker to exit; returns their exit codes (or -1 on timeout).
-  std::vector<int> WaitWorkers(std::chrono::seconds timeout) {
-    std::vector<int> codes;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (auto& w : worker_children_) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      auto s = w->Wait(std::max(left, std::chrono::milliseconds(0)));
-      codes.push_back(s ? ExitCode(*s) : -1);
-    }
-    return codes;
-  }
-
-  std::unique_ptr<PsClient> Client(zmq::context_t& ctx) {
-    PsClientOptions o;
-    o.ps_addresses = ps_;
-    o.rank = -1;  // a tool: reads, takes no part in barriers
-    o.request_timeout = 10s;
-    auto c = PsClient::Connect(ctx, o);
-    EXPECT_TRUE(c.ok());
-    return std::move(c).value();
-  }
-
-  // Shard statistics; all shards agree on the counters the tests read from shard 0.
-  std::vector<ShardStats> Stats(PsClient& client) {
-    auto s = client.Stats();
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    return s.ok() ? *s : std::vector<ShardStats>{};
-  }
-
-  std::string Log(const std::string& name) const { return dir_ + "/" + name + ".log"; }
-  std::string Dump() const {
-    std::string out;
-    for (size_t i = 0; i < ps_children_.size(); ++i) {
-      out += "--- ps" + std::to_string(i) + "\n" + testing::ReadFile(Log("ps" + std::to_string(i)));
-    }
-    for (size_t i = 0; i < worker_children_.size(); ++i) {
-      out += "--- worker" + std::to_string(i) + "\n" +
-             testing::ReadFile(Log("worker" + std::to_string(i)));
-    }
-    return out;
-  }
-
- private:
-  std::string mode_;
-  std::string dir_;
-  std::vector<std::string> ps_;
-  std::vector<std::string> workers_;
-  std::vector<Child> ps_children_;
-  std::vector<std::unique_ptr<Child>> worker_children_;
-};
 
 // What parasync-worker registers for these flags (see worker/main.cc).
 ModelRegistration WorkerRegistration(const std::string& widths, float lr, int shards,
@@ -150,7 +63,7 @@ void ExpectSyncEqualsOneProcessSgd(bool cosine) {
   constexpr float kLr = 0.1f;
   const std::string widths = "784-32-10";
   TempDir dir;
-  Cluster cluster(2, kWorkers, "sync", {}, dir);
+  ProcessCluster cluster(2, kWorkers, "sync", {}, dir.path());
   zmq::context_t ctx;
   auto client = cluster.Client(ctx);
   ModelRegistration reg = WorkerRegistration(widths, kLr, 2, "sync");
@@ -172,7 +85,7 @@ void ExpectSyncEqualsOneProcessSgd(bool cosine) {
   for (int code : cluster.WaitWorkers(120s)) ASSERT_EQ(code, 0) << cluster.Dump();
   Params trained(reg.variables);
   ASSERT_TRUE(client->Pull(trained.ptrs).ok());
-  auto stats = cluster.Stats(*client);
+  auto stats = ProcessCluster::Stats(*client);
   ASSERT_FALSE(stats.empty());
   EXPECT_EQ(stats[0].version, kSteps);  // one optimizer step per 4 gradients
   EXPECT_EQ(stats[0].examples, kSteps * kWorkers * kBatch);
@@ -226,7 +139,7 @@ TEST(SyncModeTest, TheServersCosineScheduleIsOneProcessesCosineStepForStep) {
 TEST(SspModeTest, StragglerNeverCausesClockStalenessAboveTheBoundAndFastWorkersBlock) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   TempDir dir;
-  Cluster cluster(2, 3, "ssp:2", {}, dir);
+  ProcessCluster cluster(2, 3, "ssp:2", {}, dir.path());
   const std::vector<std::string> common = {"--model", "784-32-10", "--batch-size", "16",
                                            "--max-steps", "60", "--epochs", "1"};
   for (int r = 0; r < 3; ++r) {
@@ -237,7 +150,7 @@ TEST(SspModeTest, StragglerNeverCausesClockStalenessAboveTheBoundAndFastWorkersB
   for (int code : cluster.WaitWorkers(120s)) ASSERT_EQ(code, 0) << cluster.Dump();
   zmq::context_t ctx;
   auto client = cluster.Client(ctx);
-  for (const ShardStats& s : cluster.Stats(*client)) {
+  for (const ShardStats& s : ProcessCluster::Stats(*client)) {
     std::cout << "shard " << s.shard << ": max clock staleness " << s.max_clock_staleness
               << ", blocked pulls " << s.blocked_pulls << ", max version staleness "
               << s.max_version_staleness << "\n";
@@ -269,10 +182,10 @@ TEST_P(StragglerTest, TheSlowRankIsExportedAsTheStragglerAndLogged) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   TempDir dir;
   const int metrics_port = testing::FreePorts(1)[0];
-  Cluster cluster(1, 3, GetParam(),
-                  {"--metrics-port", std::to_string(metrics_port), "--straggler-log-seconds",
-                   "0.02"},
-                  dir);
+  ProcessCluster cluster(1, 3, GetParam(),
+                         {"--metrics-port", std::to_string(metrics_port),
+                          "--straggler-log-seconds", "0.02"},
+                         dir.path());
   for (int r = 0; r < 3; ++r) {
     std::vector<std::string> args = {"--model", "784-32-10", "--batch-size", "16",
                                      "--max-steps", "40", "--epochs", "1"};
@@ -309,7 +222,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, StragglerTest, ::testing::Values("sync", "ssp:1"
 TEST(SyncModeTest, BackupWorkersKeepTrainingWhileOneIsStoppedAndItsLateGradientIsDropped) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   TempDir dir;
-  Cluster cluster(1, 4, "sync", {"--replicas-to-aggregate", "3", "--worker-timeout", "2"}, dir);
+  ProcessCluster cluster(1, 4, "sync", {"--replicas-to-aggregate", "3", "--worker-timeout", "2"},
+                         dir.path());
   for (int r = 0; r < 4; ++r) {
     std::vector<std::string> args = {"--model", "784-32-10", "--batch-size", "16",
                                      "--max-steps", "300", "--epochs", "1",
@@ -319,7 +233,7 @@ TEST(SyncModeTest, BackupWorkersKeepTrainingWhileOneIsStoppedAndItsLateGradientI
   zmq::context_t ctx;
   auto client = cluster.Client(ctx);
   auto version = [&] {
-    auto s = cluster.Stats(*client);
+    auto s = ProcessCluster::Stats(*client);
     return s.empty() ? int64_t{-1} : s[0].version;
   };
   ASSERT_TRUE(testing::WaitFor([&] { return version() >= 10; }, 60s)) << cluster.Dump();
@@ -329,11 +243,11 @@ TEST(SyncModeTest, BackupWorkersKeepTrainingWhileOneIsStoppedAndItsLateGradientI
   // Training goes on without it: 3 of 4 gradients complete a step.
   ASSERT_TRUE(testing::WaitFor([&] { return version() >= at_stop + 30; }, 30s))
       << "training stalled with one backup worker stopped\n" << cluster.Dump();
-  const int64_t dropped_before = cluster.Stats(*client)[0].workers[3].dropped;
+  const int64_t dropped_before = ProcessCluster::Stats(*client)[0].workers[3].dropped;
   cluster.worker(3).Signal(SIGCONT);
 
   for (int code : cluster.WaitWorkers(120s)) ASSERT_EQ(code, 0) << cluster.Dump();
-  const ShardStats s = cluster.Stats(*client)[0];
+  const ShardStats s = ProcessCluster::Stats(*client)[0];
   std::cout << "dropped stale: " << s.dropped_stale << " in all, rank 3: " << dropped_before
             << " before it was resumed, " << s.workers[3].dropped << " at the end\n";
   EXPECT_GT(s.dropped_stale, 0);
@@ -345,14 +259,14 @@ TEST(SyncModeTest, KilledWorkerIsDroppedWithinTheTimeoutAndARestartedOneRejoins)
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   TempDir dir;
   constexpr auto kWorkerTimeout = 2s;
-  Cluster cluster(1, 3, "sync", {"--worker-timeout", "2"}, dir);
+  ProcessCluster cluster(1, 3, "sync", {"--worker-timeout", "2"}, dir.path());
   const std::vector<std::string> args = {"--model", "784-32-10", "--batch-size", "16",
                                          "--max-steps", "100000", "--epochs", "100",
                                          "--step-delay-ms", "5"};
   for (int r = 0; r < 3; ++r) cluster.StartWorker(r, args);
   zmq::context_t ctx;
   auto client = cluster.Client(ctx);
-  auto stats = [&] { return cluster.Stats(*client)[0]; };
+  auto stats = [&] { return ProcessCluster::Stats(*client)[0]; };
   ASSERT_TRUE(testing::WaitFor([&] { return stats().version >= 10; }, 60s)) << cluster.Dump();
 
   cluster.worker(2).Signal(SIGKILL);

@@ -12,7 +12,9 @@
 #include <zmq.hpp>
 
 #include "common/wire.h"
-#include "tests/integration/process_util.h"
+#include "tests/support/process_cluster.h"
+#include "tests/support/process_util.h"
+#include "tests/support/small_model.h"
 #include "worker/ps_client.h"
 
 namespace parasync {
@@ -21,50 +23,15 @@ namespace {
 using namespace std::chrono_literals;
 using testing::Child;
 using testing::ExitCode;
+using testing::ProcessCluster;
 using testing::TempDir;
 
-// N real parasync-ps processes on free loopback ports.
-class PsCluster {
- public:
-  PsCluster(int n, const TempDir& dir) {
-    auto ports = testing::FreePorts(2 * n + 1);
-    for (int i = 0; i < n; ++i) addresses_.push_back("127.0.0.1:" + std::to_string(ports[i]));
-    worker_ = "127.0.0.1:" + std::to_string(ports[n]);
-    for (int i = 0; i < n; ++i) metrics_ports_.push_back(ports[n + 1 + i]);
-    for (int i = 0; i < n; ++i) {
-      log_paths_.push_back(dir.path() + "/ps" + std::to_string(i) + ".log");
-      children_.push_back(Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts",
-                                        testing::JoinHosts(addresses_), "--worker-hosts", worker_,
-                                        "--task-index", std::to_string(i), "--log-dir",
-                                        dir.path(), "--metrics-port",
-                                        std::to_string(metrics_ports_[i])},
-                                       log_paths_.back()));
-    }
-  }
-  const std::vector<std::string>& addresses() const { return addresses_; }
-  int metrics_port(int i) const { return metrics_ports_[static_cast<size_t>(i)]; }
-  std::vector<Child>& children() { return children_; }
-  std::string Log(int i) const { return testing::ReadFile(log_paths_[static_cast<size_t>(i)]); }
-
- private:
-  std::vector<std::string> addresses_;
-  std::string worker_;
-  std::vector<int> metrics_ports_;
-  std::vector<std::string> log_paths_;
-  std::vector<Child> children_;
-};
-
+// Two dense layers (the second without a bias), 24,770 floats in slices of up to 5000.
 ModelRegistration SmallModel(int shards) {
-  ModelRegistration reg;
-  reg.variables = {{"dense0/kernel", {300, 70}, DType::kFloat32, {InitKind::kUniform, 0.1f}},
-                   {"dense0/bias", {70}, DType::kFloat32, {InitKind::kZeros, 0.0f}},
-                   {"dense1/kernel", {70, 10}, DType::kFloat32, {InitKind::kUniform, 0.2f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = 0.5f;
-  reg.seed = 7;
-  reg.max_slice_elements = 5000;
-  reg.num_shards = shards;
-  return reg;
+  std::vector<VariableSpec> variables = testing::DenseLayer("dense0", 300, 70, 0.1f);
+  variables.push_back({"dense1/kernel", {70, 10}, DType::kFloat32, {InitKind::kUniform, 0.2f}});
+  return testing::SmallModel(std::move(variables), /*max_slice_elements=*/5000, shards,
+                             /*seed=*/7, /*learning_rate=*/0.5f);
 }
 
 struct Params {
@@ -90,7 +57,8 @@ std::unique_ptr<PsClient> Connect(zmq::context_t& ctx, const std::vector<std::st
 
 TEST(PsProcessTest, PullAfterPushSeesTheSgdUpdateOnEveryShard) {
   TempDir dir;
-  PsCluster cluster(2, dir);
+  ProcessCluster cluster(2, 1, "", {}, dir.path(),
+                         ProcessCluster::kPsLogDir | ProcessCluster::kPsMetricsPorts);
   zmq::context_t ctx;
   auto client = Connect(ctx, cluster.addresses());
   const ModelRegistration reg = SmallModel(2);
@@ -121,10 +89,10 @@ TEST(PsProcessTest, PullAfterPushSeesTheSgdUpdateOnEveryShard) {
     EXPECT_EQ(s.examples, 32);
   }
   // Each server told the operator where its metrics are, with the real port.
-  EXPECT_NE(cluster.Log(0).find("metrics on http://127.0.0.1:" +
+  EXPECT_NE(cluster.PsLog(0).find("metrics on http://127.0.0.1:" +
                                 std::to_string(cluster.metrics_port(0)) + "/metrics"),
             std::string::npos)
-      << cluster.Log(0);
+      << cluster.PsLog(0);
   // A second worker registering the same model sees the same values.
   auto second = Connect(ctx, cluster.addresses());
   ASSERT_TRUE(second->Register(reg, 20s).ok());
@@ -135,7 +103,8 @@ TEST(PsProcessTest, PullAfterPushSeesTheSgdUpdateOnEveryShard) {
 
 TEST(PsProcessTest, HostileMessagesGetErrorRepliesAndChangeNothing) {
   TempDir dir;
-  PsCluster cluster(1, dir);
+  ProcessCluster cluster(1, 1, "", {}, dir.path(),
+                         ProcessCluster::kPsLogDir | ProcessCluster::kPsMetricsPorts);
   zmq::context_t ctx;
   auto client = Connect(ctx, cluster.addresses());
   const ModelRegistration reg = SmallModel(1);
@@ -265,25 +234,26 @@ TEST(PsProcessTest, HostileMessagesGetErrorRepliesAndChangeNothing) {
                                reason + "\"} 1";
     EXPECT_NE(metrics.find(series), std::string::npos) << series << " missing in\n" << metrics;
   }
-  EXPECT_TRUE(cluster.children()[0].Wait(0ms) == std::nullopt) << "the server died";
+  EXPECT_TRUE(cluster.ps(0).Wait(0ms) == std::nullopt) << "the server died";
 }
 
 TEST(PsProcessTest, SigtermAndShutdownMessageStopTheServerWithExitZero) {
   TempDir dir;
-  PsCluster cluster(2, dir);
+  ProcessCluster cluster(2, 1, "", {}, dir.path(),
+                         ProcessCluster::kPsLogDir | ProcessCluster::kPsMetricsPorts);
   zmq::context_t ctx;
   auto client = Connect(ctx, cluster.addresses());
   ASSERT_TRUE(client->Register(SmallModel(2), 20s).ok());
 
-  cluster.children()[0].Signal(SIGTERM);
-  auto s0 = cluster.children()[0].Wait(10s);
+  cluster.ps(0).Signal(SIGTERM);
+  auto s0 = cluster.ps(0).Wait(10s);
   ASSERT_TRUE(s0.has_value()) << "parasync-ps ignored SIGTERM";
-  EXPECT_EQ(ExitCode(*s0), 0) << cluster.Log(0);
+  EXPECT_EQ(ExitCode(*s0), 0) << cluster.PsLog(0);
 
   ASSERT_TRUE(client->Shutdown(1).ok());
-  auto s1 = cluster.children()[1].Wait(10s);
+  auto s1 = cluster.ps(1).Wait(10s);
   ASSERT_TRUE(s1.has_value()) << "parasync-ps ignored Shutdown";
-  EXPECT_EQ(ExitCode(*s1), 0) << cluster.Log(1);
+  EXPECT_EQ(ExitCode(*s1), 0) << cluster.PsLog(1);
   // Each wrote its metrics snapshot at exit.
   for (const char* name : {"metrics-ps0.prom", "metrics-ps1.prom"}) {
     EXPECT_NE(testing::ReadFile(dir.path() + "/" + name).find("parasync_ps_requests_total"),

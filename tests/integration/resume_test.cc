@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/integration/process_util.h"
+#include "tests/support/process_util.h"
 #include "tests/support/data_files.h"
 
 namespace parasync {

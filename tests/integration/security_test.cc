@@ -32,7 +32,8 @@
 #include <zmq.hpp>
 
 #include "common/curve.h"
-#include "tests/integration/process_util.h"
+#include "tests/support/process_util.h"
+#include "tests/support/small_model.h"
 #include "worker/ps_client.h"
 
 namespace parasync {
@@ -45,14 +46,9 @@ using testing::TempDir;
 constexpr float kPattern = 1234.5678f;
 
 ModelRegistration OneVariable() {
-  ModelRegistration reg;
-  reg.variables = {{"w", {256}, DType::kFloat32, {InitKind::kZeros, 0.0f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = 1.0f;
-  reg.seed = 1;
-  reg.max_slice_elements = 1 << 16;
-  reg.num_shards = 1;
-  return reg;
+  return testing::SmallModel({{"w", {256}, DType::kFloat32, {InitKind::kZeros, 0.0f}}},
+                             /*max_slice_elements=*/1 << 16, /*num_shards=*/1, /*seed=*/1,
+                             /*learning_rate=*/1.0f);
 }
 
 // A TCP relay on a free loopback port to `target_port`, keeping every byte the client sent.

@@ -17,7 +17,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "tests/integration/process_util.h"
+#include "tests/support/process_util.h"
 #include "tests/support/temp_dir.h"
 
 namespace parasync {

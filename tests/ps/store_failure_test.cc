@@ -17,6 +17,8 @@
 #include "ps/checkpoint_store.h"
 #include "ps/server.h"
 #include "ps/storage_faults.h"
+#include "tests/support/in_process_server.h"
+#include "tests/support/small_model.h"
 #include "tests/support/temp_dir.h"
 #include "worker/ps_client.h"
 
@@ -27,48 +29,24 @@ using namespace std::chrono_literals;
 constexpr auto kWait = std::chrono::milliseconds(10000);
 
 ModelRegistration Model(const std::string& mode) {
-  ModelRegistration reg;
-  reg.variables = {{"w", {64, 32}, DType::kFloat32, {InitKind::kUniform, 0.1f}},
-                   {"b", {32}, DType::kFloat32, {InitKind::kZeros, 0.0f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = 0.1f;
-  reg.seed = 5;
-  reg.max_slice_elements = 1024;
-  reg.num_shards = 1;
+  ModelRegistration reg = testing::SmallModel(
+      {{"w", {64, 32}, DType::kFloat32, {InitKind::kUniform, 0.1f}},
+       {"b", {32}, DType::kFloat32, {InitKind::kZeros, 0.0f}}},
+      /*max_slice_elements=*/1024, /*num_shards=*/1, /*seed=*/5, /*learning_rate=*/0.1f);
   reg.mode = mode;
   return reg;
 }
 
-// A Server over `store` serving on its own thread until destroyed.
-class StoreServer {
- public:
-  StoreServer(zmq::context_t& context, const std::string& mode, CheckpointStore* store)
-      : metrics_(0, 1) {
-    ServerOptions options;
-    options.endpoint = "tcp://127.0.0.1:*";
-    auto parsed = TrainingMode::Parse(mode);
-    EXPECT_TRUE(parsed.ok());
-    options.mode = *parsed;
-    options.store = store;
-    options.every_update = true;
-    auto server = Server::Create(context, options, &metrics_);
-    EXPECT_TRUE(server.ok()) << server.status().ToString();
-    server_ = std::move(server).value();
-    thread_ = std::thread([this] { (void)server_->Run([this] { return stop_.load(); }); });
-  }
-  ~StoreServer() {
-    stop_ = true;
-    thread_.join();
-  }
-  std::string endpoint() const { return server_->endpoint(); }
-  const PsMetrics& metrics() const { return metrics_; }
-
- private:
-  PsMetrics metrics_;
-  std::unique_ptr<Server> server_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
+// A Server over `store` with --durability every-update, serving until destroyed.
+ServerOptions StoreOptions(const std::string& mode, CheckpointStore* store) {
+  ServerOptions options;
+  auto parsed = TrainingMode::Parse(mode);
+  EXPECT_TRUE(parsed.ok());
+  options.mode = *parsed;
+  options.store = store;
+  options.every_update = true;
+  return options;
+}
 
 std::unique_ptr<PsClient> Client(zmq::context_t& context, const std::string& endpoint) {
   PsClientOptions o;
@@ -100,7 +78,7 @@ TEST(StoreFailureTest, SyncEveryUpdateAcknowledgesNoStepTheStoreFailedToPersist)
     auto store = CheckpointStore::Open(dir.path(), 0, 1, faults);
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     zmq::context_t context;
-    StoreServer server(context, "sync", store->get());
+    testing::InProcessServer server(context, StoreOptions("sync", store->get()));
     auto client = Client(context, server.endpoint());
     const ModelRegistration reg = Model("sync");
     ASSERT_TRUE(client->Register(reg, kWait).ok());
@@ -142,7 +120,7 @@ TEST(StoreFailureTest, AsyncPushRefusedAsNotDurableIsNotAcknowledgedWhenSentAgai
     auto store = CheckpointStore::Open(dir.path(), 0, 1, faults);
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     zmq::context_t context;
-    StoreServer server(context, "async", store->get());
+    testing::InProcessServer server(context, StoreOptions("async", store->get()));
     auto client = Client(context, server.endpoint());
     const ModelRegistration reg = Model("async");
     ASSERT_TRUE(client->Register(reg, kWait).ok());

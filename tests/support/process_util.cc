@@ -1,9 +1,7 @@
-#include "tests/integration/process_util.h"
+#include "tests/support/process_util.h"
 
 #include "common/ports.h"
 
-#include <fcntl.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -13,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <random>
@@ -41,31 +40,28 @@ bool DataAvailable() {
 
 Child Child::Start(const std::vector<std::string>& argv, const std::string& log_path,
                    const std::vector<std::string>& env) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  // A test killed by ctest's timeout runs no destructor: children forked by the main thread
-  // die with it (PR_SET_PDEATHSIG fires when the forking *thread* ends, so children started
+  SpawnOptions options;
+  options.argv = argv;
+  options.env_set = env;
+  options.out = StreamTarget::File(log_path, /*append=*/true);
+  options.err = StreamTarget::File(log_path, /*append=*/true);
+  return Start(std::move(options));
+}
+
+Child Child::Start(SpawnOptions options) {
+  // A test killed by ctest's timeout runs no destructor: children started by the main thread
+  // die with it (PR_SET_PDEATHSIG fires when the starting *thread* ends, so children started
   // from helper threads, which end earlier, are left to the destructors).
-  const pid_t parent = getpid();
-  const bool main_thread = parent == static_cast<pid_t>(syscall(SYS_gettid));
-  const pid_t pid = fork();
-  if (pid == 0) {
-    if (main_thread) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-    }
-    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
-    execv(args[0], args.data());
-    _exit(127);
+  const bool main_thread = getpid() == static_cast<pid_t>(syscall(SYS_gettid));
+  options.parent_death_signal = main_thread ? SIGKILL : 0;
+  Result<Spawned> spawned = Spawn(options);
+  if (!spawned.ok()) {
+    std::fprintf(stderr, "cannot start %s: %s\n",
+                 options.argv.empty() ? "(no argv)" : options.argv[0].c_str(),
+                 spawned.status().ToString().c_str());
+    return Child(-1);
   }
-  return Child(pid);
+  return Child(spawned->pid);
 }
 
 Child::Child(Child&& other) noexcept : pid_(other.pid_), reaped_(other.reaped_) {
@@ -81,28 +77,14 @@ Child::~Child() {
 }
 
 std::optional<int> Child::Wait(std::chrono::milliseconds timeout) {
-  if (reaped_) return std::nullopt;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    int status = 0;
-    const pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      reaped_ = true;
-      return status;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  if (reaped_ || pid_ <= 0) return std::nullopt;
+  std::optional<int> status = WaitForExit(pid_, timeout);
+  if (status) reaped_ = true;
+  return status;
 }
 
 void Child::Signal(int sig) {
   if (pid_ > 0 && !reaped_) kill(pid_, sig);
-}
-
-int ExitCode(int s) {
-  if (WIFEXITED(s)) return WEXITSTATUS(s);
-  if (WIFSIGNALED(s)) return 128 + WTERMSIG(s);
-  return -1;
 }
 
 std::vector<std::string> Finished::ErrLines() const {
@@ -114,41 +96,30 @@ std::vector<std::string> Finished::ErrLines() const {
 
 Finished RunToExit(const std::vector<std::string>& argv, const std::string& dir,
                    std::chrono::milliseconds timeout, const std::vector<std::string>& env) {
-  static int runs = 0;
+  static std::atomic<int> runs{0};
   const std::string stem = dir + "/run" + std::to_string(runs++);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    const int in = open("/dev/null", O_RDONLY);
-    const int out = open((stem + ".out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = open((stem + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (in < 0 || out < 0 || err < 0) _exit(127);
-    dup2(in, 0);
-    dup2(out, 1);
-    dup2(err, 2);
-    for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
-    execv(args[0], args.data());
-    _exit(127);
-  }
+  SpawnOptions options;
+  options.argv = argv;
+  options.env_set = env;
+  options.in = StreamTarget::Null();
+  options.out = StreamTarget::File(stem + ".out");
+  options.err = StreamTarget::File(stem + ".err");
+  // It blocks until the child is gone, so the starting thread outlives it whatever thread it is.
+  options.parent_death_signal = SIGKILL;
   Finished finished;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      finished.exit_code = ExitCode(status);
-      break;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  Result<Spawned> spawned = Spawn(options);
+  if (!spawned.ok()) {
+    finished.exit_code = 127;
+    finished.err = spawned.status().ToString();
+    return finished;
+  }
+  const pid_t pid = spawned->pid;
+  if (std::optional<int> status = WaitForExit(pid, timeout)) {
+    finished.exit_code = ExitCode(*status);
+  } else {
+    kill(pid, SIGKILL);
+    int killed = 0;
+    waitpid(pid, &killed, 0);
   }
   finished.out = ReadFile(stem + ".out");
   finished.err = ReadFile(stem + ".err");
@@ -183,8 +154,12 @@ std::string ReadFile(const std::string& path) {
 }
 
 std::vector<std::string> ReadLines(const std::string& path) {
+  return NonEmptyLines(ReadFile(path));
+}
+
+std::vector<std::string> NonEmptyLines(const std::string& text) {
   std::vector<std::string> lines;
-  std::ifstream in(path);
+  std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     if (!line.empty()) lines.push_back(line);
   }

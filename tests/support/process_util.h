@@ -1,5 +1,6 @@
-// Helpers for tests that run our real binaries as child processes: spawn with the output in a
-// file, wait for exit with a bound, read files, find free loopback ports. Test-only code.
+// Helpers for tests that run our real binaries as child processes: start one (on
+// common/subprocess.h) with the output in a file, wait for exit with a bound, read files,
+// find free loopback ports. Test-only code.
 #pragma once
 
 #include <sys/types.h>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/subprocess.h"
 #include "tests/support/temp_dir.h"
 
 namespace parasync::testing {
@@ -20,14 +22,17 @@ std::string BinDir();
 std::string DataDir();
 bool DataAvailable();
 
-// A child process started by the test. The destructor kills it (SIGKILL) if still running,
-// so a failing test leaves nothing behind.
+// A child process started by the test, through common/subprocess.h's Spawn. The destructor
+// kills it (SIGKILL) if still running, so a failing test leaves nothing behind.
 class Child {
  public:
   // Starts argv[0] (a path) with argv, stdout+stderr appended to `log_path`, and `env`
   // entries ("K=V") added to the environment.
   static Child Start(const std::vector<std::string>& argv, const std::string& log_path,
                      const std::vector<std::string>& env = {});
+  // Starts `options` as given, except for the parent-death signal, which this sets: see
+  // Start's definition. If the start fails it says why on stderr and pid() is -1.
+  static Child Start(SpawnOptions options);
   Child(Child&& other) noexcept;
   Child& operator=(Child&&) = delete;
   ~Child();
@@ -44,7 +49,7 @@ class Child {
 };
 
 // Exit code of a wait status; 128+signal when killed by a signal.
-int ExitCode(int wait_status);
+using ::parasync::ExitCode;
 
 // What a command that ran to its end left: its exit code (-1 when it had to be killed after
 // the timeout) and its stdout and stderr, apart.
@@ -69,7 +74,9 @@ bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeou
 bool ProcessAlive(pid_t pid);
 
 std::string ReadFile(const std::string& path);
+// The non-empty lines of the file at `path` / of `text`, without their newlines.
 std::vector<std::string> ReadLines(const std::string& path);
+std::vector<std::string> NonEmptyLines(const std::string& text);
 
 // GET http://127.0.0.1:port<path>; returns the whole response (status line, headers, body),
 // or "" if the connection failed. Bounded by a 5 s socket timeout.

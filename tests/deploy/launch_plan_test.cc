@@ -1,0 +1,344 @@
+// deploy/launch in-process: options, the plan of processes, faults to inject, curve keys.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "deploy/launch/launcher.h"
+#include "deploy/launch/snapshot_server.h"
+#include "tests/deploy/launch_test_util.h"
+
+namespace parasync::launch {
+namespace {
+
+using namespace launch_test;  // this file's helpers: tests/deploy/launch_test_util.h
+
+// ---- in-process: options and plan -------------------------------------------------------
+
+TEST(LaunchPlanTest, AcceptsOnlyKnownModes) {
+  EXPECT_TRUE(IsValidMode("async"));
+  EXPECT_TRUE(IsValidMode("sync"));
+  EXPECT_TRUE(IsValidMode("ssp:0"));
+  EXPECT_TRUE(IsValidMode("ssp:12"));
+  EXPECT_FALSE(IsValidMode("ssp:"));
+  EXPECT_FALSE(IsValidMode("ssp:-1"));
+  EXPECT_FALSE(IsValidMode("ssp:3x"));
+  EXPECT_FALSE(IsValidMode("Async"));
+  EXPECT_FALSE(IsValidMode(""));
+}
+
+TEST(LaunchPlanTest, RejectsCountsBelowOne) {
+  LaunchOptions options;
+  options.num_ps = 0;
+  EXPECT_EQ(ValidateOptions(options).code(), StatusCode::kInvalidArgument);
+  options.num_ps = 1;
+  options.num_workers = 0;
+  EXPECT_EQ(ValidateOptions(options).code(), StatusCode::kInvalidArgument);
+  options.num_workers = 1;
+  options.epochs = 0;
+  EXPECT_EQ(ValidateOptions(options).code(), StatusCode::kInvalidArgument);
+  options.epochs = 1;
+  EXPECT_TRUE(ValidateOptions(options).ok());
+}
+
+TEST(LaunchPlanTest, BuildsCommandLinesForEveryProcess) {
+  LaunchOptions options;
+  options.mode = "sync";
+  options.epochs = 3;
+  options.data_dir = "/data";
+  options.lr = "0.1";
+  options.ps_args = {"--data-dir=/ckpt"};
+  options.worker_args = {"--device=cpu"};
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/opt/bin", "/logs", {5000, 5001, 6000, 6001, 7000, 7001, 7002, 7003});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->processes.size(), 4u);
+  EXPECT_EQ(plan->processes[0].name, "ps0");
+  EXPECT_EQ(plan->processes[3].name, "worker1");
+  EXPECT_EQ(plan->processes[3].address, "127.0.0.1:6001");
+  EXPECT_EQ(plan->processes[3].log_path, "/logs/worker1.log");
+  EXPECT_THAT(plan->processes[1].argv,
+              ElementsAre("/opt/bin/parasync-ps", "--ps-hosts", "127.0.0.1:5000,127.0.0.1:5001",
+                          "--worker-hosts", "127.0.0.1:6000,127.0.0.1:6001", "--task-index", "1",
+                          "--mode", "sync", "--metrics-port", "7001", "--metrics-bind",
+                          "127.0.0.1", "--log-dir", "/logs",
+                          "--data-dir=/ckpt"));
+  EXPECT_THAT(plan->processes[2].argv,
+              ElementsAre("/opt/bin/parasync-worker", "--ps-hosts",
+                          "127.0.0.1:5000,127.0.0.1:5001", "--worker-hosts",
+                          "127.0.0.1:6000,127.0.0.1:6001", "--task-index", "0", "--mode", "sync",
+                          "--metrics-port", "7002", "--metrics-bind", "127.0.0.1", "--log-dir",
+                          "/logs", "--local-rank", "0", "--epochs", "3",
+                          "--dataset", "/data", "--lr", "0.1", "--device=cpu"));
+}
+
+TEST(LaunchPlanTest, ModeSettingsGoToTheParameterServersOnly) {
+  LaunchOptions options;
+  options.mode = "sync";
+  options.num_ps = 1;
+  options.num_workers = 3;
+  options.replicas_to_aggregate = "3";
+  options.worker_timeout = "2.5";
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {5000, 6000, 6001, 6002, 7000, 7001, 7002, 7003});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_THAT(plan->processes[0].argv,
+              ::testing::IsSupersetOf({"--replicas-to-aggregate", "3", "--worker-timeout", "2.5"}));
+  EXPECT_THAT(plan->processes[1].argv, ::testing::Not(::testing::Contains("--worker-timeout")));
+}
+
+TEST(LaunchPlanTest, ReplicasToAggregateMustFitTheWorkersAndSyncMode) {
+  LaunchOptions options;
+  options.mode = "sync";
+  options.num_workers = 2;
+  options.replicas_to_aggregate = "2";
+  EXPECT_TRUE(ValidateOptions(options).ok());
+  options.replicas_to_aggregate = "3";
+  Status s = ValidateOptions(options);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "--replicas-to-aggregate 3 is more than the 2 workers (it may be at "
+                         "most --workers; fewer makes the rest backup workers)");
+  options.replicas_to_aggregate = "1";
+  options.mode = "async";
+  s = ValidateOptions(options);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("applies to --mode sync only"));
+}
+
+TEST(LaunchPlanTest, HostMustBeAnAddressOrAName) {
+  LaunchOptions options;
+  for (const char* bad : {"999.1.1.1", "1.2.3", "a b", "h:1"}) {
+    options.host = bad;
+    const Status s = ValidateOptions(options);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr(std::string("--host must be")) ) << bad;
+  }
+  options.host = "node-1.example.org";
+  EXPECT_TRUE(ValidateOptions(options).ok());
+}
+
+TEST(LaunchPlanTest, TwoSpellingsOfOneHostThatWouldShareAPortAreRefused) {
+  LaunchOptions options;
+  options.num_ps = 2;
+  options.ps_placement = {{"node1", 1}, {"NODE1", 1}};
+  options.num_workers = 1;
+  options.worker_placement = {{"node2", 1}};
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {29500, 29500, 29500, 30000, 30000, 30000});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(plan.status().message(), HasSubstr("names one address twice: 'node1:29500'"));
+}
+
+TEST(LaunchPlanTest, DataDirGivesEveryParameterServerItsOwnDirectory) {
+  LaunchOptions options;
+  options.ps_data_dir = "/state";
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {5000, 5001, 6000, 6001, 7000, 7001, 7002, 7003});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_THAT(plan->processes[0].argv, ::testing::IsSupersetOf({"--state-dir", "/state/ps0"}));
+  EXPECT_THAT(plan->processes[1].argv, ::testing::IsSupersetOf({"--state-dir", "/state/ps1"}));
+  EXPECT_THAT(plan->processes[1].argv, Not(::testing::Contains("/state/ps0")));
+  for (size_t worker = 2; worker < 4; ++worker) {
+    EXPECT_THAT(plan->processes[worker].argv, Not(::testing::Contains("--state-dir")));
+  }
+  options.ps_data_dir.clear();
+  const Result<LaunchPlan> without =
+      BuildPlan(options, "/b", "/l", {5000, 5001, 6000, 6001, 7000, 7001, 7002, 7003});
+  ASSERT_TRUE(without.ok());
+  EXPECT_THAT(without->processes[0].argv, Not(::testing::Contains("--state-dir")));
+}
+
+TEST(LaunchPlanTest, RankArgsGoToTheirWorkerOnlyAfterTheSharedOnes) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 2;
+  options.worker_args = {"--device=cpu"};
+  options.rank_args = {{1, "--slowdown=4"}, {1, "--log-level=debug"}};
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {5000, 6000, 6001, 7000, 7001, 7002});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->processes[1].argv.back(), "--device=cpu");
+  EXPECT_THAT(plan->processes[1].argv, Not(::testing::Contains("--slowdown=4")));
+  const std::vector<std::string>& worker1 = plan->processes[2].argv;
+  ASSERT_GE(worker1.size(), 3u);
+  EXPECT_EQ(worker1[worker1.size() - 3], "--device=cpu");
+  EXPECT_EQ(worker1[worker1.size() - 2], "--slowdown=4");
+  EXPECT_EQ(worker1.back(), "--log-level=debug");
+  EXPECT_THAT(plan->processes[0].argv, Not(::testing::Contains("--slowdown=4")));
+  options.rank_args = {{2, "--slowdown=4"}};
+  EXPECT_EQ(ValidateOptions(options).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(LaunchPlanTest, CurveDirGivesEveryProcessItsKeys) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 2;
+  options.curve_dir = "/k";
+  options.export_path = "/out/model.psm";
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {5000, 6000, 6001, 7000, 7001, 7002});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_THAT(plan->processes[0].argv,
+              ::testing::IsSupersetOf({"--curve-key", "/k/ps.key", "--curve-allow", "/k/allowed"}));
+  EXPECT_THAT(plan->processes[2].argv, ::testing::IsSupersetOf({"/k/worker1.key", "/k/ps.pub"}));
+  EXPECT_THAT(plan->processes[2].argv, Not(::testing::Contains("/k/worker0.key")));
+  ASSERT_TRUE(plan->exporter.has_value());
+  EXPECT_THAT(plan->exporter->argv, ::testing::IsSupersetOf({"/k/export.key", "/k/ps.pub"}));
+}
+
+TEST(LaunchPlanTest, RemoteProcessesAreToldTheirLinesArePrefixed) {
+  // The launcher prefixes a remote process's lines as a local one's: the process runs with
+  // PARASYNC_LOG_PREFIXED=1 on its host.
+  EXPECT_THAT(RemoteCommand({"/opt/bin/parasync-ps", "--task-index", "0"}, 10.0),
+              HasSubstr("; PARASYNC_LOG_PREFIXED=1 /opt/bin/parasync-ps --task-index 0 "
+                        "</dev/null"));
+}
+
+TEST(EnsureCurveKeysTest, MakesWhatIsMissingAndKeepsWhatExists) {
+  parasync::testing::TempDir tmp;
+  const std::string dir = tmp.path();
+  ASSERT_TRUE(EnsureCurveKeys(dir, 2).ok());
+  for (const char* f : {"ps.key", "ps.pub", "worker0.key", "worker1.key", "export.key",
+                        "allowed/worker0.pub", "allowed/worker1.pub", "allowed/export.pub"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + f)) << f;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir + "/allowed/ps.pub")) << "the server is no client";
+  const std::string before = ReadFile(dir + "/worker0.key");
+  ASSERT_TRUE(EnsureCurveKeys(dir, 3).ok());
+  EXPECT_EQ(ReadFile(dir + "/worker0.key"), before) << "an existing key was replaced";
+  EXPECT_TRUE(std::filesystem::exists(dir + "/allowed/worker2.pub"));
+  EXPECT_EQ(std::filesystem::status(dir + "/ps.key").permissions() &
+                std::filesystem::perms::others_read,
+            std::filesystem::perms::none);
+}
+
+TEST(LaunchPlanTest, HostPlacementRefusesBadHostsAndLocalhostBesideRemoteHosts) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 1;
+  options.ps_placement = {{"localhost", 1}};
+  options.worker_placement = {{"node2", 1}};
+  EXPECT_THAT(ValidateOptions(options).message(), HasSubstr("localhost cannot be mixed"));
+  for (const char* bad : {"-oProxyCommand=id", "user@node", "2", "a b"}) {
+    options.ps_placement = {{bad, 1}};
+    EXPECT_THAT(ValidateOptions(options).message(), HasSubstr("not a host name")) << bad;
+  }
+  options.ps_placement = {{"node1", 1}};
+  EXPECT_TRUE(ValidateOptions(options).ok());
+  EXPECT_FALSE(ParseHostSlots("node1:0", "-H").ok());
+  EXPECT_FALSE(ParseHostSlots("node1:x", "-H").ok());
+  auto slots = ParseHostSlots("a:2,b", "-H");
+  ASSERT_TRUE(slots.ok());
+  EXPECT_EQ((*slots)[1].count, 1);
+}
+
+TEST(ParseFaultTest, ReadsRoleIndexTimeAndOptionalRestart) {
+  auto ps = ParseFault("ps:1@20");
+  ASSERT_TRUE(ps.ok()) << ps.status().ToString();
+  EXPECT_TRUE(ps->ps);
+  EXPECT_EQ(ps->index, 1);
+  EXPECT_EQ(ps->at_seconds, 20.0);
+  EXPECT_FALSE(ps->restart_after.has_value());
+  auto worker = ParseFault("worker:3@2.5+0.75");
+  ASSERT_TRUE(worker.ok()) << worker.status().ToString();
+  EXPECT_FALSE(worker->ps);
+  EXPECT_EQ(worker->index, 3);
+  EXPECT_EQ(worker->at_seconds, 2.5);
+  EXPECT_EQ(worker->restart_after, 0.75);
+  for (const char* bad : {"", "ps", "ps:1", "ps:@3", "ps:x@3", "chief:1@3", "ps:1@", "ps:1@-2",
+                          "ps:1@3+", "ps:1@3+x", "ps:1@nan", "worker:1@3+2+1"}) {
+    auto f = ParseFault(bad);
+    ASSERT_FALSE(f.ok()) << bad;
+    EXPECT_THAT(f.status().message(), HasSubstr("'" + std::string(bad) + "'"));
+  }
+}
+
+TEST(LaunchPlanTest, KillMustNameAnExistingProcessOtherThanTheChief) {
+  LaunchOptions options;
+  options.num_ps = 2;
+  options.num_workers = 3;
+  options.faults = {Fault{true, 1, 5.0, 2.0}, Fault{false, 2, 1.0, std::nullopt}};
+  EXPECT_TRUE(ValidateOptions(options).ok());
+  options.faults = {Fault{true, 2, 5.0, std::nullopt}};
+  EXPECT_THAT(ValidateOptions(options).message(), HasSubstr("ps2"));
+  options.faults = {Fault{false, 3, 5.0, std::nullopt}};
+  EXPECT_THAT(ValidateOptions(options).message(), HasSubstr("worker3"));
+  options.faults = {Fault{false, 0, 5.0, 1.0}};
+  EXPECT_THAT(ValidateOptions(options).message(), HasSubstr("chief"));
+}
+
+TEST(LaunchPlanTest, CheckpointEachEpochGoesToTheWorkersOnly) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 2;
+  options.checkpoint_each_epoch = true;
+  options.worker_args = {"--device=cpu"};
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {5000, 6000, 6001, 7000, 7001, 7002});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_THAT(plan->processes[0].argv, Not(::testing::Contains("--checkpoint-each-epoch")));
+  for (size_t worker = 1; worker < 3; ++worker) {
+    const std::vector<std::string>& argv = plan->processes[worker].argv;
+    ASSERT_GE(argv.size(), 2u);
+    // Before the verbatim --worker-arg values, so those can still override it.
+    EXPECT_EQ(argv[argv.size() - 2], "--checkpoint-each-epoch");
+    EXPECT_EQ(argv.back(), "--device=cpu");
+  }
+  options.checkpoint_each_epoch = false;
+  const Result<LaunchPlan> without =
+      BuildPlan(options, "/b", "/l", {5000, 6000, 6001, 7000, 7001, 7002});
+  ASSERT_TRUE(without.ok());
+  EXPECT_THAT(without->processes[1].argv, Not(::testing::Contains("--checkpoint-each-epoch")));
+}
+
+TEST(LaunchPlanTest, ExportPlansTheExporterAgainstEveryParameterServer) {
+  LaunchOptions options;
+  options.export_path = "/out/model.psm";
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/opt/bin", "/logs", {5000, 5001, 6000, 6001, 7000, 7001, 7002, 7003});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_TRUE(plan->exporter.has_value());
+  EXPECT_EQ(plan->exporter->role, Role::kExport);
+  EXPECT_EQ(plan->exporter->name, "export");
+  EXPECT_EQ(plan->exporter->log_path, "/logs/export.log");
+  EXPECT_THAT(plan->exporter->argv,
+              ElementsAre("/opt/bin/parasync-export", "--ps-hosts",
+                          "127.0.0.1:5000,127.0.0.1:5001", "--out", "/out/model.psm"));
+  // The exporter is no cluster process: no port, and not among those started at once.
+  EXPECT_EQ(plan->processes.size(), 4u);
+
+  options.export_path.clear();
+  const Result<LaunchPlan> without =
+      BuildPlan(options, "/opt/bin", "/logs", {5000, 5001, 6000, 6001, 7000, 7001, 7002, 7003});
+  ASSERT_TRUE(without.ok());
+  EXPECT_FALSE(without->exporter.has_value());
+}
+
+TEST(LaunchPlanTest, RejectsWrongPortCount) {
+  const Result<LaunchPlan> plan = BuildPlan(LaunchOptions(), "/b", "/l", {1, 2, 3});
+  EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(LaunchPlanTest, ReservesDistinctPorts) {
+  Result<PortReservation> reservation = PortReservation::Reserve("127.0.0.1", 16);
+  ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
+  const std::vector<int>& ports = reservation->ports();
+  EXPECT_EQ(std::set<int>(ports.begin(), ports.end()).size(), 16u);
+  for (int port : ports) EXPECT_GT(port, 0);
+}
+
+}  // namespace
+}  // namespace parasync::launch

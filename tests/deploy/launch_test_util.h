@@ -1,0 +1,355 @@
+// What the launcher tests (launch_test.cc, launch_plan_test.cc, snapshot_server_test.cc)
+// share: fake parasync-ps / parasync-worker scripts, the real parasync-launch as a child
+// process (on tests/support's Child), reading what it wrote, and the LaunchTest fixture.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "deploy/launch/launcher.h"
+#include "deploy/launch/snapshot_server.h"
+#include "tests/support/process_util.h"
+#include "tests/support/temp_dir.h"
+
+namespace parasync::launch::launch_test {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using parasync::testing::Child;
+using parasync::testing::HttpGet;
+using parasync::testing::ReadFile;
+using parasync::testing::ReadLines;  // non-empty lines
+using parasync::testing::WaitFor;
+using Clock = std::chrono::steady_clock;
+
+// Behaviour per process from FAKE_<name> or FAKE_DEFAULT:
+//   ok           prints, exits 0 FAKE_OK_DELAY s after all are ready, leaving its last line
+//                without a newline; worker0 appends two rows to eval.jsonl when
+//                FAKE_WRITE_EVAL is set (best accuracy 0.8801 at epoch 4, final 0.8712 at 5)
+//   fail3        prints, exits 3 0.2 s after all are ready
+//   hang         runs until SIGTERM, then says so and exits 0
+//   ignore_term  ignores SIGTERM; only SIGKILL ends it
+// Each fake records its arguments (one a line), its PARASYNC_LOG_PREFIXED ("unset" when
+// absent) and its PID in $FAKE_DIR, and a .ready marker once its greeting is printed; ok
+// and fail3 wait (up to 5 s) until all FAKE_COUNT (default 4) fakes are ready, so no fake
+// is stopped before it has set itself up.
+inline constexpr const char* kFakeScript = R"(#!/bin/sh
+role=ps
+case "$0" in *parasync-worker) role=worker ;; esac
+index=
+log_dir=
+prev=
+for arg in "$@"; do
+  [ "$prev" = "--task-index" ] && index=$arg
+  [ "$prev" = "--log-dir" ] && log_dir=$arg
+  prev=$arg
+done
+name=$role$index
+eval "behaviour=\${FAKE_$name:-\${FAKE_DEFAULT:-hang}}"
+case "$behaviour" in
+  hang) trap 'echo "$name got SIGTERM"; exit 0' TERM ;;
+  ignore_term) trap '' TERM ;;
+esac
+printf '%s\n' "$@" > "$FAKE_DIR/$name.args"
+printf '%s\n' "${PARASYNC_LOG_PREFIXED-unset}" > "$FAKE_DIR/$name.env"
+# What a real process writes at exit (written at start here: the launcher reads it after);
+# worker i counts 1000 * (i + 1) examples.
+eval "no_prom=\${FAKE_NO_PROM_$name:-\${FAKE_NO_PROM:-}}"
+if [ -n "$log_dir" ] && [ -z "$no_prom" ]; then
+  printf 'fake_final{name="%s"} 42\n' "$name" > "$log_dir/metrics-$name.prom"
+  if [ "$role" = worker ]; then
+    printf 'parasync_worker_examples_total{rank="%s",role="worker"} %s\n' "$index" \
+      $((1000 * (index + 1))) >> "$log_dir/metrics-$name.prom"
+  fi
+fi
+echo $$ > "$FAKE_DIR/$name.pid.tmp" && mv "$FAKE_DIR/$name.pid.tmp" "$FAKE_DIR/$name.pid"
+echo "hello from $name"
+echo "$name to stderr" >&2
+printf 'partial from %s' "$name"
+sleep 0.05
+printf ' completed\n'
+touch "$FAKE_DIR/$name.ready"
+all_ready() {
+  set -- "$FAKE_DIR"/*.ready
+  [ -e "$1" ] && [ $# -ge "${FAKE_COUNT:-4}" ]
+}
+tries=0
+if [ "$behaviour" = ok ] || [ "$behaviour" = fail3 ]; then
+  until all_ready || [ $tries -ge 250 ]; do sleep 0.02; tries=$((tries + 1)); done
+fi
+case "$behaviour" in
+  ok)
+    sleep "${FAKE_OK_DELAY:-0.3}"
+    if [ "$name" = worker0 ] && [ -n "$FAKE_WRITE_EVAL" ]; then
+      echo '{"epoch": 4, "test_accuracy": 0.8801, "examples": 48000, "wall_s": 99.0}' \
+        >> "$log_dir/eval.jsonl"
+      echo '{"epoch": 5, "test_accuracy": 0.8712, "examples": 60000, "wall_s": 123.4}' \
+        >> "$log_dir/eval.jsonl"
+    fi
+    printf 'last words of %s' "$name"
+    exit 0 ;;
+  fail3) sleep 0.2; echo "$name failing"; exit 3 ;;
+  *) while :; do sleep 0.05; done ;;
+esac
+)";
+
+// A fake parasync-export: records its arguments, says how many fake PS and workers are
+// still alive, and then, by FAKE_EXPORT, writes the --out file (ok, the default) or exits 4.
+inline constexpr const char* kFakeExportScript = R"sh(#!/bin/sh
+printf '%s\n' "$@" > "$FAKE_DIR/export.args"
+printf '%s\n' "${PARASYNC_LOG_PREFIXED-unset}" > "$FAKE_DIR/export.env"
+alive() {
+  n=0
+  for f in "$FAKE_DIR"/$1*.pid; do
+    [ -e "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && n=$((n + 1))
+  done
+  echo $n
+}
+echo "export sees $(alive ps) ps and $(alive worker) workers alive"
+case "${FAKE_EXPORT:-ok}" in
+  ok)
+    out=
+    prev=
+    for arg in "$@"; do
+      [ "$prev" = "--out" ] && out=$arg
+      prev=$arg
+    done
+    echo model > "$out"
+    echo "wrote $out" ;;
+  *) echo "export failing" >&2; exit 4 ;;
+esac
+)sh";
+
+inline std::string LauncherPath() {
+  const char* bin_dir = std::getenv("PARASYNC_BIN_DIR");
+  if (bin_dir != nullptr && *bin_dir != '\0') return std::string(bin_dir) + "/parasync-launch";
+  // Run by hand: the test sits next to the launcher in <build>/bin.
+  return std::filesystem::read_symlink("/proc/self/exe").parent_path().string() +
+         "/parasync-launch";
+}
+
+inline bool ProcessGone(pid_t pid) { return kill(pid, 0) == -1 && errno == ESRCH; }
+
+// Waits up to `timeout` for every PID to be gone; returns those still there.
+inline std::vector<pid_t> WaitUntilGone(const std::vector<pid_t>& pids,
+                                 std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    std::vector<pid_t> alive;
+    for (pid_t pid : pids) {
+      if (!ProcessGone(pid)) alive.push_back(pid);
+    }
+    if (alive.empty() || Clock::now() >= deadline) return alive;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// The launcher binary running as our child, stdout and stderr captured to files.
+class LauncherProcess {
+ public:
+  LauncherProcess(std::vector<std::string> args, const std::map<std::string, std::string>& env,
+                  const std::string& out_path, const std::string& err_path)
+      : out_path_(out_path),
+        err_path_(err_path),
+        start_(Clock::now()),
+        child_(Start(std::move(args), env, out_path, err_path)) {}
+
+  pid_t pid() const { return child_.pid(); }
+
+  // Waits up to `timeout` for the launcher to exit; returns its exit code, 128 + signal if
+  // it died of one, or -1 (after killing it) if it did not exit in time.
+  int Wait(std::chrono::milliseconds timeout) {
+    if (std::optional<int> status = child_.Wait(timeout)) {
+      seconds_ = std::chrono::duration<double>(Clock::now() - start_).count();
+      return ExitCode(*status);
+    }
+    child_.Signal(SIGKILL);
+    child_.Wait(std::chrono::hours(1));
+    return -1;
+  }
+
+  double seconds() const { return seconds_; }
+  std::string out() const { return ReadFile(out_path_); }
+  std::string err() const { return ReadFile(err_path_); }
+
+ private:
+  // The launcher with our environment less the FAKE_ variables of other tests, plus `env`;
+  // stdin is ours, as a user's terminal would be.
+  static Child Start(std::vector<std::string> args, const std::map<std::string, std::string>& env,
+                     const std::string& out_path, const std::string& err_path) {
+    SpawnOptions options;
+    options.argv = std::move(args);
+    options.argv.insert(options.argv.begin(), LauncherPath());
+    options.env_unset = {"FAKE_*"};
+    for (const auto& [key, value] : env) options.env_set.push_back(key + "=" + value);
+    options.in = StreamTarget::Inherit();
+    options.out = StreamTarget::File(out_path);
+    options.err = StreamTarget::File(err_path);
+    return Child::Start(std::move(options));
+  }
+
+  std::string out_path_;
+  std::string err_path_;
+  Clock::time_point start_;
+  Child child_;
+  double seconds_ = 0;
+};
+
+// The launcher's own lines of `out` ("[launch HH:MM:SS.mmm] text"), as their text. Lines
+// that begin "[launch" without such a timestamp come back whole, so no check can miss them.
+inline std::vector<std::string> LauncherMessages(const std::string& out) {
+  static const std::regex kStamped(R"(^\[launch \d\d:\d\d:\d\d\.\d\d\d\] (.*)$)");
+  std::vector<std::string> messages;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("[launch", 0) != 0) continue;
+    std::smatch match;
+    messages.push_back(std::regex_match(line, match, kStamped) ? match[1].str() : line);
+  }
+  return messages;
+}
+
+// Every line of the launcher's output is a process's ("[ps0] ...") or the launcher's own,
+// with the time of day.
+inline void ExpectEveryLauncherLineTimestamped(const std::string& out) {
+  static const std::regex kStamped(R"(^\[launch \d\d:\d\d:\d\d\.\d\d\d\] \S.*$)");
+  static const std::regex kForwarded(R"(^\[(ps|worker)\d+\] .*|^\[export\] .*)");
+  std::istringstream lines(out);
+  int stamped = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (std::regex_match(line, kStamped)) {
+      ++stamped;
+    } else {
+      EXPECT_TRUE(std::regex_match(line, kForwarded)) << "a line without a timestamp: " << line;
+    }
+  }
+  EXPECT_GE(stamped, 8) << out;  // starting, one per process, the end and the final lines
+}
+
+// <log_dir>/summary.json, or null when it is missing or not JSON.
+inline nlohmann::json ReadSummary(const std::string& log_dir) {
+  return nlohmann::json::parse(ReadFile(log_dir + "/summary.json"), nullptr, false);
+}
+
+// The entry of summary.json's "processes" named `name` (null if none).
+inline nlohmann::json SummaryProcess(const nlohmann::json& summary, const std::string& name) {
+  for (const nlohmann::json& process : summary["processes"]) {
+    if (process["name"] == name) return process;
+  }
+  return nullptr;
+}
+
+class LaunchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = tmp_.path();
+    bin_dir_ = root_ + "/bin";
+    fake_dir_ = root_ + "/fake";
+    log_dir_ = root_ + "/logs";
+    std::filesystem::create_directories(bin_dir_);
+    std::filesystem::create_directories(fake_dir_);
+    for (const char* name : {"parasync-ps", "parasync-worker"}) {
+      const std::string path = bin_dir_ + "/" + name;
+      std::ofstream(path) << kFakeScript;
+      ASSERT_EQ(chmod(path.c_str(), 0755), 0);
+    }
+    // The launcher looks for the data set before it starts anything; the fakes read none.
+    data_dir_ = root_ + "/data";
+    std::filesystem::create_directories(data_dir_);
+    for (const char* name : {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}) {
+      std::ofstream(data_dir_ + "/" + name) << "";
+    }
+  }
+
+  void TearDown() override {
+    // Safety net: a failed test must not leave fakes running.
+    for (pid_t pid : RecordedPids()) kill(pid, SIGKILL);
+  }
+
+  void InstallFakeExporter() const {
+    const std::string path = bin_dir_ + "/parasync-export";
+    std::ofstream(path) << kFakeExportScript;
+    ASSERT_EQ(chmod(path.c_str(), 0755), 0);
+  }
+
+  std::vector<std::string> BaseArgs() const {
+    return {"--bin-dir", bin_dir_, "--log-dir", log_dir_, "--dataset", data_dir_};
+  }
+
+  std::unique_ptr<LauncherProcess> Launch(std::vector<std::string> args,
+                                          std::map<std::string, std::string> env) {
+    env["FAKE_DIR"] = fake_dir_;
+    return std::make_unique<LauncherProcess>(std::move(args), env, root_ + "/stdout",
+                                             root_ + "/stderr");
+  }
+
+  std::vector<pid_t> RecordedPids() const {
+    std::vector<pid_t> pids;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(fake_dir_, ec)) {
+      if (entry.path().extension() != ".pid") continue;
+      const std::string text = ReadFile(entry.path().string());
+      if (!text.empty()) pids.push_back(static_cast<pid_t>(std::stol(text)));
+    }
+    return pids;
+  }
+
+  size_t ReadyFakes() const {
+    size_t ready = 0;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(fake_dir_, ec)) {
+      if (entry.path().extension() == ".ready") ++ready;
+    }
+    return ready;
+  }
+
+  // Waits up to `timeout` until `count` fakes have printed their greeting.
+  bool WaitForFakes(size_t count, std::chrono::milliseconds timeout) const {
+    const auto deadline = Clock::now() + timeout;
+    while (ReadyFakes() < count) {
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+  }
+
+  void ExpectAllFakesGone(size_t expected_count) const {
+    const std::vector<pid_t> pids = RecordedPids();
+    EXPECT_EQ(pids.size(), expected_count);
+    EXPECT_THAT(WaitUntilGone(pids, std::chrono::seconds(3)), ::testing::IsEmpty())
+        << "processes left behind";
+  }
+
+  parasync::testing::TempDir tmp_;
+  std::string root_;
+  std::string bin_dir_;
+  std::string fake_dir_;
+  std::string log_dir_;
+  std::string data_dir_;  // empty files the launcher's preflight finds
+};
+
+}  // namespace parasync::launch::launch_test
