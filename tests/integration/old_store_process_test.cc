@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "ps/checkpoint_store.h"
-#include "tests/integration/process_util.h"
+#include "tests/support/process_util.h"
 #include "tests/ps/testdata/old_snapshot.h"
 
 namespace parasync {
@@ -62,12 +62,8 @@ TEST_P(OldStoreProcessTest, ServerRestoresItAndLeavesItWhole) {
   EXPECT_EQ(loaded->ranks, expected.ranks);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, OldStoreProcessTest,
-                         ::testing::Values("store-0.2", "store-0.2-wal"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param == "store-0.2" ? std::string("Closed")
-                                                            : std::string("Killed");
-                         });
+INSTANTIATE_TEST_SUITE_P(Stores, OldStoreProcessTest, ::testing::Values("store-0.2", "store-0.2-wal"),
+                         testing::StoreCaseName);
 
 }  // namespace
 }  // namespace parasync

@@ -53,10 +53,7 @@ TEST_P(OldStoreTest, IsStillRefusedForAnotherShard) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, OldStoreTest, ::testing::Values("store-0.2", "store-0.2-wal"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param == "store-0.2" ? std::string("Closed")
-                                                            : std::string("Killed");
-                         });
+                         testing::StoreCaseName);
 
 }  // namespace
 }  // namespace parasync

@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/process.h"
+#include "tools/benchmarks/stats.h"
 #include "worker/compute/backend_factory.h"
 #include "worker/model/model.h"
 
@@ -23,13 +24,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using parasync::ComputeBackend;
+using parasync::bench::Median;
 
 constexpr const char* kProgram = "parasync-bench-compute";
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 std::vector<int> ParseBatches(const std::string& text) {
   std::vector<int> out;

@@ -57,12 +57,15 @@
 #include "ps/optimizer.h"
 #include "ps/ps_metrics.h"
 #include "ps/server.h"
+#include "tools/benchmarks/stats.h"
 #include "worker/ps_client.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace parasync;
+using bench::Median;
+using bench::Percentile;
 constexpr const char* kProgram = "parasync-bench";
 
 constexpr int64_t kKiB = 1024;
@@ -88,21 +91,6 @@ Clock::duration Dur(double seconds) {
 
 double Since(Clock::time_point start, Clock::time_point end) {
   return std::chrono::duration<double>(end - start).count();
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-// Nearest rank: the smallest value with at least q of the values at or below it.
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const auto rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
-  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
 }
 
 std::string SizeText(int64_t bytes) {

@@ -21,18 +21,15 @@
 #include "common/process.h"
 #include "common/ports.h"
 #include "tools/benchmarks/bench_util.h"
+#include "tools/benchmarks/stats.h"
 #include "worker/ps_client.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
+using parasync::bench::Median;
 using parasync::bench::Spawn;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 struct Measurements {
   std::vector<double> pushes_per_s;

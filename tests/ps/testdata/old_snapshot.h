@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
+
+#include <gtest/gtest.h>
 
 #include "ps/checkpoint_store.h"
 
@@ -34,7 +37,7 @@ inline ShardSnapshot OldSnapshot() {
   snap.examples = 977 * 64;
   // Shard 1's slices in the model's slice map (a server checks that they are): the second of
   // conv/kernel's five, and dense/kernel's two.
-  for (const auto [id, n] : {std::pair<uint32_t, int>{1, 15}, {6, 12}, {7, 12}}) {
+  for (const auto& [id, n] : {std::pair<uint32_t, int>{1, 15}, {6, 12}, {7, 12}}) {
     SliceSnapshot slice;
     slice.id = id;
     slice.updates = 100 + id;
@@ -47,6 +50,12 @@ inline ShardSnapshot OldSnapshot() {
   }
   snap.ranks = {{0, 4294967296ull + 17, {5, 640, 1000}}, {1, 33, {}}, {3, 4294967296ull * 2, {6, 0, 1000}}};
   return snap;
+}
+
+// The test-name suffix of a stored directory: "Closed" for store-0.2, "Killed" for the one a
+// killed process left (store-0.2-wal).
+inline std::string StoreCaseName(const ::testing::TestParamInfo<std::string>& param) {
+  return param.param == "store-0.2" ? "Closed" : "Killed";
 }
 
 }  // namespace parasync::testing
