@@ -6,27 +6,24 @@
 
 #include <chrono>
 #include <filesystem>
-#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
-#include "ps/checkpoint_store.h"
-#include "tests/support/process_util.h"
 #include "tests/ps/testdata/old_snapshot.h"
+#include "tests/support/process_util.h"
 
 namespace parasync {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::Child;
-using testing::ExitCode;
-using testing::TempDir;
 
 class OldStoreProcessTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(OldStoreProcessTest, ServerRestoresItAndLeavesItWhole) {
-  TempDir dir;
+  testing::TempDir dir;
   const std::string state = dir.File("state");
   std::filesystem::copy(std::string(PARASYNC_TESTDATA_DIR) + "/" + GetParam(), state,
                         std::filesystem::copy_options::recursive);
@@ -35,7 +32,7 @@ TEST_P(OldStoreProcessTest, ServerRestoresItAndLeavesItWhole) {
   for (int i = 0; i < 3; ++i) ps_hosts.push_back("127.0.0.1:" + std::to_string(ports[i]));
   const std::string log = dir.File("ps1.log");
   // Shard 1 of 3, in the stored mode; the other two shards need not run for a restore.
-  Child ps = Child::Start(
+  testing::Child ps = testing::Child::Start(
       {testing::BinDir() + "/parasync-ps", "--ps-hosts", testing::JoinHosts(ps_hosts),
        "--worker-hosts", "127.0.0.1:" + std::to_string(ports[3]), "--task-index", "1", "--mode",
        "sync", "--state-dir", state, "--metrics-port", std::to_string(ports[4])},
@@ -48,18 +45,9 @@ TEST_P(OldStoreProcessTest, ServerRestoresItAndLeavesItWhole) {
   ps.Signal(SIGTERM);
   const std::optional<int> status = ps.Wait(60s);
   ASSERT_TRUE(status.has_value()) << "parasync-ps did not stop within 60 s of SIGTERM";
-  EXPECT_EQ(ExitCode(*status), 0) << testing::ReadFile(log);
+  EXPECT_EQ(testing::ExitCode(*status), 0) << testing::ReadFile(log);
 
-  Result<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(state, 1, 3);
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  Result<ShardSnapshot> loaded = (*store)->Load();
-  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-  const ShardSnapshot expected = testing::OldSnapshot();
-  EXPECT_EQ(loaded->registration, expected.registration);
-  EXPECT_EQ(loaded->version, expected.version);
-  EXPECT_EQ(loaded->examples, expected.examples);
-  EXPECT_EQ(loaded->slices, expected.slices);
-  EXPECT_EQ(loaded->ranks, expected.ranks);
+  testing::ExpectHoldsOldSnapshot(state);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, OldStoreProcessTest, ::testing::Values("store-0.2", "store-0.2-wal"),

@@ -32,17 +32,7 @@ class OldStoreTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(OldStoreTest, AStoreWrittenBeforeTheRefactorRestoresWhole) {
-  const std::string store = CopyOfStore();
-  Result<std::unique_ptr<CheckpointStore>> opened = CheckpointStore::Open(store, 1, 3);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  Result<ShardSnapshot> loaded = (*opened)->Load();
-  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-  const ShardSnapshot expected = testing::OldSnapshot();
-  EXPECT_EQ(loaded->registration, expected.registration);
-  EXPECT_EQ(loaded->version, expected.version);
-  EXPECT_EQ(loaded->examples, expected.examples);
-  EXPECT_EQ(loaded->slices, expected.slices);
-  EXPECT_EQ(loaded->ranks, expected.ranks);
+  testing::ExpectHoldsOldSnapshot(CopyOfStore());
 }
 
 TEST_P(OldStoreTest, IsStillRefusedForAnotherShard) {

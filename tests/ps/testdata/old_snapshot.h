@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -50,6 +51,20 @@ inline ShardSnapshot OldSnapshot() {
   }
   snap.ranks = {{0, 4294967296ull + 17, {5, 640, 1000}}, {1, 33, {}}, {3, 4294967296ull * 2, {6, 0, 1000}}};
   return snap;
+}
+
+// Expects the store in `dir` (shard 1 of 3) to hold OldSnapshot(), field by field.
+inline void ExpectHoldsOldSnapshot(const std::string& dir) {
+  Result<std::unique_ptr<CheckpointStore>> opened = CheckpointStore::Open(dir, 1, 3);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Result<ShardSnapshot> loaded = (*opened)->Load();
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const ShardSnapshot expected = OldSnapshot();
+  EXPECT_EQ(loaded->registration, expected.registration);
+  EXPECT_EQ(loaded->version, expected.version);
+  EXPECT_EQ(loaded->examples, expected.examples);
+  EXPECT_EQ(loaded->slices, expected.slices);
+  EXPECT_EQ(loaded->ranks, expected.ranks);
 }
 
 // The test-name suffix of a stored directory: "Closed" for store-0.2, "Killed" for the one a
