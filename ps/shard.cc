@@ -1,6 +1,7 @@
 #include "ps/shard.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,6 +33,7 @@ std::string_view RejectReasonName(RejectReason reason) {
     case RejectReason::kBarrierTimeout: return "barrier_timeout";
     case RejectReason::kStoreFailed: return "store_failed";
     case RejectReason::kUnreadReplies: return "unread_replies";
+    case RejectReason::kCount: break;
   }
   return "unknown";
 }
@@ -217,11 +219,11 @@ Status Shard::CheckFinite(std::span<const SliceRange> ranges, std::span<const fl
 void Shard::ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_t count,
                          float lr_scale) {
   ++s.updates;
-  float* slot_ptrs[2] = {nullptr, nullptr};
+  std::array<float*, kMaxOptimizerSlots> slot_ptrs{};
   for (size_t k = 0; k < s.slots.size(); ++k) slot_ptrs[k] = s.slots[k].data() + begin;
   OptimizerSpec opt = registration_->optimizer;
   opt.learning_rate *= lr_scale;
-  const std::span<float* const> slots(slot_ptrs, s.slots.size());
+  const std::span<float* const> slots(slot_ptrs.data(), s.slots.size());
   if (!s.values.lent()) {
     ApplyUpdate(opt, s.updates, s.values.data() + begin, s.values.data() + begin, grad, slots,
                 count);
