@@ -151,11 +151,10 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
       coordinator_({options.mode, options.num_workers, options.replicas_to_aggregate,
                     options.worker_timeout},
                    std::chrono::steady_clock::now()),
+      parked_(static_cast<size_t>(4 * options.num_workers + 64)),
       straggler_({options.num_workers, options.straggler_log_seconds}),
       last_idle_(std::chrono::steady_clock::now()),
-      last_seq_(static_cast<size_t>(options.num_workers), 0),
-      progress_(static_cast<size_t>(options.num_workers)),
-      pending_progress_(static_cast<size_t>(options.num_workers)),
+      ledger_(options.num_workers),
       last_save_time_(std::chrono::steady_clock::now()) {
   shard_.set_max_message_bytes(options.max_message_bytes);
   std::random_device rd;
@@ -164,12 +163,7 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
 
 Status Server::Restore(const ShardSnapshot& snap) {
   PARASYNC_RETURN_IF_ERROR(shard_.Restore(snap));
-  for (const RankRecord& r : snap.ranks) {
-    if (r.rank >= 0 && static_cast<size_t>(r.rank) < last_seq_.size()) {
-      last_seq_[static_cast<size_t>(r.rank)] = r.last_seq;
-      progress_[static_cast<size_t>(r.rank)] = r.progress;
-    }
-  }
+  ledger_.Restore(snap.ranks);
   last_saved_version_ = shard_.version();
   PublishMemoryBound();
   metrics_->registered->Set(1);
@@ -183,11 +177,7 @@ Status Server::SaveSnapshot(bool force) {
   if (!force && shard_.version() == last_saved_version_) return Status::Ok();
   const auto t0 = std::chrono::steady_clock::now();
   ShardSnapshot snap = shard_.Snapshot();
-  for (size_t r = 0; r < last_seq_.size(); ++r) {
-    if (last_seq_[r] != 0 || !progress_[r].empty()) {
-      snap.ranks.push_back({static_cast<int32_t>(r), last_seq_[r], progress_[r]});
-    }
-  }
+  snap.ranks = ledger_.AllRecords();
   PARASYNC_RETURN_IF_ERROR(options_.store->Save(snap, /*sync=*/true));
   const auto t1 = std::chrono::steady_clock::now();
   last_saved_version_ = shard_.version();
@@ -229,38 +219,10 @@ void Server::DropGradient(const Header& req, Header& reply, bool stale) {
   }
   if (coordinator_.ValidRank(req.rank)) {
     coordinator_.RecordDropped(req.rank);
-    RecordSeq(req.rank, req.seq);
-    RecordProgress(req.rank, req.progress);  // the batch is settled: dropped, not pending
+    ledger_.RecordSeq(req.rank, PushSeq(req.seq));
+    ledger_.RecordProgress(req.rank, req.progress);  // the batch is settled: dropped, not pending
     metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
   }
-}
-
-bool Server::AlreadyApplied(int rank, uint64_t seq) const {
-  if (seq == 0 || rank < 0 || static_cast<size_t>(rank) >= last_seq_.size()) return false;
-  const uint64_t last = last_seq_[static_cast<size_t>(rank)];
-  return (last >> 32) == (seq >> 32) && (seq & 0xffffffffULL) <= (last & 0xffffffffULL);
-}
-
-void Server::RecordSeq(int rank, uint64_t seq) {
-  if (seq == 0 || rank < 0 || static_cast<size_t>(rank) >= last_seq_.size()) return;
-  last_seq_[static_cast<size_t>(rank)] = seq;
-}
-
-void Server::RecordProgress(int rank, const DataProgress& progress) {
-  if (progress.empty() || rank < 0 || static_cast<size_t>(rank) >= progress_.size()) return;
-  progress_[static_cast<size_t>(rank)] = progress;
-}
-
-std::vector<RankRecord> Server::RankRecords(std::span<const int> ranks) const {
-  std::vector<RankRecord> records;
-  for (int rank : ranks) {
-    if (rank < 0 || static_cast<size_t>(rank) >= last_seq_.size()) continue;
-    const auto r = static_cast<size_t>(rank);
-    if (last_seq_[r] != 0 || !progress_[r].empty()) {
-      records.push_back({rank, last_seq_[r], progress_[r]});
-    }
-  }
-  return records;
 }
 
 Status Server::PersistUpdate(std::span<const SliceRange> ranges, std::vector<RankRecord> ranks) {
@@ -299,9 +261,7 @@ void Server::OnStoreFailure(const Status& failure, const std::string& what) {
   // Memory goes back to the last durable state: what was applied but not persisted was never
   // acknowledged, and must not be served or counted as applied (seqs included).
   if (auto durable = options_.store->Load(); durable.ok()) {
-    std::fill(last_seq_.begin(), last_seq_.end(), 0);
-    std::fill(progress_.begin(), progress_.end(), DataProgress{});
-    std::fill(pending_progress_.begin(), pending_progress_.end(), DataProgress{});
+    ledger_.Clear();
     if (Status s = Restore(*durable); !s.ok()) {
       spdlog::error("rolling back to the store failed: {}", s.ToString());
     } else {
@@ -310,10 +270,24 @@ void Server::OnStoreFailure(const Status& failure, const std::string& what) {
   } else if (durable.status().code() != StatusCode::kNotFound) {
     spdlog::error("rolling back to the store failed: {}", durable.status().ToString());
   }
-  for (ParkedPull& p : parked_) {
+  parked_.RemoveIf([&](ParkedPull& p) {
     FailParked(p, Status::Unavailable(*store_failure_), RejectReason::kStoreFailed);
+    return true;
+  });
+}
+
+int Server::SlowestSspBlocker(int rank) const {
+  if (options_.mode.kind != TrainingMode::Kind::kSsp || !coordinator_.ValidRank(rank)) return -1;
+  int waited_for = -1;
+  int64_t slowest_clock = INT64_MAX;
+  for (int r : coordinator_.SspBlockers(rank)) {
+    const int64_t clock = coordinator_.workers()[static_cast<size_t>(r)].clock;
+    if (clock < slowest_clock) {
+      slowest_clock = clock;
+      waited_for = r;
+    }
   }
-  parked_.clear();
+  return waited_for;
 }
 
 void Server::FailParked(ParkedPull& p, const Status& status, RejectReason reason) {
@@ -547,7 +521,7 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     return;
   }
   const bool ranked = coordinator_.ValidRank(req.rank);
-  if (ranked && AlreadyApplied(req.rank, req.seq)) {
+  if (ranked && ledger_.AlreadyApplied(req.rank, PushSeq(req.seq))) {
     reply.replayed = true;  // a resend of a push applied (and, every-update, durable) before
     return;
   }
@@ -638,8 +612,8 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     const bool waited_for_this_rank =
         coordinator_.contributors() > 0 && coordinator_.OnlyMissing(req.rank);
     coordinator_.Contribute(req.rank);
-    RecordSeq(req.rank, req.seq);
-    if (!req.progress.empty()) pending_progress_[static_cast<size_t>(req.rank)] = req.progress;
+    ledger_.RecordSeq(req.rank, PushSeq(req.seq));
+    ledger_.SetPending(req.rank, req.progress);
     const TimePoint arrived = std::chrono::steady_clock::now();
     if (waited_for_this_rank && coordinator_.StepReady()) {
       RecordStragglerWait(req.rank, SecondsSince(step_last_arrival_, arrived), arrived,
@@ -656,9 +630,7 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     if (options_.store != nullptr && options_.every_update) {
       std::vector<RankRecord> record;
       if (ranked && (req.seq != 0 || !req.progress.empty())) {
-        const auto r = static_cast<size_t>(req.rank);
-        record.push_back({req.rank, req.seq != 0 ? req.seq : last_seq_[r],
-                          req.progress.empty() ? progress_[r] : req.progress});
+        record.push_back(ledger_.RecordAfter(req.rank, req.seq, req.progress));
       }
       if (Status s = PersistUpdate(req.slices, std::move(record)); !s.ok()) {
         // Not durable, so not acknowledged (and rolled back): the seq is not recorded.
@@ -669,8 +641,8 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
       }
     }
     if (ranked) {
-      RecordSeq(req.rank, req.seq);
-      RecordProgress(req.rank, req.progress);
+      ledger_.RecordSeq(req.rank, PushSeq(req.seq));
+      ledger_.RecordProgress(req.rank, req.progress);
     }
     PublishProgress();
     if (req.batch_examples > 0) metrics_->examples->Increment(static_cast<double>(req.batch_examples));
@@ -699,15 +671,10 @@ void Server::MaybeCompleteStep() {
   coordinator_.CompleteStep();
   // The contributors' positions count now that their gradients are applied; with
   // every-update durability they are stored with the step, seqs included.
-  std::vector<int> contributors;
-  for (size_t r = 0; r < pending_progress_.size(); ++r) {
-    if (pending_progress_[r].empty()) continue;
-    progress_[r] = std::exchange(pending_progress_[r], DataProgress{});
-    contributors.push_back(static_cast<int>(r));
-  }
+  const std::vector<int> contributors = ledger_.SettlePending();
   if (options_.store != nullptr && options_.every_update) {
     // The step's pulls are answered only after it is durable (ServeParked runs after this).
-    if (Status s = PersistUpdate({}, RankRecords(contributors)); !s.ok()) {
+    if (Status s = PersistUpdate({}, ledger_.Records(contributors)); !s.ok()) {
       OnStoreFailure(s, "step " + std::to_string(shard_.version()));
       return;  // rolled back: this step's examples were not applied after all
     }
@@ -761,9 +728,7 @@ void Server::UpdateGauges(TimePoint now) {
       static_cast<double>(unread_total_->load(std::memory_order_relaxed)));
   // Peers whose replies are all gone (no frame holds their counter) are forgotten.
   std::erase_if(unread_by_peer_, [](const auto& entry) { return entry.second.use_count() == 1; });
-  double oldest = 0;
-  for (const ParkedPull& p : parked_) oldest = std::max(oldest, SecondsSince(p.since, now));
-  metrics_->oldest_parked_pull_seconds->Set(oldest);
+  metrics_->oldest_parked_pull_seconds->Set(parked_.OldestSeconds(now));
   metrics_->SetStraggler(straggler_.Straggler(now));
   // Walking the store's directory costs a few syscalls per file: every 5 s is plenty.
   if (options_.store != nullptr && now - store_size_updated_ >= std::chrono::seconds(5)) {
@@ -773,22 +738,31 @@ void Server::UpdateGauges(TimePoint now) {
 }
 
 void Server::ServeParked(TimePoint now) {
-  if (parked_.empty()) return;
-  std::vector<ParkedPull> still;
-  still.reserve(parked_.size());
-  for (ParkedPull& p : parked_) {
-    if (CanServePull(p.request)) {
-      metrics_->barrier_wait_seconds->Observe(SecondsSince(p.since, now));
-      if (p.waited_for >= 0) {
-        RecordStragglerWait(p.waited_for, SecondsSince(p.since, now), now,
-                            "a pull held by the ssp bound");
-      }
-      SendPull(p.identity, p.request);
-    } else {
-      still.push_back(std::move(p));
+  parked_.RemoveIf([&](ParkedPull& p) {
+    if (!CanServePull(p.request)) return false;
+    metrics_->barrier_wait_seconds->Observe(SecondsSince(p.since, now));
+    if (p.waited_for >= 0) {
+      RecordStragglerWait(p.waited_for, SecondsSince(p.since, now), now,
+                          "a pull held by the ssp bound");
     }
-  }
-  parked_ = std::move(still);
+    SendPull(p.identity, p.request);
+    return true;
+  });
+}
+
+void Server::FailExpiredParked(TimePoint now) {
+  // Whatever still waits past the barrier timeout fails, naming what it waited for.
+  parked_.RemoveIf([&](ParkedPull& p) {
+    if (now - p.since <= options_.barrier_timeout) return false;
+    char waited[32];
+    std::snprintf(waited, sizeof(waited), "%.1f", SecondsSince(p.since, now));
+    const Status timed_out = Status::TimedOut("pull by rank " + std::to_string(p.request.rank) +
+                                              " waited " + waited + " s for " +
+                                              DescribeWait(p.request));
+    spdlog::error("{}", timed_out.message());
+    FailParked(p, timed_out, RejectReason::kBarrierTimeout);
+    return true;
+  });
 }
 
 void Server::Tick(TimePoint now, bool idle) {
@@ -810,22 +784,7 @@ void Server::Tick(TimePoint now, bool idle) {
   MaybeSnapshot(now);
   ServeParked(now);
   UpdateGauges(now);
-  // Whatever still waits past the barrier timeout fails, naming what it waited for.
-  std::vector<ParkedPull> still;
-  for (ParkedPull& p : parked_) {
-    if (now - p.since <= options_.barrier_timeout) {
-      still.push_back(std::move(p));
-      continue;
-    }
-    char waited[32];
-    std::snprintf(waited, sizeof(waited), "%.1f", SecondsSince(p.since, now));
-    const Status timed_out = Status::TimedOut("pull by rank " + std::to_string(p.request.rank) +
-                                              " waited " + waited + " s for " +
-                                              DescribeWait(p.request));
-    spdlog::error("{}", timed_out.message());
-    FailParked(p, timed_out, RejectReason::kBarrierTimeout);
-  }
-  parked_ = std::move(still);
+  FailExpiredParked(now);
 }
 
 ShardStats Server::Stats() const {
@@ -951,7 +910,7 @@ bool Server::Handle(Inbound& in) {
           }
           if (ranked) {
             reply.clock = coordinator_.workers()[static_cast<size_t>(req.rank)].clock;
-            reply.progress = progress_[static_cast<size_t>(req.rank)];
+            reply.progress = ledger_.progress(req.rank);
           }
         }
         break;
@@ -973,39 +932,22 @@ bool Server::Handle(Inbound& in) {
           reply.status = Status::Unavailable(*store_failure_);
           break;
         }
-        // A worker waits on one pull per shard at a time: a newer one replaces its older
-        // (abandoned) one — and a resend of the same request keeps its first arrival time,
-        // or resends would postpone the barrier timeout forever. Pulls of tools are bounded.
-        TimePoint since = now;
-        if (ranked) {
-          for (const ParkedPull& p : parked_) {
-            if (p.request.rank == req.rank && p.request.request_id == req.request_id) {
-              since = p.since;
-            }
-          }
-          std::erase_if(parked_, [&](const ParkedPull& p) { return p.request.rank == req.rank; });
-        } else if (parked_.size() >= static_cast<size_t>(4 * coordinator_.num_workers() + 64)) {
-          reason = RejectReason::kUnsupported;
-          reply.status = Status::Unavailable("too many pulls are waiting on this server");
-          break;
+        // A worker waits on one pull per shard at a time (ParkedPulls); pulls of tools are
+        // bounded.
+        const int waited_for = SlowestSspBlocker(req.rank);
+        switch (parked_.Park(in.identity, *in.header, now, ranked, waited_for)) {
+          case ParkedPulls::Outcome::kRefused:
+            reason = RejectReason::kUnsupported;
+            reply.status = Status::Unavailable("too many pulls are waiting on this server");
+            break;
+          case ParkedPulls::Outcome::kNew:
+            ++blocked_pulls_;
+            metrics_->blocked_pulls->Increment();
+            return true;
+          case ParkedPulls::Outcome::kResent:
+            return true;
         }
-        if (since == now) {
-          ++blocked_pulls_;
-          metrics_->blocked_pulls->Increment();
-        }
-        int waited_for = -1;
-        if (options_.mode.kind == TrainingMode::Kind::kSsp && ranked) {
-          int64_t slowest_clock = INT64_MAX;
-          for (int r : coordinator_.SspBlockers(req.rank)) {
-            const int64_t clock = coordinator_.workers()[static_cast<size_t>(r)].clock;
-            if (clock < slowest_clock) {
-              slowest_clock = clock;
-              waited_for = r;
-            }
-          }
-        }
-        parked_.push_back({std::move(in.identity), std::move(*in.header), since, waited_for});
-        return true;
+        break;
       }
       case MsgType::kPush:
         HandlePush(req, in.frames, reply, &reason);
@@ -1064,7 +1006,7 @@ bool Server::Handle(Inbound& in) {
   if (req.type == MsgType::kPush && reply.status.ok() && !reply.replayed &&
       options_.drop_push_reply_every > 0 &&
       ++pushes_handled_ % options_.drop_push_reply_every == 0) {
-    spdlog::warn("fault injection: the reply to push {} of rank {} is dropped", req.seq & 0xffffffffULL,
+    spdlog::warn("fault injection: the reply to push {} of rank {} is dropped", PushSeq(req.seq).counter(),
                  req.rank);
     return keep_serving;
   }

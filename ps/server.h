@@ -29,7 +29,9 @@
 #include "common/transport.h"
 #include "ps/checkpoint_store.h"
 #include "ps/coordinator.h"
+#include "ps/parked_pulls.h"
 #include "ps/ps_metrics.h"
+#include "ps/push_ledger.h"
 #include "ps/shard.h"
 #include "ps/straggler.h"
 
@@ -143,12 +145,6 @@ class Server {
 
  private:
   using TimePoint = Coordinator::TimePoint;
-  struct ParkedPull {
-    zmq::message_t identity;
-    Header request;
-    TimePoint since;
-    int waited_for = -1;  // ssp: the slowest rank that blocked it when it was parked
-  };
 
   Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsMetrics* metrics);
   // Handles one message; replies unless the request was parked. Returns false when it was
@@ -177,6 +173,10 @@ class Server {
   void PublishProgress();
   // Answers the parked pulls that may now be served.
   void ServeParked(TimePoint now);
+  // Fails the parked pulls that waited past the barrier timeout, naming what they waited for.
+  void FailExpiredParked(TimePoint now);
+  // ssp: the slowest rank that keeps `rank` from reading (-1: none, or not ssp).
+  int SlowestSspBlocker(int rank) const;
   // Liveness and barrier timeouts; called every loop turn. `idle`: the socket had nothing
   // queued this turn, so every heartbeat that arrived has been read.
   void Tick(TimePoint now, bool idle);
@@ -196,13 +196,6 @@ class Server {
   // Answers a push as dropped (not applied) and counts it for its rank; `stale` also counts
   // it as a stale gradient (a duplicate for the step is not one).
   void DropGradient(const Header& req, Header& reply, bool stale);
-  // Push dedupe: a push whose seq was already applied is replayed, not applied again.
-  bool AlreadyApplied(int rank, uint64_t seq) const;
-  void RecordSeq(int rank, uint64_t seq);
-  // Where `rank` is in its data once its push counts (nothing for an empty one).
-  void RecordProgress(int rank, const DataProgress& progress);
-  // The records of `ranks` as they stand (seq and progress), for the store.
-  std::vector<RankRecord> RankRecords(std::span<const int> ranks) const;
   // Every-update durability: writes the slices of `ranges` (all slices when empty) and the
   // records of `ranks`, in one synced write. Returns the store's error.
   Status PersistUpdate(std::span<const SliceRange> ranges, std::vector<RankRecord> ranks);
@@ -215,7 +208,7 @@ class Server {
   void FailParked(ParkedPull& p, const Status& status, RejectReason reason);
   void MaybeSnapshot(TimePoint now);
 
-  std::vector<ParkedPull> parked_;
+  ParkedPulls parked_;
   ByteCounter unread_total_ = std::make_shared<std::atomic<int64_t>>(0);
   std::unordered_map<std::string, ByteCounter> unread_by_peer_;
   // Bytes of replies written out or dropped, and of requests received, since the last trim.
@@ -231,14 +224,10 @@ class Server {
   TimePoint last_idle_;  // the last turn that found the socket empty
   uint64_t incarnation_ = 0;
   int64_t pushes_handled_ = 0;
-  // By rank: the last push seq applied, and with every-update durability also durable (a
-  // resend of a push whose write failed is refused again, never acknowledged as applied).
-  std::vector<uint64_t> last_seq_;
-  // By rank: where the worker is in its data with the updates applied here (a restarted
-  // worker is told at Register). Sync: a contribution's position waits in pending_progress_
-  // until its step is applied.
-  std::vector<DataProgress> progress_;
-  std::vector<DataProgress> pending_progress_;
+  // By rank: the last push seq applied (with every-update durability also durable: a
+  // resend of a push whose write failed is refused again, never acknowledged as applied) and
+  // where the worker is in its data with the updates applied here.
+  PushLedger ledger_;
   // Every-update durability: why the store failed (set once, until restart).
   std::optional<std::string> store_failure_;
   int64_t last_saved_version_ = -1;
