@@ -394,6 +394,27 @@ void Server::MaybeTrimMemory(TimePoint now) {
 }
 
 void Server::SendPull(zmq::message_t& identity, const Header& req) {
+  const ByteCounter peer = UnreadCounterOf(identity);
+  if (RefuseUnreadPull(identity, req, *peer)) return;
+  Header reply;
+  reply.type = req.type;
+  reply.request_id = req.request_id;
+  reply.rank = req.rank;
+  reply.dtype = req.dtype;
+  reply.slices = req.slices;
+  reply.version = shard_.version();
+  reply.incarnation = incarnation_;
+  std::vector<zmq::message_t> frames = PullFrames(req, peer);
+  if (coordinator_.ValidRank(req.rank)) coordinator_.RecordRead(req.rank);
+  metrics_->bytes_sent[static_cast<size_t>(MsgType::kPull)]->Increment(
+      static_cast<double>(FramesBytes(frames)));
+  if (Status s = socket_->Send(&identity, reply, std::move(frames)); !s.ok()) {
+    spdlog::warn("pull reply to rank {} not sent: {}", req.rank, s.message());
+  }
+}
+
+bool Server::RefuseUnreadPull(zmq::message_t& identity, const Header& req,
+                              const std::atomic<int64_t>& peer) {
   // What a reply keeps alive: a float32 frame pins its whole slice (a loan), a 16-bit one its
   // own encoded copy.
   int64_t bytes = 0;
@@ -403,42 +424,37 @@ void Server::SendPull(zmq::message_t& identity, const Header& req) {
                  ? map->slices()[r.slice_id].length * static_cast<int64_t>(sizeof(float))
                  : r.count * static_cast<int64_t>(DTypeSize(req.dtype));
   }
-  const ByteCounter peer = UnreadCounterOf(identity);
-  const int64_t peer_unread = peer->load(std::memory_order_relaxed);
+  const int64_t peer_unread = peer.load(std::memory_order_relaxed);
   const int64_t total_unread = unread_total_->load(std::memory_order_relaxed);
   const int64_t peer_cap = 2 * shard_.num_elements() * static_cast<int64_t>(sizeof(float));
   const int64_t cap = UnreadReplyCap(options_, shard_.num_elements());
-  if ((peer_unread > 0 && peer_unread + bytes > peer_cap) || total_unread + bytes > cap) {
-    // Another reply would pin another version of the model for a peer that does not read.
-    Header refusal;
-    refusal.type = req.type;
-    refusal.request_id = req.request_id;
-    refusal.rank = req.rank;
-    refusal.version = shard_.version();
-    refusal.incarnation = incarnation_;
-    refusal.status = Status::Unavailable(
-        peer_unread + bytes > peer_cap
-            ? "pull refused: " + std::to_string(peer_unread) +
-                  " bytes of earlier pull replies to this connection are still unread"
-            : "pull refused: this server has " + std::to_string(total_unread) +
-                  " bytes of pull replies unread by their peers (at most " +
-                  std::to_string(cap) + ", --max-unread-reply-bytes)");
-    Reject(RejectReason::kUnreadReplies);
-    if (ShouldLogRejection()) {
-      spdlog::warn("rejected pull from rank {} ({}): {}", req.rank,
-                   RejectReasonName(RejectReason::kUnreadReplies), refusal.status.message());
-    }
-    (void)socket_->Send(&identity, refusal, {});
-    return;
+  if ((peer_unread <= 0 || peer_unread + bytes <= peer_cap) && total_unread + bytes <= cap) {
+    return false;
   }
-  Header reply;
-  reply.type = req.type;
-  reply.request_id = req.request_id;
-  reply.rank = req.rank;
-  reply.dtype = req.dtype;
-  reply.slices = req.slices;
-  reply.version = shard_.version();
-  reply.incarnation = incarnation_;
+  // Another reply would pin another version of the model for a peer that does not read.
+  Header refusal;
+  refusal.type = req.type;
+  refusal.request_id = req.request_id;
+  refusal.rank = req.rank;
+  refusal.version = shard_.version();
+  refusal.incarnation = incarnation_;
+  refusal.status = Status::Unavailable(
+      peer_unread + bytes > peer_cap
+          ? "pull refused: " + std::to_string(peer_unread) +
+                " bytes of earlier pull replies to this connection are still unread"
+          : "pull refused: this server has " + std::to_string(total_unread) +
+                " bytes of pull replies unread by their peers (at most " + std::to_string(cap) +
+                ", --max-unread-reply-bytes)");
+  Reject(RejectReason::kUnreadReplies);
+  if (ShouldLogRejection()) {
+    spdlog::warn("rejected pull from rank {} ({}): {}", req.rank,
+                 RejectReasonName(RejectReason::kUnreadReplies), refusal.status.message());
+  }
+  (void)socket_->Send(&identity, refusal, {});
+  return true;
+}
+
+std::vector<zmq::message_t> Server::PullFrames(const Header& req, const ByteCounter& peer) {
   // Zero-copy: each frame points at the slice's values and holds them (ZeroMQ returns the
   // loan once the bytes are written out); an update meanwhile goes to another buffer. A
   // reply in a 16-bit wire dtype is encoded into a buffer of its own instead.
@@ -449,40 +465,7 @@ void Server::SendPull(zmq::message_t& identity, const Header& req) {
   size_t taken = 0;  // loans [taken, end) are still ours to return
   try {
     for (; taken < loans.size(); ++taken) {
-      const Shard::Loan& loan = loans[taken];
-      const size_t size = static_cast<size_t>(loan.count) * DTypeSize(req.dtype);
-      if (size == 0) {
-        frames.emplace_back();
-        Shard::ReturnLoan(loan.token);
-        continue;
-      }
-      const bool lent = req.dtype == DType::kFloat32;
-      // A lent frame keeps its whole slice alive; an encoded one its own bytes.
-      auto owned_hold = std::make_unique<FrameHold>(FrameHold{
-          nullptr,
-          lent ? loan.pinned * static_cast<int64_t>(sizeof(float)) : static_cast<int64_t>(size),
-          peer, unread_total_, released_since_trim_});
-      void* data = const_cast<float*>(loan.data);
-      if (!lent) {
-        data = std::malloc(size);
-        if (data == nullptr) throw std::bad_alloc();
-        EncodeFloats(loan.data, static_cast<size_t>(loan.count), req.dtype, data);
-        Shard::ReturnLoan(loan.token);
-      } else {
-        owned_hold->loan = loan.token;
-      }
-      // From here the hold owns the loan (or the buffer). Counted before the frame exists:
-      // ReleaseFrame may run as soon as it is queued.
-      FrameHold* hold = owned_hold.release();
-      peer->fetch_add(hold->bytes, std::memory_order_relaxed);
-      unread_total_->fetch_add(hold->bytes, std::memory_order_relaxed);
-      try {
-        frames.emplace_back(data, size, &ReleaseFrame, hold);
-      } catch (...) {
-        ReleaseFrame(data, hold);
-        ++taken;
-        throw;
-      }
+      AppendPullFrame(req.dtype, loans[taken], peer, frames, taken);
     }
   } catch (...) {
     // Out of memory mid-reply: what is not yet in a frame goes back (the frames built so
@@ -490,38 +473,51 @@ void Server::SendPull(zmq::message_t& identity, const Header& req) {
     for (; taken < loans.size(); ++taken) Shard::ReturnLoan(loans[taken].token);
     throw;
   }
-  if (coordinator_.ValidRank(req.rank)) coordinator_.RecordRead(req.rank);
-  metrics_->bytes_sent[static_cast<size_t>(MsgType::kPull)]->Increment(
-      static_cast<double>(FramesBytes(frames)));
-  if (Status s = socket_->Send(&identity, reply, std::move(frames)); !s.ok()) {
-    spdlog::warn("pull reply to rank {} not sent: {}", req.rank, s.message());
+  return frames;
+}
+
+void Server::AppendPullFrame(DType dtype, const Shard::Loan& loan, const ByteCounter& peer,
+                             std::vector<zmq::message_t>& frames, size_t& taken) {
+  const size_t size = static_cast<size_t>(loan.count) * DTypeSize(dtype);
+  if (size == 0) {
+    frames.emplace_back();
+    Shard::ReturnLoan(loan.token);
+    return;
+  }
+  const bool lent = dtype == DType::kFloat32;
+  // A lent frame keeps its whole slice alive; an encoded one its own bytes.
+  auto owned_hold = std::make_unique<FrameHold>(FrameHold{
+      nullptr,
+      lent ? loan.pinned * static_cast<int64_t>(sizeof(float)) : static_cast<int64_t>(size),
+      peer, unread_total_, released_since_trim_});
+  void* data = const_cast<float*>(loan.data);
+  if (!lent) {
+    data = std::malloc(size);
+    if (data == nullptr) throw std::bad_alloc();
+    EncodeFloats(loan.data, static_cast<size_t>(loan.count), dtype, data);
+    Shard::ReturnLoan(loan.token);
+  } else {
+    owned_hold->loan = loan.token;
+  }
+  // From here the hold owns the loan (or the buffer). Counted before the frame exists:
+  // ReleaseFrame may run as soon as it is queued.
+  FrameHold* hold = owned_hold.release();
+  peer->fetch_add(hold->bytes, std::memory_order_relaxed);
+  unread_total_->fetch_add(hold->bytes, std::memory_order_relaxed);
+  try {
+    frames.emplace_back(data, size, &ReleaseFrame, hold);
+  } catch (...) {
+    ReleaseFrame(data, hold);
+    ++taken;
+    throw;
   }
 }
 
 void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frames,
                         Header& reply, RejectReason* reason) {
-  std::vector<size_t> sizes;
-  sizes.reserve(in_frames.size());
-  for (const auto& f : in_frames) sizes.push_back(f.size());
-  reply.status = shard_.ValidateRanges(req.slices, req.dtype, std::span<const size_t>(sizes), reason);
+  reply.status = CheckPush(req, in_frames, reason);
   if (!reply.status.ok()) return;
-  if (req.batch_examples < 0 || req.batch_examples > (int64_t{1} << 31)) {
-    *reason = RejectReason::kMalformed;
-    reply.status = Status::InvalidArgument("batch_examples " + std::to_string(req.batch_examples) +
-                                           " is out of range");
-    return;
-  }
-  const DataProgress& p = req.progress;
-  if (p.epoch < 0 || p.of < 0 || p.of > (int64_t{1} << 40) || p.done < 0 || p.done > p.of ||
-      (p.epoch == 0 && (p.done != 0 || p.of != 0))) {
-    *reason = RejectReason::kMalformed;
-    reply.status = Status::InvalidArgument(
-        "progress epoch " + std::to_string(p.epoch) + ", " + std::to_string(p.done) + " of " +
-        std::to_string(p.of) + " examples is not a position in a data shard");
-    return;
-  }
-  const bool ranked = coordinator_.ValidRank(req.rank);
-  if (ranked && ledger_.AlreadyApplied(req.rank, PushSeq(req.seq))) {
+  if (coordinator_.ValidRank(req.rank) && ledger_.AlreadyApplied(req.rank, PushSeq(req.seq))) {
     reply.replayed = true;  // a resend of a push applied (and, every-update, durable) before
     return;
   }
@@ -530,53 +526,105 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     reply.status = Status::Unavailable(*store_failure_);
     return;
   }
+  int64_t read_version = 0;
+  if (!AdmitGradient(req, reply, reason, &read_version)) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::vector<float>> realigned;  // only for frames that are not aligned
+  const std::vector<const float*> grads = GradientsOf(req, in_frames, realigned);
+  const int64_t staleness = shard_.version() - read_version;
+  const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
+  if (sync) {
+    reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason, req.rank);
+    if (!reply.status.ok()) return;
+    OnGradientAccumulated(req);
+  } else if (!ApplyAsync(req, grads, staleness, reply, reason)) {
+    return;
+  }
+  OnGradientTaken(req, staleness, t0);
+  reply.staleness = staleness;
+  if (sync) MaybeCompleteStep();
+}
+
+Status Server::CheckPush(const Header& req, const std::vector<zmq::message_t>& in_frames,
+                         RejectReason* reason) const {
+  std::vector<size_t> sizes;
+  sizes.reserve(in_frames.size());
+  for (const auto& f : in_frames) sizes.push_back(f.size());
+  PARASYNC_RETURN_IF_ERROR(
+      shard_.ValidateRanges(req.slices, req.dtype, std::span<const size_t>(sizes), reason));
+  if (req.batch_examples < 0 || req.batch_examples > (int64_t{1} << 31)) {
+    *reason = RejectReason::kMalformed;
+    return Status::InvalidArgument("batch_examples " + std::to_string(req.batch_examples) +
+                                   " is out of range");
+  }
+  const DataProgress& p = req.progress;
+  if (p.epoch < 0 || p.of < 0 || p.of > (int64_t{1} << 40) || p.done < 0 || p.done > p.of ||
+      (p.epoch == 0 && (p.done != 0 || p.of != 0))) {
+    *reason = RejectReason::kMalformed;
+    return Status::InvalidArgument(
+        "progress epoch " + std::to_string(p.epoch) + ", " + std::to_string(p.done) + " of " +
+        std::to_string(p.of) + " examples is not a position in a data shard");
+  }
+  return Status::Ok();
+}
+
+bool Server::AdmitGradient(const Header& req, Header& reply, RejectReason* reason,
+                           int64_t* read_version) {
   const int64_t version = shard_.version();
   // A push made for an older incarnation of this server was computed from the parameters of
   // a dead process: its version means nothing here.
   const bool other_incarnation = req.incarnation != 0 && req.incarnation != incarnation_;
-  const int64_t read_version = other_incarnation ? version : req.version;
+  *read_version = other_incarnation ? version : req.version;
   const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
   if (other_incarnation && sync) {
     DropGradient(req, reply, /*stale=*/true);
-    return;
+    return false;
   }
-  if (read_version < 0 || read_version > version) {
+  if (*read_version < 0 || *read_version > version) {
     *reason = RejectReason::kBadVersion;
     reply.status = Status::InvalidArgument("gradient computed from version " +
                                            std::to_string(req.version) + " but the shard is at " +
                                            std::to_string(version));
-    return;
+    return false;
   }
-  if (sync) {
-    switch (coordinator_.ClassifySync(req.rank, read_version, version)) {
-      case Coordinator::Offer::kStale:
-        DropGradient(req, reply, /*stale=*/true);
-        return;
-      case Coordinator::Offer::kDuplicate:
-        // A second gradient for the step from one rank: typically a replacement process of a
-        // rank that died after contributing, or a late duplicate of the dead one. It is not
-        // aggregated; the sender is told it was dropped and simply waits for the next step.
-        DropGradient(req, reply, /*stale=*/false);
-        metrics_->rejected[static_cast<size_t>(RejectReason::kDuplicate)]->Increment();
-        return;
-      case Coordinator::Offer::kFuture:
-        *reason = RejectReason::kBadVersion;
-        reply.status = Status::InvalidArgument("gradient from a future step");
-        return;
-      case Coordinator::Offer::kAccept:
-        break;
-    }
-  }
-  if (options_.mode.kind == TrainingMode::Kind::kSsp && ranked &&
+  if (sync) return AdmitSyncGradient(req, *read_version, reply, reason);
+  if (options_.mode.kind == TrainingMode::Kind::kSsp && coordinator_.ValidRank(req.rank) &&
       coordinator_.ClockStaleness(req.rank) > options_.mode.staleness) {
     // Only possible across a death and rejoin (reads are gated by the bound): a gradient
     // computed before is older than the bound allows, so it is dropped, not applied.
     DropGradient(req, reply, /*stale=*/true);
-    return;
+    return false;
   }
-  const auto t0 = std::chrono::steady_clock::now();
+  return true;
+}
+
+bool Server::AdmitSyncGradient(const Header& req, int64_t read_version, Header& reply,
+                               RejectReason* reason) {
+  switch (coordinator_.ClassifySync(req.rank, read_version, shard_.version())) {
+    case Coordinator::Offer::kStale:
+      DropGradient(req, reply, /*stale=*/true);
+      return false;
+    case Coordinator::Offer::kDuplicate:
+      // A second gradient for the step from one rank: typically a replacement process of a
+      // rank that died after contributing, or a late duplicate of the dead one. It is not
+      // aggregated; the sender is told it was dropped and simply waits for the next step.
+      DropGradient(req, reply, /*stale=*/false);
+      metrics_->rejected[static_cast<size_t>(RejectReason::kDuplicate)]->Increment();
+      return false;
+    case Coordinator::Offer::kFuture:
+      *reason = RejectReason::kBadVersion;
+      reply.status = Status::InvalidArgument("gradient from a future step");
+      return false;
+    case Coordinator::Offer::kAccept:
+      break;
+  }
+  return true;
+}
+
+std::vector<const float*> Server::GradientsOf(const Header& req,
+                                              const std::vector<zmq::message_t>& in_frames,
+                                              std::vector<std::vector<float>>& realigned) {
   std::vector<const float*> grads;
-  std::vector<std::vector<float>> realigned;  // only for frames that are not aligned
   grads.reserve(in_frames.size());
   if (req.dtype != DType::kFloat32) {
     // A 16-bit wire dtype: widened to float32 before the finite check and the optimizer see
@@ -591,73 +639,78 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
       grads.push_back(at);
       at += count;
     }
-  } else {
-    for (const auto& f : in_frames) {
-      if (reinterpret_cast<uintptr_t>(f.data()) % alignof(float) == 0) {
-        grads.push_back(static_cast<const float*>(f.data()));
-      } else {
-        realigned.emplace_back(f.size() / sizeof(float));
-        std::memcpy(realigned.back().data(), f.data(), f.size());
-        grads.push_back(realigned.back().data());
-      }
+    return grads;
+  }
+  for (const auto& f : in_frames) {
+    if (reinterpret_cast<uintptr_t>(f.data()) % alignof(float) == 0) {
+      grads.push_back(static_cast<const float*>(f.data()));
+    } else {
+      realigned.emplace_back(f.size() / sizeof(float));
+      std::memcpy(realigned.back().data(), f.data(), f.size());
+      grads.push_back(realigned.back().data());
     }
   }
-  const int64_t staleness = version - read_version;
-  if (sync) {
-    reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason, req.rank);
-    if (!reply.status.ok()) return;
-    // The step waited for this rank alone when it was the only one missing: from the
-    // gradient before it to this one, the step could have completed but for it. (With
-    // backup workers a step completes without waiting for anyone in particular.)
-    const bool waited_for_this_rank =
-        coordinator_.contributors() > 0 && coordinator_.OnlyMissing(req.rank);
-    coordinator_.Contribute(req.rank);
+  return grads;
+}
+
+void Server::OnGradientAccumulated(const Header& req) {
+  // The step waited for this rank alone when it was the only one missing: from the
+  // gradient before it to this one, the step could have completed but for it. (With
+  // backup workers a step completes without waiting for anyone in particular.)
+  const bool waited_for_this_rank =
+      coordinator_.contributors() > 0 && coordinator_.OnlyMissing(req.rank);
+  coordinator_.Contribute(req.rank);
+  ledger_.RecordSeq(req.rank, PushSeq(req.seq));
+  ledger_.SetPending(req.rank, req.progress);
+  const TimePoint arrived = std::chrono::steady_clock::now();
+  if (waited_for_this_rank && coordinator_.StepReady()) {
+    RecordStragglerWait(req.rank, SecondsSince(step_last_arrival_, arrived), arrived,
+                        "the sync step's last gradient");
+  }
+  step_last_arrival_ = arrived;
+}
+
+bool Server::ApplyAsync(const Header& req, std::span<const float* const> grads,
+                        int64_t staleness, Header& reply, RejectReason* reason) {
+  float lr_scale = 1.0f;
+  if (shard_.registration() && shard_.registration()->optimizer.staleness_aware) {
+    lr_scale = 1.0f / static_cast<float>(std::max<int64_t>(1, staleness));
+  }
+  reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale);
+  if (!reply.status.ok()) return false;
+  const bool ranked = coordinator_.ValidRank(req.rank);
+  if (options_.store != nullptr && options_.every_update) {
+    std::vector<RankRecord> record;
+    if (ranked && (req.seq != 0 || !req.progress.empty())) {
+      record.push_back(ledger_.RecordAfter(req.rank, req.seq, req.progress));
+    }
+    if (Status s = PersistUpdate(req.slices, std::move(record)); !s.ok()) {
+      // Not durable, so not acknowledged (and rolled back): the seq is not recorded.
+      OnStoreFailure(s, "push of rank " + std::to_string(req.rank));
+      *reason = RejectReason::kStoreFailed;
+      reply.status = Status::Unavailable(*store_failure_);
+      return false;
+    }
+  }
+  if (ranked) {
     ledger_.RecordSeq(req.rank, PushSeq(req.seq));
-    ledger_.SetPending(req.rank, req.progress);
-    const TimePoint arrived = std::chrono::steady_clock::now();
-    if (waited_for_this_rank && coordinator_.StepReady()) {
-      RecordStragglerWait(req.rank, SecondsSince(step_last_arrival_, arrived), arrived,
-                          "the sync step's last gradient");
-    }
-    step_last_arrival_ = arrived;
-  } else {
-    float lr_scale = 1.0f;
-    if (shard_.registration() && shard_.registration()->optimizer.staleness_aware) {
-      lr_scale = 1.0f / static_cast<float>(std::max<int64_t>(1, staleness));
-    }
-    reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale);
-    if (!reply.status.ok()) return;
-    if (options_.store != nullptr && options_.every_update) {
-      std::vector<RankRecord> record;
-      if (ranked && (req.seq != 0 || !req.progress.empty())) {
-        record.push_back(ledger_.RecordAfter(req.rank, req.seq, req.progress));
-      }
-      if (Status s = PersistUpdate(req.slices, std::move(record)); !s.ok()) {
-        // Not durable, so not acknowledged (and rolled back): the seq is not recorded.
-        OnStoreFailure(s, "push of rank " + std::to_string(req.rank));
-        *reason = RejectReason::kStoreFailed;
-        reply.status = Status::Unavailable(*store_failure_);
-        return;
-      }
-    }
-    if (ranked) {
-      ledger_.RecordSeq(req.rank, PushSeq(req.seq));
-      ledger_.RecordProgress(req.rank, req.progress);
-    }
-    PublishProgress();
-    if (req.batch_examples > 0) metrics_->examples->Increment(static_cast<double>(req.batch_examples));
+    ledger_.RecordProgress(req.rank, req.progress);
   }
+  PublishProgress();
+  if (req.batch_examples > 0) metrics_->examples->Increment(static_cast<double>(req.batch_examples));
+  return true;
+}
+
+void Server::OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0) {
   metrics_->apply_seconds->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   metrics_->staleness->Observe(static_cast<double>(staleness));
-  reply.staleness = staleness;
   max_version_staleness_ = std::max(max_version_staleness_, staleness);
-  if (ranked) {
+  if (coordinator_.ValidRank(req.rank)) {
     const int64_t clock_staleness = coordinator_.RecordGradient(req.rank);
     max_clock_staleness_ = std::max(max_clock_staleness_, clock_staleness);
     metrics_->worker_gradients[static_cast<size_t>(req.rank)]->Increment();
   }
-  if (sync) MaybeCompleteStep();
 }
 
 void Server::MaybeCompleteStep() {
@@ -814,141 +867,28 @@ ShardStats Server::Stats() const {
 
 bool Server::Handle(Inbound& in) {
   ++requests_;
-  Header reply;
   if (!in.header.ok()) {
-    Reject(RejectReason::kMalformed);
-    if (ShouldLogRejection()) {
-      spdlog::warn("rejected a malformed message: {}", in.header.status().message());
-    }
-    reply.status = in.header.status();
-    // A message refused for its size still answers its request, so the sender sees why.
-    if (in.refused_request_id) reply.request_id = *in.refused_request_id;
-    (void)socket_->Send(&in.identity, reply, {});
+    ReplyMalformed(in);
     return true;
   }
   const Header& req = *in.header;
   const auto now = std::chrono::steady_clock::now();
+  Header reply;
   reply.type = req.type;
   reply.request_id = req.request_id;
   reply.rank = req.rank;
   reply.dtype = req.dtype;
-
   RejectReason reason = RejectReason::kNone;
   bool keep_serving = true;
-  // Rank -1 is a tool (an evaluator, an exporter, a test): it may register, pull and read
-  // stats, and push in async mode, but it takes no part in barriers or staleness.
-  const bool ranked = coordinator_.ValidRank(req.rank);
-  const bool tool = req.rank == -1;
-  const bool needs_rank = req.type == MsgType::kHeartbeat || req.type == MsgType::kLeave ||
-                          (options_.mode.kind != TrainingMode::Kind::kAsync &&
-                           req.type == MsgType::kPush);
-  const bool bad_rank = !ranked && (!tool || needs_rank);
-
-  if (req.protocol_version != kProtocolVersion) {
-    reason = RejectReason::kVersionMismatch;
-    reply.status = Status::FailedPrecondition(
-        "protocol version mismatch: the sender speaks parasync protocol v" +
-        std::to_string(req.protocol_version) + ", this parasync-ps speaks v" +
-        std::to_string(kProtocolVersion) + "; run binaries built from the same schema");
-  } else if (bad_rank && req.type != MsgType::kStats && req.type != MsgType::kShutdown) {
-    reason = RejectReason::kBadRank;
-    reply.status = Status::InvalidArgument(
-        "rank " + std::to_string(req.rank) + " is not a worker of this cluster (it has " +
-        std::to_string(coordinator_.num_workers()) + ")");
-  } else {
-    const auto type = static_cast<size_t>(req.type);
-    metrics_->requests[type]->Increment();
-    metrics_->bytes_received[type]->Increment(static_cast<double>(FramesBytes(in.frames)));
-    released_since_trim_->fetch_add(static_cast<int64_t>(FramesBytes(in.frames)),
-                                    std::memory_order_relaxed);
-    if (ranked && req.type != MsgType::kStats && req.type != MsgType::kShutdown &&
-        req.type != MsgType::kLeave &&
-        coordinator_.Touch(req.rank, now, req.type == MsgType::kHeartbeat)) {
-      spdlog::info("worker {} rejoined at clock {} (shard version {})", req.rank,
-                   coordinator_.workers()[static_cast<size_t>(req.rank)].clock, shard_.version());
-    }
+  reply.status = Admit(in, now, &reason);
+  if (reply.status.ok()) {
     switch (req.type) {
       case MsgType::kRegister:
-        if (!req.registration) {
-          reason = RejectReason::kMalformed;
-          reply.status = Status::InvalidArgument("Register without a model");
-        } else if (req.registration->mode != options_.mode.ToString()) {
-          reason = RejectReason::kRegisterMismatch;
-          reply.status = Status::FailedPrecondition(
-              "the worker trains with --mode " + req.registration->mode + " but ps shard " +
-              std::to_string(options_.shard_index) + " runs --mode " + options_.mode.ToString());
-        } else {
-          const bool first = !shard_.registered();
-          reply.status = shard_.Register(*req.registration, &reason);
-          if (reply.status.ok() && first && options_.store != nullptr) {
-            // The model is on disk before anyone trains on it: a restart restores it, and
-            // every-update writes have a snapshot to update.
-            if (Status s = SaveSnapshot(/*force=*/true); !s.ok() && options_.every_update) {
-              OnStoreFailure(s, "the registered model");
-              reason = RejectReason::kStoreFailed;
-              reply.status = Status::Unavailable(*store_failure_);
-            } else if (!s.ok()) {
-              metrics_->checkpoint_failures->Increment();
-              spdlog::error("could not save the registered model: {}", s.ToString());
-            }
-          }
-          if (reply.status.ok() && first) {
-            PublishMemoryBound();
-            coordinator_.RestartSilenceClocks(now);
-            metrics_->registered->Set(1);
-            metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
-            PublishProgress();
-            const OptimizerSpec& opt = req.registration->optimizer;
-            spdlog::info("model registered by rank {}: {} variables, {} slices / {} elements "
-                         "here; {} at learning rate {}{}",
-                         req.rank, req.registration->variables.size(), shard_.num_slices(),
-                         shard_.num_elements(), OptimizerKindName(opt.kind), opt.learning_rate,
-                         opt.schedule == LrSchedule::kCosine
-                             ? fmt::format(", cosine decay to {} x over {} examples",
-                                           opt.final_lr_fraction, opt.decay_examples)
-                             : std::string());
-          }
-          if (ranked) {
-            reply.clock = coordinator_.workers()[static_cast<size_t>(req.rank)].clock;
-            reply.progress = ledger_.progress(req.rank);
-          }
-        }
+        HandleRegister(req, now, reply, &reason);
         break;
-      case MsgType::kPull: {
-        if (!in.frames.empty()) {
-          reason = RejectReason::kFrameCount;
-          reply.status = Status::InvalidArgument("a pull request carries no tensor frames");
-          break;
-        }
-        reply.status = shard_.ValidateRanges(req.slices, req.dtype, std::nullopt, &reason);
-        if (!reply.status.ok()) break;
-        if (CanServePull(req)) {
-          SendPull(in.identity, req);
-          return true;
-        }
-        if (store_failure_) {
-          // It waits for a step that cannot be made durable: it would wait forever.
-          reason = RejectReason::kStoreFailed;
-          reply.status = Status::Unavailable(*store_failure_);
-          break;
-        }
-        // A worker waits on one pull per shard at a time (ParkedPulls); pulls of tools are
-        // bounded.
-        const int waited_for = SlowestSspBlocker(req.rank);
-        switch (parked_.Park(in.identity, *in.header, now, ranked, waited_for)) {
-          case ParkedPulls::Outcome::kRefused:
-            reason = RejectReason::kUnsupported;
-            reply.status = Status::Unavailable("too many pulls are waiting on this server");
-            break;
-          case ParkedPulls::Outcome::kNew:
-            ++blocked_pulls_;
-            metrics_->blocked_pulls->Increment();
-            return true;
-          case ParkedPulls::Outcome::kResent:
-            return true;
-        }
+      case MsgType::kPull:
+        if (HandlePull(in, now, reply, &reason)) return true;  // answered or parked
         break;
-      }
       case MsgType::kPush:
         HandlePush(req, in.frames, reply, &reason);
         break;
@@ -958,42 +898,71 @@ bool Server::Handle(Inbound& in) {
       case MsgType::kHeartbeat:
         break;
       case MsgType::kLeave:
-        coordinator_.Leave(req.rank);
-        spdlog::info("worker {} left (done); {} live worker(s)", req.rank,
-                     coordinator_.live_count());
-        MaybeCompleteStep();
+        HandleLeave(req);
         break;
       case MsgType::kCheckpoint:
-        if (options_.store == nullptr) {
-          reason = RejectReason::kUnsupported;
-          reply.status = Status::FailedPrecondition(
-              "ps shard " + std::to_string(options_.shard_index) +
-              " keeps no checkpoints (start it with --data-dir)");
-        } else {
-          reply.status = SaveSnapshot(/*force=*/true);
-          if (!reply.status.ok() && options_.every_update) {
-            OnStoreFailure(reply.status, "a checkpoint requested by rank " +
-                                             std::to_string(req.rank));
-          }
-          if (reply.status.ok()) {
-            spdlog::info("checkpoint of version {} written on request of rank {}",
-                         shard_.version(), req.rank);
-          }
-        }
+        HandleCheckpoint(req, reply, &reason);
         break;
       case MsgType::kShutdown:
-        if (options_.allow_remote_shutdown || in.peer_address.empty() ||
-            IsLoopbackAddress(in.peer_address)) {
-          keep_serving = false;
-        } else {
-          reason = RejectReason::kUnsupported;
-          reply.status = Status::FailedPrecondition(
-              "shutdown from " + in.peer_address +
-              " refused: only loopback peers may stop this server (--allow-remote-shutdown)");
-        }
+        keep_serving = HandleShutdown(in, reply, &reason);
         break;
     }
   }
+  SendReply(in, reply, reason, now);
+  return keep_serving;
+}
+
+void Server::ReplyMalformed(Inbound& in) {
+  Reject(RejectReason::kMalformed);
+  if (ShouldLogRejection()) {
+    spdlog::warn("rejected a malformed message: {}", in.header.status().message());
+  }
+  Header reply;
+  reply.status = in.header.status();
+  // A message refused for its size still answers its request, so the sender sees why.
+  if (in.refused_request_id) reply.request_id = *in.refused_request_id;
+  (void)socket_->Send(&in.identity, reply, {});
+}
+
+Status Server::Admit(const Inbound& in, TimePoint now, RejectReason* reason) {
+  const Header& req = *in.header;
+  // Rank -1 is a tool (an evaluator, an exporter, a test): it may register, pull and read
+  // stats, and push in async mode, but it takes no part in barriers or staleness.
+  const bool ranked = coordinator_.ValidRank(req.rank);
+  const bool tool = req.rank == -1;
+  const bool needs_rank = req.type == MsgType::kHeartbeat || req.type == MsgType::kLeave ||
+                          (options_.mode.kind != TrainingMode::Kind::kAsync &&
+                           req.type == MsgType::kPush);
+  const bool bad_rank = !ranked && (!tool || needs_rank);
+  if (req.protocol_version != kProtocolVersion) {
+    *reason = RejectReason::kVersionMismatch;
+    return Status::FailedPrecondition(
+        "protocol version mismatch: the sender speaks parasync protocol v" +
+        std::to_string(req.protocol_version) + ", this parasync-ps speaks v" +
+        std::to_string(kProtocolVersion) + "; run binaries built from the same schema");
+  }
+  if (bad_rank && req.type != MsgType::kStats && req.type != MsgType::kShutdown) {
+    *reason = RejectReason::kBadRank;
+    return Status::InvalidArgument(
+        "rank " + std::to_string(req.rank) + " is not a worker of this cluster (it has " +
+        std::to_string(coordinator_.num_workers()) + ")");
+  }
+  const auto type = static_cast<size_t>(req.type);
+  const size_t bytes = FramesBytes(in.frames);
+  metrics_->requests[type]->Increment();
+  metrics_->bytes_received[type]->Increment(static_cast<double>(bytes));
+  released_since_trim_->fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  if (ranked && req.type != MsgType::kStats && req.type != MsgType::kShutdown &&
+      req.type != MsgType::kLeave &&
+      coordinator_.Touch(req.rank, now, req.type == MsgType::kHeartbeat)) {
+    spdlog::info("worker {} rejoined at clock {} (shard version {})", req.rank,
+                 coordinator_.workers()[static_cast<size_t>(req.rank)].clock, shard_.version());
+  }
+  return Status::Ok();
+}
+
+void Server::SendReply(Inbound& in, Header& reply, RejectReason reason, TimePoint now) {
+  const Header& req = *in.header;
   reply.version = shard_.version();
   reply.incarnation = incarnation_;
   if (!reply.status.ok()) {
@@ -1006,16 +975,143 @@ bool Server::Handle(Inbound& in) {
   if (req.type == MsgType::kPush && reply.status.ok() && !reply.replayed &&
       options_.drop_push_reply_every > 0 &&
       ++pushes_handled_ % options_.drop_push_reply_every == 0) {
-    spdlog::warn("fault injection: the reply to push {} of rank {} is dropped", PushSeq(req.seq).counter(),
-                 req.rank);
-    return keep_serving;
+    spdlog::warn("fault injection: the reply to push {} of rank {} is dropped",
+                 PushSeq(req.seq).counter(), req.rank);
+    return;
   }
   if (Status s = socket_->Send(&in.identity, reply, {}); !s.ok()) {
     spdlog::warn("reply to rank {} not sent: {}", req.rank, s.message());
   }
   // A push or a departure may have completed a step or let an ssp straggler's peers on.
   if (req.type == MsgType::kPush || req.type == MsgType::kLeave) ServeParked(now);
-  return keep_serving;
+}
+
+void Server::HandleRegister(const Header& req, TimePoint now, Header& reply,
+                            RejectReason* reason) {
+  if (!req.registration) {
+    *reason = RejectReason::kMalformed;
+    reply.status = Status::InvalidArgument("Register without a model");
+    return;
+  }
+  if (req.registration->mode != options_.mode.ToString()) {
+    *reason = RejectReason::kRegisterMismatch;
+    reply.status = Status::FailedPrecondition(
+        "the worker trains with --mode " + req.registration->mode + " but ps shard " +
+        std::to_string(options_.shard_index) + " runs --mode " + options_.mode.ToString());
+    return;
+  }
+  const bool first = !shard_.registered();
+  reply.status = shard_.Register(*req.registration, reason);
+  if (reply.status.ok() && first) SaveRegisteredModel(reply, reason);
+  if (reply.status.ok() && first) OnFirstRegistration(req, now);
+  if (coordinator_.ValidRank(req.rank)) {
+    reply.clock = coordinator_.workers()[static_cast<size_t>(req.rank)].clock;
+    reply.progress = ledger_.progress(req.rank);
+  }
+}
+
+void Server::SaveRegisteredModel(Header& reply, RejectReason* reason) {
+  if (options_.store == nullptr) return;
+  // The model is on disk before anyone trains on it: a restart restores it, and
+  // every-update writes have a snapshot to update.
+  if (Status s = SaveSnapshot(/*force=*/true); !s.ok() && options_.every_update) {
+    OnStoreFailure(s, "the registered model");
+    *reason = RejectReason::kStoreFailed;
+    reply.status = Status::Unavailable(*store_failure_);
+  } else if (!s.ok()) {
+    metrics_->checkpoint_failures->Increment();
+    spdlog::error("could not save the registered model: {}", s.ToString());
+  }
+}
+
+void Server::OnFirstRegistration(const Header& req, TimePoint now) {
+  PublishMemoryBound();
+  coordinator_.RestartSilenceClocks(now);
+  metrics_->registered->Set(1);
+  metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
+  PublishProgress();
+  const OptimizerSpec& opt = req.registration->optimizer;
+  spdlog::info("model registered by rank {}: {} variables, {} slices / {} elements "
+               "here; {} at learning rate {}{}",
+               req.rank, req.registration->variables.size(), shard_.num_slices(),
+               shard_.num_elements(), OptimizerKindName(opt.kind), opt.learning_rate,
+               opt.schedule == LrSchedule::kCosine
+                   ? fmt::format(", cosine decay to {} x over {} examples",
+                                 opt.final_lr_fraction, opt.decay_examples)
+                   : std::string());
+}
+
+bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason* reason) {
+  const Header& req = *in.header;
+  if (!in.frames.empty()) {
+    *reason = RejectReason::kFrameCount;
+    reply.status = Status::InvalidArgument("a pull request carries no tensor frames");
+    return false;
+  }
+  reply.status = shard_.ValidateRanges(req.slices, req.dtype, std::nullopt, reason);
+  if (!reply.status.ok()) return false;
+  if (CanServePull(req)) {
+    SendPull(in.identity, req);
+    return true;
+  }
+  if (store_failure_) {
+    // It waits for a step that cannot be made durable: it would wait forever.
+    *reason = RejectReason::kStoreFailed;
+    reply.status = Status::Unavailable(*store_failure_);
+    return false;
+  }
+  // A worker waits on one pull per shard at a time (ParkedPulls); pulls of tools are bounded.
+  const int waited_for = SlowestSspBlocker(req.rank);
+  switch (parked_.Park(in.identity, *in.header, now, coordinator_.ValidRank(req.rank),
+                       waited_for)) {
+    case ParkedPulls::Outcome::kRefused:
+      *reason = RejectReason::kUnsupported;
+      reply.status = Status::Unavailable("too many pulls are waiting on this server");
+      return false;
+    case ParkedPulls::Outcome::kNew:
+      ++blocked_pulls_;
+      metrics_->blocked_pulls->Increment();
+      return true;
+    case ParkedPulls::Outcome::kResent:
+      return true;
+  }
+  return true;
+}
+
+void Server::HandleLeave(const Header& req) {
+  coordinator_.Leave(req.rank);
+  spdlog::info("worker {} left (done); {} live worker(s)", req.rank, coordinator_.live_count());
+  MaybeCompleteStep();
+}
+
+void Server::HandleCheckpoint(const Header& req, Header& reply, RejectReason* reason) {
+  if (options_.store == nullptr) {
+    *reason = RejectReason::kUnsupported;
+    reply.status = Status::FailedPrecondition(
+        "ps shard " + std::to_string(options_.shard_index) +
+        " keeps no checkpoints (start it with --data-dir)");
+    return;
+  }
+  reply.status = SaveSnapshot(/*force=*/true);
+  if (!reply.status.ok() && options_.every_update) {
+    OnStoreFailure(reply.status, "a checkpoint requested by rank " + std::to_string(req.rank));
+  }
+  if (reply.status.ok()) {
+    spdlog::info("checkpoint of version {} written on request of rank {}", shard_.version(),
+                 req.rank);
+  }
+}
+
+bool Server::HandleShutdown(const Inbound& in, Header& reply, RejectReason* reason) {
+  if (options_.allow_remote_shutdown || in.peer_address.empty() ||
+      IsLoopbackAddress(in.peer_address)) {
+    return false;
+  }
+  *reason = RejectReason::kUnsupported;
+  reply.status = Status::FailedPrecondition(
+      "shutdown from " + in.peer_address +
+      " refused: only loopback peers may stop this server (--allow-remote-shutdown)");
+  return true;
 }
 
 }  // namespace parasync

@@ -150,9 +150,50 @@ class Server {
   // Handles one message; replies unless the request was parked. Returns false when it was
   // an accepted Shutdown.
   bool Handle(Inbound& in);
+  // Answers a message whose header did not decode (counted as malformed).
+  void ReplyMalformed(Inbound& in);
+  // The checks every decoded request passes first (protocol version, rank); counts it and
+  // notes the rank alive. An error (and `reason`) refuses the request.
+  Status Admit(const Inbound& in, TimePoint now, RejectReason* reason);
+  // Sends `reply` to a handled request (counting and logging a refusal), then serves the
+  // parked pulls a push or a departure may have released.
+  void SendReply(Inbound& in, Header& reply, RejectReason reason, TimePoint now);
+  // One handler per message type. Each fills `reply` (status and `reason` on refusal).
+  void HandleRegister(const Header& req, TimePoint now, Header& reply, RejectReason* reason);
+  // Returns true if the pull was answered or parked (no reply left to send).
+  bool HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason* reason);
+  void HandleLeave(const Header& req);
+  void HandleCheckpoint(const Header& req, Header& reply, RejectReason* reason);
+  // Returns false (stop serving) for an accepted Shutdown.
+  bool HandleShutdown(const Inbound& in, Header& reply, RejectReason* reason);
+  // The first registration: the model is saved (with a store), gauges and the log say so.
+  void SaveRegisteredModel(Header& reply, RejectReason* reason);
+  void OnFirstRegistration(const Header& req, TimePoint now);
   // Fills `reply` for a push; may complete a sync step.
   void HandlePush(const Header& req, std::vector<zmq::message_t>& frames, Header& reply,
                   RejectReason* reason);
+  // HandlePush's steps. The fields of a push that make sense (ranges, frames, batch size,
+  // data position).
+  Status CheckPush(const Header& req, const std::vector<zmq::message_t>& in_frames,
+                   RejectReason* reason) const;
+  // Whether the gradient may be taken under the mode's rules; false: `reply` says it was
+  // dropped or refused. Sets `read_version` to the version it was computed from.
+  bool AdmitGradient(const Header& req, Header& reply, RejectReason* reason,
+                     int64_t* read_version);
+  bool AdmitSyncGradient(const Header& req, int64_t read_version, Header& reply,
+                         RejectReason* reason);
+  // The push's gradients as float32 arrays: its frames, or (16-bit dtypes) widened_, or
+  // copies in `realigned` for frames that are not aligned.
+  std::vector<const float*> GradientsOf(const Header& req,
+                                        const std::vector<zmq::message_t>& in_frames,
+                                        std::vector<std::vector<float>>& realigned);
+  // Sync: the gradient joined its step.
+  void OnGradientAccumulated(const Header& req);
+  // Async / ssp: applies it (durable first with every-update); false: refused in `reply`.
+  bool ApplyAsync(const Header& req, std::span<const float* const> grads, int64_t staleness,
+                  Header& reply, RejectReason* reason);
+  // Counts a gradient taken (applied or accumulated) `t0` after it was admitted.
+  void OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0);
   bool CanServePull(const Header& req) const;
   // Reads the requested slices into a reply and sends it — or, when the peer or the server
   // has too many reply bytes unread, sends an error reply instead (kUnreadReplies).
@@ -162,6 +203,17 @@ class Server {
   // thread (the counters are shared, so they outlive the Server if need be).
   using ByteCounter = std::shared_ptr<std::atomic<int64_t>>;
   ByteCounter UnreadCounterOf(const zmq::message_t& identity);
+  // SendPull's steps. Sends the refusal and returns true when the peer (`peer`: its unread
+  // bytes) or the server has too many reply bytes unread for this pull.
+  bool RefuseUnreadPull(zmq::message_t& identity, const Header& req,
+                        const std::atomic<int64_t>& peer);
+  // The reply's frames, each holding its loan (or its encoded copy) and its bytes on the
+  // unread counters until ZeroMQ frees it. Throws std::bad_alloc (every loan returned).
+  std::vector<zmq::message_t> PullFrames(const Header& req, const ByteCounter& peer);
+  // Appends the frame of `loan`, which it takes over; on a throw, `taken` counts past it if
+  // it was given back already.
+  void AppendPullFrame(DType dtype, const Shard::Loan& loan, const ByteCounter& peer,
+                       std::vector<zmq::message_t>& frames, size_t& taken);
   // Returns memory freed since the last trim to the system, at most every 2 s.
   void MaybeTrimMemory(TimePoint now);
   // Applies the sync step if it has enough gradients.
