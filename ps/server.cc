@@ -155,7 +155,10 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
       straggler_({options.num_workers, options.straggler_log_seconds}),
       last_idle_(std::chrono::steady_clock::now()),
       ledger_(options.num_workers),
-      last_save_time_(std::chrono::steady_clock::now()) {
+      durability_({options.store, options.every_update, options.checkpoint_every,
+                   options.checkpoint_every_versions,
+                   options.mode.kind == TrainingMode::Kind::kSync, options.shard_index},
+                  metrics, std::chrono::steady_clock::now()) {
   shard_.set_max_message_bytes(options.max_message_bytes);
   std::random_device rd;
   while (incarnation_ == 0) incarnation_ = (uint64_t{rd()} << 32) | rd();
@@ -164,7 +167,7 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
 Status Server::Restore(const ShardSnapshot& snap) {
   PARASYNC_RETURN_IF_ERROR(shard_.Restore(snap));
   ledger_.Restore(snap.ranks);
-  last_saved_version_ = shard_.version();
+  durability_.MarkSaved(shard_.version());
   PublishMemoryBound();
   metrics_->registered->Set(1);
   metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
@@ -172,44 +175,7 @@ Status Server::Restore(const ShardSnapshot& snap) {
   return Status::Ok();
 }
 
-Status Server::SaveSnapshot(bool force) {
-  if (options_.store == nullptr || !shard_.registered()) return Status::Ok();
-  if (!force && shard_.version() == last_saved_version_) return Status::Ok();
-  const auto t0 = std::chrono::steady_clock::now();
-  ShardSnapshot snap = shard_.Snapshot();
-  snap.ranks = ledger_.AllRecords();
-  PARASYNC_RETURN_IF_ERROR(options_.store->Save(snap, /*sync=*/true));
-  const auto t1 = std::chrono::steady_clock::now();
-  last_saved_version_ = shard_.version();
-  last_save_time_ = t1;
-  metrics_->checkpoint_seconds->Observe(std::chrono::duration<double>(t1 - t0).count());
-  metrics_->last_checkpoint_time->SetToCurrentTime();
-  spdlog::debug("snapshot of version {} saved in {:.3f} s", shard_.version(),
-                std::chrono::duration<double>(t1 - t0).count());
-  return Status::Ok();
-}
-
-void Server::MaybeSnapshot(TimePoint now) {
-  if (options_.store == nullptr || options_.every_update || !shard_.registered()) return;
-  const int64_t version = shard_.version();
-  if (version == last_saved_version_) return;
-  bool due = false;
-  if (options_.checkpoint_every_versions > 0) {
-    due = options_.mode.kind == TrainingMode::Kind::kSync
-              ? version % options_.checkpoint_every_versions == 0
-              : version - std::max<int64_t>(0, last_saved_version_) >=
-                    options_.checkpoint_every_versions;
-  }
-  if (options_.checkpoint_every.count() > 0 && now - last_save_time_ >= options_.checkpoint_every) {
-    due = true;
-  }
-  if (!due) return;
-  if (Status s = SaveSnapshot(); !s.ok()) {
-    metrics_->checkpoint_failures->Increment();
-    spdlog::error("snapshot failed: {}", s.ToString());
-    last_save_time_ = now;  // retry at the next interval, not at every message
-  }
-}
+Status Server::SaveSnapshot(bool force) { return durability_.Save(shard_, ledger_, force); }
 
 void Server::DropGradient(const Header& req, Header& reply, bool stale) {
   reply.dropped = true;
@@ -225,39 +191,8 @@ void Server::DropGradient(const Header& req, Header& reply, bool stale) {
   }
 }
 
-Status Server::PersistUpdate(std::span<const SliceRange> ranges, std::vector<RankRecord> ranks) {
-  std::vector<SliceSnapshot> slices;
-  const SliceMap* map = shard_.slice_map();
-  if (map == nullptr) return Status::FailedPrecondition("nothing registered to persist");
-  if (ranges.empty()) {
-    for (uint32_t id : map->SlicesOfShard(options_.shard_index)) {
-      slices.push_back(shard_.SnapshotOfSlice(id));
-    }
-  } else {
-    for (const SliceRange& r : ranges) slices.push_back(shard_.SnapshotOfSlice(r.slice_id));
-  }
-  std::vector<const SliceSnapshot*> ptrs;
-  for (const SliceSnapshot& s : slices) ptrs.push_back(&s);
-  const auto t0 = std::chrono::steady_clock::now();
-  PARASYNC_RETURN_IF_ERROR(options_.store->SaveUpdate(shard_.version(), shard_.examples(), ptrs,
-                                                      ranks, /*sync=*/true));
-  metrics_->checkpoint_seconds->Observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  metrics_->last_checkpoint_time->SetToCurrentTime();
-  last_saved_version_ = shard_.version();
-  return Status::Ok();
-}
-
 void Server::OnStoreFailure(const Status& failure, const std::string& what) {
-  metrics_->checkpoint_failures->Increment();
-  if (store_failure_) return;
-  store_failure_ = "ps shard " + std::to_string(options_.shard_index) + ": the store in " +
-                   options_.store->dir() + " failed a durable write (" + what + ": " +
-                   failure.message() +
-                   "); no push is acknowledged any more: fix or free the disk, then restart "
-                   "this server";
-  metrics_->store_failed->Set(1);
-  spdlog::error("{}", *store_failure_);
+  if (!durability_.LatchFailure(failure, what)) return;
   // Memory goes back to the last durable state: what was applied but not persisted was never
   // acknowledged, and must not be served or counted as applied (seqs included).
   if (auto durable = options_.store->Load(); durable.ok()) {
@@ -271,7 +206,7 @@ void Server::OnStoreFailure(const Status& failure, const std::string& what) {
     spdlog::error("rolling back to the store failed: {}", durable.status().ToString());
   }
   parked_.RemoveIf([&](ParkedPull& p) {
-    FailParked(p, Status::Unavailable(*store_failure_), RejectReason::kStoreFailed);
+    FailParked(p, Status::Unavailable(*durability_.failure()), RejectReason::kStoreFailed);
     return true;
   });
 }
@@ -521,9 +456,9 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     reply.replayed = true;  // a resend of a push applied (and, every-update, durable) before
     return;
   }
-  if (store_failure_) {
+  if (durability_.failure()) {
     *reason = RejectReason::kStoreFailed;
-    reply.status = Status::Unavailable(*store_failure_);
+    reply.status = Status::Unavailable(*durability_.failure());
     return;
   }
   int64_t read_version = 0;
@@ -679,16 +614,16 @@ bool Server::ApplyAsync(const Header& req, std::span<const float* const> grads,
   reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale);
   if (!reply.status.ok()) return false;
   const bool ranked = coordinator_.ValidRank(req.rank);
-  if (options_.store != nullptr && options_.every_update) {
+  if (durability_.every_update()) {
     std::vector<RankRecord> record;
     if (ranked && (req.seq != 0 || !req.progress.empty())) {
       record.push_back(ledger_.RecordAfter(req.rank, req.seq, req.progress));
     }
-    if (Status s = PersistUpdate(req.slices, std::move(record)); !s.ok()) {
+    if (Status s = durability_.SaveUpdate(shard_, req.slices, std::move(record)); !s.ok()) {
       // Not durable, so not acknowledged (and rolled back): the seq is not recorded.
       OnStoreFailure(s, "push of rank " + std::to_string(req.rank));
       *reason = RejectReason::kStoreFailed;
-      reply.status = Status::Unavailable(*store_failure_);
+      reply.status = Status::Unavailable(*durability_.failure());
       return false;
     }
   }
@@ -716,7 +651,7 @@ void Server::OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0)
 void Server::MaybeCompleteStep() {
   if (options_.mode.kind != TrainingMode::Kind::kSync || !coordinator_.StepReady()) return;
   // After a rollback the step's gradients may be gone: no step is taken that cannot be kept.
-  if (store_failure_) return;
+  if (durability_.failure()) return;
   const int n = coordinator_.contributors();
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t before = shard_.examples();
@@ -725,9 +660,9 @@ void Server::MaybeCompleteStep() {
   // The contributors' positions count now that their gradients are applied; with
   // every-update durability they are stored with the step, seqs included.
   const std::vector<int> contributors = ledger_.SettlePending();
-  if (options_.store != nullptr && options_.every_update) {
+  if (durability_.every_update()) {
     // The step's pulls are answered only after it is durable (ServeParked runs after this).
-    if (Status s = PersistUpdate({}, ledger_.Records(contributors)); !s.ok()) {
+    if (Status s = durability_.SaveUpdate(shard_, {}, ledger_.Records(contributors)); !s.ok()) {
       OnStoreFailure(s, "step " + std::to_string(shard_.version()));
       return;  // rolled back: this step's examples were not applied after all
     }
@@ -834,7 +769,7 @@ void Server::Tick(TimePoint now, bool idle) {
   }
   metrics_->live_workers->Set(coordinator_.live_count());
   MaybeCompleteStep();
-  MaybeSnapshot(now);
+  durability_.MaybeSave(shard_, ledger_, now);
   ServeParked(now);
   UpdateGauges(now);
   FailExpiredParked(now);
@@ -1014,10 +949,10 @@ void Server::SaveRegisteredModel(Header& reply, RejectReason* reason) {
   if (options_.store == nullptr) return;
   // The model is on disk before anyone trains on it: a restart restores it, and
   // every-update writes have a snapshot to update.
-  if (Status s = SaveSnapshot(/*force=*/true); !s.ok() && options_.every_update) {
+  if (Status s = SaveSnapshot(/*force=*/true); !s.ok() && durability_.every_update()) {
     OnStoreFailure(s, "the registered model");
     *reason = RejectReason::kStoreFailed;
-    reply.status = Status::Unavailable(*store_failure_);
+    reply.status = Status::Unavailable(*durability_.failure());
   } else if (!s.ok()) {
     metrics_->checkpoint_failures->Increment();
     spdlog::error("could not save the registered model: {}", s.ToString());
@@ -1054,10 +989,10 @@ bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason*
     SendPull(in.identity, req);
     return true;
   }
-  if (store_failure_) {
+  if (durability_.failure()) {
     // It waits for a step that cannot be made durable: it would wait forever.
     *reason = RejectReason::kStoreFailed;
-    reply.status = Status::Unavailable(*store_failure_);
+    reply.status = Status::Unavailable(*durability_.failure());
     return false;
   }
   // A worker waits on one pull per shard at a time (ParkedPulls); pulls of tools are bounded.
@@ -1093,7 +1028,7 @@ void Server::HandleCheckpoint(const Header& req, Header& reply, RejectReason* re
     return;
   }
   reply.status = SaveSnapshot(/*force=*/true);
-  if (!reply.status.ok() && options_.every_update) {
+  if (!reply.status.ok() && durability_.every_update()) {
     OnStoreFailure(reply.status, "a checkpoint requested by rank " + std::to_string(req.rank));
   }
   if (reply.status.ok()) {

@@ -29,6 +29,7 @@
 #include "common/transport.h"
 #include "ps/checkpoint_store.h"
 #include "ps/coordinator.h"
+#include "ps/durability.h"
 #include "ps/parked_pulls.h"
 #include "ps/ps_metrics.h"
 #include "ps/push_ledger.h"
@@ -248,9 +249,6 @@ class Server {
   // Answers a push as dropped (not applied) and counts it for its rank; `stale` also counts
   // it as a stale gradient (a duplicate for the step is not one).
   void DropGradient(const Header& req, Header& reply, bool stale);
-  // Every-update durability: writes the slices of `ranges` (all slices when empty) and the
-  // records of `ranks`, in one synced write. Returns the store's error.
-  Status PersistUpdate(std::span<const SliceRange> ranges, std::vector<RankRecord> ranks);
   // Every-update durability: a durable write failed. Latches the failure (no push is
   // acknowledged from now on, the store_failed gauge reads 1), rolls the shard back to what
   // the store holds, so memory serves nothing that was not acknowledged, and answers the
@@ -258,7 +256,6 @@ class Server {
   void OnStoreFailure(const Status& failure, const std::string& what);
   // Sends `p` an error reply `status` (counted as `reason`).
   void FailParked(ParkedPull& p, const Status& status, RejectReason reason);
-  void MaybeSnapshot(TimePoint now);
 
   ParkedPulls parked_;
   ByteCounter unread_total_ = std::make_shared<std::atomic<int64_t>>(0);
@@ -280,10 +277,8 @@ class Server {
   // resend of a push whose write failed is refused again, never acknowledged as applied) and
   // where the worker is in its data with the updates applied here.
   PushLedger ledger_;
-  // Every-update durability: why the store failed (set once, until restart).
-  std::optional<std::string> store_failure_;
-  int64_t last_saved_version_ = -1;
-  TimePoint last_save_time_;
+  // Snapshots, every-update writes, and the failure latch (with no store: nothing).
+  Durability durability_;
   std::atomic<bool> stop_{false};
   int64_t requests_ = 0;
   int64_t rejected_ = 0;
