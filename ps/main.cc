@@ -72,10 +72,17 @@ void CountRefusal(parasync::PsMetrics* metrics, std::atomic<uint64_t>* refusals,
                                : std::string());
 }
 
-// Every flag of parasync-ps, as parsed (see AddFlags for what each means).
+// Every flag of parasync-ps, as parsed (see AddFlags for what each means), grouped as --help
+// lists them; a field named otherwise than its flag names it.
 struct PsFlags {
-  ClusterFlags cluster;
+  // AddTrainingFlags
+  ClusterFlags cluster;  // --ps-hosts, --worker-hosts, --task-index
   std::string mode = "async";
+  int replicas_to_aggregate = 0;
+  double worker_timeout_s = 10;  // --worker-timeout
+  double barrier_timeout_s = 300;  // --barrier-timeout
+  double straggler_log_s = 1.0;  // --straggler-log-seconds
+  // AddServingFlags
   std::string bind;
   std::string metrics_bind = "127.0.0.1";
   int metrics_port = 0;
@@ -85,17 +92,15 @@ struct PsFlags {
   int64_t max_model_bytes = 0;
   int64_t max_unread_reply_bytes = 0;
   int apply_threads = 2;
-  int replicas_to_aggregate = 0;
-  std::string state_dir;
+  // AddStateFlags
+  std::string state_dir;  // --state-dir (--data-dir)
   std::string durability = "periodic";
-  double checkpoint_every_s = 30;
+  double checkpoint_every_s = 30;  // --checkpoint-every
   int64_t checkpoint_every_versions = 0;
-  double worker_timeout_s = 10;
-  double barrier_timeout_s = 300;
-  double straggler_log_s = 1.0;
+  // AddAccessFlags
   bool allow_remote_shutdown = false;
-  int64_t drop_push_reply_every = 0;
-  std::string curve_key_file;
+  int64_t drop_push_reply_every = 0;  // --fault-drop-push-reply-every
+  std::string curve_key_file;  // --curve-key
   std::string curve_allow;
   bool check = false;
 };

@@ -225,13 +225,18 @@ int Server::SlowestSspBlocker(int rank) const {
   return waited_for;
 }
 
-void Server::FailParked(ParkedPull& p, const Status& status, RejectReason reason) {
+Header Server::ReplyTo(const Header& req) const {
   Header reply;
-  reply.type = p.request.type;
-  reply.request_id = p.request.request_id;
-  reply.rank = p.request.rank;
+  reply.type = req.type;
+  reply.request_id = req.request_id;
+  reply.rank = req.rank;
   reply.version = shard_.version();
   reply.incarnation = incarnation_;
+  return reply;
+}
+
+void Server::FailParked(ParkedPull& p, const Status& status, RejectReason reason) {
+  Header reply = ReplyTo(p.request);
   reply.status = status;
   Reject(reason);
   (void)socket_->Send(&p.identity, reply, {});
@@ -331,14 +336,9 @@ void Server::MaybeTrimMemory(TimePoint now) {
 void Server::SendPull(zmq::message_t& identity, const Header& req) {
   const ByteCounter peer = UnreadCounterOf(identity);
   if (RefuseUnreadPull(identity, req, *peer)) return;
-  Header reply;
-  reply.type = req.type;
-  reply.request_id = req.request_id;
-  reply.rank = req.rank;
+  Header reply = ReplyTo(req);
   reply.dtype = req.dtype;
   reply.slices = req.slices;
-  reply.version = shard_.version();
-  reply.incarnation = incarnation_;
   std::vector<zmq::message_t> frames = PullFrames(req, peer);
   if (coordinator_.ValidRank(req.rank)) coordinator_.RecordRead(req.rank);
   metrics_->bytes_sent[static_cast<size_t>(MsgType::kPull)]->Increment(
@@ -367,12 +367,7 @@ bool Server::RefuseUnreadPull(zmq::message_t& identity, const Header& req,
     return false;
   }
   // Another reply would pin another version of the model for a peer that does not read.
-  Header refusal;
-  refusal.type = req.type;
-  refusal.request_id = req.request_id;
-  refusal.rank = req.rank;
-  refusal.version = shard_.version();
-  refusal.incarnation = incarnation_;
+  Header refusal = ReplyTo(req);
   refusal.status = Status::Unavailable(
       peer_unread + bytes > peer_cap
           ? "pull refused: " + std::to_string(peer_unread) +
@@ -808,10 +803,7 @@ bool Server::Handle(Inbound& in) {
   }
   const Header& req = *in.header;
   const auto now = std::chrono::steady_clock::now();
-  Header reply;
-  reply.type = req.type;
-  reply.request_id = req.request_id;
-  reply.rank = req.rank;
+  Header reply = ReplyTo(req);  // version and incarnation are set again as it is sent
   reply.dtype = req.dtype;
   RejectReason reason = RejectReason::kNone;
   bool keep_serving = true;

@@ -254,6 +254,8 @@ class Server {
   // the store holds, so memory serves nothing that was not acknowledged, and answers the
   // parked pulls, which wait for a step that cannot come. `what` names the write.
   void OnStoreFailure(const Status& failure, const std::string& what);
+  // A reply to `req`: its type, request id and rank, this server's version and incarnation.
+  Header ReplyTo(const Header& req) const;
   // Sends `p` an error reply `status` (counted as `reason`).
   void FailParked(ParkedPull& p, const Status& status, RejectReason reason);
 

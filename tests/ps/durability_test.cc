@@ -12,17 +12,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using testing::TempDir;
 
-ModelRegistration SgdModel() {
-  ModelRegistration reg;
-  reg.variables = {{"dense/kernel", {4, 3}, DType::kFloat32, {InitKind::kUniform, 0.5f}}};
-  reg.optimizer.kind = OptimizerKind::kSgd;
-  reg.optimizer.learning_rate = 0.1f;
-  reg.seed = 7;
-  reg.max_slice_elements = 8;
-  reg.num_shards = 1;
-  reg.mode = "async";
-  return reg;
-}
+// SGD on one shard in async mode (the defaults), in two slices.
+const ModelRegistration kModel{
+    .variables = {{"dense/kernel", {4, 3}, DType::kFloat32, {InitKind::kUniform, 0.5f}}},
+    .optimizer = {.learning_rate = 0.1f},
+    .seed = 7,
+    .max_slice_elements = 8,
+    .model = {}};
 
 class DurabilityTest : public ::testing::Test {
  protected:
@@ -31,7 +27,7 @@ class DurabilityTest : public ::testing::Test {
     ASSERT_TRUE(opened.ok()) << opened.status().ToString();
     store_ = std::move(opened).value();
     RejectReason reason = RejectReason::kNone;
-    ASSERT_TRUE(shard_.Register(SgdModel(), &reason).ok());
+    ASSERT_TRUE(shard_.Register(kModel, &reason).ok());
   }
   // Applies one push of ones to the first slice.
   void Push() {

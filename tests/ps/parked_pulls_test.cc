@@ -10,9 +10,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A pull's header as ParkedPulls sees it: who asks, and which request it is.
 Header Pull(int rank, uint64_t request_id) {
   Header h;
-  h.type = MsgType::kPull;
   h.rank = rank;
   h.request_id = request_id;
   return h;
