@@ -76,28 +76,9 @@ Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
     return map.status();
   }
   const int num_slots = NumOptimizerSlots(reg.optimizer.kind);
-  int64_t here = 0;
-  for (uint32_t id : map->SlicesOfShard(shard_index_)) here += map->slices()[id].length;
-  // Values, their spare for copy-on-write (ApplyToSlice), and the slots.
-  const int64_t bytes = here * (2 + num_slots) * static_cast<int64_t>(sizeof(float));
-  if (max_bytes_ > 0 && bytes > max_bytes_) {
+  if (Status s = CheckModelFits(*map, num_slots); !s.ok()) {
     *reason = RejectReason::kBadRegistration;
-    return Status::InvalidArgument("the model needs " + std::to_string(bytes) +
-                                   " bytes on shard " + std::to_string(shard_index_) +
-                                   ", more than its limit of " + std::to_string(max_bytes_) +
-                                   " (--max-model-bytes)");
-  }
-  // A worker pushes its whole share here in one message: it must fit the message bound.
-  const int64_t push_bytes = here * static_cast<int64_t>(sizeof(float)) +
-                             32 * static_cast<int64_t>(map->SlicesOfShard(shard_index_).size()) +
-                             4096;
-  if (max_message_bytes_ > 0 && push_bytes > max_message_bytes_) {
-    *reason = RejectReason::kBadRegistration;
-    return Status::InvalidArgument("a push of shard " + std::to_string(shard_index_) +
-                                   "'s share of the model takes up to " +
-                                   std::to_string(push_bytes) + " bytes, more than its limit of " +
-                                   std::to_string(max_message_bytes_) +
-                                   " (--max-message-bytes)");
+    return s;
   }
   local_index_.assign(map->slices().size(), -1);
   owned_.clear();
@@ -114,6 +95,31 @@ Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
   }
   registration_ = reg;
   map_ = std::move(map).value();
+  return Status::Ok();
+}
+
+Status Shard::CheckModelFits(const SliceMap& map, int num_slots) const {
+  int64_t here = 0;
+  for (uint32_t id : map.SlicesOfShard(shard_index_)) here += map.slices()[id].length;
+  // Values, their spare for copy-on-write (ApplyToSlice), and the slots.
+  const int64_t bytes = here * (2 + num_slots) * static_cast<int64_t>(sizeof(float));
+  if (max_bytes_ > 0 && bytes > max_bytes_) {
+    return Status::InvalidArgument("the model needs " + std::to_string(bytes) +
+                                   " bytes on shard " + std::to_string(shard_index_) +
+                                   ", more than its limit of " + std::to_string(max_bytes_) +
+                                   " (--max-model-bytes)");
+  }
+  // A worker pushes its whole share here in one message: it must fit the message bound.
+  const int64_t push_bytes = here * static_cast<int64_t>(sizeof(float)) +
+                             32 * static_cast<int64_t>(map.SlicesOfShard(shard_index_).size()) +
+                             4096;
+  if (max_message_bytes_ > 0 && push_bytes > max_message_bytes_) {
+    return Status::InvalidArgument("a push of shard " + std::to_string(shard_index_) +
+                                   "'s share of the model takes up to " +
+                                   std::to_string(push_bytes) + " bytes, more than its limit of " +
+                                   std::to_string(max_message_bytes_) +
+                                   " (--max-message-bytes)");
+  }
   return Status::Ok();
 }
 

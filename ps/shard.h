@@ -163,6 +163,9 @@ class Shard {
   Status Restore(const ShardSnapshot& snap);
 
  private:
+  // Whether this shard's part of a model cut by `map`, with `num_slots` optimizer slots, fits
+  // --max-model-bytes and --max-message-bytes (InvalidArgument naming the limit if not).
+  Status CheckModelFits(const SliceMap& map, int num_slots) const;
   struct SliceState {
     LendableFloats values;
     // The previous values buffer, kept for reuse by out-of-place updates (it may still be
