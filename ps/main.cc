@@ -4,8 +4,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -25,6 +27,8 @@
 #include "ps/storage_faults.h"
 
 namespace {
+
+using namespace parasync;
 
 constexpr const char* kProgram = "parasync-ps";
 
@@ -68,11 +72,40 @@ void CountRefusal(parasync::PsMetrics* metrics, std::atomic<uint64_t>* refusals,
                                : std::string());
 }
 
-}  // namespace
+// Every flag of parasync-ps, as parsed (see AddFlags for what each means), grouped as --help
+// lists them; a field named otherwise than its flag names it.
+struct PsFlags {
+  // AddTrainingFlags
+  ClusterFlags cluster;  // --ps-hosts, --worker-hosts, --task-index
+  std::string mode = "async";
+  int replicas_to_aggregate = 0;
+  double worker_timeout_s = 10;  // --worker-timeout
+  double barrier_timeout_s = 300;  // --barrier-timeout
+  double straggler_log_s = 1.0;  // --straggler-log-seconds
+  // AddServingFlags
+  std::string bind;
+  std::string metrics_bind = "127.0.0.1";
+  int metrics_port = 0;
+  std::string log_dir;
+  std::string log_level = "info";
+  int64_t max_message_bytes = int64_t{1} << 30;
+  int64_t max_model_bytes = 0;
+  int64_t max_unread_reply_bytes = 0;
+  int apply_threads = 2;
+  // AddStateFlags
+  std::string state_dir;  // --state-dir (--data-dir)
+  std::string durability = "periodic";
+  double checkpoint_every_s = 30;  // --checkpoint-every
+  int64_t checkpoint_every_versions = 0;
+  // AddAccessFlags
+  bool allow_remote_shutdown = false;
+  int64_t drop_push_reply_every = 0;  // --fault-drop-push-reply-every
+  std::string curve_key_file;  // --curve-key
+  std::string curve_allow;
+  bool check = false;
+};
 
-int main(int argc, char** argv) {
-  using namespace parasync;
-  CLI::App app;
+void DescribeProgram(CLI::App& app) {
   SetUpCommandLine(
       app,
       {.name = kProgram,
@@ -98,357 +131,514 @@ int main(int argc, char** argv) {
                    "127.0.0.1:6000 --task-index 0\n"
                    "parasync-ps --ps-hosts 127.0.0.1:5000 --worker-hosts 127.0.0.1:6000,127.0.0.1:6001 "
                    "\\\n      --task-index 0 --mode sync --state-dir /var/lib/parasync/ps0"});
-  ClusterFlags cluster;
-  std::string mode = "async";
-  std::string bind;
-  std::string metrics_bind = "127.0.0.1";
-  int metrics_port = 0;
-  std::string log_dir;
-  std::string log_level = "info";
-  int64_t max_message_bytes = int64_t{1} << 30;
-  int64_t max_model_bytes = 0;
-  int64_t max_unread_reply_bytes = 0;
-  int apply_threads = 2;
-  int replicas_to_aggregate = 0;
-  std::string state_dir;
-  std::string durability = "periodic";
-  double checkpoint_every_s = 30;
-  int64_t checkpoint_every_versions = 0;
-  double worker_timeout_s = 10;
-  double barrier_timeout_s = 300;
-  double straggler_log_s = 1.0;
-  bool allow_remote_shutdown = false;
-  int64_t drop_push_reply_every = 0;
+}
 
-  app.add_option("--ps-hosts", cluster.ps_hosts,
+// The cluster, the mode and its timeouts. The order of the Add*Flags calls is the order of --help.
+void AddTrainingFlags(CLI::App& app, PsFlags& f) {
+  app.add_option("--ps-hosts", f.cluster.ps_hosts,
                  "Comma-separated host:port of every PS shard (IP addresses or host names, "
                  "ports 1-65535, each address once)");
-  app.add_option("--worker-hosts", cluster.worker_hosts,
+  app.add_option("--worker-hosts", f.cluster.worker_hosts,
                  "Comma-separated host:port of every worker (as --ps-hosts)");
-  app.add_option("--task-index", cluster.task_index, "This shard's index in --ps-hosts")
+  app.add_option("--task-index", f.cluster.task_index, "This shard's index in --ps-hosts")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--mode", mode,
+  app.add_option("--mode", f.mode,
                  "async (apply each gradient on arrival), sync (average R gradients per step, "
                  "then apply) or ssp:K (async, but no worker more than K steps ahead of the "
                  "slowest live one)");
-  app.add_option("--replicas-to-aggregate", replicas_to_aggregate,
+  app.add_option("--replicas-to-aggregate", f.replicas_to_aggregate,
                  "sync: gradients per step (default 0 = the number of workers); fewer than the "
                  "workers makes the rest backup workers whose late gradients are dropped")
       ->check(CLI::NonNegativeNumber);
-  AddSecondsOption(app, "--worker-timeout", worker_timeout_s,
+  AddSecondsOption(app, "--worker-timeout", f.worker_timeout_s,
                    "Seconds of silence after which a worker is declared dead and leaves the "
                    "barrier / staleness set (workers heartbeat meanwhile)",
                    0.1, 86400.0);
-  AddSecondsOption(app, "--barrier-timeout", barrier_timeout_s,
+  AddSecondsOption(app, "--barrier-timeout", f.barrier_timeout_s,
                    "Seconds a pull may wait for a sync step or the ssp bound before it fails "
                    "with an error naming the ranks it waited for",
                    0.1, 86400.0);
-  AddSecondsOption(app, "--straggler-log-seconds", straggler_log_s,
+  AddSecondsOption(app, "--straggler-log-seconds", f.straggler_log_s,
                    "Log the rank a barrier waited for when one wait on it alone exceeds this "
                    "(at most every 10 s per rank; 0: never). Always exported as "
                    "parasync_ps_barrier_waited_for_seconds_total{rank} and "
                    "parasync_ps_straggler{rank}",
                    0.0, 86400.0);
-  app.add_option("--bind", bind,
+}
+
+// Where it listens, what it logs, and the bounds on what it holds.
+void AddServingFlags(CLI::App& app, PsFlags& f) {
+  app.add_option("--bind", f.bind,
                  "Address to bind, host:port (default: this task's address in the cluster; "
                  "use 0.0.0.0:PORT to listen on all interfaces; a host name must resolve)");
   // The last of repeated metrics flags wins, so a user's --ps-arg/--worker-arg overrides
   // the launcher's.
-  app.add_option("--metrics-port", metrics_port, "Port of /metrics; 0 picks a free one and logs it")
+  app.add_option("--metrics-port", f.metrics_port, "Port of /metrics; 0 picks a free one and logs it")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
       ->check(CLI::Range(0, 65535));
-  app.add_option("--metrics-bind", metrics_bind,
+  app.add_option("--metrics-bind", f.metrics_bind,
                  "Address the metrics server listens on: an IP address (checked: four octets "
                  "0-255), * or a host name that resolves")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("--log-dir", log_dir, "Directory for the metrics snapshot written at exit");
-  app.add_option("--log-level", log_level, "debug, info, warn or error");
-  app.add_option("--max-message-bytes", max_message_bytes,
+  app.add_option("--log-dir", f.log_dir, "Directory for the metrics snapshot written at exit");
+  app.add_option("--log-level", f.log_level, "debug, info, warn or error");
+  app.add_option("--max-message-bytes", f.max_message_bytes,
                  "Largest message accepted, all its frames together; bigger ones are refused")
       ->check(CLI::PositiveNumber);
-  app.add_option("--max-unread-reply-bytes", max_unread_reply_bytes,
+  app.add_option("--max-unread-reply-bytes", f.max_unread_reply_bytes,
                  "Most bytes of pull replies that peers have not read yet, all together; a "
                  "pull past it, or from a peer with twice the shard's values unread, is "
                  "refused (0 = 2 x (workers + 2) x the shard's values; at least (workers + 1) x "
                  "them)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--max-model-bytes", max_model_bytes,
+  app.add_option("--max-model-bytes", f.max_model_bytes,
                  "Most memory a registered model may take on this shard (values, one spare "
                  "copy of them for zero-copy pull replies, and the optimizer slots); 0 = 80% "
                  "of physical memory")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--apply-threads", apply_threads,
+  app.add_option("--apply-threads", f.apply_threads,
                  "Threads that check and apply a pushed gradient of 1 MiB or more spread over "
                  "several slices, this server's loop included (1: the loop alone)")
       ->check(CLI::Range(1, 64));
-  app.add_option("--state-dir", state_dir,
+}
+
+// The store and its durability.
+void AddStateFlags(CLI::App& app, PsFlags& f) {
+  app.add_option("--state-dir", f.state_dir,
                  "Keep this shard's state in a RocksDB store here and restore it at start "
                  "(empty: memory only). A directory holding anything else is refused, never "
                  "overwritten, and so is a store of another shard or --mode (old name: "
                  "--data-dir)")
       ->type_name("DIR");
-  AddHiddenAlias(app, "--data-dir", state_dir);
-  app.add_option("--durability", durability,
+  AddHiddenAlias(app, "--data-dir", f.state_dir);
+  app.add_option("--durability", f.durability,
                  "periodic: snapshots every --checkpoint-every seconds / versions (a crash loses "
                  "at most that much); every-update: each applied update is on disk (WAL synced) "
                  "before it is acknowledged");
-  AddSecondsOption(app, "--checkpoint-every", checkpoint_every_s,
+  AddSecondsOption(app, "--checkpoint-every", f.checkpoint_every_s,
                    "periodic: seconds between snapshots (0: off)", 0.0, 86400.0);
-  app.add_option("--checkpoint-every-versions", checkpoint_every_versions,
+  app.add_option("--checkpoint-every-versions", f.checkpoint_every_versions,
                  "periodic: versions between snapshots (0: off); in sync mode snapshots fall on "
                  "multiples of it, so all shards hold the same step")
       ->check(CLI::NonNegativeNumber);
-  app.add_flag("--allow-remote-shutdown", allow_remote_shutdown,
+}
+
+// Who may stop it or connect to it, fault injection and the preflight.
+void AddAccessFlags(CLI::App& app, PsFlags& f) {
+  app.add_flag("--allow-remote-shutdown", f.allow_remote_shutdown,
                "Accept Shutdown messages from non-loopback peers (default: loopback only)");
-  app.add_option("--fault-drop-push-reply-every", drop_push_reply_every,
+  app.add_option("--fault-drop-push-reply-every", f.drop_push_reply_every,
                  "Testing only: do not reply to every Nth applied push (as if the connection "
                  "broke between apply and acknowledgement)")
       ->check(CLI::NonNegativeNumber)
       ->group("Fault injection");
-  std::string curve_key_file;
-  std::string curve_allow;
-  app.add_option("--curve-key", curve_key_file,
+  app.add_option("--curve-key", f.curve_key_file,
                  "CURVE: this server's key pair file (parasync-keygen); with it every "
                  "connection is encrypted and only --curve-allow keys are admitted (every "
                  "refused one is logged and counted in parasync_ps_auth_refused_total{reason})")
       ->group("Security");
-  app.add_option("--curve-allow", curve_allow,
+  app.add_option("--curve-allow", f.curve_allow,
                  "CURVE: the public keys admitted, a directory of .pub files or a file of keys "
                  "(the workers' and parasync-export's)")
       ->group("Security");
-  bool check = false;
-  app.add_flag("--check", check,
+  app.add_flag("--check", f.check,
                "Preflight: validate the flags, try binding this shard's address and metrics port "
                "and print `check version ...` and one `check problem ...` line per problem, then "
                "exit (0: fine); parasync-launch --check runs it on every host");
-  if (auto done = ParseCommandLine(app, argc, argv)) return *done;
+}
 
-  auto spec = ResolveClusterSpecFromEnvironment(cluster, "ps");
-  if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
-  // Both addresses this process binds, checked (and names resolved) before anything starts.
-  auto endpoint =
-      ToBindEndpoint(bind.empty() ? spec->ps[static_cast<size_t>(spec->task_index)] : bind);
-  if (!endpoint.ok()) return Fail(endpoint.status().message(), kExitBadUsage);
-  auto metrics_ip = ResolveBindHost(metrics_bind, "--metrics-bind");
-  if (!metrics_ip.ok()) return Fail(metrics_ip.status().message(), kExitBadUsage);
-  auto training_mode = TrainingMode::Parse(mode);
-  if (!training_mode.ok()) return Fail(training_mode.status().message(), kExitBadUsage);
-  const int num_workers = static_cast<int>(spec->workers.size());
-  if (durability != "periodic" && durability != "every-update") {
-    return Fail("--durability must be periodic or every-update, not '" + durability + "'",
-                kExitBadUsage);
-  }
-  if (durability == "every-update" && state_dir.empty()) {
-    return Fail("--durability every-update needs --state-dir", kExitBadUsage);
-  }
-  if (replicas_to_aggregate > num_workers) {
-    return Fail("--replicas-to-aggregate " + std::to_string(replicas_to_aggregate) +
-                    " is more than the " + std::to_string(num_workers) + " workers",
-                kExitBadUsage);
-  }
+void AddFlags(CLI::App& app, PsFlags& f) {
+  DescribeProgram(app);
+  AddTrainingFlags(app, f);
+  AddServingFlags(app, f);
+  AddStateFlags(app, f);
+  AddAccessFlags(app, f);
+}
+
+// What the flags resolve to, once checked.
+struct PsConfig {
+  ClusterSpec spec;
+  std::string endpoint;    // the server socket's bind endpoint
+  std::string metrics_ip;  // --metrics-bind, resolved
+  TrainingMode mode;
+  int num_workers = 0;
+  std::string address;  // host:port this shard binds (--bind or its --ps-hosts entry)
   std::optional<CurveKeyPair> curve_key;
   std::vector<std::string> curve_allowed;
-  if (curve_key_file.empty() != curve_allow.empty()) {
+};
+
+// Reads the CURVE key pair and the allowed keys. An exit status if they are refused.
+std::optional<int> ReadCurveFlags(const PsFlags& f, PsConfig& c) {
+  if (f.curve_key_file.empty() != f.curve_allow.empty()) {
     return Fail("--curve-key and --curve-allow go together", kExitBadUsage);
   }
-  if (!curve_key_file.empty()) {
-    auto pair = ReadKeyPairFile(curve_key_file);
-    if (!pair.ok()) return Fail(pair.status().message(), kExitBadUsage);
-    curve_key = *pair;
-    auto allowed = ReadPublicKeys(curve_allow);
-    if (!allowed.ok()) return Fail(allowed.status().message(), kExitBadUsage);
-    curve_allowed = std::move(allowed).value();
+  if (f.curve_key_file.empty()) return std::nullopt;
+  auto pair = ReadKeyPairFile(f.curve_key_file);
+  if (!pair.ok()) return Fail(pair.status().message(), kExitBadUsage);
+  c.curve_key = *pair;
+  auto allowed = ReadPublicKeys(f.curve_allow);
+  if (!allowed.ok()) return Fail(allowed.status().message(), kExitBadUsage);
+  c.curve_allowed = std::move(allowed).value();
+  return std::nullopt;
+}
+
+// Checks the flags together and resolves them into `c`. An exit status if they are refused.
+std::optional<int> Validate(const PsFlags& f, PsConfig& c) {
+  auto spec = ResolveClusterSpecFromEnvironment(f.cluster, "ps");
+  if (!spec.ok()) return Fail(spec.status().message(), kExitBadUsage);
+  c.spec = *spec;
+  // Both addresses this process binds, checked (and names resolved) before anything starts.
+  c.address = f.bind.empty() ? c.spec.ps[static_cast<size_t>(c.spec.task_index)] : f.bind;
+  auto endpoint = ToBindEndpoint(c.address);
+  if (!endpoint.ok()) return Fail(endpoint.status().message(), kExitBadUsage);
+  c.endpoint = *endpoint;
+  auto metrics_ip = ResolveBindHost(f.metrics_bind, "--metrics-bind");
+  if (!metrics_ip.ok()) return Fail(metrics_ip.status().message(), kExitBadUsage);
+  c.metrics_ip = *metrics_ip;
+  auto training_mode = TrainingMode::Parse(f.mode);
+  if (!training_mode.ok()) return Fail(training_mode.status().message(), kExitBadUsage);
+  c.mode = *training_mode;
+  c.num_workers = static_cast<int>(c.spec.workers.size());
+  if (f.durability != "periodic" && f.durability != "every-update") {
+    return Fail("--durability must be periodic or every-update, not '" + f.durability + "'",
+                kExitBadUsage);
   }
-  if (check) {
-    std::vector<std::string> problems;
-    const std::string address = bind.empty() ? spec->ps[static_cast<size_t>(spec->task_index)] : bind;
-    const size_t colon = address.rfind(':');
-    const int port = colon == std::string::npos ? 0 : std::atoi(address.c_str() + colon + 1);
-    if (std::string p = BindProblem(address.substr(0, colon), port); !p.empty()) {
-      problems.push_back("ps" + std::to_string(spec->task_index) + ": " + p);
-    }
-    if (metrics_port != 0) {
-      if (std::string p = BindProblem(metrics_bind, metrics_port); !p.empty()) {
-        problems.push_back("ps" + std::to_string(spec->task_index) + " metrics: " + p);
-      }
-    }
-    if (!state_dir.empty()) {
-      // The store creates the whole path: its nearest existing ancestor must be a writable
-      // directory.
-      std::error_code ec;
-      auto existing = std::filesystem::absolute(state_dir, ec);
-      while (!std::filesystem::exists(existing, ec) && existing.has_parent_path() &&
-             existing != existing.parent_path()) {
-        existing = existing.parent_path();
-      }
-      if (!std::filesystem::is_directory(existing, ec) || access(existing.c_str(), W_OK) != 0) {
-        problems.push_back("ps" + std::to_string(spec->task_index) + ": --state-dir " + state_dir +
-                           " cannot be created (" + existing.string() +
-                           " is not a writable directory)");
-      }
-      // What it holds, as the start would find it: anything but this shard's store of this
-      // --mode is refused (a store locked by a running server too: it is in use).
-      if (std::filesystem::exists(state_dir, ec) && !std::filesystem::is_empty(state_dir, ec)) {
-        auto opened = CheckpointStore::Open(state_dir, spec->task_index,
-                                            static_cast<int>(spec->ps.size()));
-        Status found = opened.status();
-        if (opened.ok()) {
-          auto loaded = (*opened)->Load();
-          if (loaded.ok()) {
-            found = CheckStoredMode(loaded->registration.mode, *training_mode, state_dir);
-          } else if (loaded.status().code() != StatusCode::kNotFound) {
-            found = loaded.status();
-          }
-        }
-        if (!found.ok()) {
-          const std::string& m = found.message();
-          problems.push_back("ps" + std::to_string(spec->task_index) + ": " +
-                             (m.starts_with("--state-dir") ? m : "--state-dir " + m));
-        }
-      }
-    }
-    return ReportCheck(problems);
+  if (f.durability == "every-update" && f.state_dir.empty()) {
+    return Fail("--durability every-update needs --state-dir", kExitBadUsage);
   }
-  // A port in use is refused before anything starts, naming the flag: a retry would find it
-  // taken again (kExitBadUsage).
-  {
-    const std::string address =
-        bind.empty() ? spec->ps[static_cast<size_t>(spec->task_index)] : bind;
-    const size_t colon = address.rfind(':');
-    const int port = colon == std::string::npos ? 0 : std::atoi(address.c_str() + colon + 1);
-    if (std::string p = BindProblem(address.substr(0, colon), port); !p.empty()) {
-      return Fail((bind.empty() ? "shard " + std::to_string(spec->task_index) +
-                                      "'s address in --ps-hosts, " + address
-                                : "--bind " + address) +
-                      ": " + p,
-                  kExitBadUsage);
-    }
-    if (metrics_port != 0) {
-      if (std::string p = BindProblem(metrics_bind, metrics_port); !p.empty()) {
-        return Fail("--metrics-port " + std::to_string(metrics_port) + ": " + p, kExitBadUsage);
-      }
+  if (f.replicas_to_aggregate > c.num_workers) {
+    return Fail("--replicas-to-aggregate " + std::to_string(f.replicas_to_aggregate) +
+                    " is more than the " + std::to_string(c.num_workers) + " workers",
+                kExitBadUsage);
+  }
+  return ReadCurveFlags(f, c);
+}
+
+// The port of a host:port address (0 if it has none).
+int PortOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? 0 : std::atoi(address.c_str() + colon + 1);
+}
+
+std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+// --check: why --state-dir cannot be created ("" if it can).
+std::string StateDirNotWritable(const PsFlags& f) {
+  // The store creates the whole path: its nearest existing ancestor must be a writable
+  // directory.
+  std::error_code ec;
+  auto existing = std::filesystem::absolute(f.state_dir, ec);
+  while (!std::filesystem::exists(existing, ec) && existing.has_parent_path() &&
+         existing != existing.parent_path()) {
+    existing = existing.parent_path();
+  }
+  if (std::filesystem::is_directory(existing, ec) && access(existing.c_str(), W_OK) == 0) return "";
+  return "--state-dir " + f.state_dir + " cannot be created (" + existing.string() +
+         " is not a writable directory)";
+}
+
+// --check: what the start would refuse in what --state-dir holds ("" if nothing).
+std::string StoreProblem(const PsFlags& f, const PsConfig& c) {
+  // Anything but this shard's store of this --mode is refused (a store locked by a running
+  // server too: it is in use).
+  std::error_code ec;
+  if (!std::filesystem::exists(f.state_dir, ec) || std::filesystem::is_empty(f.state_dir, ec)) {
+    return "";
+  }
+  auto opened = CheckpointStore::Open(f.state_dir, c.spec.task_index,
+                                      static_cast<int>(c.spec.ps.size()));
+  Status found = opened.status();
+  if (opened.ok()) {
+    auto loaded = (*opened)->Load();
+    if (loaded.ok()) {
+      found = CheckStoredMode(loaded->registration.mode, c.mode, f.state_dir);
+    } else if (loaded.status().code() != StatusCode::kNotFound) {
+      found = loaded.status();
     }
   }
-  if (!InitLogging("ps", spec->task_index, log_level)) {
-    return Fail("unknown --log-level " + log_level, kExitBadUsage);
+  if (found.ok()) return "";
+  const std::string& m = found.message();
+  return m.starts_with("--state-dir") ? m : "--state-dir " + m;
+}
+
+// --check: the preflight, one line per problem.
+int RunCheck(const PsFlags& f, const PsConfig& c) {
+  std::vector<std::string> problems;
+  const std::string me = "ps" + std::to_string(c.spec.task_index);
+  if (std::string p = BindProblem(HostOf(c.address), PortOf(c.address)); !p.empty()) {
+    problems.push_back(me + ": " + p);
   }
-  if (!log_dir.empty()) {
+  if (f.metrics_port != 0) {
+    if (std::string p = BindProblem(f.metrics_bind, f.metrics_port); !p.empty()) {
+      problems.push_back(me + " metrics: " + p);
+    }
+  }
+  if (!f.state_dir.empty()) {
+    if (std::string p = StateDirNotWritable(f); !p.empty()) problems.push_back(me + ": " + p);
+    if (std::string p = StoreProblem(f, c); !p.empty()) problems.push_back(me + ": " + p);
+  }
+  return ReportCheck(problems);
+}
+
+// Before anything starts: the ports are free (a port in use is refused naming the flag: a
+// retry would find it taken again), logging and --log-dir are set up, signals handled.
+std::optional<int> PrepareProcess(const PsFlags& f, const PsConfig& c) {
+  if (std::string p = BindProblem(HostOf(c.address), PortOf(c.address)); !p.empty()) {
+    return Fail((f.bind.empty() ? "shard " + std::to_string(c.spec.task_index) +
+                                      "'s address in --ps-hosts, " + c.address
+                                : "--bind " + c.address) +
+                    ": " + p,
+                kExitBadUsage);
+  }
+  if (f.metrics_port != 0) {
+    if (std::string p = BindProblem(f.metrics_bind, f.metrics_port); !p.empty()) {
+      return Fail("--metrics-port " + std::to_string(f.metrics_port) + ": " + p, kExitBadUsage);
+    }
+  }
+  if (!InitLogging("ps", c.spec.task_index, f.log_level)) {
+    return Fail("unknown --log-level " + f.log_level, kExitBadUsage);
+  }
+  if (!f.log_dir.empty()) {
     std::error_code ec;
-    std::filesystem::create_directories(log_dir, ec);
-    if (ec) return Fail("cannot create --log-dir " + log_dir + ": " + ec.message(), kExitBadUsage);
+    std::filesystem::create_directories(f.log_dir, ec);
+    if (ec) return Fail("cannot create --log-dir " + f.log_dir + ": " + ec.message(), kExitBadUsage);
   }
   InstallShutdownSignalHandlers();
   KeepFreedMessageBuffers();
+  return std::nullopt;
+}
 
-  const int shard = spec->task_index;
-  PsMetrics metrics(shard, num_workers);
-
+// The server's options from the flags (the store's are set by OpenStore).
+ServerOptions MakeServerOptions(const PsFlags& f, const PsConfig& c) {
   ServerOptions options;
-  options.endpoint = *endpoint;
-  options.allow_remote_shutdown = allow_remote_shutdown;
-  options.drop_push_reply_every = drop_push_reply_every;
-  options.num_workers = num_workers;
-  options.mode = *training_mode;
-  options.replicas_to_aggregate = replicas_to_aggregate;
-  options.worker_timeout = std::chrono::milliseconds(static_cast<int64_t>(worker_timeout_s * 1000));
+  options.endpoint = c.endpoint;
+  options.allow_remote_shutdown = f.allow_remote_shutdown;
+  options.drop_push_reply_every = f.drop_push_reply_every;
+  options.num_workers = c.num_workers;
+  options.mode = c.mode;
+  options.replicas_to_aggregate = f.replicas_to_aggregate;
+  options.worker_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(f.worker_timeout_s * 1000));
   options.barrier_timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(barrier_timeout_s * 1000));
-  options.straggler_log_seconds = straggler_log_s;
-  options.shard_index = shard;
-  options.num_shards = static_cast<int>(spec->ps.size());
-  options.max_message_bytes = max_message_bytes;
-  options.max_unread_reply_bytes = max_unread_reply_bytes;
-  if (max_model_bytes == 0) {
+      std::chrono::milliseconds(static_cast<int64_t>(f.barrier_timeout_s * 1000));
+  options.straggler_log_seconds = f.straggler_log_s;
+  options.shard_index = c.spec.task_index;
+  options.num_shards = static_cast<int>(c.spec.ps.size());
+  options.max_message_bytes = f.max_message_bytes;
+  options.max_unread_reply_bytes = f.max_unread_reply_bytes;
+  options.max_model_bytes = f.max_model_bytes;
+  if (options.max_model_bytes == 0) {
     // A registration is a remote request: it must not be able to exhaust this machine.
-    max_model_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) / 5 * 4 *
-                      static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+    options.max_model_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) / 5 * 4 *
+                              static_cast<int64_t>(sysconf(_SC_PAGESIZE));
   }
-  options.max_model_bytes = max_model_bytes;
-  options.apply_threads = apply_threads;
+  options.apply_threads = f.apply_threads;
+  return options;
+}
+
+// Starts /metrics (kept until exit) and sets `port` to the port it serves on. An exit status
+// if it cannot.
+std::optional<int> StartMetrics(const PsFlags& f, const PsConfig& c, PsMetrics& metrics,
+                                int* port) {
   // Before the store: /metrics answers, and /healthz says "ok", while a large store is
   // verified and restored (the probes of deploy/k8s rely on it); /readyz waits for the
   // request loop. A store refused below exits before the server binds.
   auto metrics_server =
-      MetricsServer::Start(*metrics_ip, metrics_port, metrics.registry,
+      MetricsServer::Start(c.metrics_ip, f.metrics_port, metrics.registry,
                            {.loop = &metrics.loop, .stale_after = kPsLoopStaleAfter});
   if (!metrics_server.ok()) {
     // Checked free a moment ago (above): taken since, or refused for another reason.
-    return Fail("cannot serve metrics on --metrics-bind " + metrics_bind + " --metrics-port " +
-                    std::to_string(metrics_port) + ": " + metrics_server.status().message(),
-                metrics_port != 0 ? kExitBadUsage : kExitRetryable);
+    return Fail("cannot serve metrics on --metrics-bind " + f.metrics_bind + " --metrics-port " +
+                    std::to_string(f.metrics_port) + ": " + metrics_server.status().message(),
+                f.metrics_port != 0 ? kExitBadUsage : kExitRetryable);
   }
-  const int bound_metrics_port = (*metrics_server)->port();
+  *port = (*metrics_server)->port();
   MetricsServer::KeepUntilExit(std::move(metrics_server).value());
+  return std::nullopt;
+}
+
+// The store of --state-dir, opened, and what it held.
+struct OpenedStore {
   std::unique_ptr<CheckpointStore> store;
   std::optional<ShardSnapshot> restored;
   double restore_seconds = 0;
-  if (!state_dir.empty()) {
-    auto faults = StorageFaultsFromEnvironment();
-    if (!faults.ok()) return Fail(faults.status().message(), kExitBadUsage);
-    if (*faults) {
-      spdlog::warn("FAULT INJECTION: {}={} makes the store's disk fail on purpose",
-                   kStorageFaultsVariable, std::getenv(kStorageFaultsVariable));
-    }
-    auto opened = CheckpointStore::Open(state_dir, shard, options.num_shards, *faults);
-    if (!opened.ok()) {
-      // Unavailable: the store is locked by another process (or the disk failed), which
-      // may pass; anything else (a foreign directory, another shard's store, damage) stays.
-      const std::string m = opened.status().message();  // status() is a copy
-      return Fail("--state-dir " + (m.starts_with(state_dir) ? m : state_dir + ": " + m),
-                  opened.status().code() == StatusCode::kUnavailable ? kExitRetryable
-                                                                     : kExitBadUsage);
-    }
-    store = std::move(opened).value();
-    const auto t0 = std::chrono::steady_clock::now();
-    auto loaded = store->Load();
-    if (loaded.ok()) {
-      restored = std::move(loaded).value();
-    } else if (loaded.status().code() != StatusCode::kNotFound) {
-      return Fail("cannot restore from " + state_dir + ": " + loaded.status().message(),
-                  kExitBadUsage);
-    }
-    // A store of another mode would refuse every worker's Register: say so now.
-    if (restored) {
-      if (Status s = CheckStoredMode(restored->registration.mode, *training_mode, state_dir);
-          !s.ok()) {
-        return Fail(s.message(), kExitBadUsage);
-      }
-    }
-    restore_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    options.store = store.get();
-    options.every_update = durability == "every-update";
-    options.checkpoint_every =
-        std::chrono::milliseconds(static_cast<int64_t>(checkpoint_every_s * 1000));
-    options.checkpoint_every_versions = checkpoint_every_versions;
-    if (training_mode->kind == TrainingMode::Kind::kSync && checkpoint_every_versions == 0 &&
-        !options.every_update) {
-      spdlog::warn("sync mode with time-based snapshots: shards may hold different steps; "
-                   "--checkpoint-every-versions N keeps them aligned");
+};
+
+// Loads the opened store's snapshot into `out` (none in a new store). An exit status if it
+// cannot be restored or belongs to another --mode.
+std::optional<int> LoadStore(const PsFlags& f, const PsConfig& c, OpenedStore& out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto loaded = out.store->Load();
+  if (loaded.ok()) {
+    out.restored = std::move(loaded).value();
+  } else if (loaded.status().code() != StatusCode::kNotFound) {
+    return Fail("cannot restore from " + f.state_dir + ": " + loaded.status().message(),
+                kExitBadUsage);
+  }
+  // A store of another mode would refuse every worker's Register: say so now.
+  if (out.restored) {
+    if (Status s = CheckStoredMode(out.restored->registration.mode, c.mode, f.state_dir);
+        !s.ok()) {
+      return Fail(s.message(), kExitBadUsage);
     }
   }
+  out.restore_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::nullopt;
+}
 
+// Opens --state-dir (when set) and loads its snapshot; sets the store's server options. An
+// exit status if the store is refused.
+std::optional<int> OpenStore(const PsFlags& f, const PsConfig& c, ServerOptions& options,
+                             OpenedStore& out) {
+  if (f.state_dir.empty()) return std::nullopt;
+  auto faults = StorageFaultsFromEnvironment();
+  if (!faults.ok()) return Fail(faults.status().message(), kExitBadUsage);
+  if (*faults) {
+    spdlog::warn("FAULT INJECTION: {}={} makes the store's disk fail on purpose",
+                 kStorageFaultsVariable, std::getenv(kStorageFaultsVariable));
+  }
+  auto opened = CheckpointStore::Open(f.state_dir, c.spec.task_index, options.num_shards, *faults);
+  if (!opened.ok()) {
+    // Unavailable: the store is locked by another process (or the disk failed), which
+    // may pass; anything else (a foreign directory, another shard's store, damage) stays.
+    const std::string m = opened.status().message();  // status() is a copy
+    return Fail("--state-dir " + (m.starts_with(f.state_dir) ? m : f.state_dir + ": " + m),
+                opened.status().code() == StatusCode::kUnavailable ? kExitRetryable
+                                                                   : kExitBadUsage);
+  }
+  out.store = std::move(opened).value();
+  if (auto exit = LoadStore(f, c, out)) return exit;
+  options.store = out.store.get();
+  options.every_update = f.durability == "every-update";
+  options.checkpoint_every =
+      std::chrono::milliseconds(static_cast<int64_t>(f.checkpoint_every_s * 1000));
+  options.checkpoint_every_versions = f.checkpoint_every_versions;
+  if (c.mode.kind == TrainingMode::Kind::kSync && f.checkpoint_every_versions == 0 &&
+      !options.every_update) {
+    spdlog::warn("sync mode with time-based snapshots: shards may hold different steps; "
+                 "--checkpoint-every-versions N keeps them aligned");
+  }
+  return std::nullopt;
+}
+
+// CURVE (with --curve-key): starts the ZAP handler that admits the --curve-allow keys and
+// counts every peer. An exit status if it cannot start.
+std::optional<int> StartAuthenticator(zmq::context_t& context, const PsConfig& c,
+                                      PsMetrics& metrics, std::atomic<uint64_t>& refusals,
+                                      ServerOptions& options,
+                                      std::unique_ptr<ZapAuthenticator>& out) {
+  if (!c.curve_key) return std::nullopt;
+  options.curve_secret_key = c.curve_key->secret_key;
+  PsMetrics* m = &metrics;
+  std::atomic<uint64_t>* n = &refusals;
+  auto started = ZapAuthenticator::Start(
+      context, c.curve_allowed,
+      [m, n](std::optional<CurveRefusal> refusal, const std::string& peer) {
+        if (!refusal) {
+          m->auth_accepted->Increment();
+        } else {
+          CountRefusal(m, n, *refusal, peer, "");
+        }
+      });
+  if (!started.ok()) return Fail(started.status().message());
+  out = std::move(started).value();
+  spdlog::info("CURVE on: encrypted, {} client key(s) allowed", c.curve_allowed.size());
+  return std::nullopt;
+}
+
+// CURVE: refusals inside the handshake (a plain-text client, a key pair that does not
+// match) never reach the ZAP handler: libzmq reports them only as monitor events. They are
+// read on a thread of their own rather than in the server loop, so that they are drained
+// (the monitor queue drops what overflows) even while the loop is busy applying a large
+// gradient, and the loop's code stays as it is. An exit status if it cannot start.
+std::optional<int> WatchRefusals(const PsConfig& c, Server& server, PsMetrics& metrics,
+                                 std::atomic<uint64_t>& refusals,
+                                 std::unique_ptr<CurveRefusalWatcher>& out) {
+  if (!c.curve_key) return std::nullopt;
+  PsMetrics* m = &metrics;
+  std::atomic<uint64_t>* n = &refusals;
+  auto watching = CurveRefusalWatcher::Start(
+      server.TakeHandshakeMonitor(),
+      [m, n](CurveRefusal reason, const std::string& peer, const std::string& detail) {
+        CountRefusal(m, n, reason, peer, detail);
+      });
+  if (!watching.ok()) return Fail(watching.status().message());
+  out = std::move(watching).value();
+  return std::nullopt;
+}
+
+// Hands the store's snapshot to the server (and lets go of it). An exit status if it does
+// not fit.
+std::optional<int> RestoreServer(const PsFlags& f, Server& server, OpenedStore& opened) {
+  if (opened.restored) {
+    if (Status s = server.Restore(*opened.restored); !s.ok()) {
+      return Fail("cannot restore from " + f.state_dir + ": " + s.message(), kExitBadUsage);
+    }
+    spdlog::info("restored from {}: version {}, {} examples, {} slices, {} bytes on disk, in "
+                 "{:.3f} s",
+                 f.state_dir, opened.restored->version, opened.restored->examples,
+                 opened.restored->slices.size(), opened.store->ApproximateBytes(),
+                 opened.restore_seconds);
+    opened.restored.reset();  // the shard holds its own copy now; do not keep the model twice
+  } else if (opened.store) {
+    spdlog::info("new data directory {} (durability {})", f.state_dir, f.durability);
+  }
+  return std::nullopt;
+}
+
+void LogServing(const PsFlags& f, const PsConfig& c, const Server& server, int metrics_port) {
+  spdlog::info("shard {}/{} serving {} worker(s) on {} (mode {}{}), metrics on "
+               "http://{}:{}/metrics",
+               c.spec.task_index, static_cast<int>(c.spec.ps.size()), c.num_workers,
+               server.endpoint(), f.mode,
+               c.mode.kind == TrainingMode::Kind::kSync
+                   ? ", " + std::to_string(f.replicas_to_aggregate > 0 ? f.replicas_to_aggregate
+                                                                       : c.num_workers) +
+                         " gradients per step"
+                   : std::string(),
+               c.metrics_ip, metrics_port);
+}
+
+// After Run: a final snapshot (a graceful stop keeps everything applied so far), the last
+// log lines and the metrics snapshot. Returns the exit status.
+int Finish(const PsFlags& f, const PsConfig& c, Server& server, const PsMetrics& metrics,
+           bool has_store, const Status& run) {
+  if (Status s = server.SaveSnapshot(); !s.ok()) {
+    spdlog::error("final snapshot failed: {}", s.ToString());
+  } else if (has_store) {
+    spdlog::info("on disk: version {}", server.shard().version());
+  }
+  if (int sig = ShutdownSignal(); sig != 0) spdlog::info("signal {} received, shutting down", sig);
+  const Shard& s = server.shard();
+  spdlog::info("stopped: version {}, {} examples applied, {} elements held", s.version(),
+               s.examples(), s.num_elements());
+  if (!f.log_dir.empty()) {
+    const std::string path =
+        MetricsSnapshotPath(f.log_dir, "ps" + std::to_string(c.spec.task_index));
+    if (Status w = WriteMetricsSnapshot(*metrics.registry, path); !w.ok()) {
+      spdlog::warn("metrics snapshot not written: {}", w.message());
+    }
+  }
+  if (!run.ok()) return Fail(run.ToString());
+  return 0;
+}
+
+// Starts everything in order, serves until stopped, and stops. Returns the exit status.
+int Serve(const PsFlags& f, const PsConfig& c) {
+  PsMetrics metrics(c.spec.task_index, c.num_workers);
+  ServerOptions options = MakeServerOptions(f, c);
+  int metrics_port = 0;
+  if (auto exit = StartMetrics(f, c, metrics, &metrics_port)) return *exit;
+  OpenedStore opened;
+  if (auto exit = OpenStore(f, c, options, opened)) return *exit;
   zmq::context_t context(1);
   // Bound before the server socket, so no connection is ever admitted without it; destroyed
   // (declared after the context) before the context.
   std::unique_ptr<ZapAuthenticator> authenticator;
   std::atomic<uint64_t> refusals{0};  // every refused CURVE peer, for the log's rate limit
-  if (curve_key) {
-    options.curve_secret_key = curve_key->secret_key;
-    PsMetrics* m = &metrics;
-    std::atomic<uint64_t>* n = &refusals;
-    auto started = ZapAuthenticator::Start(
-        context, curve_allowed,
-        [m, n](std::optional<CurveRefusal> refusal, const std::string& peer) {
-          if (!refusal) {
-            m->auth_accepted->Increment();
-          } else {
-            CountRefusal(m, n, *refusal, peer, "");
-          }
-        });
-    if (!started.ok()) return Fail(started.status().message());
-    authenticator = std::move(started).value();
-    spdlog::info("CURVE on: encrypted, {} client key(s) allowed", curve_allowed.size());
+  if (auto exit = StartAuthenticator(context, c, metrics, refusals, options, authenticator)) {
+    return *exit;
   }
   auto server = Server::Create(context, options, &metrics);
   if (!server.ok()) {
@@ -456,62 +646,24 @@ int main(int argc, char** argv) {
                                                ? kExitBadUsage
                                                : kExitRetryable);
   }
-  // Refusals inside the CURVE handshake (a plain-text client, a key pair that does not
-  // match) never reach the ZAP handler: libzmq reports them only as monitor events. They
-  // are read on a thread of their own rather than in the server loop, so that they are
-  // drained (the monitor queue drops what overflows) even while the loop is busy applying a
-  // large gradient, and the loop's code stays as it is. Destroyed before the server.
-  std::unique_ptr<CurveRefusalWatcher> refusal_watcher;
-  if (curve_key) {
-    PsMetrics* m = &metrics;
-    std::atomic<uint64_t>* n = &refusals;
-    auto watching = CurveRefusalWatcher::Start(
-        (*server)->TakeHandshakeMonitor(),
-        [m, n](CurveRefusal reason, const std::string& peer, const std::string& detail) {
-          CountRefusal(m, n, reason, peer, detail);
-        });
-    if (!watching.ok()) return Fail(watching.status().message());
-    refusal_watcher = std::move(watching).value();
-  }
-  if (restored) {
-    if (Status s = (*server)->Restore(*restored); !s.ok()) {
-      return Fail("cannot restore from " + state_dir + ": " + s.message(), kExitBadUsage);
-    }
-    spdlog::info("restored from {}: version {}, {} examples, {} slices, {} bytes on disk, in "
-                 "{:.3f} s",
-                 state_dir, restored->version, restored->examples, restored->slices.size(),
-                 store->ApproximateBytes(), restore_seconds);
-    restored.reset();  // the shard holds its own copy now; do not keep the model twice
-  } else if (store) {
-    spdlog::info("new data directory {} (durability {})", state_dir, durability);
-  }
-  spdlog::info("shard {}/{} serving {} worker(s) on {} (mode {}{}), metrics on "
-               "http://{}:{}/metrics",
-               shard, options.num_shards, num_workers, (*server)->endpoint(), mode,
-               training_mode->kind == TrainingMode::Kind::kSync
-                   ? ", " + std::to_string(replicas_to_aggregate > 0 ? replicas_to_aggregate
-                                                                     : num_workers) +
-                         " gradients per step"
-                   : std::string(),
-               *metrics_ip, bound_metrics_port);
+  std::unique_ptr<CurveRefusalWatcher> refusal_watcher;  // destroyed before the server
+  if (auto exit = WatchRefusals(c, **server, metrics, refusals, refusal_watcher)) return *exit;
+  if (auto exit = RestoreServer(f, **server, opened)) return *exit;
+  LogServing(f, c, **server, metrics_port);
+  const Status run = (*server)->Run([] { return ShutdownRequested(); });
+  return Finish(f, c, **server, metrics, opened.store != nullptr, run);
+}
 
-  Status run = (*server)->Run([] { return ShutdownRequested(); });
-  // A graceful stop keeps everything applied so far.
-  if (Status s = (*server)->SaveSnapshot(); !s.ok()) {
-    spdlog::error("final snapshot failed: {}", s.ToString());
-  } else if (store) {
-    spdlog::info("on disk: version {}", (*server)->shard().version());
-  }
-  if (int sig = ShutdownSignal(); sig != 0) spdlog::info("signal {} received, shutting down", sig);
-  const Shard& s = (*server)->shard();
-  spdlog::info("stopped: version {}, {} examples applied, {} elements held", s.version(),
-               s.examples(), s.num_elements());
-  if (!log_dir.empty()) {
-    const std::string path = MetricsSnapshotPath(log_dir, "ps" + std::to_string(shard));
-    if (Status w = WriteMetricsSnapshot(*metrics.registry, path); !w.ok()) {
-      spdlog::warn("metrics snapshot not written: {}", w.message());
-    }
-  }
-  if (!run.ok()) return Fail(run.ToString());
-  return 0;
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app;
+  PsFlags flags;
+  AddFlags(app, flags);
+  if (auto done = ParseCommandLine(app, argc, argv)) return *done;
+  PsConfig config;
+  if (auto exit = Validate(flags, config)) return *exit;
+  if (flags.check) return RunCheck(flags, config);
+  if (auto exit = PrepareProcess(flags, config)) return *exit;
+  return Serve(flags, config);
 }

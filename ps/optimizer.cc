@@ -11,66 +11,95 @@
 
 namespace parasync {
 
-int NumOptimizerSlots(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd: return 0;
-    case OptimizerKind::kMomentum: return 1;
-    case OptimizerKind::kAdam: return 2;
-  }
-  return 0;
-}
-
 namespace {
 
-// The loops, written once for both cases so that each instance may promise the compiler no
-// aliasing among its arrays; when kInPlace, `in` is unused and the weights are read from
-// `out`.
+// One optimizer's loop, written once for both cases so that each instance may promise the
+// compiler no aliasing among its arrays; when kInPlace, `in` is unused and the weights are
+// read from `out`.
 template <bool kInPlace>
-void Update(const OptimizerSpec& spec, int64_t step, const float* __restrict in,
-            float* __restrict out, const float* __restrict g, std::span<float* const> slots,
-            int64_t n) {
+void Sgd(const OptimizerSpec& spec, int64_t /*step*/, const float* __restrict in,
+         float* __restrict out, const float* __restrict g, std::span<float* const> /*slots*/,
+         int64_t n) {
   auto w = [&](int64_t i) { return kInPlace ? out[i] : in[i]; };
   const float lr = spec.learning_rate;
-  switch (spec.kind) {
-    case OptimizerKind::kSgd:
-      for (int64_t i = 0; i < n; ++i) out[i] = w(i) - lr * g[i];
-      return;
-    case OptimizerKind::kMomentum: {
-      float* __restrict v = slots[0];
-      const float mu = spec.momentum;
-      for (int64_t i = 0; i < n; ++i) {
-        v[i] = mu * v[i] + g[i];
-        out[i] = w(i) - lr * v[i];
-      }
-      return;
-    }
-    case OptimizerKind::kAdam: {
-      float* __restrict m = slots[0];
-      float* __restrict v = slots[1];
-      const float b1 = spec.beta1;
-      const float b2 = spec.beta2;
-      const double t = static_cast<double>(step);
-      const float lr_t = static_cast<float>(lr * std::sqrt(1.0 - std::pow(double{b2}, t)) /
-                                            (1.0 - std::pow(double{b1}, t)));
-      const float eps = spec.epsilon;
-      for (int64_t i = 0; i < n; ++i) {
-        m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-        v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-        out[i] = w(i) - lr_t * m[i] / (std::sqrt(v[i]) + eps);
-      }
-      return;
-    }
+  for (int64_t i = 0; i < n; ++i) out[i] = w(i) - lr * g[i];
+}
+
+template <bool kInPlace>
+void Momentum(const OptimizerSpec& spec, int64_t /*step*/, const float* __restrict in,
+              float* __restrict out, const float* __restrict g, std::span<float* const> slots,
+              int64_t n) {
+  auto w = [&](int64_t i) { return kInPlace ? out[i] : in[i]; };
+  const float lr = spec.learning_rate;
+  float* __restrict v = slots[0];
+  const float mu = spec.momentum;
+  for (int64_t i = 0; i < n; ++i) {
+    v[i] = mu * v[i] + g[i];
+    out[i] = w(i) - lr * v[i];
   }
 }
+
+template <bool kInPlace>
+void Adam(const OptimizerSpec& spec, int64_t step, const float* __restrict in,
+          float* __restrict out, const float* __restrict g, std::span<float* const> slots,
+          int64_t n) {
+  auto w = [&](int64_t i) { return kInPlace ? out[i] : in[i]; };
+  const float lr = spec.learning_rate;
+  float* __restrict m = slots[0];
+  float* __restrict v = slots[1];
+  const float b1 = spec.beta1;
+  const float b2 = spec.beta2;
+  const double t = static_cast<double>(step);
+  const float lr_t = static_cast<float>(lr * std::sqrt(1.0 - std::pow(double{b2}, t)) /
+                                        (1.0 - std::pow(double{b1}, t)));
+  const float eps = spec.epsilon;
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+    out[i] = w(i) - lr_t * m[i] / (std::sqrt(v[i]) + eps);
+  }
+}
+
+// Every optimizer, in the order of OptimizerKind. A new one is a row here (its hyper-
+// parameters are checked by ValidateOptimizer in common/model_spec.cc) and its test.
+constexpr OptimizerDef kOptimizers[] = {
+    {OptimizerKind::kSgd, "sgd", 0, &Sgd<true>, &Sgd<false>},
+    {OptimizerKind::kMomentum, "momentum", 1, &Momentum<true>, &Momentum<false>},
+    {OptimizerKind::kAdam, "adam", 2, &Adam<true>, &Adam<false>},
+};
+
+constexpr bool TableIsWellFormed() {
+  for (size_t i = 0; i < std::size(kOptimizers); ++i) {
+    const OptimizerDef& o = kOptimizers[i];
+    if (static_cast<size_t>(o.kind) != i) return false;
+    if (o.slots < 0 || o.slots > kMaxOptimizerSlots) return false;
+    if (o.update_in_place == nullptr || o.update_out_of_place == nullptr) return false;
+  }
+  return true;
+}
+static_assert(TableIsWellFormed(),
+              "kOptimizers: rows in OptimizerKind order, at most kMaxOptimizerSlots slots each");
 
 }  // namespace
 
+const OptimizerDef* FindOptimizer(OptimizerKind kind) {
+  const auto i = static_cast<size_t>(kind);
+  return i < std::size(kOptimizers) ? &kOptimizers[i] : nullptr;
+}
+
+int NumOptimizerSlots(OptimizerKind kind) {
+  const OptimizerDef* o = FindOptimizer(kind);
+  return o != nullptr ? o->slots : 0;
+}
+
 void ApplyUpdate(const OptimizerSpec& spec, int64_t step, const float* w_in, float* w_out,
                  const float* g, std::span<float* const> slots, int64_t n) {
+  const OptimizerDef* o = FindOptimizer(spec.kind);
+  if (o == nullptr) return;
   if (w_in == w_out) {
-    Update<true>(spec, step, nullptr, w_out, g, slots, n);
+    o->update_in_place(spec, step, nullptr, w_out, g, slots, n);
   } else {
-    Update<false>(spec, step, w_in, w_out, g, slots, n);
+    o->update_out_of_place(spec, step, w_in, w_out, g, slots, n);
   }
 }
 

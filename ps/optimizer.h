@@ -10,10 +10,31 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "common/model_spec.h"
 
 namespace parasync {
+
+// The most slot arrays any optimizer keeps; a row of the table (ps/optimizer.cc) with more
+// does not compile, so callers may hold slot pointers in std::array<float*, kMaxOptimizerSlots>.
+inline constexpr int kMaxOptimizerSlots = 2;
+
+// One optimizer: its name, its slot count and its update (see ApplyUpdate), in place or out of
+// place. The table of them, one row per OptimizerKind, is in ps/optimizer.cc.
+struct OptimizerDef {
+  using UpdateFn = void (*)(const OptimizerSpec& spec, int64_t step, const float* w_in,
+                            float* w_out, const float* g, std::span<float* const> slots,
+                            int64_t n);
+  OptimizerKind kind;
+  std::string_view name;
+  int slots;
+  UpdateFn update_in_place;      // w_in unused: the weights are read from and written to w_out
+  UpdateFn update_out_of_place;  // w_in only read
+};
+
+// The row of `kind`; null for a kind outside the table (never for a validated spec).
+const OptimizerDef* FindOptimizer(OptimizerKind kind);
 
 // Slot arrays (same length as the variable) each optimizer keeps: sgd 0, momentum 1 (v),
 // adam 2 (m, v). Slots start at zero.

@@ -151,12 +151,14 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
       coordinator_({options.mode, options.num_workers, options.replicas_to_aggregate,
                     options.worker_timeout},
                    std::chrono::steady_clock::now()),
+      parked_(static_cast<size_t>(4 * options.num_workers + 64)),
       straggler_({options.num_workers, options.straggler_log_seconds}),
       last_idle_(std::chrono::steady_clock::now()),
-      last_seq_(static_cast<size_t>(options.num_workers), 0),
-      progress_(static_cast<size_t>(options.num_workers)),
-      pending_progress_(static_cast<size_t>(options.num_workers)),
-      last_save_time_(std::chrono::steady_clock::now()) {
+      ledger_(options.num_workers),
+      durability_({options.store, options.every_update, options.checkpoint_every,
+                   options.checkpoint_every_versions,
+                   options.mode.kind == TrainingMode::Kind::kSync, options.shard_index},
+                  metrics, std::chrono::steady_clock::now()) {
   shard_.set_max_message_bytes(options.max_message_bytes);
   std::random_device rd;
   while (incarnation_ == 0) incarnation_ = (uint64_t{rd()} << 32) | rd();
@@ -164,13 +166,8 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
 
 Status Server::Restore(const ShardSnapshot& snap) {
   PARASYNC_RETURN_IF_ERROR(shard_.Restore(snap));
-  for (const RankRecord& r : snap.ranks) {
-    if (r.rank >= 0 && static_cast<size_t>(r.rank) < last_seq_.size()) {
-      last_seq_[static_cast<size_t>(r.rank)] = r.last_seq;
-      progress_[static_cast<size_t>(r.rank)] = r.progress;
-    }
-  }
-  last_saved_version_ = shard_.version();
+  ledger_.Restore(snap.ranks);
+  durability_.MarkSaved(shard_.version());
   PublishMemoryBound();
   metrics_->registered->Set(1);
   metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
@@ -178,48 +175,7 @@ Status Server::Restore(const ShardSnapshot& snap) {
   return Status::Ok();
 }
 
-Status Server::SaveSnapshot(bool force) {
-  if (options_.store == nullptr || !shard_.registered()) return Status::Ok();
-  if (!force && shard_.version() == last_saved_version_) return Status::Ok();
-  const auto t0 = std::chrono::steady_clock::now();
-  ShardSnapshot snap = shard_.Snapshot();
-  for (size_t r = 0; r < last_seq_.size(); ++r) {
-    if (last_seq_[r] != 0 || !progress_[r].empty()) {
-      snap.ranks.push_back({static_cast<int32_t>(r), last_seq_[r], progress_[r]});
-    }
-  }
-  PARASYNC_RETURN_IF_ERROR(options_.store->Save(snap, /*sync=*/true));
-  const auto t1 = std::chrono::steady_clock::now();
-  last_saved_version_ = shard_.version();
-  last_save_time_ = t1;
-  metrics_->checkpoint_seconds->Observe(std::chrono::duration<double>(t1 - t0).count());
-  metrics_->last_checkpoint_time->SetToCurrentTime();
-  spdlog::debug("snapshot of version {} saved in {:.3f} s", shard_.version(),
-                std::chrono::duration<double>(t1 - t0).count());
-  return Status::Ok();
-}
-
-void Server::MaybeSnapshot(TimePoint now) {
-  if (options_.store == nullptr || options_.every_update || !shard_.registered()) return;
-  const int64_t version = shard_.version();
-  if (version == last_saved_version_) return;
-  bool due = false;
-  if (options_.checkpoint_every_versions > 0) {
-    due = options_.mode.kind == TrainingMode::Kind::kSync
-              ? version % options_.checkpoint_every_versions == 0
-              : version - std::max<int64_t>(0, last_saved_version_) >=
-                    options_.checkpoint_every_versions;
-  }
-  if (options_.checkpoint_every.count() > 0 && now - last_save_time_ >= options_.checkpoint_every) {
-    due = true;
-  }
-  if (!due) return;
-  if (Status s = SaveSnapshot(); !s.ok()) {
-    metrics_->checkpoint_failures->Increment();
-    spdlog::error("snapshot failed: {}", s.ToString());
-    last_save_time_ = now;  // retry at the next interval, not at every message
-  }
-}
+Status Server::SaveSnapshot(bool force) { return durability_.Save(shard_, ledger_, force); }
 
 void Server::DropGradient(const Header& req, Header& reply, bool stale) {
   reply.dropped = true;
@@ -229,79 +185,18 @@ void Server::DropGradient(const Header& req, Header& reply, bool stale) {
   }
   if (coordinator_.ValidRank(req.rank)) {
     coordinator_.RecordDropped(req.rank);
-    RecordSeq(req.rank, req.seq);
-    RecordProgress(req.rank, req.progress);  // the batch is settled: dropped, not pending
+    ledger_.RecordSeq(req.rank, PushSeq(req.seq));
+    ledger_.RecordProgress(req.rank, req.progress);  // the batch is settled: dropped, not pending
     metrics_->worker_dropped[static_cast<size_t>(req.rank)]->Increment();
   }
 }
 
-bool Server::AlreadyApplied(int rank, uint64_t seq) const {
-  if (seq == 0 || rank < 0 || static_cast<size_t>(rank) >= last_seq_.size()) return false;
-  const uint64_t last = last_seq_[static_cast<size_t>(rank)];
-  return (last >> 32) == (seq >> 32) && (seq & 0xffffffffULL) <= (last & 0xffffffffULL);
-}
-
-void Server::RecordSeq(int rank, uint64_t seq) {
-  if (seq == 0 || rank < 0 || static_cast<size_t>(rank) >= last_seq_.size()) return;
-  last_seq_[static_cast<size_t>(rank)] = seq;
-}
-
-void Server::RecordProgress(int rank, const DataProgress& progress) {
-  if (progress.empty() || rank < 0 || static_cast<size_t>(rank) >= progress_.size()) return;
-  progress_[static_cast<size_t>(rank)] = progress;
-}
-
-std::vector<RankRecord> Server::RankRecords(std::span<const int> ranks) const {
-  std::vector<RankRecord> records;
-  for (int rank : ranks) {
-    if (rank < 0 || static_cast<size_t>(rank) >= last_seq_.size()) continue;
-    const auto r = static_cast<size_t>(rank);
-    if (last_seq_[r] != 0 || !progress_[r].empty()) {
-      records.push_back({rank, last_seq_[r], progress_[r]});
-    }
-  }
-  return records;
-}
-
-Status Server::PersistUpdate(std::span<const SliceRange> ranges, std::vector<RankRecord> ranks) {
-  std::vector<SliceSnapshot> slices;
-  const SliceMap* map = shard_.slice_map();
-  if (map == nullptr) return Status::FailedPrecondition("nothing registered to persist");
-  if (ranges.empty()) {
-    for (uint32_t id : map->SlicesOfShard(options_.shard_index)) {
-      slices.push_back(shard_.SnapshotOfSlice(id));
-    }
-  } else {
-    for (const SliceRange& r : ranges) slices.push_back(shard_.SnapshotOfSlice(r.slice_id));
-  }
-  std::vector<const SliceSnapshot*> ptrs;
-  for (const SliceSnapshot& s : slices) ptrs.push_back(&s);
-  const auto t0 = std::chrono::steady_clock::now();
-  PARASYNC_RETURN_IF_ERROR(options_.store->SaveUpdate(shard_.version(), shard_.examples(), ptrs,
-                                                      ranks, /*sync=*/true));
-  metrics_->checkpoint_seconds->Observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  metrics_->last_checkpoint_time->SetToCurrentTime();
-  last_saved_version_ = shard_.version();
-  return Status::Ok();
-}
-
 void Server::OnStoreFailure(const Status& failure, const std::string& what) {
-  metrics_->checkpoint_failures->Increment();
-  if (store_failure_) return;
-  store_failure_ = "ps shard " + std::to_string(options_.shard_index) + ": the store in " +
-                   options_.store->dir() + " failed a durable write (" + what + ": " +
-                   failure.message() +
-                   "); no push is acknowledged any more: fix or free the disk, then restart "
-                   "this server";
-  metrics_->store_failed->Set(1);
-  spdlog::error("{}", *store_failure_);
+  if (!durability_.LatchFailure(failure, what)) return;
   // Memory goes back to the last durable state: what was applied but not persisted was never
   // acknowledged, and must not be served or counted as applied (seqs included).
   if (auto durable = options_.store->Load(); durable.ok()) {
-    std::fill(last_seq_.begin(), last_seq_.end(), 0);
-    std::fill(progress_.begin(), progress_.end(), DataProgress{});
-    std::fill(pending_progress_.begin(), pending_progress_.end(), DataProgress{});
+    ledger_.Clear();
     if (Status s = Restore(*durable); !s.ok()) {
       spdlog::error("rolling back to the store failed: {}", s.ToString());
     } else {
@@ -310,19 +205,38 @@ void Server::OnStoreFailure(const Status& failure, const std::string& what) {
   } else if (durable.status().code() != StatusCode::kNotFound) {
     spdlog::error("rolling back to the store failed: {}", durable.status().ToString());
   }
-  for (ParkedPull& p : parked_) {
-    FailParked(p, Status::Unavailable(*store_failure_), RejectReason::kStoreFailed);
+  parked_.RemoveIf([&](ParkedPull& p) {
+    FailParked(p, Status::Unavailable(*durability_.failure()), RejectReason::kStoreFailed);
+    return true;
+  });
+}
+
+int Server::SlowestSspBlocker(int rank) const {
+  if (options_.mode.kind != TrainingMode::Kind::kSsp || !coordinator_.ValidRank(rank)) return -1;
+  int waited_for = -1;
+  int64_t slowest_clock = INT64_MAX;
+  for (int r : coordinator_.SspBlockers(rank)) {
+    const int64_t clock = coordinator_.workers()[static_cast<size_t>(r)].clock;
+    if (clock < slowest_clock) {
+      slowest_clock = clock;
+      waited_for = r;
+    }
   }
-  parked_.clear();
+  return waited_for;
+}
+
+Header Server::ReplyTo(const Header& req) const {
+  Header reply;
+  reply.type = req.type;
+  reply.request_id = req.request_id;
+  reply.rank = req.rank;
+  reply.version = shard_.version();
+  reply.incarnation = incarnation_;
+  return reply;
 }
 
 void Server::FailParked(ParkedPull& p, const Status& status, RejectReason reason) {
-  Header reply;
-  reply.type = p.request.type;
-  reply.request_id = p.request.request_id;
-  reply.rank = p.request.rank;
-  reply.version = shard_.version();
-  reply.incarnation = incarnation_;
+  Header reply = ReplyTo(p.request);
   reply.status = status;
   Reject(reason);
   (void)socket_->Send(&p.identity, reply, {});
@@ -420,6 +334,22 @@ void Server::MaybeTrimMemory(TimePoint now) {
 }
 
 void Server::SendPull(zmq::message_t& identity, const Header& req) {
+  const ByteCounter peer = UnreadCounterOf(identity);
+  if (RefuseUnreadPull(identity, req, *peer)) return;
+  Header reply = ReplyTo(req);
+  reply.dtype = req.dtype;
+  reply.slices = req.slices;
+  std::vector<zmq::message_t> frames = PullFrames(req, peer);
+  if (coordinator_.ValidRank(req.rank)) coordinator_.RecordRead(req.rank);
+  metrics_->bytes_sent[static_cast<size_t>(MsgType::kPull)]->Increment(
+      static_cast<double>(FramesBytes(frames)));
+  if (Status s = socket_->Send(&identity, reply, std::move(frames)); !s.ok()) {
+    spdlog::warn("pull reply to rank {} not sent: {}", req.rank, s.message());
+  }
+}
+
+bool Server::RefuseUnreadPull(zmq::message_t& identity, const Header& req,
+                              const std::atomic<int64_t>& peer) {
   // What a reply keeps alive: a float32 frame pins its whole slice (a loan), a 16-bit one its
   // own encoded copy.
   int64_t bytes = 0;
@@ -429,42 +359,32 @@ void Server::SendPull(zmq::message_t& identity, const Header& req) {
                  ? map->slices()[r.slice_id].length * static_cast<int64_t>(sizeof(float))
                  : r.count * static_cast<int64_t>(DTypeSize(req.dtype));
   }
-  const ByteCounter peer = UnreadCounterOf(identity);
-  const int64_t peer_unread = peer->load(std::memory_order_relaxed);
+  const int64_t peer_unread = peer.load(std::memory_order_relaxed);
   const int64_t total_unread = unread_total_->load(std::memory_order_relaxed);
   const int64_t peer_cap = 2 * shard_.num_elements() * static_cast<int64_t>(sizeof(float));
   const int64_t cap = UnreadReplyCap(options_, shard_.num_elements());
-  if ((peer_unread > 0 && peer_unread + bytes > peer_cap) || total_unread + bytes > cap) {
-    // Another reply would pin another version of the model for a peer that does not read.
-    Header refusal;
-    refusal.type = req.type;
-    refusal.request_id = req.request_id;
-    refusal.rank = req.rank;
-    refusal.version = shard_.version();
-    refusal.incarnation = incarnation_;
-    refusal.status = Status::Unavailable(
-        peer_unread + bytes > peer_cap
-            ? "pull refused: " + std::to_string(peer_unread) +
-                  " bytes of earlier pull replies to this connection are still unread"
-            : "pull refused: this server has " + std::to_string(total_unread) +
-                  " bytes of pull replies unread by their peers (at most " +
-                  std::to_string(cap) + ", --max-unread-reply-bytes)");
-    Reject(RejectReason::kUnreadReplies);
-    if (ShouldLogRejection()) {
-      spdlog::warn("rejected pull from rank {} ({}): {}", req.rank,
-                   RejectReasonName(RejectReason::kUnreadReplies), refusal.status.message());
-    }
-    (void)socket_->Send(&identity, refusal, {});
-    return;
+  if ((peer_unread <= 0 || peer_unread + bytes <= peer_cap) && total_unread + bytes <= cap) {
+    return false;
   }
-  Header reply;
-  reply.type = req.type;
-  reply.request_id = req.request_id;
-  reply.rank = req.rank;
-  reply.dtype = req.dtype;
-  reply.slices = req.slices;
-  reply.version = shard_.version();
-  reply.incarnation = incarnation_;
+  // Another reply would pin another version of the model for a peer that does not read.
+  Header refusal = ReplyTo(req);
+  refusal.status = Status::Unavailable(
+      peer_unread + bytes > peer_cap
+          ? "pull refused: " + std::to_string(peer_unread) +
+                " bytes of earlier pull replies to this connection are still unread"
+          : "pull refused: this server has " + std::to_string(total_unread) +
+                " bytes of pull replies unread by their peers (at most " + std::to_string(cap) +
+                ", --max-unread-reply-bytes)");
+  Reject(RejectReason::kUnreadReplies);
+  if (ShouldLogRejection()) {
+    spdlog::warn("rejected pull from rank {} ({}): {}", req.rank,
+                 RejectReasonName(RejectReason::kUnreadReplies), refusal.status.message());
+  }
+  (void)socket_->Send(&identity, refusal, {});
+  return true;
+}
+
+std::vector<zmq::message_t> Server::PullFrames(const Header& req, const ByteCounter& peer) {
   // Zero-copy: each frame points at the slice's values and holds them (ZeroMQ returns the
   // loan once the bytes are written out); an update meanwhile goes to another buffer. A
   // reply in a 16-bit wire dtype is encoded into a buffer of its own instead.
@@ -475,40 +395,7 @@ void Server::SendPull(zmq::message_t& identity, const Header& req) {
   size_t taken = 0;  // loans [taken, end) are still ours to return
   try {
     for (; taken < loans.size(); ++taken) {
-      const Shard::Loan& loan = loans[taken];
-      const size_t size = static_cast<size_t>(loan.count) * DTypeSize(req.dtype);
-      if (size == 0) {
-        frames.emplace_back();
-        Shard::ReturnLoan(loan.token);
-        continue;
-      }
-      const bool lent = req.dtype == DType::kFloat32;
-      // A lent frame keeps its whole slice alive; an encoded one its own bytes.
-      auto owned_hold = std::make_unique<FrameHold>(FrameHold{
-          nullptr,
-          lent ? loan.pinned * static_cast<int64_t>(sizeof(float)) : static_cast<int64_t>(size),
-          peer, unread_total_, released_since_trim_});
-      void* data = const_cast<float*>(loan.data);
-      if (!lent) {
-        data = std::malloc(size);
-        if (data == nullptr) throw std::bad_alloc();
-        EncodeFloats(loan.data, static_cast<size_t>(loan.count), req.dtype, data);
-        Shard::ReturnLoan(loan.token);
-      } else {
-        owned_hold->loan = loan.token;
-      }
-      // From here the hold owns the loan (or the buffer). Counted before the frame exists:
-      // ReleaseFrame may run as soon as it is queued.
-      FrameHold* hold = owned_hold.release();
-      peer->fetch_add(hold->bytes, std::memory_order_relaxed);
-      unread_total_->fetch_add(hold->bytes, std::memory_order_relaxed);
-      try {
-        frames.emplace_back(data, size, &ReleaseFrame, hold);
-      } catch (...) {
-        ReleaseFrame(data, hold);
-        ++taken;
-        throw;
-      }
+      AppendPullFrame(req.dtype, loans[taken], peer, frames, taken);
     }
   } catch (...) {
     // Out of memory mid-reply: what is not yet in a frame goes back (the frames built so
@@ -516,93 +403,158 @@ void Server::SendPull(zmq::message_t& identity, const Header& req) {
     for (; taken < loans.size(); ++taken) Shard::ReturnLoan(loans[taken].token);
     throw;
   }
-  if (coordinator_.ValidRank(req.rank)) coordinator_.RecordRead(req.rank);
-  metrics_->bytes_sent[static_cast<size_t>(MsgType::kPull)]->Increment(
-      static_cast<double>(FramesBytes(frames)));
-  if (Status s = socket_->Send(&identity, reply, std::move(frames)); !s.ok()) {
-    spdlog::warn("pull reply to rank {} not sent: {}", req.rank, s.message());
+  return frames;
+}
+
+void Server::AppendPullFrame(DType dtype, const Shard::Loan& loan, const ByteCounter& peer,
+                             std::vector<zmq::message_t>& frames, size_t& taken) {
+  const size_t size = static_cast<size_t>(loan.count) * DTypeSize(dtype);
+  if (size == 0) {
+    frames.emplace_back();
+    Shard::ReturnLoan(loan.token);
+    return;
+  }
+  const bool lent = dtype == DType::kFloat32;
+  // A lent frame keeps its whole slice alive; an encoded one its own bytes.
+  auto owned_hold = std::make_unique<FrameHold>(FrameHold{
+      nullptr,
+      lent ? loan.pinned * static_cast<int64_t>(sizeof(float)) : static_cast<int64_t>(size),
+      peer, unread_total_, released_since_trim_});
+  void* data = const_cast<float*>(loan.data);
+  if (!lent) {
+    data = std::malloc(size);
+    if (data == nullptr) throw std::bad_alloc();
+    EncodeFloats(loan.data, static_cast<size_t>(loan.count), dtype, data);
+    Shard::ReturnLoan(loan.token);
+  } else {
+    owned_hold->loan = loan.token;
+  }
+  // From here the hold owns the loan (or the buffer). Counted before the frame exists:
+  // ReleaseFrame may run as soon as it is queued.
+  FrameHold* hold = owned_hold.release();
+  peer->fetch_add(hold->bytes, std::memory_order_relaxed);
+  unread_total_->fetch_add(hold->bytes, std::memory_order_relaxed);
+  try {
+    frames.emplace_back(data, size, &ReleaseFrame, hold);
+  } catch (...) {
+    ReleaseFrame(data, hold);
+    ++taken;
+    throw;
   }
 }
 
 void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frames,
                         Header& reply, RejectReason* reason) {
+  reply.status = CheckPush(req, in_frames, reason);
+  if (!reply.status.ok()) return;
+  if (coordinator_.ValidRank(req.rank) && ledger_.AlreadyApplied(req.rank, PushSeq(req.seq))) {
+    reply.replayed = true;  // a resend of a push applied (and, every-update, durable) before
+    return;
+  }
+  if (durability_.failure()) {
+    *reason = RejectReason::kStoreFailed;
+    reply.status = Status::Unavailable(*durability_.failure());
+    return;
+  }
+  int64_t read_version = 0;
+  if (!AdmitGradient(req, reply, reason, &read_version)) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::vector<float>> realigned;  // only for frames that are not aligned
+  const std::vector<const float*> grads = GradientsOf(req, in_frames, realigned);
+  const int64_t staleness = shard_.version() - read_version;
+  const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
+  if (sync) {
+    reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason, req.rank);
+    if (!reply.status.ok()) return;
+    OnGradientAccumulated(req);
+  } else if (!ApplyAsync(req, grads, staleness, reply, reason)) {
+    return;
+  }
+  OnGradientTaken(req, staleness, t0);
+  reply.staleness = staleness;
+  if (sync) MaybeCompleteStep();
+}
+
+Status Server::CheckPush(const Header& req, const std::vector<zmq::message_t>& in_frames,
+                         RejectReason* reason) const {
   std::vector<size_t> sizes;
   sizes.reserve(in_frames.size());
   for (const auto& f : in_frames) sizes.push_back(f.size());
-  reply.status = shard_.ValidateRanges(req.slices, req.dtype, std::span<const size_t>(sizes), reason);
-  if (!reply.status.ok()) return;
+  PARASYNC_RETURN_IF_ERROR(
+      shard_.ValidateRanges(req.slices, req.dtype, std::span<const size_t>(sizes), reason));
   if (req.batch_examples < 0 || req.batch_examples > (int64_t{1} << 31)) {
     *reason = RejectReason::kMalformed;
-    reply.status = Status::InvalidArgument("batch_examples " + std::to_string(req.batch_examples) +
-                                           " is out of range");
-    return;
+    return Status::InvalidArgument("batch_examples " + std::to_string(req.batch_examples) +
+                                   " is out of range");
   }
   const DataProgress& p = req.progress;
   if (p.epoch < 0 || p.of < 0 || p.of > (int64_t{1} << 40) || p.done < 0 || p.done > p.of ||
       (p.epoch == 0 && (p.done != 0 || p.of != 0))) {
     *reason = RejectReason::kMalformed;
-    reply.status = Status::InvalidArgument(
+    return Status::InvalidArgument(
         "progress epoch " + std::to_string(p.epoch) + ", " + std::to_string(p.done) + " of " +
         std::to_string(p.of) + " examples is not a position in a data shard");
-    return;
   }
-  const bool ranked = coordinator_.ValidRank(req.rank);
-  if (ranked && AlreadyApplied(req.rank, req.seq)) {
-    reply.replayed = true;  // a resend of a push applied (and, every-update, durable) before
-    return;
-  }
-  if (store_failure_) {
-    *reason = RejectReason::kStoreFailed;
-    reply.status = Status::Unavailable(*store_failure_);
-    return;
-  }
+  return Status::Ok();
+}
+
+bool Server::AdmitGradient(const Header& req, Header& reply, RejectReason* reason,
+                           int64_t* read_version) {
   const int64_t version = shard_.version();
   // A push made for an older incarnation of this server was computed from the parameters of
   // a dead process: its version means nothing here.
   const bool other_incarnation = req.incarnation != 0 && req.incarnation != incarnation_;
-  const int64_t read_version = other_incarnation ? version : req.version;
+  *read_version = other_incarnation ? version : req.version;
   const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
   if (other_incarnation && sync) {
     DropGradient(req, reply, /*stale=*/true);
-    return;
+    return false;
   }
-  if (read_version < 0 || read_version > version) {
+  if (*read_version < 0 || *read_version > version) {
     *reason = RejectReason::kBadVersion;
     reply.status = Status::InvalidArgument("gradient computed from version " +
                                            std::to_string(req.version) + " but the shard is at " +
                                            std::to_string(version));
-    return;
+    return false;
   }
-  if (sync) {
-    switch (coordinator_.ClassifySync(req.rank, read_version, version)) {
-      case Coordinator::Offer::kStale:
-        DropGradient(req, reply, /*stale=*/true);
-        return;
-      case Coordinator::Offer::kDuplicate:
-        // A second gradient for the step from one rank: typically a replacement process of a
-        // rank that died after contributing, or a late duplicate of the dead one. It is not
-        // aggregated; the sender is told it was dropped and simply waits for the next step.
-        DropGradient(req, reply, /*stale=*/false);
-        metrics_->rejected[static_cast<size_t>(RejectReason::kDuplicate)]->Increment();
-        return;
-      case Coordinator::Offer::kFuture:
-        *reason = RejectReason::kBadVersion;
-        reply.status = Status::InvalidArgument("gradient from a future step");
-        return;
-      case Coordinator::Offer::kAccept:
-        break;
-    }
-  }
-  if (options_.mode.kind == TrainingMode::Kind::kSsp && ranked &&
+  if (sync) return AdmitSyncGradient(req, *read_version, reply, reason);
+  if (options_.mode.kind == TrainingMode::Kind::kSsp && coordinator_.ValidRank(req.rank) &&
       coordinator_.ClockStaleness(req.rank) > options_.mode.staleness) {
     // Only possible across a death and rejoin (reads are gated by the bound): a gradient
     // computed before is older than the bound allows, so it is dropped, not applied.
     DropGradient(req, reply, /*stale=*/true);
-    return;
+    return false;
   }
-  const auto t0 = std::chrono::steady_clock::now();
+  return true;
+}
+
+bool Server::AdmitSyncGradient(const Header& req, int64_t read_version, Header& reply,
+                               RejectReason* reason) {
+  switch (coordinator_.ClassifySync(req.rank, read_version, shard_.version())) {
+    case Coordinator::Offer::kStale:
+      DropGradient(req, reply, /*stale=*/true);
+      return false;
+    case Coordinator::Offer::kDuplicate:
+      // A second gradient for the step from one rank: typically a replacement process of a
+      // rank that died after contributing, or a late duplicate of the dead one. It is not
+      // aggregated; the sender is told it was dropped and simply waits for the next step.
+      DropGradient(req, reply, /*stale=*/false);
+      metrics_->rejected[static_cast<size_t>(RejectReason::kDuplicate)]->Increment();
+      return false;
+    case Coordinator::Offer::kFuture:
+      *reason = RejectReason::kBadVersion;
+      reply.status = Status::InvalidArgument("gradient from a future step");
+      return false;
+    case Coordinator::Offer::kAccept:
+      break;
+  }
+  return true;
+}
+
+std::vector<const float*> Server::GradientsOf(const Header& req,
+                                              const std::vector<zmq::message_t>& in_frames,
+                                              std::vector<std::vector<float>>& realigned) {
   std::vector<const float*> grads;
-  std::vector<std::vector<float>> realigned;  // only for frames that are not aligned
   grads.reserve(in_frames.size());
   if (req.dtype != DType::kFloat32) {
     // A 16-bit wire dtype: widened to float32 before the finite check and the optimizer see
@@ -617,81 +569,84 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
       grads.push_back(at);
       at += count;
     }
-  } else {
-    for (const auto& f : in_frames) {
-      if (reinterpret_cast<uintptr_t>(f.data()) % alignof(float) == 0) {
-        grads.push_back(static_cast<const float*>(f.data()));
-      } else {
-        realigned.emplace_back(f.size() / sizeof(float));
-        std::memcpy(realigned.back().data(), f.data(), f.size());
-        grads.push_back(realigned.back().data());
-      }
+    return grads;
+  }
+  for (const auto& f : in_frames) {
+    if (reinterpret_cast<uintptr_t>(f.data()) % alignof(float) == 0) {
+      grads.push_back(static_cast<const float*>(f.data()));
+    } else {
+      realigned.emplace_back(f.size() / sizeof(float));
+      std::memcpy(realigned.back().data(), f.data(), f.size());
+      grads.push_back(realigned.back().data());
     }
   }
-  const int64_t staleness = version - read_version;
-  if (sync) {
-    reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason, req.rank);
-    if (!reply.status.ok()) return;
-    // The step waited for this rank alone when it was the only one missing: from the
-    // gradient before it to this one, the step could have completed but for it. (With
-    // backup workers a step completes without waiting for anyone in particular.)
-    const bool waited_for_this_rank =
-        coordinator_.contributors() > 0 && coordinator_.OnlyMissing(req.rank);
-    coordinator_.Contribute(req.rank);
-    RecordSeq(req.rank, req.seq);
-    if (!req.progress.empty()) pending_progress_[static_cast<size_t>(req.rank)] = req.progress;
-    const TimePoint arrived = std::chrono::steady_clock::now();
-    if (waited_for_this_rank && coordinator_.StepReady()) {
-      RecordStragglerWait(req.rank, SecondsSince(step_last_arrival_, arrived), arrived,
-                          "the sync step's last gradient");
-    }
-    step_last_arrival_ = arrived;
-  } else {
-    float lr_scale = 1.0f;
-    if (shard_.registration() && shard_.registration()->optimizer.staleness_aware) {
-      lr_scale = 1.0f / static_cast<float>(std::max<int64_t>(1, staleness));
-    }
-    reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale);
-    if (!reply.status.ok()) return;
-    if (options_.store != nullptr && options_.every_update) {
-      std::vector<RankRecord> record;
-      if (ranked && (req.seq != 0 || !req.progress.empty())) {
-        const auto r = static_cast<size_t>(req.rank);
-        record.push_back({req.rank, req.seq != 0 ? req.seq : last_seq_[r],
-                          req.progress.empty() ? progress_[r] : req.progress});
-      }
-      if (Status s = PersistUpdate(req.slices, std::move(record)); !s.ok()) {
-        // Not durable, so not acknowledged (and rolled back): the seq is not recorded.
-        OnStoreFailure(s, "push of rank " + std::to_string(req.rank));
-        *reason = RejectReason::kStoreFailed;
-        reply.status = Status::Unavailable(*store_failure_);
-        return;
-      }
-    }
-    if (ranked) {
-      RecordSeq(req.rank, req.seq);
-      RecordProgress(req.rank, req.progress);
-    }
-    PublishProgress();
-    if (req.batch_examples > 0) metrics_->examples->Increment(static_cast<double>(req.batch_examples));
+  return grads;
+}
+
+void Server::OnGradientAccumulated(const Header& req) {
+  // The step waited for this rank alone when it was the only one missing: from the
+  // gradient before it to this one, the step could have completed but for it. (With
+  // backup workers a step completes without waiting for anyone in particular.)
+  const bool waited_for_this_rank =
+      coordinator_.contributors() > 0 && coordinator_.OnlyMissing(req.rank);
+  coordinator_.Contribute(req.rank);
+  ledger_.RecordSeq(req.rank, PushSeq(req.seq));
+  ledger_.SetPending(req.rank, req.progress);
+  const TimePoint arrived = std::chrono::steady_clock::now();
+  if (waited_for_this_rank && coordinator_.StepReady()) {
+    RecordStragglerWait(req.rank, SecondsSince(step_last_arrival_, arrived), arrived,
+                        "the sync step's last gradient");
   }
+  step_last_arrival_ = arrived;
+}
+
+bool Server::ApplyAsync(const Header& req, std::span<const float* const> grads,
+                        int64_t staleness, Header& reply, RejectReason* reason) {
+  float lr_scale = 1.0f;
+  if (shard_.registration() && shard_.registration()->optimizer.staleness_aware) {
+    lr_scale = 1.0f / static_cast<float>(std::max<int64_t>(1, staleness));
+  }
+  reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale);
+  if (!reply.status.ok()) return false;
+  const bool ranked = coordinator_.ValidRank(req.rank);
+  if (durability_.every_update()) {
+    std::vector<RankRecord> record;
+    if (ranked && (req.seq != 0 || !req.progress.empty())) {
+      record.push_back(ledger_.RecordAfter(req.rank, req.seq, req.progress));
+    }
+    if (Status s = durability_.SaveUpdate(shard_, req.slices, std::move(record)); !s.ok()) {
+      // Not durable, so not acknowledged (and rolled back): the seq is not recorded.
+      OnStoreFailure(s, "push of rank " + std::to_string(req.rank));
+      *reason = RejectReason::kStoreFailed;
+      reply.status = Status::Unavailable(*durability_.failure());
+      return false;
+    }
+  }
+  if (ranked) {
+    ledger_.RecordSeq(req.rank, PushSeq(req.seq));
+    ledger_.RecordProgress(req.rank, req.progress);
+  }
+  PublishProgress();
+  if (req.batch_examples > 0) metrics_->examples->Increment(static_cast<double>(req.batch_examples));
+  return true;
+}
+
+void Server::OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0) {
   metrics_->apply_seconds->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   metrics_->staleness->Observe(static_cast<double>(staleness));
-  reply.staleness = staleness;
   max_version_staleness_ = std::max(max_version_staleness_, staleness);
-  if (ranked) {
+  if (coordinator_.ValidRank(req.rank)) {
     const int64_t clock_staleness = coordinator_.RecordGradient(req.rank);
     max_clock_staleness_ = std::max(max_clock_staleness_, clock_staleness);
     metrics_->worker_gradients[static_cast<size_t>(req.rank)]->Increment();
   }
-  if (sync) MaybeCompleteStep();
 }
 
 void Server::MaybeCompleteStep() {
   if (options_.mode.kind != TrainingMode::Kind::kSync || !coordinator_.StepReady()) return;
   // After a rollback the step's gradients may be gone: no step is taken that cannot be kept.
-  if (store_failure_) return;
+  if (durability_.failure()) return;
   const int n = coordinator_.contributors();
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t before = shard_.examples();
@@ -699,15 +654,10 @@ void Server::MaybeCompleteStep() {
   coordinator_.CompleteStep();
   // The contributors' positions count now that their gradients are applied; with
   // every-update durability they are stored with the step, seqs included.
-  std::vector<int> contributors;
-  for (size_t r = 0; r < pending_progress_.size(); ++r) {
-    if (pending_progress_[r].empty()) continue;
-    progress_[r] = std::exchange(pending_progress_[r], DataProgress{});
-    contributors.push_back(static_cast<int>(r));
-  }
-  if (options_.store != nullptr && options_.every_update) {
+  const std::vector<int> contributors = ledger_.SettlePending();
+  if (durability_.every_update()) {
     // The step's pulls are answered only after it is durable (ServeParked runs after this).
-    if (Status s = PersistUpdate({}, RankRecords(contributors)); !s.ok()) {
+    if (Status s = durability_.SaveUpdate(shard_, {}, ledger_.Records(contributors)); !s.ok()) {
       OnStoreFailure(s, "step " + std::to_string(shard_.version()));
       return;  // rolled back: this step's examples were not applied after all
     }
@@ -761,9 +711,7 @@ void Server::UpdateGauges(TimePoint now) {
       static_cast<double>(unread_total_->load(std::memory_order_relaxed)));
   // Peers whose replies are all gone (no frame holds their counter) are forgotten.
   std::erase_if(unread_by_peer_, [](const auto& entry) { return entry.second.use_count() == 1; });
-  double oldest = 0;
-  for (const ParkedPull& p : parked_) oldest = std::max(oldest, SecondsSince(p.since, now));
-  metrics_->oldest_parked_pull_seconds->Set(oldest);
+  metrics_->oldest_parked_pull_seconds->Set(parked_.OldestSeconds(now));
   metrics_->SetStraggler(straggler_.Straggler(now));
   // Walking the store's directory costs a few syscalls per file: every 5 s is plenty.
   if (options_.store != nullptr && now - store_size_updated_ >= std::chrono::seconds(5)) {
@@ -773,22 +721,31 @@ void Server::UpdateGauges(TimePoint now) {
 }
 
 void Server::ServeParked(TimePoint now) {
-  if (parked_.empty()) return;
-  std::vector<ParkedPull> still;
-  still.reserve(parked_.size());
-  for (ParkedPull& p : parked_) {
-    if (CanServePull(p.request)) {
-      metrics_->barrier_wait_seconds->Observe(SecondsSince(p.since, now));
-      if (p.waited_for >= 0) {
-        RecordStragglerWait(p.waited_for, SecondsSince(p.since, now), now,
-                            "a pull held by the ssp bound");
-      }
-      SendPull(p.identity, p.request);
-    } else {
-      still.push_back(std::move(p));
+  parked_.RemoveIf([&](ParkedPull& p) {
+    if (!CanServePull(p.request)) return false;
+    metrics_->barrier_wait_seconds->Observe(SecondsSince(p.since, now));
+    if (p.waited_for >= 0) {
+      RecordStragglerWait(p.waited_for, SecondsSince(p.since, now), now,
+                          "a pull held by the ssp bound");
     }
-  }
-  parked_ = std::move(still);
+    SendPull(p.identity, p.request);
+    return true;
+  });
+}
+
+void Server::FailExpiredParked(TimePoint now) {
+  // Whatever still waits past the barrier timeout fails, naming what it waited for.
+  parked_.RemoveIf([&](ParkedPull& p) {
+    if (now - p.since <= options_.barrier_timeout) return false;
+    char waited[32];
+    std::snprintf(waited, sizeof(waited), "%.1f", SecondsSince(p.since, now));
+    const Status timed_out = Status::TimedOut("pull by rank " + std::to_string(p.request.rank) +
+                                              " waited " + waited + " s for " +
+                                              DescribeWait(p.request));
+    spdlog::error("{}", timed_out.message());
+    FailParked(p, timed_out, RejectReason::kBarrierTimeout);
+    return true;
+  });
 }
 
 void Server::Tick(TimePoint now, bool idle) {
@@ -807,25 +764,10 @@ void Server::Tick(TimePoint now, bool idle) {
   }
   metrics_->live_workers->Set(coordinator_.live_count());
   MaybeCompleteStep();
-  MaybeSnapshot(now);
+  durability_.MaybeSave(shard_, ledger_, now);
   ServeParked(now);
   UpdateGauges(now);
-  // Whatever still waits past the barrier timeout fails, naming what it waited for.
-  std::vector<ParkedPull> still;
-  for (ParkedPull& p : parked_) {
-    if (now - p.since <= options_.barrier_timeout) {
-      still.push_back(std::move(p));
-      continue;
-    }
-    char waited[32];
-    std::snprintf(waited, sizeof(waited), "%.1f", SecondsSince(p.since, now));
-    const Status timed_out = Status::TimedOut("pull by rank " + std::to_string(p.request.rank) +
-                                              " waited " + waited + " s for " +
-                                              DescribeWait(p.request));
-    spdlog::error("{}", timed_out.message());
-    FailParked(p, timed_out, RejectReason::kBarrierTimeout);
-  }
-  parked_ = std::move(still);
+  FailExpiredParked(now);
 }
 
 ShardStats Server::Stats() const {
@@ -855,158 +797,25 @@ ShardStats Server::Stats() const {
 
 bool Server::Handle(Inbound& in) {
   ++requests_;
-  Header reply;
   if (!in.header.ok()) {
-    Reject(RejectReason::kMalformed);
-    if (ShouldLogRejection()) {
-      spdlog::warn("rejected a malformed message: {}", in.header.status().message());
-    }
-    reply.status = in.header.status();
-    // A message refused for its size still answers its request, so the sender sees why.
-    if (in.refused_request_id) reply.request_id = *in.refused_request_id;
-    (void)socket_->Send(&in.identity, reply, {});
+    ReplyMalformed(in);
     return true;
   }
   const Header& req = *in.header;
   const auto now = std::chrono::steady_clock::now();
-  reply.type = req.type;
-  reply.request_id = req.request_id;
-  reply.rank = req.rank;
+  Header reply = ReplyTo(req);  // version and incarnation are set again as it is sent
   reply.dtype = req.dtype;
-
   RejectReason reason = RejectReason::kNone;
   bool keep_serving = true;
-  // Rank -1 is a tool (an evaluator, an exporter, a test): it may register, pull and read
-  // stats, and push in async mode, but it takes no part in barriers or staleness.
-  const bool ranked = coordinator_.ValidRank(req.rank);
-  const bool tool = req.rank == -1;
-  const bool needs_rank = req.type == MsgType::kHeartbeat || req.type == MsgType::kLeave ||
-                          (options_.mode.kind != TrainingMode::Kind::kAsync &&
-                           req.type == MsgType::kPush);
-  const bool bad_rank = !ranked && (!tool || needs_rank);
-
-  if (req.protocol_version != kProtocolVersion) {
-    reason = RejectReason::kVersionMismatch;
-    reply.status = Status::FailedPrecondition(
-        "protocol version mismatch: the sender speaks parasync protocol v" +
-        std::to_string(req.protocol_version) + ", this parasync-ps speaks v" +
-        std::to_string(kProtocolVersion) + "; run binaries built from the same schema");
-  } else if (bad_rank && req.type != MsgType::kStats && req.type != MsgType::kShutdown) {
-    reason = RejectReason::kBadRank;
-    reply.status = Status::InvalidArgument(
-        "rank " + std::to_string(req.rank) + " is not a worker of this cluster (it has " +
-        std::to_string(coordinator_.num_workers()) + ")");
-  } else {
-    const auto type = static_cast<size_t>(req.type);
-    metrics_->requests[type]->Increment();
-    metrics_->bytes_received[type]->Increment(static_cast<double>(FramesBytes(in.frames)));
-    released_since_trim_->fetch_add(static_cast<int64_t>(FramesBytes(in.frames)),
-                                    std::memory_order_relaxed);
-    if (ranked && req.type != MsgType::kStats && req.type != MsgType::kShutdown &&
-        req.type != MsgType::kLeave &&
-        coordinator_.Touch(req.rank, now, req.type == MsgType::kHeartbeat)) {
-      spdlog::info("worker {} rejoined at clock {} (shard version {})", req.rank,
-                   coordinator_.workers()[static_cast<size_t>(req.rank)].clock, shard_.version());
-    }
+  reply.status = Admit(in, now, &reason);
+  if (reply.status.ok()) {
     switch (req.type) {
       case MsgType::kRegister:
-        if (!req.registration) {
-          reason = RejectReason::kMalformed;
-          reply.status = Status::InvalidArgument("Register without a model");
-        } else if (req.registration->mode != options_.mode.ToString()) {
-          reason = RejectReason::kRegisterMismatch;
-          reply.status = Status::FailedPrecondition(
-              "the worker trains with --mode " + req.registration->mode + " but ps shard " +
-              std::to_string(options_.shard_index) + " runs --mode " + options_.mode.ToString());
-        } else {
-          const bool first = !shard_.registered();
-          reply.status = shard_.Register(*req.registration, &reason);
-          if (reply.status.ok() && first && options_.store != nullptr) {
-            // The model is on disk before anyone trains on it: a restart restores it, and
-            // every-update writes have a snapshot to update.
-            if (Status s = SaveSnapshot(/*force=*/true); !s.ok() && options_.every_update) {
-              OnStoreFailure(s, "the registered model");
-              reason = RejectReason::kStoreFailed;
-              reply.status = Status::Unavailable(*store_failure_);
-            } else if (!s.ok()) {
-              metrics_->checkpoint_failures->Increment();
-              spdlog::error("could not save the registered model: {}", s.ToString());
-            }
-          }
-          if (reply.status.ok() && first) {
-            PublishMemoryBound();
-            coordinator_.RestartSilenceClocks(now);
-            metrics_->registered->Set(1);
-            metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
-            PublishProgress();
-            const OptimizerSpec& opt = req.registration->optimizer;
-            spdlog::info("model registered by rank {}: {} variables, {} slices / {} elements "
-                         "here; {} at learning rate {}{}",
-                         req.rank, req.registration->variables.size(), shard_.num_slices(),
-                         shard_.num_elements(), OptimizerKindName(opt.kind), opt.learning_rate,
-                         opt.schedule == LrSchedule::kCosine
-                             ? fmt::format(", cosine decay to {} x over {} examples",
-                                           opt.final_lr_fraction, opt.decay_examples)
-                             : std::string());
-          }
-          if (ranked) {
-            reply.clock = coordinator_.workers()[static_cast<size_t>(req.rank)].clock;
-            reply.progress = progress_[static_cast<size_t>(req.rank)];
-          }
-        }
+        HandleRegister(req, now, reply, &reason);
         break;
-      case MsgType::kPull: {
-        if (!in.frames.empty()) {
-          reason = RejectReason::kFrameCount;
-          reply.status = Status::InvalidArgument("a pull request carries no tensor frames");
-          break;
-        }
-        reply.status = shard_.ValidateRanges(req.slices, req.dtype, std::nullopt, &reason);
-        if (!reply.status.ok()) break;
-        if (CanServePull(req)) {
-          SendPull(in.identity, req);
-          return true;
-        }
-        if (store_failure_) {
-          // It waits for a step that cannot be made durable: it would wait forever.
-          reason = RejectReason::kStoreFailed;
-          reply.status = Status::Unavailable(*store_failure_);
-          break;
-        }
-        // A worker waits on one pull per shard at a time: a newer one replaces its older
-        // (abandoned) one — and a resend of the same request keeps its first arrival time,
-        // or resends would postpone the barrier timeout forever. Pulls of tools are bounded.
-        TimePoint since = now;
-        if (ranked) {
-          for (const ParkedPull& p : parked_) {
-            if (p.request.rank == req.rank && p.request.request_id == req.request_id) {
-              since = p.since;
-            }
-          }
-          std::erase_if(parked_, [&](const ParkedPull& p) { return p.request.rank == req.rank; });
-        } else if (parked_.size() >= static_cast<size_t>(4 * coordinator_.num_workers() + 64)) {
-          reason = RejectReason::kUnsupported;
-          reply.status = Status::Unavailable("too many pulls are waiting on this server");
-          break;
-        }
-        if (since == now) {
-          ++blocked_pulls_;
-          metrics_->blocked_pulls->Increment();
-        }
-        int waited_for = -1;
-        if (options_.mode.kind == TrainingMode::Kind::kSsp && ranked) {
-          int64_t slowest_clock = INT64_MAX;
-          for (int r : coordinator_.SspBlockers(req.rank)) {
-            const int64_t clock = coordinator_.workers()[static_cast<size_t>(r)].clock;
-            if (clock < slowest_clock) {
-              slowest_clock = clock;
-              waited_for = r;
-            }
-          }
-        }
-        parked_.push_back({std::move(in.identity), std::move(*in.header), since, waited_for});
-        return true;
-      }
+      case MsgType::kPull:
+        if (HandlePull(in, now, reply, &reason)) return true;  // answered or parked
+        break;
       case MsgType::kPush:
         HandlePush(req, in.frames, reply, &reason);
         break;
@@ -1016,42 +825,71 @@ bool Server::Handle(Inbound& in) {
       case MsgType::kHeartbeat:
         break;
       case MsgType::kLeave:
-        coordinator_.Leave(req.rank);
-        spdlog::info("worker {} left (done); {} live worker(s)", req.rank,
-                     coordinator_.live_count());
-        MaybeCompleteStep();
+        HandleLeave(req);
         break;
       case MsgType::kCheckpoint:
-        if (options_.store == nullptr) {
-          reason = RejectReason::kUnsupported;
-          reply.status = Status::FailedPrecondition(
-              "ps shard " + std::to_string(options_.shard_index) +
-              " keeps no checkpoints (start it with --data-dir)");
-        } else {
-          reply.status = SaveSnapshot(/*force=*/true);
-          if (!reply.status.ok() && options_.every_update) {
-            OnStoreFailure(reply.status, "a checkpoint requested by rank " +
-                                             std::to_string(req.rank));
-          }
-          if (reply.status.ok()) {
-            spdlog::info("checkpoint of version {} written on request of rank {}",
-                         shard_.version(), req.rank);
-          }
-        }
+        HandleCheckpoint(req, reply, &reason);
         break;
       case MsgType::kShutdown:
-        if (options_.allow_remote_shutdown || in.peer_address.empty() ||
-            IsLoopbackAddress(in.peer_address)) {
-          keep_serving = false;
-        } else {
-          reason = RejectReason::kUnsupported;
-          reply.status = Status::FailedPrecondition(
-              "shutdown from " + in.peer_address +
-              " refused: only loopback peers may stop this server (--allow-remote-shutdown)");
-        }
+        keep_serving = HandleShutdown(in, reply, &reason);
         break;
     }
   }
+  SendReply(in, reply, reason, now);
+  return keep_serving;
+}
+
+void Server::ReplyMalformed(Inbound& in) {
+  Reject(RejectReason::kMalformed);
+  if (ShouldLogRejection()) {
+    spdlog::warn("rejected a malformed message: {}", in.header.status().message());
+  }
+  Header reply;
+  reply.status = in.header.status();
+  // A message refused for its size still answers its request, so the sender sees why.
+  if (in.refused_request_id) reply.request_id = *in.refused_request_id;
+  (void)socket_->Send(&in.identity, reply, {});
+}
+
+Status Server::Admit(const Inbound& in, TimePoint now, RejectReason* reason) {
+  const Header& req = *in.header;
+  // Rank -1 is a tool (an evaluator, an exporter, a test): it may register, pull and read
+  // stats, and push in async mode, but it takes no part in barriers or staleness.
+  const bool ranked = coordinator_.ValidRank(req.rank);
+  const bool tool = req.rank == -1;
+  const bool needs_rank = req.type == MsgType::kHeartbeat || req.type == MsgType::kLeave ||
+                          (options_.mode.kind != TrainingMode::Kind::kAsync &&
+                           req.type == MsgType::kPush);
+  const bool bad_rank = !ranked && (!tool || needs_rank);
+  if (req.protocol_version != kProtocolVersion) {
+    *reason = RejectReason::kVersionMismatch;
+    return Status::FailedPrecondition(
+        "protocol version mismatch: the sender speaks parasync protocol v" +
+        std::to_string(req.protocol_version) + ", this parasync-ps speaks v" +
+        std::to_string(kProtocolVersion) + "; run binaries built from the same schema");
+  }
+  if (bad_rank && req.type != MsgType::kStats && req.type != MsgType::kShutdown) {
+    *reason = RejectReason::kBadRank;
+    return Status::InvalidArgument(
+        "rank " + std::to_string(req.rank) + " is not a worker of this cluster (it has " +
+        std::to_string(coordinator_.num_workers()) + ")");
+  }
+  const auto type = static_cast<size_t>(req.type);
+  const size_t bytes = FramesBytes(in.frames);
+  metrics_->requests[type]->Increment();
+  metrics_->bytes_received[type]->Increment(static_cast<double>(bytes));
+  released_since_trim_->fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  if (ranked && req.type != MsgType::kStats && req.type != MsgType::kShutdown &&
+      req.type != MsgType::kLeave &&
+      coordinator_.Touch(req.rank, now, req.type == MsgType::kHeartbeat)) {
+    spdlog::info("worker {} rejoined at clock {} (shard version {})", req.rank,
+                 coordinator_.workers()[static_cast<size_t>(req.rank)].clock, shard_.version());
+  }
+  return Status::Ok();
+}
+
+void Server::SendReply(Inbound& in, Header& reply, RejectReason reason, TimePoint now) {
+  const Header& req = *in.header;
   reply.version = shard_.version();
   reply.incarnation = incarnation_;
   if (!reply.status.ok()) {
@@ -1064,16 +902,143 @@ bool Server::Handle(Inbound& in) {
   if (req.type == MsgType::kPush && reply.status.ok() && !reply.replayed &&
       options_.drop_push_reply_every > 0 &&
       ++pushes_handled_ % options_.drop_push_reply_every == 0) {
-    spdlog::warn("fault injection: the reply to push {} of rank {} is dropped", req.seq & 0xffffffffULL,
-                 req.rank);
-    return keep_serving;
+    spdlog::warn("fault injection: the reply to push {} of rank {} is dropped",
+                 PushSeq(req.seq).counter(), req.rank);
+    return;
   }
   if (Status s = socket_->Send(&in.identity, reply, {}); !s.ok()) {
     spdlog::warn("reply to rank {} not sent: {}", req.rank, s.message());
   }
   // A push or a departure may have completed a step or let an ssp straggler's peers on.
   if (req.type == MsgType::kPush || req.type == MsgType::kLeave) ServeParked(now);
-  return keep_serving;
+}
+
+void Server::HandleRegister(const Header& req, TimePoint now, Header& reply,
+                            RejectReason* reason) {
+  if (!req.registration) {
+    *reason = RejectReason::kMalformed;
+    reply.status = Status::InvalidArgument("Register without a model");
+    return;
+  }
+  if (req.registration->mode != options_.mode.ToString()) {
+    *reason = RejectReason::kRegisterMismatch;
+    reply.status = Status::FailedPrecondition(
+        "the worker trains with --mode " + req.registration->mode + " but ps shard " +
+        std::to_string(options_.shard_index) + " runs --mode " + options_.mode.ToString());
+    return;
+  }
+  const bool first = !shard_.registered();
+  reply.status = shard_.Register(*req.registration, reason);
+  if (reply.status.ok() && first) SaveRegisteredModel(reply, reason);
+  if (reply.status.ok() && first) OnFirstRegistration(req, now);
+  if (coordinator_.ValidRank(req.rank)) {
+    reply.clock = coordinator_.workers()[static_cast<size_t>(req.rank)].clock;
+    reply.progress = ledger_.progress(req.rank);
+  }
+}
+
+void Server::SaveRegisteredModel(Header& reply, RejectReason* reason) {
+  if (options_.store == nullptr) return;
+  // The model is on disk before anyone trains on it: a restart restores it, and
+  // every-update writes have a snapshot to update.
+  if (Status s = SaveSnapshot(/*force=*/true); !s.ok() && durability_.every_update()) {
+    OnStoreFailure(s, "the registered model");
+    *reason = RejectReason::kStoreFailed;
+    reply.status = Status::Unavailable(*durability_.failure());
+  } else if (!s.ok()) {
+    metrics_->checkpoint_failures->Increment();
+    spdlog::error("could not save the registered model: {}", s.ToString());
+  }
+}
+
+void Server::OnFirstRegistration(const Header& req, TimePoint now) {
+  PublishMemoryBound();
+  coordinator_.RestartSilenceClocks(now);
+  metrics_->registered->Set(1);
+  metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
+  PublishProgress();
+  const OptimizerSpec& opt = req.registration->optimizer;
+  spdlog::info("model registered by rank {}: {} variables, {} slices / {} elements "
+               "here; {} at learning rate {}{}",
+               req.rank, req.registration->variables.size(), shard_.num_slices(),
+               shard_.num_elements(), OptimizerKindName(opt.kind), opt.learning_rate,
+               opt.schedule == LrSchedule::kCosine
+                   ? fmt::format(", cosine decay to {} x over {} examples",
+                                 opt.final_lr_fraction, opt.decay_examples)
+                   : std::string());
+}
+
+bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason* reason) {
+  const Header& req = *in.header;
+  if (!in.frames.empty()) {
+    *reason = RejectReason::kFrameCount;
+    reply.status = Status::InvalidArgument("a pull request carries no tensor frames");
+    return false;
+  }
+  reply.status = shard_.ValidateRanges(req.slices, req.dtype, std::nullopt, reason);
+  if (!reply.status.ok()) return false;
+  if (CanServePull(req)) {
+    SendPull(in.identity, req);
+    return true;
+  }
+  if (durability_.failure()) {
+    // It waits for a step that cannot be made durable: it would wait forever.
+    *reason = RejectReason::kStoreFailed;
+    reply.status = Status::Unavailable(*durability_.failure());
+    return false;
+  }
+  // A worker waits on one pull per shard at a time (ParkedPulls); pulls of tools are bounded.
+  const int waited_for = SlowestSspBlocker(req.rank);
+  switch (parked_.Park(in.identity, *in.header, now, coordinator_.ValidRank(req.rank),
+                       waited_for)) {
+    case ParkedPulls::Outcome::kRefused:
+      *reason = RejectReason::kUnsupported;
+      reply.status = Status::Unavailable("too many pulls are waiting on this server");
+      return false;
+    case ParkedPulls::Outcome::kNew:
+      ++blocked_pulls_;
+      metrics_->blocked_pulls->Increment();
+      return true;
+    case ParkedPulls::Outcome::kResent:
+      return true;
+  }
+  return true;
+}
+
+void Server::HandleLeave(const Header& req) {
+  coordinator_.Leave(req.rank);
+  spdlog::info("worker {} left (done); {} live worker(s)", req.rank, coordinator_.live_count());
+  MaybeCompleteStep();
+}
+
+void Server::HandleCheckpoint(const Header& req, Header& reply, RejectReason* reason) {
+  if (options_.store == nullptr) {
+    *reason = RejectReason::kUnsupported;
+    reply.status = Status::FailedPrecondition(
+        "ps shard " + std::to_string(options_.shard_index) +
+        " keeps no checkpoints (start it with --data-dir)");
+    return;
+  }
+  reply.status = SaveSnapshot(/*force=*/true);
+  if (!reply.status.ok() && durability_.every_update()) {
+    OnStoreFailure(reply.status, "a checkpoint requested by rank " + std::to_string(req.rank));
+  }
+  if (reply.status.ok()) {
+    spdlog::info("checkpoint of version {} written on request of rank {}", shard_.version(),
+                 req.rank);
+  }
+}
+
+bool Server::HandleShutdown(const Inbound& in, Header& reply, RejectReason* reason) {
+  if (options_.allow_remote_shutdown || in.peer_address.empty() ||
+      IsLoopbackAddress(in.peer_address)) {
+    return false;
+  }
+  *reason = RejectReason::kUnsupported;
+  reply.status = Status::FailedPrecondition(
+      "shutdown from " + in.peer_address +
+      " refused: only loopback peers may stop this server (--allow-remote-shutdown)");
+  return true;
 }
 
 }  // namespace parasync

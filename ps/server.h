@@ -29,7 +29,10 @@
 #include "common/transport.h"
 #include "ps/checkpoint_store.h"
 #include "ps/coordinator.h"
+#include "ps/durability.h"
+#include "ps/parked_pulls.h"
 #include "ps/ps_metrics.h"
+#include "ps/push_ledger.h"
 #include "ps/shard.h"
 #include "ps/straggler.h"
 
@@ -143,20 +146,55 @@ class Server {
 
  private:
   using TimePoint = Coordinator::TimePoint;
-  struct ParkedPull {
-    zmq::message_t identity;
-    Header request;
-    TimePoint since;
-    int waited_for = -1;  // ssp: the slowest rank that blocked it when it was parked
-  };
 
   Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsMetrics* metrics);
   // Handles one message; replies unless the request was parked. Returns false when it was
   // an accepted Shutdown.
   bool Handle(Inbound& in);
+  // Answers a message whose header did not decode (counted as malformed).
+  void ReplyMalformed(Inbound& in);
+  // The checks every decoded request passes first (protocol version, rank); counts it and
+  // notes the rank alive. An error (and `reason`) refuses the request.
+  Status Admit(const Inbound& in, TimePoint now, RejectReason* reason);
+  // Sends `reply` to a handled request (counting and logging a refusal), then serves the
+  // parked pulls a push or a departure may have released.
+  void SendReply(Inbound& in, Header& reply, RejectReason reason, TimePoint now);
+  // One handler per message type. Each fills `reply` (status and `reason` on refusal).
+  void HandleRegister(const Header& req, TimePoint now, Header& reply, RejectReason* reason);
+  // Returns true if the pull was answered or parked (no reply left to send).
+  bool HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason* reason);
+  void HandleLeave(const Header& req);
+  void HandleCheckpoint(const Header& req, Header& reply, RejectReason* reason);
+  // Returns false (stop serving) for an accepted Shutdown.
+  bool HandleShutdown(const Inbound& in, Header& reply, RejectReason* reason);
+  // The first registration: the model is saved (with a store), gauges and the log say so.
+  void SaveRegisteredModel(Header& reply, RejectReason* reason);
+  void OnFirstRegistration(const Header& req, TimePoint now);
   // Fills `reply` for a push; may complete a sync step.
   void HandlePush(const Header& req, std::vector<zmq::message_t>& frames, Header& reply,
                   RejectReason* reason);
+  // HandlePush's steps. The fields of a push that make sense (ranges, frames, batch size,
+  // data position).
+  Status CheckPush(const Header& req, const std::vector<zmq::message_t>& in_frames,
+                   RejectReason* reason) const;
+  // Whether the gradient may be taken under the mode's rules; false: `reply` says it was
+  // dropped or refused. Sets `read_version` to the version it was computed from.
+  bool AdmitGradient(const Header& req, Header& reply, RejectReason* reason,
+                     int64_t* read_version);
+  bool AdmitSyncGradient(const Header& req, int64_t read_version, Header& reply,
+                         RejectReason* reason);
+  // The push's gradients as float32 arrays: its frames, or (16-bit dtypes) widened_, or
+  // copies in `realigned` for frames that are not aligned.
+  std::vector<const float*> GradientsOf(const Header& req,
+                                        const std::vector<zmq::message_t>& in_frames,
+                                        std::vector<std::vector<float>>& realigned);
+  // Sync: the gradient joined its step.
+  void OnGradientAccumulated(const Header& req);
+  // Async / ssp: applies it (durable first with every-update); false: refused in `reply`.
+  bool ApplyAsync(const Header& req, std::span<const float* const> grads, int64_t staleness,
+                  Header& reply, RejectReason* reason);
+  // Counts a gradient taken (applied or accumulated) `t0` after it was admitted.
+  void OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0);
   bool CanServePull(const Header& req) const;
   // Reads the requested slices into a reply and sends it — or, when the peer or the server
   // has too many reply bytes unread, sends an error reply instead (kUnreadReplies).
@@ -166,6 +204,17 @@ class Server {
   // thread (the counters are shared, so they outlive the Server if need be).
   using ByteCounter = std::shared_ptr<std::atomic<int64_t>>;
   ByteCounter UnreadCounterOf(const zmq::message_t& identity);
+  // SendPull's steps. Sends the refusal and returns true when the peer (`peer`: its unread
+  // bytes) or the server has too many reply bytes unread for this pull.
+  bool RefuseUnreadPull(zmq::message_t& identity, const Header& req,
+                        const std::atomic<int64_t>& peer);
+  // The reply's frames, each holding its loan (or its encoded copy) and its bytes on the
+  // unread counters until ZeroMQ frees it. Throws std::bad_alloc (every loan returned).
+  std::vector<zmq::message_t> PullFrames(const Header& req, const ByteCounter& peer);
+  // Appends the frame of `loan`, which it takes over; on a throw, `taken` counts past it if
+  // it was given back already.
+  void AppendPullFrame(DType dtype, const Shard::Loan& loan, const ByteCounter& peer,
+                       std::vector<zmq::message_t>& frames, size_t& taken);
   // Returns memory freed since the last trim to the system, at most every 2 s.
   void MaybeTrimMemory(TimePoint now);
   // Applies the sync step if it has enough gradients.
@@ -177,6 +226,10 @@ class Server {
   void PublishProgress();
   // Answers the parked pulls that may now be served.
   void ServeParked(TimePoint now);
+  // Fails the parked pulls that waited past the barrier timeout, naming what they waited for.
+  void FailExpiredParked(TimePoint now);
+  // ssp: the slowest rank that keeps `rank` from reading (-1: none, or not ssp).
+  int SlowestSspBlocker(int rank) const;
   // Liveness and barrier timeouts; called every loop turn. `idle`: the socket had nothing
   // queued this turn, so every heartbeat that arrived has been read.
   void Tick(TimePoint now, bool idle);
@@ -196,26 +249,17 @@ class Server {
   // Answers a push as dropped (not applied) and counts it for its rank; `stale` also counts
   // it as a stale gradient (a duplicate for the step is not one).
   void DropGradient(const Header& req, Header& reply, bool stale);
-  // Push dedupe: a push whose seq was already applied is replayed, not applied again.
-  bool AlreadyApplied(int rank, uint64_t seq) const;
-  void RecordSeq(int rank, uint64_t seq);
-  // Where `rank` is in its data once its push counts (nothing for an empty one).
-  void RecordProgress(int rank, const DataProgress& progress);
-  // The records of `ranks` as they stand (seq and progress), for the store.
-  std::vector<RankRecord> RankRecords(std::span<const int> ranks) const;
-  // Every-update durability: writes the slices of `ranges` (all slices when empty) and the
-  // records of `ranks`, in one synced write. Returns the store's error.
-  Status PersistUpdate(std::span<const SliceRange> ranges, std::vector<RankRecord> ranks);
   // Every-update durability: a durable write failed. Latches the failure (no push is
   // acknowledged from now on, the store_failed gauge reads 1), rolls the shard back to what
   // the store holds, so memory serves nothing that was not acknowledged, and answers the
   // parked pulls, which wait for a step that cannot come. `what` names the write.
   void OnStoreFailure(const Status& failure, const std::string& what);
+  // A reply to `req`: its type, request id and rank, this server's version and incarnation.
+  Header ReplyTo(const Header& req) const;
   // Sends `p` an error reply `status` (counted as `reason`).
   void FailParked(ParkedPull& p, const Status& status, RejectReason reason);
-  void MaybeSnapshot(TimePoint now);
 
-  std::vector<ParkedPull> parked_;
+  ParkedPulls parked_;
   ByteCounter unread_total_ = std::make_shared<std::atomic<int64_t>>(0);
   std::unordered_map<std::string, ByteCounter> unread_by_peer_;
   // Bytes of replies written out or dropped, and of requests received, since the last trim.
@@ -231,18 +275,12 @@ class Server {
   TimePoint last_idle_;  // the last turn that found the socket empty
   uint64_t incarnation_ = 0;
   int64_t pushes_handled_ = 0;
-  // By rank: the last push seq applied, and with every-update durability also durable (a
-  // resend of a push whose write failed is refused again, never acknowledged as applied).
-  std::vector<uint64_t> last_seq_;
-  // By rank: where the worker is in its data with the updates applied here (a restarted
-  // worker is told at Register). Sync: a contribution's position waits in pending_progress_
-  // until its step is applied.
-  std::vector<DataProgress> progress_;
-  std::vector<DataProgress> pending_progress_;
-  // Every-update durability: why the store failed (set once, until restart).
-  std::optional<std::string> store_failure_;
-  int64_t last_saved_version_ = -1;
-  TimePoint last_save_time_;
+  // By rank: the last push seq applied (with every-update durability also durable: a
+  // resend of a push whose write failed is refused again, never acknowledged as applied) and
+  // where the worker is in its data with the updates applied here.
+  PushLedger ledger_;
+  // Snapshots, every-update writes, and the failure latch (with no store: nothing).
+  Durability durability_;
   std::atomic<bool> stop_{false};
   int64_t requests_ = 0;
   int64_t rejected_ = 0;

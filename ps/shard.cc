@@ -1,6 +1,7 @@
 #include "ps/shard.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,6 +33,7 @@ std::string_view RejectReasonName(RejectReason reason) {
     case RejectReason::kBarrierTimeout: return "barrier_timeout";
     case RejectReason::kStoreFailed: return "store_failed";
     case RejectReason::kUnreadReplies: return "unread_replies";
+    case RejectReason::kCount: break;
   }
   return "unknown";
 }
@@ -74,28 +76,9 @@ Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
     return map.status();
   }
   const int num_slots = NumOptimizerSlots(reg.optimizer.kind);
-  int64_t here = 0;
-  for (uint32_t id : map->SlicesOfShard(shard_index_)) here += map->slices()[id].length;
-  // Values, their spare for copy-on-write (ApplyToSlice), and the slots.
-  const int64_t bytes = here * (2 + num_slots) * static_cast<int64_t>(sizeof(float));
-  if (max_bytes_ > 0 && bytes > max_bytes_) {
+  if (Status s = CheckModelFits(*map, num_slots); !s.ok()) {
     *reason = RejectReason::kBadRegistration;
-    return Status::InvalidArgument("the model needs " + std::to_string(bytes) +
-                                   " bytes on shard " + std::to_string(shard_index_) +
-                                   ", more than its limit of " + std::to_string(max_bytes_) +
-                                   " (--max-model-bytes)");
-  }
-  // A worker pushes its whole share here in one message: it must fit the message bound.
-  const int64_t push_bytes = here * static_cast<int64_t>(sizeof(float)) +
-                             32 * static_cast<int64_t>(map->SlicesOfShard(shard_index_).size()) +
-                             4096;
-  if (max_message_bytes_ > 0 && push_bytes > max_message_bytes_) {
-    *reason = RejectReason::kBadRegistration;
-    return Status::InvalidArgument("a push of shard " + std::to_string(shard_index_) +
-                                   "'s share of the model takes up to " +
-                                   std::to_string(push_bytes) + " bytes, more than its limit of " +
-                                   std::to_string(max_message_bytes_) +
-                                   " (--max-message-bytes)");
+    return s;
   }
   local_index_.assign(map->slices().size(), -1);
   owned_.clear();
@@ -112,6 +95,31 @@ Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
   }
   registration_ = reg;
   map_ = std::move(map).value();
+  return Status::Ok();
+}
+
+Status Shard::CheckModelFits(const SliceMap& map, int num_slots) const {
+  int64_t here = 0;
+  for (uint32_t id : map.SlicesOfShard(shard_index_)) here += map.slices()[id].length;
+  // Values, their spare for copy-on-write (ApplyToSlice), and the slots.
+  const int64_t bytes = here * (2 + num_slots) * static_cast<int64_t>(sizeof(float));
+  if (max_bytes_ > 0 && bytes > max_bytes_) {
+    return Status::InvalidArgument("the model needs " + std::to_string(bytes) +
+                                   " bytes on shard " + std::to_string(shard_index_) +
+                                   ", more than its limit of " + std::to_string(max_bytes_) +
+                                   " (--max-model-bytes)");
+  }
+  // A worker pushes its whole share here in one message: it must fit the message bound.
+  const int64_t push_bytes = here * static_cast<int64_t>(sizeof(float)) +
+                             32 * static_cast<int64_t>(map.SlicesOfShard(shard_index_).size()) +
+                             4096;
+  if (max_message_bytes_ > 0 && push_bytes > max_message_bytes_) {
+    return Status::InvalidArgument("a push of shard " + std::to_string(shard_index_) +
+                                   "'s share of the model takes up to " +
+                                   std::to_string(push_bytes) + " bytes, more than its limit of " +
+                                   std::to_string(max_message_bytes_) +
+                                   " (--max-message-bytes)");
+  }
   return Status::Ok();
 }
 
@@ -217,11 +225,11 @@ Status Shard::CheckFinite(std::span<const SliceRange> ranges, std::span<const fl
 void Shard::ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_t count,
                          float lr_scale) {
   ++s.updates;
-  float* slot_ptrs[2] = {nullptr, nullptr};
+  std::array<float*, kMaxOptimizerSlots> slot_ptrs{};
   for (size_t k = 0; k < s.slots.size(); ++k) slot_ptrs[k] = s.slots[k].data() + begin;
   OptimizerSpec opt = registration_->optimizer;
   opt.learning_rate *= lr_scale;
-  const std::span<float* const> slots(slot_ptrs, s.slots.size());
+  const std::span<float* const> slots(slot_ptrs.data(), s.slots.size());
   if (!s.values.lent()) {
     ApplyUpdate(opt, s.updates, s.values.data() + begin, s.values.data() + begin, grad, slots,
                 count);

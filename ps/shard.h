@@ -46,8 +46,16 @@ enum class RejectReason : uint8_t {
   kBarrierTimeout,     // a pull waited longer than the barrier timeout
   kStoreFailed,        // every-update: the store failed a write; nothing more is acknowledged
   kUnreadReplies,      // a pull while this peer (or all peers) left too many reply bytes unread
+  // Not a reason: the number of them. New reasons go above it.
+  kCount,
 };
-inline constexpr int kNumRejectReasons = 21;
+// Every reason, kNone included: the size of the by-reason arrays (metrics), taken from the
+// enum itself. (RejectReason has no counterpart on the wire: schema/parasync.fbs carries a
+// status Code only, so there is no generated enum to tie it to.)
+inline constexpr int kNumRejectReasons = static_cast<int>(RejectReason::kCount);
+static_assert(kNumRejectReasons - 1 == static_cast<int>(RejectReason::kUnreadReplies),
+              "a new RejectReason goes after kUnreadReplies and before kCount: update this "
+              "line, RejectReasonName and the metrics' label test with it");
 std::string_view RejectReasonName(RejectReason reason);
 
 class Shard {
@@ -155,6 +163,9 @@ class Shard {
   Status Restore(const ShardSnapshot& snap);
 
  private:
+  // Whether this shard's part of a model cut by `map`, with `num_slots` optimizer slots, fits
+  // --max-model-bytes and --max-message-bytes (InvalidArgument naming the limit if not).
+  Status CheckModelFits(const SliceMap& map, int num_slots) const;
   struct SliceState {
     LendableFloats values;
     // The previous values buffer, kept for reuse by out-of-place updates (it may still be
