@@ -3,9 +3,6 @@
 // the updates applied here (told to a restarted worker at Register). In sync mode a
 // contribution's position waits as pending until its step is applied.
 //
-// PushSeq: the sequence number a worker stamps on a push, the same on every shard:
-// (the sender's incarnation << 32) | a counter; 0 means none (common/wire.h, Header::seq).
-//
 // Not thread-safe: owned by the Server's loop.
 #pragma once
 
@@ -13,31 +10,11 @@
 #include <span>
 #include <vector>
 
+#include "common/push_seq.h"
 #include "common/wire.h"
 #include "ps/checkpoint_store.h"
 
 namespace parasync {
-
-class PushSeq {
- public:
-  constexpr explicit PushSeq(uint64_t raw) : raw_(raw) {}
-  constexpr PushSeq(uint32_t incarnation, uint32_t counter)
-      : raw_((uint64_t{incarnation} << 32) | counter) {}
-
-  constexpr uint64_t raw() const { return raw_; }
-  // The sending process: a restarted worker starts a new incarnation (and counter).
-  constexpr uint32_t incarnation() const { return static_cast<uint32_t>(raw_ >> 32); }
-  // The push's number within its incarnation, from 1.
-  constexpr uint32_t counter() const { return static_cast<uint32_t>(raw_ & 0xffffffffULL); }
-  constexpr bool none() const { return raw_ == 0; }
-  // True if this seq was made by the same process as `last` and no later than it.
-  constexpr bool CoveredBy(PushSeq last) const {
-    return !none() && incarnation() == last.incarnation() && counter() <= last.counter();
-  }
-
- private:
-  uint64_t raw_;
-};
 
 class PushLedger {
  public:

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/metrics.h"
+#include "common/push_seq.h"
 #include "worker/request_tracker.h"
 
 namespace parasync {
@@ -52,7 +53,7 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(zmq::context_t& context,
   client->incarnation_.assign(options.ps_addresses.size(), 0);
   client->read_incarnation_.assign(options.ps_addresses.size(), 0);
   std::random_device rd;
-  while (client->seq_base_ == 0) client->seq_base_ = uint64_t{rd()} << 32;
+  while (client->push_incarnation_ == 0) client->push_incarnation_ = rd();
   return client;
 }
 
@@ -371,7 +372,7 @@ void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batc
                                int64_t read_version, std::vector<int>* shards,
                                std::vector<Outgoing>* requests) {
   // One sequence number per push, the same on every shard: a resend is applied at most once.
-  const uint64_t seq = seq_base_ | ((++pushes_) & 0xffffffffULL);
+  const PushSeq seq(push_incarnation_, static_cast<uint32_t>(++pushes_));
   const bool narrow = options_.wire_dtype != DType::kFloat32;
   uint16_t* next_narrowed = narrowed_.data();
   for (int s = 0; s < num_shards(); ++s) {
@@ -379,7 +380,7 @@ void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batc
     Outgoing o;
     o.header.type = MsgType::kPush;
     o.header.batch_examples = batch_examples;
-    o.header.seq = seq;
+    o.header.seq = seq.raw();
     o.header.progress = progress_;
     o.header.version = read_version == kLastRead ? read_versions_[static_cast<size_t>(s)] : read_version;
     o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];

@@ -271,7 +271,7 @@ class PsClient {
   std::vector<uint64_t> incarnation_;   // per shard: the server incarnation last heard
   std::vector<uint64_t> read_incarnation_;  // per shard: incarnation of the last pull reply
   std::optional<ModelRegistration> registration_;  // re-sent to a restarted shard
-  uint64_t seq_base_ = 0;               // this client's random incarnation << 32
+  uint32_t push_incarnation_ = 0;       // this client's random PushSeq incarnation, not 0
   DataProgress recorded_progress_;       // from Register's replies
   DataProgress progress_;                // sent with every push
   uint64_t pushes_ = 0;
