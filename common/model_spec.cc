@@ -6,20 +6,24 @@
 
 namespace parasync {
 
+const OptimizerKindInfo* FindOptimizerKind(OptimizerKind kind) {
+  const auto i = static_cast<size_t>(kind);
+  return i < std::size(kOptimizerKinds) ? &kOptimizerKinds[i] : nullptr;
+}
+
 Result<OptimizerKind> ParseOptimizerKind(const std::string& name) {
-  if (name == "sgd") return OptimizerKind::kSgd;
-  if (name == "momentum") return OptimizerKind::kMomentum;
-  if (name == "adam") return OptimizerKind::kAdam;
-  return Status::InvalidArgument("unknown optimizer '" + name + "' (expected sgd, momentum or adam)");
+  std::string expected;
+  for (size_t i = 0; i < std::size(kOptimizerKinds); ++i) {
+    if (kOptimizerKinds[i].name == name) return kOptimizerKinds[i].kind;
+    if (i > 0) expected += i + 1 == std::size(kOptimizerKinds) ? " or " : ", ";
+    expected += kOptimizerKinds[i].name;
+  }
+  return Status::InvalidArgument("unknown optimizer '" + name + "' (expected " + expected + ")");
 }
 
 std::string_view OptimizerKindName(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd: return "sgd";
-    case OptimizerKind::kMomentum: return "momentum";
-    case OptimizerKind::kAdam: return "adam";
-  }
-  return "unknown";
+  const OptimizerKindInfo* info = FindOptimizerKind(kind);
+  return info != nullptr ? info->name : "unknown";
 }
 
 Result<LrSchedule> ParseLrSchedule(const std::string& name) {
@@ -46,24 +50,31 @@ float LrScheduleFactor(const OptimizerSpec& spec, int64_t examples) {
   return static_cast<float>(f + (1.0 - f) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
 }
 
+namespace {
+bool InUnitInterval(float x) { return x >= 0.0f && x < 1.0f; }
+}  // namespace
+
+Status ValidateMomentumHyperparameters(const OptimizerSpec& s) {
+  if (!InUnitInterval(s.momentum)) return Status::InvalidArgument("momentum must be in [0, 1)");
+  return Status::Ok();
+}
+
+Status ValidateAdamHyperparameters(const OptimizerSpec& s) {
+  if (!InUnitInterval(s.beta1) || !InUnitInterval(s.beta2)) {
+    return Status::InvalidArgument("adam beta1 and beta2 must be in [0, 1)");
+  }
+  if (!(s.epsilon > 0.0f)) return Status::InvalidArgument("adam epsilon must be > 0");
+  return Status::Ok();
+}
+
 Status ValidateOptimizer(const OptimizerSpec& s) {
   if (!(s.learning_rate > 0.0f) || !std::isfinite(s.learning_rate)) {
     return Status::InvalidArgument("learning rate must be a positive finite number");
   }
-  auto unit = [](float x) { return x >= 0.0f && x < 1.0f; };
-  switch (s.kind) {
-    case OptimizerKind::kSgd: break;
-    case OptimizerKind::kMomentum:
-      if (!unit(s.momentum)) return Status::InvalidArgument("momentum must be in [0, 1)");
-      break;
-    case OptimizerKind::kAdam:
-      if (!unit(s.beta1) || !unit(s.beta2)) {
-        return Status::InvalidArgument("adam beta1 and beta2 must be in [0, 1)");
-      }
-      if (!(s.epsilon > 0.0f)) return Status::InvalidArgument("adam epsilon must be > 0");
-      break;
-    default:
-      return Status::InvalidArgument("unknown optimizer kind");
+  const OptimizerKindInfo* info = FindOptimizerKind(s.kind);
+  if (info == nullptr) return Status::InvalidArgument("unknown optimizer kind");
+  if (info->validate != nullptr) {
+    PARASYNC_RETURN_IF_ERROR(info->validate(s));
   }
   switch (s.schedule) {
     case LrSchedule::kConstant: break;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -36,6 +37,48 @@ struct OptimizerSpec {
   float final_lr_fraction = 0.0f;  // kCosine: in [0, 1]
   bool operator==(const OptimizerSpec&) const = default;
 };
+
+// The hyperparameter checks of the optimizers that have some beyond the learning rate: momentum
+// in [0, 1); adam's betas in [0, 1) and epsilon > 0.
+Status ValidateMomentumHyperparameters(const OptimizerSpec& spec);
+Status ValidateAdamHyperparameters(const OptimizerSpec& spec);
+
+// The most slot arrays any optimizer keeps: a row below with more does not compile, so the
+// server may hold slot pointers in std::array<float*, kMaxOptimizerSlots>.
+inline constexpr int kMaxOptimizerSlots = 2;
+
+// One optimizer as both sides know it: its name (flags, model files, logs), the slot arrays the
+// server keeps for it (each as long as the variable, starting at zero) and the check of its
+// hyperparameters (null: none beyond the learning rate).
+struct OptimizerKindInfo {
+  OptimizerKind kind;
+  std::string_view name;
+  int slots;
+  Status (*validate)(const OptimizerSpec& spec);
+};
+
+// Every optimizer, in OptimizerKind order. A new one is: its enum value (here and in
+// schema/parasync.fbs, tied by static_assert in common/wire.cc), a row here, its update in the
+// server's table (ps/optimizer.cc, which must have as many rows in the same order or it does
+// not compile) and its tests.
+inline constexpr OptimizerKindInfo kOptimizerKinds[] = {
+    {OptimizerKind::kSgd, "sgd", 0, nullptr},
+    {OptimizerKind::kMomentum, "momentum", 1, &ValidateMomentumHyperparameters},  // v
+    {OptimizerKind::kAdam, "adam", 2, &ValidateAdamHyperparameters},              // m, v
+};
+
+constexpr bool OptimizerKindsAreWellFormed() {
+  for (size_t i = 0; i < std::size(kOptimizerKinds); ++i) {
+    if (static_cast<size_t>(kOptimizerKinds[i].kind) != i) return false;
+    if (kOptimizerKinds[i].slots < 0 || kOptimizerKinds[i].slots > kMaxOptimizerSlots) return false;
+  }
+  return true;
+}
+static_assert(OptimizerKindsAreWellFormed(),
+              "kOptimizerKinds: rows in OptimizerKind order, at most kMaxOptimizerSlots slots each");
+
+// The row of `kind`; null for a kind outside the table (never for a validated spec).
+const OptimizerKindInfo* FindOptimizerKind(OptimizerKind kind);
 
 // "constant", "cosine" -> schedule; InvalidArgument otherwise.
 Result<LrSchedule> ParseLrSchedule(const std::string& name);

@@ -60,25 +60,24 @@ void Adam(const OptimizerSpec& spec, int64_t step, const float* __restrict in,
   }
 }
 
-// Every optimizer, in the order of OptimizerKind. A new one is a row here (its hyper-
-// parameters are checked by ValidateOptimizer in common/model_spec.cc) and its test.
+// Every optimizer's update, row for row as kOptimizerKinds (common/model_spec.h) lists them.
 constexpr OptimizerDef kOptimizers[] = {
-    {OptimizerKind::kSgd, "sgd", 0, &Sgd<true>, &Sgd<false>},
-    {OptimizerKind::kMomentum, "momentum", 1, &Momentum<true>, &Momentum<false>},
-    {OptimizerKind::kAdam, "adam", 2, &Adam<true>, &Adam<false>},
+    {OptimizerKind::kSgd, &Sgd<true>, &Sgd<false>},
+    {OptimizerKind::kMomentum, &Momentum<true>, &Momentum<false>},
+    {OptimizerKind::kAdam, &Adam<true>, &Adam<false>},
 };
 
-constexpr bool TableIsWellFormed() {
+constexpr bool TableMatchesTheKinds() {
+  if (std::size(kOptimizers) != std::size(kOptimizerKinds)) return false;
   for (size_t i = 0; i < std::size(kOptimizers); ++i) {
     const OptimizerDef& o = kOptimizers[i];
-    if (static_cast<size_t>(o.kind) != i) return false;
-    if (o.slots < 0 || o.slots > kMaxOptimizerSlots) return false;
+    if (o.kind != kOptimizerKinds[i].kind) return false;
     if (o.update_in_place == nullptr || o.update_out_of_place == nullptr) return false;
   }
   return true;
 }
-static_assert(TableIsWellFormed(),
-              "kOptimizers: rows in OptimizerKind order, at most kMaxOptimizerSlots slots each");
+static_assert(TableMatchesTheKinds(),
+              "kOptimizers: one row per kOptimizerKinds row, in the same order, each with both updates");
 
 }  // namespace
 
@@ -88,8 +87,8 @@ const OptimizerDef* FindOptimizer(OptimizerKind kind) {
 }
 
 int NumOptimizerSlots(OptimizerKind kind) {
-  const OptimizerDef* o = FindOptimizer(kind);
-  return o != nullptr ? o->slots : 0;
+  const OptimizerKindInfo* info = FindOptimizerKind(kind);
+  return info != nullptr ? info->slots : 0;
 }
 
 void ApplyUpdate(const OptimizerSpec& spec, int64_t step, const float* w_in, float* w_out,

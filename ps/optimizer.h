@@ -16,19 +16,15 @@
 
 namespace parasync {
 
-// The most slot arrays any optimizer keeps; a row of the table (ps/optimizer.cc) with more
-// does not compile, so callers may hold slot pointers in std::array<float*, kMaxOptimizerSlots>.
-inline constexpr int kMaxOptimizerSlots = 2;
-
-// One optimizer: its name, its slot count and its update (see ApplyUpdate), in place or out of
-// place. The table of them, one row per OptimizerKind, is in ps/optimizer.cc.
+// One optimizer's update (see ApplyUpdate), in place or out of place. The table of them is in
+// ps/optimizer.cc: one row per row of kOptimizerKinds (common/model_spec.h, which names each
+// optimizer, counts its slots — at most kMaxOptimizerSlots — and checks its hyperparameters),
+// in the same order, or it does not compile.
 struct OptimizerDef {
   using UpdateFn = void (*)(const OptimizerSpec& spec, int64_t step, const float* w_in,
                             float* w_out, const float* g, std::span<float* const> slots,
                             int64_t n);
   OptimizerKind kind;
-  std::string_view name;
-  int slots;
   UpdateFn update_in_place;      // w_in unused: the weights are read from and written to w_out
   UpdateFn update_out_of_place;  // w_in only read
 };
@@ -36,8 +32,8 @@ struct OptimizerDef {
 // The row of `kind`; null for a kind outside the table (never for a validated spec).
 const OptimizerDef* FindOptimizer(OptimizerKind kind);
 
-// Slot arrays (same length as the variable) each optimizer keeps: sgd 0, momentum 1 (v),
-// adam 2 (m, v). Slots start at zero.
+// Slot arrays (same length as the variable) each optimizer keeps (kOptimizerKinds' slots:
+// sgd 0, momentum 1 (v), adam 2 (m, v)); 0 for a kind outside the table. Slots start at zero.
 int NumOptimizerSlots(OptimizerKind kind);
 
 // Applies one update to the weights w_in[0..n) from g[0..n), writing the new weights to

@@ -7,7 +7,8 @@
 #                                    Debian's Fashion-MNIST
 #   tools/install-deps.sh --tests    that, and what the test suite uses besides
 #                                    (tools/run-tests.sh): GoogleTest, the Prometheus server,
-#                                    Python with matplotlib, shellcheck, Node.js, curl, git
+#                                    Python with matplotlib, shellcheck, Node.js, curl, git,
+#                                    universal-ctags
 #   tools/install-deps.sh PKG ...    that, and extra packages a tool needs only for itself,
 #                                    e.g. `tools/install-deps.sh chromium`
 set -euo pipefail
@@ -21,9 +22,11 @@ packages=(
   ocl-icd-opencl-dev dataset-fashion-mnist
 )
 # The test suite's own needs: unit tests, the real Prometheus of the integration tests,
-# tools/compare's plots, the deploy checks' shellcheck and Node.js validators, the scripts.
+# tools/compare's plots, the deploy checks' shellcheck and Node.js validators, the scripts,
+# tools/function-lengths.sh's ctags.
 test_packages=(
   libgtest-dev libgmock-dev prometheus python3 python3-matplotlib shellcheck nodejs curl git
+  universal-ctags
 )
 if [[ ${1:-} == --tests ]]; then
   shift
