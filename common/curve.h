@@ -73,8 +73,9 @@ enum class CurveRefusal {
                      // public key, or it used another server public key
   kNotAllowed,       // the ZAP handler denied the client's public key (not on --curve-allow)
   kOther,            // any other handshake failure (malformed traffic, a cut connection)
+                     // — stays the last: kNumCurveRefusals counts up to it
 };
-inline constexpr int kNumCurveRefusals = 4;
+inline constexpr int kNumCurveRefusals = static_cast<int>(CurveRefusal::kOther) + 1;
 
 // "plain_text_client", "bad_key_or_secret", "not_allowed", "other": the metric label values.
 const char* CurveRefusalName(CurveRefusal refusal);
