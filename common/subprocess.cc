@@ -76,7 +76,9 @@ struct Streams {
 int AboveStdio(int fd) {
   if (fd < 0 || fd > STDERR_FILENO) return fd;
   const int moved = fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+  const int error = errno;
   close(fd);
+  errno = error;
   return moved;
 }
 
@@ -105,6 +107,12 @@ Status OpenStream(const StreamTarget& target, int index, Streams& streams) {
       }
       const int reader = AboveStdio(fds[0]);
       const int writer = AboveStdio(fds[1]);
+      if (reader < 0 || writer < 0) {
+        const int error = errno;
+        if (reader >= 0) close(reader);
+        if (writer >= 0) close(writer);
+        return Status::Unavailable(std::string("pipe: ") + std::strerror(error));
+      }
       fd = index == STDIN_FILENO ? reader : writer;
       (index == STDIN_FILENO ? streams.stdin_write : streams.output_read) =
           index == STDIN_FILENO ? writer : reader;
@@ -143,8 +151,9 @@ void Install(int fd, int target) {
 }  // namespace
 
 std::string FindExecutable(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  if (name.empty() || name.find('/') != std::string::npos || path == nullptr) return name;
+  if (name.empty() || name.find('/') != std::string::npos) return name;
+  // execvp's default when PATH is unset.
+  const char* path = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "/bin:/usr/bin";
   std::istringstream dirs(path);
   for (std::string dir; std::getline(dirs, dir, ':');) {
     const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;

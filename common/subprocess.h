@@ -59,13 +59,15 @@ struct Spawned {
   int output_fd = -1;  // the read end of the child's stdout/stderr pipe when one was kPipe
 };
 
-// Starts the child. The child starts with every signal at its default and none blocked.
+// Starts the child. The child starts with every signal at its default and none blocked (also
+// those a shell made the parent ignore, such as SIGQUIT for a background job).
 // Unavailable when a pipe or the fork fails, NotFound when a kFile cannot be opened; nothing
 // is left open then.
 Result<Spawned> Spawn(const SpawnOptions& options);
 
 // The path exec would run for `name`: itself if it holds a '/', else the first executable
-// regular file of that name in $PATH, else `name` unchanged.
+// regular file of that name in $PATH (/bin:/usr/bin when unset, as execvp), else `name`
+// unchanged. Unlike execvp, a file without a #! line is not handed to /bin/sh.
 std::string FindExecutable(const std::string& name);
 
 // A wait status as one number: the exit status, or 128 + the signal that ended the process.

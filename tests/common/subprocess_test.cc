@@ -157,5 +157,14 @@ TEST(FindExecutableTest, LooksInPathOnlyForBareNames) {
   EXPECT_EQ(access(sh.c_str(), X_OK), 0) << sh;
 }
 
+TEST(FindExecutableTest, WithoutPathLooksWhereExecvpWould) {
+  const char* saved = std::getenv("PATH");
+  const std::string path = saved != nullptr ? saved : "";
+  ASSERT_EQ(unsetenv("PATH"), 0);
+  const std::string sh = FindExecutable("sh");
+  if (saved != nullptr) setenv("PATH", path.c_str(), 1);
+  EXPECT_TRUE(sh == "/bin/sh" || sh == "/usr/bin/sh") << sh;
+}
+
 }  // namespace
 }  // namespace parasync
