@@ -9,6 +9,13 @@
 #include "common/version.h"
 
 namespace parasync {
+
+int StartupExitCode(const Status& status) {
+  return status.code() == StatusCode::kInvalidArgument ||
+                 status.code() == StatusCode::kFailedPrecondition
+             ? kExitBadUsage
+             : kExitRetryable;
+}
 namespace {
 
 // Help is wrapped to this many columns, option help beside a column of names this wide.

@@ -20,10 +20,16 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/status.h"
+
 namespace parasync {
 
 // Exit status for a failure a retry may fix (see above); kExitBadUsage (common/process.h) is 2.
 inline constexpr int kExitRetryable = 1;
+
+// The exit status of a start-up failure by its status: kExitBadUsage for InvalidArgument and
+// FailedPrecondition (the user's to change), kExitRetryable for anything else.
+int StartupExitCode(const Status& status);
 
 // What a binary's --help says about it.
 struct ProgramHelp {

@@ -80,6 +80,22 @@ class MetricsServer::Handler : public CivetHandler {
   Answer answer_;
 };
 
+Result<int> MetricsServer::ServeUntilExit(const std::string& ip, const std::string& bind_flag,
+                                          int port,
+                                          std::shared_ptr<prometheus::Registry> registry,
+                                          MetricsServerOptions options) {
+  auto server = Start(ip, port, std::move(registry), options);
+  if (!server.ok()) {
+    const std::string line = "cannot serve metrics on --metrics-bind " + bind_flag +
+                             " --metrics-port " + std::to_string(port) + ": " +
+                             server.status().message();
+    return port != 0 ? Status::FailedPrecondition(line) : Status::Unavailable(line);
+  }
+  const int bound = (*server)->port();
+  KeepUntilExit(std::move(server).value());
+  return bound;
+}
+
 Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::string& bind, int port, std::shared_ptr<prometheus::Registry> registry,
     MetricsServerOptions options) {

@@ -101,6 +101,15 @@ class MetricsServer {
   // exit sees a closed connection. Intentionally never freed.
   static void KeepUntilExit(std::unique_ptr<MetricsServer> server);
 
+  // For a binary's main: Start, then KeepUntilExit; the bound port. On failure the message is
+  // the binary's one error line, "cannot serve metrics on --metrics-bind <bind_flag>
+  // --metrics-port <port>: <why>", with FailedPrecondition when the port was given (another
+  // process has it: the user's to change) and Unavailable when the system picked it (a retry
+  // may do).
+  static Result<int> ServeUntilExit(const std::string& ip, const std::string& bind_flag, int port,
+                                    std::shared_ptr<prometheus::Registry> registry,
+                                    MetricsServerOptions options);
+
  private:
   class Handler;
   MetricsServer() = default;

@@ -443,17 +443,12 @@ std::optional<int> StartMetrics(const PsFlags& f, const PsConfig& c, PsMetrics& 
   // Before the store: /metrics answers, and /healthz says "ok", while a large store is
   // verified and restored (the probes of deploy/k8s rely on it); /readyz waits for the
   // request loop. A store refused below exits before the server binds.
-  auto metrics_server =
-      MetricsServer::Start(c.metrics_ip, f.metrics_port, metrics.registry,
-                           {.loop = &metrics.loop, .stale_after = kPsLoopStaleAfter});
-  if (!metrics_server.ok()) {
-    // Checked free a moment ago (above): taken since, or refused for another reason.
-    return Fail("cannot serve metrics on --metrics-bind " + f.metrics_bind + " --metrics-port " +
-                    std::to_string(f.metrics_port) + ": " + metrics_server.status().message(),
-                f.metrics_port != 0 ? kExitBadUsage : kExitRetryable);
-  }
-  *port = (*metrics_server)->port();
-  MetricsServer::KeepUntilExit(std::move(metrics_server).value());
+  Result<int> bound =
+      MetricsServer::ServeUntilExit(c.metrics_ip, f.metrics_bind, f.metrics_port, metrics.registry,
+                                    {.loop = &metrics.loop, .stale_after = kPsLoopStaleAfter});
+  // Checked free a moment ago (above): taken since, or refused for another reason.
+  if (!bound.ok()) return Fail(bound.status().message(), StartupExitCode(bound.status()));
+  *port = *bound;
   return std::nullopt;
 }
 

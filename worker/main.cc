@@ -584,16 +584,12 @@ std::optional<int> SetUpProcess(const WorkerFlags& f, int rank) {
 std::optional<int> StartMetrics(const WorkerFlags& f, const WorkerConfig& c,
                                 parasync::WorkerMetrics& metrics, int* bound_port) {
   using namespace parasync;
-  auto server = MetricsServer::Start(c.metrics_ip, f.metrics_port, metrics.registry,
-                                     {.loop = &metrics.loop, .stale_after = kWorkerLoopStaleAfter});
-  if (!server.ok()) {
-    // Checked free at start (SetUpProcess): taken since, or refused for another reason.
-    return Fail("cannot serve metrics on --metrics-bind " + f.metrics_bind + " --metrics-port " +
-                    std::to_string(f.metrics_port) + ": " + server.status().message(),
-                f.metrics_port != 0 ? kExitBadUsage : kExitRetryable);
-  }
-  *bound_port = (*server)->port();
-  MetricsServer::KeepUntilExit(std::move(server).value());
+  Result<int> bound =
+      MetricsServer::ServeUntilExit(c.metrics_ip, f.metrics_bind, f.metrics_port, metrics.registry,
+                                    {.loop = &metrics.loop, .stale_after = kWorkerLoopStaleAfter});
+  // Checked free at start (SetUpProcess): taken since, or refused for another reason.
+  if (!bound.ok()) return Fail(bound.status().message(), StartupExitCode(bound.status()));
+  *bound_port = *bound;
   return std::nullopt;
 }
 
