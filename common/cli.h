@@ -31,6 +31,23 @@ inline constexpr int kExitRetryable = 1;
 // FailedPrecondition (the user's to change), kExitRetryable for anything else.
 int StartupExitCode(const Status& status);
 
+// What parasync-ps and parasync-worker set up once their flags are valid, before anything
+// starts.
+struct ServiceProcess {
+  std::string role;  // "ps", "worker": the log lines' prefix, with `index`
+  int index = 0;
+  std::string log_level;
+  std::optional<std::string> log_dir;  // created when given
+  std::string metrics_bind;
+  int metrics_port = 0;  // 0: the system picks one, nothing to check
+};
+
+// A metrics port in use is refused naming the flag (a retry would find it taken again),
+// logging is set up, the log directory created, the shutdown signals taken by a thread of
+// their own and freed message buffers kept (common/process.h). The one line to fail with
+// (exit status kExitBadUsage), or nullopt.
+std::optional<std::string> SetUpServiceProcess(const ServiceProcess& process);
+
 // What a binary's --help says about it.
 struct ProgramHelp {
   std::string name;     // "parasync-ps": the Usage line and the error prefix

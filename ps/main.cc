@@ -381,7 +381,8 @@ int RunCheck(const PsFlags& f, const PsConfig& c) {
 }
 
 // Before anything starts: the ports are free (a port in use is refused naming the flag: a
-// retry would find it taken again), logging and --log-dir are set up, signals handled.
+// retry would find it taken again), logging and --log-dir are set up, signals handled
+// (SetUpServiceProcess, as parasync-worker).
 std::optional<int> PrepareProcess(const PsFlags& f, const PsConfig& c) {
   if (std::string p = BindProblem(HostOf(c.address), PortOf(c.address)); !p.empty()) {
     return Fail((f.bind.empty() ? "shard " + std::to_string(c.spec.task_index) +
@@ -390,21 +391,16 @@ std::optional<int> PrepareProcess(const PsFlags& f, const PsConfig& c) {
                     ": " + p,
                 kExitBadUsage);
   }
-  if (f.metrics_port != 0) {
-    if (std::string p = BindProblem(f.metrics_bind, f.metrics_port); !p.empty()) {
-      return Fail("--metrics-port " + std::to_string(f.metrics_port) + ": " + p, kExitBadUsage);
-    }
+  std::optional<std::string> log_dir;
+  if (!f.log_dir.empty()) log_dir = f.log_dir;
+  if (auto line = SetUpServiceProcess({.role = "ps",
+                                       .index = c.spec.task_index,
+                                       .log_level = f.log_level,
+                                       .log_dir = log_dir,
+                                       .metrics_bind = f.metrics_bind,
+                                       .metrics_port = f.metrics_port})) {
+    return Fail(*line, kExitBadUsage);
   }
-  if (!InitLogging("ps", c.spec.task_index, f.log_level)) {
-    return Fail("unknown --log-level " + f.log_level, kExitBadUsage);
-  }
-  if (!f.log_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(f.log_dir, ec);
-    if (ec) return Fail("cannot create --log-dir " + f.log_dir + ": " + ec.message(), kExitBadUsage);
-  }
-  InstallShutdownSignalHandlers();
-  KeepFreedMessageBuffers();
   return std::nullopt;
 }
 

@@ -559,23 +559,18 @@ parasync::Status LoadData(const WorkerFlags& f, int rank, parasync::Dataset* tra
   return Status::Ok();
 }
 
-// Logging, the log directory, signal handling; an exit status if one fails.
+// A metrics port in use, logging, the log directory, signal handling (SetUpServiceProcess, as
+// parasync-ps); an exit status if one fails.
 std::optional<int> SetUpProcess(const WorkerFlags& f, int rank) {
   using namespace parasync;
-  // A metrics port in use is refused before anything starts, naming the flag.
-  if (f.metrics_port != 0) {
-    if (std::string p = BindProblem(f.metrics_bind, f.metrics_port); !p.empty()) {
-      return Fail("--metrics-port " + std::to_string(f.metrics_port) + ": " + p, kExitBadUsage);
-    }
+  if (auto line = SetUpServiceProcess({.role = "worker",
+                                       .index = rank,
+                                       .log_level = f.log_level,
+                                       .log_dir = f.log_dir,
+                                       .metrics_bind = f.metrics_bind,
+                                       .metrics_port = f.metrics_port})) {
+    return Fail(*line, kExitBadUsage);
   }
-  if (!InitLogging("worker", rank, f.log_level)) {
-    return Fail("unknown --log-level " + f.log_level, kExitBadUsage);
-  }
-  std::error_code ec;
-  std::filesystem::create_directories(f.log_dir, ec);
-  if (ec) return Fail("cannot create --log-dir " + f.log_dir + ": " + ec.message(), kExitBadUsage);
-  InstallShutdownSignalHandlers();
-  KeepFreedMessageBuffers();
   return std::nullopt;
 }
 
