@@ -12,7 +12,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using testing::TempDir;
 
-// SGD on one shard in async mode (the defaults), in two slices.
+// SGD on one shard in async mode (the defaults), in two slices (SliceMap cuts the 12 elements
+// near-equally under max_slice_elements: two of 6).
 const ModelRegistration kModel{
     .variables = {{"dense/kernel", {4, 3}, DType::kFloat32, {InitKind::kUniform, 0.5f}}},
     .optimizer = {.learning_rate = 0.1f},
@@ -28,11 +29,16 @@ class DurabilityTest : public ::testing::Test {
     store_ = std::move(opened).value();
     RejectReason reason = RejectReason::kNone;
     ASSERT_TRUE(shard_.Register(kModel, &reason).ok());
+    ASSERT_EQ(FirstSlice().count, 6);
+  }
+  // The whole of the first slice: Shard::Apply expects ranges the server has validated.
+  SliceRange FirstSlice() const {
+    return {0, 0, static_cast<int64_t>(shard_.SnapshotOfSlice(0).values.size())};
   }
   // Applies one push of ones to the first slice.
   void Push() {
-    const SliceRange range{0, 0, 8};
-    const std::vector<float> grad(8, 1.0f);
+    const SliceRange range = FirstSlice();
+    const std::vector<float> grad(static_cast<size_t>(range.count), 1.0f);
     const float* g = grad.data();
     RejectReason reason = RejectReason::kNone;
     ASSERT_TRUE(shard_.Apply({&range, 1}, {&g, 1}, 1, &reason).ok());
@@ -102,7 +108,7 @@ TEST_F(DurabilityTest, EveryUpdateWritesTheUpdateAndItsRecords) {
   EXPECT_TRUE(d.every_update());
   ASSERT_TRUE(d.Save(shard_, ledger_, /*force=*/true).ok());  // the registered model
   Push();
-  const SliceRange range{0, 0, 8};
+  const SliceRange range = FirstSlice();
   const RankRecord record{0, PushSeq(1, 1).raw(), DataProgress{}};
   ASSERT_TRUE(d.SaveUpdate(shard_, {&range, 1}, {record}).ok());
   auto loaded = store_->Load();
