@@ -95,6 +95,25 @@ class ModeServerTest : public ::testing::Test {
     return std::move(client).value();
   }
 
+  // A sync server for two workers, both registered, and the gradients each rank pushes.
+  struct SyncPair {
+    ModelRegistration reg;
+    std::unique_ptr<PsClient> w0;
+    std::unique_ptr<PsClient> w1;
+    std::vector<std::vector<float>> g0;
+    std::vector<std::vector<float>> g1;
+  };
+  // Call through ASSERT_NO_FATAL_FAILURE.
+  void StartSyncPair(SyncPair& pair) {
+    ASSERT_TRUE(Start(ModeOptions("sync", 2)));
+    pair.reg = ModeModel("sync");
+    pair.w0 = Worker(0, pair.reg);
+    pair.w1 = Worker(1, pair.reg);
+    ASSERT_TRUE(pair.w0 && pair.w1);
+    pair.g0 = GradientsOfRank(pair.reg, 0);
+    pair.g1 = GradientsOfRank(pair.reg, 1);
+  }
+
   static std::vector<std::vector<float>> NewParams() {
     return {std::vector<float>(200), std::vector<float>(10)};
   }
@@ -125,14 +144,10 @@ constexpr milliseconds kStillParked{200};
 // A worker's data position (for resuming) comes back at Register once its gradient counts:
 // at once in async mode, in sync mode only when the step it went into is applied.
 TEST_F(ModeServerTest, ARanksDataPositionIsToldAtRegisterOnceItsGradientCounts) {
-  ASSERT_TRUE(Start(ModeOptions("sync", 2)));
-  const ModelRegistration reg = ModeModel("sync");
-  std::unique_ptr<PsClient> w0 = Worker(0, reg);
-  std::unique_ptr<PsClient> w1 = Worker(1, reg);
-  ASSERT_TRUE(w0 && w1);
+  SyncPair pair;
+  ASSERT_NO_FATAL_FAILURE(StartSyncPair(pair));
+  auto& [reg, w0, w1, g0, g1] = pair;
   EXPECT_TRUE(w0->recorded_progress().empty());
-  std::vector<std::vector<float>> g0 = GradientsOfRank(reg, 0);
-  std::vector<std::vector<float>> g1 = GradientsOfRank(reg, 1);
   w0->set_progress({1, 4, 12});
   ASSERT_TRUE(w0->Push(Pointers<const float>(g0), 4).ok());
   // Aggregated, not applied: a restarted rank 0 would train that batch again.
@@ -166,13 +181,9 @@ TEST_F(ModeServerTest, AnAsyncPushsDataPositionIsToldAtRegisterAtOnce) {
 }
 
 TEST_F(ModeServerTest, SyncPullWaitsForEveryRankThenSeesTheMeanGradient) {
-  ASSERT_TRUE(Start(ModeOptions("sync", 2)));
-  const ModelRegistration reg = ModeModel("sync");
-  std::unique_ptr<PsClient> w0 = Worker(0, reg);
-  std::unique_ptr<PsClient> w1 = Worker(1, reg);
-  ASSERT_TRUE(w0 && w1);
-  std::vector<std::vector<float>> g0 = GradientsOfRank(reg, 0);
-  std::vector<std::vector<float>> g1 = GradientsOfRank(reg, 1);
+  SyncPair pair;
+  ASSERT_NO_FATAL_FAILURE(StartSyncPair(pair));
+  auto& [reg, w0, w1, g0, g1] = pair;
 
   ASSERT_TRUE(w0->Push(Pointers<const float>(g0), 8, 0).ok());
   EXPECT_FALSE(w0->last_push_dropped());
@@ -203,13 +214,9 @@ TEST_F(ModeServerTest, SyncPullWaitsForEveryRankThenSeesTheMeanGradient) {
 }
 
 TEST_F(ModeServerTest, SyncPushPullOfTheNextStepWaitsForTheOtherRankAndSeesTheMean) {
-  ASSERT_TRUE(Start(ModeOptions("sync", 2)));
-  const ModelRegistration reg = ModeModel("sync");
-  std::unique_ptr<PsClient> w0 = Worker(0, reg);
-  std::unique_ptr<PsClient> w1 = Worker(1, reg);
-  ASSERT_TRUE(w0 && w1);
-  std::vector<std::vector<float>> g0 = GradientsOfRank(reg, 0);
-  std::vector<std::vector<float>> g1 = GradientsOfRank(reg, 1);
+  SyncPair pair;
+  ASSERT_NO_FATAL_FAILURE(StartSyncPair(pair));
+  auto& [reg, w0, w1, g0, g1] = pair;
   std::vector<std::vector<float>> p0 = NewParams();
   std::vector<std::vector<float>> p1 = NewParams();
   ASSERT_TRUE(w0->Pull(Pointers<float>(p0)).ok());  // version 0: what step 0 is computed from
@@ -329,13 +336,9 @@ TEST_F(ModeServerTest, AFailedPushLeavesNothingQueuedThatReadsTheFreedGradientsL
 }
 
 TEST_F(ModeServerTest, SyncGradientForAnAppliedStepIsDroppedAndASecondForTheOpenStepNotCounted) {
-  ASSERT_TRUE(Start(ModeOptions("sync", 2)));
-  const ModelRegistration reg = ModeModel("sync");
-  std::unique_ptr<PsClient> w0 = Worker(0, reg);
-  std::unique_ptr<PsClient> w1 = Worker(1, reg);
-  ASSERT_TRUE(w0 && w1);
-  std::vector<std::vector<float>> g0 = GradientsOfRank(reg, 0);
-  std::vector<std::vector<float>> g1 = GradientsOfRank(reg, 1);
+  SyncPair pair;
+  ASSERT_NO_FATAL_FAILURE(StartSyncPair(pair));
+  auto& [reg, w0, w1, g0, g1] = pair;
   ASSERT_TRUE(w0->Push(Pointers<const float>(g0), 8, 0).ok());
   ASSERT_TRUE(w1->Push(Pointers<const float>(g1), 8, 0).ok());
   std::vector<std::vector<float>> after_step = NewParams();
