@@ -67,6 +67,14 @@ Status ValidateAdamHyperparameters(const OptimizerSpec& s) {
   return Status::Ok();
 }
 
+Status ValidateAdagradHyperparameters(const OptimizerSpec& s) {
+  if (!(s.initial_accumulator >= 0.0f) || !std::isfinite(s.initial_accumulator)) {
+    return Status::InvalidArgument("adagrad's initial accumulator must be >= 0 and finite");
+  }
+  if (!(s.epsilon > 0.0f)) return Status::InvalidArgument("adagrad epsilon must be > 0");
+  return Status::Ok();
+}
+
 Status ValidateOptimizer(const OptimizerSpec& s) {
   if (!(s.learning_rate > 0.0f) || !std::isfinite(s.learning_rate)) {
     return Status::InvalidArgument("learning rate must be a positive finite number");
@@ -94,7 +102,10 @@ Status ValidateOptimizer(const OptimizerSpec& s) {
 }
 
 Status ValidateRegistration(const ModelRegistration& reg) {
-  PARASYNC_RETURN_IF_ERROR(ValidateVariables(reg.variables));
+  if (!(reg.variables.empty() && !reg.tables.empty())) {
+    PARASYNC_RETURN_IF_ERROR(ValidateVariables(reg.variables));
+  }
+  PARASYNC_RETURN_IF_ERROR(ValidateTables(reg.tables, reg.variables));
   PARASYNC_RETURN_IF_ERROR(ValidateOptimizer(reg.optimizer));
   if (reg.max_slice_elements < 1) return Status::InvalidArgument("max_slice_elements must be >= 1");
   if (reg.num_shards < 1) return Status::InvalidArgument("num_shards must be >= 1");
@@ -133,6 +144,7 @@ std::string DescribeRegistrationMismatch(const ModelRegistration& have,
     if (a.dtype != b.dtype) return "dtype mismatch for '" + a.name + "'";
     if (!(a.init == b.init)) return "initializer mismatch for '" + a.name + "'";
   }
+  if (std::string t = DescribeTablesMismatch(have.tables, got.tables); !t.empty()) return t;
   if (have.mode != got.mode) {
     return "mode " + got.mode + " != registered " + have.mode;
   }

@@ -7,13 +7,14 @@
 #include <string_view>
 #include <vector>
 
+#include "common/embedding.h"
 #include "common/status.h"
 #include "common/variable.h"
 
 namespace parasync {
 
 // Numbers are part of the wire protocol (schema/parasync.fbs): never renumber.
-enum class OptimizerKind : uint8_t { kSgd = 0, kMomentum = 1, kAdam = 2 };
+enum class OptimizerKind : uint8_t { kSgd = 0, kMomentum = 1, kAdam = 2, kAdagrad = 3 };
 enum class LrSchedule : uint8_t { kConstant = 0, kCosine = 1 };
 
 struct OptimizerSpec {
@@ -22,7 +23,10 @@ struct OptimizerSpec {
   float momentum = 0.9f;  // kMomentum
   float beta1 = 0.9f;     // kAdam
   float beta2 = 0.999f;   // kAdam
-  float epsilon = 1e-7f;  // kAdam (TensorFlow's default)
+  float epsilon = 1e-7f;  // kAdam and kAdagrad (TensorFlow's default)
+  // kAdagrad: the accumulator's starting value (TensorFlow's and Keras's default). The slot
+  // holds the sum of squared gradients since; the update adds this back.
+  float initial_accumulator = 0.1f;
   // Divide each update by max(1, staleness), staleness = versions applied between the read
   // and the apply of its gradient (Zhang et al. 2016). For async and ssp.
   bool staleness_aware = false;
@@ -42,6 +46,8 @@ struct OptimizerSpec {
 // in [0, 1); adam's betas in [0, 1) and epsilon > 0.
 Status ValidateMomentumHyperparameters(const OptimizerSpec& spec);
 Status ValidateAdamHyperparameters(const OptimizerSpec& spec);
+// adagrad: initial accumulator >= 0 and finite, epsilon > 0, and not both zero.
+Status ValidateAdagradHyperparameters(const OptimizerSpec& spec);
 
 // The most slot arrays any optimizer keeps: a row below with more does not compile, so the
 // server may hold slot pointers in std::array<float*, kMaxOptimizerSlots>.
@@ -65,6 +71,7 @@ inline constexpr OptimizerKindInfo kOptimizerKinds[] = {
     {OptimizerKind::kSgd, "sgd", 0, nullptr},
     {OptimizerKind::kMomentum, "momentum", 1, &ValidateMomentumHyperparameters},  // v
     {OptimizerKind::kAdam, "adam", 2, &ValidateAdamHyperparameters},              // m, v
+    {OptimizerKind::kAdagrad, "adagrad", 1, &ValidateAdagradHyperparameters},     // sum g^2
 };
 
 constexpr bool OptimizerKindsAreWellFormed() {
@@ -107,10 +114,13 @@ struct ModelRegistration {
   // The model description (JSON) the variables came from, for exports; opaque to the
   // servers and not compared between registrations (DescribeRegistrationMismatch).
   std::string model;
+  // Embedding tables (common/embedding.h): kept as rows by id, spread over the shards by
+  // ShardOfRow, pulled and pushed by id; the optimizer above updates their rows too.
+  std::vector<TableSpec> tables;
   bool operator==(const ModelRegistration&) const = default;
 };
 
-// Variables valid, optimizer valid, max_slice_elements >= 1, num_shards >= 1.
+// Variables valid (none only with a table), tables valid, optimizer valid, max_slice_elements >= 1, num_shards >= 1.
 Status ValidateRegistration(const ModelRegistration& reg);
 
 // A one-line human description of the first difference between two registrations, for the

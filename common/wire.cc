@@ -60,7 +60,8 @@ static_assert(SameNumber(InitKind::kUniform, fb::InitKind::MAX));
 static_assert(SameNumber(OptimizerKind::kSgd, fb::OptimizerKind::Sgd));
 static_assert(SameNumber(OptimizerKind::kMomentum, fb::OptimizerKind::Momentum));
 static_assert(SameNumber(OptimizerKind::kAdam, fb::OptimizerKind::Adam));
-static_assert(SameNumber(OptimizerKind::kAdam, fb::OptimizerKind::MAX));
+static_assert(SameNumber(OptimizerKind::kAdagrad, fb::OptimizerKind::Adagrad));
+static_assert(SameNumber(OptimizerKind::kAdagrad, fb::OptimizerKind::MAX));
 static_assert(SameNumber(LrSchedule::kConstant, fb::LrSchedule::Constant));
 static_assert(SameNumber(LrSchedule::kCosine, fb::LrSchedule::Cosine));
 static_assert(SameNumber(LrSchedule::kCosine, fb::LrSchedule::MAX));
@@ -89,6 +90,7 @@ flatbuffers::Offset<fb::OptimizerSpec> EncodeOptimizer(flatbuffers::FlatBufferBu
                                                        const OptimizerSpec& o) {
   fb::OptimizerSpecBuilder ob(b);
   ob.add_decay_examples(o.decay_examples);
+  ob.add_initial_accumulator(o.initial_accumulator);
   ob.add_final_lr_fraction(o.final_lr_fraction);
   ob.add_epsilon(o.epsilon);
   ob.add_beta2(o.beta2);
@@ -101,11 +103,29 @@ flatbuffers::Offset<fb::OptimizerSpec> EncodeOptimizer(flatbuffers::FlatBufferBu
   return ob.Finish();
 }
 
+flatbuffers::Offset<fb::TableSpec> EncodeTable(flatbuffers::FlatBufferBuilder& b,
+                                               const TableSpec& t) {
+  const auto name = b.CreateString(t.name);
+  fb::TableSpecBuilder tb(b);
+  tb.add_rows(t.rows);
+  tb.add_dim(t.dim);
+  tb.add_init_value(t.init.value);
+  tb.add_name(name);
+  tb.add_init_kind(static_cast<fb::InitKind>(t.init.kind));
+  return tb.Finish();
+}
+
 flatbuffers::Offset<fb::RegisterRequest> EncodeRegistration(flatbuffers::FlatBufferBuilder& b,
                                                             const ModelRegistration& r) {
   std::vector<flatbuffers::Offset<fb::VariableSpec>> vars;
   vars.reserve(r.variables.size());
   for (const VariableSpec& v : r.variables) vars.push_back(EncodeVariable(b, v));
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::TableSpec>>> tables = 0;
+  if (!r.tables.empty()) {  // absent when none: a registration without tables keeps its bytes
+    std::vector<flatbuffers::Offset<fb::TableSpec>> specs;
+    for (const TableSpec& t : r.tables) specs.push_back(EncodeTable(b, t));
+    tables = b.CreateVector(specs);
+  }
   const auto opt = EncodeOptimizer(b, r.optimizer);
   const auto model = r.model.empty() ? 0 : b.CreateString(r.model);
   const auto mode = b.CreateString(r.mode);
@@ -118,6 +138,7 @@ flatbuffers::Offset<fb::RegisterRequest> EncodeRegistration(flatbuffers::FlatBuf
   rb.add_num_shards(r.num_shards);
   rb.add_optimizer(opt);
   rb.add_variables(variables);
+  if (!tables.IsNull()) rb.add_tables(tables);
   return rb.Finish();
 }
 
@@ -140,6 +161,7 @@ flatbuffers::Offset<fb::StatsReply> EncodeStats(flatbuffers::FlatBufferBuilder& 
   const auto workers = b.CreateVectorOfStructs(worker_stats);
   const auto mode = b.CreateString(s.mode);
   fb::StatsReplyBuilder sb(b);
+  sb.add_rows_held(s.rows_held);
   sb.add_workers_declared_dead(s.workers_declared_dead);
   sb.add_blocked_pulls(s.blocked_pulls);
   sb.add_max_clock_staleness(s.max_clock_staleness);
@@ -158,6 +180,13 @@ flatbuffers::Offset<fb::StatsReply> EncodeStats(flatbuffers::FlatBufferBuilder& 
   sb.add_shard(s.shard);
   sb.add_registered(s.registered);
   return sb.Finish();
+}
+
+fb::RowRange EncodeRows(const RowRange& r) {
+  fb::RowRange out;  // zeroed padding, as the generated constructor writes
+  out.mutate_table(r.table);
+  out.mutate_count(r.count);
+  return out;
 }
 
 fb::SliceRange EncodeSlice(const SliceRange& s) {
@@ -183,6 +212,13 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
     ranges.reserve(h.slices.size());
     for (const SliceRange& s : h.slices) ranges.push_back(EncodeSlice(s));
     slices = b.CreateVectorOfStructs(ranges);
+  }
+  flatbuffers::Offset<flatbuffers::Vector<const fb::RowRange*>> rows = 0;
+  if (!h.rows.empty()) {
+    std::vector<fb::RowRange> ranges;
+    ranges.reserve(h.rows.size());
+    for (const RowRange& r : h.rows) ranges.push_back(EncodeRows(r));
+    rows = b.CreateVectorOfStructs(ranges);
   }
   flatbuffers::Offset<flatbuffers::String> message = 0;
   if (!h.status.message().empty()) message = b.CreateString(h.status.message());
@@ -210,6 +246,7 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
   hb.add_progress_of(h.progress.of);
   if (!reg.IsNull()) hb.add_register_(reg);
   if (!stats.IsNull()) hb.add_stats(stats);
+  if (!rows.IsNull()) hb.add_rows(rows);
   b.Finish(hb.Finish());
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
@@ -263,16 +300,31 @@ Result<ModelRegistration> DecodeRegistration(const fb::RegisterRequest* r) {
   if (!InRange(o->lr_schedule(), fb::LrSchedule::MAX)) {
     return Status::Corruption("unknown learning-rate schedule");
   }
-  reg.optimizer = {static_cast<OptimizerKind>(o->kind()),
-                   o->learning_rate(),
-                   o->momentum(),
-                   o->beta1(),
-                   o->beta2(),
-                   o->epsilon(),
-                   o->staleness_aware(),
-                   static_cast<LrSchedule>(o->lr_schedule()),
-                   o->decay_examples(),
-                   o->final_lr_fraction()};
+  OptimizerSpec& opt = reg.optimizer;
+  opt.kind = static_cast<OptimizerKind>(o->kind());
+  opt.learning_rate = o->learning_rate();
+  opt.momentum = o->momentum();
+  opt.beta1 = o->beta1();
+  opt.beta2 = o->beta2();
+  opt.epsilon = o->epsilon();
+  opt.initial_accumulator = o->initial_accumulator();
+  opt.staleness_aware = o->staleness_aware();
+  opt.schedule = static_cast<LrSchedule>(o->lr_schedule());
+  opt.decay_examples = o->decay_examples();
+  opt.final_lr_fraction = o->final_lr_fraction();
+  if (const auto* tables = r->tables()) {
+    for (const fb::TableSpec* t : *tables) {
+      TableSpec spec;
+      if (t->name()) spec.name = t->name()->str();
+      if (!InRange(t->init_kind(), fb::InitKind::MAX)) {
+        return Status::Corruption("unknown initializer");
+      }
+      spec.rows = t->rows();
+      spec.dim = t->dim();
+      spec.init = {static_cast<InitKind>(t->init_kind()), t->init_value()};
+      reg.tables.push_back(std::move(spec));
+    }
+  }
   reg.seed = r->seed();
   reg.max_slice_elements = r->max_slice_elements();
   reg.num_shards = r->num_shards();
@@ -298,6 +350,7 @@ Result<ShardStats> DecodeStats(const fb::StatsReply* s) {
   out.max_clock_staleness = s->max_clock_staleness();
   out.blocked_pulls = s->blocked_pulls();
   out.workers_declared_dead = s->workers_declared_dead();
+  out.rows_held = s->rows_held();
   if (const auto* ws = s->workers()) {
     if (!ElementsAligned(ws, alignof(fb::WorkerStats))) {
       return Status::Corruption("misaligned worker stats");
@@ -352,6 +405,13 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
     }
     h.slices.reserve(s->size());
     for (const fb::SliceRange* r : *s) h.slices.push_back({r->slice_id(), r->begin(), r->count()});
+  }
+  if (const auto* r = in->rows()) {
+    if (!ElementsAligned(r, alignof(fb::RowRange))) {
+      return Status::Corruption("misaligned row ranges");
+    }
+    h.rows.reserve(r->size());
+    for (const fb::RowRange* x : *r) h.rows.push_back({x->table(), x->count()});
   }
   h.batch_examples = in->batch_examples();
   h.version = in->version();

@@ -18,7 +18,10 @@
 
 namespace parasync {
 
-// Bumped on every incompatible change of schema/parasync.fbs or of message semantics.
+// Bumped on every incompatible change of schema/parasync.fbs or of message semantics. Not for
+// additions a peer without them reads as before (new fields with defaults, such as the
+// embedding tables): the stores keep their registration as a Header frame, and a bump would
+// make every older store unreadable.
 inline constexpr uint32_t kProtocolVersion = 3;
 
 enum class MsgType : uint8_t {
@@ -42,6 +45,14 @@ struct SliceRange {
   int64_t begin = 0;  // first element within the slice
   int64_t count = 0;  // elements
   bool operator==(const SliceRange&) const = default;
+};
+
+// `count` rows of embedding table `table` by id (schema/parasync.fbs, RowRange): their ids
+// frame (and values frame) follow the slices' frames.
+struct RowRange {
+  uint32_t table = 0;
+  int64_t count = 0;
+  bool operator==(const RowRange&) const = default;
 };
 
 struct WorkerStats {
@@ -70,6 +81,7 @@ struct ShardStats {
   int64_t workers_declared_dead = 0;
   std::vector<WorkerStats> workers;  // by rank
   std::optional<ModelRegistration> registration;  // the registered model, once there is one
+  int64_t rows_held = 0;  // embedding rows held, all tables
 };
 
 struct Header {
@@ -92,6 +104,7 @@ struct Header {
   DataProgress progress;    // push: sender's position after it; register reply: the rank's
   std::optional<ModelRegistration> registration;  // Register requests
   std::optional<ShardStats> stats;                // Stats replies
+  std::vector<RowRange> rows;  // pull/push: embedding rows (frames after the slices')
 };
 
 // Serializes `header` into a fresh buffer. Never fails.

@@ -60,11 +60,29 @@ void Adam(const OptimizerSpec& spec, int64_t step, const float* __restrict in,
   }
 }
 
+// The accumulator slot holds the sum of squared gradients; the initial value is added back
+// in the update, so slots start at zero like every other optimizer's.
+template <bool kInPlace>
+void Adagrad(const OptimizerSpec& spec, int64_t /*step*/, const float* __restrict in,
+             float* __restrict out, const float* __restrict g, std::span<float* const> slots,
+             int64_t n) {
+  auto w = [&](int64_t i) { return kInPlace ? out[i] : in[i]; };
+  const float lr = spec.learning_rate;
+  const float init = spec.initial_accumulator;
+  const float eps = spec.epsilon;
+  float* __restrict acc = slots[0];
+  for (int64_t i = 0; i < n; ++i) {
+    acc[i] += g[i] * g[i];
+    out[i] = w(i) - lr * g[i] / (std::sqrt(acc[i] + init) + eps);
+  }
+}
+
 // Every optimizer's update, row for row as kOptimizerKinds (common/model_spec.h) lists them.
 constexpr OptimizerDef kOptimizers[] = {
     {OptimizerKind::kSgd, &Sgd<true>, &Sgd<false>},
     {OptimizerKind::kMomentum, &Momentum<true>, &Momentum<false>},
     {OptimizerKind::kAdam, &Adam<true>, &Adam<false>},
+    {OptimizerKind::kAdagrad, &Adagrad<true>, &Adagrad<false>},
 };
 
 constexpr bool TableMatchesTheKinds() {

@@ -6,6 +6,8 @@
 //   adam      m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //             lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t);  w -= lr_t * m / (sqrt(v) + eps)
 //                                                                    (TensorFlow's Adam)
+//   adagrad   a += g^2;  w -= lr * g / (sqrt(a0 + a) + eps)           (TensorFlow's Adagrad,
+//             a0 = initial_accumulator; the slot a starts at zero)
 #pragma once
 
 #include <cstdint>

@@ -19,7 +19,8 @@ const ModelRegistration kModel{
     .optimizer = {.learning_rate = 0.1f},
     .seed = 7,
     .max_slice_elements = 8,
-    .model = {}};
+    .model = {},
+    .tables = {}};
 
 class DurabilityTest : public ::testing::Test {
  protected:

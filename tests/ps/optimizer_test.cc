@@ -42,6 +42,11 @@ struct Reference {
           w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + double{spec.epsilon});
           break;
         }
+        case OptimizerKind::kAdagrad:  // TensorFlow's form: the accumulator starts at a0
+          if (t == 1) m[i] = spec.initial_accumulator;
+          m[i] += gi * gi;
+          w[i] -= lr * gi / (std::sqrt(m[i]) + double{spec.epsilon});
+          break;
       }
     }
   }
@@ -100,6 +105,27 @@ TEST(OptimizerTest, NumSlotsPerKind) {
   EXPECT_EQ(NumOptimizerSlots(OptimizerKind::kSgd), 0);
   EXPECT_EQ(NumOptimizerSlots(OptimizerKind::kMomentum), 1);
   EXPECT_EQ(NumOptimizerSlots(OptimizerKind::kAdam), 2);
+  EXPECT_EQ(NumOptimizerSlots(OptimizerKind::kAdagrad), 1);
+}
+
+TEST(OptimizerTest, AdagradMatchesFormulaOverThreeSteps) {
+  OptimizerSpec spec;
+  spec.kind = OptimizerKind::kAdagrad;
+  spec.learning_rate = 0.1f;
+  spec.initial_accumulator = 0.1f;
+  ExpectMatchesReference(spec);
+}
+
+TEST(OptimizerTest, AdagradFirstStepDividesByTheRootOfInitialPlusSquare) {
+  OptimizerSpec spec;
+  spec.kind = OptimizerKind::kAdagrad;
+  spec.learning_rate = 0.5f;
+  spec.initial_accumulator = 0.0f;
+  spec.epsilon = 1e-7f;
+  SliceUnderTest slice(spec, {1.0f, 1.0f});
+  slice.Step({2.0f, -0.5f});  // a zero start: each moves by lr * sign(g)
+  ExpectClose(slice.w, {0.5, 1.5}, "step 1");
+  ExpectClose(slice.slots[0], {4.0, 0.25}, "accumulator after step 1");
 }
 
 TEST(OptimizerTest, SgdSubtractsLearningRateTimesGradient) {
