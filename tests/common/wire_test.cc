@@ -113,7 +113,8 @@ TEST(WireTest, RoundTripKeepsRegistration) {
 }
 
 TEST(WireTest, RoundTripKeepsEveryOptimizerKind) {
-  for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdam}) {
+  for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kMomentum, OptimizerKind::kAdam,
+                          OptimizerKind::kAdagrad}) {
     Header h;
     h.type = MsgType::kRegister;
     h.registration = SampleRegistration();
@@ -122,6 +123,35 @@ TEST(WireTest, RoundTripKeepsEveryOptimizerKind) {
     ASSERT_TRUE(d.ok());
     EXPECT_EQ(*d->registration, *h.registration);
   }
+}
+
+TEST(WireTest, RoundTripKeepsTablesAndRowRanges) {
+  Header h;
+  h.type = MsgType::kPush;
+  h.registration = SampleRegistration();
+  h.registration->optimizer.kind = OptimizerKind::kAdagrad;
+  h.registration->optimizer.initial_accumulator = 0.25f;
+  h.registration->tables = {{"ctr/ids", 0, 16, {InitKind::kUniform, 0.05f}},
+                            {"fixed", 1000, 4, {InitKind::kConstant, 1.5f}}};
+  h.rows = {{0, 4096}, {1, 3}};
+  Result<Header> d = RoundTrip(h);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(*d->registration, *h.registration);
+  EXPECT_EQ(d->rows, h.rows);
+}
+
+TEST(WireTest, AHeaderWithoutTablesKeepsItsBytes) {
+  // Old stores keep their registration as a header frame: the additions must not change the
+  // encoding of a registration that has no tables (an adagrad accumulator at its default).
+  Header h;
+  h.type = MsgType::kRegister;
+  h.registration = SampleRegistration();
+  const std::vector<uint8_t> before = EncodeHeader(h);
+  h.registration->tables.clear();
+  h.registration->optimizer.initial_accumulator = 0.1f;
+  EXPECT_EQ(EncodeHeader(h), before);
+  h.registration->optimizer.initial_accumulator = 0.2f;
+  EXPECT_NE(EncodeHeader(h), before);
 }
 
 TEST(WireTest, RoundTripKeepsTheLearningRateSchedule) {
@@ -230,8 +260,8 @@ TEST(WireTest, DecodeRejectsOutOfRangeEnumsAsCorruption) {
   ExpectCorruption(h, "init kind 3");
   h = Header{};
   h.registration = SampleRegistration();
-  h.registration->optimizer.kind = static_cast<OptimizerKind>(3);
-  ExpectCorruption(h, "optimizer kind 3");
+  h.registration->optimizer.kind = static_cast<OptimizerKind>(4);
+  ExpectCorruption(h, "optimizer kind 4");
   h = Header{};
   h.registration = SampleRegistration();
   h.registration->optimizer.schedule = static_cast<LrSchedule>(2);
