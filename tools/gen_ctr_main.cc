@@ -413,15 +413,18 @@ void AddFlags(CLI::App& app, Options& o) {
   app.add_option("--out", o.out, "Directory for the .npy files (created if missing)")
       ->required()
       ->type_name("DIR");
-  app.add_option("--train", o.train, "Train examples")->capture_default_str()->check(
-      CLI::PositiveNumber);
-  app.add_option("--test", o.test, "Test examples")->capture_default_str()->check(
-      CLI::PositiveNumber);
+  app.add_option("--train", o.train, "Train examples")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, INT64_MAX));
+  app.add_option("--test", o.test, "Test examples")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, INT64_MAX));
   app.add_option("--fields", o.fields, "Categorical fields per example")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
-  app.add_option("--vocab", o.vocab, "Values per field (V)")->capture_default_str()->check(
-      CLI::PositiveNumber);
+  app.add_option("--vocab", o.vocab, "Values per field (V)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, INT64_MAX));
   app.add_option("--zipf", o.zipf, "Zipf exponent of the values' frequencies (> 1)")
       ->capture_default_str();
   app.add_option("--sigma", o.sigma, "Standard deviation of the planted per-value weights")
@@ -445,7 +448,9 @@ void AddFlags(CLI::App& app, Options& o) {
 // The flags CLI11 cannot check alone; "" or the one line to fail with.
 std::string Validate(const Options& o) {
   if (!(o.zipf > 1.0) || !std::isfinite(o.zipf)) {
-    return "--zipf must be a number above 1, not " + std::to_string(o.zipf);
+    char value[32];
+    std::snprintf(value, sizeof value, "%g", o.zipf);
+    return std::string("--zipf must be a number above 1, not ") + value;
   }
   if (o.id_kind == "offset" && o.vocab > INT64_MAX / o.fields) {
     return "--fields * --vocab must fit in int64 for --id-kind offset (use --id-kind hash)";
