@@ -353,7 +353,8 @@ class ReferenceLearner {
       auto it = ids_.find(s.ids[i * fields_ + f]);
       if (it != ids_.end()) z += it->second.w;
     }
-    for (size_t j = 0; j + 1 < dense_.w.size(); ++j) z += dense_.w[j] * s.x[i * (dense_.w.size() - 1) + j];
+    const size_t d = dense_.w.size() - 1;
+    for (size_t j = 0; j < d; ++j) z += dense_.w[j] * s.x[i * d + j];
     return z;
   }
 
