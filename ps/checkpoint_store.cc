@@ -50,6 +50,8 @@ constexpr char kSlicePrefix[] = "slice/";
 constexpr char kSliceEnd[] = "slice0";
 constexpr char kRankPrefix[] = "rank/";
 constexpr char kRankEnd[] = "rank0";
+constexpr char kRowPrefix[] = "row/";
+constexpr char kRowEnd[] = "row0";
 
 constexpr size_t kCrcBytes = 4;
 // int64 updates, uint32 num_slots, uint64 n.
@@ -442,6 +444,101 @@ Result<SliceSnapshot> DecodeSlice(std::string_view key, std::string_view value) 
   return slice;
 }
 
+std::string RowKeyString(uint32_t table, uint64_t id) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%s%08x/%016llx", kRowPrefix, table,
+                static_cast<unsigned long long>(id));
+  return buf;
+}
+
+bool ParseRowKey(std::string_view key, RowKey* out) {
+  // "row/" + 8 hex + "/" + 16 hex, lowercase as written.
+  constexpr size_t kLength = sizeof(kRowPrefix) - 1 + 8 + 1 + 16;
+  if (key.size() != kLength || key.substr(0, sizeof(kRowPrefix) - 1) != kRowPrefix ||
+      key[sizeof(kRowPrefix) - 1 + 8] != '/') {
+    return false;
+  }
+  uint64_t values[2] = {0, 0};
+  const std::string_view parts[2] = {key.substr(sizeof(kRowPrefix) - 1, 8), key.substr(kLength - 16)};
+  for (int p = 0; p < 2; ++p) {
+    for (char c : parts[p]) {
+      const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (digit < 0) return false;
+      values[p] = values[p] << 4 | static_cast<uint64_t>(digit);
+    }
+  }
+  *out = {static_cast<uint32_t>(values[0]), values[1]};
+  return true;
+}
+
+Status CheckRow(const RowSnapshot& row) {
+  for (const std::vector<float>& slot : row.slots) {
+    if (slot.size() != row.values.size()) {
+      return Status::InvalidArgument("row " + std::to_string(row.id) + " of table " +
+                                     std::to_string(row.table) + " has a slot of the wrong size");
+    }
+  }
+  return Status::Ok();
+}
+
+std::string RowValue(const RowSnapshot& row) {
+  std::string payload;
+  Append<int64_t>(&payload, row.updates);
+  Append<uint32_t>(&payload, static_cast<uint32_t>(row.slots.size()));
+  Append<uint32_t>(&payload, static_cast<uint32_t>(row.values.size()));
+  auto floats = [&](const std::vector<float>& v) {
+    payload.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  };
+  floats(row.values);
+  for (const std::vector<float>& slot : row.slots) floats(slot);
+  return SealedValue(RowKeyString(row.table, row.id), std::move(payload));
+}
+
+Result<RowSnapshot> DecodeRow(std::string_view key, std::string_view value) {
+  RowKey at;
+  if (!ParseRowKey(key, &at)) return BadRecord(key, "has a malformed key");
+  PARASYNC_ASSIGN_OR_RETURN(std::string_view payload, Unseal(key, value));
+  Reader r(payload);
+  RowSnapshot row;
+  row.table = at.table;
+  row.id = at.id;
+  uint32_t num_slots = 0;
+  uint32_t dim = 0;
+  if (!r.Get(&row.updates) || !r.Get(&num_slots) || !r.Get(&dim)) return BadRecord(key, "is truncated");
+  if (r.left() != (uint64_t{num_slots} + 1) * dim * sizeof(float)) {
+    return BadRecord(key, "has the wrong length for " + std::to_string(dim) + " columns and " +
+                              std::to_string(num_slots) + " slots");
+  }
+  r.GetFloats(dim, &row.values);
+  row.slots.resize(num_slots);
+  for (std::vector<float>& slot : row.slots) r.GetFloats(dim, &slot);
+  return row;
+}
+
+// Adds the puts of `rows` and the deletes of `deleted` to `batch`.
+Status PutRows(const std::vector<RowSnapshot>& rows, const std::vector<RowKey>& deleted,
+               rocksdb::WriteBatch* batch, const std::string& dir) {
+  for (const RowKey& k : deleted) {
+    PARASYNC_RETURN_IF_ERROR(FromRocks(batch->Delete(RowKeyString(k.table, k.id)), dir));
+  }
+  for (const RowSnapshot& row : rows) {
+    PARASYNC_RETURN_IF_ERROR(FromRocks(batch->Put(RowKeyString(row.table, row.id), RowValue(row)), dir));
+  }
+  return Status::Ok();
+}
+
+Status ReadRows(rocksdb::DB* db, rocksdb::ReadOptions ro, std::vector<RowSnapshot>* rows) {
+  const rocksdb::Slice row_end(kRowEnd);
+  ro.iterate_upper_bound = &row_end;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro));
+  for (it->Seek(kRowPrefix); it->Valid(); it->Next()) {
+    Result<RowSnapshot> row = DecodeRow(it->key().ToStringView(), it->value().ToStringView());
+    if (!row.ok()) return row.status();
+    rows->push_back(std::move(*row));
+  }
+  return FromRocks(it->status(), "");
+}
+
 std::string StateValue(int64_t version, int64_t examples) {
   std::string payload;
   Append<int64_t>(&payload, version);
@@ -549,6 +646,8 @@ Result<ShardSnapshot> ReadSnapshot(rocksdb::DB* db, const std::string& dir) {
   // Key order puts negative ranks last.
   std::sort(snap.ranks.begin(), snap.ranks.end(),
             [](const RankRecord& a, const RankRecord& b) { return a.rank < b.rank; });
+  ro.iterate_upper_bound = nullptr;
+  PARASYNC_RETURN_IF_ERROR(ReadRows(db, ro, &snap.rows).WithContext(dir));
   return snap;
 }
 
@@ -736,6 +835,7 @@ Status CheckpointStore::Save(const ShardSnapshot& snap, bool sync) {
     }
     PARASYNC_RETURN_IF_ERROR(CheckSlice(snap.slices[i]));
   }
+  for (const RowSnapshot& row : snap.rows) PARASYNC_RETURN_IF_ERROR(CheckRow(row));
   std::vector<int32_t> ranks;
   for (const RankRecord& rank : snap.ranks) ranks.push_back(rank.rank);
   std::sort(ranks.begin(), ranks.end());
@@ -762,6 +862,10 @@ Status CheckpointStore::Save(const ShardSnapshot& snap, bool sync) {
     for (const RankRecord& rank : snap.ranks) {
       PARASYNC_RETURN_IF_ERROR(put(RankKey(rank.rank), RankValue(rank)));
     }
+    if (snap.replace_rows) {
+      PARASYNC_RETURN_IF_ERROR(FromRocks(batch.DeleteRange(kRowPrefix, kRowEnd), dir_));
+    }
+    PARASYNC_RETURN_IF_ERROR(PutRows(snap.rows, snap.deleted_rows, &batch, dir_));
     rocksdb::WriteOptions wo;
     wo.sync = sync;
     const rocksdb::Status s = rep_->db->Write(wo, &batch);
@@ -773,7 +877,9 @@ Status CheckpointStore::Save(const ShardSnapshot& snap, bool sync) {
 
 Status CheckpointStore::SaveUpdate(int64_t version, int64_t examples,
                                    const std::vector<const SliceSnapshot*>& slices,
-                                   const std::vector<RankRecord>& ranks, bool sync) {
+                                   const std::vector<RankRecord>& ranks, bool sync,
+                                   const std::vector<RowSnapshot>& rows,
+                                   const std::vector<RowKey>& deleted_rows) {
   PARASYNC_RETURN_IF_ERROR(LatchedFailure());
   if (!has_registration_.load()) {
     return Status::FailedPrecondition("no snapshot was saved in " + dir_ +
@@ -783,6 +889,7 @@ Status CheckpointStore::SaveUpdate(int64_t version, int64_t examples,
     if (slice == nullptr) return Status::InvalidArgument("null slice in SaveUpdate");
     PARASYNC_RETURN_IF_ERROR(CheckSlice(*slice));
   }
+  for (const RowSnapshot& row : rows) PARASYNC_RETURN_IF_ERROR(CheckRow(row));
   return Guarded("saving update to " + dir_, [&]() -> Status {
     rocksdb::WriteBatch batch;
     PARASYNC_RETURN_IF_ERROR(FromRocks(batch.Put(kStateKey, StateValue(version, examples)), dir_));
@@ -792,6 +899,7 @@ Status CheckpointStore::SaveUpdate(int64_t version, int64_t examples,
     for (const RankRecord& rank : ranks) {
       PARASYNC_RETURN_IF_ERROR(FromRocks(batch.Put(RankKey(rank.rank), RankValue(rank)), dir_));
     }
+    PARASYNC_RETURN_IF_ERROR(PutRows(rows, deleted_rows, &batch, dir_));
     rocksdb::WriteOptions wo;
     wo.sync = sync;
     const rocksdb::Status s = rep_->db->Write(wo, &batch);

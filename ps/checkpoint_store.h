@@ -17,6 +17,10 @@
 //                      num_slots * n floats slots
 //   rank/<8 hex rank>  uint64 last_seq [, int32 epoch, int64 done, int64 of: the rank's
 //                      DataProgress, written since 0.2; a record without it reads as none]
+//   row/<8 hex table>/<16 hex id>
+//                      int64 updates, uint32 num_slots, uint32 dim, dim floats values,
+//                      num_slots * dim floats slots (embedding rows, since 0.3; a store
+//                      without tables has none, so older stores read as before)
 //
 // A store is verified before anything is written to it: Open() first opens it read-only and
 // checks every table block (RocksDB's checksums), every record (ours) and the WAL (damage
@@ -46,6 +50,7 @@
 #include "common/model_spec.h"
 #include "common/progress.h"
 #include "common/status.h"
+#include "ps/row_snapshot.h"
 
 namespace parasync {
 
@@ -78,6 +83,11 @@ struct ShardSnapshot {
   int64_t examples = 0;
   std::vector<SliceSnapshot> slices;  // every slice this shard holds, ascending id
   std::vector<RankRecord> ranks;      // ascending rank, at most one record per rank
+  // Embedding rows. Load: every stored row, ascending (table, id). Save: the rows to write
+  // (changed since the last save) — rows not named stay as stored, unless replace_rows.
+  std::vector<RowSnapshot> rows;
+  std::vector<RowKey> deleted_rows;  // Save: rows to remove (evicted since the last save)
+  bool replace_rows = false;         // Save: drop every stored row first
   bool operator==(const ShardSnapshot&) const = default;
 };
 
@@ -135,9 +145,12 @@ class CheckpointStore {
   // failed. A write that failed in its fsync (EIO) reached RocksDB's WAL before the sync, so a
   // restart may show it although the caller was told it failed; one that failed in its append
   // (ENOSPC) is not shown. Blocks on disk I/O.
+  // `rows` are written and `deleted_rows` removed in the same batch.
   Status SaveUpdate(int64_t version, int64_t examples,
                     const std::vector<const SliceSnapshot*>& slices,
-                    const std::vector<RankRecord>& ranks, bool sync);
+                    const std::vector<RankRecord>& ranks, bool sync,
+                    const std::vector<RowSnapshot>& rows = {},
+                    const std::vector<RowKey>& deleted_rows = {});
 
   // Bytes the store takes on disk now: the sum of the sizes of the files in dir() (SST
   // files, WAL, manifest, logs). Best effort: files that vanish while counting are skipped.

@@ -318,7 +318,7 @@ Status PsClient::Register(const ModelRegistration& reg, std::chrono::millisecond
   recorded_progress_ = {};
   bool first = true;
   for (int s = 0; s < num_shards(); ++s) {
-    if (map_->SlicesOfShard(s).empty()) continue;  // it never sees a push
+    if (!SendsTo(s)) continue;  // it never sees a push
     const DataProgress& p = (*replies)[static_cast<size_t>(s)].header->progress;
     const auto position = [](const DataProgress& d) { return std::pair(d.epoch, d.done); };
     if (first || p.empty() || position(p) < position(recorded_progress_)) recorded_progress_ = p;
@@ -351,10 +351,52 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
   narrowed_.assign(options_.wire_dtype == DType::kFloat32 ? 0 : static_cast<size_t>(total), 0);
 }
 
+bool PsClient::SendsTo(int s) const {
+  return !map_->SlicesOfShard(s).empty() || (registration_ && !registration_->tables.empty());
+}
+
+int64_t PsClient::TableDim(uint32_t table) const {
+  return registration_ && table < registration_->tables.size() ? registration_->tables[table].dim
+                                                               : 0;
+}
+
+Result<std::vector<PsClient::ShardRows>> PsClient::SplitRows(RowSet rows) const {
+  std::vector<ShardRows> split(static_cast<size_t>(num_shards()));
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const RowsOf& r = rows[k];
+    if (TableDim(r.table) == 0) {
+      return Status::InvalidArgument("rows of table " + std::to_string(r.table) +
+                                     ", which is not registered");
+    }
+    // Sorted ids stay sorted within each shard's share.
+    std::vector<size_t> slot(split.size(), SIZE_MAX);
+    for (size_t i = 0; i < r.ids.size(); ++i) {
+      if (i > 0 && r.ids[i] <= r.ids[i - 1]) {
+        return Status::InvalidArgument("the ids of table " + std::to_string(r.table) +
+                                       " are not sorted and unique");
+      }
+      const auto s = static_cast<size_t>(ShardOfRow(r.table, r.ids[i], num_shards()));
+      ShardRows& to = split[s];
+      if (slot[s] == SIZE_MAX) {
+        slot[s] = to.ranges.size();
+        to.ranges.push_back({r.table, 0});
+        to.ids.emplace_back();
+        to.pos.emplace_back();
+        to.of.push_back(k);
+      }
+      to.ranges[slot[s]].count += 1;
+      to.ids[slot[s]].push_back(r.ids[i]);
+      to.pos[slot[s]].push_back(static_cast<uint32_t>(i));
+    }
+  }
+  return split;
+}
+
 void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::vector<int>* shards,
-                               std::vector<Outgoing>* requests) const {
+                               std::vector<Outgoing>* requests,
+                               const std::vector<ShardRows>* rows) const {
   for (int s = 0; s < num_shards(); ++s) {
-    if (map_->SlicesOfShard(s).empty()) continue;
+    if (!SendsTo(s)) continue;
     Outgoing o;
     o.header.type = MsgType::kPull;
     o.header.min_version = min_versions[static_cast<size_t>(s)];
@@ -363,20 +405,48 @@ void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::ve
     for (uint32_t id : map_->SlicesOfShard(s)) {
       o.header.slices.push_back({id, 0, map_->slices()[id].length});
     }
+    if (rows != nullptr) {
+      const ShardRows& mine = (*rows)[static_cast<size_t>(s)];
+      o.header.rows = mine.ranges;
+      for (const std::vector<uint64_t>& ids : mine.ids) {
+        o.frames.emplace_back(ids.data(), ids.size() * sizeof(uint64_t));
+      }
+    }
     shards->push_back(s);
     requests->push_back(std::move(o));
   }
 }
 
+void PsClient::AddPushRowFrames(const ShardRows& split, RowSet rows, Outgoing& o) const {
+  o.header.rows = split.ranges;
+  std::vector<float> gathered;
+  std::vector<uint8_t> encoded;
+  for (size_t k = 0; k < split.ranges.size(); ++k) {
+    const std::vector<uint64_t>& ids = split.ids[k];
+    o.frames.emplace_back(ids.data(), ids.size() * sizeof(uint64_t));
+    const RowsOf& from = rows[split.of[k]];
+    const auto dim = static_cast<size_t>(TableDim(from.table));
+    gathered.resize(ids.size() * dim);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::memcpy(gathered.data() + i * dim, from.values + split.pos[k][i] * dim,
+                  dim * sizeof(float));
+    }
+    encoded.resize(gathered.size() * DTypeSize(options_.wire_dtype));
+    EncodeFloats(gathered.data(), gathered.size(), options_.wire_dtype, encoded.data());
+    o.frames.emplace_back(encoded.data(), encoded.size());
+  }
+}
+
 void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batch_examples,
                                int64_t read_version, std::vector<int>* shards,
-                               std::vector<Outgoing>* requests) {
+                               std::vector<Outgoing>* requests, RowSet rows,
+                               const std::vector<ShardRows>* split) {
   // One sequence number per push, the same on every shard: a resend is applied at most once.
   const PushSeq seq(push_incarnation_, static_cast<uint32_t>(++pushes_));
   const bool narrow = options_.wire_dtype != DType::kFloat32;
   uint16_t* next_narrowed = narrowed_.data();
   for (int s = 0; s < num_shards(); ++s) {
-    if (map_->SlicesOfShard(s).empty()) continue;
+    if (!SendsTo(s)) continue;
     Outgoing o;
     o.header.type = MsgType::kPush;
     o.header.batch_examples = batch_examples;
@@ -401,13 +471,44 @@ void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batc
       counter->fetch_add(1, std::memory_order_relaxed);
       o.frames.emplace_back(data, count * DTypeSize(options_.wire_dtype), &ReleaseFrame, counter);
     }
+    if (split != nullptr) AddPushRowFrames((*split)[static_cast<size_t>(s)], rows, o);
     shards->push_back(s);
     requests->push_back(std::move(o));
   }
 }
 
+Status PsClient::TakePullRows(int shard, Inbound& in, size_t first, RowSet rows,
+                              const ShardRows& split) const {
+  const DType dtype = in.header->dtype;
+  if (in.frames.size() != first + split.ranges.size() || in.header->rows != split.ranges) {
+    return Status::Corruption("ps shard " + std::to_string(shard) +
+                              " answered a pull with the wrong rows");
+  }
+  std::vector<float> decoded;
+  for (size_t k = 0; k < split.ranges.size(); ++k) {
+    const RowsOf& to = rows[split.of[k]];
+    const auto dim = static_cast<size_t>(TableDim(to.table));
+    const size_t n = split.ids[k].size() * dim;
+    const zmq::message_t& frame = in.frames[first + k];
+    if (frame.size() != n * DTypeSize(dtype)) {
+      return Status::Corruption("ps shard " + std::to_string(shard) + " answered " +
+                                std::to_string(frame.size()) + " bytes for " +
+                                std::to_string(split.ids[k].size()) + " rows of table " +
+                                std::to_string(to.table));
+    }
+    decoded.resize(n);
+    DecodeFloats(frame.data(), n, dtype, decoded.data());
+    for (size_t i = 0; i < split.ids[k].size(); ++i) {
+      std::memcpy(to.values + split.pos[k][i] * dim, decoded.data() + i * dim,
+                  dim * sizeof(float));
+    }
+  }
+  return Status::Ok();
+}
+
 Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const int> shards,
-                                 std::span<Inbound> replies) {
+                                 std::span<Inbound> replies, RowSet rows,
+                                 const std::vector<ShardRows>* split) {
   // Every reply is checked before any parameter is written, so a bad one changes nothing.
   struct Copy {
     const void* from;
@@ -422,7 +523,8 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
   for (size_t i = 0; i < replies.size(); ++i) {
     Inbound& in = replies[i];
     const std::vector<uint32_t>& ids = map_->SlicesOfShard(shards[i]);
-    if (in.header->slices.size() != ids.size() || in.frames.size() != ids.size()) {
+    const size_t row_frames = in.header->rows.size();
+    if (in.header->slices.size() != ids.size() || in.frames.size() != ids.size() + row_frames) {
       return Status::Corruption("ps shard " + std::to_string(shards[i]) +
                                 " answered a pull with the wrong number of slices");
     }
@@ -445,6 +547,11 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
       elements += info.length;
     }
     lowest = std::min(lowest, in.header->version);
+    if (split != nullptr || row_frames > 0) {
+      static const ShardRows kNone;
+      const ShardRows& mine = split != nullptr ? (*split)[static_cast<size_t>(shards[i])] : kNone;
+      PARASYNC_RETURN_IF_ERROR(TakePullRows(shards[i], in, ids.size(), rows, mine));
+    }
   }
   const bool streaming = elements >= kStreamingCopyElements;
   auto copy = [&](size_t c) {
@@ -489,26 +596,30 @@ std::vector<int64_t> PsClient::PullVersions(int64_t min_version) const {
   return std::vector<int64_t>(static_cast<size_t>(num_shards()), min_version);
 }
 
-Status PsClient::Pull(std::span<float* const> params, int64_t min_version) {
+Status PsClient::Pull(std::span<float* const> params, int64_t min_version, RowSet rows) {
   if (!map_) return Status::FailedPrecondition("Pull before Register");
   if (params.size() != var_sizes_.size()) return Status::InvalidArgument("wrong number of variables");
+  auto split = SplitRows(rows);
+  if (!split.ok()) return split.status();
   std::vector<int> shards;
   std::vector<Outgoing> requests;
-  AddPullRequests(PullVersions(min_version), &shards, &requests);
+  AddPullRequests(PullVersions(min_version), &shards, &requests, &*split);
   const bool may_wait = options_.pulls_may_wait || min_version != 0;
   auto replies = Exchange(shards, std::move(requests),
                           may_wait ? options_.blocking_timeout : options_.request_timeout);
   if (!replies.ok()) return replies.status();
-  return TakePullReplies(params, shards, *replies);
+  return TakePullReplies(params, shards, *replies, rows, &*split);
 }
 
 Status PsClient::Push(std::span<const float* const> grads, int64_t batch_examples,
-                      int64_t read_version) {
+                      int64_t read_version, RowSet rows) {
   if (!map_) return Status::FailedPrecondition("Push before Register");
   if (grads.size() != var_sizes_.size()) return Status::InvalidArgument("wrong number of variables");
+  auto split = SplitRows(rows);
+  if (!split.ok()) return split.status();
   std::vector<int> shards;
   std::vector<Outgoing> requests;
-  AddPushRequests(grads, batch_examples, read_version, &shards, &requests);
+  AddPushRequests(grads, batch_examples, read_version, &shards, &requests, rows, &*split);
   auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
   PARASYNC_RETURN_IF_ERROR(SettlePushFrames(replies.status()));
   TakePushReplies(read_version, shards, *replies);
@@ -517,7 +628,7 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
 
 Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_examples,
                           std::span<float* const> params, int64_t min_version,
-                          PushPullTimes* times) {
+                          PushPullTimes* times, RowSet push_rows, RowSet pull_rows) {
   using Clock = std::chrono::steady_clock;
   if (!map_) return Status::FailedPrecondition("PushPull before Register");
   if (grads.size() != var_sizes_.size() || params.size() != var_sizes_.size()) {
@@ -529,11 +640,15 @@ Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_exa
   if (min_version == kNextStep) {
     for (size_t s = 0; s < min_versions.size(); ++s) min_versions[s] = read_versions_[s] + 1;
   }
+  auto push_split = SplitRows(push_rows);
+  if (!push_split.ok()) return push_split.status();
+  auto pull_split = SplitRows(pull_rows);
+  if (!pull_split.ok()) return pull_split.status();
   std::vector<int> shards;
   std::vector<Outgoing> requests;
-  AddPushRequests(grads, batch_examples, kLastRead, &shards, &requests);
+  AddPushRequests(grads, batch_examples, kLastRead, &shards, &requests, push_rows, &*push_split);
   const size_t num_push = shards.size();
-  AddPullRequests(min_versions, &shards, &requests);
+  AddPullRequests(min_versions, &shards, &requests, &*pull_split);
   const bool may_wait = options_.pulls_may_wait || min_version != 0;
   const auto start = Clock::now();
   std::vector<Clock::time_point> answered;
@@ -556,7 +671,8 @@ Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_exa
     times->push_seconds = std::chrono::duration<double>(pushed - start).count();
     times->pull_seconds = std::chrono::duration<double>(done - pushed).count();
   }
-  return TakePullReplies(params, all.subspan(num_push), in.subspan(num_push));
+  return TakePullReplies(params, all.subspan(num_push), in.subspan(num_push), pull_rows,
+                         &*pull_split);
 }
 
 Status PsClient::Leave(std::chrono::milliseconds timeout) {

@@ -73,6 +73,16 @@ struct PsClientOptions {
   LoopHeartbeat* loop = nullptr;
 };
 
+// Embedding rows one call moves for one table (common/embedding.h): `ids` sorted ascending and
+// unique; `values` ids.size() * dim floats, caller-owned — filled by a pull (row i at
+// values + i * dim), read by a push (the gradient rows, each id's summed over the batch).
+struct RowsOf {
+  uint32_t table = 0;
+  std::span<const uint64_t> ids;
+  float* values = nullptr;
+};
+using RowSet = std::span<const RowsOf>;
+
 class PsClient {
  public:
   // Pull(..., kNextStep): each shard answers once it has applied the step after the one this
@@ -120,7 +130,10 @@ class PsClient {
   // mode a shard answers once it reaches `min_version` (or, for kNextStep, the step after
   // this client's last push to it), in ssp mode once this rank may read (bounded by
   // blocking_timeout). last_version() then holds the lowest version read.
-  Status Pull(std::span<float* const> params, int64_t min_version = 0);
+  // `rows`: embedding rows to read as well, each from the shard that holds it (a row nobody
+  // has updated reads as its initial value). With tables registered, every pull and push
+  // goes to every shard (each holds rows), with or without rows for it.
+  Status Pull(std::span<float* const> params, int64_t min_version = 0, RowSet rows = {});
 
   // Sends grads[v] (one array per variable, caller-owned, read only) to every shard; blocks
   // until every shard acknowledged. The gradients are not copied: ZeroMQ sends them from
@@ -130,7 +143,7 @@ class PsClient {
   // each shard's own version at this client's last pull. last_push_dropped() then says
   // whether a shard dropped it as stale.
   Status Push(std::span<const float* const> grads, int64_t batch_examples,
-              int64_t read_version = kLastRead);
+              int64_t read_version = kLastRead, RowSet rows = {});
 
   // Push, then Pull, pipelined: both go out at once and, on a live connection, each shard
   // answers the pull after it handled the push (a connection keeps its order), so one round
@@ -148,7 +161,8 @@ class PsClient {
   };
   Status PushPull(std::span<const float* const> grads, int64_t batch_examples,
                   std::span<float* const> params, int64_t min_version = 0,
-                  PushPullTimes* times = nullptr);
+                  PushPullTimes* times = nullptr, RowSet push_rows = {},
+                  RowSet pull_rows = {});
 
   // Tells every shard this worker is done, so barriers stop waiting for it. Best effort:
   // waits for the acknowledgements up to `timeout`, even when `interrupted` says stop.
@@ -233,15 +247,36 @@ class PsClient {
   Status TakeReplies(RequestTracker& tracker, int shard,
                      std::vector<std::optional<Inbound>>& replies);
 
-  // The requests of a pull (min_versions by shard) / a push, one per shard that holds slices,
+  // A RowSet split by shard: for shard s, its RowRanges, their ids and where each row sits
+  // in the caller's RowsOf (entry `of`, row `pos`).
+  struct ShardRows {
+    std::vector<RowRange> ranges;
+    std::vector<std::vector<uint64_t>> ids;
+    std::vector<std::vector<uint32_t>> pos;
+    std::vector<size_t> of;
+  };
+  Result<std::vector<ShardRows>> SplitRows(RowSet rows) const;
+  int64_t TableDim(uint32_t table) const;
+  // Whether requests go to shard s: it holds slices, or tables are registered.
+  bool SendsTo(int s) const;
+  // The requests of a pull (min_versions by shard) / a push, one per shard SendsTo,
   // appended to shards and requests; and what their replies tell.
   void AddPullRequests(const std::vector<int64_t>& min_versions, std::vector<int>* shards,
-                       std::vector<Outgoing>* requests) const;
+                       std::vector<Outgoing>* requests,
+                       const std::vector<ShardRows>* rows = nullptr) const;
   void AddPushRequests(std::span<const float* const> grads, int64_t batch_examples,
                        int64_t read_version, std::vector<int>* shards,
-                       std::vector<Outgoing>* requests);
+                       std::vector<Outgoing>* requests, RowSet rows = {},
+                       const std::vector<ShardRows>* split = nullptr);
+  // A push's rows for one shard: an ids frame and a values frame per range (copies).
+  void AddPushRowFrames(const ShardRows& split, RowSet rows, Outgoing& o) const;
   Status TakePullReplies(std::span<float* const> params, std::span<const int> shards,
-                         std::span<Inbound> replies);
+                         std::span<Inbound> replies, RowSet rows = {},
+                         const std::vector<ShardRows>* split = nullptr);
+  // TakePullReplies' part for rows: checks reply i's row frames (after its `first` slice
+  // frames) and copies them into `rows`.
+  Status TakePullRows(int shard, Inbound& in, size_t first, RowSet rows,
+                      const ShardRows& split) const;
   void TakePushReplies(int64_t read_version, std::span<const int> shards,
                        std::span<const Inbound> replies);
   // Each shard's min_version for a pull with `min_version` (kNextStep: next_step_).
