@@ -363,6 +363,26 @@ TEST(EmbeddingTablesTest, TakeDirtyReturnsExactlyTheRowsChangedSinceTheLastCall)
   EXPECT_EQ(evicted, (std::vector<RowKey>{{0, 1}})) << "row 1 went for row 5";
 }
 
+// A stored row evicted, re-created and evicted again before TakeDirty must still be deleted
+// from the store; a row never stored needs no deletion.
+TEST(EmbeddingTablesTest, TakeDirtyReportsAStoredRowEvictedAgainAfterComingBack) {
+  EmbeddingTables tables = Make(OptimizerKind::kSgd, 0, 1, 1);
+  const OptimizerSpec spec = Optimizer(OptimizerKind::kSgd);
+  const std::vector<float> g = Grads(1, 4, 12);
+  const uint64_t one = 1, two = 2;
+  std::vector<RowKey> evicted;
+  tables.Apply(0, {&one, 1}, g.data(), spec);
+  ASSERT_EQ(tables.TakeDirty(&evicted).size(), 1u);
+  tables.Apply(0, {&two, 1}, g.data(), spec);  // evicts stored 1
+  tables.Apply(0, {&one, 1}, g.data(), spec);  // 1 back, 2 (never stored) goes
+  tables.Apply(0, {&two, 1}, g.data(), spec);  // 1 goes again
+  const std::vector<RowSnapshot> dirty = tables.TakeDirty(&evicted);
+  ASSERT_EQ(dirty.size(), 1u);
+  EXPECT_EQ(dirty[0].id, 2u);
+  EXPECT_EQ(evicted, (std::vector<RowKey>{{0, 1}}));
+  EXPECT_EQ(tables.stats(0).rows_evicted, 3);
+}
+
 TEST(EmbeddingTablesTest, RestoreRefusesBadSnapshotsAndChangesNothing) {
   EmbeddingTables tables = Make(OptimizerKind::kAdam, 1, 2, 5);
   const std::vector<uint64_t> mine = IdsOf(0, 1, 2, 0, 3);
