@@ -181,7 +181,7 @@ class EmbeddingTables {
   std::set<RowKey> evicted_;    // stored rows evicted since the last TakeDirty
   // sync: this step's gradient rows by row, then by rank (rank order for the sum)
   std::map<RowKey, std::map<int, std::vector<float>>> pending_;
-  std::vector<TableStats> stats_;  // rows_held and bytes filled in by stats()
+  std::vector<TableStats> stats_;  // by table; `bytes` is filled in by stats()
 };
 
 }  // namespace parasync
