@@ -118,6 +118,18 @@ void ApplyUpdate(const OptimizerSpec& spec, int64_t step, const float* w_in, flo
   }
 }
 
+// On the bits (an exponent of all ones), so that the loop vectorizes (std::isfinite does not,
+// at -O2): one pass at memory speed over the gradient.
+bool IsAllFinite(const float* g, int64_t n) {
+  uint32_t worst = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    uint32_t bits;
+    std::memcpy(&bits, g + k, sizeof(bits));
+    worst = std::max(worst, bits & 0x7f800000u);
+  }
+  return worst != 0x7f800000u;
+}
+
 bool ApplySgdIfFinite(float lr, const float* __restrict w_in, float* __restrict w_out,
                       const float* __restrict g, int64_t n) {
   // The check is on the bits (an exponent of all ones), so the loop vectorizes.

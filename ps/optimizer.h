@@ -47,6 +47,9 @@ int NumOptimizerSlots(OptimizerKind kind);
 void ApplyUpdate(const OptimizerSpec& spec, int64_t step, const float* w_in, float* w_out,
                  const float* g, std::span<float* const> slots, int64_t n);
 
+// True if no g[i] (i < n) is NaN or +-Inf: the check every push passes before any update.
+bool IsAllFinite(const float* g, int64_t n);
+
 // SGD out of place with the finite check folded in: w_out = w_in - lr * g (bit for bit what
 // ApplyUpdate computes), and false if any g[i] is NaN or +-Inf (w_out then holds garbage;
 // w_in is never written). One pass over the gradient where a check and an update take two.

@@ -191,27 +191,11 @@ void Shard::Lend(std::span<const SliceRange> ranges, std::vector<Loan>& out) con
   }
 }
 
-namespace {
-
-// True if no element is NaN or +-Inf: an exponent of all ones. On the bits, so that the loop
-// vectorizes (std::isfinite does not, at -O2): one pass at memory speed over the gradient.
-bool AllFinite(const float* g, int64_t n) {
-  uint32_t worst = 0;
-  for (int64_t k = 0; k < n; ++k) {
-    uint32_t bits;
-    std::memcpy(&bits, g + k, sizeof(bits));
-    worst = std::max(worst, bits & 0x7f800000u);
-  }
-  return worst != 0x7f800000u;
-}
-
-}  // namespace
-
 Status Shard::CheckFinite(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                           RejectReason* reason, bool parallel) const {
   std::vector<uint8_t> finite(ranges.size(), 1);
   ForEachRange(ranges.size(), parallel,
-               [&](size_t i) { finite[i] = AllFinite(grads[i], ranges[i].count) ? 1 : 0; });
+               [&](size_t i) { finite[i] = IsAllFinite(grads[i], ranges[i].count) ? 1 : 0; });
   for (size_t i = 0; i < ranges.size(); ++i) {
     if (finite[i] == 0) {
       *reason = RejectReason::kNonFinite;

@@ -1,0 +1,380 @@
+#include "ps/embedding_table.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "common/float_codec.h"
+
+namespace parasync {
+
+namespace {
+
+std::string TableName(const std::vector<TableSpec>& tables, uint32_t t) {
+  return "table " + std::to_string(t) + " ('" + tables[t].name + "')";
+}
+
+// Bookkeeping per row besides the Row struct itself, in bytes (libstdc++, x86-64): the heap
+// block of its floats carries a 16-byte malloc header; the hash map's node (next pointer, key,
+// value, cached hash: 40 bytes, a 48-byte malloc block) and its bucket pointer (the map is
+// reserved to one bucket per row); the dirty list's int32.
+constexpr int64_t kFloatsBlockOverhead = 16;
+constexpr int64_t kHashEntryBytes = 48 + 8;
+constexpr int64_t kDirtyEntryBytes = 4;
+
+}  // namespace
+
+size_t EmbeddingTables::KeyHash::operator()(const RowKey& k) const {
+  // Ids are often dense or structured (hashed features): mix before the map takes it modulo
+  // a prime. Fibonacci hashing of id and table, folded.
+  const uint64_t h = (k.id ^ (uint64_t{k.table} << 48)) * 0x9e3779b97f4a7c15ULL;
+  return static_cast<size_t>(h ^ (h >> 29));
+}
+
+EmbeddingTables::EmbeddingTables(const Options& options)
+    : shard_index_(options.shard_index),
+      num_shards_(options.num_shards),
+      capacity_(options.max_rows > 0 ? std::min(options.max_rows, kMaxRowsHeld) : kMaxRowsHeld) {}
+
+void EmbeddingTables::ClearRows() {
+  rows_.clear();
+  map_.clear();
+  head_ = tail_ = kNil;
+  dirty_.clear();
+  evicted_.clear();
+  pending_.clear();
+  for (TableStats& s : stats_) s.rows_held = 0;
+}
+
+void EmbeddingTables::Configure(const std::vector<TableSpec>& tables,
+                                const OptimizerSpec& optimizer, uint64_t seed) {
+  ClearRows();
+  tables_ = tables;
+  optimizer_ = optimizer;
+  seed_ = seed;
+  stats_.assign(tables_.size(), TableStats{});
+  if (capacity_ < kMaxRowsHeld) {
+    // A bounded shard reaches its bound in a long run: claim it now rather than rehash a
+    // large map (a pause of the server loop) on the way.
+    rows_.reserve(static_cast<size_t>(capacity_));
+    map_.reserve(static_cast<size_t>(capacity_));
+  }
+}
+
+Status EmbeddingTables::Validate(uint32_t table, std::span<const uint64_t> ids,
+                                 std::optional<size_t> value_bytes, DType dtype,
+                                 RejectReason* reason) const {
+  if (table >= tables_.size()) {
+    *reason = RejectReason::kUnknownSlice;
+    return Status::InvalidArgument("table " + std::to_string(table) + " is not registered (" +
+                                   std::to_string(tables_.size()) + " tables)");
+  }
+  const TableSpec& spec = tables_[table];
+  if (dtype != DType::kFloat32 && dtype != DType::kBfloat16 && dtype != DType::kFloat16) {
+    *reason = RejectReason::kDType;
+    return Status::InvalidArgument("dtype " + std::to_string(static_cast<int>(dtype)) +
+                                   " is not a wire dtype (float32, bfloat16 or float16)");
+  }
+  // Built only for a refusal: the loop runs once per id of every request.
+  const auto where = [&](size_t i) {
+    return TableName(tables_, table) + " id " + std::to_string(ids[i]) + " at position " +
+           std::to_string(i);
+  };
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0 && ids[i] <= ids[i - 1]) {
+      *reason = RejectReason::kOrder;
+      return Status::InvalidArgument(where(i) + ": ids must be strictly increasing (follows " +
+                                     std::to_string(ids[i - 1]) + ")");
+    }
+    if (spec.rows > 0 && ids[i] >= static_cast<uint64_t>(spec.rows)) {
+      *reason = RejectReason::kRange;
+      return Status::InvalidArgument(where(i) + " is outside the table's " +
+                                     std::to_string(spec.rows) + " rows");
+    }
+    if (const int owner = ShardOfRow(table, ids[i], num_shards_); owner != shard_index_) {
+      *reason = RejectReason::kRange;
+      return Status::InvalidArgument(where(i) + " belongs to shard " + std::to_string(owner) +
+                                     ", not " + std::to_string(shard_index_));
+    }
+  }
+  const size_t want = ids.size() * static_cast<size_t>(spec.dim) * DTypeSize(dtype);
+  if (value_bytes && *value_bytes != want) {
+    *reason = RejectReason::kByteLength;
+    return Status::InvalidArgument(TableName(tables_, table) + ": values frame has " +
+                                   std::to_string(*value_bytes) + " bytes, expected " +
+                                   std::to_string(want) + " (" + std::to_string(ids.size()) +
+                                   " rows of " + std::to_string(spec.dim) + ")");
+  }
+  return Status::Ok();
+}
+
+void EmbeddingTables::Unlink(int32_t index) {
+  Row& r = rows_[static_cast<size_t>(index)];
+  (r.prev == kNil ? head_ : rows_[static_cast<size_t>(r.prev)].next) = r.next;
+  (r.next == kNil ? tail_ : rows_[static_cast<size_t>(r.next)].prev) = r.prev;
+  r.prev = r.next = kNil;
+}
+
+void EmbeddingTables::LinkFront(int32_t index) {
+  Row& r = rows_[static_cast<size_t>(index)];
+  r.prev = kNil;
+  r.next = head_;
+  (head_ == kNil ? tail_ : rows_[static_cast<size_t>(head_)].prev) = index;
+  head_ = index;
+}
+
+void EmbeddingTables::Touch(int32_t index) {
+  if (index == head_) return;
+  Unlink(index);
+  LinkFront(index);
+}
+
+void EmbeddingTables::MarkDirty(int32_t index) {
+  Row& r = rows_[static_cast<size_t>(index)];
+  r.dirty = true;
+  if (!r.listed) {
+    r.listed = true;
+    dirty_.push_back(index);
+  }
+}
+
+void EmbeddingTables::Read(uint32_t table, std::span<const uint64_t> ids, float* out) {
+  const int64_t d = dim(table);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    float* row_out = out + static_cast<int64_t>(i) * d;
+    const auto it = map_.find(RowKey{table, ids[i]});
+    if (it == map_.end()) {
+      InitializeRow(tables_[table].init, seed_, table, ids[i], row_out, d);
+      continue;
+    }
+    std::memcpy(row_out, rows_[static_cast<size_t>(it->second)].data.data(),
+                static_cast<size_t>(d) * sizeof(float));
+    Touch(it->second);
+  }
+  stats_[table].rows_read += static_cast<int64_t>(ids.size());
+}
+
+bool EmbeddingTables::AllFinite(uint32_t table, std::span<const uint64_t> ids,
+                                const float* grads) const {
+  return IsAllFinite(grads, static_cast<int64_t>(ids.size()) * dim(table));
+}
+
+void EmbeddingTables::Evict(int32_t index) {
+  Row& r = rows_[static_cast<size_t>(index)];
+  Unlink(index);
+  map_.erase(r.key);
+  // The store may hold it: its deletion must be persisted. (A row never stored needs nothing.)
+  if (r.stored) evicted_.insert(r.key);
+  r.dirty = false;  // stays `listed`: the entry is reused by the row that takes its place
+  TableStats& s = stats_[r.key.table];
+  --s.rows_held;
+  ++s.rows_evicted;
+}
+
+int32_t EmbeddingTables::TakeSlot() {
+  if (static_cast<int64_t>(rows_.size()) < capacity_) {
+    rows_.emplace_back();
+    return static_cast<int32_t>(rows_.size() - 1);
+  }
+  const int32_t victim = tail_;
+  Evict(victim);
+  return victim;
+}
+
+int32_t EmbeddingTables::FindOrCreate(const RowKey& key) {
+  if (const auto it = map_.find(key); it != map_.end()) return it->second;
+  ++stats_[key.table].rows_created;
+  return CreateRow(key);
+}
+
+int32_t EmbeddingTables::CreateRow(const RowKey& key) {
+  const int32_t index = TakeSlot();
+  Row& r = rows_[static_cast<size_t>(index)];
+  r.key = key;
+  r.updates = 0;
+  // Evicted since the last TakeDirty yet back: the store has its old value, which this
+  // row's next TakeDirty overwrites (it is dirty from its first update on).
+  r.stored = evicted_.erase(key) > 0;
+  const int64_t d = dim(key.table);
+  r.data.assign(static_cast<size_t>(d * (1 + num_slots())), 0.0f);
+  InitializeRow(tables_[key.table].init, seed_, key.table, key.id, r.data.data(), d);
+  map_.emplace(key, index);
+  LinkFront(index);
+  ++stats_[key.table].rows_held;
+  return index;
+}
+
+void EmbeddingTables::ApplyRow(int32_t index, const float* grad, const OptimizerSpec& effective) {
+  Row& r = rows_[static_cast<size_t>(index)];
+  const int64_t d = dim(r.key.table);
+  std::array<float*, kMaxOptimizerSlots> slots{};
+  const int n = num_slots();
+  for (int k = 0; k < n; ++k) slots[static_cast<size_t>(k)] = r.data.data() + d * (1 + k);
+  ++r.updates;
+  ApplyUpdate(effective, r.updates, r.data.data(), r.data.data(), grad,
+              std::span<float* const>(slots.data(), static_cast<size_t>(n)), d);
+  Touch(index);
+  MarkDirty(index);
+  ++stats_[r.key.table].rows_updated;
+}
+
+void EmbeddingTables::Apply(uint32_t table, std::span<const uint64_t> ids, const float* grads,
+                            const OptimizerSpec& effective) {
+  const int64_t d = dim(table);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ApplyRow(FindOrCreate(RowKey{table, ids[i]}), grads + static_cast<int64_t>(i) * d, effective);
+  }
+}
+
+void EmbeddingTables::Accumulate(int rank, uint32_t table, std::span<const uint64_t> ids,
+                                 const float* grads) {
+  const size_t d = static_cast<size_t>(dim(table));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::vector<float>& g = pending_[RowKey{table, ids[i]}][rank];
+    const float* src = grads + i * d;
+    // A second push of one row by one rank is outside the contract; adding keeps it harmless.
+    if (g.empty()) {
+      g.assign(src, src + d);
+    } else {
+      for (size_t k = 0; k < d; ++k) g[k] += src[k];
+    }
+  }
+}
+
+void EmbeddingTables::ApplyAccumulated(const OptimizerSpec& effective) {
+  std::vector<float> mean;
+  for (const auto& [key, by_rank] : pending_) {
+    mean.assign(static_cast<size_t>(dim(key.table)), 0.0f);
+    for (const auto& [rank, g] : by_rank) {  // rank order, whatever order the pushes came in
+      for (size_t k = 0; k < mean.size(); ++k) mean[k] += g[k];
+    }
+    const float count = static_cast<float>(by_rank.size());
+    for (float& m : mean) m /= count;
+    ApplyRow(FindOrCreate(key), mean.data(), effective);
+  }
+  pending_.clear();
+}
+
+RowSnapshot EmbeddingTables::SnapshotOf(const Row& row) const {
+  const size_t d = static_cast<size_t>(dim(row.key.table));
+  RowSnapshot out;
+  out.table = row.key.table;
+  out.id = row.key.id;
+  out.updates = row.updates;
+  out.values.assign(row.data.begin(), row.data.begin() + static_cast<ptrdiff_t>(d));
+  for (int k = 0; k < num_slots(); ++k) {
+    const auto begin = row.data.begin() + static_cast<ptrdiff_t>(d * static_cast<size_t>(1 + k));
+    out.slots.emplace_back(begin, begin + static_cast<ptrdiff_t>(d));
+  }
+  return out;
+}
+
+namespace {
+bool ByKey(const RowSnapshot& a, const RowSnapshot& b) {
+  return RowKey{a.table, a.id} < RowKey{b.table, b.id};
+}
+}  // namespace
+
+std::vector<RowSnapshot> EmbeddingTables::TakeDirty(std::vector<RowKey>* evicted) {
+  std::vector<RowSnapshot> out;
+  for (const int32_t index : dirty_) {
+    Row& r = rows_[static_cast<size_t>(index)];
+    r.listed = false;
+    if (!r.dirty) continue;  // evicted since it was listed, its entry not reused
+    r.dirty = false;
+    r.stored = true;
+    out.push_back(SnapshotOf(r));
+  }
+  dirty_.clear();
+  std::sort(out.begin(), out.end(), ByKey);
+  evicted->assign(evicted_.begin(), evicted_.end());
+  evicted_.clear();
+  return out;
+}
+
+std::vector<RowSnapshot> EmbeddingTables::SnapshotAll() const {
+  std::vector<RowSnapshot> out;
+  out.reserve(rows_.size());
+  for (const Row& r : rows_) out.push_back(SnapshotOf(r));
+  std::sort(out.begin(), out.end(), ByKey);
+  return out;
+}
+
+Status EmbeddingTables::CheckRestoredRow(const RowSnapshot& row, size_t i) const {
+  const std::string which = "restored row " + std::to_string(i) + " (table " +
+                            std::to_string(row.table) + ", id " + std::to_string(row.id) + ")";
+  if (row.table >= tables_.size()) {
+    return Status::Corruption(which + ": no such table (" + std::to_string(tables_.size()) +
+                              " registered)");
+  }
+  const TableSpec& spec = tables_[row.table];
+  if (spec.rows > 0 && row.id >= static_cast<uint64_t>(spec.rows)) {
+    return Status::Corruption(which + ": beyond the table's " + std::to_string(spec.rows) +
+                              " rows");
+  }
+  if (ShardOfRow(row.table, row.id, num_shards_) != shard_index_) {
+    return Status::Corruption(which + ": not a row of shard " + std::to_string(shard_index_));
+  }
+  bool sizes_ok = static_cast<int64_t>(row.values.size()) == spec.dim &&
+                  static_cast<int>(row.slots.size()) == num_slots();
+  for (const std::vector<float>& s : row.slots) sizes_ok = sizes_ok && s.size() == row.values.size();
+  if (!sizes_ok) {
+    return Status::Corruption(which + ": expected " + std::to_string(spec.dim) + " values and " +
+                              std::to_string(num_slots()) + " slots of as many");
+  }
+  if (row.updates < 0) return Status::Corruption(which + ": negative update count");
+  return Status::Ok();
+}
+
+Status EmbeddingTables::Restore(std::span<const RowSnapshot> rows) {
+  if (static_cast<int64_t>(rows.size()) > capacity_) {
+    return Status::Corruption(std::to_string(rows.size()) + " restored rows exceed the " +
+                              std::to_string(capacity_) + " this shard may hold");
+  }
+  std::vector<RowKey> keys;
+  keys.reserve(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (Status s = CheckRestoredRow(rows[i], i); !s.ok()) return s;
+    keys.push_back(RowKey{rows[i].table, rows[i].id});
+  }
+  std::sort(keys.begin(), keys.end());
+  if (const auto dup = std::adjacent_find(keys.begin(), keys.end()); dup != keys.end()) {
+    return Status::Corruption("restored rows list table " + std::to_string(dup->table) +
+                              " id " + std::to_string(dup->id) + " twice");
+  }
+  ClearRows();
+  for (const RowSnapshot& snap : rows) {
+    const int32_t index = CreateRow(RowKey{snap.table, snap.id});
+    Row& r = rows_[static_cast<size_t>(index)];
+    r.updates = snap.updates;
+    r.stored = true;
+    std::copy(snap.values.begin(), snap.values.end(), r.data.begin());
+    for (size_t k = 0; k < snap.slots.size(); ++k) {
+      std::copy(snap.slots[k].begin(), snap.slots[k].end(),
+                r.data.begin() + static_cast<ptrdiff_t>((k + 1) * snap.values.size()));
+    }
+  }
+  return Status::Ok();
+}
+
+int64_t EmbeddingTables::BytesPerRow(int64_t dim, int slots) {
+  return dim * (1 + slots) * static_cast<int64_t>(sizeof(float)) +
+         static_cast<int64_t>(sizeof(Row)) + kFloatsBlockOverhead + kHashEntryBytes +
+         kDirtyEntryBytes;
+}
+
+int64_t EmbeddingTables::bytes_held() const {
+  int64_t bytes = 0;
+  for (uint32_t t = 0; t < tables_.size(); ++t) bytes += stats(t).bytes;
+  return bytes;
+}
+
+EmbeddingTables::TableStats EmbeddingTables::stats(uint32_t t) const {
+  TableStats s = stats_[t];
+  s.bytes = s.rows_held * BytesPerRow(tables_[t].dim, num_slots());
+  return s;
+}
+
+}  // namespace parasync

@@ -1,0 +1,187 @@
+// EmbeddingTables: one parameter server's rows of every embedding table (common/embedding.h) —
+// each row's values, optimizer slots and update count — and the rules for reading and
+// changing them. No sockets here: ps/server.h feeds it decoded row ranges.
+//
+// A row exists here only once something updated it; until then (and again once it is
+// evicted) it reads as its initial value, InitializeRow(seed, table, id), so pulls never
+// fill memory. Rows held are bounded by Options::max_rows over all tables: creating one more
+// evicts the least recently touched row with its optimizer state (it comes back as its
+// initial value, as Monolith's expiring hash tables do).
+//
+// Not thread-safe: one thread (the server loop) owns an EmbeddingTables, as it owns a Shard.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "common/embedding.h"
+#include "common/model_spec.h"
+#include "common/status.h"
+#include "common/variable.h"
+#include "ps/optimizer.h"
+#include "ps/row_snapshot.h"
+#include "ps/shard.h"
+
+namespace parasync {
+
+class EmbeddingTables {
+ public:
+  struct Options {
+    int shard_index = 0;  // 0 <= shard_index < num_shards
+    int num_shards = 1;
+    // Rows held at most, over all tables on this shard; 0: no bound but kMaxRowsHeld.
+    int64_t max_rows = 0;
+  };
+  // The most rows one EmbeddingTables holds whatever max_rows says (row links are 32-bit).
+  static constexpr int64_t kMaxRowsHeld = INT32_MAX;
+
+  explicit EmbeddingTables(const Options& options);
+
+  // Sets the tables (already validated by ValidateRegistration) and the optimizer and seed
+  // of the registration, and forgets every row, accumulator, dirty mark and statistic.
+  void Configure(const std::vector<TableSpec>& tables, const OptimizerSpec& optimizer,
+                 uint64_t seed);
+  int num_tables() const { return static_cast<int>(tables_.size()); }
+  // Precondition: t < num_tables().
+  const TableSpec& table(uint32_t t) const { return tables_[t]; }
+  // The most rows held at once: max_rows, or kMaxRowsHeld when that is 0 or larger.
+  int64_t capacity() const { return capacity_; }
+
+  // Checks one row range of a request: `table` known (else kUnknownSlice), the dtype a wire
+  // dtype (kDType), ids strictly increasing (kOrder), every id held by this shard
+  // (ShardOfRow(table, id, num_shards) == shard_index) and below the row count of a fixed
+  // table (kRange), and, when `value_bytes` is given (a push's values frame; none for a
+  // pull), value_bytes == ids.size() * dim * DTypeSize(dtype) (kByteLength). Returns Ok, or
+  // InvalidArgument naming the table and the offending id and position with *reason set.
+  // Changes nothing either way.
+  Status Validate(uint32_t table, std::span<const uint64_t> ids,
+                  std::optional<size_t> value_bytes, DType dtype, RejectReason* reason) const;
+
+  // Copies each row (dim floats) into out, in ids' order (out holds ids.size() * dim). A row
+  // not held reads as its initial value and is not created; a held row read becomes the most
+  // recently touched. Precondition: Validate ok.
+  void Read(uint32_t table, std::span<const uint64_t> ids, float* out);
+
+  // True if no gradient value (ids.size() * dim floats) is NaN or +-Inf.
+  bool AllFinite(uint32_t table, std::span<const uint64_t> ids, const float* grads) const;
+
+  // Applies one gradient row per id (grads holds ids.size() * dim floats, in ids' order) with
+  // ApplyUpdate(effective, ...), `effective` being the registered optimizer with the learning
+  // rate the caller scheduled and scaled. A row not held is created first (initial value,
+  // zero slots, 0 updates), evicting the least recently touched row when capacity() rows are
+  // held. Each row's update count goes up by one and is its Adam step (lazy: rows not in
+  // `ids` and their slots do not change). Rows become dirty and most recently touched.
+  // Precondition: Validate ok, AllFinite true, effective.kind == the registered kind.
+  void Apply(uint32_t table, std::span<const uint64_t> ids, const float* grads,
+             const OptimizerSpec& effective);
+
+  // Sync mode: keeps `rank`'s gradient rows (ids.size() * dim floats) apart until the step
+  // ends; changes no row. A rank pushes at most once per step (the server guarantees it).
+  // Precondition: Validate ok, AllFinite true, rank >= 0.
+  void Accumulate(int rank, uint32_t table, std::span<const uint64_t> ids, const float* grads);
+  // Sync mode: applies, in ascending (table, id) order, to every row some rank pushed this
+  // step, the sum of the pushed gradients in rank order divided by the number of ranks that
+  // pushed that row (TensorFlow's SparseConditionalAccumulator averaging), as one Apply each;
+  // then clears the accumulators. The result does not depend on the order of the pushes.
+  void ApplyAccumulated(const OptimizerSpec& effective);
+  // Sync mode: clears the accumulators without applying them.
+  void DropAccumulated() { pending_.clear(); }
+  // Distinct rows with an accumulated gradient waiting for ApplyAccumulated.
+  int64_t accumulated_rows() const { return static_cast<int64_t>(pending_.size()); }
+
+  // Persistence. Returns the rows changed since the last TakeDirty, Restore or Configure as
+  // snapshots sorted by (table, id), and sets *evicted (sorted) to the keys of rows that were
+  // evicted since then, were not created again, and may be in the store: rows the last
+  // TakeDirty returned or the last Restore was given (a row created and evicted between two
+  // calls never reached the store and is not listed; this keeps the list bounded by the
+  // store's size). Then forgets the dirty and evicted marks.
+  std::vector<RowSnapshot> TakeDirty(std::vector<RowKey>* evicted);
+  // Every row held, sorted by (table, id).
+  std::vector<RowSnapshot> SnapshotAll() const;
+  // Replaces every row by `rows` (a restart, after Configure); they count as stored and not
+  // dirty, least recently touched first in the order given. Returns Corruption naming the
+  // first bad row, and changes nothing, if a row is for an unknown table, has the wrong
+  // number of values, slots or slot values, a negative update count, is not on this shard or
+  // beyond a fixed table's rows, is listed twice, or if there are more than capacity().
+  Status Restore(std::span<const RowSnapshot> rows);
+
+  // Rows held over all tables, and an estimate of the memory they take (BytesPerRow each).
+  int64_t rows_held() const { return static_cast<int64_t>(map_.size()); }
+  int64_t bytes_held() const;
+  // The memory one row of `dim` floats with `slots` optimizer slots takes here: its floats
+  // plus the bookkeeping (slab entry with key, LRU links and flags; the heap block of its
+  // floats; the hash map's node and bucket; its dirty-list entry). For stating a bound
+  // before any row exists: capacity() * BytesPerRow(widest table).
+  static int64_t BytesPerRow(int64_t dim, int slots);
+
+  struct TableStats {
+    int64_t rows_held = 0;
+    int64_t rows_created = 0;  // since Configure, re-creations after eviction included
+    int64_t rows_evicted = 0;
+    int64_t rows_read = 0;     // ids read, held or not
+    int64_t rows_updated = 0;  // row updates applied
+    int64_t bytes = 0;         // rows_held * BytesPerRow
+  };
+  // Precondition: t < num_tables().
+  TableStats stats(uint32_t t) const;
+
+ private:
+  static constexpr int32_t kNil = -1;
+  // One held row in the slab; slots are reused in place on eviction, so the slab never grows
+  // beyond capacity() entries and needs no free list.
+  struct Row {
+    RowKey key;
+    int64_t updates = 0;
+    int32_t prev = kNil;  // towards the most recently touched
+    int32_t next = kNil;  // towards the least recently touched
+    bool dirty = false;   // changed since the last TakeDirty
+    bool listed = false;  // in dirty_
+    bool stored = false;  // may be in the store: an eviction must be reported
+    std::vector<float> data;  // values, then each optimizer slot: dim * (1 + slots) floats
+  };
+  struct KeyHash {
+    size_t operator()(const RowKey& k) const;
+  };
+
+  int num_slots() const { return NumOptimizerSlots(optimizer_.kind); }
+  int64_t dim(uint32_t t) const { return tables_[t].dim; }
+  // The slab index of row `key`, creating it (counted in rows_created) if not held.
+  int32_t FindOrCreate(const RowKey& key);
+  // Holds `key` (not held) at its initial value with zero slots, evicting when full.
+  int32_t CreateRow(const RowKey& key);
+  // Takes the slab entry for a new row: a fresh one below capacity(), else the evicted LRU.
+  int32_t TakeSlot();
+  void Evict(int32_t index);
+  void Unlink(int32_t index);
+  void LinkFront(int32_t index);
+  void Touch(int32_t index);
+  void MarkDirty(int32_t index);
+  void ApplyRow(int32_t index, const float* grad, const OptimizerSpec& effective);
+  RowSnapshot SnapshotOf(const Row& row) const;
+  // Corruption naming the problem if `row` (the i-th) cannot be held here.
+  Status CheckRestoredRow(const RowSnapshot& row, size_t i) const;
+  void ClearRows();
+
+  int shard_index_;
+  int num_shards_;
+  int64_t capacity_;
+  std::vector<TableSpec> tables_;
+  OptimizerSpec optimizer_;
+  uint64_t seed_ = 0;
+  std::vector<Row> rows_;  // the slab: at most capacity_ entries, every one held
+  std::unordered_map<RowKey, int32_t, KeyHash> map_;
+  int32_t head_ = kNil;  // most recently touched
+  int32_t tail_ = kNil;  // least recently touched: the next to go
+  std::vector<int32_t> dirty_;  // slab indices with `listed` set; at most capacity_
+  std::set<RowKey> evicted_;    // stored rows evicted since the last TakeDirty
+  // sync: this step's gradient rows by row, then by rank (rank order for the sum)
+  std::map<RowKey, std::map<int, std::vector<float>>> pending_;
+  std::vector<TableStats> stats_;  // by table; `bytes` is filled in by stats()
+};
+
+}  // namespace parasync

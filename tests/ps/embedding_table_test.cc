@@ -1,0 +1,425 @@
+// ps/embedding_table.h: row initialization, sparse optimizer updates against a dense reference,
+// validation, sync averaging, LRU eviction and persistence.
+#include "ps/embedding_table.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/embedding.h"
+#include "common/float_codec.h"
+#include "common/model_spec.h"
+#include "ps/optimizer.h"
+#include "ps/row_snapshot.h"
+#include "ps/shard.h"
+
+namespace parasync {
+namespace {
+
+constexpr uint64_t kSeed = 77;
+constexpr int64_t kFixedRows = 1000;
+
+// Table 0: 1000 rows of 4; table 1: unbounded (hashed ids) rows of 3.
+std::vector<TableSpec> Tables() {
+  return {TableSpec{"items", kFixedRows, 4, Initializer{InitKind::kUniform, 0.05f}},
+          TableSpec{"features", 0, 3, Initializer{InitKind::kUniform, 0.1f}}};
+}
+
+OptimizerSpec Optimizer(OptimizerKind kind) {
+  OptimizerSpec spec;
+  spec.kind = kind;
+  spec.learning_rate = 0.1f;
+  return spec;
+}
+
+EmbeddingTables Make(OptimizerKind kind = OptimizerKind::kSgd, int shard = 0, int num_shards = 1,
+                     int64_t max_rows = 0) {
+  EmbeddingTables t(EmbeddingTables::Options{shard, num_shards, max_rows});
+  t.Configure(Tables(), Optimizer(kind), kSeed);
+  return t;
+}
+
+// `n` gradient rows of `dim` floats in [-1, 1), from `seed`.
+std::vector<float> Grads(size_t n, int64_t dim, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> g(n * static_cast<size_t>(dim));
+  for (float& x : g) x = u(rng);
+  return g;
+}
+
+// The first `n` ids from `from` on that table `table` routes to `shard` of `num_shards`.
+std::vector<uint64_t> IdsOf(uint32_t table, int shard, int num_shards, uint64_t from, size_t n) {
+  std::vector<uint64_t> ids;
+  for (uint64_t id = from; ids.size() < n; ++id) {
+    if (ShardOfRow(table, id, num_shards) == shard) ids.push_back(id);
+  }
+  return ids;
+}
+
+std::vector<float> ReadRows(EmbeddingTables& t, uint32_t table, std::span<const uint64_t> ids) {
+  std::vector<float> out(ids.size() * static_cast<size_t>(t.table(table).dim));
+  t.Read(table, ids, out.data());
+  return out;
+}
+
+std::vector<float> InitialRow(uint32_t table, uint64_t id) {
+  const TableSpec spec = Tables()[table];
+  std::vector<float> out(static_cast<size_t>(spec.dim));
+  InitializeRow(spec.init, kSeed, table, id, out.data(), spec.dim);
+  return out;
+}
+
+TEST(EmbeddingTablesTest, RowsReadTheSameWhateverTheShardCountAndAfterRestore) {
+  EmbeddingTables one = Make();
+  std::vector<EmbeddingTables> three;
+  for (int s = 0; s < 3; ++s) three.push_back(Make(OptimizerKind::kSgd, s, 3));
+  for (uint32_t table : {0u, 1u}) {
+    for (uint64_t id : {uint64_t{0}, uint64_t{1}, uint64_t{17}, uint64_t{999}}) {
+      const std::vector<uint64_t> ids = {table == 1 ? id * 0x9e3779b97f4a7c15ULL : id};
+      EmbeddingTables& owner = three[static_cast<size_t>(ShardOfRow(table, ids[0], 3))];
+      EXPECT_EQ(ReadRows(owner, table, ids), ReadRows(one, table, ids)) << table << "/" << id;
+      EXPECT_EQ(ReadRows(one, table, ids), InitialRow(table, ids[0]));
+    }
+  }
+  EXPECT_EQ(one.rows_held(), 0) << "a read must not create rows";
+
+  const std::vector<uint64_t> ids = {3, 5, 8};
+  const std::vector<float> g = Grads(ids.size(), 4, 1);
+  one.Apply(0, ids, g.data(), Optimizer(OptimizerKind::kSgd));
+  const std::vector<uint64_t> probe = {2, 3, 5, 8, 9};
+  const std::vector<float> before = ReadRows(one, 0, probe);
+  EmbeddingTables restored = Make();
+  ASSERT_TRUE(restored.Restore(one.SnapshotAll()).ok());
+  EXPECT_EQ(ReadRows(restored, 0, probe), before);
+  EXPECT_EQ(restored.SnapshotAll(), one.SnapshotAll());
+  EXPECT_NE(ReadRows(restored, 0, {ids.data(), 1}), InitialRow(0, ids[0])) << "update lost";
+}
+
+// A dense reference: every row of table 0 with its slots and its own step count, updated by
+// ApplyUpdate for the rows a step touches only.
+struct DenseReference {
+  explicit DenseReference(OptimizerKind kind) : slots(static_cast<size_t>(NumOptimizerSlots(kind))) {
+    for (uint64_t id = 0; id < kFixedRows; ++id) {
+      values.push_back(InitialRow(0, id));
+      for (auto& s : slots) s.emplace_back(4, 0.0f);
+      steps.push_back(0);
+    }
+  }
+  void Apply(std::span<const uint64_t> ids, const float* g, const OptimizerSpec& spec) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::array<float*, kMaxOptimizerSlots> p{};
+      for (size_t k = 0; k < slots.size(); ++k) p[k] = slots[k][ids[i]].data();
+      float* w = values[ids[i]].data();
+      ApplyUpdate(spec, ++steps[ids[i]], w, w, g + i * 4, std::span(p.data(), slots.size()), 4);
+    }
+  }
+  RowSnapshot Row(uint64_t id) const {
+    RowSnapshot r{0, id, steps[id], values[id], {}};
+    for (const auto& s : slots) r.slots.push_back(s[id]);
+    return r;
+  }
+  std::vector<std::vector<float>> values;
+  std::vector<std::vector<std::vector<float>>> slots;  // [slot][id]
+  std::vector<int64_t> steps;
+};
+
+class EmbeddingTablesOptimizerTest : public ::testing::TestWithParam<OptimizerKind> {};
+
+TEST_P(EmbeddingTablesOptimizerTest, SparseUpdatesMatchADenseReferenceAndSpareUntouchedRows) {
+  const OptimizerSpec spec = Optimizer(GetParam());
+  EmbeddingTables tables = Make(GetParam());
+  DenseReference ref(GetParam());
+  const std::vector<std::vector<uint64_t>> steps = {
+      {1, 2, 3, 10}, {2, 3, 40}, {3, 10, 41, 500}, {1, 3}, {2, 999}, {3, 40, 500}};
+  for (size_t step = 0; step < steps.size(); ++step) {
+    const std::vector<RowSnapshot> before = tables.SnapshotAll();
+    const std::vector<float> g = Grads(steps[step].size(), 4, static_cast<uint32_t>(step + 10));
+    tables.Apply(0, steps[step], g.data(), spec);
+    ref.Apply(steps[step], g.data(), spec);
+    std::map<uint64_t, RowSnapshot> after;
+    for (RowSnapshot& row : tables.SnapshotAll()) after[row.id] = std::move(row);
+    for (const RowSnapshot& row : before) {  // rows held but not in this step: bit for bit
+      if (std::ranges::find(steps[step], row.id) != steps[step].end()) continue;
+      EXPECT_EQ(after[row.id], row) << "untouched row " << row.id << " changed at step " << step;
+    }
+  }
+  const std::vector<RowSnapshot> all = tables.SnapshotAll();
+  ASSERT_EQ(all.size(), 8u);  // 1 2 3 10 40 41 500 999: the rows ever updated
+  for (const RowSnapshot& row : all) EXPECT_EQ(row, ref.Row(row.id)) << "row " << row.id;
+  const std::vector<uint64_t> untouched = {0, 4, 11, 998};
+  std::vector<float> want;
+  for (uint64_t id : untouched) {
+    for (float v : ref.values[id]) want.push_back(v);
+  }
+  EXPECT_EQ(ReadRows(tables, 0, untouched), want);
+  EXPECT_EQ(all[2].updates, 5) << "row 3 was in five steps";
+}
+
+INSTANTIATE_TEST_SUITE_P(EmbeddingOptimizers, EmbeddingTablesOptimizerTest,
+                         ::testing::Values(OptimizerKind::kSgd, OptimizerKind::kMomentum,
+                                           OptimizerKind::kAdam, OptimizerKind::kAdagrad),
+                         [](const ::testing::TestParamInfo<OptimizerKind>& p) {
+                           return std::string(OptimizerKindName(p.param));
+                         });
+
+// Validate's refusals, each with its reason, on shard 1 of 2; none changes a row.
+TEST(EmbeddingTablesTest, ValidateRefusesBadRangesWithTheirReasonAndChangesNothing) {
+  EmbeddingTables tables = Make(OptimizerKind::kAdam, 1, 2);
+  const std::vector<uint64_t> mine = IdsOf(0, 1, 2, 0, 4);
+  const std::vector<uint64_t> theirs = IdsOf(0, 0, 2, mine[0] + 1, 1);
+  const std::vector<uint64_t> beyond = IdsOf(0, 1, 2, kFixedRows, 1);
+  const std::vector<float> g = Grads(mine.size(), 4, 3);
+  tables.Apply(0, mine, g.data(), Optimizer(OptimizerKind::kAdam));
+  const std::vector<RowSnapshot> before = tables.SnapshotAll();
+  const size_t row_bytes = 4 * sizeof(float);
+  struct Case {
+    std::string what;
+    uint32_t table;
+    std::vector<uint64_t> ids;
+    std::optional<size_t> bytes;
+    RejectReason want;
+  };
+  const std::vector<Case> cases = {
+      {"unsorted", 0, {mine[1], mine[0]}, std::nullopt, RejectReason::kOrder},
+      {"duplicate", 0, {mine[0], mine[1], mine[1]}, 3 * row_bytes, RejectReason::kOrder},
+      {"byte length", 0, {mine[0], mine[1]}, 2 * row_bytes + 1, RejectReason::kByteLength},
+      {"other shard", 0, {mine[0], theirs[0]}, std::nullopt, RejectReason::kRange},
+      {"beyond rows", 0, {mine[0], beyond[0]}, std::nullopt, RejectReason::kRange},
+      {"unknown table", 2, {mine[0]}, std::nullopt, RejectReason::kUnknownSlice},
+  };
+  for (const Case& c : cases) {
+    RejectReason reason = RejectReason::kNone;
+    const Status s = tables.Validate(c.table, c.ids, c.bytes, DType::kFloat32, &reason);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.what << ": " << s.ToString();
+    EXPECT_EQ(reason, c.want) << c.what << ": " << s.ToString();
+    EXPECT_EQ(tables.SnapshotAll(), before) << c.what;
+  }
+  RejectReason reason = RejectReason::kNone;
+  EXPECT_TRUE(tables.Validate(0, mine, mine.size() * 4 * DTypeSize(DType::kBfloat16),
+                              DType::kBfloat16, &reason).ok());
+  EXPECT_TRUE(tables.Validate(1, IdsOf(1, 1, 2, uint64_t{1} << 62, 3), std::nullopt,
+                              DType::kFloat32, &reason).ok())
+      << "an unbounded table takes any id of this shard";
+}
+
+TEST(EmbeddingTablesTest, AllFiniteRefusesNanAndInf) {
+  EmbeddingTables tables = Make();
+  const std::vector<uint64_t> ids = {1, 2};
+  std::vector<float> g = Grads(ids.size(), 4, 4);
+  EXPECT_TRUE(tables.AllFinite(0, ids, g.data()));
+  g[7] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(tables.AllFinite(0, ids, g.data()));
+  g[7] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(tables.AllFinite(0, ids, g.data()));
+}
+
+// One sync step of SGD: rank 0 pushes rows {1, 2}, rank 1 rows {2, 3}.
+std::vector<RowSnapshot> SyncStep(bool rank1_first) {
+  EmbeddingTables tables = Make();
+  const std::vector<uint64_t> ids0 = {1, 2}, ids1 = {2, 3};
+  const std::vector<float> g0 = Grads(2, 4, 5), g1 = Grads(2, 4, 6);
+  if (rank1_first) tables.Accumulate(1, 0, ids1, g1.data());
+  tables.Accumulate(0, 0, ids0, g0.data());
+  if (!rank1_first) tables.Accumulate(1, 0, ids1, g1.data());
+  EXPECT_EQ(tables.rows_held(), 0) << "Accumulate must not change rows";
+  EXPECT_EQ(tables.accumulated_rows(), 3);
+  tables.ApplyAccumulated(Optimizer(OptimizerKind::kSgd));
+  EXPECT_EQ(tables.accumulated_rows(), 0);
+  return tables.SnapshotAll();
+}
+
+TEST(EmbeddingTablesTest, SyncAveragesEachRowOverTheRanksThatPushedIt) {
+  const std::vector<RowSnapshot> rows = SyncStep(false);
+  EXPECT_EQ(SyncStep(true), rows) << "the order the pushes arrived in changed the step";
+  const std::vector<float> g0 = Grads(2, 4, 5), g1 = Grads(2, 4, 6);
+  const float lr = Optimizer(OptimizerKind::kSgd).learning_rate;
+  ASSERT_EQ(rows.size(), 3u);
+  for (int k = 0; k < 4; ++k) {
+    const float both = (g0[4 + k] + g1[k]) / 2.0f;  // row 2: rank 0's second, rank 1's first
+    EXPECT_EQ(rows[0].values[k], InitialRow(0, 1)[k] - lr * g0[k]) << "row 1 element " << k;
+    EXPECT_EQ(rows[1].values[k], InitialRow(0, 2)[k] - lr * both) << "row 2 element " << k;
+    EXPECT_EQ(rows[2].values[k], InitialRow(0, 3)[k] - lr * g1[4 + k]) << "row 3 element " << k;
+  }
+  for (const RowSnapshot& r : rows) EXPECT_EQ(r.updates, 1) << "one step, one update";
+}
+
+TEST(EmbeddingTablesTest, SyncStepSumsInRankOrderWhateverTheArrivalOrder) {
+  const std::vector<float> scales = {1e8f, 3.3f, -1e8f, 0.7f};  // a sum that depends on order
+  std::vector<std::vector<RowSnapshot>> results;
+  for (const std::vector<int>& order : {std::vector<int>{0, 1, 2, 3}, std::vector<int>{3, 2, 1, 0},
+                                        std::vector<int>{2, 0, 3, 1}}) {
+    EmbeddingTables tables = Make();
+    const std::vector<uint64_t> ids = {7};
+    for (int rank : order) {
+      const std::vector<float> g(4, scales[static_cast<size_t>(rank)]);
+      tables.Accumulate(rank, 0, ids, g.data());
+    }
+    tables.ApplyAccumulated(Optimizer(OptimizerKind::kSgd));
+    results.push_back(tables.SnapshotAll());
+  }
+  EXPECT_EQ(results[1], results[0]);
+  EXPECT_EQ(results[2], results[0]);
+  float in_order = 0.0f, reversed = 0.0f;
+  for (float v : scales) in_order += v;
+  for (auto v = scales.rbegin(); v != scales.rend(); ++v) reversed += *v;
+  EXPECT_NE(in_order, reversed) << "the gradients no longer make the order matter";
+}
+
+TEST(EmbeddingTablesTest, DropAccumulatedForgetsTheStep) {
+  EmbeddingTables tables = Make();
+  const std::vector<uint64_t> ids = {1, 2};
+  const std::vector<float> g = Grads(2, 4, 7);
+  tables.Accumulate(0, 0, ids, g.data());
+  tables.DropAccumulated();
+  EXPECT_EQ(tables.accumulated_rows(), 0);
+  tables.ApplyAccumulated(Optimizer(OptimizerKind::kSgd));
+  EXPECT_EQ(tables.rows_held(), 0);
+}
+
+TEST(EmbeddingTablesTest, EvictsTheLeastRecentlyTouchedRowsAndStaysWithinMaxRows) {
+  constexpr int64_t kMax = 8;
+  EmbeddingTables tables = Make(OptimizerKind::kAdagrad, 0, 1, kMax);
+  const OptimizerSpec spec = Optimizer(OptimizerKind::kAdagrad);
+  const std::vector<float> g = Grads(1, 3, 8);
+  std::vector<RowKey> evicted;
+  for (uint64_t id = 0; id < kMax; ++id) tables.Apply(1, {&id, 1}, g.data(), spec);
+  EXPECT_EQ(tables.TakeDirty(&evicted).size(), static_cast<size_t>(kMax));  // now stored
+  const std::vector<uint64_t> kept = {0};  // the oldest, kept warm by reads
+  for (uint64_t id = 100; id < 300; ++id) {
+    (void)ReadRows(tables, 1, kept);
+    tables.Apply(1, {&id, 1}, g.data(), spec);
+    ASSERT_LE(tables.rows_held(), kMax);
+  }
+  EXPECT_EQ(tables.rows_held(), kMax);
+  EXPECT_EQ(tables.stats(1).rows_evicted, 200);
+  EXPECT_EQ(tables.stats(1).rows_created, 200 + kMax);
+  EXPECT_EQ(tables.bytes_held(), kMax * EmbeddingTables::BytesPerRow(3, 1));
+  std::vector<uint64_t> held;
+  for (const RowSnapshot& r : tables.SnapshotAll()) held.push_back(r.id);
+  EXPECT_EQ(held, (std::vector<uint64_t>{0, 293, 294, 295, 296, 297, 298, 299}));
+  tables.TakeDirty(&evicted);
+  std::vector<RowKey> want;  // the stored rows that went: 1..7, not the never-stored 100..292
+  for (uint64_t id = 1; id < kMax; ++id) want.push_back(RowKey{1, id});
+  EXPECT_EQ(evicted, want);
+  const std::vector<uint64_t> gone = {5};
+  EXPECT_EQ(ReadRows(tables, 1, gone), InitialRow(1, 5)) << "an evicted row comes back initial";
+}
+
+TEST(EmbeddingTablesTest, ReadOfAnOldRowSavesItFromTheNextEviction) {
+  EmbeddingTables tables = Make(OptimizerKind::kSgd, 0, 1, 3);
+  const std::vector<float> g = Grads(1, 4, 9);
+  for (uint64_t id : {1, 2, 3}) tables.Apply(0, {&id, 1}, g.data(), Optimizer(OptimizerKind::kSgd));
+  const std::vector<uint64_t> one = {1};
+  (void)ReadRows(tables, 0, one);
+  const uint64_t next = 4;
+  tables.Apply(0, {&next, 1}, g.data(), Optimizer(OptimizerKind::kSgd));
+  std::vector<uint64_t> held;
+  for (const RowSnapshot& r : tables.SnapshotAll()) held.push_back(r.id);
+  EXPECT_EQ(held, (std::vector<uint64_t>{1, 3, 4})) << "row 2 was the least recently touched";
+}
+
+TEST(EmbeddingTablesTest, TakeDirtyReturnsExactlyTheRowsChangedSinceTheLastCall) {
+  EmbeddingTables tables = Make(OptimizerKind::kMomentum, 0, 1, 4);
+  const OptimizerSpec spec = Optimizer(OptimizerKind::kMomentum);
+  const std::vector<float> g = Grads(3, 4, 10);
+  std::vector<RowKey> evicted;
+  const std::vector<uint64_t> first = {1, 2, 3};
+  tables.Apply(0, first, g.data(), spec);
+  std::vector<RowSnapshot> dirty = tables.TakeDirty(&evicted);
+  EXPECT_EQ(dirty, tables.SnapshotAll());
+  EXPECT_TRUE(evicted.empty());
+
+  const std::vector<uint64_t> second = {2, 5};
+  tables.Apply(0, second, g.data(), spec);
+  (void)ReadRows(tables, 0, first);  // reads change nothing
+  dirty = tables.TakeDirty(&evicted);
+  ASSERT_EQ(dirty.size(), 2u);
+  EXPECT_EQ(dirty[0].id, 2u);
+  EXPECT_EQ(dirty[1].id, 5u);
+  EXPECT_EQ(dirty[0], tables.SnapshotAll()[1]);
+  EXPECT_TRUE(tables.TakeDirty(&evicted).empty());
+
+  // Touched most recently first: 3 2 1 5. Row 6 evicts 5, which comes back (dirty, not
+  // evicted) and evicts 1.
+  const uint64_t six = 6, five = 5;
+  tables.Apply(0, {&six, 1}, g.data(), spec);
+  tables.Apply(0, {&five, 1}, g.data(), spec);
+  dirty = tables.TakeDirty(&evicted);
+  ASSERT_EQ(dirty.size(), 2u);
+  EXPECT_EQ(dirty[0].id, 5u);
+  EXPECT_EQ(dirty[0].updates, 1) << "an evicted row starts over";
+  EXPECT_EQ(dirty[1].id, 6u);
+  EXPECT_EQ(evicted, (std::vector<RowKey>{{0, 1}})) << "row 1 went for row 5";
+}
+
+// A stored row evicted, re-created and evicted again before TakeDirty must still be deleted
+// from the store; a row never stored needs no deletion.
+TEST(EmbeddingTablesTest, TakeDirtyReportsAStoredRowEvictedAgainAfterComingBack) {
+  EmbeddingTables tables = Make(OptimizerKind::kSgd, 0, 1, 1);
+  const OptimizerSpec spec = Optimizer(OptimizerKind::kSgd);
+  const std::vector<float> g = Grads(1, 4, 12);
+  const uint64_t one = 1, two = 2;
+  std::vector<RowKey> evicted;
+  tables.Apply(0, {&one, 1}, g.data(), spec);
+  ASSERT_EQ(tables.TakeDirty(&evicted).size(), 1u);
+  tables.Apply(0, {&two, 1}, g.data(), spec);  // evicts stored 1
+  tables.Apply(0, {&one, 1}, g.data(), spec);  // 1 back, 2 (never stored) goes
+  tables.Apply(0, {&two, 1}, g.data(), spec);  // 1 goes again
+  const std::vector<RowSnapshot> dirty = tables.TakeDirty(&evicted);
+  ASSERT_EQ(dirty.size(), 1u);
+  EXPECT_EQ(dirty[0].id, 2u);
+  EXPECT_EQ(evicted, (std::vector<RowKey>{{0, 1}}));
+  EXPECT_EQ(tables.stats(0).rows_evicted, 3);
+}
+
+TEST(EmbeddingTablesTest, RestoreRefusesBadSnapshotsAndChangesNothing) {
+  EmbeddingTables tables = Make(OptimizerKind::kAdam, 1, 2, 5);
+  const std::vector<uint64_t> mine = IdsOf(0, 1, 2, 0, 3);
+  const std::vector<float> g = Grads(mine.size(), 4, 11);
+  tables.Apply(0, mine, g.data(), Optimizer(OptimizerKind::kAdam));
+  const std::vector<RowSnapshot> good = tables.SnapshotAll();
+  const auto bad = [&](auto change) {
+    std::vector<RowSnapshot> rows = good;
+    change(rows);
+    return rows;
+  };
+  std::vector<RowSnapshot> extra;  // three more valid rows: six in all, over max_rows 5
+  for (uint64_t id : IdsOf(0, 1, 2, mine.back() + 1, 3)) {
+    extra.push_back({0, id, 1, {0, 0, 0, 0}, {{0, 0, 0, 0}, {0, 0, 0, 0}}});
+  }
+  const std::vector<std::pair<std::string, std::vector<RowSnapshot>>> cases = {
+      {"unknown table", bad([](auto& r) { r[0].table = 9; })},
+      {"values", bad([](auto& r) { r[0].values.pop_back(); })},
+      {"slot count", bad([](auto& r) { r[0].slots.pop_back(); })},
+      {"slot size", bad([](auto& r) { r[1].slots[1].push_back(0); })},
+      {"other shard", bad([](auto& r) { r[0].id = IdsOf(0, 0, 2, 0, 1)[0]; })},
+      {"beyond rows", bad([](auto& r) { r[0].id = IdsOf(0, 1, 2, kFixedRows, 1)[0]; })},
+      {"duplicate", bad([](auto& r) { r.push_back(r[0]); })},
+      {"negative updates", bad([](auto& r) { r[2].updates = -1; })},
+      {"too many", bad([&](auto& r) { r.insert(r.end(), extra.begin(), extra.end()); })},
+  };
+  for (const auto& [what, rows] : cases) {
+    const Status s = tables.Restore(rows);
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << what << ": " << s.ToString();
+    EXPECT_EQ(tables.SnapshotAll(), good) << what;
+  }
+  EmbeddingTables fresh = Make(OptimizerKind::kAdam, 1, 2, 5);
+  ASSERT_TRUE(fresh.Restore(good).ok());
+  EXPECT_EQ(fresh.SnapshotAll(), good);
+  std::vector<RowKey> evicted;
+  EXPECT_TRUE(fresh.TakeDirty(&evicted).empty()) << "restored rows are stored, not dirty";
+}
+
+}  // namespace
+}  // namespace parasync
