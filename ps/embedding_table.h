@@ -25,7 +25,7 @@
 #include "common/variable.h"
 #include "ps/optimizer.h"
 #include "ps/row_snapshot.h"
-#include "ps/shard.h"
+#include "ps/reject_reason.h"
 
 namespace parasync {
 
