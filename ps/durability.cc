@@ -9,12 +9,16 @@ namespace parasync {
 Durability::Durability(const Options& options, PsMetrics* metrics, TimePoint now)
     : options_(options), metrics_(metrics), last_save_time_(now) {}
 
-Status Durability::Save(const Shard& shard, const PushLedger& ledger, bool force) {
+Status Durability::Save(Shard& shard, const PushLedger& ledger, bool force) {
   if (options_.store == nullptr || !shard.registered()) return Status::Ok();
   if (!force && shard.version() == last_saved_version_) return Status::Ok();
   const auto t0 = std::chrono::steady_clock::now();
   ShardSnapshot snap = shard.Snapshot();
   snap.ranks = ledger.AllRecords();
+  // Embedding rows: only those changed since the last write (the store keeps the rest); the
+  // first snapshot of a store replaces whatever rows it had.
+  shard.TakeRowChanges(&snap);
+  snap.replace_rows = last_saved_version_ < 0;
   PARASYNC_RETURN_IF_ERROR(options_.store->Save(snap, /*sync=*/true));
   const auto t1 = std::chrono::steady_clock::now();
   last_saved_version_ = shard.version();
@@ -39,7 +43,7 @@ bool Durability::SnapshotDue(int64_t version, TimePoint now) const {
   return due;
 }
 
-void Durability::MaybeSave(const Shard& shard, const PushLedger& ledger, TimePoint now) {
+void Durability::MaybeSave(Shard& shard, const PushLedger& ledger, TimePoint now) {
   if (options_.store == nullptr || options_.every_update || !shard.registered()) return;
   if (shard.version() == last_saved_version_ || !SnapshotDue(shard.version(), now)) return;
   if (Status s = Save(shard, ledger, /*force=*/false); !s.ok()) {
@@ -49,7 +53,7 @@ void Durability::MaybeSave(const Shard& shard, const PushLedger& ledger, TimePoi
   }
 }
 
-Status Durability::SaveUpdate(const Shard& shard, std::span<const SliceRange> ranges,
+Status Durability::SaveUpdate(Shard& shard, std::span<const SliceRange> ranges,
                               std::vector<RankRecord> ranks) {
   std::vector<SliceSnapshot> slices;
   const SliceMap* map = shard.slice_map();
@@ -63,9 +67,12 @@ Status Durability::SaveUpdate(const Shard& shard, std::span<const SliceRange> ra
   }
   std::vector<const SliceSnapshot*> ptrs;
   for (const SliceSnapshot& s : slices) ptrs.push_back(&s);
+  ShardSnapshot rows;  // the embedding rows this update changed (and evicted)
+  shard.TakeRowChanges(&rows);
   const auto t0 = std::chrono::steady_clock::now();
   PARASYNC_RETURN_IF_ERROR(options_.store->SaveUpdate(shard.version(), shard.examples(), ptrs,
-                                                      ranks, /*sync=*/true));
+                                                      ranks, /*sync=*/true, rows.rows,
+                                                      rows.deleted_rows));
   metrics_->checkpoint_seconds->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   metrics_->last_checkpoint_time->SetToCurrentTime();

@@ -2,7 +2,8 @@
 // request, at exit, and periodically by time or by versions) and, with every-update
 // durability, one synced write per applied update — and the latch that stops the server
 // acknowledging anything once such a write failed. It reads the Shard and the PushLedger,
-// never changes them: rolling memory back to the store after a failure is the Server's part.
+// never changes them (but for taking the Shard's record of changed embedding rows, which a
+// write consumes): rolling memory back to the store after a failure is the Server's part.
 //
 // Not thread-safe: owned by the Server's loop. Without a store every call is a no-op.
 #pragma once
@@ -42,14 +43,15 @@ class Durability {
   // Writes a full snapshot of `shard` and the records of `ledger` (WAL synced) if there is a
   // store, something is registered and the version moved since the last one (`force`: even
   // if not). Returns the store's error.
-  Status Save(const Shard& shard, const PushLedger& ledger, bool force);
+  Status Save(Shard& shard, const PushLedger& ledger, bool force);
   // Periodic durability: writes a snapshot when one is due at `now`; a failure is counted
   // and logged, and tried again at the next interval.
-  void MaybeSave(const Shard& shard, const PushLedger& ledger, TimePoint now);
+  void MaybeSave(Shard& shard, const PushLedger& ledger, TimePoint now);
   // Every-update durability: writes the slices of `ranges` (all of the shard's when empty)
-  // with the shard's version and examples and the records of `ranks`, in one synced write.
+  // and the embedding rows changed since the last write, with the shard's version and
+  // examples and the records of `ranks`, in one synced write.
   // Returns the store's error (FailedPrecondition before a registration).
-  Status SaveUpdate(const Shard& shard, std::span<const SliceRange> ranges,
+  Status SaveUpdate(Shard& shard, std::span<const SliceRange> ranges,
                     std::vector<RankRecord> ranks);
   // The store holds `version` (restored from it, or rolled back to it).
   void MarkSaved(int64_t version) { last_saved_version_ = version; }

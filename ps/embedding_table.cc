@@ -36,6 +36,7 @@ size_t EmbeddingTables::KeyHash::operator()(const RowKey& k) const {
 EmbeddingTables::EmbeddingTables(const Options& options)
     : shard_index_(options.shard_index),
       num_shards_(options.num_shards),
+      max_rows_(options.max_rows),
       capacity_(options.max_rows > 0 ? std::min(options.max_rows, kMaxRowsHeld) : kMaxRowsHeld) {}
 
 void EmbeddingTables::ClearRows() {

@@ -51,6 +51,8 @@ class EmbeddingTables {
   const TableSpec& table(uint32_t t) const { return tables_[t]; }
   // The most rows held at once: max_rows, or kMaxRowsHeld when that is 0 or larger.
   int64_t capacity() const { return capacity_; }
+  // Options::max_rows as given (0: no bound but kMaxRowsHeld).
+  int64_t max_rows() const { return max_rows_; }
 
   // Checks one row range of a request: `table` known (else kUnknownSlice), the dtype a wire
   // dtype (kDType), ids strictly increasing (kOrder), every id held by this shard
@@ -169,6 +171,7 @@ class EmbeddingTables {
 
   int shard_index_;
   int num_shards_;
+  int64_t max_rows_;  // as given (0: none)
   int64_t capacity_;
   std::vector<TableSpec> tables_;
   OptimizerSpec optimizer_;

@@ -38,11 +38,13 @@ std::string_view RejectReasonName(RejectReason reason) {
   return "unknown";
 }
 
-Shard::Shard(int shard_index, int num_shards, int64_t max_bytes, int apply_threads)
+Shard::Shard(int shard_index, int num_shards, int64_t max_bytes, int apply_threads,
+             int64_t max_table_rows)
     : shard_index_(shard_index),
       num_shards_(num_shards),
       max_bytes_(max_bytes),
-      apply_threads_(apply_threads > 1 ? std::make_unique<ParallelFor>(apply_threads) : nullptr) {}
+      apply_threads_(apply_threads > 1 ? std::make_unique<ParallelFor>(apply_threads) : nullptr),
+      tables_({shard_index, num_shards, max_table_rows}) {}
 
 void Shard::ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn) const {
   if (!parallel || !apply_threads_) {
@@ -95,7 +97,48 @@ Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
   }
   registration_ = reg;
   map_ = std::move(map).value();
+  tables_.Configure(reg.tables, reg.optimizer, reg.seed);
   return Status::Ok();
+}
+
+Status Shard::ValidateRows(std::span<const RowRange> ranges,
+                           std::span<const std::vector<uint64_t>> ids, DType dtype,
+                           std::optional<std::span<const size_t>> value_bytes,
+                           RejectReason* reason) const {
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (i > 0 && ranges[i].table <= ranges[i - 1].table) {
+      *reason = RejectReason::kOrder;
+      return Status::InvalidArgument("row ranges must name tables in strictly increasing order");
+    }
+    if (ranges[i].count != static_cast<int64_t>(ids[i].size())) {
+      *reason = RejectReason::kByteLength;
+      return Status::InvalidArgument("the ids frame of row range " + std::to_string(i) +
+                                     " holds " + std::to_string(ids[i].size()) + " ids, not " +
+                                     std::to_string(ranges[i].count));
+    }
+    std::optional<size_t> bytes;
+    if (value_bytes) bytes = (*value_bytes)[i];
+    PARASYNC_RETURN_IF_ERROR(tables_.Validate(ranges[i].table, ids[i], bytes, dtype, reason));
+  }
+  return Status::Ok();
+}
+
+Status Shard::CheckRowsFinite(const RowsRequest& rows, RejectReason* reason) const {
+  for (size_t i = 0; i < rows.ranges.size(); ++i) {
+    if (!tables_.AllFinite(rows.ranges[i].table, rows.ids[i], rows.grads[i])) {
+      *reason = RejectReason::kNonFinite;
+      return Status::InvalidArgument("gradient rows for table " +
+                                     std::to_string(rows.ranges[i].table) +
+                                     " contain NaN or Inf");
+    }
+  }
+  return Status::Ok();
+}
+
+OptimizerSpec Shard::Effective(float lr_scale) const {
+  OptimizerSpec opt = registration_->optimizer;
+  opt.learning_rate *= lr_scale;
+  return opt;
 }
 
 Status Shard::CheckModelFits(const SliceMap& map, int num_slots) const {
@@ -211,8 +254,7 @@ void Shard::ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_
   ++s.updates;
   std::array<float*, kMaxOptimizerSlots> slot_ptrs{};
   for (size_t k = 0; k < s.slots.size(); ++k) slot_ptrs[k] = s.slots[k].data() + begin;
-  OptimizerSpec opt = registration_->optimizer;
-  opt.learning_rate *= lr_scale;
+  const OptimizerSpec opt = Effective(lr_scale);
   const std::span<float* const> slots(slot_ptrs.data(), s.slots.size());
   if (!s.values.lent()) {
     ApplyUpdate(opt, s.updates, s.values.data() + begin, s.values.data() + begin, grad, slots,
@@ -236,8 +278,12 @@ void Shard::ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_
 }
 
 Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
-                    int64_t batch_examples, RejectReason* reason, float lr_scale) {
+                    int64_t batch_examples, RejectReason* reason, float lr_scale,
+                    const RowsRequest& rows) {
   lr_scale *= LrScheduleFactor(registration_->optimizer, examples_);
+  // Rows first: the slices' checks below may apply as they check (ApplySgdWhole), so nothing
+  // may fail after them.
+  PARASYNC_RETURN_IF_ERROR(CheckRowsFinite(rows, reason));
   int64_t elements = 0;
   for (const SliceRange& r : ranges) elements += r.count;
   const bool parallel = ranges.size() >= 2 && elements >= kParallelApplyElements;
@@ -258,6 +304,12 @@ Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* c
       SliceState& s = owned_[static_cast<size_t>(local_index_[ranges[i].slice_id])];
       ApplyToSlice(s, ranges[i].begin, grads[i], ranges[i].count, lr_scale);
     });
+  }
+  if (!rows.empty()) {
+    const OptimizerSpec opt = Effective(lr_scale);
+    for (size_t i = 0; i < rows.ranges.size(); ++i) {
+      tables_.Apply(rows.ranges[i].table, rows.ids[i], rows.grads[i], opt);
+    }
   }
   ++version_;
   examples_ += batch_examples > 0 ? batch_examples : 0;
@@ -306,7 +358,8 @@ Status Shard::ApplySgdWhole(std::span<const SliceRange> ranges,
 }
 
 Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const float* const> grads,
-                         int64_t batch_examples, RejectReason* reason, int rank) {
+                         int64_t batch_examples, RejectReason* reason, int rank,
+                         const RowsRequest& rows) {
   // Slice ids are strictly increasing (ValidateRanges), so covering every slice whole means
   // exactly one full range per owned slice.
   bool whole = ranges.size() == owned_.size();
@@ -320,7 +373,11 @@ Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const flo
         "in sync mode a push must carry the gradient of every slice of the shard, whole");
   }
   PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason));
+  PARASYNC_RETURN_IF_ERROR(CheckRowsFinite(rows, reason));
   if (rank < 0) return Status::InvalidArgument("negative rank " + std::to_string(rank));
+  for (size_t i = 0; i < rows.ranges.size(); ++i) {
+    tables_.Accumulate(rank, rows.ranges[i].table, rows.ids[i], rows.grads[i]);
+  }
   const auto r = static_cast<size_t>(rank);
   if (contributed_.size() <= r) contributed_.resize(r + 1, false);
   contributed_[r] = true;
@@ -353,6 +410,7 @@ void Shard::ApplyAccumulated(int count) {
     for (float& a : average_) a *= inv;
     ApplyToSlice(s, 0, average_.data(), static_cast<int64_t>(average_.size()), lr_scale);
   }
+  tables_.ApplyAccumulated(Effective(lr_scale));
   std::fill(contributed_.begin(), contributed_.end(), false);
   ++version_;
   examples_ += pending_examples_;
@@ -387,6 +445,10 @@ ShardSnapshot Shard::Snapshot() const {
   snap.examples = examples_;
   for (uint32_t id : map_->SlicesOfShard(shard_index_)) snap.slices.push_back(SnapshotOfSlice(id));
   return snap;
+}
+
+void Shard::TakeRowChanges(ShardSnapshot* snap) {
+  snap->rows = tables_.TakeDirty(&snap->deleted_rows);
 }
 
 Status Shard::Restore(const ShardSnapshot& snap) {
@@ -427,8 +489,15 @@ Status Shard::Restore(const ShardSnapshot& snap) {
     local[in.id] = static_cast<int32_t>(owned.size());
     owned.push_back(std::move(state));
   }
+  EmbeddingTables::Options table_options{shard_index_, num_shards_, tables_.max_rows()};
+  EmbeddingTables tables(table_options);
+  tables.Configure(snap.registration.tables, snap.registration.optimizer, snap.registration.seed);
+  if (Status s = tables.Restore(snap.rows); !s.ok()) {
+    return Status::Corruption("restored rows: " + s.message());
+  }
   registration_ = snap.registration;
   map_ = std::move(map).value();
+  tables_ = std::move(tables);
   local_index_ = std::move(local);
   owned_ = std::move(owned);
   version_ = snap.version;

@@ -19,10 +19,20 @@
 #include "common/status.h"
 #include "common/wire.h"
 #include "ps/checkpoint_store.h"
+#include "ps/embedding_table.h"
 #include "ps/lendable_floats.h"
 #include "ps/reject_reason.h"
 
 namespace parasync {
+
+// A push's or a pull's embedding rows: per RowRange, its ids (sorted, from the ids frame) and,
+// for a push, its gradient rows as float32 (ids.size() * dim each).
+struct RowsRequest {
+  std::span<const RowRange> ranges;
+  std::span<const std::vector<uint64_t>> ids;
+  std::span<const float* const> grads;  // push only
+  bool empty() const { return ranges.empty(); }
+};
 
 class Shard {
  public:
@@ -32,7 +42,10 @@ class Shard {
   // A push of at least kParallelApplyElements over two or more slices is checked and applied
   // by `apply_threads` threads (the caller and the helpers that are free), a slice each at a
   // time.
-  Shard(int shard_index, int num_shards, int64_t max_bytes = 0, int apply_threads = 1);
+  // `max_table_rows` bounds the embedding rows held here, all tables together (0: no bound
+  // but EmbeddingTables::kMaxRowsHeld); creating one more evicts the least recently touched.
+  Shard(int shard_index, int num_shards, int64_t max_bytes = 0, int apply_threads = 1,
+        int64_t max_table_rows = 0);
   static constexpr int64_t kParallelApplyElements = int64_t{1} << 18;  // 1 MiB of float32
   // A registration whose push to this shard (its values and a header) would pass this many
   // bytes is refused (InvalidArgument naming --max-message-bytes); 0: no bound.
@@ -59,6 +72,19 @@ class Shard {
                         std::optional<std::span<const size_t>> frame_bytes,
                         RejectReason* reason) const;
 
+  // Checks a request's row ranges (EmbeddingTables::Validate for each): tables in strictly
+  // increasing order (kOrder), each range's count equal to its ids' (kByteLength), and, when
+  // `value_bytes` is given (a push), each values frame's length. On failure sets *reason.
+  Status ValidateRows(std::span<const RowRange> ranges,
+                      std::span<const std::vector<uint64_t>> ids, DType dtype,
+                      std::optional<std::span<const size_t>> value_bytes,
+                      RejectReason* reason) const;
+  // Reads rows `ids` of `table` into out (ids.size() * dim floats); a row nobody updated reads
+  // as its initial value and is not created. Precondition: ValidateRows ok.
+  void ReadRows(uint32_t table, std::span<const uint64_t> ids, float* out) {
+    tables_.Read(table, ids, out);
+  }
+
   // Copies each range into out[i] (ranges[i].count floats). Precondition: ValidateRanges ok.
   void Read(std::span<const SliceRange> ranges, std::span<float* const> out) const;
 
@@ -81,8 +107,11 @@ class Shard {
   // one and examples() by batch_examples. The learning rate is the registered one times its
   // schedule's factor at examples() (before this update) times `lr_scale` (staleness-aware
   // async). Precondition: ValidateRanges ok.
+  // `rows` are checked as finite with the slices (nothing changes if any is not) and applied
+  // with the same learning rate, each row's own update count being its Adam step.
   Status Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
-               int64_t batch_examples, RejectReason* reason, float lr_scale = 1.0f);
+               int64_t batch_examples, RejectReason* reason, float lr_scale = 1.0f,
+               const RowsRequest& rows = {});
 
   // Sync mode. Checks the push names every slice of this shard whole (kPartial otherwise)
   // and that the gradient is finite (kNonFinite), then adds it to the current step's
@@ -93,8 +122,11 @@ class Shard {
   // in rank order, so a step's result never depends on the order the pushes arrived in
   // (float addition is not associative): a sync run is reproducible bit for bit. The cost
   // is one buffer per contributing rank, (contributors) x the shard's elements.
+  // A push's rows are kept apart per rank too; the step applies to each row the average over
+  // the ranks that pushed it (TensorFlow's SyncReplicasOptimizer for IndexedSlices).
   Status Accumulate(std::span<const SliceRange> ranges, std::span<const float* const> grads,
-                    int64_t batch_examples, RejectReason* reason, int rank);
+                    int64_t batch_examples, RejectReason* reason, int rank,
+                    const RowsRequest& rows = {});
   // Sync mode: applies the optimizer once with the average of the `count` accumulated
   // gradients (summed in rank order) at the scheduled learning rate, clears them, and
   // increments version() by one and examples() by the accumulated examples. Precondition: count >= 1 gradients were
@@ -118,14 +150,20 @@ class Shard {
   std::span<const float> SliceValues(uint32_t id) const;
 
   // The whole shard state — registration, version, examples, every slice with its optimizer
-  // slots and update count — as a copy (ranks left empty: the server adds them).
+  // slots and update count — as a copy (ranks left empty: the server adds them). Embedding
+  // rows are not in it: TakeRowChanges adds what changed since the last time.
   // Precondition: registered().
   ShardSnapshot Snapshot() const;
+  // Moves the embedding rows changed since the last call (and the keys of stored rows evicted
+  // since) into snap->rows and snap->deleted_rows, for a store that holds the rest.
+  void TakeRowChanges(ShardSnapshot* snap);
+  const EmbeddingTables& tables() const { return tables_; }
   // One slice's state as a copy. Precondition: `id` is held here.
   SliceSnapshot SnapshotOfSlice(uint32_t id) const;
-  // Replaces everything with `snap` (a restart). Checks it is a valid registration for this
-  // shard and that it holds exactly this shard's slices with the right sizes; Corruption
-  // naming the problem otherwise, and nothing changes.
+  // Replaces everything with `snap` (a restart), its embedding rows included. Checks it is a
+  // valid registration for this shard and that it holds exactly this shard's slices with the
+  // right sizes, and rows that belong here; Corruption naming the problem otherwise, and
+  // nothing changes.
   Status Restore(const ShardSnapshot& snap);
 
  private:
@@ -148,6 +186,9 @@ class Shard {
   // the ranges are checked on the apply threads when `parallel`.
   Status CheckFinite(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                      RejectReason* reason, bool parallel = false) const;
+  Status CheckRowsFinite(const RowsRequest& rows, RejectReason* reason) const;
+  // The registered optimizer at this learning-rate scale (what ApplyToSlice uses).
+  OptimizerSpec Effective(float lr_scale) const;
   // Calls fn(i) for every i in [0, n): on the apply threads (each taking the next i not yet
   // taken) when `parallel`, else in order on this thread.
   void ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn) const;
@@ -176,6 +217,7 @@ class Shard {
   int64_t pending_examples_ = 0;  // sync: examples behind the current step's sum
   std::vector<float> average_;    // sync: scratch for sum / count
   std::vector<bool> contributed_;  // sync: ranks with a gradient in the current step
+  EmbeddingTables tables_;
 };
 
 }  // namespace parasync
