@@ -6,7 +6,8 @@
 namespace parasync {
 
 ParkedPulls::Outcome ParkedPulls::Park(zmq::message_t& identity, Header& request,
-                                       TimePoint now, bool ranked, int waited_for) {
+                                       TimePoint now, bool ranked, int waited_for,
+                                       std::vector<std::vector<uint64_t>> row_ids) {
   TimePoint since = now;
   if (ranked) {
     for (const ParkedPull& p : pulls_) {
@@ -18,7 +19,8 @@ ParkedPulls::Outcome ParkedPulls::Park(zmq::message_t& identity, Header& request
   } else if (pulls_.size() >= max_tool_pulls_) {
     return Outcome::kRefused;
   }
-  pulls_.push_back({std::move(identity), std::move(request), since, waited_for});
+  pulls_.push_back(
+      {std::move(identity), std::move(request), since, waited_for, std::move(row_ids)});
   return since == now ? Outcome::kNew : Outcome::kResent;
 }
 

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <cstdint>
 #include <vector>
 
 #include <zmq.hpp>
@@ -28,6 +29,7 @@ struct ParkedPull {
   Header request;
   TimePoint since;      // first arrival (of the first of its resends)
   int waited_for = -1;  // ssp: the slowest rank that blocked it when it was parked
+  std::vector<std::vector<uint64_t>> row_ids;  // its embedding rows' ids, by RowRange
 };
 
 class ParkedPulls {
@@ -46,7 +48,7 @@ class ParkedPulls {
   // (which may have one pull parked), otherwise from a tool. Takes `identity` and `request`
   // unless it returns kRefused.
   Outcome Park(zmq::message_t& identity, Header& request, TimePoint now, bool ranked,
-               int waited_for);
+               int waited_for, std::vector<std::vector<uint64_t>> row_ids = {});
 
   // Calls `done` on each parked pull in arrival order; those for which it returns true are
   // removed (it may have moved from them). `done` must not park.

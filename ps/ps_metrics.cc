@@ -6,6 +6,8 @@ namespace parasync {
 
 namespace {
 
+}  // namespace
+
 // Registers families with the constant labels of this shard.
 class MetricBuilder {
  public:
@@ -40,6 +42,8 @@ class MetricBuilder {
   prometheus::Registry& registry_;
   prometheus::Labels labels_;
 };
+
+namespace {
 
 // The families are registered in this order (the exposition lists each type's families in
 // the order they were registered).
@@ -169,6 +173,50 @@ void AddMemoryMetrics(PsMetrics& m, MetricBuilder& b) {
 
 }  // namespace
 
+void AddTableMetrics(PsMetrics& m, MetricBuilder& b) {
+  auto& f = m.table_families_;
+  f.pulled = &b.CounterFamily("parasync_ps_table_rows_pulled_total",
+                              "Embedding rows read by pulls, by table");
+  f.pushed = &b.CounterFamily("parasync_ps_table_rows_pushed_total",
+                              "Embedding gradient rows taken from pushes, by table");
+  f.created = &b.CounterFamily("parasync_ps_table_rows_created_total",
+                               "Embedding rows created on first update (again after an "
+                               "eviction), by table");
+  f.evicted = &b.CounterFamily("parasync_ps_table_rows_evicted_total",
+                               "Embedding rows evicted (least recently touched) to stay within "
+                               "--max-table-rows, by table");
+  f.held = &b.GaugeFamily("parasync_ps_table_rows", "Embedding rows held now, by table");
+  f.bytes = &b.GaugeFamily("parasync_ps_table_bytes",
+                           "Memory the embedding rows held take (values, slots, bookkeeping), "
+                           "by table");
+  m.table_capacity_rows = b.Gauge("parasync_ps_table_capacity_rows",
+                                  "Embedding rows this shard holds at most, all tables "
+                                  "together (--max-table-rows; 0: no bound)");
+}
+
+void PsMetrics::AddTables(const std::vector<std::string>& names) {
+  if (!tables.empty() || table_families_.pulled == nullptr) return;
+  for (const std::string& name : names) {
+    const prometheus::Labels l{{"table", name}};
+    tables.push_back({&table_families_.pulled->Add(l), &table_families_.pushed->Add(l),
+                      &table_families_.created->Add(l), &table_families_.evicted->Add(l),
+                      &table_families_.held->Add(l), &table_families_.bytes->Add(l)});
+  }
+}
+
+void PsMetrics::PublishTable(size_t t, int64_t held, int64_t created, int64_t evicted,
+                             int64_t bytes) {
+  if (t >= tables.size()) return;
+  TableMetrics& m = tables[t];
+  // The tables count from their last Configure (a restore keeps counting from there).
+  if (created > m.created_counted) m.rows_created->Increment(static_cast<double>(created - m.created_counted));
+  if (evicted > m.evicted_counted) m.rows_evicted->Increment(static_cast<double>(evicted - m.evicted_counted));
+  m.created_counted = created;
+  m.evicted_counted = evicted;
+  m.rows_held->Set(static_cast<double>(held));
+  m.bytes->Set(static_cast<double>(bytes));
+}
+
 PsMetrics::PsMetrics(int shard, int num_workers)
     : registry(std::make_shared<prometheus::Registry>()) {
   MetricBuilder b(*registry, {{"role", "ps"}, {"shard", std::to_string(shard)}});
@@ -179,6 +227,7 @@ PsMetrics::PsMetrics(int shard, int num_workers)
   AddWaitMetrics(*this, b);
   AddStoreMetrics(*this, b);
   AddMemoryMetrics(*this, b);
+  AddTableMetrics(*this, b);
 }
 
 void PsMetrics::SetStraggler(int rank) {

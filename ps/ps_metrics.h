@@ -6,6 +6,7 @@
 
 #include <array>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <prometheus/counter.h>
@@ -21,6 +22,18 @@
 namespace parasync {
 
 struct PsMetrics {
+ private:
+  struct TableFamilies {
+    prometheus::Family<prometheus::Counter>* pulled = nullptr;
+    prometheus::Family<prometheus::Counter>* pushed = nullptr;
+    prometheus::Family<prometheus::Counter>* created = nullptr;
+    prometheus::Family<prometheus::Counter>* evicted = nullptr;
+    prometheus::Family<prometheus::Gauge>* held = nullptr;
+    prometheus::Family<prometheus::Gauge>* bytes = nullptr;
+  } table_families_;
+  friend void AddTableMetrics(PsMetrics& m, class MetricBuilder& b);
+
+ public:
   PsMetrics(int shard, int num_workers);
 
   std::shared_ptr<prometheus::Registry> registry;
@@ -69,6 +82,25 @@ struct PsMetrics {
   // CurveRefusal: refused in the handshake, or by the ZAP handler).
   prometheus::Counter* auth_accepted = nullptr;
   std::array<prometheus::Counter*, kNumCurveRefusals> auth_refused{};
+
+  // Embedding tables, one series each by label table="<name>", added at registration
+  // (AddTables). Counters follow the tables' own counts (PublishTables).
+  struct TableMetrics {
+    prometheus::Counter* rows_pulled = nullptr;
+    prometheus::Counter* rows_pushed = nullptr;
+    prometheus::Counter* rows_created = nullptr;
+    prometheus::Counter* rows_evicted = nullptr;
+    prometheus::Gauge* rows_held = nullptr;
+    prometheus::Gauge* bytes = nullptr;
+    int64_t created_counted = 0;
+    int64_t evicted_counted = 0;
+  };
+  std::vector<TableMetrics> tables;  // by table index
+  prometheus::Gauge* table_capacity_rows = nullptr;
+  // Adds the series of `names` (once; later calls with the same tables do nothing).
+  void AddTables(const std::vector<std::string>& names);
+  // Sets the series of table t from its counts (created and evicted only ever grow).
+  void PublishTable(size_t t, int64_t held, int64_t created, int64_t evicted, int64_t bytes);
 
   // The request loop's heartbeat, served as /healthz and /readyz (common/metrics.h).
   LoopHeartbeat loop;

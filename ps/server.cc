@@ -69,6 +69,15 @@ void ReleaseFrame(void* data, void* hint) {
   delete hold;
 }
 
+// The ids of an ids frame, copied out (ZeroMQ frames need not be 8-byte aligned); false if
+// the frame is not a whole number of uint64s.
+bool IdsOf(const zmq::message_t& frame, std::vector<uint64_t>* ids) {
+  if (frame.size() % sizeof(uint64_t) != 0) return false;
+  ids->resize(frame.size() / sizeof(uint64_t));
+  if (!ids->empty()) std::memcpy(ids->data(), frame.data(), frame.size());
+  return true;
+}
+
 std::string Mib(int64_t bytes) {
   return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0);
 }
@@ -92,7 +101,8 @@ int64_t UnreadReplyCap(const ServerOptions& options, int64_t elements) {
   return 2 * (options.num_workers + 2) * values;
 }
 
-MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, int slots) {
+MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, int slots,
+                               int64_t row_bytes) {
   const int64_t values = elements * static_cast<int64_t>(sizeof(float));
   MemoryBound b;
   b.base = kBaseBytes;
@@ -104,10 +114,15 @@ MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, i
                          (options.store != nullptr ? 3 * (1 + slots) : 0);
   b.model = copies * values;
   b.unread = UnreadReplyCap(options, elements);
+  // Rows at capacity, and a snapshot's copy of them (the first after a restart may write
+  // every row). The per-step sync accumulators are bounded by the messages they came in.
+  if (row_bytes > 0 && options.max_table_rows > 0) {
+    b.tables = (1 + (options.store != nullptr ? 1 : 0)) * options.max_table_rows * row_bytes;
+  }
   // A whole message being handled, one more frame being read past the limit, and the
   // deepest allocation the rollback or a snapshot can add are covered by the terms above
   // except for the message: one per server (the loop handles one at a time).
-  b.fixed = b.base + b.model + b.unread + options.max_message_bytes;
+  b.fixed = b.base + b.model + b.tables + b.unread + options.max_message_bytes;
   // ZeroMQ queues up to kServerReceiveQueue messages from a connection and decodes one
   // more, each of at most max_message_bytes. The gap: libzmq bounds each frame, not a
   // message, and holds a multipart message whole until its last frame is in, so one of many
@@ -118,10 +133,11 @@ MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, i
 }
 
 std::string MemoryBound::Describe() const {
-  return fmt::format("{} + {} per connected peer (base {}, model {}, unread pull replies {}, "
+  return fmt::format("{} + {} per connected peer (base {}, model {}, {}unread pull replies {}, "
                      "one message in hand {})",
-                     Mib(fixed), Mib(per_connection), Mib(base), Mib(model), Mib(unread),
-                     Mib(fixed - base - model - unread));
+                     Mib(fixed), Mib(per_connection), Mib(base), Mib(model),
+                     tables > 0 ? "embedding rows " + Mib(tables) + ", " : std::string(),
+                     Mib(unread), Mib(fixed - base - model - tables - unread));
 }
 
 Result<std::unique_ptr<Server>> Server::Create(zmq::context_t& context,
@@ -147,7 +163,8 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
     : socket_(std::move(socket)),
       options_(options),
       metrics_(metrics),
-      shard_(options.shard_index, options.num_shards, options.max_model_bytes, options.apply_threads),
+      shard_(options.shard_index, options.num_shards, options.max_model_bytes, options.apply_threads,
+             options.max_table_rows),
       coordinator_({options.mode, options.num_workers, options.replicas_to_aggregate,
                     options.worker_timeout},
                    std::chrono::steady_clock::now()),
@@ -333,13 +350,16 @@ void Server::MaybeTrimMemory(TimePoint now) {
 #endif
 }
 
-void Server::SendPull(zmq::message_t& identity, const Header& req) {
+void Server::SendPull(zmq::message_t& identity, const Header& req,
+                      const std::vector<std::vector<uint64_t>>& row_ids) {
   const ByteCounter peer = UnreadCounterOf(identity);
   if (RefuseUnreadPull(identity, req, *peer)) return;
   Header reply = ReplyTo(req);
   reply.dtype = req.dtype;
   reply.slices = req.slices;
+  reply.rows = req.rows;
   std::vector<zmq::message_t> frames = PullFrames(req, peer);
+  AppendRowFrames(req, row_ids, peer, frames);
   if (coordinator_.ValidRank(req.rank)) coordinator_.RecordRead(req.rank);
   metrics_->bytes_sent[static_cast<size_t>(MsgType::kPull)]->Increment(
       static_cast<double>(FramesBytes(frames)));
@@ -359,10 +379,13 @@ bool Server::RefuseUnreadPull(zmq::message_t& identity, const Header& req,
                  ? map->slices()[r.slice_id].length * static_cast<int64_t>(sizeof(float))
                  : r.count * static_cast<int64_t>(DTypeSize(req.dtype));
   }
+  bytes += RowReplyBytes(req);
   const int64_t peer_unread = peer.load(std::memory_order_relaxed);
   const int64_t total_unread = unread_total_->load(std::memory_order_relaxed);
-  const int64_t peer_cap = 2 * shard_.num_elements() * static_cast<int64_t>(sizeof(float));
-  const int64_t cap = UnreadReplyCap(options_, shard_.num_elements());
+  // Rows count as elements too: a reply of rows alone is bounded like one of slices.
+  const int64_t elements = std::max(shard_.num_elements(), options_.max_message_bytes / 4 / 8);
+  const int64_t peer_cap = 2 * elements * static_cast<int64_t>(sizeof(float));
+  const int64_t cap = UnreadReplyCap(options_, elements);
   if ((peer_unread <= 0 || peer_unread + bytes <= peer_cap) && total_unread + bytes <= cap) {
     return false;
   }
@@ -404,6 +427,46 @@ std::vector<zmq::message_t> Server::PullFrames(const Header& req, const ByteCoun
     throw;
   }
   return frames;
+}
+
+int64_t Server::RowReplyBytes(const Header& req) const {
+  int64_t bytes = 0;
+  for (const RowRange& r : req.rows) {
+    bytes += r.count * shard_.tables().table(r.table).dim * static_cast<int64_t>(DTypeSize(req.dtype));
+  }
+  return bytes;
+}
+
+void Server::AppendRowFrames(const Header& req, const std::vector<std::vector<uint64_t>>& row_ids,
+                             const ByteCounter& peer, std::vector<zmq::message_t>& frames) {
+  std::vector<float> rows;
+  for (size_t k = 0; k < req.rows.size(); ++k) {
+    const RowRange& r = req.rows[k];
+    const auto n = static_cast<size_t>(r.count * shard_.tables().table(r.table).dim);
+    rows.resize(n);
+    shard_.ReadRows(r.table, row_ids[k], rows.data());
+    const size_t size = n * DTypeSize(req.dtype);
+    if (size == 0) {
+      frames.emplace_back();
+      continue;
+    }
+    void* data = std::malloc(size);
+    if (data == nullptr) throw std::bad_alloc();
+    EncodeFloats(rows.data(), n, req.dtype, data);
+    auto* hold = new FrameHold{nullptr, static_cast<int64_t>(size), peer, unread_total_,
+                               released_since_trim_};
+    peer->fetch_add(hold->bytes, std::memory_order_relaxed);
+    unread_total_->fetch_add(hold->bytes, std::memory_order_relaxed);
+    try {
+      frames.emplace_back(data, size, &ReleaseFrame, hold);
+    } catch (...) {
+      ReleaseFrame(data, hold);
+      throw;
+    }
+    if (r.table < metrics_->tables.size()) {
+      metrics_->tables[r.table].rows_pulled->Increment(static_cast<double>(r.count));
+    }
+  }
 }
 
 void Server::AppendPullFrame(DType dtype, const Shard::Loan& loan, const ByteCounter& peer,
@@ -456,6 +519,9 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     reply.status = Status::Unavailable(*durability_.failure());
     return;
   }
+  PushRows rows;
+  reply.status = ReadPushRows(req, in_frames, &rows, reason);
+  if (!reply.status.ok()) return;
   int64_t read_version = 0;
   if (!AdmitGradient(req, reply, reason, &read_version)) return;
   const auto t0 = std::chrono::steady_clock::now();
@@ -464,11 +530,17 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   const int64_t staleness = shard_.version() - read_version;
   const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
   if (sync) {
-    reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason, req.rank);
+    reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason, req.rank,
+                                     rows.request(req));
     if (!reply.status.ok()) return;
     OnGradientAccumulated(req);
-  } else if (!ApplyAsync(req, grads, staleness, reply, reason)) {
+  } else if (!ApplyAsync(req, grads, staleness, reply, reason, rows.request(req))) {
     return;
+  }
+  for (const RowRange& r : req.rows) {
+    if (r.table < metrics_->tables.size()) {
+      metrics_->tables[r.table].rows_pushed->Increment(static_cast<double>(r.count));
+    }
   }
   OnGradientTaken(req, staleness, t0);
   reply.staleness = staleness;
@@ -477,9 +549,19 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
 
 Status Server::CheckPush(const Header& req, const std::vector<zmq::message_t>& in_frames,
                          RejectReason* reason) const {
+  // The slices' frames, then an ids frame and a values frame per row range.
+  if (in_frames.size() != req.slices.size() + 2 * req.rows.size() && !req.rows.empty()) {
+    *reason = RejectReason::kFrameCount;
+    return Status::InvalidArgument(
+        "a push with " + std::to_string(req.slices.size()) + " slice ranges and " +
+        std::to_string(req.rows.size()) + " row ranges carries " +
+        std::to_string(in_frames.size()) + " frames");
+  }
   std::vector<size_t> sizes;
   sizes.reserve(in_frames.size());
-  for (const auto& f : in_frames) sizes.push_back(f.size());
+  for (size_t i = 0; i < in_frames.size() - 2 * req.rows.size(); ++i) {
+    sizes.push_back(in_frames[i].size());
+  }
   PARASYNC_RETURN_IF_ERROR(
       shard_.ValidateRanges(req.slices, req.dtype, std::span<const size_t>(sizes), reason));
   if (req.batch_examples < 0 || req.batch_examples > (int64_t{1} << 31)) {
@@ -494,6 +576,31 @@ Status Server::CheckPush(const Header& req, const std::vector<zmq::message_t>& i
     return Status::InvalidArgument(
         "progress epoch " + std::to_string(p.epoch) + ", " + std::to_string(p.done) + " of " +
         std::to_string(p.of) + " examples is not a position in a data shard");
+  }
+  return Status::Ok();
+}
+
+Status Server::ReadPushRows(const Header& req, const std::vector<zmq::message_t>& in_frames,
+                            PushRows* rows, RejectReason* reason) const {
+  const size_t first = req.slices.size();
+  const size_t n = req.rows.size();
+  rows->ids.resize(n);
+  std::vector<size_t> value_bytes(n);
+  for (size_t k = 0; k < n; ++k) {
+    if (!IdsOf(in_frames[first + 2 * k], &rows->ids[k])) {
+      *reason = RejectReason::kByteLength;
+      return Status::InvalidArgument("an ids frame is not a whole number of uint64s");
+    }
+    value_bytes[k] = in_frames[first + 2 * k + 1].size();
+  }
+  PARASYNC_RETURN_IF_ERROR(shard_.ValidateRows(req.rows, rows->ids, req.dtype,
+                                               std::span<const size_t>(value_bytes), reason));
+  rows->grads.resize(n);
+  for (size_t k = 0; k < n; ++k) {
+    const size_t count = value_bytes[k] / DTypeSize(req.dtype);
+    rows->grads[k].resize(count);
+    DecodeFloats(in_frames[first + 2 * k + 1].data(), count, req.dtype, rows->grads[k].data());
+    rows->grad_ptrs.push_back(rows->grads[k].data());
   }
   return Status::Ok();
 }
@@ -563,7 +670,7 @@ std::vector<const float*> Server::GradientsOf(const Header& req,
     for (const SliceRange& r : req.slices) total += static_cast<size_t>(r.count);
     if (widened_.size() < total) widened_.resize(total);
     float* at = widened_.data();
-    for (size_t i = 0; i < in_frames.size(); ++i) {
+    for (size_t i = 0; i < req.slices.size(); ++i) {
       const auto count = static_cast<size_t>(req.slices[i].count);
       DecodeFloats(in_frames[i].data(), count, req.dtype, at);
       grads.push_back(at);
@@ -571,7 +678,8 @@ std::vector<const float*> Server::GradientsOf(const Header& req,
     }
     return grads;
   }
-  for (const auto& f : in_frames) {
+  for (size_t i = 0; i < req.slices.size(); ++i) {
+    const zmq::message_t& f = in_frames[i];
     if (reinterpret_cast<uintptr_t>(f.data()) % alignof(float) == 0) {
       grads.push_back(static_cast<const float*>(f.data()));
     } else {
@@ -601,12 +709,13 @@ void Server::OnGradientAccumulated(const Header& req) {
 }
 
 bool Server::ApplyAsync(const Header& req, std::span<const float* const> grads,
-                        int64_t staleness, Header& reply, RejectReason* reason) {
+                        int64_t staleness, Header& reply, RejectReason* reason,
+                        const RowsRequest& rows) {
   float lr_scale = 1.0f;
   if (shard_.registration() && shard_.registration()->optimizer.staleness_aware) {
     lr_scale = 1.0f / static_cast<float>(std::max<int64_t>(1, staleness));
   }
-  reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale);
+  reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale, rows);
   if (!reply.status.ok()) return false;
   const bool ranked = coordinator_.ValidRank(req.rank);
   if (durability_.every_update()) {
@@ -668,10 +777,33 @@ void Server::MaybeCompleteStep() {
   metrics_->examples->Increment(static_cast<double>(shard_.examples() - before));
 }
 
+void Server::PublishTableGauges() {
+  const EmbeddingTables& t = shard_.tables();
+  if (metrics_->tables.empty() && t.num_tables() > 0) {
+    std::vector<std::string> names;
+    for (int i = 0; i < t.num_tables(); ++i) names.push_back(t.table(static_cast<uint32_t>(i)).name);
+    metrics_->AddTables(names);
+  }
+  for (int i = 0; i < t.num_tables(); ++i) {
+    const EmbeddingTables::TableStats st = t.stats(static_cast<uint32_t>(i));
+    metrics_->PublishTable(static_cast<size_t>(i), st.rows_held, st.rows_created, st.rows_evicted,
+                           st.bytes);
+  }
+  metrics_->table_capacity_rows->Set(static_cast<double>(options_.max_table_rows));
+}
+
 void Server::PublishMemoryBound() {
   const ModelRegistration* reg = shard_.registration();
+  int64_t row_bytes = 0;
+  if (reg != nullptr) {
+    for (const TableSpec& t : reg->tables) {
+      row_bytes = std::max(row_bytes, EmbeddingTables::BytesPerRow(
+                                          t.dim, NumOptimizerSlots(reg->optimizer.kind)));
+    }
+  }
   const MemoryBound bound =
-      reg ? ComputeMemoryBound(options_, shard_.num_elements(), NumOptimizerSlots(reg->optimizer.kind))
+      reg ? ComputeMemoryBound(options_, shard_.num_elements(),
+                               NumOptimizerSlots(reg->optimizer.kind), row_bytes)
           : ComputeMemoryBound(options_, options_.max_model_bytes / 8, 0);
   metrics_->memory_bound_bytes->Set(static_cast<double>(bound.fixed));
   metrics_->memory_bound_per_connection_bytes->Set(static_cast<double>(bound.per_connection));
@@ -713,6 +845,7 @@ void Server::UpdateGauges(TimePoint now) {
   std::erase_if(unread_by_peer_, [](const auto& entry) { return entry.second.use_count() == 1; });
   metrics_->oldest_parked_pull_seconds->Set(parked_.OldestSeconds(now));
   metrics_->SetStraggler(straggler_.Straggler(now));
+  PublishTableGauges();
   // Walking the store's directory costs a few syscalls per file: every 5 s is plenty.
   if (options_.store != nullptr && now - store_size_updated_ >= std::chrono::seconds(5)) {
     store_size_updated_ = now;
@@ -728,7 +861,7 @@ void Server::ServeParked(TimePoint now) {
       RecordStragglerWait(p.waited_for, SecondsSince(p.since, now), now,
                           "a pull held by the ssp bound");
     }
-    SendPull(p.identity, p.request);
+    SendPull(p.identity, p.request, p.row_ids);
     return true;
   });
 }
@@ -788,6 +921,7 @@ ShardStats Server::Stats() const {
   s.blocked_pulls = blocked_pulls_;
   s.workers_declared_dead = coordinator_.declared_dead();
   if (shard_.registration()) s.registration = *shard_.registration();
+  s.rows_held = shard_.tables().rows_held();
   for (const Coordinator::Worker& w : coordinator_.workers()) {
     s.workers.push_back({w.state == Coordinator::Worker::State::kLive, w.clock, w.gradients,
                          w.dropped});
@@ -970,15 +1104,26 @@ void Server::OnFirstRegistration(const Header& req, TimePoint now) {
 
 bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason* reason) {
   const Header& req = *in.header;
-  if (!in.frames.empty()) {
+  if (in.frames.size() != req.rows.size()) {
     *reason = RejectReason::kFrameCount;
-    reply.status = Status::InvalidArgument("a pull request carries no tensor frames");
+    reply.status = Status::InvalidArgument(
+        "a pull request carries one ids frame per row range and no tensor frames");
     return false;
   }
   reply.status = shard_.ValidateRanges(req.slices, req.dtype, std::nullopt, reason);
   if (!reply.status.ok()) return false;
+  std::vector<std::vector<uint64_t>> row_ids(req.rows.size());
+  for (size_t k = 0; k < req.rows.size(); ++k) {
+    if (!IdsOf(in.frames[k], &row_ids[k])) {
+      *reason = RejectReason::kByteLength;
+      reply.status = Status::InvalidArgument("an ids frame is not a whole number of uint64s");
+      return false;
+    }
+  }
+  reply.status = shard_.ValidateRows(req.rows, row_ids, req.dtype, std::nullopt, reason);
+  if (!reply.status.ok()) return false;
   if (CanServePull(req)) {
-    SendPull(in.identity, req);
+    SendPull(in.identity, req, row_ids);
     return true;
   }
   if (durability_.failure()) {
@@ -990,7 +1135,7 @@ bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason*
   // A worker waits on one pull per shard at a time (ParkedPulls); pulls of tools are bounded.
   const int waited_for = SlowestSspBlocker(req.rank);
   switch (parked_.Park(in.identity, *in.header, now, coordinator_.ValidRank(req.rank),
-                       waited_for)) {
+                       waited_for, std::move(row_ids))) {
     case ParkedPulls::Outcome::kRefused:
       *reason = RejectReason::kUnsupported;
       reply.status = Status::Unavailable("too many pulls are waiting on this server");

@@ -59,6 +59,9 @@ struct ServerOptions {
   // refused (Unavailable) instead of pinning another version of the model.
   int64_t max_unread_reply_bytes = 0;
   int64_t max_model_bytes = 0;  // bound on this shard's values + slots; 0: none
+  // Embedding rows this shard holds at most, all tables together (0: no bound); creating
+  // one more evicts the least recently touched (ps/embedding_table.h).
+  int64_t max_table_rows = 0;
   // Threads that check and apply a push of >= 1 MiB over several slices (the loop's own
   // thread included); 1: the loop alone.
   int apply_threads = 1;
@@ -99,11 +102,15 @@ struct MemoryBound {
   int64_t base = 0;       // code, libraries, threads, metrics, RocksDB's caches
   int64_t model = 0;      // values, spare, slots, sync buffers, snapshot copies
   int64_t unread = 0;     // pull replies not yet written out
+  int64_t tables = 0;     // embedding rows at --max-table-rows, and a snapshot's copy of them
   std::string Describe() const;
 };
 // For a shard holding `elements` floats with `slots` optimizer slots per element. Before
 // registration, pass the elements --max-model-bytes admits.
-MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, int slots);
+// `row_bytes`: the bytes one embedding row takes here (EmbeddingTables::BytesPerRow of the
+// widest table; 0 without tables).
+MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, int slots,
+                               int64_t row_bytes = 0);
 // The unread-reply cap in force (options.max_unread_reply_bytes, or its default).
 int64_t UnreadReplyCap(const ServerOptions& options, int64_t elements);
 
@@ -188,17 +195,27 @@ class Server {
   std::vector<const float*> GradientsOf(const Header& req,
                                         const std::vector<zmq::message_t>& in_frames,
                                         std::vector<std::vector<float>>& realigned);
+  // A push's embedding rows: ids (checked in CheckPush) and gradient rows widened to float32.
+  struct PushRows {
+    std::vector<std::vector<uint64_t>> ids;
+    std::vector<std::vector<float>> grads;
+    std::vector<const float*> grad_ptrs;
+    RowsRequest request(const Header& req) const { return {req.rows, ids, grad_ptrs}; }
+  };
+  Status ReadPushRows(const Header& req, const std::vector<zmq::message_t>& in_frames,
+                      PushRows* rows, RejectReason* reason) const;
   // Sync: the gradient joined its step.
   void OnGradientAccumulated(const Header& req);
   // Async / ssp: applies it (durable first with every-update); false: refused in `reply`.
   bool ApplyAsync(const Header& req, std::span<const float* const> grads, int64_t staleness,
-                  Header& reply, RejectReason* reason);
+                  Header& reply, RejectReason* reason, const RowsRequest& rows);
   // Counts a gradient taken (applied or accumulated) `t0` after it was admitted.
   void OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0);
   bool CanServePull(const Header& req) const;
   // Reads the requested slices into a reply and sends it — or, when the peer or the server
   // has too many reply bytes unread, sends an error reply instead (kUnreadReplies).
-  void SendPull(zmq::message_t& identity, const Header& req);
+  void SendPull(zmq::message_t& identity, const Header& req,
+                const std::vector<std::vector<uint64_t>>& row_ids);
   // Reply bytes handed to ZeroMQ and not yet written out (or dropped with their peer): each
   // reply frame holds its peer's counter and the total until ZeroMQ frees it, on its I/O
   // thread (the counters are shared, so they outlive the Server if need be).
@@ -208,9 +225,17 @@ class Server {
   // bytes) or the server has too many reply bytes unread for this pull.
   bool RefuseUnreadPull(zmq::message_t& identity, const Header& req,
                         const std::atomic<int64_t>& peer);
+  // Publishes the embedding tables' figures (rows held, created, evicted, bytes).
+  void PublishTableGauges();
   // The reply's frames, each holding its loan (or its encoded copy) and its bytes on the
   // unread counters until ZeroMQ frees it. Throws std::bad_alloc (every loan returned).
   std::vector<zmq::message_t> PullFrames(const Header& req, const ByteCounter& peer);
+  // Appends one frame per row range of `req`: its rows (initial values for rows nobody
+  // updated), in the reply's dtype, counted as unread like an encoded slice frame.
+  void AppendRowFrames(const Header& req, const std::vector<std::vector<uint64_t>>& row_ids,
+                       const ByteCounter& peer, std::vector<zmq::message_t>& frames);
+  // The bytes a pull reply's rows take.
+  int64_t RowReplyBytes(const Header& req) const;
   // Appends the frame of `loan`, which it takes over; on a throw, `taken` counts past it if
   // it was given back already.
   void AppendPullFrame(DType dtype, const Shard::Loan& loan, const ByteCounter& peer,
