@@ -92,14 +92,22 @@ Vec Apply(const LayerOp& op, uint32_t op_index, const std::vector<std::vector<do
       return out;
     }
     case LayerKind::kEmbedding: {
+      // Fields of id_columns / fields ids each, one after another, then the dense inputs.
       const Vec& table = params[static_cast<size_t>(op.first_variable)];
-      Vec out(static_cast<size_t>(l.units), 0.0);
-      for (double id : in) {
-        for (int64_t d = 0; d < l.units; ++d) out[d] += table[static_cast<int64_t>(id) * l.units + d];
+      const int64_t bag = op.id_columns / l.fields;
+      Vec out;
+      for (int64_t f = 0; f < l.fields; ++f) {
+        Vec field(static_cast<size_t>(l.units), 0.0);
+        for (int64_t k = 0; k < bag; ++k) {
+          const int64_t id = static_cast<int64_t>(in[f * bag + k]);
+          for (int64_t d = 0; d < l.units; ++d) field[d] += table[id * l.units + d];
+        }
+        if (l.combiner == Combiner::kMean) {
+          for (double& v : field) v /= static_cast<double>(bag);
+        }
+        out.insert(out.end(), field.begin(), field.end());
       }
-      if (l.combiner == Combiner::kMean) {
-        for (double& v : out) v /= static_cast<double>(in.size());
-      }
+      out.insert(out.end(), in.begin() + op.id_columns, in.end());
       return out;
     }
   }

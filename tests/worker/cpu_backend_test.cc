@@ -54,7 +54,7 @@ float Uniform(std::mt19937_64& gen, float lo, float hi) {
 }
 
 // A batch and parameters drawn from `seed`: parameters uniform in [-0.5, 0.5], inputs in
-// [-1, 1] (or integer ids below the embedding's vocabulary), labels the loss accepts.
+// [-1, 1] (or, in an embedding's id columns, integer ids below its table rows), labels the loss accepts.
 struct Problem {
   Problem(const Model& model, int batch_size, uint64_t seed) : params(model), batch(batch_size) {
     std::mt19937_64 gen(seed);
@@ -62,11 +62,13 @@ struct Problem {
       for (float& v : p) v = Uniform(gen, -0.5f, 0.5f);
     }
     const LayerOp& first = model.ops().front();
-    x.resize(static_cast<size_t>(batch * model.input_size()));
-    for (float& v : x) {
-      v = first.spec.kind == LayerKind::kEmbedding
-              ? static_cast<float>(gen() % static_cast<uint64_t>(first.spec.vocab))
-              : Uniform(gen, -1.0f, 1.0f);
+    const int64_t inputs = model.input_size();
+    const int64_t ids = first.spec.kind == LayerKind::kEmbedding ? first.id_columns : 0;
+    x.resize(static_cast<size_t>(batch * inputs));
+    for (size_t k = 0; k < x.size(); ++k) {
+      x[k] = static_cast<int64_t>(k) % inputs < ids
+                 ? static_cast<float>(gen() % static_cast<uint64_t>(first.table_rows))
+                 : Uniform(gen, -1.0f, 1.0f);
     }
     const uint64_t classes =
         model.loss() == LossKind::kSigmoidCrossEntropy ? 2 : static_cast<uint64_t>(model.outputs());

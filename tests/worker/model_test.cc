@@ -174,7 +174,7 @@ TEST(ModelTest, ResolveReadsModelFilesAndNamesWhatItIsNot) {
   Result<ModelSpec> missing = ResolveModelSpec(dir.File("nope.json"));
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(missing.status().message().find("not a built-in model (mlp, cnn, lenet5)"), std::string::npos);
+  EXPECT_NE(missing.status().message().find("not a built-in model (mlp, cnn, lenet5, ctr)"), std::string::npos);
 }
 
 TEST(ModelTest, LabelsMustFitTheOutputs) {
