@@ -297,14 +297,14 @@ TEST(DatasetTest, MissingDataFilesAreNotFoundInOneLineNamingBothPairs) {
   EXPECT_EQ(d.status().message(),
             "--dataset " + dir.path() +
                 " lacks train-images-idx3-ubyte[.gz] + train-labels-idx1-ubyte[.gz] and "
-                "train_x.npy + train_y.npy (either pair will do)");
+                "train_x.npy (or train_ids.npy) + train_y.npy (either pair will do)");
 
   ASSERT_TRUE(WriteFile(dir.File("train-labels-idx1-ubyte"), IdxBytes({1}, {0}), false));
   const Status check = CheckDataFilesExist(dir.path());
   EXPECT_EQ(check.code(), StatusCode::kNotFound);
   EXPECT_EQ(check.message(), "--dataset " + dir.path() +
                                  " lacks t10k-images-idx3-ubyte[.gz] + "
-                                 "t10k-labels-idx1-ubyte[.gz] and test_x.npy + test_y.npy "
+                                 "t10k-labels-idx1-ubyte[.gz] and test_x.npy (or test_ids.npy) + test_y.npy "
                                  "(either pair will do)");
 }
 
