@@ -166,7 +166,7 @@ TEST_F(CudaBackendTest, EveryLayerAndBuiltinModelMatchesTheCpuBackend) {
   for (const testing::LayerCase& c : testing::BuiltinCases()) cases.push_back(c);
   for (const testing::LayerCase& c : cases) {
     SCOPED_TRACE(c.name);
-    const Model model = testing::MakeModel(c.description, c.input);
+    const Model model = testing::MakeModel(c.description, c.input, c.inputs);
     // cuDNN pads evenly: a model with an uneven `same` padding is refused, naming the layer.
     const auto uneven = std::find_if(model.ops().begin(), model.ops().end(),
                                      [](const LayerOp& op) { return op.pad_begin != op.pad_end; });
