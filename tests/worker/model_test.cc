@@ -272,6 +272,7 @@ TEST(ModelTest, CtrBuiltinOnEightIdColumnsAndFourFeatures) {
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->loss(), LossKind::kSigmoidCrossEntropy);
   EXPECT_EQ(m->id_columns(), 8);
+  EXPECT_EQ(m->inputs().sparse_rows, 256);  // what the CUDA module is built with too
   const LayerOp& e = m->ops()[0];
   EXPECT_EQ(e.out, (std::vector<int64_t>{8 * 16 + 4}));
   EXPECT_EQ(e.spec.fields, 8);  // fields 0: one per id column

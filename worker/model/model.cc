@@ -712,7 +712,7 @@ Result<Model> Model::Build(const ModelSpec& spec, const std::vector<int64_t>& in
   Model m;
   m.spec_ = spec;
   m.input_ = input;
-  m.id_columns_ = inputs.id_columns;
+  m.inputs_ = inputs;
   const std::string model = spec.name.empty() ? "the model" : "model " + Quote(spec.name);
   PARASYNC_RETURN_IF_ERROR(CheckInputShape(spec, input, model));
   // Ids as features of another layer would be meaningless numbers (and inexact as floats).

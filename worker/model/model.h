@@ -145,8 +145,10 @@ class Model {
   const std::vector<SparseTable>& sparse_tables() const { return sparse_tables_; }
   // variables() without the sparse tables: what a worker registers as slices.
   std::vector<VariableSpec> dense_variables() const;
+  // What Build was given besides the input shape (e.g. to build the model again elsewhere).
+  const ModelInputs& inputs() const { return inputs_; }
   // K of the input [K + D] (ModelInputs::id_columns).
-  int64_t id_columns() const { return id_columns_; }
+  int64_t id_columns() const { return inputs_.id_columns; }
   int64_t outputs() const;  // logits per example
   LossKind loss() const { return spec_.loss; }
   int64_t num_parameters() const;
@@ -164,7 +166,7 @@ class Model {
   std::vector<LayerOp> ops_;
   std::vector<VariableSpec> variables_;
   std::vector<SparseTable> sparse_tables_;
-  int64_t id_columns_ = 0;
+  ModelInputs inputs_;
 };
 
 // "[1, 28, 28]".
