@@ -11,6 +11,27 @@ namespace {
 
 using Vec = std::vector<double>;
 
+// An embedding on one example: fields of id_columns / fields ids each, one after another,
+// each the sum (or mean) of its ids' rows, then the dense inputs as they are.
+Vec Embed(const LayerOp& op, const Vec& table, const Vec& in) {
+  const LayerSpec& l = op.spec;
+  const int64_t bag = op.id_columns / l.fields;
+  Vec out;
+  for (int64_t f = 0; f < l.fields; ++f) {
+    Vec field(static_cast<size_t>(l.units), 0.0);
+    for (int64_t k = 0; k < bag; ++k) {
+      const int64_t id = static_cast<int64_t>(in[f * bag + k]);
+      for (int64_t d = 0; d < l.units; ++d) field[d] += table[id * l.units + d];
+    }
+    if (l.combiner == Combiner::kMean) {
+      for (double& v : field) v /= static_cast<double>(bag);
+    }
+    out.insert(out.end(), field.begin(), field.end());
+  }
+  out.insert(out.end(), in.begin() + op.id_columns, in.end());
+  return out;
+}
+
 // One op on one example. `index_base` is the example's first element index in the batch
 // (dropout masks are drawn per element of the whole batch).
 Vec Apply(const LayerOp& op, uint32_t op_index, const std::vector<std::vector<double>>& params,
@@ -91,17 +112,8 @@ Vec Apply(const LayerOp& op, uint32_t op_index, const std::vector<std::vector<do
       }
       return out;
     }
-    case LayerKind::kEmbedding: {
-      const Vec& table = params[static_cast<size_t>(op.first_variable)];
-      Vec out(static_cast<size_t>(l.units), 0.0);
-      for (double id : in) {
-        for (int64_t d = 0; d < l.units; ++d) out[d] += table[static_cast<int64_t>(id) * l.units + d];
-      }
-      if (l.combiner == Combiner::kMean) {
-        for (double& v : out) v /= static_cast<double>(in.size());
-      }
-      return out;
-    }
+    case LayerKind::kEmbedding:
+      return Embed(op, params[static_cast<size_t>(op.first_variable)], in);
   }
   return in;
 }

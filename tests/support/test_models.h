@@ -12,12 +12,13 @@
 namespace parasync::testing {
 
 // The model `text` (a built-in name, MLP widths or JSON text starting with '{') bound to
-// inputs of shape `input`. A description that does not build is the test's own mistake:
+// inputs of shape `input` (with `inputs`' id columns and compact rows). A description that does not build is the test's own mistake:
 // it says why and aborts.
-inline Model MakeModel(const std::string& text, const std::vector<int64_t>& input) {
+inline Model MakeModel(const std::string& text, const std::vector<int64_t>& input,
+                       const ModelInputs& inputs = {}) {
   Result<ModelSpec> spec = !text.empty() && text[0] == '{' ? ParseModelSpecJson(text, "test model")
                                                            : ResolveModelSpec(text);
-  Result<Model> model = spec.ok() ? Model::Build(*spec, input) : Result<Model>(spec.status());
+  Result<Model> model = spec.ok() ? Model::Build(*spec, input, inputs) : Result<Model>(spec.status());
   if (!model.ok()) {
     std::cerr << "test model " << text << ": " << model.status().ToString() << "\n";
     std::abort();
@@ -33,6 +34,7 @@ struct LayerCase {
   std::string description;
   std::vector<int64_t> input;
   int batch;
+  ModelInputs inputs = {};  // id columns and compact rows of an embedding
 };
 
 inline std::vector<LayerCase> LayerCases() {
@@ -95,6 +97,13 @@ inline std::vector<LayerCase> LayerCases() {
                                       {"type": "dense", "units": 3}]})", {3}, 4},
       {"EmbeddingMean", R"({"layers": [{"type": "embedding", "vocab": 7, "dim": 4, "combiner": "mean"},
                                        {"type": "dense", "units": 3}]})", {3}, 4},
+      // 4 id columns in 2 fields over 9 compact rows, then 2 dense features passed through.
+      {"EmbeddingSparseFieldsAndFeatures",
+       R"({"layers": [{"type": "embedding", "dim": 3, "sparse": true, "fields": 2},
+                      {"type": "dense", "units": 3}]})", {6}, 3, {4, 9}},
+      {"EmbeddingSparseMeanFieldPerColumnIdsOnly",
+       R"({"layers": [{"type": "embedding", "dim": 2, "sparse": true, "fields": 0, "combiner": "mean"},
+                      {"type": "dense", "units": 3}]})", {3}, 4, {3, 12}},
       {"SigmoidCrossEntropy", R"({"layers": [{"type": "dense", "units": 3, "activation": "relu"},
                                              {"type": "dense", "units": 1}],
                                   "loss": "sigmoid_cross_entropy"})", {4}, 5},

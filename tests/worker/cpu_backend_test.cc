@@ -12,6 +12,7 @@
 #include "tests/support/reference_model.h"
 #include "tests/support/test_models.h"
 #include "worker/compute/backend.h"
+#include "worker/compute/cpu/cpu_layer.h"
 #include "worker/model/model.h"
 
 namespace parasync {
@@ -54,7 +55,7 @@ float Uniform(std::mt19937_64& gen, float lo, float hi) {
 }
 
 // A batch and parameters drawn from `seed`: parameters uniform in [-0.5, 0.5], inputs in
-// [-1, 1] (or integer ids below the embedding's vocabulary), labels the loss accepts.
+// [-1, 1] (or, in an embedding's id columns, integer ids below its table rows), labels the loss accepts.
 struct Problem {
   Problem(const Model& model, int batch_size, uint64_t seed) : params(model), batch(batch_size) {
     std::mt19937_64 gen(seed);
@@ -62,11 +63,13 @@ struct Problem {
       for (float& v : p) v = Uniform(gen, -0.5f, 0.5f);
     }
     const LayerOp& first = model.ops().front();
-    x.resize(static_cast<size_t>(batch * model.input_size()));
-    for (float& v : x) {
-      v = first.spec.kind == LayerKind::kEmbedding
-              ? static_cast<float>(gen() % static_cast<uint64_t>(first.spec.vocab))
-              : Uniform(gen, -1.0f, 1.0f);
+    const int64_t inputs = model.input_size();
+    const int64_t ids = first.spec.kind == LayerKind::kEmbedding ? first.id_columns : 0;
+    x.resize(static_cast<size_t>(batch * inputs));
+    for (size_t k = 0; k < x.size(); ++k) {
+      x[k] = static_cast<int64_t>(k) % inputs < ids
+                 ? static_cast<float>(gen() % static_cast<uint64_t>(first.table_rows))
+                 : Uniform(gen, -1.0f, 1.0f);
     }
     const uint64_t classes =
         model.loss() == LossKind::kSigmoidCrossEntropy ? 2 : static_cast<uint64_t>(model.outputs());
@@ -113,9 +116,10 @@ std::vector<std::string> GradientMismatches(const Model& model, const Problem& p
 // Runs the backend on a random problem and checks its loss against the reference and each
 // gradient against finite differences.
 void ExpectGradientsMatch(const std::string& description, const std::vector<int64_t>& input,
-                          int batch, size_t max_per_variable = 64) {
+                          int batch, size_t max_per_variable = 64,
+                          const ModelInputs& inputs = {}) {
   SCOPED_TRACE(description + " on " + ShapeString(input) + ", batch " + std::to_string(batch));
-  const Model model = MakeModel(description, input);
+  const Model model = MakeModel(description, input, inputs);
   std::unique_ptr<ComputeBackend> backend = MakeBackend(model);
   ASSERT_NE(backend, nullptr);
   const Problem p(model, batch, /*seed=*/7);
@@ -146,7 +150,7 @@ class CpuLayerGradientTest : public ::testing::TestWithParam<testing::LayerCase>
 
 TEST_P(CpuLayerGradientTest, MatchesFiniteDifferencesOfTheReference) {
   const testing::LayerCase& c = GetParam();
-  ExpectGradientsMatch(c.description, c.input, c.batch);
+  ExpectGradientsMatch(c.description, c.input, c.batch, 64, c.inputs);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layers, CpuLayerGradientTest, ::testing::ValuesIn(testing::LayerCases()),
@@ -157,6 +161,11 @@ TEST(CpuModelGradientTest, BuiltinModelsOnFashionMnistShapes) {
   for (const testing::LayerCase& c : testing::BuiltinCases()) {
     ExpectGradientsMatch(c.description, c.input, c.batch, 12);
   }
+}
+
+TEST(CpuModelGradientTest, CtrOnIdColumnsAndDenseFeatures) {
+  // 3 id columns (local ids into 12 compact rows) and 2 dense features per example.
+  ExpectGradientsMatch("ctr", {5}, 4, 16, ModelInputs{3, 12});
 }
 
 TEST(CpuGradientCheckTest, TheCheckCatchesABrokenGradient) {
@@ -300,6 +309,73 @@ TEST(CpuBackendTest, BadLabelsIdsBatchesAndArraysAreInvalidArgument) {
     EXPECT_NE(bad.status().message().find("of example 1 is not an integer in [0, 5)"), std::string::npos)
         << bad.status().message();
   }
+}
+
+// ---- The embedding layer on its own -------------------------------------------------------
+
+// A sparse embedding of dim 2 over 4 id columns in 2 fields, then 2 dense features; 5 compact
+// rows, row r = {10r + 1, 10r + 2}.
+struct EmbeddingCase {
+  explicit EmbeddingCase(const std::string& combiner)
+      : model(MakeModel(R"({"layers": [{"type": "embedding", "dim": 2, "sparse": true, "fields": 2,
+                                        "combiner": ")" + combiner + R"("},
+                                       {"type": "dense", "units": 1}],
+                            "loss": "sigmoid_cross_entropy"})",
+                        {6}, ModelInputs{4, 5})),
+        layer(cpu::MakeEmbeddingLayer(model.ops()[0])) {
+    for (int r = 0; r < 5; ++r) table.insert(table.end(), {10.0f * r + 1, 10.0f * r + 2});
+  }
+  Model model;
+  std::unique_ptr<cpu::CpuLayer> layer;
+  std::vector<float> table;
+  // Example 0 repeats local id 4 in its second field; the dense features are not ids.
+  std::vector<float> x = {0, 1, 4, 4, 0.5f, -2.5f,  //
+                          3, 0, 1, 3, 7, 8};
+};
+
+TEST(CpuEmbeddingLayerTest, FieldsAndDenseFeaturesMatchAHandWrittenReference) {
+  for (const std::string combiner : {"sum", "mean"}) {
+    SCOPED_TRACE(combiner);
+    EmbeddingCase c(combiner);
+    ASSERT_EQ(c.model.ops()[0].out, (std::vector<int64_t>{2 * 2 + 2}));
+    const float s = combiner == "mean" ? 0.5f : 1.0f;  // bags of 2
+    const float* params[] = {c.table.data()};
+    std::vector<float> y(12, -1.0f);
+    cpu::Pass pass;
+    pass.rows = 2;
+    ASSERT_TRUE(c.layer->Forward(params, c.x.data(), y.data(), pass).ok());
+    // Rows 0+1 | 4+4, then the features; rows 3+0 | 1+3, then the features.
+    const std::vector<float> want = {12 * s, 14 * s, 82 * s, 84 * s, 0.5f, -2.5f,
+                                     32 * s, 34 * s, 42 * s, 44 * s, 7,    8};
+    EXPECT_EQ(y, want);
+
+    // The dense features' gradients (100) go nowhere; id 4's two uses add up in its row.
+    const std::vector<float> dy = {1, 2, 3, 4, 100, 100, 5, 6, 7, 8, 100, 100};
+    std::vector<float> dtable(10, 99.0f);
+    float* grads[] = {dtable.data()};
+    ASSERT_TRUE(c.layer->Backward(params, c.x.data(), y.data(), dy.data(), nullptr, grads, pass).ok());
+    const std::vector<float> want_grad = {6 * s, 8 * s,  8 * s, 10 * s, 0, 0,
+                                          12 * s, 14 * s, 6 * s, 8 * s};
+    EXPECT_EQ(dtable, want_grad);
+  }
+}
+
+TEST(CpuEmbeddingLayerTest, IdsBeyondTheCompactRowsAreRefusedFeaturesAreNotIds) {
+  EmbeddingCase c("sum");
+  const float* params[] = {c.table.data()};
+  std::vector<float> y(12);
+  cpu::Pass pass;
+  pass.rows = 2;
+  pass.first_example = 10;
+  c.x[4] = 1e9f;  // a dense feature: anything goes
+  EXPECT_TRUE(c.layer->Forward(params, c.x.data(), y.data(), pass).ok());
+  c.x[8] = 5;  // example 1's third id: only rows 0..4 exist
+  const Status bad = c.layer->Forward(params, c.x.data(), y.data(), pass);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("id 5.000000 of example 11 is not an integer in [0, 5)"),
+            std::string::npos)
+      << bad.message();
 }
 
 }  // namespace

@@ -166,7 +166,7 @@ TEST_F(CudaBackendTest, EveryLayerAndBuiltinModelMatchesTheCpuBackend) {
   for (const testing::LayerCase& c : testing::BuiltinCases()) cases.push_back(c);
   for (const testing::LayerCase& c : cases) {
     SCOPED_TRACE(c.name);
-    const Model model = testing::MakeModel(c.description, c.input);
+    const Model model = testing::MakeModel(c.description, c.input, c.inputs);
     // cuDNN pads evenly: a model with an uneven `same` padding is refused, naming the layer.
     const auto uneven = std::find_if(model.ops().begin(), model.ops().end(),
                                      [](const LayerOp& op) { return op.pad_begin != op.pad_end; });
@@ -203,11 +203,13 @@ TEST_F(CudaBackendTest, EveryLayerAndBuiltinModelMatchesTheCpuBackend) {
         gc.push_back(g_cpu[v].data());
       }
       const LayerOp& first = model.ops().front();
-      std::vector<float> x(static_cast<size_t>(batch * model.input_size()));
-      for (float& f : x) {
-        f = first.spec.kind == LayerKind::kEmbedding
-                ? static_cast<float>(gen() % static_cast<uint64_t>(first.spec.vocab))
-                : std::uniform_real_distribution<float>(-1.0f, 1.0f)(gen);
+      const int64_t inputs = model.input_size();
+      const int64_t ids = first.spec.kind == LayerKind::kEmbedding ? first.id_columns : 0;
+      std::vector<float> x(static_cast<size_t>(batch * inputs));
+      for (size_t k = 0; k < x.size(); ++k) {
+        x[k] = static_cast<int64_t>(k) % inputs < ids
+                   ? static_cast<float>(gen() % static_cast<uint64_t>(first.table_rows))
+                   : std::uniform_real_distribution<float>(-1.0f, 1.0f)(gen);
       }
       const uint64_t classes = model.loss() == LossKind::kSigmoidCrossEntropy
                                    ? 2

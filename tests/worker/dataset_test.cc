@@ -297,14 +297,14 @@ TEST(DatasetTest, MissingDataFilesAreNotFoundInOneLineNamingBothPairs) {
   EXPECT_EQ(d.status().message(),
             "--dataset " + dir.path() +
                 " lacks train-images-idx3-ubyte[.gz] + train-labels-idx1-ubyte[.gz] and "
-                "train_x.npy + train_y.npy (either pair will do)");
+                "train_x.npy (or train_ids.npy) + train_y.npy (either pair will do)");
 
   ASSERT_TRUE(WriteFile(dir.File("train-labels-idx1-ubyte"), IdxBytes({1}, {0}), false));
   const Status check = CheckDataFilesExist(dir.path());
   EXPECT_EQ(check.code(), StatusCode::kNotFound);
   EXPECT_EQ(check.message(), "--dataset " + dir.path() +
                                  " lacks t10k-images-idx3-ubyte[.gz] + "
-                                 "t10k-labels-idx1-ubyte[.gz] and test_x.npy + test_y.npy "
+                                 "t10k-labels-idx1-ubyte[.gz] and test_x.npy (or test_ids.npy) + test_y.npy "
                                  "(either pair will do)");
 }
 
@@ -433,6 +433,97 @@ TEST(DatasetTest, GatherBatchCopiesRowsInIndexOrder) {
   GatherBatch(d, idx, x.data(), y.data());
   EXPECT_EQ(x, (std::vector<float>{20, 21, 22, 0, 1, 2, 20, 21, 22}));
   EXPECT_EQ(y, (std::vector<uint8_t>{7, 5, 7}));
+}
+
+// ---- Ids beside the NumPy features -----------------------------------------------------------
+
+// Writes <split>_y.npy with `n` labels 0, 1, 0, ... into `dir`.
+bool WriteLabels(const TempDir& dir, const std::string& split, int64_t n) {
+  std::vector<uint8_t> y;
+  for (int64_t i = 0; i < n; ++i) y.push_back(static_cast<uint8_t>(i % 2));
+  return WriteFile(dir.File(split + "_y.npy"), NpyBytes("|u1", {n}, y), false);
+}
+
+TEST(DatasetTest, LoadDatasetReadsUint64IdColumnsBesideTheFeatures) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  ASSERT_TRUE(WriteFile(dir.File("train_x.npy"), NpyBytes("<f4", {3, 2}, LeBytes(x)), false));
+  ASSERT_TRUE(WriteLabels(dir, "train", 3));
+  const std::vector<uint64_t> ids = {0, 18446744073709551615ULL, 7, 7, uint64_t{1} << 63, 42};
+  ASSERT_TRUE(WriteFile(dir.File("train_ids.npy"), NpyBytes("<u8", {3, 2}, LeBytes(ids)), false));
+  Result<Dataset> d = LoadDataset(dir.path(), "train");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->n, 3);
+  EXPECT_EQ(d->dim, 2);
+  EXPECT_EQ(d->x, x);
+  EXPECT_EQ(d->id_columns, 2);
+  EXPECT_EQ(d->ids, ids);
+  EXPECT_EQ(ModelInputShape(*d), (std::vector<int64_t>{4}));
+}
+
+TEST(DatasetTest, IdsAloneNeedNoFeaturesFile) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  for (const std::string split : {"train", "test"}) {
+    ASSERT_TRUE(WriteLabels(dir, split, 3));
+    ASSERT_TRUE(WriteFile(dir.File(split + "_ids.npy"),
+                          NpyBytes("<i8", {3}, LeBytes(std::vector<int64_t>{5, 0, 9})), false));
+  }
+  EXPECT_TRUE(CheckDataFilesExist(dir.path()).ok());
+  Result<Dataset> d = LoadDataset(dir.path(), "test");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->n, 3);
+  EXPECT_EQ(d->dim, 0);
+  EXPECT_EQ(d->shape, (std::vector<int64_t>{0}));
+  EXPECT_TRUE(d->x.empty());
+  EXPECT_EQ(d->y, (std::vector<uint8_t>{0, 1, 0}));
+  EXPECT_EQ(d->id_columns, 1);
+  EXPECT_EQ(d->ids, (std::vector<uint64_t>{5, 0, 9}));
+  EXPECT_EQ(ModelInputShape(*d), (std::vector<int64_t>{1}));
+  // No features to copy; labels still arrive.
+  std::vector<uint8_t> y(2);
+  const std::vector<int64_t> idx = {2, 1};
+  GatherBatch(*d, idx, nullptr, y.data());
+  EXPECT_EQ(y, (std::vector<uint8_t>{0, 1}));
+  // Without ids, labels alone are no data set.
+  std::filesystem::remove(dir.File("train_ids.npy"));
+  EXPECT_EQ(LoadDataset(dir.path(), "train").status().code(), StatusCode::kNotFound);
+}
+
+TEST(DatasetTest, NegativeInt64IdIsInvalidArgumentNamingFileExampleAndValue) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  ASSERT_TRUE(WriteLabels(dir, "train", 2));
+  ASSERT_TRUE(WriteFile(dir.File("train_ids.npy"),
+                        NpyBytes("<i8", {2, 2}, LeBytes(std::vector<int64_t>{1, 2, 3, -4})), false));
+  Result<Dataset> d = LoadDataset(dir.path(), "train");
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.status().message(), "ids " + dir.File("train_ids.npy") +
+                                      ": example 1 has id -4; int64 ids must be >= 0");
+  // Float ids are refused too: they could not be exact.
+  ASSERT_TRUE(WriteFile(dir.File("train_ids.npy"),
+                        NpyBytes("<f8", {2}, LeBytes(std::vector<double>{1, 2})), false));
+  d = LoadDataset(dir.path(), "train");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("ids must be int64 or uint64"), std::string::npos)
+      << d.status().message();
+}
+
+TEST(DatasetTest, IdsOfAnotherExampleCountAreCorruptionNamingBothFiles) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  ASSERT_TRUE(WriteLabels(dir, "train", 3));
+  ASSERT_TRUE(WriteFile(dir.File("train_x.npy"),
+                        NpyBytes("<f4", {3}, LeBytes(std::vector<float>{1, 2, 3})), false));
+  ASSERT_TRUE(WriteFile(dir.File("train_ids.npy"),
+                        NpyBytes("<u8", {2, 1}, LeBytes(std::vector<uint64_t>{1, 2})), false));
+  Result<Dataset> d = LoadDataset(dir.path(), "train");
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(d.status().message(), "ids " + dir.File("train_ids.npy") + " have 2 examples but labels " +
+                                      dir.File("train_y.npy") + " have 3");
 }
 
 }  // namespace

@@ -12,14 +12,16 @@
 namespace parasync {
 namespace {
 
-Result<Model> Build(const std::string& text, const std::vector<int64_t>& input) {
+Result<Model> Build(const std::string& text, const std::vector<int64_t>& input,
+                    const ModelInputs& inputs = {}) {
   Result<ModelSpec> spec = text[0] == '{' ? ParseModelSpecJson(text, "m.json") : ResolveModelSpec(text);
   if (!spec.ok()) return spec.status();
-  return Model::Build(*spec, input);
+  return Model::Build(*spec, input, inputs);
 }
 
-std::string Error(const std::string& text, const std::vector<int64_t>& input) {
-  Result<Model> m = Build(text, input);
+std::string Error(const std::string& text, const std::vector<int64_t>& input,
+                  const ModelInputs& inputs = {}) {
+  Result<Model> m = Build(text, input, inputs);
   EXPECT_FALSE(m.ok()) << text;
   if (m.ok()) return "";
   EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << m.status().ToString();
@@ -174,7 +176,7 @@ TEST(ModelTest, ResolveReadsModelFilesAndNamesWhatItIsNot) {
   Result<ModelSpec> missing = ResolveModelSpec(dir.File("nope.json"));
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(missing.status().message().find("not a built-in model (mlp, cnn, lenet5)"), std::string::npos);
+  EXPECT_NE(missing.status().message().find("not a built-in model (mlp, cnn, lenet5, ctr)"), std::string::npos);
 }
 
 TEST(ModelTest, LabelsMustFitTheOutputs) {
@@ -190,6 +192,113 @@ TEST(ModelTest, LabelsMustFitTheOutputs) {
   ASSERT_TRUE(binary.ok());
   EXPECT_TRUE(binary->CheckLabelsFit(1).ok());
   EXPECT_FALSE(binary->CheckLabelsFit(2).ok());
+}
+
+// A sparse embedding of dim 2 with the keys `extra` (each after a comma), then one logit.
+std::string SparseModel(const std::string& extra) {
+  return R"({"layers": [{"type": "embedding", "dim": 2, "sparse": true)" + extra +
+         R"(}, {"type": "dense", "units": 1}], "loss": "sigmoid_cross_entropy"})";
+}
+
+TEST(ModelTest, SparseAndFieldsKeysParseAndRoundTripOnlyWhenNotDefault) {
+  Result<ModelSpec> spec = ParseModelSpecJson(SparseModel(R"(, "fields": 2, "combiner": "mean")"), "m.json");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const LayerSpec& e = spec->layers[0];
+  EXPECT_TRUE(e.sparse);
+  EXPECT_EQ(e.vocab, 0);  // omitted: unbounded
+  EXPECT_EQ(e.fields, 2);
+  Result<ModelSpec> back = ParseModelSpecJson(ModelSpecToJson(*spec), "back");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, *spec);
+  Result<ModelSpec> bounded = ParseModelSpecJson(SparseModel(R"(, "vocab": 4611686018427387904)"), "m");
+  ASSERT_TRUE(bounded.ok()) << bounded.status().ToString();
+  EXPECT_EQ(bounded->layers[0].vocab, int64_t{1} << 62);
+  EXPECT_EQ(bounded->layers[0].fields, 1);
+  // Defaults are not written: the JSON of existing models stays as it was.
+  Result<ModelSpec> dense = ParseModelSpecJson(
+      R"({"layers": [{"type": "embedding", "vocab": 7, "dim": 2}, {"type": "dense", "units": 2}]})", "d");
+  ASSERT_TRUE(dense.ok()) << dense.status().ToString();
+  EXPECT_FALSE(dense->layers[0].sparse);
+  const std::string json = ModelSpecToJson(*dense);
+  EXPECT_EQ(json.find("sparse"), std::string::npos) << json;
+  EXPECT_EQ(json.find("fields"), std::string::npos) << json;
+}
+
+TEST(ModelTest, EmbeddingVocabBoundsDependOnSparse) {
+  const auto parse_error = [](const std::string& text) {
+    Result<ModelSpec> spec = ParseModelSpecJson(text, "m.json");
+    EXPECT_FALSE(spec.ok()) << text;
+    return spec.ok() ? std::string() : spec.status().message();
+  };
+  const std::string dense_head = R"({"layers": [{"type": "embedding", "dim": 2, )";
+  const std::string tail = R"(}, {"type": "dense", "units": 1}]})";
+  EXPECT_NE(parse_error(dense_head + R"("vocab": 0)" + tail).find("'vocab' 0 is out of range [1, 16777216]"),
+            std::string::npos);
+  EXPECT_NE(parse_error(dense_head + R"("vocab": 16777217)" + tail).find("out of range"), std::string::npos);
+  EXPECT_NE(parse_error(dense_head + R"("combiner": "sum")" + tail).find("needs 'vocab'"),
+            std::string::npos);
+  EXPECT_NE(parse_error(SparseModel(R"(, "vocab": 4611686018427387905)")).find("out of range [0, 4611686018427387904]"),
+            std::string::npos);
+  EXPECT_NE(parse_error(SparseModel(R"(, "vocab": -1)")).find("out of range"), std::string::npos);
+  EXPECT_NE(parse_error(SparseModel(R"(, "fields": -1)")).find("'fields' -1 is out of range"),
+            std::string::npos);
+  EXPECT_NE(parse_error(R"({"layers": [{"type": "embedding", "dim": 2, "sparse": 1, "vocab": 3}]})")
+                .find("'sparse' must be true or false"),
+            std::string::npos);
+}
+
+TEST(ModelTest, SparseEmbeddingNeedsIdColumnsFieldsThatDivideThemAndCompactRows) {
+  EXPECT_NE(Error(SparseModel(""), {4}).find("is sparse and needs id columns"), std::string::npos);
+  EXPECT_NE(Error(SparseModel(R"(, "fields": 3)"), {6}, {4, 8}).find("its 3 fields do not divide the 4 id columns"),
+            std::string::npos);
+  EXPECT_NE(Error(SparseModel(""), {4}, {4, 0}).find("compact rows, got 0"), std::string::npos);
+  EXPECT_NE(Error(SparseModel(""), {4}, {5, 8}).find("5 id columns do not fit its input [4]"),
+            std::string::npos);
+  EXPECT_NE(Error("784-10", {784}, {2, 8}).find("2 id columns but the first layer is not an embedding"),
+            std::string::npos);
+  // A non-sparse table reads its ids from the id columns too, into vocab rows.
+  Result<Model> dense = Build(R"({"layers": [{"type": "embedding", "vocab": 9, "dim": 2, "fields": 0},
+                                             {"type": "dense", "units": 1}]})", {5}, {3, 0});
+  ASSERT_TRUE(dense.ok()) << dense.status().ToString();
+  EXPECT_EQ(dense->ops()[0].out, (std::vector<int64_t>{3 * 2 + 2}));
+  EXPECT_EQ(dense->ops()[0].table_rows, 9);
+  EXPECT_TRUE(dense->sparse_tables().empty());
+  EXPECT_EQ(dense->dense_variables(), dense->variables());
+}
+
+TEST(ModelTest, CtrBuiltinOnEightIdColumnsAndFourFeatures) {
+  const ModelInputs inputs{8, 32 * 8};
+  Result<Model> m = Build("ctr", {12}, inputs);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->loss(), LossKind::kSigmoidCrossEntropy);
+  EXPECT_EQ(m->id_columns(), 8);
+  EXPECT_EQ(m->inputs().sparse_rows, 256);  // what the CUDA module is built with too
+  const LayerOp& e = m->ops()[0];
+  EXPECT_EQ(e.out, (std::vector<int64_t>{8 * 16 + 4}));
+  EXPECT_EQ(e.spec.fields, 8);  // fields 0: one per id column
+  EXPECT_EQ(e.id_columns, 8);
+  EXPECT_EQ(e.table_rows, 256);
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> want = {
+      {"embedding0/table", {256, 16}}, {"dense0/kernel", {132, 64}}, {"dense0/bias", {64}},
+      {"dense1/kernel", {64, 32}},     {"dense1/bias", {32}},        {"dense2/kernel", {32, 1}},
+      {"dense2/bias", {1}}};
+  ASSERT_EQ(m->variables().size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(m->variables()[i].name, want[i].first);
+    EXPECT_EQ(m->variables()[i].shape, want[i].second);
+  }
+  ASSERT_EQ(m->sparse_tables().size(), 1u);
+  const SparseTable& t = m->sparse_tables()[0];
+  EXPECT_EQ(t.variable, 0);
+  EXPECT_EQ(t.spec.name, "embedding0/table");
+  EXPECT_EQ(t.spec.rows, 0);  // unbounded
+  EXPECT_EQ(t.spec.dim, 16);
+  EXPECT_EQ(t.spec.init.kind, InitKind::kUniform);
+  EXPECT_FLOAT_EQ(t.spec.init.value, 0.05f);
+  const std::vector<VariableSpec> dense = m->dense_variables();
+  ASSERT_EQ(dense.size(), 6u);
+  EXPECT_EQ(dense[0].name, "dense0/kernel");
+  EXPECT_TRUE(ValidateTables({t.spec}, dense).ok());
 }
 
 }  // namespace

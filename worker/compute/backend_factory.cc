@@ -133,10 +133,11 @@ Result<std::unique_ptr<ComputeBackend>> CreateCuda(const DeviceChoice& device, c
               " GPU(s): cuda:" + std::to_string(*gpu);
     if (local_rank >= count) *picked += ", shared with local rank " + std::to_string(*gpu);
   }
-  // The module builds its own Model from the description and the input shape.
+  // The module builds its own Model from the description, the input shape and its inputs.
   const std::string description = ModelSpecToJson(model.spec());
   const std::vector<int64_t>& input = model.input_shape();
-  void* impl = create_fn(description.c_str(), input.data(), static_cast<int>(input.size()), *gpu,
+  void* impl = create_fn(description.c_str(), input.data(), static_cast<int>(input.size()),
+                         model.inputs().id_columns, model.inputs().sparse_rows, *gpu,
                          err.data(), err.size());
   if (impl == nullptr) return Status::NotSupported(err.data());
   return std::unique_ptr<ComputeBackend>(

@@ -68,17 +68,20 @@ inline Status CheckEvaluate(const Model& model, std::span<const float* const> pa
   return Status::Ok();
 }
 
-// Embedding ids travel as float features: each must be an integer in [0, vocab).
-inline Status CheckIds(const LayerOp& op, const float* ids, int64_t count, int64_t first_example) {
-  const int64_t bag = op.in_size();
-  for (int64_t k = 0; k < count; ++k) {
-    const float id = ids[k];
-    if (!(id >= 0.0f) || id >= static_cast<float>(op.spec.vocab) ||
-        id != static_cast<float>(static_cast<int64_t>(id))) {
-      return Status::InvalidArgument("layer '" + op.spec.name + "': id " + std::to_string(id) +
-                                     " of example " + std::to_string(first_example + k / bag) +
-                                     " is not an integer in [0, " +
-                                     std::to_string(op.spec.vocab) + ")");
+// Embedding ids travel as float features, the first op.id_columns of each of `rows`
+// examples: each must be an integer in [0, op.table_rows) (a sparse table's local ids).
+inline Status CheckIds(const LayerOp& op, const float* x, int64_t rows, int64_t first_example) {
+  const int64_t width = op.in_size();
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t k = 0; k < op.id_columns; ++k) {
+      const float id = x[i * width + k];
+      if (!(id >= 0.0f) || id >= static_cast<float>(op.table_rows) ||
+          id != static_cast<float>(static_cast<int64_t>(id))) {
+        return Status::InvalidArgument("layer '" + op.spec.name + "': id " + std::to_string(id) +
+                                       " of example " + std::to_string(first_example + i) +
+                                       " is not an integer in [0, " +
+                                       std::to_string(op.table_rows) + ")");
+      }
     }
   }
   return Status::Ok();

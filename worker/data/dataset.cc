@@ -133,13 +133,80 @@ Status ConvertLabels(const std::string& path, const NpyArray& labels, std::vecto
   return Status::Ok();
 }
 
+// The labels of `labels` (any integer dtype) into *y; refuses values outside uint8.
+Status ConvertLabelsArray(const std::string& path, const NpyArray& labels,
+                          std::vector<uint8_t>* y) {
+  return VisitDtype(labels.dtype, [&](auto t) { return ConvertLabels<decltype(t)>(path, labels, y); });
+}
+
+// Reads a labels file and checks its dtype (integer) and shape ((n,) or (n, 1)).
+Result<NpyArray> ReadLabelsArray(const std::string& labels_path) {
+  PARASYNC_ASSIGN_OR_RETURN(NpyArray labels, ReadNpyFile(labels_path));
+  if (!NpyIsInteger(labels.dtype)) {
+    return Status::InvalidArgument("labels " + labels_path + " have dtype " +
+                                   std::string(NpyDescr(labels.dtype)) +
+                                   "; labels must be integers (e.g. uint8 or int64)");
+  }
+  if (labels.shape.empty() || labels.shape.size() > 2 ||
+      (labels.shape.size() == 2 && labels.shape[1] != 1)) {
+    return Status::InvalidArgument("labels " + labels_path + " have shape " +
+                                   NpyShapeString(labels.shape) + "; expected (n,) or (n, 1)");
+  }
+  return labels;
+}
+
+// The labels of a labels file, checked as LoadNpyDataset documents.
+Result<std::vector<uint8_t>> ReadNpyLabels(const std::string& labels_path) {
+  PARASYNC_ASSIGN_OR_RETURN(NpyArray labels, ReadLabelsArray(labels_path));
+  std::vector<uint8_t> y;
+  PARASYNC_RETURN_IF_ERROR(ConvertLabelsArray(labels_path, labels, &y));
+  return y;
+}
+
+// Reads the ids file `ids_path` into data->ids and data->id_columns, as LoadDataset
+// documents; `labels_path` names the labels in a count mismatch.
+Status ReadNpyIds(const std::string& ids_path, const std::string& labels_path, Dataset* data) {
+  PARASYNC_ASSIGN_OR_RETURN(NpyArray ids, ReadNpyFile(ids_path));
+  if (ids.dtype != NpyDtype::kInt64 && ids.dtype != NpyDtype::kUint64) {
+    return Status::InvalidArgument("ids " + ids_path + " have dtype " +
+                                   std::string(NpyDescr(ids.dtype)) + "; ids must be int64 or uint64");
+  }
+  if (ids.shape.empty() || ids.shape.size() > 2 || (ids.shape.size() == 2 && ids.shape[1] < 1)) {
+    return Status::InvalidArgument("ids " + ids_path + " have shape " + NpyShapeString(ids.shape) +
+                                   "; expected (n,) or (n, K) with K >= 1");
+  }
+  if (ids.shape[0] != data->n) {
+    return Status::Corruption("ids " + ids_path + " have " + std::to_string(ids.shape[0]) +
+                              " examples but labels " + labels_path + " have " +
+                              std::to_string(data->n));
+  }
+  data->id_columns = ids.shape.size() == 2 ? ids.shape[1] : 1;
+  const size_t count = static_cast<size_t>(ids.NumElements());
+  data->ids.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (ids.dtype == NpyDtype::kUint64) {
+      data->ids[i] = ElementAt<uint64_t>(ids, i);
+      continue;
+    }
+    const int64_t v = ElementAt<int64_t>(ids, i);
+    if (v < 0) {
+      return Status::InvalidArgument(
+          "ids " + ids_path + ": example " + std::to_string(i / static_cast<size_t>(data->id_columns)) +
+          " has id " + std::to_string(v) + "; int64 ids must be >= 0");
+    }
+    data->ids[i] = static_cast<uint64_t>(v);
+  }
+  return Status::Ok();
+}
+
 // Where split `split` ("train" or "test") of `data` lives: IDX files or a NumPy pair.
 struct DataFiles {
   bool idx = false;
   std::string dir;
   std::string idx_split;  // the IDX file prefix: "train" or "t10k"
-  std::string features;   // the .npy paths, when !idx
+  std::string features;   // the .npy paths, when !idx; features empty when ids exist alone
   std::string labels;
+  std::string ids;        // empty when there is no ids file
   std::vector<std::string> paths;  // every file the split is read from
 };
 
@@ -163,14 +230,22 @@ Result<DataFiles> FindDataFiles(const std::string& data, const std::string& spli
   }
   files.features = files.dir + "/" + split + "_x.npy";
   files.labels = files.dir + "/" + split + "_y.npy";
-  if (FileExists(files.features) && FileExists(files.labels)) {
-    files.paths = {files.features, files.labels};
-    return files;
+  files.ids = files.dir + "/" + split + "_ids.npy";
+  if (!FileExists(files.ids)) files.ids.clear();
+  // Ids may stand in for the features (a data set of categorical features only).
+  if (!FileExists(files.features) && !files.ids.empty()) files.features.clear();
+  if ((!files.features.empty() && FileExists(files.features)) || !files.ids.empty()) {
+    if (FileExists(files.labels)) {
+      for (const std::string* p : {&files.features, &files.labels, &files.ids}) {
+        if (!p->empty()) files.paths.push_back(*p);
+      }
+      return files;
+    }
   }
   return Status::NotFound("--dataset " + files.dir + " lacks " + files.idx_split +
                           "-images-idx3-ubyte[.gz] + " + files.idx_split +
-                          "-labels-idx1-ubyte[.gz] and " + split + "_x.npy + " + split +
-                          "_y.npy (either pair will do)");
+                          "-labels-idx1-ubyte[.gz] and " + split + "_x.npy (or " + split +
+                          "_ids.npy) + " + split + "_y.npy (either pair will do)");
 }
 
 // SplitMix64 finaliser: spreads (seed, rank, epoch) over all 64 bits of the engine seed.
@@ -196,7 +271,17 @@ uint64_t UniformBelow(std::mt19937_64& gen, uint64_t bound) {
 Result<Dataset> LoadDataset(const std::string& data, const std::string& split) {
   PARASYNC_ASSIGN_OR_RETURN(DataFiles files, FindDataFiles(data, split));
   if (files.idx) return LoadIdxDataset(files.dir, files.idx_split);
-  return LoadNpyDataset(files.features, files.labels);
+  if (files.ids.empty()) return LoadNpyDataset(files.features, files.labels);
+  Dataset d;
+  if (files.features.empty()) {
+    PARASYNC_ASSIGN_OR_RETURN(d.y, ReadNpyLabels(files.labels));
+    d.n = static_cast<int64_t>(d.y.size());
+    d.shape = {0};
+  } else {
+    PARASYNC_ASSIGN_OR_RETURN(d, LoadNpyDataset(files.features, files.labels));
+  }
+  PARASYNC_RETURN_IF_ERROR(ReadNpyIds(files.ids, files.labels, &d));
+  return d;
 }
 
 Status CheckDataFilesExist(const std::string& data) {
@@ -264,17 +349,7 @@ Result<Dataset> LoadIdxDataset(const std::string& dir, const std::string& split)
 
 Result<Dataset> LoadNpyDataset(const std::string& features_path, const std::string& labels_path) {
   // Labels first: they are small, and a problem with them is found before the big read.
-  PARASYNC_ASSIGN_OR_RETURN(NpyArray labels, ReadNpyFile(labels_path));
-  if (!NpyIsInteger(labels.dtype)) {
-    return Status::InvalidArgument("labels " + labels_path + " have dtype " +
-                                   std::string(NpyDescr(labels.dtype)) +
-                                   "; labels must be integers (e.g. uint8 or int64)");
-  }
-  if (labels.shape.empty() || labels.shape.size() > 2 ||
-      (labels.shape.size() == 2 && labels.shape[1] != 1)) {
-    return Status::InvalidArgument("labels " + labels_path + " have shape " +
-                                   NpyShapeString(labels.shape) + "; expected (n,) or (n, 1)");
-  }
+  PARASYNC_ASSIGN_OR_RETURN(NpyArray labels, ReadLabelsArray(labels_path));
   PARASYNC_ASSIGN_OR_RETURN(NpyArray features, ReadNpyFile(features_path));
   const std::vector<int64_t>& fs = features.shape;
   if (fs.empty() || fs.size() > 4) {
@@ -305,9 +380,7 @@ Result<Dataset> LoadNpyDataset(const std::string& features_path, const std::stri
     return ConvertFeatures<decltype(t)>(features_path, features, data.dim, &data.x);
   }));
   if (fs.size() == 4) HwcToChw(data.n, fs[1], fs[2], fs[3], &data.x);
-  PARASYNC_RETURN_IF_ERROR(VisitDtype(labels.dtype, [&](auto t) {
-    return ConvertLabels<decltype(t)>(labels_path, labels, &data.y);
-  }));
+  PARASYNC_RETURN_IF_ERROR(ConvertLabelsArray(labels_path, labels, &data.y));
   return data;
 }
 
@@ -333,6 +406,11 @@ void ShuffleForEpoch(std::vector<int64_t>* indices, uint64_t seed, int rank, int
     const size_t j = static_cast<size_t>(UniformBelow(gen, i));
     std::swap(v[i - 1], v[j]);
   }
+}
+
+std::vector<int64_t> ModelInputShape(const Dataset& data) {
+  if (data.id_columns > 0) return {data.id_columns + data.dim};
+  return data.shape;
 }
 
 void GatherBatch(const Dataset& data, std::span<const int64_t> idx, float* x_out,

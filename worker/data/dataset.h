@@ -19,20 +19,28 @@ namespace parasync {
 // is not given: Debian's dataset-fashion-mnist package.
 inline constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
 
-// n examples of dim features each, and one label per example.
+// n examples of dim features each, optionally id_columns integer ids each (categorical
+// features, e.g. hashed, for an embedding), and one label per example.
 struct Dataset {
   int64_t n = 0;
-  int64_t dim = 0;
+  int64_t dim = 0;             // 0 when the data set has ids only
   std::vector<int64_t> shape;  // of one example: [C, H, W] for images, else [dim]; product dim
   std::vector<float> x;        // n * dim, row-major; images channel-first (CHW), pixel / 255
   std::vector<uint8_t> y;      // n labels
+  std::vector<uint64_t> ids;   // n * id_columns, row-major
+  int64_t id_columns = 0;
 };
 
 // Loads split `split` of the data set in directory `data` (empty means "."), the one entry
 // point the worker uses. `split` is "train" or "test". Looks first for IDX files (see
 // LoadIdxDataset; prefix "train" for the train split, "t10k" for the test split), then for
 // NumPy files "<split>_x.npy" and "<split>_y.npy" (see LoadNpyDataset). On success returns
-// the data set of whichever pair exists. Fails with InvalidArgument for another split name;
+// the data set of whichever pair exists. Beside the NumPy files, "<split>_ids.npy", when it
+// exists, holds the ids: int64 (each >= 0) or uint64, shape (n,) (one column) or (n, K);
+// with it "<split>_x.npy" may be absent (then dim 0, shape [0]). Ids of another dtype or
+// shape, or a negative id, are InvalidArgument (one line naming the file, and for a value
+// the example and the value); an example count differing from the labels' is Corruption
+// naming both files. Fails with InvalidArgument for another split name;
 // NotFound, one line naming both pairs looked for, when neither pair exists; otherwise as the
 // loader of the pair found. Blocks on file I/O.
 Result<Dataset> LoadDataset(const std::string& data, const std::string& split);
@@ -81,6 +89,10 @@ std::vector<int64_t> ShardIndices(int64_t n, int rank, int world);
 // the order is the same on every platform and standard library for the same arguments and
 // input, and differs between epochs. `indices` is not owned and must not be null.
 void ShuffleForEpoch(std::vector<int64_t>* indices, uint64_t seed, int rank, int epoch);
+
+// The input shape a model of `data` is built for: [id_columns + dim] when the data has ids
+// (the ids first, then the features, flat), else data.shape.
+std::vector<int64_t> ModelInputShape(const Dataset& data);
 
 // Copies the examples named by `idx` into x_out (idx.size() * data.dim floats) and y_out
 // (idx.size() labels), in that order. Precondition: every index is in [0, data.n) and the

@@ -22,6 +22,10 @@ using Json = nlohmann::json;
 constexpr int64_t kMaxDim = int64_t{1} << 20;
 constexpr int64_t kMaxExampleSize = int64_t{1} << 26;  // elements of one example's activation
 constexpr int kMaxKernel = 1024;
+// Ids reach a sparse table as 64-bit row keys, never as floats; 2^62 leaves headroom.
+constexpr int64_t kMaxSparseVocab = int64_t{1} << 62;
+// The compact rows are indexed by local ids, which travel as float32: exact up to 2^24.
+constexpr int64_t kMaxFloatIndex = int64_t{1} << 24;
 
 struct KindName {
   LayerKind kind;
@@ -122,6 +126,16 @@ class LayerReader {
                                    ", not " + v.dump());
   }
 
+  // A JSON boolean; `fallback` when absent.
+  Result<bool> Bool(const char* key, bool fallback) const {
+    if (!j_.contains(key)) return fallback;
+    if (!j_.at(key).is_boolean()) {
+      return Status::InvalidArgument(where_ + ": " + Quote(key) + " must be true or false, not " +
+                                     j_.at(key).dump());
+    }
+    return j_.at(key).get<bool>();
+  }
+
   Result<double> Number(const char* key, double lo, double hi_exclusive) const {
     if (!j_.contains(key) || !j_.at(key).is_number()) {
       return Status::InvalidArgument(where_ + ": needs a number " + Quote(key));
@@ -176,6 +190,24 @@ Status ParseLayerKindAndName(const Json& j, const std::string& where, LayerSpec*
       return Status::InvalidArgument(where + ": a layer name may not contain '/'");
     }
   }
+  return Status::Ok();
+}
+
+// The fields of an embedding layer, read by `r`, into *layer.
+Status ParseEmbeddingFields(const LayerReader& r, LayerSpec* layer) {
+  PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"vocab", "dim", "combiner", "sparse", "fields"}));
+  PARASYNC_ASSIGN_OR_RETURN(layer->sparse, r.Bool("sparse", false));
+  if (layer->sparse) {
+    // A sparse table's ids are row keys on the servers, never floats; 0: any uint64 id.
+    PARASYNC_ASSIGN_OR_RETURN(layer->vocab, r.Int("vocab", 0, kMaxSparseVocab, 0));
+  } else {
+    // Ids travel as float32 features, exact up to 2^24.
+    PARASYNC_ASSIGN_OR_RETURN(layer->vocab, r.Int("vocab", 1, kMaxFloatIndex, std::nullopt));
+  }
+  PARASYNC_ASSIGN_OR_RETURN(layer->units, r.Int("dim", 1, 65536, std::nullopt));
+  PARASYNC_ASSIGN_OR_RETURN(std::string c, r.Choice("combiner", {"sum", "mean"}, "sum"));
+  layer->combiner = c == "mean" ? Combiner::kMean : Combiner::kSum;
+  PARASYNC_ASSIGN_OR_RETURN(layer->fields, r.Int("fields", 0, kMaxDim, 1));
   return Status::Ok();
 }
 
@@ -235,15 +267,9 @@ Status ParseLayerFields(const LayerReader& r, LayerSpec* layer) {
       layer->rate = static_cast<float>(rate);
       break;
     }
-    case LayerKind::kEmbedding: {
-      PARASYNC_RETURN_IF_ERROR(r.CheckKeys({"vocab", "dim", "combiner"}));
-      // Ids travel as float32 features, exact up to 2^24.
-      PARASYNC_ASSIGN_OR_RETURN(layer->vocab, r.Int("vocab", 1, int64_t{1} << 24, std::nullopt));
-      PARASYNC_ASSIGN_OR_RETURN(layer->units, r.Int("dim", 1, 65536, std::nullopt));
-      PARASYNC_ASSIGN_OR_RETURN(std::string c, r.Choice("combiner", {"sum", "mean"}, "sum"));
-      layer->combiner = c == "mean" ? Combiner::kMean : Combiner::kSum;
+    case LayerKind::kEmbedding:
+      PARASYNC_RETURN_IF_ERROR(ParseEmbeddingFields(r, layer));
       break;
-    }
   }
   return Status::Ok();
 }
@@ -299,6 +325,15 @@ LayerSpec Flatten() {
   l.kind = LayerKind::kFlatten;
   return l;
 }
+// A sparse embedding of unbounded vocabulary, one field per id column, summed.
+LayerSpec SparseEmbedding(int64_t dim) {
+  LayerSpec l;
+  l.kind = LayerKind::kEmbedding;
+  l.units = dim;
+  l.sparse = true;
+  l.fields = 0;
+  return l;
+}
 
 Result<ModelSpec> Builtin(const std::string& name) {
   ModelSpec m;
@@ -320,6 +355,12 @@ Result<ModelSpec> Builtin(const std::string& name) {
                 Dense(120, Activation::kTanh),
                 Dense(84, Activation::kTanh),
                 Dense(10, Activation::kNone)};
+  } else if (name == "ctr") {
+    // Click-through rate: each id column's row, concatenated with the dense features, into
+    // a small MLP with one logit.
+    m.layers = {SparseEmbedding(16), Dense(64, Activation::kRelu), Dense(32, Activation::kRelu),
+                Dense(1, Activation::kNone)};
+    m.loss = LossKind::kSigmoidCrossEntropy;
   } else {
     return Status::NotFound("no built-in model " + Quote(name));
   }
@@ -393,7 +434,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-std::vector<std::string> BuiltinModelNames() { return {"mlp", "cnn", "lenet5"}; }
+std::vector<std::string> BuiltinModelNames() { return {"mlp", "cnn", "lenet5", "ctr"}; }
 
 Result<ModelSpec> ParseModelSpecJson(const std::string& json_text, const std::string& source) {
   Json j;
@@ -489,6 +530,9 @@ std::string ModelSpecToJson(const ModelSpec& spec) {
         j["vocab"] = l.vocab;
         j["dim"] = l.units;
         j["combiner"] = l.combiner == Combiner::kMean ? "mean" : "sum";
+        // Only when not the default, so the JSON of existing models stays as it was.
+        if (l.sparse) j["sparse"] = true;
+        if (l.fields != 1) j["fields"] = l.fields;
         break;
     }
     layers.push_back(std::move(j));
@@ -587,10 +631,42 @@ Status PlanWindowLayer(const LayerSpec& l, const std::string& who,
   return Status::Ok();
 }
 
+// An embedding `l` (called `who`), the first layer, on inputs of `shape`: its id columns,
+// fields, table rows and output shape in *op, its table appended to *vars.
+Status PlanEmbedding(const LayerSpec& l, const std::string& who, const std::vector<int64_t>& shape,
+                     const ModelInputs& inputs, LayerOp* op, std::vector<VariableSpec>* vars) {
+  if (l.sparse && inputs.id_columns < 1) {
+    return Status::InvalidArgument(who + " is sparse and needs id columns in the data "
+                                   "(<split>_ids.npy), but the data has none");
+  }
+  const int64_t ids = inputs.id_columns > 0 ? inputs.id_columns : shape[0];
+  if (ids > shape[0]) {
+    return Status::InvalidArgument(who + ": " + std::to_string(ids) +
+                                   " id columns do not fit its input " + ShapeString(shape));
+  }
+  const int64_t fields = l.fields == 0 ? ids : l.fields;
+  if (ids % fields != 0) {
+    return Status::InvalidArgument(who + ": its " + std::to_string(fields) +
+                                   " fields do not divide the " + std::to_string(ids) +
+                                   " id columns");
+  }
+  if (l.sparse && (inputs.sparse_rows < 1 || inputs.sparse_rows > kMaxFloatIndex)) {
+    return Status::InvalidArgument(who + ": a sparse table needs between 1 and 2^24 compact "
+                                   "rows, got " + std::to_string(inputs.sparse_rows));
+  }
+  op->spec.fields = fields;
+  op->id_columns = ids;
+  op->table_rows = l.sparse ? inputs.sparse_rows : l.vocab;
+  op->out = {fields * l.units + (shape[0] - ids)};
+  // Keras's default: uniform in [-0.05, 0.05].
+  AddVariable(vars, l.name + "/table", {op->table_rows, l.units}, InitKind::kUniform, 0.05f);
+  return Status::Ok();
+}
+
 // Layer `index` of a model, `l`, on inputs of `shape`: its output shape (and padding) in
 // *op, its variables appended to *vars.
-Status PlanLayer(size_t index, const LayerSpec& l, const std::vector<int64_t>& shape, LayerOp* op,
-                 std::vector<VariableSpec>* vars) {
+Status PlanLayer(size_t index, const LayerSpec& l, const std::vector<int64_t>& shape,
+                 const ModelInputs& inputs, LayerOp* op, std::vector<VariableSpec>* vars) {
   const std::string who = "layer " + Quote(l.name) + " (" + std::string(LayerKindName(l.kind)) + ")";
   switch (l.kind) {
     case LayerKind::kDense: {
@@ -618,9 +694,7 @@ Status PlanLayer(size_t index, const LayerSpec& l, const std::vector<int64_t>& s
         return Status::InvalidArgument(who + " must be the first layer, on flat inputs of ids "
                                        "(its input is " + ShapeString(shape) + ")");
       }
-      op->out = {l.units};
-      // Keras's default: uniform in [-0.05, 0.05].
-      AddVariable(vars, l.name + "/table", {l.vocab, l.units}, InitKind::kUniform, 0.05f);
+      PARASYNC_RETURN_IF_ERROR(PlanEmbedding(l, who, shape, inputs, op, vars));
       break;
   }
   if (Product(op->out) > kMaxExampleSize) {
@@ -633,12 +707,19 @@ Status PlanLayer(size_t index, const LayerSpec& l, const std::vector<int64_t>& s
 
 }  // namespace
 
-Result<Model> Model::Build(const ModelSpec& spec, const std::vector<int64_t>& input) {
+Result<Model> Model::Build(const ModelSpec& spec, const std::vector<int64_t>& input,
+                           const ModelInputs& inputs) {
   Model m;
   m.spec_ = spec;
   m.input_ = input;
+  m.inputs_ = inputs;
   const std::string model = spec.name.empty() ? "the model" : "model " + Quote(spec.name);
   PARASYNC_RETURN_IF_ERROR(CheckInputShape(spec, input, model));
+  // Ids as features of another layer would be meaningless numbers (and inexact as floats).
+  if (inputs.id_columns > 0 && spec.layers.front().kind != LayerKind::kEmbedding) {
+    return Status::InvalidArgument(model + ": the data has " + std::to_string(inputs.id_columns) +
+                                   " id columns but the first layer is not an embedding");
+  }
   std::vector<int64_t> shape = input;
   for (size_t i = 0; i < spec.layers.size(); ++i) {
     const LayerSpec& l = spec.layers[i];
@@ -647,8 +728,12 @@ Result<Model> Model::Build(const ModelSpec& spec, const std::vector<int64_t>& in
     op.spec.activation = l.kind == LayerKind::kActivation ? l.activation : Activation::kNone;
     op.in = shape;
     op.first_variable = static_cast<int>(m.variables_.size());
-    PARASYNC_RETURN_IF_ERROR(PlanLayer(i, l, shape, &op, &m.variables_));
+    PARASYNC_RETURN_IF_ERROR(PlanLayer(i, l, shape, inputs, &op, &m.variables_));
     op.num_variables = static_cast<int>(m.variables_.size()) - op.first_variable;
+    if (l.kind == LayerKind::kEmbedding && l.sparse) {
+      const VariableSpec& table = m.variables_[static_cast<size_t>(op.first_variable)];
+      m.sparse_tables_.push_back({op.first_variable, {table.name, l.vocab, l.units, table.init}});
+    }
     shape = op.out;
     const Activation fused = l.kind == LayerKind::kDense || l.kind == LayerKind::kConv2d
                                  ? l.activation
@@ -678,6 +763,16 @@ Result<Model> Model::Build(const ModelSpec& spec, const std::vector<int64_t>& in
 }
 
 int64_t Model::input_size() const { return Product(input_); }
+
+std::vector<VariableSpec> Model::dense_variables() const {
+  std::vector<VariableSpec> dense;
+  for (size_t v = 0; v < variables_.size(); ++v) {
+    const bool sparse = std::any_of(sparse_tables_.begin(), sparse_tables_.end(),
+                                    [&](const SparseTable& t) { return t.variable == static_cast<int>(v); });
+    if (!sparse) dense.push_back(variables_[v]);
+  }
+  return dense;
+}
 int64_t Model::outputs() const { return ops_.back().out_size(); }
 
 int64_t Model::num_parameters() const {

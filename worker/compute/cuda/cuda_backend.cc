@@ -306,7 +306,7 @@ class CudaBackend final : public ComputeBackend {
   Status CheckIds(const float* x, int64_t rows, int64_t first_example) const {
     const LayerOp& first = model_.ops().front();
     if (first.spec.kind != LayerKind::kEmbedding) return Status::Ok();
-    return compute::CheckIds(first, x, rows * first.in_size(), first_example);
+    return compute::CheckIds(first, x, rows, first_example);
   }
 
   // The loss of `rows` logits into totals_ (and, when delta is not null, its gradient).

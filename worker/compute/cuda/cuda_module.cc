@@ -15,14 +15,16 @@ int parasync_cuda_device_count(char* err, size_t err_len) {
 }
 
 void* parasync_cuda_create_backend(const char* model_json, const int64_t* input, int input_rank,
-                                   int device, char* err, size_t err_len) {
+                                   int64_t id_columns, int64_t sparse_rows, int device, char* err,
+                                   size_t err_len) {
   auto spec = parasync::ParseModelSpecJson(model_json, "the model description");
   if (!spec.ok()) {
     std::snprintf(err, err_len, "%s", spec.status().message().c_str());
     return nullptr;
   }
   auto model = parasync::Model::Build(
-      *spec, std::vector<int64_t>(input, input + (input_rank > 0 ? input_rank : 0)));
+      *spec, std::vector<int64_t>(input, input + (input_rank > 0 ? input_rank : 0)),
+      parasync::ModelInputs{id_columns, sparse_rows});
   if (!model.ok()) {
     std::snprintf(err, err_len, "%s", model.status().message().c_str());
     return nullptr;

@@ -150,29 +150,33 @@ __global__ void DropoutKernel(const float* in, float* out, size_t n, uint64_t se
   }
 }
 
-// One thread per (row, d): the sum over the row's bag of table[id][d], times scale.
-__global__ void EmbeddingForwardKernel(const float* ids, const float* table, float* out,
-                                       int rows, int bag, int dim, float scale) {
-  const size_t n = static_cast<size_t>(rows) * dim;
+// One thread per (row, field, d): the sum over the field's bag of table[id][d], times scale.
+__global__ void EmbeddingForwardKernel(const float* x, const float* table, float* out,
+                                       EmbeddingGeometry g) {
+  const size_t width = static_cast<size_t>(g.fields) * g.dim;
+  const size_t n = static_cast<size_t>(g.rows) * width;
   for (size_t k = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t row = k / dim, d = k % dim;
+    const size_t row = k / width, f = (k % width) / g.dim, d = k % g.dim;
+    const float* ids = x + row * g.in_width + f * g.bag;
     float sum = 0.0f;
-    for (int j = 0; j < bag; ++j) {
-      sum += table[static_cast<size_t>(ids[row * bag + j]) * dim + d];
-    }
-    out[k] = sum * scale;
+    for (int j = 0; j < g.bag; ++j) sum += table[static_cast<size_t>(ids[j]) * g.dim + d];
+    out[row * g.out_width + f * g.dim + d] = sum * g.scale;
   }
 }
 
-// One thread per (row, slot, d): adds scale * dy[row][d] into its id's row of dtable.
-__global__ void EmbeddingBackwardKernel(const float* ids, const float* dy, float* dtable,
-                                        int rows, int bag, int dim, float scale) {
-  const size_t n = static_cast<size_t>(rows) * bag * dim;
+// One thread per (row, id column, d): adds scale * dy of the column's field into its id's
+// row of dtable.
+__global__ void EmbeddingBackwardKernel(const float* x, const float* dy, float* dtable,
+                                        EmbeddingGeometry g) {
+  const int columns = g.fields * g.bag;
+  const size_t n = static_cast<size_t>(g.rows) * columns * g.dim;
   for (size_t k = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t d = k % dim, slot = k / dim, row = slot / bag;
-    atomicAdd(&dtable[static_cast<size_t>(ids[slot]) * dim + d], scale * dy[row * dim + d]);
+    const size_t d = k % g.dim, slot = k / g.dim, row = slot / columns, c = slot % columns;
+    const float id = x[row * g.in_width + c];
+    atomicAdd(&dtable[static_cast<size_t>(id) * g.dim + d],
+              g.scale * dy[row * g.out_width + (c / g.bag) * g.dim + d]);
   }
 }
 
@@ -193,19 +197,17 @@ cudaError_t LaunchDropout(const float* in, float* out, size_t n, uint64_t seed, 
   return cudaGetLastError();
 }
 
-cudaError_t LaunchEmbeddingForward(const float* ids, const float* table, float* out, int rows,
-                                   int bag, int dim, float scale, cudaStream_t stream) {
-  const size_t n = static_cast<size_t>(rows) * dim;
-  EmbeddingForwardKernel<<<BlocksFor(n), kThreads, 0, stream>>>(ids, table, out, rows, bag, dim,
-                                                                 scale);
+cudaError_t LaunchEmbeddingForward(const float* x, const float* table, float* out,
+                                   const EmbeddingGeometry& g, cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(g.rows) * g.fields * g.dim;
+  EmbeddingForwardKernel<<<BlocksFor(n), kThreads, 0, stream>>>(x, table, out, g);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchEmbeddingBackward(const float* ids, const float* dy, float* dtable, int rows,
-                                    int bag, int dim, float scale, cudaStream_t stream) {
-  const size_t n = static_cast<size_t>(rows) * bag * dim;
-  EmbeddingBackwardKernel<<<BlocksFor(n), kThreads, 0, stream>>>(ids, dy, dtable, rows, bag, dim,
-                                                                  scale);
+cudaError_t LaunchEmbeddingBackward(const float* x, const float* dy, float* dtable,
+                                    const EmbeddingGeometry& g, cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(g.rows) * g.fields * g.bag * g.dim;
+  EmbeddingBackwardKernel<<<BlocksFor(n), kThreads, 0, stream>>>(x, dy, dtable, g);
   return cudaGetLastError();
 }
 

@@ -38,15 +38,28 @@ cudaError_t LaunchSigmoidCrossEntropy(const float* z, const uint8_t* labels, int
 cudaError_t LaunchDropout(const float* in, float* out, size_t n, uint64_t seed, uint32_t op,
                           float rate, cudaStream_t stream);
 
-// out[r][d] = scale * sum over j < bag of table[ids[r][j]][d]: rows bags of `bag` ids (floats
-// holding integers the host checked) into [rows, dim].
-cudaError_t LaunchEmbeddingForward(const float* ids, const float* table, float* out, int rows,
-                                   int bag, int dim, float scale, cudaStream_t stream);
+// An embedding's batch: each of `rows` examples is in_width floats, `fields` bags of `bag`
+// ids (floats holding integers the host checked) then in_width - fields * bag dense
+// features; its output is out_width floats, the fields' rows then those features.
+struct EmbeddingGeometry {
+  int rows = 0;
+  int in_width = 0;
+  int fields = 0;
+  int bag = 0;
+  int dim = 0;
+  int out_width = 0;
+  float scale = 1.0f;  // 1 for sum, 1 / bag for mean
+};
 
-// dtable[ids[r][j]][d] += scale * dy[r][d] (atomically); dtable must be zeroed first.
-cudaError_t LaunchEmbeddingBackward(const float* ids, const float* dy, float* dtable, int rows,
-                                    int bag, int dim, float scale, cudaStream_t stream);
+// out[r][f * dim + d] = scale * sum over j < bag of table[ids[r][f * bag + j]][d]; the dense
+// features are not copied here (the layer copies them).
+cudaError_t LaunchEmbeddingForward(const float* x, const float* table, float* out,
+                                   const EmbeddingGeometry& g, cudaStream_t stream);
 
+// dtable[ids[r][k]][d] += scale * dy[r][(k / bag) * dim + d] (atomically); dtable must be
+// zeroed first.
+cudaError_t LaunchEmbeddingBackward(const float* x, const float* dy, float* dtable,
+                                    const EmbeddingGeometry& g, cudaStream_t stream);
 
 // cudaSuccess when this module's kernels can run on the current device, else the reason
 // (cudaErrorNoKernelImageForDevice: built for other GPU architectures).
