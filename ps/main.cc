@@ -90,6 +90,7 @@ struct PsFlags {
   std::string log_level = "info";
   int64_t max_message_bytes = int64_t{1} << 30;
   int64_t max_model_bytes = 0;
+  int64_t max_table_rows = int64_t{1} << 22;
   int64_t max_unread_reply_bytes = 0;
   int apply_threads = 2;
   // AddStateFlags
@@ -195,6 +196,12 @@ void AddServingFlags(CLI::App& app, PsFlags& f) {
                  "Most memory a registered model may take on this shard (values, one spare "
                  "copy of them for zero-copy pull replies, and the optimizer slots); 0 = 80% "
                  "of physical memory")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-table-rows", f.max_table_rows,
+                 "Most embedding-table rows this server holds, all tables together; one more "
+                 "evicts the least recently touched row with its optimizer state (it comes "
+                 "back as its initial value). Each row takes its floats and slots plus ~140 "
+                 "bytes; the memory bound counts them. 0 = no bound")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--apply-threads", f.apply_threads,
                  "Threads that check and apply a pushed gradient of 1 MiB or more spread over "
@@ -429,6 +436,7 @@ ServerOptions MakeServerOptions(const PsFlags& f, const PsConfig& c) {
                               static_cast<int64_t>(sysconf(_SC_PAGESIZE));
   }
   options.apply_threads = f.apply_threads;
+  options.max_table_rows = f.max_table_rows;
   return options;
 }
 

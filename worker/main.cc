@@ -28,6 +28,7 @@
 #include "worker/heartbeater.h"
 #include "worker/model/model.h"
 #include "worker/ps_client.h"
+#include "worker/sparse_batch.h"
 #include "worker/trainer.h"
 #include "worker/worker_metrics.h"
 
@@ -541,14 +542,17 @@ parasync::Status LoadData(const WorkerFlags& f, int rank, parasync::Dataset* tra
     train->n = f.train_examples;
     train->x.resize(static_cast<size_t>(f.train_examples * train->dim));
     train->y.resize(static_cast<size_t>(f.train_examples));
+    train->ids.resize(static_cast<size_t>(f.train_examples * train->id_columns));
   }
   if (rank == 0) {
     auto t = LoadDataset(f.data_dir, "test");
     if (!t.ok()) return t.status();
     *test = std::move(t).value();
-    if (test->shape != train->shape) {
-      return Status::InvalidArgument("the test examples have shape " + ShapeString(test->shape) +
-                                     " but the training examples " + ShapeString(train->shape));
+    if (test->shape != train->shape || test->id_columns != train->id_columns) {
+      return Status::InvalidArgument(
+          "the test examples have shape " + ShapeString(test->shape) + " and " +
+          std::to_string(test->id_columns) + " id columns but the training examples " +
+          ShapeString(train->shape) + " and " + std::to_string(train->id_columns));
     }
   }
   if (opt->schedule == LrSchedule::kCosine) {
@@ -637,7 +641,9 @@ parasync::ModelRegistration RegistrationOf(const parasync::Model& net, const Wor
                                            const parasync::OptimizerSpec& opt) {
   using namespace parasync;
   ModelRegistration reg;
-  reg.variables = net.variables();
+  // Dense variables as slices; sparse embedding tables as rows by id.
+  reg.variables = net.dense_variables();
+  for (const SparseTable& t : net.sparse_tables()) reg.tables.push_back(t.spec);
   // The description travels with the registration, so parasync-export can record it.
   ModelSpec described = net.spec();
   described.input = net.input_shape();
@@ -715,9 +721,13 @@ int Finish(const parasync::Result<parasync::TrainingSummary>& summary, const Wor
   }
   if (rank == 0) {
     spdlog::info("training done: {} epochs, {} steps here; final test accuracy {:.4f}, test loss "
-                 "{:.4f}; eval log {}/eval.jsonl",
+                 "{:.4f}{}; eval log {}/eval.jsonl",
                  summary->epochs_done, summary->steps, summary->final_test_accuracy,
-                 summary->final_test_loss, f.log_dir);
+                 summary->final_test_loss,
+                 summary->final_test_auc >= 0
+                     ? fmt::format(", test AUC {:.4f}", summary->final_test_auc)
+                     : std::string(),
+                 f.log_dir);
   } else {
     spdlog::info("training done: {} epochs, {} steps, {} gradients dropped as stale",
                  summary->epochs_done, summary->steps, summary->dropped);
@@ -735,10 +745,19 @@ int Run(const WorkerFlags& f, const WorkerConfig& c) {
   if (Status s = LoadData(f, c.rank, &train, &test, &opt); !s.ok()) {
     return Fail(s.message(), kExitBadUsage);
   }
-  // The model meets its data: shapes layer by layer, then the labels against its outputs.
-  auto built = Model::Build(c.model, train.shape);
+  // The model meets its data: shapes layer by layer, then the labels against its outputs. A
+  // sparse table's compact buffer holds a batch's distinct ids (SparseRowsNeeded).
+  auto built = Model::Build(
+      c.model, ModelInputShape(train),
+      {train.id_columns, SparseRowsNeeded(f.batch_size, std::max<int64_t>(1, train.id_columns))});
   if (!built.ok()) return Fail(built.status().message(), kExitBadUsage);
   const Model& net = *built;
+  if (train.id_columns > 0 && net.sparse_tables().empty()) {
+    return Fail("the data has " + std::to_string(train.id_columns) + " id columns (" +
+                    f.data_dir + "/train_ids.npy) but model '" + net.spec().name +
+                    "' has no sparse embedding to read them (see docs/models.md, \"ctr\")",
+                kExitBadUsage);
+  }
   if (Status s = net.CheckLabelsFit(std::max(MaxLabel(train), MaxLabel(test))); !s.ok()) {
     return Fail("model '" + net.spec().name + "': " + s.message(), kExitBadUsage);
   }

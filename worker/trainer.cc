@@ -11,7 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/auc.h"
 #include "worker/compute/dropout_mask.h"
+#include "worker/sparse_batch.h"
 
 namespace parasync {
 
@@ -115,6 +117,7 @@ struct EvalPoint {
   double train_loss = 0;
   double test_loss = 0;
   double test_accuracy = 0;
+  double test_auc = NAN;  // sigmoid models only
   double chief_examples_per_sec = 0;
 };
 
@@ -131,6 +134,8 @@ nlohmann::json EvalRow(const TrainerOptions& o, int num_shards, const EvalPoint&
                                                      : nlohmann::json(nullptr)},
           {"test_loss", p.test_loss},
           {"test_accuracy", p.test_accuracy},
+          {"test_auc", std::isfinite(p.test_auc) ? nlohmann::json(p.test_auc)
+                                                 : nlohmann::json(nullptr)},
           {"chief_examples_per_sec", p.chief_examples_per_sec},
           {"global_examples_per_sec",
            p.wall > 0 ? static_cast<double>(p.global_examples) / p.wall : 0.0},
@@ -164,10 +169,20 @@ class TrainingRun {
         metrics_(metrics), should_stop_(should_stop), shard_(std::move(shard)),
         params_(o.model.variables(), backend), grads_(o.model.variables(), backend),
         batch_x_(backend.AllocateHost(static_cast<size_t>(o.batch_size) *
-                                      static_cast<size_t>(train.dim) * sizeof(float))),
+                                      static_cast<size_t>(o.model.input_size()) * sizeof(float))),
         batch_y_(backend.AllocateHost(static_cast<size_t>(o.batch_size))),
         eval_log_(o.log_dir.empty() ? "eval.jsonl" : o.log_dir + "/eval.jsonl"),
-        start_(Clock::now()) {}
+        start_(Clock::now()) {
+    // The servers hold the dense variables as slices and the sparse tables as rows: the
+    // client moves the first, the compact table buffers take the rows.
+    std::vector<bool> sparse(o.model.variables().size(), false);
+    for (const SparseTable& t : o.model.sparse_tables()) sparse[static_cast<size_t>(t.variable)] = true;
+    for (size_t v = 0; v < sparse.size() && params_.ok() && grads_.ok(); ++v) {
+      if (sparse[v]) continue;
+      dense_params_.push_back(params_.ptrs[v]);
+      dense_grads_.push_back(grads_.cptrs[v]);
+    }
+  }
 
   // Whether every buffer could be allocated.
   bool ok() const {
@@ -192,6 +207,17 @@ class TrainingRun {
   Status Evaluate(int epoch, double train_loss, double epoch_examples_per_sec);
   Status TrainEpoch(int epoch, EpochTotals& totals);
   Status Step(int epoch, size_t first, size_t count, EpochTotals& totals);
+  bool sparse() const { return !o_.model.sparse_tables().empty(); }
+  // The rows of `ids` of every sparse table, in (or from) `buffers` (params_ or grads_):
+  // row r of the compact buffer is the table's row ids[r]. (A model has one embedding
+  // layer, so its tables share the batch's ids.)
+  std::vector<RowsOf> RowsIn(const std::vector<uint64_t>& ids, const std::vector<float*>& buffers) const;
+  // The step's exchange with the servers after the gradient: PushPull (dense models) or a
+  // push with the batch's rows (sparse models, whose next rows depend on the next batch).
+  Status PushGradient(size_t count, const std::vector<uint64_t>& ids,
+                      PsClient::PushPullTimes* times);
+  // The test set's figures; the logits of every example in `logits` (sigmoid models).
+  Result<EvalResult> EvaluateTestSet(std::vector<float>* logits);
   void CountPush();
   void CountStep(size_t count, double loss, double pull_s, double compute_s, double push_s,
                  EpochTotals& totals);
@@ -208,6 +234,8 @@ class TrainingRun {
   std::vector<int64_t> shard_;  // this rank's example indices, in this epoch's order
   Tensors params_;
   Tensors grads_;
+  std::vector<float*> dense_params_;       // params_ of the dense variables (the client's)
+  std::vector<const float*> dense_grads_;  // grads_ of the dense variables
   std::shared_ptr<void> batch_x_;
   std::shared_ptr<void> batch_y_;
   EvalLog eval_log_;
@@ -228,7 +256,9 @@ class TrainingRun {
 // it waits for the step the chief last pushed to, so the model evaluated after an epoch is
 // the same in every run with the same seeds (not whichever step had completed).
 Status TrainingRun::Evaluate(int epoch, double train_loss, double epoch_examples_per_sec) {
-  PARASYNC_RETURN_IF_ERROR(client_.Pull(params_.ptrs, sync() ? PsClient::kNextStep : 0));
+  std::vector<float> logits;
+  auto result = EvaluateTestSet(&logits);
+  if (!result.ok()) return result.status();
   auto stats = client_.Stats();
   if (!stats.ok()) return stats.status();
   EvalPoint p{.epoch = epoch, .train_loss = train_loss,
@@ -236,10 +266,12 @@ Status TrainingRun::Evaluate(int epoch, double train_loss, double epoch_examples
   // Unix time of these statistics, to line the row up with other clocks (Prometheus).
   p.unix_time =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  auto result = backend_.Evaluate(params_.cptrs, test_.x.data(), test_.y.data(), test_.n);
-  if (!result.ok()) return result.status();
   p.test_accuracy = result->accuracy();
   p.test_loss = result->mean_loss();
+  if (!logits.empty()) {
+    p.test_auc = RocAuc(logits, test_.y);  // the logit ranks as the probability does
+    summary_.final_test_auc = p.test_auc;
+  }
   // Every push reaches every shard that holds slices, so their counters are the global
   // ones (a shard without slices reports 0): take the largest.
   for (const ShardStats& s : *stats) {
@@ -252,10 +284,54 @@ Status TrainingRun::Evaluate(int epoch, double train_loss, double epoch_examples
   summary_.final_test_accuracy = p.test_accuracy;
   summary_.final_test_loss = p.test_loss;
   PARASYNC_RETURN_IF_ERROR(eval_log_.Append(EvalRow(o_, client_.num_shards(), p)));
-  spdlog::info("eval epoch {}: test accuracy {:.4f}, test loss {:.4f} (global step {}, {} "
+  spdlog::info("eval epoch {}: test accuracy {:.4f}, test loss {:.4f}{} (global step {}, {} "
                "examples, {:.1f} s)",
-               epoch, p.test_accuracy, p.test_loss, p.global_step, p.global_examples, p.wall);
+               epoch, p.test_accuracy, p.test_loss,
+               std::isfinite(p.test_auc) ? fmt::format(", test AUC {:.4f}", p.test_auc) : "",
+               p.global_step, p.global_examples, p.wall);
   return Status::Ok();
+}
+
+std::vector<RowsOf> TrainingRun::RowsIn(const std::vector<uint64_t>& ids,
+                                        const std::vector<float*>& buffers) const {
+  std::vector<RowsOf> rows;
+  const std::vector<SparseTable>& tables = o_.model.sparse_tables();
+  for (size_t t = 0; t < tables.size(); ++t) {
+    rows.push_back({static_cast<uint32_t>(t), ids, buffers[static_cast<size_t>(tables[t].variable)]});
+  }
+  return rows;
+}
+
+Result<EvalResult> TrainingRun::EvaluateTestSet(std::vector<float>* logits) {
+  if (o_.model.loss() == LossKind::kSigmoidCrossEntropy) {
+    logits->resize(static_cast<size_t>(test_.n * o_.model.outputs()));
+  }
+  float* out = logits->empty() ? nullptr : logits->data();
+  const int64_t wait = sync() ? PsClient::kNextStep : 0;
+  if (!sparse()) {
+    PARASYNC_RETURN_IF_ERROR(client_.Pull(params_.ptrs, wait));
+    return backend_.Evaluate(params_.cptrs, test_.x.data(), test_.y.data(), test_.n, out);
+  }
+  // Batch by batch: each batch's rows fit the compact buffers. (Async: other workers go on
+  // meanwhile, so later batches may see a newer model.)
+  EvalResult total;
+  auto* bx = static_cast<float*>(batch_x_.get());
+  auto* by = static_cast<uint8_t*>(batch_y_.get());
+  std::vector<int64_t> idx;
+  for (int64_t start = 0; start < test_.n; start += o_.batch_size) {
+    const int64_t n = std::min<int64_t>(o_.batch_size, test_.n - start);
+    idx.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = start + i;
+    const SparseBatch b = GatherSparseBatch(test_, idx, bx, by);
+    PARASYNC_RETURN_IF_ERROR(client_.Pull(dense_params_, wait, RowsIn(b.unique_ids, params_.ptrs)));
+    auto part = backend_.Evaluate(params_.cptrs, bx, by, n,
+                                  out == nullptr ? nullptr : out + start * o_.model.outputs());
+    if (!part.ok()) return part.status();
+    total.loss_sum += part->loss_sum;
+    total.correct += part->correct;
+    total.count += part->count;
+  }
+  return total;
 }
 
 // Where to start, from the servers' record of this rank; the evaluation a restart owes.
@@ -332,11 +408,20 @@ Status TrainingRun::TrainEpoch(int epoch, EpochTotals& totals) {
 Status TrainingRun::Step(int epoch, size_t first, size_t count, EpochTotals& totals) {
   auto* bx = static_cast<float*>(batch_x_.get());
   auto* by = static_cast<uint8_t*>(batch_y_.get());
-  GatherBatch(train_, std::span<const int64_t>(shard_.data() + first, count), bx, by);
+  const std::span<const int64_t> idx(shard_.data() + first, count);
+  SparseBatch rows;
+  if (sparse()) {
+    rows = GatherSparseBatch(train_, idx, bx, by);
+  } else {
+    GatherBatch(train_, idx, bx, by);
+  }
   const auto t0 = Clock::now();
   // Sync: each shard answers once it has applied the step this worker last pushed to.
-  // After the first step the parameters came with the last push (PushPull below).
-  if (!have_params_) {
+  // After the first step a dense model's parameters came with the last push (PushPull).
+  if (sparse()) {
+    PARASYNC_RETURN_IF_ERROR(client_.Pull(dense_params_, sync() ? PsClient::kNextStep : 0,
+                                          RowsIn(rows.unique_ids, params_.ptrs)));
+  } else if (!have_params_) {
     PARASYNC_RETURN_IF_ERROR(client_.Pull(params_.ptrs, sync() ? PsClient::kNextStep : 0));
     have_params_ = true;
   }
@@ -359,16 +444,28 @@ Status TrainingRun::Step(int epoch, size_t first, size_t count, EpochTotals& tot
   // Where this worker is once the servers count this gradient (stored with it).
   client_.set_progress({epoch, static_cast<int64_t>(first + count),
                         static_cast<int64_t>(shard_.size())});
-  // The gradient out and the next step's parameters in, in one round trip.
   PsClient::PushPullTimes exchange;
-  PARASYNC_RETURN_IF_ERROR(client_.PushPull(grads_.cptrs, static_cast<int64_t>(count),
-                                            params_.ptrs, sync() ? PsClient::kNextStep : 0,
-                                            &exchange));
+  PARASYNC_RETURN_IF_ERROR(PushGradient(count, rows.unique_ids, &exchange));
   CountPush();
   SyncClientCounters();
   CountStep(count, *loss, Seconds(t0, t1) + exchange.pull_seconds, Seconds(t1, t2),
             exchange.push_seconds, totals);
   MaybeLogProgress(epoch, first + count, totals);
+  return Status::Ok();
+}
+
+Status TrainingRun::PushGradient(size_t count, const std::vector<uint64_t>& ids,
+                                 PsClient::PushPullTimes* times) {
+  if (!sparse()) {
+    // The gradient out and the next step's parameters in, in one round trip.
+    return client_.PushPull(grads_.cptrs, static_cast<int64_t>(count), params_.ptrs,
+                            sync() ? PsClient::kNextStep : 0, times);
+  }
+  const auto t0 = Clock::now();
+  PARASYNC_RETURN_IF_ERROR(client_.Push(dense_grads_, static_cast<int64_t>(count),
+                                        PsClient::kLastRead, RowsIn(ids, grads_.ptrs)));
+  times->push_seconds = Seconds(t0, Clock::now());
+  times->pull_seconds = 0;
   return Status::Ok();
 }
 
@@ -450,10 +547,13 @@ Result<TrainingSummary> RunTraining(const TrainerOptions& o, const Dataset& trai
                                     const Dataset& test, PsClient& client,
                                     ComputeBackend& backend, WorkerMetrics& metrics,
                                     const std::function<bool()>& should_stop) {
-  if (train.dim != o.model.input_size()) {
-    return Status::InvalidArgument("the data has " + std::to_string(train.dim) +
+  if (train.id_columns + train.dim != o.model.input_size() ||
+      train.id_columns != o.model.id_columns()) {
+    return Status::InvalidArgument("the data has " + std::to_string(train.id_columns) +
+                                   " id columns and " + std::to_string(train.dim) +
                                    " features per example but the model expects " +
-                                   std::to_string(o.model.input_size()));
+                                   std::to_string(o.model.id_columns()) + " and " +
+                                   std::to_string(o.model.input_size() - o.model.id_columns()));
   }
   std::vector<int64_t> shard = ShardIndices(train.n, o.rank, o.num_workers);
   if (shard.empty()) return Status::InvalidArgument("this worker's data shard is empty");

@@ -53,6 +53,7 @@ struct TrainingSummary {
   int64_t dropped = 0;  // gradients the servers dropped as stale (sync backup workers)
   double final_test_accuracy = -1;  // chief only; -1 when not evaluated
   double final_test_loss = -1;
+  double final_test_auc = -1;  // chief, sigmoid models only (ROC AUC of the test set)
 };
 
 // Trains until `epochs` (or max_steps) are done or `should_stop()` turns true (checked every
@@ -63,6 +64,9 @@ struct TrainingSummary {
 // is evaluated by the chief and may be empty on other ranks. In sync mode each pull waits
 // for the step after the one this worker last pushed to. When done or stopped (not on error)
 // the worker sends Leave, so barriers stop counting on it.
+// A model with a sparse embedding table (Model::sparse_tables()) pulls, each step, the rows of
+// the batch's distinct ids into the table's compact buffer and pushes their gradient rows
+// (worker/sparse_batch.h), in a pull and then a push; the chief evaluates it batch by batch.
 // Returns the first error from the servers or the backend.
 Result<TrainingSummary> RunTraining(const TrainerOptions& options, const Dataset& train,
                                     const Dataset& test, PsClient& client,

@@ -59,9 +59,11 @@ class ComputeBackend {
                                         std::span<float* const> grads) = 0;
 
   // Forward pass only (inference mode: no dropout), over n examples (processed in chunks of
-  // the backend's choosing).
+  // the backend's choosing). `logits`, if given, receives n * outputs() floats: each
+  // example's logits (what a ranking metric such as AUC needs).
   virtual Result<EvalResult> Evaluate(std::span<const float* const> params, const float* x,
-                                      const uint8_t* labels, int64_t n) = 0;
+                                      const uint8_t* labels, int64_t n,
+                                      float* logits = nullptr) = 0;
 };
 
 // The CPU backend (oneDNN primitives). Fails with InvalidArgument for a model it cannot run,

@@ -85,8 +85,8 @@ class ModuleBackend final : public ComputeBackend {
     return impl_->ForwardBackward(params, x, labels, batch, seed, grads);
   }
   Result<EvalResult> Evaluate(std::span<const float* const> params, const float* x,
-                              const uint8_t* labels, int64_t n) override {
-    return impl_->Evaluate(params, x, labels, n);
+                              const uint8_t* labels, int64_t n, float* logits) override {
+    return impl_->Evaluate(params, x, labels, n, logits);
   }
 
  private:

@@ -13,6 +13,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -79,7 +80,7 @@ class CpuBackend final : public ComputeBackend {
   }
 
   Result<EvalResult> Evaluate(std::span<const float* const> params, const float* x,
-                              const uint8_t* labels, int64_t n) override {
+                              const uint8_t* labels, int64_t n, float* logits) override {
     PARASYNC_RETURN_IF_ERROR(compute::CheckEvaluate(model_, params, x, labels, n));
     EvalResult result;
     if (n == 0) return result;
@@ -99,6 +100,10 @@ class CpuBackend final : public ComputeBackend {
       PARASYNC_RETURN_IF_ERROR(Forward(params, xs, pass));
       result.loss_sum += cpu::LossAndGradient(model_.loss(), Act(layers_.size(), xs), y, rows,
                                               model_.outputs(), 0.0f, nullptr, &result.correct);
+      if (logits != nullptr) {
+        std::memcpy(logits + start * model_.outputs(), Act(layers_.size(), xs),
+                    static_cast<size_t>(rows * model_.outputs()) * sizeof(float));
+      }
       result.count += rows;
     }
     return result;

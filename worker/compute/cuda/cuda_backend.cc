@@ -250,7 +250,7 @@ class CudaBackend final : public ComputeBackend {
   }
 
   Result<EvalResult> Evaluate(std::span<const float* const> params, const float* x,
-                              const uint8_t* labels, int64_t n) override {
+                              const uint8_t* labels, int64_t n, float* logits) override {
     PARASYNC_RETURN_IF_ERROR(failed_);
     PARASYNC_RETURN_IF_ERROR(compute::CheckEvaluate(model_, params, x, labels, n));
     EvalResult result;
@@ -285,6 +285,13 @@ class CudaBackend final : public ComputeBackend {
             param_ptrs_.data() + model_.ops()[i].first_variable, Act(i), Act(i + 1), pass));
       }
       PARASYNC_GPU_CHECK(Loss(rows, 0.0f, nullptr, true));
+      if (logits != nullptr) {
+        // Pageable memory: the copy returns once the logits are on the host.
+        PARASYNC_CUDA_CHECK(cudaMemcpyAsync(
+            logits + start * model_.outputs(), Act(layers_.size()),
+            static_cast<size_t>(rows * model_.outputs()) * sizeof(float), cudaMemcpyDeviceToHost,
+            compute_));
+      }
       result.count += rows;
     }
     PARASYNC_CUDA_CHECK(cudaMemcpyAsync(host_totals_, totals_.as<Totals>(), sizeof(Totals),
