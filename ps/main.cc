@@ -574,11 +574,11 @@ std::optional<int> RestoreServer(const PsFlags& f, Server& server, OpenedStore& 
     if (Status s = server.Restore(*opened.restored); !s.ok()) {
       return Fail("cannot restore from " + f.state_dir + ": " + s.message(), kExitBadUsage);
     }
-    spdlog::info("restored from {}: version {}, {} examples, {} slices, {} bytes on disk, in "
-                 "{:.3f} s",
+    spdlog::info("restored from {}: version {}, {} examples, {} slices, {} embedding rows, {} "
+                 "bytes on disk, in {:.3f} s",
                  f.state_dir, opened.restored->version, opened.restored->examples,
-                 opened.restored->slices.size(), opened.store->ApproximateBytes(),
-                 opened.restore_seconds);
+                 opened.restored->slices.size(), opened.restored->rows.size(),
+                 opened.store->ApproximateBytes(), opened.restore_seconds);
     opened.restored.reset();  // the shard holds its own copy now; do not keep the model twice
   } else if (opened.store) {
     spdlog::info("new data directory {} (durability {})", f.state_dir, f.durability);

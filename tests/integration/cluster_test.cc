@@ -130,7 +130,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInvocation{"parasync-ps", {kCluster, kWorkers, "--mode=turbo"}, "turbo"},
         BadInvocation{"parasync-worker", {kCluster, kWorkers, "--data=/nonexistent/dir"},
                       "/nonexistent/dir"},
-        BadInvocation{"parasync-worker", {kCluster, kWorkers, "--optimizer=adagrad"}, "adagrad"},
+        BadInvocation{"parasync-worker", {kCluster, kWorkers, "--optimizer=lamb"}, "lamb"},
         BadInvocation{"parasync-worker", {kCluster, kWorkers, "--model=784-x-10"}, "784-x-10"},
         BadInvocation{"parasync-worker", {kCluster, kWorkers, "--lr=-1"}, "learning rate"},
         BadInvocation{"parasync-worker", {kCluster, kWorkers, "--device=tpu"}, "tpu"},

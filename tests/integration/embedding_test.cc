@@ -1,0 +1,286 @@
+// Embedding tables end to end with real processes over loopback: the ctr model trained on
+// click-through data from a planted model (parasync-gen-ctr) reaches the planted model's AUC;
+// a server killed with SIGKILL comes back with its rows and their optimizer state; a server
+// whose id stream outruns --max-table-rows evicts, stays under its stated memory bound and
+// says so in its metrics.
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/embedding.h"
+#include "ps/checkpoint_store.h"
+#include "ps/optimizer.h"
+#include "tests/support/process_cluster.h"
+#include "tests/support/process_util.h"
+#include "worker/ps_client.h"
+
+namespace parasync {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Child;
+using testing::ExitCode;
+using testing::ProcessCluster;
+using testing::TempDir;
+
+struct Planted {
+  double log_loss = 0;
+  double auc = 0;
+};
+
+// Writes click-through data into `dir` with parasync-gen-ctr; the planted model's test figures.
+std::optional<Planted> Generate(const std::string& dir, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {testing::BinDir() + "/parasync-gen-ctr", "--out", dir};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const std::string out = dir + ".out";
+  Child child = Child::Start(argv, out);
+  const auto status = child.Wait(120s);
+  const std::string text = testing::ReadFile(out);
+  EXPECT_TRUE(status && ExitCode(*status) == 0) << text;
+  static const std::regex kLine(R"(planted model on test: log-loss ([0-9.]+) AUC ([0-9.]+))");
+  std::smatch m;
+  if (!std::regex_search(text, m, kLine)) return std::nullopt;
+  return Planted{std::stod(m[1].str()), std::stod(m[2].str())};
+}
+
+// The last row of eval.jsonl.
+nlohmann::json LastEval(const std::string& path) {
+  std::ifstream in(path);
+  nlohmann::json last;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) last = nlohmann::json::parse(line);
+  }
+  return last;
+}
+
+std::vector<std::string> CtrWorkerArgs(const std::string& data, int epochs) {
+  return {"--model", "ctr", "--dataset", data, "--optimizer", "adagrad", "--lr", "0.05",
+          "--batch-size", "256", "--epochs", std::to_string(epochs), "--seed", "7"};
+}
+
+class CtrAucTest : public ::testing::TestWithParam<std::string> {};
+
+// 1M training examples: with fewer, too many ids are seen too rarely to learn (200k left the
+// learner 0.009 short of the planted AUC while this was written; 1M, 0.0045).
+TEST_P(CtrAucTest, CtrOnTwoServersAndTwoWorkersReachesThePlantedAuc) {
+  TempDir dir;
+  const std::string data = dir.path() + "/ctr";
+  const auto planted = Generate(data, {"--train", "1000000", "--test", "50000", "--seed", "1"});
+  ASSERT_TRUE(planted.has_value());
+  std::vector<std::string> argv = {testing::BinDir() + "/parasync-launch", "--ps", "2",
+                                   "--workers", "2", "--mode", GetParam(), "--log-dir",
+                                   dir.path() + "/run"};
+  for (const std::string& a : CtrWorkerArgs(data, 3)) argv.push_back(a);
+  Child launch = Child::Start(argv, dir.path() + "/launch.out");
+  const auto status = launch.Wait(280s);
+  const std::string out = testing::ReadFile(dir.path() + "/launch.out");
+  ASSERT_TRUE(status && ExitCode(*status) == 0) << out;
+  const nlohmann::json last = LastEval(dir.path() + "/run/eval.jsonl");
+  ASSERT_TRUE(last.contains("test_auc") && last["test_auc"].is_number()) << last.dump();
+  const double auc = last["test_auc"].get<double>();
+  const double loss = last["test_loss"].get<double>();
+  std::cout << GetParam() << ": planted test log-loss " << planted->log_loss << " AUC "
+            << planted->auc << "; trained (epoch " << last["epoch"] << ") log-loss " << loss
+            << " AUC " << auc << "\n";
+  EXPECT_GE(auc, planted->auc - 0.01) << out;
+  EXPECT_LE(auc, planted->auc + 0.005) << "better than the planted model: the check is wrong";
+  // Rows are created by pushes only: evaluating the test set creates none.
+  EXPECT_NE(out.find("exit status: ps0 exit 0, ps1 exit 0, worker0 exit 0, worker1 exit 0"),
+            std::string::npos)
+      << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CtrAucTest, ::testing::Values("async", "sync"));
+
+// A model of one dense scalar and one unbounded table of 4 columns, adagrad.
+ModelRegistration TableModel(int num_shards) {
+  ModelRegistration reg;
+  reg.variables = {{"bias", {1}, DType::kFloat32, {InitKind::kZeros, 0.0f}}};
+  reg.tables = {{"ids", 0, 4, {InitKind::kUniform, 0.05f}}};
+  reg.optimizer.kind = OptimizerKind::kAdagrad;
+  reg.optimizer.learning_rate = 0.5f;
+  reg.seed = 11;
+  reg.num_shards = num_shards;
+  return reg;
+}
+
+std::unique_ptr<PsClient> TableClient(zmq::context_t& ctx, const ProcessCluster& cluster) {
+  PsClientOptions o;
+  o.ps_addresses = cluster.addresses();
+  o.rank = 0;
+  o.request_timeout = 30s;
+  o.resend_after = 200ms;
+  o.resend_max = 400ms;
+  auto c = PsClient::Connect(ctx, o);
+  EXPECT_TRUE(c.ok());
+  if (!c.ok()) return nullptr;
+  EXPECT_TRUE((*c)->Register(TableModel(static_cast<int>(cluster.addresses().size())), 20s).ok());
+  return std::move(c).value();
+}
+
+// Every acknowledged push of rows is on disk before it is acknowledged (every-update): a
+// SIGKILLed server restarts with each row's values and its adagrad accumulator, so the next
+// update is the one an uninterrupted server would have made, bit for bit.
+TEST(EmbeddingProcessTest, RowsAndTheirOptimizerStateSurviveASigkillWithEveryUpdateDurability) {
+  TempDir dir;
+  ProcessCluster cluster(2, 1, "async", {"--durability", "every-update"}, dir.path(),
+                         ProcessCluster::kPsDataDirs);
+  zmq::context_t ctx;
+  auto client = TableClient(ctx, cluster);
+  ASSERT_NE(client, nullptr);
+  const std::vector<uint64_t> ids = {3, 77, 1000, 1ULL << 40, 0xfedcba9876543210ULL};
+  std::vector<float> grad(ids.size() * 4);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = 0.1f * static_cast<float>(i + 1);
+  float bias_grad = 0.0f;
+  const float* dense[] = {&bias_grad};
+  const RowsOf push{0, ids, grad.data()};
+  ASSERT_TRUE(client->Push(dense, 1, PsClient::kLastRead, {&push, 1}).ok());
+
+  // What a server that is never killed computes for two identical updates.
+  const ModelRegistration reg = TableModel(2);
+  std::vector<float> want(ids.size() * 4);
+  for (size_t r = 0; r < ids.size(); ++r) {
+    float* row = want.data() + r * 4;
+    InitializeRow(reg.tables[0].init, reg.seed, 0, ids[r], row, 4);
+    std::vector<float> acc(4, 0.0f);
+    float* slots[] = {acc.data()};
+    for (int step = 1; step <= 2; ++step) {
+      ApplyUpdate(reg.optimizer, step, row, row, grad.data() + r * 4, slots, 4);
+    }
+  }
+  client.reset();
+  ASSERT_NO_FATAL_FAILURE(cluster.KillPs(0));
+  ASSERT_NO_FATAL_FAILURE(cluster.KillPs(1));
+  cluster.StartPs(0, "ps0-restart");
+  cluster.StartPs(1, "ps1-restart");
+  for (int i = 0; i < 2; ++i) {
+    const std::string log = cluster.Log("ps" + std::to_string(i) + "-restart");
+    ASSERT_TRUE(testing::WaitFor(
+        [&] { return testing::ReadFile(log).find("embedding rows") != std::string::npos; }, 20s))
+        << testing::ReadFile(log);
+  }
+  client = TableClient(ctx, cluster);  // the same model: the restored one
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Push(dense, 1, PsClient::kLastRead, {&push, 1}).ok());
+  std::vector<float> got(ids.size() * 4, -1.0f);
+  float bias = -1;
+  float* params[] = {&bias};
+  const RowsOf pull{0, ids, got.data()};
+  ASSERT_TRUE(client->Pull(params, 0, {&pull, 1}).ok());
+  EXPECT_EQ(got, want) << "a row or its accumulator did not survive the restart";
+  size_t held = 0;
+  for (const ShardStats& s : ProcessCluster::Stats(*client)) held += static_cast<size_t>(s.rows_held);
+  EXPECT_EQ(held, ids.size());
+}
+
+// The run goes on through a SIGKILLed server: the workers resend to the restarted process,
+// which restored its rows; the store holds every row the shard ended with.
+TEST(EmbeddingProcessTest, ACtrRunFinishesThroughAKilledServerThatRestoresItsRows) {
+  TempDir dir;
+  const std::string data = dir.path() + "/ctr";
+  ASSERT_TRUE(Generate(data, {"--train", "100000", "--test", "5000", "--seed", "2"}).has_value());
+  ProcessCluster cluster(2, 2, "async", {"--durability", "every-update"}, dir.path(),
+                         ProcessCluster::kPsDataDirs);
+  for (int r = 0; r < 2; ++r) cluster.StartWorker(r, CtrWorkerArgs(data, 3));
+  {
+    zmq::context_t ctx;
+    auto watcher = cluster.Client(ctx);
+    ASSERT_NE(watcher, nullptr);
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          auto stats = watcher->Stats();
+          return stats.ok() && stats->size() == 2 && (*stats)[1].version >= 200;
+        },
+        60s))
+        << cluster.Dump();
+  }
+  ASSERT_NO_FATAL_FAILURE(cluster.KillPs(1));
+  cluster.StartPs(1, "ps1-restart");
+  static const std::regex kRestored(R"(restored from \S+: version (\d+), \d+ examples, \d+ slices, (\d+) embedding rows)");
+  std::smatch m;
+  std::string log;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        log = testing::ReadFile(cluster.Log("ps1-restart"));
+        return std::regex_search(log, m, kRestored);
+      },
+      20s))
+      << cluster.Dump();
+  std::cout << "shard 1 restored version " << m[1] << " with " << m[2] << " embedding rows\n";
+  EXPECT_GE(std::stoll(m[1].str()), 200);
+  EXPECT_GT(std::stoll(m[2].str()), 1000);
+  const std::vector<int> codes = cluster.WaitWorkers(200s);
+  for (size_t r = 0; r < codes.size(); ++r) ASSERT_EQ(codes[r], 0) << cluster.Dump();
+  int64_t held = -1;
+  {
+    zmq::context_t ctx;
+    auto client = cluster.Client(ctx);
+    ASSERT_NE(client, nullptr);
+    const auto stats = ProcessCluster::Stats(*client);
+    ASSERT_EQ(stats.size(), 2u);
+    held = stats[1].rows_held;
+  }
+  for (int code : cluster.StopPs()) EXPECT_EQ(code, 0) << cluster.Dump();
+  auto store = CheckpointStore::Open(cluster.DataDir(1), 1, 2);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+  EXPECT_EQ(static_cast<int64_t>(snap->rows.size()), held);
+  const nlohmann::json last = LastEval(cluster.EvalLog());
+  ASSERT_TRUE(last.contains("test_auc")) << last.dump();
+  std::cout << "final test AUC " << last["test_auc"] << "\n";
+  EXPECT_GT(last["test_auc"].get<double>(), 0.7);
+}
+
+// A stream of distinct ids far beyond --max-table-rows: each server holds at most its cap,
+// evicts the least recently touched rows, counts them, and its resident memory stays under
+// the bound it states.
+TEST(EmbeddingProcessTest, AnIdStreamBeyondTheRowCapEvictsAndStaysUnderTheMemoryBound) {
+  TempDir dir;
+  const std::string data = dir.path() + "/ctr";
+  // Zipf 1.1 over 10M values per field: ~150k distinct ids in 100k examples.
+  ASSERT_TRUE(Generate(data, {"--train", "100000", "--test", "2000", "--zipf", "1.1",
+                              "--id-kind", "hash", "--seed", "4"})
+                  .has_value());
+  constexpr int64_t kCap = 20000;
+  ProcessCluster cluster(2, 1, "async", {"--max-table-rows", std::to_string(kCap)}, dir.path(),
+                         ProcessCluster::kPsMetricsPorts);
+  cluster.StartWorker(0, CtrWorkerArgs(data, 1));
+  const std::vector<int> codes = cluster.WaitWorkers(200s);
+  ASSERT_EQ(codes[0], 0) << cluster.Dump();
+  for (int i = 0; i < 2; ++i) {
+    const std::string metrics = testing::HttpGet(cluster.metrics_port(i), "/metrics");
+    auto value = [&](const std::string& name) -> double {
+      const std::regex line("\n" + name + R"((\{[^}]*\})? ([0-9.e+]+))");
+      std::smatch m;
+      return std::regex_search(metrics, m, line) ? std::stod(m[2].str()) : -1;
+    };
+    const double held = value("parasync_ps_table_rows");
+    const double evicted = value("parasync_ps_table_rows_evicted_total");
+    const double created = value("parasync_ps_table_rows_created_total");
+    const double rss = value("process_resident_memory_bytes");
+    const double bound = value("parasync_ps_memory_bound_bytes") +
+                         2 * value("parasync_ps_memory_bound_per_connection_bytes");
+    std::cout << "ps" << i << ": rows held " << held << " (cap " << kCap << "), created "
+              << created << ", evicted " << evicted << ", resident " << rss / 1048576
+              << " MiB, stated bound " << bound / 1048576 << " MiB\n";
+    EXPECT_EQ(held, kCap);
+    EXPECT_GT(evicted, 0);
+    EXPECT_EQ(created - evicted, held);
+    EXPECT_GT(rss, 0);
+    EXPECT_LT(rss, bound);
+  }
+}
+
+}  // namespace
+}  // namespace parasync
