@@ -12,8 +12,11 @@ checks are on the rows a command must print and on how they relate:
   3. --only zmq --shards 3 --workers 2: the raw pair's three rows for that configuration
      and nothing else.
   4. The markdown table (no --json) has its header and one line per row.
-  5. Bad flags (--shards 0, --workers 17, --sizes 1000, --only nonsense) exit with status 2
-     and name the flag.
+  5. Bad flags (--shards 0, --workers 17, --sizes 1000, --only nonsense, --row-dims 0) exit
+     with status 2 and name the flag.
+  6. --only rows with --row-dims 16 --shards 1: one row per id draw (zipf, uniform), in rows/s
+     with a positive ceiling and ratio = median / ceiling, and a progress line per row with
+     the rows the servers held at the end.
 
 Usage: bench_test.py BIN_DIR
 """
@@ -124,11 +127,32 @@ def main():
 
     # 5. Bad flags.
     for args, flag in ((["--shards", "0"], "--shards"), (["--workers", "17"], "--workers"),
-                       (["--sizes", "1000"], "--sizes"), (["--only", "nonsense"], "--only")):
+                       (["--sizes", "1000"], "--sizes"), (["--only", "nonsense"], "--only"),
+                       (["--row-dims", "0"], "--row-dims")):
         proc = bench(bin_dir, *args)
         check(proc.returncode == 2, f"{args}: exit status {proc.returncode}, want 2")
         check(flag in proc.stderr, f"{args}: the error does not name {flag}: {proc.stderr!r}")
         check(proc.stdout == "", f"{args}: printed figures: {proc.stdout!r}")
+
+    # 6. Embedding rows, with their ceiling.
+    proc = bench(bin_dir, "--json", "--only", "rows", "--row-dims", "16", "--shards", "1",
+                 "--row-workers", "1", *TINY)
+    rows = json_rows(proc, "--only rows")
+    want_rows = {(f"parasync rows {d} pull+push", 4096 * 16 * 4, 1, 1)
+                 for d in ("zipf", "uniform")}
+    check(set(keyed(rows)) == want_rows and len(rows) == len(want_rows),
+          f"--only rows: rows {sorted(keyed(rows))}, want {sorted(want_rows)}")
+    for row in rows:
+        ok = row["unit"] == "rows/s" and row["median"] > 0
+        ok = ok and isinstance(row["ceiling"], (int, float)) and row["ceiling"] > 0
+        check(ok, f"--only rows: {row}")
+        if ok:
+            ratio = row["median"] / row["ceiling"]
+            check(abs(row["ratio"] - ratio) <= 1e-4 * ratio,
+                  f"--only rows: ratio {row['ratio']} is not median / ceiling = {ratio}")
+    held = [l for l in proc.stderr.splitlines() if "rows held" in l]
+    check(len(held) == 2, f"--only rows: {len(held)} progress lines with rows held, want 2: "
+          f"{proc.stderr[-2000:]}")
 
     if failures:
         print(f"{len(failures)} check(s) failed", flush=True)

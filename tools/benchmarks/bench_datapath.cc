@@ -13,7 +13,11 @@
 //   barrier   sync-mode round latency (PushPull: the gradient out, the next step in) for
 //             2, 4, 8 workers;
 //   apply     ApplyUpdate on a 64 MiB variable for SGD, momentum and Adam, vs memcpy;
-//   small     pipelined pulls of 1 KiB slices against one server, vs raw ZeroMQ.
+//   small     pipelined pulls of 1 KiB slices against one server, vs raw ZeroMQ;
+//   rows      embedding rows (issue 25): rows per second of a Pull of 4096 sorted unique ids'
+//             rows then a Push of their gradient rows, for a table of 16 and 64 floats a row,
+//             ids drawn Zipf (1.1 over 10M) or uniform over 2^63, real Servers (async,
+//             adagrad, max_table_rows 2^20 each), vs a raw pair moving the same bytes.
 //
 // Everything runs in this process on 127.0.0.1; every server and every client has its own
 // ZeroMQ context (one I/O thread each), as separate processes would. A tensor is split
@@ -39,9 +43,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <unordered_set>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -54,6 +60,7 @@
 #include "common/slice_map.h"
 #include "common/transport.h"
 #include "common/wire.h"
+#include "ps/embedding_table.h"
 #include "ps/optimizer.h"
 #include "ps/ps_metrics.h"
 #include "ps/server.h"
@@ -80,8 +87,8 @@ constexpr std::chrono::milliseconds kReplyTimeout{20000};
 // mmap threshold that is fresh pages to fault in and zero every time.)
 constexpr int64_t kFrameBytes = kDefaultMaxSliceElements * 4;
 
-const std::vector<std::string> kSections = {"memcpy", "zmq",     "push",  "pull",
-                                            "pushpull", "barrier", "apply", "small"};
+const std::vector<std::string> kSections = {"memcpy",  "zmq",   "push",  "pull", "pushpull",
+                                            "barrier", "apply", "small", "rows"};
 
 // ---- small helpers --------------------------------------------------------------------------
 
@@ -176,6 +183,8 @@ struct Settings {
   std::vector<int> worker_counts = {1, 4};
   std::vector<int> barrier_workers = {2, 4, 8};
   std::vector<int> small_clients = {1, 2};
+  std::vector<int64_t> row_dims = {16, 64};  // floats per embedding row (section rows)
+  std::vector<int> row_workers = {1};        // client threads of the rows section
   int window = 64;
   int apply_threads = 2;  // as parasync-ps
   int copy_threads = 2;   // as parasync-worker
@@ -495,6 +504,39 @@ class RawClient {
   }
   int outstanding() const { return outstanding_; }
 
+  // One embedding round as raw bytes, `rows` ids split evenly over the servers: to each, its
+  // ids (8 bytes a row) asking for dim floats a row back; then to each, its ids and dim
+  // floats a row, acked. Sent from `ids` and `values` without copying.
+  Status RowsRound(int64_t rows, int64_t dim, const char* ids, const char* values) {
+    const auto n = static_cast<int64_t>(sockets_.size());
+    const int64_t row_bytes = dim * 4;
+    for (bool push : {false, true}) {
+      const uint64_t id = next_id_++;
+      for (int64_t s = 0; s < n; ++s) {
+        const int64_t begin = s * rows / n, count = (s + 1) * rows / n - begin;
+        RawRequest req{push ? 0 : static_cast<uint64_t>(count * row_bytes), id};
+        zmq::message_t head(&req, sizeof(req));
+        zmq::message_t id_frame(const_cast<char*>(ids + begin * 8), static_cast<size_t>(count * 8),
+                                NoFree, nullptr);
+        auto& sock = sockets_[static_cast<size_t>(s)];
+        bool sent = sock.send(head, zmq::send_flags::sndmore) &&
+                    sock.send(id_frame, push ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        if (sent && push) {
+          zmq::message_t body(const_cast<char*>(values + begin * row_bytes),
+                              static_cast<size_t>(count * row_bytes), NoFree, nullptr);
+          sent = sock.send(body, zmq::send_flags::none).has_value();
+        }
+        if (!sent) return Status::Unavailable("raw client: send timed out");
+      }
+      for (int64_t s = 0; s < n; ++s) {
+        const int64_t count = (s + 1) * rows / n - s * rows / n;
+        PARASYNC_RETURN_IF_ERROR(
+            ReceiveReply(static_cast<size_t>(s), id, push ? 0 : count * row_bytes));
+      }
+    }
+    return Status::Ok();
+  }
+
  private:
   Status ReceiveReply(size_t s, uint64_t id, int64_t body_bytes) {
     zmq::message_t ack;
@@ -536,8 +578,9 @@ class RawClient {
 // `shards` real Servers, each with its own context, serving in its own thread.
 class PsCluster {
  public:
+  // `max_table_rows`: each server's ServerOptions::max_table_rows (0: no bound).
   static Result<std::unique_ptr<PsCluster>> Start(int shards, int workers, TrainingMode mode,
-                                                  int apply_threads) {
+                                                  int apply_threads, int64_t max_table_rows = 0) {
     auto cluster = std::unique_ptr<PsCluster>(new PsCluster());
     for (int i = 0; i < shards; ++i) {
       auto node = std::make_unique<Node>();
@@ -553,6 +596,7 @@ class PsCluster {
       o.barrier_timeout = std::chrono::seconds(10);
       o.straggler_log_seconds = 0;
       o.apply_threads = apply_threads;
+      o.max_table_rows = max_table_rows;
       auto server = Server::Create(*node->context, o, node->metrics.get());
       if (!server.ok()) return server.status().WithContext("starting a parasync server");
       node->server = std::move(server).value();
@@ -575,6 +619,21 @@ class PsCluster {
   double CpuSeconds() {
     double sum = 0;
     for (auto& n : nodes_) sum += ThreadCpuSeconds(n->thread);
+    return sum;
+  }
+
+  // Table t's figures summed over the servers. Precondition: Finish() returned (the
+  // serving threads own the tables until then).
+  EmbeddingTables::TableStats TableStats(uint32_t t) const {
+    EmbeddingTables::TableStats sum;
+    for (const auto& n : nodes_) {
+      const EmbeddingTables::TableStats one = n->server->shard().tables().stats(t);
+      sum.rows_held += one.rows_held;
+      sum.rows_created += one.rows_created;
+      sum.rows_evicted += one.rows_evicted;
+      sum.rows_read += one.rows_read;
+      sum.rows_updated += one.rows_updated;
+    }
     return sum;
   }
 
@@ -1176,6 +1235,252 @@ Status RunSmall(const Settings& st, Report& report) {
   return Status::Ok();
 }
 
+// ---- embedding rows (issue 25) --------------------------------------------------------------
+
+// Ids per request, and where the Zipf ids come from.
+constexpr int64_t kRowIds = 4096;
+constexpr double kZipfExponent = 1.1;
+constexpr double kZipfVocabulary = 10'000'000;
+// Batches of ids drawn before a row is measured; rounds take them in turn.
+constexpr int kRowBatches = 64;
+// Each server's max_table_rows: no Zipf run comes near it (it touches at most kRowBatches x
+// kRowIds distinct ids); a uniform run creates kRowIds rows a round and evicts beyond it.
+constexpr int64_t kRowsPerServer = int64_t{1} << 20;
+// Uniform batches are reused shifted by the number of passes over the pool, so every round
+// has ids no earlier round had: consecutive ids of a batch are drawn further apart than this.
+constexpr uint64_t kMinUniformGap = uint64_t{1} << 32;
+
+enum class IdDraw { kZipf, kUniform };
+const char* IdDrawName(IdDraw d) { return d == IdDraw::kZipf ? "zipf" : "uniform"; }
+
+// kRowIds distinct ids, sorted. Zipf: the rank, less one, of the continuous power law x^-1.1
+// on [1, vocabulary + 1) by its inverse CDF, repeats rejected until kRowIds are distinct.
+// Uniform: over [0, 2^63), drawn again until consecutive ids are kMinUniformGap apart.
+std::vector<uint64_t> DrawIds(IdDraw draw, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const double a = 1.0 - kZipfExponent, top = std::pow(kZipfVocabulary + 1, a) - 1;
+  for (;;) {
+    std::unordered_set<uint64_t> ids;
+    ids.reserve(2 * kRowIds);
+    while (static_cast<int64_t>(ids.size()) < kRowIds) {
+      ids.insert(draw == IdDraw::kZipf
+                     ? static_cast<uint64_t>(std::pow(1 + unit(rng) * top, 1 / a)) - 1
+                     : rng() >> 1);
+    }
+    std::vector<uint64_t> sorted(ids.begin(), ids.end());
+    std::sort(sorted.begin(), sorted.end());
+    bool spread = true;
+    for (size_t i = 1; draw == IdDraw::kUniform && i < sorted.size(); ++i) {
+      spread = spread && sorted[i] - sorted[i - 1] > kMinUniformGap;
+    }
+    if (spread) return sorted;
+  }
+}
+
+// The ids of round k (over all client threads) into `out`: Zipf batches are reused as they
+// are (a hot id stays hot); uniform ones shifted by the pass, so each round's ids are new.
+void RoundIds(IdDraw draw, const std::vector<std::vector<uint64_t>>& pool, int64_t k,
+              std::vector<uint64_t>& out) {
+  const auto& batch = pool[static_cast<size_t>(k % static_cast<int64_t>(pool.size()))];
+  const uint64_t shift =
+      draw == IdDraw::kZipf ? 0 : static_cast<uint64_t>(k / static_cast<int64_t>(pool.size()));
+  out.resize(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) out[i] = batch[i] + shift;
+}
+
+// A small dense variable beside one unbounded table of `dim` floats, adagrad, async.
+ModelRegistration RowsModel(int64_t dim, int shards) {
+  ModelRegistration reg = OneVariable(16, shards, kDefaultMaxSliceElements, "async");
+  reg.optimizer.kind = OptimizerKind::kAdagrad;
+  reg.optimizer.learning_rate = 1e-3f;
+  reg.tables = {{"emb", 0, dim, {InitKind::kUniform, 0.05f}}};
+  return reg;
+}
+
+// One client thread's parasync side of the rows rows: its client and buffers.
+struct RowsWorker {
+  std::unique_ptr<PsWorker> ps;
+  std::vector<uint64_t> ids;
+  std::vector<float> values, grads, dense_grad;
+  int64_t rounds = 0;
+};
+
+// One round: Pull of the dense variable and the batch's rows, then Push of their gradients.
+Status PsRowsRound(RowsWorker& w, IdDraw draw, const std::vector<std::vector<uint64_t>>& pool,
+                   int index, int workers) {
+  RoundIds(draw, pool, w.rounds++ * workers + index, w.ids);
+  float* params[] = {w.ps->params.data()};
+  const RowsOf pull{0, w.ids, w.values.data()};
+  PARASYNC_RETURN_IF_ERROR(w.ps->client->Pull(params, 0, RowSet(&pull, 1)));
+  Clobber(w.values.data());
+  const float* grads[] = {w.dense_grad.data()};
+  const RowsOf push{0, w.ids, w.grads.data()};
+  PARASYNC_RETURN_IF_ERROR(w.ps->client->Push(grads, 1, PsClient::kLastRead, RowSet(&push, 1)));
+  if (w.ps->client->last_push_dropped()) return Status::Internal("an async push was dropped");
+  return Status::Ok();
+}
+
+// Rows held over every server, read through `client`.
+Result<int64_t> RowsHeld(PsClient& client) {
+  auto stats = client.Stats();
+  if (!stats.ok()) return stats.status();
+  int64_t held = 0;
+  for (const ShardStats& s : *stats) held += s.rows_held;
+  return held;
+}
+
+// Connects `workers` clients with the rows model, and checks that a pull alone creates no row.
+Result<std::vector<RowsWorker>> ConnectRowsWorkers(const PsCluster& cluster, int64_t dim,
+                                                   int workers) {
+  const ModelRegistration reg = RowsModel(dim, static_cast<int>(cluster.addresses().size()));
+  std::vector<RowsWorker> out(static_cast<size_t>(workers));
+  for (int w = 0; w < workers; ++w) {
+    RowsWorker& rw = out[static_cast<size_t>(w)];
+    auto ps = ConnectWorker(cluster.addresses(), w, reg, /*sync=*/false);
+    if (!ps.ok()) return ps.status();
+    rw.ps = std::move(ps).value();
+    rw.values.assign(static_cast<size_t>(kRowIds * dim), 0.0f);
+    rw.grads.assign(static_cast<size_t>(kRowIds * dim), 1e-3f);
+    rw.dense_grad.assign(16, 1e-3f);
+  }
+  std::vector<uint64_t> ids(static_cast<size_t>(kRowIds));
+  for (int64_t i = 0; i < kRowIds; ++i) ids[static_cast<size_t>(i)] = static_cast<uint64_t>(i);
+  float* params[] = {out[0].ps->params.data()};
+  const RowsOf pull{0, ids, out[0].values.data()};
+  PARASYNC_RETURN_IF_ERROR(out[0].ps->client->Pull(params, 0, RowSet(&pull, 1)));
+  auto held = RowsHeld(*out[0].ps->client);
+  if (!held.ok()) return held.status();
+  if (*held != 0) return Status::Internal(fmt::format("a pull alone created {} rows", *held));
+  return out;
+}
+
+// What one side of a rows row added up to over its repeats.
+struct RowsTally {
+  std::vector<double> rates;  // rows/s of each repeat
+  double rounds = 0, seconds = 0, cpu = 0, loop_cpu = 0;
+  // CPU microseconds per 1000 rows (a row pulled and pushed), all threads.
+  double CpuPerKRow() const { return 1e6 * cpu / (rounds * kRowIds / 1000); }
+};
+
+// One timed repeat of `round` on `workers` threads, added to `t`.
+template <typename RoundFn>
+Status MeasureRows(const Settings& st, int workers, RoundFn round, RowsTally& t) {
+  const double cpu0 = ProcessCpuSeconds();
+  auto r = RunParallel(workers, st.seconds, kMaxRounds, round);
+  if (!r.ok()) return r.status();
+  t.cpu += ProcessCpuSeconds() - cpu0;
+  t.rounds += static_cast<double>(r->rounds);
+  t.seconds += r->seconds;
+  t.rates.push_back(static_cast<double>(r->rounds * kRowIds) / r->seconds);
+  return Status::Ok();
+}
+
+// The report's row and the progress line for one rows row; `table`: the servers' figures at
+// the end (rows are created by pushes only, so a uniform run holds its pushed rows up to
+// kRowsPerServer a server and evicts the rest).
+void ReportRowsRow(const std::string& config, int64_t dim, int shards, int workers,
+                   const RowsTally& raw, const RowsTally& ps,
+                   const EmbeddingTables::TableStats& table, Report& report) {
+  const double median = Median(ps.rates);
+  std::optional<double> ceiling, ratio;  // none with --no-ceiling
+  if (!raw.rates.empty()) ceiling = Median(raw.rates), ratio = median / *ceiling;
+  const std::string what = config.substr(0, config.find(','));
+  report.Add({"parasync " + what + " pull+push", kRowIds * dim * 4, shards, workers, median,
+              std::nullopt, "rows/s", ceiling, ratio});
+  const std::string zmq = ceiling ? fmt::format(" zmq {:.0f} rows/s ({:.1f} CPU us/1k rows),",
+                                                *ceiling, raw.CpuPerKRow())
+                                  : "";
+  Progress(fmt::format(
+      "{}:{} parasync {:.0f} rows/s ({}{:.1f} CPU us/1k rows, server loops busy {:.0f}%); "
+      "servers at the end: {} rows held, {} created, {} evicted, {} read, {} updated",
+      config, zmq, median, ratio ? fmt::format("{:.2f}; ", *ratio) : "", ps.CpuPerKRow(),
+      100 * ps.loop_cpu / ps.seconds / shards, table.rows_held, table.rows_created,
+      table.rows_evicted, table.rows_read, table.rows_updated));
+  if (table.rows_evicted > 0) {
+    report.Note(fmt::format(
+        "rows: each server holds at most {} rows (max_table_rows); the uniform rows create "
+        "{} new rows a round, so once that many are held each new row evicts the least "
+        "recently touched one (the progress lines count them).",
+        kRowsPerServer, kRowIds));
+  }
+}
+
+// One rows row: parasync (`shards` servers, `workers` clients, table of `dim`) and the raw
+// pair moving the same bytes, their repeats interleaved.
+Status RunRowsRow(const Settings& st, IdDraw draw, const std::vector<std::vector<uint64_t>>& pool,
+                  int64_t dim, int shards, int workers, Report& report) {
+  const std::string config = fmt::format("rows {}, D = {}, {} server(s), {} client(s)",
+                                         IdDrawName(draw), dim, shards, workers);
+  Progress(config + ": setting up");
+  std::vector<std::unique_ptr<RawServer>> raw_servers;
+  std::vector<std::string> raw_endpoints;
+  for (int s = 0; s < shards; ++s) {
+    raw_servers.push_back(std::make_unique<RawServer>(kRowIds * dim * 4 / shards + 1));
+    raw_endpoints.push_back(raw_servers.back()->endpoint());
+  }
+  std::vector<std::unique_ptr<RawClient>> raw_clients;
+  for (int w = 0; w < workers; ++w) raw_clients.push_back(std::make_unique<RawClient>(raw_endpoints));
+  const std::vector<float> raw_values(static_cast<size_t>(kRowIds * dim), 1e-3f);
+  auto started = PsCluster::Start(shards, workers, TrainingMode{}, st.apply_threads,
+                                  kRowsPerServer);
+  if (!started.ok()) return started.status();
+  std::unique_ptr<PsCluster> cluster = std::move(started).value();
+  auto connected = ConnectRowsWorkers(*cluster, dim, workers);
+  if (!connected.ok()) return connected.status().WithContext("parasync " + config);
+  std::vector<RowsWorker> ours = std::move(connected).value();
+  auto raw_round = [&](int w) {
+    return raw_clients[static_cast<size_t>(w)]->RowsRound(
+        kRowIds, dim, reinterpret_cast<const char*>(pool[0].data()),
+        reinterpret_cast<const char*>(raw_values.data()));
+  };
+  auto ps_round = [&](int w) {
+    return PsRowsRound(ours[static_cast<size_t>(w)], draw, pool, w, workers);
+  };
+  RowsTally raw, ps;
+  for (int rep = -1; rep < st.repeats; ++rep) {  // -1: one untimed round each, a warm-up
+    auto raw_status = st.no_ceiling ? Status::Ok()
+                      : rep < 0     ? RunParallel(workers, 0, 1, raw_round).status()
+                                    : MeasureRows(st, workers, raw_round, raw);
+    if (!raw_status.ok()) return raw_status.WithContext("zmq " + config);
+    const double loop0 = cluster->CpuSeconds();
+    auto ps_status = rep < 0 ? RunParallel(workers, 0, 1, ps_round).status()
+                             : MeasureRows(st, workers, ps_round, ps);
+    if (!ps_status.ok()) return ps_status.WithContext("parasync " + config);
+    if (rep >= 0) ps.loop_cpu += cluster->CpuSeconds() - loop0;
+  }
+  ours.clear();
+  PARASYNC_RETURN_IF_ERROR(cluster->Finish());
+  raw_clients.clear();
+  for (auto& s : raw_servers) PARASYNC_RETURN_IF_ERROR(s->Finish());
+  ReportRowsRow(config, dim, shards, workers, raw, ps, cluster->TableStats(0), report);
+  return Status::Ok();
+}
+
+// Every rows row: both id draws, each table width, server count and client count.
+Status RunRows(const Settings& st, Report& report) {
+  std::mt19937_64 rng(25);
+  for (IdDraw draw : {IdDraw::kZipf, IdDraw::kUniform}) {
+    std::vector<std::vector<uint64_t>> pool;
+    for (int b = 0; b < kRowBatches; ++b) pool.push_back(DrawIds(draw, rng));
+    for (int64_t dim : st.row_dims) {
+      for (int shards : st.shard_counts) {
+        for (int workers : st.row_workers) {
+          PARASYNC_RETURN_IF_ERROR(RunRowsRow(st, draw, pool, dim, shards, workers, report));
+        }
+      }
+    }
+  }
+  report.Note(fmt::format(
+      "rows: a round is a Pull of {} sorted unique ids' rows (and a 16-float dense variable), "
+      "then a Push of their gradient rows (async, adagrad); rows/s = {} x rounds / seconds, "
+      "summed over clients; size = one pull's row values ({} x dim x 4 B). Ceiling: a raw "
+      "DEALER/ROUTER pair moving the same bytes a round (ids out, values back; ids and values "
+      "out, an 8-byte ack back). zipf: exponent {} over {:.0f} ids; uniform: over 2^63, new "
+      "ids every round.",
+      kRowIds, kRowIds, kRowIds, kZipfExponent, kZipfVocabulary));
+  return Status::Ok();
+}
+
 Status RunAll(const Settings& st, Report& report) {
   MemcpyTable memcpy_table(st);
   if (st.Want("memcpy")) PARASYNC_RETURN_IF_ERROR(RunMemcpy(st, memcpy_table, report));
@@ -1183,6 +1488,7 @@ Status RunAll(const Settings& st, Report& report) {
   if (st.Want("barrier")) PARASYNC_RETURN_IF_ERROR(RunBarrier(st, report));
   if (st.Want("apply")) PARASYNC_RETURN_IF_ERROR(RunApply(st, memcpy_table, report));
   if (st.Want("small")) PARASYNC_RETURN_IF_ERROR(RunSmall(st, report));
+  if (st.Want("rows")) PARASYNC_RETURN_IF_ERROR(RunRows(st, report));
   return Status::Ok();
 }
 
@@ -1207,17 +1513,20 @@ int main(int argc, char** argv) {
       "parasync's real Server + PsClient for push, pull and push+pull of one tensor (4 KiB .. "
       "64 MiB, split over 1 or 2 servers, 1 or 4 client threads), as GB/s and as a ratio to "
       "that ceiling; sync barrier round latency (p50/p99, 2/4/8 workers); the server's "
-      "optimizer apply bandwidth vs memcpy; pipelined 1 KiB pulls per second vs raw ZeroMQ. "
+      "optimizer apply bandwidth vs memcpy; pipelined 1 KiB pulls per second vs raw ZeroMQ; "
+      "embedding rows per second (pull + push of 4096 ids) vs raw ZeroMQ moving the same bytes. "
       "Each figure is the median of --repeats repeats. The table goes to stdout, progress to "
       "stderr."};
   app.footer(
       "Sections (for --only): memcpy, zmq (the raw ceilings alone), push, pull, pushpull "
-      "(each also measures its raw ceiling), barrier, apply, small.\n"
+      "(each also measures its raw ceiling), barrier, apply, small, rows (with its raw "
+      "ceiling).\n"
       "Examples:\n"
       "  tools/bench                      full run (about 3.5 minutes on 2 cores)\n"
       "  tools/bench --quick              4 KiB, 1 MiB and 64 MiB only, 0.1 s repeats (< 2 min)\n"
       "  tools/bench --only pull,small --seconds 1\n"
       "  tools/bench --only zmq,push --sizes 4096,16777216\n"
+      "  tools/bench --only rows --row-workers 1,2\n"
       "  tools/bench --quick --json       one JSON object per row\n"
       "  perf record -g tools/bench --only pushpull --no-ceiling --sizes 1048576 --shards 2 "
       "--workers 4\n"
@@ -1258,9 +1567,20 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
+  app.add_option("--row-dims", st.row_dims,
+                 "Comma-separated embedding row widths (floats per row) for the rows section")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, kMaxTableDim))
+      ->capture_default_str();
+  app.add_option("--row-workers", st.row_workers,
+                 "Comma-separated client counts (threads, each with its own context) for the "
+                 "rows section")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
   app.add_flag("--no-ceiling", st.no_ceiling,
-               "Run parasync's push, pull and push+pull rows without the raw ZeroMQ pair beside "
-               "them (no ceiling, no ratio): to profile parasync alone, e.g. under perf; "
+               "Run parasync's push, pull, push+pull and rows rows without the raw ZeroMQ pair "
+               "beside them (no ceiling, no ratio): to profile parasync alone, e.g. under perf; "
                "--only zmq runs the raw pair alone");
   app.add_option("--repeats", st.repeats, "Repeats per figure; the median is reported")
       ->check(CLI::Range(1, 1000))
