@@ -138,6 +138,15 @@ int Run(const ExportFlags& f, const ExportConfig& c) {
   if (!stats.ok()) return Fail("cannot reach the servers: " + stats.status().ToString());
   if (!(*stats)[0].registration) return Fail("the servers hold no model yet (nothing registered)");
   const ModelRegistration reg = *(*stats)[0].registration;
+  if (!reg.tables.empty()) {
+    // A table's rows live on the servers by id, an unbounded one without any list of them:
+    // a model file of dense variables would be a model without its embeddings.
+    return Fail("the model has " + std::to_string(reg.tables.size()) + " embedding table(s) ('" +
+                    reg.tables[0].name + "', ...) kept as rows on the servers; exporting them "
+                    "to a model file is not supported (their rows are in each server's "
+                    "--state-dir)",
+                kExitBadUsage);
+  }
   if (Status s = (*client)->Adopt(reg); !s.ok()) return Fail(s.message(), kExitBadUsage);
 
   ModelFile model;
