@@ -214,8 +214,9 @@ class TrainingRun {
   std::vector<RowsOf> RowsIn(const std::vector<uint64_t>& ids, const std::vector<float*>& buffers) const;
   // The step's exchange with the servers after the gradient: PushPull (dense models) or a
   // push with the batch's rows (sparse models, whose next rows depend on the next batch).
-  Status PushGradient(size_t count, const std::vector<uint64_t>& ids,
-                      PsClient::PushPullTimes* times);
+  // A sparse model's push also pulls the rows of the next batch of the epoch, which it
+  // gathers first (prepared_first_ says which).
+  Status PushGradient(size_t first, size_t count, PsClient::PushPullTimes* times);
   // The test set's figures; the logits of every example in `logits` (sigmoid models).
   Result<EvalResult> EvaluateTestSet(std::vector<float>* logits);
   void CountPush();
@@ -236,6 +237,9 @@ class TrainingRun {
   Tensors grads_;
   std::vector<float*> dense_params_;       // params_ of the dense variables (the client's)
   std::vector<const float*> dense_grads_;  // grads_ of the dense variables
+  SparseBatch batch_rows_;                 // the batch in batch_x_: its distinct ids
+  // The first example of the batch already in batch_x_ with its rows pulled (SIZE_MAX: none).
+  size_t prepared_first_ = SIZE_MAX;
   std::shared_ptr<void> batch_x_;
   std::shared_ptr<void> batch_y_;
   EvalLog eval_log_;
@@ -409,19 +413,21 @@ Status TrainingRun::Step(int epoch, size_t first, size_t count, EpochTotals& tot
   auto* bx = static_cast<float*>(batch_x_.get());
   auto* by = static_cast<uint8_t*>(batch_y_.get());
   const std::span<const int64_t> idx(shard_.data() + first, count);
-  SparseBatch rows;
-  if (sparse()) {
-    rows = GatherSparseBatch(train_, idx, bx, by);
-  } else {
+  // A sparse model's batch and its rows may have come with the last push (PushGradient).
+  const bool prepared = sparse() && prepared_first_ == first;
+  prepared_first_ = SIZE_MAX;
+  if (!prepared && sparse()) {
+    batch_rows_ = GatherSparseBatch(train_, idx, bx, by);
+  } else if (!sparse()) {
     GatherBatch(train_, idx, bx, by);
   }
   const auto t0 = Clock::now();
   // Sync: each shard answers once it has applied the step this worker last pushed to.
-  // After the first step a dense model's parameters came with the last push (PushPull).
-  if (sparse()) {
+  // After the first step the parameters came with the last push (PushPull).
+  if (sparse() && !prepared) {
     PARASYNC_RETURN_IF_ERROR(client_.Pull(dense_params_, sync() ? PsClient::kNextStep : 0,
-                                          RowsIn(rows.unique_ids, params_.ptrs)));
-  } else if (!have_params_) {
+                                          RowsIn(batch_rows_.unique_ids, params_.ptrs)));
+  } else if (!sparse() && !have_params_) {
     PARASYNC_RETURN_IF_ERROR(client_.Pull(params_.ptrs, sync() ? PsClient::kNextStep : 0));
     have_params_ = true;
   }
@@ -445,7 +451,7 @@ Status TrainingRun::Step(int epoch, size_t first, size_t count, EpochTotals& tot
   client_.set_progress({epoch, static_cast<int64_t>(first + count),
                         static_cast<int64_t>(shard_.size())});
   PsClient::PushPullTimes exchange;
-  PARASYNC_RETURN_IF_ERROR(PushGradient(count, rows.unique_ids, &exchange));
+  PARASYNC_RETURN_IF_ERROR(PushGradient(first, count, &exchange));
   CountPush();
   SyncClientCounters();
   CountStep(count, *loss, Seconds(t0, t1) + exchange.pull_seconds, Seconds(t1, t2),
@@ -454,18 +460,36 @@ Status TrainingRun::Step(int epoch, size_t first, size_t count, EpochTotals& tot
   return Status::Ok();
 }
 
-Status TrainingRun::PushGradient(size_t count, const std::vector<uint64_t>& ids,
-                                 PsClient::PushPullTimes* times) {
+Status TrainingRun::PushGradient(size_t first, size_t count, PsClient::PushPullTimes* times) {
+  const int64_t wait = sync() ? PsClient::kNextStep : 0;
   if (!sparse()) {
     // The gradient out and the next step's parameters in, in one round trip.
-    return client_.PushPull(grads_.cptrs, static_cast<int64_t>(count), params_.ptrs,
-                            sync() ? PsClient::kNextStep : 0, times);
+    return client_.PushPull(grads_.cptrs, static_cast<int64_t>(count), params_.ptrs, wait,
+                            times);
   }
-  const auto t0 = Clock::now();
-  PARASYNC_RETURN_IF_ERROR(client_.Push(dense_grads_, static_cast<int64_t>(count),
-                                        PsClient::kLastRead, RowsIn(ids, grads_.ptrs)));
-  times->push_seconds = Seconds(t0, Clock::now());
-  times->pull_seconds = 0;
+  // Out of batch_rows_, which the next batch takes below.
+  const std::vector<uint64_t> ids = std::move(batch_rows_.unique_ids);
+  const std::vector<RowsOf> pushed = RowsIn(ids, grads_.ptrs);
+  const size_t next = first + count;
+  if (next >= shard_.size()) {
+    // The epoch's last batch: the next one is in another order (or there is none).
+    const auto t0 = Clock::now();
+    PARASYNC_RETURN_IF_ERROR(client_.Push(dense_grads_, static_cast<int64_t>(count),
+                                          PsClient::kLastRead, pushed));
+    times->push_seconds = Seconds(t0, Clock::now());
+    times->pull_seconds = 0;
+    return Status::Ok();
+  }
+  // The next batch is known: its rows come back with this push, in one round trip, as a
+  // dense model's parameters do. The compute is done, so the batch buffers are free.
+  const size_t n = std::min(static_cast<size_t>(o_.batch_size), shard_.size() - next);
+  batch_rows_ = GatherSparseBatch(train_, std::span<const int64_t>(shard_.data() + next, n),
+                                  static_cast<float*>(batch_x_.get()),
+                                  static_cast<uint8_t*>(batch_y_.get()));
+  PARASYNC_RETURN_IF_ERROR(client_.PushPull(dense_grads_, static_cast<int64_t>(count),
+                                            dense_params_, wait, times, pushed,
+                                            RowsIn(batch_rows_.unique_ids, params_.ptrs)));
+  prepared_first_ = next;
   return Status::Ok();
 }
 
