@@ -205,6 +205,7 @@ struct WorkerFlags {
   std::string optimizer = "adam";
   float lr = 0.001f;
   float momentum = 0.9f;
+  float adagrad_initial_accumulator = 0.1f;
   std::string lr_schedule = "constant";
   double lr_decay_epochs = 0;
   float lr_final_fraction = 0.0f;
@@ -274,9 +275,13 @@ void AddClusterAndDataFlags(CLI::App& app, WorkerFlags& f) {
 }
 
 void AddOptimizerFlags(CLI::App& app, WorkerFlags& f) {
-  app.add_option("--optimizer", f.optimizer, "Server-side optimizer: sgd, momentum or adam");
+  app.add_option("--optimizer", f.optimizer,
+                 "Server-side optimizer: sgd, momentum, adam or adagrad (the usual choice for "
+                 "sparse embedding tables; rows get their own step counts and accumulators)");
   app.add_option("--lr", f.lr, "Learning rate");
   app.add_option("--momentum", f.momentum, "Momentum coefficient (--optimizer momentum)");
+  app.add_option("--adagrad-initial-accumulator", f.adagrad_initial_accumulator,
+                 "The accumulator's starting value (--optimizer adagrad; TensorFlow's 0.1)");
   app.add_option("--lr-schedule", f.lr_schedule,
                  "constant, or cosine: the servers decay the learning rate along a half cosine "
                  "(Keras's CosineDecay) over --lr-decay-epochs of examples applied, to --lr "
@@ -443,6 +448,7 @@ parasync::Result<parasync::OptimizerSpec> OptimizerFromFlags(const WorkerFlags& 
   opt.learning_rate = f.lr;
   if (f.lr_scaling == "linear") opt.learning_rate = f.lr * static_cast<float>(num_workers);
   opt.momentum = f.momentum;
+  opt.initial_accumulator = f.adagrad_initial_accumulator;
   opt.staleness_aware = f.staleness_lr;
   auto schedule = ParseLrSchedule(f.lr_schedule);
   if (!schedule.ok()) return Status::InvalidArgument("--lr-schedule: " + schedule.status().message());
