@@ -78,6 +78,21 @@ bool IdsOf(const zmq::message_t& frame, std::vector<uint64_t>* ids) {
   return true;
 }
 
+// Counts `hold`'s bytes on its unread counters and appends the frame of `data`, which `hold`
+// then owns (ReleaseFrame gives both back once ZeroMQ is done with it). Counted before the
+// frame exists: ReleaseFrame may run as soon as it is queued. On a throw both are released.
+void AppendHeldFrame(void* data, size_t size, FrameHold* hold,
+                     std::vector<zmq::message_t>& frames) {
+  hold->peer->fetch_add(hold->bytes, std::memory_order_relaxed);
+  hold->total->fetch_add(hold->bytes, std::memory_order_relaxed);
+  try {
+    frames.emplace_back(data, size, &ReleaseFrame, hold);
+  } catch (...) {
+    ReleaseFrame(data, hold);
+    throw;
+  }
+}
+
 std::string Mib(int64_t bytes) {
   return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0);
 }
@@ -450,19 +465,12 @@ void Server::AppendRowFrames(const Header& req, const std::vector<std::vector<ui
       frames.emplace_back();
       continue;
     }
+    auto hold = std::make_unique<FrameHold>(
+        FrameHold{nullptr, static_cast<int64_t>(size), peer, unread_total_, released_since_trim_});
     void* data = std::malloc(size);
     if (data == nullptr) throw std::bad_alloc();
     EncodeFloats(rows.data(), n, req.dtype, data);
-    auto* hold = new FrameHold{nullptr, static_cast<int64_t>(size), peer, unread_total_,
-                               released_since_trim_};
-    peer->fetch_add(hold->bytes, std::memory_order_relaxed);
-    unread_total_->fetch_add(hold->bytes, std::memory_order_relaxed);
-    try {
-      frames.emplace_back(data, size, &ReleaseFrame, hold);
-    } catch (...) {
-      ReleaseFrame(data, hold);
-      throw;
-    }
+    AppendHeldFrame(data, size, hold.release(), frames);
     if (r.table < metrics_->tables.size()) {
       metrics_->tables[r.table].rows_pulled->Increment(static_cast<double>(r.count));
     }
@@ -492,16 +500,11 @@ void Server::AppendPullFrame(DType dtype, const Shard::Loan& loan, const ByteCou
   } else {
     owned_hold->loan = loan.token;
   }
-  // From here the hold owns the loan (or the buffer). Counted before the frame exists:
-  // ReleaseFrame may run as soon as it is queued.
-  FrameHold* hold = owned_hold.release();
-  peer->fetch_add(hold->bytes, std::memory_order_relaxed);
-  unread_total_->fetch_add(hold->bytes, std::memory_order_relaxed);
+  // From here the hold owns the loan (or the buffer).
   try {
-    frames.emplace_back(data, size, &ReleaseFrame, hold);
+    AppendHeldFrame(data, size, owned_hold.release(), frames);
   } catch (...) {
-    ReleaseFrame(data, hold);
-    ++taken;
+    ++taken;  // given back with the hold
     throw;
   }
 }
