@@ -107,6 +107,15 @@ constexpr int64_t kHeaderRepliesPerConnection = int64_t{1000} << 10;
 
 }  // namespace
 
+namespace {
+// The elements the unread-reply caps are computed from: the shard's values and, with
+// embedding tables, one message's worth of rows (HandlePull refuses a rows reply larger than
+// a message).
+int64_t UnreadBasis(const ServerOptions& options, int64_t elements, bool tables) {
+  return elements + (tables ? options.max_message_bytes / static_cast<int64_t>(sizeof(float)) : 0);
+}
+}  // namespace
+
 int64_t UnreadReplyCap(const ServerOptions& options, int64_t elements) {
   const int64_t values = elements * static_cast<int64_t>(sizeof(float));
   // Never below a reply for every worker at once (a sync step answers them together).
@@ -128,7 +137,7 @@ MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, i
   const int64_t copies = 2 + slots + (sync ? options.num_workers + 1 : 0) + 1 +
                          (options.store != nullptr ? 3 * (1 + slots) : 0);
   b.model = copies * values;
-  b.unread = UnreadReplyCap(options, elements);
+  b.unread = UnreadReplyCap(options, UnreadBasis(options, elements, row_bytes > 0));
   // Rows at capacity, and a snapshot's copy of them (the first after a restart may write
   // every row). The per-step sync accumulators are bounded by the messages they came in.
   if (row_bytes > 0 && options.max_table_rows > 0) {
@@ -397,8 +406,8 @@ bool Server::RefuseUnreadPull(zmq::message_t& identity, const Header& req,
   bytes += RowReplyBytes(req);
   const int64_t peer_unread = peer.load(std::memory_order_relaxed);
   const int64_t total_unread = unread_total_->load(std::memory_order_relaxed);
-  // Rows count as elements too: a reply of rows alone is bounded like one of slices.
-  const int64_t elements = std::max(shard_.num_elements(), options_.max_message_bytes / 4 / 8);
+  const int64_t elements =
+      UnreadBasis(options_, shard_.num_elements(), shard_.tables().num_tables() > 0);
   const int64_t peer_cap = 2 * elements * static_cast<int64_t>(sizeof(float));
   const int64_t cap = UnreadReplyCap(options_, elements);
   if ((peer_unread <= 0 || peer_unread + bytes <= peer_cap) && total_unread + bytes <= cap) {
@@ -1125,6 +1134,15 @@ bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason*
   }
   reply.status = shard_.ValidateRows(req.rows, row_ids, req.dtype, std::nullopt, reason);
   if (!reply.status.ok()) return false;
+  if (const int64_t bytes = RowReplyBytes(req); bytes > options_.max_message_bytes) {
+    // What the unread-reply caps assume (UnreadBasis), and what a worker could receive.
+    *reason = RejectReason::kRange;
+    reply.status = Status::InvalidArgument(
+        "a reply with these rows would take " + std::to_string(bytes) +
+        " bytes, more than this server's --max-message-bytes (" +
+        std::to_string(options_.max_message_bytes) + "): pull fewer rows at a time");
+    return false;
+  }
   if (CanServePull(req)) {
     SendPull(in.identity, req, row_ids);
     return true;
