@@ -73,8 +73,9 @@ struct PsClientOptions {
   LoopHeartbeat* loop = nullptr;
 };
 
-// Embedding rows one call moves for one table (common/embedding.h): `ids` sorted ascending and
-// unique; `values` ids.size() * dim floats, caller-owned — filled by a pull (row i at
+// Embedding rows one call moves for one table (common/embedding.h), a RowSet listing tables in
+// increasing order, each once: `ids` sorted ascending and unique (else InvalidArgument, nothing
+// sent); `values` ids.size() * dim floats, caller-owned — filled by a pull (row i at
 // values + i * dim), read by a push (the gradient rows, each id's summed over the batch).
 struct RowsOf {
   uint32_t table = 0;

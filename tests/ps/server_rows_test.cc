@@ -166,6 +166,25 @@ TEST_F(ServerRowsTest, BadRowRequestsAreRefusedWithTheirReasonAndChangeNothing) 
   EXPECT_EQ(bias, 0.0f);
 }
 
+TEST_F(ServerRowsTest, TheClientRefusesUnsortedIdsAndUnknownTablesWithoutSending) {
+  const std::vector<uint64_t> unsorted = {5, 2};
+  std::vector<float> values(8, 1.0f);
+  const float bias_grad = 0.0f;
+  const float* dense[] = {&bias_grad};
+  const RowsOf bad{0, unsorted, values.data()};
+  EXPECT_EQ(client_->Push(dense, 1, PsClient::kLastRead, {&bad, 1}).code(),
+            StatusCode::kInvalidArgument);
+  const std::vector<uint64_t> ids = {2, 5};
+  const RowsOf unknown{7, ids, values.data()};
+  float bias = -1;
+  float* params[] = {&bias};
+  EXPECT_EQ(client_->Pull(params, 0, {&unknown, 1}).code(), StatusCode::kInvalidArgument);
+  auto stats = client_->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ((*stats)[0].version, 0);
+  EXPECT_EQ((*stats)[0].rejected, 0);  // refused here, never sent
+}
+
 TEST(ServerRowsShardsTest, RowsSpreadOverTheShardsByIdAndReadBackWhole) {
   zmq::context_t context;
   InProcessServer s0(context, 0, 2);
