@@ -1,9 +1,10 @@
-// Tests that the Grafana dashboard (dashboards/parasync.json) and the Prometheus alert rules
+// Tests that the Grafana dashboards (dashboards/parasync.json and
+// dashboards/parasync-embeddings.json) and the Prometheus alert rules
 // (deploy/prometheus/parasync-alerts.yml) use only metric names the processes export, taken
 // from the registries parasync-ps and parasync-worker really build and the process metrics
-// every metrics server adds (common/process_metrics.h), none deprecated, and that the dashboard
-// keeps the structure its provisioning relies on. A renamed metric fails here, not on a
-// blank panel in production.
+// every metrics server adds (common/process_metrics.h), none deprecated, and that each
+// dashboard keeps the structure its provisioning relies on. A renamed metric fails here, not
+// on a blank panel in production.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -61,10 +62,12 @@ void AddExportedNames(const std::vector<prometheus::MetricFamily>& families,
 }
 
 // Every name a parameter server or a worker exports. Rank 0 is the chief, the one rank that
-// also exports the evaluation gauges.
+// also exports the evaluation gauges; the server has an embedding table, as it does once a
+// model with tables registers (before, the per-table families have no series).
 std::set<std::string> ExportedNames() {
   std::set<std::string> names;
-  const PsMetrics ps(/*shard=*/0, /*num_workers=*/2);
+  PsMetrics ps(/*shard=*/0, /*num_workers=*/2);
+  ps.AddTables({"table"});
   const WorkerMetrics chief(/*rank=*/0);
   AddExportedNames(ps.registry->Collect(), &names);
   AddExportedNames(chief.registry->Collect(), &names);
@@ -215,13 +218,15 @@ std::string ReadSourceFile(const std::string& relative) {
   return text.str();
 }
 
-nlohmann::json LoadDashboard() {
-  const std::string text = ReadSourceFile("dashboards/parasync.json");
+// The dashboard at `relative` under the source tree; an empty object and a test failure when
+// it cannot be read or parsed.
+nlohmann::json LoadDashboard(const std::string& relative) {
+  const std::string text = ReadSourceFile(relative);
   if (text.empty()) return nlohmann::json::object();
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    ADD_FAILURE() << "dashboards/parasync.json is not valid JSON: " << e.what();
+    ADD_FAILURE() << relative << " is not valid JSON: " << e.what();
     return nlohmann::json::object();
   }
 }
@@ -247,14 +252,21 @@ TEST(ObservabilityTest, RegistriesExportTheMetricsDashboardsAreBuiltOn) {
   }
 }
 
-TEST(ObservabilityTest, DashboardUsesOnlyExportedMetrics) {
-  const nlohmann::json dashboard = LoadDashboard();
-  const std::vector<Expr> exprs = DashboardExprs(dashboard);
-  ASSERT_FALSE(exprs.empty()) << "no queries found in dashboards/parasync.json";
+// Fails the test for each metric of the dashboard at `relative` no process exports.
+void ExpectOnlyExportedMetrics(const std::string& relative) {
+  const std::vector<Expr> exprs = DashboardExprs(LoadDashboard(relative));
+  ASSERT_FALSE(exprs.empty()) << "no queries found in " << relative;
   const std::vector<std::string> unknown = UnknownMetrics(exprs, ExportedNames());
-  EXPECT_THAT(unknown, IsEmpty()) << "dashboards/parasync.json uses metrics no process "
-                                     "exports:\n"
+  EXPECT_THAT(unknown, IsEmpty()) << relative << " uses metrics no process exports:\n"
                                   << Joined(unknown);
+}
+
+TEST(ObservabilityTest, DashboardUsesOnlyExportedMetrics) {
+  ExpectOnlyExportedMetrics("dashboards/parasync.json");
+}
+
+TEST(ObservabilityTest, EmbeddingsDashboardUsesOnlyExportedMetrics) {
+  ExpectOnlyExportedMetrics("dashboards/parasync-embeddings.json");
 }
 
 TEST(ObservabilityTest, AlertRulesUseOnlyExportedMetrics) {
@@ -270,9 +282,14 @@ TEST(ObservabilityTest, AlertRulesUseOnlyExportedMetrics) {
                                   << Joined(unknown);
 }
 
-TEST(ObservabilityTest, DashboardHasVariablesDatasourcesAndQueriesProvisioningNeeds) {
-  const nlohmann::json dashboard = LoadDashboard();
-  EXPECT_EQ(dashboard.value("uid", std::string()), "parasync-overview");
+// Fails the test where the dashboard at `relative` lacks what provisioning relies on: its
+// `uid`, a `datasource` variable every panel and target reads through, the query variables
+// `query_variables` over parasync_ metrics, unique panel ids, a query in every panel.
+void ExpectProvisionable(const std::string& relative, const std::string& uid,
+                         const std::vector<std::string>& query_variables) {
+  SCOPED_TRACE(relative);
+  const nlohmann::json dashboard = LoadDashboard(relative);
+  EXPECT_EQ(dashboard.value("uid", std::string()), uid);
   EXPECT_GE(dashboard.value("schemaVersion", 0), 39);
 
   std::map<std::string, nlohmann::json> variables;
@@ -283,7 +300,7 @@ TEST(ObservabilityTest, DashboardHasVariablesDatasourcesAndQueriesProvisioningNe
   ASSERT_EQ(variables.count("datasource"), 1u) << "no `datasource` variable";
   EXPECT_EQ(variables["datasource"].value("type", std::string()), "datasource");
   EXPECT_EQ(variables["datasource"].value("query", std::string()), "prometheus");
-  for (const char* name : {"job", "rank"}) {
+  for (const std::string& name : query_variables) {
     ASSERT_EQ(variables.count(name), 1u) << "no `" << name << "` variable";
     EXPECT_EQ(variables[name].value("type", std::string()), "query") << name;
     EXPECT_THAT(VariableQuery(variables[name]), HasSubstr("parasync_")) << name;
@@ -315,6 +332,15 @@ TEST(ObservabilityTest, DashboardHasVariablesDatasourcesAndQueriesProvisioningNe
     EXPECT_GT(queries, 0) << name << ": no target with a query";
   });
   EXPECT_GT(panels, 0) << "no panels";
+}
+
+TEST(ObservabilityTest, DashboardHasVariablesDatasourcesAndQueriesProvisioningNeeds) {
+  ExpectProvisionable("dashboards/parasync.json", "parasync-overview", {"job", "rank"});
+}
+
+TEST(ObservabilityTest, EmbeddingsDashboardHasVariablesDatasourcesAndQueriesProvisioningNeeds) {
+  ExpectProvisionable("dashboards/parasync-embeddings.json", "parasync-embeddings",
+                      {"job", "shard", "table"});
 }
 
 TEST(ObservabilityTest, ScanReportsUnknownMetricWithItsPanel) {

@@ -1,11 +1,14 @@
-// A real Prometheus (Debian's) scrapes a live local cluster — 2 PS, 2 workers, started by
-// parasync-launch --metrics and watched through tools/watch-run.sh, exactly as the README
-// tells a user — and every PromQL expression of every panel of dashboards/parasync.json must
-// return a finite sample through the HTTP API while the cluster trains. Then the dashboard's
-// global examples/sec, evaluated over the window between two of the chief's evaluations,
-// must agree within 10% with the examples the chief itself counted in that window.
-// The bounds of its waits add up to 255 s, under ctest's 300 s, so a hang fails here with a
-// message.
+// A real Prometheus (Debian's) scrapes a live local cluster started by parasync-launch
+// --metrics and watched through tools/watch-run.sh, exactly as the README tells a user, and
+// every PromQL expression of every panel of a dashboard must return a finite sample through the
+// HTTP API while the cluster trains:
+// - dashboards/parasync.json on 2 PS and 2 workers training Fashion-MNIST; then the
+//   dashboard's global examples/sec, evaluated over the window between two of the chief's
+//   evaluations, must agree within 10% with the examples the chief itself counted there.
+// - dashboards/parasync-embeddings.json on 2 PS and 2 workers training the ctr model on
+//   parasync-gen-ctr data, with --max-table-rows small enough that the servers evict.
+// The bounds of each test's waits add up to less than ctest's 300 s (255 s and 225 s), so a
+// hang fails here with a message.
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <string>
 #include <utility>
@@ -35,8 +39,9 @@ using testing::Child;
 using testing::TempDir;
 
 constexpr const char* kJob = "promtest";
-// Far more than the test needs (an epoch took 0.6-0.8 s on the 2-core VM when this was
-// written): the test stops the run itself once it has what it needs.
+// Far more than the tests need (a Fashion-MNIST epoch took 0.6-0.8 s on the 2-core VM when
+// this was written, a 200k-example ctr epoch about 0.4 s): each test stops its run itself
+// once it has what it needs.
 constexpr int kEpochs = 1000;
 
 std::string UrlEncode(const std::string& text) {
@@ -72,14 +77,14 @@ void CollectPanels(const nlohmann::json& panels, std::vector<Panel>* out) {
 }
 
 // The dashboard's expressions with Grafana's variables replaced as Grafana would for this
-// run: our job, every rank and shard, a 15 s rate interval (15 scrapes at 1 s).
+// run: our job, every rank, shard and table, and `rate_interval` for $__rate_interval.
 std::string Substitute(std::string expr, const std::string& rate_interval) {
   const std::pair<std::regex, std::string> rules[] = {
       {std::regex(R"(\$\{?__rate_interval\}?)"), rate_interval},
       {std::regex(R"(\$\{?__interval\}?)"), "1s"},
       {std::regex(R"(\$\{?__range\}?)"), "5m"},
       {std::regex(R"(\$\{?job(:\w+)?\}?)"), kJob},
-      {std::regex(R"(\$\{?(rank|shard)(:\w+)?\}?)"), ".*"},
+      {std::regex(R"(\$\{?(rank|shard|table)(:\w+)?\}?)"), ".*"},
   };
   for (const auto& [pattern, value] : rules) expr = std::regex_replace(expr, pattern, value);
   return expr;
@@ -152,41 +157,53 @@ bool OnPath(const std::string& program) {
   return false;
 }
 
-TEST(PrometheusTest, EveryDashboardExpressionHasDataFromALiveClusterAndThroughputAgrees) {
-  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
-  ASSERT_TRUE(OnPath("prometheus"))
-      << "Debian's prometheus is needed (tools/install-deps.sh installs it)";
-  const std::string source = PARASYNC_TEST_SOURCE_DIR;
-  std::ifstream dashboard_file(source + "/dashboards/parasync.json");
-  const nlohmann::json dashboard = nlohmann::json::parse(dashboard_file, nullptr, false);
-  ASSERT_TRUE(dashboard.is_object()) << "cannot parse dashboards/parasync.json";
+// Every panel query of the dashboard at `relative` (from the source tree); empty with a test
+// failure when it cannot be read or parsed.
+std::vector<Panel> LoadPanels(const std::string& relative) {
+  std::ifstream file(std::string(PARASYNC_TEST_SOURCE_DIR) + "/" + relative);
+  const nlohmann::json dashboard = nlohmann::json::parse(file, nullptr, false);
   std::vector<Panel> panels;
+  if (!dashboard.is_object() || !dashboard.contains("panels")) {
+    ADD_FAILURE() << "cannot parse " << relative;
+    return panels;
+  }
   CollectPanels(dashboard["panels"], &panels);
-  ASSERT_GE(panels.size(), 10u);
+  return panels;
+}
 
-  TempDir dir;
-  const std::string run = dir.path() + "/run";
-  Child launch = Child::Start(
-      {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers", "2", "--mode", "sync",
-       "--epochs", std::to_string(kEpochs), "--log-dir", run, "--job", kJob, "--data",
-       testing::DataDir(), "--data-dir", dir.path() + "/state", "--metrics",
-       "--ps-arg=--checkpoint-every=1", "--worker-arg=--train-examples=20000",
-       "--worker-arg=--device=cpu"},
-      dir.path() + "/launch.out");
-  ASSERT_TRUE(testing::WaitFor(
-      [&] { return std::filesystem::exists(run + "/prometheus-targets.json"); }, 30s))
-      << testing::ReadFile(dir.path() + "/launch.out");
-
+// Waits (up to 30 s) for parasync-launch to write the run's Prometheus targets, then starts
+// tools/watch-run.sh on the run (1 s scrapes, its output in dir/prometheus.out) and waits (up
+// to 20 s) until that Prometheus is ready. Returns it with its port, or nullopt with a test
+// failure.
+std::optional<std::pair<Child, int>> StartPrometheus(const std::string& dir,
+                                                     const std::string& run) {
+  if (!testing::WaitFor(
+          [&] { return std::filesystem::exists(run + "/prometheus-targets.json"); }, 30s)) {
+    ADD_FAILURE() << "no " << run << "/prometheus-targets.json:\n"
+                  << testing::ReadFile(dir + "/launch.out");
+    return std::nullopt;
+  }
   const int port = testing::FreePorts(1)[0];
-  Child prometheus = Child::Start({source + "/tools/watch-run.sh", run, "--port",
-                                   std::to_string(port), "--scrape-interval", "1s"},
-                                  dir.path() + "/prometheus.out");
-  ASSERT_TRUE(testing::WaitFor(
-      [&] { return testing::HttpGet(port, "/-/ready").find(" 200 ") != std::string::npos; },
-      20s))
-      << testing::ReadFile(dir.path() + "/prometheus.out");
+  Child prometheus = Child::Start({std::string(PARASYNC_TEST_SOURCE_DIR) + "/tools/watch-run.sh",
+                                   run, "--port", std::to_string(port), "--scrape-interval",
+                                   "1s"},
+                                  dir + "/prometheus.out");
+  if (!testing::WaitFor(
+          [&] { return testing::HttpGet(port, "/-/ready").find(" 200 ") != std::string::npos; },
+          20s)) {
+    ADD_FAILURE() << "Prometheus not ready:\n" << testing::ReadFile(dir + "/prometheus.out");
+    return std::nullopt;
+  }
+  return std::make_pair(std::move(prometheus), port);
+}
 
-  // Poll (bounded) until every expression has returned a finite sample.
+// Polls Prometheus on `port` (up to `limit`) until every panel's expression, its variables
+// substituted with a 15 s rate interval (15 scrapes at 1 s), has returned a finite sample;
+// a test failure names each one that has not. The run in `run` must still be training when
+// the last one gets its data: its chief alive, short of its last epoch (a test failure if
+// not). Returns whether every expression got data.
+bool EveryExpressionHasDataWhileTraining(int port, const std::vector<Panel>& panels,
+                                         const std::string& run, std::chrono::seconds limit) {
   std::vector<bool> seen(panels.size(), false);
   std::vector<std::string> last_answer(panels.size());
   size_t missing = panels.size();
@@ -210,18 +227,44 @@ TEST(PrometheusTest, EveryDashboardExpressionHasDataFromALiveClusterAndThroughpu
         chief_alive_when_done = ChiefAlive(run);
         return true;
       },
-      80s);
+      limit);
   for (size_t i = 0; i < panels.size(); ++i) {
     EXPECT_TRUE(seen[i]) << "panel \"" << panels[i].title << "\": no finite sample for "
                          << Substitute(panels[i].expr, "15s") << "\n  last answer: "
                          << last_answer[i];
   }
-  ASSERT_EQ(missing, 0u) << testing::ReadFile(dir.path() + "/prometheus.out");
+  if (missing > 0) return false;
   // "Live": the chief was still training when the last expression got its data.
   EXPECT_TRUE(chief_alive_when_done) << "the chief had exited by then";
   EXPECT_LT(final_epoch_when_done, kEpochs);
-  std::printf("all %zu dashboard expressions returned data by epoch %d of %d\n", panels.size(),
+  std::printf("all %zu expressions returned data by epoch %d of %d\n", panels.size(),
               final_epoch_when_done, kEpochs);
+  return true;
+}
+
+TEST(PrometheusTest, EveryDashboardExpressionHasDataFromALiveClusterAndThroughputAgrees) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  ASSERT_TRUE(OnPath("prometheus"))
+      << "Debian's prometheus is needed (tools/install-deps.sh installs it)";
+  const std::vector<Panel> panels = LoadPanels("dashboards/parasync.json");
+  ASSERT_GE(panels.size(), 10u);
+
+  TempDir dir;
+  const std::string run = dir.path() + "/run";
+  Child launch = Child::Start(
+      {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers", "2", "--mode", "sync",
+       "--epochs", std::to_string(kEpochs), "--log-dir", run, "--job", kJob, "--data",
+       testing::DataDir(), "--data-dir", dir.path() + "/state", "--metrics",
+       "--ps-arg=--checkpoint-every=1", "--worker-arg=--train-examples=20000",
+       "--worker-arg=--device=cpu"},
+      dir.path() + "/launch.out");
+  std::optional<std::pair<Child, int>> watch = StartPrometheus(dir.path(), run);
+  ASSERT_TRUE(watch.has_value());
+  Child& prometheus = watch->first;
+  const int port = watch->second;
+
+  ASSERT_TRUE(EveryExpressionHasDataWhileTraining(port, panels, run, 80s))
+      << testing::ReadFile(dir.path() + "/prometheus.out");
 
   // Throughput: two of the chief's evaluations at least 10 s apart, both made while
   // Prometheus was scraping every worker (a stretch it did not see would be extrapolated by
@@ -303,6 +346,65 @@ TEST(PrometheusTest, EveryDashboardExpressionHasDataFromALiveClusterAndThroughpu
               chief_rate, prometheus_rate / chief_rate);
   EXPECT_NEAR(prometheus_rate / chief_rate, 1.0, 0.10)
       << "first panel \"" << panels.front().title << "\": " << global_expr;
+
+  launch.Signal(SIGINT);
+  EXPECT_TRUE(launch.Wait(20s).has_value());
+  prometheus.Signal(SIGTERM);
+  EXPECT_TRUE(prometheus.Wait(15s).has_value());
+}
+
+// Small enough to write in well under a second; about 23k distinct ids, so each of the two
+// servers, holding at most kMaxTableRows rows, evicts throughout the run.
+constexpr const char* kCtrTrainExamples = "200000";
+constexpr int kMaxTableRows = 4000;
+
+TEST(PrometheusTest, EveryEmbeddingsDashboardExpressionHasDataFromALiveCtrCluster) {
+  ASSERT_TRUE(OnPath("prometheus"))
+      << "Debian's prometheus is needed (tools/install-deps.sh installs it)";
+  const std::vector<Panel> panels = LoadPanels("dashboards/parasync-embeddings.json");
+  ASSERT_GE(panels.size(), 8u);
+
+  TempDir dir;
+  const std::string data = dir.path() + "/ctr";
+  {
+    Child gen = Child::Start({testing::BinDir() + "/parasync-gen-ctr", "--out", data, "--train",
+                              kCtrTrainExamples, "--test", "10000", "--seed", "1"},
+                             dir.path() + "/gen.out");
+    const std::optional<int> status = gen.Wait(60s);
+    ASSERT_TRUE(status.has_value() && testing::ExitCode(*status) == 0)
+        << testing::ReadFile(dir.path() + "/gen.out");
+  }
+  const std::string run = dir.path() + "/run";
+  Child launch = Child::Start(
+      {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers", "2", "--mode", "async",
+       "--epochs", std::to_string(kEpochs), "--dataset", data, "--model", "ctr", "--optimizer",
+       "adagrad", "--lr", "0.05", "--batch-size", "256", "--log-dir", run, "--job", kJob,
+       "--metrics", "--ps-arg=--max-table-rows=" + std::to_string(kMaxTableRows)},
+      dir.path() + "/launch.out");
+  std::optional<std::pair<Child, int>> watch = StartPrometheus(dir.path(), run);
+  ASSERT_TRUE(watch.has_value());
+  Child& prometheus = watch->first;
+  const int port = watch->second;
+
+  EXPECT_TRUE(EveryExpressionHasDataWhileTraining(port, panels, run, 80s))
+      << testing::ReadFile(dir.path() + "/prometheus.out");
+
+  // The panels show this run: its servers evicted, and none held more rows than its
+  // capacity. (Failures here still stop the run below.)
+  const std::string job = std::string("{job=\"") + kJob + "\"}";
+  std::string error;
+  const std::vector<double> evicted =
+      FiniteValues(Query(port, "sum(parasync_ps_table_rows_evicted_total" + job + ")", 0, &error));
+  EXPECT_EQ(evicted.size(), 1u) << error;
+  if (evicted.size() == 1) {
+    EXPECT_GT(evicted[0], 0) << "no row evicted at --max-table-rows=" << kMaxTableRows;
+  }
+  const std::vector<double> fullest = FiniteValues(
+      Query(port, "max(sum by (shard) (parasync_ps_table_rows" + job + "))", 0, &error));
+  EXPECT_EQ(fullest.size(), 1u) << error;
+  if (fullest.size() == 1) {
+    EXPECT_LE(fullest[0], kMaxTableRows);
+  }
 
   launch.Signal(SIGINT);
   EXPECT_TRUE(launch.Wait(20s).has_value());
