@@ -86,6 +86,8 @@ ModelRegistration FuzzModel(const Config& config) {
   ModelRegistration reg;
   reg.variables = {{"dense/kernel", {20, 10}, DType::kFloat32, {InitKind::kUniform, 0.1f}},
                    {"dense/bias", {10}, DType::kFloat32, {InitKind::kConstant, 0.25f}}};
+  reg.tables = {{"emb/fixed", kFixedTableRows, kFixedTableDim, {InitKind::kUniform, 0.05f}},
+                {"emb/hashed", 0, kHashedTableDim, {InitKind::kConstant, 0.5f}}};
   reg.optimizer.kind = config.optimizer;
   reg.optimizer.learning_rate = 0.05f;
   reg.optimizer.staleness_aware = config.staleness_aware;

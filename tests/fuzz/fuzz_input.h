@@ -11,7 +11,8 @@
 //   message := count frame{1 + count % kMaxFrames}
 //   frame   := length (u32 little-endian) bytes{length}
 //
-// Frame 0 is the header frame, the rest are tensor frames: exactly what a DEALER sends. Parsing
+// Frame 0 is the header frame, the rest are tensor frames (a slice's values; for embedding rows
+// an ids frame, and in a push a values frame, per row range): exactly what a DEALER sends. Parsing
 // never fails: a length past the end takes what is left, a missing config byte is 0, and at
 // most kMaxMessages messages are taken. An input is therefore any byte string.
 #pragma once
@@ -56,8 +57,16 @@ struct Input {
 Input Parse(const uint8_t* data, size_t size);
 std::string Serialize(const Input& input);
 
+// FuzzModel's embedding tables: table 0 has kFixedTableRows rows, table 1 is unbounded (any
+// uint64 id); each shard holds the rows ShardOfRow gives it.
+inline constexpr int64_t kFixedTableRows = 1000;
+inline constexpr int64_t kFixedTableDim = 4;
+inline constexpr int64_t kHashedTableDim = 2;
+
 // The small model the harness registers (and the seeds use): a 20x10 kernel in four 50-element
-// slices and a 10-element bias, split over kNumShards shards, for `config`'s mode and optimizer.
+// slices and a 10-element bias, split over kNumShards shards, plus two embedding tables
+// ("emb/fixed": kFixedTableRows rows of kFixedTableDim floats; "emb/hashed": unbounded, rows of
+// kHashedTableDim floats), for `config`'s mode and optimizer.
 ModelRegistration FuzzModel(const Config& config);
 
 }  // namespace parasync::fuzz

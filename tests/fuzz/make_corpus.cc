@@ -1,6 +1,7 @@
 // Writes the PS fuzzer's seed corpus (tests/fuzz/corpus) with the real encoder: valid
-// Register / Pull / Push / Stats / Heartbeat / Leave exchanges for every mode, plus a few
-// malformed messages. Regenerate after a wire change (e.g. kProtocolVersion):
+// Register / Pull / Push / Stats / Heartbeat / Leave exchanges for every mode, with and without
+// embedding rows, plus malformed messages of both. Regenerate after a wire change (e.g.
+// kProtocolVersion):
 //   rm -r tests/fuzz/corpus && build/bin/parasync-fuzz-corpus tests/fuzz/corpus
 // `--check DIR` (ctest fuzz_corpus_current) instead verifies that DIR holds exactly these seeds.
 // Header frames are compared by what they decode to: the bytes of a registration differ between
@@ -19,6 +20,8 @@
 #include <vector>
 
 #include "common/cli.h"
+#include "common/embedding.h"
+#include "common/float_codec.h"
 #include "common/process.h"
 #include "common/slice_map.h"
 #include "common/wire.h"
@@ -37,6 +40,35 @@ std::string Floats(int64_t count, float value) {
   for (size_t i = 0; i < v.size(); ++i) v[i] = value * static_cast<float>(1 + i % 7);
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
+
+// `count` floats (value, 2 x value, ... 7 x value, repeated) in `dtype`'s wire encoding.
+std::string Values(int64_t count, float value, DType dtype) {
+  if (dtype == DType::kFloat32) return Floats(count, value);
+  const std::string f = Floats(count, value);
+  std::string out(static_cast<size_t>(count) * DTypeSize(dtype), '\0');
+  EncodeFloats(reinterpret_cast<const float*>(f.data()), static_cast<size_t>(count), dtype,
+               out.data());
+  return out;
+}
+
+std::string IdsFrame(const std::vector<uint64_t>& ids) {
+  return std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint64_t));
+}
+
+// The first `n` ids at or above `from` that shard `shard` of kNumShards holds in `table`.
+std::vector<uint64_t> IdsOn(uint32_t table, int shard, uint64_t from, size_t n) {
+  std::vector<uint64_t> ids;
+  for (uint64_t id = from; ids.size() < n; ++id) {
+    if (ShardOfRow(table, id, kNumShards) == shard) ids.push_back(id);
+  }
+  return ids;
+}
+
+// The ids of one table a request names: a RowRange {table, ids.size()} and its ids frame.
+struct Rows {
+  uint32_t table = 0;
+  std::vector<uint64_t> ids;
+};
 
 class Seeds {
  public:
@@ -84,6 +116,42 @@ class Seeds {
     Message m{Frame(h)};
     for (const SliceRange& r : h.slices) m.push_back(Floats(r.count, value));
     return m;
+  }
+  // A pull of slice ranges and rows: an ids frame per row range.
+  Message PullRows(int rank, int64_t min_version, std::vector<SliceRange> ranges,
+                   const std::vector<Rows>& rows, DType dtype = DType::kFloat32) {
+    Header h = Base(MsgType::kPull, rank);
+    h.slices = std::move(ranges);
+    h.min_version = min_version;
+    h.dtype = dtype;
+    for (const Rows& r : rows) h.rows.push_back({r.table, static_cast<int64_t>(r.ids.size())});
+    Message m{Frame(h)};
+    for (const Rows& r : rows) m.push_back(IdsFrame(r.ids));
+    return m;
+  }
+  // A push of slice ranges and rows, every value in `dtype`: the slices' frames, then an ids
+  // frame and a values frame (ids x dim) per row range.
+  Message PushRows(int rank, int64_t version, std::vector<SliceRange> ranges,
+                   const std::vector<Rows>& rows, float value = 0.01f,
+                   DType dtype = DType::kFloat32) {
+    Header h = Base(MsgType::kPush, rank);
+    h.slices = std::move(ranges);
+    h.version = version;
+    h.batch_examples = 32;
+    h.dtype = dtype;
+    h.seq = (uint64_t{0x5eed} << 32) | static_cast<uint64_t>(++seq_);
+    for (const Rows& r : rows) h.rows.push_back({r.table, static_cast<int64_t>(r.ids.size())});
+    Message m{Frame(h)};
+    for (const SliceRange& r : h.slices) m.push_back(Values(r.count, value, dtype));
+    for (const Rows& r : rows) {
+      m.push_back(IdsFrame(r.ids));
+      m.push_back(Values(static_cast<int64_t>(r.ids.size()) * Dim(r.table), value, dtype));
+    }
+    return m;
+  }
+  // A table's row width (1 for a table the model does not have).
+  int64_t Dim(uint32_t table) const {
+    return table < model_.tables.size() ? model_.tables[table].dim : 1;
   }
   Message Simple(MsgType type, int rank) { return {Frame(Base(type, rank))}; }
   Message Stats() { return Simple(MsgType::kStats, -1); }
@@ -204,6 +272,42 @@ int main(int argc, char** argv) {
                    s.Push(0, 1, s.here()), s.Push(0, 1, s.here()), s.Stats(),
                    s.Simple(MsgType::kLeave, 1), s.Push(0, 2, s.here())}));
   }
+  // The same exchange with embedding rows, in every mode: both ranks pull and push rows of
+  // both tables (on this shard), with slices and without. The ranks' rows overlap, so a sync
+  // step averages some rows over two ranks and others over one; together they are more rows
+  // than the harness's row cap, so creating rows evicts others.
+  const Rows fixed0{0, IdsOn(0, 0, 0, 5)};
+  const Rows hashed0{1, IdsOn(1, 0, uint64_t{1} << 40, 3)};
+  Rows fixed1{0, {fixed0.ids[2], fixed0.ids[3], fixed0.ids[4]}};
+  for (uint64_t id : IdsOn(0, 0, 600, 2)) fixed1.ids.push_back(id);
+  Rows hashed1{1, {hashed0.ids[1]}};
+  for (uint64_t id : IdsOn(1, 0, UINT64_MAX - 64, 1)) hashed1.ids.push_back(id);
+  const std::vector<Rows> rows0{fixed0, hashed0}, rows1{fixed1, hashed1};
+  for (const Variant& v : variants) {
+    Seeds s(v.config);
+    write("rows-train-" + std::string(v.name),
+          s.Input({s.Simple(MsgType::kHeartbeat, 0), s.Simple(MsgType::kHeartbeat, 1),
+                   s.PullRows(0, 0, s.here(), rows0), s.PullRows(1, 0, s.here(), rows1),
+                   s.PushRows(0, 0, s.here(), rows0), s.PullRows(0, 1, s.here(), rows0),
+                   s.PushRows(1, 0, s.here(), rows1, -0.02f), s.PullRows(1, 1, {}, rows1),
+                   s.PushRows(0, 1, {}, {hashed0}), s.PushRows(0, 1, s.here(), rows0),
+                   s.PullRows(0, 2, {}, {fixed0}, DType::kBfloat16), s.Stats(),
+                   s.Simple(MsgType::kLeave, 1), s.PushRows(0, 2, s.here(), rows1)}));
+  }
+  {
+    // 16-bit rows both ways: bfloat16 and float16 pushes (values frames of 2-byte values)
+    // and pulls (their replies' values frames are too).
+    Seeds s(MakeConfig(0, true, OptimizerKind::kAdam));
+    write("rows-sixteen-bit",
+          s.Input({s.PushRows(0, 0, {}, rows0, 0.01f, DType::kBfloat16),
+                   s.PushRows(1, 1, s.here(), rows1, 0.03f, DType::kFloat16),
+                   s.PullRows(0, 1, s.here(), rows0, DType::kFloat16),
+                   s.PullRows(1, 1, {}, rows1, DType::kBfloat16)}));
+    // Ids nobody pushed read as their initial value and create nothing; an empty ids frame.
+    write("rows-pull-unseen",
+          s.Input({s.PullRows(0, 0, {}, {{0, IdsOn(0, 0, 900, 40)}, {1, {}}}),
+                   s.PullRows(1, 0, {}, {{1, IdsOn(1, 0, 0, 64)}})}));
+  }
   {
     // Registration through the fuzzed path: first, idempotent again, then a pull and a push.
     Seeds s(MakeConfig(0, false, OptimizerKind::kMomentum));
@@ -290,6 +394,114 @@ int main(int argc, char** argv) {
     wrong_mode.registration = bad;
     write("bad-registrations", fresh.Input({{Frame(bad_lr)}, {Frame(bad_shards)}, {Frame(too_big)},
                                             {Frame(wrong_mode)}, fresh.Pull(0, 0, fresh.here())}));
+  }
+  // Malformed rows: each is refused and changes no row. Async, after a push that created
+  // rows, so that a refusal has rows to leave alone; each file ends with a valid pull.
+  {
+    Seeds s(MakeConfig(0, true, OptimizerKind::kMomentum));
+    const std::vector<Rows> ok{fixed0, hashed0};
+    // `make_bad` builds the bad messages after the valid push, so that their seq numbers
+    // follow its own (an earlier one would be taken for a replay, not checked).
+    auto seed = [&](const std::string& name, auto make_bad) {
+      std::vector<Message> messages{s.PushRows(0, 0, {}, ok)};
+      for (Message& m : make_bad()) messages.push_back(std::move(m));
+      messages.push_back(s.PullRows(0, 0, {}, ok));
+      write(name, s.Input(std::move(messages)));
+    };
+    const Rows unsorted{0, {fixed0.ids[3], fixed0.ids[1], fixed0.ids[2]}};
+    const Rows twice{1, {hashed0.ids[0], hashed0.ids[0]}};
+    seed("bad-rows-order", [&] {
+      return std::vector<Message>{s.PushRows(0, 0, {}, {unsorted}), s.PullRows(0, 0, {}, {twice}),
+                                  s.PushRows(0, 0, {}, {hashed0, fixed0})};
+    });
+    const Rows other_shard{0, {fixed0.ids[0], IdsOn(0, 1, fixed0.ids[0], 1)[0]}};
+    seed("bad-rows-shard", [&] {
+      return std::vector<Message>{s.PushRows(0, 0, {}, {other_shard}),
+                                  s.PullRows(0, 0, {}, {{1, IdsOn(1, 1, 0, 1)}})};
+    });
+    const Rows past_end{0, {fixed0.ids[0], IdsOn(0, 0, kFixedTableRows, 1)[0]}};
+    seed("bad-rows-range", [&] {
+      return std::vector<Message>{s.PushRows(0, 0, {}, {past_end}),
+                                  s.PullRows(0, 0, {}, {{0, IdsOn(0, 0, UINT64_MAX - 64, 1)}})};
+    });
+    seed("bad-rows-values-length", [&] {
+      Message short_values = s.PushRows(0, 0, {}, ok);
+      short_values[2].resize(short_values[2].size() - 4);
+      Message long_values = s.PushRows(0, 0, {}, ok);
+      long_values[4] += std::string(4, '\0');
+      // bfloat16 in the header, float32 values in the frame.
+      Message wide = s.PushRows(0, 0, {}, ok, 0.01f, DType::kBfloat16);
+      wide[2] = Floats(static_cast<int64_t>(fixed0.ids.size()) * kFixedTableDim, 0.01f);
+      return std::vector<Message>{short_values, long_values, wide};
+    });
+    seed("bad-rows-frame-count", [&] {
+      Message no_values = s.PushRows(0, 0, {}, ok);
+      no_values.pop_back();
+      Message extra = s.PushRows(0, 0, {}, ok);
+      extra.push_back(std::string(8, '\0'));
+      Message no_slice = s.PushRows(0, 0, {s.here().front()}, ok);
+      no_slice.erase(no_slice.begin() + 1);
+      Message no_ids = s.PullRows(0, 0, {}, ok);
+      no_ids.pop_back();
+      Message two_ids = s.PullRows(0, 0, {}, {fixed0});
+      two_ids.push_back(IdsFrame(fixed0.ids));
+      return std::vector<Message>{no_values, extra, no_slice, no_ids, two_ids};
+    });
+    seed("bad-rows-ids-length", [&] {
+      Message odd = s.PushRows(0, 0, {}, ok);
+      odd[1].pop_back();
+      Message pull_odd = s.PullRows(0, 0, {}, {hashed0});
+      pull_odd[1] += std::string(4, '\0');
+      // The range says 5 ids, the frame holds 4.
+      Message miscounted = s.PullRows(0, 0, {}, {fixed0});
+      miscounted[1].resize(miscounted[1].size() - sizeof(uint64_t));
+      return std::vector<Message>{odd, pull_odd, miscounted};
+    });
+    seed("bad-rows-unknown-table", [&] {
+      return std::vector<Message>{s.PushRows(0, 0, {}, {{2, {1, 2}}}),
+                                  s.PullRows(0, 0, {}, {fixed0, {UINT32_MAX, {7}}})};
+    });
+    seed("bad-rows-nonfinite", [&] {
+      return std::vector<Message>{
+          s.PushRows(0, 0, {}, ok, std::numeric_limits<float>::quiet_NaN()),
+          s.PushRows(1, 0, s.here(), {hashed0}, std::numeric_limits<float>::infinity(),
+                     DType::kBfloat16)};
+    });
+    // Sync: rank 1's refused pushes (NaN rows; an id of shard 1) add nothing to the step
+    // rank 0's rows wait in; its valid push then completes it.
+    Seeds sync(MakeConfig(1, true, OptimizerKind::kAdam));
+    {
+      Message first = sync.PushRows(0, 0, sync.here(), rows0);
+      Message nan =
+          sync.PushRows(1, 0, sync.here(), rows1, std::numeric_limits<float>::quiet_NaN());
+      Message elsewhere = sync.PushRows(1, 0, sync.here(), {other_shard});
+      Message second = sync.PushRows(1, 0, sync.here(), rows1);
+      write("bad-rows-sync",
+            sync.Input({first, nan, elsewhere, second, sync.PullRows(0, 1, {}, rows0)}));
+    }
+    // Rows before any registration: no table is known.
+    Seeds fresh(MakeConfig(0, false, OptimizerKind::kSgd));
+    write("bad-rows-unregistered",
+          fresh.Input({fresh.PullRows(0, 0, {}, ok), fresh.PushRows(0, 0, {}, ok)}));
+    // Registrations with tables that must be refused: a table of width 0, two tables of one
+    // name, a table named like a variable; then the model, then one that differs from it in a
+    // table's width, and a pull of its rows.
+    auto with_tables = [&](std::vector<TableSpec> tables) {
+      Header h = fresh.Base(MsgType::kRegister, 0);
+      h.registration = FuzzModel(MakeConfig(0, false, OptimizerKind::kSgd));
+      h.registration->tables = std::move(tables);
+      return Message{Frame(h)};
+    };
+    const std::vector<TableSpec> good = FuzzModel(MakeConfig(0, false, OptimizerKind::kSgd)).tables;
+    std::vector<TableSpec> zero_dim = good, same_name = good, like_variable = good, wider = good;
+    zero_dim[0].dim = 0;
+    same_name[1].name = same_name[0].name;
+    like_variable[1].name = "dense/bias";
+    wider[1].dim += 1;
+    write("bad-register-tables",
+          fresh.Input({with_tables(zero_dim), with_tables(same_name), with_tables(like_variable),
+                       with_tables(good), with_tables(wider), with_tables({}),
+                       fresh.PullRows(0, 0, {}, ok)}));
   }
   size_t bytes = 0;
   for (const auto& [name, data] : seeds) bytes += data.size();

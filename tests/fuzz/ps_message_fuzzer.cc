@@ -8,8 +8,14 @@
 // sent is read back and checked. A crash, a leak, a sanitizer report or an abort() below is
 // a finding:
 //   - every reply decodes with the server's own decoder and speaks kProtocolVersion;
-//   - a successful pull reply carries one tensor frame of count * 4 bytes per slice range;
-//     every other reply carries none;
+//   - a successful pull reply carries one frame of count * DTypeSize(its dtype) bytes per
+//     slice range, then one of count * dim * DTypeSize bytes per row range (of a table the
+//     server has); every other reply carries none;
+//   - the embedding rows held never exceed the server's row cap (kMaxTableRows here, so
+//     that the seeds evict), and a turn that leaves the shard's version where it was changes
+//     no row (values, optimizer slots, update counts, which rows are held): a refused or
+//     dropped push, a pull, anything else; a refused push adds no accumulated sync row;
+//   - the final Stats reply's rows_held is what the shard holds;
 //   - unless a Shutdown was accepted, a final Stats request is answered and counts exactly
 //     the requests sent (nothing lost, nothing handled twice).
 // One resource bound, like -max_len: a Register whose model would be cut into more than
@@ -34,7 +40,9 @@
 #include "common/float_codec.h"
 #include "common/slice_map.h"
 #include "common/wire.h"
+#include "ps/embedding_table.h"
 #include "ps/ps_metrics.h"
+#include "ps/row_snapshot.h"
 #include "ps/server.h"
 #include "tests/fuzz/fuzz_input.h"
 
@@ -49,6 +57,10 @@ constexpr std::chrono::milliseconds kServeTimeout{10000};
 constexpr int64_t kMaxModelBytes = int64_t{16} << 20;
 
 constexpr int64_t kMaxSlices = 4096;
+
+// The server's row cap (--max-table-rows): below the distinct rows the seeds push, so that
+// creating a row evicts another.
+constexpr int64_t kMaxTableRows = 8;
 
 // True for a Register that would build a map of more than kMaxSlices slices (see above).
 bool TooManySlices(const Message& message) {
@@ -107,8 +119,9 @@ void SendFrames(zmq::socket_t& dealer, const Message& frames) {
   }
 }
 
-// Reads and checks every reply waiting on `dealer`.
-std::vector<Header> DrainReplies(zmq::socket_t& dealer) {
+// Reads and checks every reply waiting on `dealer`; `tables` are the server's (for the width
+// of a pull reply's rows).
+std::vector<Header> DrainReplies(zmq::socket_t& dealer, const EmbeddingTables& tables) {
   std::vector<Header> replies;
   for (;;) {
     zmq::message_t head;
@@ -125,14 +138,26 @@ std::vector<Header> DrainReplies(zmq::socket_t& dealer) {
     if (!h.ok()) Violated("a reply fails the server's own decoder: " + h.status().message());
     if (h->protocol_version != kProtocolVersion) Violated("a reply of another protocol version");
     if (h->type == MsgType::kPull && h->status.ok()) {
-      if (tensors.size() != h->slices.size()) {
+      if (tensors.size() != h->slices.size() + h->rows.size()) {
         Violated("a pull reply has " + std::to_string(tensors.size()) + " tensor frames for " +
-                 std::to_string(h->slices.size()) + " slice ranges");
+                 std::to_string(h->slices.size()) + " slice ranges and " +
+                 std::to_string(h->rows.size()) + " row ranges");
       }
       // A pull may ask for 16-bit values (--wire-dtype); the reply says which it carries.
-      for (size_t i = 0; i < tensors.size(); ++i) {
+      for (size_t i = 0; i < h->slices.size(); ++i) {
         if (tensors[i].size() != static_cast<size_t>(h->slices[i].count) * DTypeSize(h->dtype)) {
           Violated("a pull reply's tensor frame has the wrong length");
+        }
+      }
+      for (size_t k = 0; k < h->rows.size(); ++k) {
+        const RowRange& r = h->rows[k];
+        if (r.table >= static_cast<uint32_t>(tables.num_tables()) || r.count < 0) {
+          Violated("a pull reply names a row range the server has no table for");
+        }
+        const size_t want = static_cast<size_t>(r.count) *
+                            static_cast<size_t>(tables.table(r.table).dim) * DTypeSize(h->dtype);
+        if (tensors[h->slices.size() + k].size() != want) {
+          Violated("a pull reply's values frame has the wrong length");
         }
       }
     } else if (!tensors.empty()) {
@@ -174,6 +199,7 @@ void RunInput(const uint8_t* data, size_t size) {
   options.max_message_bytes = 8192;
   options.max_unread_reply_bytes = 1;
   options.drop_push_reply_every = config.drop_push_replies ? 2 : 0;
+  options.max_table_rows = kMaxTableRows;
   auto created = Server::Create(context, options, &Metrics());
   if (!created.ok()) Violated("Server::Create: " + created.status().ToString());
   std::unique_ptr<Server> server = std::move(created).value();
@@ -183,13 +209,36 @@ void RunInput(const uint8_t* data, size_t size) {
   dealer.connect(kEndpoint);
 
   int64_t sent = 0;
+  const Shard& shard = server->shard();
+  const EmbeddingTables& tables = shard.tables();
   // Sends one message and lets the server serve one turn. False after an accepted Shutdown.
   auto exchange = [&](const Message& frames, std::vector<Header>* replies) {
+    const int64_t version = shard.version();
+    const int64_t accumulated = tables.accumulated_rows();
+    // Copied only when there is something to compare (at most kMaxTableRows rows).
+    std::vector<RowSnapshot> rows_before;
+    if (tables.rows_held() > 0) rows_before = tables.SnapshotAll();
     SendFrames(dealer, frames);
     ++sent;
     Result<bool> served = server->ServeOnce(kServeTimeout);
     if (!served.ok()) Violated("the server's socket broke: " + served.status().ToString());
-    std::vector<Header> got = DrainReplies(dealer);
+    std::vector<Header> got = DrainReplies(dealer, tables);
+    if (tables.rows_held() > kMaxTableRows || tables.rows_held() > tables.capacity()) {
+      Violated("the server holds " + std::to_string(tables.rows_held()) +
+               " embedding rows, more than its cap of " + std::to_string(kMaxTableRows));
+    }
+    if (shard.version() == version) {
+      if (tables.rows_held() != static_cast<int64_t>(rows_before.size()) ||
+          (!rows_before.empty() && tables.SnapshotAll() != rows_before)) {
+        Violated("a turn that applied no update changed embedding rows");
+      }
+      for (const Header& r : got) {
+        if (r.type == MsgType::kPush && !r.status.ok() &&
+            tables.accumulated_rows() > accumulated) {
+          Violated("a refused push added accumulated sync rows");
+        }
+      }
+    }
     if (replies != nullptr) *replies = std::move(got);
     return *served;
   };
@@ -224,6 +273,10 @@ void RunInput(const uint8_t* data, size_t size) {
              std::to_string(sent) + " sent");
   }
   if (reply->stats->rejected > sent) Violated("more rejections than requests");
+  if (reply->stats->rows_held != tables.rows_held()) {
+    Violated("the Stats reply says " + std::to_string(reply->stats->rows_held) +
+             " rows held, the shard holds " + std::to_string(tables.rows_held()));
+  }
 }
 
 }  // namespace
