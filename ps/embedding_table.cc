@@ -165,6 +165,13 @@ void EmbeddingTables::Evict(int32_t index) {
   Row& r = rows_[static_cast<size_t>(index)];
   Unlink(index);
   index_.Erase(r.key);
+  if (tail_ != kNil) {
+    // The next eviction comes with the next new row: start loading its index entry and the
+    // slab entry after it (the new tail's own entry is cached: Unlink just wrote it).
+    const Row& next = rows_[static_cast<size_t>(tail_)];
+    index_.Prefetch(next.key);
+    if (next.prev != kNil) __builtin_prefetch(&rows_[static_cast<size_t>(next.prev)]);
+  }
   // The arena fills the hole with its last cell: follow that row.
   if (const int32_t moved = arenas_[r.key.table].Remove(r.cell); moved != RowArena::kNone) {
     rows_[static_cast<size_t>(moved)].cell = r.cell;
