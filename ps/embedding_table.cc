@@ -16,22 +16,16 @@ std::string TableName(const std::vector<TableSpec>& tables, uint32_t t) {
   return "table " + std::to_string(t) + " ('" + tables[t].name + "')";
 }
 
-// Bookkeeping per row besides the Row struct itself, in bytes (libstdc++, x86-64): the heap
-// block of its floats carries a 16-byte malloc header; the hash map's node (next pointer, key,
-// value, cached hash: 40 bytes, a 48-byte malloc block) and its bucket pointer (the map is
-// reserved to one bucket per row); the dirty list's int32.
-constexpr int64_t kFloatsBlockOverhead = 16;
-constexpr int64_t kHashEntryBytes = 48 + 8;
+// Bookkeeping per row besides the Row struct, its floats, its index entries and its arena
+// owner link: the dirty list's int32.
 constexpr int64_t kDirtyEntryBytes = 4;
+// How many ids ahead Read and Apply prefetch the index: enough to overlap several cache misses
+// (a lookup is one once the index outgrows the caches), few enough that what was loaded is
+// still cached when its id comes. (Prefetching the slab entry and floats too, in further
+// stages, measured slower: the extra lookups cost more than the misses they hid.)
+constexpr size_t kPrefetchAhead = 8;
 
 }  // namespace
-
-size_t EmbeddingTables::KeyHash::operator()(const RowKey& k) const {
-  // Ids are often dense or structured (hashed features): mix before the map takes it modulo
-  // a prime. Fibonacci hashing of id and table, folded.
-  const uint64_t h = (k.id ^ (uint64_t{k.table} << 48)) * 0x9e3779b97f4a7c15ULL;
-  return static_cast<size_t>(h ^ (h >> 29));
-}
 
 EmbeddingTables::EmbeddingTables(const Options& options)
     : shard_index_(options.shard_index),
@@ -41,7 +35,8 @@ EmbeddingTables::EmbeddingTables(const Options& options)
 
 void EmbeddingTables::ClearRows() {
   rows_.clear();
-  map_.clear();
+  index_.Clear();
+  for (RowArena& a : arenas_) a.Clear();
   head_ = tail_ = kNil;
   dirty_.clear();
   evicted_.clear();
@@ -56,11 +51,14 @@ void EmbeddingTables::Configure(const std::vector<TableSpec>& tables,
   optimizer_ = optimizer;
   seed_ = seed;
   stats_.assign(tables_.size(), TableStats{});
+  arenas_.clear();
+  for (const TableSpec& t : tables_) arenas_.emplace_back(t.dim * (1 + num_slots()));
   if (capacity_ < kMaxRowsHeld) {
-    // A bounded shard reaches its bound in a long run: claim it now rather than rehash a
-    // large map (a pause of the server loop) on the way.
+    // A bounded shard reaches its bound in a long run: claim it now rather than grow the slab
+    // and rehash the index (a pause of the server loop) on the way. The arenas grow by
+    // chunks that never move, so they need no reservation.
     rows_.reserve(static_cast<size_t>(capacity_));
-    map_.reserve(static_cast<size_t>(capacity_));
+    index_.Reserve(capacity_);
   }
 }
 
@@ -144,15 +142,16 @@ void EmbeddingTables::MarkDirty(int32_t index) {
 void EmbeddingTables::Read(uint32_t table, std::span<const uint64_t> ids, float* out) {
   const int64_t d = dim(table);
   for (size_t i = 0; i < ids.size(); ++i) {
+    if (i + kPrefetchAhead < ids.size()) index_.Prefetch(RowKey{table, ids[i + kPrefetchAhead]});
     float* row_out = out + static_cast<int64_t>(i) * d;
-    const auto it = map_.find(RowKey{table, ids[i]});
-    if (it == map_.end()) {
+    const int32_t index = index_.Find(RowKey{table, ids[i]});
+    if (index == RowIndex::kNone) {
       InitializeRow(tables_[table].init, seed_, table, ids[i], row_out, d);
       continue;
     }
-    std::memcpy(row_out, rows_[static_cast<size_t>(it->second)].data.data(),
+    std::memcpy(row_out, DataOf(rows_[static_cast<size_t>(index)]),
                 static_cast<size_t>(d) * sizeof(float));
-    Touch(it->second);
+    Touch(index);
   }
   stats_[table].rows_read += static_cast<int64_t>(ids.size());
 }
@@ -165,7 +164,19 @@ bool EmbeddingTables::AllFinite(uint32_t table, std::span<const uint64_t> ids,
 void EmbeddingTables::Evict(int32_t index) {
   Row& r = rows_[static_cast<size_t>(index)];
   Unlink(index);
-  map_.erase(r.key);
+  index_.Erase(r.key);
+  if (tail_ != kNil) {
+    // The next eviction comes with the next new row: start loading its index entry and the
+    // slab entry after it (the new tail's own entry is cached: Unlink just wrote it).
+    const Row& next = rows_[static_cast<size_t>(tail_)];
+    index_.Prefetch(next.key);
+    if (next.prev != kNil) __builtin_prefetch(&rows_[static_cast<size_t>(next.prev)]);
+  }
+  // The arena fills the hole with its last cell: follow that row.
+  if (const int32_t moved = arenas_[r.key.table].Remove(r.cell); moved != RowArena::kNone) {
+    rows_[static_cast<size_t>(moved)].cell = r.cell;
+  }
+  r.cell = kNil;
   // The store may hold it: its deletion must be persisted. (A row never stored needs nothing.)
   if (r.stored) evicted_.insert(r.key);
   r.dirty = false;  // stays `listed`: the entry is reused by the row that takes its place
@@ -185,7 +196,7 @@ int32_t EmbeddingTables::TakeSlot() {
 }
 
 int32_t EmbeddingTables::FindOrCreate(const RowKey& key) {
-  if (const auto it = map_.find(key); it != map_.end()) return it->second;
+  if (const int32_t index = index_.Find(key); index != RowIndex::kNone) return index;
   ++stats_[key.table].rows_created;
   return CreateRow(key);
 }
@@ -199,9 +210,12 @@ int32_t EmbeddingTables::CreateRow(const RowKey& key) {
   // row's next TakeDirty overwrites (it is dirty from its first update on).
   r.stored = evicted_.erase(key) > 0;
   const int64_t d = dim(key.table);
-  r.data.assign(static_cast<size_t>(d * (1 + num_slots())), 0.0f);
-  InitializeRow(tables_[key.table].init, seed_, key.table, key.id, r.data.data(), d);
-  map_.emplace(key, index);
+  RowArena& arena = arenas_[key.table];
+  r.cell = arena.Add(index);
+  float* data = arena.at(r.cell);
+  InitializeRow(tables_[key.table].init, seed_, key.table, key.id, data, d);
+  std::fill(data + d, data + arena.stride(), 0.0f);
+  index_.Insert(key, index);
   LinkFront(index);
   ++stats_[key.table].rows_held;
   return index;
@@ -212,9 +226,10 @@ void EmbeddingTables::ApplyRow(int32_t index, const float* grad, const Optimizer
   const int64_t d = dim(r.key.table);
   std::array<float*, kMaxOptimizerSlots> slots{};
   const int n = num_slots();
-  for (int k = 0; k < n; ++k) slots[static_cast<size_t>(k)] = r.data.data() + d * (1 + k);
+  float* data = DataOf(r);
+  for (int k = 0; k < n; ++k) slots[static_cast<size_t>(k)] = data + d * (1 + k);
   ++r.updates;
-  ApplyUpdate(effective, r.updates, r.data.data(), r.data.data(), grad,
+  ApplyUpdate(effective, r.updates, data, data, grad,
               std::span<float* const>(slots.data(), static_cast<size_t>(n)), d);
   Touch(index);
   MarkDirty(index);
@@ -225,6 +240,7 @@ void EmbeddingTables::Apply(uint32_t table, std::span<const uint64_t> ids, const
                             const OptimizerSpec& effective) {
   const int64_t d = dim(table);
   for (size_t i = 0; i < ids.size(); ++i) {
+    if (i + kPrefetchAhead < ids.size()) index_.Prefetch(RowKey{table, ids[i + kPrefetchAhead]});
     ApplyRow(FindOrCreate(RowKey{table, ids[i]}), grads + static_cast<int64_t>(i) * d, effective);
   }
 }
@@ -264,10 +280,11 @@ RowSnapshot EmbeddingTables::SnapshotOf(const Row& row) const {
   out.table = row.key.table;
   out.id = row.key.id;
   out.updates = row.updates;
-  out.values.assign(row.data.begin(), row.data.begin() + static_cast<ptrdiff_t>(d));
+  const float* data = DataOf(row);
+  out.values.assign(data, data + d);
   for (int k = 0; k < num_slots(); ++k) {
-    const auto begin = row.data.begin() + static_cast<ptrdiff_t>(d * static_cast<size_t>(1 + k));
-    out.slots.emplace_back(begin, begin + static_cast<ptrdiff_t>(d));
+    const float* begin = data + d * static_cast<size_t>(1 + k);
+    out.slots.emplace_back(begin, begin + d);
   }
   return out;
 }
@@ -351,10 +368,10 @@ Status EmbeddingTables::Restore(std::span<const RowSnapshot> rows) {
     Row& r = rows_[static_cast<size_t>(index)];
     r.updates = snap.updates;
     r.stored = true;
-    std::copy(snap.values.begin(), snap.values.end(), r.data.begin());
+    float* data = DataOf(r);
+    std::copy(snap.values.begin(), snap.values.end(), data);
     for (size_t k = 0; k < snap.slots.size(); ++k) {
-      std::copy(snap.slots[k].begin(), snap.slots[k].end(),
-                r.data.begin() + static_cast<ptrdiff_t>((k + 1) * snap.values.size()));
+      std::copy(snap.slots[k].begin(), snap.slots[k].end(), data + (k + 1) * snap.values.size());
     }
   }
   return Status::Ok();
@@ -362,7 +379,7 @@ Status EmbeddingTables::Restore(std::span<const RowSnapshot> rows) {
 
 int64_t EmbeddingTables::BytesPerRow(int64_t dim, int slots) {
   return dim * (1 + slots) * static_cast<int64_t>(sizeof(float)) +
-         static_cast<int64_t>(sizeof(Row)) + kFloatsBlockOverhead + kHashEntryBytes +
+         static_cast<int64_t>(sizeof(Row)) + RowArena::kBytesPerRow + RowIndex::kBytesPerRow +
          kDirtyEntryBytes;
 }
 

@@ -16,7 +16,6 @@
 #include <optional>
 #include <set>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "common/embedding.h"
@@ -24,8 +23,9 @@
 #include "common/status.h"
 #include "common/variable.h"
 #include "ps/optimizer.h"
-#include "ps/row_snapshot.h"
 #include "ps/reject_reason.h"
+#include "ps/row_index.h"
+#include "ps/row_snapshot.h"
 
 namespace parasync {
 
@@ -113,12 +113,14 @@ class EmbeddingTables {
   Status Restore(std::span<const RowSnapshot> rows);
 
   // Rows held over all tables, and an estimate of the memory they take (BytesPerRow each).
-  int64_t rows_held() const { return static_cast<int64_t>(map_.size()); }
+  int64_t rows_held() const { return index_.size(); }
   int64_t bytes_held() const;
-  // The memory one row of `dim` floats with `slots` optimizer slots takes here: its floats
-  // plus the bookkeeping (slab entry with key, LRU links and flags; the heap block of its
-  // floats; the hash map's node and bucket; its dirty-list entry). For stating a bound
-  // before any row exists: capacity() * BytesPerRow(widest table).
+  // The memory one row of `dim` floats with `slots` optimizer slots takes here: its floats in
+  // its table's arena plus the bookkeeping (slab entry with key, LRU links, arena cell and
+  // flags; the arena's owner link; two hash index entries; its dirty-list entry). For
+  // stating a bound before any row exists: capacity() * BytesPerRow(widest table). Not
+  // counted: up to two spare arena chunks a table, and, below a power-of-two capacity, up to
+  // twice the index entries (row_index.h).
   static int64_t BytesPerRow(int64_t dim, int slots);
 
   struct TableStats {
@@ -135,23 +137,22 @@ class EmbeddingTables {
  private:
   static constexpr int32_t kNil = -1;
   // One held row in the slab; slots are reused in place on eviction, so the slab never grows
-  // beyond capacity() entries and needs no free list.
+  // beyond capacity() entries and needs no free list. Its floats live in its table's arena.
   struct Row {
     RowKey key;
     int64_t updates = 0;
     int32_t prev = kNil;  // towards the most recently touched
     int32_t next = kNil;  // towards the least recently touched
+    int32_t cell = kNil;  // in arenas_[key.table]: values, then each optimizer slot (dim each)
     bool dirty = false;   // changed since the last TakeDirty
     bool listed = false;  // in dirty_
     bool stored = false;  // may be in the store: an eviction must be reported
-    std::vector<float> data;  // values, then each optimizer slot: dim * (1 + slots) floats
-  };
-  struct KeyHash {
-    size_t operator()(const RowKey& k) const;
   };
 
   int num_slots() const { return NumOptimizerSlots(optimizer_.kind); }
   int64_t dim(uint32_t t) const { return tables_[t].dim; }
+  float* DataOf(const Row& row) { return arenas_[row.key.table].at(row.cell); }
+  const float* DataOf(const Row& row) const { return arenas_[row.key.table].at(row.cell); }
   // The slab index of row `key`, creating it (counted in rows_created) if not held.
   int32_t FindOrCreate(const RowKey& key);
   // Holds `key` (not held) at its initial value with zero slots, evicting when full.
@@ -177,7 +178,8 @@ class EmbeddingTables {
   OptimizerSpec optimizer_;
   uint64_t seed_ = 0;
   std::vector<Row> rows_;  // the slab: at most capacity_ entries, every one held
-  std::unordered_map<RowKey, int32_t, KeyHash> map_;
+  RowIndex index_;                 // key -> slab index, for every row held
+  std::vector<RowArena> arenas_;   // by table: the floats of its rows held
   int32_t head_ = kNil;  // most recently touched
   int32_t tail_ = kNil;  // least recently touched: the next to go
   std::vector<int32_t> dirty_;  // slab indices with `listed` set; at most capacity_
