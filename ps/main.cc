@@ -200,7 +200,7 @@ void AddServingFlags(CLI::App& app, PsFlags& f) {
   app.add_option("--max-table-rows", f.max_table_rows,
                  "Most embedding-table rows this server holds, all tables together; one more "
                  "evicts the least recently touched row with its optimizer state (it comes "
-                 "back as its initial value). Each row takes its floats and slots plus ~140 "
+                 "back as its initial value). Each row takes its floats and slots plus ~80 "
                  "bytes; the memory bound counts them. 0 = no bound")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--apply-threads", f.apply_threads,
