@@ -22,6 +22,7 @@
 #include "common/wire.h"
 #include "tests/support/process_cluster.h"
 #include "tests/support/process_util.h"
+#include "tests/support/sanitized.h"
 #include "tests/support/small_model.h"
 #include "worker/ps_client.h"
 
@@ -35,29 +36,8 @@ using testing::TempDir;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 
-// Under a sanitizer (this build's flags are the servers'), its allocator keeps freed memory
-// in quarantine and pads every block: resident memory says nothing about the bound, so the
-// tests check everything else and say that they skipped the memory figures.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using testing::MemoryWithin;
 
-// Resident memory at most `bytes`: true under a sanitizer (see kSanitized).
-bool MemoryWithin(int64_t resident, int64_t bytes) {
-  if (kSanitized) {
-    std::printf("memory figures not checked under a sanitizer\n");
-    return true;
-  }
-  return resident <= bytes;
-}
 double Mib(int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(kMiB); }
 
 // "VmRSS" or "VmHWM" of `pid`, in bytes (-1 if unreadable).
