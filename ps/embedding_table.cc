@@ -24,6 +24,8 @@ constexpr int64_t kDirtyEntryBytes = 4;
 // still cached when its id comes. (Prefetching the slab entry and floats too, in further
 // stages, measured slower: the extra lookups cost more than the misses they hid.)
 constexpr size_t kPrefetchAhead = 8;
+// The rows the index has room for before its first doubling.
+constexpr int64_t kInitialIndexRows = int64_t{1} << 16;
 
 }  // namespace
 
@@ -54,11 +56,13 @@ void EmbeddingTables::Configure(const std::vector<TableSpec>& tables,
   arenas_.clear();
   for (const TableSpec& t : tables_) arenas_.emplace_back(t.dim * (1 + num_slots()));
   if (capacity_ < kMaxRowsHeld) {
-    // A bounded shard reaches its bound in a long run: claim it now rather than grow the slab
-    // and rehash the index (a pause of the server loop) on the way. The arenas grow by
-    // chunks that never move, so they need no reservation.
+    // A bounded shard reaches its bound in a long run: reserve the slab now rather than move
+    // it (a pause of the server loop) on the way; untouched, the reservation costs no
+    // memory. The index is written whole when it is sized (2 entries a row), so it starts at
+    // kInitialIndexRows and doubles as rows come (128 MiB at once for the default 4M rows
+    // was most of a small model's server). The arenas grow by chunks that never move.
     rows_.reserve(static_cast<size_t>(capacity_));
-    index_.Reserve(capacity_);
+    index_.Reserve(std::min(capacity_, kInitialIndexRows));
   }
 }
 
