@@ -6,8 +6,6 @@ namespace parasync {
 
 namespace {
 
-}  // namespace
-
 // Registers families with the constant labels of this shard.
 class MetricBuilder {
  public:
@@ -42,8 +40,6 @@ class MetricBuilder {
   prometheus::Registry& registry_;
   prometheus::Labels labels_;
 };
-
-namespace {
 
 // The families are registered in this order (the exposition lists each type's families in
 // the order they were registered).
@@ -171,10 +167,8 @@ void AddMemoryMetrics(PsMetrics& m, MetricBuilder& b) {
   m.registered = b.Gauge("parasync_ps_registered", "1 once a model is registered");
 }
 
-}  // namespace
-
 void AddTableMetrics(PsMetrics& m, MetricBuilder& b) {
-  auto& f = m.table_families_;
+  auto& f = m.table_families;
   f.pulled = &b.CounterFamily("parasync_ps_table_rows_pulled_total",
                               "Embedding rows read by pulls, by table");
   f.pushed = &b.CounterFamily("parasync_ps_table_rows_pushed_total",
@@ -194,13 +188,15 @@ void AddTableMetrics(PsMetrics& m, MetricBuilder& b) {
                                   "together (--max-table-rows; 0: no bound)");
 }
 
+}  // namespace
+
 void PsMetrics::AddTables(const std::vector<std::string>& names) {
-  if (!tables.empty() || table_families_.pulled == nullptr) return;
+  if (!tables.empty() || table_families.pulled == nullptr) return;
   for (const std::string& name : names) {
     const prometheus::Labels l{{"table", name}};
-    tables.push_back({&table_families_.pulled->Add(l), &table_families_.pushed->Add(l),
-                      &table_families_.created->Add(l), &table_families_.evicted->Add(l),
-                      &table_families_.held->Add(l), &table_families_.bytes->Add(l)});
+    tables.push_back({&table_families.pulled->Add(l), &table_families.pushed->Add(l),
+                      &table_families.created->Add(l), &table_families.evicted->Add(l),
+                      &table_families.held->Add(l), &table_families.bytes->Add(l)});
   }
 }
 

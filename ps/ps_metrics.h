@@ -22,18 +22,6 @@
 namespace parasync {
 
 struct PsMetrics {
- private:
-  struct TableFamilies {
-    prometheus::Family<prometheus::Counter>* pulled = nullptr;
-    prometheus::Family<prometheus::Counter>* pushed = nullptr;
-    prometheus::Family<prometheus::Counter>* created = nullptr;
-    prometheus::Family<prometheus::Counter>* evicted = nullptr;
-    prometheus::Family<prometheus::Gauge>* held = nullptr;
-    prometheus::Family<prometheus::Gauge>* bytes = nullptr;
-  } table_families_;
-  friend void AddTableMetrics(PsMetrics& m, class MetricBuilder& b);
-
- public:
   PsMetrics(int shard, int num_workers);
 
   std::shared_ptr<prometheus::Registry> registry;
@@ -96,6 +84,15 @@ struct PsMetrics {
     int64_t evicted_counted = 0;
   };
   std::vector<TableMetrics> tables;  // by table index
+  // Their families, registered with the rest (AddTables adds a series to each).
+  struct TableFamilies {
+    prometheus::Family<prometheus::Counter>* pulled = nullptr;
+    prometheus::Family<prometheus::Counter>* pushed = nullptr;
+    prometheus::Family<prometheus::Counter>* created = nullptr;
+    prometheus::Family<prometheus::Counter>* evicted = nullptr;
+    prometheus::Family<prometheus::Gauge>* held = nullptr;
+    prometheus::Family<prometheus::Gauge>* bytes = nullptr;
+  } table_families;
   prometheus::Gauge* table_capacity_rows = nullptr;
   // Adds the series of `names` (once; later calls with the same tables do nothing).
   void AddTables(const std::vector<std::string>& names);

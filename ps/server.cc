@@ -93,6 +93,17 @@ void AppendHeldFrame(void* data, size_t size, FrameHold* hold,
   }
 }
 
+// A float32 frame's values: the frame itself when it is aligned (ZeroMQ frames need not be),
+// else a copy appended to `copies`.
+const float* AlignedFloats(const zmq::message_t& frame, std::vector<std::vector<float>>& copies) {
+  if (reinterpret_cast<uintptr_t>(frame.data()) % alignof(float) == 0) {
+    return static_cast<const float*>(frame.data());
+  }
+  copies.emplace_back(frame.size() / sizeof(float));
+  std::memcpy(copies.back().data(), frame.data(), frame.size());
+  return copies.back().data();
+}
+
 std::string Mib(int64_t bytes) {
   return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0);
 }
@@ -210,6 +221,7 @@ Status Server::Restore(const ShardSnapshot& snap) {
   ledger_.Restore(snap.ranks);
   durability_.MarkSaved(shard_.version());
   PublishMemoryBound();
+  PublishTableGauges();  // the tables' series exist before the first row moves
   metrics_->registered->Set(1);
   metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
   PublishProgress();
@@ -607,12 +619,18 @@ Status Server::ReadPushRows(const Header& req, const std::vector<zmq::message_t>
   }
   PARASYNC_RETURN_IF_ERROR(shard_.ValidateRows(req.rows, rows->ids, req.dtype,
                                                std::span<const size_t>(value_bytes), reason));
-  rows->grads.resize(n);
+  // float32 rows are read where they arrived, as the slices' gradients are (GradientsOf).
+  rows->grads.reserve(n);  // no reallocation: grad_ptrs point into it
   for (size_t k = 0; k < n; ++k) {
+    const zmq::message_t& frame = in_frames[first + 2 * k + 1];
+    if (req.dtype == DType::kFloat32) {
+      rows->grad_ptrs.push_back(AlignedFloats(frame, rows->grads));
+      continue;
+    }
     const size_t count = value_bytes[k] / DTypeSize(req.dtype);
-    rows->grads[k].resize(count);
-    DecodeFloats(in_frames[first + 2 * k + 1].data(), count, req.dtype, rows->grads[k].data());
-    rows->grad_ptrs.push_back(rows->grads[k].data());
+    rows->grads.emplace_back(count);
+    DecodeFloats(frame.data(), count, req.dtype, rows->grads.back().data());
+    rows->grad_ptrs.push_back(rows->grads.back().data());
   }
   return Status::Ok();
 }
@@ -691,14 +709,7 @@ std::vector<const float*> Server::GradientsOf(const Header& req,
     return grads;
   }
   for (size_t i = 0; i < req.slices.size(); ++i) {
-    const zmq::message_t& f = in_frames[i];
-    if (reinterpret_cast<uintptr_t>(f.data()) % alignof(float) == 0) {
-      grads.push_back(static_cast<const float*>(f.data()));
-    } else {
-      realigned.emplace_back(f.size() / sizeof(float));
-      std::memcpy(realigned.back().data(), f.data(), f.size());
-      grads.push_back(realigned.back().data());
-    }
+    grads.push_back(AlignedFloats(in_frames[i], realigned));
   }
   return grads;
 }
@@ -1099,6 +1110,7 @@ void Server::SaveRegisteredModel(Header& reply, RejectReason* reason) {
 
 void Server::OnFirstRegistration(const Header& req, TimePoint now) {
   PublishMemoryBound();
+  PublishTableGauges();  // the tables' series exist before the first row moves
   coordinator_.RestartSilenceClocks(now);
   metrics_->registered->Set(1);
   metrics_->elements->Set(static_cast<double>(shard_.num_elements()));

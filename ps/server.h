@@ -195,7 +195,8 @@ class Server {
   std::vector<const float*> GradientsOf(const Header& req,
                                         const std::vector<zmq::message_t>& in_frames,
                                         std::vector<std::vector<float>>& realigned);
-  // A push's embedding rows: ids (checked in CheckPush) and gradient rows widened to float32.
+  // A push's embedding rows: ids and gradient rows as float32 (its frames where they can be
+  // read in place, else copies in `grads`: widened, or realigned).
   struct PushRows {
     std::vector<std::vector<uint64_t>> ids;
     std::vector<std::vector<float>> grads;

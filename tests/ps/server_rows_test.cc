@@ -119,6 +119,12 @@ TEST_F(ServerRowsTest, PushedRowsAreUpdatedAndOthersReadAsTheirInitialValue) {
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ((*stats)[0].rows_held, 3);  // pulls create no rows
   EXPECT_EQ((*stats)[0].version, 1);
+  // Counted from the first push on: the series exist from the registration.
+  const PsMetrics& m = server_->metrics();
+  ASSERT_EQ(m.tables.size(), 2u);
+  EXPECT_EQ(m.tables[0].rows_pushed->Value(), 3.0);
+  EXPECT_EQ(m.tables[0].rows_pulled->Value(), 5.0);
+  EXPECT_EQ(m.tables[1].rows_pulled->Value(), 2.0);
 }
 
 TEST_F(ServerRowsTest, BadRowRequestsAreRefusedWithTheirReasonAndChangeNothing) {
@@ -164,6 +170,30 @@ TEST_F(ServerRowsTest, BadRowRequestsAreRefusedWithTheirReasonAndChangeNothing) 
   ASSERT_TRUE(client_->Pull(params, 0, {&pull, 1}).ok());
   EXPECT_EQ(got, InitialRows(reg_, 0, ids));
   EXPECT_EQ(bias, 0.0f);
+}
+
+TEST_F(ServerRowsTest, SixteenBitRowsAreWidenedOnTheWayInAndNarrowedOnTheWayOut) {
+  // Values bfloat16 and float16 both hold exactly, so every step is exact. The "hashed" table
+  // starts each row at 0.25; SGD at rate 1 subtracts each push's gradient.
+  const std::vector<uint64_t> ids = {4, 40};
+  const std::vector<float> grad = {0.5f, -1.0f, 2.0f, 0.25f};
+  std::vector<float> want(4, 0.25f);
+  for (DType wire : {DType::kBfloat16, DType::kFloat16}) {
+    auto narrow = ConnectClient(context_, {server_->endpoint()}, 1, wire);
+    ASSERT_NE(narrow, nullptr);
+    ASSERT_TRUE(narrow->Register(reg_, kWait).ok());
+    const float bias_grad = 0.0f;
+    const float* dense[] = {&bias_grad};
+    const RowsOf push{1, ids, const_cast<float*>(grad.data())};
+    ASSERT_TRUE(narrow->Push(dense, 1, PsClient::kLastRead, {&push, 1}).ok());
+    for (size_t k = 0; k < want.size(); ++k) want[k] -= grad[k];
+    std::vector<float> got(4, -9.0f);
+    float bias = -1;
+    float* params[] = {&bias};
+    const RowsOf pull{1, ids, got.data()};
+    ASSERT_TRUE(narrow->Pull(params, 0, {&pull, 1}).ok());
+    EXPECT_EQ(got, want) << DTypeName(wire);
+  }
 }
 
 TEST_F(ServerRowsTest, TheClientRefusesUnsortedIdsAndUnknownTablesWithoutSending) {
