@@ -343,6 +343,23 @@ TEST_F(CudaBackendTest, BadInputIsInvalidArgumentAndTheBackendStillWorks) {
   ExpectSameGradients(*gpu, *cpu, spec, 3, /*pinned=*/false, 1);
 }
 
+// A batch whose activations no GPU holds (a 2^20-wide layer at 2^18 rows: 1 TiB) ends in
+// the allocation's own error, named, instead of a crash or a wrong answer. (tools/gpu-checks.sh
+// leaves this test out of compute-sanitizer, which reports the provoked error as one.)
+TEST_F(CudaBackendTest, ABatchLargerThanTheGpuIsTheAllocationErrorNamed) {
+  const MlpSpec spec{{1, int64_t{1} << 20, 2}};
+  GPU_OR_SKIP(gpu, spec);
+  Arrays params(spec, nullptr);
+  Arrays grads(spec, nullptr);
+  constexpr int kBatch = 1 << 18;
+  std::vector<float> x(kBatch, 0.5f);
+  std::vector<uint8_t> y(kBatch, 1);
+  auto loss = gpu->ForwardBackward(params.cptrs, x.data(), y.data(), kBatch, 0, grads.ptrs);
+  ASSERT_FALSE(loss.ok()) << "a 1 TiB activation was allocated?";
+  EXPECT_NE(loss.status().message().find("cudaErrorMemoryAllocation"), std::string::npos)
+      << loss.status().ToString();
+}
+
 TEST_F(CudaBackendTest, NameSaysWhichGpu) {
   const MlpSpec spec{{4, 3}};
   GPU_OR_SKIP(gpu, spec);
