@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -73,6 +75,52 @@ TEST(WorkerDeviceTest, AGpuThatDoesNotExistIsOneClearLineAndExitCode2) {
   EXPECT_NE(lines[0].find("cuda:64 requested but only"), std::string::npos) << lines[0];
 }
 
+// While `launch` runs: `worker`'s metrics port from the launcher's cluster.json, then its
+// /healthz (200) and a /metrics page counting trained examples, each polled within a bound.
+// A worker on the GPU has cuBLAS and cuDNN loaded beside the metrics server's civetweb
+// threads (shared/DEPENDENCIES.md: their stacks once could not hold cuBLAS's thread-local
+// data). Empty when all was seen, else what was not.
+std::string ScrapeWhileTraining(Child& launch, const std::string& run_dir, const std::string& worker) {
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  auto running = [&] {
+    return std::chrono::steady_clock::now() < deadline && testing::ProcessAlive(launch.pid());
+  };
+  int port = 0;
+  while (port == 0 && running()) {
+    const std::string text = testing::ReadFile(run_dir + "/cluster.json");
+    const auto cluster = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (cluster.is_object() && cluster.contains("processes")) {
+      for (const auto& p : cluster["processes"]) {
+        if (p.value("name", "") != worker) continue;
+        const auto& argv = p["command"];
+        for (size_t i = 0; i + 1 < argv.size(); ++i) {
+          if (argv[i] == "--metrics-port") port = std::stoi(argv[i + 1].get<std::string>());
+        }
+      }
+    }
+    if (port == 0) std::this_thread::sleep_for(50ms);
+  }
+  if (port == 0) return "no --metrics-port of " + worker + " in cluster.json while the run lasted";
+  std::string health;
+  while (health.find(" 200 OK\r\n") == std::string::npos && running()) {
+    health = testing::HttpGet(port, "/healthz");
+    if (health.find(" 200 OK\r\n") == std::string::npos) std::this_thread::sleep_for(50ms);
+  }
+  if (health.find(" 200 OK\r\n") == std::string::npos) {
+    return worker + " /healthz never answered 200 while the run lasted; last answer: " + health;
+  }
+  const std::regex examples(R"(\nparasync_worker_examples_total\{[^}]*\} ([0-9.e+]+))");
+  std::string page;
+  while (running()) {
+    page = testing::HttpGet(port, "/metrics");
+    std::smatch m;
+    if (std::regex_search(page, m, examples) && std::stod(m[1].str()) > 0) return "";
+    std::this_thread::sleep_for(50ms);
+  }
+  return worker + " /metrics never counted a trained example while the run lasted; last page:\n" +
+         page.substr(0, 2000);
+}
+
 TEST(GpuClusterTest, TwoGpuWorkersTrainFashionMnistPast085) {
   const std::string no_gpu = NoGpuReason();
   if (!no_gpu.empty()) GTEST_SKIP() << "no CUDA backend on this machine: " << no_gpu;
@@ -85,11 +133,13 @@ TEST(GpuClusterTest, TwoGpuWorkersTrainFashionMnistPast085) {
        "--epochs", "5", "--log-dir", dir.path() + "/run", "--data", testing::DataDir(),
        "--worker-arg=--device=cuda"},
       out);
+  const std::string scraped = ScrapeWhileTraining(launch, dir.path() + "/run", "worker1");
   auto status = launch.Wait(280s);
   ASSERT_TRUE(status.has_value()) << "the launcher did not finish in 280 s:\n"
                                   << testing::ReadFile(out);
   const std::string printed = testing::ReadFile(out);
   ASSERT_EQ(ExitCode(*status), 0) << printed;
+  EXPECT_EQ(scraped, "");
   // Each worker said where it computes: its own GPU where there are two.
   for (const char* worker : {"worker0", "worker1"}) {
     const std::string log = testing::ReadFile(dir.path() + "/run/" + worker + ".log");
