@@ -7,11 +7,14 @@
 #                        deps/  every shared library they load that a bare system lacks
 #                               (ldd), except the CUDA runtime and cuBLAS, which it has, and
 #                               cuDNN (about 480 MB), which the GPU machine's PyTorch brings
-#                        tools/ bench-worker, install-deps.sh and benchmarks/torch_model.py
+#                        tools/ bench-worker, bench-cluster, install-deps.sh and
+#                               benchmarks/torch_model.py
 #   data/                Fashion-MNIST (already gzip: not packed again)
-#   run-gpu-checks.sh    unpacks, runs the gpu tests (with the GPU cluster) and bench-worker
-# Then, with the device tool: carry [".gpubundle"], command "bash .gpubundle/run-gpu-checks.sh"
-# (arguments go to bench-worker); it copies the benchmark table to $OUT/bench-worker.md.
+#   run-gpu-checks.sh    tools/gpu-checks.sh: unpacks, then runs the phases it is given
+#                        (tests, sanitize, bench, cluster, profile), each fitting one call
+# Then, with the device tool: carry [".gpubundle"], command
+# "bash .gpubundle/run-gpu-checks.sh tests sanitize" (then "bench", then "cluster profile");
+# each phase leaves its log or table in $OUT (tools/gpu-checks.sh --help).
 #
 # Uses BUILD_DIR (default build/), which must have been configured with CUDA on and an
 # architecture the GPU runs (the default, 80;90, covers A100, H100 and H200).
@@ -39,38 +42,12 @@ for f in "$stage"/bin/* "$stage/lib/libparasync_cuda.so"; do
 done | sort -u | grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*)\.so' |
   while read -r lib; do cp -L "$lib" "$stage/deps/"; done
 strip --strip-debug "$stage"/deps/*.so* 2>/dev/null || true
-cp tools/bench-worker "$stage/tools/"
+cp tools/bench-worker tools/bench-cluster "$stage/tools/"
 cp tools/install-deps.sh "$stage/tools/"
 cp tools/benchmarks/torch_model.py "$stage/tools/benchmarks/"
 echo "gpu-bundle: compressing (about 20 s) ..." >&2
 tar -C "$stage" -cJf "$out/payload.tar.xz" .
 cp /usr/share/datasets/fashion-mnist/*.gz "$out/data/"
-cat >"$out/run-gpu-checks.sh" <<'RUN'
-#!/usr/bin/env bash
-# Runs on the GPU machine from the repository root: the gpu tests, then the benchmark.
-set -uo pipefail
-bundle=$(cd "$(dirname "$0")" && pwd)
-here=$(mktemp -d /tmp/parasync-gpu.XXXXXX)
-trap 'rm -rf "$here"' EXIT
-tar -C "$here" -xJf "$bundle/payload.tar.xz"
-export LD_LIBRARY_PATH="$here/deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# cuDNN 9: the one of the machine's PyTorch wheel (nvidia-cudnn), when the system has none.
-cudnn=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null || true)
-if [[ -n "$cudnn" && -d "$cudnn" ]]; then
-  echo "run-gpu-checks: cuDNN from $cudnn: $(ls "$cudnn" | tr '\n' ' ')"
-  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cudnn"
-fi
-export PARASYNC_BIN_DIR="$here/bin" PARASYNC_DATA_DIR="$bundle/data"
-# Here a skipped GPU test is a failure: the point is to run them.
-export PARASYNC_REQUIRE_GPU=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-rc=0
-for t in backend_factory_test cuda_backend_test gpu_integration_test; do
-  "$here/bin/$t" || rc=1
-done
-cd "$here"
-BUILD_DIR="$here" tools/bench-worker "$@" | tee "${OUT:-/tmp}/bench-worker.md" || rc=1
-exit $rc
-RUN
+cp tools/gpu-checks.sh "$out/run-gpu-checks.sh"
 chmod +x "$out/run-gpu-checks.sh"
 du -sh "$out"

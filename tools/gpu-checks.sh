@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# tools/gpu-checks.sh: the GPU checks of a machine lent for them, in phases that each fit one
+# device-tool call (10 minutes). tools/gpu-bundle.sh packs it as .gpubundle/run-gpu-checks.sh
+# beside the binaries; with the device tool, carry [".gpubundle"] and run, in three calls:
+#
+#   bash .gpubundle/run-gpu-checks.sh tests sanitize     # about 4 minutes
+#   bash .gpubundle/run-gpu-checks.sh bench              # about 5 minutes
+#   bash .gpubundle/run-gpu-checks.sh cluster profile    # about 4 minutes
+#
+# Phases (run in the order given; each one's output goes to $OUT, at most 8 files a call):
+#   tests      every gpu-labelled test with PARASYNC_REQUIRE_GPU=1 (a skip is a failure)
+#              -> tests.log
+#   sanitize   compute-sanitizer memcheck over the gpu unit tests and the GPU cluster test
+#              (every process), racecheck over cuda_backend_test -> sanitize.log
+#   bench      tools/bench-worker for every built-in model, batches 64 ... 8192, GPU columns
+#              only (BENCH_CPU=1 adds the CPU ones) -> bench-worker.md
+#   cluster    tools/bench-cluster: 2 PS + 4 workers, cnn, cpu beside cuda -> bench-cluster.md
+#   profile[:MODEL[:BATCH]]
+#              Nsight Compute's per-kernel times of one parasync step and one PyTorch step
+#              (default cnn at 1024) -> profile-MODEL-BATCH.txt
+# --no-require-gpu lets the tests skip (to try the plumbing on a machine without a GPU).
+# Exit status: 0 when every phase passed, 1 when one failed, 2 for a bad argument.
+set -uo pipefail
+bundle=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-/tmp/parasync-gpu-checks}
+mkdir -p "$out"
+require=1
+phases=()
+for arg in "$@"; do
+  case "$arg" in
+    tests|sanitize|bench|cluster|profile|profile:*) phases+=("$arg") ;;
+    --no-require-gpu) require=0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "run-gpu-checks: unknown phase '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ ${#phases[@]} -gt 0 ]] || phases=(tests)
+
+# The binaries and libraries, unpacked once per call.
+here=$(mktemp -d /tmp/parasync-gpu.XXXXXX)
+trap 'rm -rf "$here"' EXIT
+tar -C "$here" -xJf "$bundle/payload.tar.xz"
+# The bundled C++ runtime (Debian 12's) only where the system's is older: a newer one serves
+# our binaries too, and the bundled one would shadow it for the machine's own programs
+# (apt-get, PyTorch) under LD_LIBRARY_PATH.
+newest() { grep -ao 'GLIBCXX_3\.4\.[0-9]*' "$1" 2>/dev/null | sort -uV | tail -n 1; }
+system_cxx=$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ { print $NF; exit }')
+if [[ -n $system_cxx && -f "$here/deps/libstdc++.so.6" ]]; then
+  ours=$(newest "$here/deps/libstdc++.so.6")
+  theirs=$(newest "$system_cxx")
+  if [[ -n $theirs && $(printf '%s\n%s\n' "$ours" "$theirs" | sort -V | tail -n 1) == "$theirs" ]]; then
+    rm -f "$here/deps/libstdc++.so.6" "$here/deps/libgcc_s.so.1"
+  fi
+fi
+export LD_LIBRARY_PATH="$here/deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuDNN 9: the one of the machine's PyTorch wheel (nvidia-cudnn), when the system has none.
+cudnn=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null || true)
+if [[ -n "$cudnn" && -d "$cudnn" ]]; then
+  echo "run-gpu-checks: cuDNN from $cudnn"
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cudnn"
+fi
+export PARASYNC_BIN_DIR="$here/bin" PARASYNC_DATA_DIR="$bundle/data"
+if [[ $require == 1 ]]; then export PARASYNC_REQUIRE_GPU=1; fi
+# The PyTorch to compare with: the GPU machine's python3 (bench-worker's fallback).
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then export PYTHON=python3; fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
+  echo "run-gpu-checks: nvidia-smi found no GPU"
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+
+rc=0
+fail() { echo "run-gpu-checks: FAILED: $*"; rc=1; }
+# gtest's verdict lines of a log, to stdout.
+verdict() { grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\] .* ran|ERROR SUMMARY|RACECHECK SUMMARY|GPU cluster|Segmentation|Aborted' "$1" | head -40; }
+
+phase_tests() {
+  local log="$out/tests.log"
+  : >"$log"
+  for t in backend_factory_test cuda_backend_test gpu_integration_test; do
+    echo "=== $t" | tee -a "$log"
+    timeout 300 "$here/bin/$t" >>"$log" 2>&1 || fail "$t (exit status $?)"
+  done
+  verdict "$log"
+}
+
+# sanitize_one LOG TIMEOUT TOOL ARGS...: one compute-sanitizer run; failure on any error.
+sanitize_one() {
+  local log=$1 limit=$2 tool=$3; shift 3
+  echo "=== compute-sanitizer --tool $tool $*" | tee -a "$log"
+  local part
+  part=$(mktemp)
+  timeout "$limit" "$sanitizer" --tool "$tool" --error-exitcode 3 "$@" >"$part" 2>&1
+  local status=$?
+  cat "$part" >>"$log"
+  grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED) ' "$part" | head -5
+  rm -f "$part"
+  [[ $status == 0 ]] || fail "compute-sanitizer $tool $(basename "$1") (exit status $status; 124: over $limit s)"
+}
+
+phase_sanitize() {
+  local log="$out/sanitize.log"
+  : >"$log"
+  if [[ -z $sanitizer ]]; then fail "sanitize: compute-sanitizer not found"; return; fi
+  sanitize_one "$log" 120 memcheck "$here/bin/backend_factory_test"
+  # Less the test that provokes an allocation failure on purpose (an API error to the tool).
+  local provoked=--gtest_filter=-CudaBackendTest.ABatchLargerThanTheGpuIsTheAllocationErrorNamed
+  sanitize_one "$log" 150 memcheck --leak-check full "$here/bin/cuda_backend_test" "$provoked"
+  # The workers of a real cluster (mlp, 5 epochs): every process the launcher starts.
+  sanitize_one "$log" 240 memcheck --target-processes all "$here/bin/gpu_integration_test" \
+    --gtest_filter='GpuClusterTest.*'
+  sanitize_one "$log" 240 racecheck "$here/bin/cuda_backend_test" "$provoked"
+}
+
+phase_bench() {
+  local file="$out/bench-worker.md" models=(mlp cnn lenet5 ctr)
+  : >"$file"
+  local cpu=(--no-cpu)
+  if [[ ${BENCH_CPU:-0} == 1 ]]; then cpu=(--cpu-threads "1,16"); fi
+  for m in "${models[@]}"; do
+    echo "=== bench-worker --model $m" | tee -a "$file"
+    (cd "$here" && BUILD_DIR="$here" timeout 200 tools/bench-worker --model "$m" \
+        --batches 64,128,256,512,1024,2048,4096,8192 --seconds 0.3 --repeats 5 "${cpu[@]}") \
+      >>"$file" 2>"$out/bench-worker.err" || fail "bench-worker --model $m"
+    echo >>"$file"
+  done
+  cat "$file"
+}
+
+phase_cluster() {
+  local file="$out/bench-cluster.md"
+  (cd "$here" && BUILD_DIR="$here" timeout 400 tools/bench-cluster --model cnn --ps 2 \
+      --workers 4 --devices cpu,cuda --repeats 3 --compute-threads 3 --dataset "$bundle/data" \
+      --json "$out/bench-cluster.json") >"$file" 2>"$out/bench-cluster.err" ||
+    fail "bench-cluster"
+  cat "$file"
+}
+
+# profile MODEL BATCH: per-kernel GPU times of a few steps, parasync's then PyTorch's.
+phase_profile() {
+  local model=$1 batch=$2 file="$out/profile-$1-$2.txt"
+  if [[ -z $ncu ]]; then fail "profile: ncu not found"; return; fi
+  local describe
+  describe=$("$here/bin/parasync-bench-compute" --model "$model" --describe) ||
+    { fail "profile: no description of $model"; return; }
+  local common=(--batches "$batch" --seconds 0.01 --repeats 1)
+  {
+    echo "=== parasync-bench-compute --device cuda --model $model --batches $batch"
+    # Kernels of steps 3 to 6 (after the warm-up): about 20 kernels a step for these models.
+    timeout 200 "$ncu" --clock-control none --launch-skip 60 --launch-count 80 \
+      --print-summary per-kernel --metrics gpu__time_duration.sum \
+      "$here/bin/parasync-bench-compute" --device cuda --model "$model" "${common[@]}"
+    echo "=== PyTorch eager (torch_model.py --device cuda), the same model and batch"
+    timeout 200 "$ncu" --clock-control none --launch-skip 60 --launch-count 80 \
+      --print-summary per-kernel --metrics gpu__time_duration.sum \
+      "${PYTHON:-/usr/bin/python3}" "$here/tools/benchmarks/torch_model.py" --device cuda \
+      --describe "$describe" "${common[@]}"
+  } >"$file" 2>&1 || fail "profile $model $batch"
+  grep -E '^===|gpu__time_duration.sum|^  [A-Za-z_].*\(' "$file" | head -80
+}
+
+for p in "${phases[@]}"; do
+  echo "=== phase $p ($(date -u +%H:%M:%SZ))"
+  case "$p" in
+    tests) phase_tests ;;
+    sanitize) phase_sanitize ;;
+    bench) phase_bench ;;
+    cluster) phase_cluster ;;
+    profile*) IFS=: read -r _ model batch <<<"$p"; phase_profile "${model:-cnn}" "${batch:-1024}" ;;
+  esac
+done
+echo "run-gpu-checks: $( [[ $rc == 0 ]] && echo "all phases passed" || echo "a phase failed" ) ($(date -u +%H:%M:%SZ))"
+exit $rc
