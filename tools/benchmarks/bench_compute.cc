@@ -23,6 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/cli.h"
 #include "common/process.h"
 #include "tools/benchmarks/stats.h"
 #include "tools/zipf_sampler.h"
@@ -342,7 +343,9 @@ int main(int argc, char** argv) {
                "Print the model's description (JSON, docs/models.md; for a sparse embedding "
                "model with a \"sparse_input\" object) and exit: what "
                "tools/benchmarks/torch_model.py builds the same model from");
-  CLI11_PARSE(app, argc, argv);
+  app.name(kProgram);
+  // A bad flag is one line and status 2, as everywhere (common/cli.h).
+  if (auto done = parasync::ParseCommandLine(app, argc, argv)) return *done;
 
   const std::vector<int> batches = ParseBatches(o.batches_text);
   if (batches.empty()) {
