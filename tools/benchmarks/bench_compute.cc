@@ -367,9 +367,8 @@ int main(int argc, char** argv) {
   // A sparse model checked here with the largest batch's compact table; RunSparse builds it
   // per batch size.
   const int max_batch = *std::max_element(batches.begin(), batches.end());
-  const parasync::ModelInputs inputs =
-      sparse ? parasync::ModelInputs{o.id_columns, parasync::SparseRowsNeeded(max_batch, o.id_columns)}
-             : parasync::ModelInputs{};
+  parasync::ModelInputs inputs;
+  if (sparse) inputs = {o.id_columns, parasync::SparseRowsNeeded(max_batch, o.id_columns)};
   auto net = parasync::Model::Build(*spec, input, inputs);
   if (!net.ok()) return Fail(net.status().message());
   if (o.describe) {
