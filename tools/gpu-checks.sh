@@ -114,13 +114,14 @@ phase_sanitize() {
 phase_bench() {
   local file="$out/bench-worker.md" models=(mlp cnn lenet5 ctr)
   : >"$file"
+  : >"$out/bench-worker.err"
   local cpu=(--no-cpu)
   if [[ ${BENCH_CPU:-0} == 1 ]]; then cpu=(--cpu-threads "1,16"); fi
   for m in "${models[@]}"; do
     echo "=== bench-worker --model $m" | tee -a "$file"
     (cd "$here" && BUILD_DIR="$here" timeout 200 tools/bench-worker --model "$m" \
         --batches 64,128,256,512,1024,2048,4096,8192 --seconds 0.3 --repeats 5 "${cpu[@]}") \
-      >>"$file" 2>"$out/bench-worker.err" || fail "bench-worker --model $m"
+      >>"$file" 2>>"$out/bench-worker.err" || fail "bench-worker --model $m"
     echo >>"$file"
   done
   cat "$file"
