@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/gpu-bundle.sh: packs what the GPU checks need into .gpubundle/ (git-ignored, ~45 MB,
+# tools/gpu-bundle.sh: packs what the GPU checks need into .gpubundle/ (git-ignored, 43 MB,
 # under the device tool's 64 MiB carry limit), for a machine that has CUDA but none of our
 # Debian libraries (the device tool's GPU machine):
 #   payload.tar.xz       bin/   parasync-ps, -worker, -launch, -bench-compute, the gpu tests

@@ -3,9 +3,14 @@
 # device-tool call (10 minutes). tools/gpu-bundle.sh packs it as .gpubundle/run-gpu-checks.sh
 # beside the binaries; with the device tool, carry [".gpubundle"] and run, in three calls:
 #
-#   bash .gpubundle/run-gpu-checks.sh tests sanitize     # about 4 minutes
-#   bash .gpubundle/run-gpu-checks.sh bench              # about 5 minutes
-#   bash .gpubundle/run-gpu-checks.sh cluster profile    # about 4 minutes
+#   bash .gpubundle/run-gpu-checks.sh tests sanitize     # limits: 240 + 330 s
+#   bash .gpubundle/run-gpu-checks.sh bench              # limits: 4 x 140 s
+#   bash .gpubundle/run-gpu-checks.sh cluster profile    # limits: 360 + 2 x 100 s
+#
+# Each part of a phase runs under a time limit (timeout), so that a call's parts add up to
+# at most 570 s of the device tool's 600; a part past its limit fails (status 124), and what
+# the parts before it wrote is already in $OUT. Times seen on the H100 on 2026-11-24: the gpu
+# tests 14 s together, memcheck over cuda_backend_test 4 s of tests, racecheck 108 s.
 #
 # Phases (run in the order given; each one's output goes to $OUT, at most 8 files a call):
 #   tests      every gpu-labelled test with PARASYNC_REQUIRE_GPU=1 (a skip is a failure)
@@ -16,8 +21,9 @@
 #              only (BENCH_CPU=1 adds the CPU ones) -> bench-worker.md
 #   cluster    tools/bench-cluster: 2 PS + 4 workers, cnn, cpu beside cuda -> bench-cluster.md
 #   profile[:MODEL[:BATCH]]
-#              Nsight Compute's per-kernel times of one parasync step and one PyTorch step
-#              (default cnn at 1024) -> profile-MODEL-BATCH.txt
+#              Nsight Compute's per-kernel times, parasync's then PyTorch's, over the 80
+#              kernel launches after the first 60 (start-up and warm-up), default cnn at
+#              batch 1024 -> profile-MODEL-BATCH.txt
 # --no-require-gpu lets the tests skip (to try the plumbing on a machine without a GPU).
 # Exit status: 0 when every phase passed, 1 when one failed, 2 for a bad argument.
 set -uo pipefail
@@ -76,9 +82,11 @@ verdict() { grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\] .* ran|ERROR 
 phase_tests() {
   local log="$out/tests.log"
   : >"$log"
-  for t in backend_factory_test cuda_backend_test gpu_integration_test; do
+  local t limit
+  for t in backend_factory_test:30 cuda_backend_test:60 gpu_integration_test:150; do
+    limit=${t#*:} t=${t%:*}
     echo "=== $t" | tee -a "$log"
-    timeout 300 "$here/bin/$t" >>"$log" 2>&1 || fail "$t (exit status $?)"
+    timeout "$limit" "$here/bin/$t" >>"$log" 2>&1 || fail "$t (exit status $?; 124: over $limit s)"
   done
   verdict "$log"
 }
@@ -86,7 +94,8 @@ phase_tests() {
 # sanitize_one LOG TIMEOUT TOOL ARGS...: one compute-sanitizer run; failure on any error.
 sanitize_one() {
   local log=$1 limit=$2 tool=$3; shift 3
-  echo "=== compute-sanitizer --tool $tool $*" | tee -a "$log"
+  local what="--tool $tool ${*//$here\/bin\//}"
+  echo "=== compute-sanitizer $what" | tee -a "$log"
   local part
   part=$(mktemp)
   timeout "$limit" "$sanitizer" --tool "$tool" --error-exitcode 3 "$@" >"$part" 2>&1
@@ -94,21 +103,21 @@ sanitize_one() {
   cat "$part" >>"$log"
   grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED) ' "$part" | head -5
   rm -f "$part"
-  [[ $status == 0 ]] || fail "compute-sanitizer $tool $(basename "$1") (exit status $status; 124: over $limit s)"
+  [[ $status == 0 ]] || fail "compute-sanitizer $what (exit status $status; 124: over $limit s)"
 }
 
 phase_sanitize() {
   local log="$out/sanitize.log"
   : >"$log"
   if [[ -z $sanitizer ]]; then fail "sanitize: compute-sanitizer not found"; return; fi
-  sanitize_one "$log" 120 memcheck "$here/bin/backend_factory_test"
+  sanitize_one "$log" 30 memcheck "$here/bin/backend_factory_test"
   # Less the test that provokes an allocation failure on purpose (an API error to the tool).
   local provoked=--gtest_filter=-CudaBackendTest.ABatchLargerThanTheGpuIsTheAllocationErrorNamed
-  sanitize_one "$log" 150 memcheck --leak-check full "$here/bin/cuda_backend_test" "$provoked"
+  sanitize_one "$log" 60 memcheck --leak-check full "$here/bin/cuda_backend_test" "$provoked"
   # The workers of a real cluster (mlp, 5 epochs): every process the launcher starts.
-  sanitize_one "$log" 240 memcheck --target-processes all "$here/bin/gpu_integration_test" \
+  sanitize_one "$log" 90 memcheck --target-processes all "$here/bin/gpu_integration_test" \
     --gtest_filter='GpuClusterTest.*'
-  sanitize_one "$log" 240 racecheck "$here/bin/cuda_backend_test" "$provoked"
+  sanitize_one "$log" 150 racecheck "$here/bin/cuda_backend_test" "$provoked"
 }
 
 phase_bench() {
@@ -119,7 +128,7 @@ phase_bench() {
   if [[ ${BENCH_CPU:-0} == 1 ]]; then cpu=(--cpu-threads "1,16"); fi
   for m in "${models[@]}"; do
     echo "=== bench-worker --model $m" | tee -a "$file"
-    (cd "$here" && BUILD_DIR="$here" timeout 200 tools/bench-worker --model "$m" \
+    (cd "$here" && BUILD_DIR="$here" timeout 140 tools/bench-worker --model "$m" \
         --batches 64,128,256,512,1024,2048,4096,8192 --seconds 0.3 --repeats 5 "${cpu[@]}") \
       >>"$file" 2>>"$out/bench-worker.err" || fail "bench-worker --model $m"
     echo >>"$file"
@@ -129,7 +138,7 @@ phase_bench() {
 
 phase_cluster() {
   local file="$out/bench-cluster.md"
-  (cd "$here" && BUILD_DIR="$here" timeout 400 tools/bench-cluster --model cnn --ps 2 \
+  (cd "$here" && BUILD_DIR="$here" timeout 360 tools/bench-cluster --model cnn --ps 2 \
       --workers 4 --devices cpu,cuda --repeats 3 --compute-threads 3 --dataset "$bundle/data" \
       --json "$out/bench-cluster.json") >"$file" 2>"$out/bench-cluster.err" ||
     fail "bench-cluster"
@@ -146,12 +155,11 @@ phase_profile() {
   local common=(--batches "$batch" --seconds 0.01 --repeats 1)
   {
     echo "=== parasync-bench-compute --device cuda --model $model --batches $batch"
-    # Kernels of steps 3 to 6 (after the warm-up): about 20 kernels a step for these models.
-    timeout 200 "$ncu" --clock-control none --launch-skip 60 --launch-count 80 \
+    timeout 100 "$ncu" --clock-control none --launch-skip 60 --launch-count 80 \
       --print-summary per-kernel --metrics gpu__time_duration.sum \
       "$here/bin/parasync-bench-compute" --device cuda --model "$model" "${common[@]}"
     echo "=== PyTorch eager (torch_model.py --device cuda), the same model and batch"
-    timeout 200 "$ncu" --clock-control none --launch-skip 60 --launch-count 80 \
+    timeout 100 "$ncu" --clock-control none --launch-skip 60 --launch-count 80 \
       --print-summary per-kernel --metrics gpu__time_duration.sum \
       "${PYTHON:-/usr/bin/python3}" "$here/tools/benchmarks/torch_model.py" --device cuda \
       --describe "$describe" "${common[@]}"
