@@ -69,13 +69,21 @@ void ReleaseFrame(void* data, void* hint) {
   delete hold;
 }
 
-// The ids of an ids frame, copied out (ZeroMQ frames need not be 8-byte aligned); false if
-// the frame is not a whole number of uint64s.
-bool IdsOf(const zmq::message_t& frame, std::vector<uint64_t>* ids) {
-  if (frame.size() % sizeof(uint64_t) != 0) return false;
-  ids->resize(frame.size() / sizeof(uint64_t));
-  if (!ids->empty()) std::memcpy(ids->data(), frame.data(), frame.size());
-  return true;
+// The ids of a request's `n` ids frames, frames[first + k * stride], copied out (ZeroMQ
+// frames need not be 8-byte aligned); kByteLength when one is not a whole number of uint64s.
+Status ReadIdsFrames(const std::vector<zmq::message_t>& frames, size_t first, size_t stride,
+                     size_t n, std::vector<std::vector<uint64_t>>* ids, RejectReason* reason) {
+  ids->resize(n);
+  for (size_t k = 0; k < n; ++k) {
+    const zmq::message_t& frame = frames[first + k * stride];
+    if (frame.size() % sizeof(uint64_t) != 0) {
+      *reason = RejectReason::kByteLength;
+      return Status::InvalidArgument("an ids frame is not a whole number of uint64s");
+    }
+    (*ids)[k].resize(frame.size() / sizeof(uint64_t));
+    if (frame.size() != 0) std::memcpy((*ids)[k].data(), frame.data(), frame.size());
+  }
+  return Status::Ok();
 }
 
 // Counts `hold`'s bytes on its unread counters and appends the frame of `data`, which `hold`
@@ -475,12 +483,10 @@ int64_t Server::RowReplyBytes(const Header& req) const {
 
 void Server::AppendRowFrames(const Header& req, const std::vector<std::vector<uint64_t>>& row_ids,
                              const ByteCounter& peer, std::vector<zmq::message_t>& frames) {
-  std::vector<float> rows;
+  std::vector<float> narrowed;  // a 16-bit reply's rows before encoding
   for (size_t k = 0; k < req.rows.size(); ++k) {
     const RowRange& r = req.rows[k];
     const auto n = static_cast<size_t>(r.count * shard_.tables().table(r.table).dim);
-    rows.resize(n);
-    shard_.ReadRows(r.table, row_ids[k], rows.data());
     const size_t size = n * DTypeSize(req.dtype);
     if (size == 0) {
       frames.emplace_back();
@@ -490,7 +496,13 @@ void Server::AppendRowFrames(const Header& req, const std::vector<std::vector<ui
         FrameHold{nullptr, static_cast<int64_t>(size), peer, unread_total_, released_since_trim_});
     void* data = std::malloc(size);
     if (data == nullptr) throw std::bad_alloc();
-    EncodeFloats(rows.data(), n, req.dtype, data);
+    if (req.dtype == DType::kFloat32) {
+      shard_.ReadRows(r.table, row_ids[k], static_cast<float*>(data));  // malloc: aligned
+    } else {
+      narrowed.resize(n);
+      shard_.ReadRows(r.table, row_ids[k], narrowed.data());
+      EncodeFloats(narrowed.data(), n, req.dtype, data);
+    }
     AppendHeldFrame(data, size, hold.release(), frames);
     if (r.table < metrics_->tables.size()) {
       metrics_->tables[r.table].rows_pulled->Increment(static_cast<double>(r.count));
@@ -544,13 +556,13 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     return;
   }
   PushRows rows;
-  reply.status = ReadPushRows(req, in_frames, &rows, reason);
+  reply.status = ReadPushRowIds(req, in_frames, &rows.ids, reason);
   if (!reply.status.ok()) return;
   int64_t read_version = 0;
   if (!AdmitGradient(req, reply, reason, &read_version)) return;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::vector<float>> realigned;  // only for frames that are not aligned
-  const std::vector<const float*> grads = GradientsOf(req, in_frames, realigned);
+  const std::vector<const float*> grads = GradientsOf(req, in_frames, realigned, &rows.grads);
   const int64_t staleness = shard_.version() - read_version;
   const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
   if (sync) {
@@ -604,35 +616,15 @@ Status Server::CheckPush(const Header& req, const std::vector<zmq::message_t>& i
   return Status::Ok();
 }
 
-Status Server::ReadPushRows(const Header& req, const std::vector<zmq::message_t>& in_frames,
-                            PushRows* rows, RejectReason* reason) const {
+Status Server::ReadPushRowIds(const Header& req, const std::vector<zmq::message_t>& in_frames,
+                              std::vector<std::vector<uint64_t>>* ids, RejectReason* reason) const {
   const size_t first = req.slices.size();
   const size_t n = req.rows.size();
-  rows->ids.resize(n);
+  PARASYNC_RETURN_IF_ERROR(ReadIdsFrames(in_frames, first, 2, n, ids, reason));
   std::vector<size_t> value_bytes(n);
-  for (size_t k = 0; k < n; ++k) {
-    if (!IdsOf(in_frames[first + 2 * k], &rows->ids[k])) {
-      *reason = RejectReason::kByteLength;
-      return Status::InvalidArgument("an ids frame is not a whole number of uint64s");
-    }
-    value_bytes[k] = in_frames[first + 2 * k + 1].size();
-  }
-  PARASYNC_RETURN_IF_ERROR(shard_.ValidateRows(req.rows, rows->ids, req.dtype,
-                                               std::span<const size_t>(value_bytes), reason));
-  // float32 rows are read where they arrived, as the slices' gradients are (GradientsOf).
-  rows->grads.reserve(n);  // no reallocation: grad_ptrs point into it
-  for (size_t k = 0; k < n; ++k) {
-    const zmq::message_t& frame = in_frames[first + 2 * k + 1];
-    if (req.dtype == DType::kFloat32) {
-      rows->grad_ptrs.push_back(AlignedFloats(frame, rows->grads));
-      continue;
-    }
-    const size_t count = value_bytes[k] / DTypeSize(req.dtype);
-    rows->grads.emplace_back(count);
-    DecodeFloats(frame.data(), count, req.dtype, rows->grads.back().data());
-    rows->grad_ptrs.push_back(rows->grads.back().data());
-  }
-  return Status::Ok();
+  for (size_t k = 0; k < n; ++k) value_bytes[k] = in_frames[first + 2 * k + 1].size();
+  return shard_.ValidateRows(req.rows, *ids, req.dtype, std::span<const size_t>(value_bytes),
+                             reason);
 }
 
 bool Server::AdmitGradient(const Header& req, Header& reply, RejectReason* reason,
@@ -690,26 +682,37 @@ bool Server::AdmitSyncGradient(const Header& req, int64_t read_version, Header& 
 
 std::vector<const float*> Server::GradientsOf(const Header& req,
                                               const std::vector<zmq::message_t>& in_frames,
-                                              std::vector<std::vector<float>>& realigned) {
+                                              std::vector<std::vector<float>>& realigned,
+                                              std::vector<const float*>* row_grads) {
+  // The slices' frames, then each row range's ids and values frames.
+  const size_t first = req.slices.size();
   std::vector<const float*> grads;
-  grads.reserve(in_frames.size());
+  grads.reserve(first);
+  row_grads->clear();
   if (req.dtype != DType::kFloat32) {
     // A 16-bit wire dtype: widened to float32 before the finite check and the optimizer see
     // it (NaN and Inf survive the narrowing, so the check still catches them).
+    const size_t size = DTypeSize(req.dtype);
     size_t total = 0;
-    for (const SliceRange& r : req.slices) total += static_cast<size_t>(r.count);
+    for (size_t i = 0; i < first; ++i) total += in_frames[i].size() / size;
+    for (size_t k = 0; k < req.rows.size(); ++k) total += in_frames[first + 2 * k + 1].size() / size;
     if (widened_.size() < total) widened_.resize(total);
     float* at = widened_.data();
-    for (size_t i = 0; i < req.slices.size(); ++i) {
-      const auto count = static_cast<size_t>(req.slices[i].count);
-      DecodeFloats(in_frames[i].data(), count, req.dtype, at);
-      grads.push_back(at);
+    auto widen = [&](const zmq::message_t& frame) {
+      const size_t count = frame.size() / size;
+      DecodeFloats(frame.data(), count, req.dtype, at);
       at += count;
+      return at - count;
+    };
+    for (size_t i = 0; i < first; ++i) grads.push_back(widen(in_frames[i]));
+    for (size_t k = 0; k < req.rows.size(); ++k) {
+      row_grads->push_back(widen(in_frames[first + 2 * k + 1]));
     }
     return grads;
   }
-  for (size_t i = 0; i < req.slices.size(); ++i) {
-    grads.push_back(AlignedFloats(in_frames[i], realigned));
+  for (size_t i = 0; i < first; ++i) grads.push_back(AlignedFloats(in_frames[i], realigned));
+  for (size_t k = 0; k < req.rows.size(); ++k) {
+    row_grads->push_back(AlignedFloats(in_frames[first + 2 * k + 1], realigned));
   }
   return grads;
 }
@@ -1136,14 +1139,9 @@ bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason*
   }
   reply.status = shard_.ValidateRanges(req.slices, req.dtype, std::nullopt, reason);
   if (!reply.status.ok()) return false;
-  std::vector<std::vector<uint64_t>> row_ids(req.rows.size());
-  for (size_t k = 0; k < req.rows.size(); ++k) {
-    if (!IdsOf(in.frames[k], &row_ids[k])) {
-      *reason = RejectReason::kByteLength;
-      reply.status = Status::InvalidArgument("an ids frame is not a whole number of uint64s");
-      return false;
-    }
-  }
+  std::vector<std::vector<uint64_t>> row_ids;
+  reply.status = ReadIdsFrames(in.frames, 0, 1, req.rows.size(), &row_ids, reason);
+  if (!reply.status.ok()) return false;
   reply.status = shard_.ValidateRows(req.rows, row_ids, req.dtype, std::nullopt, reason);
   if (!reply.status.ok()) return false;
   if (const int64_t bytes = RowReplyBytes(req); bytes > options_.max_message_bytes) {

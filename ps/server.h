@@ -190,21 +190,24 @@ class Server {
                      int64_t* read_version);
   bool AdmitSyncGradient(const Header& req, int64_t read_version, Header& reply,
                          RejectReason* reason);
-  // The push's gradients as float32 arrays: its frames, or (16-bit dtypes) widened_, or
-  // copies in `realigned` for frames that are not aligned.
+  // The push's gradients as float32 arrays, the slices' returned and its row ranges' in
+  // *row_grads: its frames, or (16-bit dtypes) widened_, or copies in `realigned` for frames
+  // that are not aligned. Precondition: CheckPush and ReadPushRowIds ok (frame sizes).
   std::vector<const float*> GradientsOf(const Header& req,
                                         const std::vector<zmq::message_t>& in_frames,
-                                        std::vector<std::vector<float>>& realigned);
-  // A push's embedding rows: ids and gradient rows as float32 (its frames where they can be
-  // read in place, else copies in `grads`: widened, or realigned).
+                                        std::vector<std::vector<float>>& realigned,
+                                        std::vector<const float*>* row_grads);
+  // A push's row ranges: their ids (ReadPushRowIds, before the push is admitted) and
+  // gradients (GradientsOf, after).
   struct PushRows {
     std::vector<std::vector<uint64_t>> ids;
-    std::vector<std::vector<float>> grads;
-    std::vector<const float*> grad_ptrs;
-    RowsRequest request(const Header& req) const { return {req.rows, ids, grad_ptrs}; }
+    std::vector<const float*> grads;
+    RowsRequest request(const Header& req) const { return {req.rows, ids, grads}; }
   };
-  Status ReadPushRows(const Header& req, const std::vector<zmq::message_t>& in_frames,
-                      PushRows* rows, RejectReason* reason) const;
+  // The ids of a push's row ranges, checked with their values frames' lengths
+  // (Shard::ValidateRows); on failure sets *reason.
+  Status ReadPushRowIds(const Header& req, const std::vector<zmq::message_t>& in_frames,
+                        std::vector<std::vector<uint64_t>>* ids, RejectReason* reason) const;
   // Sync: the gradient joined its step.
   void OnGradientAccumulated(const Header& req);
   // Async / ssp: applies it (durable first with every-update); false: refused in `reply`.
