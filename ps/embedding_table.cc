@@ -75,11 +75,6 @@ Status EmbeddingTables::Validate(uint32_t table, std::span<const uint64_t> ids,
                                    std::to_string(tables_.size()) + " tables)");
   }
   const TableSpec& spec = tables_[table];
-  if (dtype != DType::kFloat32 && dtype != DType::kBfloat16 && dtype != DType::kFloat16) {
-    *reason = RejectReason::kDType;
-    return Status::InvalidArgument("dtype " + std::to_string(static_cast<int>(dtype)) +
-                                   " is not a wire dtype (float32, bfloat16 or float16)");
-  }
   // Built only for a refusal: the loop runs once per id of every request.
   const auto where = [&](size_t i) {
     return TableName(tables_, table) + " id " + std::to_string(ids[i]) + " at position " +

@@ -54,13 +54,14 @@ class EmbeddingTables {
   // Options::max_rows as given (0: no bound but kMaxRowsHeld).
   int64_t max_rows() const { return max_rows_; }
 
-  // Checks one row range of a request: `table` known (else kUnknownSlice), the dtype a wire
-  // dtype (kDType), ids strictly increasing (kOrder), every id held by this shard
+  // Checks one row range of a request: `table` known (else kUnknownSlice), ids strictly
+  // increasing (kOrder), every id held by this shard
   // (ShardOfRow(table, id, num_shards) == shard_index) and below the row count of a fixed
   // table (kRange), and, when `value_bytes` is given (a push's values frame; none for a
   // pull), value_bytes == ids.size() * dim * DTypeSize(dtype) (kByteLength). Returns Ok, or
   // InvalidArgument naming the table and the offending id and position with *reason set.
-  // Changes nothing either way.
+  // Changes nothing either way. Precondition: `dtype` is a wire dtype (Shard::ValidateRanges
+  // checks it for the whole request).
   Status Validate(uint32_t table, std::span<const uint64_t> ids,
                   std::optional<size_t> value_bytes, DType dtype, RejectReason* reason) const;
 

@@ -75,6 +75,7 @@ class Shard {
   // Checks a request's row ranges (EmbeddingTables::Validate for each): tables in strictly
   // increasing order (kOrder), each range's count equal to its ids' (kByteLength), and, when
   // `value_bytes` is given (a push), each values frame's length. On failure sets *reason.
+  // Precondition: ValidateRanges ok for the same request (it checks the dtype).
   Status ValidateRows(std::span<const RowRange> ranges,
                       std::span<const std::vector<uint64_t>> ids, DType dtype,
                       std::optional<std::span<const size_t>> value_bytes,
