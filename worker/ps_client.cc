@@ -394,7 +394,7 @@ Result<std::vector<PsClient::ShardRows>> PsClient::SplitRows(RowSet rows) const 
 
 void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::vector<int>* shards,
                                std::vector<Outgoing>* requests,
-                               const std::vector<ShardRows>* rows) const {
+                               const std::vector<ShardRows>& rows) const {
   for (int s = 0; s < num_shards(); ++s) {
     if (!SendsTo(s)) continue;
     Outgoing o;
@@ -405,12 +405,10 @@ void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::ve
     for (uint32_t id : map_->SlicesOfShard(s)) {
       o.header.slices.push_back({id, 0, map_->slices()[id].length});
     }
-    if (rows != nullptr) {
-      const ShardRows& mine = (*rows)[static_cast<size_t>(s)];
-      o.header.rows = mine.ranges;
-      for (const std::vector<uint64_t>& ids : mine.ids) {
-        o.frames.emplace_back(ids.data(), ids.size() * sizeof(uint64_t));
-      }
+    const ShardRows& mine = rows[static_cast<size_t>(s)];
+    o.header.rows = mine.ranges;
+    for (const std::vector<uint64_t>& ids : mine.ids) {
+      o.frames.emplace_back(ids.data(), ids.size() * sizeof(uint64_t));
     }
     shards->push_back(s);
     requests->push_back(std::move(o));
@@ -419,28 +417,25 @@ void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::ve
 
 void PsClient::AddPushRowFrames(const ShardRows& split, RowSet rows, Outgoing& o) const {
   o.header.rows = split.ranges;
-  std::vector<float> gathered;
-  std::vector<uint8_t> encoded;
+  const DType dtype = options_.wire_dtype;
   for (size_t k = 0; k < split.ranges.size(); ++k) {
     const std::vector<uint64_t>& ids = split.ids[k];
     o.frames.emplace_back(ids.data(), ids.size() * sizeof(uint64_t));
     const RowsOf& from = rows[split.of[k]];
     const auto dim = static_cast<size_t>(TableDim(from.table));
-    gathered.resize(ids.size() * dim);
+    const size_t row_bytes = dim * DTypeSize(dtype);
+    zmq::message_t& values = o.frames.emplace_back(ids.size() * row_bytes);
+    auto* at = static_cast<uint8_t*>(values.data());
     for (size_t i = 0; i < ids.size(); ++i) {
-      std::memcpy(gathered.data() + i * dim, from.values + split.pos[k][i] * dim,
-                  dim * sizeof(float));
+      EncodeFloats(from.values + split.pos[k][i] * dim, dim, dtype, at + i * row_bytes);
     }
-    encoded.resize(gathered.size() * DTypeSize(options_.wire_dtype));
-    EncodeFloats(gathered.data(), gathered.size(), options_.wire_dtype, encoded.data());
-    o.frames.emplace_back(encoded.data(), encoded.size());
   }
 }
 
 void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batch_examples,
                                int64_t read_version, std::vector<int>* shards,
                                std::vector<Outgoing>* requests, RowSet rows,
-                               const std::vector<ShardRows>* split) {
+                               const std::vector<ShardRows>& split) {
   // One sequence number per push, the same on every shard: a resend is applied at most once.
   const PushSeq seq(push_incarnation_, static_cast<uint32_t>(++pushes_));
   const bool narrow = options_.wire_dtype != DType::kFloat32;
@@ -471,7 +466,7 @@ void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batc
       counter->fetch_add(1, std::memory_order_relaxed);
       o.frames.emplace_back(data, count * DTypeSize(options_.wire_dtype), &ReleaseFrame, counter);
     }
-    if (split != nullptr) AddPushRowFrames((*split)[static_cast<size_t>(s)], rows, o);
+    AddPushRowFrames(split[static_cast<size_t>(s)], rows, o);
     shards->push_back(s);
     requests->push_back(std::move(o));
   }
@@ -480,11 +475,11 @@ void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batc
 Status PsClient::TakePullRows(int shard, Inbound& in, size_t first, RowSet rows,
                               const ShardRows& split) const {
   const DType dtype = in.header->dtype;
-  if (in.frames.size() != first + split.ranges.size() || in.header->rows != split.ranges) {
+  // The frame count is TakePullReplies': `first` slice frames and one per row range.
+  if (in.header->rows != split.ranges) {
     return Status::Corruption("ps shard " + std::to_string(shard) +
                               " answered a pull with the wrong rows");
   }
-  std::vector<float> decoded;
   for (size_t k = 0; k < split.ranges.size(); ++k) {
     const RowsOf& to = rows[split.of[k]];
     const auto dim = static_cast<size_t>(TableDim(to.table));
@@ -496,11 +491,10 @@ Status PsClient::TakePullRows(int shard, Inbound& in, size_t first, RowSet rows,
                                 std::to_string(split.ids[k].size()) + " rows of table " +
                                 std::to_string(to.table));
     }
-    decoded.resize(n);
-    DecodeFloats(frame.data(), n, dtype, decoded.data());
+    const size_t row_bytes = dim * DTypeSize(dtype);
+    const auto* at = static_cast<const uint8_t*>(frame.data());
     for (size_t i = 0; i < split.ids[k].size(); ++i) {
-      std::memcpy(to.values + split.pos[k][i] * dim, decoded.data() + i * dim,
-                  dim * sizeof(float));
+      DecodeFloats(at + i * row_bytes, dim, dtype, to.values + split.pos[k][i] * dim);
     }
   }
   return Status::Ok();
@@ -508,7 +502,7 @@ Status PsClient::TakePullRows(int shard, Inbound& in, size_t first, RowSet rows,
 
 Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const int> shards,
                                  std::span<Inbound> replies, RowSet rows,
-                                 const std::vector<ShardRows>* split) {
+                                 const std::vector<ShardRows>& split) {
   // Every reply is checked before any parameter is written, so a bad one changes nothing.
   struct Copy {
     const void* from;
@@ -547,11 +541,8 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
       elements += info.length;
     }
     lowest = std::min(lowest, in.header->version);
-    if (split != nullptr || row_frames > 0) {
-      static const ShardRows kNone;
-      const ShardRows& mine = split != nullptr ? (*split)[static_cast<size_t>(shards[i])] : kNone;
-      PARASYNC_RETURN_IF_ERROR(TakePullRows(shards[i], in, ids.size(), rows, mine));
-    }
+    PARASYNC_RETURN_IF_ERROR(
+        TakePullRows(shards[i], in, ids.size(), rows, split[static_cast<size_t>(shards[i])]));
   }
   const bool streaming = elements >= kStreamingCopyElements;
   auto copy = [&](size_t c) {
@@ -603,12 +594,12 @@ Status PsClient::Pull(std::span<float* const> params, int64_t min_version, RowSe
   if (!split.ok()) return split.status();
   std::vector<int> shards;
   std::vector<Outgoing> requests;
-  AddPullRequests(PullVersions(min_version), &shards, &requests, &*split);
+  AddPullRequests(PullVersions(min_version), &shards, &requests, *split);
   const bool may_wait = options_.pulls_may_wait || min_version != 0;
   auto replies = Exchange(shards, std::move(requests),
                           may_wait ? options_.blocking_timeout : options_.request_timeout);
   if (!replies.ok()) return replies.status();
-  return TakePullReplies(params, shards, *replies, rows, &*split);
+  return TakePullReplies(params, shards, *replies, rows, *split);
 }
 
 Status PsClient::Push(std::span<const float* const> grads, int64_t batch_examples,
@@ -619,7 +610,7 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
   if (!split.ok()) return split.status();
   std::vector<int> shards;
   std::vector<Outgoing> requests;
-  AddPushRequests(grads, batch_examples, read_version, &shards, &requests, rows, &*split);
+  AddPushRequests(grads, batch_examples, read_version, &shards, &requests, rows, *split);
   auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
   PARASYNC_RETURN_IF_ERROR(SettlePushFrames(replies.status()));
   TakePushReplies(read_version, shards, *replies);
@@ -646,9 +637,9 @@ Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_exa
   if (!pull_split.ok()) return pull_split.status();
   std::vector<int> shards;
   std::vector<Outgoing> requests;
-  AddPushRequests(grads, batch_examples, kLastRead, &shards, &requests, push_rows, &*push_split);
+  AddPushRequests(grads, batch_examples, kLastRead, &shards, &requests, push_rows, *push_split);
   const size_t num_push = shards.size();
-  AddPullRequests(min_versions, &shards, &requests, &*pull_split);
+  AddPullRequests(min_versions, &shards, &requests, *pull_split);
   const bool may_wait = options_.pulls_may_wait || min_version != 0;
   const auto start = Clock::now();
   std::vector<Clock::time_point> answered;
@@ -672,7 +663,7 @@ Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_exa
     times->pull_seconds = std::chrono::duration<double>(done - pushed).count();
   }
   return TakePullReplies(params, all.subspan(num_push), in.subspan(num_push), pull_rows,
-                         &*pull_split);
+                         *pull_split);
 }
 
 Status PsClient::Leave(std::chrono::milliseconds timeout) {

@@ -264,16 +264,17 @@ class PsClient {
   // appended to shards and requests; and what their replies tell.
   void AddPullRequests(const std::vector<int64_t>& min_versions, std::vector<int>* shards,
                        std::vector<Outgoing>* requests,
-                       const std::vector<ShardRows>* rows = nullptr) const;
+                       const std::vector<ShardRows>& rows) const;
   void AddPushRequests(std::span<const float* const> grads, int64_t batch_examples,
                        int64_t read_version, std::vector<int>* shards,
-                       std::vector<Outgoing>* requests, RowSet rows = {},
-                       const std::vector<ShardRows>* split = nullptr);
-  // A push's rows for one shard: an ids frame and a values frame per range (copies).
+                       std::vector<Outgoing>* requests, RowSet rows,
+                       const std::vector<ShardRows>& split);
+  // A push's rows for one shard: an ids frame and a values frame per range (copies, each row
+  // encoded once, straight into its frame).
   void AddPushRowFrames(const ShardRows& split, RowSet rows, Outgoing& o) const;
   Status TakePullReplies(std::span<float* const> params, std::span<const int> shards,
-                         std::span<Inbound> replies, RowSet rows = {},
-                         const std::vector<ShardRows>* split = nullptr);
+                         std::span<Inbound> replies, RowSet rows,
+                         const std::vector<ShardRows>& split);
   // TakePullReplies' part for rows: checks reply i's row frames (after its `first` slice
   // frames) and copies them into `rows`.
   Status TakePullRows(int shard, Inbound& in, size_t first, RowSet rows,
