@@ -4,15 +4,6 @@
 
 namespace parasync {
 
-namespace {
-uint64_t Mix64(uint64_t x) {  // SplitMix64's finalizer
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-}  // namespace
-
 Status ValidateTables(const std::vector<TableSpec>& tables,
                       const std::vector<VariableSpec>& variables) {
   std::set<std::string> names;
@@ -35,29 +26,16 @@ Status ValidateTables(const std::vector<TableSpec>& tables,
 }
 
 int ShardOfRow(uint32_t table, uint64_t id, int num_shards) {
-  const uint64_t h = Mix64(id ^ Mix64(0x7461626c65000000ULL + table));
+  const uint64_t h = SplitMix64(id ^ SplitMix64(0x7461626c65000000ULL + table));
   // Lemire's multiply-shift on the top 32 bits: uniform in [0, num_shards), no division.
   return static_cast<int>(((h >> 32) * static_cast<uint64_t>(num_shards)) >> 32);
 }
 
 void InitializeRow(const Initializer& init, uint64_t seed, uint32_t table, uint64_t id,
                    float* out, int64_t dim) {
-  switch (init.kind) {
-    case InitKind::kZeros:
-    case InitKind::kConstant:
-      for (int64_t d = 0; d < dim; ++d) out[d] = init.kind == InitKind::kZeros ? 0.0f : init.value;
-      return;
-    case InitKind::kUniform: {
-      // A stream per (seed, table, id), then one draw per column.
-      const uint64_t base = Mix64(Mix64(seed ^ Mix64(0x726f7773ULL + table)) ^ id);
-      for (int64_t d = 0; d < dim; ++d) {
-        const uint64_t r = Mix64(base + static_cast<uint64_t>(d));
-        const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // 24 bits
-        out[d] = (2.0f * u - 1.0f) * init.value;
-      }
-      return;
-    }
-  }
+  // A stream per (seed, table, id), then one draw per column.
+  FillInitialized(init, SplitMix64(SplitMix64(seed ^ SplitMix64(0x726f7773ULL + table)) ^ id), 0,
+                  out, dim);
 }
 
 std::string DescribeTablesMismatch(const std::vector<TableSpec>& have,

@@ -41,18 +41,8 @@ Status ValidateVariables(const std::vector<VariableSpec>& vars) {
   return Status::Ok();
 }
 
-namespace {
-// SplitMix64: a counter-based generator, so element i's value needs no state from i-1.
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-}  // namespace
-
-void InitializeElements(const Initializer& init, uint64_t seed, uint32_t var_index,
-                        int64_t offset, float* out, int64_t count) {
+void FillInitialized(const Initializer& init, uint64_t stream, uint64_t first, float* out,
+                     int64_t count) {
   switch (init.kind) {
     case InitKind::kZeros:
       for (int64_t i = 0; i < count; ++i) out[i] = 0.0f;
@@ -60,17 +50,21 @@ void InitializeElements(const Initializer& init, uint64_t seed, uint32_t var_ind
     case InitKind::kConstant:
       for (int64_t i = 0; i < count; ++i) out[i] = init.value;
       return;
-    case InitKind::kUniform: {
-      const uint64_t base = SplitMix64(seed ^ SplitMix64(var_index + 1));
+    case InitKind::kUniform:
       for (int64_t i = 0; i < count; ++i) {
-        uint64_t r = SplitMix64(base + static_cast<uint64_t>(offset + i));
+        const uint64_t r = SplitMix64(stream + first + static_cast<uint64_t>(i));
         // 24 random bits -> [0, 1).
-        float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
+        const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
         out[i] = (2.0f * u - 1.0f) * init.value;
       }
       return;
-    }
   }
+}
+
+void InitializeElements(const Initializer& init, uint64_t seed, uint32_t var_index,
+                        int64_t offset, float* out, int64_t count) {
+  FillInitialized(init, SplitMix64(seed ^ SplitMix64(var_index + 1)),
+                  static_cast<uint64_t>(offset), out, count);
 }
 
 }  // namespace parasync

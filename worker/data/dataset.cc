@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/variable.h"
 #include "worker/data/idx_reader.h"
 #include "worker/data/npy_reader.h"
 
@@ -248,14 +249,6 @@ Result<DataFiles> FindDataFiles(const std::string& data, const std::string& spli
                           "_ids.npy) + " + split + "_y.npy (either pair will do)");
 }
 
-// SplitMix64 finaliser: spreads (seed, rank, epoch) over all 64 bits of the engine seed.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // Uniform in [0, bound), bound > 0, by rejection: the accepted range [threshold, 2^64) has a
 // length divisible by bound, so every residue is equally likely.
 uint64_t UniformBelow(std::mt19937_64& gen, uint64_t bound) {
@@ -398,8 +391,9 @@ std::vector<int64_t> ShardIndices(int64_t n, int rank, int world) {
 }
 
 void ShuffleForEpoch(std::vector<int64_t>* indices, uint64_t seed, int rank, int epoch) {
-  const uint64_t mixed = Mix(Mix(Mix(seed) ^ static_cast<uint32_t>(rank)) ^
-                             static_cast<uint32_t>(epoch));
+  // SplitMix64 spreads (seed, rank, epoch) over all 64 bits of the engine seed.
+  const uint64_t mixed = SplitMix64(SplitMix64(SplitMix64(seed) ^ static_cast<uint32_t>(rank)) ^
+                                    static_cast<uint32_t>(epoch));
   std::mt19937_64 gen(mixed);
   std::vector<int64_t>& v = *indices;
   for (size_t i = v.size(); i > 1; --i) {
