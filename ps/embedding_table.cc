@@ -32,7 +32,6 @@ constexpr int64_t kInitialIndexRows = int64_t{1} << 16;
 EmbeddingTables::EmbeddingTables(const Options& options)
     : shard_index_(options.shard_index),
       num_shards_(options.num_shards),
-      max_rows_(options.max_rows),
       capacity_(options.max_rows > 0 ? std::min(options.max_rows, kMaxRowsHeld) : kMaxRowsHeld) {}
 
 void EmbeddingTables::ClearRows() {
@@ -43,7 +42,6 @@ void EmbeddingTables::ClearRows() {
   dirty_.clear();
   evicted_.clear();
   pending_.clear();
-  for (TableStats& s : stats_) s.rows_held = 0;
 }
 
 void EmbeddingTables::Configure(const std::vector<TableSpec>& tables,
@@ -179,9 +177,7 @@ void EmbeddingTables::Evict(int32_t index) {
   // The store may hold it: its deletion must be persisted. (A row never stored needs nothing.)
   if (r.stored) evicted_.insert(r.key);
   r.dirty = false;  // stays `listed`: the entry is reused by the row that takes its place
-  TableStats& s = stats_[r.key.table];
-  --s.rows_held;
-  ++s.rows_evicted;
+  ++stats_[r.key.table].rows_evicted;
 }
 
 int32_t EmbeddingTables::TakeSlot() {
@@ -216,7 +212,6 @@ int32_t EmbeddingTables::CreateRow(const RowKey& key) {
   std::fill(data + d, data + arena.stride(), 0.0f);
   index_.Insert(key, index);
   LinkFront(index);
-  ++stats_[key.table].rows_held;
   return index;
 }
 
@@ -390,6 +385,7 @@ int64_t EmbeddingTables::bytes_held() const {
 
 EmbeddingTables::TableStats EmbeddingTables::stats(uint32_t t) const {
   TableStats s = stats_[t];
+  s.rows_held = arenas_[t].size();
   s.bytes = s.rows_held * BytesPerRow(tables_[t].dim, num_slots());
   return s;
 }

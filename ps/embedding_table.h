@@ -51,8 +51,6 @@ class EmbeddingTables {
   const TableSpec& table(uint32_t t) const { return tables_[t]; }
   // The most rows held at once: max_rows, or kMaxRowsHeld when that is 0 or larger.
   int64_t capacity() const { return capacity_; }
-  // Options::max_rows as given (0: no bound but kMaxRowsHeld).
-  int64_t max_rows() const { return max_rows_; }
 
   // Checks one row range of a request: `table` known (else kUnknownSlice), ids strictly
   // increasing (kOrder), every id held by this shard
@@ -125,7 +123,7 @@ class EmbeddingTables {
   static int64_t BytesPerRow(int64_t dim, int slots);
 
   struct TableStats {
-    int64_t rows_held = 0;
+    int64_t rows_held = 0;     // its arena's rows (filled in by stats())
     int64_t rows_created = 0;  // since Configure, re-creations after eviction included
     int64_t rows_evicted = 0;
     int64_t rows_read = 0;     // ids read, held or not
@@ -173,7 +171,6 @@ class EmbeddingTables {
 
   int shard_index_;
   int num_shards_;
-  int64_t max_rows_;  // as given (0: none)
   int64_t capacity_;
   std::vector<TableSpec> tables_;
   OptimizerSpec optimizer_;

@@ -489,7 +489,7 @@ Status Shard::Restore(const ShardSnapshot& snap) {
     local[in.id] = static_cast<int32_t>(owned.size());
     owned.push_back(std::move(state));
   }
-  EmbeddingTables::Options table_options{shard_index_, num_shards_, tables_.max_rows()};
+  EmbeddingTables::Options table_options{shard_index_, num_shards_, tables_.capacity()};
   EmbeddingTables tables(table_options);
   tables.Configure(snap.registration.tables, snap.registration.optimizer, snap.registration.seed);
   if (Status s = tables.Restore(snap.rows); !s.ok()) {
