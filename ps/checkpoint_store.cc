@@ -120,10 +120,29 @@ std::string SealedValue(std::string_view key, std::string payload) {
   return payload;
 }
 
-std::string HexKey(const char* prefix, uint32_t n) {
+// Appends `n`'s low 4 * digits bits as `digits` lowercase hex digits.
+void AppendHex(std::string* out, uint64_t n, int digits) {
   static constexpr char kHex[] = "0123456789abcdef";
+  for (int shift = 4 * (digits - 1); shift >= 0; shift -= 4) {
+    out->push_back(kHex[(n >> shift) & 0xFu]);
+  }
+}
+
+// The value of `text`, lowercase hex digits only (at most 16); false if it is anything else.
+bool ParseHex(std::string_view text, uint64_t* n) {
+  uint64_t v = 0;
+  for (char ch : text) {
+    const int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+    if (d < 0) return false;
+    v = (v << 4) | static_cast<uint64_t>(d);
+  }
+  *n = v;
+  return true;
+}
+
+std::string HexKey(const char* prefix, uint32_t n) {
   std::string key(prefix);
-  for (int shift = 28; shift >= 0; shift -= 4) key.push_back(kHex[(n >> shift) & 0xFu]);
+  AppendHex(&key, n, 8);
   return key;
 }
 
@@ -133,19 +152,9 @@ std::string RankKey(int32_t rank) { return HexKey(kRankPrefix, static_cast<uint3
 // Parses the 8 hex digits after `prefix` in `key`; false if they are not exactly that.
 bool ParseHexKey(std::string_view key, std::string_view prefix, uint32_t* n) {
   if (key.size() != prefix.size() + 8 || key.substr(0, prefix.size()) != prefix) return false;
-  uint32_t v = 0;
-  for (char ch : key.substr(prefix.size())) {
-    uint32_t d = 0;
-    if (ch >= '0' && ch <= '9') {
-      d = static_cast<uint32_t>(ch - '0');
-    } else if (ch >= 'a' && ch <= 'f') {
-      d = static_cast<uint32_t>(ch - 'a' + 10);
-    } else {
-      return false;
-    }
-    v = (v << 4) | d;
-  }
-  *n = v;
+  uint64_t v = 0;
+  if (!ParseHex(key.substr(prefix.size()), &v)) return false;
+  *n = static_cast<uint32_t>(v);
   return true;
 }
 
@@ -444,30 +453,27 @@ Result<SliceSnapshot> DecodeSlice(std::string_view key, std::string_view value) 
   return slice;
 }
 
+// "row/" + the table in 8 hex digits + "/" + the id in 16.
 std::string RowKeyString(uint32_t table, uint64_t id) {
-  char buf[48];
-  std::snprintf(buf, sizeof(buf), "%s%08x/%016llx", kRowPrefix, table,
-                static_cast<unsigned long long>(id));
-  return buf;
+  std::string key(kRowPrefix);
+  AppendHex(&key, table, 8);
+  key.push_back('/');
+  AppendHex(&key, id, 16);
+  return key;
 }
 
 bool ParseRowKey(std::string_view key, RowKey* out) {
-  // "row/" + 8 hex + "/" + 16 hex, lowercase as written.
-  constexpr size_t kLength = sizeof(kRowPrefix) - 1 + 8 + 1 + 16;
-  if (key.size() != kLength || key.substr(0, sizeof(kRowPrefix) - 1) != kRowPrefix ||
-      key[sizeof(kRowPrefix) - 1 + 8] != '/') {
+  constexpr size_t kPrefix = sizeof(kRowPrefix) - 1;
+  constexpr size_t kLength = kPrefix + 8 + 1 + 16;
+  if (key.size() != kLength || key.substr(0, kPrefix) != kRowPrefix || key[kPrefix + 8] != '/') {
     return false;
   }
-  uint64_t values[2] = {0, 0};
-  const std::string_view parts[2] = {key.substr(sizeof(kRowPrefix) - 1, 8), key.substr(kLength - 16)};
-  for (int p = 0; p < 2; ++p) {
-    for (char c : parts[p]) {
-      const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (digit < 0) return false;
-      values[p] = values[p] << 4 | static_cast<uint64_t>(digit);
-    }
+  uint64_t table = 0;
+  uint64_t id = 0;
+  if (!ParseHex(key.substr(kPrefix, 8), &table) || !ParseHex(key.substr(kLength - 16), &id)) {
+    return false;
   }
-  *out = {static_cast<uint32_t>(values[0]), values[1]};
+  *out = {static_cast<uint32_t>(table), id};
   return true;
 }
 
@@ -646,7 +652,6 @@ Result<ShardSnapshot> ReadSnapshot(rocksdb::DB* db, const std::string& dir) {
   // Key order puts negative ranks last.
   std::sort(snap.ranks.begin(), snap.ranks.end(),
             [](const RankRecord& a, const RankRecord& b) { return a.rank < b.rank; });
-  ro.iterate_upper_bound = nullptr;
   PARASYNC_RETURN_IF_ERROR(ReadRows(db, ro, &snap.rows).WithContext(dir));
   return snap;
 }
