@@ -695,7 +695,9 @@ std::vector<const float*> Server::GradientsOf(const Header& req,
     const size_t size = DTypeSize(req.dtype);
     size_t total = 0;
     for (size_t i = 0; i < first; ++i) total += in_frames[i].size() / size;
-    for (size_t k = 0; k < req.rows.size(); ++k) total += in_frames[first + 2 * k + 1].size() / size;
+    for (size_t k = 0; k < req.rows.size(); ++k) {
+      total += in_frames[first + 2 * k + 1].size() / size;
+    }
     if (widened_.size() < total) widened_.resize(total);
     float* at = widened_.data();
     auto widen = [&](const zmq::message_t& frame) {
