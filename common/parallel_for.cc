@@ -1,5 +1,7 @@
 #include "common/parallel_for.h"
 
+#include "common/denormals.h"
+
 namespace parasync {
 
 ParallelFor::ParallelFor(int threads) {
@@ -40,6 +42,8 @@ void ParallelFor::ForEach(size_t n, const std::function<void(size_t)>& fn) {
 }
 
 void ParallelFor::Helper() {
+  // Helpers apply updates (Shard::Apply) and copy parameters: never on denormals' slow path.
+  FlushDenormalsOnThisThread();
   uint64_t seen = 0;
   for (;;) {
     Job* job = nullptr;

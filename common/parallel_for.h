@@ -4,7 +4,8 @@
 // counter, by the caller at once and by each helper as soon as it runs, so the caller never
 // waits for a helper to be scheduled: on a machine whose cores are busy (with ZeroMQ's I/O
 // threads, say) it simply does more of the items itself, and waits at the end only for the
-// items helpers have already taken. One caller at a time.
+// items helpers have already taken. One caller at a time. Helpers flush denormals to zero
+// (common/denormals.h).
 #pragma once
 
 #include <atomic>

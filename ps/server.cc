@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/denormals.h"
 #include "ps/optimizer.h"
 
 // Sanitizers replace malloc: glibc's malloc_trim would only wake arenas that hold nothing
@@ -304,6 +305,8 @@ void Server::FailParked(ParkedPull& p, const Status& status, RejectReason reason
 }
 
 Status Server::Run(const std::function<bool()>& should_stop) {
+  // This loop applies every update that no ParallelFor helper takes (common/denormals.h).
+  FlushDenormalsOnThisThread();
   last_idle_ = std::chrono::steady_clock::now();
   while (!stop_.load() && !should_stop()) {
     auto keep_serving = ServeOnce(std::chrono::milliseconds(100));

@@ -9,7 +9,8 @@
 // at least every 100 ms when idle) silent workers are declared dead, so no barrier waits on
 // a dead process. With backup workers, each shard picks its own first R gradients.
 //
-// Single-threaded: Run() owns the socket, the Shard and the Coordinator; Stop() may be
+// Single-threaded: Run() owns the socket, the Shard and the Coordinator, and sets its thread to
+// flush denormals to zero (common/denormals.h); Stop() may be
 // called from any thread.
 #pragma once
 

@@ -776,9 +776,10 @@ int Run(const WorkerFlags& f, const WorkerConfig& c) {
   if (!backend.ok()) return Fail(backend.status().message(), kExitBadUsage);
   const auto num_workers = static_cast<int64_t>(c.cluster.workers.size());
   if (c.rank == 0) spdlog::info("{}", net.Summary());
-  spdlog::info("rank {}/{}: compute on {} ({}); {} training examples in this shard; metrics on "
-               "http://{}:{}/metrics",
+  spdlog::info("rank {}/{}: compute on {} ({}; denormals {}); {} training examples in this "
+               "shard; metrics on http://{}:{}/metrics",
                c.rank, c.cluster.workers.size(), (*backend)->name(), why,
+               CpuComputeThreadsFlushDenormals() ? "flushed to zero" : "kept (PARASYNC_DENORMALS)",
                (train.n + num_workers - 1 - c.rank) / num_workers, c.metrics_ip, metrics_port);
   if (c.wire != DType::kFloat32) {
     spdlog::info("parameters and gradients travel as {} (half the bytes of float32)",

@@ -26,6 +26,7 @@
 
 #include <zmq.hpp>
 
+#include "common/denormals.h"
 #include "common/metrics.h"
 #include "common/wire.h"
 #include "ps/shard.h"
@@ -281,6 +282,35 @@ TEST(PullStreamingTest, ALargePushAndPullGiveTheSgdResultBitForBit) {
         << std::mismatch(params[0].begin(), params[0].end(), expected.begin()).first -
                params[0].begin();
   }
+}
+
+// The server's loop and its apply helpers flush denormals to zero (common/denormals.h),
+// whatever the thread that started the server had: an SGD step whose every result is a
+// denormal stores zeros. The push is 2 MiB over 8 slices, so the helpers apply some of it.
+TEST(ServerDenormalsTest, AnApplyWhoseResultsAreDenormalStoresZerosOnEveryApplyThread) {
+  KeepDenormalsOnThisThread();  // the server's thread starts from this thread's bits
+  zmq::context_t context;
+  ServerOptions options;
+  options.apply_threads = 2;
+  InProcessServer server(context, options);
+  ASSERT_TRUE(server.started());
+  constexpr float kStart = 1.5e-38f;  // normal (FLT_MIN is 1.18e-38)
+  constexpr float kEnd = 1e-39f;      // denormal
+  ModelRegistration reg = testing::SmallModel(
+      {{"w", {8 * 65536}, DType::kFloat32, {InitKind::kConstant, kStart}}},
+      /*max_slice_elements=*/65536, /*num_shards=*/1, /*seed=*/7, kLearningRate);
+  auto client = ConnectClient(context, {server.endpoint()}, 1);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Register(reg, kWait).ok());
+  // w - lr * g lands on about kEnd in IEEE arithmetic.
+  std::vector<std::vector<float>> grads = {
+      std::vector<float>(8 * 65536, (kStart - kEnd) / kLearningRate)};
+  ASSERT_TRUE(client->Push(Pointers<const float>(grads), 8).ok());
+  std::vector<std::vector<float>> params = {std::vector<float>(8 * 65536, -1.0f)};
+  ASSERT_TRUE(client->Pull(Pointers<float>(params)).ok());
+  const auto kept = std::find_if(params[0].begin(), params[0].end(), [](float v) { return v != 0.0f; });
+  EXPECT_EQ(kept, params[0].end()) << "element " << (kept - params[0].begin()) << " is " << *kept
+                                   << ": applied with denormals on";
 }
 
 TEST_F(PullCopyTest, ABadReplyFromOneShardLeavesEveryParameterAsItWas) {

@@ -7,8 +7,10 @@
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "common/denormals.h"
 #include "tests/support/reference_model.h"
 #include "tests/support/test_models.h"
 #include "worker/compute/backend.h"
@@ -376,6 +378,42 @@ TEST(CpuEmbeddingLayerTest, IdsBeyondTheCompactRowsAreRefusedFeaturesAreNotIds) 
   EXPECT_NE(bad.message().find("id 5.000000 of example 11 is not an integer in [0, 5)"),
             std::string::npos)
       << bad.message();
+}
+
+}  // namespace
+}  // namespace parasync
+
+namespace parasync {
+namespace {
+
+// The compute threads flush denormals (common/denormals.h) whatever the thread that sized
+// them had, and a pass whose every product is denormal computes zeros: with IEEE denormals
+// each would take x86's slow path.
+TEST(CpuComputeThreadsTest, FlushDenormalsWhateverTheCallerHad) {
+  std::thread([] {
+    KeepDenormalsOnThisThread();
+    // This thread's OpenMP pool is made here, while the bits are clear: its threads keep
+    // what they were made with until SetCpuComputeThreads sets them.
+    EXPECT_FALSE(CpuComputeThreadsFlushDenormals());
+    SetCpuComputeThreads(2);
+    EXPECT_TRUE(CpuComputeThreadsFlushDenormals());
+
+    const Model model = testing::MakeModel("64-10", {64});
+    std::unique_ptr<ComputeBackend> backend = MakeBackend(model);
+    ASSERT_NE(backend, nullptr);
+    Arrays params(model);
+    std::fill(params.data[0].begin(), params.data[0].end(), 1e-20f);  // kernel; bias 0
+    constexpr int64_t kExamples = 512;
+    std::vector<float> x(static_cast<size_t>(kExamples * 64), 1e-20f);
+    std::vector<uint8_t> y(kExamples, 0);
+    std::vector<float> logits(static_cast<size_t>(kExamples * 10), -1.0f);
+    auto result = backend->Evaluate(params.in(), x.data(), y.data(), kExamples, logits.data());
+    ASSERT_TRUE(result.ok()) << result.status().ToString();
+    // 64 products of 1e-40 each: IEEE gives 6.4e-39, a denormal; flushed, exactly 0.
+    EXPECT_EQ(std::count(logits.begin(), logits.end(), 0.0f), static_cast<long>(logits.size()))
+        << "some logit kept a denormal";
+    SetCpuComputeThreads(1);
+  }).join();
 }
 
 }  // namespace

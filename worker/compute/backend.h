@@ -70,7 +70,14 @@ class ComputeBackend {
 // Internal when oneDNN refuses a layer.
 Result<std::unique_ptr<ComputeBackend>> CreateCpuBackend(const Model& model);
 
-// Sizes the CPU backend's thread pool (oneDNN's OpenMP threads) for the whole process. Call before the first pass; keep 1 when several processes share a machine.
+// Sizes the CPU backend's thread pool (oneDNN's OpenMP threads) for the whole process, and
+// makes every thread of it, the caller included, flush denormals to zero (common/denormals.h).
+// Call from the thread that will compute, before the first pass; keep 1 when several
+// processes share a machine.
 void SetCpuComputeThreads(int threads);
+
+// Whether the calling thread and every thread of the CPU backend's pool flush denormals to
+// zero (for the worker's start-up line and the tests).
+bool CpuComputeThreadsFlushDenormals();
 
 }  // namespace parasync

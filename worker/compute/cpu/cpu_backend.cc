@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/denormals.h"
 #include "worker/compute/backend.h"
 #include "worker/compute/buffer_plan.h"
 #include "worker/compute/checks.h"
@@ -157,6 +158,18 @@ Result<std::unique_ptr<ComputeBackend>> CreateCpuBackend(const Model& model) {
 
 void SetCpuComputeThreads(int threads) {
   omp_set_num_threads(threads);
+  // OpenMP keeps its team's threads for the process, so setting the bits once on each, from
+  // inside a region of the team's size, covers every later oneDNN primitive and loop.
+  FlushDenormalsOnThisThread();
+#pragma omp parallel num_threads(threads)
+  FlushDenormalsOnThisThread();
+}
+
+bool CpuComputeThreadsFlushDenormals() {
+  bool all = DenormalsFlushedOnThisThread();
+#pragma omp parallel reduction(&& : all)
+  all = all && DenormalsFlushedOnThisThread();
+  return all;
 }
 
 }  // namespace parasync

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/denormals.h"
 #include "worker/compute/cuda/cuda_backend.h"
 #include "worker/compute/cuda/device_query.h"
 
@@ -17,6 +18,9 @@ int parasync_cuda_device_count(char* err, size_t err_len) {
 void* parasync_cuda_create_backend(const char* model_json, const int64_t* input, int input_rank,
                                    int64_t id_columns, int64_t sparse_rows, int device, char* err,
                                    size_t err_len) {
+  // The thread that creates the backend is the one that runs it: its host-side work (the
+  // sparse batch's gather, the loss) stays off denormals' slow path as on the CPU.
+  parasync::FlushDenormalsOnThisThread();
   auto spec = parasync::ParseModelSpecJson(model_json, "the model description");
   if (!spec.ok()) {
     std::snprintf(err, err_len, "%s", spec.status().message().c_str());
