@@ -7,7 +7,8 @@
 #                                    Debian's Fashion-MNIST
 #   tools/install-deps.sh --tests    that, and what the test suite uses besides
 #                                    (tools/run-tests.sh): GoogleTest, the Prometheus server,
-#                                    Python with matplotlib, shellcheck, Node.js, curl, git,
+#                                    Python with matplotlib and PyTorch (on OpenBLAS),
+#                                    the shellcheck linter, Node.js, curl, git,
 #                                    universal-ctags
 #   tools/install-deps.sh PKG ...    that, and extra packages a tool needs only for itself,
 #                                    e.g. `tools/install-deps.sh chromium`
@@ -23,10 +24,12 @@ packages=(
 )
 # The test suite's own needs: unit tests, the real Prometheus of the integration tests,
 # tools/compare's plots, the deploy checks' shellcheck and Node.js validators, the scripts,
-# tools/function-lengths.sh's ctags.
+# tools/function-lengths.sh's ctags, and PyTorch for the tests that parasync and
+# tools/benchmarks/torch_model.py build the same model (with OpenBLAS: Debian's python3-torch
+# otherwise runs on the reference BLAS).
 test_packages=(
   libgtest-dev libgmock-dev prometheus python3 python3-matplotlib shellcheck nodejs curl git
-  universal-ctags
+  universal-ctags python3-torch libopenblas0-pthread
 )
 if [[ ${1:-} == --tests ]]; then
   shift

@@ -13,8 +13,10 @@ size and variant:
                    back to it (the contract of parasync's ComputeBackend::ForwardBackward)
 
 TF32 is off, as in parasync's cuBLAS calls: both compute in full FP32. The layers follow
-docs/models.md: kernels OIHW / [in, out], TensorFlow's `same` padding (an odd padding's extra
-row after), average pooling without the padding, dropout active (training mode).
+docs/models.md: kernels OIHW / [in, out], TensorFlow's `same` padding per axis (an odd
+padding's extra row or column after), average pooling without the padding, dropout active
+(training mode). tests/tools/torch_parity_test.py checks that build() makes parasync's model:
+the same variables, and the same loss and gradients on the same parameters and batch.
 
 A model with a sparse embedding (ctr) takes what parasync-bench-compute gives its backend,
 from the "sparse_input" object of the description: per batch size, a synthetic batch of K id
@@ -32,8 +34,13 @@ import time
 
 
 def build(torch, spec, input_shape, table_rows=None):
-    """An nn.Module computing the logits of `spec` (a parsed model description); a first
-    embedding layer's table has `table_rows` rows (default: its vocab)."""
+    """An nn.Sequential computing the logits of `spec` (a parsed model description) on
+    examples of `input_shape` ([C, H, W] or [D]); a first embedding layer's table has
+    `table_rows` rows (default: its vocab). Its attribute `parasync_variables` lists
+    parasync's variables in Model::variables() order, each (name, parameter, transposed):
+    the parameter holding it, transposed where the layouts differ (a dense kernel is
+    [in, units] in parasync, nn.Linear's weight [units, in]); conv kernels (OIHW) and
+    embedding tables ([rows, dim]) are laid out alike."""
     nn = torch.nn
     F = nn.functional
 
@@ -57,15 +64,33 @@ def build(torch, spec, input_shape, table_rows=None):
                 rows = self.table(ids.reshape(-1, self.bag)).reshape(x.shape[0], -1)
             return torch.cat([rows, x[:, self.ids:]], dim=1) if x.shape[1] > self.ids else rows
 
-    class SamePad(nn.Module):
-        def __init__(self, begin, end):
+    class Pad(nn.Module):
+        """Pads (left, right, top, bottom) with `value`."""
+
+        def __init__(self, pad, value):
             super().__init__()
-            self.pad = (begin, end, begin, end)
+            self.pad, self.value = pad, value
 
         def forward(self, x):
-            return F.pad(x, self.pad)
+            return F.pad(x, self.pad, value=self.value)
+
+    class AvgPoolExcludingPad(nn.Module):
+        """Average pooling over zero padding (left, right, top, bottom), the padding left
+        out of each mean (TensorFlow's `same`), for splits nn.AvgPool2d cannot express (its
+        padding is symmetric): the sum over each window divided by its count of inputs."""
+
+        def __init__(self, k, s, pad):
+            super().__init__()
+            self.k, self.s, self.pad = k, s, pad
+
+        def forward(self, x):
+            ones = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=x.dtype, device=x.device)
+            total = F.avg_pool2d(F.pad(x, self.pad), self.k, self.s)
+            count = F.avg_pool2d(F.pad(ones, self.pad), self.k, self.s)
+            return total / count
 
     def window(n, k, s, padding):
+        """(out, pad before, pad after) along one axis, as worker/model/model.cc's Slide."""
         if padding == "valid":
             return (n - k) // s + 1, 0, 0
         out = (n + s - 1) // s
@@ -73,6 +98,7 @@ def build(torch, spec, input_shape, table_rows=None):
         return out, total // 2, total - total // 2
 
     layers = []
+    variables = []
     shape = list(input_shape)
     first = True
     for l in spec["layers"]:
@@ -84,29 +110,34 @@ def build(torch, spec, input_shape, table_rows=None):
             for d in shape:
                 n_in *= d
             layers.append(nn.Linear(n_in, l["units"]))
+            variables += [(l["name"] + "/kernel", layers[-1].weight, True),
+                          (l["name"] + "/bias", layers[-1].bias, False)]
             shape = [l["units"]]
         elif t in ("conv2d", "max_pool2d", "avg_pool2d"):
             k = l.get("kernel", l.get("pool", 2))
             s = l.get("stride", 1 if t == "conv2d" else k)
-            out, pb, pe = window(shape[1], k, s, l.get("padding", "valid"))
-            if pb or pe:
-                if t == "max_pool2d":
-                    layers.append(nn.ConstantPad2d((pb, pe, pb, pe), float("-inf")))
-                elif t == "avg_pool2d" and pb == pe:
-                    pass  # handled by the pool's own padding, excluded from the mean
-                elif t == "avg_pool2d":
-                    raise SystemExit("torch_model.py: uneven avg_pool2d padding is not mapped")
-                else:
-                    layers.append(SamePad(pb, pe))
+            padding = l.get("padding", "valid")
+            oh, hb, he = window(shape[1], k, s, padding)
+            ow, wb, we = window(shape[2], k, s, padding)
+            pad = (wb, we, hb, he)  # F.pad's order: the last axis (width) first
             if t == "conv2d":
+                if any(pad):
+                    layers.append(Pad(pad, 0.0))
                 layers.append(nn.Conv2d(shape[0], l["filters"], k, stride=s))
-                shape = [l["filters"], out, out]
+                variables += [(l["name"] + "/kernel", layers[-1].weight, False),
+                              (l["name"] + "/bias", layers[-1].bias, False)]
+                shape = [l["filters"], oh, ow]
             elif t == "max_pool2d":
+                if any(pad):
+                    layers.append(Pad(pad, float("-inf")))
                 layers.append(nn.MaxPool2d(k, stride=s))
-                shape = [shape[0], out, out]
+                shape = [shape[0], oh, ow]
+            elif len(set(pad)) == 1:  # no padding, or the same on all four sides
+                layers.append(nn.AvgPool2d(k, stride=s, padding=hb, count_include_pad=False))
+                shape = [shape[0], oh, ow]
             else:
-                layers.append(nn.AvgPool2d(k, stride=s, padding=pb, count_include_pad=False))
-                shape = [shape[0], out, out]
+                layers.append(AvgPoolExcludingPad(k, s, pad))
+                shape = [shape[0], oh, ow]
         elif t == "flatten":
             layers.append(nn.Flatten())
             n = 1
@@ -125,6 +156,7 @@ def build(torch, spec, input_shape, table_rows=None):
             fields = l.get("fields", 1) or ids
             rows = table_rows if table_rows is not None else l["vocab"]
             layers.append(Embedding(rows, l["dim"], ids, fields, l.get("combiner", "sum")))
+            variables.append((l["name"] + "/table", layers[-1].table.weight, False))
             shape = [fields * l["dim"] + shape[0] - ids]
         else:
             raise SystemExit(f"torch_model.py: unknown layer type {t}")
@@ -136,7 +168,18 @@ def build(torch, spec, input_shape, table_rows=None):
         elif act == "sigmoid":
             layers.append(nn.Sigmoid())
         first = False
-    return nn.Sequential(*layers)
+    net = nn.Sequential(*layers)
+    net.parasync_variables = variables
+    return net
+
+
+def loss_of(torch, spec, logits, y):
+    """The mean loss of the batch, as parasync's: softmax cross-entropy over class labels, or
+    sigmoid cross-entropy of the one logit against 0/1 labels."""
+    if spec.get("loss") == "sigmoid_cross_entropy":
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits[:, 0],
+                                                                    y.to(logits.dtype))
+    return torch.nn.functional.cross_entropy(logits, y.long())
 
 
 def zipf_ranks(torch, n, s, count, gen):
@@ -312,16 +355,11 @@ def main() -> int:
     sigmoid = spec.get("loss") == "sigmoid_cross_entropy"
     setup = make_setup(torch, spec, input_shape, batches, dev, on_gpu, sigmoid)
 
-    def loss_of(logits, y):
-        if sigmoid:
-            return torch.nn.functional.binary_cross_entropy_with_logits(logits[:, 0], y.float())
-        return torch.nn.functional.cross_entropy(logits, y.long())
-
     sync = (lambda: torch.cuda.synchronize(dev)) if on_gpu else (lambda: None)
     if on_gpu:
         def resident_step(batch):
             model, params, _, _, _, _, dev_x, dev_y = setup(batch)
-            torch.autograd.grad(loss_of(model(dev_x[:batch]), dev_y[:batch]), params)
+            torch.autograd.grad(loss_of(torch, spec, model(dev_x[:batch]), dev_y[:batch]), params)
 
         def transfers_step(batch):
             model, params, host_x, host_y, host_params, host_grads, _, _ = setup(batch)
@@ -330,7 +368,7 @@ def main() -> int:
                     p.copy_(h, non_blocking=True)
             x = host_x[:batch].to(dev, non_blocking=True)
             y = host_y[:batch].to(dev, non_blocking=True)
-            grads = torch.autograd.grad(loss_of(model(x), y), params)
+            grads = torch.autograd.grad(loss_of(torch, spec, model(x), y), params)
             for g, h in zip(grads, host_grads):
                 h.copy_(g, non_blocking=True)
             torch.cuda.synchronize(dev)  # the caller reads the gradients now
@@ -340,7 +378,7 @@ def main() -> int:
     else:
         def cpu_step(batch):
             model, params, host_x, host_y = setup(batch)
-            torch.autograd.grad(loss_of(model(host_x[:batch]), host_y[:batch]), params)
+            torch.autograd.grad(loss_of(torch, spec, model(host_x[:batch]), host_y[:batch]), params)
 
         variants = [("torch-cpu", cpu_step)]
         where = f"CPU, {torch.get_num_threads()} thread(s)"
