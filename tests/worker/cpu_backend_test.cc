@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
@@ -14,6 +15,7 @@
 #include "tests/support/reference_model.h"
 #include "tests/support/test_models.h"
 #include "worker/compute/backend.h"
+#include "worker/compute/cpu/cpu_backend.h"
 #include "worker/compute/cpu/cpu_layer.h"
 #include "worker/model/model.h"
 
@@ -421,6 +423,149 @@ TEST(CpuGradientCheckTest, ASwappedPaddingSplitIsCaught) {
     }
   }
   EXPECT_EQ(swapped, (std::set<std::string>{"conv2d", "avg_pool2d", "max_pool2d"}));
+}
+
+// How a test breaks a layer's backward pass.
+enum class Break {
+  kVariableGradients,  // the gradients of the layer's own variables
+  kInputGradient,      // the gradient it passes to the layer below
+};
+
+// A CPU layer whose forward pass is the real one's and whose backward pass is the real one's
+// with one of its results 1% too large (every element times 1.01). Counts the backward
+// passes it broke in *broken.
+class BrokenBackward final : public cpu::CpuLayer {
+ public:
+  BrokenBackward(std::unique_ptr<cpu::CpuLayer> real, const Model& model, const LayerOp& op,
+                 Break what, int* broken)
+      : real_(std::move(real)), in_size_(op.in_size()), what_(what), broken_(broken) {
+    for (int v = 0; v < op.num_variables; ++v) {
+      variable_sizes_.push_back(model.variables()[static_cast<size_t>(op.first_variable + v)]
+                                    .num_elements());
+    }
+  }
+
+  compute::OpMemory buffer_use() const override { return real_->buffer_use(); }
+
+  Status Forward(const float* const* params, const float* x, float* y,
+                 const cpu::Pass& pass) override {
+    return real_->Forward(params, x, y, pass);
+  }
+
+  Status Backward(const float* const* params, const float* x, const float* y, const float* dy,
+                  float* dx, float* const* grads, const cpu::Pass& pass) override {
+    PARASYNC_RETURN_IF_ERROR(real_->Backward(params, x, y, dy, dx, grads, pass));
+    if (what_ == Break::kVariableGradients && !variable_sizes_.empty()) {
+      for (size_t v = 0; v < variable_sizes_.size(); ++v) Scale(grads[v], variable_sizes_[v]);
+      ++*broken_;
+    } else if (what_ == Break::kInputGradient && dx != nullptr) {
+      Scale(dx, pass.rows * in_size_);
+      ++*broken_;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  static void Scale(float* a, int64_t n) {
+    for (int64_t k = 0; k < n; ++k) a[k] *= 1.01f;
+  }
+
+  const std::unique_ptr<cpu::CpuLayer> real_;
+  const int64_t in_size_;
+  const Break what_;
+  int* const broken_;
+  std::vector<int64_t> variable_sizes_;
+};
+
+// What a mutation test calls an op: its kind, and the variant a kind has.
+std::string Variant(const LayerSpec& l) {
+  std::string name(LayerKindName(l.kind));
+  if (l.kind == LayerKind::kActivation) name += " " + std::string(ActivationName(l.activation));
+  if (l.kind == LayerKind::kEmbedding) {
+    name += std::string(l.sparse ? " sparse" : "") +
+            (l.combiner == Combiner::kMean ? " mean" : " sum");
+  }
+  return name;
+}
+
+// Every variant of every layer kind the model format has (a kind added later is missing
+// here until some layer case has it).
+std::set<std::string> EveryVariant() {
+  std::set<std::string> all;
+  for (int k = 0; LayerKindName(static_cast<LayerKind>(k)) != "?"; ++k) {
+    LayerSpec l;
+    l.kind = static_cast<LayerKind>(k);
+    if (l.kind == LayerKind::kActivation) {
+      for (int a = 1; ActivationName(static_cast<Activation>(a)) != "?"; ++a) {
+        l.activation = static_cast<Activation>(a);
+        all.insert(Variant(l));
+      }
+    } else if (l.kind == LayerKind::kEmbedding) {
+      for (bool sparse : {false, true}) {
+        for (Combiner c : {Combiner::kSum, Combiner::kMean}) {
+          l.sparse = sparse;
+          l.combiner = c;
+          all.insert(Variant(l));
+        }
+      }
+    } else {
+      all.insert(Variant(l));
+    }
+  }
+  return all;
+}
+
+TEST(CpuGradientCheckTest, BreakingAnyLayersBackwardPassFailsTheCheck) {
+  // Each op of each layer case in turn: its variables' gradients, then the gradient it
+  // passes down, 1% off. The check must report a mismatch every time. An op whose backward
+  // pass computes neither (the first op of a model, without variables) is never run
+  // backward: nothing to break. Flatten has no code of its own (its gradient is a view of
+  // the one above); breaking it scales that view.
+  std::map<std::string, int> caught;
+  int mutations = 0;
+  for (const testing::LayerCase& c : testing::LayerCases()) {
+    const Subject s(c.description, c.input, c.inputs);
+    const Problem p(s.model, c.batch, 7);
+    bool variables_below = false;
+    for (size_t i = 0; i < s.model.ops().size(); ++i) {
+      const LayerOp& op = s.model.ops()[i];
+      for (Break what : {Break::kVariableGradients, Break::kInputGradient}) {
+        if (what == Break::kVariableGradients ? op.num_variables == 0 : !variables_below) continue;
+        const std::string name = c.name + ", op " + std::to_string(i) + " " + op.spec.name +
+                                 " (" + Variant(op.spec) + "), " +
+                                 (what == Break::kVariableGradients ? "variable gradients"
+                                                                    : "input gradient");
+        SCOPED_TRACE(name);
+        int broken = 0;
+        Result<std::unique_ptr<ComputeBackend>> backend = cpu::CreateCpuBackendWrappingLayers(
+            s.model, [&](const LayerOp& o, uint32_t index, std::unique_ptr<cpu::CpuLayer> layer)
+                         -> std::unique_ptr<cpu::CpuLayer> {
+              if (index != i) return layer;
+              return std::make_unique<BrokenBackward>(std::move(layer), s.model, o, what, &broken);
+            });
+        ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+        Arrays grads(s.model);
+        ASSERT_TRUE((*backend)->ForwardBackward(p.params.in(), p.x.data(), p.y.data(), c.batch,
+                                                99, grads.out()).ok());
+        ASSERT_EQ(broken, 1) << "the broken backward pass did not run";
+        const GradientCheck check = CheckGradients(s.reference, p, grads, 99, 64);
+        ++mutations;
+        if (check.mismatches.empty()) {
+          ADD_FAILURE() << "breaking " << name << " went unnoticed";
+          continue;
+        }
+        ++caught[Variant(op.spec)];
+        std::cout << "[ broken   ] " << name << ": " << check.mismatches.size() << " of "
+                  << check.checked << " mismatch, first " << check.mismatches.front() << "\n";
+      }
+      variables_below = variables_below || op.num_variables > 0;
+    }
+  }
+  for (const std::string& variant : EveryVariant()) {
+    EXPECT_GT(caught[variant], 0) << "no broken backward pass of " << variant << " was caught";
+    std::cout << "[ broken   ] " << variant << ": " << caught[variant] << " caught\n";
+  }
+  EXPECT_GT(mutations, 40);
 }
 
 // ---- Forward, evaluation and argument checks -------------------------------------------
