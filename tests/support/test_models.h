@@ -11,14 +11,24 @@
 
 namespace parasync::testing {
 
-// The model `text` (a built-in name, MLP widths or JSON text starting with '{') bound to
-// inputs of shape `input` (with `inputs`' id columns and compact rows). A description that does not build is the test's own mistake:
-// it says why and aborts.
-inline Model MakeModel(const std::string& text, const std::vector<int64_t>& input,
-                       const ModelInputs& inputs = {}) {
+// The description `text` (a built-in name, MLP widths or JSON text starting with '{'). One
+// that does not parse is the test's own mistake: it says why and aborts.
+inline ModelSpec MakeSpec(const std::string& text) {
   Result<ModelSpec> spec = !text.empty() && text[0] == '{' ? ParseModelSpecJson(text, "test model")
                                                            : ResolveModelSpec(text);
-  Result<Model> model = spec.ok() ? Model::Build(*spec, input, inputs) : Result<Model>(spec.status());
+  if (!spec.ok()) {
+    std::cerr << "test model " << text << ": " << spec.status().ToString() << "\n";
+    std::abort();
+  }
+  return std::move(spec).value();
+}
+
+// The model `text` (as MakeSpec) bound to inputs of shape `input` (with `inputs`' id columns
+// and compact rows). A description that does not build is the test's own mistake: it says
+// why and aborts.
+inline Model MakeModel(const std::string& text, const std::vector<int64_t>& input,
+                       const ModelInputs& inputs = {}) {
+  Result<Model> model = Model::Build(MakeSpec(text), input, inputs);
   if (!model.ok()) {
     std::cerr << "test model " << text << ": " << model.status().ToString() << "\n";
     std::abort();
@@ -71,6 +81,22 @@ inline std::vector<LayerCase> LayerCases() {
                       {"type": "avg_pool2d", "pool": 2},
                       {"type": "avg_pool2d", "pool": 3, "stride": 1, "padding": "same"},
                       {"type": "flatten"}, {"type": "dense", "units": 3}]})", {2, 5, 5}, 2},
+      // 7 wide, pool 4, stride 2, same: 4 outputs, padding 1 before and 2 after, left out of
+      // each window's mean.
+      {"AvgPoolSameUnevenPadding", R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                                                  {"type": "avg_pool2d", "pool": 4, "stride": 2,
+                                                   "padding": "same"},
+                                                  {"type": "dense", "units": 3}]})", {2, 7, 7}, 2},
+      // 5 wide, pool 2, stride 1, same: 5 outputs, no padding before and 1 after.
+      {"AvgPoolSameEvenPoolStrideOne",
+       R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                      {"type": "avg_pool2d", "pool": 2, "stride": 1, "padding": "same"},
+                      {"type": "flatten"}, {"type": "dense", "units": 3}]})", {1, 5, 5}, 2},
+      // 7 wide, pool 4, stride 2, same: padding 1 before and 2 after, never the maximum.
+      {"MaxPoolSameUnevenPadding", R"({"layers": [{"type": "conv2d", "filters": 2, "kernel": 1},
+                                                  {"type": "max_pool2d", "pool": 4, "stride": 2,
+                                                   "padding": "same"},
+                                                  {"type": "dense", "units": 3}]})", {2, 7, 7}, 2},
       {"Relu", R"({"layers": [{"type": "dense", "units": 6}, {"type": "activation", "activation": "relu"},
                               {"type": "dense", "units": 3}]})", {4}, 3},
       {"Tanh", R"({"layers": [{"type": "dense", "units": 6}, {"type": "activation", "activation": "tanh"},

@@ -23,6 +23,7 @@
 #include "worker/compute/backend.h"
 #include "worker/compute/buffer_plan.h"
 #include "worker/compute/checks.h"
+#include "worker/compute/cpu/cpu_backend.h"
 #include "worker/compute/cpu/cpu_layer.h"
 #include "worker/compute/cpu/loss.h"
 
@@ -39,12 +40,14 @@ class CpuBackend final : public ComputeBackend {
  public:
   explicit CpuBackend(Model model) : model_(std::move(model)) {}
 
-  Status Init() {
+  // Makes the layers, each passed through `wrap` when it is set (cpu_backend.h).
+  Status Init(const cpu::LayerWrapper& wrap) {
     const std::vector<LayerOp>& ops = model_.ops();
     const size_t n = ops.size();
     for (size_t i = 0; i < n; ++i) {
-      PARASYNC_ASSIGN_OR_RETURN(auto layer, cpu::MakeCpuLayer(ops[i], static_cast<uint32_t>(i), dnn_));
-      layers_.push_back(std::move(layer));
+      const uint32_t index = static_cast<uint32_t>(i);
+      PARASYNC_ASSIGN_OR_RETURN(auto layer, cpu::MakeCpuLayer(ops[i], index, dnn_));
+      layers_.push_back(wrap ? wrap(ops[i], index, std::move(layer)) : std::move(layer));
     }
     std::vector<compute::OpMemory> memory;
     for (const auto& layer : layers_) memory.push_back(layer->buffer_use());
@@ -151,8 +154,13 @@ class CpuBackend final : public ComputeBackend {
 }  // namespace
 
 Result<std::unique_ptr<ComputeBackend>> CreateCpuBackend(const Model& model) {
+  return cpu::CreateCpuBackendWrappingLayers(model, nullptr);
+}
+
+Result<std::unique_ptr<ComputeBackend>> cpu::CreateCpuBackendWrappingLayers(
+    const Model& model, const LayerWrapper& wrap) {
   auto backend = std::make_unique<CpuBackend>(model);
-  PARASYNC_RETURN_IF_ERROR(backend->Init());
+  PARASYNC_RETURN_IF_ERROR(backend->Init(wrap));
   return std::unique_ptr<ComputeBackend>(std::move(backend));
 }
 
