@@ -73,4 +73,10 @@ Result<std::unique_ptr<ComputeBackend>> CreateCpuBackend(const Model& model);
 // Sizes the CPU backend's thread pool (oneDNN's OpenMP threads) for the whole process. Call before the first pass; keep 1 when several processes share a machine.
 void SetCpuComputeThreads(int threads);
 
+// What the CPU backend computes with, for a benchmark to print beside its figures: oneDNN's
+// version, its CPU runtime and the instruction set it dispatches to, and the threads
+// SetCpuComputeThreads() gave it, e.g. "oneDNN 2.6.3 (OpenMP runtime, AVX2 kernels), 2
+// thread(s)". The CPU backend calls no BLAS: oneDNN has every primitive it runs.
+std::string DescribeCpuCompute();
+
 }  // namespace parasync
