@@ -95,7 +95,7 @@ def main() -> int:
     proc = run([PYTHON, torch_train, "--describe", describe, "--epochs", "1",
                 "--data", "/nonexistent"], REFERENCE)
     refused(proc, "torch_train.py", "torch_train.py")
-    check("epoch" not in proc.stdout, f"torch_train.py: trained on the reference BLAS")
+    check("epoch" not in proc.stdout, "torch_train.py: trained on the reference BLAS")
     proc = run([bench_worker, "--model", "mlp", "--no-gpu", "--cpu-threads", "1", *TINY],
                REFERENCE, **build)
     refused(proc, "bench-worker", "bench-worker")
