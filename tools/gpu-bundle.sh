@@ -8,7 +8,7 @@
 #                               (ldd), except the CUDA runtime and cuBLAS, which it has, and
 #                               cuDNN (about 480 MB), which the GPU machine's PyTorch brings
 #                        tools/ bench-worker, bench-cluster, install-deps.sh and
-#                               benchmarks/torch_model.py
+#                               benchmarks/torch_model.py, torch_env.py
 #   data/                Fashion-MNIST (already gzip: not packed again)
 #   run-gpu-checks.sh    tools/gpu-checks.sh: unpacks, then runs the phases it is given
 #                        (tests, sanitize, bench, cluster, profile), each fitting one call
@@ -44,7 +44,7 @@ done | sort -u | grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libc
 strip --strip-debug "$stage"/deps/*.so* 2>/dev/null || true
 cp tools/bench-worker tools/bench-cluster "$stage/tools/"
 cp tools/install-deps.sh "$stage/tools/"
-cp tools/benchmarks/torch_model.py "$stage/tools/benchmarks/"
+cp tools/benchmarks/torch_model.py tools/benchmarks/torch_env.py "$stage/tools/benchmarks/"
 echo "gpu-bundle: compressing (about 20 s) ..." >&2
 tar -C "$stage" -cJf "$out/payload.tar.xz" .
 cp /usr/share/datasets/fashion-mnist/*.gz "$out/data/"

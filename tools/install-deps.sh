@@ -12,6 +12,8 @@
 #                                    universal-ctags
 #   tools/install-deps.sh PKG ...    that, and extra packages a tool needs only for itself,
 #                                    e.g. `tools/install-deps.sh chromium`
+# PARASYNC_NO_INSTALL=1: installs nothing; names what is missing and exits 1 if anything is
+# (how the tools that install for themselves, e.g. tools/bench-worker, are run without it).
 set -euo pipefail
 
 # The build and the quick start. (tests/deploy/manifests/check-dockerfile.mjs reads this
@@ -49,6 +51,10 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 
+if [[ -n ${PARASYNC_NO_INSTALL:-} ]]; then
+  echo "install-deps: missing ${missing[*]}; not installing (PARASYNC_NO_INSTALL is set)" >&2
+  exit 1
+fi
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then
   if ! command -v sudo >/dev/null 2>&1; then

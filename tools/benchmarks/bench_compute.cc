@@ -27,6 +27,7 @@
 #include "common/process.h"
 #include "tools/benchmarks/stats.h"
 #include "tools/zipf_sampler.h"
+#include "worker/compute/backend.h"
 #include "worker/compute/backend_factory.h"
 #include "worker/data/dataset.h"
 #include "worker/model/model.h"
@@ -326,7 +327,7 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", o.repeats, "Timed repeats per batch size; the median is reported")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  app.add_option("--threads", o.threads, "Threads of the CPU backend (OpenBLAS and oneDNN)")
+  app.add_option("--threads", o.threads, "Threads of the CPU backend (oneDNN's OpenMP threads)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app.add_option("--id-columns", o.id_columns,
@@ -381,6 +382,10 @@ int main(int argc, char** argv) {
   }
   parasync::SetCpuComputeThreads(o.threads);
   const std::string label = choice->kind == parasync::DeviceChoice::Kind::kCpu ? "cpu" : "cuda";
+  // What it ran with, in the form tools/bench-worker collects from both sides.
+  if (label == "cpu") {
+    std::fprintf(stderr, "%s: ran with: %s\n", kProgram, parasync::DescribeCpuCompute().c_str());
+  }
   return sparse ? RunSparse(*spec, input, *choice, batches, o, label)
                 : RunDense(*net, *choice, batches, o, label);
 }

@@ -32,6 +32,8 @@ import statistics
 import sys
 import time
 
+import torch_env  # what PyTorch runs with; refuses a CPU baseline on the reference BLAS
+
 
 def build(torch, spec, input_shape, table_rows=None):
     """An nn.Sequential computing the logits of `spec` (a parsed model description) on
@@ -340,6 +342,8 @@ def main() -> int:
     torch.backends.cudnn.allow_tf32 = False
     if not on_gpu:
         torch.set_num_threads(args.threads)
+    if not torch_env.check(torch, "torch_model.py", cpu=not on_gpu):
+        return 2
     spec = json.loads(args.describe)
     sparse = spec.get("sparse_input")
     if args.input is None:

@@ -8,7 +8,10 @@ A reference for what the model itself can reach in so many epochs, beside parasy
       [--epochs 10] [--batch-size 64] [--lr 0.001] [--lr-schedule cosine] [--threads 2]
       [--seed 42]
 
-Runs with Debian's python3 (python3-torch, python3-numpy).
+Runs with Debian's python3 (python3-torch, python3-numpy). Prints first what PyTorch ran
+with (its BLAS and threads); on the reference BLAS it installs OpenBLAS, or refuses with one
+line and exit status 2 (tools/benchmarks/torch_env.py; PARASYNC_NO_INSTALL=1 installs
+nothing): its times stand beside parasync's.
 """
 import argparse
 import gzip
@@ -19,6 +22,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_env  # noqa: E402
 from torch_model import build  # noqa: E402
 
 
@@ -45,8 +49,12 @@ def main() -> int:
                         help="cosine: decay the learning rate to 0 over the run's examples, "
                              "as parasync's servers do with --lr-schedule cosine")
     args = parser.parse_args()
+    if not torch_env.ensure("torch_train.py", args.threads):
+        return 2
     import torch
     torch.set_num_threads(args.threads)
+    if not torch_env.check(torch, "torch_train.py", out=sys.stdout):
+        return 2
     torch.manual_seed(args.seed)
     spec = json.loads(args.describe)
     xtr, ytr = load(args.data, "train")

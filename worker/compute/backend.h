@@ -80,4 +80,11 @@ void SetCpuComputeThreads(int threads);
 // zero (for the worker's start-up line and the tests).
 bool CpuComputeThreadsFlushDenormals();
 
+// What the CPU backend computes with, for a benchmark to print beside its figures: oneDNN's
+// version, its CPU runtime and the instruction set it dispatches to, and the threads
+// SetCpuComputeThreads() gave it, e.g. "oneDNN 2.6.3 (OpenMP runtime, AVX2 kernels), 2
+// thread(s), denormals flushed to zero". The CPU backend calls no BLAS: oneDNN has every
+// primitive it runs.
+std::string DescribeCpuCompute();
+
 }  // namespace parasync

@@ -10,6 +10,7 @@
 //
 // Threads: oneDNN's OpenMP threads, sized by SetCpuComputeThreads(). Not thread-safe: one training thread uses an instance.
 
+#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -178,6 +179,33 @@ bool CpuComputeThreadsFlushDenormals() {
 #pragma omp parallel reduction(&& : all)
   all = all && DenormalsFlushedOnThisThread();
   return all;
+}
+
+std::string DescribeCpuCompute() {
+  const dnnl_version_t* v = dnnl_version();
+  const char* runtime = v->cpu_runtime == DNNL_RUNTIME_OMP        ? "OpenMP"
+                        : v->cpu_runtime == DNNL_RUNTIME_TBB      ? "TBB"
+                        : v->cpu_runtime == DNNL_RUNTIME_SEQ      ? "sequential"
+                        : v->cpu_runtime == DNNL_RUNTIME_THREADPOOL ? "threadpool"
+                                                                  : "unknown";
+  const char* isa = "baseline";
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: isa = "SSE4.1"; break;
+    case dnnl_cpu_isa_avx: isa = "AVX"; break;
+    case dnnl_cpu_isa_avx2: isa = "AVX2"; break;
+    case dnnl_cpu_isa_avx2_vnni: isa = "AVX2-VNNI"; break;
+    case dnnl_cpu_isa_avx512_mic: isa = "AVX-512 MIC"; break;
+    case dnnl_cpu_isa_avx512_mic_4ops: isa = "AVX-512 MIC 4OPS"; break;
+    case dnnl_cpu_isa_avx512_core: isa = "AVX-512"; break;
+    case dnnl_cpu_isa_avx512_core_vnni: isa = "AVX-512 VNNI"; break;
+    case dnnl_cpu_isa_avx512_core_bf16: isa = "AVX-512 BF16"; break;
+    case dnnl_cpu_isa_avx512_core_amx: isa = "AVX-512 AMX"; break;
+    default: break;
+  }
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch) + " (" + runtime + " runtime, " + isa + " kernels), " +
+         std::to_string(omp_get_max_threads()) + " thread(s), denormals " +
+         (CpuComputeThreadsFlushDenormals() ? "flushed to zero" : "kept");
 }
 
 }  // namespace parasync
