@@ -119,8 +119,9 @@ def main() -> int:
         check(re.search(r"^- PyTorch CPU 1t: PyTorch .*BLAS: OpenBLAS .* via "
                         + re.escape(OPENBLAS) + r"/libblas\.so\.3, 1 thread\(s\);", out, re.M),
               "bench-worker on OpenBLAS: no ran-with line naming OpenBLAS for PyTorch")
-        check(re.search(r"^- parasync CPU 1t: oneDNN [0-9.]+ \(.*\), 1 thread\(s\), denormals flushed to zero$", out,
-                        re.M), "bench-worker on OpenBLAS: no ran-with line for parasync")
+        check(re.search(r"^- parasync CPU 1t: oneDNN [0-9.]+ \(.*\), 1 thread\(s\), "
+                        r"denormals flushed to zero$", out, re.M),
+              "bench-worker on OpenBLAS: no ran-with line for parasync")
         check("parasync CPU / PyTorch CPU (bests) |" in out,
               "bench-worker on OpenBLAS: no ratio column")
         check(re.search(r"^\| 8 \| [0-9,]+ \| [0-9,]+ \| [0-9.]+ \|$", out, re.M),
