@@ -24,6 +24,7 @@
 #include <system_error>
 #include <utility>
 
+#include "common/file_util.h"
 #include "common/wire.h"
 #include "ps/storage_faults.h"
 #include "ps/storage_faults_fs.h"
@@ -298,17 +299,35 @@ class LastWarningLogger : public rocksdb::Logger {
 
 enum class DirState { kEmpty, kDatabase };
 
+// The nearest directory above `dir` that exists (where creating `dir` has to start).
+std::string NearestExistingParent(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec);
+  while (p.has_parent_path() && p != p.parent_path()) {
+    p = p.parent_path();
+    if (fs::exists(p, ec)) break;
+  }
+  return p.string();
+}
+
 // Creates `dir` if missing; says whether it is empty or holds a RocksDB database; refuses anything
-// else.
+// else. A path that cannot be used for a reason no retry can fix (PathError) is
+// FailedPrecondition, anything else Unavailable.
 Result<DirState> InspectDir(const std::string& dir) {
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
   if (ec && ec != std::errc::no_such_file_or_directory) {
-    return Status::Unavailable("cannot stat " + dir + ": " + ec.message());
+    return PathError("cannot use " + dir, ec);
   }
   if (!fs::exists(st)) {
     fs::create_directories(dir, ec);
-    if (ec) return Status::Unavailable("cannot create " + dir + ": " + ec.message());
+    // ENOENT with every parent there: a file system that holds no directories of ours (/proc).
+    if (ec == std::errc::no_such_file_or_directory) {
+      return PathError("cannot create " + dir + " (no directory can be made in " +
+                           NearestExistingParent(dir) + ")",
+                       ec);
+    }
+    if (ec) return PathError("cannot create " + dir, ec);
     return DirState::kEmpty;
   }
   if (!fs::is_directory(st)) {
@@ -318,7 +337,7 @@ Result<DirState> InspectDir(const std::string& dir) {
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     names.push_back(it->path().filename().string());
   }
-  if (ec) return Status::Unavailable("cannot list " + dir + ": " + ec.message());
+  if (ec) return PathError("cannot list " + dir, ec);
   if (names.empty()) return DirState::kEmpty;
   // RocksDB names the live manifest in CURRENT; every database has one.
   if (std::find(names.begin(), names.end(), "CURRENT") != names.end()) {

@@ -400,13 +400,14 @@ std::optional<int> PrepareProcess(const PsFlags& f, const PsConfig& c) {
   }
   std::optional<std::string> log_dir;
   if (!f.log_dir.empty()) log_dir = f.log_dir;
-  if (auto line = SetUpServiceProcess({.role = "ps",
+  if (Status s = SetUpServiceProcess({.role = "ps",
                                        .index = c.spec.task_index,
                                        .log_level = f.log_level,
                                        .log_dir = log_dir,
                                        .metrics_bind = f.metrics_bind,
-                                       .metrics_port = f.metrics_port})) {
-    return Fail(*line, kExitBadUsage);
+                                       .metrics_port = f.metrics_port});
+      !s.ok()) {
+    return Fail(s.message(), StartupExitCode(s));
   }
   return std::nullopt;
 }
