@@ -7,27 +7,31 @@
 #include <system_error>
 #include <utility>
 
+#include "common/file_util.h"
 #include "common/preflight.h"
 #include "common/process.h"
 #include "common/version.h"
 
 namespace parasync {
 
-std::optional<std::string> SetUpServiceProcess(const ServiceProcess& p) {
+Status SetUpServiceProcess(const ServiceProcess& p) {
   if (p.metrics_port != 0) {
     if (std::string problem = BindProblem(p.metrics_bind, p.metrics_port); !problem.empty()) {
-      return "--metrics-port " + std::to_string(p.metrics_port) + ": " + problem;
+      return Status::FailedPrecondition("--metrics-port " + std::to_string(p.metrics_port) +
+                                        ": " + problem);
     }
   }
-  if (!InitLogging(p.role, p.index, p.log_level)) return "unknown --log-level " + p.log_level;
+  if (!InitLogging(p.role, p.index, p.log_level)) {
+    return Status::InvalidArgument("unknown --log-level " + p.log_level);
+  }
   if (p.log_dir) {
     std::error_code ec;
     std::filesystem::create_directories(*p.log_dir, ec);
-    if (ec) return "cannot create --log-dir " + *p.log_dir + ": " + ec.message();
+    if (ec) return PathError("cannot create --log-dir " + *p.log_dir, ec);
   }
   InstallShutdownSignalHandlers();
   KeepFreedMessageBuffers();
-  return std::nullopt;
+  return Status::Ok();
 }
 
 int StartupExitCode(const Status& status) {

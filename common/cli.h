@@ -44,9 +44,11 @@ struct ServiceProcess {
 
 // A metrics port in use is refused naming the flag (a retry would find it taken again),
 // logging is set up, the log directory created, the shutdown signals taken by a thread of
-// their own and freed message buffers kept (common/process.h). The one line to fail with
-// (exit status kExitBadUsage), or nullopt.
-std::optional<std::string> SetUpServiceProcess(const ServiceProcess& process);
+// their own and freed message buffers kept (common/process.h). Ok, or the one line to fail
+// with, exit status StartupExitCode of it: FailedPrecondition or InvalidArgument for a port
+// in use, an unknown log level or a --log-dir that cannot be created for good (PathError,
+// common/file_util.h), Unavailable for a --log-dir that may be created later (a full disk).
+Status SetUpServiceProcess(const ServiceProcess& process);
 
 // What a binary's --help says about it.
 struct ProgramHelp {

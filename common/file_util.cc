@@ -36,4 +36,25 @@ Result<int> OpenForReading(const std::string& path, std::string_view what) {
                              std::strerror(err));
 }
 
+Status PathError(const std::string& message, const std::error_code& ec) {
+  std::string m = message + ": " + ec.message();
+  if (ec.category() == std::generic_category() || ec.category() == std::system_category()) {
+    switch (ec.value()) {
+      case EACCES:
+      case EPERM:
+      case EROFS:
+      case ENOTDIR:
+      case EEXIST:
+      case ENOENT:
+      case ENAMETOOLONG:
+      case ELOOP:
+      case EINVAL:
+        return Status::FailedPrecondition(std::move(m));
+      default:
+        break;
+    }
+  }
+  return Status::Unavailable(std::move(m));
+}
+
 }  // namespace parasync

@@ -9,6 +9,9 @@
 #include <rocksdb/utilities/options_util.h>
 #include <rocksdb/write_batch.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -24,6 +27,7 @@
 #include <system_error>
 #include <utility>
 
+#include "common/file_util.h"
 #include "common/wire.h"
 #include "ps/storage_faults.h"
 #include "ps/storage_faults_fs.h"
@@ -298,17 +302,35 @@ class LastWarningLogger : public rocksdb::Logger {
 
 enum class DirState { kEmpty, kDatabase };
 
+// The nearest directory above `dir` that exists (where creating `dir` has to start).
+std::string NearestExistingParent(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec);
+  while (p.has_parent_path() && p != p.parent_path()) {
+    p = p.parent_path();
+    if (fs::exists(p, ec)) break;
+  }
+  return p.string();
+}
+
 // Creates `dir` if missing; says whether it is empty or holds a RocksDB database; refuses anything
-// else.
+// else. A path that cannot be used for a reason no retry can fix (PathError) is
+// FailedPrecondition, anything else Unavailable.
 Result<DirState> InspectDir(const std::string& dir) {
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
   if (ec && ec != std::errc::no_such_file_or_directory) {
-    return Status::Unavailable("cannot stat " + dir + ": " + ec.message());
+    return PathError("cannot use " + dir, ec);
   }
   if (!fs::exists(st)) {
     fs::create_directories(dir, ec);
-    if (ec) return Status::Unavailable("cannot create " + dir + ": " + ec.message());
+    // ENOENT with every parent there: a file system that holds no directories of ours (/proc).
+    if (ec == std::errc::no_such_file_or_directory) {
+      return PathError("cannot create " + dir + " (no directory can be made in " +
+                           NearestExistingParent(dir) + ")",
+                       ec);
+    }
+    if (ec) return PathError("cannot create " + dir, ec);
     return DirState::kEmpty;
   }
   if (!fs::is_directory(st)) {
@@ -318,7 +340,7 @@ Result<DirState> InspectDir(const std::string& dir) {
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     names.push_back(it->path().filename().string());
   }
-  if (ec) return Status::Unavailable("cannot list " + dir + ": " + ec.message());
+  if (ec) return PathError("cannot list " + dir, ec);
   if (names.empty()) return DirState::kEmpty;
   // RocksDB names the live manifest in CURRENT; every database has one.
   if (std::find(names.begin(), names.end(), "CURRENT") != names.end()) {
@@ -664,13 +686,18 @@ struct OpenedDb {
 };
 
 // Checks, on the store opened read-only, everything that the writable open and Load() rely on:
-// every block of every table file against RocksDB's checksums, every record against ours, and
-// that RocksDB can parse its OPTIONS file. Corruption naming the path and the damaged file or
-// record; FailedPrecondition for a registration of another wire protocol version.
-Status VerifyStore(rocksdb::DB* db, rocksdb::Env* env, const std::string& dir) {
+// every block of every table file against RocksDB's checksums, every record against ours,
+// that its registration was made in `mode` (when given), and that RocksDB can parse its
+// OPTIONS file. Corruption naming the path and the damaged file or record; FailedPrecondition
+// for a registration of another wire protocol version; InvalidArgument for another mode.
+Status VerifyStore(rocksdb::DB* db, rocksdb::Env* env, const std::string& dir,
+                   const std::optional<TrainingMode>& mode) {
   PARASYNC_RETURN_IF_ERROR(FromRocks(db->VerifyChecksum(), dir));
   Result<ShardSnapshot> snap = ReadSnapshot(db, dir);
   if (!snap.ok() && snap.status().code() != StatusCode::kNotFound) return snap.status();
+  if (snap.ok() && mode) {
+    PARASYNC_RETURN_IF_ERROR(CheckStoredMode(snap->registration.mode, *mode, dir));
+  }
   // RocksDB never reads the OPTIONS file back (our options come from code), and the writable
   // open replaces it; a file it cannot parse is still a sign of damage not to write over. A
   // flip it can still parse is harmless and cannot be seen: the file has no checksum.
@@ -689,9 +716,27 @@ Status VerifyStore(rocksdb::DB* db, rocksdb::Env* env, const std::string& dir) {
   return Status::Ok();
 }
 
+// Unavailable when another process holds the store's LOCK (a running server), found by asking,
+// not by taking it: RocksDB's writable open starts a new info LOG (renaming the holder's)
+// before it tries the lock. Ok when nobody does, or there is no LOCK file yet.
+Status CheckNotLockedElsewhere(const std::string& dir) {
+  const std::string path = dir + "/LOCK";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::Ok();  // none yet; or unreadable, which the open will report
+  struct flock probe {};
+  probe.l_type = F_WRLCK;
+  probe.l_whence = SEEK_SET;  // the whole file, as RocksDB locks it
+  const int got = ::fcntl(fd, F_GETLK, &probe);
+  ::close(fd);
+  if (got != 0 || probe.l_type == F_UNLCK) return Status::Ok();
+  return Status::Unavailable(dir + " is in use by process " + std::to_string(probe.l_pid) +
+                             " (it holds " + path + ")");
+}
+
 // CheckpointStore::Open without its argument checks and exception guard.
 Result<OpenedDb> OpenDb(const std::string& dir, int shard, int num_shards,
-                        std::shared_ptr<StorageFaults> faults) {
+                        std::shared_ptr<StorageFaults> faults,
+                        const std::optional<TrainingMode>& mode) {
   PARASYNC_ASSIGN_OR_RETURN(const DirState state, InspectDir(dir));
   OpenedDb opened;
   std::shared_ptr<rocksdb::FileSystem> file_system = rocksdb::FileSystem::Default();
@@ -701,6 +746,8 @@ Result<OpenedDb> OpenDb(const std::string& dir, int shard, int num_shards,
   options.env = opened.env.get();
   bool fresh = state == DirState::kEmpty;
   if (!fresh) {
+    // A store a running server holds is not read at all (it may change meanwhile).
+    PARASYNC_RETURN_IF_ERROR(CheckNotLockedElsewhere(dir));
     // Look read-only first and verify everything: opening for writing may rewrite the
     // manifest, flush the WAL and replace the OPTIONS file, which must not happen to a
     // directory we then refuse. Read-only RocksDB writes nothing but its LOG: it gets none.
@@ -726,7 +773,7 @@ Result<OpenedDb> OpenDb(const std::string& dir, int shard, int num_shards,
     }
     if (!s.ok()) return FromRocks(s, dir);
     PARASYNC_ASSIGN_OR_RETURN(const bool has_meta, CheckMeta(ro.get(), dir, shard, num_shards));
-    PARASYNC_RETURN_IF_ERROR(VerifyStore(ro.get(), opened.env.get(), dir));
+    PARASYNC_RETURN_IF_ERROR(VerifyStore(ro.get(), opened.env.get(), dir, mode));
     fresh = !has_meta;
     (void)ro->Close();
   }
@@ -804,14 +851,15 @@ Status CheckpointStore::Latch(Status failure) {
 }
 
 Result<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
-    const std::string& dir, int shard, int num_shards, std::shared_ptr<StorageFaults> faults) {
+    const std::string& dir, int shard, int num_shards, std::shared_ptr<StorageFaults> faults,
+    const std::optional<TrainingMode>& mode) {
   if (dir.empty()) return Status::InvalidArgument("checkpoint directory is empty");
   if (num_shards < 1 || shard < 0 || shard >= num_shards) {
     return Status::InvalidArgument("shard " + std::to_string(shard) + " of " +
                                    std::to_string(num_shards) + " does not exist");
   }
   PARASYNC_ASSIGN_OR_RETURN(OpenedDb opened, Guarded("opening checkpoint store " + dir, [&] {
-                              return OpenDb(dir, shard, num_shards, std::move(faults));
+                              return OpenDb(dir, shard, num_shards, std::move(faults), mode);
                             }));
   auto rep = std::make_unique<Rep>();
   rep->env = std::move(opened.env);

@@ -23,9 +23,10 @@
 //                      without tables has none, so older stores read as before)
 //
 // A store is verified before anything is written to it: Open() first opens it read-only and
-// checks every table block (RocksDB's checksums), every record (ours) and the WAL (damage
-// anywhere but a torn last record is refused), so a damaged store is refused with its files
-// byte for byte as they were.
+// checks every table block (RocksDB's checksums), every record (ours), the WAL (damage
+// anywhere but a torn last record is refused), the shard, the training mode and that no
+// other process holds it, so a store refused for any of these keeps its files byte for byte
+// as they were (names, sizes, contents and modification times; RocksDB's info LOG included).
 //
 // Failed writes: a write RocksDB refuses (ENOSPC on a full disk, EIO from an fsync, ...) is
 // returned as Unavailable naming the cause, and the store is failed from then on: it keeps the
@@ -47,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mode.h"
 #include "common/model_spec.h"
 #include "common/progress.h"
 #include "common/status.h"
@@ -100,19 +102,27 @@ class CheckpointStore {
   //    directory (found <a file name>); refusing to touch it";
   //  - a store of another format, or of another shard index or shard count:
   //    FailedPrecondition naming both;
+  //  - with `mode` given, a store whose registration was made in another training mode:
+  //    InvalidArgument naming both (CheckStoredMode, common/mode.h);
   //  - a store RocksDB reports corrupt (a table block, the MANIFEST, CURRENT, a WAL record
   //    before the last one, an OPTIONS file RocksDB cannot parse), or with a record that fails
   //    its CRC or length check: Corruption naming the path and the file or key. Nothing in
   //    the directory is written, created or removed then. (Damage RocksDB has no checksum
   //    for is not seen: the info LOG and IDENTITY, which the store does not depend on.)
+  //  - a path that cannot be made a directory for a reason no retry fixes (permission, a
+  //    read-only file system, a file on the way, a place such as /proc): FailedPrecondition
+  //    (common/file_util.h, PathError);
   // InvalidArgument unless 0 <= shard < num_shards; Unavailable on I/O errors, including a
-  // store that is already open (RocksDB's LOCK file) and a disk too full to open it on
-  // ("no space left on device: ...").
+  // store that another process holds open ("in use by process <pid>", found before anything
+  // is written; one open in this process is refused by RocksDB, after its info LOG was
+  // started) and a disk too full to open it on ("no space left on device: ...", which may
+  // have started RocksDB's info LOG and manifest).
   // `faults`, when given, makes every file the store writes go through a filesystem that
   // fails syncs and appends as it says (ps/storage_faults.h); the store shares it. For tests.
   static Result<std::unique_ptr<CheckpointStore>> Open(
       const std::string& dir, int shard, int num_shards,
-      std::shared_ptr<StorageFaults> faults = nullptr);
+      std::shared_ptr<StorageFaults> faults = nullptr,
+      const std::optional<TrainingMode>& mode = std::nullopt);
 
   // Closes the database. Every acknowledged write is already in the WAL, so nothing is lost
   // if closing fails. Precondition: no other call on this store is in progress.

@@ -124,9 +124,12 @@ void DescribeProgram(CLI::App& app) {
            "It holds whatever a peer sends or leaves unread — a pull past the unread-reply bound "
            "and a message past --max-message-bytes are refused — with one gap: libzmq holds a "
            "message of many frames whole before it can be refused (docs/reliability.md).",
-       .exit_status = "Status 2 also for a port in use (--bind / --ps-hosts, --metrics-port) and "
+       .exit_status = "Status 2 also for a port in use (--bind / --ps-hosts, --metrics-port), "
                       "a --state-dir that holds something else or a store of another shard, "
-                      "shard count or --mode; 1 for a --state-dir locked by another process. "
+                      "shard count or --mode (refused before anything in it is written), and a "
+                      "--state-dir or --log-dir that cannot be created (permission, read-only, "
+                      "a file on the way, /proc); 1 for a --state-dir locked by another process "
+                      "or a full or failing disk. "
                       "SIGINT and SIGTERM stop the server after a final snapshot, status 0.",
        .examples = "parasync-ps --ps-hosts 127.0.0.1:5000,127.0.0.1:5001 --worker-hosts "
                    "127.0.0.1:6000 --task-index 0\n"
@@ -353,15 +356,11 @@ std::string StoreProblem(const PsFlags& f, const PsConfig& c) {
     return "";
   }
   auto opened = CheckpointStore::Open(f.state_dir, c.spec.task_index,
-                                      static_cast<int>(c.spec.ps.size()));
+                                      static_cast<int>(c.spec.ps.size()), nullptr, c.mode);
   Status found = opened.status();
   if (opened.ok()) {
     auto loaded = (*opened)->Load();
-    if (loaded.ok()) {
-      found = CheckStoredMode(loaded->registration.mode, c.mode, f.state_dir);
-    } else if (loaded.status().code() != StatusCode::kNotFound) {
-      found = loaded.status();
-    }
+    if (!loaded.ok() && loaded.status().code() != StatusCode::kNotFound) found = loaded.status();
   }
   if (found.ok()) return "";
   const std::string& m = found.message();
@@ -400,13 +399,14 @@ std::optional<int> PrepareProcess(const PsFlags& f, const PsConfig& c) {
   }
   std::optional<std::string> log_dir;
   if (!f.log_dir.empty()) log_dir = f.log_dir;
-  if (auto line = SetUpServiceProcess({.role = "ps",
+  if (Status s = SetUpServiceProcess({.role = "ps",
                                        .index = c.spec.task_index,
                                        .log_level = f.log_level,
                                        .log_dir = log_dir,
                                        .metrics_bind = f.metrics_bind,
-                                       .metrics_port = f.metrics_port})) {
-    return Fail(*line, kExitBadUsage);
+                                       .metrics_port = f.metrics_port});
+      !s.ok()) {
+    return Fail(s.message(), StartupExitCode(s));
   }
   return std::nullopt;
 }
@@ -474,7 +474,8 @@ std::optional<int> LoadStore(const PsFlags& f, const PsConfig& c, OpenedStore& o
     return Fail("cannot restore from " + f.state_dir + ": " + loaded.status().message(),
                 kExitBadUsage);
   }
-  // A store of another mode would refuse every worker's Register: say so now.
+  // A store of another mode would refuse every worker's Register. Open refused it before
+  // writing anything; checked again here under the store's lock, as Open checks its shard.
   if (out.restored) {
     if (Status s = CheckStoredMode(out.restored->registration.mode, c.mode, f.state_dir);
         !s.ok()) {
@@ -497,12 +498,15 @@ std::optional<int> OpenStore(const PsFlags& f, const PsConfig& c, ServerOptions&
     spdlog::warn("FAULT INJECTION: {}={} makes the store's disk fail on purpose",
                  kStorageFaultsVariable, std::getenv(kStorageFaultsVariable));
   }
-  auto opened = CheckpointStore::Open(f.state_dir, c.spec.task_index, options.num_shards, *faults);
+  auto opened =
+      CheckpointStore::Open(f.state_dir, c.spec.task_index, options.num_shards, *faults, c.mode);
   if (!opened.ok()) {
-    // Unavailable: the store is locked by another process (or the disk failed), which
-    // may pass; anything else (a foreign directory, another shard's store, damage) stays.
+    // Unavailable: the store is locked by another process, or the disk is full or failing,
+    // which may pass; anything else (a foreign directory, another shard's or mode's store,
+    // damage, a path that cannot be a directory) stays.
     const std::string m = opened.status().message();  // status() is a copy
-    return Fail("--state-dir " + (m.starts_with(f.state_dir) ? m : f.state_dir + ": " + m),
+    return Fail(m.starts_with("--state-dir ") ? m
+                : "--state-dir " + (m.starts_with(f.state_dir) ? m : f.state_dir + ": " + m),
                 opened.status().code() == StatusCode::kUnavailable ? kExitRetryable
                                                                    : kExitBadUsage);
   }

@@ -583,7 +583,12 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   }
   OnGradientTaken(req, staleness, t0);
   reply.staleness = staleness;
-  if (sync) MaybeCompleteStep();
+  // The step this gradient completed could not be made durable: the shard is rolled back
+  // and the gradient lost, so the push is refused as an async one whose write failed is.
+  if (sync && !MaybeCompleteStep()) {
+    *reason = RejectReason::kStoreFailed;
+    reply.status = Status::Unavailable(*durability_.failure());
+  }
 }
 
 Status Server::CheckPush(const Header& req, const std::vector<zmq::message_t>& in_frames,
@@ -783,10 +788,10 @@ void Server::OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0)
   }
 }
 
-void Server::MaybeCompleteStep() {
-  if (options_.mode.kind != TrainingMode::Kind::kSync || !coordinator_.StepReady()) return;
+bool Server::MaybeCompleteStep() {
+  if (options_.mode.kind != TrainingMode::Kind::kSync || !coordinator_.StepReady()) return true;
   // After a rollback the step's gradients may be gone: no step is taken that cannot be kept.
-  if (durability_.failure()) return;
+  if (durability_.failure()) return true;
   const int n = coordinator_.contributors();
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t before = shard_.examples();
@@ -799,13 +804,14 @@ void Server::MaybeCompleteStep() {
     // The step's pulls are answered only after it is durable (ServeParked runs after this).
     if (Status s = durability_.SaveUpdate(shard_, {}, ledger_.Records(contributors)); !s.ok()) {
       OnStoreFailure(s, "step " + std::to_string(shard_.version()));
-      return;  // rolled back: this step's examples were not applied after all
+      return false;  // rolled back: this step's examples were not applied after all
     }
   }
   metrics_->apply_seconds->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   PublishProgress();
   metrics_->examples->Increment(static_cast<double>(shard_.examples() - before));
+  return true;
 }
 
 void Server::PublishTableGauges() {
@@ -927,7 +933,8 @@ void Server::Tick(TimePoint now, bool idle) {
                  coordinator_.live_count());
   }
   metrics_->live_workers->Set(coordinator_.live_count());
-  MaybeCompleteStep();
+  // A step completed here has no push to answer: a failed write fails its parked pulls.
+  (void)MaybeCompleteStep();
   durability_.MaybeSave(shard_, ledger_, now);
   ServeParked(now);
   UpdateGauges(now);
@@ -1189,7 +1196,9 @@ bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason*
 void Server::HandleLeave(const Header& req) {
   coordinator_.Leave(req.rank);
   spdlog::info("worker {} left (done); {} live worker(s)", req.rank, coordinator_.live_count());
-  MaybeCompleteStep();
+  // The step may complete without it; a failed write fails the step's parked pulls, and the
+  // Leave itself is done either way.
+  (void)MaybeCompleteStep();
 }
 
 void Server::HandleCheckpoint(const Header& req, Header& reply, RejectReason* reason) {

@@ -73,7 +73,18 @@ struct ServerOptions {
   // Persistence (all off without a store). The store is not owned and must outlive the server.
   CheckpointStore* store = nullptr;
   // Every applied update is written (WAL synced) before it is acknowledged. In sync mode
-  // that is every applied step; gradients waiting for their step are not yet durable.
+  // that is every applied step; gradients waiting for their step are not yet durable: a push
+  // answered Ok there says its gradient joined the open step, and the pull of the next step
+  // (answered only once the step is durable) is what acknowledges it.
+  // When a durable write fails — a failed fsync (EIO) or a full disk (ENOSPC) alike — one
+  // rule: no reply says Ok to what the server knows is lost. The push whose handling made
+  // the failed write (async: its own update; sync: the step it completed) is answered
+  // Unavailable naming the failure, and so is every push after it, a resend of the same seq
+  // included (the seq was rolled back with the shard, so it is never "already applied");
+  // parked and later pulls of a step past the durable one are refused the same way, pulls
+  // of what is durable are still served. Gradients of that step answered Ok before the
+  // failure are lost with it; their senders learn it from the next-step pull. Until a
+  // restart (fix or free the disk first) the server acknowledges nothing new.
   bool every_update = false;
   // Periodic snapshots: when this much time or this many versions have passed since the
   // last one (0: that trigger is off). In sync mode a versions trigger fires at multiples
@@ -247,8 +258,10 @@ class Server {
                        std::vector<zmq::message_t>& frames, size_t& taken);
   // Returns memory freed since the last trim to the system, at most every 2 s.
   void MaybeTrimMemory(TimePoint now);
-  // Applies the sync step if it has enough gradients.
-  void MaybeCompleteStep();
+  // Applies the sync step if it has enough gradients. False when it did and, with
+  // every-update durability, the step's write failed (OnStoreFailure rolled it back); true
+  // otherwise (no step due, or the step taken and durable).
+  [[nodiscard]] bool MaybeCompleteStep();
   // Logs the memory bound for the registered model (or, before one, for the largest
   // --max-model-bytes admits) and sets its gauges.
   void PublishMemoryBound();

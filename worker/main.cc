@@ -573,13 +573,14 @@ parasync::Status LoadData(const WorkerFlags& f, int rank, parasync::Dataset* tra
 // parasync-ps); an exit status if one fails.
 std::optional<int> SetUpProcess(const WorkerFlags& f, int rank) {
   using namespace parasync;
-  if (auto line = SetUpServiceProcess({.role = "worker",
+  if (Status s = SetUpServiceProcess({.role = "worker",
                                        .index = rank,
                                        .log_level = f.log_level,
                                        .log_dir = f.log_dir,
                                        .metrics_bind = f.metrics_bind,
-                                       .metrics_port = f.metrics_port})) {
-    return Fail(*line, kExitBadUsage);
+                                       .metrics_port = f.metrics_port});
+      !s.ok()) {
+    return Fail(s.message(), StartupExitCode(s));
   }
   return std::nullopt;
 }

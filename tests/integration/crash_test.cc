@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/dir_image.h"
 #include "tests/support/process_cluster.h"
 #include "tests/support/process_util.h"
 #include "tests/support/small_model.h"
@@ -35,22 +36,12 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using testing::Child;
+using testing::DirChanges;
+using testing::DirImage;
 using testing::ExitCode;
 using testing::NonEmptyLines;
 using testing::ProcessCluster;
 using testing::TempDir;
-
-// Everything a directory holds, file name -> bytes, to prove a refused directory is untouched.
-std::map<std::string, std::string> DirContents(const std::string& dir) {
-  std::map<std::string, std::string> contents;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    std::ifstream in(entry.path(), std::ios::binary);
-    std::stringstream bytes;
-    bytes << in.rdbuf();
-    contents[entry.path().filename().string()] = bytes.str();
-  }
-  return contents;
-}
 
 // Overwrites `path` with seeded random bytes of the same size, so size checks still pass and only
 // the content gives the damage away.
@@ -187,20 +178,21 @@ struct PsRun {
 };
 
 // Runs parasync-ps as shard `shard` of `num_shards` on `data_dir`, with `env` ("K=V") added to
-// its environment; a server that starts is stopped (SIGTERM) once it says it serves, so a wrong
-// acceptance fails instead of hanging.
+// its environment and `args` to its flags; a server that starts is stopped (SIGTERM) once it
+// says it serves, so a wrong acceptance fails instead of hanging.
 PsRun RunPs(const TempDir& dir, const std::string& data_dir, int shard, int num_shards,
-            const std::vector<std::string>& env = {}) {
+            const std::vector<std::string>& env = {}, const std::vector<std::string>& args = {}) {
   const auto ports = testing::FreePorts(num_shards + 1);
   std::vector<std::string> ps;
   for (int i = 0; i < num_shards; ++i) ps.push_back("127.0.0.1:" + std::to_string(ports[i]));
   static int runs = 0;
   const std::string log = dir.path() + "/ps-run" + std::to_string(runs++) + ".log";
-  Child child = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts", testing::JoinHosts(ps),
-                              "--worker-hosts",
-                              "127.0.0.1:" + std::to_string(ports[static_cast<size_t>(num_shards)]),
-                              "--task-index", std::to_string(shard), "--data-dir", data_dir},
-                             log, env);
+  std::vector<std::string> argv = {
+      testing::BinDir() + "/parasync-ps", "--ps-hosts", testing::JoinHosts(ps), "--worker-hosts",
+      "127.0.0.1:" + std::to_string(ports[static_cast<size_t>(num_shards)]), "--task-index",
+      std::to_string(shard), "--data-dir", data_dir};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Child child = Child::Start(argv, log, env);
   PsRun run;
   std::optional<int> status;
   testing::WaitFor(
@@ -236,9 +228,9 @@ TEST(DataDirTest, ForeignOrCorruptDataDirIsRefusedAndLeftUntouched) {
   const std::string foreign = dir.path() + "/foreign";
   fs::create_directories(foreign);
   { std::ofstream(foreign + "/notes.txt") << "not a checkpoint\n"; }
-  auto before = DirContents(foreign);
+  auto before = DirImage(foreign);
   ExpectRefused(RunPs(dir, foreign, 0, 1), {foreign, "notes.txt"});
-  EXPECT_EQ(DirContents(foreign), before) << "the foreign directory was changed";
+  EXPECT_EQ(DirChanges(before, DirImage(foreign)), "") << "the foreign directory was changed";
 
   // A real store of shard 0 of 1: a server and a short worker write snapshots, SIGTERM keeps the
   // last one.
@@ -269,9 +261,9 @@ TEST(DataDirTest, ForeignOrCorruptDataDirIsRefusedAndLeftUntouched) {
   }
 
   // Another shard's store.
-  before = DirContents(store);
+  before = DirImage(store);
   ExpectRefused(RunPs(dir, store, 1, 2), {store, "shard 0 of 1", "shard 1 of 2"});
-  EXPECT_EQ(DirContents(store), before) << "the store of another shard was changed";
+  EXPECT_EQ(DirChanges(before, DirImage(store)), "") << "the store of another shard was changed";
 
   // The same store, damaged: its largest table file, or its manifest, overwritten with garbage.
   std::string largest_sst, manifest;
@@ -292,13 +284,13 @@ TEST(DataDirTest, ForeignOrCorruptDataDirIsRefusedAndLeftUntouched) {
     const std::string damaged = dir.path() + "/damaged-" + victim;
     fs::copy(store, damaged);
     ASSERT_NO_FATAL_FAILURE(Garble(damaged + "/" + victim));
-    before = DirContents(damaged);
+    before = DirImage(damaged);
     const PsRun run = RunPs(dir, damaged, 0, 1);
     ExpectRefused(run, {damaged});
     EXPECT_TRUE(run.output.find("Corruption") != std::string::npos ||
                 run.output.find("refusing to touch it") != std::string::npos)
         << run.output;
-    EXPECT_EQ(DirContents(damaged), before) << "the damaged store was changed";
+    EXPECT_EQ(DirChanges(before, DirImage(damaged)), "") << "the damaged store was changed";
   }
 
   // A store left by kill -9 in every-update mode lives in its write-ahead log; garbage there
@@ -331,11 +323,11 @@ TEST(DataDirTest, ForeignOrCorruptDataDirIsRefusedAndLeftUntouched) {
   }
   ASSERT_FALSE(wal.empty()) << "the killed server left no write-ahead log to damage";
   ASSERT_NO_FATAL_FAILURE(Garble(crashed + "/" + wal));
-  before = DirContents(crashed);
+  before = DirImage(crashed);
   const PsRun run = RunPs(dir, crashed, 0, 1);
   ExpectRefused(run, {crashed});
   EXPECT_NE(run.output.find("Corruption"), std::string::npos) << run.output;
-  EXPECT_EQ(DirContents(crashed), before) << "the damaged store was changed";
+  EXPECT_EQ(DirChanges(before, DirImage(crashed)), "") << "the damaged store was changed";
 }
 
 TEST(DataDirTest, LauncherRunResumesFromItsDataDirs) {
@@ -438,10 +430,73 @@ TEST(DataDirTest, AByteFlippedInATableDataBlockIsRefusedWithOneLineAndLeftByteId
     f.put(static_cast<char>(c ^ 0x04));
     ASSERT_TRUE(f.good());
   }
-  const auto before = DirContents(store);
+  const auto before = DirImage(store);
   const PsRun run = RunPs(dir, store, 0, 1);
   ExpectRefused(run, {store, table, "Corruption"});
-  EXPECT_EQ(DirContents(store), before) << "the damaged store was changed";
+  EXPECT_EQ(DirChanges(before, DirImage(store)), "") << "the damaged store was changed";
+}
+
+// A store of another --mode, shard index or shard count is refused, exit status 2 and one line,
+// before anything in it is written: a real parasync-ps, the directory's files (names, sizes,
+// contents, modification times, the directory's own) compared before and after.
+TEST(DataDirTest, AStoreOfAnotherModeOrShardIsRefusedBeforeAnythingInItIsWritten) {
+  TempDir dir;
+  const std::string store = dir.path() + "/store";
+  ASSERT_NO_FATAL_FAILURE(WriteStoppedStore(dir, store));  // --mode async, shard 0 of 1
+  struct Case {
+    const char* what;
+    int shard;
+    int num_shards;
+    std::vector<std::string> args;
+    std::vector<std::string> named;
+  };
+  const std::vector<Case> cases = {
+      {"another mode", 0, 1, {"--mode", "sync"}, {store, "mode async", "--mode sync"}},
+      {"another mode (ssp)", 0, 1, {"--mode", "ssp:2"}, {store, "mode async", "--mode ssp:2"}},
+      {"another shard", 1, 2, {}, {store, "shard 0 of 1", "shard 1 of 2"}},
+      {"another shard count", 0, 2, {}, {store, "shard 0 of 1", "shard 0 of 2"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const auto before = DirImage(store);
+    ExpectRefused(RunPs(dir, store, c.shard, c.num_shards, {}, c.args), c.named);
+    EXPECT_EQ(DirChanges(before, DirImage(store)), "") << "the refused store was changed";
+  }
+  // And it was refused for what it is, not for damage: its own server still takes it.
+  const PsRun healthy = RunPs(dir, store, 0, 1);
+  EXPECT_NE(healthy.output.find("restored from"), std::string::npos) << healthy.output;
+}
+
+// A store that a running server holds is refused with exit status 1 (the server may stop) and
+// one line naming the holder, before anything is written: RocksDB's writable open would first
+// have moved the running server's info LOG aside and started one of its own.
+TEST(DataDirTest, AStoreARunningServerHoldsIsRefusedWithStatusOneAndLeftUntouched) {
+  TempDir dir;
+  const std::string store = dir.path() + "/store";
+  ASSERT_NO_FATAL_FAILURE(WriteStoppedStore(dir, store));
+  const auto ports = testing::FreePorts(2);
+  const std::string log = dir.path() + "/holder.log";
+  Child holder = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts",
+                               "127.0.0.1:" + std::to_string(ports[0]), "--worker-hosts",
+                               "127.0.0.1:" + std::to_string(ports[1]), "--task-index", "0",
+                               "--data-dir", store},
+                              log);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return testing::ReadFile(log).find("serving") != std::string::npos; }, 30s))
+      << testing::ReadFile(log);
+  const auto before = DirImage(store);
+  const PsRun run = RunPs(dir, store, 0, 1);
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_EQ(NonEmptyLines(run.output).size(), 1u) << run.output;
+  EXPECT_NE(run.output.find(store + " is in use by process " + std::to_string(holder.pid())),
+            std::string::npos)
+      << run.output;
+  EXPECT_EQ(DirChanges(before, DirImage(store)), "")
+      << "the store of the running server was changed";
+  holder.Signal(SIGTERM);
+  const auto stopped = holder.Wait(20s);
+  ASSERT_TRUE(stopped.has_value());
+  EXPECT_EQ(ExitCode(*stopped), 0) << testing::ReadFile(log);
 }
 
 TEST(DataDirTest, StoreOnAFullDiskIsRefusedWithOneLineAndNoAbort) {

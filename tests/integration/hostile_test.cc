@@ -431,9 +431,11 @@ TEST_P(FullDiskTest, TheServerRefusesWhatItCannotPersistAndKeepsServingPulls) {
   float* p = params.data();
   const float* g = grad.data();
   std::string refused;
+  bool push_refused = false;
   int accepted = 0;
   for (int i = 0; i < 200 && refused.empty(); ++i) {  // 200 x 16 KiB: past 256 KiB
     Status s = client->Push({&g, 1}, 8);
+    push_refused = !s.ok();
     if (s.ok() && mode == "sync") s = client->Pull({&p, 1}, PsClient::kNextStep);
     if (s.ok()) {
       ++accepted;
@@ -445,6 +447,8 @@ TEST_P(FullDiskTest, TheServerRefusesWhatItCannotPersistAndKeepsServingPulls) {
   EXPECT_GE(Metric(ports[2], "parasync_ps_checkpoint_failures_total"), 1.0);
   if (durability == "every-update") {
     EXPECT_NE(refused.find("no space left on device"), std::string::npos) << refused;
+    // Sync too: the push that completes the step whose write fails is refused, not its pull.
+    EXPECT_TRUE(push_refused) << refused;
     EXPECT_EQ(Metric(ports[2], "parasync_ps_store_failed"), 1.0);
   } else {
     EXPECT_EQ(refused, "") << "periodic: pushes go on";

@@ -202,6 +202,40 @@ TEST(StartupErrorsTest, MissingDataForeignStateAndUnwritableFilesAreNamed) {
                 {dir.File("keys/k")});
 }
 
+// A --state-dir or --log-dir that cannot be created for a reason no retry fixes — a place
+// that holds no directories (/proc), a file on the way, a file system that refuses (/sys:
+// read-only or not permitted) — is a configuration to change: status 2 and one line naming
+// the flag and the path. (A full disk would be 1: it may be freed.)
+TEST(StartupErrorsTest, DirectoriesThatCannotBeCreatedAreRefusedWithStatusTwo) {
+  TempDir dir;
+  const auto ports = testing::FreePorts(3);
+  std::ofstream(dir.File("a-file")) << "in the way\n";
+  const std::vector<std::string> paths = {"/proc/parasync-no-such-dir/ps0",
+                                          dir.File("a-file/ps0"), "/sys/parasync-no-such-dir"};
+  for (const std::string& path : paths) {
+    std::vector<std::string> ps = PsArgs(ports[0], ports[2]);
+    ps.insert(ps.end(), {"--state-dir", path});
+    ExpectRefused(ps, dir.path(), {"--state-dir " + path});
+    ps = PsArgs(ports[0], ports[2]);
+    ps.insert(ps.end(), {"--log-dir", path});
+    ExpectRefused(ps, dir.path(), {"--log-dir " + path});
+    ExpectRefused({Bin("parasync-worker"), "--ps-hosts", Loopback(ports[0]), "--worker-hosts",
+                   Loopback(ports[1]), "--task-index", "0", "--log-dir", path},
+                  dir.path(), {"--log-dir " + path});
+  }
+  EXPECT_FALSE(std::filesystem::exists("/proc/parasync-no-such-dir"));
+  // The launcher's parameter server refuses it at start; the launcher's status is its 2.
+  if (!testing::DataAvailable()) GTEST_SKIP() << "no dataset at " << testing::DataDir();
+  const Finished launched = testing::RunToExit(
+      {Bin("parasync-launch"), "--ps", "1", "--workers", "1", "--log-dir", dir.File("run"),
+       "--grace-seconds", "2", "--dataset", testing::DataDir(), "--state-dir",
+       "/proc/parasync-no-such-dir"},
+      dir.path(), 60s);
+  EXPECT_EQ(launched.exit_code, 2) << launched.out << launched.err;
+  EXPECT_THAT(testing::ReadFile(dir.File("run/ps0.log")),
+              HasSubstr("--state-dir /proc/parasync-no-such-dir/ps0"));
+}
+
 // A real server: what it refuses at registration is for good (2); a store it holds locked
 // may be free later (1). Stopped, its store of one --mode is refused by a launcher of another.
 TEST(StartupErrorsTest, RefusalsOfARunningServerAndItsStore) {

@@ -28,6 +28,7 @@
 
 #include "ps/storage_faults.h"
 #include "tests/ps/checkpoint_store_test_util.h"
+#include "tests/support/dir_image.h"
 #include "tests/support/in_child.h"
 #include "tests/support/temp_dir.h"
 
@@ -254,6 +255,41 @@ TEST(CheckpointStoreTest, OpenRefusesAForeignRocksDbAndLeavesItUntouched) {
   EXPECT_EQ(store.status().code(), StatusCode::kFailedPrecondition) << store.status().ToString();
   EXPECT_TRUE(Contains(store.status().message(), "not a parasync-ps data directory"));
   EXPECT_EQ(DirContents(tmp.path()), before);
+}
+
+TEST(CheckpointStoreTest, OpenRefusesAStoreOfAnotherModeNamingBothBeforeWritingAnything) {
+  TempDir tmp;
+  {
+    auto store = MustOpen(tmp.path(), 0, 2);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->Save(MakeSnapshot(), /*sync=*/true).ok());  // registered in ssp:2
+  }
+  const auto before = testing::DirImage(tmp.path());
+  Result<std::unique_ptr<CheckpointStore>> store =
+      CheckpointStore::Open(tmp.path(), 0, 2, nullptr, *TrainingMode::Parse("sync"));
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kInvalidArgument) << store.status().ToString();
+  EXPECT_TRUE(Contains(store.status().message(), "mode ssp:2")) << store.status().ToString();
+  EXPECT_TRUE(Contains(store.status().message(), "--mode sync")) << store.status().ToString();
+  EXPECT_TRUE(Contains(store.status().message(), tmp.path()));
+  EXPECT_EQ(testing::DirChanges(before, testing::DirImage(tmp.path())), "");
+  // Its own mode opens it, and so does an Open that names none.
+  EXPECT_TRUE(CheckpointStore::Open(tmp.path(), 0, 2, nullptr, *TrainingMode::Parse("ssp:2")).ok());
+  EXPECT_NE(MustOpen(tmp.path(), 0, 2), nullptr);
+}
+
+TEST(CheckpointStoreTest, OpenWhereNoDirectoryCanBeMadeIsFailedPrecondition) {
+  TempDir tmp;
+  std::ofstream(tmp.path() + "/a-file") << "x";
+  for (const std::string& dir :
+       {std::string("/proc/parasync-no-such-dir/ps0"), tmp.path() + "/a-file/ps0"}) {
+    Result<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(dir, 0, 1);
+    EXPECT_EQ(store.status().code(), StatusCode::kFailedPrecondition) << store.status().ToString();
+    EXPECT_TRUE(Contains(store.status().message(), dir)) << store.status().ToString();
+  }
+  const Status in_proc = CheckpointStore::Open("/proc/parasync-no-such-dir/ps0", 0, 1).status();
+  EXPECT_TRUE(Contains(in_proc.message(), "no directory can be made in /proc"))
+      << in_proc.ToString();
 }
 
 TEST(CheckpointStoreTest, OpenOfAStoreThatIsAlreadyOpenIsUnavailable) {

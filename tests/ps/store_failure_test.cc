@@ -1,7 +1,8 @@
 // A Server with --durability every-update over a store whose filesystem fails (a RocksDB
 // FileSystem wrapper, ps/storage_faults.h): nothing is acknowledged that is not durable, a
-// refused push is not acknowledged as applied when it is sent again, and memory is rolled
-// back to what the store holds. Real ZeroMQ on loopback, a real RocksDB in a temp dir.
+// refused push is not acknowledged as applied when it is sent again, a failed fsync and a
+// full disk are answered alike (ServerOptions::every_update), and memory is rolled back to
+// what the store holds. Real ZeroMQ on loopback, a real RocksDB in a temp dir.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 
 #include <zmq.hpp>
 
+#include "common/slice_map.h"
 #include "common/wire.h"
 #include "ps/checkpoint_store.h"
 #include "ps/server.h"
@@ -68,6 +70,48 @@ ShardSnapshot Reopened(const std::string& dir) {
   EXPECT_TRUE(snap.ok()) << snap.status().ToString();
   return snap.ok() ? *snap : ShardSnapshot{};
 }
+
+// A worker's pushes sent by hand over a DEALER of its own, so that a test can send the same
+// seq again and read every field of the reply.
+class RawPusher {
+ public:
+  RawPusher(zmq::context_t& context, const std::string& endpoint, const SliceMap& map)
+      : socket_(context, zmq::socket_type::dealer), map_(map) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.set(zmq::sockopt::rcvtimeo, static_cast<int>(kWait.count()));
+    socket_.connect(endpoint);
+  }
+
+  // Pushes a gradient of 0.5 for every slice of shard 0 as `rank`, with push seq `seq`,
+  // computed from `version`; returns the reply's header.
+  Header Push(int rank, uint64_t seq, int64_t version) {
+    Header h;
+    h.type = MsgType::kPush;
+    h.rank = rank;
+    h.request_id = ++requests_;
+    h.seq = (uint64_t{77 + static_cast<uint64_t>(rank)} << 32) | seq;
+    h.version = version;
+    h.batch_examples = 4;
+    for (uint32_t id : map_.SlicesOfShard(0)) h.slices.push_back({id, 0, map_.slices()[id].length});
+    const std::vector<uint8_t> header = EncodeHeader(h);
+    socket_.send(zmq::buffer(header), zmq::send_flags::sndmore);
+    for (size_t i = 0; i < h.slices.size(); ++i) {
+      socket_.send(zmq::buffer(gradient_.data(), static_cast<size_t>(h.slices[i].count) * 4),
+                   i + 1 < h.slices.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+    zmq::message_t reply;
+    EXPECT_TRUE(socket_.recv(reply).has_value()) << "no reply";
+    auto decoded = DecodeHeader(reply.data(), reply.size());
+    EXPECT_TRUE(decoded.ok());
+    return decoded.ok() ? *decoded : Header{};
+  }
+
+ private:
+  zmq::socket_t socket_;
+  const SliceMap& map_;
+  const std::vector<float> gradient_ = std::vector<float>(1024, 0.5f);
+  uint64_t requests_ = 0;
+};
 
 TEST(StoreFailureTest, SyncEveryUpdateAcknowledgesNoStepTheStoreFailedToPersist) {
   testing::TempDir dir;
@@ -127,33 +171,8 @@ TEST(StoreFailureTest, AsyncPushRefusedAsNotDurableIsNotAcknowledgedWhenSentAgai
     std::vector<float> w(64 * 32), b(32);
     std::vector<float*> params = {w.data(), b.data()};
 
-    zmq::socket_t raw(context, zmq::socket_type::dealer);
-    raw.set(zmq::sockopt::linger, 0);
-    raw.set(zmq::sockopt::rcvtimeo, static_cast<int>(kWait.count()));
-    raw.connect(server.endpoint());
-    const std::vector<float> gradient(1024, 0.5f);
-    auto push = [&](uint64_t seq) -> Header {
-      Header h;
-      h.type = MsgType::kPush;
-      h.rank = 0;
-      h.request_id = seq;
-      h.seq = (uint64_t{77} << 32) | seq;
-      h.batch_examples = 4;
-      for (uint32_t id : client->slice_map().SlicesOfShard(0)) {
-        h.slices.push_back({id, 0, client->slice_map().slices()[id].length});
-      }
-      const std::vector<uint8_t> header = EncodeHeader(h);
-      raw.send(zmq::buffer(header), zmq::send_flags::sndmore);
-      for (size_t i = 0; i < h.slices.size(); ++i) {
-        raw.send(zmq::buffer(gradient.data(), static_cast<size_t>(h.slices[i].count) * 4),
-                 i + 1 < h.slices.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-      }
-      zmq::message_t reply;
-      EXPECT_TRUE(raw.recv(reply).has_value()) << "no reply";
-      auto decoded = DecodeHeader(reply.data(), reply.size());
-      EXPECT_TRUE(decoded.ok());
-      return decoded.ok() ? *decoded : Header{};
-    };
+    RawPusher pusher(context, server.endpoint(), client->slice_map());
+    auto push = [&](uint64_t seq) { return pusher.Push(0, seq, 0); };
 
     ASSERT_TRUE(push(1).status.ok());
     ASSERT_TRUE(client->Pull(params).ok());
@@ -177,6 +196,85 @@ TEST(StoreFailureTest, AsyncPushRefusedAsNotDurableIsNotAcknowledgedWhenSentAgai
   const ShardSnapshot restored = Reopened(dir.path());
   EXPECT_GE(restored.version, 1);
 }
+
+// The two ways a disk fails a durable write (ps/storage_faults.h), which the server answers
+// alike.
+enum class DiskFault { kSyncEio, kFull };
+
+std::string FaultName(const ::testing::TestParamInfo<DiskFault>& param) {
+  return param.param == DiskFault::kSyncEio ? "FsyncFailsWithEio" : "DiskFullWithEnospc";
+}
+
+class SyncStepWriteFailureTest : public ::testing::TestWithParam<DiskFault> {};
+
+// Two ranks, so a step has a push that only joins it and one that completes it. From the
+// failed write on, the push that completed the step and its resend are Unavailable, naming the
+// failure; the other rank's push, answered Ok before the write was tried, learns it from
+// its next-step pull.
+TEST_P(SyncStepWriteFailureTest, ThePushThatCompletesAStepWhoseWriteFailsIsUnavailableAndSoIsItsResend) {
+  testing::TempDir dir;
+  auto faults = std::make_shared<StorageFaults>();
+  {
+    auto store = CheckpointStore::Open(dir.path(), 0, 1, faults);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    zmq::context_t context;
+    ServerOptions options = StoreOptions("sync", store->get());
+    options.num_workers = 2;
+    testing::InProcessServer server(context, options);
+    auto client = Client(context, server.endpoint());
+    ASSERT_TRUE(client->Register(Model("sync"), kWait).ok());
+    std::vector<float> w(64 * 32), b(32);
+    std::vector<float*> params = {w.data(), b.data()};
+    RawPusher rank0(context, server.endpoint(), client->slice_map());
+    RawPusher rank1(context, server.endpoint(), client->slice_map());
+
+    // Step 1 is durable.
+    ASSERT_TRUE(rank0.Push(0, 1, 0).status.ok());
+    ASSERT_TRUE(rank1.Push(1, 1, 0).status.ok());
+    ASSERT_TRUE(client->Pull(params, 1).ok());
+    ASSERT_EQ(client->last_version(), 1);
+    const std::vector<float> durable = w;
+
+    if (GetParam() == DiskFault::kSyncEio) {
+      faults->syncs_before_eio = 0;
+    } else {
+      faults->space_left_bytes = 0;
+    }
+    const Header joined = rank0.Push(0, 2, 1);  // step 2 is not written yet: nothing fails
+    EXPECT_TRUE(joined.status.ok()) << joined.status.ToString();
+    EXPECT_FALSE(joined.dropped);
+    const Header completed = rank1.Push(1, 2, 1);  // step 2 is written, and the write fails
+    EXPECT_EQ(completed.status.code(), StatusCode::kUnavailable) << completed.status.ToString();
+    EXPECT_NE(completed.status.message().find("failed a durable write (step 2"),
+              std::string::npos)
+        << completed.status.message();
+    const std::string cause =
+        GetParam() == DiskFault::kSyncEio ? "write failed" : "no space left on device";
+    EXPECT_NE(completed.status.message().find(cause), std::string::npos)
+        << completed.status.message();
+    // Sent again with the same seq: rolled back with the step, so not "already applied".
+    const Header again = rank1.Push(1, 2, 1);
+    EXPECT_FALSE(again.replayed);
+    EXPECT_EQ(again.status.code(), StatusCode::kUnavailable) << again.status.ToString();
+    // The step is refused on the pull too; what is durable is still served.
+    const Status next = client->Pull(params, 2);
+    EXPECT_EQ(next.code(), StatusCode::kUnavailable) << next.ToString();
+    ASSERT_TRUE(client->Pull(params).ok());
+    EXPECT_EQ(client->last_version(), 1);
+    EXPECT_EQ(w, durable);
+    EXPECT_EQ(server.metrics().store_failed->Value(), 1.0);
+  }
+  // Restarted on the store: step 1 and the ranks' seqs of step 1; a failed fsync may have
+  // left step 2 in the WAL (CheckpointStore::SaveUpdate), a full disk cannot have.
+  const ShardSnapshot restored = Reopened(dir.path());
+  EXPECT_GE(restored.version, 1);
+  if (GetParam() == DiskFault::kFull) {
+    EXPECT_EQ(restored.version, 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, SyncStepWriteFailureTest,
+                         ::testing::Values(DiskFault::kSyncEio, DiskFault::kFull), FaultName);
 
 }  // namespace
 }  // namespace parasync
