@@ -1,11 +1,13 @@
 #include "common/metrics.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <exception>
-#include <functional>
+#include <map>
 #include <vector>
 
-#include <CivetServer.h>
 #include <prometheus/text_serializer.h>
 
 #include "common/address.h"
@@ -30,12 +32,28 @@ std::optional<HealthAnswer> Stale(const LoopHeartbeat& loop, std::chrono::millis
                                " s ago (bound " + Seconds(stale_after) + " s)\n"};
 }
 
-void Reply(mg_connection* conn, int status, const char* content_type, const std::string& body) {
-  mg_printf(conn,
-            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-            "Cache-Control: no-store\r\n\r\n",
-            status, mg_get_response_code_text(conn, status), content_type, body.size());
-  mg_write(conn, body.data(), body.size());
+HttpAnswer Health(const HealthAnswer& a) {
+  return {a.status, "text/plain; charset=utf-8", a.body};
+}
+
+// /metrics: the registry and the process metrics, serialized at each scrape.
+HttpAnswer Scrape(prometheus::Registry& registry, ProcessCollector& process) {
+  try {
+    std::vector<prometheus::MetricFamily> families = registry.Collect();
+    for (prometheus::MetricFamily& f : process.Collect()) families.push_back(std::move(f));
+    return {200, "text/plain; version=0.0.4; charset=utf-8",
+            prometheus::TextSerializer().Serialize(families)};
+  } catch (const std::exception& e) {
+    return {500, "text/plain; charset=utf-8",
+            std::string("cannot collect metrics: ") + e.what() + "\n"};
+  }
+}
+
+// Half the soft open-file limit, or `wanted` where that is lower (and at least 16).
+size_t ConnectionCap(size_t wanted) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return wanted;
+  return std::min(wanted, std::max<size_t>(16, static_cast<size_t>(limit.rlim_cur / 2)));
 }
 
 }  // namespace
@@ -50,35 +68,6 @@ HealthAnswer Readyz(const LoopHeartbeat& loop, std::chrono::milliseconds stale_a
   if (auto stale = Stale(loop, stale_after)) return *stale;
   return {200, "ok\n"};
 }
-
-// One path of the server. Called on civetweb's threads, several at once: it only reads.
-class MetricsServer::Handler : public CivetHandler {
- public:
-  using Answer = std::function<HealthAnswer()>;
-  // /metrics: the registry and the process metrics.
-  explicit Handler(std::shared_ptr<prometheus::Registry> registry)
-      : registry_(std::move(registry)), process_(std::make_unique<ProcessCollector>()) {}
-  // /healthz, /readyz.
-  explicit Handler(Answer answer) : answer_(std::move(answer)) {}
-
-  bool handleGet(CivetServer*, mg_connection* conn) override {
-    if (answer_) {
-      const HealthAnswer a = answer_();
-      Reply(conn, a.status, "text/plain; charset=utf-8", a.body);
-      return true;
-    }
-    std::vector<prometheus::MetricFamily> families = registry_->Collect();
-    for (prometheus::MetricFamily& f : process_->Collect()) families.push_back(std::move(f));
-    Reply(conn, 200, "text/plain; version=0.0.4; charset=utf-8",
-          prometheus::TextSerializer().Serialize(families));
-    return true;
-  }
-
- private:
-  std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<ProcessCollector> process_;
-  Answer answer_;
-};
 
 Result<int> MetricsServer::ServeUntilExit(const std::string& ip, const std::string& bind_flag,
                                           int port,
@@ -100,37 +89,26 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::string& bind, int port, std::shared_ptr<prometheus::Registry> registry,
     MetricsServerOptions options) {
   if (port < 0 || port > 65535) return Status::InvalidArgument("metrics port out of range");
-  // civetweb reads "999.1.1.1" as 231.1.1.1: only a checked address reaches it.
   PARASYNC_ASSIGN_OR_RETURN(std::string ip, ResolveBindHost(bind, "--metrics-bind"));
-  if (ip.find(':') != std::string::npos) ip = "[" + ip + "]";
   if (ip == "*") ip = "0.0.0.0";
-  std::unique_ptr<MetricsServer> server(new MetricsServer());
-  server->metrics_handler_ = std::make_unique<Handler>(std::move(registry));
+  std::map<std::string, HttpHandler> routes;
+  // Shared by copies of the handler; only the server's thread calls it.
+  auto process = std::make_shared<ProcessCollector>();
+  routes["/metrics"] = [registry = std::move(registry), process] {
+    return Scrape(*registry, *process);
+  };
   if (const LoopHeartbeat* loop = options.loop) {
     const auto bound = options.stale_after;
-    server->healthz_handler_ = std::make_unique<Handler>([loop, bound] { return Healthz(*loop, bound); });
-    server->readyz_handler_ = std::make_unique<Handler>([loop, bound] { return Readyz(*loop, bound); });
+    routes["/healthz"] = [loop, bound] { return Health(Healthz(*loop, bound)); };
+    routes["/readyz"] = [loop, bound] { return Health(Readyz(*loop, bound)); };
   }
-  try {
-    // civetweb's defaults (2 threads, 30 s read timeout) let two idle connections starve
-    // every scrape for 30 s. More threads and a short read timeout bound what idle or slow
-    // clients can hold; requests over 16 KiB (civetweb's max_request_size) get 400.
-    server->server_ = std::make_unique<CivetServer>(std::vector<std::string>{
-        "listening_ports", ip + ":" + std::to_string(port), "num_threads",
-        std::to_string(kMetricsThreads), "request_timeout_ms",
-        std::to_string(kMetricsReadTimeoutMs)});
-    server->server_->addHandler("/metrics", server->metrics_handler_.get());
-    if (server->healthz_handler_) {
-      server->server_->addHandler("/healthz", server->healthz_handler_.get());
-      server->server_->addHandler("/readyz", server->readyz_handler_.get());
-    }
-    auto ports = server->server_->getListeningPorts();
-    if (ports.empty()) return Status::Unavailable("metrics server is not listening");
-    server->port_ = ports.front();
-  } catch (const std::exception& e) {
-    return Status::Unavailable("cannot serve metrics on " + bind + ":" + std::to_string(port) +
-                               ": " + e.what());
-  }
+  HttpServerOptions http = options.http;
+  http.max_connections = ConnectionCap(http.max_connections);
+  auto served = HttpServer::Start(ip, port, std::move(routes), http);
+  if (!served.ok()) return served.status();
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  server->port_ = (*served)->port();
+  server->server_ = std::move(served).value();
   return server;
 }
 

@@ -14,17 +14,10 @@
 
 #include <prometheus/registry.h>
 
+#include "common/http_server.h"
 #include "common/status.h"
 
-class CivetServer;
-
 namespace parasync {
-
-// The metrics HTTP server's worker threads and its read timeout: idle or slow clients can
-// hold a thread for at most this long, and only as many as there are threads.
-inline constexpr int kMetricsThreads = 8;
-inline constexpr int kMetricsReadTimeoutMs = 2000;
-
 
 // When a process's main loop counts as wedged: parasync-ps's request loop turns at least
 // every 100 ms even when idle (ps/server.h), so 30 s without a turn is no slow request; a
@@ -75,10 +68,16 @@ struct MetricsServerOptions {
   // Null: those two paths answer 404.
   const LoopHeartbeat* loop = nullptr;
   std::chrono::milliseconds stale_after{kPsLoopStaleAfter};
+  // Bounds on the clients (common/http_server.h): at most 1024 connections, a request head
+  // within 16 KiB and 5 s, the answer read within 10 s. Start lowers max_connections to half
+  // the process's open-file limit where that is lower: the rest is the store's and the
+  // transport's, and an idle connection costs a descriptor.
+  HttpServerOptions http = {};
 };
 
-// An HTTP server for /metrics, /healthz and /readyz. Serves from its own threads until
-// destroyed; every path is answered from those threads, never by the process's loop.
+// An HTTP server for /metrics, /healthz and /readyz (common/http_server.h). Serves from a
+// thread of its own until destroyed; every path is answered from that thread, never by the
+// process's loop. Idle or slow clients hold a descriptor each, never the thread.
 class MetricsServer {
  public:
   // Serves `registry` and the process metrics (common/process_metrics.h) at
@@ -96,9 +95,9 @@ class MetricsServer {
   int port() const { return port_; }
 
   // For the end of main: keeps `server` serving until the process exits instead of stopping
-  // it. Stopping civetweb takes up to 2 s (its listener polls in 2 s quanta), which every
-  // SIGTERM would otherwise wait for; exit() ends its threads at once. A scrape racing the
-  // exit sees a closed connection. Intentionally never freed.
+  // it, so /metrics and /healthz answer through the whole shutdown (a final checkpoint
+  // included); exit() ends its thread. A scrape racing the exit sees a closed connection.
+  // Intentionally never freed.
   static void KeepUntilExit(std::unique_ptr<MetricsServer> server);
 
   // For a binary's main: Start, then KeepUntilExit; the bound port. On failure the message is
@@ -111,13 +110,8 @@ class MetricsServer {
                                     MetricsServerOptions options);
 
  private:
-  class Handler;
   MetricsServer() = default;
-  // Destroyed after server_, whose threads call them.
-  std::unique_ptr<Handler> metrics_handler_;
-  std::unique_ptr<Handler> healthz_handler_;
-  std::unique_ptr<Handler> readyz_handler_;
-  std::unique_ptr<CivetServer> server_;
+  std::unique_ptr<HttpServer> server_;
   int port_ = 0;
 };
 

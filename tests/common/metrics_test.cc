@@ -16,6 +16,7 @@
 
 #include "common/process_metrics.h"
 #include "common/version.h"
+#include "tests/support/http_client.h"
 #include "tests/support/process_util.h"
 
 namespace parasync {
@@ -120,8 +121,6 @@ TEST(MetricsServerTest, ServesTheRegistryProcessMetricsAndTheLoopsHealth) {
   EXPECT_THAT(stale, StartsWith("HTTP/1.1 503 Service Unavailable\r\n"));
   EXPECT_THAT(stale, HasSubstr("unhealthy: the main loop last turned"));
   EXPECT_THAT(testing::HttpGet(port, "/other"), HasSubstr(" 404 Not Found\r\n"));
-  // Stopping civetweb takes up to 2 s (common/metrics.h); the test process's exit is sooner.
-  MetricsServer::KeepUntilExit(std::move(server).value());
 }
 
 TEST(MetricsServerTest, WithoutALoopHealthzIsNotServed) {
@@ -129,7 +128,25 @@ TEST(MetricsServerTest, WithoutALoopHealthzIsNotServed) {
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   EXPECT_THAT(testing::HttpGet((*server)->port(), "/healthz"), HasSubstr(" 404 Not Found\r\n"));
   EXPECT_THAT(testing::HttpGet((*server)->port(), "/metrics"), StartsWith("HTTP/1.1 200 OK\r\n"));
+}
+
+// The bounds of options.http reach the server: a client silent past the head timeout is closed.
+TEST(MetricsServerTest, ClosesAClientSilentPastTheHeadTimeout) {
+  auto server = MetricsServer::Start("127.0.0.1", 0, std::make_shared<prometheus::Registry>(),
+                                     {.http = {.head_timeout = milliseconds(200)}});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  testing::LoopbackConnection silent((*server)->port());
+  EXPECT_TRUE(silent.ClosedByServerWithin(milliseconds(5000)));
+  EXPECT_THAT(testing::HttpGet((*server)->port(), "/metrics"), StartsWith("HTTP/1.1 200 OK\r\n"));
+}
+
+// As the binaries keep theirs: serving until the process exits.
+TEST(MetricsServerTest, KeptUntilExitStillServes) {
+  auto server = MetricsServer::Start("127.0.0.1", 0, std::make_shared<prometheus::Registry>());
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const int port = (*server)->port();
   MetricsServer::KeepUntilExit(std::move(server).value());
+  EXPECT_THAT(testing::HttpGet(port, "/metrics"), StartsWith("HTTP/1.1 200 OK\r\n"));
 }
 
 }  // namespace

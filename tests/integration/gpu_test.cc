@@ -77,9 +77,9 @@ TEST(WorkerDeviceTest, AGpuThatDoesNotExistIsOneClearLineAndExitCode2) {
 
 // While `launch` runs: `worker`'s metrics port from the launcher's cluster.json, then its
 // /healthz (200) and a /metrics page counting trained examples, each polled within a bound.
-// A worker on the GPU has cuBLAS and cuDNN loaded beside the metrics server's civetweb
-// threads (shared/DEPENDENCIES.md: their stacks once could not hold cuBLAS's thread-local
-// data). Empty when all was seen, else what was not.
+// A worker on the GPU has cuBLAS and cuDNN loaded beside the metrics server's thread (the
+// civetweb threads it replaced had stacks too small for cuBLAS's thread-local data:
+// shared/DEPENDENCIES.md). Empty when all was seen, else what was not.
 std::string ScrapeWhileTraining(Child& launch, const std::string& run_dir, const std::string& worker) {
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   auto running = [&] {
