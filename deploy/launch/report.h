@@ -124,8 +124,9 @@ Status WriteSummaryJson(const RunRecord& run, const RunReport& report);
 
 // The end-of-run text: the final test accuracy from this run's rows of eval.jsonl (or that
 // there are none), the wall time and examples/sec, the workers stopped before the end of
-// their last epoch (if any), the exported model (or why there is none) when one was asked for, and the files and endpoints the run left (only those that
-// exist). Lines end in '\n', each with LauncherPrefix().
+// their last epoch (if any), the exported model (or why there is none) when one was asked
+// for, and the files and endpoints the run left (only those that exist). Lines end in '\n',
+// each with LauncherPrefix().
 std::string SummaryText(const RunRecord& run, const RunReport& report);
 
 }  // namespace parasync::launch

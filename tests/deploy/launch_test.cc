@@ -101,7 +101,8 @@ TEST_F(LaunchTest, ChiefFinishingStopsOthersWithStopWorkersWithChiefAndExitsZero
   EXPECT_LT(out.find("worker1 got SIGTERM"), out.find("ps0 got SIGTERM"));
   ExpectEveryLauncherLineTimestamped(out);
   // The chief is not asked to wait for the others, and the run says whom it stopped.
-  EXPECT_THAT(ReadLines(fake_dir_ + "/worker0.args"), Not(::testing::Contains("--wait-for-workers")));
+  EXPECT_THAT(ReadLines(fake_dir_ + "/worker0.args"),
+              Not(::testing::Contains("--wait-for-workers")));
   EXPECT_THAT(LauncherMessages(out),
               ::testing::Contains("stopped before the end of their last epoch: worker1 "
                                   "(--stop-workers-with-chief); the final evaluation misses the "
@@ -139,7 +140,8 @@ TEST_F(LaunchTest, WorkersStillRunningAfterTheChiefFinishByThemselves) {
   ASSERT_NE(wait, worker0_args.end());
   ASSERT_NE(wait + 1, worker0_args.end());
   EXPECT_EQ(*(wait + 1), "300");
-  EXPECT_THAT(ReadLines(fake_dir_ + "/worker1.args"), Not(::testing::Contains("--wait-for-workers")));
+  EXPECT_THAT(ReadLines(fake_dir_ + "/worker1.args"),
+              Not(::testing::Contains("--wait-for-workers")));
 
   const nlohmann::json summary = ReadSummary(log_dir_);
   EXPECT_EQ(summary["workers_finished"], "all");
