@@ -216,6 +216,7 @@ struct WorkerFlags {
   int step_delay_ms = 0;
   double slowdown = 1.0;
   bool checkpoint_each_epoch = false;
+  double wait_for_workers_s = 0;
   bool staleness_lr = false;
   std::string lr_scaling = "none";
   std::string wire_dtype = "float32";
@@ -316,6 +317,12 @@ void AddFaultAndWireFlags(CLI::App& app, WorkerFlags& f) {
   app.add_flag("--checkpoint-each-epoch", f.checkpoint_each_epoch,
                "Chief: after each epoch's evaluation, ask every parameter server to save a "
                "snapshot (they need --state-dir)");
+  parasync::AddSecondsOption(
+      app, "--wait-for-workers", f.wait_for_workers_s,
+      "Chief: after its last epoch, wait up to this long for every other worker to finish "
+      "(to leave the servers) before the final evaluation, so that it evaluates the model "
+      "they all trained (0: evaluate at once; parasync-launch passes --finish-timeout)",
+      0.0, 1e9);
   app.add_flag("--staleness-lr", f.staleness_lr,
                "async/ssp: the servers divide each update by its staleness (versions applied "
                "between its read and its apply), after Zhang et al. 2016");
@@ -694,6 +701,7 @@ parasync::TrainerOptions TrainerOptionsOf(const WorkerFlags& f, const WorkerConf
   options.step_delay = Millis(f.step_delay_s);
   options.slowdown = f.slowdown;
   options.checkpoint_each_epoch = f.checkpoint_each_epoch;
+  options.wait_for_workers_seconds = f.wait_for_workers_s;
   options.epochs = f.epochs;
   options.batch_size = f.batch_size;
   options.max_steps = f.max_steps;

@@ -107,6 +107,13 @@ StartPoint ResumeFrom(const DataProgress& recorded, size_t shard_size, int rank)
   return start;
 }
 
+// "1, 3": ranks for a log line.
+std::string RankList(const std::vector<int>& ranks) {
+  std::string text;
+  for (int rank : ranks) text += (text.empty() ? "" : ", ") + std::to_string(rank);
+  return text;
+}
+
 // One evaluation's numbers, as a row of eval.jsonl holds them.
 struct EvalPoint {
   int epoch = 0;
@@ -204,6 +211,8 @@ class TrainingRun {
   }
   bool sync() const { return o_.mode.kind == TrainingMode::Kind::kSync; }
   Status Resume();
+  // The chief, before its final evaluation: see WaitForOtherWorkers's definition.
+  Status WaitForOtherWorkers();
   Status Evaluate(int epoch, double train_loss, double epoch_examples_per_sec);
   Status TrainEpoch(int epoch, EpochTotals& totals);
   Status Step(int epoch, size_t first, size_t count, EpochTotals& totals);
@@ -293,6 +302,48 @@ Status TrainingRun::Evaluate(int epoch, double train_loss, double epoch_examples
                epoch, p.test_accuracy, p.test_loss,
                std::isfinite(p.test_auc) ? fmt::format(", test AUC {:.4f}", p.test_auc) : "",
                p.global_step, p.global_examples, p.wall);
+  return Status::Ok();
+}
+
+// Leaves first, so that no sync step or ssp bound waits for the chief, then polls every
+// shard's statistics until none counts another rank as live, up to wait_for_workers_seconds
+// (or a stop). A worker leaves once its last push is acknowledged, so the model evaluated
+// next holds every gradient of the workers that left; a rank declared dead counts as gone.
+// The evaluation's Pull makes the chief live again; Run() leaves once more at the end.
+Status TrainingRun::WaitForOtherWorkers() {
+  if (o_.num_workers <= 1) return Status::Ok();
+  if (Status s = client_.Leave(std::chrono::milliseconds(10000)); !s.ok()) {
+    spdlog::warn("leave before the final evaluation not acknowledged: {}", s.message());
+  }
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(o_.wait_for_workers_seconds));
+  std::vector<int> training;  // ranks some shard still counts as live
+  for (bool logged = false;; logged = true) {
+    PARASYNC_ASSIGN_OR_RETURN(const std::vector<ShardStats> stats, client_.Stats());
+    training.clear();
+    for (int rank = 1; rank < o_.num_workers; ++rank) {
+      const bool live = std::any_of(stats.begin(), stats.end(), [rank](const ShardStats& s) {
+        return static_cast<size_t>(rank) < s.workers.size() &&
+               s.workers[static_cast<size_t>(rank)].live;
+      });
+      if (live) training.push_back(rank);
+    }
+    if (training.empty()) {
+      if (logged) spdlog::info("every worker has finished; the final evaluation follows");
+      return Status::Ok();
+    }
+    if (should_stop_()) return Status::Ok();
+    if (Clock::now() >= deadline) break;
+    if (!logged) {
+      spdlog::info("waiting up to {} s for worker(s) {} to finish before the final evaluation",
+                   o_.wait_for_workers_seconds, RankList(training));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  spdlog::warn("worker(s) {} still training after {} s: the final evaluation goes on without "
+               "the rest of their work",
+               RankList(training), o_.wait_for_workers_seconds);
   return Status::Ok();
 }
 
@@ -554,6 +605,10 @@ Status TrainingRun::EndEpoch(int epoch, const EpochTotals& totals) {
                secs, eps, train_loss, 1e3 * totals.seconds.pull / steps,
                1e3 * totals.seconds.compute / steps, 1e3 * totals.seconds.push / steps);
   if (o_.rank != 0 || (stop_ && should_stop_())) return Status::Ok();
+  if ((epoch == o_.epochs || stop_) && o_.wait_for_workers_seconds > 0) {
+    PARASYNC_RETURN_IF_ERROR(WaitForOtherWorkers());
+    if (should_stop_()) return Status::Ok();  // stopped while waiting: no evaluation
+  }
   PARASYNC_RETURN_IF_ERROR(Evaluate(epoch, train_loss, eps));
   if (o_.checkpoint_each_epoch) {
     if (Status s = client_.Checkpoint(); !s.ok()) {

@@ -34,6 +34,10 @@ struct TrainerOptions {
   double slowdown = 1.0;
   // Chief: ask every server for a snapshot after each epoch's evaluation.
   bool checkpoint_each_epoch = false;
+  // Chief, > 0: after its last epoch (or step), leave and wait up to this long for every
+  // other rank to leave the servers too (done, or declared dead) before the final
+  // evaluation, so that it evaluates the model all the workers trained. 0: evaluate at once.
+  double wait_for_workers_seconds = 0;
   int epochs = 5;
   int batch_size = 64;
   int64_t max_steps = 0;  // > 0: stop after this many local steps
@@ -63,7 +67,9 @@ struct TrainingSummary {
 // nor an epoch eval.jsonl already holds. Every push tells the servers the position after it. `train` is the whole training set (sharded here by rank, before shuffling); `test`
 // is evaluated by the chief and may be empty on other ranks. In sync mode each pull waits
 // for the step after the one this worker last pushed to. When done or stopped (not on error)
-// the worker sends Leave, so barriers stop counting on it.
+// the worker sends Leave, so barriers stop counting on it. With wait_for_workers_seconds the
+// chief leaves before its final evaluation and waits for the other ranks to leave first
+// (polling the servers' statistics), up to that bound.
 // A model with a sparse embedding table (Model::sparse_tables()) pulls, each step, the rows of
 // the batch's distinct ids into the table's compact buffer and pushes their gradient rows
 // (worker/sparse_batch.h), in a pull and then a push; the chief evaluates it batch by batch.

@@ -33,10 +33,12 @@ constexpr const char* kProgram = "parasync-launch";
 constexpr const char* kDetails =
     "Starts the parameter servers (parasync-ps), then the workers (parasync-worker), on free "
     "ports of --host; forwards their output prefixed with [ps0], [worker1], ... and writes it "
-    "to <log-dir>/<name>.log; when worker 0 (the chief) finishes, stops the others (SIGTERM, "
-    "then SIGKILL after --grace-seconds) and prints where the results are. With --export FILE, "
-    "parasync-export writes the model to FILE after the chief finished and the other workers "
-    "stopped, before the parameter servers are stopped. Worker i gets --local-rank i, so on a "
+    "to <log-dir>/<name>.log. After its last epoch worker 0 (the chief) waits for the other "
+    "workers to finish theirs (up to --finish-timeout) and evaluates the model they trained; "
+    "once every worker has exited (or been stopped: SIGTERM, then SIGKILL after "
+    "--grace-seconds), the launcher stops the parameter servers and prints where the results "
+    "are. With --export FILE, parasync-export writes the model to FILE after the workers "
+    "exited, before the parameter servers are stopped. Worker i gets --local-rank i, so on a "
     "machine with several GPUs each worker computes on its own.\n\n"
     "Before it starts anything it checks what would make a process refuse to start: the data "
     "set (--dataset, or the worker's default) present and readable, counts consistent, ports "
@@ -260,6 +262,16 @@ void AddProcessFlags(CLI::App& app, Flags& flags) {
       ->type_name("DIR");
   parasync::AddSecondsOption(app, "--grace-seconds", options.grace_seconds,
                              "Seconds a process gets after SIGTERM before SIGKILL", 0.0, 86400.0);
+  parasync::AddSecondsOption(
+      app, "--finish-timeout", options.finish_timeout,
+      "How long the chief, after its last epoch, waits for the other workers to finish theirs "
+      "before its final evaluation; workers still running " +
+          parasync::launch::FormatSeconds(parasync::launch::kWorkerExitSeconds) +
+          " s after the chief exited are then stopped, and summary.json says so",
+      0.0, 1e9);
+  app.add_flag("--stop-workers-with-chief", options.stop_workers_with_chief,
+               "Stop the other workers as soon as the chief finishes, without waiting for their "
+               "last epoch (the final evaluation then misses the rest of their work)");
   app.add_option("--job", options.job,
                  "Prometheus job label of this run in <log-dir>/prometheus-targets.json "
                  "[default: the log directory's name]")

@@ -20,7 +20,8 @@ int SumSlots(const std::vector<HostSlots>& slots) {
   return n;
 }
 
-// --ps, --workers, --epochs, --mode, --grace-seconds and --host, each on its own.
+// --ps, --workers, --epochs, --mode, --grace-seconds, --finish-timeout and --host, each on
+// its own.
 Status ValidateBasics(const LaunchOptions& options) {
   if (options.num_ps < 1 || options.num_ps > kMaxProcessesPerRole) {
     return Status::InvalidArgument("--ps must be between 1 and " +
@@ -42,6 +43,9 @@ Status ValidateBasics(const LaunchOptions& options) {
   }
   if (!std::isfinite(options.grace_seconds) || options.grace_seconds < 0) {
     return Status::InvalidArgument("--grace-seconds must be a number >= 0");
+  }
+  if (!std::isfinite(options.finish_timeout) || options.finish_timeout < 0) {
+    return Status::InvalidArgument("--finish-timeout must be a number >= 0");
   }
   if (options.host.empty() || options.host.find(':') != std::string::npos ||
       !CheckHost(options.host, "--host").ok()) {

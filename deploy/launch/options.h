@@ -108,6 +108,15 @@ struct LaunchOptions {
   // until SIGINT/SIGTERM/SIGHUP (see ServeFinalMetrics).
   bool serve_metrics = false;
 
+  // The end of a run. By default the chief, after its last epoch, waits up to
+  // finish_timeout seconds for the other workers to finish theirs before its final
+  // evaluation (it gets --wait-for-workers finish_timeout), and the launcher lets them exit
+  // by themselves; workers still running kWorkerExitSeconds after the chief exited are
+  // stopped. stop_workers_with_chief: no wait; the others are stopped as soon as the chief
+  // exits, cutting their last epoch.
+  double finish_timeout = 300.0;
+  bool stop_workers_with_chief = false;
+
   std::string bin_dir;  // empty: the directory of the running executable
   double grace_seconds = 10.0;
   std::string host = "127.0.0.1";

@@ -112,6 +112,12 @@ void AddWorkerFlags(const LaunchOptions& options, const ProcessSpec& spec, int l
   for (const auto& [flag, value] : training) {
     if (value->has_value()) argv.insert(argv.end(), {flag, **value});
   }
+  if (spec.index == 0 && !options.stop_workers_with_chief && options.finish_timeout > 0) {
+    // The chief's final evaluation waits for the other workers' last epochs.
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%g", options.finish_timeout);
+    argv.insert(argv.end(), {"--wait-for-workers", seconds});
+  }
   if (options.checkpoint_each_epoch) argv.push_back("--checkpoint-each-epoch");
   argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
   for (const auto& [rank, arg] : options.rank_args) {

@@ -324,6 +324,9 @@ Status WriteSummaryJson(const RunRecord& run, const RunReport& report) {
   doc["eval_rows"] = report.eval.rows;
   doc["final"] = RowJson(report.eval.last);
   doc["best"] = RowJson(report.eval.best);
+  doc["workers_finished"] =
+      run.workers_finished.empty() ? json(nullptr) : json(run.workers_finished);
+  doc["workers_stopped"] = run.workers_stopped;
   if (run.plan->exporter) {
     doc["export"] = {
         {"path", run.options->export_path},
@@ -396,6 +399,19 @@ void AppendAccuracy(std::ostream& out, const std::string& prefix, const std::str
   out << "; " << run << "\n";
 }
 
+// When workers were stopped before the end of their last epoch: which, and why.
+void AppendWorkersStopped(std::ostream& out, const std::string& prefix, const RunRecord& run) {
+  if (run.workers_stopped.empty()) return;
+  std::string names;
+  for (const std::string& name : run.workers_stopped) names += (names.empty() ? "" : ", ") + name;
+  out << prefix << "stopped before the end of their last epoch: " << names
+      << (run.workers_finished == "timed_out"
+              ? " (still training after --finish-timeout " +
+                    FormatSeconds(run.options->finish_timeout) + " s)"
+              : " (--stop-workers-with-chief)")
+      << "; the final evaluation misses the rest of their work\n";
+}
+
 void AppendExport(std::ostream& out, const std::string& prefix, const RunRecord& run) {
   if (!run.plan->exporter) return;
   const std::string& path = run.options->export_path;
@@ -447,6 +463,7 @@ std::string SummaryText(const RunRecord& run, const RunReport& report) {
   const std::string eval_path = run.plan->log_dir + "/eval.jsonl";
   std::ostringstream out;
   AppendAccuracy(out, prefix, eval_path, report);
+  AppendWorkersStopped(out, prefix, run);
   AppendExport(out, prefix, run);
   AppendFiles(out, prefix, eval_path, report.eval.exists, run);
   return out.str();

@@ -75,6 +75,12 @@ struct RunRecord {
   int exit_code = -1;          // set when the run has ended
   std::string end_reason;      // why the run failed, as the supervisor told it
   std::string export_outcome;  // where the model is, or why it is not there
+  // How the workers ended once the chief had finished: "all" (every worker not ended by
+  // --kill finished by itself), "stopped_with_chief" (--stop-workers-with-chief stopped
+  // some) or "timed_out" (some were still training after --finish-timeout and were
+  // stopped); empty when the run ended otherwise (failed or interrupted before that).
+  std::string workers_finished;
+  std::vector<std::string> workers_stopped;  // the workers stopped then, by name
 };
 
 // One row of eval.jsonl, as far as the launcher reports it.
@@ -117,9 +123,10 @@ Status WritePrometheusTargets(const LaunchPlan& plan);
 Status WriteSummaryJson(const RunRecord& run, const RunReport& report);
 
 // The end-of-run text: the final test accuracy from this run's rows of eval.jsonl (or that
-// there are none), the wall time and examples/sec, the exported model (or why there is
-// none) when one was asked for, and the files and endpoints the run left (only those that
-// exist). Lines end in '\n', each with LauncherPrefix().
+// there are none), the wall time and examples/sec, the workers stopped before the end of
+// their last epoch (if any), the exported model (or why there is none) when one was asked
+// for, and the files and endpoints the run left (only those that exist). Lines end in '\n',
+// each with LauncherPrefix().
 std::string SummaryText(const RunRecord& run, const RunReport& report);
 
 }  // namespace parasync::launch

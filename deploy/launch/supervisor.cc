@@ -517,11 +517,10 @@ void Launcher::OnExit(Child& child, int wait_status) {
   }
   if (phase_ == Phase::kRunning) {
     if (clean && is_chief) {
-      Message("chief " + who + " finished; stopping the others");
-      BeginStopping(Phase::kStoppingWorkers);
+      OnChiefFinished(who);
     } else if (clean) {
       Message(who + (child.spec.role == Role::kWorker
-                         ? " finished early with exit status 0"
+                         ? " finished with exit status 0"
                          : " exited with status 0 before the chief finished"));
     } else {
       // A process that refused its flags, data or state fails the run the same way.
@@ -534,6 +533,10 @@ void Launcher::OnExit(Child& child, int wait_status) {
     }
     return;
   }
+  if (phase_ == Phase::kFinishingWorkers && clean) {
+    Message(who + " finished with exit status 0");
+    return;
+  }
   if (child.killed_after_grace) {
     Message(who + " did not stop within " + FormatSeconds(options_.grace_seconds) +
             " s of SIGTERM and was killed with SIGKILL; log: " + child.spec.log_path);
@@ -541,6 +544,43 @@ void Launcher::OnExit(Child& child, int wait_status) {
     Message(who + " ended with " + DescribeWaitStatus(wait_status) +
             (child.sent_term ? " after SIGTERM" : "") + "; log: " + child.spec.log_path);
   }
+}
+
+void Launcher::OnChiefFinished(const std::string& who) {
+  const std::string running = RunningWorkers();
+  if (running.empty()) {
+    Message("chief " + who + " finished; every worker has finished");
+    StopRemainingWorkers("all");
+  } else if (options_.stop_workers_with_chief) {
+    Message("chief " + who + " finished; stopping the others");
+    StopRemainingWorkers("stopped_with_chief");
+  } else {
+    Message("chief " + who + " finished; waiting up to " + FormatSeconds(kWorkerExitSeconds) +
+            " s for " + running + " to exit");
+    phase_ = Phase::kFinishingWorkers;
+    group_killed_ = false;
+    stop_deadline_ = NowSeconds() + kWorkerExitSeconds;
+  }
+}
+
+std::string Launcher::RunningWorkers() const {
+  std::string names;
+  for (const Child& child : children_) {
+    if (!child.running || child.spec.role != Role::kWorker) continue;
+    names += (names.empty() ? "" : ", ") + child.spec.name;
+  }
+  return names;
+}
+
+void Launcher::StopRemainingWorkers(const char* outcome) {
+  run_.workers_stopped.clear();
+  for (const Child& child : children_) {
+    if (child.running && child.spec.role == Role::kWorker) {
+      run_.workers_stopped.push_back(child.spec.name);
+    }
+  }
+  run_.workers_finished = run_.workers_stopped.empty() ? "all" : outcome;
+  BeginStopping(Phase::kStoppingWorkers);
 }
 
 bool Launcher::GroupRunning(Role role) const {
@@ -646,7 +686,9 @@ void Launcher::HandleSignals() {
       run_.end_reason = "got " + SignalName(signal_number);
       Message("got " + SignalName(signal_number) +
               "; stopping all processes (send it again to kill them at once)");
-      if (phase_ == Phase::kRunning) BeginStopping(Phase::kStoppingWorkers);
+      if (phase_ == Phase::kRunning || phase_ == Phase::kFinishingWorkers) {
+        BeginStopping(Phase::kStoppingWorkers);
+      }
       if (phase_ == Phase::kExporting) {
         // An interrupted export gets the grace period, like every other process.
         kill(exporter_->pid, SIGTERM);
@@ -657,12 +699,26 @@ void Launcher::HandleSignals() {
   }
 }
 
-// Stop workers, export (when asked), then stop the PS; each group gets the grace period
-// (the exporter kExportTimeoutSeconds), then SIGKILL.
+// Let the workers finish (after the chief), stop them, export (when asked), then stop the
+// PS; each group gets the grace period (the exporter kExportTimeoutSeconds), then SIGKILL.
 void Launcher::AdvanceStopping() {
   for (bool advanced = true; advanced;) {
     advanced = false;
     if (phase_ == Phase::kRunning || phase_ == Phase::kDone) break;
+    if (phase_ == Phase::kFinishingWorkers) {
+      if (!GroupRunning(Role::kWorker)) {
+        StopRemainingWorkers("all");
+        advanced = true;
+      } else if (NowSeconds() >= stop_deadline_) {
+        Message(RunningWorkers() + " still running " + FormatSeconds(kWorkerExitSeconds) +
+                " s after the chief exited (--finish-timeout " +
+                FormatSeconds(options_.finish_timeout) +
+                " s): stopping it before the end of its last epoch");
+        StopRemainingWorkers("timed_out");
+        advanced = true;
+      }
+      continue;
+    }
     if (phase_ == Phase::kExporting) {
       if (!exporter_->running) {
         BeginStopping(Phase::kStoppingPs);

@@ -30,6 +30,11 @@ namespace parasync::launch {
 
 // How long parasync-export may run before it is killed and the run counts as failed.
 inline constexpr double kExportTimeoutSeconds = 120.0;
+// Once the chief has exited (after waiting up to --finish-timeout for the others), how long
+// the workers still running get to exit by themselves before they are stopped: a worker
+// the chief saw finish is only writing its metrics snapshot; one still running after this
+// is one the chief stopped waiting for.
+inline constexpr double kWorkerExitSeconds = 5.0;
 
 class Launcher {
  public:
@@ -54,8 +59,10 @@ class Launcher {
 
   // Blocks: forwards every child's output line by line (prefixed on output_fd, raw to
   // <log_dir>/<name>.log) until worker 0 exits 0, any process fails, or the launcher gets
-  // SIGINT/SIGTERM/SIGHUP; then stops the remaining workers and then the PS processes
-  // (SIGTERM, up to grace_seconds, then SIGKILL) and reaps them all. With an export path,
+  // SIGINT/SIGTERM/SIGHUP. After worker 0 exited 0 the other workers get kWorkerExitSeconds
+  // to exit by themselves (none with stop_workers_with_chief). Then stops the remaining
+  // workers and then the PS processes (SIGTERM, up to grace_seconds, then SIGKILL) and reaps
+  // them all. With an export path,
   // when worker 0 exited 0 and nothing failed or interrupted the run, parasync-export runs
   // between the two (output prefixed [export], up to kExportTimeoutSeconds). Then writes
   // <log_dir>/summary.json (a failure to write it is reported, not fatal). Returns kExitOk
@@ -87,7 +94,15 @@ class Launcher {
 
  private:
   struct Child;
-  enum class Phase { kRunning, kStoppingWorkers, kExporting, kStoppingPs, kDone };
+  // kFinishingWorkers: the chief exited 0; the other workers may still exit by themselves.
+  enum class Phase {
+    kRunning,
+    kFinishingWorkers,
+    kStoppingWorkers,
+    kExporting,
+    kStoppingPs,
+    kDone
+  };
 
   Launcher(LaunchOptions options, LaunchPlan plan, PortReservation ports);
 
@@ -112,6 +127,15 @@ class Launcher {
   bool TryReap(Child& child, int* wait_status);
   void OnExit(Child& child, int wait_status);
   void BeginStopping(Phase phase);
+  // The chief exited 0: waits for the other workers (kFinishingWorkers) or, with
+  // stop_workers_with_chief or when none is left, stops them at once.
+  void OnChiefFinished(const std::string& who);
+  // Stops the workers still running and records them in run_.workers_stopped, with
+  // `outcome` ("stopped_with_chief" or "timed_out") as run_.workers_finished; "all" when
+  // none is running.
+  void StopRemainingWorkers(const char* outcome);
+  // The workers still running, by name: "worker1, worker3" (empty: none).
+  std::string RunningWorkers() const;
   // After the workers are stopped: starts the exporter when it should run (else goes on to
   // stopping the PS processes).
   void AfterWorkersStopped();

@@ -82,7 +82,29 @@ TEST(LaunchPlanTest, BuildsCommandLinesForEveryProcess) {
                           "127.0.0.1:6000,127.0.0.1:6001", "--task-index", "0", "--mode", "sync",
                           "--metrics-port", "7002", "--metrics-bind", "127.0.0.1", "--log-dir",
                           "/logs", "--local-rank", "0", "--epochs", "3",
-                          "--dataset", "/data", "--lr", "0.1", "--device=cpu"));
+                          "--dataset", "/data", "--lr", "0.1", "--wait-for-workers", "300",
+                          "--device=cpu"));
+}
+
+TEST(LaunchPlanTest, TheChiefAloneWaitsForTheOtherWorkersUnlessTheyStopWithIt) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 3;
+  options.finish_timeout = 42.5;
+  const std::vector<int> ports = {5000, 6000, 6001, 6002, 7000, 7001, 7002, 7003};
+  const Result<LaunchPlan> plan = BuildPlan(options, "/b", "/l", ports);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_THAT(plan->processes[1].argv, ::testing::IsSupersetOf({"--wait-for-workers", "42.5"}));
+  for (size_t i : {0, 2, 3}) {
+    EXPECT_THAT(plan->processes[i].argv, Not(::testing::Contains("--wait-for-workers"))) << i;
+  }
+  options.stop_workers_with_chief = true;
+  const Result<LaunchPlan> stopping = BuildPlan(options, "/b", "/l", ports);
+  ASSERT_TRUE(stopping.ok());
+  EXPECT_THAT(stopping->processes[1].argv, Not(::testing::Contains("--wait-for-workers")));
+  options.stop_workers_with_chief = false;
+  options.finish_timeout = -1;
+  EXPECT_THAT(ValidateOptions(options).message(), HasSubstr("--finish-timeout"));
 }
 
 TEST(LaunchPlanTest, ModeSettingsGoToTheParameterServersOnly) {

@@ -76,7 +76,7 @@ TEST_F(LaunchTest, MissingBinariesExitTwoNamingThem) {
 
 // ---- the binary: running a cluster of fakes ---------------------------------------------
 
-TEST_F(LaunchTest, ChiefFinishingStopsOthersAndExitsZero) {
+TEST_F(LaunchTest, ChiefFinishingStopsOthersWithStopWorkersWithChiefAndExitsZero) {
   auto launcher = Launch(BaseArgs(), {{"FAKE_worker0", "ok"}, {"FAKE_WRITE_EVAL", "1"}});
   ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitOk) << launcher->out();
   ExpectAllFakesGone(4);
@@ -100,6 +100,96 @@ TEST_F(LaunchTest, ChiefFinishingStopsOthersAndExitsZero) {
   ASSERT_THAT(out, HasSubstr("[ps0] ps0 got SIGTERM\n"));
   EXPECT_LT(out.find("worker1 got SIGTERM"), out.find("ps0 got SIGTERM"));
   ExpectEveryLauncherLineTimestamped(out);
+  // The chief is not asked to wait for the others, and the run says whom it stopped.
+  EXPECT_THAT(ReadLines(fake_dir_ + "/worker0.args"),
+              Not(::testing::Contains("--wait-for-workers")));
+  EXPECT_THAT(LauncherMessages(out),
+              ::testing::Contains("stopped before the end of their last epoch: worker1 "
+                                  "(--stop-workers-with-chief); the final evaluation misses the "
+                                  "rest of their work"))
+      << out;
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  EXPECT_EQ(summary["workers_finished"], "stopped_with_chief");
+  EXPECT_EQ(summary["workers_stopped"], nlohmann::json({"worker1"}));
+}
+
+// ---- the end of a run: the workers finish after the chief -------------------------------
+
+TEST_F(LaunchTest, WorkersStillRunningAfterTheChiefFinishByThemselves) {
+  // worker1 exits 1.5 s after the chief: within kWorkerExitSeconds, so never stopped.
+  auto launcher = Launch(WaitingArgs(), {{"FAKE_worker0", "ok"},
+                                         {"FAKE_worker1", "ok"},
+                                         {"FAKE_OK_DELAY_worker1", "1.8"},
+                                         {"FAKE_WRITE_EVAL", "1"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(10)), kExitOk) << launcher->out();
+  ExpectAllFakesGone(4);
+  const std::string out = launcher->out();
+  const std::vector<std::string> messages = LauncherMessages(out);
+  const std::string worker0_pid = ReadLines(fake_dir_ + "/worker0.pid")[0];
+  const std::string worker1_pid = ReadLines(fake_dir_ + "/worker1.pid")[0];
+  EXPECT_THAT(messages, ::testing::Contains("chief worker0 (pid " + worker0_pid +
+                                            ") finished; waiting up to 5 s for worker1 to exit"))
+      << out;
+  EXPECT_THAT(messages, ::testing::Contains("worker1 (pid " + worker1_pid +
+                                            ") finished with exit status 0"))
+      << out;
+  EXPECT_THAT(out, Not(HasSubstr("stopped before the end")));
+  // The chief was told to wait for the others, by the default --finish-timeout; they were not.
+  const std::vector<std::string> worker0_args = ReadLines(fake_dir_ + "/worker0.args");
+  const auto wait = std::find(worker0_args.begin(), worker0_args.end(), "--wait-for-workers");
+  ASSERT_NE(wait, worker0_args.end());
+  ASSERT_NE(wait + 1, worker0_args.end());
+  EXPECT_EQ(*(wait + 1), "300");
+  EXPECT_THAT(ReadLines(fake_dir_ + "/worker1.args"),
+              Not(::testing::Contains("--wait-for-workers")));
+
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  EXPECT_EQ(summary["workers_finished"], "all");
+  EXPECT_EQ(summary["workers_stopped"], nlohmann::json::array());
+  EXPECT_TRUE(SummaryProcess(summary, "worker1")["launcher_signal"].is_null());
+  EXPECT_EQ(SummaryProcess(summary, "worker1")["exit_status"], 0);
+}
+
+TEST_F(LaunchTest, AChiefThatFinishesLastEndsTheRunWithEveryWorkerFinished) {
+  auto launcher = Launch(WaitingArgs(), {{"FAKE_worker0", "ok"},
+                                         {"FAKE_worker1", "ok"},
+                                         {"FAKE_OK_DELAY_worker0", "0.8"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitOk) << launcher->out();
+  const std::string out = launcher->out();
+  EXPECT_THAT(LauncherMessages(out),
+              ::testing::Contains("chief worker0 (pid " + ReadLines(fake_dir_ + "/worker0.pid")[0] +
+                                  ") finished; every worker has finished"))
+      << out;
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  EXPECT_EQ(summary["workers_finished"], "all");
+  EXPECT_EQ(summary["workers_stopped"], nlohmann::json::array());
+}
+
+TEST_F(LaunchTest, AWorkerStillTrainingAfterTheFinishTimeoutIsStoppedAndTheRunSaysSo) {
+  std::vector<std::string> args = WaitingArgs();
+  args.insert(args.end(), {"--finish-timeout", "7.5"});
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"}, {"FAKE_WRITE_EVAL", "1"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(15)), kExitOk) << launcher->out();
+  ExpectAllFakesGone(4);
+  const std::string out = launcher->out();
+  const std::vector<std::string> messages = LauncherMessages(out);
+  EXPECT_THAT(messages, ::testing::Contains("worker1 still running 5 s after the chief exited "
+                                            "(--finish-timeout 7.5 s): stopping it before the "
+                                            "end of its last epoch"))
+      << out;
+  EXPECT_THAT(messages,
+              ::testing::Contains("stopped before the end of their last epoch: worker1 (still "
+                                  "training after --finish-timeout 7.5 s); the final evaluation "
+                                  "misses the rest of their work"))
+      << out;
+  EXPECT_THAT(out, HasSubstr("[worker1] worker1 got SIGTERM\n"));
+  EXPECT_THAT(ReadLines(fake_dir_ + "/worker0.args"),
+              ::testing::IsSupersetOf({"--wait-for-workers", "7.5"}));
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  EXPECT_EQ(summary["outcome"], "succeeded");
+  EXPECT_EQ(summary["workers_finished"], "timed_out");
+  EXPECT_EQ(summary["workers_stopped"], nlohmann::json({"worker1"}));
+  EXPECT_EQ(SummaryProcess(summary, "worker1")["launcher_signal"], "SIGTERM");
 }
 
 TEST_F(LaunchTest, SummaryJsonTellsTheConfigurationFiguresAndEveryProcessExit) {
@@ -213,6 +303,9 @@ TEST_F(LaunchTest, SummaryJsonOfAFailedRunNamesTheFailureAndHowEachProcessEnded)
   EXPECT_GT(summary["wall_seconds"].get<double>(), 0.2) << "the grace period is in it";
   EXPECT_LE(summary["wall_seconds"].get<double>(), launcher->seconds());
   EXPECT_EQ(summary["eval_rows"], 0);
+  // The run ended before the chief finished: nothing to say about the workers' end.
+  EXPECT_TRUE(summary["workers_finished"].is_null());
+  EXPECT_EQ(summary["workers_stopped"], nlohmann::json::array());
   EXPECT_TRUE(summary["final"].is_null());
   EXPECT_TRUE(summary["best"].is_null());
   EXPECT_TRUE(summary["examples"].is_null());
@@ -336,7 +429,9 @@ TEST_F(LaunchTest, BadKillOrRankArgExitsTwoWithOneLine) {
        {std::vector<std::string>{"--kill", "ps:9@1"}, std::vector<std::string>{"--kill", "boom"},
         std::vector<std::string>{"--kill", "worker:0@1"},
         std::vector<std::string>{"--rank-arg", "x:--slowdown=2"},
-        std::vector<std::string>{"--rank-arg", "7:--slowdown=2"}}) {
+        std::vector<std::string>{"--rank-arg", "7:--slowdown=2"},
+        std::vector<std::string>{"--finish-timeout", "-1"},
+        std::vector<std::string>{"--finish-timeout", "soon"}}) {
     std::vector<std::string> args = BaseArgs();
     args.insert(args.end(), extra.begin(), extra.end());
     auto launcher = Launch(args, {});

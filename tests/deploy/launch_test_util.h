@@ -47,9 +47,10 @@ using parasync::testing::WaitFor;
 using Clock = std::chrono::steady_clock;
 
 // Behaviour per process from FAKE_<name> or FAKE_DEFAULT:
-//   ok           prints, exits 0 FAKE_OK_DELAY s after all are ready, leaving its last line
-//                without a newline; worker0 appends two rows to eval.jsonl when
-//                FAKE_WRITE_EVAL is set (best accuracy 0.8801 at epoch 4, final 0.8712 at 5)
+//   ok           prints, exits 0 FAKE_OK_DELAY_<name> (else FAKE_OK_DELAY) s after all are
+//                ready, leaving its last line without a newline; worker0 appends two rows
+//                to eval.jsonl when FAKE_WRITE_EVAL is set (best accuracy 0.8801 at epoch
+//                4, final 0.8712 at 5)
 //   fail3        prints, exits 3 0.2 s after all are ready
 //   hang         runs until SIGTERM, then says so and exits 0
 //   ignore_term  ignores SIGTERM; only SIGKILL ends it
@@ -103,7 +104,8 @@ if [ "$behaviour" = ok ] || [ "$behaviour" = fail3 ]; then
 fi
 case "$behaviour" in
   ok)
-    sleep "${FAKE_OK_DELAY:-0.3}"
+    eval "delay=\${FAKE_OK_DELAY_$name:-\${FAKE_OK_DELAY:-0.3}}"
+    sleep "$delay"
     if [ "$name" = worker0 ] && [ -n "$FAKE_WRITE_EVAL" ]; then
       echo '{"epoch": 4, "test_accuracy": 0.8801, "examples": 48000, "wall_s": 99.0}' \
         >> "$log_dir/eval.jsonl"
@@ -296,7 +298,15 @@ class LaunchTest : public ::testing::Test {
     ASSERT_EQ(chmod(path.c_str(), 0755), 0);
   }
 
+  // The fake workers run until SIGTERM unless told otherwise (FAKE_<name> ok): the tests of
+  // other things stop them with the chief (--stop-workers-with-chief); the default end of a
+  // run, which waits for them, has tests of its own on WaitingArgs().
   std::vector<std::string> BaseArgs() const {
+    std::vector<std::string> args = WaitingArgs();
+    args.push_back("--stop-workers-with-chief");
+    return args;
+  }
+  std::vector<std::string> WaitingArgs() const {
     return {"--bin-dir", bin_dir_, "--log-dir", log_dir_, "--dataset", data_dir_};
   }
 

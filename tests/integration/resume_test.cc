@@ -2,13 +2,17 @@
 // stopped, as Keras's BackupAndRestore does: the chief's eval.jsonl continues from the epoch
 // it had reached, and the examples trained add up to an uninterrupted run's within one batch
 // per worker. Real parasync-launch, parasync-ps and parasync-worker over loopback; the whole
-// cluster (launcher, servers, workers) killed with SIGKILL.
+// cluster killed with SIGKILL, the servers and workers before the launcher (whose death
+// would send them SIGTERM, PR_SET_PDEATHSIG, and a graceful stop saves what a kill loses),
+// and each of them seen to die of that SIGKILL.
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -45,16 +49,16 @@ class ResumeTest : public ::testing::TestWithParam<std::string> {
   // The launcher's command line for a run keeping its state in `state` and its logs in `log`.
   // Every update is durable (a SIGKILL loses nothing acknowledged); the workers pause a few
   // ms a step, so an epoch lasts long enough to be killed in, and log their progress. The
-  // chief pauses longest: the launcher stops the other workers once the chief is done, and
-  // in async mode this way they have trained all their epochs by then, so that an
-  // uninterrupted run trains exactly kEpochs * kTrain examples.
+  // chief pauses least: its final evaluation waits for the other worker's last epoch (the
+  // launcher's default), so that an uninterrupted run's last row counts exactly
+  // kEpochs * kTrain examples.
   std::vector<std::string> Command(const std::string& state, const std::string& log) const {
     return {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers",
             std::to_string(kWorkers), "--mode", GetParam(), "--epochs", std::to_string(kEpochs),
             "--dataset", data_, "--model", "12-16-3", "--batch-size", std::to_string(kBatch),
             "--lr", "0.05", "--state-dir", state, "--log-dir", log, "--grace-seconds", "5",
-            "--ps-arg=--durability=every-update", "--rank-arg", "0:--step-delay=0.025",
-            "--rank-arg", "1:--step-delay=0.015", "--worker-arg=--log-every=0.05"};
+            "--ps-arg=--durability=every-update", "--rank-arg", "0:--step-delay=0.015",
+            "--rank-arg", "1:--step-delay=0.025", "--worker-arg=--log-every=0.05"};
   }
 
   // Runs the launcher to its end; returns its exit code (-1 on timeout).
@@ -112,6 +116,12 @@ TEST_P(ResumeTest, AClusterKilledMidEpochGoesOnFromWhereItStopped) {
   ASSERT_EQ(Epochs(whole), all_epochs);
   const int64_t uninterrupted = whole.back().examples;
   EXPECT_EQ(uninterrupted, int64_t{kEpochs} * kTrain);
+  // The slower worker finished its last epoch by itself, and the workers' own counts agree
+  // with the final evaluation's.
+  const auto summary = nlohmann::json::parse(testing::ReadFile(whole_log + "/summary.json"));
+  EXPECT_EQ(summary["workers_finished"], nlohmann::json("all")) << summary.dump(2);
+  EXPECT_EQ(summary["examples_source"], nlohmann::json("worker_snapshots"));
+  EXPECT_EQ(summary["examples"], uninterrupted);
 
   // The same run, killed whole (SIGKILL: launcher, servers, workers) in the middle of epoch 2.
   const std::string state = dir_.path() + "/state";
@@ -127,10 +137,22 @@ TEST_P(ResumeTest, AClusterKilledMidEpochGoesOnFromWhereItStopped) {
         120s);
     ASSERT_TRUE(mid_epoch) << testing::ReadFile(dir_.path() + "/first.out");
     const auto cluster = nlohmann::json::parse(testing::ReadFile(log + "/cluster.json"));
-    launcher.Signal(SIGKILL);
     std::vector<pid_t> pids;
     for (const auto& p : cluster["processes"]) pids.push_back(p["pid"].get<pid_t>());
+    // The servers and workers first. The launcher is held meanwhile (SIGSTOP: no parent-death
+    // signal), so it reaps none of them and each stays a zombie whose status says how it died.
+    launcher.Signal(SIGSTOP);
     for (pid_t pid : pids) kill(pid, SIGKILL);
+    for (size_t i = 0; i < pids.size(); ++i) {
+      std::optional<int> status;
+      const bool dead = testing::WaitFor(
+          [&] { return (status = testing::ZombieWaitStatus(pids[i])).has_value(); }, 10s);
+      EXPECT_TRUE(dead) << cluster["processes"][i]["name"] << " did not die";
+      if (!status) continue;
+      EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL)
+          << cluster["processes"][i]["name"] << " ended with wait status " << *status;
+    }
+    launcher.Signal(SIGKILL);
     ASSERT_TRUE(launcher.Wait(10s).has_value());
     ASSERT_TRUE(testing::WaitFor(
         [&] {
@@ -138,6 +160,12 @@ TEST_P(ResumeTest, AClusterKilledMidEpochGoesOnFromWhereItStopped) {
                               [](pid_t p) { return testing::ProcessAlive(p); });
         },
         10s));
+    // No graceful stop: a process that stops on a signal writes its final metrics (and a
+    // server its final snapshot) first.
+    for (const auto& p : cluster["processes"]) {
+      const std::string snapshot = log + "/metrics-" + p["name"].get<std::string>() + ".prom";
+      EXPECT_FALSE(std::filesystem::exists(snapshot)) << snapshot;
+    }
   }
   const std::vector<EvalRow> before = ReadEval(log + "/eval.jsonl");
   ASSERT_EQ(Epochs(before), (std::vector<int>{0, 1}));
@@ -148,7 +176,7 @@ TEST_P(ResumeTest, AClusterKilledMidEpochGoesOnFromWhereItStopped) {
   const std::string again = testing::ReadFile(again_out);
   EXPECT_NE(again.find("resuming where the servers recorded rank 0: epoch 2"), std::string::npos)
       << again;
-  // Rank 1 is faster: it was in epoch 2 or 3 (or done, in async mode).
+  // Rank 1 is slower: it was in epoch 1 or 2.
   EXPECT_TRUE(again.find("resuming where the servers recorded rank 1: epoch") != std::string::npos)
       << again;
   const std::vector<EvalRow> rows = ReadEval(log + "/eval.jsonl");

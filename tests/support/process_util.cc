@@ -146,6 +146,24 @@ bool ProcessAlive(pid_t pid) {
   return content[close_paren + 2] != 'Z';
 }
 
+std::optional<int> ZombieWaitStatus(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string content;
+  std::getline(stat, content);
+  // The command name (field 2) may hold spaces: count the fields after its ')'.
+  const auto close_paren = content.rfind(')');
+  if (close_paren == std::string::npos) return std::nullopt;
+  std::istringstream fields(content.substr(close_paren + 1));
+  std::string state;
+  fields >> state;  // field 3
+  if (state != "Z") return std::nullopt;
+  std::string field;
+  for (int number = 4; number <= 52; ++number) {
+    if (!(fields >> field)) return std::nullopt;
+  }
+  return std::stoi(field);
+}
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;

@@ -73,6 +73,11 @@ bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeou
 // True while a process with this pid exists (and is not a zombie of ours).
 bool ProcessAlive(pid_t pid);
 
+// How `pid` ended, while it is a zombie its parent has not reaped yet: its wait status
+// (field 52 of /proc/<pid>/stat, as waitpid reports it). nullopt while it runs, once it
+// is reaped, or when /proc cannot tell.
+std::optional<int> ZombieWaitStatus(pid_t pid);
+
 std::string ReadFile(const std::string& path);
 // The non-empty lines of the file at `path` / of `text`, without their newlines.
 std::vector<std::string> ReadLines(const std::string& path);
