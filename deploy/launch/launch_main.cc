@@ -375,8 +375,15 @@ int RunCluster(const LaunchOptions& options, Launcher& launcher) {
   }
   // The children's log lines are prefixed with their names here: they leave theirs out.
   setenv(parasync::kLogPrefixedVariable, "1", 1);
+  // A directory that cannot be made for good (common/file_util.h's PathError) is the user's
+  // to change, as a bad flag is; anything else may pass on a retry.
   const Status started = launcher.Start();
-  if (!started.ok()) return parasync::PrintErrorLine(kProgram, started.message(), kExitFailed);
+  if (!started.ok()) {
+    return parasync::PrintErrorLine(kProgram, started.message(),
+                                    parasync::StartupExitCode(started) == parasync::kExitBadUsage
+                                        ? kExitUsage
+                                        : kExitFailed);
+  }
   const int exit_code = launcher.Supervise();
   std::cout << launcher.Summary() << std::flush;
   if (options.serve_metrics && exit_code != parasync::launch::kExitInterrupted) {

@@ -14,6 +14,7 @@
 #include <map>
 #include <utility>
 
+#include "common/file_util.h"
 #include "common/metrics.h"
 #include "common/subprocess.h"
 #include "deploy/launch/preflight.h"
@@ -120,8 +121,7 @@ Status Launcher::Start() {
 
   std::error_code ec;
   std::filesystem::create_directories(plan_.log_dir, ec);
-  if (ec) return Status::Unavailable("cannot create log directory " + plan_.log_dir + ": " +
-                                     ec.message());
+  if (ec) return PathError("cannot create log directory " + plan_.log_dir, ec);
   run_.start = NowSeconds();
   run_.start_unix = UnixSeconds();
   // eval.jsonl is appended to, run after run: this run's rows are those after this offset.
@@ -161,9 +161,7 @@ Status Launcher::PrepareFiles() {
     // The model often goes next to the logs, e.g. <log_dir>/model.psm.
     const std::string dir = std::filesystem::path(options_.export_path).parent_path().string();
     std::filesystem::create_directories(dir, ec);
-    if (ec) {
-      return Status::Unavailable("cannot create " + dir + " for --export: " + ec.message());
-    }
+    if (ec) return PathError("cannot create " + dir + " for --export", ec);
   }
   for (const Child& child : children_) {
     // A snapshot left by an earlier run in this directory must never pass for this run's

@@ -202,7 +202,7 @@ TEST(StartupErrorsTest, MissingDataForeignStateAndUnwritableFilesAreNamed) {
                 {dir.File("keys/k")});
 }
 
-// A --state-dir or --log-dir that cannot be created for a reason no retry fixes — a place
+// A --state-dir or --log-dir (a server's, a worker's or the launcher's) that cannot be created for a reason no retry fixes — a place
 // that holds no directories (/proc), a file on the way, a file system that refuses (/sys:
 // read-only or not permitted) — is a configuration to change: status 2 and one line naming
 // the flag and the path. (A full disk would be 1: it may be freed.)
@@ -234,6 +234,13 @@ TEST(StartupErrorsTest, DirectoriesThatCannotBeCreatedAreRefusedWithStatusTwo) {
   EXPECT_EQ(launched.exit_code, 2) << launched.out << launched.err;
   EXPECT_THAT(testing::ReadFile(dir.File("run/ps0.log")),
               HasSubstr("--state-dir /proc/parasync-no-such-dir/ps0"));
+  // The launcher's own --log-dir: refused before anything starts, with its one line.
+  const Finished logs = testing::RunToExit(
+      {Bin("parasync-launch"), "--ps", "1", "--workers", "1", "--log-dir",
+       "/proc/parasync-no-such-dir/run", "--dataset", testing::DataDir()},
+      dir.path(), 60s);
+  EXPECT_EQ(logs.exit_code, 2) << logs.out << logs.err;
+  EXPECT_THAT(logs.err, HasSubstr("cannot create log directory /proc/parasync-no-such-dir/run"));
 }
 
 // A real server: what it refuses at registration is for good (2); a store it holds locked
