@@ -30,6 +30,7 @@ enum class RejectReason : uint8_t {
   kBarrierTimeout,     // a pull waited longer than the barrier timeout
   kStoreFailed,        // every-update: the store failed a write; nothing more is acknowledged
   kUnreadReplies,      // a pull while this peer (or all peers) left too many reply bytes unread
+  kQueueFull,          // a request while its connection had kServerPeerQueue waiting already
   // Not a reason: the number of them. New reasons go above it.
   kCount,
 };
@@ -37,8 +38,8 @@ enum class RejectReason : uint8_t {
 // enum itself. (RejectReason has no counterpart on the wire: schema/parasync.fbs carries a
 // status Code only, so there is no generated enum to tie it to.)
 inline constexpr int kNumRejectReasons = static_cast<int>(RejectReason::kCount);
-static_assert(kNumRejectReasons - 1 == static_cast<int>(RejectReason::kUnreadReplies),
-              "a new RejectReason goes after kUnreadReplies and before kCount: update this "
+static_assert(kNumRejectReasons - 1 == static_cast<int>(RejectReason::kQueueFull),
+              "a new RejectReason goes after kQueueFull and before kCount: update this "
               "line, RejectReasonName and the metrics' label test with it");
 std::string_view RejectReasonName(RejectReason reason);
 

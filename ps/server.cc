@@ -163,22 +163,24 @@ MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, i
   if (row_bytes > 0 && options.max_table_rows > 0) {
     b.tables = (1 + (options.store != nullptr ? 1 : 0)) * options.max_table_rows * row_bytes;
   }
-  // A whole message being handled, one more frame being read past the limit, and the
-  // deepest allocation the rollback or a snapshot can add are covered by the terms above
-  // except for the message: one per server (the loop handles one at a time).
+  // One more frame being read past the limit and the deepest allocation the rollback or a
+  // snapshot can add are covered by the terms above; a message read and not queued (refused
+  // for a full queue, or a resend dropped) is not: one per server (the loop reads one at a
+  // time and lets it go before the next).
   b.fixed = b.base + b.model + b.tables + b.unread + options.max_message_bytes;
-  // ZeroMQ queues up to kServerReceiveQueue messages from a connection and decodes one
-  // more, each of at most max_message_bytes. The gap: libzmq bounds each frame, not a
-  // message, and holds a multipart message whole until its last frame is in, so one of many
-  // frames is held whole before Receive refuses it (docs/reliability.md).
-  b.per_connection = (kServerReceiveQueue + 1) * options.max_message_bytes +
+  // The loop queues up to kServerPeerQueue messages of a connection (the one being handled
+  // among them), ZeroMQ up to kServerReceiveQueue more and decodes one more, each of at
+  // most max_message_bytes. The gap: libzmq bounds each frame, not a message, and holds a
+  // multipart message whole until its last frame is in, so one of many frames is held whole
+  // before Receive refuses it (docs/reliability.md).
+  b.per_connection = (kServerPeerQueue + kServerReceiveQueue + 1) * options.max_message_bytes +
                      kHeaderRepliesPerConnection;
   return b;
 }
 
 std::string MemoryBound::Describe() const {
   return fmt::format("{} + {} per connected peer (base {}, model {}, {}unread pull replies {}, "
-                     "one message in hand {})",
+                     "one message read past its queue {})",
                      Mib(fixed), Mib(per_connection), Mib(base), Mib(model),
                      tables > 0 ? "embedding rows " + Mib(tables) + ", " : std::string(),
                      Mib(unread), Mib(fixed - base - model - tables - unread));
@@ -321,20 +323,70 @@ Status Server::Run(const std::function<bool()>& should_stop) {
 
 Result<bool> Server::ServeOnce(std::chrono::milliseconds timeout) {
   metrics_->loop.Beat();  // /healthz: this loop turns (common/metrics.h)
-  auto received = socket_->Receive(timeout);
-  if (!received.ok()) return received.status();
+  PARASYNC_RETURN_IF_ERROR(
+      ReadReady(inbox_.empty() ? timeout : std::chrono::milliseconds::zero()));
+  std::optional<Inbound> next = inbox_.Next();
   bool keep_serving = true;
-  const bool idle = !received->has_value();
+  // Every message that arrived has been handled: heartbeats included.
+  const bool idle = !next.has_value();
+  const auto t0 = std::chrono::steady_clock::now();
   try {
-    if (!idle) keep_serving = Handle(**received);
-    Tick(std::chrono::steady_clock::now(), idle);
+    if (!idle) keep_serving = Handle(*next);
+    const auto now = std::chrono::steady_clock::now();
+    inbox_.Charge(now - t0);  // its peer's share of the loop's time
+    Tick(now, idle);
   } catch (const std::exception& e) {
     // Out of memory for a reply, or a ZeroMQ error while building one: drop the request,
     // keep serving the others.
     Reject(RejectReason::kMalformed);
     spdlog::error("request dropped: {}", e.what());
   }
+  inbox_.Charge(std::chrono::steady_clock::now() - t0);  // if Handle threw
   return keep_serving;
+}
+
+Status Server::ReadReady(std::chrono::milliseconds timeout) {
+  // Enough to take one message of each of many peers in a turn; what is left is read the
+  // next turn.
+  constexpr int kReadsPerTurn = 256;
+  inbox_.BeginRead();
+  for (int n = 0; n < kReadsPerTurn; ++n) {
+    auto received = socket_->Receive(n == 0 ? timeout : std::chrono::milliseconds::zero());
+    if (!received.ok()) return received.status();
+    if (!received->has_value()) break;
+    Inbound& in = **received;
+    const PeerQueues::Taken taken = inbox_.Take(in);
+    if (taken.outcome == PeerQueues::Outcome::kFull) RefuseQueueFull(in);
+    if (taken.repeat) break;
+  }
+  return Status::Ok();
+}
+
+void Server::RefuseQueueFull(Inbound& in) {
+  ++requests_;
+  released_since_trim_->fetch_add(static_cast<int64_t>(FramesBytes(in.frames)),
+                                  std::memory_order_relaxed);
+  Header reply;
+  if (in.header.ok()) {
+    reply = ReplyTo(*in.header);
+  } else if (in.refused_request_id) {
+    reply.request_id = *in.refused_request_id;
+  }
+  reply.incarnation = incarnation_;
+  // Refused before it is handled, so it costs the loop a reply, not its work: a peer that
+  // pipelines cannot crowd the others out (ps/peer_queues.h).
+  reply.status = Status::Unavailable(
+      "request refused: " + std::to_string(kServerPeerQueue) +
+      " earlier requests of this connection are still waiting; send the next when a reply "
+      "comes");
+  Reject(RejectReason::kQueueFull);
+  if (ShouldLogRejection()) {
+    spdlog::warn("rejected {} from rank {} ({}): {}",
+                 in.header.ok() ? MsgTypeName(in.header->type) : "a message",
+                 in.header.ok() ? in.header->rank : -1,
+                 RejectReasonName(RejectReason::kQueueFull), reply.status.message());
+  }
+  (void)socket_->Send(&in.identity, reply, {});
 }
 
 bool Server::ShouldLogRejection() const {

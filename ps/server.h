@@ -32,6 +32,7 @@
 #include "ps/coordinator.h"
 #include "ps/durability.h"
 #include "ps/parked_pulls.h"
+#include "ps/peer_queues.h"
 #include "ps/ps_metrics.h"
 #include "ps/push_ledger.h"
 #include "ps/shard.h"
@@ -102,7 +103,15 @@ struct ServerOptions {
 };
 
 // Messages ZeroMQ may queue from one connection before it stops reading it (ZMQ_RCVHWM).
-inline constexpr int kServerReceiveQueue = 4;
+inline constexpr int kServerReceiveQueue = 1;
+// Requests the server takes from one connection into its own queue (ps/peer_queues.h), to
+// serve its peers fairly; one more is refused (Unavailable, reason queue_full). A worker has
+// a push and a pull in flight per shard at most (resends of a queued request are not queued
+// again), and a Register after a restart: 3 leaves it never refused.
+inline constexpr int kServerPeerQueue = 3;
+// The place a peer keeps in the fair order while it is away between requests, in seconds of
+// the loop's time (PeerQueues' credit).
+inline constexpr std::chrono::milliseconds kServerPeerCredit{10};
 
 // The memory a server can take, stated before anything is registered and again, with the
 // model's figures, once it is: `fixed` bytes plus `per_connection` bytes for each connected
@@ -138,11 +147,12 @@ class Server {
   // if the socket broke.
   Status Run(const std::function<bool()>& should_stop);
 
-  // One turn of Run()'s loop: waits up to `timeout` for one message on the socket, runs it
-  // through the same decoding, checks and handling (replies go out on the socket), then the
-  // periodic work (liveness, sync steps, parked pulls). Returns false after an accepted
-  // Shutdown, an error only if the socket broke. Run() is a loop of these; the fuzzer
-  // (tests/fuzz) calls it directly. Same thread rule as Run().
+  // One turn of Run()'s loop: takes what the socket has ready into the peers' queues
+  // (waiting up to `timeout` for a message when none is queued), handles the next request
+  // in fair order (ps/peer_queues.h) through the same decoding, checks and handling (replies
+  // go out on the socket), then the periodic work (liveness, sync steps, parked pulls).
+  // Returns false after an accepted Shutdown, an error only if the socket broke. Run() is a
+  // loop of these; the fuzzer (tests/fuzz) calls it directly. Same thread rule as Run().
   Result<bool> ServeOnce(std::chrono::milliseconds timeout);
 
   // Asks Run() to return. Thread-safe.
@@ -167,6 +177,14 @@ class Server {
   using TimePoint = Coordinator::TimePoint;
 
   Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsMetrics* metrics);
+  // Takes what the socket has ready into inbox_ (waiting up to `timeout` for the first):
+  // one message of each peer with one ready, in ZeroMQ's fair-queue turn, until a peer comes
+  // round again, nothing is ready, or kReadsPerTurn were taken. A message past its peer's
+  // queue is refused (RefuseQueueFull); a resend of a queued request is dropped. An error only
+  // if the socket broke.
+  Status ReadReady(std::chrono::milliseconds timeout);
+  // Answers a message its peer's queue had no room for: Unavailable, reason kQueueFull.
+  void RefuseQueueFull(Inbound& in);
   // Handles one message; replies unless the request was parked. Returns false when it was
   // an accepted Shutdown.
   bool Handle(Inbound& in);
@@ -303,6 +321,8 @@ class Server {
   void FailParked(ParkedPull& p, const Status& status, RejectReason reason);
 
   ParkedPulls parked_;
+  // Requests read and not yet handled, by peer, and their fair order.
+  PeerQueues inbox_{kServerPeerQueue, kServerPeerCredit};
   ByteCounter unread_total_ = std::make_shared<std::atomic<int64_t>>(0);
   std::unordered_map<std::string, ByteCounter> unread_by_peer_;
   // Bytes of replies written out or dropped, and of requests received, since the last trim.

@@ -33,6 +33,7 @@ std::string_view RejectReasonName(RejectReason reason) {
     case RejectReason::kBarrierTimeout: return "barrier_timeout";
     case RejectReason::kStoreFailed: return "store_failed";
     case RejectReason::kUnreadReplies: return "unread_replies";
+    case RejectReason::kQueueFull: return "queue_full";
     case RejectReason::kCount: break;
   }
   return "unknown";
