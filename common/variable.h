@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/split_mix.h"
 #include "common/status.h"
 
 namespace parasync {
@@ -49,15 +50,6 @@ Status ValidateVariables(const std::vector<VariableSpec>& vars);
 // variable's initial value does not depend on how it is sliced or sharded.
 void InitializeElements(const Initializer& init, uint64_t seed, uint32_t var_index,
                         int64_t offset, float* out, int64_t count);
-
-// SplitMix64's finalizer: spreads its argument over all 64 bits (a counter-based generator:
-// SplitMix64(stream + i) needs no state from i - 1).
-inline uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Fills out[0, count) with `init`'s values; kUniform draws element i from
 // SplitMix64(stream + first + i) (24 bits, scaled to [-value, value)). InitializeElements and

@@ -23,6 +23,7 @@
 #include "common/auc.h"
 #include "common/cli.h"
 #include "common/process.h"
+#include "common/split_mix.h"
 #include "tools/zipf_sampler.h"
 
 namespace {
@@ -59,14 +60,11 @@ struct Options {
 
 // SplitMix64's output function: a bijective 64-bit mix whose outputs pass BigCrush as a
 // counter-mode generator.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+using parasync::SplitMix64;
 
-uint64_t Hash(uint64_t a, uint64_t b, uint64_t c) { return Mix(Mix(Mix(a) ^ b) ^ c); }
+uint64_t Hash(uint64_t a, uint64_t b, uint64_t c) {
+  return SplitMix64(SplitMix64(SplitMix64(a) ^ b) ^ c);
+}
 
 // Domain tags, so the draws for one purpose never reuse another's hashes.
 constexpr uint64_t kTagExample = 0x45584d504c45ULL;
@@ -89,7 +87,7 @@ double Normal(uint64_t a, uint64_t b) {
 class Stream {
  public:
   explicit Stream(uint64_t key) : state_(key) {}
-  uint64_t Next() { return Mix(state_++ * 0x9e3779b97f4a7c15ULL); }
+  uint64_t Next() { return SplitMix64(state_++ * parasync::kSplitMix64Gamma); }
   double Uniform() { return UnitInterval(Next()); }
   double Normal() { return ::Normal(Next(), Next()); }
 
@@ -105,7 +103,7 @@ class Permutation {
     const int bits = n > 1 ? static_cast<int>(std::bit_width(n - 1)) : 0;
     mask_ = bits == 0 ? 0 : (~uint64_t{0} >> (64 - bits));
     shift_ = bits / 2 + 1;
-    for (int i = 0; i < 3; ++i) keys_[i] = Mix(key + static_cast<uint64_t>(i));
+    for (int i = 0; i < 3; ++i) keys_[i] = SplitMix64(key + static_cast<uint64_t>(i));
   }
 
   uint64_t Apply(uint64_t x) const {
@@ -138,7 +136,7 @@ class PlantedModel {
     const double scale = o.dense > 0 ? 1.0 / std::sqrt(static_cast<double>(o.dense)) : 0.0;
     for (int j = 0; j < o.dense; ++j) {
       const uint64_t h = Hash(o.seed, kTagDense, static_cast<uint64_t>(j));
-      dense_weights_[static_cast<size_t>(j)] = scale * Normal(h, Mix(h));
+      dense_weights_[static_cast<size_t>(j)] = scale * Normal(h, SplitMix64(h));
     }
   }
 
@@ -149,7 +147,7 @@ class PlantedModel {
   }
   double Weight(int f, uint64_t value) const {
     const uint64_t h = Hash(o_.seed ^ kTagWeight, static_cast<uint64_t>(f), value);
-    return o_.sigma * Normal(h, Mix(h));
+    return o_.sigma * Normal(h, SplitMix64(h));
   }
   // The id written for value v of field f (see --id-kind).
   uint64_t Id(int f, uint64_t value) const {

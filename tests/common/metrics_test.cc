@@ -5,11 +5,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <ctime>
-#include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <prometheus/counter.h>
 #include <prometheus/text_serializer.h>
@@ -18,6 +20,7 @@
 #include "common/version.h"
 #include "tests/support/http_client.h"
 #include "tests/support/process_util.h"
+#include "tests/support/prometheus_text.h"
 
 namespace parasync {
 namespace {
@@ -57,40 +60,30 @@ TEST(HealthzTest, StaleLoopIs503WithOneLineNamingTheAge) {
   EXPECT_EQ(Healthz(loop, milliseconds(200)).status, 200);
 }
 
-// name -> value of the unlabelled samples (and of parasync_build_info) in a text page.
-std::map<std::string, double> Samples(const std::string& page) {
-  std::map<std::string, double> out;
-  size_t start = 0;
-  while (start < page.size()) {
-    size_t end = page.find('\n', start);
-    if (end == std::string::npos) end = page.size();
-    const std::string line = page.substr(start, end - start);
-    start = end + 1;
-    if (line.empty() || line[0] == '#') continue;
-    const size_t space = line.rfind(' ');
-    if (space == std::string::npos) continue;
-    out[line.substr(0, space)] = std::stod(line.substr(space + 1));
-  }
-  return out;
-}
-
 TEST(ProcessCollectorTest, ReportsThisProcessAsTheClientLibrariesNameIt) {
   const std::string page = prometheus::TextSerializer().Serialize(ProcessCollector().Collect());
-  const auto s = Samples(page);
-  ASSERT_EQ(s.count("process_resident_memory_bytes"), 1u) << page;
-  EXPECT_GT(s.at("process_resident_memory_bytes"), 1 << 20);
-  EXPECT_GE(s.at("process_virtual_memory_bytes"), s.at("process_resident_memory_bytes"));
-  EXPECT_GE(s.at("process_cpu_seconds_total"), 0);
+  auto value = [&](const std::string& name) {
+    return testing::PrometheusValue(page, name).value_or(NAN);
+  };
+  ASSERT_TRUE(testing::PrometheusValue(page, "process_resident_memory_bytes")) << page;
+  EXPECT_GT(value("process_resident_memory_bytes"), 1 << 20);
+  EXPECT_GE(value("process_virtual_memory_bytes"), value("process_resident_memory_bytes"));
+  EXPECT_GE(value("process_cpu_seconds_total"), 0);
   // Started within the last hour, not in the future.
   const double now = static_cast<double>(std::time(nullptr));
-  EXPECT_LE(s.at("process_start_time_seconds"), now + 1);
-  EXPECT_GT(s.at("process_start_time_seconds"), now - 3600);
-  EXPECT_GE(s.at("process_open_fds"), 3);  // stdin, stdout, stderr
-  EXPECT_GE(s.at("process_max_fds"), s.at("process_open_fds"));
+  EXPECT_LE(value("process_start_time_seconds"), now + 1);
+  EXPECT_GT(value("process_start_time_seconds"), now - 3600);
+  EXPECT_GE(value("process_open_fds"), 3);  // stdin, stdout, stderr
+  EXPECT_GE(value("process_max_fds"), value("process_open_fds"));
   const BuildIdentity b = GetBuildIdentity();
-  EXPECT_EQ(s.count("parasync_build_info{protocol=\"" + b.protocol + "\",schema=\"" + b.schema +
-                    "\",version=\"" + b.version + "\"}"),
-            1u)
+  const testing::PrometheusLabels identity = {
+      {"protocol", b.protocol}, {"schema", b.schema}, {"version", b.version}};
+  const std::vector<testing::PrometheusSample> samples = testing::ParsePrometheusText(page);
+  EXPECT_EQ(std::count_if(samples.begin(), samples.end(),
+                          [&](const testing::PrometheusSample& s) {
+                            return s.name == "parasync_build_info" && s.labels == identity;
+                          }),
+            1)
       << page;
 }
 

@@ -206,6 +206,384 @@ Config MakeConfig(int mode_bits, bool preregister, OptimizerKind optimizer,
   return c;
 }
 
+// The seed files, (name, bytes), in the order they are listed.
+using SeedFiles = std::vector<std::pair<std::string, std::string>>;
+
+// One of the training configurations every mode runs in.
+struct Variant {
+  const char* name;
+  Config config;
+};
+
+// A configuration per mode, each with another optimizer, and the timeouts at zero.
+std::vector<Variant> TrainingVariants() {
+  return {
+      {"async-sgd", MakeConfig(0, true, OptimizerKind::kSgd)},
+      {"sync-momentum", MakeConfig(1, true, OptimizerKind::kMomentum)},
+      {"ssp1-adam", MakeConfig(2, true, OptimizerKind::kAdam)},
+      {"sync-r1-adam-staleness", MakeConfig(3, true, OptimizerKind::kAdam, true)},
+      {"async-adam-drop-replies", MakeConfig(0, true, OptimizerKind::kAdam, false, true)},
+      // Parked pulls time out at once; every rank is declared dead after each turn.
+      {"sync-barrier-timeout", MakeConfig(1, true, OptimizerKind::kSgd, false, false, true)},
+      {"ssp1-workers-expire", MakeConfig(2, true, OptimizerKind::kMomentum, false, false, false,
+                                         true)},
+      {"sync-r1-both-timeouts", MakeConfig(3, true, OptimizerKind::kAdam, false, false, true,
+                                           true)},
+  };
+}
+
+// The rows the training seeds pull and push, all on this shard: rank 0's and rank 1's overlap,
+// so a sync step averages some rows over two ranks and others over one; together they are
+// more rows than the harness's row cap, so creating rows evicts others.
+struct TrainingRows {
+  Rows fixed0, hashed0;            // rank 0's, of table 0 and of the hashed table 1
+  std::vector<Rows> rows0, rows1;  // rank 0's and rank 1's, both tables
+  Rows other_shard;                // of table 0, one of its ids held by shard 1 (malformed)
+};
+
+TrainingRows MakeTrainingRows() {
+  TrainingRows r;
+  r.fixed0 = {0, IdsOn(0, 0, 0, 5)};
+  r.hashed0 = {1, IdsOn(1, 0, uint64_t{1} << 40, 3)};
+  Rows fixed1{0, {r.fixed0.ids[2], r.fixed0.ids[3], r.fixed0.ids[4]}};
+  for (uint64_t id : IdsOn(0, 0, 600, 2)) fixed1.ids.push_back(id);
+  Rows hashed1{1, {r.hashed0.ids[1]}};
+  for (uint64_t id : IdsOn(1, 0, UINT64_MAX - 64, 1)) hashed1.ids.push_back(id);
+  r.rows0 = {r.fixed0, r.hashed0};
+  r.rows1 = {fixed1, hashed1};
+  r.other_shard = {0, {r.fixed0.ids[0], IdsOn(0, 1, r.fixed0.ids[0], 1)[0]}};
+  return r;
+}
+
+// A training exchange of both ranks in every mode.
+void AddTraining(SeedFiles& seeds) {
+  for (const Variant& v : TrainingVariants()) {
+    Seeds s(v.config);
+    seeds.emplace_back(
+        "train-" + std::string(v.name),
+        s.Input({s.Simple(MsgType::kHeartbeat, 0), s.Simple(MsgType::kHeartbeat, 1),
+                 s.Pull(0, 0, s.here()), s.Pull(1, 0, s.here()), s.Push(0, 0, s.here()),
+                 s.Pull(0, 1, s.here()), s.Push(1, 0, s.here()), s.Pull(1, 1, s.here()),
+                 s.Push(0, 1, s.here()), s.Push(0, 1, s.here()), s.Stats(),
+                 s.Simple(MsgType::kLeave, 1), s.Push(0, 2, s.here())}));
+  }
+}
+
+// The same exchange with embedding rows, in every mode: both ranks pull and push rows of both
+// tables, with slices and without.
+void AddRowTraining(const TrainingRows& r, SeedFiles& seeds) {
+  for (const Variant& v : TrainingVariants()) {
+    Seeds s(v.config);
+    seeds.emplace_back(
+        "rows-train-" + std::string(v.name),
+        s.Input({s.Simple(MsgType::kHeartbeat, 0), s.Simple(MsgType::kHeartbeat, 1),
+                 s.PullRows(0, 0, s.here(), r.rows0), s.PullRows(1, 0, s.here(), r.rows1),
+                 s.PushRows(0, 0, s.here(), r.rows0), s.PullRows(0, 1, s.here(), r.rows0),
+                 s.PushRows(1, 0, s.here(), r.rows1, -0.02f), s.PullRows(1, 1, {}, r.rows1),
+                 s.PushRows(0, 1, {}, {r.hashed0}), s.PushRows(0, 1, s.here(), r.rows0),
+                 s.PullRows(0, 2, {}, {r.fixed0}, DType::kBfloat16), s.Stats(),
+                 s.Simple(MsgType::kLeave, 1), s.PushRows(0, 2, s.here(), r.rows1)}));
+  }
+}
+
+// 16-bit rows both ways, and pulls of rows nobody pushed.
+void AddRowEncodings(const TrainingRows& r, SeedFiles& seeds) {
+  Seeds s(MakeConfig(0, true, OptimizerKind::kAdam));
+  // bfloat16 and float16 pushes (values frames of 2-byte values) and pulls (their replies'
+  // values frames are too).
+  seeds.emplace_back("rows-sixteen-bit",
+                     s.Input({s.PushRows(0, 0, {}, r.rows0, 0.01f, DType::kBfloat16),
+                              s.PushRows(1, 1, s.here(), r.rows1, 0.03f, DType::kFloat16),
+                              s.PullRows(0, 1, s.here(), r.rows0, DType::kFloat16),
+                              s.PullRows(1, 1, {}, r.rows1, DType::kBfloat16)}));
+  // Ids nobody pushed read as their initial value and create nothing; an empty ids frame.
+  seeds.emplace_back("rows-pull-unseen",
+                     s.Input({s.PullRows(0, 0, {}, {{0, IdsOn(0, 0, 900, 40)}, {1, {}}}),
+                              s.PullRows(1, 0, {}, {{1, IdsOn(1, 0, 0, 64)}})}));
+}
+
+// Registration through the fuzzed path: first, idempotent again, then a pull and a push; and
+// requests before any registration.
+void AddRegistrations(SeedFiles& seeds) {
+  Seeds s(MakeConfig(0, false, OptimizerKind::kMomentum));
+  seeds.emplace_back("register-async",
+                     s.Input({s.Register(0), s.Register(1), s.Pull(-1, 0, s.here()),
+                              s.Push(-1, 0, {s.here().front()})}));
+  Seeds sync(MakeConfig(1, false, OptimizerKind::kSgd));
+  seeds.emplace_back("register-sync",
+                     sync.Input({sync.Register(1), sync.Push(0, 0, sync.here()),
+                                 sync.Push(1, 0, sync.here()), sync.Pull(0, 1, sync.here())}));
+  seeds.emplace_back("stats-unregistered", s.Input({s.Stats()}));
+  seeds.emplace_back("heartbeat-unregistered", s.Input({s.Simple(MsgType::kHeartbeat, 0)}));
+}
+
+// Checkpoint without a store, shutdown, and requests for part of a slice.
+void AddControl(SeedFiles& seeds) {
+  Seeds s(MakeConfig(0, true, OptimizerKind::kSgd));
+  seeds.emplace_back("checkpoint-no-store", s.Input({s.Simple(MsgType::kCheckpoint, 0)}));
+  seeds.emplace_back("shutdown", s.Input({s.Simple(MsgType::kShutdown, -1), s.Stats()}));
+  // Part of a slice: the range [10, +20) of the first slice held here.
+  SliceRange part = s.here().front();
+  part.begin = 10;
+  part.count = 20;
+  seeds.emplace_back("partial-ranges", s.Input({s.Pull(0, 0, {part}), s.Push(0, 0, {part})}));
+}
+
+// Malformed messages of slices, each refused with an error reply that changes nothing.
+void AddMalformedMessages(Seeds& s, SeedFiles& seeds) {
+  const std::vector<SliceRange> here = s.here();
+  seeds.emplace_back("bad-empty-header", s.Input({{std::string()}}));
+  seeds.emplace_back("bad-garbage-header",
+                     s.Input({{std::string("\x10\x00\x00\x00garbage-not-a-flatbuffer", 28)}}));
+  Message push = s.Push(0, 0, here);
+  seeds.emplace_back("bad-truncated-header", s.Input({{push[0].substr(0, push[0].size() / 2)}}));
+  Header old = s.Base(MsgType::kPull, 0);
+  old.protocol_version = kProtocolVersion - 1;
+  seeds.emplace_back("bad-protocol-version", s.Input({{Frame(old)}}));
+  Message short_frame = s.Push(0, 0, here);
+  short_frame[1].pop_back();
+  seeds.emplace_back("bad-frame-length", s.Input({short_frame}));
+  Message missing = s.Push(0, 0, here);
+  missing.pop_back();
+  seeds.emplace_back("bad-frame-count",
+                     s.Input({missing, {s.Pull(0, 0, here)[0], std::string(8, '\0')}}));
+  seeds.emplace_back("bad-nonfinite",
+                     s.Input({s.Push(0, 0, here, std::numeric_limits<float>::quiet_NaN()),
+                              s.Push(1, 0, here, std::numeric_limits<float>::infinity())}));
+  std::vector<SliceRange> reversed(here.rbegin(), here.rend());
+  seeds.emplace_back("bad-order", s.Input({s.Pull(0, 0, reversed)}));
+  seeds.emplace_back("bad-unknown-slice",
+                     s.Input({s.Pull(0, 0, s.elsewhere()), s.Pull(0, 0, {{999, 0, 1}})}));
+  SliceRange outside = here.front();
+  outside.begin = outside.count - 5;
+  seeds.emplace_back("bad-range", s.Input({s.Pull(0, 0, {outside}), s.Push(0, 0, {outside})}));
+  seeds.emplace_back("bad-rank", s.Input({s.Simple(MsgType::kHeartbeat, 7), s.Push(-1, 0, here),
+                                          s.Simple(MsgType::kLeave, -5)}));
+  seeds.emplace_back("bad-version", s.Input({s.Push(0, 5, here), s.Push(1, -1, here)}));
+  Message batch = s.Push(0, 0, here);
+  Header h = s.Base(MsgType::kPush, 0);
+  h.slices = here;
+  h.batch_examples = -1;
+  batch[0] = Frame(h);
+  seeds.emplace_back("bad-batch-examples", s.Input({batch}));
+}
+
+// Registrations that must be refused: another model than the one registered (through `s`,
+// registered), then, unregistered, an invalid optimizer, the wrong shard count, a model over
+// the size bound, another mode.
+void AddBadRegistrations(Seeds& s, SeedFiles& seeds) {
+  ModelRegistration other = FuzzModel(MakeConfig(1, true, OptimizerKind::kSgd));
+  other.variables[0].shape = {20, 11};
+  Header mismatch = s.Base(MsgType::kRegister, 0);
+  mismatch.registration = other;
+  seeds.emplace_back("bad-register-mismatch", s.Input({{Frame(mismatch)}}));
+  Seeds fresh(MakeConfig(0, false, OptimizerKind::kSgd));
+  ModelRegistration bad = FuzzModel(MakeConfig(0, false, OptimizerKind::kSgd));
+  bad.optimizer.learning_rate = -1;
+  Header bad_lr = fresh.Base(MsgType::kRegister, 0);
+  bad_lr.registration = bad;
+  bad = FuzzModel(MakeConfig(0, false, OptimizerKind::kSgd));
+  bad.num_shards = 3;
+  Header bad_shards = fresh.Base(MsgType::kRegister, 0);
+  bad_shards.registration = bad;
+  bad = FuzzModel(MakeConfig(0, false, OptimizerKind::kAdam));
+  bad.variables[0].shape = {1 << 20, 1 << 10};
+  Header too_big = fresh.Base(MsgType::kRegister, 0);
+  too_big.registration = bad;
+  bad = FuzzModel(MakeConfig(0, false, OptimizerKind::kSgd));
+  bad.mode = "sync";
+  Header wrong_mode = fresh.Base(MsgType::kRegister, 0);
+  wrong_mode.registration = bad;
+  seeds.emplace_back("bad-registrations",
+                     fresh.Input({{Frame(bad_lr)}, {Frame(bad_shards)}, {Frame(too_big)},
+                                  {Frame(wrong_mode)}, fresh.Pull(0, 0, fresh.here())}));
+}
+
+// Malformed rows, async: each is refused and changes no row. Each file starts with a push that
+// created rows, so that a refusal has rows to leave alone, and ends with a valid pull.
+void AddMalformedRows(const TrainingRows& r, SeedFiles& seeds) {
+  Seeds s(MakeConfig(0, true, OptimizerKind::kMomentum));
+  const Rows& fixed0 = r.fixed0;
+  const Rows& hashed0 = r.hashed0;
+  const std::vector<Rows> ok{fixed0, hashed0};
+  // `make_bad` builds the bad messages after the valid push, so that their seq numbers
+  // follow its own (an earlier one would be taken for a replay, not checked).
+  auto seed = [&](const std::string& name, auto make_bad) {
+    std::vector<Message> messages{s.PushRows(0, 0, {}, ok)};
+    for (Message& m : make_bad()) messages.push_back(std::move(m));
+    messages.push_back(s.PullRows(0, 0, {}, ok));
+    seeds.emplace_back(name, s.Input(std::move(messages)));
+  };
+  const Rows unsorted{0, {fixed0.ids[3], fixed0.ids[1], fixed0.ids[2]}};
+  const Rows twice{1, {hashed0.ids[0], hashed0.ids[0]}};
+  seed("bad-rows-order", [&] {
+    return std::vector<Message>{s.PushRows(0, 0, {}, {unsorted}), s.PullRows(0, 0, {}, {twice}),
+                                s.PushRows(0, 0, {}, {hashed0, fixed0})};
+  });
+  seed("bad-rows-shard", [&] {
+    return std::vector<Message>{s.PushRows(0, 0, {}, {r.other_shard}),
+                                s.PullRows(0, 0, {}, {{1, IdsOn(1, 1, 0, 1)}})};
+  });
+  const Rows past_end{0, {fixed0.ids[0], IdsOn(0, 0, kFixedTableRows, 1)[0]}};
+  seed("bad-rows-range", [&] {
+    return std::vector<Message>{s.PushRows(0, 0, {}, {past_end}),
+                                s.PullRows(0, 0, {}, {{0, IdsOn(0, 0, UINT64_MAX - 64, 1)}})};
+  });
+  seed("bad-rows-values-length", [&] {
+    Message short_values = s.PushRows(0, 0, {}, ok);
+    short_values[2].resize(short_values[2].size() - 4);
+    Message long_values = s.PushRows(0, 0, {}, ok);
+    long_values[4] += std::string(4, '\0');
+    // bfloat16 in the header, float32 values in the frame.
+    Message wide = s.PushRows(0, 0, {}, ok, 0.01f, DType::kBfloat16);
+    wide[2] = Floats(static_cast<int64_t>(fixed0.ids.size()) * kFixedTableDim, 0.01f);
+    return std::vector<Message>{short_values, long_values, wide};
+  });
+  seed("bad-rows-frame-count", [&] {
+    Message no_values = s.PushRows(0, 0, {}, ok);
+    no_values.pop_back();
+    Message extra = s.PushRows(0, 0, {}, ok);
+    extra.push_back(std::string(8, '\0'));
+    Message no_slice = s.PushRows(0, 0, {s.here().front()}, ok);
+    no_slice.erase(no_slice.begin() + 1);
+    Message no_ids = s.PullRows(0, 0, {}, ok);
+    no_ids.pop_back();
+    Message two_ids = s.PullRows(0, 0, {}, {fixed0});
+    two_ids.push_back(IdsFrame(fixed0.ids));
+    return std::vector<Message>{no_values, extra, no_slice, no_ids, two_ids};
+  });
+  seed("bad-rows-ids-length", [&] {
+    Message odd = s.PushRows(0, 0, {}, ok);
+    odd[1].pop_back();
+    Message pull_odd = s.PullRows(0, 0, {}, {hashed0});
+    pull_odd[1] += std::string(4, '\0');
+    // The range says 5 ids, the frame holds 4.
+    Message miscounted = s.PullRows(0, 0, {}, {fixed0});
+    miscounted[1].resize(miscounted[1].size() - sizeof(uint64_t));
+    return std::vector<Message>{odd, pull_odd, miscounted};
+  });
+  seed("bad-rows-unknown-table", [&] {
+    return std::vector<Message>{s.PushRows(0, 0, {}, {{2, {1, 2}}}),
+                                s.PullRows(0, 0, {}, {fixed0, {UINT32_MAX, {7}}})};
+  });
+  seed("bad-rows-nonfinite", [&] {
+    return std::vector<Message>{
+        s.PushRows(0, 0, {}, ok, std::numeric_limits<float>::quiet_NaN()),
+        s.PushRows(1, 0, s.here(), {hashed0}, std::numeric_limits<float>::infinity(),
+                   DType::kBfloat16)};
+  });
+}
+
+// Sync: rank 1's refused pushes (NaN rows; an id of shard 1) add nothing to the step rank 0's
+// rows wait in; its valid push then completes it.
+void AddMalformedSyncRows(const TrainingRows& r, SeedFiles& seeds) {
+  Seeds sync(MakeConfig(1, true, OptimizerKind::kAdam));
+  Message first = sync.PushRows(0, 0, sync.here(), r.rows0);
+  Message nan =
+      sync.PushRows(1, 0, sync.here(), r.rows1, std::numeric_limits<float>::quiet_NaN());
+  Message elsewhere = sync.PushRows(1, 0, sync.here(), {r.other_shard});
+  Message second = sync.PushRows(1, 0, sync.here(), r.rows1);
+  seeds.emplace_back("bad-rows-sync",
+                     sync.Input({first, nan, elsewhere, second, sync.PullRows(0, 1, {}, r.rows0)}));
+}
+
+// Rows before any registration (no table is known); then registrations with tables that must
+// be refused: a table of width 0, two tables of one name, a table named like a variable; then
+// the model, then one that differs from it in a table's width, and a pull of its rows.
+void AddBadTables(const TrainingRows& r, SeedFiles& seeds) {
+  Seeds fresh(MakeConfig(0, false, OptimizerKind::kSgd));
+  const std::vector<Rows> ok{r.fixed0, r.hashed0};
+  seeds.emplace_back("bad-rows-unregistered",
+                     fresh.Input({fresh.PullRows(0, 0, {}, ok), fresh.PushRows(0, 0, {}, ok)}));
+  auto with_tables = [&](std::vector<TableSpec> tables) {
+    Header h = fresh.Base(MsgType::kRegister, 0);
+    h.registration = FuzzModel(MakeConfig(0, false, OptimizerKind::kSgd));
+    h.registration->tables = std::move(tables);
+    return Message{Frame(h)};
+  };
+  const std::vector<TableSpec> good = FuzzModel(MakeConfig(0, false, OptimizerKind::kSgd)).tables;
+  std::vector<TableSpec> zero_dim = good, same_name = good, like_variable = good, wider = good;
+  zero_dim[0].dim = 0;
+  same_name[1].name = same_name[0].name;
+  like_variable[1].name = "dense/bias";
+  wider[1].dim += 1;
+  seeds.emplace_back(
+      "bad-register-tables",
+      fresh.Input({with_tables(zero_dim), with_tables(same_name), with_tables(like_variable),
+                   with_tables(good), with_tables(wider), with_tables({}),
+                   fresh.PullRows(0, 0, {}, ok)}));
+}
+
+// Every seed file, in order.
+SeedFiles AllSeeds() {
+  SeedFiles seeds;
+  const TrainingRows rows = MakeTrainingRows();
+  AddTraining(seeds);
+  AddRowTraining(rows, seeds);
+  AddRowEncodings(rows, seeds);
+  AddRegistrations(seeds);
+  AddControl(seeds);
+  Seeds malformed(MakeConfig(1, true, OptimizerKind::kSgd));
+  AddMalformedMessages(malformed, seeds);
+  AddBadRegistrations(malformed, seeds);
+  AddMalformedRows(rows, seeds);
+  AddMalformedSyncRows(rows, seeds);
+  AddBadTables(rows, seeds);
+  return seeds;
+}
+
+size_t TotalBytes(const SeedFiles& seeds) {
+  size_t bytes = 0;
+  for (const auto& [name, data] : seeds) bytes += data.size();
+  return bytes;
+}
+
+// --check: 0 when `dir` holds exactly `seeds` (each the same in meaning: SameSeed), else 1
+// with every stale or missing seed named and how to regenerate (`program` is argv[0]).
+int CheckCorpus(const std::filesystem::path& dir, const SeedFiles& seeds, const char* program) {
+  int stale = 0;
+  size_t files = 0;
+  for (auto it = std::filesystem::directory_iterator(dir);
+       it != std::filesystem::directory_iterator(); ++it) {
+    files += 1;
+  }
+  for (const auto& [name, data] : seeds) {
+    std::ifstream in(dir / name, std::ios::binary);
+    std::ostringstream have;
+    have << in.rdbuf();
+    if (!in.is_open() || !SameSeed(have.str(), data)) {
+      std::fprintf(stderr, "stale or missing seed: %s\n", (dir / name).c_str());
+      ++stale;
+    }
+  }
+  if (stale > 0 || files != seeds.size()) {
+    std::fprintf(stderr,
+                 "%s is not what this generator writes (%d stale, %zu files for %zu seeds); "
+                 "regenerate it: rm -r %s && %s %s\n",
+                 dir.c_str(), stale, files, seeds.size(), dir.c_str(), program, dir.c_str());
+    return 1;
+  }
+  std::printf("%s: all %zu seeds current (%zu bytes)\n", dir.c_str(), seeds.size(),
+              TotalBytes(seeds));
+  return 0;
+}
+
+// Writes `seeds` into `dir` (created if missing): 0, or 1 when a file cannot be written.
+int WriteCorpus(const std::filesystem::path& dir, const SeedFiles& seeds) {
+  std::filesystem::create_directories(dir);
+  for (const auto& [name, data] : seeds) {
+    std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+    if (!out) {
+      std::fprintf(stderr, "cannot write %s\n", (dir / name).c_str());
+      return 1;
+    }
+  }
+  std::printf("wrote %zu seeds, %zu bytes, to %s\n", seeds.size(), TotalBytes(seeds),
+              dir.c_str());
+  return 0;
+}
+
 }  // namespace
 }  // namespace parasync::fuzz
 
@@ -239,307 +617,6 @@ int main(int argc, char** argv) {
                               " for a directory of that name",
                           kExitBadUsage);
   }
-  const std::filesystem::path dir = dir_text;
-  std::vector<std::pair<std::string, std::string>> seeds;  // name, bytes
-  auto write = [&](const std::string& name, const std::string& data) {
-    seeds.emplace_back(name, data);
-  };
-
-  // A training exchange of both ranks in every mode, each with another optimizer.
-  struct Variant {
-    const char* name;
-    Config config;
-  };
-  const Variant variants[] = {
-      {"async-sgd", MakeConfig(0, true, OptimizerKind::kSgd)},
-      {"sync-momentum", MakeConfig(1, true, OptimizerKind::kMomentum)},
-      {"ssp1-adam", MakeConfig(2, true, OptimizerKind::kAdam)},
-      {"sync-r1-adam-staleness", MakeConfig(3, true, OptimizerKind::kAdam, true)},
-      {"async-adam-drop-replies", MakeConfig(0, true, OptimizerKind::kAdam, false, true)},
-      // Parked pulls time out at once; every rank is declared dead after each turn.
-      {"sync-barrier-timeout", MakeConfig(1, true, OptimizerKind::kSgd, false, false, true)},
-      {"ssp1-workers-expire", MakeConfig(2, true, OptimizerKind::kMomentum, false, false, false,
-                                         true)},
-      {"sync-r1-both-timeouts", MakeConfig(3, true, OptimizerKind::kAdam, false, false, true,
-                                           true)},
-  };
-  for (const Variant& v : variants) {
-    Seeds s(v.config);
-    write("train-" + std::string(v.name),
-          s.Input({s.Simple(MsgType::kHeartbeat, 0), s.Simple(MsgType::kHeartbeat, 1),
-                   s.Pull(0, 0, s.here()), s.Pull(1, 0, s.here()), s.Push(0, 0, s.here()),
-                   s.Pull(0, 1, s.here()), s.Push(1, 0, s.here()), s.Pull(1, 1, s.here()),
-                   s.Push(0, 1, s.here()), s.Push(0, 1, s.here()), s.Stats(),
-                   s.Simple(MsgType::kLeave, 1), s.Push(0, 2, s.here())}));
-  }
-  // The same exchange with embedding rows, in every mode: both ranks pull and push rows of
-  // both tables (on this shard), with slices and without. The ranks' rows overlap, so a sync
-  // step averages some rows over two ranks and others over one; together they are more rows
-  // than the harness's row cap, so creating rows evicts others.
-  const Rows fixed0{0, IdsOn(0, 0, 0, 5)};
-  const Rows hashed0{1, IdsOn(1, 0, uint64_t{1} << 40, 3)};
-  Rows fixed1{0, {fixed0.ids[2], fixed0.ids[3], fixed0.ids[4]}};
-  for (uint64_t id : IdsOn(0, 0, 600, 2)) fixed1.ids.push_back(id);
-  Rows hashed1{1, {hashed0.ids[1]}};
-  for (uint64_t id : IdsOn(1, 0, UINT64_MAX - 64, 1)) hashed1.ids.push_back(id);
-  const std::vector<Rows> rows0{fixed0, hashed0}, rows1{fixed1, hashed1};
-  for (const Variant& v : variants) {
-    Seeds s(v.config);
-    write("rows-train-" + std::string(v.name),
-          s.Input({s.Simple(MsgType::kHeartbeat, 0), s.Simple(MsgType::kHeartbeat, 1),
-                   s.PullRows(0, 0, s.here(), rows0), s.PullRows(1, 0, s.here(), rows1),
-                   s.PushRows(0, 0, s.here(), rows0), s.PullRows(0, 1, s.here(), rows0),
-                   s.PushRows(1, 0, s.here(), rows1, -0.02f), s.PullRows(1, 1, {}, rows1),
-                   s.PushRows(0, 1, {}, {hashed0}), s.PushRows(0, 1, s.here(), rows0),
-                   s.PullRows(0, 2, {}, {fixed0}, DType::kBfloat16), s.Stats(),
-                   s.Simple(MsgType::kLeave, 1), s.PushRows(0, 2, s.here(), rows1)}));
-  }
-  {
-    // 16-bit rows both ways: bfloat16 and float16 pushes (values frames of 2-byte values)
-    // and pulls (their replies' values frames are too).
-    Seeds s(MakeConfig(0, true, OptimizerKind::kAdam));
-    write("rows-sixteen-bit",
-          s.Input({s.PushRows(0, 0, {}, rows0, 0.01f, DType::kBfloat16),
-                   s.PushRows(1, 1, s.here(), rows1, 0.03f, DType::kFloat16),
-                   s.PullRows(0, 1, s.here(), rows0, DType::kFloat16),
-                   s.PullRows(1, 1, {}, rows1, DType::kBfloat16)}));
-    // Ids nobody pushed read as their initial value and create nothing; an empty ids frame.
-    write("rows-pull-unseen",
-          s.Input({s.PullRows(0, 0, {}, {{0, IdsOn(0, 0, 900, 40)}, {1, {}}}),
-                   s.PullRows(1, 0, {}, {{1, IdsOn(1, 0, 0, 64)}})}));
-  }
-  {
-    // Registration through the fuzzed path: first, idempotent again, then a pull and a push.
-    Seeds s(MakeConfig(0, false, OptimizerKind::kMomentum));
-    write("register-async", s.Input({s.Register(0), s.Register(1), s.Pull(-1, 0, s.here()),
-                                     s.Push(-1, 0, {s.here().front()})}));
-    Seeds sync(MakeConfig(1, false, OptimizerKind::kSgd));
-    write("register-sync", sync.Input({sync.Register(1), sync.Push(0, 0, sync.here()),
-                                       sync.Push(1, 0, sync.here()), sync.Pull(0, 1, sync.here())}));
-    write("stats-unregistered", s.Input({s.Stats()}));
-    write("heartbeat-unregistered", s.Input({s.Simple(MsgType::kHeartbeat, 0)}));
-  }
-  {
-    Seeds s(MakeConfig(0, true, OptimizerKind::kSgd));
-    write("checkpoint-no-store", s.Input({s.Simple(MsgType::kCheckpoint, 0)}));
-    write("shutdown", s.Input({s.Simple(MsgType::kShutdown, -1), s.Stats()}));
-    // Part of a slice: the range [10, +20) of the first slice held here.
-    SliceRange part = s.here().front();
-    part.begin = 10;
-    part.count = 20;
-    write("partial-ranges", s.Input({s.Pull(0, 0, {part}), s.Push(0, 0, {part})}));
-  }
-
-  // Malformed: each is refused with an error reply and changes nothing.
-  {
-    Seeds s(MakeConfig(1, true, OptimizerKind::kSgd));
-    const std::vector<SliceRange> here = s.here();
-    write("bad-empty-header", s.Input({{std::string()}}));
-    write("bad-garbage-header", s.Input({{std::string("\x10\x00\x00\x00garbage-not-a-flatbuffer", 28)}}));
-    Message push = s.Push(0, 0, here);
-    write("bad-truncated-header", s.Input({{push[0].substr(0, push[0].size() / 2)}}));
-    Header old = s.Base(MsgType::kPull, 0);
-    old.protocol_version = kProtocolVersion - 1;
-    write("bad-protocol-version", s.Input({{Frame(old)}}));
-    Message short_frame = s.Push(0, 0, here);
-    short_frame[1].pop_back();
-    write("bad-frame-length", s.Input({short_frame}));
-    Message missing = s.Push(0, 0, here);
-    missing.pop_back();
-    write("bad-frame-count", s.Input({missing, {s.Pull(0, 0, here)[0], std::string(8, '\0')}}));
-    write("bad-nonfinite",
-          s.Input({s.Push(0, 0, here, std::numeric_limits<float>::quiet_NaN()),
-                   s.Push(1, 0, here, std::numeric_limits<float>::infinity())}));
-    std::vector<SliceRange> reversed(here.rbegin(), here.rend());
-    write("bad-order", s.Input({s.Pull(0, 0, reversed)}));
-    write("bad-unknown-slice",
-          s.Input({s.Pull(0, 0, s.elsewhere()), s.Pull(0, 0, {{999, 0, 1}})}));
-    SliceRange outside = here.front();
-    outside.begin = outside.count - 5;
-    write("bad-range", s.Input({s.Pull(0, 0, {outside}), s.Push(0, 0, {outside})}));
-    write("bad-rank", s.Input({s.Simple(MsgType::kHeartbeat, 7), s.Push(-1, 0, here),
-                               s.Simple(MsgType::kLeave, -5)}));
-    write("bad-version", s.Input({s.Push(0, 5, here), s.Push(1, -1, here)}));
-    Message batch = s.Push(0, 0, here);
-    {
-      Header h = s.Base(MsgType::kPush, 0);
-      h.slices = here;
-      h.batch_examples = -1;
-      batch[0] = Frame(h);
-    }
-    write("bad-batch-examples", s.Input({batch}));
-    // Registrations that must be refused: another model than the one registered, an invalid
-    // optimizer, the wrong shard count, a model over the size bound.
-    ModelRegistration other = FuzzModel(MakeConfig(1, true, OptimizerKind::kSgd));
-    other.variables[0].shape = {20, 11};
-    Header mismatch = s.Base(MsgType::kRegister, 0);
-    mismatch.registration = other;
-    write("bad-register-mismatch", s.Input({{Frame(mismatch)}}));
-    Seeds fresh(MakeConfig(0, false, OptimizerKind::kSgd));
-    ModelRegistration bad = FuzzModel(MakeConfig(0, false, OptimizerKind::kSgd));
-    bad.optimizer.learning_rate = -1;
-    Header bad_lr = fresh.Base(MsgType::kRegister, 0);
-    bad_lr.registration = bad;
-    bad = FuzzModel(MakeConfig(0, false, OptimizerKind::kSgd));
-    bad.num_shards = 3;
-    Header bad_shards = fresh.Base(MsgType::kRegister, 0);
-    bad_shards.registration = bad;
-    bad = FuzzModel(MakeConfig(0, false, OptimizerKind::kAdam));
-    bad.variables[0].shape = {1 << 20, 1 << 10};
-    Header too_big = fresh.Base(MsgType::kRegister, 0);
-    too_big.registration = bad;
-    bad = FuzzModel(MakeConfig(0, false, OptimizerKind::kSgd));
-    bad.mode = "sync";
-    Header wrong_mode = fresh.Base(MsgType::kRegister, 0);
-    wrong_mode.registration = bad;
-    write("bad-registrations", fresh.Input({{Frame(bad_lr)}, {Frame(bad_shards)}, {Frame(too_big)},
-                                            {Frame(wrong_mode)}, fresh.Pull(0, 0, fresh.here())}));
-  }
-  // Malformed rows: each is refused and changes no row. Async, after a push that created
-  // rows, so that a refusal has rows to leave alone; each file ends with a valid pull.
-  {
-    Seeds s(MakeConfig(0, true, OptimizerKind::kMomentum));
-    const std::vector<Rows> ok{fixed0, hashed0};
-    // `make_bad` builds the bad messages after the valid push, so that their seq numbers
-    // follow its own (an earlier one would be taken for a replay, not checked).
-    auto seed = [&](const std::string& name, auto make_bad) {
-      std::vector<Message> messages{s.PushRows(0, 0, {}, ok)};
-      for (Message& m : make_bad()) messages.push_back(std::move(m));
-      messages.push_back(s.PullRows(0, 0, {}, ok));
-      write(name, s.Input(std::move(messages)));
-    };
-    const Rows unsorted{0, {fixed0.ids[3], fixed0.ids[1], fixed0.ids[2]}};
-    const Rows twice{1, {hashed0.ids[0], hashed0.ids[0]}};
-    seed("bad-rows-order", [&] {
-      return std::vector<Message>{s.PushRows(0, 0, {}, {unsorted}), s.PullRows(0, 0, {}, {twice}),
-                                  s.PushRows(0, 0, {}, {hashed0, fixed0})};
-    });
-    const Rows other_shard{0, {fixed0.ids[0], IdsOn(0, 1, fixed0.ids[0], 1)[0]}};
-    seed("bad-rows-shard", [&] {
-      return std::vector<Message>{s.PushRows(0, 0, {}, {other_shard}),
-                                  s.PullRows(0, 0, {}, {{1, IdsOn(1, 1, 0, 1)}})};
-    });
-    const Rows past_end{0, {fixed0.ids[0], IdsOn(0, 0, kFixedTableRows, 1)[0]}};
-    seed("bad-rows-range", [&] {
-      return std::vector<Message>{s.PushRows(0, 0, {}, {past_end}),
-                                  s.PullRows(0, 0, {}, {{0, IdsOn(0, 0, UINT64_MAX - 64, 1)}})};
-    });
-    seed("bad-rows-values-length", [&] {
-      Message short_values = s.PushRows(0, 0, {}, ok);
-      short_values[2].resize(short_values[2].size() - 4);
-      Message long_values = s.PushRows(0, 0, {}, ok);
-      long_values[4] += std::string(4, '\0');
-      // bfloat16 in the header, float32 values in the frame.
-      Message wide = s.PushRows(0, 0, {}, ok, 0.01f, DType::kBfloat16);
-      wide[2] = Floats(static_cast<int64_t>(fixed0.ids.size()) * kFixedTableDim, 0.01f);
-      return std::vector<Message>{short_values, long_values, wide};
-    });
-    seed("bad-rows-frame-count", [&] {
-      Message no_values = s.PushRows(0, 0, {}, ok);
-      no_values.pop_back();
-      Message extra = s.PushRows(0, 0, {}, ok);
-      extra.push_back(std::string(8, '\0'));
-      Message no_slice = s.PushRows(0, 0, {s.here().front()}, ok);
-      no_slice.erase(no_slice.begin() + 1);
-      Message no_ids = s.PullRows(0, 0, {}, ok);
-      no_ids.pop_back();
-      Message two_ids = s.PullRows(0, 0, {}, {fixed0});
-      two_ids.push_back(IdsFrame(fixed0.ids));
-      return std::vector<Message>{no_values, extra, no_slice, no_ids, two_ids};
-    });
-    seed("bad-rows-ids-length", [&] {
-      Message odd = s.PushRows(0, 0, {}, ok);
-      odd[1].pop_back();
-      Message pull_odd = s.PullRows(0, 0, {}, {hashed0});
-      pull_odd[1] += std::string(4, '\0');
-      // The range says 5 ids, the frame holds 4.
-      Message miscounted = s.PullRows(0, 0, {}, {fixed0});
-      miscounted[1].resize(miscounted[1].size() - sizeof(uint64_t));
-      return std::vector<Message>{odd, pull_odd, miscounted};
-    });
-    seed("bad-rows-unknown-table", [&] {
-      return std::vector<Message>{s.PushRows(0, 0, {}, {{2, {1, 2}}}),
-                                  s.PullRows(0, 0, {}, {fixed0, {UINT32_MAX, {7}}})};
-    });
-    seed("bad-rows-nonfinite", [&] {
-      return std::vector<Message>{
-          s.PushRows(0, 0, {}, ok, std::numeric_limits<float>::quiet_NaN()),
-          s.PushRows(1, 0, s.here(), {hashed0}, std::numeric_limits<float>::infinity(),
-                     DType::kBfloat16)};
-    });
-    // Sync: rank 1's refused pushes (NaN rows; an id of shard 1) add nothing to the step
-    // rank 0's rows wait in; its valid push then completes it.
-    Seeds sync(MakeConfig(1, true, OptimizerKind::kAdam));
-    {
-      Message first = sync.PushRows(0, 0, sync.here(), rows0);
-      Message nan =
-          sync.PushRows(1, 0, sync.here(), rows1, std::numeric_limits<float>::quiet_NaN());
-      Message elsewhere = sync.PushRows(1, 0, sync.here(), {other_shard});
-      Message second = sync.PushRows(1, 0, sync.here(), rows1);
-      write("bad-rows-sync",
-            sync.Input({first, nan, elsewhere, second, sync.PullRows(0, 1, {}, rows0)}));
-    }
-    // Rows before any registration: no table is known.
-    Seeds fresh(MakeConfig(0, false, OptimizerKind::kSgd));
-    write("bad-rows-unregistered",
-          fresh.Input({fresh.PullRows(0, 0, {}, ok), fresh.PushRows(0, 0, {}, ok)}));
-    // Registrations with tables that must be refused: a table of width 0, two tables of one
-    // name, a table named like a variable; then the model, then one that differs from it in a
-    // table's width, and a pull of its rows.
-    auto with_tables = [&](std::vector<TableSpec> tables) {
-      Header h = fresh.Base(MsgType::kRegister, 0);
-      h.registration = FuzzModel(MakeConfig(0, false, OptimizerKind::kSgd));
-      h.registration->tables = std::move(tables);
-      return Message{Frame(h)};
-    };
-    const std::vector<TableSpec> good = FuzzModel(MakeConfig(0, false, OptimizerKind::kSgd)).tables;
-    std::vector<TableSpec> zero_dim = good, same_name = good, like_variable = good, wider = good;
-    zero_dim[0].dim = 0;
-    same_name[1].name = same_name[0].name;
-    like_variable[1].name = "dense/bias";
-    wider[1].dim += 1;
-    write("bad-register-tables",
-          fresh.Input({with_tables(zero_dim), with_tables(same_name), with_tables(like_variable),
-                       with_tables(good), with_tables(wider), with_tables({}),
-                       fresh.PullRows(0, 0, {}, ok)}));
-  }
-  size_t bytes = 0;
-  for (const auto& [name, data] : seeds) bytes += data.size();
-  if (check) {
-    int stale = 0;
-    size_t files = 0;
-    for (auto it = std::filesystem::directory_iterator(dir);
-         it != std::filesystem::directory_iterator(); ++it) {
-      files += 1;
-    }
-    for (const auto& [name, data] : seeds) {
-      std::ifstream in(dir / name, std::ios::binary);
-      std::ostringstream have;
-      have << in.rdbuf();
-      if (!in.is_open() || !SameSeed(have.str(), data)) {
-        std::fprintf(stderr, "stale or missing seed: %s\n", (dir / name).c_str());
-        ++stale;
-      }
-    }
-    if (stale > 0 || files != seeds.size()) {
-      std::fprintf(stderr,
-                   "%s is not what this generator writes (%d stale, %zu files for %zu seeds); "
-                   "regenerate it: rm -r %s && %s %s\n",
-                   dir.c_str(), stale, files, seeds.size(), dir.c_str(), argv[0], dir.c_str());
-      return 1;
-    }
-    std::printf("%s: all %zu seeds current (%zu bytes)\n", dir.c_str(), seeds.size(), bytes);
-    return 0;
-  }
-  std::filesystem::create_directories(dir);
-  for (const auto& [name, data] : seeds) {
-    std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
-    out.write(data.data(), static_cast<std::streamsize>(data.size()));
-    if (!out) {
-      std::fprintf(stderr, "cannot write %s\n", (dir / name).c_str());
-      return 1;
-    }
-  }
-  std::printf("wrote %zu seeds, %zu bytes, to %s\n", seeds.size(), bytes, dir.c_str());
-  return 0;
+  const SeedFiles seeds = AllSeeds();
+  return check ? CheckCorpus(dir_text, seeds, argv[0]) : WriteCorpus(dir_text, seeds);
 }

@@ -172,13 +172,8 @@ std::string HeaderFrame(const Header& h) {
   return std::string(bytes.begin(), bytes.end());
 }
 
-void RunInput(const uint8_t* data, size_t size) {
-  const AlarmBlocked alarm_blocked;  // first in, last out: covers every ZeroMQ call
-  const Input input = Parse(data, size);
-  const Config config = Config::FromByte(input.config);
-
-  // io_threads 0: inproc only. Per input, so that its sockets are gone when it returns.
-  zmq::context_t context(0);
+// The server an input meets: shard 0 of kNumShards in `config`'s mode, on kEndpoint.
+ServerOptions FuzzServerOptions(const Config& config) {
   ServerOptions options;
   options.endpoint = kEndpoint;
   options.shard_index = 0;
@@ -200,6 +195,38 @@ void RunInput(const uint8_t* data, size_t size) {
   options.max_unread_reply_bytes = 1;
   options.drop_push_reply_every = config.drop_push_replies ? 2 : 0;
   options.max_table_rows = kMaxTableRows;
+  return options;
+}
+
+// Checks the reply to the harness's final Stats request (request id UINT64_MAX) among
+// `replies`: every one of the `sent` requests counted, no more rejected than sent, and the
+// rows held as `tables` holds them.
+void CheckFinalStats(const std::vector<Header>& replies, int64_t sent,
+                     const EmbeddingTables& tables) {
+  const Header* reply = nullptr;
+  for (const Header& r : replies) {
+    if (r.request_id == UINT64_MAX && r.type == MsgType::kStats) reply = &r;
+  }
+  if (reply == nullptr || !reply->status.ok() || !reply->stats) Violated("no Stats reply");
+  if (reply->stats->requests != sent) {
+    Violated("the server counted " + std::to_string(reply->stats->requests) + " requests of " +
+             std::to_string(sent) + " sent");
+  }
+  if (reply->stats->rejected > sent) Violated("more rejections than requests");
+  if (reply->stats->rows_held != tables.rows_held()) {
+    Violated("the Stats reply says " + std::to_string(reply->stats->rows_held) +
+             " rows held, the shard holds " + std::to_string(tables.rows_held()));
+  }
+}
+
+void RunInput(const uint8_t* data, size_t size) {
+  const AlarmBlocked alarm_blocked;  // first in, last out: covers every ZeroMQ call
+  const Input input = Parse(data, size);
+  const Config config = Config::FromByte(input.config);
+
+  // io_threads 0: inproc only. Per input, so that its sockets are gone when it returns.
+  zmq::context_t context(0);
+  const ServerOptions options = FuzzServerOptions(config);
   auto created = Server::Create(context, options, &Metrics());
   if (!created.ok()) Violated("Server::Create: " + created.status().ToString());
   std::unique_ptr<Server> server = std::move(created).value();
@@ -263,20 +290,7 @@ void RunInput(const uint8_t* data, size_t size) {
   stats.request_id = UINT64_MAX;
   std::vector<Header> replies;
   if (!exchange({HeaderFrame(stats)}, &replies)) Violated("a Stats request stopped the server");
-  const Header* reply = nullptr;
-  for (const Header& r : replies) {
-    if (r.request_id == UINT64_MAX && r.type == MsgType::kStats) reply = &r;
-  }
-  if (reply == nullptr || !reply->status.ok() || !reply->stats) Violated("no Stats reply");
-  if (reply->stats->requests != sent) {
-    Violated("the server counted " + std::to_string(reply->stats->requests) + " requests of " +
-             std::to_string(sent) + " sent");
-  }
-  if (reply->stats->rejected > sent) Violated("more rejections than requests");
-  if (reply->stats->rows_held != tables.rows_held()) {
-    Violated("the Stats reply says " + std::to_string(reply->stats->rows_held) +
-             " rows held, the shard holds " + std::to_string(tables.rows_held()));
-  }
+  CheckFinalStats(replies, sent, tables);
 }
 
 }  // namespace

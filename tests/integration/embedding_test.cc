@@ -22,6 +22,7 @@
 #include "ps/optimizer.h"
 #include "tests/support/process_cluster.h"
 #include "tests/support/process_util.h"
+#include "tests/support/prometheus_text.h"
 #include "tests/support/sanitized.h"
 #include "worker/ps_client.h"
 
@@ -266,10 +267,8 @@ TEST(EmbeddingProcessTest, AnIdStreamBeyondTheRowCapEvictsAndStaysUnderTheMemory
   ASSERT_EQ(codes[0], 0) << cluster.Dump();
   for (int i = 0; i < 2; ++i) {
     const std::string metrics = testing::HttpGet(cluster.metrics_port(i), "/metrics");
-    auto value = [&](const std::string& name) -> double {
-      const std::regex line("\n" + name + R"((\{[^}]*\})? ([0-9.e+]+))");
-      std::smatch m;
-      return std::regex_search(metrics, m, line) ? std::stod(m[2].str()) : -1;
+    auto value = [&](const std::string& name) {
+      return testing::PrometheusValue(metrics, name).value_or(-1);
     };
     const double held = value("parasync_ps_table_rows");
     const double evicted = value("parasync_ps_table_rows_evicted_total");

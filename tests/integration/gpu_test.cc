@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process_util.h"
+#include "tests/support/prometheus_text.h"
 #include "tests/support/test_models.h"
 #include "worker/compute/backend_factory.h"
 
@@ -109,12 +109,10 @@ std::string ScrapeWhileTraining(Child& launch, const std::string& run_dir, const
   if (health.find(" 200 OK\r\n") == std::string::npos) {
     return worker + " /healthz never answered 200 while the run lasted; last answer: " + health;
   }
-  const std::regex examples(R"(\nparasync_worker_examples_total\{[^}]*\} ([0-9.e+]+))");
   std::string page;
   while (running()) {
     page = testing::HttpGet(port, "/metrics");
-    std::smatch m;
-    if (std::regex_search(page, m, examples) && std::stod(m[1].str()) > 0) return "";
+    if (testing::PrometheusValue(page, "parasync_worker_examples_total").value_or(0) > 0) return "";
     std::this_thread::sleep_for(50ms);
   }
   return worker + " /metrics never counted a trained example while the run lasted; last page:\n" +

@@ -22,6 +22,7 @@
 #include "common/wire.h"
 #include "tests/support/process_cluster.h"
 #include "tests/support/process_util.h"
+#include "tests/support/prometheus_text.h"
 #include "tests/support/sanitized.h"
 #include "tests/support/small_model.h"
 #include "worker/ps_client.h"
@@ -55,17 +56,11 @@ int64_t ProcBytes(pid_t pid, const std::string& field) {
   return -1;
 }
 
-// The value of the first series starting with `series` in a /metrics page (NaN if none).
-double Metric(int port, const std::string& series) {
-  std::istringstream page(testing::HttpGet(port, "/metrics"));
-  std::string line;
-  while (std::getline(page, line)) {
-    if (line.rfind(series, 0) == 0 && line.size() > series.size() &&
-        std::string_view(" {,}").find(line[series.size()]) != std::string_view::npos) {
-      return std::stod(line.substr(line.rfind(' ') + 1));
-    }
-  }
-  return std::nan("");
+// The value of the first sample of `name` with `labels` on the /metrics page at `port` (NaN if
+// none).
+double Metric(int port, const std::string& name, const testing::PrometheusLabels& labels = {}) {
+  return testing::PrometheusValue(testing::HttpGet(port, "/metrics"), name, labels)
+      .value_or(std::nan(""));
 }
 
 // A DEALER that asks and never reads: ZeroMQ on its side takes one message and the kernel
@@ -109,8 +104,8 @@ class Ps {
                                                      "parasync_ps_memory_bound_per_connection_bytes"));
   }
   double Rejected(const std::string& reason) const {
-    return Metric(metrics_port(),
-                  "parasync_ps_rejected_total{role=\"ps\",shard=\"0\",reason=\"" + reason + "\"");
+    return Metric(metrics_port(), "parasync_ps_rejected_total",
+                  {{"role", "ps"}, {"shard", "0"}, {"reason", reason}});
   }
 
  private:

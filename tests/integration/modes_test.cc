@@ -8,7 +8,6 @@
 #include <cmath>
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,6 +16,7 @@
 
 #include "tests/support/process_cluster.h"
 #include "tests/support/process_util.h"
+#include "tests/support/prometheus_text.h"
 #include "worker/compute/backend.h"
 #include "worker/data/dataset.h"
 #include "tests/support/test_models.h"
@@ -162,16 +162,11 @@ TEST(SspModeTest, StragglerNeverCausesClockStalenessAboveTheBoundAndFastWorkersB
   }
 }
 
-// The value of the sample of `name` whose labels contain `label` in a Prometheus text page
-// (NAN when absent).
-double Sample(const std::string& page, const std::string& name, const std::string& label = "") {
-  std::istringstream lines(page);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind(name + "{", 0) != 0 && line.rfind(name + " ", 0) != 0) continue;
-    if (!label.empty() && line.find(label) == std::string::npos) continue;
-    return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return NAN;
+// The value of the first sample of `name` whose labels include `labels` in a Prometheus text
+// page or file (NAN when absent).
+double Sample(const std::string& text, const std::string& name,
+              const testing::PrometheusLabels& labels = {}) {
+  return testing::PrometheusValue(text, name, labels).value_or(NAN);
 }
 
 // Stragglers are named: the PS pins barrier waits on the slow rank, exports it as the
@@ -195,15 +190,15 @@ TEST_P(StragglerTest, TheSlowRankIsExportedAsTheStragglerAndLogged) {
   for (int code : cluster.WaitWorkers(120s)) ASSERT_EQ(code, 0) << cluster.Dump();
   const std::string page = testing::HttpGet(metrics_port, "/metrics");
   const std::string waited = "parasync_ps_barrier_waited_for_seconds_total";
-  const double slow = Sample(page, waited, "rank=\"2\"");
-  const double fast = std::max(Sample(page, waited, "rank=\"0\""),
-                               Sample(page, waited, "rank=\"1\""));
+  const double slow = Sample(page, waited, {{"rank", "2"}});
+  const double fast = std::max(Sample(page, waited, {{"rank", "0"}}),
+                               Sample(page, waited, {{"rank", "1"}}));
   std::cout << GetParam() << ": barrier waited for rank 2 " << slow << " s, for the others at "
             << "most " << fast << " s; parasync_ps_straggler_rank "
             << Sample(page, "parasync_ps_straggler_rank") << "\n";
-  EXPECT_EQ(Sample(page, "parasync_ps_straggler", "rank=\"2\""), 1) << page;
-  EXPECT_EQ(Sample(page, "parasync_ps_straggler", "rank=\"0\""), 0) << page;
-  EXPECT_EQ(Sample(page, "parasync_ps_straggler", "rank=\"1\""), 0) << page;
+  EXPECT_EQ(Sample(page, "parasync_ps_straggler", {{"rank", "2"}}), 1) << page;
+  EXPECT_EQ(Sample(page, "parasync_ps_straggler", {{"rank", "0"}}), 0) << page;
+  EXPECT_EQ(Sample(page, "parasync_ps_straggler", {{"rank", "1"}}), 0) << page;
   EXPECT_EQ(Sample(page, "parasync_ps_straggler_rank"), 2) << page;  // deprecated, kept in 0.1
   // 40 steps of a 40 ms delay: most of it is pinned on rank 2, little on the others.
   EXPECT_GT(slow, 0.5) << page;
@@ -342,25 +337,6 @@ std::string ModeTestName(const ::testing::TestParamInfo<std::string>& param_info
 INSTANTIATE_TEST_SUITE_P(Modes, LaunchModeTest, ::testing::Values("async", "sync", "ssp:2"),
                          ModeTestName);
 
-// The value of the sample of `name` in a Prometheus text file whose labels include every
-// one of `labels` (each `key="value"`); -1 if there is none.
-double PromSample(const std::string& text, const std::string& name,
-                  const std::vector<std::string>& labels) {
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name + "{", 0) != 0) continue;
-    const size_t close = line.find('}');
-    if (close == std::string::npos) continue;
-    const std::string label_text = line.substr(0, close);
-    if (std::all_of(labels.begin(), labels.end(), [&](const std::string& l) {
-          return label_text.find(l) != std::string::npos;
-        })) {
-      return std::stod(line.substr(close + 1));
-    }
-  }
-  return -1;
-}
-
 // --wire-dtype with real processes: a sync cluster whose workers send and receive bfloat16
 // trains (the servers keep float32), and every tensor byte the server moved was 16-bit.
 TEST(WireDTypeTest, Bfloat16WireTrainsAndMovesTwoBytesPerElement) {
@@ -382,12 +358,12 @@ TEST(WireDTypeTest, Bfloat16WireTrainsAndMovesTwoBytesPerElement) {
   EXPECT_GE(last["test_accuracy"].get<double>(), 0.6) << last.dump();
 
   const std::string prom = testing::ReadFile(dir.path() + "/run/metrics-ps0.prom");
-  const double pushes = PromSample(prom, "parasync_ps_requests_total", {"type=\"push\""});
-  const double pulls = PromSample(prom, "parasync_ps_requests_total", {"type=\"pull\""});
-  const double bytes_in = PromSample(prom, "parasync_ps_bytes_total",
-                                     {"type=\"push\"", "direction=\"in\""});
-  const double bytes_out = PromSample(prom, "parasync_ps_bytes_total",
-                                      {"type=\"pull\"", "direction=\"out\""});
+  const double pushes = Sample(prom, "parasync_ps_requests_total", {{"type", "push"}});
+  const double pulls = Sample(prom, "parasync_ps_requests_total", {{"type", "pull"}});
+  const double bytes_in =
+      Sample(prom, "parasync_ps_bytes_total", {{"type", "push"}, {"direction", "in"}});
+  const double bytes_out =
+      Sample(prom, "parasync_ps_bytes_total", {{"type", "pull"}, {"direction", "out"}});
   ASSERT_GE(pushes, 200) << prom;  // 100 steps of 2 workers
   EXPECT_EQ(bytes_in, pushes * kElements * 2) << prom;
   // Pulls of the evaluation and of tools may be float32; the workers' are not: the bytes

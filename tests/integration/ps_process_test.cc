@@ -14,6 +14,7 @@
 #include "common/wire.h"
 #include "tests/support/process_cluster.h"
 #include "tests/support/process_util.h"
+#include "tests/support/prometheus_text.h"
 #include "tests/support/small_model.h"
 #include "worker/ps_client.h"
 
@@ -229,10 +230,10 @@ TEST(PsProcessTest, HostileMessagesGetErrorRepliesAndChangeNothing) {
   EXPECT_NE(metrics.find("200 OK"), std::string::npos) << metrics.substr(0, 200);
   for (const char* reason : {"malformed", "unknown_slice", "range", "byte_length",
                              "register_mismatch", "protocol_version", "non_finite"}) {
-    const std::string series = std::string(
-                                   "parasync_ps_rejected_total{role=\"ps\",shard=\"0\",reason=\"") +
-                               reason + "\"} 1";
-    EXPECT_NE(metrics.find(series), std::string::npos) << series << " missing in\n" << metrics;
+    EXPECT_EQ(testing::PrometheusValue(metrics, "parasync_ps_rejected_total",
+                                       {{"role", "ps"}, {"shard", "0"}, {"reason", reason}}),
+              1)
+        << reason << " not counted once in\n" << metrics;
   }
   EXPECT_TRUE(cluster.ps(0).Wait(0ms) == std::nullopt) << "the server died";
 }

@@ -791,156 +791,220 @@ struct Tally {
   }
 };
 
-// Raw ZeroMQ and parasync, for every size, shard count and worker count; per configuration
-// both are set up side by side and their repeats interleaved, so that noise hits both alike.
-Status RunDataPath(const Settings& st, Report& report) {
-  bool raw_want[3], ps_want[3], any_raw = false, any_ps = false;
+// Which sides the data-path rows run, by pattern (indexed by Pattern).
+struct DataPathSides {
+  bool raw[3] = {false, false, false};
+  bool ps[3] = {false, false, false};
+  bool any_raw = false, any_ps = false;
+};
+
+DataPathSides WantedSides(const Settings& st) {
+  DataPathSides want;
   for (Pattern p : kPatterns) {
     const auto i = static_cast<size_t>(p);
-    ps_want[i] = st.Want(PatternSection(p));
+    want.ps[i] = st.Want(PatternSection(p));
     // The ceiling of every parasync row, unless --no-ceiling leaves parasync alone.
-    raw_want[i] = st.Want("zmq") || (ps_want[i] && !st.no_ceiling);
-    any_raw |= raw_want[i];
-    any_ps |= ps_want[i];
+    want.raw[i] = st.Want("zmq") || (want.ps[i] && !st.no_ceiling);
+    want.any_raw |= want.raw[i];
+    want.any_ps |= want.ps[i];
   }
-  if (!any_raw && !any_ps) return Status::Ok();
+  return want;
+}
+
+// One configuration of the data path: a tensor of `bytes` over `shards` servers from `workers`
+// client threads, with the raw pair and parasync set up side by side (either may be empty).
+struct DataPathConfig {
+  int64_t bytes = 0;
+  int shards = 0;
+  int workers = 0;
+  std::string name;  // "4 KiB, 1 shard(s), 1 worker(s)"
+  // Destroyed in the reverse order: parasync's clients, its servers, the raw clients, the
+  // raw servers.
+  std::vector<std::unique_ptr<RawServer>> raw_servers;
+  std::vector<std::unique_ptr<RawClient>> raw_clients;
+  std::unique_ptr<PsCluster> cluster;
+  std::vector<std::unique_ptr<PsWorker>> ps_workers;
+
+  // Stops both sides; the first error either side's servers had.
+  Status Finish() {
+    ps_workers.clear();
+    if (cluster) PARASYNC_RETURN_IF_ERROR(cluster->Finish());
+    raw_clients.clear();
+    for (auto& s : raw_servers) PARASYNC_RETURN_IF_ERROR(s->Finish());
+    return Status::Ok();
+  }
+};
+
+// The raw pair of `c`: a RawServer per shard, a RawClient per worker.
+void StartRawPairs(DataPathConfig& c) {
+  std::vector<std::string> endpoints;
+  for (int s = 0; s < c.shards; ++s) {
+    c.raw_servers.push_back(std::make_unique<RawServer>(c.bytes / c.shards + 1));
+    endpoints.push_back(c.raw_servers.back()->endpoint());
+  }
+  for (int w = 0; w < c.workers; ++w) {
+    c.raw_clients.push_back(std::make_unique<RawClient>(endpoints));
+  }
+}
+
+// Parasync's side of `c`: real Servers (async, SGD) and a connected, registered PsWorker per
+// worker; a note in `report` where the tensor is too small for every shard to hold a slice.
+Status StartParasync(const Settings& st, DataPathConfig& c, Report& report) {
+  auto started = PsCluster::Start(c.shards, c.workers, TrainingMode{}, st.apply_threads);
+  if (!started.ok()) return started.status();
+  c.cluster = std::move(started).value();
+  const ModelRegistration reg =
+      OneVariable(c.bytes / 4, c.shards, kDefaultMaxSliceElements, "async");
+  auto map = SliceMap::Build(reg.variables, reg.max_slice_elements, c.shards);
+  if (!map.ok()) return map.status();
+  for (int s = 0; s < c.shards; ++s) {
+    if (map->SlicesOfShard(s).empty()) {
+      report.Note(fmt::format(
+          "parasync, {}: {} slice(s) for {} shards, so shard {} holds nothing and "
+          "every request goes to fewer servers than the raw rows use (slices are not "
+          "cut below 4 KiB for balance).", SizeText(c.bytes), map->slices().size(),
+          c.shards, s));
+    }
+  }
+  for (int w = 0; w < c.workers; ++w) {
+    auto worker = ConnectWorker(c.cluster->addresses(), w, reg, /*sync=*/false, st.wire_dtype,
+                                st.copy_threads);
+    if (!worker.ok()) return worker.status().WithContext("parasync client " + c.name);
+    c.ps_workers.push_back(std::move(worker).value());
+  }
+  return Status::Ok();
+}
+
+// What the timed repeats of one configuration added up to, by pattern: each side's tally
+// and the CPU time of parasync's server loops during its repeats.
+struct DataPathTallies {
+  Tally raw[3], ours[3];
+  double loop_cpu[3] = {0, 0, 0};
+};
+
+// One timed repeat of `round` on every worker of `c`, added to `t`; `side` names it in an
+// error.
+template <typename RoundFn>
+Status MeasureRepeat(const Settings& st, const DataPathConfig& c, Pattern p, RoundFn round,
+                     const char* side, Tally& t) {
+  const double cpu0 = ProcessCpuSeconds(), faults0 = ProcessPageFaults();
+  const double switches0 = ProcessContextSwitches();
+  auto r = RunParallel(c.workers, st.seconds, kMaxRounds, round);
+  t.cpu += ProcessCpuSeconds() - cpu0;
+  t.faults += ProcessPageFaults() - faults0;
+  t.switches += ProcessContextSwitches() - switches0;
+  if (!r.ok()) {
+    return r.status().WithContext(fmt::format("{} {} {}", side, PatternName(p), c.name));
+  }
+  const double gb = static_cast<double>(r->rounds * RoundBytes(p, c.bytes)) / 1e9;
+  t.rounds += static_cast<double>(r->rounds);
+  t.gb += gb;
+  t.seconds += r->seconds;
+  t.rates.push_back(gb / r->seconds);
+  return Status::Ok();
+}
+
+// The rows of `c` in `report` (zmq rows when asked for, parasync rows with the ceiling and
+// the ratio to it), and the progress line that explains them.
+void ReportDataPath(const Settings& st, const DataPathSides& want, const DataPathConfig& c,
+                    const DataPathTallies& t, Report& report) {
+  std::string line = "data path " + c.name + ":";
+  for (Pattern p : kPatterns) {
+    const auto i = static_cast<size_t>(p);
+    if (!want.raw[i] && !want.ps[i]) continue;
+    line += fmt::format(" {}", PatternName(p));
+    std::optional<double> ceiling;
+    if (want.raw[i]) {
+      ceiling = Median(t.raw[i].rates);
+      if (st.Want("zmq")) {
+        report.Add({std::string("zmq ") + PatternName(p), c.bytes, c.shards, c.workers, *ceiling,
+                    std::nullopt, "GB/s", std::nullopt, std::nullopt});
+      }
+      line += fmt::format(" zmq {:.2f} ({})", *ceiling, t.raw[i].Costs());
+    }
+    if (!want.ps[i]) {
+      line += ";";
+      continue;
+    }
+    const double median = Median(t.ours[i].rates);
+    // With a 16-bit wire the figure is still of the float32 tensor moved (what a training
+    // step gets done), against the raw pair moving that tensor's bytes.
+    const std::string wire = st.wire_dtype == DType::kFloat32
+                                 ? ""
+                                 : fmt::format(" ({} wire)", DTypeName(st.wire_dtype));
+    std::optional<double> ratio;
+    if (ceiling) ratio = median / *ceiling;
+    report.Add({std::string("parasync ") + PatternName(p) + wire, c.bytes, c.shards, c.workers,
+                median, std::nullopt, "GB/s", ceiling, ratio});
+    line += fmt::format(" parasync {:.2f} ({}{}, server loop busy {:.0f}%);", median,
+                        ratio ? fmt::format("{:.2f}; ", *ratio) : std::string(),
+                        t.ours[i].Costs(), 100 * t.loop_cpu[i] / t.ours[i].seconds / c.shards);
+  }
+  Progress(line + " GB/s");
+}
+
+// Raw ZeroMQ and parasync on one configuration: both set up side by side, one untimed round
+// of each (connections, first-touch of buffers), then their repeats interleaved, so that
+// noise hits both alike. The raw clients send `payload`, parasync's push `grad`.
+Status RunDataPathConfig(const Settings& st, const DataPathSides& want, DataPathConfig& c,
+                         const std::vector<char>& payload, const std::vector<float>& grad,
+                         Report& report) {
+  Progress("data path " + c.name + ": setting up");
+  if (want.any_raw) StartRawPairs(c);
+  if (want.any_ps) PARASYNC_RETURN_IF_ERROR(StartParasync(st, c, report));
+  auto raw_round = [&](Pattern p) {
+    return [&, p](int w) {
+      return c.raw_clients[static_cast<size_t>(w)]->Round(p, c.bytes, payload.data());
+    };
+  };
+  auto ps_round = [&](Pattern p) {
+    return [&, p](int w) { return PsRound(*c.ps_workers[static_cast<size_t>(w)], p, grad.data()); };
+  };
+  for (Pattern p : kPatterns) {
+    const auto i = static_cast<size_t>(p);
+    if (want.raw[i]) {
+      auto r = RunParallel(c.workers, 0, 1, raw_round(p));
+      if (!r.ok()) return r.status().WithContext("zmq " + c.name);
+    }
+    if (want.ps[i]) {
+      auto r = RunParallel(c.workers, 0, 1, ps_round(p));
+      if (!r.ok()) return r.status().WithContext("parasync " + c.name);
+    }
+  }
+  DataPathTallies t;
+  for (int rep = 0; rep < st.repeats; ++rep) {
+    for (Pattern p : kPatterns) {
+      const auto i = static_cast<size_t>(p);
+      if (want.raw[i]) {
+        PARASYNC_RETURN_IF_ERROR(MeasureRepeat(st, c, p, raw_round(p), "zmq", t.raw[i]));
+      }
+      if (want.ps[i]) {
+        const double cpu0 = c.cluster->CpuSeconds();
+        PARASYNC_RETURN_IF_ERROR(MeasureRepeat(st, c, p, ps_round(p), "parasync", t.ours[i]));
+        t.loop_cpu[i] += c.cluster->CpuSeconds() - cpu0;
+      }
+    }
+  }
+  ReportDataPath(st, want, c, t, report);
+  return c.Finish();
+}
+
+// Raw ZeroMQ and parasync, for every size, shard count and worker count.
+Status RunDataPath(const Settings& st, Report& report) {
+  const DataPathSides want = WantedSides(st);
+  if (!want.any_raw && !want.any_ps) return Status::Ok();
   const int64_t max_bytes = *std::max_element(st.sizes.begin(), st.sizes.end());
   const std::vector<char> payload(static_cast<size_t>(max_bytes), 1);  // raw clients send this
   const std::vector<float> grad(static_cast<size_t>(max_bytes) / sizeof(float), 1e-3f);
-
   for (int64_t bytes : st.sizes) {
     for (int shards : st.shard_counts) {
       for (int workers : st.worker_counts) {
-        const std::string config =
-            fmt::format("{}, {} shard(s), {} worker(s)", SizeText(bytes), shards, workers);
-        Progress("data path " + config + ": setting up");
-        std::vector<std::unique_ptr<RawServer>> raw_servers;
-        std::vector<std::unique_ptr<RawClient>> raw_clients;
-        std::vector<std::string> raw_endpoints;
-        for (int s = 0; any_raw && s < shards; ++s) {
-          raw_servers.push_back(std::make_unique<RawServer>(bytes / shards + 1));
-          raw_endpoints.push_back(raw_servers.back()->endpoint());
-        }
-        for (int w = 0; any_raw && w < workers; ++w) {
-          raw_clients.push_back(std::make_unique<RawClient>(raw_endpoints));
-        }
-        std::unique_ptr<PsCluster> cluster;
-        std::vector<std::unique_ptr<PsWorker>> ps_workers;
-        if (any_ps) {
-          auto started = PsCluster::Start(shards, workers, TrainingMode{}, st.apply_threads);
-          if (!started.ok()) return started.status();
-          cluster = std::move(started).value();
-          const ModelRegistration reg =
-              OneVariable(bytes / 4, shards, kDefaultMaxSliceElements, "async");
-          auto map = SliceMap::Build(reg.variables, reg.max_slice_elements, shards);
-          if (!map.ok()) return map.status();
-          for (int s = 0; s < shards; ++s) {
-            if (map->SlicesOfShard(s).empty()) {
-              report.Note(fmt::format(
-                  "parasync, {}: {} slice(s) for {} shards, so shard {} holds nothing and "
-                  "every request goes to fewer servers than the raw rows use (slices are not "
-                  "cut below 4 KiB for balance).", SizeText(bytes), map->slices().size(),
-                  shards, s));
-            }
-          }
-          for (int w = 0; w < workers; ++w) {
-            auto worker =
-                ConnectWorker(cluster->addresses(), w, reg, /*sync=*/false, st.wire_dtype,
-                              st.copy_threads);
-            if (!worker.ok()) return worker.status().WithContext("parasync client " + config);
-            ps_workers.push_back(std::move(worker).value());
-          }
-        }
-        auto raw_round = [&](Pattern p) {
-          return [&, p](int w) {
-            return raw_clients[static_cast<size_t>(w)]->Round(p, bytes, payload.data());
-          };
-        };
-        auto ps_round = [&](Pattern p) {
-          return [&, p](int w) { return PsRound(*ps_workers[static_cast<size_t>(w)], p, grad.data()); };
-        };
-        // Warm-up: one round of each, untimed (connections, first-touch of buffers).
-        for (Pattern p : kPatterns) {
-          const auto i = static_cast<size_t>(p);
-          if (raw_want[i]) {
-            auto r = RunParallel(workers, 0, 1, raw_round(p));
-            if (!r.ok()) return r.status().WithContext("zmq " + config);
-          }
-          if (ps_want[i]) {
-            auto r = RunParallel(workers, 0, 1, ps_round(p));
-            if (!r.ok()) return r.status().WithContext("parasync " + config);
-          }
-        }
-        Tally raw[3], ours[3];
-        double loop_cpu[3] = {0, 0, 0};  // the servers' loops, during the parasync repeats
-        // One timed repeat of `round` on every worker, added to `t`.
-        auto measure = [&](Tally& t, Pattern p, auto round, const char* side) -> Status {
-          const double cpu0 = ProcessCpuSeconds(), faults0 = ProcessPageFaults();
-          const double switches0 = ProcessContextSwitches();
-          auto r = RunParallel(workers, st.seconds, kMaxRounds, round);
-          t.cpu += ProcessCpuSeconds() - cpu0;
-          t.faults += ProcessPageFaults() - faults0;
-          t.switches += ProcessContextSwitches() - switches0;
-          if (!r.ok()) {
-            return r.status().WithContext(fmt::format("{} {} {}", side, PatternName(p), config));
-          }
-          const double gb = static_cast<double>(r->rounds * RoundBytes(p, bytes)) / 1e9;
-          t.rounds += static_cast<double>(r->rounds);
-          t.gb += gb;
-          t.seconds += r->seconds;
-          t.rates.push_back(gb / r->seconds);
-          return Status::Ok();
-        };
-        for (int rep = 0; rep < st.repeats; ++rep) {
-          for (Pattern p : kPatterns) {
-            const auto i = static_cast<size_t>(p);
-            if (raw_want[i]) PARASYNC_RETURN_IF_ERROR(measure(raw[i], p, raw_round(p), "zmq"));
-            if (ps_want[i]) {
-              const double cpu0 = cluster->CpuSeconds();
-              PARASYNC_RETURN_IF_ERROR(measure(ours[i], p, ps_round(p), "parasync"));
-              loop_cpu[i] += cluster->CpuSeconds() - cpu0;
-            }
-          }
-        }
-        std::string line = "data path " + config + ":";
-        for (Pattern p : kPatterns) {
-          const auto i = static_cast<size_t>(p);
-          if (!raw_want[i] && !ps_want[i]) continue;
-          line += fmt::format(" {}", PatternName(p));
-          std::optional<double> ceiling;
-          if (raw_want[i]) {
-            ceiling = Median(raw[i].rates);
-            if (st.Want("zmq")) {
-              report.Add({std::string("zmq ") + PatternName(p), bytes, shards, workers, *ceiling,
-                          std::nullopt, "GB/s", std::nullopt, std::nullopt});
-            }
-            line += fmt::format(" zmq {:.2f} ({})", *ceiling, raw[i].Costs());
-          }
-          if (ps_want[i]) {
-            const double median = Median(ours[i].rates);
-            // With a 16-bit wire the figure is still of the float32 tensor moved (what a
-            // training step gets done), against the raw pair moving that tensor's bytes.
-            const std::string wire =
-                st.wire_dtype == DType::kFloat32
-                    ? ""
-                    : fmt::format(" ({} wire)", DTypeName(st.wire_dtype));
-            std::optional<double> ratio;
-            if (ceiling) ratio = median / *ceiling;
-            report.Add({std::string("parasync ") + PatternName(p) + wire, bytes, shards, workers,
-                        median, std::nullopt, "GB/s", ceiling, ratio});
-            line += fmt::format(" parasync {:.2f} ({}{}, server loop busy {:.0f}%);", median,
-                                ratio ? fmt::format("{:.2f}; ", *ratio) : std::string(),
-                                ours[i].Costs(),
-                                100 * loop_cpu[i] / ours[i].seconds / shards);
-          } else {
-            line += ";";
-          }
-        }
-        Progress(line + " GB/s");
-        ps_workers.clear();
-        if (cluster) PARASYNC_RETURN_IF_ERROR(cluster->Finish());
-        raw_clients.clear();
-        for (auto& s : raw_servers) PARASYNC_RETURN_IF_ERROR(s->Finish());
+        DataPathConfig c;
+        c.bytes = bytes;
+        c.shards = shards;
+        c.workers = workers;
+        c.name = fmt::format("{}, {} shard(s), {} worker(s)", SizeText(bytes), shards, workers);
+        PARASYNC_RETURN_IF_ERROR(RunDataPathConfig(st, want, c, payload, grad, report));
       }
     }
   }
@@ -1503,6 +1567,149 @@ std::string CpuName() {
   return "unknown CPU";
 }
 
+// The command line: the settings, and what goes into them once parsed.
+struct Flags {
+  Settings st;
+  std::string wire_dtype = "float32";
+  std::vector<int64_t> sizes;
+  CLI::Option* seconds = nullptr;  // --seconds, to tell whether it was given
+};
+
+// --json and --quick: how the run is printed and how long it takes.
+void AddOutputFlags(CLI::App& app, Flags& f) {
+  app.add_flag("--json", f.st.json,
+               "Print one JSON object per row per line ({\"what\", \"size\" (bytes), \"shards\", "
+               "\"workers\", \"median\", \"p99\", \"unit\", \"ceiling\", \"ratio\"}; null where "
+               "not applicable) instead of the markdown table");
+  app.add_flag("--quick", f.st.quick,
+               "Sizes 4 KiB, 1 MiB and 64 MiB only and 0.1 s per measurement unless --seconds "
+               "is given: the whole run in under 2 minutes on 2 cores");
+}
+
+// What runs on each side of the data path: the servers' and clients' threads, the wire,
+// the shard, worker and row counts, and whether the raw pair runs beside parasync.
+void AddSideFlags(CLI::App& app, Flags& f) {
+  app.add_option("--apply-threads", f.st.apply_threads,
+                 "The servers' --apply-threads (threads applying a push of >= 1 MiB)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--copy-threads", f.st.copy_threads,
+                 "The parasync clients' --copy-threads (threads copying a pull reply of >= 1 MiB "
+                 "into the parameters)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--wire-dtype", f.wire_dtype,
+                 "The dtype the parasync clients of the push, pull and push+pull rows send and "
+                 "receive (float32, bfloat16, float16); their GB/s stay of the float32 tensor, "
+                 "the raw ceiling moves that tensor's bytes")
+      ->capture_default_str();
+  app.add_option("--shards", f.st.shard_counts,
+                 "Comma-separated server counts for the push, pull and push+pull rows")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  app.add_option("--workers", f.st.worker_counts,
+                 "Comma-separated client counts (threads, each with its own context) for the "
+                 "push, pull and push+pull rows")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  app.add_option("--row-dims", f.st.row_dims,
+                 "Comma-separated embedding row widths (floats per row) for the rows section")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, kMaxTableDim))
+      ->capture_default_str();
+  app.add_option("--row-workers", f.st.row_workers,
+                 "Comma-separated client counts (threads, each with its own context) for the "
+                 "rows section")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  app.add_flag("--no-ceiling", f.st.no_ceiling,
+               "Run parasync's push, pull, push+pull and rows rows without the raw ZeroMQ pair "
+               "beside them (no ceiling, no ratio): to profile parasync alone, e.g. under perf; "
+               "--only zmq runs the raw pair alone");
+}
+
+// How often and how long each figure is measured, which sections run, and the sizes.
+void AddRepeatFlags(CLI::App& app, Flags& f) {
+  app.add_option("--repeats", f.st.repeats, "Repeats per figure; the median is reported")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  f.seconds =
+      app.add_option("--seconds", f.st.seconds,
+                     "Seconds per measurement (one repeat of one row; a round that takes longer "
+                     "is still completed) [default: 0.25, --quick 0.1]")
+          ->check(CLI::Range(0.01, 600.0));
+  app.add_option("--only", f.st.only, "Comma-separated sections to run (default: all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(kSections));
+  app.add_option("--sizes", f.sizes,
+                 "Comma-separated tensor sizes in bytes for memcpy and the data path, each a "
+                 "multiple of 1024 up to 1 GiB [default: 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB; "
+                 "--quick: 4 KiB, 1 MiB, 64 MiB]")
+      ->delimiter(',')
+      ->check(CLI::Range(kKiB, 1024 * kMiB))
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            try {
+              return std::stoll(v) % kKiB == 0 ? std::string() : "not a multiple of 1024";
+            } catch (const std::exception&) {
+              return std::string("not a number");
+            }
+          },
+          "MULTIPLE OF 1024"));
+}
+
+// Parses argv into `f`. Returns nullopt when the run should go on; otherwise the exit status
+// to return at once: 0 after --help, 2 after a bad flag (said in one line on stderr).
+std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv, Flags& f) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::fprintf(stderr, "%s: %s (see --help)\n", kProgram, e.what());
+    return 2;
+  }
+  if (auto wire = ParseDType(f.wire_dtype)) {
+    f.st.wire_dtype = *wire;
+  } else {
+    std::fprintf(stderr, "%s: --wire-dtype must be float32, bfloat16 or float16, not '%s'\n",
+                 kProgram, f.wire_dtype.c_str());
+    return 2;
+  }
+  if (f.st.quick) {
+    f.st.sizes = {4 * kKiB, 1 * kMiB, 64 * kMiB};
+    if (f.seconds->count() == 0) f.st.seconds = 0.1;
+  } else {
+    f.st.sizes = {4 * kKiB, 64 * kKiB, 1 * kMiB, 16 * kMiB, 64 * kMiB};
+  }
+  if (!f.sizes.empty()) f.st.sizes = f.sizes;
+  return std::nullopt;
+}
+
+// The figures on stdout: one JSON object a row, or a markdown table under a preamble naming
+// the date, the CPU, `command` and how the figures were taken.
+void PrintFigures(const Settings& st, const Report& report, const std::string& command,
+                  double elapsed) {
+  if (st.json) {
+    report.PrintJson();
+    return;
+  }
+  char date[32] = {};
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%MZ", &utc);
+  const std::string preamble = fmt::format(
+      "date: {}; CPU: {} ({} cores); command: {}\n"
+      "median of {} repeats of ~{} s each; loopback TCP; every server and client has its own "
+      "ZeroMQ context; run took {:.0f} s\n",
+      date, CpuName(), std::thread::hardware_concurrency(), command, st.repeats, st.seconds,
+      elapsed);
+  report.PrintTable(preamble);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1533,106 +1740,15 @@ int main(int argc, char** argv) {
       "                                   parasync's side of one row alone, for a profile\n"
       "Exit status: 0 with figures printed, 1 when anything failed (no figures printed), 2 for "
       "bad flags.");
-  Settings st;
-  app.add_flag("--json", st.json,
-               "Print one JSON object per row per line ({\"what\", \"size\" (bytes), \"shards\", "
-               "\"workers\", \"median\", \"p99\", \"unit\", \"ceiling\", \"ratio\"}; null where "
-               "not applicable) instead of the markdown table");
-  app.add_flag("--quick", st.quick,
-               "Sizes 4 KiB, 1 MiB and 64 MiB only and 0.1 s per measurement unless --seconds "
-               "is given: the whole run in under 2 minutes on 2 cores");
-  app.add_option("--apply-threads", st.apply_threads,
-                 "The servers' --apply-threads (threads applying a push of >= 1 MiB)")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  app.add_option("--copy-threads", st.copy_threads,
-                 "The parasync clients' --copy-threads (threads copying a pull reply of >= 1 MiB "
-                 "into the parameters)")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  std::string wire_dtype = "float32";
-  app.add_option("--wire-dtype", wire_dtype,
-                 "The dtype the parasync clients of the push, pull and push+pull rows send and "
-                 "receive (float32, bfloat16, float16); their GB/s stay of the float32 tensor, "
-                 "the raw ceiling moves that tensor's bytes")
-      ->capture_default_str();
-  app.add_option("--shards", st.shard_counts,
-                 "Comma-separated server counts for the push, pull and push+pull rows")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 8))
-      ->capture_default_str();
-  app.add_option("--workers", st.worker_counts,
-                 "Comma-separated client counts (threads, each with its own context) for the "
-                 "push, pull and push+pull rows")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 16))
-      ->capture_default_str();
-  app.add_option("--row-dims", st.row_dims,
-                 "Comma-separated embedding row widths (floats per row) for the rows section")
-      ->delimiter(',')
-      ->check(CLI::Range(int64_t{1}, kMaxTableDim))
-      ->capture_default_str();
-  app.add_option("--row-workers", st.row_workers,
-                 "Comma-separated client counts (threads, each with its own context) for the "
-                 "rows section")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 16))
-      ->capture_default_str();
-  app.add_flag("--no-ceiling", st.no_ceiling,
-               "Run parasync's push, pull, push+pull and rows rows without the raw ZeroMQ pair "
-               "beside them (no ceiling, no ratio): to profile parasync alone, e.g. under perf; "
-               "--only zmq runs the raw pair alone");
-  app.add_option("--repeats", st.repeats, "Repeats per figure; the median is reported")
-      ->check(CLI::Range(1, 1000))
-      ->capture_default_str();
-  auto* seconds_option =
-      app.add_option("--seconds", st.seconds,
-                     "Seconds per measurement (one repeat of one row; a round that takes longer "
-                     "is still completed) [default: 0.25, --quick 0.1]")
-          ->check(CLI::Range(0.01, 600.0));
-  app.add_option("--only", st.only, "Comma-separated sections to run (default: all)")
-      ->delimiter(',')
-      ->check(CLI::IsMember(kSections));
-  std::vector<int64_t> sizes;
-  app.add_option("--sizes", sizes,
-                 "Comma-separated tensor sizes in bytes for memcpy and the data path, each a "
-                 "multiple of 1024 up to 1 GiB [default: 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB; "
-                 "--quick: 4 KiB, 1 MiB, 64 MiB]")
-      ->delimiter(',')
-      ->check(CLI::Range(kKiB, 1024 * kMiB))
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            try {
-              return std::stoll(v) % kKiB == 0 ? std::string() : "not a multiple of 1024";
-            } catch (const std::exception&) {
-              return std::string("not a number");
-            }
-          },
-          "MULTIPLE OF 1024"));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::fprintf(stderr, "%s: %s (see --help)\n", kProgram, e.what());
-    return 2;
-  }
-  if (auto wire = ParseDType(wire_dtype)) {
-    st.wire_dtype = *wire;
-  } else {
-    std::fprintf(stderr, "%s: --wire-dtype must be float32, bfloat16 or float16, not '%s'\n",
-                 kProgram, wire_dtype.c_str());
-    return 2;
-  }
+  Flags flags;
+  AddOutputFlags(app, flags);
+  AddSideFlags(app, flags);
+  AddRepeatFlags(app, flags);
+  if (auto done = ParseFlags(app, argc, argv, flags)) return *done;
+  const Settings& st = flags.st;
   // As parasync-ps and parasync-worker do at start-up; the raw rows run in this process too,
   // so the ceilings get the same allocator.
   parasync::KeepFreedMessageBuffers();
-  if (st.quick) {
-    st.sizes = {4 * kKiB, 1 * kMiB, 64 * kMiB};
-    if (seconds_option->count() == 0) st.seconds = 0.1;
-  } else {
-    st.sizes = {4 * kKiB, 64 * kKiB, 1 * kMiB, 16 * kMiB, 64 * kMiB};
-  }
-  if (!sizes.empty()) st.sizes = sizes;
   // The servers log warnings (a rejected request, a resend); info lines would drown progress.
   spdlog::set_level(spdlog::level::warn);
 
@@ -1652,22 +1768,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const double elapsed = Since(start, Clock::now());
-  if (st.json) {
-    report.PrintJson();
-  } else {
-    char date[32] = {};
-    const std::time_t now = std::time(nullptr);
-    std::tm utc{};
-    gmtime_r(&now, &utc);
-    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%MZ", &utc);
-    const std::string preamble = fmt::format(
-        "date: {}; CPU: {} ({} cores); command: {}\n"
-        "median of {} repeats of ~{} s each; loopback TCP; every server and client has its own "
-        "ZeroMQ context; run took {:.0f} s\n",
-        date, CpuName(), std::thread::hardware_concurrency(), command, st.repeats, st.seconds,
-        elapsed);
-    report.PrintTable(preamble);
-  }
+  PrintFigures(st, report, command, elapsed);
   Progress(fmt::format("done in {:.0f} s", elapsed));
   return 0;
 }
