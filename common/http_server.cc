@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdint>
@@ -163,6 +164,8 @@ class HttpServer::Loop {
 
   void Run();
 
+  int64_t answered() const { return answered_.load(); }
+
  private:
   enum class Phase {
     kHead,    // reading the request head
@@ -211,6 +214,7 @@ class HttpServer::Loop {
   // No connection's deadline is earlier than this (max: none is set).
   Clock::time_point next_deadline_ = Clock::time_point::max();
   std::optional<Clock::time_point> accept_paused_until_;
+  std::atomic<int64_t> answered_{0};  // written by the thread, read from any
 };
 
 void HttpServer::Loop::Run() {
@@ -358,6 +362,7 @@ void HttpServer::Loop::Route(Connection& c, std::string_view request_line) {
 
 void HttpServer::Loop::Answer(Connection& c, const HttpAnswer& answer, bool with_body,
                               std::string_view extra_headers) {
+  ++answered_;
   c.in = std::string();
   c.out = AnswerText(answer, with_body, extra_headers);
   c.phase = Phase::kAnswer;
@@ -534,6 +539,8 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& ip, int
   }
   return server;
 }
+
+int64_t HttpServer::answered() const { return loop_->answered(); }
 
 HttpServer::~HttpServer() {
   if (thread_.joinable()) {

@@ -11,13 +11,14 @@
 // not offered: a scrape is one request); a request body is not read. The query string is
 // ignored for routing.
 //
-// Thread safety: Start and the destructor from one thread; port() from any. Handlers run on
-// the server's thread, one at a time, while the connection that asked waits; they must not
-// throw.
+// Thread safety: Start and the destructor from one thread; port() and answered() from any.
+// Handlers run on the server's thread, one at a time, while the connection that asked waits;
+// they must not throw.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -68,6 +69,10 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   int port() const { return port_; }
+
+  // The number of requests answered so far, whatever the status (counted as the answer
+  // starts to be written, before the client has read it).
+  int64_t answered() const;
 
  private:
   class Loop;

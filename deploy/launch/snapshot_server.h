@@ -4,21 +4,26 @@
 // Prometheus scraping the run keeps the final values (the last accuracy, the totals) and no
 // target goes down, until the user stops the launcher.
 //
-// Deliberately minimal HTTP/1.1: GET /metrics answers 200 with the text, anything else 404,
-// every response closes its connection; a client gets 2 s to send its request. One thread,
-// one connection at a time (a scrape is one small read). Not thread-safe.
+// Each endpoint is a common/http_server.h HttpServer: GET (or HEAD) /metrics answers 200
+// with the text, another path 404, another method 405; idle or slow clients are bounded in
+// number and time and cannot keep an answer from anyone else. Its limits are HttpServer's
+// defaults, except that the endpoints' connection caps together keep to half the soft
+// open-file limit.
+// Thread safety: one thread per endpoint serves from Start until destruction; the methods
+// here are for one thread.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/http_server.h"
 #include "common/status.h"
 
 namespace parasync::launch {
 
 struct SnapshotEndpoint {
-  std::string bind;  // IPv4 address, e.g. "127.0.0.1" or "0.0.0.0"
+  std::string bind;  // numeric IP address, e.g. "127.0.0.1" or "0.0.0.0"
   int port = 0;      // 0: pick one (see SnapshotServer::ports())
   std::string body;  // Prometheus text format
 };
@@ -26,32 +31,29 @@ struct SnapshotEndpoint {
 class SnapshotServer {
  public:
   // Binds every endpoint it can (SO_REUSEADDR: the process that had the port may have left
-  // connections in TIME_WAIT); one that cannot be bound is skipped, with the reason in
-  // `skipped` (when given). Unavailable naming the first failure when none could be bound;
-  // InvalidArgument for an address that is not IPv4.
-  static Result<std::unique_ptr<SnapshotServer>> Start(const std::vector<SnapshotEndpoint>& endpoints,
-                                                       std::vector<std::string>* skipped = nullptr);
-  ~SnapshotServer();
+  // connections in TIME_WAIT) and serves it at once; one that cannot be bound is skipped,
+  // with the reason in `skipped` (when given). Unavailable naming the first failure when
+  // none could be bound; InvalidArgument for an address that is not numeric.
+  static Result<std::unique_ptr<SnapshotServer>> Start(
+      const std::vector<SnapshotEndpoint>& endpoints, std::vector<std::string>* skipped = nullptr);
+  // Stops serving: closes every connection and listening socket.
+  ~SnapshotServer() = default;
   SnapshotServer(const SnapshotServer&) = delete;
   SnapshotServer& operator=(const SnapshotServer&) = delete;
 
   // The bound ports, in the order of the endpoints (0 for one that was skipped).
-  std::vector<int> ports() const;
+  std::vector<int> ports() const { return ports_; }
 
-  // Answers requests until `wake_fd` becomes readable (nothing is read from it). Returns the
-  // number of requests answered.
+  // Blocks until `wake_fd` becomes readable (nothing is read from it); the endpoints are
+  // served meanwhile, and after it returns until the server is destroyed. Returns the number
+  // of requests answered since Start, on every endpoint, whatever the answer.
   int64_t ServeUntilReadable(int wake_fd);
 
  private:
-  struct Listener {
-    int fd = -1;  // -1: skipped
-    int port = 0;
-    std::string response;  // the whole HTTP response for GET /metrics
-  };
   SnapshotServer() = default;
-  void Answer(const Listener& listener);
 
-  std::vector<Listener> listeners_;
+  std::vector<std::unique_ptr<HttpServer>> servers_;  // the bound endpoints
+  std::vector<int> ports_;
 };
 
 // Returns the text of a metrics snapshot file, or NotFound when the process wrote none.

@@ -20,6 +20,7 @@
 #include "deploy/launch/launcher.h"
 #include "deploy/launch/snapshot_server.h"
 #include "tests/deploy/launch_test_util.h"
+#include "tests/support/http_client.h"
 
 namespace parasync::launch {
 namespace {
@@ -59,6 +60,57 @@ TEST(SnapshotServerTest, APortInUseIsAClearError) {
   ASSERT_FALSE(second.ok());
   EXPECT_THAT(second.status().message(), HasSubstr("cannot serve the final metrics on 127.0.0.1:"));
   EXPECT_FALSE(SnapshotServer::Start({{"not-an-ip", 0, ""}}).ok());
+}
+
+// An idle client costs the snapshot server a descriptor, not its attention: with 500
+// connections open to one endpoint that never send a byte (fewer than its connection cap, so
+// none is closed to make room), GET /metrics still answers 200 within a second. The server
+// this replaced took one connection at a time and waited 2 s for each one's request. The
+// second is an acceptance bound, not a measurement.
+TEST(SnapshotServerTest, AnswersWithinASecondWithFiveHundredIdleConnectionsOpen) {
+  constexpr size_t kIdle = 500;
+  ASSERT_GE(parasync::testing::RaiseOpenFileLimit(), kIdle + 100)
+      << "too few descriptors for the test";
+  auto server = SnapshotServer::Start({{"127.0.0.1", 0, "a_metric 1\n"}});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const int port = (*server)->ports()[0];
+  int wake[2];
+  ASSERT_EQ(pipe(wake), 0);
+  std::thread serving([&] { (*server)->ServeUntilReadable(wake[0]); });
+  // Bounded in time too: a server that accepts slowly makes each connect wait.
+  const auto opening = std::chrono::steady_clock::now();
+  const auto give_up = opening + std::chrono::seconds(10);
+  std::vector<parasync::testing::LoopbackConnection> idle;
+  while (idle.size() < kIdle && std::chrono::steady_clock::now() < give_up) {
+    idle.emplace_back(port);
+    if (!idle.back().ok()) break;
+  }
+  std::printf("opened %zu idle connections in %lld ms\n", idle.size(),
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         std::chrono::steady_clock::now() - opening)
+                                         .count()));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string answer = parasync::testing::HttpExchange(
+      port, parasync::testing::ScrapeRequest("/metrics"), std::chrono::seconds(1));
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - t0);
+  std::printf("GET /metrics with %zu idle connections open: %s in %lld ms\n", idle.size(),
+              answer.empty() ? "no answer" : "answered", static_cast<long long>(took.count()));
+  EXPECT_TRUE(idle.size() == kIdle && idle.back().ok())
+      << "only " << idle.size() << " of " << kIdle << " idle connections could be opened";
+  EXPECT_THAT(answer, ::testing::StartsWith("HTTP/1.1 200 OK\r\n"))
+      << "GET /metrics was not answered within 1 s with " << idle.size()
+      << " idle connections open";
+  EXPECT_THAT(answer, HasSubstr("\r\n\r\na_metric 1\n"));
+  size_t closed = 0;
+  for (parasync::testing::LoopbackConnection& c : idle) {
+    closed += c.ClosedByServerWithin(std::chrono::milliseconds(0)) ? 1 : 0;
+  }
+  EXPECT_EQ(closed, 0u) << "the idle connections were not all open through the scrape";
+  ASSERT_EQ(write(wake[1], "x", 1), 1);
+  serving.join();
+  close(wake[0]);
+  close(wake[1]);
 }
 
 TEST(MetricsBindTest, LoopbackStaysLoopbackAndNamesListenEverywhere) {
