@@ -3,6 +3,7 @@
 // a server killed with SIGKILL comes back with its rows and their optimizer state; a server
 // whose id stream outruns --max-table-rows evicts, stays under its stated memory bound and
 // says so in its metrics.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -34,21 +35,45 @@ using testing::Child;
 using testing::ExitCode;
 using testing::ProcessCluster;
 using testing::TempDir;
+using Clock = std::chrono::steady_clock;
+
+// What the process tests below may take in all: ctest stops an integration test at 300 s
+// (tests/integration/CMakeLists.txt) and prints nothing of what the test knew, so every wait
+// here ends by this deadline and leaves time to stop the servers and print the logs. Alone
+// on a 2-core machine the runs take 2-7 s, with 6 busy loops beside them 5-22 s.
+constexpr auto kBudget = 200s;
+// A run that moves on is never failed for being slow, only one whose shards' versions stand
+// still this long (the longest pause seen is the restart of a killed server: under 2 s).
+constexpr auto kStall = 60s;
+
+// The time left until `deadline` (none once it has passed).
+std::chrono::milliseconds Left(Clock::time_point deadline) {
+  return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+                  std::chrono::milliseconds(0));
+}
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 struct Planted {
   double log_loss = 0;
   double auc = 0;
 };
 
-// Writes click-through data into `dir` with parasync-gen-ctr; the planted model's test figures.
-std::optional<Planted> Generate(const std::string& dir, const std::vector<std::string>& args) {
+// Writes click-through data into `dir` with parasync-gen-ctr (waiting at most `timeout`); the
+// planted model's test figures.
+std::optional<Planted> Generate(const std::string& dir, const std::vector<std::string>& args,
+                                std::chrono::milliseconds timeout = 120s) {
   std::vector<std::string> argv = {testing::BinDir() + "/parasync-gen-ctr", "--out", dir};
   argv.insert(argv.end(), args.begin(), args.end());
   const std::string out = dir + ".out";
   Child child = Child::Start(argv, out);
-  const auto status = child.Wait(120s);
+  const auto status = child.Wait(timeout);
   const std::string text = testing::ReadFile(out);
-  EXPECT_TRUE(status && ExitCode(*status) == 0) << text;
+  EXPECT_TRUE(status && ExitCode(*status) == 0)
+      << (status ? "exit status " + std::to_string(ExitCode(*status)) : "still running") << ": "
+      << text;
   static const std::regex kLine(R"(planted model on test: log-loss ([0-9.]+) AUC ([0-9.]+))");
   std::smatch m;
   if (!std::regex_search(text, m, kLine)) return std::nullopt;
@@ -189,9 +214,13 @@ TEST(EmbeddingProcessTest, RowsAndTheirOptimizerStateSurviveASigkillWithEveryUpd
 // The run goes on through a SIGKILLed server: the workers resend to the restarted process,
 // which restored its rows; the store holds every row the shard ended with.
 TEST(EmbeddingProcessTest, ACtrRunFinishesThroughAKilledServerThatRestoresItsRows) {
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = start + kBudget;
   TempDir dir;
   const std::string data = dir.path() + "/ctr";
-  ASSERT_TRUE(Generate(data, {"--train", "100000", "--test", "5000", "--seed", "2"}).has_value());
+  ASSERT_TRUE(
+      Generate(data, {"--train", "100000", "--test", "5000", "--seed", "2"}, Left(deadline))
+          .has_value());
   ProcessCluster cluster(2, 2, "async", {"--durability", "every-update"}, dir.path(),
                          ProcessCluster::kPsDataDirs);
   for (int r = 0; r < 2; ++r) cluster.StartWorker(r, CtrWorkerArgs(data, 3));
@@ -199,13 +228,15 @@ TEST(EmbeddingProcessTest, ACtrRunFinishesThroughAKilledServerThatRestoresItsRow
     zmq::context_t ctx;
     auto watcher = cluster.Client(ctx);
     ASSERT_NE(watcher, nullptr);
-    ASSERT_TRUE(testing::WaitFor(
-        [&] {
-          auto stats = watcher->Stats();
-          return stats.ok() && stats->size() == 2 && (*stats)[1].version >= 200;
-        },
-        60s))
-        << cluster.Dump();
+    auto version = [&]() -> std::optional<int64_t> {
+      auto stats = watcher->Stats();
+      if (!stats.ok() || stats->size() != 2) return std::nullopt;
+      return (*stats)[1].version;
+    };
+    const std::string why = testing::WaitWhileProgressing(
+        [&] { return version().value_or(0) >= 200; }, version, kStall, deadline);
+    ASSERT_EQ(why, "") << "shard 1 did not reach version 200 (its version)";
+    std::cout << "shard 1 reached version 200 after " << SecondsSince(start) << " s\n";
   }
   ASSERT_NO_FATAL_FAILURE(cluster.KillPs(1));
   cluster.StartPs(1, "ps1-restart");
@@ -217,13 +248,15 @@ TEST(EmbeddingProcessTest, ACtrRunFinishesThroughAKilledServerThatRestoresItsRow
         log = testing::ReadFile(cluster.Log("ps1-restart"));
         return std::regex_search(log, m, kRestored);
       },
-      20s))
-      << cluster.Dump();
+      std::min<std::chrono::milliseconds>(20s, Left(deadline))))
+      << "ps1-restart did not log its restore";
   std::cout << "shard 1 restored version " << m[1] << " with " << m[2] << " embedding rows\n";
   EXPECT_GE(std::stoll(m[1].str()), 200);
   EXPECT_GT(std::stoll(m[2].str()), 1000);
-  const std::vector<int> codes = cluster.WaitWorkers(200s);
-  for (size_t r = 0; r < codes.size(); ++r) ASSERT_EQ(codes[r], 0) << cluster.Dump();
+  std::string why;
+  const std::vector<int> codes = cluster.WaitWorkers(kStall, deadline, why);
+  for (size_t r = 0; r < codes.size(); ++r) ASSERT_EQ(codes[r], 0) << "worker " << r << ": " << why;
+  std::cout << "the workers finished after " << SecondsSince(start) << " s\n";
   int64_t held = -1;
   {
     zmq::context_t ctx;
@@ -233,7 +266,7 @@ TEST(EmbeddingProcessTest, ACtrRunFinishesThroughAKilledServerThatRestoresItsRow
     ASSERT_EQ(stats.size(), 2u);
     held = stats[1].rows_held;
   }
-  for (int code : cluster.StopPs()) EXPECT_EQ(code, 0) << cluster.Dump();
+  for (int code : cluster.StopPs()) EXPECT_EQ(code, 0);
   auto store = CheckpointStore::Open(cluster.DataDir(1), 1, 2);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   auto snap = (*store)->Load();
@@ -249,11 +282,15 @@ TEST(EmbeddingProcessTest, ACtrRunFinishesThroughAKilledServerThatRestoresItsRow
 // evicts the least recently touched rows, counts them, and its resident memory stays under
 // the bound it states (not checked under a sanitizer: tests/support/sanitized.h).
 TEST(EmbeddingProcessTest, AnIdStreamBeyondTheRowCapEvictsAndStaysUnderTheMemoryBound) {
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = start + kBudget;
   TempDir dir;
   const std::string data = dir.path() + "/ctr";
   // Zipf 1.1 over 10M values per field: ~150k distinct ids in 100k examples.
-  ASSERT_TRUE(Generate(data, {"--train", "100000", "--test", "2000", "--zipf", "1.1",
-                              "--id-kind", "hash", "--seed", "4"})
+  ASSERT_TRUE(Generate(data,
+                       {"--train", "100000", "--test", "2000", "--zipf", "1.1", "--id-kind",
+                        "hash", "--seed", "4"},
+                       Left(deadline))
                   .has_value());
   constexpr int64_t kCap = 20000;
   // A small message bound keeps the stated bound near what the process can really take, so
@@ -263,8 +300,10 @@ TEST(EmbeddingProcessTest, AnIdStreamBeyondTheRowCapEvictsAndStaysUnderTheMemory
                           std::to_string(4 << 20)},
                          dir.path(), ProcessCluster::kPsMetricsPorts);
   cluster.StartWorker(0, CtrWorkerArgs(data, 1));
-  const std::vector<int> codes = cluster.WaitWorkers(200s);
-  ASSERT_EQ(codes[0], 0) << cluster.Dump();
+  std::string why;
+  const std::vector<int> codes = cluster.WaitWorkers(kStall, deadline, why);
+  ASSERT_EQ(codes[0], 0) << why;
+  std::cout << "the worker finished after " << SecondsSince(start) << " s\n";
   for (int i = 0; i < 2; ++i) {
     const std::string metrics = testing::HttpGet(cluster.metrics_port(i), "/metrics");
     auto value = [&](const std::string& name) {
@@ -286,6 +325,7 @@ TEST(EmbeddingProcessTest, AnIdStreamBeyondTheRowCapEvictsAndStaysUnderTheMemory
     EXPECT_TRUE(testing::MemoryWithin(static_cast<int64_t>(rss), static_cast<int64_t>(bound)))
         << "resident " << rss << " > bound " << bound;
     EXPECT_LT(bound, 256.0 * 1048576) << "the stated bound is too loose to show anything";
+    if (HasFailure()) std::cout << "--- ps" << i << "'s /metrics\n" << metrics << "\n";
   }
 }
 

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -115,6 +117,16 @@ class ProcessCluster {
   const Child& ps(int i) const { return *ps_children_[static_cast<size_t>(i)]; }
   Child& worker(int rank) { return *worker_children_[static_cast<size_t>(rank)]; }
 
+  // Every process is killed by its Child; a test that failed first gets every log printed
+  // (Dump), since the directory they are in goes with the test.
+  ~ProcessCluster() {
+    if (::testing::Test::HasFailure()) {
+      std::cout << "--- the cluster's logs, as the failed test left them\n" << Dump() << std::flush;
+    }
+  }
+  ProcessCluster(const ProcessCluster&) = delete;
+  ProcessCluster& operator=(const ProcessCluster&) = delete;
+
   // Waits for every worker to exit; returns their exit codes (-1 on timeout).
   std::vector<int> WaitWorkers(std::chrono::seconds timeout) {
     std::vector<int> codes;
@@ -125,6 +137,38 @@ class ProcessCluster {
       const auto status = w->Wait(std::max(left, std::chrono::milliseconds(0)));
       codes.push_back(status ? ExitCode(*status) : -1);
     }
+    return codes;
+  }
+
+  // Waits for every worker to exit while the run moves on (WaitWhileProgressing): the sum of
+  // the shards' versions must change at least once every `stall`, and `deadline` bounds the
+  // whole wait. Returns their exit codes, -1 for each one still running when it gave up; then
+  // `why` says why, with the versions.
+  std::vector<int> WaitWorkers(std::chrono::seconds stall,
+                               std::chrono::steady_clock::time_point deadline, std::string& why) {
+    std::vector<std::optional<int>> status(worker_children_.size());
+    auto all_exited = [&] {
+      bool all = true;
+      for (size_t r = 0; r < worker_children_.size(); ++r) {
+        if (!status[r]) status[r] = worker_children_[r]->Wait(std::chrono::milliseconds(0));
+        all = all && status[r].has_value();
+      }
+      return all;
+    };
+    zmq::context_t ctx;
+    std::unique_ptr<PsClient> watcher = Client(ctx);
+    auto versions = [&]() -> std::optional<int64_t> {
+      if (watcher == nullptr) return std::nullopt;
+      auto stats = watcher->Stats();
+      if (!stats.ok()) return std::nullopt;
+      int64_t sum = 0;
+      for (const ShardStats& shard : *stats) sum += shard.version;
+      return sum;
+    };
+    why = WaitWhileProgressing(all_exited, versions, stall, deadline);
+    if (!why.empty()) why = "workers still running: " + why + " (the sum of the shards' versions)";
+    std::vector<int> codes;
+    for (const auto& s : status) codes.push_back(s ? ExitCode(*s) : -1);
     return codes;
   }
 

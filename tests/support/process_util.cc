@@ -135,6 +135,33 @@ bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeou
   return true;
 }
 
+std::string WaitWhileProgressing(const std::function<bool()>& done,
+                                 const std::function<std::optional<int64_t>()>& progress,
+                                 std::chrono::milliseconds stall,
+                                 std::chrono::steady_clock::time_point deadline) {
+  using Clock = std::chrono::steady_clock;
+  std::optional<int64_t> last = progress();
+  Clock::time_point moved = Clock::now();
+  auto at = [](const std::optional<int64_t>& value) {
+    return value ? std::to_string(*value) : std::string("(unreadable)");
+  };
+  while (!done()) {
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) return "the deadline passed at " + at(last);
+    const std::optional<int64_t> current = progress();
+    if (current && current != last) {
+      last = current;
+      moved = now;
+    } else if (now - moved >= stall) {
+      return "no progress for " +
+             std::to_string(std::chrono::duration_cast<std::chrono::seconds>(stall).count()) +
+             " s at " + at(last);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return "";
+}
+
 bool ProcessAlive(pid_t pid) {
   if (kill(pid, 0) != 0) return errno != ESRCH;
   // A zombie still answers kill(); look at its state.

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -69,6 +70,17 @@ Finished RunToExit(const std::vector<std::string>& argv, const std::string& dir,
 
 // Waits up to `timeout` for `pred` to hold, checking every 20 ms.
 bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout);
+
+// Waits for `done` to hold while a running job moves on: `progress` reads a counter that
+// changes while it does (a model version, a step count; nullopt when it cannot be read, which
+// counts as no change). Gives up once the counter has not changed for `stall`, or at
+// `deadline`, whichever comes first, so that a slow machine takes longer but only a stalled
+// job fails. Checks every 100 ms. Returns "" when `done` held, or why it gave up ("no
+// progress for 30 s at 1234", "the deadline passed at 5678").
+std::string WaitWhileProgressing(const std::function<bool()>& done,
+                                 const std::function<std::optional<int64_t>()>& progress,
+                                 std::chrono::milliseconds stall,
+                                 std::chrono::steady_clock::time_point deadline);
 
 // True while a process with this pid exists (and is not a zombie of ours).
 bool ProcessAlive(pid_t pid);
