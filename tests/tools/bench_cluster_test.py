@@ -23,14 +23,11 @@ import subprocess
 import sys
 import tempfile
 
-failures = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from checks import check, failures  # noqa: E402
+
 DATA = os.environ.get("PARASYNC_DATA_DIR", "/usr/share/datasets/fashion-mnist")
 
-
-def check(condition, message):
-    if not condition:
-        failures.append(message)
-        print("FAIL: " + message, flush=True)
 
 
 def bench_cluster(source_dir, bin_dir, *args):

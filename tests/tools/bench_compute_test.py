@@ -25,15 +25,12 @@ import re
 import subprocess
 import sys
 
-failures = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from checks import check, report  # noqa: E402
+
 HEADER = "device,batch,median_examples_per_sec,min,max,repeats,steps_per_repeat"
 TINY = ["--seconds", "0.01", "--repeats", "1"]
 
-
-def check(condition, message):
-    if not condition:
-        failures.append(message)
-        print("FAIL: " + message, flush=True)
 
 
 def run(argv):
@@ -124,11 +121,7 @@ def main() -> int:
         csv_rows(proc, "torch_model.py ctr", "torch-cpu")
         unique_line(proc, "torch_model.py ctr", "torch_model.py")
 
-    if failures:
-        print(f"{len(failures)} check(s) failed", flush=True)
-        return 1
-    print("all checks passed", flush=True)
-    return 0
+    return report()
 
 
 if __name__ == "__main__":

@@ -25,16 +25,13 @@ import os
 import subprocess
 import sys
 
-failures = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from checks import check, report  # noqa: E402
+
 KEYS = {"what", "size", "shards", "workers", "median", "p99", "unit", "ceiling", "ratio"}
 # Each figure from one repeat of 10 ms: the bench's shortest run.
 TINY = ["--sizes", "4096", "--repeats", "1", "--seconds", "0.01"]
 
-
-def check(condition, message):
-    if not condition:
-        failures.append(message)
-        print("FAIL: " + message, flush=True)
 
 
 def bench(bin_dir, *args):
@@ -154,11 +151,7 @@ def main():
     check(len(held) == 2, f"--only rows: {len(held)} progress lines with rows held, want 2: "
           f"{proc.stderr[-2000:]}")
 
-    if failures:
-        print(f"{len(failures)} check(s) failed", flush=True)
-        return 1
-    print("all checks passed", flush=True)
-    return 0
+    return report()
 
 
 if __name__ == "__main__":

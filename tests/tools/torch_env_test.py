@@ -26,7 +26,9 @@ import re
 import subprocess
 import sys
 
-failures = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from checks import check, report  # noqa: E402
+
 PYTHON = "/usr/bin/python3"
 LIB = "/usr/lib/x86_64-linux-gnu"
 REFERENCE = f"{LIB}/blas"
@@ -35,11 +37,6 @@ REFUSAL = re.compile(r"PyTorch runs on the reference BLAS \(" + re.escape(REFERE
                      + r"/libblas\.so\.3[^)]*\), .*not a fair baseline, so nothing is timed; .+")
 TINY = ["--batches", "8", "--seconds", "0.01", "--repeats", "1"]
 
-
-def check(condition, message):
-    if not condition:
-        failures.append(message)
-        print("FAIL: " + message, flush=True)
 
 
 def run(argv, blas_dir, **extra):
@@ -127,11 +124,7 @@ def main() -> int:
         check(re.search(r"^\| 8 \| [0-9,]+ \| [0-9,]+ \| [0-9.]+ \|$", out, re.M),
               "bench-worker on OpenBLAS: no row with a ratio for batch 8")
 
-    if failures:
-        print(f"{len(failures)} check(s) failed", flush=True)
-        return 1
-    print("all checks passed", flush=True)
-    return 0
+    return report()
 
 
 if __name__ == "__main__":

@@ -39,6 +39,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from checks import check, report  # noqa: E402
+
 TOLERANCE = 1e-5
 BATCH = 8
 SEED = 7
@@ -90,14 +93,7 @@ CASES = [
     ("embedding", "6", EMBEDDING),
 ]
 
-failures = []
 
-
-def check(condition, message):
-    if not condition:
-        failures.append(message)
-        print("FAIL: " + message, flush=True)
-    return condition
 
 
 def run(argv):
@@ -232,11 +228,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="torch_parity.") as work:
         for case in CASES:
             compare(torch, np, torch_model, bin_dir, case, work)
-    if failures:
-        print(f"{len(failures)} check(s) failed", flush=True)
-        return 1
-    print("all checks passed", flush=True)
-    return 0
+    return report()
 
 
 if __name__ == "__main__":
