@@ -21,6 +21,11 @@ Status ValidateTables(const std::vector<TableSpec>& tables,
     if (t.rows < 0) {
       return Status::InvalidArgument("table '" + t.name + "' has a negative row count");
     }
+    if (t.init.kind == InitKind::kProvided) {
+      return Status::InvalidArgument("table '" + t.name + "' has a provided initializer: rows "
+                                     "are created on first touch from zeros, constant or "
+                                     "uniform");
+    }
   }
   return Status::Ok();
 }

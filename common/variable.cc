@@ -45,6 +45,7 @@ void FillInitialized(const Initializer& init, uint64_t stream, uint64_t first, f
                      int64_t count) {
   switch (init.kind) {
     case InitKind::kZeros:
+    case InitKind::kProvided:  // the values come with the registration: zeros until then
       for (int64_t i = 0; i < count; ++i) out[i] = 0.0f;
       return;
     case InitKind::kConstant:

@@ -19,6 +19,11 @@ enum class InitKind : uint8_t {
   kZeros = 0,
   kConstant = 1,  // every element = value
   kUniform = 2,   // uniform in [-value, value), from the registration seed
+  // The creating registration carries the values (a client's own initialization, e.g. a
+  // PyTorch module's): rank 0 sends them as frames after its Register header, and a
+  // registration without them only joins a model already created (a server answers it
+  // Unavailable until then). Dense variables only: a table's rows are never all sent.
+  kProvided = 3,
 };
 
 struct Initializer {

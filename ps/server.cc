@@ -1035,7 +1035,7 @@ bool Server::Handle(Inbound& in) {
   if (reply.status.ok()) {
     switch (req.type) {
       case MsgType::kRegister:
-        HandleRegister(req, now, reply, &reason);
+        HandleRegister(req, in.frames, now, reply, &reason);
         break;
       case MsgType::kPull:
         if (HandlePull(in, now, reply, &reason)) return true;  // answered or parked
@@ -1137,12 +1137,25 @@ void Server::SendReply(Inbound& in, Header& reply, RejectReason reason, TimePoin
   if (req.type == MsgType::kPush || req.type == MsgType::kLeave) ServeParked(now);
 }
 
-void Server::HandleRegister(const Header& req, TimePoint now, Header& reply,
-                            RejectReason* reason) {
+void Server::HandleRegister(const Header& req, const std::vector<zmq::message_t>& in_frames,
+                            TimePoint now, Header& reply, RejectReason* reason) {
   if (!req.registration) {
     *reason = RejectReason::kMalformed;
     reply.status = Status::InvalidArgument("Register without a model");
     return;
+  }
+  // Initial values (rank 0's, for kProvided variables): one float32 frame per slice range.
+  if (in_frames.size() != req.slices.size() ||
+      (!req.slices.empty() && req.dtype != DType::kFloat32)) {
+    *reason = RejectReason::kFrameCount;
+    reply.status = Status::InvalidArgument(
+        "a registration with " + std::to_string(req.slices.size()) + " ranges of initial values "
+        "carries " + std::to_string(in_frames.size()) + " frames (float32, one per range)");
+    return;
+  }
+  std::vector<std::span<const uint8_t>> value_bytes;
+  for (const zmq::message_t& f : in_frames) {
+    value_bytes.emplace_back(static_cast<const uint8_t*>(f.data()), f.size());
   }
   if (req.registration->mode != options_.mode.ToString()) {
     *reason = RejectReason::kRegisterMismatch;
@@ -1152,7 +1165,7 @@ void Server::HandleRegister(const Header& req, TimePoint now, Header& reply,
     return;
   }
   const bool first = !shard_.registered();
-  reply.status = shard_.Register(*req.registration, reason);
+  reply.status = shard_.Register(*req.registration, reason, {req.slices, value_bytes});
   if (reply.status.ok() && first) SaveRegisteredModel(reply, reason);
   if (reply.status.ok() && first) OnFirstRegistration(req, now);
   if (coordinator_.ValidRank(req.rank)) {

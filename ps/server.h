@@ -197,7 +197,8 @@ class Server {
   // parked pulls a push or a departure may have released.
   void SendReply(Inbound& in, Header& reply, RejectReason reason, TimePoint now);
   // One handler per message type. Each fills `reply` (status and `reason` on refusal).
-  void HandleRegister(const Header& req, TimePoint now, Header& reply, RejectReason* reason);
+  void HandleRegister(const Header& req, const std::vector<zmq::message_t>& in_frames,
+                      TimePoint now, Header& reply, RejectReason* reason);
   // Returns true if the pull was answered or parked (no reply left to send).
   bool HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason* reason);
   void HandleLeave(const Header& req);

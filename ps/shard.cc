@@ -55,7 +55,46 @@ void Shard::ForEachRange(size_t n, bool parallel, const std::function<void(size_
   apply_threads_->ForEach(n, fn);
 }
 
-Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
+Status Shard::CheckInitialValues(const ModelRegistration& reg, const SliceMap& map,
+                                 const ProvidedValues& values, RejectReason* reason) const {
+  std::vector<uint32_t> provided;
+  for (uint32_t id : map.SlicesOfShard(shard_index_)) {
+    if (reg.variables[map.slices()[id].var_index].init.kind == InitKind::kProvided) {
+      provided.push_back(id);
+    }
+  }
+  if (values.ranges.size() != provided.size() || values.bytes.size() != provided.size()) {
+    *reason = RejectReason::kBadRegistration;
+    return Status::InvalidArgument(
+        "the registration carries initial values for " + std::to_string(values.ranges.size()) +
+        " slices, but shard " + std::to_string(shard_index_) + " holds " +
+        std::to_string(provided.size()) + " slices of variables with provided values");
+  }
+  for (size_t i = 0; i < provided.size(); ++i) {
+    const SliceInfo& info = map.slices()[provided[i]];
+    const SliceRange& r = values.ranges[i];
+    const std::string& name = reg.variables[info.var_index].name;
+    if (r.slice_id != provided[i] || r.begin != 0 || r.count != info.length ||
+        values.bytes[i].size() != static_cast<size_t>(info.length) * sizeof(float)) {
+      *reason = RejectReason::kBadRegistration;
+      return Status::InvalidArgument("the initial values of slice " + std::to_string(provided[i]) +
+                                     " (" + name + ") do not cover it whole");
+    }
+    for (int64_t k = 0; k < info.length; ++k) {
+      float v;
+      std::memcpy(&v, values.bytes[i].data() + k * static_cast<int64_t>(sizeof(float)), sizeof v);
+      if (!std::isfinite(v)) {
+        *reason = RejectReason::kNonFinite;
+        return Status::InvalidArgument("the initial value of " + name + " at element " +
+                                       std::to_string(info.offset + k) + " is not finite");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status Shard::Register(const ModelRegistration& reg, RejectReason* reason,
+                       const ProvidedValues& values) {
   if (registration_) {
     std::string diff = DescribeRegistrationMismatch(*registration_, reg);
     if (diff.empty()) return Status::Ok();
@@ -83,14 +122,33 @@ Status Shard::Register(const ModelRegistration& reg, RejectReason* reason) {
     *reason = RejectReason::kBadRegistration;
     return s;
   }
+  const bool provided =
+      std::any_of(reg.variables.begin(), reg.variables.end(),
+                  [](const VariableSpec& v) { return v.init.kind == InitKind::kProvided; });
+  if (provided && values.empty()) {
+    *reason = RejectReason::kNotRegistered;
+    return Status::Unavailable("shard " + std::to_string(shard_index_) +
+                               " has no model yet: its initial values come with rank 0's "
+                               "registration");
+  }
+  if (provided || !values.empty()) {
+    PARASYNC_RETURN_IF_ERROR(CheckInitialValues(reg, *map, values, reason));
+  }
   local_index_.assign(map->slices().size(), -1);
   owned_.clear();
+  size_t next_value = 0;
   for (uint32_t id : map->SlicesOfShard(shard_index_)) {
     const SliceInfo& info = map->slices()[id];
     SliceState state;
     state.values = LendableFloats(info.length);
-    InitializeElements(reg.variables[info.var_index].init, reg.seed, info.var_index, info.offset,
-                       state.values.data(), info.length);
+    const Initializer& init = reg.variables[info.var_index].init;
+    if (init.kind == InitKind::kProvided) {
+      std::memcpy(state.values.data(), values.bytes[next_value++].data(),
+                  static_cast<size_t>(info.length) * sizeof(float));
+    } else {
+      InitializeElements(init, reg.seed, info.var_index, info.offset, state.values.data(),
+                         info.length);
+    }
     state.slots.assign(static_cast<size_t>(num_slots),
                        std::vector<float>(static_cast<size_t>(info.length), 0.0f));
     local_index_[id] = static_cast<int32_t>(owned_.size());

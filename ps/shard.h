@@ -34,6 +34,15 @@ struct RowsRequest {
   bool empty() const { return ranges.empty(); }
 };
 
+// The initial values a creating registration carries for its kProvided variables
+// (common/variable.h): one range per slice of those variables on this shard, whole and in
+// increasing slice order, each with its float32 values as raw (possibly unaligned) bytes.
+struct ProvidedValues {
+  std::span<const SliceRange> ranges;
+  std::span<const std::span<const uint8_t>> bytes;
+  bool empty() const { return ranges.empty(); }
+};
+
 class Shard {
  public:
   // Shard `shard_index` of `num_shards`. Precondition: 0 <= shard_index < num_shards.
@@ -56,11 +65,16 @@ class Shard {
   static constexpr int64_t kStreamingApplyElements = int64_t{1} << 21;  // 8 MiB of float32
 
   // First call: validates `reg`, builds the slice map, creates and initializes this shard's
-  // slices (deterministically from reg.seed) and zeroes their slots. Later calls succeed only
-  // if `reg` equals the first (else FailedPrecondition naming the difference). A model whose
-  // share here exceeds max_bytes gets InvalidArgument (reason kBadRegistration). On failure
+  // slices (deterministically from reg.seed, or from `values` for kProvided variables) and
+  // zeroes their slots. Later calls succeed only if `reg` equals the first (else
+  // FailedPrecondition naming the difference); their `values` are ignored. A model whose
+  // share here exceeds max_bytes gets InvalidArgument (reason kBadRegistration). A first call
+  // with kProvided variables but no `values` gets Unavailable (reason kNotRegistered: it
+  // joins a model rank 0 has not created yet); `values` that do not cover exactly this
+  // shard's slices of those variables, or hold a NaN or Inf, get InvalidArgument. On failure
   // sets *reason and changes nothing.
-  Status Register(const ModelRegistration& reg, RejectReason* reason);
+  Status Register(const ModelRegistration& reg, RejectReason* reason,
+                  const ProvidedValues& values = {});
 
   // Checks that every range names a slice on this shard and fits in it, that slice ids are
   // strictly increasing (one range per slice, so a request can never ask for more than the
@@ -168,6 +182,11 @@ class Shard {
   Status Restore(const ShardSnapshot& snap);
 
  private:
+  // Register's check of `values` against this shard's slices of reg's kProvided variables
+  // (all of them, whole, in order; float32 bytes; finite). InvalidArgument naming the first
+  // problem; sets *reason.
+  Status CheckInitialValues(const ModelRegistration& reg, const SliceMap& map,
+                            const ProvidedValues& values, RejectReason* reason) const;
   // Whether this shard's part of a model cut by `map`, with `num_slots` optimizer slots, fits
   // --max-model-bytes and --max-message-bytes (InvalidArgument naming the limit if not).
   Status CheckModelFits(const SliceMap& map, int num_slots) const;

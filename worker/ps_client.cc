@@ -138,8 +138,7 @@ std::string PsClient::ShardName(int shard) const {
          options_.ps_addresses[static_cast<size_t>(shard)] + ")";
 }
 
-Status PsClient::SendRequest(RequestTracker& tracker, size_t i, Outgoing& request) {
-  const size_t s = static_cast<size_t>(tracker.shard(i));
+Status PsClient::SendFrames(int shard, Outgoing& request) {
   // The header's incarnation stays what the request was built for: a push computed from
   // (or a pull waiting for) a version of one server process says so, also when resent.
   // Frames are copied so the request can be resent.
@@ -149,8 +148,13 @@ Status PsClient::SendRequest(RequestTracker& tracker, size_t i, Outgoing& reques
     frames.emplace_back();
     frames.back().copy(f);
   }
-  tracker.Sent(i, incarnation_[s], std::chrono::steady_clock::now());
-  return sockets_[s]->Send(nullptr, request.header, std::move(frames));
+  return sockets_[static_cast<size_t>(shard)]->Send(nullptr, request.header, std::move(frames));
+}
+
+Status PsClient::SendRequest(RequestTracker& tracker, size_t i, Outgoing& request) {
+  tracker.Sent(i, incarnation_[static_cast<size_t>(tracker.shard(i))],
+               std::chrono::steady_clock::now());
+  return SendFrames(tracker.shard(i), request);
 }
 
 Status PsClient::ResendDue(RequestTracker& tracker, std::vector<Outgoing>& requests,
@@ -261,6 +265,12 @@ Result<std::vector<Inbound>> PsClient::Exchange(
     std::vector<int> shards, std::vector<Outgoing> requests, std::chrono::milliseconds timeout,
     bool interruptible, std::vector<std::chrono::steady_clock::time_point>* answered_at,
     size_t short_count, std::chrono::milliseconds short_timeout) {
+  // While a step is open its early pushes' replies are queued on the sockets: another
+  // exchange would take them for late replies and drop them.
+  if (step_.open && !finishing_step_) {
+    return Status::FailedPrecondition("a request while a step is open (between BeginStep and "
+                                      "FinishStep)");
+  }
   const size_t n = shards.size();
   RequestTracker tracker(std::move(shards),
                          {timeout, short_count, short_timeout, options_.resend_after,
@@ -272,6 +282,11 @@ Result<std::vector<Inbound>> PsClient::Exchange(
     }
   }
   for (size_t i = 0; i < n; ++i) {
+    if (requests[i].sent_at) {  // sent before (GradientReady): only its reply is awaited
+      tracker.SetId(i, requests[i].header.request_id);
+      tracker.Sent(i, requests[i].sent_to, *requests[i].sent_at);
+      continue;
+    }
     tracker.SetId(i, next_request_id_++);
     requests[i].header.request_id = tracker.id(i);
     requests[i].header.rank = options_.rank;
@@ -296,22 +311,68 @@ Result<std::vector<Inbound>> PsClient::Broadcast(const Header& header,
   std::vector<Outgoing> requests;
   for (int s = 0; s < num_shards(); ++s) {
     shards.push_back(s);
-    requests.push_back({header, {}});
+    Outgoing o;
+    o.header = header;
+    requests.push_back(std::move(o));
   }
   return Exchange(std::move(shards), std::move(requests), timeout, interruptible);
 }
 
-Status PsClient::Register(const ModelRegistration& reg, std::chrono::milliseconds timeout) {
+std::vector<PsClient::Outgoing> PsClient::RegisterRequests(
+    const ModelRegistration& reg, const SliceMap& map,
+    std::span<const float* const> initial_values) const {
+  std::vector<Outgoing> requests(static_cast<size_t>(num_shards()));
+  for (int s = 0; s < num_shards(); ++s) {
+    Outgoing& o = requests[static_cast<size_t>(s)];
+    o.header.type = MsgType::kRegister;
+    o.header.registration = reg;
+    if (initial_values.empty()) continue;
+    for (uint32_t id : map.SlicesOfShard(s)) {
+      const SliceInfo& info = map.slices()[id];
+      if (reg.variables[info.var_index].init.kind != InitKind::kProvided) continue;
+      o.header.slices.push_back({id, 0, info.length});
+      o.frames.emplace_back(initial_values[info.var_index] + info.offset,
+                            static_cast<size_t>(info.length) * sizeof(float));
+    }
+  }
+  return requests;
+}
+
+Status PsClient::Register(const ModelRegistration& reg, std::chrono::milliseconds timeout,
+                          std::span<const float* const> initial_values) {
+  using Clock = std::chrono::steady_clock;
   if (reg.num_shards != num_shards()) {
     return Status::InvalidArgument("registration names " + std::to_string(reg.num_shards) +
                                    " shards but " + std::to_string(num_shards()) + " are given");
   }
+  if (!initial_values.empty() && initial_values.size() != reg.variables.size()) {
+    return Status::InvalidArgument("initial values for " + std::to_string(initial_values.size()) +
+                                   " variables, the model has " +
+                                   std::to_string(reg.variables.size()));
+  }
   auto map = SliceMap::Build(reg.variables, reg.max_slice_elements, reg.num_shards);
   if (!map.ok()) return map.status();
-  Header h;
-  h.type = MsgType::kRegister;
-  h.registration = reg;
-  auto replies = Broadcast(h, timeout);
+  const bool joins = initial_values.empty() &&
+                     std::any_of(reg.variables.begin(), reg.variables.end(), [](const VariableSpec& v) {
+                       return v.init.kind == InitKind::kProvided;
+                     });
+  const auto deadline = Clock::now() + timeout;
+  std::vector<int> shards(static_cast<size_t>(num_shards()));
+  for (int s = 0; s < num_shards(); ++s) shards[static_cast<size_t>(s)] = s;
+  Result<std::vector<Inbound>> replies = Status::Internal("not sent");
+  for (bool logged = false;; logged = true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    replies = Exchange(shards, RegisterRequests(reg, *map, initial_values),
+                       std::max(left, std::chrono::milliseconds(1)));
+    // A model whose values come with rank 0's registration: a server that has not had it
+    // answers Unavailable; ask again until it has, within the same timeout.
+    if (replies.ok() || !joins || replies.status().code() != StatusCode::kUnavailable ||
+        Clock::now() + std::chrono::milliseconds(200) >= deadline) {
+      break;
+    }
+    if (!logged) spdlog::info("waiting for rank 0 to register the model and its initial values");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
   if (!replies.ok()) return replies.status();
   registration_ = reg;
   UseModel(reg, std::move(map).value());
@@ -347,8 +408,24 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
     var_sizes_.push_back(v.num_elements());
     total += v.num_elements();
   }
-  // Room for a whole push in 16 bits (no push is in flight between calls).
+  // Room for a whole push in 16 bits (no push is in flight between calls), a run per shard.
   narrowed_.assign(options_.wire_dtype == DType::kFloat32 ? 0 : static_cast<size_t>(total), 0);
+  narrowed_at_.assign(static_cast<size_t>(num_shards()), 0);
+  shard_vars_.assign(static_cast<size_t>(num_shards()), {});
+  var_shards_.assign(reg.variables.size(), {});
+  size_t at = 0;
+  for (int s = 0; s < num_shards(); ++s) {
+    narrowed_at_[static_cast<size_t>(s)] = at;
+    for (uint32_t id : map_->SlicesOfShard(s)) {
+      const SliceInfo& info = map_->slices()[id];
+      at += static_cast<size_t>(info.length);
+      std::vector<int>& shards = var_shards_[info.var_index];
+      if (shards.empty() || shards.back() != s) {
+        shards.push_back(s);
+        shard_vars_[static_cast<size_t>(s)].push_back(info.var_index);
+      }
+    }
+  }
 }
 
 bool PsClient::SendsTo(int s) const {
@@ -394,7 +471,7 @@ Result<std::vector<PsClient::ShardRows>> PsClient::SplitRows(RowSet rows) const 
 
 void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::vector<int>* shards,
                                std::vector<Outgoing>* requests,
-                               const std::vector<ShardRows>& rows) const {
+                               const std::vector<ShardRows>& rows, bool with_slices) const {
   for (int s = 0; s < num_shards(); ++s) {
     if (!SendsTo(s)) continue;
     Outgoing o;
@@ -402,7 +479,7 @@ void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::ve
     o.header.min_version = min_versions[static_cast<size_t>(s)];
     o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
     o.header.dtype = options_.wire_dtype;  // the dtype the reply is to carry
-    for (uint32_t id : map_->SlicesOfShard(s)) {
+    for (uint32_t id : with_slices ? map_->SlicesOfShard(s) : std::vector<uint32_t>{}) {
       o.header.slices.push_back({id, 0, map_->slices()[id].length});
     }
     const ShardRows& mine = rows[static_cast<size_t>(s)];
@@ -432,43 +509,50 @@ void PsClient::AddPushRowFrames(const ShardRows& split, RowSet rows, Outgoing& o
   }
 }
 
+PsClient::Outgoing PsClient::PushRequest(int s, std::span<const float* const> grads,
+                                         int64_t batch_examples, int64_t read_version,
+                                         uint64_t seq, RowSet rows, const ShardRows& split) {
+  const bool narrow = options_.wire_dtype != DType::kFloat32;
+  uint16_t* next_narrowed = narrow ? narrowed_.data() + narrowed_at_[static_cast<size_t>(s)] : nullptr;
+  Outgoing o;
+  o.header.type = MsgType::kPush;
+  o.header.batch_examples = batch_examples;
+  o.header.seq = seq;
+  o.header.progress = progress_;
+  o.header.version = read_version == kLastRead ? read_versions_[static_cast<size_t>(s)] : read_version;
+  o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
+  o.header.dtype = options_.wire_dtype;
+  for (uint32_t id : map_->SlicesOfShard(s)) {
+    const SliceInfo& info = map_->slices()[id];
+    o.header.slices.push_back({id, 0, info.length});
+    // Zero-copy: the frame is the caller's memory (or narrowed_), which Push keeps valid
+    // until ZeroMQ released every frame (ReleasePushFrames).
+    void* data = const_cast<float*>(grads[info.var_index] + info.offset);
+    const auto count = static_cast<size_t>(info.length);
+    if (narrow) {
+      EncodeFloats(static_cast<const float*>(data), count, options_.wire_dtype, next_narrowed);
+      data = next_narrowed;
+      next_narrowed += count;
+    }
+    std::atomic<int64_t>* counter = &unreleased_[static_cast<size_t>(s)];
+    counter->fetch_add(1, std::memory_order_relaxed);
+    o.frames.emplace_back(data, count * DTypeSize(options_.wire_dtype), &ReleaseFrame, counter);
+  }
+  AddPushRowFrames(split, rows, o);
+  return o;
+}
+
 void PsClient::AddPushRequests(std::span<const float* const> grads, int64_t batch_examples,
                                int64_t read_version, std::vector<int>* shards,
                                std::vector<Outgoing>* requests, RowSet rows,
                                const std::vector<ShardRows>& split) {
   // One sequence number per push, the same on every shard: a resend is applied at most once.
   const PushSeq seq(push_incarnation_, static_cast<uint32_t>(++pushes_));
-  const bool narrow = options_.wire_dtype != DType::kFloat32;
-  uint16_t* next_narrowed = narrowed_.data();
   for (int s = 0; s < num_shards(); ++s) {
     if (!SendsTo(s)) continue;
-    Outgoing o;
-    o.header.type = MsgType::kPush;
-    o.header.batch_examples = batch_examples;
-    o.header.seq = seq.raw();
-    o.header.progress = progress_;
-    o.header.version = read_version == kLastRead ? read_versions_[static_cast<size_t>(s)] : read_version;
-    o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
-    o.header.dtype = options_.wire_dtype;
-    for (uint32_t id : map_->SlicesOfShard(s)) {
-      const SliceInfo& info = map_->slices()[id];
-      o.header.slices.push_back({id, 0, info.length});
-      // Zero-copy: the frame is the caller's memory (or narrowed_), which Push keeps valid
-      // until ZeroMQ released every frame (ReleasePushFrames).
-      void* data = const_cast<float*>(grads[info.var_index] + info.offset);
-      const auto count = static_cast<size_t>(info.length);
-      if (narrow) {
-        EncodeFloats(static_cast<const float*>(data), count, options_.wire_dtype, next_narrowed);
-        data = next_narrowed;
-        next_narrowed += count;
-      }
-      std::atomic<int64_t>* counter = &unreleased_[static_cast<size_t>(s)];
-      counter->fetch_add(1, std::memory_order_relaxed);
-      o.frames.emplace_back(data, count * DTypeSize(options_.wire_dtype), &ReleaseFrame, counter);
-    }
-    AddPushRowFrames(split[static_cast<size_t>(s)], rows, o);
+    requests->push_back(PushRequest(s, grads, batch_examples, read_version, seq.raw(), rows,
+                                    split[static_cast<size_t>(s)]));
     shards->push_back(s);
-    requests->push_back(std::move(o));
   }
 }
 
@@ -514,9 +598,11 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
   copies.reserve(map_->slices().size());
   int64_t elements = 0;
   int64_t lowest = INT64_MAX;
+  const std::vector<uint32_t> no_slices;
   for (size_t i = 0; i < replies.size(); ++i) {
     Inbound& in = replies[i];
-    const std::vector<uint32_t>& ids = map_->SlicesOfShard(shards[i]);
+    // A pull of rows alone (no params) asked for no slices.
+    const std::vector<uint32_t>& ids = params.empty() ? no_slices : map_->SlicesOfShard(shards[i]);
     const size_t row_frames = in.header->rows.size();
     if (in.header->slices.size() != ids.size() || in.frames.size() != ids.size() + row_frames) {
       return Status::Corruption("ps shard " + std::to_string(shards[i]) +
@@ -589,12 +675,15 @@ std::vector<int64_t> PsClient::PullVersions(int64_t min_version) const {
 
 Status PsClient::Pull(std::span<float* const> params, int64_t min_version, RowSet rows) {
   if (!map_) return Status::FailedPrecondition("Pull before Register");
-  if (params.size() != var_sizes_.size()) return Status::InvalidArgument("wrong number of variables");
+  const bool rows_only = params.empty() && !rows.empty();
+  if (params.size() != var_sizes_.size() && !rows_only) {
+    return Status::InvalidArgument("wrong number of variables");
+  }
   auto split = SplitRows(rows);
   if (!split.ok()) return split.status();
   std::vector<int> shards;
   std::vector<Outgoing> requests;
-  AddPullRequests(PullVersions(min_version), &shards, &requests, *split);
+  AddPullRequests(PullVersions(min_version), &shards, &requests, *split, !rows_only);
   const bool may_wait = options_.pulls_may_wait || min_version != 0;
   auto replies = Exchange(shards, std::move(requests),
                           may_wait ? options_.blocking_timeout : options_.request_timeout);
@@ -620,10 +709,107 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
 Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_examples,
                           std::span<float* const> params, int64_t min_version,
                           PushPullTimes* times, RowSet push_rows, RowSet pull_rows) {
-  using Clock = std::chrono::steady_clock;
   if (!map_) return Status::FailedPrecondition("PushPull before Register");
-  if (grads.size() != var_sizes_.size() || params.size() != var_sizes_.size()) {
-    return Status::InvalidArgument("wrong number of variables");
+  if (grads.size() != var_sizes_.size()) return Status::InvalidArgument("wrong number of variables");
+  PARASYNC_RETURN_IF_ERROR(BeginStep(batch_examples));
+  // Every gradient at once: nothing is sent before FinishStep.
+  step_.grads.assign(grads.begin(), grads.end());
+  std::fill(step_.missing.begin(), step_.missing.end(), 0);
+  return FinishStep(params, min_version, times, push_rows, pull_rows);
+}
+
+Status PsClient::BeginStep(int64_t batch_examples) {
+  if (!map_) return Status::FailedPrecondition("a step before Register");
+  if (step_.open) return Status::FailedPrecondition("a step began before the last one finished");
+  step_.open = true;
+  // One sequence number per push, the same on every shard: a resend is applied at most once.
+  step_.seq = PushSeq(push_incarnation_, static_cast<uint32_t>(++pushes_)).raw();
+  step_.batch_examples = batch_examples;
+  step_.grads.assign(var_sizes_.size(), nullptr);
+  step_.missing.assign(static_cast<size_t>(num_shards()), 0);
+  for (size_t s = 0; s < shard_vars_.size(); ++s) {
+    step_.missing[s] = static_cast<int>(shard_vars_[s].size());
+  }
+  step_.sent_shards.clear();
+  step_.sent.clear();
+  return Status::Ok();
+}
+
+Status PsClient::GradientReady(size_t variable, const float* grad) {
+  if (!step_.open) return Status::FailedPrecondition("a gradient outside a step (BeginStep)");
+  if (variable >= step_.grads.size() || grad == nullptr) {
+    return Status::InvalidArgument("gradient of variable " + std::to_string(variable) + " of " +
+                                   std::to_string(step_.grads.size()) +
+                                   (grad == nullptr ? " without data" : ""));
+  }
+  if (step_.grads[variable] != nullptr) {
+    return Status::InvalidArgument("the gradient of " + registration_->variables[variable].name +
+                                   " was already given in this step");
+  }
+  step_.grads[variable] = grad;
+  const bool tables = registration_ && !registration_->tables.empty();
+  for (int s : var_shards_[variable]) {
+    if (--step_.missing[static_cast<size_t>(s)] > 0 || tables) continue;
+    // Every variable of shard s is ready: its push goes now, and FinishStep awaits its reply.
+    Outgoing o = PushRequest(s, step_.grads, step_.batch_examples, kLastRead, step_.seq, {}, {});
+    o.header.request_id = next_request_id_++;
+    o.header.rank = options_.rank;
+    o.sent_to = incarnation_[static_cast<size_t>(s)];
+    o.sent_at = std::chrono::steady_clock::now();
+    if (!sockets_[static_cast<size_t>(s)]) {
+      return Status::Unavailable(ShardName(s) +
+                                 ": its connection could not be reopened after a failed push");
+    }
+    // Kept (and so awaited, and its frames settled) even if the send failed: FinishStep's
+    // exchange sends it again when it is due, as it would any unanswered request.
+    if (Status sent = SendFrames(s, o); !sent.ok()) {
+      spdlog::warn("{}: a push could not be sent yet ({}); it is sent again when due",
+                   ShardName(s), sent.message());
+    }
+    step_.sent_shards.push_back(s);
+    step_.sent.push_back(std::move(o));
+  }
+  return Status::Ok();
+}
+
+Status PsClient::FinishStep(std::span<float* const> params, int64_t min_version,
+                            PushPullTimes* times, RowSet push_rows, RowSet pull_rows) {
+  using Clock = std::chrono::steady_clock;
+  if (!step_.open) return Status::FailedPrecondition("FinishStep without BeginStep");
+  struct Close {
+    OpenStep& step;
+    ~Close() {
+      step.open = false;
+      step.sent.clear();
+    }
+  } close{step_};
+  std::vector<int> shards = step_.sent_shards;
+  std::vector<Outgoing> requests = std::move(step_.sent);
+  const size_t early = requests.size();
+  const auto unmarked = std::find(step_.grads.begin(), step_.grads.end(), nullptr);
+  Status problem;
+  if (unmarked != step_.grads.end()) {
+    problem = Status::InvalidArgument(
+        "no gradient for " +
+        registration_->variables[static_cast<size_t>(unmarked - step_.grads.begin())].name +
+        " in this step");
+  } else if (params.size() != var_sizes_.size()) {
+    problem = Status::InvalidArgument("wrong number of variables");
+  }
+  auto push_split = SplitRows(push_rows);
+  auto pull_split = SplitRows(pull_rows);
+  if (problem.ok() && !push_split.ok()) problem = push_split.status();
+  if (problem.ok() && !pull_split.ok()) problem = pull_split.status();
+  if (!problem.ok()) {
+    // Pushes already out are awaited and settled before the error returns: the caller may
+    // reuse its gradients' memory then.
+    if (early > 0) {
+      finishing_step_ = true;
+      auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
+      finishing_step_ = false;
+      (void)SettlePushFrames(replies.status());
+    }
+    return problem;
   }
   // The pull of the next step waits for the step this push contributes to: the version it
   // was computed from, plus one (what Push would have set).
@@ -631,21 +817,30 @@ Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_exa
   if (min_version == kNextStep) {
     for (size_t s = 0; s < min_versions.size(); ++s) min_versions[s] = read_versions_[s] + 1;
   }
-  auto push_split = SplitRows(push_rows);
-  if (!push_split.ok()) return push_split.status();
-  auto pull_split = SplitRows(pull_rows);
-  if (!pull_split.ok()) return pull_split.status();
-  std::vector<int> shards;
-  std::vector<Outgoing> requests;
-  AddPushRequests(grads, batch_examples, kLastRead, &shards, &requests, push_rows, *push_split);
+  for (int s = 0; s < num_shards(); ++s) {
+    if (!SendsTo(s) ||
+        std::find(step_.sent_shards.begin(), step_.sent_shards.end(), s) != step_.sent_shards.end()) {
+      continue;
+    }
+    requests.push_back(PushRequest(s, step_.grads, step_.batch_examples, kLastRead, step_.seq,
+                                   push_rows, (*push_split)[static_cast<size_t>(s)]));
+    shards.push_back(s);
+  }
   const size_t num_push = shards.size();
   AddPullRequests(min_versions, &shards, &requests, *pull_split);
   const bool may_wait = options_.pulls_may_wait || min_version != 0;
   const auto start = Clock::now();
+  std::optional<Clock::time_point> first_sent, last_sent;
+  for (size_t i = 0; i < early; ++i) {
+    if (!first_sent) first_sent = requests[i].sent_at;
+    last_sent = requests[i].sent_at;
+  }
   std::vector<Clock::time_point> answered;
+  finishing_step_ = true;
   auto replies = Exchange(shards, std::move(requests),
                           may_wait ? options_.blocking_timeout : options_.request_timeout,
                           /*interruptible=*/true, &answered, num_push, options_.request_timeout);
+  finishing_step_ = false;
   PARASYNC_RETURN_IF_ERROR(SettlePushFrames(replies.status()));
   const std::span<const int> all(shards);
   const std::span<Inbound> in(*replies);
@@ -661,6 +856,11 @@ Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_exa
     const Clock::time_point done = std::max(pushed, last(num_push, answered.size()));
     times->push_seconds = std::chrono::duration<double>(pushed - start).count();
     times->pull_seconds = std::chrono::duration<double>(done - pushed).count();
+    times->first_push_sent = first_sent.value_or(start);
+    times->last_push_sent = num_push > early ? start : last_sent.value_or(start);
+    times->pushes_acked = pushed;
+    times->pulled = done;
+    times->early_pushes = static_cast<int>(early);
   }
   return TakePullReplies(params, all.subspan(num_push), in.subspan(num_push), pull_rows,
                          *pull_split);

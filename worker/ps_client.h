@@ -110,7 +110,12 @@ class PsClient {
   // builds the slice map. Waits up to `timeout` for servers that are still starting. Returns
   // the first error that arrives (e.g. FailedPrecondition for a model, mode or protocol
   // mismatch).
-  Status Register(const ModelRegistration& reg, std::chrono::milliseconds timeout);
+  // `initial_values` (one array per variable, caller-owned, read during the call): the values
+  // of reg's kProvided variables, for the registration that creates the model (rank 0's;
+  // ignored by servers that hold it already). Without them a model with kProvided variables
+  // is only joined: the call waits, within `timeout`, until rank 0 has created it.
+  Status Register(const ModelRegistration& reg, std::chrono::milliseconds timeout,
+                  std::span<const float* const> initial_values = {});
 
   // After Register: where the shards recorded this rank to be in its data with the updates
   // they hold — the earliest over the shards that hold slices (a crash can leave one shard a
@@ -133,7 +138,9 @@ class PsClient {
   // blocking_timeout). last_version() then holds the lowest version read.
   // `rows`: embedding rows to read as well, each from the shard that holds it (a row nobody
   // has updated reads as its initial value). With tables registered, every pull and push
-  // goes to every shard (each holds rows), with or without rows for it.
+  // goes to every shard (each holds rows), with or without rows for it. With `params` empty
+  // and rows given, only the rows are read (and last_version() is the lowest version
+  // their shards answered with).
   Status Pull(std::span<float* const> params, int64_t min_version = 0, RowSet rows = {});
 
   // Sends grads[v] (one array per variable, caller-owned, read only) to every shard; blocks
@@ -157,13 +164,43 @@ class PsClient {
   // within request_timeout even when the pull may wait longer. `times`, if given, splits the
   // wait: until the last push acknowledgement, and from there until the last pull reply.
   struct PushPullTimes {
+    using Clock = std::chrono::steady_clock;
     double push_seconds = 0;
     double pull_seconds = 0;
+    // FinishStep (and so PushPull) also tells when the step's pushes went out: the first and
+    // the last (GradientReady's early ones included), when the last was acknowledged and
+    // when the last pull reply came, and how many shards' pushes went out before FinishStep.
+    Clock::time_point first_push_sent{};
+    Clock::time_point last_push_sent{};
+    Clock::time_point pushes_acked{};
+    Clock::time_point pulled{};
+    int early_pushes = 0;
   };
   Status PushPull(std::span<const float* const> grads, int64_t batch_examples,
                   std::span<float* const> params, int64_t min_version = 0,
                   PushPullTimes* times = nullptr, RowSet push_rows = {},
                   RowSet pull_rows = {});
+
+  // PushPull in parts, so that the pushes overlap what is left of backward (as Horovod and
+  // BytePS start a tensor's reduction from its gradient hook): BeginStep; GradientReady(v)
+  // as each variable's gradient is complete — once every variable a shard holds slices of
+  // is, that shard's push is sent at once, and the call returns without waiting for it —
+  // then FinishStep, which sends the pushes not sent yet and the pulls, and waits for every
+  // reply. Together they are one PushPull: one sequence number, one whole push per shard (a
+  // sync step sees no difference), and each shard's pull answered after its push. With
+  // tables registered every shard's push carries rows, so all go at FinishStep.
+  // Errors: BeginStep while a step is open, GradientReady outside a step, for a variable out
+  // of range or marked twice, and FinishStep with a variable never marked get
+  // FailedPrecondition or InvalidArgument and send nothing more; the step stays open until
+  // FinishStep returns (whatever its outcome: pushes already sent are then settled).
+  Status BeginStep(int64_t batch_examples);
+  // `grad`: the variable's num_elements floats, caller-owned, valid and unchanged until
+  // FinishStep returns (ZeroMQ sends from it).
+  Status GradientReady(size_t variable, const float* grad);
+  Status FinishStep(std::span<float* const> params, int64_t min_version = 0,
+                    PushPullTimes* times = nullptr, RowSet push_rows = {},
+                    RowSet pull_rows = {});
+  bool in_step() const { return step_.open; }
 
   // Tells every shard this worker is done, so barriers stop waiting for it. Best effort:
   // waits for the acknowledgements up to `timeout`, even when `interrupted` says stop.
@@ -199,12 +236,31 @@ class PsClient {
   struct Outgoing {
     Header header;
     std::vector<zmq::message_t> frames;
+    // Sent before the exchange that waits for its reply (GradientReady): when, and to which
+    // incarnation; header.request_id is then its id.
+    std::optional<std::chrono::steady_clock::time_point> sent_at;
+    uint64_t sent_to = 0;
+  };
+  // The step BeginStep opened: its sequence number, the gradients marked so far and the
+  // pushes already sent (in the order sent).
+  struct OpenStep {
+    bool open = false;
+    uint64_t seq = 0;
+    int64_t batch_examples = 0;
+    std::vector<const float*> grads;  // by variable; null: not marked yet
+    std::vector<int> missing;         // by shard: variables not marked yet
+    std::vector<int> sent_shards;
+    std::vector<Outgoing> sent;
   };
   PsClient(std::vector<std::unique_ptr<Socket>> sockets, const PsClientOptions& options)
       : sockets_(std::move(sockets)),
         options_(options),
         copy_threads_(options.copy_threads > 1 ? std::make_unique<ParallelFor>(options.copy_threads)
                                                : nullptr) {}
+  // One Register request per shard; with `initial_values`, each carries the values of its
+  // slices of kProvided variables (copied into frames).
+  std::vector<Outgoing> RegisterRequests(const ModelRegistration& reg, const SliceMap& map,
+                                         std::span<const float* const> initial_values) const;
   // Register's and Adopt's common end: the slice map, the variable sizes, and room for a
   // narrowed push.
   void UseModel(const ModelRegistration& reg, SliceMap map);
@@ -237,6 +293,8 @@ class PsClient {
   std::string ShardName(int shard) const;
   // Sends request i of `tracker` (again), copying its frames so it can be resent.
   Status SendRequest(RequestTracker& tracker, size_t i, Outgoing& request);
+  // The send itself, to `shard`, addressed to its incarnation as last heard.
+  Status SendFrames(int shard, Outgoing& request);
   // Sends again every unanswered request that is due (re-registering with a restarted
   // server first).
   Status ResendDue(RequestTracker& tracker, std::vector<Outgoing>& requests,
@@ -263,12 +321,16 @@ class PsClient {
   // The requests of a pull (min_versions by shard) / a push, one per shard SendsTo,
   // appended to shards and requests; and what their replies tell.
   void AddPullRequests(const std::vector<int64_t>& min_versions, std::vector<int>* shards,
-                       std::vector<Outgoing>* requests,
-                       const std::vector<ShardRows>& rows) const;
+                       std::vector<Outgoing>* requests, const std::vector<ShardRows>& rows,
+                       bool with_slices = true) const;
   void AddPushRequests(std::span<const float* const> grads, int64_t batch_examples,
                        int64_t read_version, std::vector<int>* shards,
                        std::vector<Outgoing>* requests, RowSet rows,
                        const std::vector<ShardRows>& split);
+  // The push of shard s with sequence number `seq`; its frames point into `grads` (or into
+  // narrowed_, at the shard's own run).
+  Outgoing PushRequest(int s, std::span<const float* const> grads, int64_t batch_examples,
+                       int64_t read_version, uint64_t seq, RowSet rows, const ShardRows& split);
   // A push's rows for one shard: an ids frame and a values frame per range (copies, each row
   // encoded once, straight into its frame).
   void AddPushRowFrames(const ShardRows& split, RowSet rows, Outgoing& o) const;
@@ -300,7 +362,13 @@ class PsClient {
   // slice in shard order; the push frames point into it (so it is only written once every
   // frame was released).
   std::vector<uint16_t> narrowed_;
+  std::vector<size_t> narrowed_at_;  // by shard: where its run starts in narrowed_
   std::vector<int64_t> var_sizes_;
+  // The variables each shard holds slices of (each once), and the shards of each variable.
+  std::vector<std::vector<size_t>> shard_vars_;
+  std::vector<std::vector<int>> var_shards_;
+  OpenStep step_;
+  bool finishing_step_ = false;  // FinishStep's own exchange (others are refused in a step)
   uint64_t next_request_id_ = 1;
   int64_t last_version_ = 0;
   std::vector<int64_t> read_versions_;  // per shard: version at the last pull

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/auc.h"
+#include "worker/chief.h"
 #include "worker/compute/dropout_mask.h"
 #include "worker/sparse_batch.h"
 
@@ -46,36 +47,6 @@ struct Tensors {
   std::vector<const float*> cptrs;
 };
 
-class EvalLog {
- public:
-  explicit EvalLog(const std::string& path) : path_(path) {}
-  Status Append(const nlohmann::json& row) {
-    std::ofstream out(path_, std::ios::app);
-    if (!out) return Status::Unavailable("cannot open " + path_);
-    out << row.dump() << "\n";
-    out.flush();
-    if (!out) return Status::Unavailable("cannot write " + path_);
-    return Status::Ok();
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-// The highest "epoch" in the eval log at `path`, -1 when there is none (or no file).
-int LastLoggedEpoch(const std::string& path) {
-  std::ifstream in(path);
-  int last = -1;
-  for (std::string line; std::getline(in, line);) {
-    const auto row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (row.is_object() && row.contains("epoch") && row["epoch"].is_number_integer()) {
-      last = std::max(last, row["epoch"].get<int>());
-    }
-  }
-  return last;
-}
-
 // Where training starts: the epoch, the first example of it, and whether the epoch before
 // was finished but perhaps not evaluated (a stop between its last push and its evaluation).
 struct StartPoint {
@@ -105,53 +76,6 @@ StartPoint ResumeFrom(const DataProgress& recorded, size_t shard_size, int rank)
   spdlog::info("resuming where the servers recorded rank {}: epoch {}, {} of {} examples done",
                rank, recorded.epoch, recorded.done, recorded.of);
   return start;
-}
-
-// "1, 3": ranks for a log line.
-std::string RankList(const std::vector<int>& ranks) {
-  std::string text;
-  for (int rank : ranks) text += (text.empty() ? "" : ", ") + std::to_string(rank);
-  return text;
-}
-
-// One evaluation's numbers, as a row of eval.jsonl holds them.
-struct EvalPoint {
-  int epoch = 0;
-  int64_t global_step = 0;
-  int64_t global_examples = 0;
-  double wall = 0;       // seconds since training started
-  double unix_time = 0;  // of the servers' statistics
-  double train_loss = 0;
-  double test_loss = 0;
-  double test_accuracy = 0;
-  double test_auc = NAN;  // sigmoid models only
-  double chief_examples_per_sec = 0;
-};
-
-nlohmann::json EvalRow(const TrainerOptions& o, int num_shards, const EvalPoint& p) {
-  return {{"mode", o.mode.ToString()},
-          {"workers", o.num_workers},
-          {"ps", num_shards},
-          {"epoch", p.epoch},
-          {"step", p.global_step},
-          {"examples", p.global_examples},
-          {"wall_s", p.wall},
-          {"time", p.unix_time},
-          {"train_loss", std::isfinite(p.train_loss) ? nlohmann::json(p.train_loss)
-                                                     : nlohmann::json(nullptr)},
-          {"test_loss", p.test_loss},
-          {"test_accuracy", p.test_accuracy},
-          {"test_auc", std::isfinite(p.test_auc) ? nlohmann::json(p.test_auc)
-                                                 : nlohmann::json(nullptr)},
-          {"chief_examples_per_sec", p.chief_examples_per_sec},
-          {"global_examples_per_sec",
-           p.wall > 0 ? static_cast<double>(p.global_examples) / p.wall : 0.0},
-          {"batch_size", o.batch_size},
-          {"optimizer", std::string(OptimizerKindName(o.optimizer.kind))},
-          // Shortest decimal form of the float (0.001, not 0.0010000000474974513).
-          {"learning_rate", std::stod(fmt::format("{}", o.optimizer.learning_rate))},
-          {"lr_schedule", std::string(LrScheduleName(o.optimizer.schedule))},
-          {"seed", o.seed}};
 }
 
 // What one epoch added up to.
@@ -197,22 +121,13 @@ class TrainingRun {
   }
   // The client counts retries and reconnects itself; the metrics follow its counts after
   // every step and on every way out (an error return included), registration's too.
-  void SyncClientCounters() {
-    Follow(metrics_.retries, client_.resends(), counted_resends_);
-    Follow(metrics_.reconnects, client_.reconnects(), counted_reconnects_);
-  }
+  void SyncClientCounters() { metrics_.FollowClient(client_.resends(), client_.reconnects()); }
   // Trains from where the servers recorded this rank to the last epoch, or until a stop.
   Result<TrainingSummary> Run();
 
  private:
-  static void Follow(prometheus::Counter* counter, int64_t now, int64_t& counted) {
-    if (now > counted) counter->Increment(static_cast<double>(now - counted));
-    counted = now;
-  }
   bool sync() const { return o_.mode.kind == TrainingMode::Kind::kSync; }
   Status Resume();
-  // The chief, before its final evaluation: see WaitForOtherWorkers's definition.
-  Status WaitForOtherWorkers();
   Status Evaluate(int epoch, double train_loss, double epoch_examples_per_sec);
   Status TrainEpoch(int epoch, EpochTotals& totals);
   Status Step(int epoch, size_t first, size_t count, EpochTotals& totals);
@@ -251,7 +166,7 @@ class TrainingRun {
   size_t prepared_first_ = SIZE_MAX;
   std::shared_ptr<void> batch_x_;
   std::shared_ptr<void> batch_y_;
-  EvalLog eval_log_;
+  const std::string eval_log_;  // the path of eval.jsonl
   const Clock::time_point start_;
   TrainingSummary summary_;
   StartPoint start_at_;
@@ -261,8 +176,6 @@ class TrainingRun {
   bool stop_ = false;
   bool have_params_ = false;  // params_ hold the model for the next step
   Clock::time_point last_progress_line_;
-  int64_t counted_resends_ = 0;
-  int64_t counted_reconnects_ = 0;
 };
 
 // Evaluates the current server-side model on the whole test set (chief only). In sync mode
@@ -272,78 +185,33 @@ Status TrainingRun::Evaluate(int epoch, double train_loss, double epoch_examples
   std::vector<float> logits;
   auto result = EvaluateTestSet(&logits);
   if (!result.ok()) return result.status();
-  auto stats = client_.Stats();
-  if (!stats.ok()) return stats.status();
-  EvalPoint p{.epoch = epoch, .train_loss = train_loss,
-              .chief_examples_per_sec = epoch_examples_per_sec};
-  // Unix time of these statistics, to line the row up with other clocks (Prometheus).
-  p.unix_time =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  EvalRecord p{.mode = o_.mode.ToString(),
+               .workers = o_.num_workers,
+               .ps = client_.num_shards(),
+               .epoch = epoch,
+               .train_loss = train_loss,
+               .chief_examples_per_sec = epoch_examples_per_sec,
+               .batch_size = o_.batch_size,
+               .optimizer = o_.optimizer,
+               .seed = o_.seed};
+  PARASYNC_RETURN_IF_ERROR(ReadGlobalProgress(client_, &p));
   p.test_accuracy = result->accuracy();
   p.test_loss = result->mean_loss();
   if (!logits.empty()) {
     p.test_auc = RocAuc(logits, test_.y);  // the logit ranks as the probability does
     summary_.final_test_auc = p.test_auc;
   }
-  // Every push reaches every shard that holds slices, so their counters are the global
-  // ones (a shard without slices reports 0): take the largest.
-  for (const ShardStats& s : *stats) {
-    p.global_step = std::max(p.global_step, s.version);
-    p.global_examples = std::max(p.global_examples, s.examples);
-  }
   p.wall = Seconds(start_, Clock::now());
   if (metrics_.eval_accuracy != nullptr) metrics_.eval_accuracy->Set(p.test_accuracy);
   if (metrics_.eval_loss != nullptr) metrics_.eval_loss->Set(p.test_loss);
   summary_.final_test_accuracy = p.test_accuracy;
   summary_.final_test_loss = p.test_loss;
-  PARASYNC_RETURN_IF_ERROR(eval_log_.Append(EvalRow(o_, client_.num_shards(), p)));
+  PARASYNC_RETURN_IF_ERROR(AppendEvalRow(eval_log_, p));
   spdlog::info("eval epoch {}: test accuracy {:.4f}, test loss {:.4f}{} (global step {}, {} "
                "examples, {:.1f} s)",
                epoch, p.test_accuracy, p.test_loss,
                std::isfinite(p.test_auc) ? fmt::format(", test AUC {:.4f}", p.test_auc) : "",
                p.global_step, p.global_examples, p.wall);
-  return Status::Ok();
-}
-
-// Leaves first, so that no sync step or ssp bound waits for the chief, then polls every
-// shard's statistics until none counts another rank as live, up to wait_for_workers_seconds
-// (or a stop). A worker leaves once its last push is acknowledged, so the model evaluated
-// next holds every gradient of the workers that left; a rank declared dead counts as gone.
-// The evaluation's Pull makes the chief live again; Run() leaves once more at the end.
-Status TrainingRun::WaitForOtherWorkers() {
-  if (o_.num_workers <= 1) return Status::Ok();
-  if (Status s = client_.Leave(std::chrono::milliseconds(10000)); !s.ok()) {
-    spdlog::warn("leave before the final evaluation not acknowledged: {}", s.message());
-  }
-  const auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(o_.wait_for_workers_seconds));
-  std::vector<int> training;  // ranks some shard still counts as live
-  for (bool logged = false;; logged = true) {
-    PARASYNC_ASSIGN_OR_RETURN(const std::vector<ShardStats> stats, client_.Stats());
-    training.clear();
-    for (int rank = 1; rank < o_.num_workers; ++rank) {
-      const bool live = std::any_of(stats.begin(), stats.end(), [rank](const ShardStats& s) {
-        return static_cast<size_t>(rank) < s.workers.size() &&
-               s.workers[static_cast<size_t>(rank)].live;
-      });
-      if (live) training.push_back(rank);
-    }
-    if (training.empty()) {
-      if (logged) spdlog::info("every worker has finished; the final evaluation follows");
-      return Status::Ok();
-    }
-    if (should_stop_()) return Status::Ok();
-    if (Clock::now() >= deadline) break;
-    if (!logged) {
-      spdlog::info("waiting up to {} s for worker(s) {} to finish before the final evaluation",
-                   o_.wait_for_workers_seconds, RankList(training));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  spdlog::warn("worker(s) {} still training after {} s: the final evaluation goes on without "
-               "the rest of their work",
-               RankList(training), o_.wait_for_workers_seconds);
   return Status::Ok();
 }
 
@@ -402,7 +270,7 @@ Status TrainingRun::Resume() {
   };
   rank_step_ = (start_at_.epoch - 1) * batches(shard_.size()) + batches(start_at_.offset);
   if (o_.rank == 0) {
-    const int logged = LastLoggedEpoch(eval_log_.path());
+    const int logged = LastLoggedEpoch(eval_log_);
     if (client_.recorded_progress().empty()) {
       PARASYNC_RETURN_IF_ERROR(Evaluate(0, NAN, 0.0));
     } else if (start_at_.finished_epoch > logged && start_at_.finished_epoch > 0) {
@@ -545,15 +413,8 @@ Status TrainingRun::PushGradient(size_t first, size_t count, PsClient::PushPullT
 }
 
 void TrainingRun::CountPush() {
-  if (client_.last_push_dropped()) {
-    ++summary_.dropped;
-    metrics_.dropped->Increment();
-  }
-  if (client_.last_push_staleness() >= 0) {
-    const auto staleness = static_cast<double>(client_.last_push_staleness());
-    metrics_.staleness->Observe(staleness);
-    if (staleness > metrics_.staleness_max->Value()) metrics_.staleness_max->Set(staleness);
-  }
+  if (client_.last_push_dropped()) ++summary_.dropped;
+  metrics_.ObservePush(client_.last_push_dropped(), client_.last_push_staleness());
 }
 
 void TrainingRun::CountStep(size_t count, double loss, double pull_s, double compute_s,
@@ -561,12 +422,7 @@ void TrainingRun::CountStep(size_t count, double loss, double pull_s, double com
   totals.seconds.pull += pull_s;
   totals.seconds.compute += compute_s;
   totals.seconds.push += push_s;
-  metrics_.pull_seconds->Observe(pull_s);
-  metrics_.compute_seconds->Observe(compute_s);
-  metrics_.push_seconds->Observe(push_s);
-  metrics_.examples->Increment(static_cast<double>(count));
-  metrics_.steps->Increment();
-  metrics_.train_loss->Set(loss);
+  metrics_.ObserveStep(static_cast<int64_t>(count), loss, pull_s, compute_s, push_s);
   totals.loss_sum += loss;
   ++totals.steps;
   totals.examples += static_cast<int64_t>(count);
@@ -606,7 +462,8 @@ Status TrainingRun::EndEpoch(int epoch, const EpochTotals& totals) {
                1e3 * totals.seconds.compute / steps, 1e3 * totals.seconds.push / steps);
   if (o_.rank != 0 || (stop_ && should_stop_())) return Status::Ok();
   if ((epoch == o_.epochs || stop_) && o_.wait_for_workers_seconds > 0) {
-    PARASYNC_RETURN_IF_ERROR(WaitForOtherWorkers());
+    PARASYNC_RETURN_IF_ERROR(
+        WaitForOtherWorkers(client_, o_.num_workers, o_.wait_for_workers_seconds, should_stop_));
     if (should_stop_()) return Status::Ok();  // stopped while waiting: no evaluation
   }
   PARASYNC_RETURN_IF_ERROR(Evaluate(epoch, train_loss, eps));

@@ -61,16 +61,51 @@ WorkerMetrics::WorkerMetrics(int rank, const std::string& model, int64_t paramet
   epoch = AddGauge(r, "parasync_worker_epoch", "Current epoch (1-based)", labels);
   finished = AddGauge(r, "parasync_worker_finished",
                       "1 once this worker has finished training (the values are final)", labels);
-  model_parameters =
-      AddGauge(r, "parasync_worker_model_parameters",
-               "Parameters of the model this worker trains (label model: its name)", labels,
-               {{"model", model}});
+  model_family_ = &prometheus::BuildGauge()
+                       .Name("parasync_worker_model_parameters")
+                       .Help("Parameters of the model this worker trains (label model: its name)")
+                       .Labels(labels)
+                       .Register(r);
+  model_parameters = &model_family_->Add({{"model", model}});
   model_parameters->Set(static_cast<double>(parameters));
   if (rank != 0) return;
   eval_accuracy = AddGauge(r, "parasync_worker_eval_accuracy",
                            "Test-set accuracy of the latest evaluation (chief only)", labels);
   eval_loss = AddGauge(r, "parasync_worker_eval_loss",
                        "Test-set mean loss of the latest evaluation (chief only)", labels);
+}
+
+void WorkerMetrics::ObservePush(bool dropped_as_stale, int64_t staleness_seen) {
+  if (dropped_as_stale) dropped->Increment();
+  if (staleness_seen < 0) return;
+  const auto value = static_cast<double>(staleness_seen);
+  staleness->Observe(value);
+  if (value > staleness_max->Value()) staleness_max->Set(value);
+}
+
+void WorkerMetrics::ObserveStep(int64_t count, double loss, double pull_s, double compute_s,
+                                double push_s) {
+  pull_seconds->Observe(pull_s);
+  compute_seconds->Observe(compute_s);
+  push_seconds->Observe(push_s);
+  examples->Increment(static_cast<double>(count));
+  steps->Increment();
+  train_loss->Set(loss);
+}
+
+void WorkerMetrics::DescribeModel(const std::string& model, int64_t parameters) {
+  model_family_->Remove(model_parameters);
+  model_parameters = &model_family_->Add({{"model", model}});
+  model_parameters->Set(static_cast<double>(parameters));
+}
+
+void WorkerMetrics::FollowClient(int64_t client_resends, int64_t client_reconnects) {
+  const auto follow = [](prometheus::Counter* counter, int64_t now, int64_t& counted) {
+    if (now > counted) counter->Increment(static_cast<double>(now - counted));
+    counted = now;
+  };
+  follow(retries, client_resends, counted_resends_);
+  follow(reconnects, client_reconnects, counted_reconnects_);
 }
 
 }  // namespace parasync

@@ -1,0 +1,225 @@
+// The C API (worker/client/c_api.h) as another language sees it: codes and messages, never an
+// exception; buffers the caller's; against real servers over ZeroMQ on loopback.
+#include "worker/client/c_api.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <zmq.hpp>
+
+#include "tests/support/in_process_server.h"
+#include "tests/support/temp_dir.h"
+#include "worker/data/dataset.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+// The message of a failed call, freed; "" for none.
+std::string Take(char*& err) {
+  std::string text = err == nullptr ? "" : err;
+  parasync_free(err);
+  err = nullptr;
+  return text;
+}
+
+struct Handles {
+  parasync_options_t* options = parasync_options_create();
+  parasync_model_t* model = parasync_model_create();
+  parasync_client_t* client = nullptr;
+  ~Handles() {
+    parasync_client_destroy(client);
+    parasync_model_destroy(model);
+    parasync_options_destroy(options);
+  }
+};
+
+// A 6x4 kernel with rank 0's values and a table of 3-float rows.
+void DescribeModel(parasync_model_t* m) {
+  char* err = nullptr;
+  const int64_t kernel[] = {6, 4};
+  const int64_t bias[] = {4};
+  ASSERT_EQ(parasync_model_add_variable(m, "kernel", kernel, 2, PARASYNC_INIT_PROVIDED, 0, &err),
+            PARASYNC_OK);
+  ASSERT_EQ(parasync_model_add_variable(m, "bias", bias, 1, PARASYNC_INIT_CONSTANT, 0.5f, &err),
+            PARASYNC_OK);
+  ASSERT_EQ(parasync_model_add_table(m, "words", 0, 3, PARASYNC_INIT_CONSTANT, 0.25f, &err),
+            PARASYNC_OK);
+  ASSERT_EQ(parasync_model_set_optimizer(m, "sgd", 0.5, &err), PARASYNC_OK);
+  parasync_model_set_seed(m, 3);
+}
+
+class CApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(server_.started());
+    const std::string endpoint = server_.endpoint();  // tcp://127.0.0.1:PORT
+    address_ = endpoint.substr(endpoint.find("//") + 2);
+    char* err = nullptr;
+    ASSERT_EQ(parasync_options_set_cluster(h_.options, address_.c_str(), 1, 0, &err), PARASYNC_OK)
+        << Take(err);
+    ASSERT_EQ(parasync_options_set_metrics(h_.options, "127.0.0.1", 0, dir_.path().c_str(), &err),
+              PARASYNC_OK);
+    ASSERT_EQ(parasync_options_set_timeouts(h_.options, 5, 5, 0.5, &err), PARASYNC_OK);
+    ASSERT_EQ(parasync_client_connect(h_.options, &h_.client, &err), PARASYNC_OK) << Take(err);
+    DescribeModel(h_.model);
+  }
+
+  zmq::context_t context_;
+  parasync::testing::InProcessServer server_{context_, 0, 1};
+  parasync::testing::TempDir dir_;
+  std::string address_;
+  Handles h_;
+  std::vector<float> kernel_ = std::vector<float>(24, 0.125f);
+  std::vector<float> bias_ = std::vector<float>(4);
+};
+
+TEST_F(CApiTest, ATrainingStepThroughTheCApi) {
+  char* err = nullptr;
+  EXPECT_EQ(parasync_client_rank(h_.client), 0);
+  EXPECT_EQ(parasync_client_num_shards(h_.client), 1);
+  EXPECT_STREQ(parasync_client_mode(h_.client), "async");
+  EXPECT_GT(parasync_client_metrics_port(h_.client), 0);
+  const float* initial[] = {kernel_.data(), nullptr};
+  ASSERT_EQ(parasync_client_register(h_.client, h_.model, initial, &err), PARASYNC_OK) << Take(err);
+  float* params[] = {kernel_.data(), bias_.data()};
+  std::fill(kernel_.begin(), kernel_.end(), 0.0f);
+  ASSERT_EQ(parasync_client_pull(h_.client, params, 2, 0, nullptr, 0, &err), PARASYNC_OK);
+  EXPECT_EQ(kernel_, std::vector<float>(24, 0.125f));  // rank 0's values
+  EXPECT_EQ(bias_, std::vector<float>(4, 0.5f));       // the constant initializer
+  // A step: the gradients of both variables, and two rows (ids as unsigned, sorted).
+  std::vector<float> gk(24, 0.25f), gb(4, 1.0f), rows(6, 2.0f);
+  const uint64_t ids[] = {7, ~uint64_t{0}};
+  parasync_rows_t pushed = {0, ids, 2, rows.data()};
+  ASSERT_EQ(parasync_client_step_begin(h_.client, 8, &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_client_step_gradient(h_.client, 1, gb.data(), &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_client_step_gradient(h_.client, 0, gk.data(), &err), PARASYNC_OK);
+  parasync_step_times_t times{};
+  ASSERT_EQ(parasync_client_step_finish(h_.client, &pushed, 1, params, 2, nullptr, 0, &times, &err),
+            PARASYNC_OK)
+      << Take(err);
+  EXPECT_EQ(kernel_, std::vector<float>(24, 0.125f - 0.5f * 0.25f));
+  EXPECT_EQ(bias_, std::vector<float>(4, 0.0f));
+  EXPECT_GT(times.pulled, 0.0);
+  std::vector<float> read(6);
+  parasync_rows_t pulled = {0, ids, 2, read.data()};
+  ASSERT_EQ(parasync_client_pull(h_.client, nullptr, 0, 0, &pulled, 1, &err), PARASYNC_OK);
+  EXPECT_EQ(read, std::vector<float>(6, 0.25f - 0.5f * 2.0f));
+  int64_t step = 0, examples = 0;
+  ASSERT_EQ(parasync_client_global_progress(h_.client, &step, &examples, &err), PARASYNC_OK);
+  EXPECT_EQ(step, 1);
+  EXPECT_EQ(examples, 8);
+  // What a worker reports: eval.jsonl and the metrics snapshot.
+  parasync_client_observe_step(h_.client, 8, 0.5, 0.001, 0.002, 0.003);
+  const parasync_eval_t eval = {1, 0.5, 0.25, 0.75, NAN, 100.0, 2.0, 8};
+  ASSERT_EQ(parasync_client_log_eval(h_.client, &eval, &err), PARASYNC_OK) << Take(err);
+  EXPECT_EQ(parasync_client_last_logged_epoch(h_.client), 1);
+  std::ifstream log(dir_.path() + "/eval.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(log, line));
+  const auto row = nlohmann::json::parse(line);
+  EXPECT_EQ(row["test_accuracy"], 0.75);
+  EXPECT_EQ(row["step"], 1);
+  EXPECT_EQ(row["examples"], 8);
+  EXPECT_EQ(row["optimizer"], "sgd");
+  EXPECT_TRUE(row["test_auc"].is_null());
+  ASSERT_EQ(parasync_client_finish(h_.client, 1, &err), PARASYNC_OK) << Take(err);
+  std::stringstream snapshot;
+  snapshot << std::ifstream(dir_.path() + "/metrics-worker0.prom").rdbuf();
+  EXPECT_THAT(snapshot.str(), HasSubstr("parasync_worker_examples_total{rank=\"0\",role=\"worker\"} 8"));
+  EXPECT_THAT(snapshot.str(), HasSubstr("parasync_worker_finished{rank=\"0\",role=\"worker\"} 1"));
+}
+
+TEST_F(CApiTest, ErrorsAreACodeAndOneLineNeverAnException) {
+  char* err = nullptr;
+  EXPECT_EQ(parasync_options_set_mode(h_.options, "fast", &err), PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("fast"));
+  EXPECT_EQ(parasync_options_set_wire_dtype(h_.options, "int8", &err), PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("int8"));
+  EXPECT_EQ(parasync_model_set_optimizer(h_.model, "rmsprop", 0.1, &err), PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("rmsprop"));
+  EXPECT_EQ(parasync_model_set(h_.model, "nesterov", 1, &err), PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("nesterov"));
+  EXPECT_EQ(parasync_options_set_cluster(h_.options, "nohost", 1, 0, &err),
+            PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("nohost"));
+  // Before registering, nothing moves; a wrong number of arrays is refused by name.
+  float* params[] = {kernel_.data(), bias_.data()};
+  EXPECT_EQ(parasync_client_pull(h_.client, params, 2, 0, nullptr, 0, &err),
+            PARASYNC_FAILED_PRECONDITION);
+  EXPECT_THAT(Take(err), HasSubstr("not registered"));
+  const float* initial[] = {kernel_.data(), nullptr};
+  ASSERT_EQ(parasync_client_register(h_.client, h_.model, initial, &err), PARASYNC_OK);
+  EXPECT_EQ(parasync_client_pull(h_.client, params, 1, 0, nullptr, 0, &err),
+            PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("1 parameter arrays for a model of 2"));
+  // Unsorted ids.
+  std::vector<float> rows(6);
+  const uint64_t ids[] = {9, 2};
+  parasync_rows_t r = {0, ids, 2, rows.data()};
+  EXPECT_EQ(parasync_client_pull(h_.client, nullptr, 0, 0, &r, 1, &err), PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("sorted"));
+}
+
+TEST_F(CApiTest, AnotherModelThanTheServersHoldIsRefusedNamingTheVariable) {
+  char* err = nullptr;
+  const float* initial[] = {kernel_.data(), nullptr};
+  ASSERT_EQ(parasync_client_register(h_.client, h_.model, initial, &err), PARASYNC_OK);
+  parasync_model_t* other = parasync_model_create();
+  const int64_t kernel[] = {6, 5};
+  const int64_t bias[] = {4};
+  ASSERT_EQ(parasync_model_add_variable(other, "kernel", kernel, 2, PARASYNC_INIT_PROVIDED, 0, &err),
+            PARASYNC_OK);
+  ASSERT_EQ(parasync_model_add_variable(other, "bias", bias, 1, PARASYNC_INIT_CONSTANT, 0.5f, &err),
+            PARASYNC_OK);
+  ASSERT_EQ(parasync_model_add_table(other, "words", 0, 3, PARASYNC_INIT_CONSTANT, 0.25f, &err),
+            PARASYNC_OK);
+  ASSERT_EQ(parasync_model_set_optimizer(other, "sgd", 0.5, &err), PARASYNC_OK);
+  parasync_model_set_seed(other, 3);
+  std::vector<float> bigger(30);
+  const float* values[] = {bigger.data(), nullptr};
+  EXPECT_EQ(parasync_client_register(h_.client, other, values, &err), PARASYNC_FAILED_PRECONDITION);
+  const std::string message = Take(err);
+  EXPECT_THAT(message, HasSubstr("kernel"));
+  EXPECT_THAT(message, HasSubstr("differs"));
+  parasync_model_destroy(other);
+}
+
+TEST(CApiConnectTest, NoServerAnsweringTimesOutNamingTheAddress) {
+  Handles h;
+  char* err = nullptr;
+  ASSERT_EQ(parasync_options_set_cluster(h.options, "127.0.0.1:9", 1, 0, &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_options_set_timeouts(h.options, 1, 1, 0.2, &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_client_connect(h.options, &h.client, &err), PARASYNC_OK) << Take(err);
+  DescribeModel(h.model);
+  std::vector<float> kernel(24);
+  const float* initial[] = {kernel.data(), nullptr};
+  EXPECT_EQ(parasync_client_register(h.client, h.model, initial, &err), PARASYNC_TIMED_OUT);
+  EXPECT_THAT(Take(err), HasSubstr("127.0.0.1:9"));
+}
+
+TEST(CApiShardTest, ShardIndicesAreTheWorkersOrder) {
+  char* err = nullptr;
+  size_t count = 0;
+  ASSERT_EQ(parasync_shard_indices(103, 1, 4, 42, 3, 1, nullptr, 0, &count, &err), PARASYNC_OK);
+  std::vector<int64_t> got(count);
+  ASSERT_EQ(parasync_shard_indices(103, 1, 4, 42, 3, 1, got.data(), got.size(), &count, &err),
+            PARASYNC_OK);
+  // parasync-worker's: the shard, shuffled for epochs 1, 2 and 3 in turn.
+  std::vector<int64_t> want = parasync::ShardIndices(103, 1, 4);
+  for (int e = 1; e <= 3; ++e) parasync::ShuffleForEpoch(&want, 42, 1, e);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(parasync_shard_indices(103, 4, 4, 42, 1, 1, nullptr, 0, &count, &err),
+            PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("rank"));
+}
+
+}  // namespace

@@ -1,0 +1,763 @@
+// The C API (worker/client/c_api.h) over PsClient, the heartbeats and the worker metrics.
+// Every entry point converts: C arguments in, a Status out as a code and a malloc'ed message;
+// nothing thrown crosses (Guard).
+#include "worker/client/c_api.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+#include <zmq.hpp>
+
+#include "common/cluster_spec.h"
+#include "common/curve.h"
+#include "common/metrics.h"
+#include "common/mode.h"
+#include "common/model_spec.h"
+#include "common/process.h"
+#include "common/version.h"
+#include "worker/chief.h"
+#include "worker/data/dataset.h"
+#include "worker/heartbeater.h"
+#include "worker/ps_client.h"
+#include "worker/worker_metrics.h"
+
+namespace {
+
+using namespace parasync;
+using std::chrono::milliseconds;
+
+milliseconds Millis(double seconds) { return milliseconds(std::llround(seconds * 1000)); }
+
+char* CopyString(const std::string& text) {
+  char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+  if (copy != nullptr) std::memcpy(copy, text.c_str(), text.size() + 1);
+  return copy;
+}
+
+int Report(const Status& s, char** errmsg) {
+  if (s.ok()) return PARASYNC_OK;
+  if (errmsg != nullptr) *errmsg = CopyString(s.message());
+  return static_cast<int>(s.code());
+}
+
+// Runs `body` (returning a Status) and reports it; an exception becomes kInternal.
+template <typename Body>
+int Guard(char** errmsg, Body&& body) {
+  try {
+    return Report(body(), errmsg);
+  } catch (const std::exception& e) {
+    return Report(Status::Internal(std::string("unexpected error: ") + e.what()), errmsg);
+  } catch (...) {
+    return Report(Status::Internal("unexpected error"), errmsg);
+  }
+}
+
+Status NeedText(const char* text, const char* what) {
+  if (text == nullptr) return Status::InvalidArgument(std::string(what) + " is NULL");
+  return Status::Ok();
+}
+
+// ---- Signals ----------------------------------------------------------------------------
+std::atomic<int> g_stop_signal{0};
+struct sigaction g_previous_int {};
+struct sigaction g_previous_term {};
+
+void OnStopSignal(int number, siginfo_t* info, void* context) {
+  g_stop_signal.store(number, std::memory_order_relaxed);
+  const struct sigaction& previous = number == SIGINT ? g_previous_int : g_previous_term;
+  if ((previous.sa_flags & SA_SIGINFO) != 0) {
+    if (previous.sa_sigaction != nullptr) previous.sa_sigaction(number, info, context);
+  } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN &&
+             previous.sa_handler != nullptr) {
+    previous.sa_handler(number);
+  }
+}
+
+}  // namespace
+
+// ---- The handles --------------------------------------------------------------------------
+
+struct parasync_options_t {
+  std::optional<ClusterSpec> cluster;
+  std::string mode = "async";
+  double request_seconds = 120;
+  double connect_seconds = 60;
+  double heartbeat_seconds = 1;
+  std::string key_file;
+  std::string server_key_file;
+  DType wire = DType::kFloat32;
+  std::string metrics_bind = "127.0.0.1";
+  int metrics_port = -1;
+  std::string log_dir = ".";
+  std::string log_level = "info";
+};
+
+struct parasync_model_t {
+  ModelRegistration reg;
+  std::string name;
+};
+
+struct parasync_client_t {
+  std::mutex mu;  // one call at a time
+  parasync_options_t options;
+  TrainingMode mode;
+  std::string mode_text;
+  int rank = 0;
+  int num_workers = 1;
+  int num_shards = 1;
+  milliseconds silence_limit{0};
+  std::unique_ptr<WorkerMetrics> metrics;
+  std::unique_ptr<MetricsServer> metrics_server;
+  // Destroyed in reverse: the client, the heartbeats, then the context they use.
+  zmq::context_t context{1};
+  std::unique_ptr<Heartbeater> heartbeater;
+  std::unique_ptr<PsClient> client;
+  std::optional<ModelRegistration> registration;
+};
+
+namespace {
+
+Status NeedRegistered(const parasync_client_t* c) {
+  if (!c->registration) return Status::FailedPrecondition("the model is not registered yet");
+  return Status::Ok();
+}
+
+std::vector<RowsOf> RowsOfC(const parasync_rows_t* rows, size_t n) {
+  std::vector<RowsOf> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back({rows[i].table, std::span<const uint64_t>(rows[i].ids, rows[i].count),
+                   rows[i].values});
+  }
+  return out;
+}
+
+Status CheckCount(size_t given, const parasync_client_t* c, const char* what) {
+  const size_t want = c->registration->variables.size();
+  if (given != want) {
+    return Status::InvalidArgument(std::to_string(given) + " " + what + " for a model of " +
+                                   std::to_string(want) + " variables");
+  }
+  return Status::Ok();
+}
+
+double MonotonicSeconds(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
+// The logger parasync-worker uses (common/process.h), once per process and rank.
+void SetUpLogging(int rank, const std::string& level) {
+  if (spdlog::get("worker" + std::to_string(rank)) != nullptr) {
+    spdlog::set_default_logger(spdlog::get("worker" + std::to_string(rank)));
+    spdlog::set_level(spdlog::level::from_str(level));
+    return;
+  }
+  InitLogging("worker", rank, level);
+}
+
+Status StartClient(parasync_client_t* c) {
+  const parasync_options_t& o = c->options;
+  c->metrics = std::make_unique<WorkerMetrics>(c->rank);
+  if (o.metrics_port >= 0) {
+    PARASYNC_ASSIGN_OR_RETURN(
+        c->metrics_server,
+        MetricsServer::Start(o.metrics_bind, o.metrics_port, c->metrics->registry,
+                             {.loop = &c->metrics->loop, .stale_after = kWorkerLoopStaleAfter}));
+  }
+  PARASYNC_ASSIGN_OR_RETURN(std::optional<CurveClientKeys> curve,
+                            LoadCurveClientKeys(o.key_file, o.server_key_file,
+                                                o.cluster->ps.size()));
+  PARASYNC_ASSIGN_OR_RETURN(
+      c->heartbeater,
+      Heartbeater::Start(c->context, o.cluster->ps, c->rank, Millis(o.heartbeat_seconds), curve));
+  PsClientOptions client_options;
+  client_options.ps_addresses = o.cluster->ps;
+  client_options.rank = c->rank;
+  client_options.request_timeout = Millis(o.request_seconds);
+  client_options.curve = curve;
+  client_options.wire_dtype = o.wire;
+  client_options.copy_threads = 2;
+  // A blocked pull gives up when asked to stop, or when a server has stopped answering
+  // heartbeats for longer than the request plus connect timeouts (it died: waiting would
+  // never end), as parasync-worker's does.
+  c->silence_limit = Millis(o.request_seconds) + Millis(o.connect_seconds);
+  Heartbeater* beats = c->heartbeater.get();
+  client_options.interrupted = [beats, limit = c->silence_limit] {
+    return g_stop_signal.load(std::memory_order_relaxed) != 0 || beats->LongestSilence() > limit;
+  };
+  client_options.incarnation_of = [beats](int shard) { return beats->Incarnation(shard); };
+  client_options.pulls_may_wait = c->mode.kind != TrainingMode::Kind::kAsync;
+  client_options.loop = &c->metrics->loop;
+  PARASYNC_ASSIGN_OR_RETURN(c->client, PsClient::Connect(c->context, client_options));
+  return Status::Ok();
+}
+
+// A failed wait says so when a server went silent (as parasync-worker's last line does).
+Status Explain(const parasync_client_t* c, Status s) {
+  if (s.ok() || !c->heartbeater) return s;
+  if (c->heartbeater->LongestSilence() > c->silence_limit) {
+    return Status(s.code(), "a parameter server has not answered for " +
+                                std::to_string(c->heartbeater->LongestSilence().count() / 1000) +
+                                " s (" + s.message() + ")");
+  }
+  if (g_stop_signal.load(std::memory_order_relaxed) != 0 && s.code() == StatusCode::kAborted) {
+    return Status::Aborted("stopped by signal " + std::to_string(g_stop_signal.load()));
+  }
+  return s;
+}
+
+}  // namespace
+
+extern "C" {
+
+void parasync_free(void* p) { std::free(p); }
+
+const char* parasync_version(void) {
+  static const std::string version = BuildVersion();
+  return version.c_str();
+}
+
+// ---- Options ------------------------------------------------------------------------------
+
+parasync_options_t* parasync_options_create(void) { return new (std::nothrow) parasync_options_t; }
+
+void parasync_options_destroy(parasync_options_t* options) { delete options; }
+
+int parasync_options_set_cluster(parasync_options_t* options, const char* ps_hosts,
+                                 int num_workers, int rank, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    ClusterFlags flags;
+    if (ps_hosts != nullptr) flags.ps_hosts = ps_hosts;
+    if (num_workers > 0) {
+      // Worker addresses are only counted (the world size), never contacted.
+      std::string hosts;
+      for (int i = 0; i < num_workers; ++i) {
+        hosts += (i > 0 ? "," : "") + std::string("127.0.0.1:") + std::to_string(i + 1);
+      }
+      flags.worker_hosts = hosts;
+    }
+    if (rank >= 0) flags.task_index = rank;
+    PARASYNC_ASSIGN_OR_RETURN(ClusterSpec spec, ResolveClusterSpecFromEnvironment(flags, "worker"));
+    options->cluster = std::move(spec);
+    return Status::Ok();
+  });
+}
+
+int parasync_options_set_mode(parasync_options_t* options, const char* mode, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(NeedText(mode, "mode"));
+    PARASYNC_ASSIGN_OR_RETURN(TrainingMode parsed, TrainingMode::Parse(mode));
+    options->mode = parsed.ToString();
+    return Status::Ok();
+  });
+}
+
+int parasync_options_set_timeouts(parasync_options_t* options, double request_seconds,
+                                  double connect_seconds, double heartbeat_seconds,
+                                  char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    for (double s : {request_seconds, connect_seconds, heartbeat_seconds}) {
+      if (!std::isfinite(s) || s > 86400.0) {
+        return Status::InvalidArgument("a timeout must be a finite number of seconds <= 86400");
+      }
+    }
+    if (request_seconds > 0) options->request_seconds = std::max(0.1, request_seconds);
+    if (connect_seconds > 0) options->connect_seconds = std::max(0.1, connect_seconds);
+    if (heartbeat_seconds > 0) options->heartbeat_seconds = std::max(0.01, heartbeat_seconds);
+    if (options->heartbeat_seconds * 3 > options->request_seconds + options->connect_seconds) {
+      return Status::InvalidArgument(
+          "the heartbeat interval must be under a third of the request plus connect timeouts "
+          "(a silent server is detected from missing heartbeats)");
+    }
+    return Status::Ok();
+  });
+}
+
+int parasync_options_set_curve(parasync_options_t* options, const char* key_file,
+                               const char* server_key_file, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    if ((key_file == nullptr) != (server_key_file == nullptr)) {
+      return Status::InvalidArgument("CURVE needs both this client's key file and the servers' "
+                                     "public key file, or neither");
+    }
+    options->key_file = key_file == nullptr ? "" : key_file;
+    options->server_key_file = server_key_file == nullptr ? "" : server_key_file;
+    return Status::Ok();
+  });
+}
+
+int parasync_options_set_wire_dtype(parasync_options_t* options, const char* dtype,
+                                    char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(NeedText(dtype, "dtype"));
+    const std::optional<DType> parsed = ParseDType(dtype);
+    if (!parsed) {
+      return Status::InvalidArgument("the wire dtype must be float32, bfloat16 or float16, not '" +
+                                     std::string(dtype) + "'");
+    }
+    options->wire = *parsed;
+    return Status::Ok();
+  });
+}
+
+int parasync_options_set_metrics(parasync_options_t* options, const char* bind, int port,
+                                 const char* log_dir, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    if (port > 65535) return Status::InvalidArgument("metrics port " + std::to_string(port));
+    if (bind != nullptr) options->metrics_bind = bind;
+    options->metrics_port = port;
+    if (log_dir != nullptr) options->log_dir = log_dir;
+    return Status::Ok();
+  });
+}
+
+int parasync_options_set_log_level(parasync_options_t* options, const char* level,
+                                   char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(NeedText(level, "log level"));
+    const std::string text = level;
+    if (text != "debug" && text != "info" && text != "warn" && text != "error") {
+      return Status::InvalidArgument("log level must be debug, info, warn or error, not '" +
+                                     text + "'");
+    }
+    options->log_level = text;
+    return Status::Ok();
+  });
+}
+
+// ---- The model ------------------------------------------------------------------------------
+
+parasync_model_t* parasync_model_create(void) { return new (std::nothrow) parasync_model_t; }
+
+void parasync_model_destroy(parasync_model_t* model) { delete model; }
+
+int parasync_model_add_variable(parasync_model_t* model, const char* name, const int64_t* shape,
+                                size_t ndim, int init_kind, float init_value, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(NeedText(name, "variable name"));
+    if (init_kind < PARASYNC_INIT_ZEROS || init_kind > PARASYNC_INIT_PROVIDED) {
+      return Status::InvalidArgument("unknown initializer " + std::to_string(init_kind));
+    }
+    VariableSpec v;
+    v.name = name;
+    if (ndim > 0 && shape == nullptr) return Status::InvalidArgument("shape is NULL");
+    v.shape.assign(shape, shape + ndim);
+    v.init = {static_cast<InitKind>(init_kind), init_value};
+    model->reg.variables.push_back(std::move(v));
+    return Status::Ok();
+  });
+}
+
+int parasync_model_add_table(parasync_model_t* model, const char* name, int64_t rows,
+                             int64_t dim, int init_kind, float init_value, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(NeedText(name, "table name"));
+    if (init_kind < PARASYNC_INIT_ZEROS || init_kind > PARASYNC_INIT_PROVIDED) {
+      return Status::InvalidArgument("unknown initializer " + std::to_string(init_kind));
+    }
+    model->reg.tables.push_back(
+        {name, rows, dim, {static_cast<InitKind>(init_kind), init_value}});
+    return Status::Ok();
+  });
+}
+
+int parasync_model_set_optimizer(parasync_model_t* model, const char* name, double lr,
+                                 char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(NeedText(name, "optimizer"));
+    PARASYNC_ASSIGN_OR_RETURN(OptimizerKind kind, ParseOptimizerKind(name));
+    model->reg.optimizer.kind = kind;
+    model->reg.optimizer.learning_rate = static_cast<float>(lr);
+    return Status::Ok();
+  });
+}
+
+int parasync_model_set(parasync_model_t* model, const char* key, double value, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(NeedText(key, "setting"));
+    OptimizerSpec& o = model->reg.optimizer;
+    const std::string k = key;
+    const auto f = static_cast<float>(value);
+    if (k == "momentum") {
+      o.momentum = f;
+    } else if (k == "beta1") {
+      o.beta1 = f;
+    } else if (k == "beta2") {
+      o.beta2 = f;
+    } else if (k == "epsilon") {
+      o.epsilon = f;
+    } else if (k == "initial_accumulator") {
+      o.initial_accumulator = f;
+    } else if (k == "staleness_aware") {
+      o.staleness_aware = value != 0;
+    } else if (k == "cosine_decay_examples") {
+      o.schedule = value > 0 ? LrSchedule::kCosine : LrSchedule::kConstant;
+      o.decay_examples = static_cast<int64_t>(std::llround(value));
+    } else if (k == "final_lr_fraction") {
+      o.final_lr_fraction = f;
+    } else if (k == "max_slice_elements") {
+      model->reg.max_slice_elements = static_cast<int64_t>(std::llround(value));
+    } else {
+      return Status::InvalidArgument(
+          "unknown setting '" + k + "' (momentum, beta1, beta2, epsilon, initial_accumulator, "
+          "staleness_aware, cosine_decay_examples, final_lr_fraction, max_slice_elements)");
+    }
+    return Status::Ok();
+  });
+}
+
+void parasync_model_set_seed(parasync_model_t* model, uint64_t seed) { model->reg.seed = seed; }
+
+void parasync_model_set_name(parasync_model_t* model, const char* name) {
+  model->name = name == nullptr ? "" : name;
+}
+
+void parasync_model_set_description(parasync_model_t* model, const char* description) {
+  model->reg.model = description == nullptr ? "" : description;
+}
+
+size_t parasync_model_num_variables(const parasync_model_t* model) {
+  return model->reg.variables.size();
+}
+
+int parasync_model_validate(const parasync_model_t* model, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status { return ValidateRegistration(model->reg); });
+}
+
+// ---- The client -----------------------------------------------------------------------------
+
+int parasync_client_connect(const parasync_options_t* options, parasync_client_t** client,
+                            char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    *client = nullptr;
+    auto c = std::make_unique<parasync_client_t>();
+    c->options = *options;
+    if (!c->options.cluster) {
+      // No explicit cluster: TF_CONFIG alone.
+      PARASYNC_ASSIGN_OR_RETURN(ClusterSpec spec, ResolveClusterSpecFromEnvironment({}, "worker"));
+      c->options.cluster = std::move(spec);
+    }
+    c->rank = c->options.cluster->task_index;
+    c->num_workers = static_cast<int>(c->options.cluster->workers.size());
+    c->num_shards = static_cast<int>(c->options.cluster->ps.size());
+    PARASYNC_ASSIGN_OR_RETURN(c->mode, TrainingMode::Parse(c->options.mode));
+    c->mode_text = c->mode.ToString();
+    SetUpLogging(c->rank, c->options.log_level);
+    PARASYNC_RETURN_IF_ERROR(StartClient(c.get()));
+    *client = c.release();
+    return Status::Ok();
+  });
+}
+
+void parasync_client_destroy(parasync_client_t* client) { delete client; }
+
+int parasync_client_rank(const parasync_client_t* client) { return client->rank; }
+int parasync_client_num_workers(const parasync_client_t* client) { return client->num_workers; }
+int parasync_client_num_shards(const parasync_client_t* client) { return client->num_shards; }
+const char* parasync_client_mode(const parasync_client_t* client) {
+  return client->mode_text.c_str();
+}
+int parasync_client_metrics_port(const parasync_client_t* client) {
+  return client->metrics_server ? client->metrics_server->port() : 0;
+}
+
+int parasync_client_register(parasync_client_t* client, const parasync_model_t* model,
+                             const float* const* initial_values, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    std::lock_guard lock(client->mu);
+    ModelRegistration reg = model->reg;
+    reg.num_shards = client->num_shards;
+    reg.mode = client->mode_text;
+    PARASYNC_RETURN_IF_ERROR(ValidateRegistration(reg));
+    std::span<const float* const> values;
+    if (initial_values != nullptr) values = {initial_values, reg.variables.size()};
+    PARASYNC_RETURN_IF_ERROR(
+        Explain(client, client->client->Register(reg, Millis(client->options.connect_seconds),
+                                                 values)));
+    client->registration = std::move(reg);
+    int64_t parameters = 0;
+    for (const VariableSpec& v : client->registration->variables) parameters += v.num_elements();
+    client->metrics->DescribeModel(model->name, parameters);
+    spdlog::info("registered {} variables and {} tables as {} slices on {} parameter server(s)",
+                 client->registration->variables.size(), client->registration->tables.size(),
+                 client->client->slice_map().slices().size(), client->num_shards);
+    return Status::Ok();
+  });
+}
+
+void parasync_client_recorded_progress(const parasync_client_t* client, int* epoch,
+                                       int64_t* done, int64_t* of) {
+  const DataProgress& p = client->client->recorded_progress();
+  *epoch = p.epoch;
+  *done = p.done;
+  *of = p.of;
+}
+
+void parasync_client_set_progress(parasync_client_t* client, int epoch, int64_t done,
+                                  int64_t of) {
+  std::lock_guard lock(client->mu);
+  client->client->set_progress({epoch, done, of});
+}
+
+int parasync_client_pull(parasync_client_t* client, float* const* params, size_t num_params,
+                         int64_t min_version, const parasync_rows_t* rows, size_t num_rows,
+                         char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    std::lock_guard lock(client->mu);
+    PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
+    // No parameter arrays but rows: the rows alone.
+    if (num_params > 0 || num_rows == 0) {
+      PARASYNC_RETURN_IF_ERROR(CheckCount(num_params, client, "parameter arrays"));
+    }
+    const std::vector<RowsOf> r = RowsOfC(rows, num_rows);
+    return Explain(client, client->client->Pull({params, num_params}, min_version, r));
+  });
+}
+
+int parasync_client_push(parasync_client_t* client, const float* const* grads, size_t num_grads,
+                         int64_t batch_examples, const parasync_rows_t* rows, size_t num_rows,
+                         char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    std::lock_guard lock(client->mu);
+    PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
+    PARASYNC_RETURN_IF_ERROR(CheckCount(num_grads, client, "gradient arrays"));
+    const std::vector<RowsOf> r = RowsOfC(rows, num_rows);
+    return Explain(client, client->client->Push({grads, num_grads}, batch_examples,
+                                                PsClient::kLastRead, r));
+  });
+}
+
+int parasync_client_step_begin(parasync_client_t* client, int64_t batch_examples, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    std::lock_guard lock(client->mu);
+    PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
+    if (batch_examples < 0) return Status::InvalidArgument("a negative number of examples");
+    return client->client->BeginStep(batch_examples);
+  });
+}
+
+int parasync_client_step_gradient(parasync_client_t* client, size_t variable, const float* grad,
+                                  char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    std::lock_guard lock(client->mu);
+    return client->client->GradientReady(variable, grad);
+  });
+}
+
+int parasync_client_step_finish(parasync_client_t* client, const parasync_rows_t* push_rows,
+                                size_t num_push_rows, float* const* params, size_t num_params,
+                                const parasync_rows_t* pull_rows, size_t num_pull_rows,
+                                parasync_step_times_t* times, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    std::lock_guard lock(client->mu);
+    const std::vector<RowsOf> pushed = RowsOfC(push_rows, num_push_rows);
+    const std::vector<RowsOf> pulled = RowsOfC(pull_rows, num_pull_rows);
+    // Sync: the next parameters are those of the step this push completes.
+    const int64_t wait = client->mode.kind == TrainingMode::Kind::kSync ? PsClient::kNextStep : 0;
+    PsClient::PushPullTimes t;
+    PARASYNC_RETURN_IF_ERROR(Explain(
+        client, client->client->FinishStep({params, num_params}, wait, &t, pushed, pulled)));
+    if (times != nullptr) {
+      times->first_push_sent = MonotonicSeconds(t.first_push_sent);
+      times->last_push_sent = MonotonicSeconds(t.last_push_sent);
+      times->pushes_acked = MonotonicSeconds(t.pushes_acked);
+      times->pulled = MonotonicSeconds(t.pulled);
+      times->push_seconds = t.push_seconds;
+      times->pull_seconds = t.pull_seconds;
+      times->early_pushes = t.early_pushes;
+    }
+    return Status::Ok();
+  });
+}
+
+int parasync_client_last_push_dropped(const parasync_client_t* client) {
+  return client->client->last_push_dropped() ? 1 : 0;
+}
+
+int64_t parasync_client_last_push_staleness(const parasync_client_t* client) {
+  return client->client->last_push_staleness();
+}
+
+int64_t parasync_client_last_version(const parasync_client_t* client) {
+  return client->client->last_version();
+}
+
+// ---- What a worker reports --------------------------------------------------------------------
+
+void parasync_client_observe_step(parasync_client_t* client, int64_t examples, double loss,
+                                  double pull_seconds, double compute_seconds,
+                                  double push_seconds) {
+  std::lock_guard lock(client->mu);
+  WorkerMetrics& m = *client->metrics;
+  m.ObserveStep(examples, loss, pull_seconds, compute_seconds, push_seconds);
+  m.ObservePush(client->client->last_push_dropped(), client->client->last_push_staleness());
+  m.FollowClient(client->client->resends(), client->client->reconnects());
+  m.loop.Beat();
+}
+
+void parasync_client_beat(parasync_client_t* client) { client->metrics->loop.Beat(); }
+
+void parasync_client_set_epoch(parasync_client_t* client, int epoch) {
+  client->metrics->epoch->Set(epoch);
+}
+
+int parasync_client_log_eval(parasync_client_t* client, const parasync_eval_t* eval,
+                             char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    std::lock_guard lock(client->mu);
+    PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
+    EvalRecord row{.mode = client->mode_text,
+                   .workers = client->num_workers,
+                   .ps = client->num_shards,
+                   .epoch = eval->epoch,
+                   .wall = eval->wall_seconds,
+                   .train_loss = eval->train_loss,
+                   .test_loss = eval->test_loss,
+                   .test_accuracy = eval->test_accuracy,
+                   .test_auc = eval->test_auc,
+                   .chief_examples_per_sec = eval->chief_examples_per_sec,
+                   .batch_size = eval->batch_size,
+                   .optimizer = client->registration->optimizer,
+                   .seed = client->registration->seed};
+    PARASYNC_RETURN_IF_ERROR(Explain(client, ReadGlobalProgress(*client->client, &row)));
+    PARASYNC_RETURN_IF_ERROR(AppendEvalRow(client->options.log_dir + "/eval.jsonl", row));
+    WorkerMetrics& m = *client->metrics;
+    if (m.eval_accuracy != nullptr) m.eval_accuracy->Set(row.test_accuracy);
+    if (m.eval_loss != nullptr) m.eval_loss->Set(row.test_loss);
+    spdlog::info("eval epoch {}: test accuracy {:.4f}, test loss {:.4f}{} (global step {}, {} "
+                 "examples, {:.1f} s)",
+                 row.epoch, row.test_accuracy, row.test_loss,
+                 std::isfinite(row.test_auc) ? fmt::format(", test AUC {:.4f}", row.test_auc) : "",
+                 row.global_step, row.global_examples, row.wall);
+    return Status::Ok();
+  });
+}
+
+int parasync_client_last_logged_epoch(const parasync_client_t* client) {
+  return LastLoggedEpoch(client->options.log_dir + "/eval.jsonl");
+}
+
+int parasync_client_wait_for_workers(parasync_client_t* client, double seconds, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    std::lock_guard lock(client->mu);
+    PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
+    return Explain(client, WaitForOtherWorkers(*client->client, client->num_workers, seconds, [] {
+                     return g_stop_signal.load(std::memory_order_relaxed) != 0;
+                   }));
+  });
+}
+
+int parasync_client_global_progress(parasync_client_t* client, int64_t* step,
+                                    int64_t* examples, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    std::lock_guard lock(client->mu);
+    PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
+    EvalRecord row;
+    PARASYNC_RETURN_IF_ERROR(Explain(client, ReadGlobalProgress(*client->client, &row)));
+    *step = row.global_step;
+    *examples = row.global_examples;
+    return Status::Ok();
+  });
+}
+
+int parasync_client_checkpoint(parasync_client_t* client, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    std::lock_guard lock(client->mu);
+    PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
+    return Explain(client, client->client->Checkpoint());
+  });
+}
+
+int parasync_client_finish(parasync_client_t* client, double seconds, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    std::lock_guard lock(client->mu);
+    Status left;
+    if (client->registration) left = client->client->Leave(Millis(std::max(0.0, seconds)));
+    if (!left.ok()) spdlog::warn("leave not acknowledged: {}", left.message());
+    WorkerMetrics& m = *client->metrics;
+    m.FollowClient(client->client->resends(), client->client->reconnects());
+    m.finished->Set(1);
+    const std::string path =
+        MetricsSnapshotPath(client->options.log_dir, "worker" + std::to_string(client->rank));
+    return WriteMetricsSnapshot(*m.registry, path);
+  });
+}
+
+int64_t parasync_client_resends(const parasync_client_t* client) {
+  return client->client->resends();
+}
+
+int64_t parasync_client_reconnects(const parasync_client_t* client) {
+  return client->client->reconnects();
+}
+
+// ---- Process-wide -----------------------------------------------------------------------------
+
+int parasync_shard_indices(int64_t n, int rank, int num_workers, uint64_t seed, int epoch,
+                           int shuffle, int64_t* out, size_t capacity, size_t* count,
+                           char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    if (n < 0 || num_workers < 1 || rank < 0 || rank >= num_workers || epoch < 1) {
+      return Status::InvalidArgument("shard indices need n >= 0, 0 <= rank < workers, epoch >= 1");
+    }
+    std::vector<int64_t> shard = ShardIndices(n, rank, num_workers);
+    *count = shard.size();
+    if (capacity == 0) return Status::Ok();
+    if (capacity < shard.size()) {
+      return Status::InvalidArgument("room for " + std::to_string(capacity) + " indices, the shard has " +
+                                     std::to_string(shard.size()));
+    }
+    // The shuffles are cumulative: the order of epoch e is that of e - 1, shuffled again.
+    for (int e = 1; e <= epoch && shuffle != 0; ++e) ShuffleForEpoch(&shard, seed, rank, e);
+    std::memcpy(out, shard.data(), shard.size() * sizeof(int64_t));
+    return Status::Ok();
+  });
+}
+
+void parasync_install_signal_handlers(void) {
+  struct sigaction sa {};
+  sa.sa_sigaction = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  struct sigaction previous {};
+  if (sigaction(SIGINT, &sa, &previous) == 0 && previous.sa_sigaction != OnStopSignal) {
+    g_previous_int = previous;
+  }
+  if (sigaction(SIGTERM, &sa, &previous) == 0 && previous.sa_sigaction != OnStopSignal) {
+    g_previous_term = previous;
+  }
+}
+
+int parasync_stop_requested(void) { return g_stop_signal.load(std::memory_order_relaxed); }
+
+void parasync_request_stop(int signal_number) {
+  g_stop_signal.store(signal_number, std::memory_order_relaxed);
+}
+
+void parasync_log(const char* level, const char* message) {
+  if (message == nullptr) return;
+  const std::string l = level == nullptr ? "info" : level;
+  if (l == "debug") {
+    spdlog::debug("{}", message);
+  } else if (l == "warn") {
+    spdlog::warn("{}", message);
+  } else if (l == "error") {
+    spdlog::error("{}", message);
+  } else {
+    spdlog::info("{}", message);
+  }
+}
+
+}  // extern "C"
