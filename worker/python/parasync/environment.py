@@ -1,0 +1,89 @@
+"""The worker's settings from its environment: what parasync-launch --worker-command, the
+Kubernetes and Slurm files and systemd units give a worker (docs/worker-environment.md).
+
+The cluster itself (TF_CONFIG) is resolved by the client library, exactly as parasync-worker
+resolves it; this module reads the rest. Explicit arguments always win over the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from . import errors
+
+
+def _number(name: str, kind, default, low=None):
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise errors.InvalidArgument(f"{name}={raw!r} is not a {kind.__name__}") from None
+    if low is not None and value < low:
+        raise errors.InvalidArgument(f"{name}={raw!r} must be at least {low}")
+    return value
+
+
+def _text(name: str, default=None):
+    raw = os.environ.get(name)
+    return default if raw is None or raw == "" else raw
+
+
+@dataclasses.dataclass
+class Settings:
+    """A worker's settings. Each field is the environment variable named beside it, else the
+    default parasync-worker uses for the flag of that name."""
+
+    mode: str = "async"                   # PARASYNC_MODE
+    log_dir: str = "."                    # PARASYNC_LOG_DIR: eval.jsonl, metrics snapshot
+    log_level: str = "info"               # PARASYNC_LOG_LEVEL
+    metrics_port: int = -1                # PARASYNC_METRICS_PORT (-1: no /metrics; 0: any)
+    metrics_bind: str = "127.0.0.1"       # PARASYNC_METRICS_BIND
+    request_timeout: float = 120.0        # PARASYNC_REQUEST_TIMEOUT, seconds
+    connect_timeout: float = 60.0         # PARASYNC_CONNECT_TIMEOUT, seconds
+    heartbeat_interval: float = 1.0       # PARASYNC_HEARTBEAT_INTERVAL, seconds
+    wire_dtype: str = "float32"           # PARASYNC_WIRE_DTYPE
+    curve_key: str | None = None          # PARASYNC_CURVE_KEY (this worker's key pair file)
+    curve_server_key: str | None = None   # PARASYNC_CURVE_SERVER_KEY (the servers' public key)
+    # Training settings a script may take as its defaults (parasync.training.Run does).
+    data: str | None = None               # PARASYNC_DATA
+    epochs: int | None = None             # PARASYNC_EPOCHS
+    batch_size: int | None = None         # PARASYNC_BATCH_SIZE
+    lr: float | None = None               # PARASYNC_LR
+    optimizer: str | None = None          # PARASYNC_OPTIMIZER
+    seed: int | None = None               # PARASYNC_SEED
+    max_steps: int | None = None          # PARASYNC_MAX_STEPS
+    log_every: float | None = None        # PARASYNC_LOG_EVERY, seconds
+    wait_for_workers: float = 0.0         # PARASYNC_WAIT_FOR_WORKERS, seconds (the chief)
+    checkpoint_each_epoch: bool = False   # PARASYNC_CHECKPOINT_EACH_EPOCH=1
+    local_rank: int = 0                   # LOCAL_RANK
+
+    @staticmethod
+    def from_environment() -> "Settings":
+        """Reads the variables; InvalidArgument naming one that does not parse."""
+        return Settings(
+            mode=_text("PARASYNC_MODE", "async"),
+            log_dir=_text("PARASYNC_LOG_DIR", "."),
+            log_level=_text("PARASYNC_LOG_LEVEL", "info"),
+            metrics_port=_number("PARASYNC_METRICS_PORT", int, -1, low=0),
+            metrics_bind=_text("PARASYNC_METRICS_BIND", "127.0.0.1"),
+            request_timeout=_number("PARASYNC_REQUEST_TIMEOUT", float, 120.0),
+            connect_timeout=_number("PARASYNC_CONNECT_TIMEOUT", float, 60.0),
+            heartbeat_interval=_number("PARASYNC_HEARTBEAT_INTERVAL", float, 1.0),
+            wire_dtype=_text("PARASYNC_WIRE_DTYPE", "float32"),
+            curve_key=_text("PARASYNC_CURVE_KEY"),
+            curve_server_key=_text("PARASYNC_CURVE_SERVER_KEY"),
+            data=_text("PARASYNC_DATA"),
+            epochs=_number("PARASYNC_EPOCHS", int, None, low=1),
+            batch_size=_number("PARASYNC_BATCH_SIZE", int, None, low=1),
+            lr=_number("PARASYNC_LR", float, None),
+            optimizer=_text("PARASYNC_OPTIMIZER"),
+            seed=_number("PARASYNC_SEED", int, None, low=0),
+            max_steps=_number("PARASYNC_MAX_STEPS", int, None, low=0),
+            log_every=_number("PARASYNC_LOG_EVERY", float, None, low=0),
+            wait_for_workers=_number("PARASYNC_WAIT_FOR_WORKERS", float, 0.0, low=0),
+            checkpoint_each_epoch=_text("PARASYNC_CHECKPOINT_EACH_EPOCH", "0") == "1",
+            local_rank=_number("LOCAL_RANK", int, 0, low=0),
+        )
