@@ -340,7 +340,7 @@ Status CompleteOptions(Flags& flags) {
 int PrintDryRun(const Launcher& launcher) {
   for (const auto& spec : launcher.plan().processes) {
     std::cout << spec.name << " on " << spec.host << ": "
-              << parasync::launch::ShellJoin(spec.spawn_argv) << "\n";
+              << parasync::launch::DisplayCommand(spec) << "\n";
   }
   return 0;
 }

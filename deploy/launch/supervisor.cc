@@ -240,8 +240,11 @@ Status Launcher::SpawnOne(Child& child) {
       child.spec.spawn_argv.empty() ? child.spec.argv : child.spec.spawn_argv;
   SpawnOptions spawn;
   spawn.argv = command;
-  // Our environment with kLogPrefixedEnv=1: we prefix the child's lines with its name.
-  spawn.env_set = {std::string(kLogPrefixedEnv) + "=1"};
+  // Our environment with kLogPrefixedEnv=1 (we prefix the child's lines with its name) and
+  // the process's own variables; a restart gets the same. (A remote process's are in its
+  // ssh command: ssh passes no environment on.)
+  spawn.env_set =
+      ChildEnvironment(child.spec.remote ? std::vector<std::string>() : child.spec.env);
   // A remote process's ssh reads a pipe from us: closing it stops the process.
   spawn.in = child.spec.remote ? StreamTarget::Pipe() : StreamTarget::Null();
   spawn.out = StreamTarget::Pipe();

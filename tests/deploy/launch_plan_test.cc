@@ -229,6 +229,25 @@ TEST(LaunchPlanTest, RemoteProcessesAreToldTheirLinesArePrefixed) {
                         "</dev/null"));
 }
 
+TEST(LaunchPlanTest, AProcessEnvironmentIsSetOnceHereAndInItsRemoteCommand) {
+  // kLogPrefixedEnv=1 for every process, once, unless its own variables set it.
+  EXPECT_THAT(ChildEnvironment({}), ElementsAre("PARASYNC_LOG_PREFIXED=1"));
+  EXPECT_THAT(ChildEnvironment({"A=1"}), ElementsAre("PARASYNC_LOG_PREFIXED=1", "A=1"));
+  EXPECT_THAT(ChildEnvironment({"A=1", "PARASYNC_LOG_PREFIXED=1"}),
+              ElementsAre("A=1", "PARASYNC_LOG_PREFIXED=1"));
+  // Over ssh, as shell assignments before the command, values quoted where needed.
+  EXPECT_THAT(RemoteCommand({"/bin/prog", "x"}, 10.0, {"A=a b", "J={\"k\": [1]}", "E="}),
+              HasSubstr("; PARASYNC_LOG_PREFIXED=1 A='a b' J='{\"k\": [1]}' E='' /bin/prog x "
+                        "</dev/null"));
+  // --dry-run's form of a local process: the same assignments, then its command.
+  ProcessSpec spec;
+  spec.spawn_argv = {"/bin/prog", "a b"};
+  spec.env = {"A=it's"};
+  EXPECT_EQ(DisplayCommand(spec), "A='it'\\''s' /bin/prog 'a b'");
+  spec.env.clear();
+  EXPECT_EQ(DisplayCommand(spec), "/bin/prog 'a b'");
+}
+
 TEST(EnsureCurveKeysTest, MakesWhatIsMissingAndKeepsWhatExists) {
   parasync::testing::TempDir tmp;
   const std::string dir = tmp.path();
