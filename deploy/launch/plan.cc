@@ -14,6 +14,8 @@
 #include <map>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "common/address.h"
 #include "common/cluster_spec.h"
 #include "common/curve.h"
@@ -95,18 +97,25 @@ std::string JoinAddresses(const std::vector<std::string>& addresses) {
   return joined;
 }
 
-// The settings passed to workers only when given, with the flag parasync-worker takes.
+// The settings passed to workers only when given: the flag parasync-worker takes, and the
+// variable a --worker-command worker gets instead (parasync-entrypoint's names, where it
+// has the setting).
 struct TrainingSetting {
   const char* flag;
+  const char* variable;
   const std::optional<std::string>* value;
 };
 
 std::vector<TrainingSetting> TrainingSettings(const LaunchOptions& options) {
-  return {{"--batch-size", &options.batch_size},   {"--lr", &options.lr},
-          {"--optimizer", &options.optimizer},     {"--lr-schedule", &options.lr_schedule},
-          {"--model", &options.model},             {"--seed", &options.seed},
-          {"--max-steps", &options.max_steps},     {"--wire-dtype", &options.wire_dtype},
-          {"--log-every", &options.log_every}};
+  return {{"--batch-size", "PARASYNC_BATCH_SIZE", &options.batch_size},
+          {"--lr", "PARASYNC_LR", &options.lr},
+          {"--optimizer", "PARASYNC_OPTIMIZER", &options.optimizer},
+          {"--lr-schedule", "PARASYNC_LR_SCHEDULE", &options.lr_schedule},
+          {"--model", "PARASYNC_MODEL", &options.model},
+          {"--seed", "PARASYNC_SEED", &options.seed},
+          {"--max-steps", "PARASYNC_MAX_STEPS", &options.max_steps},
+          {"--wire-dtype", "PARASYNC_WIRE_DTYPE", &options.wire_dtype},
+          {"--log-every", "PARASYNC_LOG_EVERY", &options.log_every}};
 }
 
 // The seconds the chief's final evaluation waits for the other workers' last epochs
@@ -172,6 +181,60 @@ void AddCurveFlags(const LaunchOptions& options, const ProcessSpec& spec,
   }
 }
 
+// The environment of a --worker-command worker: everything parasync-worker would get as
+// flags (AddWorkerFlags, AddCurveFlags), as variables. The one list of them; the names are
+// a contract with the Python client and docs/worker-environment.md lists them.
+// `bin_dir`: where the binaries are on the worker's host.
+std::vector<std::string> WorkerEnvironment(const LaunchOptions& options, const Cluster& cluster,
+                                           const ProcessSpec& spec, int local_rank,
+                                           const std::string& bin_dir) {
+  // TensorFlow's format, as common/cluster_spec.h parses it.
+  const nlohmann::ordered_json tf_config = {
+      {"cluster", {{"ps", cluster.ps_addresses}, {"worker", cluster.worker_addresses}}},
+      {"task", {{"type", "worker"}, {"index", spec.index}}}};
+  std::vector<std::string> env = {
+      "TF_CONFIG=" + tf_config.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+      "PARASYNC_MODE=" + options.mode,
+      "PARASYNC_LOG_DIR=" + cluster.log_dir,
+      "PARASYNC_METRICS_PORT=" + std::to_string(spec.metrics_port),
+      "PARASYNC_METRICS_BIND=" + MetricsBindFor(spec.host),
+      "LOCAL_RANK=" + std::to_string(local_rank),
+      std::string(kLogPrefixedEnv) + "=1",
+      "PARASYNC_EPOCHS=" + std::to_string(options.epochs),
+      "PARASYNC_BIN_DIR=" + bin_dir};
+  if (!options.worker_python_path.empty()) {
+    env.push_back("PYTHONPATH=" + options.worker_python_path);
+  }
+  if (!options.data_dir.empty()) env.push_back("PARASYNC_DATA=" + options.data_dir);
+  for (const TrainingSetting& setting : TrainingSettings(options)) {
+    if (setting.value->has_value()) {
+      env.push_back(std::string(setting.variable) + "=" + **setting.value);
+    }
+  }
+  if (options.checkpoint_each_epoch) env.push_back("PARASYNC_CHECKPOINT_EACH_EPOCH=1");
+  if (const std::string wait = WaitForWorkersSeconds(options, spec); !wait.empty()) {
+    env.push_back("PARASYNC_WAIT_FOR_WORKERS=" + wait);
+  }
+  if (!options.curve_dir.empty()) {
+    env.push_back("PARASYNC_CURVE_KEY=" + WorkerKeyFile(options.curve_dir, spec.index));
+    env.push_back("PARASYNC_CURVE_SERVER_KEY=" + options.curve_dir + "/ps.pub");
+  }
+  return env;
+}
+
+// A --worker-command worker's argv: /bin/sh execs the command, so the pid the launcher
+// signals and reaps becomes the user's program's; --worker-arg and its --rank-arg values
+// follow as shell-quoted words.
+std::vector<std::string> CommandWorkerArgv(const LaunchOptions& options, const ProcessSpec& spec) {
+  std::vector<std::string> extra = options.worker_args;
+  for (const auto& [rank, arg] : options.rank_args) {
+    if (rank == spec.index) extra.push_back(arg);
+  }
+  std::string command = "exec " + *options.worker_command;
+  if (!extra.empty()) command += " " + ShellJoin(extra);
+  return {"/bin/sh", "-c", command};
+}
+
 // The command line of our binary for `spec` (a PS, or a worker without --worker-command).
 std::vector<std::string> BinaryArgv(const LaunchOptions& options, const Cluster& cluster,
                                     const ProcessSpec& spec, int local_rank,
@@ -215,7 +278,13 @@ ProcessSpec PlanProcess(const LaunchOptions& options, const Cluster& cluster, si
   for (size_t other = cluster.num_ps; other < slot; ++other) {
     local_rank += cluster.hosts[other] == spec.host;
   }
-  spec.argv = BinaryArgv(options, cluster, spec, local_rank, dir);
+  if (!is_ps && options.worker_command) {
+    spec.user_command = true;
+    spec.argv = CommandWorkerArgv(options, spec);
+    spec.env = WorkerEnvironment(options, cluster, spec, local_rank, dir);
+  } else {
+    spec.argv = BinaryArgv(options, cluster, spec, local_rank, dir);
+  }
   spec.spawn_argv = spec.argv;
   if (spec.remote) {
     spec.spawn_argv =
@@ -285,6 +354,17 @@ std::string DisplayCommand(const ProcessSpec& spec) {
   return command + ShellJoin(spec.spawn_argv);
 }
 
+std::string WorkerPythonPath(const std::string& bin_dir, const char* inherited) {
+  std::error_code ec;
+  const std::filesystem::path package =
+      (std::filesystem::path(bin_dir) / ".." / "python").lexically_normal();
+  std::string path = std::filesystem::is_directory(package, ec) ? package.string() : "";
+  if (inherited != nullptr && *inherited != '\0') {
+    path += (path.empty() ? "" : ":") + std::string(inherited);
+  }
+  return path;
+}
+
 std::vector<std::string> SshArgv(const LaunchOptions& options, const std::string& host,
                                  std::string command) {
   std::vector<std::string> argv = SshCommandWords(options);
@@ -349,10 +429,11 @@ std::string DefaultLogDir() {
   return std::string("runs/") + buffer;
 }
 
-Status CheckBinaries(const std::string& bin_dir, bool with_export) {
+Status CheckBinaries(const std::string& bin_dir, bool with_export, bool with_worker) {
   std::vector<std::string> missing;
   for (std::string_view name : {kPsBinary, kWorkerBinary, kExportBinary}) {
     if (name == kExportBinary && !with_export) continue;
+    if (name == kWorkerBinary && !with_worker) continue;
     const std::string path = bin_dir + "/" + std::string(name);
     struct stat info {};
     if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode) ||
@@ -430,6 +511,13 @@ Result<std::string> ResolvePaths(LaunchOptions* options) {
                                      "'");
     }
     options->export_path = path.string();
+  }
+  if (options->worker_command && !options->data_dir.empty()) {
+    const std::filesystem::path data = std::filesystem::absolute(options->data_dir, ec);
+    if (ec) {
+      return Status::InvalidArgument("--dataset '" + options->data_dir + "': " + ec.message());
+    }
+    options->data_dir = data.lexically_normal().string();
   }
   if (!options->curve_dir.empty()) {
     std::string& curve_dir = options->curve_dir;
