@@ -31,8 +31,9 @@ using parasync::Status;
 constexpr const char* kProgram = "parasync-launch";
 
 constexpr const char* kDetails =
-    "Starts the parameter servers (parasync-ps), then the workers (parasync-worker), on free "
-    "ports of --host; forwards their output prefixed with [ps0], [worker1], ... and writes it "
+    "Starts the parameter servers (parasync-ps), then the workers (parasync-worker, or your "
+    "own program with --worker-command), on free ports of --host; forwards their output "
+    "prefixed with [ps0], [worker1], ... and writes it "
     "to <log-dir>/<name>.log. After its last epoch worker 0 (the chief) waits for the other "
     "workers to finish theirs (up to --finish-timeout) and evaluates the model they trained; "
     "once every worker has exited (or been stopped: SIGTERM, then SIGKILL after "
@@ -41,8 +42,9 @@ constexpr const char* kDetails =
     "exited, before the parameter servers are stopped. Worker i gets --local-rank i, so on a "
     "machine with several GPUs each worker computes on its own.\n\n"
     "Before it starts anything it checks what would make a process refuse to start: the data "
-    "set (--dataset, or the worker's default) present and readable, counts consistent, ports "
-    "free, a --state-dir holding something else or the stores of another run.\n\n"
+    "set (--dataset, or the worker's default) present and readable (for --worker-command: "
+    "--dataset, when given, a directory), counts consistent, ports free, a --state-dir "
+    "holding something else or the stores of another run.\n\n"
     "Values that begin with '-' are safest written with '=': --worker-arg=--device=cpu.";
 
 constexpr const char* kExitStatus =
@@ -60,6 +62,11 @@ constexpr const char* kExamples =
     "      --kill ps:1@20+5 --state-dir runs/faults/state --log-dir runs/faults\n"
     "   Then: worker 3 computes 4x slower; ps1 is killed 20 s in and restarted 5 s later\n"
     "   from its state directory.\n"
+    "parasync-launch --ps 2 --workers 2 --worker-command \"python3 train.py --epochs 3\" \\\n"
+    "      --log-dir runs/torch --rank-arg '1:--note=a b'\n"
+    "   Then: each worker runs /bin/sh -c 'exec python3 train.py --epochs 3' (worker 1 with\n"
+    "   '--note=a b' appended), the cluster in TF_CONFIG and its settings in PARASYNC_*\n"
+    "   variables (docs/worker-environment.md); --dry-run prints them.\n"
     "parasync-launch --ps node1:1 -H node1:2,node2:2 --mode sync --log-dir /shared/run1 \\\n"
     "      --dataset /shared/fashion-mnist --check     (then without --check to run)\n"
     "   Then: 1 PS on node1, workers 0-1 on node1 and 2-3 on node2, started over ssh;\n"
@@ -153,7 +160,10 @@ void AddClusterFlags(CLI::App& app, Flags& flags) {
   app.add_flag("--check", flags.check,
                "Preflight: run every process's binary with --check where it would run (every "
                "host reachable, ports free, data present, the same version, protocol and "
-               "schema everywhere) and print one line per problem; exit 0 when all is clear");
+               "schema everywhere) and print one line per problem; exit 0 when all is clear. "
+               "--worker-command workers are not run: only their host's reachability, their "
+               "--dataset directory's presence and (on this host) their metrics port are "
+               "checked, not the command, its version or the data's format");
 }
 
 // --mode ... --export: the run and where it leaves its files.
@@ -238,15 +248,28 @@ void AddProcessFlags(CLI::App& app, Flags& flags) {
       ->allow_extra_args(false)
       ->type_name("ARG");
   app.add_option("--worker-arg", options.worker_args,
-                 "Extra argument for every worker; repeatable")
+                 "Extra argument for every worker; repeatable (with --worker-command: appended "
+                 "to the command, shell-quoted)")
       ->allow_extra_args(false)
       ->type_name("ARG");
+  app.add_option_function<std::string>(
+         "--worker-command",
+         [&options](const std::string& value) { options.worker_command = value; },
+         "Run your own program as every worker instead of parasync-worker: CMD is one shell "
+         "command (a program and its arguments), run as /bin/sh -c 'exec CMD ARGS' with "
+         "--worker-arg and --rank-arg values as ARGS, shell-quoted. It gets the cluster and "
+         "the settings in its environment, not as flags: TF_CONFIG, LOCAL_RANK, "
+         "PARASYNC_MODE, PARASYNC_LOG_DIR, PARASYNC_METRICS_PORT, PARASYNC_EPOCHS, ... "
+         "(docs/worker-environment.md), and writes eval.jsonl and metrics-worker<i>.prom "
+         "itself for the summary. E.g. --worker-command \"python3 train.py --epochs 3\"")
+      ->type_name("CMD");
   app.add_option("--curve-dir", options.curve_dir,
                  "Authenticate and encrypt every connection with CurveZMQ, keys in DIR "
                  "(ps.key, worker<i>.key, export.key, allowed/; the missing ones are made)")
       ->type_name("DIR");
   app.add_option("--rank-arg", flags.rank_args,
-                 "Extra argument for one worker, as RANK:ARG (e.g. 3:--slowdown=4); repeatable")
+                 "Extra argument for one worker, as RANK:ARG (e.g. 3:--slowdown=4); repeatable "
+                 "(with --worker-command: appended to the command, shell-quoted)")
       ->allow_extra_args(false)
       ->type_name("RANK:ARG");
   app.add_option("--kill", flags.kills,
@@ -258,7 +281,8 @@ void AddProcessFlags(CLI::App& app, Flags& flags) {
       ->type_name("WHO@S[+R]");
   app.add_option("--bin-dir", options.bin_dir,
                  "Where parasync-ps and parasync-worker are [default: the directory of "
-                 "this executable]")
+                 "this executable]; with --worker-command, DIR/../python (when it exists) "
+                 "goes first in the workers' PYTHONPATH")
       ->type_name("DIR");
   parasync::AddSecondsOption(app, "--grace-seconds", options.grace_seconds,
                              "Seconds a process gets after SIGTERM before SIGKILL", 0.0, 86400.0);
@@ -340,7 +364,7 @@ Status CompleteOptions(Flags& flags) {
 int PrintDryRun(const Launcher& launcher) {
   for (const auto& spec : launcher.plan().processes) {
     std::cout << spec.name << " on " << spec.host << ": "
-              << parasync::launch::ShellJoin(spec.spawn_argv) << "\n";
+              << parasync::launch::DisplayCommand(spec) << "\n";
   }
   return 0;
 }

@@ -171,6 +171,12 @@ Status ValidateOptions(const LaunchOptions& options) {
                                      " of " + std::to_string(options.num_workers));
     }
   }
+  if (options.worker_command &&
+      options.worker_command->find_first_not_of(" \t\n") == std::string::npos) {
+    return Status::InvalidArgument(
+        "--worker-command must name the program every worker runs, e.g. \"python3 train.py\"; "
+        "got an empty command");
+  }
   PARASYNC_RETURN_IF_ERROR(ValidatePlacement(options));
   return ValidateFaults(options);
 }

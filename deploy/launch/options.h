@@ -82,6 +82,14 @@ struct LaunchOptions {
   std::vector<std::string> worker_args;  // appended verbatim to every worker command line
   // Appended verbatim to one worker's command line each, after worker_args: {rank, arg}.
   std::vector<std::pair<int, std::string>> rank_args;
+  // Set: every worker runs this shell command (the user's own program, e.g. "python3
+  // train.py") instead of <bin_dir>/parasync-worker, as /bin/sh -c 'exec COMMAND ARGS', where
+  // ARGS are worker_args and its rank_args, shell-quoted. The cluster and the run's settings
+  // come in its environment instead of flags (plan.h's ProcessSpec::env). Blank: invalid.
+  std::optional<std::string> worker_command;
+  // What a --worker-command worker gets as PYTHONPATH: set by Launcher::Create
+  // (WorkerPythonPath). Empty: the launcher's own, unchanged.
+  std::string worker_python_path;
   // Multi-host: where the processes run (--ps h:n,... and -H h:n,...). Empty: all on
   // `host` with loopback-reserved ports. Given, num_ps/num_workers are their sums, ports are
   // port_base, port_base+1, ... per host (service ports, then metrics ports from

@@ -14,6 +14,8 @@
 #include <map>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "common/address.h"
 #include "common/cluster_spec.h"
 #include "common/curve.h"
@@ -37,6 +39,12 @@ std::string ShellQuote(const std::string& word) {
     }
   }
   return quoted + "'";
+}
+
+// "NAME=value" as a shell assignment word: NAME='value' where the value needs quoting.
+std::string ShellAssignment(const std::string& entry) {
+  const size_t equals = entry.find('=');
+  return entry.substr(0, equals) + "=" + ShellQuote(entry.substr(equals + 1));
 }
 
 // Where each process runs: every PS by index, then every worker. A role without a
@@ -65,21 +73,66 @@ struct Cluster {
   std::vector<std::string> hosts;  // by slot: every PS, then every worker
   const std::vector<int>* ports;   // as BuildPlan takes them
   size_t num_ps = 0;
-  std::string ps_hosts;      // --ps-hosts
+  std::vector<std::string> ps_addresses;      // host:port of every PS
+  std::vector<std::string> worker_addresses;  // host:port of every worker
+  std::string ps_hosts;      // --ps-hosts: ps_addresses joined with ','
   std::string worker_hosts;  // --worker-hosts
   std::string bin_dir;
   std::string log_dir;
 };
 
-// "host:port,host:port" of the `count` processes from slot `first`.
-std::string JoinAddresses(const std::vector<std::string>& hosts, const std::vector<int>& ports,
-                          size_t first, size_t count) {
-  std::string joined;
+// "host:port" of the `count` processes from slot `first`.
+std::vector<std::string> Addresses(const std::vector<std::string>& hosts,
+                                   const std::vector<int>& ports, size_t first, size_t count) {
+  std::vector<std::string> addresses;
   for (size_t i = 0; i < count; ++i) {
-    if (i > 0) joined += ",";
-    joined += hosts[first + i] + ":" + std::to_string(ports[first + i]);
+    addresses.push_back(hosts[first + i] + ":" + std::to_string(ports[first + i]));
   }
+  return addresses;
+}
+
+std::string JoinAddresses(const std::vector<std::string>& addresses) {
+  std::string joined;
+  for (const std::string& address : addresses) joined += (joined.empty() ? "" : ",") + address;
   return joined;
+}
+
+// The settings passed to workers only when given: the flag parasync-worker takes, and the
+// variable a --worker-command worker gets instead (parasync-entrypoint's names, where it
+// has the setting).
+struct TrainingSetting {
+  const char* flag;
+  const char* variable;
+  const std::optional<std::string>* value;
+};
+
+std::vector<TrainingSetting> TrainingSettings(const LaunchOptions& options) {
+  return {{"--batch-size", "PARASYNC_BATCH_SIZE", &options.batch_size},
+          {"--lr", "PARASYNC_LR", &options.lr},
+          {"--optimizer", "PARASYNC_OPTIMIZER", &options.optimizer},
+          {"--lr-schedule", "PARASYNC_LR_SCHEDULE", &options.lr_schedule},
+          {"--model", "PARASYNC_MODEL", &options.model},
+          {"--seed", "PARASYNC_SEED", &options.seed},
+          {"--max-steps", "PARASYNC_MAX_STEPS", &options.max_steps},
+          {"--wire-dtype", "PARASYNC_WIRE_DTYPE", &options.wire_dtype},
+          {"--log-every", "PARASYNC_LOG_EVERY", &options.log_every}};
+}
+
+// The seconds the chief's final evaluation waits for the other workers' last epochs
+// (--wait-for-workers), as "%g"; empty for the other workers, and for every worker with
+// stop_workers_with_chief or a zero finish_timeout.
+std::string WaitForWorkersSeconds(const LaunchOptions& options, const ProcessSpec& spec) {
+  if (spec.index != 0 || options.stop_workers_with_chief || options.finish_timeout <= 0) {
+    return "";
+  }
+  char seconds[32];
+  std::snprintf(seconds, sizeof(seconds), "%g", options.finish_timeout);
+  return seconds;
+}
+
+// Worker `index`'s CURVE key pair in --curve-dir `dir`.
+std::string WorkerKeyFile(const std::string& dir, int index) {
+  return dir + "/worker" + std::to_string(index) + ".key";
 }
 
 void AddPsFlags(const LaunchOptions& options, const ProcessSpec& spec,
@@ -103,20 +156,11 @@ void AddWorkerFlags(const LaunchOptions& options, const ProcessSpec& spec, int l
   argv.insert(argv.end(), {"--local-rank", std::to_string(local_rank), "--epochs",
                            std::to_string(options.epochs)});
   if (!options.data_dir.empty()) argv.insert(argv.end(), {"--dataset", options.data_dir});
-  const std::pair<const char*, const std::optional<std::string>*> training[] = {
-      {"--batch-size", &options.batch_size}, {"--lr", &options.lr},
-      {"--optimizer", &options.optimizer},   {"--lr-schedule", &options.lr_schedule},
-      {"--model", &options.model},
-      {"--seed", &options.seed},             {"--max-steps", &options.max_steps},
-      {"--wire-dtype", &options.wire_dtype}, {"--log-every", &options.log_every}};
-  for (const auto& [flag, value] : training) {
-    if (value->has_value()) argv.insert(argv.end(), {flag, **value});
+  for (const TrainingSetting& setting : TrainingSettings(options)) {
+    if (setting.value->has_value()) argv.insert(argv.end(), {setting.flag, **setting.value});
   }
-  if (spec.index == 0 && !options.stop_workers_with_chief && options.finish_timeout > 0) {
-    // The chief's final evaluation waits for the other workers' last epochs.
-    char seconds[32];
-    std::snprintf(seconds, sizeof(seconds), "%g", options.finish_timeout);
-    argv.insert(argv.end(), {"--wait-for-workers", seconds});
+  if (const std::string wait = WaitForWorkersSeconds(options, spec); !wait.empty()) {
+    argv.insert(argv.end(), {"--wait-for-workers", wait});
   }
   if (options.checkpoint_each_epoch) argv.push_back("--checkpoint-each-epoch");
   argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
@@ -132,9 +176,83 @@ void AddCurveFlags(const LaunchOptions& options, const ProcessSpec& spec,
   if (spec.role == Role::kPs) {
     argv.insert(argv.end(), {"--curve-key", k + "/ps.key", "--curve-allow", k + "/allowed"});
   } else {
-    argv.insert(argv.end(), {"--curve-key", k + "/worker" + std::to_string(spec.index) + ".key",
-                             "--curve-server-key", k + "/ps.pub"});
+    argv.insert(argv.end(), {"--curve-key", WorkerKeyFile(k, spec.index), "--curve-server-key",
+                             k + "/ps.pub"});
   }
+}
+
+// The environment of a --worker-command worker: everything parasync-worker would get as
+// flags (AddWorkerFlags, AddCurveFlags), as variables. The one list of them; the names are
+// a contract with the Python client and docs/worker-environment.md lists them.
+// `bin_dir`: where the binaries are on the worker's host.
+std::vector<std::string> WorkerEnvironment(const LaunchOptions& options, const Cluster& cluster,
+                                           const ProcessSpec& spec, int local_rank,
+                                           const std::string& bin_dir) {
+  // TensorFlow's format, as common/cluster_spec.h parses it.
+  const nlohmann::ordered_json tf_config = {
+      {"cluster", {{"ps", cluster.ps_addresses}, {"worker", cluster.worker_addresses}}},
+      {"task", {{"type", "worker"}, {"index", spec.index}}}};
+  std::vector<std::string> env = {
+      "TF_CONFIG=" + tf_config.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+      "PARASYNC_MODE=" + options.mode,
+      "PARASYNC_LOG_DIR=" + cluster.log_dir,
+      "PARASYNC_METRICS_PORT=" + std::to_string(spec.metrics_port),
+      "PARASYNC_METRICS_BIND=" + MetricsBindFor(spec.host),
+      "LOCAL_RANK=" + std::to_string(local_rank),
+      std::string(kLogPrefixedEnv) + "=1",
+      "PARASYNC_EPOCHS=" + std::to_string(options.epochs),
+      "PARASYNC_BIN_DIR=" + bin_dir};
+  if (!options.worker_python_path.empty()) {
+    env.push_back("PYTHONPATH=" + options.worker_python_path);
+  }
+  if (!options.data_dir.empty()) env.push_back("PARASYNC_DATA=" + options.data_dir);
+  for (const TrainingSetting& setting : TrainingSettings(options)) {
+    if (setting.value->has_value()) {
+      env.push_back(std::string(setting.variable) + "=" + **setting.value);
+    }
+  }
+  if (options.checkpoint_each_epoch) env.push_back("PARASYNC_CHECKPOINT_EACH_EPOCH=1");
+  if (const std::string wait = WaitForWorkersSeconds(options, spec); !wait.empty()) {
+    env.push_back("PARASYNC_WAIT_FOR_WORKERS=" + wait);
+  }
+  if (!options.curve_dir.empty()) {
+    env.push_back("PARASYNC_CURVE_KEY=" + WorkerKeyFile(options.curve_dir, spec.index));
+    env.push_back("PARASYNC_CURVE_SERVER_KEY=" + options.curve_dir + "/ps.pub");
+  }
+  return env;
+}
+
+// A --worker-command worker's argv: /bin/sh execs the command, so the pid the launcher
+// signals and reaps becomes the user's program's; --worker-arg and its --rank-arg values
+// follow as shell-quoted words.
+std::vector<std::string> CommandWorkerArgv(const LaunchOptions& options, const ProcessSpec& spec) {
+  std::vector<std::string> extra = options.worker_args;
+  for (const auto& [rank, arg] : options.rank_args) {
+    if (rank == spec.index) extra.push_back(arg);
+  }
+  std::string command = "exec " + *options.worker_command;
+  if (!extra.empty()) command += " " + ShellJoin(extra);
+  return {"/bin/sh", "-c", command};
+}
+
+// The command line of our binary for `spec` (a PS, or a worker without --worker-command).
+std::vector<std::string> BinaryArgv(const LaunchOptions& options, const Cluster& cluster,
+                                    const ProcessSpec& spec, int local_rank,
+                                    const std::string& bin_dir) {
+  const bool is_ps = spec.role == Role::kPs;
+  std::vector<std::string> argv = {bin_dir + "/" + std::string(is_ps ? kPsBinary : kWorkerBinary)};
+  argv.insert(argv.end(), {"--ps-hosts", cluster.ps_hosts, "--worker-hosts",
+                           cluster.worker_hosts, "--task-index", std::to_string(spec.index),
+                           "--mode", options.mode, "--metrics-port",
+                           std::to_string(spec.metrics_port), "--metrics-bind",
+                           MetricsBindFor(spec.host), "--log-dir", cluster.log_dir});
+  if (is_ps) {
+    AddPsFlags(options, spec, argv);
+  } else {
+    AddWorkerFlags(options, spec, local_rank, argv);
+  }
+  AddCurveFlags(options, spec, argv);
+  return argv;
 }
 
 // The process of `slot` (a PS below cluster.num_ps, else a worker).
@@ -152,28 +270,25 @@ ProcessSpec PlanProcess(const LaunchOptions& options, const Cluster& cluster, si
   spec.metrics_port = ports[total + slot];
   spec.log_path = cluster.log_dir + "/" + spec.name + ".log";
 
-  std::vector<std::string>& argv = spec.argv;
   const std::string& dir =
       spec.remote && !options.remote_bin_dir.empty() ? options.remote_bin_dir : cluster.bin_dir;
-  argv.push_back(dir + "/" + std::string(is_ps ? kPsBinary : kWorkerBinary));
-  argv.insert(argv.end(), {"--ps-hosts", cluster.ps_hosts, "--worker-hosts",
-                           cluster.worker_hosts, "--task-index", std::to_string(spec.index),
-                           "--mode", options.mode, "--metrics-port",
-                           std::to_string(spec.metrics_port), "--metrics-bind",
-                           MetricsBindFor(spec.host), "--log-dir", cluster.log_dir});
-  if (is_ps) {
-    AddPsFlags(options, spec, argv);
-  } else {
-    int local_rank = 0;
-    for (size_t other = cluster.num_ps; other < slot; ++other) {
-      local_rank += cluster.hosts[other] == spec.host;
-    }
-    AddWorkerFlags(options, spec, local_rank, argv);
+  // A worker's index among the workers on its host (each takes its own GPU where there
+  // are several).
+  int local_rank = 0;
+  for (size_t other = cluster.num_ps; other < slot; ++other) {
+    local_rank += cluster.hosts[other] == spec.host;
   }
-  AddCurveFlags(options, spec, argv);
-  spec.spawn_argv = argv;
+  if (!is_ps && options.worker_command) {
+    spec.user_command = true;
+    spec.argv = CommandWorkerArgv(options, spec);
+    spec.env = WorkerEnvironment(options, cluster, spec, local_rank, dir);
+  } else {
+    spec.argv = BinaryArgv(options, cluster, spec, local_rank, dir);
+  }
+  spec.spawn_argv = spec.argv;
   if (spec.remote) {
-    spec.spawn_argv = SshArgv(options, spec.host, RemoteCommand(argv, options.grace_seconds));
+    spec.spawn_argv =
+        SshArgv(options, spec.host, RemoteCommand(spec.argv, options.grace_seconds, spec.env));
   }
   return spec;
 }
@@ -201,7 +316,22 @@ std::string ShellJoin(const std::vector<std::string>& argv) {
   return command;
 }
 
-std::string RemoteCommand(const std::vector<std::string>& argv, double grace_seconds) {
+std::vector<std::string> ChildEnvironment(const std::vector<std::string>& env) {
+  const std::string prefixed = std::string(kLogPrefixedEnv) + "=";
+  std::vector<std::string> all = env;
+  if (std::none_of(env.begin(), env.end(),
+                   [&](const std::string& entry) { return entry.starts_with(prefixed); })) {
+    all.insert(all.begin(), prefixed + "1");
+  }
+  return all;
+}
+
+std::string RemoteCommand(const std::vector<std::string>& argv, double grace_seconds,
+                          const std::vector<std::string>& env) {
+  std::string assignments;
+  for (const std::string& entry : ChildEnvironment(env)) {
+    assignments += ShellAssignment(entry) + " ";
+  }
   const std::string command = ShellJoin(argv);
   char grace[32];
   std::snprintf(grace, sizeof(grace), "%.0f", std::ceil(std::max(0.0, grace_seconds)));
@@ -210,10 +340,29 @@ std::string RemoteCommand(const std::vector<std::string>& argv, double grace_sec
   // dying), so a remote process never outlives its launcher. Background jobs of a
   // non-interactive shell read /dev/null, hence the dance with descriptor 3.
   // After the grace period a process that ignored SIGTERM gets SIGKILL there too.
-  return "exec 3<&0; " + std::string(kLogPrefixedEnv) + "=1 " + command +
+  return "exec 3<&0; " + assignments + command +
          " </dev/null 3<&- & p=$!; (cat <&3 >/dev/null; kill -TERM $p 2>/dev/null; sleep " +
          grace + "; kill -KILL $p 2>/dev/null) & w=$!; "
          "exec 3<&-; wait $p; s=$?; kill $w 2>/dev/null; exit $s";
+}
+
+std::string DisplayCommand(const ProcessSpec& spec) {
+  std::string command;
+  if (!spec.remote) {
+    for (const std::string& entry : spec.env) command += ShellAssignment(entry) + " ";
+  }
+  return command + ShellJoin(spec.spawn_argv);
+}
+
+std::string WorkerPythonPath(const std::string& bin_dir, const char* inherited) {
+  std::error_code ec;
+  const std::filesystem::path package =
+      (std::filesystem::path(bin_dir) / ".." / "python").lexically_normal();
+  std::string path = std::filesystem::is_directory(package, ec) ? package.string() : "";
+  if (inherited != nullptr && *inherited != '\0') {
+    path += (path.empty() ? "" : ":") + std::string(inherited);
+  }
+  return path;
 }
 
 std::vector<std::string> SshArgv(const LaunchOptions& options, const std::string& host,
@@ -280,10 +429,11 @@ std::string DefaultLogDir() {
   return std::string("runs/") + buffer;
 }
 
-Status CheckBinaries(const std::string& bin_dir, bool with_export) {
+Status CheckBinaries(const std::string& bin_dir, bool with_export, bool with_worker) {
   std::vector<std::string> missing;
   for (std::string_view name : {kPsBinary, kWorkerBinary, kExportBinary}) {
     if (name == kExportBinary && !with_export) continue;
+    if (name == kWorkerBinary && !with_worker) continue;
     const std::string path = bin_dir + "/" + std::string(name);
     struct stat info {};
     if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode) ||
@@ -311,9 +461,11 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
     return Status::InvalidArgument("BuildPlan needs " + std::to_string(2 * total) +
                                    " ports, got " + std::to_string(ports.size()));
   }
-  Cluster cluster{ProcessHosts(options), &ports, num_ps, "", "", bin_dir, log_dir};
-  cluster.ps_hosts = JoinAddresses(cluster.hosts, ports, 0, num_ps);
-  cluster.worker_hosts = JoinAddresses(cluster.hosts, ports, num_ps, num_workers);
+  Cluster cluster{ProcessHosts(options), &ports, num_ps, {}, {}, "", "", bin_dir, log_dir};
+  cluster.ps_addresses = Addresses(cluster.hosts, ports, 0, num_ps);
+  cluster.worker_addresses = Addresses(cluster.hosts, ports, num_ps, num_workers);
+  cluster.ps_hosts = JoinAddresses(cluster.ps_addresses);
+  cluster.worker_hosts = JoinAddresses(cluster.worker_addresses);
   // What every process will check of its --ps-hosts / --worker-hosts, checked before any
   // starts (two names of one host, "node1" and "NODE1", would get the same ports).
   PARASYNC_RETURN_IF_ERROR(
@@ -359,6 +511,13 @@ Result<std::string> ResolvePaths(LaunchOptions* options) {
                                      "'");
     }
     options->export_path = path.string();
+  }
+  if (options->worker_command && !options->data_dir.empty()) {
+    const std::filesystem::path data = std::filesystem::absolute(options->data_dir, ec);
+    if (ec) {
+      return Status::InvalidArgument("--dataset '" + options->data_dir + "': " + ec.message());
+    }
+    options->data_dir = data.lexically_normal().string();
   }
   if (!options->curve_dir.empty()) {
     std::string& curve_dir = options->curve_dir;

@@ -23,11 +23,17 @@ inline constexpr std::string_view kExportBinary = "parasync-export";
 // the launcher prefixes their lines with their name, so they need not print it themselves.
 inline constexpr std::string_view kLogPrefixedEnv = "PARASYNC_LOG_PREFIXED";
 
-// The shell command that runs `argv` on a remote host under ssh: the process gets SIGTERM
-// when the launcher closes the connection's stdin (its way to stop a remote process), and
-// the command's exit status is the process's. It runs with kLogPrefixedEnv=1.
-// The process gets SIGKILL `grace_seconds` after SIGTERM if it is still there.
-std::string RemoteCommand(const std::vector<std::string>& argv, double grace_seconds);
+// What a process the launcher starts gets on top of the launcher's environment (here, or on
+// another host): `env` ("NAME=value", ProcessSpec::env) and kLogPrefixedEnv=1 unless `env`
+// sets it.
+std::vector<std::string> ChildEnvironment(const std::vector<std::string>& env);
+
+// The shell command that runs `argv` on a remote host under ssh, with ChildEnvironment(env)
+// set: the process gets SIGTERM when the launcher closes the connection's stdin (its way to
+// stop a remote process), and the command's exit status is the process's. The process gets
+// SIGKILL `grace_seconds` after SIGTERM if it is still there.
+std::string RemoteCommand(const std::vector<std::string>& argv, double grace_seconds,
+                          const std::vector<std::string>& env = {});
 
 // `argv` as one POSIX shell command line (words quoted where needed).
 std::string ShellJoin(const std::vector<std::string>& argv);
@@ -48,13 +54,20 @@ struct ProcessSpec {
   Role role = Role::kPs;
   int index = 0;
   std::string host;     // where it runs
-  bool remote = false;  // started over ssh: `spawn_argv` wraps `argv`
+  bool remote = false;  // started over ssh: `spawn_argv` wraps `argv` (and `env`)
   std::vector<std::string> spawn_argv;  // what the launcher executes (argv when local)
   std::string name;      // "ps0", "worker1": the output prefix and the log file's stem
   std::string address;   // host:port in the cluster spec
   int metrics_port = 0;
-  std::vector<std::string> argv;  // argv[0] is the absolute path of the binary
-  std::string log_path;           // <log_dir>/<name>.log, written by the launcher
+  // argv[0] is the absolute path of the binary; for a user_command worker, /bin/sh, which
+  // execs the user's program (so the pid the launcher signals becomes the program's).
+  std::vector<std::string> argv;
+  // "NAME=value" set on top of the launcher's environment (ChildEnvironment adds
+  // kLogPrefixedEnv): a user_command worker's cluster and settings (docs/worker-environment.md);
+  // empty for our binaries, which get flags.
+  std::vector<std::string> env;
+  bool user_command = false;  // a worker running LaunchOptions::worker_command
+  std::string log_path;       // <log_dir>/<name>.log, written by the launcher
 };
 
 struct LaunchPlan {
@@ -85,14 +98,25 @@ Status EnsureCurveKeys(const std::string& dir, int num_workers);
 // Returns "runs/<YYYYmmdd-HHMMSS>" for the current local time.
 std::string DefaultLogDir();
 
-// Returns OK when <bin_dir>/parasync-ps and <bin_dir>/parasync-worker (and, with
-// `with_export`, <bin_dir>/parasync-export) exist and are executable, else NotFound naming
-// what is missing.
-Status CheckBinaries(const std::string& bin_dir, bool with_export = false);
+// Returns OK when <bin_dir>/parasync-ps, <bin_dir>/parasync-worker (unless `with_worker` is
+// false: the workers run --worker-command) and, with `with_export`, <bin_dir>/parasync-export
+// exist and are executable, else NotFound naming what is missing.
+Status CheckBinaries(const std::string& bin_dir, bool with_export = false,
+                     bool with_worker = true);
 
-// Builds the command lines. `ports` holds, in order, one service port per PS, one cluster
-// port per worker, then one metrics port per PS and one per worker: 2 * (num_ps +
-// num_workers) in all. `bin_dir` and `log_dir` are used as given. Pure: touches nothing.
+// The PYTHONPATH of a --worker-command worker: <bin_dir>/../python (normalized) when that
+// directory exists (a build puts the Python package there), then `inherited` (the launcher's
+// own PYTHONPATH; may be null or empty). Reads the filesystem.
+std::string WorkerPythonPath(const std::string& bin_dir, const char* inherited);
+
+// `spec`'s command as one shell command line, as --dry-run prints it: its `env` as NAME=value
+// words, then spawn_argv (a remote process's env is inside its ssh command already).
+std::string DisplayCommand(const ProcessSpec& spec);
+
+// Builds the command lines (and, with --worker-command, the workers' environments).
+// `ports` holds, in order, one service port per PS, one cluster port per worker, then one
+// metrics port per PS and one per worker: 2 * (num_ps + num_workers) in all. `bin_dir` and
+// `log_dir` are used as given. Pure: touches nothing.
 // Returns InvalidArgument if the options are invalid or the port count is wrong.
 Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bin_dir,
                              const std::string& log_dir, const std::vector<int>& ports);
@@ -126,8 +150,10 @@ class PortReservation {
 std::vector<int> PortBasePorts(const LaunchOptions& options);
 
 // Makes options->export_path and options->curve_dir absolute (InvalidArgument when --export
-// names no file: checked now, not after the training it would otherwise waste) and returns
-// the absolute log directory (--log-dir or DefaultLogDir()), without a trailing '/'.
+// names no file: checked now, not after the training it would otherwise waste), and
+// options->data_dir too with --worker-command (PARASYNC_DATA is absolute: the user's program
+// may change directory), and returns the absolute log directory (--log-dir or
+// DefaultLogDir()), without a trailing '/'.
 Result<std::string> ResolvePaths(LaunchOptions* options);
 
 }  // namespace parasync::launch

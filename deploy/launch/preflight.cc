@@ -47,6 +47,9 @@ struct Probe {
   pid_t pid = -1;
   int fd = -1;  // the read end of its output pipe, until it is closed
   std::string output;
+  // A --worker-command worker's probe (a shell test over ssh, not our --check): the
+  // problem its non-zero exit means.
+  std::string command_problem;
 };
 
 // Starts `argv` with stdin from /dev/null and stdout and stderr into one pipe.
@@ -119,10 +122,24 @@ std::vector<std::string> LinesAfter(const std::string& output, std::string_view 
   return lines;
 }
 
-void CheckDataset(const LaunchPlan& plan, std::vector<std::string>* problems) {
+// A --worker-command worker reads its data its own way: only a --dataset given must be a
+// directory. Empty when it is (or none was given).
+std::string CommandDataProblem(const LaunchOptions& options) {
+  std::error_code ec;
+  if (options.data_dir.empty() || fs::is_directory(options.data_dir, ec)) return "";
+  return "--dataset " + options.data_dir + " is not a directory";
+}
+
+void CheckDataset(const LaunchOptions& options, const LaunchPlan& plan,
+                  std::vector<std::string>* problems) {
   std::set<std::string> checked;
   for (const ProcessSpec& spec : plan.processes) {
     if (spec.role != Role::kWorker || !RunsHere(spec)) continue;
+    if (spec.user_command) {
+      if (!checked.insert(options.data_dir).second) continue;
+      if (std::string p = CommandDataProblem(options); !p.empty()) problems->push_back(p);
+      continue;
+    }
     const std::string dir = LastFlagValue(spec.argv, {"--dataset", "--data"}, kDefaultDataDir);
     if (!checked.insert(dir).second) continue;
     std::error_code ec;
@@ -143,7 +160,10 @@ void CheckPorts(const LaunchPlan& plan, bool multi_host, std::vector<std::string
     if (!RunsHere(spec)) continue;
     // In a single-host run the launcher picked free ports itself (and holds them); only a
     // --metrics-port the user gave (--ps-arg, --worker-arg, --rank-arg) is checked then.
-    const std::string given = LastFlagValue(spec.argv, {"--metrics-port"}, "");
+    // A --worker-command worker gets its planned port in PARASYNC_METRICS_PORT, no flag.
+    const std::string given = spec.user_command
+                                  ? std::to_string(spec.metrics_port)
+                                  : LastFlagValue(spec.argv, {"--metrics-port"}, "");
     const int metrics_port = given.empty() ? 0 : std::atoi(given.c_str());
     const bool user_metrics_port = metrics_port != 0 && metrics_port != spec.metrics_port;
     if (user_metrics_port) {
@@ -155,7 +175,8 @@ void CheckPorts(const LaunchPlan& plan, bool multi_host, std::vector<std::string
       }
     }
     if (user_metrics_port || (multi_host && metrics_port != 0)) {
-      const std::string bind = LastFlagValue(spec.argv, {"--metrics-bind"}, plan.metrics_bind);
+      const std::string bind =
+          LastFlagValue(spec.argv, {"--metrics-bind"}, MetricsBindFor(spec.host));
       if (std::string p = BindProblem(bind, metrics_port); !p.empty()) {
         problems->push_back(spec.name + " --metrics-port " + given + ": " + p);
       }
@@ -257,6 +278,10 @@ void JudgeProbe(Probe& probe, Clock::time_point deadline, double timeout_seconds
     }
     return;
   }
+  if (spec.user_command) {  // no binary of ours: no version to compare
+    if (!ExitedZero(wait_status)) problems.push_back(where + ": " + probe.command_problem);
+    return;
+  }
   const std::string mine = BuildVersion();
   if (version.empty()) {
     problems.push_back(where + ": " + spec.argv[0] + " --check gave no answer: " + last);
@@ -267,6 +292,34 @@ void JudgeProbe(Probe& probe, Clock::time_point deadline, double timeout_seconds
   }
 }
 
+// A --worker-command worker on this host, for --check. Not run (it has no --check): what
+// parasync-worker --check checks that applies to any program, its --dataset directory
+// (when given) and its metrics port.
+void CheckCommandWorkerHere(const LaunchOptions& options, const ProcessSpec& spec,
+                            std::vector<std::string>& problems) {
+  const std::string where = spec.name + " on " + spec.host;
+  if (std::string p = CommandDataProblem(options); !p.empty()) problems.push_back(where + ": " + p);
+  if (std::string p = BindProblem(MetricsBindFor(spec.host), spec.metrics_port); !p.empty()) {
+    problems.push_back(where + " metrics: " + p);
+  }
+}
+
+// Starts the --check probe of `spec`: its binary with --check, or, for a --worker-command
+// worker on another host, a shell test over ssh of the host and its --dataset directory.
+Result<Probe> StartCheckProbe(const LaunchOptions& options, const ProcessSpec& spec) {
+  if (spec.user_command) {
+    const std::string test = options.data_dir.empty()
+                                 ? std::string("true")
+                                 : ShellJoin({"test", "-d", options.data_dir});
+    PARASYNC_ASSIGN_OR_RETURN(Probe probe, StartProbe(SshArgv(options, spec.host, test)));
+    probe.command_problem = "--dataset " + options.data_dir + " is not a directory there";
+    return probe;
+  }
+  std::vector<std::string> argv = spec.argv;
+  argv.push_back("--check");
+  return StartProbe(spec.remote ? SshArgv(options, spec.host, ShellJoin(argv)) : argv);
+}
+
 }  // namespace
 
 std::vector<std::string> ClusterPreflight(const LaunchOptions& options, const LaunchPlan& plan,
@@ -275,12 +328,13 @@ std::vector<std::string> ClusterPreflight(const LaunchOptions& options, const La
   std::vector<std::string> problems;
   std::map<std::string, int> ssh_started;
   for (const ProcessSpec& spec : plan.processes) {
+    if (spec.user_command && !spec.remote) {
+      CheckCommandWorkerHere(options, spec, problems);
+      continue;
+    }
     // As Launcher::Start: sshd refuses more than ~10 unauthenticated connections at once.
     if (spec.remote && ++ssh_started[spec.host] > 8) usleep(150000);
-    std::vector<std::string> argv = spec.argv;
-    argv.push_back("--check");
-    Result<Probe> probe =
-        StartProbe(spec.remote ? SshArgv(options, spec.host, ShellJoin(argv)) : argv);
+    Result<Probe> probe = StartCheckProbe(options, spec);
     if (!probe.ok()) {
       problems.push_back(probe.status().message());
       break;
@@ -314,7 +368,7 @@ std::string LastFlagValue(const std::vector<std::string>& argv,
 
 std::vector<std::string> LocalPreflight(const LaunchOptions& options, const LaunchPlan& plan) {
   std::vector<std::string> problems;
-  CheckDataset(plan, &problems);
+  CheckDataset(options, plan, &problems);
   CheckPorts(plan, IsMultiHost(options), &problems);
   CheckStateDirs(options, plan, &problems);
   return problems;

@@ -5,6 +5,9 @@
 //    launcher can say each in one line and start nothing;
 //  - ClusterPreflight, parasync-launch --check: every planned process's own --check, where
 //    it would run (over ssh for other hosts).
+// A --worker-command worker is never run by either: its data set only has to be a
+// directory (when --dataset is given), and its metrics port and host are checked as far as
+// the launcher can without our binary.
 // Not thread-safe: both start and wait for child processes (common/subprocess.h).
 #pragma once
 
@@ -26,6 +29,9 @@ std::vector<std::string> LocalPreflight(const LaunchOptions& options, const Laun
 // reached, a port in use or an address not on its host, missing data, or a binary whose
 // version, protocol or schema differs from this launcher's. Empty: all clear. The ports the
 // plan names must not be held by this process (they are the processes' to bind).
+// A --worker-command worker is checked without running it: here, its --dataset directory and
+// its metrics port; on another host, over ssh, that the host answers and the --dataset
+// directory is there (not its ports, nor the command, its version or the data's format).
 std::vector<std::string> ClusterPreflight(const LaunchOptions& options, const LaunchPlan& plan,
                                           double timeout_seconds);
 

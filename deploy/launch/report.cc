@@ -170,6 +170,15 @@ Status WriteClusterJson(const RunRecord& run) {
         {"log", child.spec.log_path},
         {"command", child.spec.argv},
     });
+    if (!child.spec.env.empty()) {
+      // What it was told in its environment besides its flags.
+      json env = json::object();
+      for (const std::string& entry : child.spec.env) {
+        const size_t equals = entry.find('=');
+        env[entry.substr(0, equals)] = entry.substr(equals + 1);
+      }
+      processes.back()["env"] = env;
+    }
   }
   doc["cluster"] = {{"ps", ps_hosts}, {"worker", worker_hosts}};
   doc["processes"] = processes;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -82,8 +83,12 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& given) {
   if (bin_dir.empty()) {
     PARASYNC_ASSIGN_OR_RETURN(bin_dir, ExecutableDir());
   }
-  PARASYNC_RETURN_IF_ERROR(CheckBinaries(bin_dir, !options.export_path.empty()));
+  PARASYNC_RETURN_IF_ERROR(
+      CheckBinaries(bin_dir, !options.export_path.empty(), !options.worker_command.has_value()));
   PARASYNC_ASSIGN_OR_RETURN(const std::string log_dir, ResolvePaths(&options));
+  if (options.worker_command) {
+    options.worker_python_path = WorkerPythonPath(bin_dir, std::getenv("PYTHONPATH"));
+  }
 
   const int port_count = 2 * (options.num_ps + options.num_workers);
   const bool multi_host = IsMultiHost(options);
@@ -240,8 +245,11 @@ Status Launcher::SpawnOne(Child& child) {
       child.spec.spawn_argv.empty() ? child.spec.argv : child.spec.spawn_argv;
   SpawnOptions spawn;
   spawn.argv = command;
-  // Our environment with kLogPrefixedEnv=1: we prefix the child's lines with its name.
-  spawn.env_set = {std::string(kLogPrefixedEnv) + "=1"};
+  // Our environment with kLogPrefixedEnv=1 (we prefix the child's lines with its name) and
+  // the process's own variables; a restart gets the same. (A remote process's are in its
+  // ssh command: ssh passes no environment on.)
+  spawn.env_set =
+      ChildEnvironment(child.spec.remote ? std::vector<std::string>() : child.spec.env);
   // A remote process's ssh reads a pipe from us: closing it stops the process.
   spawn.in = child.spec.remote ? StreamTarget::Pipe() : StreamTarget::Null();
   spawn.out = StreamTarget::Pipe();

@@ -17,6 +17,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/cluster_spec.h"
+#include "common/subprocess.h"
 #include "deploy/launch/launcher.h"
 #include "deploy/launch/snapshot_server.h"
 #include "tests/deploy/launch_test_util.h"
@@ -227,6 +229,246 @@ TEST(LaunchPlanTest, RemoteProcessesAreToldTheirLinesArePrefixed) {
   EXPECT_THAT(RemoteCommand({"/opt/bin/parasync-ps", "--task-index", "0"}, 10.0),
               HasSubstr("; PARASYNC_LOG_PREFIXED=1 /opt/bin/parasync-ps --task-index 0 "
                         "</dev/null"));
+}
+
+TEST(LaunchPlanTest, AProcessEnvironmentIsSetOnceHereAndInItsRemoteCommand) {
+  // kLogPrefixedEnv=1 for every process, once, unless its own variables set it.
+  EXPECT_THAT(ChildEnvironment({}), ElementsAre("PARASYNC_LOG_PREFIXED=1"));
+  EXPECT_THAT(ChildEnvironment({"A=1"}), ElementsAre("PARASYNC_LOG_PREFIXED=1", "A=1"));
+  EXPECT_THAT(ChildEnvironment({"A=1", "PARASYNC_LOG_PREFIXED=1"}),
+              ElementsAre("A=1", "PARASYNC_LOG_PREFIXED=1"));
+  // Over ssh, as shell assignments before the command, values quoted where needed.
+  EXPECT_THAT(RemoteCommand({"/bin/prog", "x"}, 10.0, {"A=a b", "J={\"k\": [1]}", "E="}),
+              HasSubstr("; PARASYNC_LOG_PREFIXED=1 A='a b' J='{\"k\": [1]}' E='' /bin/prog x "
+                        "</dev/null"));
+  // --dry-run's form of a local process: the same assignments, then its command.
+  ProcessSpec spec;
+  spec.spawn_argv = {"/bin/prog", "a b"};
+  spec.env = {"A=it's"};
+  EXPECT_EQ(DisplayCommand(spec), "A='it'\\''s' /bin/prog 'a b'");
+  spec.env.clear();
+  EXPECT_EQ(DisplayCommand(spec), "/bin/prog 'a b'");
+}
+
+// ---- --worker-command: the user's program as every worker -------------------------------
+
+// "NAME=value" entries as a map (each name once: a name set twice is a test failure).
+std::map<std::string, std::string> EnvMap(const std::vector<std::string>& env) {
+  std::map<std::string, std::string> map;
+  for (const std::string& entry : env) {
+    const size_t equals = entry.find('=');
+    EXPECT_NE(equals, std::string::npos) << entry;
+    EXPECT_TRUE(map.emplace(entry.substr(0, equals), entry.substr(equals + 1)).second)
+        << "set twice: " << entry;
+  }
+  return map;
+}
+
+TEST(LaunchPlanTest, WorkerCommandRunsTheProgramWithTheClusterInItsEnvironment) {
+  LaunchOptions options;
+  options.mode = "sync";
+  options.epochs = 3;
+  options.worker_command = "python3 train.py --flag";
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/opt/bin", "/logs", {5000, 5001, 6000, 6001, 7000, 7001, 7002, 7003});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  // The servers are ours, as without it.
+  EXPECT_EQ(plan->processes[0].argv[0], "/opt/bin/parasync-ps");
+  EXPECT_TRUE(plan->processes[0].env.empty());
+  EXPECT_FALSE(plan->processes[0].user_command);
+
+  const ProcessSpec& chief = plan->processes[2];
+  EXPECT_TRUE(chief.user_command);
+  // sh execs the program: the pid the launcher signals becomes the program's.
+  EXPECT_THAT(chief.argv, ElementsAre("/bin/sh", "-c", "exec python3 train.py --flag"));
+  EXPECT_EQ(chief.spawn_argv, chief.argv);
+  // Only what every worker is told: no training setting was given.
+  EXPECT_THAT(chief.env,
+              ElementsAre("TF_CONFIG={\"cluster\":{\"ps\":[\"127.0.0.1:5000\",\"127.0.0.1:5001\"],"
+                          "\"worker\":[\"127.0.0.1:6000\",\"127.0.0.1:6001\"]},"
+                          "\"task\":{\"type\":\"worker\",\"index\":0}}",
+                          "PARASYNC_MODE=sync", "PARASYNC_LOG_DIR=/logs",
+                          "PARASYNC_METRICS_PORT=7002", "PARASYNC_METRICS_BIND=127.0.0.1",
+                          "LOCAL_RANK=0", "PARASYNC_LOG_PREFIXED=1", "PARASYNC_EPOCHS=3",
+                          "PARASYNC_BIN_DIR=/opt/bin", "PARASYNC_WAIT_FOR_WORKERS=300"));
+
+  // Worker 1: its own index, port and local rank; only the chief waits for the others.
+  const std::map<std::string, std::string> worker1 = EnvMap(plan->processes[3].env);
+  EXPECT_EQ(worker1.at("PARASYNC_METRICS_PORT"), "7003");
+  EXPECT_EQ(worker1.at("LOCAL_RANK"), "1");
+  EXPECT_EQ(worker1.count("PARASYNC_WAIT_FOR_WORKERS"), 0u);
+  // TF_CONFIG is what a process of ours would read as its cluster.
+  const Result<ClusterSpec> cluster = ParseTfConfig(worker1.at("TF_CONFIG"));
+  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+  EXPECT_THAT(cluster->ps, ElementsAre("127.0.0.1:5000", "127.0.0.1:5001"));
+  EXPECT_THAT(cluster->workers, ElementsAre("127.0.0.1:6000", "127.0.0.1:6001"));
+  EXPECT_EQ(cluster->task_type, "worker");
+  EXPECT_EQ(cluster->task_index, 1);
+
+  // --dry-run's form: the environment as shell assignments, then the command.
+  EXPECT_THAT(DisplayCommand(chief),
+              ::testing::StartsWith("TF_CONFIG='{\"cluster\":{\"ps\":[\"127.0.0.1:5000\","));
+  EXPECT_THAT(DisplayCommand(chief),
+              HasSubstr(" PARASYNC_MODE=sync PARASYNC_LOG_DIR=/logs PARASYNC_METRICS_PORT=7002 "));
+  EXPECT_THAT(DisplayCommand(chief),
+              ::testing::EndsWith(" /bin/sh -c 'exec python3 train.py --flag'"));
+}
+
+TEST(LaunchPlanTest, WorkerCommandIsToldEachTrainingSettingGivenAndItsCurveKeys) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 2;
+  options.worker_command = "./train";
+  options.data_dir = "/data/fm";
+  options.batch_size = "32";
+  options.lr = "0.05";
+  options.optimizer = "adam";
+  options.lr_schedule = "cosine";
+  options.model = "cnn";
+  options.seed = "7";
+  options.max_steps = "100";
+  options.log_every = "2.5";
+  options.wire_dtype = "bfloat16";
+  options.checkpoint_each_epoch = true;
+  options.curve_dir = "/k";
+  options.finish_timeout = 42.5;
+  options.worker_python_path = "/opt/python:/inherited";
+  const std::vector<int> ports = {5000, 6000, 6001, 7000, 7001, 7002};
+  const Result<LaunchPlan> plan = BuildPlan(options, "/opt/bin", "/logs", ports);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (int rank : {0, 1}) {
+    std::map<std::string, std::string> env =
+        EnvMap(plan->processes[static_cast<size_t>(1 + rank)].env);
+    const std::map<std::string, std::string> given = {
+        {"PARASYNC_DATA", "/data/fm"},
+        {"PARASYNC_BATCH_SIZE", "32"},
+        {"PARASYNC_LR", "0.05"},
+        {"PARASYNC_OPTIMIZER", "adam"},
+        {"PARASYNC_LR_SCHEDULE", "cosine"},
+        {"PARASYNC_MODEL", "cnn"},
+        {"PARASYNC_SEED", "7"},
+        {"PARASYNC_MAX_STEPS", "100"},
+        {"PARASYNC_LOG_EVERY", "2.5"},
+        {"PARASYNC_WIRE_DTYPE", "bfloat16"},
+        {"PARASYNC_CHECKPOINT_EACH_EPOCH", "1"},
+        {"PARASYNC_CURVE_KEY", "/k/worker" + std::to_string(rank) + ".key"},
+        {"PARASYNC_CURVE_SERVER_KEY", "/k/ps.pub"},
+        {"PYTHONPATH", "/opt/python:/inherited"}};
+    for (const auto& [name, value] : given) {
+      ASSERT_EQ(env.count(name), 1u) << name << " of worker " << rank;
+      EXPECT_EQ(env.at(name), value) << name << " of worker " << rank;
+    }
+    EXPECT_EQ(env.count("PARASYNC_WAIT_FOR_WORKERS"), rank == 0 ? 1u : 0u) << rank;
+  }
+  EXPECT_EQ(EnvMap(plan->processes[1].env).at("PARASYNC_WAIT_FOR_WORKERS"), "42.5");
+  // The servers still get their keys as flags.
+  EXPECT_THAT(plan->processes[0].argv, ::testing::IsSupersetOf({"--curve-key", "/k/ps.key"}));
+
+  // Stopped with the chief, the chief waits for nobody.
+  options.stop_workers_with_chief = true;
+  const Result<LaunchPlan> stopping = BuildPlan(options, "/opt/bin", "/logs", ports);
+  ASSERT_TRUE(stopping.ok());
+  EXPECT_EQ(EnvMap(stopping->processes[1].env).count("PARASYNC_WAIT_FOR_WORKERS"), 0u);
+}
+
+TEST(LaunchPlanTest, WorkerCommandGetsTheWorkerAndRankArgsAsQuotedWordsAfterItself) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 2;
+  // Spaces and both kinds of quote, in the command and in the extra words.
+  options.worker_command = R"(printf '%s\n' "my file.py" 'it''s')";
+  options.worker_args = {"--note=a b", "plain"};
+  options.rank_args = {{1, "it's"}};
+  const Result<LaunchPlan> plan =
+      BuildPlan(options, "/b", "/l", {5000, 6000, 6001, 7000, 7001, 7002});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  // The command as written (the shell reads it), the extra words quoted.
+  EXPECT_EQ(plan->processes[1].argv[2],
+            R"(exec printf '%s\n' "my file.py" 'it''s' '--note=a b' plain)");
+  EXPECT_EQ(plan->processes[2].argv[2],
+            R"(exec printf '%s\n' "my file.py" 'it''s' '--note=a b' plain 'it'\''s')");
+  // What the program gets, run by the real shell: each word intact.
+  parasync::testing::TempDir tmp;
+  const parasync::testing::Finished run =
+      parasync::testing::RunToExit(plan->processes[2].argv, tmp.path(), std::chrono::seconds(10));
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(run.out, "my file.py\nits\n--note=a b\nplain\nit's\n");
+}
+
+TEST(LaunchPlanTest, WorkerCommandOnAnotherHostGetsItsEnvironmentInTheRemoteCommand) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 2;
+  options.ps_placement = {{"node1", 1}};
+  options.worker_placement = {{"node2", 2}};
+  options.remote_bin_dir = "/remote/bin";
+  options.worker_command = "python3 train.py";
+  const Result<LaunchPlan> plan = BuildPlan(options, "/b", "/l", PortBasePorts(options));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const ProcessSpec& worker1 = plan->processes[2];
+  ASSERT_TRUE(worker1.remote);
+  const std::map<std::string, std::string> env = EnvMap(worker1.env);
+  EXPECT_EQ(env.at("LOCAL_RANK"), "1");  // the second worker on node2
+  EXPECT_EQ(env.at("PARASYNC_BIN_DIR"), "/remote/bin");
+  EXPECT_EQ(env.at("PARASYNC_METRICS_BIND"), "0.0.0.0");
+  EXPECT_EQ(env.at("PARASYNC_METRICS_PORT"), "30001");
+  // ssh passes no environment: the remote shell sets it, each variable once, before the
+  // command (also what --dry-run prints for it).
+  const std::string remote = worker1.spawn_argv.back();
+  EXPECT_THAT(remote, HasSubstr(" PARASYNC_LOG_PREFIXED=1 ")) << remote;
+  EXPECT_EQ(remote.find("PARASYNC_LOG_PREFIXED="), remote.rfind("PARASYNC_LOG_PREFIXED="));
+  EXPECT_THAT(remote, HasSubstr("TF_CONFIG='{\"cluster\":{\"ps\":[\"node1:29500\"],\"worker\":"
+                                "[\"node2:29500\",\"node2:29501\"]},\"task\":{\"type\":\"worker\","
+                                "\"index\":1}}' "));
+  EXPECT_THAT(remote, HasSubstr(" LOCAL_RANK=1 "));
+  EXPECT_THAT(remote, HasSubstr(" /bin/sh -c 'exec python3 train.py' </dev/null"));
+  EXPECT_EQ(DisplayCommand(worker1), ShellJoin(worker1.spawn_argv));
+}
+
+TEST(LaunchPlanTest, ABlankWorkerCommandIsRefused) {
+  LaunchOptions options;
+  EXPECT_TRUE(ValidateOptions(options).ok());
+  for (const char* blank : {"", "   ", " \t\n"}) {
+    options.worker_command = blank;
+    const Status s = ValidateOptions(options);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "'" << blank << "'";
+    EXPECT_THAT(s.message(), HasSubstr("--worker-command must name the program")) << blank;
+  }
+  options.worker_command = "x";
+  EXPECT_TRUE(ValidateOptions(options).ok());
+}
+
+TEST(LaunchPlanTest, AWorkerCommandIsToldAnAbsoluteDataSet) {
+  LaunchOptions options;
+  options.data_dir = "rel/data";
+  ASSERT_TRUE(ResolvePaths(&options).ok());
+  EXPECT_EQ(options.data_dir, "rel/data") << "parasync-worker gets it as given";
+  options.worker_command = "python3 train.py";
+  ASSERT_TRUE(ResolvePaths(&options).ok());
+  EXPECT_EQ(options.data_dir, (std::filesystem::current_path() / "rel/data").string());
+}
+
+TEST(LaunchPlanTest, WorkerPythonPathPutsThePackageBesideTheBinariesFirst) {
+  parasync::testing::TempDir tmp;
+  const std::string bin = tmp.path() + "/build/bin";
+  std::filesystem::create_directories(bin);
+  EXPECT_EQ(WorkerPythonPath(bin, nullptr), "");
+  EXPECT_EQ(WorkerPythonPath(bin, ""), "");
+  EXPECT_EQ(WorkerPythonPath(bin, "/mine"), "/mine");
+  std::filesystem::create_directories(tmp.path() + "/build/python");
+  EXPECT_EQ(WorkerPythonPath(bin, nullptr), tmp.path() + "/build/python");
+  EXPECT_EQ(WorkerPythonPath(bin + "/", "/mine:/other"), tmp.path() + "/build/python:/mine:/other");
+}
+
+TEST(LaunchPlanTest, WorkerCommandNeedsNoParasyncWorkerBinary) {
+  parasync::testing::TempDir tmp;
+  const std::string ps = tmp.path() + "/parasync-ps";
+  std::ofstream(ps) << "#!/bin/sh\n";
+  ASSERT_EQ(chmod(ps.c_str(), 0755), 0);
+  EXPECT_TRUE(CheckBinaries(tmp.path(), false, /*with_worker=*/false).ok());
+  const Status needed = CheckBinaries(tmp.path());
+  EXPECT_EQ(needed.code(), StatusCode::kNotFound);
+  EXPECT_THAT(needed.message(), HasSubstr(tmp.path() + "/parasync-worker"));
 }
 
 TEST(EnsureCurveKeysTest, MakesWhatIsMissingAndKeepsWhatExists) {

@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/cluster_spec.h"
 #include "deploy/launch/launcher.h"
 #include "deploy/launch/snapshot_server.h"
 #include "tests/deploy/launch_test_util.h"
@@ -722,6 +723,199 @@ TEST_F(LaunchTest, SigintStopsEverythingAndExits130) {
     EXPECT_EQ(process["launcher_signal"], "SIGTERM") << process;
     EXPECT_EQ(process["exit_status"], 0) << process;
   }
+}
+
+// ---- --worker-command: the user's own program as every worker ---------------------------
+
+TEST_F(LaunchTest, WorkerCommandRunsAsEveryWorkerWithTheClusterInItsEnvironment) {
+  const std::string command = InstallFakeWorkerCommand();
+  std::filesystem::create_directories(root_ + "/python");  // beside bin/: the Python package
+  std::vector<std::string> args = WaitingArgs();
+  args.insert(args.end(), {"--mode", "ssp:2", "--epochs", "3", "--lr", "0.05",
+                           "--worker-command", command + " --from-command", "--worker-arg",
+                           "a b", "--rank-arg", "1:it's"});
+  auto launcher = Launch(args, {{"PYTHONPATH", "/inherited"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(10)), kExitOk)
+      << launcher->out() << launcher->err();
+  ExpectAllFakesGone(4);
+  EXPECT_THAT(launcher->out(), HasSubstr("[worker1] command worker 1 start 1\n"));
+
+  const nlohmann::json cluster =
+      nlohmann::json::parse(ReadFile(log_dir_ + "/cluster.json"), nullptr, false);
+  ASSERT_TRUE(cluster.is_object());
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("worker" + std::to_string(rank));
+    std::map<std::string, std::string> env = CommandEnv(rank, 1);
+    ASSERT_FALSE(env.empty());
+    const Result<ClusterSpec> spec = ParseTfConfig(env["TF_CONFIG"]);
+    ASSERT_TRUE(spec.ok()) << env["TF_CONFIG"];
+    EXPECT_EQ(nlohmann::json(spec->ps), cluster["cluster"]["ps"]);
+    EXPECT_EQ(nlohmann::json(spec->workers), cluster["cluster"]["worker"]);
+    EXPECT_EQ(spec->task_type, "worker");
+    EXPECT_EQ(spec->task_index, rank);
+    const nlohmann::json& process = cluster["processes"][static_cast<size_t>(2 + rank)];
+    EXPECT_EQ(env["PARASYNC_METRICS_PORT"], std::to_string(process["metrics_port"].get<int>()));
+    EXPECT_EQ(env["PARASYNC_METRICS_BIND"], "127.0.0.1");
+    EXPECT_EQ(env["PARASYNC_LOG_DIR"], log_dir_);
+    EXPECT_EQ(env["PARASYNC_MODE"], "ssp:2");
+    EXPECT_EQ(env["PARASYNC_EPOCHS"], "3");
+    EXPECT_EQ(env["PARASYNC_LR"], "0.05");
+    EXPECT_EQ(env.count("PARASYNC_BATCH_SIZE"), 0u) << "not given, not set";
+    EXPECT_EQ(env["LOCAL_RANK"], std::to_string(rank));
+    EXPECT_EQ(env["PARASYNC_LOG_PREFIXED"], "1");
+    EXPECT_EQ(env["PARASYNC_DATA"], data_dir_);
+    EXPECT_EQ(env["PARASYNC_BIN_DIR"], bin_dir_);
+    EXPECT_EQ(env["PYTHONPATH"], root_ + "/python:/inherited");
+    EXPECT_EQ(env["FAKE_DIR"], fake_dir_) << "the launcher's environment is passed on";
+    // Only the chief waits for the others' last epochs (--finish-timeout's default).
+    if (rank == 0) {
+      EXPECT_EQ(env["PARASYNC_WAIT_FOR_WORKERS"], "300");
+    } else {
+      EXPECT_EQ(env.count("PARASYNC_WAIT_FOR_WORKERS"), 0u);
+    }
+    // The pid the launcher started, and would signal and reap, is the program's own.
+    EXPECT_EQ(ReadFile(fake_dir_ + "/cmd" + std::to_string(rank) + "-1.pid"),
+              std::to_string(process["pid"].get<int>()) + "\n");
+    EXPECT_EQ(process["env"]["TF_CONFIG"], env["TF_CONFIG"]) << "cluster.json records it";
+    std::vector<std::string> expected_args = {"--from-command", "a b"};
+    if (rank == 1) expected_args.push_back("it's");
+    EXPECT_EQ(ReadLines(fake_dir_ + "/cmd" + std::to_string(rank) + ".args.1"), expected_args);
+  }
+  EXPECT_FALSE(std::filesystem::exists(fake_dir_ + "/cmd0.env.2")) << "started twice";
+
+  // The summary reads what the programs wrote, as it reads a parasync-worker's.
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  ASSERT_TRUE(summary.is_object()) << ReadFile(log_dir_ + "/summary.json");
+  EXPECT_EQ(summary["outcome"], "succeeded");
+  EXPECT_EQ(summary["examples"], 200);
+  EXPECT_EQ(summary["examples_source"], "worker_snapshots");
+  EXPECT_EQ(summary["eval_rows"], 1);
+  EXPECT_EQ(summary["final"]["test_accuracy"], 0.625);
+  EXPECT_EQ(summary["workers_finished"], "all");
+  EXPECT_THAT(launcher->out(), HasSubstr("final test accuracy 0.625"));
+}
+
+TEST_F(LaunchTest, AWorkerCommandExitingTwoMakesTheLauncherExitTwo) {
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--worker-command", InstallFakeWorkerCommand()});
+  // The chief waits (for a release that never comes) while worker1 exits 2.
+  auto launcher = Launch(args, {{"FAKE_CMD_WAIT_0", "1"}, {"FAKE_CMD_EXIT_1", "2"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(10)), kExitUsage) << launcher->out();
+  ExpectAllFakesGone(4);
+  EXPECT_THAT(launcher->out(),
+              HasSubstr("worker1 (pid " + ReadLines(fake_dir_ + "/cmd1-1.pid")[0] +
+                        ") failed with exit status 2 before the chief finished"));
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  EXPECT_EQ(summary["outcome"], "failed");
+  EXPECT_EQ(summary["exit_code"], kExitUsage);
+}
+
+TEST_F(LaunchTest, KillRestartsAWorkerCommandWithTheSameEnvironmentAndArguments) {
+  std::vector<std::string> args = WaitingArgs();
+  args.insert(args.end(), {"--worker-command", InstallFakeWorkerCommand(), "--worker-arg",
+                           "x y", "--kill", "worker:1@1+0.2"});
+  // Every start waits until the test releases it, so the kill lands while worker1 runs.
+  auto launcher = Launch(args, {{"FAKE_CMD_WAIT", "1"}});
+  const bool restarted = WaitFor(
+      [&] { return std::filesystem::exists(fake_dir_ + "/cmd1.env.2"); }, std::chrono::seconds(10));
+  std::ofstream(fake_dir_ + "/release") << "";
+  ASSERT_TRUE(restarted) << launcher->out();
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(10)), kExitOk) << launcher->out();
+  ExpectAllFakesGone(5);
+
+  const std::map<std::string, std::string> first = CommandEnv(1, 1);
+  EXPECT_FALSE(first.empty());
+  EXPECT_EQ(CommandEnv(1, 2), first);
+  EXPECT_EQ(ReadLines(fake_dir_ + "/cmd1.args.2"), ReadLines(fake_dir_ + "/cmd1.args.1"));
+  EXPECT_THAT(ReadLines(fake_dir_ + "/cmd1.args.2"), ElementsAre("x y"));
+  EXPECT_FALSE(std::filesystem::exists(fake_dir_ + "/cmd0.env.2")) << "the chief was restarted";
+  // SIGKILL went to the program itself, and its second start is the one reaped at the end.
+  const std::string out = launcher->out();
+  EXPECT_THAT(out, HasSubstr("fault injection: killed worker1 (pid " +
+                             ReadLines(fake_dir_ + "/cmd1-1.pid")[0] + ") with SIGKILL"));
+  EXPECT_THAT(out, HasSubstr("fault injection: restarted worker1 as pid " +
+                             ReadLines(fake_dir_ + "/cmd1-2.pid")[0]));
+  const nlohmann::json worker1 = SummaryProcess(ReadSummary(log_dir_), "worker1");
+  EXPECT_EQ(worker1["restarts"], 1);
+  EXPECT_EQ(worker1["exit_status"], 0);
+}
+
+TEST_F(LaunchTest, ABlankWorkerCommandExitsTwoWithOneLine) {
+  for (const char* blank : {"", "  "}) {
+    std::vector<std::string> args = BaseArgs();
+    args.insert(args.end(), {"--worker-command", blank});
+    auto launcher = Launch(args, {});
+    EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitUsage) << "'" << blank << "'";
+    EXPECT_THAT(ReadLines(root_ + "/stderr"),
+                ElementsAre("parasync-launch: --worker-command must name the program every "
+                            "worker runs, e.g. \"python3 train.py\"; got an empty command"))
+        << "'" << blank << "'";
+    EXPECT_TRUE(RecordedPids().empty());
+  }
+}
+
+TEST_F(LaunchTest, AWorkerCommandsDataSetNeedOnlyBeADirectory) {
+  // The program reads its data its own way: an empty directory is enough.
+  const std::string own_data = root_ + "/own-data";
+  std::filesystem::create_directories(own_data);
+  std::vector<std::string> args = WaitingArgs();
+  args.insert(args.end(), {"--worker-command", InstallFakeWorkerCommand(), "--dataset", own_data});
+  auto launcher = Launch(args, {});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(10)), kExitOk) << launcher->out();
+  EXPECT_EQ(CommandEnv(1, 1)["PARASYNC_DATA"], own_data);
+
+  args.back() = root_ + "/missing";
+  std::filesystem::remove_all(log_dir_);
+  std::filesystem::remove_all(fake_dir_);
+  std::filesystem::create_directories(fake_dir_);
+  launcher = Launch(args, {});
+  EXPECT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitUsage);
+  EXPECT_THAT(ReadLines(root_ + "/stderr"),
+              ElementsAre("parasync-launch: --dataset " + root_ + "/missing is not a directory"));
+  EXPECT_TRUE(RecordedPids().empty());
+}
+
+TEST_F(LaunchTest, DryRunPrintsAWorkerCommandWithItsEnvironment) {
+  std::vector<std::string> args = BaseArgs();
+  const std::string command = InstallFakeWorkerCommand();
+  args.insert(args.end(), {"--worker-command", command, "--dry-run"});
+  auto launcher = Launch(args, {});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitOk) << launcher->err();
+  const std::vector<std::string> lines = ReadLines(root_ + "/stdout");
+  ASSERT_EQ(lines.size(), 4u) << launcher->out();
+  EXPECT_THAT(lines[3], ::testing::StartsWith("worker1 on 127.0.0.1: TF_CONFIG='{\"cluster\":"));
+  EXPECT_THAT(lines[3], HasSubstr(" LOCAL_RANK=1 "));
+  EXPECT_THAT(lines[3], ::testing::EndsWith(" " + ShellJoin({"/bin/sh", "-c", "exec " + command})));
+  EXPECT_THAT(lines[0], HasSubstr("ps0 on 127.0.0.1: " + bin_dir_ + "/parasync-ps "));
+  EXPECT_TRUE(RecordedPids().empty());
+  EXPECT_FALSE(std::filesystem::exists(log_dir_)) << "a dry run starts nothing";
+}
+
+TEST_F(LaunchTest, AWorkerCommandOnAnotherHostGetsItsEnvironmentThroughSsh) {
+  // The fake ssh runs the command here, without the variables the launcher sets: what the
+  // program sees came through the remote command line.
+  const std::string path_dir = root_ + "/path";
+  std::filesystem::create_directories(path_dir);
+  std::ofstream(path_dir + "/fake-ssh")
+      << "#!/bin/sh\nshift\nexec env -u PARASYNC_LOG_PREFIXED -u TF_CONFIG -u LOCAL_RANK "
+         "/bin/sh -c \"$1\"\n";
+  ASSERT_EQ(chmod((path_dir + "/fake-ssh").c_str(), 0755), 0);
+  std::vector<std::string> args = WaitingArgs();
+  args.insert(args.end(), {"--ps", "127.0.0.2:1", "-H", "127.0.0.3:2", "--ssh-command",
+                           "fake-ssh", "--worker-command", InstallFakeWorkerCommand()});
+  auto launcher = Launch(args, {{"PATH", path_dir + ":" + std::getenv("PATH")}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(10)), kExitOk) << launcher->out();
+  ExpectAllFakesGone(3);
+  std::map<std::string, std::string> env = CommandEnv(1, 1);
+  EXPECT_EQ(env["LOCAL_RANK"], "1");  // the second worker on 127.0.0.3
+  EXPECT_EQ(env["PARASYNC_LOG_PREFIXED"], "1");
+  EXPECT_EQ(env["PARASYNC_METRICS_BIND"], "127.0.0.3");
+  const Result<ClusterSpec> spec = ParseTfConfig(env["TF_CONFIG"]);
+  ASSERT_TRUE(spec.ok()) << env["TF_CONFIG"];
+  EXPECT_THAT(spec->ps, ElementsAre("127.0.0.2:29500"));
+  EXPECT_THAT(spec->workers, ElementsAre("127.0.0.3:29500", "127.0.0.3:29501"));
+  EXPECT_EQ(spec->task_index, 1);
+  EXPECT_THAT(launcher->out(), HasSubstr("[127.0.0.3 worker1] command worker 1 start 1\n"));
 }
 
 TEST_F(LaunchTest, ChildrenDieWithAKilledLauncher) {

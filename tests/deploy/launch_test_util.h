@@ -146,6 +146,39 @@ case "${FAKE_EXPORT:-ok}" in
 esac
 )sh";
 
+// A fake --worker-command program (the user's own worker, reading its environment). It finds
+// its rank in TF_CONFIG and records, for its start number n (1, then 2 when restarted), its
+// environment (NUL-separated NAME=value, as env -0 prints it) in $FAKE_DIR/cmd<rank>.env.<n>,
+// its arguments (one a line) in cmd<rank>.args.<n> and its PID in cmd<rank>-<n>.pid. Then it
+// writes what a worker writes: the chief a row of $PARASYNC_LOG_DIR/eval.jsonl, every worker
+// its final metrics snapshot metrics-worker<rank>.prom counting 100 examples. With
+// FAKE_CMD_WAIT_<rank> (or FAKE_CMD_WAIT) set, it then waits up to 10 s for
+// $FAKE_DIR/release. It exits FAKE_CMD_EXIT_<rank> (default 0).
+inline constexpr const char* kFakeWorkerCommandScript = R"sh(#!/bin/sh
+rank=$(printf '%s' "$TF_CONFIG" | sed -n 's/.*"task":{"type":"worker","index":\([0-9]*\)}.*/\1/p')
+[ -n "$rank" ] || { echo "no worker index in TF_CONFIG '$TF_CONFIG'" >&2; exit 9; }
+n=1
+while [ -e "$FAKE_DIR/cmd$rank.env.$n" ]; do n=$((n + 1)); done
+printf '%s\n' "$@" > "$FAKE_DIR/cmd$rank.args.$n"
+record="$FAKE_DIR/cmd$rank"
+echo $$ > "$record-$n.pid.tmp" && mv "$record-$n.pid.tmp" "$record-$n.pid"
+env -0 > "$record.env.$n.tmp" && mv "$record.env.$n.tmp" "$record.env.$n"
+if [ "$rank" = 0 ]; then
+  echo '{"epoch": 1, "test_accuracy": 0.625, "examples": 200, "wall_s": 1.5}' \
+    >> "$PARASYNC_LOG_DIR/eval.jsonl"
+fi
+printf 'parasync_worker_examples_total{rank="%s",role="worker"} 100\n' "$rank" \
+  > "$PARASYNC_LOG_DIR/metrics-worker$rank.prom"
+echo "command worker $rank start $n"
+eval "wait_for=\${FAKE_CMD_WAIT_$rank:-\${FAKE_CMD_WAIT:-}}"
+tries=0
+if [ -n "$wait_for" ]; then
+  until [ -e "$FAKE_DIR/release" ] || [ $tries -ge 500 ]; do sleep 0.02; tries=$((tries + 1)); done
+fi
+eval "code=\${FAKE_CMD_EXIT_$rank:-0}"
+exit "$code"
+)sh";
+
 inline std::string LauncherPath() {
   const char* bin_dir = std::getenv("PARASYNC_BIN_DIR");
   if (bin_dir != nullptr && *bin_dir != '\0') return std::string(bin_dir) + "/parasync-launch";
@@ -290,6 +323,29 @@ class LaunchTest : public ::testing::Test {
   void TearDown() override {
     // Safety net: a failed test must not leave fakes running.
     for (pid_t pid : RecordedPids()) kill(pid, SIGKILL);
+  }
+
+  // Writes kFakeWorkerCommandScript to "<root>/my worker.sh" (a space, so that quoting is
+  // tested too) and returns the --worker-command that runs it: its path, shell-quoted.
+  std::string InstallFakeWorkerCommand() const {
+    const std::string path = root_ + "/my worker.sh";
+    std::ofstream(path) << kFakeWorkerCommandScript;
+    EXPECT_EQ(chmod(path.c_str(), 0755), 0);
+    return ShellJoin({path});
+  }
+
+  // The environment that start `n` of the fake command worker `rank` recorded; empty when it
+  // recorded none.
+  std::map<std::string, std::string> CommandEnv(int rank, int n) const {
+    std::map<std::string, std::string> env;
+    const std::string text =
+        ReadFile(fake_dir_ + "/cmd" + std::to_string(rank) + ".env." + std::to_string(n));
+    std::istringstream entries(text);
+    for (std::string entry; std::getline(entries, entry, '\0');) {
+      const size_t equals = entry.find('=');
+      if (equals != std::string::npos) env[entry.substr(0, equals)] = entry.substr(equals + 1);
+    }
+    return env;
   }
 
   void InstallFakeExporter() const {

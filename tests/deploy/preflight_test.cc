@@ -155,6 +155,33 @@ TEST_F(PreflightTest, MissingDataIsNamed) {
                              "train-images-idx3-ubyte[.gz]"));
 }
 
+TEST_F(PreflightTest, AWorkerCommandIsCheckedWithoutRunningIt) {
+  const std::string mark = dir_.path() + "/ran";
+  const std::string command = "touch " + mark;
+  // On this host: its data set need only be a directory (its format is the program's).
+  auto passed = Launch({"--ps", "1", "--workers", "1", "--worker-command", command, "--data",
+                        dir_.path(), "--check"});
+  EXPECT_EQ(passed.first, 0) << passed.second;
+  EXPECT_THAT(passed.second, HasSubstr("check passed: 2 processes on 1 host(s)"));
+  auto missing = Launch({"--ps", "1", "--workers", "1", "--worker-command", command, "--data",
+                         "/nonexistent", "--check"});
+  EXPECT_EQ(missing.first, 1) << missing.second;
+  EXPECT_THAT(missing.second,
+              HasSubstr("check: worker0 on 127.0.0.1: --dataset /nonexistent is not a "
+                        "directory\n"));
+  // On other hosts, over ssh: that the host answers and has the data set.
+  auto remote = Launch({"--ps", "127.0.0.2:1", "-H", "badhost:1,127.0.0.3:1", "--port-base",
+                        std::to_string(FreePortBase()), "--worker-command", command, "--data",
+                        "/nonexistent", "--check"});
+  EXPECT_EQ(remote.first, 1) << remote.second;
+  EXPECT_THAT(remote.second, HasSubstr("check: host badhost is unreachable: ssh: Could not "
+                                       "resolve"));
+  EXPECT_THAT(remote.second, HasSubstr("check: worker1 on 127.0.0.3: --dataset /nonexistent is "
+                                       "not a directory there\n"));
+  EXPECT_EQ(testing::ReadLines(dir_.path() + "/out").size(), 2u) << remote.second;
+  EXPECT_FALSE(std::filesystem::exists(mark)) << "--check ran the worker command";
+}
+
 TEST_F(PreflightTest, DryRunPrintsEveryCommandWithItsHostAndLocalRank) {
   auto [code, out] = Launch({"--ps", "n1:1", "-H", "n1:2,n2:1", "--dry-run"});
   EXPECT_EQ(code, 0) << out;
