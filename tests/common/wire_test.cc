@@ -256,8 +256,8 @@ TEST(WireTest, DecodeRejectsOutOfRangeEnumsAsCorruption) {
   ExpectCorruption(h, "variable dtype 3");
   h = Header{};
   h.registration = SampleRegistration();
-  h.registration->variables[0].init.kind = static_cast<InitKind>(3);
-  ExpectCorruption(h, "init kind 3");
+  h.registration->variables[0].init.kind = static_cast<InitKind>(4);
+  ExpectCorruption(h, "init kind 4");
   h = Header{};
   h.registration = SampleRegistration();
   h.registration->optimizer.kind = static_cast<OptimizerKind>(4);
