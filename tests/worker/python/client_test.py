@@ -7,6 +7,7 @@ Usage: client_test.py BIN_DIR PYTHON_DIR SOURCE_DIR
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -128,11 +129,46 @@ def bad_input_is_one_clear_exception(servers: Servers, log_dir: str) -> None:
     e = raises(parasync.FailedPrecondition, pst.Optimizer, other, Small(embedding=emb),
                optimizer="adam", lr=0.1)
     check(e is not None and "optimizer" in str(e), f"another optimizer: {e}")
-    # A second backward before step() with overlap on.
-    dense = parasync.Client(servers.addresses, workers=2, rank=1, log_dir=log_dir)
-    check(dense.rank == 1, "rank 1")
     other.close()
-    dense.close()
+    client.close()
+
+
+def a_python_worker_serves_the_worker_metrics(servers: Servers, log_dir: str) -> None:
+    """/metrics under parasync-worker's names (the same registry code), /healthz."""
+    import urllib.request
+    client = parasync.Client(servers.addresses, workers=2, rank=1, log_dir=log_dir,
+                             metrics_port=0, request_timeout=10, connect_timeout=10)
+    model = Small(embedding=pst.Embedding("ids", dim=5))
+    opt = pst.Optimizer(client, model, optimizer="sgd", lr=0.1)
+    for _ in range(3):
+        loss = model(torch.ones(4, 4), torch.tensor([[1, 2]] * 4)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step(examples=4, loss=loss.item())
+    base = f"http://127.0.0.1:{client.metrics_port}"
+    page = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    series = {}  # (name, frozenset of label pairs) -> value
+    for line in page.splitlines():
+        m = re.match(r'^(\w+)(?:\{(.*)\})? (\S+)$', line)
+        if m:
+            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+            series[(m.group(1), labels)] = float(m.group(3))
+    worker = {("rank", "1"), ("role", "worker")}
+    for name, labels, value in (
+            ("parasync_worker_examples_total", worker, 12),
+            ("parasync_worker_steps_total", worker, 3),
+            ("parasync_worker_step_seconds_count", worker | {("phase", "compute")}, 3),
+            ("parasync_worker_step_seconds_count", worker | {("phase", "push")}, 3),
+            ("parasync_worker_step_seconds_count", worker | {("phase", "pull")}, 3),
+            ("parasync_worker_model_parameters", worker | {("model", "Small")}, 25)):
+        got = series.get((name, frozenset(labels)))
+        check(got == value, f"/metrics of a Python worker: {name}{sorted(labels)} is {got}, "
+                            f"not {value}")
+    for name in ("parasync_worker_train_loss", "parasync_worker_epoch",
+                 "process_cpu_seconds_total"):
+        check(any(n == name for n, _ in series), f"/metrics of a Python worker lacks {name}")
+    health = urllib.request.urlopen(base + "/healthz", timeout=10)
+    check(health.status == 200, f"/healthz answered {health.status}")
     client.close()
 
 
@@ -185,6 +221,7 @@ def main() -> int:
         unreachable_server_times_out_naming_it()
         with Servers(BIN_DIR, shards=2, workers=2, log_dir=d) as servers:
             bad_input_is_one_clear_exception(servers, d)
+            a_python_worker_serves_the_worker_metrics(servers, d)
         term_dir = os.path.join(d, "term")
         os.makedirs(term_dir)
         sigterm_stops_a_waiting_worker(term_dir)
