@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from . import errors
-from .client import Client, Table, Variable, stop_on_signals
+from .client import NEXT_STEP, Client, Table, Variable, stop_on_signals
 from .training import Run  # noqa: F401  (re-exported: pst.Run)
 
 __all__ = ["connect", "Embedding", "Optimizer", "Run", "log_eval"]
@@ -327,6 +327,14 @@ class Optimizer:
         self._handed[i] = True
 
     # ---- the step ----------------------------------------------------------------------------
+    def pull(self) -> None:
+        """The servers' current values into the parameters, as parasync-worker's chief reads
+        them before an evaluation (in sync mode: those of the step this worker last pushed
+        to)."""
+        wait = NEXT_STEP if self.client.mode == "sync" else 0
+        self.client.pull(self._host, min_version=wait)
+        self._copy_host_to_params()
+
     def zero_grad(self, set_to_none: bool = False) -> None:
         """As torch.optim's: clears the parameters' gradients."""
         for p in self._params:
