@@ -22,7 +22,7 @@ import tempfile
 
 BIN_DIR, PYTHON_DIR, SOURCE_DIR = sys.argv[1:4]
 sys.path[:0] = [os.path.join(SOURCE_DIR, "tests", "support")]
-from checks import check, report  # noqa: E402
+from checks import check, report, require_torch  # noqa: E402
 
 TRAIN = os.path.join(SOURCE_DIR, "worker", "python", "examples", "train.py")
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
@@ -108,6 +108,7 @@ def faults(log_dir):
 
 
 def main() -> int:
+    require_torch()
     with tempfile.TemporaryDirectory() as d:
         def run_dir(name):
             path = os.path.join(d, name)

@@ -13,15 +13,16 @@ import sys
 import tempfile
 
 import numpy as np
-import torch
-from torch import nn
-from torch.nn import functional as F
 
 BIN_DIR, PYTHON_DIR, SOURCE_DIR = sys.argv[1:4]
 sys.path[:0] = [PYTHON_DIR, os.path.join(SOURCE_DIR, "tests", "support")]
+from checks import check, report, require_torch  # noqa: E402
+
+torch = require_torch()
 import parasync  # noqa: E402
 import parasync.torch as pst  # noqa: E402
-from checks import check, report  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
 from ps_servers import Servers  # noqa: E402
 
 STEPS = 8
