@@ -122,9 +122,12 @@ Status Shard::Register(const ModelRegistration& reg, RejectReason* reason,
     *reason = RejectReason::kBadRegistration;
     return s;
   }
-  const bool provided =
-      std::any_of(reg.variables.begin(), reg.variables.end(),
-                  [](const VariableSpec& v) { return v.init.kind == InitKind::kProvided; });
+  // Values are needed where this shard holds slices of kProvided variables (elsewhere the
+  // model is the same whoever creates it).
+  const std::vector<uint32_t>& mine = map->SlicesOfShard(shard_index_);
+  const bool provided = std::any_of(mine.begin(), mine.end(), [&](uint32_t id) {
+    return reg.variables[map->slices()[id].var_index].init.kind == InitKind::kProvided;
+  });
   if (provided && values.empty()) {
     *reason = RejectReason::kNotRegistered;
     return Status::Unavailable("shard " + std::to_string(shard_index_) +

@@ -69,10 +69,10 @@ class Shard {
   // zeroes their slots. Later calls succeed only if `reg` equals the first (else
   // FailedPrecondition naming the difference); their `values` are ignored. A model whose
   // share here exceeds max_bytes gets InvalidArgument (reason kBadRegistration). A first call
-  // with kProvided variables but no `values` gets Unavailable (reason kNotRegistered: it
-  // joins a model rank 0 has not created yet); `values` that do not cover exactly this
-  // shard's slices of those variables, or hold a NaN or Inf, get InvalidArgument. On failure
-  // sets *reason and changes nothing.
+  // without `values` while this shard holds slices of kProvided variables gets Unavailable
+  // (reason kNotRegistered: it joins a model rank 0 has not created yet); `values` that do
+  // not cover exactly this shard's slices of those variables, or hold a NaN or Inf, get
+  // InvalidArgument. On failure sets *reason and changes nothing.
   Status Register(const ModelRegistration& reg, RejectReason* reason,
                   const ProvidedValues& values = {});
 

@@ -356,9 +356,15 @@ std::string DisplayCommand(const ProcessSpec& spec) {
 
 std::string WorkerPythonPath(const std::string& bin_dir, const char* inherited) {
   std::error_code ec;
-  const std::filesystem::path package =
-      (std::filesystem::path(bin_dir) / ".." / "python").lexically_normal();
-  std::string path = std::filesystem::is_directory(package, ec) ? package.string() : "";
+  // A build tree's package, else an installed one (cmake --install's layout).
+  std::string path;
+  for (const char* where : {"python", "lib/python3/dist-packages"}) {
+    const std::filesystem::path dir = (std::filesystem::path(bin_dir) / ".." / where).lexically_normal();
+    if (std::filesystem::is_directory(dir / "parasync", ec)) {
+      path = dir.string();
+      break;
+    }
+  }
   if (inherited != nullptr && *inherited != '\0') {
     path += (path.empty() ? "" : ":") + std::string(inherited);
   }

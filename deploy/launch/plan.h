@@ -104,9 +104,10 @@ std::string DefaultLogDir();
 Status CheckBinaries(const std::string& bin_dir, bool with_export = false,
                      bool with_worker = true);
 
-// The PYTHONPATH of a --worker-command worker: <bin_dir>/../python (normalized) when that
-// directory exists (a build puts the Python package there), then `inherited` (the launcher's
-// own PYTHONPATH; may be null or empty). Reads the filesystem.
+// The PYTHONPATH of a --worker-command worker: <bin_dir>/../python (normalized) when it holds
+// the parasync package (a build puts it there), else <bin_dir>/../lib/python3/dist-packages
+// when that does (cmake --install's layout), then `inherited` (the launcher's own PYTHONPATH;
+// may be null or empty). Reads the filesystem.
 std::string WorkerPythonPath(const std::string& bin_dir, const char* inherited);
 
 // `spec`'s command as one shell command line, as --dry-run prints it: its `env` as NAME=value

@@ -455,7 +455,13 @@ TEST(LaunchPlanTest, WorkerPythonPathPutsThePackageBesideTheBinariesFirst) {
   EXPECT_EQ(WorkerPythonPath(bin, nullptr), "");
   EXPECT_EQ(WorkerPythonPath(bin, ""), "");
   EXPECT_EQ(WorkerPythonPath(bin, "/mine"), "/mine");
+  // An installed package (cmake --install), and a build tree's, which comes first.
+  std::filesystem::create_directories(tmp.path() + "/build/lib/python3/dist-packages/parasync");
+  EXPECT_EQ(WorkerPythonPath(bin, nullptr), tmp.path() + "/build/lib/python3/dist-packages");
   std::filesystem::create_directories(tmp.path() + "/build/python");
+  EXPECT_EQ(WorkerPythonPath(bin, nullptr), tmp.path() + "/build/lib/python3/dist-packages")
+      << "a python directory without the package is not it";
+  std::filesystem::create_directories(tmp.path() + "/build/python/parasync");
   EXPECT_EQ(WorkerPythonPath(bin, nullptr), tmp.path() + "/build/python");
   EXPECT_EQ(WorkerPythonPath(bin + "/", "/mine:/other"), tmp.path() + "/build/python:/mine:/other");
 }

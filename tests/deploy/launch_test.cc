@@ -729,7 +729,7 @@ TEST_F(LaunchTest, SigintStopsEverythingAndExits130) {
 
 TEST_F(LaunchTest, WorkerCommandRunsAsEveryWorkerWithTheClusterInItsEnvironment) {
   const std::string command = InstallFakeWorkerCommand();
-  std::filesystem::create_directories(root_ + "/python");  // beside bin/: the Python package
+  std::filesystem::create_directories(root_ + "/python/parasync");  // beside bin/: the package
   std::vector<std::string> args = WaitingArgs();
   args.insert(args.end(), {"--mode", "ssp:2", "--epochs", "3", "--lr", "0.05",
                            "--worker-command", command + " --from-command", "--worker-arg",

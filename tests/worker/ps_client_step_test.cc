@@ -300,6 +300,23 @@ TEST_F(ProvidedValuesTest, AWorkerWithoutValuesGivesUpAtItsTimeoutSayingWhy) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(3000));
 }
 
+TEST_F(ProvidedValuesTest, AShardWithoutProvidedSlicesNeedsNoValues) {
+  // One small provided variable: a single slice, on one shard; the other holds none of it.
+  ModelRegistration reg = testing::SmallModel(
+      {{"w", {4}, DType::kFloat32, {InitKind::kProvided, 0}}}, 50, 2, 7, kLearningRate);
+  auto chief = Client(0);
+  const std::vector<float> w = {1, 2, 3, 4};
+  const std::vector<const float*> values = {w.data()};
+  const Status s = chief->Register(reg, kWait, values);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  auto worker = Client(1);
+  ASSERT_TRUE(worker->Register(reg, kWait).ok());
+  std::vector<float> read(4);
+  std::vector<float*> params = {read.data()};
+  ASSERT_TRUE(worker->Pull(params).ok());
+  EXPECT_EQ(read, w);
+}
+
 TEST_F(ProvidedValuesTest, ValuesThatAreNotFiniteAreRefusedAndCreateNothing) {
   auto chief = Client(0);
   std::vector<std::vector<float>> values = Values();
