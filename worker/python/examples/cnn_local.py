@@ -13,7 +13,6 @@ is pst.Optimizer(client, model, optimizer="adam", lr=...), and opt.step(examples
 Run with /usr/bin/python3 (Debian's PyTorch on OpenBLAS). Exit status 2 with one line on
 stderr for bad flags, missing data, or PyTorch on the reference BLAS.
 """
-import os
 import sys
 
 import harness

@@ -29,9 +29,10 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def parser(doc, epochs, batch_size, lr, train_examples):
+def parser(doc, epochs, batch_size, lr, train_examples, train_help=None):
     """A parser with the flags every example takes, defaulting as given (train_examples:
-    a number, or None for the whole split)."""
+    a number, or None for the whole split; train_help: --train-examples' help, if not
+    "train on the first N training examples")."""
     p = OneLineParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--epochs", type=int, default=epochs, help="passes over the training set "
                    "(default %(default)s)")
@@ -41,12 +42,13 @@ def parser(doc, epochs, batch_size, lr, train_examples):
     p.add_argument("--seed", type=int, default=1,
                    help="seeds the initialization and the shuffling (default %(default)s); the "
                         "same seed and threads give the same figures")
-    p.add_argument("--threads", type=int, default=2,
+    p.add_argument("--threads", type=int, default=1,
                    help="torch.set_num_threads, the BLAS's own pool included (default "
-                        "%(default)s)")
+                        "%(default)s: the fastest for every example on the 2-core VM, "
+                        "BASELINES.md)")
     p.add_argument("--train-examples", type=int, default=train_examples,
-                   help="train on the first N training examples (default: "
-                        f"{train_examples or 'all'})")
+                   help=(train_help or "train on the first N training examples") +
+                        f" (default: {train_examples or 'all'})")
     return p
 
 
@@ -72,12 +74,13 @@ malloc_setting = "malloc's defaults"
 def keep_freed_memory():
     """Makes glibc's malloc keep the memory PyTorch frees for its next tensors, up to
     tensors of 32 MiB (MMAP_THRESHOLD), instead of unmapping it (the default above its
-    adaptive threshold) or trimming the heap: PyTorch allocates every activation and
-    gradient afresh each step, and on this VM (Firecracker, a pagetable-based guest) a page
-    touched for the first time costs several microseconds, so returning memory to the kernel
-    slowed the CNN's evaluation 5-10x (5,000 test images in batches of 256 under no_grad:
-    3.7 s against 0.76 s with this). Returns a phrase saying what it set; call it before the
-    first large tensor."""
+    adaptive threshold) or trimming the heap. PyTorch allocates every activation and
+    gradient afresh each step, and on this VM (a Firecracker guest) a page touched for the
+    first time costs several microseconds, so handing memory back to the kernel made
+    PyTorch pay for it again every step: cnn_local.py on 12,000 examples, 1 thread, trained
+    at 634-698 examples/s with glibc's defaults and 2,558-2,651 with this (evaluation
+    8.1-9.2 s against 0.9-3.2 s; two runs each, alternated). Returns a phrase saying what
+    it set; call it before the first large tensor."""
     global malloc_setting
     libc = ctypes.CDLL("libc.so.6")
     ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(_M_TRIM_THRESHOLD,

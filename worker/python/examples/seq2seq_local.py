@@ -45,7 +45,8 @@ def greedy_accuracy(torch, model, split, batch=1000):
 
 
 def main() -> int:
-    p = harness.parser(__doc__, epochs=3, batch_size=64, lr=1e-2, train_examples=30000)
+    p = harness.parser(__doc__, epochs=3, batch_size=64, lr=1e-2, train_examples=30000,
+                       train_help="training examples to generate")
     p.add_argument("--test-examples", type=int, default=2000,
                    help="test examples (default %(default)s)")
     p.add_argument("--hidden", type=int, default=128,
