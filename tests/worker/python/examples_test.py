@@ -8,7 +8,9 @@ hashed ids. The launcher's summary and the chief's eval.jsonl see them as any ru
 Then the faults: kill -9 a server in the middle of a Python run with --state-dir and
 every-update durability (the launcher restarts it 2 s later from its store): the run
 finishes, and on every shard the pushes the workers had acknowledged equal what the servers
-applied (each worker's parasync_worker_steps_total against each shard's parasync_ps_version).
+applied (each worker's parasync_worker_steps_total against each shard's parasync_ps_version);
+and kill -9 a Python worker mid-epoch: restarted, it resumes where the servers recorded it,
+and the servers apply every example of the run once.
 
 Usage: examples_test.py BIN_DIR PYTHON_DIR SOURCE_DIR
 """
@@ -107,6 +109,25 @@ def faults(log_dir):
           f"accuracy {accuracy}", flush=True)
 
 
+def worker_killed_resumes(log_dir):
+    """kill -9 worker 1 mid-run (the launcher restarts it 1 s later): it goes on where the
+    servers recorded it, so the servers apply every example of both epochs once."""
+    status, out, summary = launch(
+        log_dir, "--model cnn --train-examples 6000 --test-examples 1000",
+        "--ps", "2", "--workers", "2", "--mode", "async", "--epochs", "2",
+        "--kill", "worker:1@8+1")
+    check(status == 0, f"worker kill: the launcher exited {status}")
+    resumed = re.search(r"\[worker1\].*resuming where the servers recorded rank 1: epoch (\d+), "
+                        r"(\d+) of 3000", out)
+    check(resumed is not None and int(resumed.group(2)) > 0,
+          "worker kill: worker 1 did not resume mid-epoch (killed before or after training?)")
+    examples = (summary.get("final") or {}).get("examples")
+    check(examples == 12000, f"worker kill: the servers applied {examples} examples, not the "
+                             "12000 of 2 epochs of 6000")
+    print(f"worker kill: resumed at {resumed and resumed.group(0).split(': ')[-1]}, {examples} "
+          "examples applied", flush=True)
+
+
 def main() -> int:
     require_torch()
     with tempfile.TemporaryDirectory() as d:
@@ -141,6 +162,7 @@ def main() -> int:
               f"{planted and planted.group(1)}: more than 0.05 below")
         del out
         faults(run_dir("faults"))
+        worker_killed_resumes(run_dir("worker-kill"))
     return report()
 
 

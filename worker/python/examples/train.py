@@ -62,6 +62,8 @@ def parse():
                    "(default %(default)s)")
     p.add_argument("--no-overlap", action="store_true",
                    help="push every gradient at step(), not from backward's hooks")
+    p.add_argument("--no-initial-eval", action="store_true",
+                   help="the chief does not evaluate before training (benchmarks)")
     p.add_argument("--timeline", action="store_true",
                    help="print the mean step split (forward, backward, pushes, waits)")
     args = p.parse_args()
@@ -205,7 +207,8 @@ def main() -> int:
         return result
 
     run = pst.Run(client, task.size, epochs=args.epochs, batch_size=args.batch_size or
-                  s.batch_size or batch, seed=args.seed, evaluate=evaluate)
+                  s.batch_size or batch, seed=args.seed, evaluate=evaluate,
+                  evaluate_first=not args.no_initial_eval)
     timelines = []
     started = time.monotonic()
     for _ in run.epochs():

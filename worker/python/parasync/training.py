@@ -42,8 +42,9 @@ class Run:
 
     ``evaluate`` (chief only; may be None): a function of no arguments returning
     (test_accuracy, test_loss) or (test_accuracy, test_loss, test_auc), evaluated on the
-    servers' current model after every epoch and before the first. The data loop must push
-    once per batch of ``batches()`` (pst.Optimizer.step does).
+    servers' current model after every epoch and, unless ``evaluate_first`` is False, before
+    the first. The data loop must push once per batch of ``batches()`` (pst.Optimizer.step
+    does).
     """
 
     def __init__(self, client: Client, train_size: int, *, epochs: int | None = None,
@@ -51,7 +52,7 @@ class Run:
                  max_steps: int | None = None, log_every: float | None = None,
                  wait_for_workers: float | None = None,
                  checkpoint_each_epoch: bool | None = None,
-                 evaluate: Callable[[], tuple] | None = None):
+                 evaluate: Callable[[], tuple] | None = None, evaluate_first: bool = True):
         s = client.settings
         self.client = client
         self.epochs_total = int(_first(epochs, s.epochs, 5))
@@ -63,6 +64,7 @@ class Run:
         self.wait_for_workers = float(_first(wait_for_workers, s.wait_for_workers, 0.0))
         self.checkpoint_each_epoch = bool(_first(checkpoint_each_epoch, s.checkpoint_each_epoch))
         self.evaluate = evaluate
+        self.evaluate_first = evaluate_first
         if train_size < client.num_workers:
             raise errors.InvalidArgument(f"{train_size} training examples cannot be shared by "
                                          f"{client.num_workers} workers")
@@ -101,7 +103,7 @@ class Run:
                                 "examples done")
         if self.client.is_chief:
             logged = self.client.last_logged_epoch()
-            if recorded.epoch == 0:
+            if recorded.epoch == 0 and self.evaluate_first:
                 self._evaluate(0, math.nan, 0.0)
             elif finished > logged and finished > 0:
                 self._evaluate(finished, math.nan, 0.0)  # its evaluation did not happen

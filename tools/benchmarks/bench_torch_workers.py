@@ -1,0 +1,174 @@
+#!/usr/bin/python3
+"""parasync's Python workers side by side with PyTorch DDP and with parasync's C++ worker, in
+one invocation on this machine: the Keras CNN (parasync's `cnn`) on Fashion-MNIST, 2 workers,
+the same per-worker batch, Adam at the same learning rate, 1 thread each, repeats alternating:
+
+  ddp         tools/benchmarks/torch_ddp_cnn.py: DistributedDataParallel over gloo, 2 processes
+  py-async    parasync-launch --ps 2 --workers 2 --mode async --worker-command
+              "worker/python/examples/train.py --model cnn" (parasync.torch)
+  py-sync     the same, --mode sync
+  cpp-async   parasync-launch --ps 2 --workers 2 --mode async --model cnn (parasync-worker)
+
+Per configuration (medians over the repeats): each epoch's test accuracy and wall seconds
+since training started (evaluations included, start-up not: DDP's clock starts after its
+process group formed, parasync's when the chief's model is registered and pulled), the
+training examples/sec of the last epoch over all workers (each worker's epoch line: its
+examples over its epoch's training seconds, summed), and the seconds to reach DDP's last-epoch
+accuracy: the wall of the first epoch whose accuracy is at least that (or "not reached").
+parasync's chief does not evaluate before training (train.py --no-initial-eval; the C++
+worker does: its first row is subtracted).
+
+  bench_torch_workers.py [--epochs 2] [--repeats 3] [--configs ddp,py-async,py-sync,cpp-async]
+
+Run with /usr/bin/python3 (Debian's PyTorch on OpenBLAS; tools/benchmarks/torch_env.py refuses
+the reference BLAS). Exit status 2 with one line for bad flags or a refused baseline.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+import torch_env  # noqa: E402
+
+PROGRAM = "bench_torch_workers.py"
+CONFIGS = ("ddp", "py-async", "py-sync", "cpp-async")
+
+
+def fail(message):
+    print(f"{PROGRAM}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse():
+    p = argparse.ArgumentParser(prog=PROGRAM, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    args = p.parse_args()
+    args.configs = args.configs.split(",")
+    for c in args.configs:
+        if c not in CONFIGS:
+            fail(f"--configs: unknown {c!r} (of {', '.join(CONFIGS)})")
+    if args.epochs < 1 or args.repeats < 1:
+        fail("--epochs and --repeats must be at least 1")
+    return args
+
+
+def run(argv):
+    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        print(done.stdout[-4000:], file=sys.stderr)
+        fail(f"{' '.join(argv[:4])} ... exited {done.returncode}")
+    return done.stdout
+
+
+def ddp(args):
+    out = run(["/usr/bin/python3", os.path.join(HERE, "torch_ddp_cnn.py"), "--processes", "2",
+               "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr",
+               str(args.lr), "--threads", "1"])
+    record = json.loads(out.strip().splitlines()[-1])
+    return {"accuracy": record["test_accuracy"], "wall": record["wall_s"],
+            "examples_per_sec": record["examples_per_sec"][-1]}
+
+
+def parasync(args, mode, python):
+    with tempfile.TemporaryDirectory(prefix="bench_torch_workers.") as log_dir:
+        argv = [os.path.join(args.bin_dir, "parasync-launch"), "--ps", "2", "--workers", "2",
+                "--mode", mode, "--epochs", str(args.epochs), "--batch-size",
+                str(args.batch_size), "--lr", str(args.lr), "--optimizer", "adam",
+                "--log-dir", log_dir]
+        if python:
+            argv += ["--worker-command", "/usr/bin/python3 " + os.path.join(
+                ROOT, "worker", "python", "examples", "train.py") + " --model cnn --threads 1 "
+                "--no-initial-eval"]
+        else:
+            argv += ["--model", "cnn"]
+        out = run(argv)
+        with open(os.path.join(log_dir, "eval.jsonl")) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    offset = 0.0
+    if rows and rows[0]["epoch"] == 0:  # the C++ chief evaluates before training
+        offset = rows[0]["wall_s"]
+        rows = rows[1:]
+    # Each worker's last epoch line: its examples over its epoch's training seconds.
+    last = {}
+    for m in re.finditer(r"\[worker(\d+)\].* epoch (\d+)/\d+: (\d+) examples.* in ([0-9.]+) s",
+                         out):
+        last[m.group(1)] = (int(m.group(2)), int(m.group(3)) / float(m.group(4)))
+    epoch = max(e for e, _ in last.values())
+    return {"accuracy": [r["test_accuracy"] for r in rows],
+            "wall": [round(r["wall_s"] - offset, 2) for r in rows],
+            "examples_per_sec": round(sum(x for e, x in last.values() if e == epoch))}
+
+
+def time_to(result, target):
+    for accuracy, wall in zip(result["accuracy"], result["wall"]):
+        if accuracy >= target:
+            return wall
+    return None
+
+
+def main() -> int:
+    args = parse()
+    import torch
+    torch.set_num_threads(1)
+    if not torch_env.check(torch, PROGRAM, out=sys.stdout):
+        return 2
+    results = {c: [] for c in args.configs}
+    for repeat in range(args.repeats):
+        for c in args.configs:
+            if c == "ddp":
+                r = ddp(args)
+            else:
+                r = parasync(args, c.split("-")[1], python=c.startswith("py"))
+            results[c].append(r)
+            print(f"repeat {repeat + 1} {c}: accuracy {r['accuracy']}, wall {r['wall']} s, "
+                  f"{r['examples_per_sec']} examples/s", flush=True)
+    summary = {}
+    for c, rs in results.items():
+        summary[c] = {
+            "accuracy": [round(statistics.median(r["accuracy"][e] for r in rs), 4)
+                         for e in range(args.epochs)],
+            "wall": [round(statistics.median(r["wall"][e] for r in rs), 1)
+                     for e in range(args.epochs)],
+            "examples_per_sec": round(statistics.median(r["examples_per_sec"] for r in rs)),
+        }
+    print(f"\n{args.epochs} epochs, 2 workers, batch {args.batch_size} each, Adam {args.lr}, "
+          f"1 thread each, medians of {args.repeats}; {torch_env.describe(torch, torch_env.blas(torch))}")
+    print("| config | accuracy per epoch | wall per epoch (s) | examples/s (last epoch) | "
+          "time to DDP's final accuracy (s) | vs DDP |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    ddp_time = None
+    if "ddp" in results:
+        target = statistics.median(r["accuracy"][-1] for r in results["ddp"])
+        ddp_time = [time_to(r, target) for r in results["ddp"]]
+    for c, s in summary.items():
+        reach = "n/a"
+        ratio = ""
+        if "ddp" in results:
+            times = [time_to(r, target) for r in results[c]]
+            if all(t is not None for t in times):
+                reach = f"{statistics.median(times):.1f}"
+                ratio = f"{statistics.median(ddp_time) / statistics.median(times):.2f}x"
+            else:
+                reached = sum(t is not None for t in times)
+                reach = f"reached in {reached} of {len(times)}"
+        print(f"| {c} | {s['accuracy']} | {s['wall']} | {s['examples_per_sec']} | {reach} | "
+              f"{ratio} |")
+    print(json.dumps({"summary": summary, "runs": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
