@@ -7,6 +7,10 @@ the same per-worker batch, Adam at the same learning rate, 1 thread each, repeat
   py-async    parasync-launch --ps 2 --workers 2 --mode async --worker-command
               "worker/python/examples/train.py --model cnn" (parasync.torch)
   py-sync     the same, --mode sync
+  py-*-no-overlap  the same with train.py --no-overlap: every push at step(), none during
+              backward (on 2 cores the pushes compete with backward for the CPU)
+  *-bf16      the same with --wire-dtype bfloat16 (half the bytes each way; the servers keep
+              float32)
   cpp-async   parasync-launch --ps 2 --workers 2 --mode async --model cnn (parasync-worker)
 
 Per configuration (medians over the repeats): each epoch's test accuracy and wall seconds
@@ -38,7 +42,8 @@ sys.path.insert(0, HERE)
 import torch_env  # noqa: E402
 
 PROGRAM = "bench_torch_workers.py"
-CONFIGS = ("ddp", "py-async", "py-sync", "cpp-async")
+CONFIGS = ("ddp", "py-async", "py-sync", "py-async-no-overlap", "py-sync-no-overlap",
+           "py-async-no-overlap-bf16", "cpp-async")
 
 
 def fail(message):
@@ -55,7 +60,11 @@ def parse():
     p.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seeds", default="1",
+                   help="comma-separated: repeat r uses seed r mod their count, on every side "
+                        "(initial values and data order)")
     args = p.parse_args()
+    args.seeds = [int(x) for x in args.seeds.split(",")]
     args.configs = args.configs.split(",")
     for c in args.configs:
         if c not in CONFIGS:
@@ -73,25 +82,25 @@ def run(argv):
     return done.stdout
 
 
-def ddp(args):
+def ddp(args, seed):
     out = run(["/usr/bin/python3", os.path.join(HERE, "torch_ddp_cnn.py"), "--processes", "2",
                "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr",
-               str(args.lr), "--threads", "1"])
+               str(args.lr), "--threads", "1", "--seed", str(seed)])
     record = json.loads(out.strip().splitlines()[-1])
     return {"accuracy": record["test_accuracy"], "wall": record["wall_s"],
             "examples_per_sec": record["examples_per_sec"][-1]}
 
 
-def parasync(args, mode, python):
+def parasync(args, mode, python, seed, overlap=True, wire="float32"):
     with tempfile.TemporaryDirectory(prefix="bench_torch_workers.") as log_dir:
         argv = [os.path.join(args.bin_dir, "parasync-launch"), "--ps", "2", "--workers", "2",
                 "--mode", mode, "--epochs", str(args.epochs), "--batch-size",
                 str(args.batch_size), "--lr", str(args.lr), "--optimizer", "adam",
-                "--log-dir", log_dir]
+                "--seed", str(seed), "--wire-dtype", wire, "--log-dir", log_dir]
         if python:
             argv += ["--worker-command", "/usr/bin/python3 " + os.path.join(
                 ROOT, "worker", "python", "examples", "train.py") + " --model cnn --threads 1 "
-                "--no-initial-eval"]
+                "--no-initial-eval" + ("" if overlap else " --no-overlap")]
         else:
             argv += ["--model", "cnn"]
         out = run(argv)
@@ -127,13 +136,16 @@ def main() -> int:
         return 2
     results = {c: [] for c in args.configs}
     for repeat in range(args.repeats):
+        seed = args.seeds[repeat % len(args.seeds)]
         for c in args.configs:
             if c == "ddp":
-                r = ddp(args)
+                r = ddp(args, seed)
             else:
-                r = parasync(args, c.split("-")[1], python=c.startswith("py"))
+                r = parasync(args, c.split("-")[1], python=c.startswith("py"), seed=seed,
+                             overlap="no-overlap" not in c,
+                             wire="bfloat16" if c.endswith("bf16") else "float32")
             results[c].append(r)
-            print(f"repeat {repeat + 1} {c}: accuracy {r['accuracy']}, wall {r['wall']} s, "
+            print(f"repeat {repeat + 1} (seed {seed}) {c}: accuracy {r['accuracy']}, wall {r['wall']} s, "
                   f"{r['examples_per_sec']} examples/s", flush=True)
     summary = {}
     for c, rs in results.items():
@@ -147,23 +159,20 @@ def main() -> int:
     print(f"\n{args.epochs} epochs, 2 workers, batch {args.batch_size} each, Adam {args.lr}, "
           f"1 thread each, medians of {args.repeats}; {torch_env.describe(torch, torch_env.blas(torch))}")
     print("| config | accuracy per epoch | wall per epoch (s) | examples/s (last epoch) | "
-          "time to DDP's final accuracy (s) | vs DDP |")
+          "time to DDP's final accuracy (s) | DDP's time / this |")
     print("| --- | --- | --- | --- | --- | --- |")
-    ddp_time = None
-    if "ddp" in results:
-        target = statistics.median(r["accuracy"][-1] for r in results["ddp"])
-        ddp_time = [time_to(r, target) for r in results["ddp"]]
     for c, s in summary.items():
-        reach = "n/a"
-        ratio = ""
+        reach, ratio = "n/a", ""
         if "ddp" in results:
-            times = [time_to(r, target) for r in results[c]]
-            if all(t is not None for t in times):
-                reach = f"{statistics.median(times):.1f}"
-                ratio = f"{statistics.median(ddp_time) / statistics.median(times):.2f}x"
+            # Against the DDP run of the same repeat (same seed): its last-epoch accuracy.
+            pairs = [(time_to(r, d["accuracy"][-1]), d["wall"][-1])
+                     for r, d in zip(results[c], results["ddp"])]
+            reached = [(t, d) for t, d in pairs if t is not None]
+            if len(reached) == len(pairs):
+                reach = f"{statistics.median(t for t, _ in reached):.1f}"
+                ratio = f"{statistics.median(d / t for t, d in reached):.2f}"
             else:
-                reached = sum(t is not None for t in times)
-                reach = f"reached in {reached} of {len(times)}"
+                reach = f"reached in {len(reached)} of {len(pairs)}"
         print(f"| {c} | {s['accuracy']} | {s['wall']} | {s['examples_per_sec']} | {reach} | "
               f"{ratio} |")
     print(json.dumps({"summary": summary, "runs": results}))

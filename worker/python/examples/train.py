@@ -187,8 +187,11 @@ def main() -> int:
     import parasync
     import parasync.torch as pst
     client = pst.connect()
-    torch = harness.start(PROGRAM, argparse_namespace(args))
     s = client.settings
+    # The seed of the initial values (rank 0's are the servers') and of the shuffles.
+    args.seed = args.seed if args.seed is not None else (s.seed if s.seed is not None else 42)
+    torch = harness.start(PROGRAM, harness.argparse.Namespace(threads=args.threads,
+                                                              seed=args.seed))
     optimizer, lr, batch = DEFAULTS[args.model]
     optimizer = args.optimizer or s.optimizer or optimizer
     lr = args.lr or s.lr or lr
@@ -230,11 +233,6 @@ def main() -> int:
             record["timeline"] = timeline_summary(timelines[5:])
         print(json.dumps(record), flush=True)
     return 0
-
-
-def argparse_namespace(args):
-    """What harness.start reads: the threads and the seed."""
-    return harness.argparse.Namespace(threads=args.threads, seed=args.seed or 42)
 
 
 if __name__ == "__main__":
