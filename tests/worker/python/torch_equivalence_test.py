@@ -68,24 +68,26 @@ def worst_difference(model: nn.Module, ref: nn.Module) -> dict:
     return out
 
 
-def run(optimizer: str, momentum: float, fixed_ids: bool, table: bool, workdir: str) -> None:
+def run(optimizer: str, momentum: float, fixed_ids: bool, table: bool, workdir: str,
+        device: str = "cpu") -> None:
     """N steps through parasync and through torch.optim side by side. `table`: the embedding
     is a pst.Embedding (rows on the servers; its pushes go at step()), else a dense
     nn.Embedding parameter (every push may go out during backward)."""
-    tag = f"{optimizer}{' fixed ids' if fixed_ids else ''}{' table' if table else ' dense'}"
+    tag = (f"{optimizer}{' fixed ids' if fixed_ids else ''}{' table' if table else ' dense'}"
+           f"{' on ' + device if device != 'cpu' else ''}")
     with Servers(BIN_DIR, shards=2, workers=1, log_dir=workdir, mode="sync") as servers:
         client = parasync.Client(servers.addresses, workers=1, rank=0, mode="sync",
                                  log_dir=workdir, request_timeout=60, connect_timeout=60)
         torch.manual_seed(0)
         embedding = (pst.Embedding("words", dim=8, init=("uniform", 0.5)) if table
                      else nn.Embedding(len(VOCAB), 8))
-        model = Net(embedding)
+        model = Net(embedding).to(device)
         initial = {n: p.detach().clone() for n, p in model.named_parameters()}
         settings = {"momentum": momentum} if optimizer == "momentum" else {}
         opt = pst.Optimizer(client, model, optimizer=optimizer, lr=0.1, **settings)
         # The reference starts from rank 0's values (what the servers hold) and, for a table,
         # from the rows the servers initialized.
-        ref = Net(nn.Embedding(len(VOCAB), 8, sparse=table))
+        ref = Net(nn.Embedding(len(VOCAB), 8, sparse=table)).to(device)
         ref_params = dict(ref.named_parameters())
         order = np.argsort(VOCAB.view(np.uint64))
         rows0 = np.empty((len(VOCAB), 8), np.float32)
@@ -93,13 +95,14 @@ def run(optimizer: str, momentum: float, fixed_ids: bool, table: bool, workdir: 
             if table:
                 client.pull([], rows=[(0, np.sort(VOCAB.view(np.uint64)), rows0)])
                 rows0 = rows0[np.argsort(order)]  # back to VOCAB's order
-                ref.embedding.weight.copy_(torch.from_numpy(rows0))
+                ref.embedding.weight.copy_(torch.from_numpy(rows0).to(device))
             for n, p in model.named_parameters():
                 ref_params[n].copy_(initial[n])
                 check(torch.equal(p, initial[n]), f"{tag}: {n} starts as rank 0's value")
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=momentum)
         early = 0
         for x, ids, pos, y in batches(fixed_ids):
+            x, ids, pos, y = (t.to(device) for t in (x, ids, pos, y))
             loss = F.cross_entropy(model(x, ids if table else pos), y)
             opt.zero_grad()
             loss.backward()
@@ -119,7 +122,7 @@ def run(optimizer: str, momentum: float, fixed_ids: bool, table: bool, workdir: 
             rows = np.empty((len(VOCAB), 8), np.float32)
             client.pull([], rows=[(0, np.sort(VOCAB.view(np.uint64)), rows)])
             rows = rows[np.argsort(order)]
-            want = ref.embedding.weight.detach().numpy()
+            want = ref.embedding.weight.detach().cpu().numpy()
             rows_err = float(np.abs(rows - want).max() / np.abs(want).max())
             check(rows_err <= 1e-5,
                   f"{tag}: the embedding rows differ from torch's by {rows_err:.2e} relative")
@@ -134,7 +137,7 @@ def run(optimizer: str, momentum: float, fixed_ids: bool, table: bool, workdir: 
         # The comparison sees a gradient pushed twice: the last one again moves every
         # parameter it reaches past the bound.
         if not table:
-            x, ids, pos, y = list(batches(fixed_ids))[-1]
+            x, ids, pos, y = (t.to(device) for t in list(batches(fixed_ids))[-1])
             loss = F.cross_entropy(model(x, pos), y)
             opt.zero_grad()
             loss.backward()
@@ -156,6 +159,14 @@ def main() -> int:
                                                   ("momentum", 0.9, False, False)):
             workdir = tempfile.mkdtemp(dir=d)
             run(optimizer, momentum, fixed, table, workdir)
+        # Parameters on a GPU go through host buffers: where PyTorch has one (the GPU machine).
+        if torch.cuda.is_available():
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
+            for table in (True, False):
+                run("sgd", 0.0, False, table, tempfile.mkdtemp(dir=d), device="cuda")
+        else:
+            print("no GPU here: the cases with the model on a GPU run where PyTorch has one")
     return report()
 
 

@@ -142,6 +142,11 @@ class Client:
 
     def __init__(self, ps_hosts: Sequence[str] | str | None = None, workers: int | None = None,
                  rank: int | None = None, *, settings: Settings | None = None, **overrides):
+        known = {f.name for f in dataclasses.fields(Settings)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise errors.InvalidArgument(f"unknown setting(s) {', '.join(unknown)} (the "
+                                         f"settings: {', '.join(sorted(known))})")
         s = dataclasses.replace(settings or Settings.from_environment(), **overrides)
         self.settings = s
         self._handle = None

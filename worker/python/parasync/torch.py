@@ -206,6 +206,7 @@ class Optimizer:
         if not self._named:
             raise errors.InvalidArgument("the model has no trainable parameters (pst.Embedding "
                                          "tables need at least one dense parameter beside them)")
+        self._on_gpu = any(p.device.type == "cuda" for p in self._params)
         self._host = [self._host_buffer(p) for p in self._params]
         self._staging = [np.empty(p.numel(), dtype=np.float32) for p in self._params]
         self._zeros: list[np.ndarray | None] = [None] * len(self._params)
@@ -257,6 +258,12 @@ class Optimizer:
         host = torch.empty(p.numel(), dtype=torch.float32,
                            pin_memory=torch.cuda.is_available())
         return host.numpy()
+
+    def _device_done(self) -> None:
+        """Waits for the copies in flight from the host buffers to GPU parameters (and for the
+        GPU gradients' copies), so the host buffers may be written again."""
+        if self._on_gpu:
+            torch.cuda.current_stream().synchronize()
 
     def _copy_host_to_params(self) -> None:
         with torch.no_grad():
@@ -332,6 +339,7 @@ class Optimizer:
         them before an evaluation (in sync mode: those of the step this worker last pushed
         to)."""
         wait = NEXT_STEP if self.client.mode == "sync" else 0
+        self._device_done()
         self.client.pull(self._host, min_version=wait)
         self._copy_host_to_params()
 
@@ -383,8 +391,7 @@ class Optimizer:
                 g = m._take_gradient()
                 if g is not None:
                     rows.append((m._table, g[0], g[1]))
-            if any(p.device.type == "cuda" for p in self._params):
-                torch.cuda.current_stream().synchronize()
+            self._device_done()
             times = self.client.step_finish(self._host, push_rows=rows)
         finally:
             self._open = False
