@@ -43,6 +43,33 @@ OPTIMIZED = [f"/usr/lib/x86_64-linux-gnu/{d}/libblas.so.3"
                        "blis-pthread", "blis-openmp", "blis-serial")]
 
 
+# glibc's mallopt parameters.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 32 << 20  # glibc's largest
+malloc_setting = "malloc's defaults"
+
+
+def keep_freed_memory():
+    """Makes glibc's malloc keep the memory PyTorch frees for its next tensors, up to
+    tensors of 32 MiB (MMAP_THRESHOLD), instead of unmapping it (the default above its
+    adaptive threshold) or trimming the heap. PyTorch allocates every activation and
+    gradient afresh each step, and on this VM (a Firecracker guest) a page touched for the
+    first time costs several microseconds, so handing memory back to the kernel made
+    PyTorch pay for it again every step: worker/python/examples/cnn_local.py on 12,000
+    examples, 1 thread, trained at 634-698 examples/s with glibc's defaults and 2,558-2,651
+    with this, torch_model.py's cnn (batch 64, 1 thread) at 610-632 against 3,146-3,712
+    (worker/python/examples/BASELINES.md, "Memory"). parasync's processes keep theirs
+    likewise (common/process.h, KeepFreedMessageBuffers). check() calls it for every CPU
+    baseline, and describe() says what is in force. Returns that phrase."""
+    global malloc_setting
+    libc = ctypes.CDLL("libc.so.6")
+    ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(_M_TRIM_THRESHOLD,
+                                                                          2**31 - 1)
+    malloc_setting = ("malloc keeps freed memory (M_MMAP_THRESHOLD 32 MiB, no trim)" if ok
+                      else "malloc's defaults (mallopt refused)")
+    return malloc_setting
+
+
 class _DlInfo(ctypes.Structure):
     _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
                 ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
@@ -152,7 +179,8 @@ def describe(torch, b, gpu=False):
             f"CPU capability {capability}"
             + (f"; {' '.join(env)}" if env else "")
             + (f"; CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}"
-               if gpu else ""))
+               if gpu else "")
+            + f"; {malloc_setting}")
 
 
 def refusal(b):
@@ -173,9 +201,11 @@ def refusal(b):
 
 
 def check(torch, program, cpu=True, out=sys.stderr):
-    """Prints "PROGRAM: ran with: <describe>" on `out`. For a CPU run (`cpu`), first sizes
-    the BLAS's own pool as PyTorch's threads, and returns False after printing
+    """Prints "PROGRAM: ran with: <describe>" on `out`. For a CPU run (`cpu`), first keeps
+    freed memory (keep_freed_memory) and sizes the BLAS's own pool as PyTorch's threads, and returns False after printing
     "PROGRAM: <refusal>" on stderr when the BLAS is not an optimized one; True otherwise."""
+    if cpu:
+        keep_freed_memory()
     b = blas(torch)
     if cpu and b["set_threads"]:
         b["set_threads"](torch.get_num_threads())

@@ -65,29 +65,10 @@ def parse(p, argv=None):
     return args
 
 
-# glibc's mallopt parameters.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-MMAP_THRESHOLD = 32 << 20  # glibc's largest
-malloc_setting = "malloc's defaults"
-
-
 def keep_freed_memory():
-    """Makes glibc's malloc keep the memory PyTorch frees for its next tensors, up to
-    tensors of 32 MiB (MMAP_THRESHOLD), instead of unmapping it (the default above its
-    adaptive threshold) or trimming the heap. PyTorch allocates every activation and
-    gradient afresh each step, and on this VM (a Firecracker guest) a page touched for the
-    first time costs several microseconds, so handing memory back to the kernel made
-    PyTorch pay for it again every step: cnn_local.py on 12,000 examples, 1 thread, trained
-    at 634-698 examples/s with glibc's defaults and 2,558-2,651 with this (evaluation
-    8.1-9.2 s against 0.9-3.2 s; two runs each, alternated). Returns a phrase saying what
-    it set; call it before the first large tensor."""
-    global malloc_setting
-    libc = ctypes.CDLL("libc.so.6")
-    ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(_M_TRIM_THRESHOLD,
-                                                                          2**31 - 1)
-    malloc_setting = ("malloc keeps freed memory (M_MMAP_THRESHOLD 32 MiB, no trim)" if ok
-                      else "malloc's defaults (mallopt refused)")
-    return malloc_setting
+    """tools/benchmarks/torch_env.py's keep_freed_memory (every PyTorch baseline's): glibc
+    keeps the memory PyTorch frees. Returns the phrase saying what it set."""
+    return torch_env.keep_freed_memory()
 
 
 def start(program, args):
@@ -102,10 +83,8 @@ def start(program, args):
               file=sys.stderr)
         sys.exit(2)
     torch.set_num_threads(args.threads)
-    malloc = keep_freed_memory()
     if not torch_env.check(torch, program, out=sys.stdout):
         sys.exit(2)
-    print(f"{program}: {malloc}", flush=True)
     torch.manual_seed(args.seed)
     return torch
 
@@ -113,7 +92,7 @@ def start(program, args):
 def ran_with(torch):
     """One line: the PyTorch, BLAS (library, threads), oneDNN and ATen threads of this
     process (torch_env.describe), and the malloc setting."""
-    return f"{torch_env.describe(torch, torch_env.blas(torch))}; {malloc_setting}"
+    return torch_env.describe(torch, torch_env.blas(torch))
 
 
 def fail(program, message):
