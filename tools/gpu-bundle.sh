@@ -7,6 +7,8 @@
 #                        deps/  every shared library they load that a bare system lacks
 #                               (ldd), except the CUDA runtime and cuBLAS, which it has, and
 #                               cuDNN (about 480 MB), which the GPU machine's PyTorch brings
+#                        python/ the parasync package with libparasync_client.so (the
+#                               launcher puts it on a --worker-command's PYTHONPATH)
 #                        tools/ bench-worker, bench-cluster, install-deps.sh and
 #                               benchmarks/torch_model.py, torch_env.py
 #   data/                Fashion-MNIST (already gzip: not packed again)
@@ -36,8 +38,12 @@ for b in "${bins[@]}"; do
   strip --strip-debug -o "$stage/bin/$b" "$build/bin/$b"
 done
 strip --strip-debug -o "$stage/lib/libparasync_cuda.so" "$build/lib/libparasync_cuda.so"
+mkdir -p "$stage/python/parasync"
+cp "$build"/python/parasync/*.py "$stage/python/parasync/"
+strip --strip-debug -o "$stage/python/parasync/libparasync_client.so" \
+  "$build/python/parasync/libparasync_client.so"
 # Everything ldd resolves, except the C runtime every Linux has and the CUDA libraries.
-for f in "$stage"/bin/* "$stage/lib/libparasync_cuda.so"; do
+for f in "$stage"/bin/* "$stage/lib/libparasync_cuda.so" "$stage/python/parasync/libparasync_client.so"; do
   ldd "$f" | awk '/=> \// {print $3}'
 done | sort -u | grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*)\.so' |
   while read -r lib; do cp -L "$lib" "$stage/deps/"; done

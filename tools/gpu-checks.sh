@@ -16,10 +16,20 @@
 #   tests      every gpu-labelled test with PARASYNC_REQUIRE_GPU=1 (a skip is a failure)
 #              -> tests.log
 #   sanitize   compute-sanitizer memcheck over the gpu unit tests and the GPU cluster test
-#              (every process), racecheck over cuda_backend_test -> sanitize.log
-#   bench      tools/bench-worker for every built-in model, batches 64 ... 8192, GPU columns
-#              only (BENCH_CPU=1 adds the CPU ones) -> bench-worker.md
-#   cluster    tools/bench-cluster: 2 PS + 4 workers, cnn, cpu beside cuda -> bench-cluster.md
+#              (every process), racecheck over cuda_backend_test (RACECHECK=0: not) -> sanitize.log
+#   bench[:MODEL,...]
+#              tools/bench-worker for every built-in model (or those named), batches 64 ...
+#              8192, GPU columns only (BENCH_CPU=1 adds the CPU ones) -> bench-worker.md
+#   cluster    tools/bench-cluster: 2 PS + 4 workers, cnn, cpu beside cuda, CLUSTER_REPEATS
+#              (default 3) repeats -> bench-cluster.md
+#   variants   parasync-bench-compute for cnn and lenet5 at batches 64, 1024, 8192 with each
+#              way of computing a convolution's filter gradient (PARASYNC_CUDA_CONV_WGRAD:
+#              auto, patches, cudnn, cudnn-deterministic) -> variants.csv
+#   torch-workers
+#              tests/worker/python/torch_equivalence_test.py (its cases with the model on the
+#              GPU), then the Python CNN example (worker/python/examples/train.py --device
+#              cuda) and the C++ worker (--device cuda) as 2 workers of 2 servers, async, Adam
+#              1e-3, batch 64, TORCH_EPOCHS (default 10) epochs each -> torch-workers.md
 #   profile[:MODEL[:BATCH]]
 #              Nsight Compute's per-kernel times, parasync's then PyTorch's, over the 80
 #              kernel launches after the first 60 (start-up and warm-up), default cnn at
@@ -34,7 +44,8 @@ require=1
 phases=()
 for arg in "$@"; do
   case "$arg" in
-    tests|sanitize|bench|cluster|profile|profile:*) phases+=("$arg") ;;
+    tests|sanitize|bench|bench:*|cluster|variants|torch-workers|profile|profile:*)
+      phases+=("$arg") ;;
     --no-require-gpu) require=0 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "run-gpu-checks: unknown phase '$arg' (see --help)" >&2; exit 2 ;;
@@ -117,11 +128,15 @@ phase_sanitize() {
   # The workers of a real cluster (mlp, 5 epochs): every process the launcher starts.
   sanitize_one "$log" 90 memcheck --target-processes all "$here/bin/gpu_integration_test" \
     --gtest_filter='GpuClusterTest.*'
-  sanitize_one "$log" 150 racecheck "$here/bin/cuda_backend_test" "$provoked"
+  # RACECHECK=0 leaves racecheck out (108 s on an H100; it checks shared-memory hazards).
+  if [[ ${RACECHECK:-1} != 0 ]]; then
+    sanitize_one "$log" 150 racecheck "$here/bin/cuda_backend_test" "$provoked"
+  fi
 }
 
 phase_bench() {
   local file="$out/bench-worker.md" models=(mlp cnn lenet5 ctr)
+  if [[ -n ${1:-} ]]; then IFS=, read -r -a models <<<"$1"; fi
   : >"$file"
   : >"$out/bench-worker.err"
   local cpu=(--no-cpu)
@@ -139,10 +154,63 @@ phase_bench() {
 phase_cluster() {
   local file="$out/bench-cluster.md"
   (cd "$here" && BUILD_DIR="$here" timeout 360 tools/bench-cluster --model cnn --ps 2 \
-      --workers 4 --devices cpu,cuda --repeats 3 --compute-threads 3 --dataset "$bundle/data" \
+      --workers 4 --devices cpu,cuda --repeats "${CLUSTER_REPEATS:-3}" --compute-threads 3 --dataset "$bundle/data" \
       --json "$out/bench-cluster.json") >"$file" 2>"$out/bench-cluster.err" ||
     fail "bench-cluster"
   cat "$file"
+}
+
+phase_variants() {
+  local file="$out/variants.csv" m v
+  echo "wgrad,device,batch,median_examples_per_sec,min,max,repeats,steps_per_repeat" >"$file"
+  for m in cnn lenet5; do
+    for v in auto patches cudnn cudnn-deterministic; do
+      PARASYNC_CUDA_CONV_WGRAD=$v timeout 60 "$here/bin/parasync-bench-compute" --device cuda \
+          --model "$m" --batches 64,1024,8192 --seconds 0.2 --repeats 3 2>>"$out/variants.err" |
+        awk -v w="$m/$v" -F, 'NR > 1 { print w "," $0 }' >>"$file" || fail "variants $m $v"
+    done
+  done
+  cat "$file"
+}
+
+# One cluster of 2 servers and 2 GPU workers on the Fashion-MNIST CNN; a line of its results
+# (from summary.json and the chief's eval.jsonl).
+torch_cluster() {
+  local name=$1 dir=$2; shift 2
+  local epochs=${TORCH_EPOCHS:-10}
+  timeout 240 "$here/bin/parasync-launch" --bin-dir "$here/bin" --ps 2 --workers 2 \
+      --mode async --epochs "$epochs" --optimizer adam --lr 0.001 --batch-size 64 \
+      --dataset "$bundle/data" --log-dir "$dir" "$@" >"$dir.log" 2>&1 ||
+    { fail "torch-workers: $name (exit status $?)"; tail -n 20 "$dir.log"; return; }
+  python3 - "$name" "$dir" <<'PY'
+import json, os, statistics, sys
+name, d = sys.argv[1:3]
+rows = [json.loads(l) for l in open(os.path.join(d, "eval.jsonl")) if l.strip()]
+summary = json.load(open(os.path.join(d, "summary.json")))
+rates = [r["global_examples_per_sec"] for r in rows if r["epoch"] >= 1]
+accuracy = " ".join(f"{r['test_accuracy']:.4f}" for r in rows if r["epoch"] >= 1)
+print(f"| {name} | {accuracy} | {statistics.median(rates):,.0f} | {summary['wall_seconds']:.1f} |")
+PY
+}
+
+phase_torch_workers() {
+  local file="$out/torch-workers.md" repo tmp
+  repo=$(cd "$bundle/.." && pwd)
+  tmp=$(mktemp -d)
+  {
+    echo "=== torch_equivalence_test.py (its cases with the model on the GPU too)"
+    timeout 150 python3 "$repo/tests/worker/python/torch_equivalence_test.py" "$here/bin" \
+      "$here/python" "$repo" 2>&1 | tail -n 15 || fail "torch_equivalence"
+    echo
+    echo "| workers (2, async, on the GPU) | test accuracy after each epoch | median examples/s (all workers, per epoch) | wall s |"
+    echo "|---|---|---|---|"
+    torch_cluster "Python (train.py --device cuda)" "$tmp/python" --worker-command \
+      "python3 $repo/worker/python/examples/train.py --model cnn --device cuda"
+    torch_cluster "C++ (parasync-worker --device cuda)" "$tmp/cpp" --model cnn \
+      --worker-arg=--device=cuda
+  } >"$file" 2>&1
+  cat "$file"
+  rm -rf "$tmp"
 }
 
 # profile MODEL BATCH: per-kernel GPU times of a few steps, parasync's then PyTorch's.
@@ -173,7 +241,10 @@ for p in "${phases[@]}"; do
     tests) phase_tests ;;
     sanitize) phase_sanitize ;;
     bench) phase_bench ;;
+    bench:*) phase_bench "${p#bench:}" ;;
     cluster) phase_cluster ;;
+    variants) phase_variants ;;
+    torch-workers) phase_torch_workers ;;
     profile*) IFS=: read -r _ model batch <<<"$p"; phase_profile "${model:-cnn}" "${batch:-1024}" ;;
   esac
 done

@@ -158,6 +158,56 @@ TEST_F(CudaBackendTest, GradientsMatchForOtherShapes) {
   }
 }
 
+// One batch of `model` through both backends with the same parameters: the GPU's loss,
+// gradients and evaluation are the CPU backend's within 1e-4 relative.
+void ExpectModelMatchesCpu(ComputeBackend& gpu, ComputeBackend& cpu, const Model& model,
+                           int batch) {
+  SCOPED_TRACE("batch " + std::to_string(batch));
+  std::mt19937_64 gen(static_cast<uint64_t>(batch) * 7 + 1);
+  std::vector<std::vector<float>> params, g_gpu, g_cpu;
+  for (const VariableSpec& v : model.variables()) {
+    params.emplace_back(static_cast<size_t>(v.num_elements()));
+    FillUniform(params.back(), -0.3f, 0.3f, &gen);
+    g_gpu.emplace_back(params.back().size(), NAN);  // every element must be written
+    g_cpu.emplace_back(params.back().size(), 0.0f);
+  }
+  std::vector<const float*> p;
+  std::vector<float*> gg, gc;
+  for (size_t v = 0; v < params.size(); ++v) {
+    p.push_back(params[v].data());
+    gg.push_back(g_gpu[v].data());
+    gc.push_back(g_cpu[v].data());
+  }
+  const LayerOp& first = model.ops().front();
+  const int64_t inputs = model.input_size();
+  const int64_t ids = first.spec.kind == LayerKind::kEmbedding ? first.id_columns : 0;
+  std::vector<float> x(static_cast<size_t>(batch * inputs));
+  for (size_t k = 0; k < x.size(); ++k) {
+    x[k] = static_cast<int64_t>(k) % inputs < ids
+               ? static_cast<float>(gen() % static_cast<uint64_t>(first.table_rows))
+               : std::uniform_real_distribution<float>(-1.0f, 1.0f)(gen);
+  }
+  const uint64_t classes = model.loss() == LossKind::kSigmoidCrossEntropy
+                               ? 2
+                               : static_cast<uint64_t>(model.outputs());
+  std::vector<uint8_t> y(static_cast<size_t>(batch));
+  for (uint8_t& label : y) label = static_cast<uint8_t>(gen() % classes);
+  auto lg = gpu.ForwardBackward(p, x.data(), y.data(), batch, 5, gg);
+  auto lc = cpu.ForwardBackward(p, x.data(), y.data(), batch, 5, gc);
+  ASSERT_TRUE(lg.ok()) << lg.status().ToString();
+  ASSERT_TRUE(lc.ok()) << lc.status().ToString();
+  EXPECT_NEAR(*lg, *lc, 1e-4 * std::fabs(*lc));
+  for (size_t v = 0; v < params.size(); ++v) {
+    const double err = RelativeError(g_gpu[v], g_cpu[v]);
+    EXPECT_LE(err, 1e-4) << model.variables()[v].name << ": relative error " << err;
+  }
+  auto eg = gpu.Evaluate(p, x.data(), y.data(), batch);
+  auto ec = cpu.Evaluate(p, x.data(), y.data(), batch);
+  ASSERT_TRUE(eg.ok() && ec.ok());
+  EXPECT_NEAR(eg->loss_sum, ec->loss_sum, 1e-4 * std::fabs(ec->loss_sum));
+  EXPECT_EQ(eg->correct, ec->correct);
+}
+
 // Every layer (each edge case of the CPU gradient tests) and every built-in model: the GPU's
 // loss, gradients and evaluation are the CPU backend's within 1e-4 relative, dropout masks
 // included. cuDNN pads evenly, so the uneven-padding case must be refused by name instead.
@@ -185,52 +235,63 @@ TEST_F(CudaBackendTest, EveryLayerAndBuiltinModelMatchesTheCpuBackend) {
     GPU_OR_SKIP(gpu, model);
     auto cpu = CreateCpuBackend(model);
     ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
-    for (int batch : {c.batch, 37}) {
-      SCOPED_TRACE("batch " + std::to_string(batch));
-      std::mt19937_64 gen(static_cast<uint64_t>(batch) * 7 + 1);
-      std::vector<std::vector<float>> params, g_gpu, g_cpu;
-      for (const VariableSpec& v : model.variables()) {
-        params.emplace_back(static_cast<size_t>(v.num_elements()));
-        FillUniform(params.back(), -0.3f, 0.3f, &gen);
-        g_gpu.emplace_back(params.back().size(), NAN);  // every element must be written
-        g_cpu.emplace_back(params.back().size(), 0.0f);
-      }
-      std::vector<const float*> p;
-      std::vector<float*> gg, gc;
-      for (size_t v = 0; v < params.size(); ++v) {
-        p.push_back(params[v].data());
-        gg.push_back(g_gpu[v].data());
-        gc.push_back(g_cpu[v].data());
-      }
-      const LayerOp& first = model.ops().front();
-      const int64_t inputs = model.input_size();
-      const int64_t ids = first.spec.kind == LayerKind::kEmbedding ? first.id_columns : 0;
-      std::vector<float> x(static_cast<size_t>(batch * inputs));
-      for (size_t k = 0; k < x.size(); ++k) {
-        x[k] = static_cast<int64_t>(k) % inputs < ids
-                   ? static_cast<float>(gen() % static_cast<uint64_t>(first.table_rows))
-                   : std::uniform_real_distribution<float>(-1.0f, 1.0f)(gen);
-      }
-      const uint64_t classes = model.loss() == LossKind::kSigmoidCrossEntropy
-                                   ? 2
-                                   : static_cast<uint64_t>(model.outputs());
-      std::vector<uint8_t> y(static_cast<size_t>(batch));
-      for (uint8_t& label : y) label = static_cast<uint8_t>(gen() % classes);
-      auto lg = gpu->ForwardBackward(p, x.data(), y.data(), batch, 5, gg);
-      auto lc = (*cpu)->ForwardBackward(p, x.data(), y.data(), batch, 5, gc);
-      ASSERT_TRUE(lg.ok()) << lg.status().ToString();
-      ASSERT_TRUE(lc.ok()) << lc.status().ToString();
-      EXPECT_NEAR(*lg, *lc, 1e-4 * std::fabs(*lc));
-      for (size_t v = 0; v < params.size(); ++v) {
-        const double err = RelativeError(g_gpu[v], g_cpu[v]);
-        EXPECT_LE(err, 1e-4) << model.variables()[v].name << ": relative error " << err;
-      }
-      auto eg = gpu->Evaluate(p, x.data(), y.data(), batch);
-      auto ec = (*cpu)->Evaluate(p, x.data(), y.data(), batch);
-      ASSERT_TRUE(eg.ok() && ec.ok());
-      EXPECT_NEAR(eg->loss_sum, ec->loss_sum, 1e-4 * std::fabs(ec->loss_sum));
-      EXPECT_EQ(eg->correct, ec->correct);
+    for (int batch : {c.batch, 37}) ExpectModelMatchesCpu(*gpu, **cpu, model, batch);
+  }
+}
+
+// Sets an environment variable for a scope (the CUDA module reads its knobs when a backend
+// is created).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// Each way of computing a convolution's filter gradient (conv2d_layer.cc: im2col patches and
+// a batched product, cuDNN's algorithms, the measured choice between them, deterministic or
+// not), on every case with a convolution, matches the CPU backend; the patches in chunks of a
+// few examples too (PARASYNC_CUDA_PATCH_BYTES), so a batch spans several chunks.
+TEST_F(CudaBackendTest, EveryWayOfTheFilterGradientMatchesTheCpuBackend) {
+  std::vector<testing::LayerCase> cases = testing::LayerCases();
+  for (const testing::LayerCase& c : testing::BuiltinCases()) cases.push_back(c);
+  struct Way {
+    const char* wgrad;
+    const char* deterministic;
+    const char* patch_bytes;
+  };
+  for (const Way way : {Way{"patches", "0", ""}, Way{"patches", "0", "40000"},
+                        Way{"cudnn", "0", ""}, Way{"cudnn-deterministic", "0", ""},
+                        Way{"auto", "0", ""}, Way{"auto", "1", "40000"}}) {
+    SCOPED_TRACE(std::string("PARASYNC_CUDA_CONV_WGRAD=") + way.wgrad +
+                 " PARASYNC_CUDA_DETERMINISTIC=" + way.deterministic +
+                 " PARASYNC_CUDA_PATCH_BYTES=" + way.patch_bytes);
+    ScopedEnv wgrad("PARASYNC_CUDA_CONV_WGRAD", way.wgrad);
+    ScopedEnv deterministic("PARASYNC_CUDA_DETERMINISTIC", way.deterministic);
+    ScopedEnv patch_bytes("PARASYNC_CUDA_PATCH_BYTES", way.patch_bytes);
+    int convolutions = 0;
+    for (const testing::LayerCase& c : cases) {
+      const Model model = testing::MakeModel(c.description, c.input, c.inputs);
+      const bool has_conv = std::any_of(model.ops().begin(), model.ops().end(), [](const LayerOp& op) {
+        return op.spec.kind == LayerKind::kConv2d && op.pad_begin == op.pad_end;
+      });
+      const bool uneven = std::any_of(model.ops().begin(), model.ops().end(),
+                                      [](const LayerOp& op) { return op.pad_begin != op.pad_end; });
+      if (!has_conv || uneven) continue;
+      SCOPED_TRACE(c.name);
+      ++convolutions;
+      GPU_OR_SKIP(gpu, model);
+      auto cpu = CreateCpuBackend(model);
+      ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+      // The measured choice is made on a row count's first pass: the second pass of a row
+      // count runs the way chosen.
+      for (int batch : {c.batch, 37, c.batch}) ExpectModelMatchesCpu(*gpu, **cpu, model, batch);
     }
+    EXPECT_GE(convolutions, 3);
   }
 }
 

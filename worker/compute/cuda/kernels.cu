@@ -180,6 +180,27 @@ __global__ void EmbeddingBackwardKernel(const float* x, const float* dy, float* 
   }
 }
 
+__global__ void Im2colKernel(const float* x, PatchGeometry g, size_t n, float* col) {
+  const size_t positions = static_cast<size_t>(g.out_height) * g.out_width;
+  const size_t taps = static_cast<size_t>(g.channels) * g.kernel * g.kernel;
+  for (size_t k = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t p = k % positions;
+    const size_t t = (k / positions) % taps;
+    const size_t r = k / (positions * taps);
+    const int j = static_cast<int>(t % g.kernel);
+    const int i = static_cast<int>((t / g.kernel) % g.kernel);
+    const int c = static_cast<int>(t / (static_cast<size_t>(g.kernel) * g.kernel));
+    const int iy = static_cast<int>(p / g.out_width) * g.stride - g.pad + i;
+    const int ix = static_cast<int>(p % g.out_width) * g.stride - g.pad + j;
+    float v = 0.0f;
+    if (iy >= 0 && iy < g.height && ix >= 0 && ix < g.width) {
+      v = x[((r * g.channels + c) * g.height + iy) * g.width + ix];
+    }
+    col[k] = v;
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchSigmoidCrossEntropy(const float* z, const uint8_t* labels, int rows,
@@ -230,6 +251,15 @@ cudaError_t LaunchSoftmaxCrossEntropy(const float* z, const uint8_t* labels,
 cudaError_t CheckKernelImage() {
   cudaFuncAttributes attributes{};
   return cudaFuncGetAttributes(&attributes, FillKernel);
+}
+
+cudaError_t LaunchIm2col(const float* x, int rows, const PatchGeometry& g, float* col,
+                         cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(rows) * g.channels * g.kernel * g.kernel *
+                   g.out_height * g.out_width;
+  if (n == 0) return cudaSuccess;
+  Im2colKernel<<<BlocksFor(n), kThreads, 0, stream>>>(x, g, n, col);
+  return cudaGetLastError();
 }
 
 cudaError_t LaunchFill(float* out, float value, size_t n, cudaStream_t stream) {

@@ -65,6 +65,23 @@ cudaError_t LaunchEmbeddingBackward(const float* x, const float* dy, float* dtab
 // (cudaErrorNoKernelImageForDevice: built for other GPU architectures).
 cudaError_t CheckKernelImage();
 
+// A convolution's input patches, one matrix per example: for `rows` NCHW examples
+// x [rows, channels, height, width], col[r][(c * kernel + i) * kernel + j][p] is the input
+// under filter tap (c, i, j) at output position p = oy * out_width + ox (0 where the tap falls
+// in the padding). col is [rows, channels * kernel * kernel, out_height * out_width].
+struct PatchGeometry {
+  int channels = 0;
+  int height = 0;
+  int width = 0;
+  int kernel = 0;
+  int stride = 1;
+  int pad = 0;
+  int out_height = 0;
+  int out_width = 0;
+};
+cudaError_t LaunchIm2col(const float* x, int rows, const PatchGeometry& g, float* col,
+                         cudaStream_t stream);
+
 // out[k] = value for k < n.
 cudaError_t LaunchFill(float* out, float value, size_t n, cudaStream_t stream);
 

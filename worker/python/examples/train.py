@@ -64,6 +64,9 @@ def parse():
                    help="push every gradient at step(), not from backward's hooks")
     p.add_argument("--no-initial-eval", action="store_true",
                    help="the chief does not evaluate before training (benchmarks)")
+    p.add_argument("--device", default="cpu",
+                   help="where the model runs: cpu (default) or cuda[:N] (--model cnn only; "
+                        "parasync.torch copies through pinned host buffers)")
     p.add_argument("--timeline", action="store_true",
                    help="print the mean step split (forward, backward, pushes, waits)")
     args = p.parse_args()
@@ -71,6 +74,8 @@ def parse():
         value = getattr(args, flag)
         if value is not None and value < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1, not {value}")
+    if args.device != "cpu" and args.model != "cnn":
+        p.error(f"--device {args.device}: only --model cnn runs on a GPU in this example")
     if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
         p.error(f"--lr must be a positive number, not {args.lr}")
     return args
@@ -91,6 +96,14 @@ class Task:
                 self.train = (torch.from_numpy(x), torch.from_numpy(y))
                 self.test = (torch.from_numpy(tx), torch.from_numpy(ty))
                 self.model = models.KerasCnn()
+                if args.device != "cpu":
+                    if not torch.cuda.is_available():
+                        harness.fail(PROGRAM, f"--device {args.device}: PyTorch sees no GPU")
+                    # The whole set on the GPU (188 MB): a batch is an index there.
+                    dev = torch.device(args.device)
+                    self.model = self.model.to(dev)
+                    self.train = tuple(t.to(dev) for t in self.train)
+                    self.test = tuple(t.to(dev) for t in self.test)
             elif name == "seq2seq":
                 train, test = data.dates(args.train_examples or 30000,
                                          args.test_examples or 2000, seed=1)
@@ -216,7 +229,7 @@ def main() -> int:
     started = time.monotonic()
     for _ in run.epochs():
         for idx in run.batches():
-            idx = torch.from_numpy(idx)
+            idx = torch.from_numpy(idx).to(args.device)
             loss = task.loss(idx)
             opt.zero_grad()
             loss.backward()
@@ -228,6 +241,8 @@ def main() -> int:
         record = {"program": PROGRAM, "model": args.model, "mode": client.mode,
                   "workers": client.num_workers, "metric": run.final_accuracy,
                   "steps": run.steps, "seconds": round(time.monotonic() - started, 2),
+                  "device": (torch.cuda.get_device_name(torch.device(args.device))
+                             if args.device != "cpu" else "cpu"),
                   "torch": harness.ran_with(torch)}
         if args.timeline:
             record["timeline"] = timeline_summary(timelines[5:])
