@@ -68,7 +68,9 @@ case "$mode" in
     #    /usr/bin/python3, which is not built with the sanitizer runtime, so the sanitized
     #    library cannot load there. The C API under them is sanitized here by c_api_test and
     #    ps_client_step_test.
-    ctest_select=(-E '^(check_manifests|load_exactly_once)$' -LE '^python_client$')
+    #  - the network lab's test (label lab) checks tools/netlab, a Python tool; the C++ it
+    #    runs is run here by the other integration tests.
+    ctest_select=(-E '^(check_manifests|load_exactly_once)$' -LE '^(python_client|lab)$')
     ;;
   tsan)
     configure+=(-DPARASYNC_SANITIZE=thread)
@@ -80,8 +82,8 @@ case "$mode" in
     # not races — whole training runs under a deadline (CrashRecoveryTest: 3 epochs twice;
     # TwoPsTwoWorkersReachEightyFivePercentInFiveEpochs: 5 epochs in 300 s) and a timing
     # ratio (StragglerTest: the fast ranks' barrier wait < a quarter of the slow one's).
-    # And the Python client's tests, for the asan stage's reason.
-    ctest_select=(-L '^(unit|integration)$' -LE '^python_client$'
+    # And the Python client's and the lab's tests, for the asan stage's reasons.
+    ctest_select=(-L '^(unit|integration)$' -LE '^(python_client|lab)$'
                   -E '^(CrashRecoveryTest\.|SyncModeTest\.TwoPsTwoWorkersReachEightyFivePercentInFiveEpochs$|Modes/StragglerTest\.)')
     ;;
   fuzz)

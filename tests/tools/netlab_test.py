@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""tools/netlab at a small scale: bad arguments are one line and exit 2; two hosts on links
+shaped to 1 Gbit/s carry a real training run (parasync-launch over netlab's exec, a PS on one
+host, a worker on the other, the MLP, one epoch) whose tensor bytes the PS counted are on the
+links' counters, within TCP/IP's overhead; the shaper holds a probe to the rate; and an
+interrupted lab is removed with the processes it ran. Skips (77), saying why, where network
+namespaces cannot be made (not root, no iproute2).
+
+  netlab_test.py BIN_DIR SOURCE_DIR
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN_DIR, SOURCE_DIR = sys.argv[1:3]
+NETLAB = os.path.join(SOURCE_DIR, "tools", "netlab")
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+failures = []
+
+
+def check(ok, message):
+    if not ok:
+        failures.append(message)
+        print(f"FAILED: {message}", flush=True)
+
+
+def netlab(*args, timeout=120):
+    return subprocess.run([sys.executable, NETLAB, *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def namespaces(prefix):
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix + "-")]
+
+
+def wait_for(condition, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def bad_arguments():
+    for args, says in ((["up", "--hosts", "0"], "--hosts must be at least 1"),
+                       (["up", "--hosts", "2", "--rate", "fast"], "--rate fast"),
+                       (["up", "--hosts", "2", "--name", "a b"], "--name a b"),
+                       (["run", "--hosts", "2"], "needs a command")):
+        done = netlab(*args)
+        check(done.returncode == 2, f"netlab {' '.join(args)}: exit {done.returncode}, not 2")
+        check(says in done.stderr, f"netlab {' '.join(args)}: '{says}' not in {done.stderr!r}")
+
+
+def prom_value(path, name, labels):
+    with open(path) as f:
+        for line in f:
+            if line.startswith(name + "{") and all(l in line for l in labels):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def training_crosses_the_links(tmp, name):
+    log_dir = os.path.join(tmp, "run")
+    counts = os.path.join(tmp, "links.json")
+    launch = (f'set -- $NETLAB_HOSTS; exec {BIN_DIR}/parasync-launch --ps "$1:1" -H "$2:1" '
+              f'--ssh-command "$NETLAB_EXEC" --model mlp --epochs 1 --log-dir {log_dir} '
+              f'--dataset {FASHION_MNIST}')
+    done = netlab("run", "--hosts", "2", "--rate", "1gbit", "--name", name, "--json", counts,
+                  "--", "sh", "-c", launch, timeout=240)
+    print(done.stdout[-3000:], flush=True)
+    check(done.returncode == 0, f"the run across the lab exited {done.returncode}: "
+                                f"{done.stderr[-2000:]}")
+    check(not namespaces(name), f"the lab's namespaces outlived the run: {namespaces(name)}")
+    if done.returncode != 0:
+        return
+    with open(os.path.join(log_dir, "summary.json")) as f:
+        summary = json.load(f)
+    accuracy = (summary.get("final") or {}).get("test_accuracy")
+    check(accuracy is not None and accuracy >= 0.75, f"final accuracy {accuracy} below 0.75")
+    with open(counts) as f:
+        links = {h["address"]: h for h in json.load(f)["hosts"]}
+    with open(os.path.join(log_dir, "cluster.json")) as f:
+        hosts = [p["host"] for p in json.load(f)["processes"]]
+    check(sorted(hosts) == sorted(links), f"processes ran on {hosts}, the lab's hosts are "
+                                          f"{sorted(links)}")
+    ps_host = hosts[0]
+    metrics = os.path.join(log_dir, "metrics-ps0.prom")
+    pushed = prom_value(metrics, "parasync_ps_bytes_total", ['direction="in"', 'type="push"'])
+    pulled = prom_value(metrics, "parasync_ps_bytes_total", ['direction="out"', 'type="pull"'])
+    check(pushed and pulled and pushed > 100e6,
+          f"the PS counted {pushed} bytes pushed, {pulled} pulled: no training crossed")
+    if not (pushed and pulled):
+        return
+    link = links[ps_host]
+    # Every tensor byte crossed the PS host's link; TCP/IP adds a few per cent, not more.
+    for what, on_link, payload in (("received", link["rx_bytes"], pushed),
+                                   ("sent", link["tx_bytes"], pulled)):
+        check(payload <= on_link <= 1.10 * payload + 5e6,
+              f"the PS host's link {what} {on_link:,} bytes for {payload:,.0f} of tensors")
+        print(f"PS host {what} {on_link / 1e6:,.1f} MB on its link for {payload / 1e6:,.1f} MB "
+              f"of tensors", flush=True)
+
+
+def shaped(name):
+    done = netlab("up", "--hosts", "2", "--rate", "200mbit", "--name", name)
+    check(done.returncode == 0, f"netlab up: {done.stderr}")
+    try:
+        probe = netlab("probe", "--name", name, "--megabytes", "10")
+        print(probe.stdout, end="", flush=True)
+        check(probe.returncode == 0, f"netlab probe exited {probe.returncode}: {probe.stderr}")
+        rates = [float(r.replace(",", "")) for r in re.findall(r"([\d,.]+) MB/s", probe.stdout)]
+        # 200 Mbit/s is 25 MB/s: a probe can be slower on a busy machine, never faster.
+        check(len(rates) == 2 and all(0 < r <= 25 * 1.15 for r in rates),
+              f"probe rates {rates} MB/s on links shaped to 25 MB/s")
+    finally:
+        down = netlab("down", "--name", name)
+        check(down.returncode == 0, f"netlab down: {down.stderr}")
+    check(not namespaces(name), f"namespaces left after down: {namespaces(name)}")
+
+
+def interrupted(name):
+    """SIGTERM to `netlab run` while a process runs on a lab host: both go, and the lab."""
+    run = subprocess.Popen([sys.executable, NETLAB, "run", "--hosts", "2", "--rate", "0",
+                            "--name", name, "--", "sh", "-c", '$NETLAB_EXEC h1 "sleep 300"'],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def sleeper():
+            out = subprocess.run(["ip", "netns", "pids", f"{name}-h1"], capture_output=True,
+                                 text=True).stdout.split()
+            return [int(p) for p in out]
+        check(wait_for(lambda: sleeper(), 30), "no process appeared on host h1 within 30 s")
+        pids = sleeper()
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=30)
+        check(run.returncode != 0, "netlab run exited 0 after SIGTERM")
+        check(not namespaces(name), f"namespaces left after SIGTERM: {namespaces(name)}")
+        check(all(not os.path.exists(f"/proc/{p}") for p in pids),
+              f"processes of the lab outlived it: {pids}")
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        netlab("down", "--name", name)
+
+
+def main():
+    bad_arguments()
+    name = f"nlt{os.getpid() % 100000}"
+    probe = netlab("up", "--hosts", "1", "--rate", "0", "--name", name)
+    if probe.returncode == 3:
+        print(f"SKIP: no network namespaces here: {probe.stderr.strip()}", flush=True)
+        return 77 if not failures else 1
+    check(probe.returncode == 0, f"netlab up --hosts 1: {probe.stderr}")
+    netlab("down", "--name", name)
+    with tempfile.TemporaryDirectory() as tmp:
+        shaped(name + "s")
+        training_crosses_the_links(tmp, name + "t")
+        interrupted(name + "i")
+    if failures:
+        print(f"{len(failures)} check(s) failed", flush=True)
+        return 1
+    print("all checks passed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
