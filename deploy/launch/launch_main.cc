@@ -1,5 +1,6 @@
 // parasync-launch: runs a local parasync cluster. The flags are parsed here (the only
 // translation unit that includes CLI11); the work is done by parasync::launch::Launcher.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -131,7 +132,9 @@ void AddClusterFlags(CLI::App& app, Flags& flags) {
   flags.ps = std::to_string(options.num_ps);
   app.add_option("--ps", flags.ps,
                  "Number of parameter-server processes, or where they run: host:N,host:N "
-                 "(multi-host; without it they go round-robin over the -H hosts)")
+                 "(multi-host; without it they go round-robin over the -H hosts), or "
+                 "'colocated': one on every -H host, beside its workers, so each host's "
+                 "link carries its share of the model both ways")
       ->capture_default_str()
       ->type_name("N|HOSTS");
   flags.workers =
@@ -313,7 +316,13 @@ void AddProcessFlags(CLI::App& app, Flags& flags) {
 // --ps and -H into counts and placements.
 Status ParsePlacement(Flags& flags) {
   LaunchOptions& options = flags.options;
-  if (flags.ps.find_first_not_of("0123456789") == std::string::npos && !flags.ps.empty()) {
+  const bool colocated = flags.ps == "colocated";
+  if (colocated) {
+    if (flags.worker_hosts.empty()) {
+      return Status::InvalidArgument(
+          "--ps colocated puts one parameter server on every -H host: it needs -H");
+    }
+  } else if (flags.ps.find_first_not_of("0123456789") == std::string::npos && !flags.ps.empty()) {
     try {
       options.num_ps = std::stoi(flags.ps);
     } catch (const std::exception&) {
@@ -333,6 +342,15 @@ Status ParsePlacement(Flags& flags) {
     int slots = 0;
     for (const auto& h : options.worker_placement) slots += h.count;
     if (flags.workers->count() == 0) options.num_workers = slots;
+  }
+  if (colocated) {
+    options.ps_placement.clear();
+    for (const auto& h : options.worker_placement) {
+      const bool seen = std::any_of(options.ps_placement.begin(), options.ps_placement.end(),
+                                    [&](const auto& p) { return p.host == h.host; });
+      if (!seen) options.ps_placement.push_back({h.host, 1});
+    }
+    options.num_ps = static_cast<int>(options.ps_placement.size());
   }
   return Status::Ok();
 }

@@ -196,6 +196,25 @@ TEST_F(PreflightTest, DryRunPrintsEveryCommandWithItsHostAndLocalRank) {
   EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/run")) << "a dry run starts nothing";
 }
 
+// --ps colocated: one server on every -H host (in -H's order), each beside its workers; it
+// needs -H, said in one line with status 2.
+TEST_F(PreflightTest, ColocatedPutsOneServerOnEveryWorkerHost) {
+  auto [code, out] = Launch({"--ps", "colocated", "-H", "n1:2,n2:1,n1:1", "--dry-run"});
+  EXPECT_EQ(code, 0) << out;
+  const auto lines = testing::ReadLines(dir_.path() + "/out");
+  ASSERT_EQ(lines.size(), 6u) << out;
+  EXPECT_THAT(lines[0], HasSubstr("ps0 on n1: " + ssh_ + " n1 "));
+  EXPECT_THAT(lines[1], HasSubstr("ps1 on n2: " + ssh_ + " n2 "));
+  EXPECT_THAT(lines[0], HasSubstr("--ps-hosts n1:29500,n2:29500 "));
+  EXPECT_THAT(lines[2], HasSubstr("worker0 on n1: "));
+  EXPECT_THAT(lines[5], HasSubstr("worker3 on n1: "));
+
+  auto [bad, said] = Launch({"--ps", "colocated", "--dry-run"});
+  EXPECT_EQ(bad, 2) << said;
+  EXPECT_THAT(said, HasSubstr("--ps colocated puts one parameter server on every -H host: it "
+                              "needs -H"));
+}
+
 TEST_F(PreflightTest, RemoteProcessesTrainAndStopThroughTheirConnection) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   auto [code, out] = Launch({"--ps", "127.0.0.2:1", "-H", "127.0.0.2:1,127.0.0.3:1",

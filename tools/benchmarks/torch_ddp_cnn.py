@@ -18,6 +18,12 @@ accuracy, wall and train seconds and examples/s, the flags and what PyTorch ran 
 
   torch_ddp_cnn.py [--processes 2] [--epochs 10] [--batch-size 64] [--lr 0.001]
                    [--threads 1] [--seed 1] [--train-examples N] [--data DIR]
+                   [--rank R --master HOST:PORT [--ifname IF]]
+
+With --rank, this process is that one rank of --processes, on whatever host it runs (one
+invocation per rank, e.g. each in its own tools/netlab host), joining rank 0 at --master
+over gloo on interface --ifname (default: gloo's choice); without it the ranks are spawned
+here, on loopback.
 
 --batch-size is per process (the global batch is N times it). --threads: torch's threads in
 each process, the BLAS's pool included (N x threads should not exceed the cores). Each
@@ -67,6 +73,9 @@ def parse_args():
                    help="initialization and shuffling (default %(default)s)")
     p.add_argument("--train-examples", type=int, default=None,
                    help="use the first N training examples (default: all 60,000)")
+    p.add_argument("--rank", type=int, help="run only this rank (multi-host)")
+    p.add_argument("--master", help="multi-host: rank 0's HOST:PORT")
+    p.add_argument("--ifname", help="multi-host: the network interface gloo uses")
     p.add_argument("--data", default=data.FASHION_MNIST,
                    help="Fashion-MNIST's directory (default %(default)s)")
     args = p.parse_args()
@@ -76,6 +85,12 @@ def parse_args():
             p.error(f"--{flag.replace('_', '-')} must be at least 1, not {value}")
     if not 0 < args.lr < float("inf"):
         p.error(f"--lr must be a positive number, not {args.lr}")
+    if args.rank is not None:
+        if not 0 <= args.rank < args.processes:
+            p.error(f"--rank {args.rank} is not one of the {args.processes} processes")
+        host, _, port = (args.master or "").rpartition(":")
+        if not host or not port.isdigit():
+            p.error("--rank needs --master HOST:PORT (rank 0's address)")
     return args
 
 
@@ -85,8 +100,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def rank_main(rank, world, port, args):
-    """One rank: joins the group, trains its shard, and (rank 0) evaluates and reports."""
+def rank_main(rank, world, master, args):
+    """One rank: joins the group at master (HOST:PORT), trains its shard, and (rank 0)
+    evaluates and reports."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -96,7 +112,8 @@ def rank_main(rank, world, port, args):
     harness.keep_freed_memory()  # as the local examples: see there why
     # Sizes the BLAS's own pool as torch's threads (OpenBLAS keeps one per core otherwise).
     torch_env.check(torch, PROGRAM, out=sys.stdout if rank == 0 else io.StringIO())
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    host, _, port = master.rpartition(":")
+    os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
     xtr, ytr = data.fashion_mnist("train", args.data)
@@ -185,10 +202,15 @@ def main() -> int:
         print(f"{PROGRAM}: {n} training examples leave none for each of {args.processes} "
               f"processes", file=sys.stderr)
         return 2
+    if args.rank is not None:
+        if args.ifname:
+            os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
+        rank_main(args.rank, args.processes, args.master, args)
+        return 0
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only, whatever the hostname
     try:
-        mp.spawn(rank_main, args=(args.processes, free_port(), args), nprocs=args.processes,
-                 join=True)
+        mp.spawn(rank_main, args=(args.processes, f"127.0.0.1:{free_port()}", args),
+                 nprocs=args.processes, join=True)
     except Exception as e:  # a rank failed: its traceback is above
         print(f"{PROGRAM}: a process failed: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 1

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""parasync's layouts beside PyTorch DDP on emulated links (tools/netlab): each
+configuration in a fresh lab of W worker hosts (plus S server hosts for `dedicated`), every
+link shaped to --rate both ways, the Keras CNN on Fashion-MNIST, one process per worker host.
+
+  bench_netlab.py [--rate 1gbit] [--workers 2] [--servers 2] [--epochs 1] [--mode sync]
+                  [--configs ddp,dedicated,colocated,colocated-bf16] [--target 0.88]
+                  [--json FILE] [--keep DIR]
+
+Configurations:
+  ddp             PyTorch DDP (gloo), tools/benchmarks/torch_ddp_cnn.py --rank r on host r
+  dedicated       parasync, S servers on S hosts of their own, workers on the W others
+  colocated       parasync, --ps colocated: one server on every worker host
+  colocated-bf16  the same, --wire-dtype bfloat16
+Every configuration trains the same model with Adam 1e-3, batch 64 per worker, seed 1.
+
+Prints a markdown table: examples/s (all workers' training examples over the wall time from
+the first evaluation to the last, evaluations included on both sides), the wall time to
+--target test accuracy (the first evaluation at or above it; "-" if none), the final
+accuracy, the busiest worker host's link bytes per epoch each way (from the links' counters),
+and a parasync worker's mean step split (pull, compute, push, from
+parasync_worker_step_seconds). Needs root (network namespaces) and /usr/bin/python3 with
+PyTorch for ddp; exit 2 for bad flags, 3 where namespaces cannot be made.
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+NETLAB = os.path.join(ROOT, "tools", "netlab")
+CONFIGS = ("ddp", "dedicated", "colocated", "colocated-bf16")
+DDP_PORT = 29400
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--servers", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--mode", default="sync")
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--target", type=float, default=0.88)
+    p.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--python", default="/usr/bin/python3")
+    p.add_argument("--json", help="write every configuration's figures to FILE")
+    p.add_argument("--keep", help="keep each run's logs under DIR/<config>")
+    args = p.parse_args()
+    args.configs = args.configs.split(",")
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown:
+        p.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+    if args.workers < 1 or args.servers < 1 or args.epochs < 1:
+        p.error("--workers, --servers and --epochs must be at least 1")
+    return args
+
+
+def netlab_run(args, name, hosts, command, links):
+    argv = [sys.executable, NETLAB, "run", "--hosts", str(hosts), "--rate", args.rate,
+            "--name", name, "--json", links, "--", "sh", "-c", command]
+    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode == 3:
+        print(done.stdout, file=sys.stderr)
+        sys.exit(3)
+    return done.returncode, done.stdout
+
+
+def link_mb_per_epoch(links, worker_hosts, epochs):
+    with open(links) as f:
+        hosts = {h["address"]: h for h in json.load(f)["hosts"]}
+    tx = max(hosts[a]["tx_bytes"] for a in worker_hosts) / 1e6 / epochs
+    rx = max(hosts[a]["rx_bytes"] for a in worker_hosts) / 1e6 / epochs
+    return round(tx, 1), round(rx, 1)
+
+
+def lab_hosts(name_count):
+    """The addresses netlab gives a lab (the same rule as tools/netlab's subnet_of)."""
+    name, count = name_count
+    sys.path.insert(0, os.path.dirname(NETLAB))
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader("netlab", NETLAB)
+    spec = importlib.util.spec_from_loader("netlab", loader)
+    netlab = importlib.util.module_from_spec(spec)
+    loader.exec_module(netlab)
+    subnet = netlab.subnet_of(name)
+    return [f"{subnet}{i + 1}" for i in range(count)]
+
+
+def run_ddp(args, work):
+    name = "bnl-ddp"
+    hosts = lab_hosts((name, args.workers))
+    ranks = []
+    for r in range(args.workers):
+        cmd = (f"{shlex.quote(args.python)} {shlex.quote(os.path.join(HERE, 'torch_ddp_cnn.py'))}"
+               f" --processes {args.workers} --rank {r} --master {hosts[0]}:{DDP_PORT}"
+               f" --ifname eth0 --epochs {args.epochs} --data {shlex.quote(args.data)}")
+        ranks.append(f'$NETLAB_EXEC {hosts[r]} {shlex.quote(cmd)} > {work}/rank{r}.log 2>&1 &')
+    command = " ".join(ranks) + " wait"
+    links = os.path.join(work, "links.json")
+    status, out = netlab_run(args, name, args.workers, command, links)
+    record = None
+    with open(os.path.join(work, "rank0.log")) as f:
+        for line in f:
+            if line.startswith("{"):
+                record = json.loads(line)
+    if record is None:
+        return {"config": "ddp", "error": f"no result (exit {status}); see {work}/rank0.log"}
+    examples = record["train_examples"] * args.epochs
+    reached = [w for a, w in zip(record["test_accuracy"], record["wall_s"]) if a >= args.target]
+    return {"config": "ddp", "examples_per_sec": round(examples / record["wall_s"][-1]),
+            "time_to_target_s": reached[0] if reached else None,
+            "final_accuracy": record["test_accuracy"][-1],
+            "link_mb_per_epoch": link_mb_per_epoch(links, hosts, args.epochs), "split": None}
+
+
+def step_split(log_dir, workers):
+    sums, counts = {}, {}
+    pattern = re.compile(r'^parasync_worker_step_seconds_(sum|count)\{[^}]*phase="(\w+)"[^}]*\} (\S+)$')
+    for i in range(workers):
+        path = os.path.join(log_dir, f"metrics-worker{i}.prom")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            for line in f:
+                m = pattern.match(line.strip())
+                if m:
+                    target = sums if m.group(1) == "sum" else counts
+                    target[m.group(2)] = target.get(m.group(2), 0.0) + float(m.group(3))
+    return {k: round(1e3 * sums[k] / counts[k], 2) for k in sums if counts.get(k)}
+
+
+def run_parasync(args, config, work):
+    name = f"bnl-{config}"[:20]
+    dedicated = config == "dedicated"
+    count = args.workers + (args.servers if dedicated else 0)
+    hosts = lab_hosts((name, count))
+    workers = hosts[:args.workers]
+    ps = ",".join(f"{h}:1" for h in hosts[args.workers:]) if dedicated else "colocated"
+    log_dir = os.path.join(work, "run")
+    flags = ["--ps", ps, "-H", ",".join(f"{h}:1" for h in workers), "--ssh-command",
+             "$NETLAB_EXEC", "--model", "cnn", "--mode", args.mode, "--epochs",
+             str(args.epochs), "--optimizer", "adam", "--lr", "0.001", "--batch-size", "64",
+             "--seed", "1", "--dataset", args.data, "--log-dir", log_dir]
+    if config.endswith("bf16"):
+        flags += ["--wire-dtype", "bfloat16"]
+    command = " ".join([shlex.quote(os.path.join(args.bin_dir, "parasync-launch"))] +
+                       [f'"{f}"' if f == "$NETLAB_EXEC" else shlex.quote(f) for f in flags])
+    command += f" > {work}/launch.log 2>&1"
+    links = os.path.join(work, "links.json")
+    status, _ = netlab_run(args, name, count, command, links)
+    eval_path = os.path.join(log_dir, "eval.jsonl")
+    if status != 0 or not os.path.exists(eval_path):
+        return {"config": config, "error": f"exit {status}; see {work}/launch.log"}
+    with open(eval_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    first, last = rows[0], rows[-1]
+    examples = last["examples"] - first["examples"]
+    seconds = last["wall_s"] - first["wall_s"]
+    reached = [r["wall_s"] - first["wall_s"] for r in rows[1:] if r["test_accuracy"] >= args.target]
+    return {"config": config, "examples_per_sec": round(examples / seconds),
+            "time_to_target_s": round(reached[0], 1) if reached else None,
+            "final_accuracy": round(last["test_accuracy"], 4),
+            "link_mb_per_epoch": link_mb_per_epoch(links, workers, args.epochs),
+            "split": step_split(log_dir, args.workers)}
+
+
+def main():
+    args = parse()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for config in args.configs:
+            work = os.path.join(args.keep or tmp, config)
+            os.makedirs(work, exist_ok=True)
+            print(f"bench_netlab: {config} ...", file=sys.stderr, flush=True)
+            r = run_ddp(args, work) if config == "ddp" else run_parasync(args, config, work)
+            results.append(r)
+            print(f"bench_netlab: {json.dumps(r)}", file=sys.stderr, flush=True)
+    ddp = next((r for r in results if r["config"] == "ddp" and "error" not in r), None)
+    print(f"links {args.rate} both ways (tools/netlab, no added delay); {args.workers} worker "
+          f"hosts; the CNN, {args.mode}, {args.epochs} epoch(s), batch 64 per worker, Adam 1e-3")
+    print()
+    print("| configuration | examples/s | × DDP | time to {:.2f} | final accuracy | busiest worker "
+          "link MB/epoch out / in | step ms: pull / compute / push |".format(args.target))
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        if "error" in r:
+            print(f"| {r['config']} | failed: {r['error']} | | | | | |")
+            continue
+        ratio = f"{r['examples_per_sec'] / ddp['examples_per_sec']:.2f}" if ddp else "-"
+        split = r["split"] or {}
+        split_text = (" / ".join(f"{split.get(k, 0):.1f}" for k in ("pull", "compute", "push"))
+                      if split else "-")
+        target = f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "-"
+        tx, rx = r["link_mb_per_epoch"]
+        print(f"| {r['config']} | {r['examples_per_sec']:,} | {ratio} | {target} | "
+              f"{r['final_accuracy']:.4f} | {tx:,.0f} / {rx:,.0f} | {split_text} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rate": args.rate, "workers": args.workers, "epochs": args.epochs,
+                       "mode": args.mode, "results": results}, f, indent=1)
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
