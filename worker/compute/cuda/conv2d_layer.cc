@@ -103,31 +103,6 @@ class EventPair {
   std::array<cudaEvent_t, 2> events_{};
 };
 
-// A device array of floats that only grows.
-class Scratch {
- public:
-  Scratch() = default;
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  Status Reserve(size_t floats) {
-    if (floats <= size_) return Status::Ok();
-    if (ptr_ != nullptr) PARASYNC_CUDA_RETURN(cudaFree(ptr_));
-    ptr_ = nullptr;
-    size_ = 0;
-    PARASYNC_CUDA_RETURN(cudaMalloc(&ptr_, floats * sizeof(float)));
-    size_ = floats;
-    return Status::Ok();
-  }
-  float* get() const { return static_cast<float*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_ = 0;
-};
-
 // The algorithms that compute the convolution's sums as written (no FFT or Winograd).
 bool Exact(cudnnConvolutionFwdAlgo_t a) {
   return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
@@ -238,23 +213,17 @@ class Conv2dLayer final : public GpuLayer {
       }
     }
     // The gradients' scratch: patches for a chunk of examples, each example's filter
-    // gradient and per-filter bias sums, and enough ones to sum over positions or examples.
+    // gradient and per-filter bias sums (the backend's ones cover rows and positions).
     const size_t r = static_cast<size_t>(rows);
     const size_t patch_floats = Taps() * Positions();
     chunk_rows_ = static_cast<int>(
         std::clamp<size_t>(patch_bytes_ / (patch_floats * sizeof(float)), 1, r));
     if (choice_.way != FilterGradient::kCudnn) {
-      PARASYNC_RETURN_IF_ERROR(patch_buffer_.Reserve(static_cast<size_t>(chunk_rows_) * patch_floats));
-      PARASYNC_RETURN_IF_ERROR(filter_sums_.Reserve(r * Filters() * Taps()));
+      PARASYNC_CUDA_RETURN(
+          patch_buffer_.Grow(static_cast<size_t>(chunk_rows_) * patch_floats * sizeof(float)));
+      PARASYNC_CUDA_RETURN(filter_sums_.Grow(r * Filters() * Taps() * sizeof(float)));
     }
-    PARASYNC_RETURN_IF_ERROR(bias_sums_.Reserve(r * Filters()));
-    const size_t ones = std::max(r, Positions());
-    if (ones > ones_count_) {
-      PARASYNC_RETURN_IF_ERROR(ones_.Reserve(ones));
-      PARASYNC_CUDA_RETURN(LaunchFill(ones_.get(), 1.0f, ones, c_.stream));
-      PARASYNC_CUDA_RETURN(cudaStreamSynchronize(c_.stream));
-      ones_count_ = ones;
-    }
+    PARASYNC_CUDA_RETURN(bias_sums_.Grow(r * Filters() * sizeof(float)));
     if (need > workspace_bytes_) {
       if (workspace_ != nullptr) PARASYNC_CUDA_RETURN(cudaFree(workspace_));
       workspace_ = nullptr;
@@ -285,9 +254,9 @@ class Conv2dLayer final : public GpuLayer {
     // db [filters]: dy, column-major [positions, rows * filters], summed over positions,
     // then the [filters, rows] sums over examples.
     PARASYNC_CUBLAS_RETURN(cublasSgemv(c_.cublas, CUBLAS_OP_T, positions, rows * filters, &one,
-                                       dy, positions, ones_.get(), 1, &zero, bias_sums_.get(), 1));
+                                       dy, positions, c_.ones, 1, &zero, bias_sums_.as<float>(), 1));
     PARASYNC_CUBLAS_RETURN(cublasSgemv(c_.cublas, CUBLAS_OP_N, filters, rows, &one,
-                                       bias_sums_.get(), filters, ones_.get(), 1, &zero,
+                                       bias_sums_.as<float>(), filters, c_.ones, 1, &zero,
                                        grads[1], 1));
     if (filter_gradient_ == FilterGradient::kMeasured) {
       PARASYNC_RETURN_IF_ERROR(ChooseFilterGradient(x, dy, grads[0], rows));
@@ -321,18 +290,18 @@ class Conv2dLayer final : public GpuLayer {
     for (int start = 0; start < rows; start += chunk_rows_) {
       const int n = std::min(chunk_rows_, rows - start);
       PARASYNC_CUDA_RETURN(LaunchIm2col(x + static_cast<size_t>(start) * x_stride, n, patches_,
-                                        patch_buffer_.get(), c_.stream));
+                                        patch_buffer_.as<float>(), c_.stream));
       PARASYNC_CUBLAS_RETURN(cublasSgemmStridedBatched(
           c_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, taps, filters, positions, &one,
-          patch_buffer_.get(), positions, static_cast<long long>(Taps() * Positions()),
+          patch_buffer_.as<float>(), positions, static_cast<long long>(Taps() * Positions()),
           dy + static_cast<size_t>(start) * dy_stride, positions,
           static_cast<long long>(dy_stride), &zero,
-          filter_sums_.get() + static_cast<size_t>(start) * Filters() * Taps(), taps,
+          filter_sums_.as<float>() + static_cast<size_t>(start) * Filters() * Taps(), taps,
           static_cast<long long>(Filters() * Taps()), n));
     }
     // dW = the sum over examples: [filters * taps, rows] times ones.
     PARASYNC_CUBLAS_RETURN(cublasSgemv(c_.cublas, CUBLAS_OP_N, filters * taps, rows, &one,
-                                       filter_sums_.get(), filters * taps, ones_.get(), 1,
+                                       filter_sums_.as<float>(), filters * taps, c_.ones, 1,
                                        &zero, dw, 1));
     return Status::Ok();
   }
@@ -378,11 +347,9 @@ class Conv2dLayer final : public GpuLayer {
   PatchGeometry patches_;
   size_t patch_bytes_ = kMaxPatchBytes;
   int chunk_rows_ = 1;
-  Scratch patch_buffer_;  // [chunk_rows_, taps, positions]
-  Scratch filter_sums_;   // [rows, filters, taps]
-  Scratch bias_sums_;     // [rows, filters]
-  Scratch ones_;
-  size_t ones_count_ = 0;
+  DeviceBuffer patch_buffer_;  // [chunk_rows_, taps, positions]
+  DeviceBuffer filter_sums_;   // [rows, filters, taps]
+  DeviceBuffer bias_sums_;     // [rows, filters]
   cudnnFilterDescriptor_t filter_ = nullptr;
   cudnnConvolutionDescriptor_t conv_ = nullptr;
   TensorDesc bias_;  // [1, filters, 1, 1]

@@ -43,33 +43,6 @@ namespace {
 constexpr int64_t kEvalChunkRows = 8192;
 constexpr int64_t kEvalChunkBytes = int64_t{256} << 20;
 
-// A device allocation, freed with the owner.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(std::exchange(other.ptr_, nullptr)) {}
-  DeviceBuffer& operator=(DeviceBuffer&&) = delete;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { Reset(); }
-
-  cudaError_t Allocate(size_t bytes) {
-    Reset();
-    return cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes);
-  }
-  void Reset() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-    ptr_ = nullptr;
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  void* ptr_ = nullptr;
-};
-
 // What the loss kernels accumulate, on the device and (pinned) on the host.
 struct Totals {
   double loss_sum;
@@ -146,6 +119,12 @@ class CudaBackend final : public ComputeBackend {
       layers_.push_back(std::move(layer));
     }
     plan_ = compute::BufferPlan::For(model_, memory);
+    // Convolutions sum their bias gradients over output positions with the ones too.
+    for (const LayerOp& op : ops) {
+      if (op.spec.kind == LayerKind::kConv2d) {
+        ones_beyond_rows_ = std::max(ones_beyond_rows_, static_cast<size_t>(op.out[1] * op.out[2]));
+      }
+    }
     // Per op: its variables arrived, its gradients computed; then the loss computed.
     events_.resize(2 * ops.size() + 1);
     for (cudaEvent_t& e : events_) {
@@ -363,8 +342,9 @@ class CudaBackend final : public ComputeBackend {
       for (DeviceBuffer& d : deltas_) {
         PARASYNC_CUDA_RETURN(d.Allocate(r * static_cast<size_t>(plan_.delta_elements) * sizeof(float)));
       }
-      PARASYNC_CUDA_RETURN(ones_.Allocate(r * sizeof(float)));
-      PARASYNC_CUDA_RETURN(LaunchFill(ones_.as<float>(), 1.0f, r, compute_));
+      const size_t ones = std::max(r, ones_beyond_rows_);
+      PARASYNC_CUDA_RETURN(ones_.Allocate(ones * sizeof(float)));
+      PARASYNC_CUDA_RETURN(LaunchFill(ones_.as<float>(), 1.0f, ones, compute_));
       PARASYNC_CUDA_RETURN(cudaStreamSynchronize(compute_));
       context_.ones = ones_.as<float>();
       capacity_ = rows;
@@ -408,6 +388,7 @@ class CudaBackend final : public ComputeBackend {
   std::vector<DeviceBuffer> acts_;
   DeviceBuffer deltas_[2];
   DeviceBuffer ones_;
+  size_t ones_beyond_rows_ = 0;  // ones_ holds at least this many as well as capacity_
 };
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "common/status.h"
 #include "worker/compute/buffer_plan.h"
@@ -44,8 +45,45 @@ Status CudnnError(cudnnStatus_t rc, const char* call);
     if (parasync_rc_ != CUDNN_STATUS_SUCCESS) return ::parasync::cuda::CudnnError(parasync_rc_, #expr); \
   } while (0)
 
+// A device allocation, freed with the owner.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&&) = delete;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { Reset(); }
+
+  cudaError_t Allocate(size_t bytes) {
+    Reset();
+    const cudaError_t rc = cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes);
+    if (rc == cudaSuccess) bytes_ = bytes;
+    return rc;
+  }
+  // At least `bytes`, allocated anew (contents lost) only when it holds fewer.
+  cudaError_t Grow(size_t bytes) {
+    return ptr_ != nullptr && bytes <= bytes_ ? cudaSuccess : Allocate(bytes);
+  }
+  void Reset() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 // What every layer of one backend shares. `ones` holds at least as many 1.0f as the largest
-// row count Reserve() was called with (dense layers sum bias gradients with it).
+// row count Reserve() was called with and as any convolution's output positions (dense and
+// convolution layers sum bias gradients with it).
 struct GpuContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
