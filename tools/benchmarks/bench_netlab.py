@@ -23,14 +23,15 @@ parasync_worker_step_seconds). Needs root (network namespaces) and /usr/bin/pyth
 PyTorch for ddp; exit 2 for bad flags, 3 where namespaces cannot be made.
 """
 import argparse
+import importlib.machinery
 import json
 import os
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -83,15 +84,10 @@ def link_mb_per_epoch(links, worker_hosts, epochs):
     return round(tx, 1), round(rx, 1)
 
 
-def lab_hosts(name_count):
-    """The addresses netlab gives a lab (the same rule as tools/netlab's subnet_of)."""
-    name, count = name_count
-    sys.path.insert(0, os.path.dirname(NETLAB))
-    import importlib.machinery
-    import importlib.util
+def lab_hosts(name, count):
+    """The addresses tools/netlab gives lab `name` (its subnet_of rule)."""
     loader = importlib.machinery.SourceFileLoader("netlab", NETLAB)
-    spec = importlib.util.spec_from_loader("netlab", loader)
-    netlab = importlib.util.module_from_spec(spec)
+    netlab = types.ModuleType("netlab")
     loader.exec_module(netlab)
     subnet = netlab.subnet_of(name)
     return [f"{subnet}{i + 1}" for i in range(count)]
@@ -99,7 +95,7 @@ def lab_hosts(name_count):
 
 def run_ddp(args, work):
     name = "bnl-ddp"
-    hosts = lab_hosts((name, args.workers))
+    hosts = lab_hosts(name, args.workers)
     ranks = []
     for r in range(args.workers):
         cmd = (f"{shlex.quote(args.python)} {shlex.quote(os.path.join(HERE, 'torch_ddp_cnn.py'))}"
@@ -144,7 +140,7 @@ def run_parasync(args, config, work):
     name = f"bnl-{config}"[:20]
     dedicated = config == "dedicated"
     count = args.workers + (args.servers if dedicated else 0)
-    hosts = lab_hosts((name, count))
+    hosts = lab_hosts(name, count)
     workers = hosts[:args.workers]
     ps = ",".join(f"{h}:1" for h in hosts[args.workers:]) if dedicated else "colocated"
     log_dir = os.path.join(work, "run")
