@@ -109,8 +109,9 @@ def rank_main(rank, world, master, args):
     import models
     F = torch.nn.functional
     torch.set_num_threads(args.threads)
-    harness.keep_freed_memory()  # as the local examples: see there why
-    # Sizes the BLAS's own pool as torch's threads (OpenBLAS keeps one per core otherwise).
+    # Keeps freed memory, as the local examples do (harness.keep_freed_memory: see there
+    # why), and sizes the BLAS's own pool as torch's threads (OpenBLAS keeps one per core
+    # otherwise).
     torch_env.check(torch, PROGRAM, out=sys.stdout if rank == 0 else io.StringIO())
     host, _, port = master.rpartition(":")
     os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
