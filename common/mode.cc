@@ -7,8 +7,9 @@ namespace parasync {
 Result<TrainingMode> TrainingMode::Parse(const std::string& text) {
   TrainingMode m;
   if (text == "async") return m;
-  if (text == "sync") {
+  if (text == "sync" || text == "sync:delayed") {
     m.kind = Kind::kSync;
+    m.delay = text == "sync" ? 0 : 1;
     return m;
   }
   if (text.rfind("ssp:", 0) == 0) {
@@ -20,14 +21,15 @@ Result<TrainingMode> TrainingMode::Parse(const std::string& text) {
       return m;
     }
   }
-  return Status::InvalidArgument("mode must be async, sync or ssp:K (K a staleness bound >= 0), not '" +
-                                 text + "'");
+  return Status::InvalidArgument(
+      "mode must be async, sync, sync:delayed or ssp:K (K a staleness bound >= 0), not '" +
+      text + "'");
 }
 
 std::string TrainingMode::ToString() const {
   switch (kind) {
     case Kind::kAsync: return "async";
-    case Kind::kSync: return "sync";
+    case Kind::kSync: return delay > 0 ? "sync:delayed" : "sync";
     case Kind::kSsp: return "ssp:" + std::to_string(staleness);
   }
   return "unknown";

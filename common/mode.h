@@ -1,5 +1,6 @@
-// TrainingMode: how parameter servers apply gradients — async, sync (barrier) or ssp:K
-// (bounded staleness). Plain value; thread-safe.
+// TrainingMode: how parameter servers apply gradients — async, sync (barrier), sync:delayed
+// (a barrier over gradients one step old, so that workers overlap the exchange with the next
+// gradient) or ssp:K (bounded staleness). Plain value; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -13,8 +14,13 @@ struct TrainingMode {
   enum class Kind : uint8_t { kAsync, kSync, kSsp };
   Kind kind = Kind::kAsync;
   int64_t staleness = 0;  // kSsp: K
+  // kSync: how many versions older than the step a gradient may have been read from (0:
+  // "sync"; 1: "sync:delayed", whose workers compute step t+1's gradient while step t's
+  // exchange is on the wire).
+  int64_t delay = 0;
 
-  // "async", "sync" or "ssp:K" with 0 <= K <= 1000000; InvalidArgument otherwise.
+  // "async", "sync", "sync:delayed" or "ssp:K" with 0 <= K <= 1000000; InvalidArgument
+  // otherwise.
   static Result<TrainingMode> Parse(const std::string& text);
   std::string ToString() const;
   bool operator==(const TrainingMode&) const = default;

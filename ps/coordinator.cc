@@ -47,7 +47,9 @@ std::vector<int> Coordinator::ExpireSilent(TimePoint now) {
 
 Coordinator::Offer Coordinator::ClassifySync(int rank, int64_t read_version,
                                              int64_t version) const {
-  if (read_version < version) return Offer::kStale;
+  // sync:delayed: a step also takes gradients read one version before it (the workers
+  // computed them while the step before was being exchanged).
+  if (read_version < version - options_.mode.delay) return Offer::kStale;
   if (read_version > version) return Offer::kFuture;
   if (workers_[static_cast<size_t>(rank)].contributed) return Offer::kDuplicate;
   return Offer::kAccept;

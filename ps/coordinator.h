@@ -7,6 +7,9 @@
 //           applied once, and pulls waiting for version t+1 are answered. Gradients for an
 //           older step are dropped. (A rank that gave its gradient and then left or died
 //           still counts; the step waits only for live ranks that have not given one.)
+//   sync:delayed  sync, but a step t also takes gradients computed from version t - 1, at
+//           most one per rank as before: the workers compute step t+1's gradient while
+//           step t is on the wire (one step of staleness, every step still one average).
 //   ssp:K   gradients are applied on arrival, but a rank at clock c (c gradients accepted)
 //           may pull only when every live rank has reached clock c - K.
 //

@@ -148,8 +148,9 @@ void AddTrainingFlags(CLI::App& app, PsFlags& f) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--mode", f.mode,
                  "async (apply each gradient on arrival), sync (average R gradients per step, "
-                 "then apply) or ssp:K (async, but no worker more than K steps ahead of the "
-                 "slowest live one)");
+                 "then apply), sync:delayed (sync over gradients one step old: the workers "
+                 "compute the next gradient while a step is exchanged) or ssp:K (async, but no "
+                 "worker more than K steps ahead of the slowest live one)");
   app.add_option("--replicas-to-aggregate", f.replicas_to_aggregate,
                  "sync: gradients per step (default 0 = the number of workers); fewer than the "
                  "workers makes the rest backup workers whose late gradients are dropped")

@@ -249,7 +249,9 @@ void AddClusterAndDataFlags(CLI::App& app, WorkerFlags& f) {
   app.add_option("--task-index", f.cluster.task_index, "This worker's rank; 0 is the chief")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--mode", f.mode,
-                 "async, sync or ssp:K; must equal the parameter servers' --mode");
+                 "async, sync, sync:delayed (the exchange of each step overlaps the next "
+                 "gradient's compute, which reads the parameters one step older) or ssp:K; "
+                 "must equal the parameter servers' --mode");
   app.add_option("--dataset", f.data_dir,
                  "Directory with the data set: IDX files "
                  "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (images [n, H, W] or "

@@ -519,8 +519,14 @@ PsClient::Outgoing PsClient::PushRequest(int s, std::span<const float* const> gr
   o.header.batch_examples = batch_examples;
   o.header.seq = seq;
   o.header.progress = progress_;
-  o.header.version = read_version == kLastRead ? read_versions_[static_cast<size_t>(s)] : read_version;
-  o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
+  // A step's gradient may come from parameters read before the latest pull (BeginStep).
+  const ReadPoint* from =
+      step_.open && step_.computed_from && read_version == kLastRead ? &*step_.computed_from : nullptr;
+  const auto si = static_cast<size_t>(s);
+  o.header.version = from != nullptr             ? from->versions[si]
+                     : read_version == kLastRead ? read_versions_[si]
+                                                 : read_version;
+  o.header.incarnation = from != nullptr ? from->incarnations[si] : read_incarnation_[si];
   o.header.dtype = options_.wire_dtype;
   for (uint32_t id : map_->SlicesOfShard(s)) {
     const SliceInfo& info = map_->slices()[id];
@@ -708,19 +714,27 @@ Status PsClient::Push(std::span<const float* const> grads, int64_t batch_example
 
 Status PsClient::PushPull(std::span<const float* const> grads, int64_t batch_examples,
                           std::span<float* const> params, int64_t min_version,
-                          PushPullTimes* times, RowSet push_rows, RowSet pull_rows) {
+                          PushPullTimes* times, RowSet push_rows, RowSet pull_rows,
+                          const ReadPoint* computed_from) {
   if (!map_) return Status::FailedPrecondition("PushPull before Register");
   if (grads.size() != var_sizes_.size()) return Status::InvalidArgument("wrong number of variables");
-  PARASYNC_RETURN_IF_ERROR(BeginStep(batch_examples));
+  PARASYNC_RETURN_IF_ERROR(BeginStep(batch_examples, computed_from));
   // Every gradient at once: nothing is sent before FinishStep.
   step_.grads.assign(grads.begin(), grads.end());
   std::fill(step_.missing.begin(), step_.missing.end(), 0);
   return FinishStep(params, min_version, times, push_rows, pull_rows);
 }
 
-Status PsClient::BeginStep(int64_t batch_examples) {
+Status PsClient::BeginStep(int64_t batch_examples, const ReadPoint* computed_from) {
   if (!map_) return Status::FailedPrecondition("a step before Register");
   if (step_.open) return Status::FailedPrecondition("a step began before the last one finished");
+  if (computed_from != nullptr &&
+      (computed_from->versions.size() != read_versions_.size() ||
+       computed_from->incarnations.size() != read_incarnation_.size())) {
+    return Status::InvalidArgument("a read point of " +
+                                   std::to_string(computed_from->versions.size()) +
+                                   " shards for a client of " + std::to_string(num_shards()));
+  }
   step_.open = true;
   // One sequence number per push, the same on every shard: a resend is applied at most once.
   step_.seq = PushSeq(push_incarnation_, static_cast<uint32_t>(++pushes_)).raw();
@@ -732,6 +746,8 @@ Status PsClient::BeginStep(int64_t batch_examples) {
   }
   step_.sent_shards.clear();
   step_.sent.clear();
+  step_.computed_from.reset();
+  if (computed_from != nullptr) step_.computed_from = *computed_from;
   return Status::Ok();
 }
 

@@ -176,10 +176,23 @@ class PsClient {
     Clock::time_point pulled{};
     int early_pushes = 0;
   };
+  // Where a pull read the parameters: each shard's version and incarnation. PushPull and
+  // BeginStep take one for a gradient computed from parameters older than the last pull
+  // (sync:delayed, whose workers compute while the step before is exchanged).
+  struct ReadPoint {
+    std::vector<int64_t> versions;
+    std::vector<uint64_t> incarnations;
+  };
+  // The latest pull's.
+  ReadPoint read_point() const { return {read_versions_, read_incarnation_}; }
+
+  // `computed_from`: the read point of the parameters the gradient was computed from (null:
+  // the latest pull's). The pull still waits, with kNextStep, for the step after the latest
+  // pull: the step this push contributes to.
   Status PushPull(std::span<const float* const> grads, int64_t batch_examples,
                   std::span<float* const> params, int64_t min_version = 0,
                   PushPullTimes* times = nullptr, RowSet push_rows = {},
-                  RowSet pull_rows = {});
+                  RowSet pull_rows = {}, const ReadPoint* computed_from = nullptr);
 
   // PushPull in parts, so that the pushes overlap what is left of backward (as Horovod and
   // BytePS start a tensor's reduction from its gradient hook): BeginStep; GradientReady(v)
@@ -193,7 +206,7 @@ class PsClient {
   // of range or marked twice, and FinishStep with a variable never marked get
   // FailedPrecondition or InvalidArgument and send nothing more; the step stays open until
   // FinishStep returns (whatever its outcome: pushes already sent are then settled).
-  Status BeginStep(int64_t batch_examples);
+  Status BeginStep(int64_t batch_examples, const ReadPoint* computed_from = nullptr);
   // `grad`: the variable's num_elements floats, caller-owned, valid and unchanged until
   // FinishStep returns (ZeroMQ sends from it).
   Status GradientReady(size_t variable, const float* grad);
@@ -251,6 +264,7 @@ class PsClient {
     std::vector<int> missing;         // by shard: variables not marked yet
     std::vector<int> sent_shards;
     std::vector<Outgoing> sent;
+    std::optional<ReadPoint> computed_from;  // BeginStep's; nullopt: the latest pull's
   };
   PsClient(std::vector<std::unique_ptr<Socket>> sockets, const PsClientOptions& options)
       : sockets_(std::move(sockets)),

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -86,7 +87,8 @@ struct EpochTotals {
   int64_t steps = 0, examples = 0;
   struct {
     double pull = 0, compute = 0, push = 0;
-  } seconds;  // in each phase of its steps
+    double exchange = 0;  // sync:delayed: the exchanges' whole time, hidden or not
+  } seconds;  // in each phase of its steps (pull and push: what the steps waited for)
 };
 
 // One RunTraining call: its buffers, where it is, and what it has counted. Used by the
@@ -99,6 +101,12 @@ class TrainingRun {
       : o_(o), train_(train), test_(test), client_(client), backend_(backend),
         metrics_(metrics), should_stop_(should_stop), shard_(std::move(shard)),
         params_(o.model.variables(), backend), grads_(o.model.variables(), backend),
+        overlap_(o.mode.kind == TrainingMode::Kind::kSync && o.mode.delay > 0 &&
+                 o.model.sparse_tables().empty()),
+        exchanged_params_(overlap_ ? std::make_unique<Tensors>(o.model.variables(), backend)
+                                   : nullptr),
+        pushed_grads_(overlap_ ? std::make_unique<Tensors>(o.model.variables(), backend)
+                               : nullptr),
         batch_x_(backend.AllocateHost(static_cast<size_t>(o.batch_size) *
                                       static_cast<size_t>(o.model.input_size()) * sizeof(float))),
         batch_y_(backend.AllocateHost(static_cast<size_t>(o.batch_size))),
@@ -117,7 +125,8 @@ class TrainingRun {
 
   // Whether every buffer could be allocated.
   bool ok() const {
-    return params_.ok() && grads_.ok() && batch_x_ != nullptr && batch_y_ != nullptr;
+    return params_.ok() && grads_.ok() && batch_x_ != nullptr && batch_y_ != nullptr &&
+           (!overlap_ || (exchanged_params_->ok() && pushed_grads_->ok()));
   }
   // The client counts retries and reconnects itself; the metrics follow its counts after
   // every step and on every way out (an error return included), registration's too.
@@ -141,6 +150,17 @@ class TrainingRun {
   // A sparse model's push also pulls the rows of the next batch of the epoch, which it
   // gathers first (prepared_first_ says which).
   Status PushGradient(size_t first, size_t count, PsClient::PushPullTimes* times);
+  // sync:delayed (dense models): the step's exchange goes to a thread of its own, pushing
+  // pushed_grads_ (the gradient just computed, swapped in) and pulling into
+  // exchanged_params_, while the caller computes the next gradient from params_ — the
+  // parameters before the step now exchanged, one version older than the servers'.
+  // `computed_from`: the read point of the parameters the gradient came from.
+  void LaunchExchange(size_t count, PsClient::ReadPoint computed_from);
+  // Waits for the exchange in flight, if any; its parameters become params_. Returns its
+  // outcome. The wait (what compute did not hide) is split as the exchange's own push and
+  // pull times into *pull_s and *push_s, or, without them, added to `totals` (the epoch's
+  // last exchange, awaited after its last step).
+  Status AwaitExchange(EpochTotals& totals, double* pull_s = nullptr, double* push_s = nullptr);
   // The test set's figures; the logits of every example in `logits` (sigmoid models).
   Result<EvalResult> EvaluateTestSet(std::vector<float>* logits);
   void CountPush();
@@ -159,6 +179,15 @@ class TrainingRun {
   std::vector<int64_t> shard_;  // this rank's example indices, in this epoch's order
   Tensors params_;
   Tensors grads_;
+  // sync:delayed: the second set of each (null otherwise), the read point of params_, and
+  // the exchange in flight (declared after the buffers it uses, so destroyed, and so
+  // awaited, before them).
+  const bool overlap_;
+  std::unique_ptr<Tensors> exchanged_params_;
+  std::unique_ptr<Tensors> pushed_grads_;
+  PsClient::ReadPoint params_read_at_;  // kept with params_: where they were read
+  PsClient::PushPullTimes exchange_times_;
+  std::future<Status> exchange_;
   std::vector<float*> dense_params_;       // params_ of the dense variables (the client's)
   std::vector<const float*> dense_grads_;  // grads_ of the dense variables
   SparseBatch batch_rows_;                 // the batch in batch_x_: its distinct ids
@@ -233,6 +262,7 @@ Result<EvalResult> TrainingRun::EvaluateTestSet(std::vector<float>* logits) {
   const int64_t wait = sync() ? PsClient::kNextStep : 0;
   if (!sparse()) {
     PARASYNC_RETURN_IF_ERROR(client_.Pull(params_.ptrs, wait));
+    params_read_at_ = client_.read_point();
     return backend_.Evaluate(params_.cptrs, test_.x.data(), test_.y.data(), test_.n, out);
   }
   // Batch by batch: each batch's rows fit the compact buffers. (Async: other workers go on
@@ -291,7 +321,12 @@ Result<TrainingSummary> TrainingRun::Run() {
   for (int epoch = start_at_.epoch; epoch <= o_.epochs && !stop_; ++epoch) {
     EpochTotals totals;
     totals.first = epoch == start_at_.epoch ? start_at_.offset : 0;
-    PARASYNC_RETURN_IF_ERROR(TrainEpoch(epoch, totals));
+    Status trained = TrainEpoch(epoch, totals);
+    // The epoch's last exchange is awaited whatever happened: nothing else may use the
+    // client while it is in flight, and the evaluation reads what it pulled.
+    Status exchanged = AwaitExchange(totals);
+    PARASYNC_RETURN_IF_ERROR(trained);
+    PARASYNC_RETURN_IF_ERROR(exchanged);
     if (totals.steps == 0) break;
     PARASYNC_RETURN_IF_ERROR(EndEpoch(epoch, totals));
   }
@@ -348,6 +383,7 @@ Status TrainingRun::Step(int epoch, size_t first, size_t count, EpochTotals& tot
                                           RowsIn(batch_rows_.unique_ids, params_.ptrs)));
   } else if (!sparse() && !have_params_) {
     PARASYNC_RETURN_IF_ERROR(client_.Pull(params_.ptrs, sync() ? PsClient::kNextStep : 0));
+    params_read_at_ = client_.read_point();
     have_params_ = true;
   }
   const auto t1 = Clock::now();
@@ -366,6 +402,19 @@ Status TrainingRun::Step(int epoch, size_t first, size_t count, EpochTotals& tot
   }
   if (o_.step_delay.count() > 0) std::this_thread::sleep_for(o_.step_delay);
   const auto t2 = Clock::now();
+  if (overlap_) {
+    // The step before's exchange ends (its parameters are the next gradient's), this one's
+    // starts, and the step goes on to the next gradient without waiting for it.
+    PsClient::ReadPoint computed_from = params_read_at_;
+    double pull_s = 0, push_s = 0;
+    PARASYNC_RETURN_IF_ERROR(AwaitExchange(totals, &pull_s, &push_s));
+    client_.set_progress({epoch, static_cast<int64_t>(first + count),
+                          static_cast<int64_t>(shard_.size())});
+    LaunchExchange(count, std::move(computed_from));
+    CountStep(count, *loss, Seconds(t0, t1) + pull_s, Seconds(t1, t2), push_s, totals);
+    MaybeLogProgress(epoch, first + count, totals);
+    return Status::Ok();
+  }
   // Where this worker is once the servers count this gradient (stored with it).
   client_.set_progress({epoch, static_cast<int64_t>(first + count),
                         static_cast<int64_t>(shard_.size())});
@@ -412,6 +461,40 @@ Status TrainingRun::PushGradient(size_t first, size_t count, PsClient::PushPullT
   return Status::Ok();
 }
 
+void TrainingRun::LaunchExchange(size_t count, PsClient::ReadPoint computed_from) {
+  // The gradient goes out from pushed_grads_; the next one is computed into the other set.
+  std::swap(grads_, *pushed_grads_);
+  exchange_ = std::async(std::launch::async, [this, count, from = std::move(computed_from)] {
+    return client_.PushPull(pushed_grads_->cptrs, static_cast<int64_t>(count),
+                            exchanged_params_->ptrs, PsClient::kNextStep, &exchange_times_,
+                            {}, {}, &from);
+  });
+}
+
+Status TrainingRun::AwaitExchange(EpochTotals& totals, double* pull_s, double* push_s) {
+  if (!exchange_.valid()) return Status::Ok();
+  const auto t0 = Clock::now();
+  const Status s = exchange_.get();
+  const double waited = Seconds(t0, Clock::now());
+  if (!s.ok()) return s;
+  std::swap(params_, *exchanged_params_);
+  params_read_at_ = client_.read_point();
+  CountPush();
+  SyncClientCounters();
+  const PsClient::PushPullTimes& x = exchange_times_;
+  const double whole = x.push_seconds + x.pull_seconds;
+  const double pull = whole > 0 ? waited * x.pull_seconds / whole : 0;
+  totals.seconds.exchange += whole;
+  if (pull_s != nullptr && push_s != nullptr) {
+    *pull_s = pull;
+    *push_s = waited - pull;
+  } else {
+    totals.seconds.pull += pull;
+    totals.seconds.push += waited - pull;
+  }
+  return Status::Ok();
+}
+
 void TrainingRun::CountPush() {
   if (client_.last_push_dropped()) ++summary_.dropped;
   metrics_.ObservePush(client_.last_push_dropped(), client_.last_push_staleness());
@@ -455,11 +538,15 @@ Status TrainingRun::EndEpoch(int epoch, const EpochTotals& totals) {
   const double eps = static_cast<double>(totals.examples) / secs;
   summary_.epochs_done = epoch;
   spdlog::info("epoch {}/{}: {} examples{} in {:.2f} s = {:.0f} examples/sec, train loss {:.4f} "
-               "(per step: pull {:.2f} ms, compute {:.2f} ms, push {:.2f} ms)",
+               "(per step: pull {:.2f} ms, compute {:.2f} ms, push {:.2f} ms{})",
                epoch, o_.epochs, totals.examples,
                totals.first > 0 ? fmt::format(" (resumed at example {})", totals.first) : "",
                secs, eps, train_loss, 1e3 * totals.seconds.pull / steps,
-               1e3 * totals.seconds.compute / steps, 1e3 * totals.seconds.push / steps);
+               1e3 * totals.seconds.compute / steps, 1e3 * totals.seconds.push / steps,
+               overlap_ ? fmt::format("; the exchange took {:.2f} ms, the rest of it overlapped "
+                                      "the next gradient",
+                                      1e3 * totals.seconds.exchange / steps)
+                        : "");
   if (o_.rank != 0 || (stop_ && should_stop_())) return Status::Ok();
   if ((epoch == o_.epochs || stop_) && o_.wait_for_workers_seconds > 0) {
     PARASYNC_RETURN_IF_ERROR(

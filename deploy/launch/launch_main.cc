@@ -172,7 +172,7 @@ void AddClusterFlags(CLI::App& app, Flags& flags) {
 // --mode ... --export: the run and where it leaves its files.
 void AddRunFlags(CLI::App& app, LaunchOptions& options) {
   app.add_option("--mode", options.mode,
-                 "async, sync or ssp:<staleness>; passed to every process")
+                 "async, sync, sync:delayed or ssp:<staleness>; passed to every process")
       ->capture_default_str()
       ->type_name("MODE");
   app.add_option("--epochs", options.epochs, "Training epochs, passed to workers")

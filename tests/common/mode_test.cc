@@ -21,6 +21,13 @@ TEST(TrainingModeTest, ParseReadsEachKind) {
   Result<TrainingMode> sync = TrainingMode::Parse("sync");
   ASSERT_TRUE(sync.ok()) << sync.status().ToString();
   EXPECT_EQ(sync->kind, TrainingMode::Kind::kSync);
+  EXPECT_EQ(sync->delay, 0);
+
+  Result<TrainingMode> delayed = TrainingMode::Parse("sync:delayed");
+  ASSERT_TRUE(delayed.ok()) << delayed.status().ToString();
+  EXPECT_EQ(delayed->kind, TrainingMode::Kind::kSync);
+  EXPECT_EQ(delayed->delay, 1);
+  EXPECT_NE(*delayed, *sync);
 
   Result<TrainingMode> ssp = TrainingMode::Parse("ssp:3");
   ASSERT_TRUE(ssp.ok()) << ssp.status().ToString();
@@ -29,7 +36,7 @@ TEST(TrainingModeTest, ParseReadsEachKind) {
 }
 
 TEST(TrainingModeTest, ParseOfToStringGivesTheSameModeBack) {
-  for (const std::string text : {"async", "sync", "ssp:0", "ssp:1", "ssp:42", "ssp:1000000"}) {
+  for (const std::string text : {"async", "sync", "sync:delayed", "ssp:0", "ssp:1", "ssp:42", "ssp:1000000"}) {
     Result<TrainingMode> m = TrainingMode::Parse(text);
     ASSERT_TRUE(m.ok()) << text << ": " << m.status().ToString();
     EXPECT_EQ(m->ToString(), text);
@@ -42,7 +49,8 @@ TEST(TrainingModeTest, ParseOfToStringGivesTheSameModeBack) {
 TEST(TrainingModeTest, ParseOfAnythingElseIsInvalidArgumentQuotingTheText) {
   for (const std::string text : {"", "ssp:", "ssp:-1", "ssp:x", "ssp:1x", "ssp:+1", "ssp: 1",
                                  "ssp:1000001", "ssp:99999999999999999999", "ssp", "SYNC",
-                                 "Async", " sync", "sync ", "bsp"}) {
+                                 "Async", " sync", "sync ", "bsp", "sync:", "sync:delay",
+                                 "sync:1", "sync:Delayed"}) {
     Result<TrainingMode> m = TrainingMode::Parse(text);
     ASSERT_FALSE(m.ok()) << "'" << text << "' was accepted as " << m->ToString();
     EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << text;
@@ -57,6 +65,7 @@ TEST(CheckStoredModeTest, SameModeIsFineAnotherIsOneLineNamingBothAndTheDirector
   for (const auto& [stored, running] : {std::pair<const char*, const char*>{"sync", "async"},
                                         {"async", "sync"},
                                         {"ssp:2", "ssp:3"},
+                                        {"sync", "sync:delayed"},
                                         {"garbage", "async"}}) {
     const Status s = CheckStoredMode(stored, *TrainingMode::Parse(running), "/data/ps0");
     ASSERT_FALSE(s.ok()) << stored << " under " << running;

@@ -58,15 +58,18 @@ struct Params {
 // Four sync workers, 20 steps of 16 examples each, against one process doing SGD with batch
 // 64 on the same examples; with `cosine`, the servers' schedule decays the learning rate over
 // exactly those 1280 examples and the one process applies the same factors step by step.
-void ExpectSyncEqualsOneProcessSgd(bool cosine) {
+// With `delayed` (sync:delayed) every worker computes step t's gradient from the parameters of
+// step t - 1 (step 0's from the initial ones), and the one process does the same.
+void ExpectSyncEqualsOneProcessSgd(bool cosine, bool delayed = false) {
   constexpr int kWorkers = 4, kBatch = 16, kSteps = 20;
   constexpr float kLr = 0.1f;
   const std::string widths = "784-32-10";
+  const std::string mode = delayed ? "sync:delayed" : "sync";
   TempDir dir;
-  ProcessCluster cluster(2, kWorkers, "sync", {}, dir.path());
+  ProcessCluster cluster(2, kWorkers, mode, {}, dir.path());
   zmq::context_t ctx;
   auto client = cluster.Client(ctx);
-  ModelRegistration reg = WorkerRegistration(widths, kLr, 2, "sync");
+  ModelRegistration reg = WorkerRegistration(widths, kLr, 2, mode);
   std::vector<std::string> args = {"--model", widths, "--optimizer", "sgd", "--lr", "0.1",
                                    "--batch-size", std::to_string(kBatch), "--no-shuffle",
                                    "--max-steps", std::to_string(kSteps), "--epochs", "1"};
@@ -96,8 +99,9 @@ void ExpectSyncEqualsOneProcessSgd(bool cosine) {
   ASSERT_TRUE(data.ok());
   auto backend = CreateCpuBackend(testing::MakeModel(widths, {1, 28, 28}));
   ASSERT_TRUE(backend.ok());
-  Params reference(reg.variables), grad(reg.variables);
+  Params reference(reg.variables), grad(reg.variables), before(reg.variables);
   reference.data = start.data;
+  before.data = start.data;  // delayed: the parameters of the step before
   const int big = kWorkers * kBatch;
   std::vector<float> x(static_cast<size_t>(big * data->dim));
   std::vector<uint8_t> y(static_cast<size_t>(big));
@@ -105,7 +109,9 @@ void ExpectSyncEqualsOneProcessSgd(bool cosine) {
     std::vector<int64_t> idx(static_cast<size_t>(big));
     for (int j = 0; j < big; ++j) idx[static_cast<size_t>(j)] = int64_t{big} * t + j;
     GatherBatch(*data, idx, x.data(), y.data());
-    ASSERT_TRUE((*backend)->ForwardBackward(reference.cptrs, x.data(), y.data(), big, 0, grad.ptrs).ok());
+    const Params& read = delayed ? before : reference;
+    ASSERT_TRUE((*backend)->ForwardBackward(read.cptrs, x.data(), y.data(), big, 0, grad.ptrs).ok());
+    if (delayed) before.data = reference.data;
     const float lr = kLr * LrScheduleFactor(reg.optimizer, int64_t{big} * t);
     for (size_t v = 0; v < reference.data.size(); ++v) {
       for (size_t i = 0; i < reference.data[v].size(); ++i) {
@@ -120,7 +126,7 @@ void ExpectSyncEqualsOneProcessSgd(bool cosine) {
       max_move = std::max(max_move, double{std::fabs(trained.data[v][i] - start.data[v][i])});
     }
   }
-  std::cout << "max |sync - one-process SGD| = " << max_diff << ", largest parameter move "
+  std::cout << "max |" << mode << " - one-process SGD| = " << max_diff << ", largest parameter move "
             << max_move << "\n";
   EXPECT_LE(max_diff, 1e-5) << "sync training differs from batch-64 SGD";
   EXPECT_GT(max_move, 1e-3) << "the parameters did not move: the comparison proves nothing";
@@ -129,6 +135,11 @@ void ExpectSyncEqualsOneProcessSgd(bool cosine) {
 TEST(SyncModeTest, FourWorkersEqualOneProcessDoingSgdWithFourTimesTheBatch) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   ExpectSyncEqualsOneProcessSgd(/*cosine=*/false);
+}
+
+TEST(SyncModeTest, DelayedSyncIsOneProcessDoingSgdWithGradientsOneStepOld) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  ExpectSyncEqualsOneProcessSgd(/*cosine=*/false, /*delayed=*/true);
 }
 
 TEST(SyncModeTest, TheServersCosineScheduleIsOneProcessesCosineStepForStep) {

@@ -122,6 +122,24 @@ TEST(CoordinatorTest, GradientFromAnOlderVersionIsStaleAndFromANewerOneIsFuture)
   EXPECT_EQ(c.contributors(), 1);
 }
 
+TEST(CoordinatorTest, DelayedSyncTakesGradientsOneVersionOldAndNoOlder) {
+  Coordinator::Options o = Options(TrainingMode::Kind::kSync, 2);
+  o.mode.delay = 1;
+  Coordinator c(o, kT0);
+  EXPECT_EQ(c.OfferSync(0, 3, 5), Offer::kStale);
+  EXPECT_EQ(c.OfferSync(0, 6, 5), Offer::kFuture);
+  EXPECT_EQ(c.contributors(), 0);
+  // Read at 4 (the step before) and at 5 (the first step, or a worker that did not overlap):
+  // one gradient per rank all the same.
+  EXPECT_EQ(c.OfferSync(0, 4, 5), Offer::kAccept);
+  EXPECT_EQ(c.OfferSync(0, 5, 5), Offer::kDuplicate);
+  EXPECT_EQ(c.OfferSync(1, 5, 5), Offer::kAccept);
+  EXPECT_TRUE(c.StepReady());
+  // Plain sync drops the one-version-old gradient.
+  Coordinator plain = Sync(2);
+  EXPECT_EQ(plain.OfferSync(0, 4, 5), Offer::kStale);
+}
+
 TEST(CoordinatorTest, StaleIsReportedBeforeDuplicate) {
   // A rank that contributed to step 5 and resends an older gradient is told it is stale
   // (dropped, not an error).

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <future>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -219,6 +220,79 @@ TEST(StepSyncTest, TwoWorkersStepsInPartsMakeOneAveragedStep) {
             << "rank " << rank << " " << reg.variables[v].name << "[" << i << "]";
       }
     }
+  }
+}
+
+// sync:delayed: a gradient computed from the parameters before the latest pull (the worker
+// computed it while the step before was exchanged) is one of the next step's; plain sync
+// drops it as stale.
+TEST(StepSyncTest, DelayedSyncTakesAGradientReadOneStepBeforeTheLatestPull) {
+  for (const std::string mode : {"sync:delayed", "sync"}) {
+    SCOPED_TRACE(mode);
+    zmq::context_t context;
+    ServerOptions options;
+    options.num_shards = 2;
+    options.num_workers = 1;
+    options.mode = *TrainingMode::Parse(mode);
+    options.shard_index = 0;
+    testing::InProcessServer s0(context, options);
+    options.shard_index = 1;
+    testing::InProcessServer s1(context, options);
+    ModelRegistration reg = ThreeVariables(2);
+    reg.mode = mode;
+    PsClientOptions o;
+    o.ps_addresses = {s0.endpoint(), s1.endpoint()};
+    o.rank = 0;
+    o.request_timeout = kWait;
+    o.blocking_timeout = kWait;
+    o.pulls_may_wait = true;
+    auto c = PsClient::Connect(context, o);
+    ASSERT_TRUE(c.ok());
+    PsClient& client = **c;
+    ASSERT_TRUE(client.Register(reg, kWait).ok());
+    std::vector<std::vector<float>> params;
+    for (const VariableSpec& v : reg.variables) params.emplace_back(static_cast<size_t>(v.num_elements()));
+    ASSERT_TRUE(client.Pull(Pointers<float>(params), PsClient::kNextStep).ok());
+    const PsClient::ReadPoint at0 = client.read_point();
+    EXPECT_THAT(at0.versions, ::testing::ElementsAre(0, 0));
+    std::vector<std::vector<float>> g = Gradients(reg);
+    ASSERT_TRUE(client.PushPull(Pointers<const float>(g), 4, Pointers<float>(params),
+                                PsClient::kNextStep).ok());
+    EXPECT_THAT(client.read_point().versions, ::testing::ElementsAre(1, 1));
+    std::vector<std::vector<float>> g2 = g;
+    for (auto& v : g2) {
+      for (float& x : v) x *= 2.0f;
+    }
+    if (mode == "sync") {
+      // Read at version 0, offered to step 1: dropped by both shards, nothing applied.
+      ASSERT_TRUE(client.Push(Pointers<const float>(g2), 4, /*read_version=*/0).ok());
+      EXPECT_TRUE(client.last_push_dropped());
+      auto stats = client.Stats();
+      ASSERT_TRUE(stats.ok());
+      EXPECT_EQ((*stats)[0].version, 1);
+      EXPECT_EQ((*stats)[1].version, 1);
+      continue;
+    }
+    // The second gradient, computed from version 0, makes step 1, and the pull waits for it.
+    PsClient::PushPullTimes times;
+    ASSERT_TRUE(client.PushPull(Pointers<const float>(g2), 4, Pointers<float>(params),
+                                PsClient::kNextStep, &times, {}, {}, &at0).ok());
+    EXPECT_FALSE(client.last_push_dropped());
+    EXPECT_EQ(client.last_push_staleness(), 1);
+    EXPECT_THAT(client.read_point().versions, ::testing::ElementsAre(2, 2));
+    const std::vector<std::vector<float>> w0 = InitialValues(reg);
+    for (size_t v = 0; v < w0.size(); ++v) {
+      for (size_t i = 0; i < w0[v].size(); ++i) {
+        ASSERT_FLOAT_EQ(params[v][i], w0[v][i] - 3.0f * kLearningRate * g[v][i])
+            << reg.variables[v].name << "[" << i << "]";
+      }
+    }
+    // A read point of the wrong shape is refused before anything is sent.
+    PsClient::ReadPoint wrong{{0}, {0}};
+    const Status refused = client.PushPull(Pointers<const float>(g), 4, Pointers<float>(params),
+                                           PsClient::kNextStep, nullptr, {}, {}, &wrong);
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+    EXPECT_FALSE(client.in_step());
   }
 }
 

@@ -4,7 +4,8 @@ configuration in a fresh lab of W worker hosts (plus S server hosts for `dedicat
 link shaped to --rate both ways, the Keras CNN on Fashion-MNIST, one process per worker host.
 
   bench_netlab.py [--rate 1gbit] [--workers 2] [--servers 2] [--epochs 1] [--mode sync]
-                  [--configs ddp,dedicated,colocated,colocated-bf16] [--target 0.88]
+                  [--configs ddp,dedicated,colocated,colocated-bf16,colocated-overlap,
+                             colocated-overlap-bf16] [--target 0.88]
                   [--json FILE] [--keep DIR]
 
 Configurations:
@@ -12,6 +13,9 @@ Configurations:
   dedicated       parasync, S servers on S hosts of their own, workers on the W others
   colocated       parasync, --ps colocated: one server on every worker host
   colocated-bf16  the same, --wire-dtype bfloat16
+  colocated-overlap       colocated, --mode sync:delayed: each step's exchange overlaps the
+                          next gradient's compute (needs --mode sync)
+  colocated-overlap-bf16  the same, --wire-dtype bfloat16
 Every configuration trains the same model with Adam 1e-3, batch 64 per worker, seed 1.
 
 Prints a markdown table: examples/s (all workers' training examples over the wall time from
@@ -19,7 +23,8 @@ the first evaluation to the last, evaluations included on both sides), the wall 
 --target test accuracy (the first evaluation at or above it; "-" if none), the final
 accuracy, the busiest worker host's link bytes per epoch each way (from the links' counters),
 and a parasync worker's mean step split (pull, compute, push, from
-parasync_worker_step_seconds). Needs root (network namespaces) and /usr/bin/python3 with
+parasync_worker_step_seconds: what the step waited for; with overlap also the whole exchange,
+from the workers' epoch lines). Needs root (network namespaces) and /usr/bin/python3 with
 PyTorch for ddp; exit 2 for bad flags, 3 where namespaces cannot be made.
 """
 import argparse
@@ -36,7 +41,8 @@ import types
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 NETLAB = os.path.join(ROOT, "tools", "netlab")
-CONFIGS = ("ddp", "dedicated", "colocated", "colocated-bf16")
+CONFIGS = ("ddp", "dedicated", "colocated", "colocated-bf16", "colocated-overlap",
+           "colocated-overlap-bf16")
 DDP_PORT = 29400
 
 
@@ -61,6 +67,8 @@ def parse():
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
         p.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+    if args.mode != "sync" and any("overlap" in c for c in args.configs):
+        p.error("--configs: the overlap configurations run sync:delayed, beside --mode sync")
     if args.workers < 1 or args.servers < 1 or args.epochs < 1:
         p.error("--workers, --servers and --epochs must be at least 1")
     return args
@@ -136,6 +144,18 @@ def step_split(log_dir, workers):
     return {k: round(1e3 * sums[k] / counts[k], 2) for k in sums if counts.get(k)}
 
 
+def exchange_ms(log_dir, workers):
+    """The mean of the workers' whole exchange per step (sync:delayed epoch lines), or None."""
+    pattern = re.compile(r"the exchange took ([0-9.]+) ms")
+    values = []
+    for i in range(workers):
+        path = os.path.join(log_dir, f"worker{i}.log")
+        if os.path.exists(path):
+            with open(path, errors="replace") as f:
+                values += [float(m.group(1)) for m in pattern.finditer(f.read())]
+    return round(sum(values) / len(values), 1) if values else None
+
+
 def run_parasync(args, config, work):
     name = f"bnl-{config}"[:20]
     dedicated = config == "dedicated"
@@ -145,7 +165,8 @@ def run_parasync(args, config, work):
     ps = ",".join(f"{h}:1" for h in hosts[args.workers:]) if dedicated else "colocated"
     log_dir = os.path.join(work, "run")
     flags = ["--ps", ps, "-H", ",".join(f"{h}:1" for h in workers), "--ssh-command",
-             "$NETLAB_EXEC", "--model", "cnn", "--mode", args.mode, "--epochs",
+             "$NETLAB_EXEC", "--model", "cnn", "--mode",
+             "sync:delayed" if "overlap" in config else args.mode, "--epochs",
              str(args.epochs), "--optimizer", "adam", "--lr", "0.001", "--batch-size", "64",
              "--seed", "1", "--dataset", args.data, "--log-dir", log_dir]
     if config.endswith("bf16"):
@@ -168,7 +189,8 @@ def run_parasync(args, config, work):
             "time_to_target_s": round(reached[0], 1) if reached else None,
             "final_accuracy": round(last["test_accuracy"], 4),
             "link_mb_per_epoch": link_mb_per_epoch(links, workers, args.epochs),
-            "split": step_split(log_dir, args.workers)}
+            "split": step_split(log_dir, args.workers),
+            "exchange_ms": exchange_ms(log_dir, args.workers)}
 
 
 def main():
@@ -197,6 +219,8 @@ def main():
         split = r["split"] or {}
         split_text = (" / ".join(f"{split.get(k, 0):.1f}" for k in ("pull", "compute", "push"))
                       if split else "-")
+        if r.get("exchange_ms") is not None:
+            split_text += f" (exchange {r['exchange_ms']:.1f}, overlapped)"
         target = f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "-"
         tx, rx = r["link_mb_per_epoch"]
         print(f"| {r['config']} | {r['examples_per_sec']:,} | {ratio} | {target} | "

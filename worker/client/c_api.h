@@ -119,7 +119,9 @@ PARASYNC_API void parasync_options_destroy(parasync_options_t* options);
  * cluster anywhere). */
 PARASYNC_API int parasync_options_set_cluster(parasync_options_t* options, const char* ps_hosts,
                                  int num_workers, int rank, char** errmsg);
-/* "async" (the default), "sync" or "ssp:K": must be the servers' --mode. */
+/* "async" (the default), "sync", "sync:delayed" or "ssp:K": must be the servers' --mode.
+   Under sync:delayed a push may carry a gradient of the parameters one step older than the
+   latest pull; this client's pushes are always of the latest pull's. */
 PARASYNC_API int parasync_options_set_mode(parasync_options_t* options, const char* mode, char** errmsg);
 /* Seconds: the wait for a reply (120; resending meanwhile), for the servers at start (60),
  * between heartbeats (1). A value <= 0 leaves that one as it is. */
@@ -180,7 +182,7 @@ PARASYNC_API void parasync_client_destroy(parasync_client_t* client);
 PARASYNC_API int parasync_client_rank(const parasync_client_t* client);
 PARASYNC_API int parasync_client_num_workers(const parasync_client_t* client);
 PARASYNC_API int parasync_client_num_shards(const parasync_client_t* client);
-/* "async", "sync" or "ssp:K"; owned by the client. */
+/* "async", "sync", "sync:delayed" or "ssp:K"; owned by the client. */
 PARASYNC_API const char* parasync_client_mode(const parasync_client_t* client);
 /* The metrics port bound (0: none). */
 PARASYNC_API int parasync_client_metrics_port(const parasync_client_t* client);
