@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 namespace parasync {
 
@@ -83,6 +84,26 @@ Result<std::string> ToBindEndpoint(const std::string& address) {
   return "tcp://" + ip + ":" + std::to_string(parsed.port);
 }
 
+Result<std::string> IpcEndpoint(const std::string& path, const std::string& flag) {
+  // sockaddr_un's sun_path holds 108 bytes, the terminating NUL included.
+  constexpr size_t kMaxPath = 107;
+  if (path.empty() || path.front() != '/') {
+    return Status::InvalidArgument(flag + " takes an absolute path for a unix socket, not '" +
+                                   path + "'");
+  }
+  if (path.size() > kMaxPath) {
+    return Status::InvalidArgument(flag + " " + path + " is " + std::to_string(path.size()) +
+                                   " bytes; a unix socket's path holds at most " +
+                                   std::to_string(kMaxPath));
+  }
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return Status::InvalidArgument(flag + " " + path + ": no directory " + dir.string());
+  }
+  return "ipc://" + path;
+}
+
 bool IsLoopbackAddress(const std::string& ip) {
   return ip.rfind("127.", 0) == 0 || ip == "::1" || ip.rfind("::ffff:127.", 0) == 0;
 }
@@ -114,6 +135,15 @@ Result<std::unique_ptr<Socket>> Socket::Bind(zmq::context_t& context, const std:
     socket->max_bytes_ = options.max_message_bytes > 0
                              ? static_cast<uint64_t>(options.max_message_bytes) : 0;
     return socket;
+  } catch (const zmq::error_t& e) {
+    return FromZmq(e, "cannot bind " + endpoint);
+  }
+}
+
+Status Socket::BindAlso(const std::string& endpoint) {
+  try {
+    socket_.bind(endpoint);
+    return Status::Ok();
   } catch (const zmq::error_t& e) {
     return FromZmq(e, "cannot bind " + endpoint);
   }

@@ -55,6 +55,10 @@ class Socket {
   // in use or cannot be bound, InvalidArgument for a malformed endpoint.
   static Result<std::unique_ptr<Socket>> Bind(zmq::context_t& context, const std::string& endpoint,
                                               const SocketOptions& options = {});
+  // A bound socket listens on `endpoint` as well (e.g. "ipc:///tmp/ps0.sock" beside its TCP
+  // address). Unavailable when it cannot be bound.
+  Status BindAlso(const std::string& endpoint);
+
   // Creates a DEALER that connects to `endpoint`. The connection is made in the background;
   // messages sent before it is up are queued. Never blocks.
   static Result<std::unique_ptr<Socket>> Connect(zmq::context_t& context,
@@ -121,6 +125,10 @@ std::string ToEndpoint(const std::string& address);
 // literals are kept). InvalidArgument for an address ParseHostPort refuses or a name that
 // does not resolve.
 Result<std::string> ToBindEndpoint(const std::string& address);
+
+// "ipc://PATH" for a unix socket PATH: absolute, at most 107 bytes (the kernel's bound), in a
+// directory that exists. InvalidArgument naming `flag` otherwise.
+Result<std::string> IpcEndpoint(const std::string& path, const std::string& flag);
 
 // True for 127.0.0.0/8, ::1 and IPv4-mapped loopback.
 bool IsLoopbackAddress(const std::string& ip);

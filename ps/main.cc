@@ -84,6 +84,7 @@ struct PsFlags {
   double straggler_log_s = 1.0;  // --straggler-log-seconds
   // AddServingFlags
   std::string bind;
+  std::string ipc;  // --ipc: a unix socket to listen on as well
   std::string metrics_bind = "127.0.0.1";
   int metrics_port = 0;
   std::string log_dir;
@@ -176,6 +177,12 @@ void AddServingFlags(CLI::App& app, PsFlags& f) {
   app.add_option("--bind", f.bind,
                  "Address to bind, host:port (default: this task's address in the cluster; "
                  "use 0.0.0.0:PORT to listen on all interfaces; a host name must resolve)");
+  app.add_option("--ipc", f.ipc,
+                 "Listen on this unix socket too (an absolute path, e.g. "
+                 "/tmp/parasync-ps0.sock), for the workers on this host: theirs is --ps-ipc "
+                 "SHARD=PATH, and their requests then skip TCP (parasync-launch --ps colocated "
+                 "sets both)")
+      ->type_name("PATH");
   // The last of repeated metrics flags wins, so a user's --ps-arg/--worker-arg overrides
   // the launcher's.
   app.add_option("--metrics-port", f.metrics_port, "Port of /metrics; 0 picks a free one and logs it")
@@ -270,6 +277,7 @@ void AddFlags(CLI::App& app, PsFlags& f) {
 struct PsConfig {
   ClusterSpec spec;
   std::string endpoint;    // the server socket's bind endpoint
+  std::string local_endpoint;  // --ipc's, or empty
   std::string metrics_ip;  // --metrics-bind, resolved
   TrainingMode mode;
   int num_workers = 0;
@@ -303,6 +311,11 @@ std::optional<int> Validate(const PsFlags& f, PsConfig& c) {
   auto endpoint = ToBindEndpoint(c.address);
   if (!endpoint.ok()) return Fail(endpoint.status().message(), kExitBadUsage);
   c.endpoint = *endpoint;
+  if (!f.ipc.empty()) {
+    auto local = IpcEndpoint(f.ipc, "--ipc");
+    if (!local.ok()) return Fail(local.status().message(), kExitBadUsage);
+    c.local_endpoint = *local;
+  }
   auto metrics_ip = ResolveBindHost(f.metrics_bind, "--metrics-bind");
   if (!metrics_ip.ok()) return Fail(metrics_ip.status().message(), kExitBadUsage);
   c.metrics_ip = *metrics_ip;
@@ -416,6 +429,7 @@ std::optional<int> PrepareProcess(const PsFlags& f, const PsConfig& c) {
 ServerOptions MakeServerOptions(const PsFlags& f, const PsConfig& c) {
   ServerOptions options;
   options.endpoint = c.endpoint;
+  options.local_endpoint = c.local_endpoint;
   options.allow_remote_shutdown = f.allow_remote_shutdown;
   options.drop_push_reply_every = f.drop_push_reply_every;
   options.num_workers = c.num_workers;
@@ -655,6 +669,11 @@ int Serve(const PsFlags& f, const PsConfig& c) {
   if (auto exit = RestoreServer(f, **server, opened)) return *exit;
   LogServing(f, c, **server, metrics_port);
   const Status run = (*server)->Run([] { return ShutdownRequested(); });
+  if (!f.ipc.empty()) {
+    // Ours since the bind (which replaced whatever a crashed predecessor left there).
+    std::error_code ignored;
+    std::filesystem::remove(f.ipc, ignored);
+  }
   return Finish(f, c, **server, metrics, opened.store != nullptr, run);
 }
 

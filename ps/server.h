@@ -42,6 +42,9 @@ namespace parasync {
 
 struct ServerOptions {
   std::string endpoint;  // e.g. "tcp://127.0.0.1:5000"
+  // Also listened on, e.g. "ipc:///tmp/parasync-ps0.sock" for the workers on this host
+  // (empty: none).
+  std::string local_endpoint;
   int shard_index = 0;
   int num_shards = 1;
   int num_workers = 1;

@@ -194,6 +194,7 @@ int RunEvalOnly(const std::string& model_path, const std::string& data_dir,
 // The command line, as --help lists it.
 struct WorkerFlags {
   parasync::ClusterFlags cluster;
+  std::vector<std::string> ps_ipc;  // --ps-ipc SHARD=PATH
   std::string mode = "async";
   std::string data_dir = parasync::kDefaultDataDir;
   int epochs = 5;
@@ -244,6 +245,11 @@ void AddClusterAndDataFlags(CLI::App& app, WorkerFlags& f) {
   app.add_option("--ps-hosts", f.cluster.ps_hosts,
                  "Comma-separated host:port of every PS shard (IP addresses or host names, "
                  "ports 1-65535, each address once)");
+  app.add_option("--ps-ipc", f.ps_ipc,
+                 "Reach shard SHARD over the unix socket PATH that it listens on (its --ipc) "
+                 "instead of TCP: for the shard on this host (parasync-launch --ps colocated "
+                 "sets it). Repeatable")
+      ->type_name("SHARD=PATH");
   app.add_option("--worker-hosts", f.cluster.worker_hosts,
                  "Comma-separated host:port of every worker (their count is the world size)");
   app.add_option("--task-index", f.cluster.task_index, "This worker's rank; 0 is the chief")
@@ -434,6 +440,8 @@ void SetUpWorkerCommandLine(CLI::App& app, WorkerFlags& f) {
 // anything starts.
 struct WorkerConfig {
   parasync::ClusterSpec cluster;
+  // Where this worker reaches each shard: its cluster address, or --ps-ipc's unix socket.
+  std::vector<std::string> ps_endpoints;
   int rank = 0;
   std::string metrics_ip;
   parasync::TrainingMode mode;
@@ -474,6 +482,36 @@ parasync::Result<parasync::OptimizerSpec> OptimizerFromFlags(const WorkerFlags& 
   return opt;
 }
 
+// The shards' addresses, with --ps-ipc's SHARD=PATH items in place of theirs.
+parasync::Result<std::vector<std::string>> ShardEndpoints(const std::vector<std::string>& ps,
+                                                          const std::vector<std::string>& items) {
+  using namespace parasync;
+  std::vector<std::string> endpoints = ps;
+  std::vector<bool> given(ps.size(), false);
+  for (const std::string& item : items) {
+    const size_t eq = item.find('=');
+    size_t shard = 0;
+    const char* end = item.data() + (eq == std::string::npos ? 0 : eq);
+    auto [p, ec] = std::from_chars(item.data(), end, shard);
+    if (eq == std::string::npos || eq == 0 || ec != std::errc() || p != end) {
+      return Status::InvalidArgument("--ps-ipc takes SHARD=PATH, e.g. 0=/tmp/parasync-ps0.sock, "
+                                     "not '" + item + "'");
+    }
+    if (shard >= ps.size() || given[shard]) {
+      return Status::InvalidArgument("--ps-ipc " + item + ": " +
+                                     (shard >= ps.size() ? "the cluster has " +
+                                                               std::to_string(ps.size()) + " shards"
+                                                         : "shard " + std::to_string(shard) +
+                                                               " is given twice"));
+    }
+    auto endpoint = IpcEndpoint(item.substr(eq + 1), "--ps-ipc");
+    if (!endpoint.ok()) return endpoint.status();
+    endpoints[shard] = *endpoint;
+    given[shard] = true;
+  }
+  return endpoints;
+}
+
 // Checks the flags (except the eval-only ones) and resolves what they name; InvalidArgument
 // with the line to print otherwise. `f.local_rank` < 0 is taken from the environment.
 parasync::Result<WorkerConfig> Validate(const WorkerFlags& f) {
@@ -483,6 +521,9 @@ parasync::Result<WorkerConfig> Validate(const WorkerFlags& f) {
   if (!spec.ok()) return spec.status();
   c.cluster = std::move(spec).value();
   c.rank = c.cluster.task_index;
+  auto endpoints = ShardEndpoints(c.cluster.ps, f.ps_ipc);
+  if (!endpoints.ok()) return endpoints.status();
+  c.ps_endpoints = std::move(endpoints).value();
   auto metrics_ip = ResolveBindHost(f.metrics_bind, "--metrics-bind");
   if (!metrics_ip.ok()) return metrics_ip.status();
   c.metrics_ip = *metrics_ip;
@@ -496,7 +537,8 @@ parasync::Result<WorkerConfig> Validate(const WorkerFlags& f) {
   c.mode = *mode;
   if (f.staleness_lr && c.mode.kind == TrainingMode::Kind::kSync) {
     return Status::InvalidArgument(
-        "--staleness-lr applies to async and ssp modes (sync gradients are never stale)");
+        "--staleness-lr applies to async and ssp modes (sync gradients are never stale, and "
+        "sync:delayed's are always one step old)");
   }
   if (f.lr_scaling != "none" && f.lr_scaling != "linear") {
     return Status::InvalidArgument("--lr-scaling must be linear or none, not '" + f.lr_scaling +
@@ -622,14 +664,14 @@ std::optional<int> Connect(zmq::context_t& context, const WorkerFlags& f, const 
                            parasync::WorkerMetrics& metrics, Connection* conn) {
   using namespace parasync;
   PsClientOptions client_options;
-  client_options.ps_addresses = c.cluster.ps;
+  client_options.ps_addresses = c.ps_endpoints;
   client_options.rank = c.rank;
   client_options.request_timeout = Millis(f.request_timeout_s);
   client_options.curve = c.curve;
   client_options.wire_dtype = c.wire;
   client_options.copy_threads = f.copy_threads;
   auto heartbeater = Heartbeater::Start(
-      context, c.cluster.ps, c.rank,
+      context, c.ps_endpoints, c.rank,
       std::chrono::milliseconds(static_cast<int64_t>(f.heartbeat_interval_s * 1000)), c.curve);
   if (!heartbeater.ok()) return Fail(heartbeater.status().message());
   conn->heartbeater = std::move(heartbeater).value();

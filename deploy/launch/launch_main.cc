@@ -120,6 +120,7 @@ struct Flags {
   std::string ps;                      // --ps: a count, or host:N,host:N
   std::string worker_hosts;            // -H
   CLI::Option* workers = nullptr;      // --workers, to tell whether it was given
+  std::optional<bool> ipc;             // --ipc / --no-ipc; unset: on for --ps colocated
   std::vector<std::string> rank_args;  // --rank-arg RANK:ARG
   std::vector<std::string> kills;      // --kill WHO@S[+R]
   bool dry_run = false;
@@ -137,6 +138,11 @@ void AddClusterFlags(CLI::App& app, Flags& flags) {
                  "link carries its share of the model both ways")
       ->capture_default_str()
       ->type_name("N|HOSTS");
+  app.add_flag_function(
+      "--ipc,!--no-ipc", [&flags](int64_t count) { flags.ipc = count > 0; },
+               "Workers reach the parameter server on their own host over a unix socket "
+               "(/tmp/parasync-ps-HOST-PORT.sock) instead of TCP [default: on with --ps "
+               "colocated, off otherwise]");
   flags.workers =
       app.add_option("--workers", options.num_workers,
                      "Number of worker processes; worker 0 is the chief [default: 2, or the "
@@ -352,6 +358,7 @@ Status ParsePlacement(Flags& flags) {
     }
     options.num_ps = static_cast<int>(options.ps_placement.size());
   }
+  options.local_ipc = flags.ipc.value_or(colocated);
   return Status::Ok();
 }
 

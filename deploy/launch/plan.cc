@@ -137,6 +137,7 @@ std::string WorkerKeyFile(const std::string& dir, int index) {
 
 void AddPsFlags(const LaunchOptions& options, const ProcessSpec& spec,
                 std::vector<std::string>& argv) {
+  if (options.local_ipc) argv.insert(argv.end(), {"--ipc", LocalSocketPath(spec.address)});
   if (options.replicas_to_aggregate) {
     argv.insert(argv.end(), {"--replicas-to-aggregate", *options.replicas_to_aggregate});
   }
@@ -151,10 +152,15 @@ void AddPsFlags(const LaunchOptions& options, const ProcessSpec& spec,
 
 // `local_rank`: the worker's index among the workers on its host (each takes its own GPU
 // where there are several).
-void AddWorkerFlags(const LaunchOptions& options, const ProcessSpec& spec, int local_rank,
-                    std::vector<std::string>& argv) {
+void AddWorkerFlags(const LaunchOptions& options, const Cluster& cluster, const ProcessSpec& spec,
+                    int local_rank, std::vector<std::string>& argv) {
   argv.insert(argv.end(), {"--local-rank", std::to_string(local_rank), "--epochs",
                            std::to_string(options.epochs)});
+  for (size_t i = 0; i < cluster.num_ps && options.local_ipc; ++i) {
+    if (cluster.hosts[i] != spec.host) continue;
+    argv.insert(argv.end(), {"--ps-ipc", std::to_string(i) + "=" +
+                                             LocalSocketPath(cluster.ps_addresses[i])});
+  }
   if (!options.data_dir.empty()) argv.insert(argv.end(), {"--dataset", options.data_dir});
   for (const TrainingSetting& setting : TrainingSettings(options)) {
     if (setting.value->has_value()) argv.insert(argv.end(), {setting.flag, **setting.value});
@@ -249,7 +255,7 @@ std::vector<std::string> BinaryArgv(const LaunchOptions& options, const Cluster&
   if (is_ps) {
     AddPsFlags(options, spec, argv);
   } else {
-    AddWorkerFlags(options, spec, local_rank, argv);
+    AddWorkerFlags(options, cluster, spec, local_rank, argv);
   }
   AddCurveFlags(options, spec, argv);
   return argv;
@@ -309,6 +315,12 @@ ProcessSpec PlanExporter(const LaunchOptions& options, const Cluster& cluster) {
 }
 
 }  // namespace
+
+std::string LocalSocketPath(const std::string& address) {
+  std::string name = address;
+  std::replace(name.begin(), name.end(), ':', '-');
+  return "/tmp/parasync-ps-" + name + ".sock";
+}
 
 std::string ShellJoin(const std::vector<std::string>& argv) {
   std::string command;

@@ -110,6 +110,11 @@ Status CheckBinaries(const std::string& bin_dir, bool with_export = false,
 // may be null or empty). Reads the filesystem.
 std::string WorkerPythonPath(const std::string& bin_dir, const char* inherited);
 
+// The unix socket a PS at `address` (host:port) also listens on when LaunchOptions::local_ipc
+// is set: /tmp/parasync-ps-HOST-PORT.sock, unique per host and port, so also where several
+// emulated hosts share one file system (tools/netlab).
+std::string LocalSocketPath(const std::string& address);
+
 // `spec`'s command as one shell command line, as --dry-run prints it: its `env` as NAME=value
 // words, then spawn_argv (a remote process's env is inside its ssh command already).
 std::string DisplayCommand(const ProcessSpec& spec);

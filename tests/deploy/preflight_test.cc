@@ -27,6 +27,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::Child;
 using testing::ExitCode;
 using testing::TempDir;
@@ -208,6 +209,24 @@ TEST_F(PreflightTest, ColocatedPutsOneServerOnEveryWorkerHost) {
   EXPECT_THAT(lines[0], HasSubstr("--ps-hosts n1:29500,n2:29500 "));
   EXPECT_THAT(lines[2], HasSubstr("worker0 on n1: "));
   EXPECT_THAT(lines[5], HasSubstr("worker3 on n1: "));
+  // Each server also listens on a unix socket, and the workers on its host reach it there
+  // (n1's workers shard 0's, n2's shard 1's), not the other host's.
+  EXPECT_THAT(lines[0], HasSubstr("--ipc /tmp/parasync-ps-n1-29500.sock"));
+  EXPECT_THAT(lines[1], HasSubstr("--ipc /tmp/parasync-ps-n2-29500.sock"));
+  for (size_t w : {2u, 3u, 5u}) {
+    EXPECT_THAT(lines[w], HasSubstr("--ps-ipc 0=/tmp/parasync-ps-n1-29500.sock"));
+    EXPECT_THAT(lines[w], Not(HasSubstr("--ps-ipc 1=")));
+  }
+  EXPECT_THAT(lines[4], HasSubstr("--ps-ipc 1=/tmp/parasync-ps-n2-29500.sock"));
+  EXPECT_THAT(lines[4], Not(HasSubstr("--ps-ipc 0=")));
+  // --no-ipc: TCP everywhere; and without colocated, --ipc asks for it.
+  auto [tcp_code, tcp_out] =
+      Launch({"--ps", "colocated", "-H", "n1:2,n2:1,n1:1", "--no-ipc", "--dry-run"});
+  EXPECT_EQ(tcp_code, 0) << tcp_out;
+  EXPECT_THAT(testing::ReadFile(dir_.path() + "/out"), Not(HasSubstr("ipc")));
+  auto [local_code, local_out] = Launch({"--ps", "1", "--workers", "1", "--ipc", "--dry-run"});
+  EXPECT_EQ(local_code, 0) << local_out;
+  EXPECT_THAT(testing::ReadFile(dir_.path() + "/out"), HasSubstr("--ps-ipc 0=/tmp/parasync-ps-"));
 
   auto [bad, said] = Launch({"--ps", "colocated", "--dry-run"});
   EXPECT_EQ(bad, 2) << said;

@@ -1,7 +1,9 @@
 // End-to-end tests: the real parasync-launch starting real parasync-ps and parasync-worker
 // processes over loopback, training on Fashion-MNIST; and the binaries' handling of bad
 // flags and missing data.
+#include <csignal>
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -73,6 +75,37 @@ TEST(ClusterTest, AsyncTwoPsTwoWorkersLearnsWellAboveChanceAndStopsCleanly) {
             std::string::npos);
 }
 
+// --ipc / --ps-ipc: the worker is given a TCP address where nothing listens for the shard,
+// and the shard's unix socket: it can only train by reaching the shard over the socket.
+TEST(ClusterTest, AWorkerReachesTheShardOnItsHostOverAUnixSocket) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed at " << testing::DataDir();
+  TempDir dir;
+  const std::vector<int> ports = testing::FreePorts(3);
+  const std::string ps_port = std::to_string(ports[0]), worker = "127.0.0.1:" + std::to_string(ports[1]);
+  const std::string nowhere = "127.0.0.1:" + std::to_string(ports[2]);
+  const std::string sock = dir.path() + "/ps0.sock";
+  Child ps = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts", "127.0.0.1:" + ps_port,
+                           "--worker-hosts", worker, "--task-index", "0", "--mode", "sync",
+                           "--ipc", sock},
+                          dir.path() + "/ps0.log");
+  Child trainer = Child::Start(
+      {testing::BinDir() + "/parasync-worker", "--ps-hosts", nowhere, "--worker-hosts", worker,
+       "--task-index", "0", "--mode", "sync", "--ps-ipc", "0=" + sock, "--data",
+       testing::DataDir(), "--epochs", "1", "--max-steps", "30", "--log-dir", dir.path()},
+      dir.path() + "/worker0.log");
+  auto status = trainer.Wait(180s);
+  ASSERT_TRUE(status.has_value()) << testing::ReadFile(dir.path() + "/worker0.log");
+  ASSERT_EQ(ExitCode(*status), 0) << testing::ReadFile(dir.path() + "/worker0.log");
+  const auto last = nlohmann::json::parse(testing::ReadLines(dir.path() + "/eval.jsonl").back());
+  EXPECT_EQ(last["step"].get<int64_t>(), 30);
+  EXPECT_TRUE(std::filesystem::exists(sock));
+  ps.Signal(SIGTERM);
+  auto stopped = ps.Wait(30s);
+  ASSERT_TRUE(stopped.has_value());
+  EXPECT_EQ(ExitCode(*stopped), 0) << testing::ReadFile(dir.path() + "/ps0.log");
+  EXPECT_FALSE(std::filesystem::exists(sock)) << "the server left its socket behind";
+}
+
 TEST(ClusterTest, WorkerFailureFailsTheLaunchAndLeavesNothingRunning) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   TempDir dir;
@@ -142,7 +175,21 @@ INSTANTIATE_TEST_SUITE_P(
                       "--lr-final-fraction"},
         BadInvocation{"parasync-launch", {"--lr-schedule=linear"}, "linear"},
         BadInvocation{"parasync-worker", {kCluster, kWorkers, "--epochs=0"}, "--epochs"},
-        BadInvocation{"parasync-launch", {"--workers=0"}, "--workers"}));
+        BadInvocation{"parasync-launch", {"--workers=0"}, "--workers"},
+        BadInvocation{"parasync-ps", {kCluster, kWorkers, "--ipc=ps.sock"}, "absolute path"},
+        BadInvocation{"parasync-ps", {kCluster, kWorkers, "--ipc=/nonexistent/dir/ps.sock"},
+                      "no directory /nonexistent/dir"},
+        BadInvocation{"parasync-ps", {kCluster, kWorkers, "--ipc=/" + std::string(120, 'x')},
+                      "at most 107"},
+        BadInvocation{"parasync-worker", {kCluster, kWorkers, "--ps-ipc=/tmp/ps.sock"},
+                      "SHARD=PATH"},
+        BadInvocation{"parasync-worker", {kCluster, kWorkers, "--ps-ipc=2=/tmp/ps.sock"},
+                      "the cluster has 2 shards"},
+        BadInvocation{"parasync-worker",
+                      {kCluster, kWorkers, "--ps-ipc=0=/tmp/a.sock", "--ps-ipc=0=/tmp/b.sock"},
+                      "shard 0 is given twice"},
+        BadInvocation{"parasync-worker", {kCluster, kWorkers, "--mode=sync:eventually"},
+                      "sync:delayed"}));
 
 TEST(CliTest, TfConfigSuppliesTheClusterAndFlagsWin) {
   TempDir dir;

@@ -4,14 +4,16 @@ configuration in a fresh lab of W worker hosts (plus S server hosts for `dedicat
 link shaped to --rate both ways, the Keras CNN on Fashion-MNIST, one process per worker host.
 
   bench_netlab.py [--rate 1gbit] [--workers 2] [--servers 2] [--epochs 1] [--mode sync]
-                  [--configs ddp,dedicated,colocated,colocated-bf16,colocated-overlap,
-                             colocated-overlap-bf16] [--target 0.88]
+                  [--configs ddp,dedicated,colocated,colocated-tcp,colocated-bf16,
+                             colocated-overlap,colocated-overlap-bf16] [--target 0.88]
                   [--json FILE] [--keep DIR]
 
 Configurations:
   ddp             PyTorch DDP (gloo), tools/benchmarks/torch_ddp_cnn.py --rank r on host r
   dedicated       parasync, S servers on S hosts of their own, workers on the W others
-  colocated       parasync, --ps colocated: one server on every worker host
+  colocated       parasync, --ps colocated: one server on every worker host, which the
+                  worker beside it reaches over a unix socket (the launcher's default there)
+  colocated-tcp   the same over TCP to the local server too (--no-ipc)
   colocated-bf16  the same, --wire-dtype bfloat16
   colocated-overlap       colocated, --mode sync:delayed: each step's exchange overlaps the
                           next gradient's compute (needs --mode sync)
@@ -41,7 +43,7 @@ import types
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 NETLAB = os.path.join(ROOT, "tools", "netlab")
-CONFIGS = ("ddp", "dedicated", "colocated", "colocated-bf16", "colocated-overlap",
+CONFIGS = ("ddp", "dedicated", "colocated", "colocated-tcp", "colocated-bf16", "colocated-overlap",
            "colocated-overlap-bf16")
 DDP_PORT = 29400
 
@@ -171,6 +173,8 @@ def run_parasync(args, config, work):
              "--seed", "1", "--dataset", args.data, "--log-dir", log_dir]
     if config.endswith("bf16"):
         flags += ["--wire-dtype", "bfloat16"]
+    if config == "colocated-tcp":
+        flags += ["--no-ipc"]
     command = " ".join([shlex.quote(os.path.join(args.bin_dir, "parasync-launch"))] +
                        [f'"{f}"' if f == "$NETLAB_EXEC" else shlex.quote(f) for f in flags])
     command += f" > {work}/launch.log 2>&1"
