@@ -216,6 +216,7 @@ struct WorkerFlags {
   double step_delay_s = 0;
   int step_delay_ms = 0;
   double slowdown = 1.0;
+  bool weight_prediction = true;
   bool checkpoint_each_epoch = false;
   double wait_for_workers_s = 0;
   bool staleness_lr = false;
@@ -258,6 +259,10 @@ void AddClusterAndDataFlags(CLI::App& app, WorkerFlags& f) {
                  "async, sync, sync:delayed (the exchange of each step overlaps the next "
                  "gradient's compute, which reads the parameters one step older) or ssp:K; "
                  "must equal the parameter servers' --mode");
+  app.add_flag("--weight-prediction,!--no-weight-prediction", f.weight_prediction,
+               "sync:delayed: compute each gradient at the parameters extrapolated one step "
+               "ahead (2 w[t-1] - w[t-2], where the step being exchanged is expected to take "
+               "them) rather than at w[t-1] [default: on]");
   app.add_option("--dataset", f.data_dir,
                  "Directory with the data set: IDX files "
                  "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (images [n, H, W] or "
@@ -744,6 +749,7 @@ parasync::TrainerOptions TrainerOptionsOf(const WorkerFlags& f, const WorkerConf
   options.shuffle = !f.no_shuffle;
   options.step_delay = Millis(f.step_delay_s);
   options.slowdown = f.slowdown;
+  options.weight_prediction = f.weight_prediction;
   options.checkpoint_each_epoch = f.checkpoint_each_epoch;
   options.wait_for_workers_seconds = f.wait_for_workers_s;
   options.epochs = f.epochs;

@@ -107,6 +107,8 @@ class TrainingRun {
                                    : nullptr),
         pushed_grads_(overlap_ ? std::make_unique<Tensors>(o.model.variables(), backend)
                                : nullptr),
+        predicted_params_(overlap_ ? std::make_unique<Tensors>(o.model.variables(), backend)
+                                   : nullptr),
         batch_x_(backend.AllocateHost(static_cast<size_t>(o.batch_size) *
                                       static_cast<size_t>(o.model.input_size()) * sizeof(float))),
         batch_y_(backend.AllocateHost(static_cast<size_t>(o.batch_size))),
@@ -126,7 +128,8 @@ class TrainingRun {
   // Whether every buffer could be allocated.
   bool ok() const {
     return params_.ok() && grads_.ok() && batch_x_ != nullptr && batch_y_ != nullptr &&
-           (!overlap_ || (exchanged_params_->ok() && pushed_grads_->ok()));
+           (!overlap_ ||
+            (exchanged_params_->ok() && pushed_grads_->ok() && predicted_params_->ok()));
   }
   // The client counts retries and reconnects itself; the metrics follow its counts after
   // every step and on every way out (an error return included), registration's too.
@@ -154,6 +157,10 @@ class TrainingRun {
   // pushed_grads_ (the gradient just computed, swapped in) and pulling into
   // exchanged_params_, while the caller computes the next gradient from params_ — the
   // parameters before the step now exchanged, one version older than the servers'.
+  // The parameters the gradient is computed at: params_, or with weight prediction while an
+  // exchange is in flight (the gradient will be one step old), 2 params_ - the parameters
+  // before them, written over those in predicted_params_.
+  const std::vector<const float*>& ComputeAt();
   // `computed_from`: the read point of the parameters the gradient came from.
   void LaunchExchange(size_t count, PsClient::ReadPoint computed_from);
   // Waits for the exchange in flight, if any; its parameters become params_. Returns its
@@ -185,6 +192,8 @@ class TrainingRun {
   const bool overlap_;
   std::unique_ptr<Tensors> exchanged_params_;
   std::unique_ptr<Tensors> pushed_grads_;
+  std::unique_ptr<Tensors> predicted_params_;
+  bool have_previous_ = false;  // predicted_params_ holds the parameters before params_
   PsClient::ReadPoint params_read_at_;  // kept with params_: where they were read
   PsClient::PushPullTimes exchange_times_;
   std::future<Status> exchange_;
@@ -387,7 +396,7 @@ Status TrainingRun::Step(int epoch, size_t first, size_t count, EpochTotals& tot
     have_params_ = true;
   }
   const auto t1 = Clock::now();
-  auto loss = backend_.ForwardBackward(params_.cptrs, bx, by, static_cast<int>(count),
+  auto loss = backend_.ForwardBackward(ComputeAt(), bx, by, static_cast<int>(count),
                                        compute::StepSeed(o_.seed, o_.rank, rank_step_),
                                        grads_.ptrs);
   if (!loss.ok()) return loss.status();
@@ -461,6 +470,21 @@ Status TrainingRun::PushGradient(size_t first, size_t count, PsClient::PushPullT
   return Status::Ok();
 }
 
+const std::vector<const float*>& TrainingRun::ComputeAt() {
+  if (!overlap_ || !o_.weight_prediction || !exchange_.valid() || !have_previous_) {
+    return params_.cptrs;
+  }
+  // Each step moves the parameters about as far as the one before (Adam's steps most of
+  // all): the step in flight is predicted to repeat the last one.
+  for (size_t v = 0; v < params_.ptrs.size(); ++v) {
+    const float* now = params_.cptrs[v];
+    float* p = predicted_params_->ptrs[v];
+    const int64_t n = o_.model.variables()[v].num_elements();
+    for (int64_t i = 0; i < n; ++i) p[i] = 2.0f * now[i] - p[i];
+  }
+  return predicted_params_->cptrs;
+}
+
 void TrainingRun::LaunchExchange(size_t count, PsClient::ReadPoint computed_from) {
   // The gradient goes out from pushed_grads_; the next one is computed into the other set.
   std::swap(grads_, *pushed_grads_);
@@ -477,7 +501,11 @@ Status TrainingRun::AwaitExchange(EpochTotals& totals, double* pull_s, double* p
   const Status s = exchange_.get();
   const double waited = Seconds(t0, Clock::now());
   if (!s.ok()) return s;
+  // params_ <- what the exchange pulled; predicted_params_ <- the parameters before them;
+  // the pull after the next push goes to the buffer the prediction used.
   std::swap(params_, *exchanged_params_);
+  std::swap(*exchanged_params_, *predicted_params_);
+  have_previous_ = true;
   params_read_at_ = client_.read_point();
   CountPush();
   SyncClientCounters();

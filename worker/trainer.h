@@ -32,6 +32,9 @@ struct TrainerOptions {
   // Fault injection (a straggler by a factor): after each gradient, sleep (slowdown - 1)
   // times the time it took to compute, so this worker computes `slowdown` times slower.
   double slowdown = 1.0;
+  // sync:delayed: compute the gradient at 2 w[t-1] - w[t-2] (the parameters one step ahead,
+  // extrapolated) instead of at w[t-1], the parameters it was read at.
+  bool weight_prediction = true;
   // Chief: ask every server for a snapshot after each epoch's evaluation.
   bool checkpoint_each_epoch = false;
   // Chief, > 0: after its last epoch (or step), leave and wait up to this long for every

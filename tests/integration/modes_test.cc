@@ -58,9 +58,13 @@ struct Params {
 // Four sync workers, 20 steps of 16 examples each, against one process doing SGD with batch
 // 64 on the same examples; with `cosine`, the servers' schedule decays the learning rate over
 // exactly those 1280 examples and the one process applies the same factors step by step.
-// With `delayed` (sync:delayed) every worker computes step t's gradient from the parameters of
-// step t - 1 (step 0's from the initial ones), and the one process does the same.
-void ExpectSyncEqualsOneProcessSgd(bool cosine, bool delayed = false) {
+// With `delayed` (sync:delayed, --no-weight-prediction) every worker computes step t's gradient
+// from the parameters of step t - 1 (step 0's from the initial ones); with `predicted` too (the
+// default), from 2 w[t-1] - w[t-2] once there are two (steps 2 on). The one process does the
+// same.
+enum class Delay { kNone, kDelayed, kPredicted };
+void ExpectSyncEqualsOneProcessSgd(bool cosine, Delay delay = Delay::kNone) {
+  const bool delayed = delay != Delay::kNone;
   constexpr int kWorkers = 4, kBatch = 16, kSteps = 20;
   constexpr float kLr = 0.1f;
   const std::string widths = "784-32-10";
@@ -73,6 +77,7 @@ void ExpectSyncEqualsOneProcessSgd(bool cosine, bool delayed = false) {
   std::vector<std::string> args = {"--model", widths, "--optimizer", "sgd", "--lr", "0.1",
                                    "--batch-size", std::to_string(kBatch), "--no-shuffle",
                                    "--max-steps", std::to_string(kSteps), "--epochs", "1"};
+  if (delay == Delay::kDelayed) args.push_back("--no-weight-prediction");
   if (cosine) {
     constexpr int kExamples = kWorkers * kBatch * kSteps;
     reg.optimizer.schedule = LrSchedule::kCosine;
@@ -99,7 +104,8 @@ void ExpectSyncEqualsOneProcessSgd(bool cosine, bool delayed = false) {
   ASSERT_TRUE(data.ok());
   auto backend = CreateCpuBackend(testing::MakeModel(widths, {1, 28, 28}));
   ASSERT_TRUE(backend.ok());
-  Params reference(reg.variables), grad(reg.variables), before(reg.variables);
+  Params reference(reg.variables), grad(reg.variables), before(reg.variables),
+      at(reg.variables);
   reference.data = start.data;
   before.data = start.data;  // delayed: the parameters of the step before
   const int big = kWorkers * kBatch;
@@ -109,9 +115,21 @@ void ExpectSyncEqualsOneProcessSgd(bool cosine, bool delayed = false) {
     std::vector<int64_t> idx(static_cast<size_t>(big));
     for (int j = 0; j < big; ++j) idx[static_cast<size_t>(j)] = int64_t{big} * t + j;
     GatherBatch(*data, idx, x.data(), y.data());
-    const Params& read = delayed ? before : reference;
-    ASSERT_TRUE((*backend)->ForwardBackward(read.cptrs, x.data(), y.data(), big, 0, grad.ptrs).ok());
-    if (delayed) before.data = reference.data;
+    const Params* read = delayed ? &before : &reference;
+    if (delay == Delay::kPredicted && t >= 2) {
+      // before holds w[t-1]; at gets 2 w[t-1] - w[t-2], with w[t-2] kept in `at` itself.
+      for (size_t v = 0; v < at.data.size(); ++v) {
+        for (size_t i = 0; i < at.data[v].size(); ++i) {
+          at.data[v][i] = 2.0f * before.data[v][i] - at.data[v][i];
+        }
+      }
+      read = &at;
+    }
+    ASSERT_TRUE((*backend)->ForwardBackward(read->cptrs, x.data(), y.data(), big, 0, grad.ptrs).ok());
+    if (delayed) {
+      at.data = before.data;  // w[t-1], the w[t-2] of the next step's prediction
+      before.data = reference.data;
+    }
     const float lr = kLr * LrScheduleFactor(reg.optimizer, int64_t{big} * t);
     for (size_t v = 0; v < reference.data.size(); ++v) {
       for (size_t i = 0; i < reference.data[v].size(); ++i) {
@@ -139,7 +157,12 @@ TEST(SyncModeTest, FourWorkersEqualOneProcessDoingSgdWithFourTimesTheBatch) {
 
 TEST(SyncModeTest, DelayedSyncIsOneProcessDoingSgdWithGradientsOneStepOld) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
-  ExpectSyncEqualsOneProcessSgd(/*cosine=*/false, /*delayed=*/true);
+  ExpectSyncEqualsOneProcessSgd(/*cosine=*/false, Delay::kDelayed);
+}
+
+TEST(SyncModeTest, DelayedSyncPredictsTheParametersItsGradientIsComputedAt) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  ExpectSyncEqualsOneProcessSgd(/*cosine=*/false, Delay::kPredicted);
 }
 
 TEST(SyncModeTest, TheServersCosineScheduleIsOneProcessesCosineStepForStep) {
