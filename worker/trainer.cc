@@ -153,14 +153,14 @@ class TrainingRun {
   // A sparse model's push also pulls the rows of the next batch of the epoch, which it
   // gathers first (prepared_first_ says which).
   Status PushGradient(size_t first, size_t count, PsClient::PushPullTimes* times);
-  // sync:delayed (dense models): the step's exchange goes to a thread of its own, pushing
-  // pushed_grads_ (the gradient just computed, swapped in) and pulling into
-  // exchanged_params_, while the caller computes the next gradient from params_ — the
-  // parameters before the step now exchanged, one version older than the servers'.
   // The parameters the gradient is computed at: params_, or with weight prediction while an
   // exchange is in flight (the gradient will be one step old), 2 params_ - the parameters
   // before them, written over those in predicted_params_.
   const std::vector<const float*>& ComputeAt();
+  // sync:delayed (dense models): the step's exchange goes to a thread of its own, pushing
+  // pushed_grads_ (the gradient just computed, swapped in) and pulling into
+  // exchanged_params_, while the caller computes the next gradient from params_ — the
+  // parameters before the step now exchanged, one version older than the servers'.
   // `computed_from`: the read point of the parameters the gradient came from.
   void LaunchExchange(size_t count, PsClient::ReadPoint computed_from);
   // Waits for the exchange in flight, if any; its parameters become params_. Returns its
@@ -186,9 +186,10 @@ class TrainingRun {
   std::vector<int64_t> shard_;  // this rank's example indices, in this epoch's order
   Tensors params_;
   Tensors grads_;
-  // sync:delayed: the second set of each (null otherwise), the read point of params_, and
-  // the exchange in flight (declared after the buffers it uses, so destroyed, and so
-  // awaited, before them).
+  // sync:delayed (null otherwise): the parameters being pulled, the gradient being pushed,
+  // and the parameters before params_ (then the prediction); the read point of params_; the
+  // exchange in flight (declared after the buffers it uses, so destroyed, and so awaited,
+  // before them).
   const bool overlap_;
   std::unique_ptr<Tensors> exchanged_params_;
   std::unique_ptr<Tensors> pushed_grads_;

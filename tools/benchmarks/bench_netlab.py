@@ -24,12 +24,16 @@ Prints a markdown table: examples/s (all workers' training examples over the wal
 the first evaluation to the last, evaluations included on both sides), the wall time to
 --target test accuracy (the first evaluation at or above it; "-" if none), the final
 accuracy, the busiest worker host's link bytes per epoch each way (from the links' counters),
-and a parasync worker's mean step split (pull, compute, push, from
+a parasync worker's mean step split (pull, compute, push, from
 parasync_worker_step_seconds: what the step waited for; with overlap also the whole exchange,
-from the workers' epoch lines). Needs root (network namespaces) and /usr/bin/python3 with
+from the workers' epoch lines), and how busy the machine's CPUs were over the run (the CPU
+seconds of every process over the wall time times the CPU count: near 100 %, the CPUs are
+the bound, not the links). Needs root (network namespaces) and /usr/bin/python3 with
 PyTorch for ddp; exit 2 for bad flags, 3 where namespaces cannot be made.
 """
 import argparse
+import resource
+import time
 import importlib.machinery
 import json
 import os
@@ -77,13 +81,22 @@ def parse():
 
 
 def netlab_run(args, name, hosts, command, links):
+    """Runs `command` in a fresh lab; returns its status, output and how busy the machine's
+    CPUs were meanwhile (the CPU seconds of every process it started, all of them reaped,
+    over the wall time times the CPU count)."""
     argv = [sys.executable, NETLAB, "run", "--hosts", str(hosts), "--rate", args.rate,
             "--name", name, "--json", links, "--", "sh", "-c", command]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
     done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode == 3:
         print(done.stdout, file=sys.stderr)
         sys.exit(3)
-    return done.returncode, done.stdout
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    busy = round(cpu / (wall * (os.cpu_count() or 1)), 3)
+    return done.returncode, done.stdout, busy
 
 
 def link_mb_per_epoch(links, worker_hosts, epochs):
@@ -114,7 +127,7 @@ def run_ddp(args, work):
         ranks.append(f'$NETLAB_EXEC {hosts[r]} {shlex.quote(cmd)} > {work}/rank{r}.log 2>&1 &')
     command = " ".join(ranks) + " wait"
     links = os.path.join(work, "links.json")
-    status, out = netlab_run(args, name, args.workers, command, links)
+    status, out, busy = netlab_run(args, name, args.workers, command, links)
     record = None
     with open(os.path.join(work, "rank0.log")) as f:
         for line in f:
@@ -127,7 +140,8 @@ def run_ddp(args, work):
     return {"config": "ddp", "examples_per_sec": round(examples / record["wall_s"][-1]),
             "time_to_target_s": reached[0] if reached else None,
             "final_accuracy": record["test_accuracy"][-1],
-            "link_mb_per_epoch": link_mb_per_epoch(links, hosts, args.epochs), "split": None}
+            "link_mb_per_epoch": link_mb_per_epoch(links, hosts, args.epochs), "split": None,
+            "cpu_busy": busy}
 
 
 def step_split(log_dir, workers):
@@ -179,7 +193,7 @@ def run_parasync(args, config, work):
                        [f'"{f}"' if f == "$NETLAB_EXEC" else shlex.quote(f) for f in flags])
     command += f" > {work}/launch.log 2>&1"
     links = os.path.join(work, "links.json")
-    status, _ = netlab_run(args, name, count, command, links)
+    status, _, busy = netlab_run(args, name, count, command, links)
     eval_path = os.path.join(log_dir, "eval.jsonl")
     if status != 0 or not os.path.exists(eval_path):
         return {"config": config, "error": f"exit {status}; see {work}/launch.log"}
@@ -194,7 +208,7 @@ def run_parasync(args, config, work):
             "final_accuracy": round(last["test_accuracy"], 4),
             "link_mb_per_epoch": link_mb_per_epoch(links, workers, args.epochs),
             "split": step_split(log_dir, args.workers),
-            "exchange_ms": exchange_ms(log_dir, args.workers)}
+            "exchange_ms": exchange_ms(log_dir, args.workers), "cpu_busy": busy}
 
 
 def main():
@@ -213,11 +227,11 @@ def main():
           f"hosts; the CNN, {args.mode}, {args.epochs} epoch(s), batch 64 per worker, Adam 1e-3")
     print()
     print("| configuration | examples/s | × DDP | time to {:.2f} | final accuracy | busiest worker "
-          "link MB/epoch out / in | step ms: pull / compute / push |".format(args.target))
-    print("|---|---|---|---|---|---|---|")
+          "link MB/epoch out / in | step ms: pull / compute / push | CPUs busy |".format(args.target))
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
-            print(f"| {r['config']} | failed: {r['error']} | | | | | |")
+            print(f"| {r['config']} | failed: {r['error']} | | | | | | |")
             continue
         ratio = f"{r['examples_per_sec'] / ddp['examples_per_sec']:.2f}" if ddp else "-"
         split = r["split"] or {}
@@ -228,7 +242,8 @@ def main():
         target = f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "-"
         tx, rx = r["link_mb_per_epoch"]
         print(f"| {r['config']} | {r['examples_per_sec']:,} | {ratio} | {target} | "
-              f"{r['final_accuracy']:.4f} | {tx:,.0f} / {rx:,.0f} | {split_text} |")
+              f"{r['final_accuracy']:.4f} | {tx:,.0f} / {rx:,.0f} | {split_text} | "
+              f"{100 * r['cpu_busy']:.0f} % |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rate": args.rate, "workers": args.workers, "epochs": args.epochs,

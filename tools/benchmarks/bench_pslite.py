@@ -11,7 +11,8 @@ every link shaped to --rate both ways.
             each other host; --rounds rounds of ZPush then ZPull, each awaited (the pattern
             of ps-lite's tests/test_kv_app_benchmark.cc); the median round.
   parasync  parasync-ps (async, SGD) on the same server hosts and parasync-load --workers 1
-            on host 1: Pull then Push, each awaited, for --seconds; the mean round.
+            on host 1: Pull then Push, each awaited, for --seconds; the mean round (the
+            seconds over the rounds acknowledged).
 
 The default size is the Keras CNN's (2,770,634 parameters). Prints a markdown table: the
 round's milliseconds, the tensor's megabytes moved per second of round (2 x 4 bytes an
@@ -121,11 +122,13 @@ def run_parasync(args, work):
     parts.append(f'$NETLAB_EXEC {hosts[0]} {shlex.quote(load)} > {work}/load.log 2>&1; '
                  "rc=$?; cat " + f"{work}/load.log; exit $rc")
     out, (tx, rx) = in_lab(args, name, " ".join(parts), work)
-    m = re.search(r"pushes acknowledged (\d+) \(([0-9.]+)/s\)", out)
-    if not m or int(m.group(1)) < 2:
+    m = re.search(r"pushes acknowledged (\d+) ", out)
+    t = re.search(r"elements \d+, ([0-9.]+) s", out)
+    if not m or not t or int(m.group(1)) < 2:
         raise RuntimeError(f"parasync-load printed no rounds; see {work}/load.log")
     rounds = int(m.group(1))
-    return {"system": "parasync", "round_ms": round(1e3 / float(m.group(2)), 3), "rounds": rounds,
+    return {"system": "parasync", "round_ms": round(1e3 * float(t.group(1)) / rounds, 3),
+            "rounds": rounds,
             "link_mb_per_round": (round(tx / 1e6 / rounds, 2), round(rx / 1e6 / rounds, 2))}
 
 
