@@ -138,11 +138,12 @@ void AddClusterFlags(CLI::App& app, Flags& flags) {
                  "link carries its share of the model both ways")
       ->capture_default_str()
       ->type_name("N|HOSTS");
+  // A flag function: CLI11 leaves an optional<bool> flag set (false) when it is not given.
   app.add_flag_function(
       "--ipc,!--no-ipc", [&flags](int64_t count) { flags.ipc = count > 0; },
-               "Workers reach the parameter server on their own host over a unix socket "
-               "(/tmp/parasync-ps-HOST-PORT.sock) instead of TCP [default: on with --ps "
-               "colocated, off otherwise]");
+      "Workers reach the parameter server on their own host over a unix socket "
+      "(/tmp/parasync-ps-HOST-PORT.sock) instead of TCP [default: on with --ps colocated, off "
+      "otherwise]");
   flags.workers =
       app.add_option("--workers", options.num_workers,
                      "Number of worker processes; worker 0 is the chief [default: 2, or the "

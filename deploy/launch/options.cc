@@ -38,8 +38,8 @@ Status ValidateBasics(const LaunchOptions& options) {
                                    std::to_string(options.epochs));
   }
   if (!IsValidMode(options.mode)) {
-    return Status::InvalidArgument("--mode must be async, sync, sync:delayed or ssp:<staleness>, got '" +
-                                   options.mode + "'");
+    return Status::InvalidArgument(
+        "--mode must be async, sync, sync:delayed or ssp:<staleness>, got '" + options.mode + "'");
   }
   if (!std::isfinite(options.grace_seconds) || options.grace_seconds < 0) {
     return Status::InvalidArgument("--grace-seconds must be a number >= 0");
