@@ -25,14 +25,13 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
-from bench_netlab import lab_hosts, NETLAB  # noqa: E402  (the same lab rules)
+from bench_netlab import lab_hosts, netlab_run  # noqa: E402  (the same lab rules)
 
 SCHEDULER_PORT = 9091
 PS_PORT = 27100
@@ -61,25 +60,19 @@ def parse():
 
 
 def in_lab(args, name, command, work):
-    """Runs `command` in a fresh lab of 1 + servers hosts; returns its output and the worker
-    link's (tx, rx) bytes."""
+    """Runs `command` in a fresh lab of 1 + servers hosts (bench_netlab's netlab_run); returns
+    its output and the worker link's (tx, rx) bytes."""
     links = os.path.join(work, "links.json")
-    argv = [sys.executable, NETLAB, "run", "--hosts", str(1 + args.servers), "--rate", args.rate,
-            "--name", name, "--json", links, "--", "sh", "-c", command]
-    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=600)
-    if done.returncode == 3:
-        print(done.stdout, file=sys.stderr)
-        sys.exit(3)
+    status, out, _ = netlab_run(args, name, 1 + args.servers, command, links)
     with open(os.path.join(work, "run.log"), "w") as f:
-        f.write(done.stdout)
-    if done.returncode != 0 or not os.path.exists(links):
-        raise RuntimeError(f"{name}: exit {done.returncode}; see {work}/run.log")
+        f.write(out)
+    if status != 0 or not os.path.exists(links):
+        raise RuntimeError(f"{name}: exit {status}; see {work}/run.log")
     with open(links) as f:
         hosts = json.load(f)["hosts"]
     worker = lab_hosts(name, 1)[0]
     link = next(h for h in hosts if h["address"] == worker)
-    return done.stdout, (link["tx_bytes"], link["rx_bytes"])
+    return out, (link["tx_bytes"], link["rx_bytes"])
 
 
 def run_pslite(args, work):
@@ -142,7 +135,7 @@ def main():
             print(f"bench_pslite: {system} ...", file=sys.stderr, flush=True)
             try:
                 results.append(run(args, work))
-            except (RuntimeError, subprocess.TimeoutExpired) as e:
+            except RuntimeError as e:
                 results.append({"system": system, "error": str(e)})
             print(f"bench_pslite: {json.dumps(results[-1])}", file=sys.stderr, flush=True)
     mb = 2 * 4 * args.elements / 1e6
