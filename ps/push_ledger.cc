@@ -15,6 +15,15 @@ bool PushLedger::AlreadyApplied(int rank, PushSeq seq) const {
   return seq.CoveredBy(PushSeq(last_seq(rank)));
 }
 
+bool PushLedger::ReplaysRecordedData(int rank, PushSeq seq, const DataProgress& progress) const {
+  if (seq.none() || !Known(rank) || progress.empty()) return false;
+  const PushSeq last(last_seq(rank));
+  const DataProgress& recorded = this->progress(rank);
+  if (last.none() || last.incarnation() == seq.incarnation() || recorded.empty()) return false;
+  if (progress.of != recorded.of) return false;  // another data shard: nothing to compare
+  return std::pair(progress.epoch, progress.done) <= std::pair(recorded.epoch, recorded.done);
+}
+
 void PushLedger::RecordSeq(int rank, PushSeq seq) {
   if (seq.none() || !Known(rank)) return;
   last_seq_[static_cast<size_t>(rank)] = seq.raw();

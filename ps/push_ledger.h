@@ -23,6 +23,13 @@ class PushLedger {
   // True if `seq` from `rank` was applied already (a resend). False for seq 0 and for a rank
   // outside the cluster.
   bool AlreadyApplied(int rank, PushSeq seq) const;
+  // True if a push from a new process of `rank` (an incarnation other than the last applied
+  // seq's) carries a position in the same data shard at or before the one recorded here: its
+  // examples were applied here by the process before. A restarted worker resumes from the
+  // least position over the shards, and a SIGKILL between the shards' replies can leave this
+  // one a push ahead; acknowledging that push without applying it again keeps every example
+  // applied once. Only for async and SSP: a sync step waits for the rank's contribution.
+  bool ReplaysRecordedData(int rank, PushSeq seq, const DataProgress& progress) const;
   // Records `seq` as the last applied from `rank` (nothing for seq 0 or an unknown rank).
   void RecordSeq(int rank, PushSeq seq);
   // Records where `rank` is once its push counts (nothing for an empty one or an unknown rank).

@@ -608,6 +608,14 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     reply.replayed = true;  // a resend of a push applied (and, every-update, durable) before
     return;
   }
+  if (options_.mode.kind != TrainingMode::Kind::kSync && coordinator_.ValidRank(req.rank) &&
+      ledger_.ReplaysRecordedData(req.rank, PushSeq(req.seq), req.progress)) {
+    spdlog::info("rank {} restarted: its push of epoch {}, examples up to {} of {}, was applied "
+                 "here before: acknowledged, not applied again",
+                 req.rank, req.progress.epoch, req.progress.done, req.progress.of);
+    reply.replayed = true;
+    return;
+  }
   if (durability_.failure()) {
     *reason = RejectReason::kStoreFailed;
     reply.status = Status::Unavailable(*durability_.failure());

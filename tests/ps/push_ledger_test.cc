@@ -49,6 +49,33 @@ TEST(PushLedgerTest, UnknownRanksAndEmptyValuesAreIgnored) {
   EXPECT_TRUE(ledger.AllRecords().empty());
 }
 
+TEST(PushLedgerTest, ARestartedRanksPushOfDataAppliedHereIsAReplay) {
+  PushLedger ledger(2);
+  const DataProgress recorded{2, 640, 30000};
+  // Nothing recorded yet: nothing is a replay.
+  EXPECT_FALSE(ledger.ReplaysRecordedData(0, PushSeq(7, 1), {2, 576, 30000}));
+  ledger.RecordSeq(0, PushSeq(5, 10));
+  ledger.RecordProgress(0, recorded);
+  // The process after it, from the same position or before: applied here already.
+  EXPECT_TRUE(ledger.ReplaysRecordedData(0, PushSeq(7, 1), {2, 640, 30000}));
+  EXPECT_TRUE(ledger.ReplaysRecordedData(0, PushSeq(7, 1), {2, 576, 30000}));
+  EXPECT_TRUE(ledger.ReplaysRecordedData(0, PushSeq(7, 2), {1, 30000, 30000}));
+  // Past it: new data.
+  EXPECT_FALSE(ledger.ReplaysRecordedData(0, PushSeq(7, 1), {2, 704, 30000}));
+  EXPECT_FALSE(ledger.ReplaysRecordedData(0, PushSeq(7, 1), {3, 64, 30000}));
+  // The same process going on (its seq is the resend check's business), another data shard,
+  // no position, no seq, another rank: not a replay.
+  EXPECT_FALSE(ledger.ReplaysRecordedData(0, PushSeq(5, 11), {2, 640, 30000}));
+  EXPECT_FALSE(ledger.ReplaysRecordedData(0, PushSeq(7, 1), {2, 640, 20000}));
+  EXPECT_FALSE(ledger.ReplaysRecordedData(0, PushSeq(7, 1), DataProgress{}));
+  EXPECT_FALSE(ledger.ReplaysRecordedData(0, PushSeq(0), {2, 640, 30000}));
+  EXPECT_FALSE(ledger.ReplaysRecordedData(1, PushSeq(7, 1), {2, 640, 30000}));
+  EXPECT_FALSE(ledger.ReplaysRecordedData(9, PushSeq(7, 1), {2, 640, 30000}));
+  // Once the new process has a push applied here, its pushes are compared by seq again.
+  ledger.RecordSeq(0, PushSeq(7, 2));
+  EXPECT_FALSE(ledger.ReplaysRecordedData(0, PushSeq(7, 3), {2, 640, 30000}));
+}
+
 TEST(PushLedgerTest, PendingProgressCountsOnlyOnceSettled) {
   PushLedger ledger(3);
   const DataProgress p{1, 10, 100};

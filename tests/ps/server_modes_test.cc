@@ -180,6 +180,38 @@ TEST_F(ModeServerTest, AnAsyncPushsDataPositionIsToldAtRegisterAtOnce) {
   EXPECT_EQ(again->recorded_progress(), (DataProgress{3, 12, 12}));
 }
 
+// A SIGKILL between the shards' replies can leave one shard a push of a worker ahead; the
+// restarted worker resumes from the other's position and pushes that batch again. Here it was
+// applied already: acknowledged, not applied twice. Past it, pushes apply as ever.
+TEST_F(ModeServerTest, ARestartedRanksPushOfExamplesAppliedHereIsNotAppliedAgain) {
+  ASSERT_TRUE(Start(ModeOptions("async", 1)));
+  const ModelRegistration reg = ModeModel("async");
+  std::unique_ptr<PsClient> w0 = Worker(0, reg);
+  ASSERT_NE(w0, nullptr);
+  std::vector<std::vector<float>> g = GradientsOfRank(reg, 0);
+  w0->set_progress({1, 4, 12});
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g), 4).ok());
+  w0->set_progress({1, 8, 12});
+  ASSERT_TRUE(w0->Push(Pointers<const float>(g), 4).ok());
+  ASSERT_EQ(StatsOf(*w0).version, 2);
+  w0.reset();  // the process dies
+
+  std::unique_ptr<PsClient> again = Worker(0, reg);
+  ASSERT_NE(again, nullptr);
+  ASSERT_EQ(again->recorded_progress(), (DataProgress{1, 8, 12}));
+  // It resumed from 4 (another shard's record): the batch up to 8 was applied here.
+  again->set_progress({1, 8, 12});
+  ASSERT_TRUE(again->Push(Pointers<const float>(g), 4).ok());
+  EXPECT_EQ(StatsOf(*again).version, 2) << "the batch was applied a second time";
+  again->set_progress({1, 12, 12});
+  ASSERT_TRUE(again->Push(Pointers<const float>(g), 4).ok());
+  EXPECT_EQ(StatsOf(*again).version, 3);
+  // Its next epoch starts over in the same data: new examples, applied.
+  again->set_progress({2, 4, 12});
+  ASSERT_TRUE(again->Push(Pointers<const float>(g), 4).ok());
+  EXPECT_EQ(StatsOf(*again).version, 4);
+}
+
 TEST_F(ModeServerTest, SyncPullWaitsForEveryRankThenSeesTheMeanGradient) {
   SyncPair pair;
   ASSERT_NO_FATAL_FAILURE(StartSyncPair(pair));
