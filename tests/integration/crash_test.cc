@@ -126,18 +126,23 @@ void TrainTwoByTwo(const std::string& mode, int epochs, std::optional<int64_t> k
     ASSERT_EQ(codes[r], 0) << "worker " << r << "\n" << cluster.Dump();
   }
   if (kill_after_version) {
-    // A worker with nothing in flight to shard 1 while it was down may find the new process
-    // already answering and need no resend (seen in 2 of ~30 runs while writing this), so one
-    // worker must say so.
-    int noticed = 0;
+    // The run went on through the restarted process: it applied pushes past what it restored.
+    // (Whether a worker had to resend is printed, not required: one with nothing in flight to
+    // shard 1 while it was down finds the new process already answering, seen in 2 of ~30
+    // runs, and both did once under a sanitizer on a loaded machine.)
     for (int r = 0; r < 2; ++r) {
       const bool said = testing::ReadFile(cluster.Log("worker" + std::to_string(r)))
                             .find("restarted; sending again") != std::string::npos;
       std::cout << "worker " << r << (said ? " resent to" : " did not resend to")
                 << " the restarted shard 1\n";
-      noticed += said ? 1 : 0;
     }
-    EXPECT_GE(noticed, 1) << "no worker noticed the restart\n" << cluster.Dump();
+    zmq::context_t ctx;
+    auto client = cluster.Client(ctx);
+    ASSERT_NE(client, nullptr);
+    const std::vector<ShardStats> stats = ProcessCluster::Stats(*client);
+    ASSERT_EQ(stats.size(), 2u);
+    EXPECT_GT(stats[1].version, outcome->restored_version + 100)
+        << "the restarted shard 1 took no part in the rest of the run\n" << cluster.Dump();
   }
   for (int code : cluster.StopPs()) EXPECT_EQ(code, 0) << cluster.Dump();
   const auto accuracy = FinalAccuracy(cluster.EvalLog(), epochs);
