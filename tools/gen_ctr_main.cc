@@ -372,7 +372,10 @@ void AddFlags(CLI::App& app, Options& o) {
   app.add_option("--vocab", o.vocab, "Values per field (V)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, INT64_MAX));
-  app.add_option("--zipf", o.zipf, "Zipf exponent of the values' frequencies (> 1)")
+  app.add_option("--zipf", o.zipf,
+                 "Zipf exponent of the values' frequencies (> 0; at 1 and below a long tail: "
+                 "with a large --vocab most values are seen once or never, and the distinct "
+                 "ids run to tens of millions; docs/embeddings.md)")
       ->capture_default_str();
   app.add_option("--sigma", o.sigma, "Standard deviation of the planted per-value weights")
       ->capture_default_str()
@@ -394,10 +397,10 @@ void AddFlags(CLI::App& app, Options& o) {
 
 // The flags CLI11 cannot check alone; "" or the one line to fail with.
 std::string Validate(const Options& o) {
-  if (!(o.zipf > 1.0) || !std::isfinite(o.zipf)) {
+  if (!(o.zipf > 0.0) || !std::isfinite(o.zipf)) {
     char value[32];
     std::snprintf(value, sizeof value, "%g", o.zipf);
-    return std::string("--zipf must be a number above 1, not ") + value;
+    return std::string("--zipf must be a number above 0, not ") + value;
   }
   if (o.id_kind == "offset" && o.vocab > INT64_MAX / o.fields) {
     return "--fields * --vocab must fit in int64 for --id-kind offset (use --id-kind hash)";
