@@ -555,14 +555,22 @@ Status PutRows(const std::vector<RowSnapshot>& rows, const std::vector<RowKey>& 
   return Status::Ok();
 }
 
-Status ReadRows(rocksdb::DB* db, rocksdb::ReadOptions ro, std::vector<RowSnapshot>* rows) {
+// Reads every stored row into *rows, or, with `counts` given, only counts them by table (each
+// still checked).
+Status ReadRows(rocksdb::DB* db, rocksdb::ReadOptions ro, std::vector<RowSnapshot>* rows,
+                std::vector<int64_t>* counts = nullptr) {
   const rocksdb::Slice row_end(kRowEnd);
   ro.iterate_upper_bound = &row_end;
   std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro));
   for (it->Seek(kRowPrefix); it->Valid(); it->Next()) {
     Result<RowSnapshot> row = DecodeRow(it->key().ToStringView(), it->value().ToStringView());
     if (!row.ok()) return row.status();
-    rows->push_back(std::move(*row));
+    if (counts == nullptr) {
+      rows->push_back(std::move(*row));
+      continue;
+    }
+    if (counts->size() <= row->table) counts->resize(row->table + 1, 0);
+    ++(*counts)[row->table];
   }
   return FromRocks(it->status(), "");
 }
@@ -609,7 +617,7 @@ Result<ModelRegistration> DecodeRegistration(std::string_view value) {
 }
 
 // Reads the snapshot stored in `db` as Load() does, checking every record.
-Result<ShardSnapshot> ReadSnapshot(rocksdb::DB* db, const std::string& dir) {
+Result<ShardSnapshot> ReadSnapshot(rocksdb::DB* db, const std::string& dir, bool with_rows = true) {
   // One snapshot for every read, so a concurrent Save is seen whole or not at all.
   rocksdb::ManagedSnapshot snapshot(db);
   rocksdb::ReadOptions ro;
@@ -674,7 +682,9 @@ Result<ShardSnapshot> ReadSnapshot(rocksdb::DB* db, const std::string& dir) {
   // Key order puts negative ranks last.
   std::sort(snap.ranks.begin(), snap.ranks.end(),
             [](const RankRecord& a, const RankRecord& b) { return a.rank < b.rank; });
-  PARASYNC_RETURN_IF_ERROR(ReadRows(db, ro, &snap.rows).WithContext(dir));
+  PARASYNC_RETURN_IF_ERROR(
+      ReadRows(db, ro, &snap.rows, with_rows ? nullptr : &snap.stored_row_counts).WithContext(dir));
+  if (!with_rows) snap.stored_row_counts.resize(snap.registration.tables.size(), 0);
   return snap;
 }
 
@@ -868,9 +878,37 @@ Result<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
       new CheckpointStore(dir, shard, num_shards, std::move(rep), opened.has_registration));
 }
 
-Result<ShardSnapshot> CheckpointStore::Load() {
-  return Guarded("loading checkpoint from " + dir_,
-                 [&]() -> Result<ShardSnapshot> { return ReadSnapshot(rep_->db.get(), dir_); });
+Result<ShardSnapshot> CheckpointStore::Load(bool with_rows) {
+  return Guarded("loading checkpoint from " + dir_, [&]() -> Result<ShardSnapshot> {
+    return ReadSnapshot(rep_->db.get(), dir_, with_rows);
+  });
+}
+
+Status CheckpointStore::Read(std::span<const RowKey> keys,
+                             std::vector<std::optional<RowSnapshot>>* out) {
+  out->assign(keys.size(), std::nullopt);
+  std::string value;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string key = RowKeyString(keys[i].table, keys[i].id);
+    const rocksdb::Status s = rep_->db->Get(rocksdb::ReadOptions(), key, &value);
+    if (s.IsNotFound()) continue;
+    PARASYNC_RETURN_IF_ERROR(FromRocks(s, dir_));
+    Result<RowSnapshot> row = DecodeRow(key, value);
+    if (!row.ok()) return row.status().WithContext(dir_);
+    (*out)[i] = std::move(*row);
+  }
+  return Status::Ok();
+}
+
+Status CheckpointStore::Write(std::span<const RowSnapshot> rows) {
+  PARASYNC_RETURN_IF_ERROR(LatchedFailure());
+  for (const RowSnapshot& row : rows) PARASYNC_RETURN_IF_ERROR(CheckRow(row));
+  rocksdb::WriteBatch batch;
+  PARASYNC_RETURN_IF_ERROR(
+      PutRows(std::vector<RowSnapshot>(rows.begin(), rows.end()), {}, &batch, dir_));
+  const rocksdb::Status s = rep_->db->Write(rocksdb::WriteOptions(), &batch);
+  if (!s.ok()) return Latch(WriteFailed(s, dir_));
+  return Status::Ok();
 }
 
 Status CheckpointStore::Save(const ShardSnapshot& snap, bool sync) {

@@ -21,6 +21,8 @@
 //                      int64 updates, uint32 num_slots, uint32 dim, dim floats values,
 //                      num_slots * dim floats slots (embedding rows, since 0.3; a store
 //                      without tables has none, so older stores read as before)
+//                      Tiered tables (--table-memory) keep here also the rows demoted
+//                      from memory: row/ is then their cold tier.
 //
 // A store is verified before anything is written to it: Open() first opens it read-only and
 // checks every table block (RocksDB's checksums), every record (ours), the WAL (damage
@@ -52,6 +54,7 @@
 #include "common/model_spec.h"
 #include "common/progress.h"
 #include "common/status.h"
+#include "ps/cold_tier.h"
 #include "ps/row_snapshot.h"
 
 namespace parasync {
@@ -90,10 +93,12 @@ struct ShardSnapshot {
   std::vector<RowSnapshot> rows;
   std::vector<RowKey> deleted_rows;  // Save: rows to remove (evicted since the last save)
   bool replace_rows = false;         // Save: drop every stored row first
+  // Load without rows (tiered tables): the rows stored, by table; empty otherwise.
+  std::vector<int64_t> stored_row_counts;
   bool operator==(const ShardSnapshot&) const = default;
 };
 
-class CheckpointStore {
+class CheckpointStore : public ColdTier {
  public:
   // Opens the store in `dir` (created if missing or empty) for shard `shard` of `num_shards`
   // and returns it; blocks on disk I/O. Refuses — never touches — a directory that holds
@@ -126,7 +131,7 @@ class CheckpointStore {
 
   // Closes the database. Every acknowledged write is already in the WAL, so nothing is lost
   // if closing fails. Precondition: no other call on this store is in progress.
-  ~CheckpointStore();
+  ~CheckpointStore() override;
   CheckpointStore(const CheckpointStore&) = delete;
   CheckpointStore& operator=(const CheckpointStore&) = delete;
 
@@ -134,7 +139,18 @@ class CheckpointStore {
   // when no Save() ever happened on this store; Corruption naming the key when a record fails
   // its CRC or its length check; FailedPrecondition when the registration was stored by
   // another wire protocol version; Unavailable on I/O errors. Blocks on disk I/O.
-  Result<ShardSnapshot> Load();
+  // `with_rows` false (tiered tables, whose rows stay here): no rows, but their count by
+  // table in stored_row_counts (each row still checked).
+  Result<ShardSnapshot> Load(bool with_rows = true);
+
+  // The cold tier of tiered embedding tables (ps/cold_tier.h): the stored rows. Read: each
+  // key's stored row, or none. Write: the rows demoted, in one batch, in the WAL but not
+  // synced (every-update durability syncs it with the update that follows; periodic
+  // durability keeps them like a snapshot's rows, so a restart may find a demoted row newer
+  // than the snapshot around it). Write fails like SaveUpdate, and latches the failure.
+  Status Read(std::span<const RowKey> keys,
+              std::vector<std::optional<RowSnapshot>>* out) override;
+  Status Write(std::span<const RowSnapshot> rows) override;
 
   // Replaces the stored snapshot by `snap` in one atomic WriteBatch: slices and ranks absent
   // from `snap` are deleted. When `sync`, the WAL is fsynced before returning (durable
@@ -188,6 +204,7 @@ class CheckpointStore {
   const int num_shards_;
   const std::unique_ptr<Rep> rep_;
   std::atomic<bool> has_registration_;  // a Save() happened, now or in an earlier process
+
   mutable std::mutex failure_mu_;
   std::optional<Status> failure_;  // guarded by failure_mu_; the first failed write
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -30,9 +31,11 @@ constexpr int64_t kInitialIndexRows = int64_t{1} << 16;
 }  // namespace
 
 EmbeddingTables::EmbeddingTables(const Options& options)
-    : shard_index_(options.shard_index),
+    : options_(options),
+      shard_index_(options.shard_index),
       num_shards_(options.num_shards),
-      capacity_(options.max_rows > 0 ? std::min(options.max_rows, kMaxRowsHeld) : kMaxRowsHeld) {}
+      capacity_(options.max_rows > 0 ? std::min(options.max_rows, kMaxRowsHeld) : kMaxRowsHeld),
+      admission_(options.admit_after) {}
 
 void EmbeddingTables::ClearRows() {
   rows_.clear();
@@ -51,6 +54,15 @@ void EmbeddingTables::Configure(const std::vector<TableSpec>& tables,
   optimizer_ = optimizer;
   seed_ = seed;
   stats_.assign(tables_.size(), TableStats{});
+  rows_total_.assign(tables_.size(), 0);
+  admission_.Clear();
+  capacity_ = options_.max_rows > 0 ? std::min(options_.max_rows, kMaxRowsHeld) : kMaxRowsHeld;
+  if (options_.memory_bytes > 0 && !tables_.empty()) {
+    int64_t widest = 0;
+    for (const TableSpec& t : tables_) widest = std::max(widest, t.dim);
+    capacity_ = std::min(capacity_, std::max<int64_t>(1, options_.memory_bytes /
+                                                             BytesPerRow(widest, num_slots())));
+  }
   arenas_.clear();
   for (const TableSpec& t : tables_) arenas_.emplace_back(t.dim * (1 + num_slots()));
   if (capacity_ < kMaxRowsHeld) {
@@ -136,14 +148,37 @@ void EmbeddingTables::MarkDirty(int32_t index) {
   }
 }
 
-void EmbeddingTables::Read(uint32_t table, std::span<const uint64_t> ids, float* out) {
+Status EmbeddingTables::ReadCold(const RowKey& key, std::optional<RowSnapshot>* out) {
+  std::vector<std::optional<RowSnapshot>> got;
+  const auto t0 = std::chrono::steady_clock::now();
+  PARASYNC_RETURN_IF_ERROR(options_.cold->Read(std::span<const RowKey>(&key, 1), &got));
+  TableStats& st = stats_[key.table];
+  ++st.cold_reads;
+  st.cold_read_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *out = got.empty() ? std::nullopt : std::move(got[0]);
+  if (*out && (static_cast<int64_t>((*out)->values.size()) != dim(key.table) ||
+               static_cast<int>((*out)->slots.size()) != num_slots())) {
+    return Status::Corruption("the cold tier's row of table " + std::to_string(key.table) +
+                              " id " + std::to_string(key.id) + " has the wrong size");
+  }
+  return Status::Ok();
+}
+
+Status EmbeddingTables::Read(uint32_t table, std::span<const uint64_t> ids, float* out) {
   const int64_t d = dim(table);
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i + kPrefetchAhead < ids.size()) index_.Prefetch(RowKey{table, ids[i + kPrefetchAhead]});
     float* row_out = out + static_cast<int64_t>(i) * d;
     const int32_t index = index_.Find(RowKey{table, ids[i]});
     if (index == RowIndex::kNone) {
-      InitializeRow(tables_[table].init, seed_, table, ids[i], row_out, d);
+      std::optional<RowSnapshot> cold;
+      if (tiered()) PARASYNC_RETURN_IF_ERROR(ReadCold(RowKey{table, ids[i]}, &cold));
+      if (cold) {
+        std::copy(cold->values.begin(), cold->values.end(), row_out);
+      } else {
+        InitializeRow(tables_[table].init, seed_, table, ids[i], row_out, d);
+      }
       continue;
     }
     std::memcpy(row_out, DataOf(rows_[static_cast<size_t>(index)]),
@@ -151,6 +186,7 @@ void EmbeddingTables::Read(uint32_t table, std::span<const uint64_t> ids, float*
     Touch(index);
   }
   stats_[table].rows_read += static_cast<int64_t>(ids.size());
+  return Status::Ok();
 }
 
 bool EmbeddingTables::AllFinite(uint32_t table, std::span<const uint64_t> ids,
@@ -174,30 +210,63 @@ void EmbeddingTables::Evict(int32_t index) {
     rows_[static_cast<size_t>(moved)].cell = r.cell;
   }
   r.cell = kNil;
-  // The store may hold it: its deletion must be persisted. (A row never stored needs nothing.)
-  if (r.stored) evicted_.insert(r.key);
+  // Forgotten: the store may hold it, and its deletion must be persisted (a row never stored
+  // needs nothing). Demoted: the cold tier has it.
+  if (r.stored && !tiered()) evicted_.insert(r.key);
   r.dirty = false;  // stays `listed`: the entry is reused by the row that takes its place
   ++stats_[r.key.table].rows_evicted;
 }
 
-int32_t EmbeddingTables::TakeSlot() {
+int32_t EmbeddingTables::TakeSlot(Status* status) {
   if (static_cast<int64_t>(rows_.size()) < capacity_) {
     rows_.emplace_back();
     return static_cast<int32_t>(rows_.size() - 1);
   }
   const int32_t victim = tail_;
+  const Row& v = rows_[static_cast<size_t>(victim)];
+  // Unchanged since it was last stored (or promoted): the cold tier has it as it is.
+  if (tiered() && v.dirty) {
+    const RowSnapshot snap = SnapshotOf(v);
+    *status = options_.cold->Write(std::span<const RowSnapshot>(&snap, 1));
+    if (!status->ok()) return kNil;
+  }
   Evict(victim);
   return victim;
 }
 
-int32_t EmbeddingTables::FindOrCreate(const RowKey& key) {
+int32_t EmbeddingTables::Resident(const RowKey& key, Status* status) {
   if (const int32_t index = index_.Find(key); index != RowIndex::kNone) return index;
-  ++stats_[key.table].rows_created;
-  return CreateRow(key);
+  std::optional<RowSnapshot> cold;
+  if (tiered()) {
+    *status = ReadCold(key, &cold);
+    if (!status->ok()) return kNil;
+  }
+  if (!cold && !admission_.CountAndAdmit(key)) return kNil;
+  const int32_t index = TakeSlot(status);
+  if (index == kNil) return kNil;
+  CreateRow(key, index);
+  if (!cold) {
+    ++stats_[key.table].rows_created;
+    ++rows_total_[key.table];
+    return index;
+  }
+  // Promoted: bitwise as it was demoted, and as stored (clean) until it changes.
+  Row& r = rows_[static_cast<size_t>(index)];
+  r.updates = cold->updates;
+  r.stored = true;
+  CopyIn(*cold, DataOf(r));
+  ++stats_[key.table].rows_promoted;
+  return index;
 }
 
-int32_t EmbeddingTables::CreateRow(const RowKey& key) {
-  const int32_t index = TakeSlot();
+void EmbeddingTables::CopyIn(const RowSnapshot& snap, float* data) {
+  std::copy(snap.values.begin(), snap.values.end(), data);
+  for (size_t k = 0; k < snap.slots.size(); ++k) {
+    std::copy(snap.slots[k].begin(), snap.slots[k].end(), data + (k + 1) * snap.values.size());
+  }
+}
+
+void EmbeddingTables::CreateRow(const RowKey& key, int32_t index) {
   Row& r = rows_[static_cast<size_t>(index)];
   r.key = key;
   r.updates = 0;
@@ -212,7 +281,6 @@ int32_t EmbeddingTables::CreateRow(const RowKey& key) {
   std::fill(data + d, data + arena.stride(), 0.0f);
   index_.Insert(key, index);
   LinkFront(index);
-  return index;
 }
 
 void EmbeddingTables::ApplyRow(int32_t index, const float* grad, const OptimizerSpec& effective) {
@@ -230,13 +298,21 @@ void EmbeddingTables::ApplyRow(int32_t index, const float* grad, const Optimizer
   ++stats_[r.key.table].rows_updated;
 }
 
-void EmbeddingTables::Apply(uint32_t table, std::span<const uint64_t> ids, const float* grads,
-                            const OptimizerSpec& effective) {
+Status EmbeddingTables::Apply(uint32_t table, std::span<const uint64_t> ids, const float* grads,
+                              const OptimizerSpec& effective) {
   const int64_t d = dim(table);
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i + kPrefetchAhead < ids.size()) index_.Prefetch(RowKey{table, ids[i + kPrefetchAhead]});
-    ApplyRow(FindOrCreate(RowKey{table, ids[i]}), grads + static_cast<int64_t>(i) * d, effective);
+    Status status;
+    const int32_t index = Resident(RowKey{table, ids[i]}, &status);
+    PARASYNC_RETURN_IF_ERROR(status);
+    if (index == kNil) {
+      ++stats_[table].rows_refused;
+      continue;
+    }
+    ApplyRow(index, grads + static_cast<int64_t>(i) * d, effective);
   }
+  return Status::Ok();
 }
 
 void EmbeddingTables::Accumulate(int rank, uint32_t table, std::span<const uint64_t> ids,
@@ -254,18 +330,27 @@ void EmbeddingTables::Accumulate(int rank, uint32_t table, std::span<const uint6
   }
 }
 
-void EmbeddingTables::ApplyAccumulated(const OptimizerSpec& effective) {
+Status EmbeddingTables::ApplyAccumulated(const OptimizerSpec& effective) {
   std::vector<float> mean;
-  for (const auto& [key, by_rank] : pending_) {
+  const auto pending = std::move(pending_);
+  pending_.clear();
+  for (const auto& [key, by_rank] : pending) {
+    Status status;
+    const int32_t index = Resident(key, &status);
+    PARASYNC_RETURN_IF_ERROR(status);
+    if (index == kNil) {
+      stats_[key.table].rows_refused += static_cast<int64_t>(by_rank.size());
+      continue;
+    }
     mean.assign(static_cast<size_t>(dim(key.table)), 0.0f);
     for (const auto& [rank, g] : by_rank) {  // rank order, whatever order the pushes came in
       for (size_t k = 0; k < mean.size(); ++k) mean[k] += g[k];
     }
     const float count = static_cast<float>(by_rank.size());
     for (float& m : mean) m /= count;
-    ApplyRow(FindOrCreate(key), mean.data(), effective);
+    ApplyRow(index, mean.data(), effective);
   }
-  pending_.clear();
+  return Status::Ok();
 }
 
 RowSnapshot EmbeddingTables::SnapshotOf(const Row& row) const {
@@ -340,8 +425,9 @@ Status EmbeddingTables::CheckRestoredRow(const RowSnapshot& row, size_t i) const
   return Status::Ok();
 }
 
-Status EmbeddingTables::Restore(std::span<const RowSnapshot> rows) {
-  if (static_cast<int64_t>(rows.size()) > capacity_) {
+Status EmbeddingTables::Restore(std::span<const RowSnapshot> rows,
+                                std::span<const int64_t> cold_rows) {
+  if (!tiered() && static_cast<int64_t>(rows.size()) > capacity_) {
     return Status::Corruption(std::to_string(rows.size()) + " restored rows exceed the " +
                               std::to_string(capacity_) + " this shard may hold");
   }
@@ -357,16 +443,21 @@ Status EmbeddingTables::Restore(std::span<const RowSnapshot> rows) {
                               " id " + std::to_string(dup->id) + " twice");
   }
   ClearRows();
+  std::fill(rows_total_.begin(), rows_total_.end(), 0);
+  for (size_t t = 0; t < cold_rows.size() && t < rows_total_.size(); ++t) {
+    rows_total_[t] = cold_rows[t];
+  }
   for (const RowSnapshot& snap : rows) {
-    const int32_t index = CreateRow(RowKey{snap.table, snap.id});
+    // Tiered, the rows beyond the budget stay in the cold tier (the store they came from).
+    if (cold_rows.empty()) ++rows_total_[snap.table];
+    if (static_cast<int64_t>(rows_.size()) >= capacity_) continue;
+    Status unused;
+    const int32_t index = TakeSlot(&unused);  // below capacity: never evicts
+    CreateRow(RowKey{snap.table, snap.id}, index);
     Row& r = rows_[static_cast<size_t>(index)];
     r.updates = snap.updates;
     r.stored = true;
-    float* data = DataOf(r);
-    std::copy(snap.values.begin(), snap.values.end(), data);
-    for (size_t k = 0; k < snap.slots.size(); ++k) {
-      std::copy(snap.slots[k].begin(), snap.slots[k].end(), data + (k + 1) * snap.values.size());
-    }
+    CopyIn(snap, DataOf(r));
   }
   return Status::Ok();
 }
@@ -386,6 +477,7 @@ int64_t EmbeddingTables::bytes_held() const {
 EmbeddingTables::TableStats EmbeddingTables::stats(uint32_t t) const {
   TableStats s = stats_[t];
   s.rows_held = arenas_[t].size();
+  s.rows_cold = tiered() ? std::max<int64_t>(0, rows_total_[t] - s.rows_held) : 0;
   s.bytes = s.rows_held * BytesPerRow(tables_[t].dim, num_slots());
   return s;
 }

@@ -2,11 +2,17 @@
 // each row's values, optimizer slots and update count — and the rules for reading and
 // changing them. No sockets here: ps/server.h feeds it decoded row ranges.
 //
-// A row exists here only once something updated it; until then (and again once it is
-// evicted) it reads as its initial value, InitializeRow(seed, table, id), so pulls never
-// fill memory. Rows held are bounded by Options::max_rows over all tables: creating one more
-// evicts the least recently touched row with its optimizer state (it comes back as its
-// initial value, as Monolith's expiring hash tables do).
+// A row exists here only once something updated it; until then it reads as its initial
+// value, InitializeRow(seed, table, id), so pulls never fill memory. Rows held in memory are
+// bounded by Options::max_rows and Options::memory_bytes over all tables: bringing in one
+// more evicts the least recently touched row with its optimizer state. Where it goes:
+//  - with a cold tier (Options::cold, the server's store): there — demoted, not lost; a
+//    push of it promotes it back bitwise as it was, a pull reads it there without bringing
+//    it in (HugeCTR's hierarchical parameter server, Persia);
+//  - without one: nowhere — it comes back as its initial value, as in Monolith's expiring
+//    hash tables.
+// With Options::admit_after > 1 an id gets a row only at its admit_after-th push (counted in
+// a sketch, ps/admission.h); before that its gradients are dropped and counted.
 //
 // Not thread-safe: one thread (the server loop) owns an EmbeddingTables, as it owns a Shard.
 #pragma once
@@ -22,6 +28,8 @@
 #include "common/model_spec.h"
 #include "common/status.h"
 #include "common/variable.h"
+#include "ps/admission.h"
+#include "ps/cold_tier.h"
 #include "ps/optimizer.h"
 #include "ps/reject_reason.h"
 #include "ps/row_index.h"
@@ -36,11 +44,18 @@ class EmbeddingTables {
     int num_shards = 1;
     // Rows held at most, over all tables on this shard; 0: no bound but kMaxRowsHeld.
     int64_t max_rows = 0;
+    // Memory for rows, over all tables (BytesPerRow of the widest table each); 0: no bound.
+    int64_t memory_bytes = 0;
+    // Where evicted rows go (not owned; must outlive this object); null: forgotten.
+    ColdTier* cold = nullptr;
+    // Pushes an id needs before it gets a row (AdmissionFilter); <= 1: every id at once.
+    int admit_after = 0;
   };
   // The most rows one EmbeddingTables holds whatever max_rows says (row links are 32-bit).
   static constexpr int64_t kMaxRowsHeld = INT32_MAX;
 
   explicit EmbeddingTables(const Options& options);
+  const Options& options() const { return options_; }
 
   // Sets the tables (already validated by ValidateRegistration) and the optimizer and seed
   // of the registration, and forgets every row, accumulator, dirty mark and statistic.
@@ -49,8 +64,10 @@ class EmbeddingTables {
   int num_tables() const { return static_cast<int>(tables_.size()); }
   // Precondition: t < num_tables().
   const TableSpec& table(uint32_t t) const { return tables_[t]; }
-  // The most rows held at once: max_rows, or kMaxRowsHeld when that is 0 or larger.
+  // The most rows held in memory at once: max_rows, or kMaxRowsHeld when that is 0 or
+  // larger, and at most memory_bytes / BytesPerRow(the widest table) once configured.
   int64_t capacity() const { return capacity_; }
+  bool tiered() const { return options_.cold != nullptr; }
 
   // Checks one row range of a request: `table` known (else kUnknownSlice), ids strictly
   // increasing (kOrder), every id held by this shard
@@ -64,22 +81,26 @@ class EmbeddingTables {
                   std::optional<size_t> value_bytes, DType dtype, RejectReason* reason) const;
 
   // Copies each row (dim floats) into out, in ids' order (out holds ids.size() * dim). A row
-  // not held reads as its initial value and is not created; a held row read becomes the most
-  // recently touched. Precondition: Validate ok.
-  void Read(uint32_t table, std::span<const uint64_t> ids, float* out);
+  // not held reads from the cold tier, or as its initial value if it has none there, and is
+  // not brought in; a held row read becomes the most recently touched. Returns the cold
+  // tier's error (out is then unspecified). Precondition: Validate ok.
+  Status Read(uint32_t table, std::span<const uint64_t> ids, float* out);
 
   // True if no gradient value (ids.size() * dim floats) is NaN or +-Inf.
   bool AllFinite(uint32_t table, std::span<const uint64_t> ids, const float* grads) const;
 
   // Applies one gradient row per id (grads holds ids.size() * dim floats, in ids' order) with
   // ApplyUpdate(effective, ...), `effective` being the registered optimizer with the learning
-  // rate the caller scheduled and scaled. A row not held is created first (initial value,
-  // zero slots, 0 updates), evicting the least recently touched row when capacity() rows are
-  // held. Each row's update count goes up by one and is its Adam step (lazy: rows not in
-  // `ids` and their slots do not change). Rows become dirty and most recently touched.
+  // rate the caller scheduled and scaled. A row not held is brought in first — promoted from
+  // the cold tier, or created (initial value, zero slots, 0 updates) if the admission filter
+  // lets it (else its gradient is dropped and counted) — evicting the least recently touched
+  // row when capacity() rows are held. Each row's update count goes up by one and is its
+  // Adam step (lazy: rows not in `ids` and their slots do not change). Rows become dirty and
+  // most recently touched. Returns the cold tier's error, with the rows before the failing
+  // one updated (the server rolls back to its store then).
   // Precondition: Validate ok, AllFinite true, effective.kind == the registered kind.
-  void Apply(uint32_t table, std::span<const uint64_t> ids, const float* grads,
-             const OptimizerSpec& effective);
+  Status Apply(uint32_t table, std::span<const uint64_t> ids, const float* grads,
+               const OptimizerSpec& effective);
 
   // Sync mode: keeps `rank`'s gradient rows (ids.size() * dim floats) apart until the step
   // ends; changes no row. A rank pushes at most once per step (the server guarantees it).
@@ -89,7 +110,8 @@ class EmbeddingTables {
   // step, the sum of the pushed gradients in rank order divided by the number of ranks that
   // pushed that row (TensorFlow's SparseConditionalAccumulator averaging), as one Apply each;
   // then clears the accumulators. The result does not depend on the order of the pushes.
-  void ApplyAccumulated(const OptimizerSpec& effective);
+  // Errors as Apply's (the accumulators are cleared either way).
+  Status ApplyAccumulated(const OptimizerSpec& effective);
   // Sync mode: clears the accumulators without applying them.
   void DropAccumulated() { pending_.clear(); }
   // Distinct rows with an accumulated gradient waiting for ApplyAccumulated.
@@ -109,9 +131,12 @@ class EmbeddingTables {
   // first bad row, and changes nothing, if a row is for an unknown table, has the wrong
   // number of values, slots or slot values, a negative update count, is not on this shard or
   // beyond a fixed table's rows, is listed twice, or if there are more than capacity().
-  Status Restore(std::span<const RowSnapshot> rows);
+  // Tiered: `rows` may be empty and `cold_rows` (by table) say how many rows the cold tier
+  // holds (for the statistics); rows beyond capacity() are then left to the cold tier.
+  Status Restore(std::span<const RowSnapshot> rows, std::span<const int64_t> cold_rows = {});
 
-  // Rows held over all tables, and an estimate of the memory they take (BytesPerRow each).
+  // Rows held in memory over all tables, and an estimate of the memory they take
+  // (BytesPerRow each).
   int64_t rows_held() const { return index_.size(); }
   int64_t bytes_held() const;
   // The memory one row of `dim` floats with `slots` optimizer slots takes here: its floats in
@@ -125,10 +150,17 @@ class EmbeddingTables {
   struct TableStats {
     int64_t rows_held = 0;     // its arena's rows (filled in by stats())
     int64_t rows_created = 0;  // since Configure, re-creations after eviction included
-    int64_t rows_evicted = 0;
+    int64_t rows_evicted = 0;  // forgotten, or demoted to the cold tier
     int64_t rows_read = 0;     // ids read, held or not
     int64_t rows_updated = 0;  // row updates applied
     int64_t bytes = 0;         // rows_held * BytesPerRow
+    // Tiered: rows only in the cold tier (filled in by stats()), rows promoted from it, and
+    // rows read there (pulls and promotions) with the seconds those reads took.
+    int64_t rows_cold = 0;
+    int64_t rows_promoted = 0;
+    int64_t cold_reads = 0;
+    double cold_read_seconds = 0;
+    int64_t rows_refused = 0;  // gradient rows dropped by the admission filter
   };
   // Precondition: t < num_tables().
   TableStats stats(uint32_t t) const;
@@ -152,13 +184,22 @@ class EmbeddingTables {
   int64_t dim(uint32_t t) const { return tables_[t].dim; }
   float* DataOf(const Row& row) { return arenas_[row.key.table].at(row.cell); }
   const float* DataOf(const Row& row) const { return arenas_[row.key.table].at(row.cell); }
-  // The slab index of row `key`, creating it (counted in rows_created) if not held.
-  int32_t FindOrCreate(const RowKey& key);
-  // Holds `key` (not held) at its initial value with zero slots, evicting when full.
-  int32_t CreateRow(const RowKey& key);
-  // Takes the slab entry for a new row: a fresh one below capacity(), else the evicted LRU.
-  int32_t TakeSlot();
+  // The slab index of row `key`, brought in if not held: promoted from the cold tier, or
+  // created (counted in rows_created) if the admission filter lets it. kNil when refused
+  // (*status ok) or when the cold tier failed (*status says why; nothing changed).
+  int32_t Resident(const RowKey& key, Status* status);
+  // Holds `key` (not held) in slab entry `index` (from TakeSlot) at its initial value with
+  // zero slots.
+  void CreateRow(const RowKey& key, int32_t index);
+  // Copies a snapshot's values and slots into a row's floats.
+  static void CopyIn(const RowSnapshot& snap, float* data);
+  // Takes the slab entry for a new row: a fresh one below capacity(), else the evicted LRU
+  // (written to the cold tier first when it changed since it was last stored). kNil, and
+  // *status set with nothing changed, when that write failed.
+  int32_t TakeSlot(Status* status);
   void Evict(int32_t index);
+  // Reads `key` from the cold tier (timed and counted).
+  Status ReadCold(const RowKey& key, std::optional<RowSnapshot>* out);
   void Unlink(int32_t index);
   void LinkFront(int32_t index);
   void Touch(int32_t index);
@@ -169,9 +210,12 @@ class EmbeddingTables {
   Status CheckRestoredRow(const RowSnapshot& row, size_t i) const;
   void ClearRows();
 
+  Options options_;
   int shard_index_;
   int num_shards_;
   int64_t capacity_;
+  AdmissionFilter admission_;
+  std::vector<int64_t> rows_total_;  // by table, tiered: rows in memory or in the cold tier
   std::vector<TableSpec> tables_;
   OptimizerSpec optimizer_;
   uint64_t seed_ = 0;

@@ -91,7 +91,10 @@ struct PsFlags {
   std::string log_level = "info";
   int64_t max_message_bytes = int64_t{1} << 30;
   int64_t max_model_bytes = 0;
-  int64_t max_table_rows = int64_t{1} << 22;
+  int64_t max_table_rows = -1;  // -1: 4M rows, or no row bound with --table-memory
+  int64_t table_memory = 0;
+  std::string table_evict;  // "" : demote with --state-dir, else forget
+  int table_admit_after = 0;
   int64_t max_unread_reply_bytes = 0;
   int apply_threads = 2;
   // AddStateFlags
@@ -209,11 +212,28 @@ void AddServingFlags(CLI::App& app, PsFlags& f) {
                  "of physical memory")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-table-rows", f.max_table_rows,
-                 "Most embedding-table rows this server holds, all tables together; one more "
-                 "evicts the least recently touched row with its optimizer state (it comes "
-                 "back as its initial value). Each row takes its floats and slots plus ~80 "
-                 "bytes; the memory bound counts them. 0 = no bound")
+                 "Most embedding-table rows this server holds in memory, all tables together; "
+                 "one more evicts the least recently touched row with its optimizer state "
+                 "(see --table-evict). Each row takes its floats and slots plus ~80 bytes; "
+                 "the memory bound counts them. 0 = no bound [default: 4194304, none with "
+                 "--table-memory]")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--table-memory", f.table_memory,
+                 "Memory for embedding-table rows (e.g. 2GiB, 512MiB), all tables together, "
+                 "each row counted at the widest table's size; rows beyond it are evicted "
+                 "(see --table-evict). 0 = only --max-table-rows bounds them")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--table-evict", f.table_evict,
+                 "What an evicted row becomes: demote = written to the store (--state-dir) "
+                 "with its optimizer state, and read back when its id comes again (a cold "
+                 "tier: nothing learned is lost); forget = dropped, its id starts again from "
+                 "its initial value [default: demote with --state-dir, else forget]")
+      ->check(CLI::IsMember({"demote", "forget"}));
+  app.add_option("--table-admit-after", f.table_admit_after,
+                 "Pushes an embedding id needs before it gets a row (counted approximately in "
+                 "8 MiB); until then its pulls read the initial value and its gradients are "
+                 "dropped and counted. 0 or 1 = every id at its first push")
+      ->check(CLI::Range(0, 65535));
   app.add_option("--apply-threads", f.apply_threads,
                  "Threads that check and apply a pushed gradient of 1 MiB or more spread over "
                  "several slices, this server's loop included (1: the loop alone)")
@@ -325,6 +345,10 @@ std::optional<int> Validate(const PsFlags& f, PsConfig& c) {
   c.num_workers = static_cast<int>(c.spec.workers.size());
   if (f.durability != "periodic" && f.durability != "every-update") {
     return Fail("--durability must be periodic or every-update, not '" + f.durability + "'",
+                kExitBadUsage);
+  }
+  if (f.table_evict == "demote" && f.state_dir.empty()) {
+    return Fail("--table-evict demote needs --state-dir (the store is where demoted rows go)",
                 kExitBadUsage);
   }
   if (f.durability == "every-update" && f.state_dir.empty()) {
@@ -451,7 +475,11 @@ ServerOptions MakeServerOptions(const PsFlags& f, const PsConfig& c) {
                               static_cast<int64_t>(sysconf(_SC_PAGESIZE));
   }
   options.apply_threads = f.apply_threads;
-  options.max_table_rows = f.max_table_rows;
+  options.max_table_rows =
+      f.max_table_rows >= 0 ? f.max_table_rows : (f.table_memory > 0 ? 0 : int64_t{1} << 22);
+  options.table_memory_bytes = f.table_memory;
+  options.table_demote = f.table_evict.empty() ? !f.state_dir.empty() : f.table_evict == "demote";
+  options.table_admit_after = f.table_admit_after;
   return options;
 }
 
@@ -480,9 +508,10 @@ struct OpenedStore {
 
 // Loads the opened store's snapshot into `out` (none in a new store). An exit status if it
 // cannot be restored or belongs to another --mode.
-std::optional<int> LoadStore(const PsFlags& f, const PsConfig& c, OpenedStore& out) {
+std::optional<int> LoadStore(const PsFlags& f, const PsConfig& c, bool tiered, OpenedStore& out) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto loaded = out.store->Load();
+  // Tiered tables leave their rows in the store (the cold tier): only their count is read.
+  auto loaded = out.store->Load(/*with_rows=*/!tiered);
   if (loaded.ok()) {
     out.restored = std::move(loaded).value();
   } else if (loaded.status().code() != StatusCode::kNotFound) {
@@ -526,7 +555,7 @@ std::optional<int> OpenStore(const PsFlags& f, const PsConfig& c, ServerOptions&
                                                                    : kExitBadUsage);
   }
   out.store = std::move(opened).value();
-  if (auto exit = LoadStore(f, c, out)) return exit;
+  if (auto exit = LoadStore(f, c, options.table_demote, out)) return exit;
   options.store = out.store.get();
   options.every_update = f.durability == "every-update";
   options.checkpoint_every =
@@ -593,10 +622,14 @@ std::optional<int> RestoreServer(const PsFlags& f, Server& server, OpenedStore& 
     if (Status s = server.Restore(*opened.restored); !s.ok()) {
       return Fail("cannot restore from " + f.state_dir + ": " + s.message(), kExitBadUsage);
     }
-    spdlog::info("restored from {}: version {}, {} examples, {} slices, {} embedding rows, {} "
+    // Tiered tables left their rows in the store: counted, not loaded.
+    int64_t rows = static_cast<int64_t>(opened.restored->rows.size());
+    for (int64_t n : opened.restored->stored_row_counts) rows += n;
+    spdlog::info("restored from {}: version {}, {} examples, {} slices, {} embedding rows{}, {} "
                  "bytes on disk, in {:.3f} s",
                  f.state_dir, opened.restored->version, opened.restored->examples,
-                 opened.restored->slices.size(), opened.restored->rows.size(),
+                 opened.restored->slices.size(), rows,
+                 opened.restored->stored_row_counts.empty() ? "" : " (in the store, read as used)",
                  opened.store->ApproximateBytes(), opened.restore_seconds);
     opened.restored.reset();  // the shard holds its own copy now; do not keep the model twice
   } else if (opened.store) {

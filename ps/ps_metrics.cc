@@ -177,15 +177,32 @@ void AddTableMetrics(PsMetrics& m, MetricBuilder& b) {
                                "Embedding rows created on first update (again after an "
                                "eviction), by table");
   f.evicted = &b.CounterFamily("parasync_ps_table_rows_evicted_total",
-                               "Embedding rows evicted (least recently touched) to stay within "
-                               "--max-table-rows, by table");
-  f.held = &b.GaugeFamily("parasync_ps_table_rows", "Embedding rows held now, by table");
+                               "Embedding rows evicted from memory (least recently touched) to "
+                               "stay within --max-table-rows and --table-memory: demoted to the "
+                               "store, or forgotten (--table-evict), by table");
+  f.held = &b.GaugeFamily("parasync_ps_table_rows", "Embedding rows held in memory now, by table");
+  f.cold = &b.GaugeFamily("parasync_ps_table_cold_rows",
+                          "Embedding rows only in the store now (demoted, --table-evict "
+                          "demote), by table");
+  f.promoted = &b.CounterFamily("parasync_ps_table_rows_promoted_total",
+                                "Demoted embedding rows brought back into memory by a push, by "
+                                "table");
+  f.cold_reads = &b.CounterFamily("parasync_ps_table_cold_reads_total",
+                                  "Embedding rows read from the store (pulls of demoted rows, "
+                                  "and every push of a row not in memory), by table");
+  f.cold_read_seconds = &b.CounterFamily("parasync_ps_table_cold_read_seconds_total",
+                                         "Seconds those reads took, by table (divided by the "
+                                         "reads: the mean cold-read latency)");
+  f.refused = &b.CounterFamily("parasync_ps_table_rows_refused_total",
+                               "Gradient rows dropped because their id has not been pushed "
+                               "--table-admit-after times yet, by table");
   f.bytes = &b.GaugeFamily("parasync_ps_table_bytes",
                            "Memory the embedding rows held take (values, slots, bookkeeping), "
                            "by table");
   m.table_capacity_rows = b.Gauge("parasync_ps_table_capacity_rows",
                                   "Embedding rows this shard holds at most, all tables "
-                                  "together (--max-table-rows; 0: no bound)");
+                                  "together in memory (--max-table-rows, or what --table-memory "
+                                  "allows; 0: no bound)");
 }
 
 }  // namespace
@@ -194,23 +211,45 @@ void PsMetrics::AddTables(const std::vector<std::string>& names) {
   if (!tables.empty() || table_families.pulled == nullptr) return;
   for (const std::string& name : names) {
     const prometheus::Labels l{{"table", name}};
-    tables.push_back({&table_families.pulled->Add(l), &table_families.pushed->Add(l),
-                      &table_families.created->Add(l), &table_families.evicted->Add(l),
-                      &table_families.held->Add(l), &table_families.bytes->Add(l)});
+    const TableFamilies& f = table_families;
+    TableMetrics m;
+    m.rows_pulled = &f.pulled->Add(l);
+    m.rows_pushed = &f.pushed->Add(l);
+    m.rows_created = &f.created->Add(l);
+    m.rows_evicted = &f.evicted->Add(l);
+    m.rows_held = &f.held->Add(l);
+    m.bytes = &f.bytes->Add(l);
+    m.rows_cold = &f.cold->Add(l);
+    m.rows_promoted = &f.promoted->Add(l);
+    m.cold_reads = &f.cold_reads->Add(l);
+    m.cold_read_seconds = &f.cold_read_seconds->Add(l);
+    m.rows_refused = &f.refused->Add(l);
+    tables.push_back(m);
   }
 }
 
-void PsMetrics::PublishTable(size_t t, int64_t held, int64_t created, int64_t evicted,
-                             int64_t bytes) {
+namespace {
+// Advances `c` by what `now` adds to `before` (a restore starts the tables' counts again from
+// 0: then nothing is added until they pass the old count).
+template <typename T>
+void Advance(prometheus::Counter* c, T now, T& before) {
+  if (now > before) c->Increment(static_cast<double>(now - before));
+  before = now;
+}
+}  // namespace
+
+void PsMetrics::PublishTable(size_t t, const EmbeddingTables::TableStats& st) {
   if (t >= tables.size()) return;
   TableMetrics& m = tables[t];
-  // The tables count from their last Configure (a restore keeps counting from there).
-  if (created > m.created_counted) m.rows_created->Increment(static_cast<double>(created - m.created_counted));
-  if (evicted > m.evicted_counted) m.rows_evicted->Increment(static_cast<double>(evicted - m.evicted_counted));
-  m.created_counted = created;
-  m.evicted_counted = evicted;
-  m.rows_held->Set(static_cast<double>(held));
-  m.bytes->Set(static_cast<double>(bytes));
+  Advance(m.rows_created, st.rows_created, m.counted.rows_created);
+  Advance(m.rows_evicted, st.rows_evicted, m.counted.rows_evicted);
+  Advance(m.rows_promoted, st.rows_promoted, m.counted.rows_promoted);
+  Advance(m.cold_reads, st.cold_reads, m.counted.cold_reads);
+  Advance(m.cold_read_seconds, st.cold_read_seconds, m.counted.cold_read_seconds);
+  Advance(m.rows_refused, st.rows_refused, m.counted.rows_refused);
+  m.rows_held->Set(static_cast<double>(st.rows_held));
+  m.bytes->Set(static_cast<double>(st.bytes));
+  m.rows_cold->Set(static_cast<double>(st.rows_cold));
 }
 
 PsMetrics::PsMetrics(int shard, int num_workers)

@@ -17,6 +17,7 @@
 #include "common/curve.h"
 #include "common/metrics.h"
 #include "common/wire.h"
+#include "ps/embedding_table.h"
 #include "ps/shard.h"
 
 namespace parasync {
@@ -80,8 +81,12 @@ struct PsMetrics {
     prometheus::Counter* rows_evicted = nullptr;
     prometheus::Gauge* rows_held = nullptr;
     prometheus::Gauge* bytes = nullptr;
-    int64_t created_counted = 0;
-    int64_t evicted_counted = 0;
+    prometheus::Gauge* rows_cold = nullptr;
+    prometheus::Counter* rows_promoted = nullptr;
+    prometheus::Counter* cold_reads = nullptr;
+    prometheus::Counter* cold_read_seconds = nullptr;
+    prometheus::Counter* rows_refused = nullptr;
+    EmbeddingTables::TableStats counted;  // what the counters were last advanced to
   };
   std::vector<TableMetrics> tables;  // by table index
   // Their families, registered with the rest (AddTables adds a series to each).
@@ -92,12 +97,17 @@ struct PsMetrics {
     prometheus::Family<prometheus::Counter>* evicted = nullptr;
     prometheus::Family<prometheus::Gauge>* held = nullptr;
     prometheus::Family<prometheus::Gauge>* bytes = nullptr;
+    prometheus::Family<prometheus::Gauge>* cold = nullptr;
+    prometheus::Family<prometheus::Counter>* promoted = nullptr;
+    prometheus::Family<prometheus::Counter>* cold_reads = nullptr;
+    prometheus::Family<prometheus::Counter>* cold_read_seconds = nullptr;
+    prometheus::Family<prometheus::Counter>* refused = nullptr;
   } table_families;
   prometheus::Gauge* table_capacity_rows = nullptr;
   // Adds the series of `names` (once; later calls with the same tables do nothing).
   void AddTables(const std::vector<std::string>& names);
-  // Sets the series of table t from its counts (created and evicted only ever grow).
-  void PublishTable(size_t t, int64_t held, int64_t created, int64_t evicted, int64_t bytes);
+  // Sets the series of table t from its statistics (the counts only ever grow).
+  void PublishTable(size_t t, const EmbeddingTables::TableStats& stats);
 
   // The request loop's heartbeat, served as /healthz and /readyz (common/metrics.h).
   LoopHeartbeat loop;

@@ -160,8 +160,14 @@ MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, i
   b.unread = UnreadReplyCap(options, UnreadBasis(options, elements, row_bytes > 0));
   // Rows at capacity, and a snapshot's copy of them (the first after a restart may write
   // every row). The per-step sync accumulators are bounded by the messages they came in.
-  if (row_bytes > 0 && options.max_table_rows > 0) {
-    b.tables = (1 + (options.store != nullptr ? 1 : 0)) * options.max_table_rows * row_bytes;
+  int64_t rows = options.max_table_rows > 0 ? options.max_table_rows : 0;
+  if (row_bytes > 0 && options.table_memory_bytes > 0) {
+    const int64_t budget = std::max<int64_t>(1, options.table_memory_bytes / row_bytes);
+    rows = rows > 0 ? std::min(rows, budget) : budget;
+  }
+  if (row_bytes > 0 && rows > 0) {
+    b.tables = (1 + (options.store != nullptr ? 1 : 0)) * rows * row_bytes +
+               AdmissionFilter(options.table_admit_after).bytes();
   }
   // One more frame being read past the limit and the deepest allocation the rollback or a
   // snapshot can add are covered by the terms above; a message read and not queued (refused
@@ -226,6 +232,10 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
                    options.mode.kind == TrainingMode::Kind::kSync, options.shard_index},
                   metrics, std::chrono::steady_clock::now()) {
   shard_.set_max_message_bytes(options.max_message_bytes);
+  shard_.set_table_options({options.shard_index, options.num_shards, options.max_table_rows,
+                            options.table_memory_bytes,
+                            options.table_demote ? options.store : nullptr,
+                            options.table_admit_after});
   std::random_device rd;
   while (incarnation_ == 0) incarnation_ = (uint64_t{rd()} << 32) | rd();
 }
@@ -262,7 +272,8 @@ void Server::OnStoreFailure(const Status& failure, const std::string& what) {
   if (!durability_.LatchFailure(failure, what)) return;
   // Memory goes back to the last durable state: what was applied but not persisted was never
   // acknowledged, and must not be served or counted as applied (seqs included).
-  if (auto durable = options_.store->Load(); durable.ok()) {
+  if (auto durable = options_.store->Load(/*with_rows=*/!shard_.tables().tiered());
+      durable.ok()) {
     ledger_.Clear();
     if (Status s = Restore(*durable); !s.ok()) {
       spdlog::error("rolling back to the store failed: {}", s.ToString());
@@ -461,7 +472,14 @@ void Server::SendPull(zmq::message_t& identity, const Header& req,
   reply.slices = req.slices;
   reply.rows = req.rows;
   std::vector<zmq::message_t> frames = PullFrames(req, peer);
-  AppendRowFrames(req, row_ids, peer, frames);
+  if (Status s = AppendRowFrames(req, row_ids, peer, frames); !s.ok()) {
+    frames.clear();
+    reply = ReplyTo(req);
+    reply.status = Status::Unavailable("reading embedding rows from the store failed: " +
+                                       s.message());
+    Reject(RejectReason::kStoreFailed);
+    spdlog::error("pull of rank {}: {}", req.rank, reply.status.message());
+  }
   if (coordinator_.ValidRank(req.rank)) coordinator_.RecordRead(req.rank);
   metrics_->bytes_sent[static_cast<size_t>(MsgType::kPull)]->Increment(
       static_cast<double>(FramesBytes(frames)));
@@ -539,8 +557,9 @@ int64_t Server::RowReplyBytes(const Header& req) const {
   return bytes;
 }
 
-void Server::AppendRowFrames(const Header& req, const std::vector<std::vector<uint64_t>>& row_ids,
-                             const ByteCounter& peer, std::vector<zmq::message_t>& frames) {
+Status Server::AppendRowFrames(const Header& req,
+                               const std::vector<std::vector<uint64_t>>& row_ids,
+                               const ByteCounter& peer, std::vector<zmq::message_t>& frames) {
   std::vector<float> narrowed;  // a 16-bit reply's rows before encoding
   for (size_t k = 0; k < req.rows.size(); ++k) {
     const RowRange& r = req.rows[k];
@@ -554,18 +573,21 @@ void Server::AppendRowFrames(const Header& req, const std::vector<std::vector<ui
         FrameHold{nullptr, static_cast<int64_t>(size), peer, unread_total_, released_since_trim_});
     void* data = std::malloc(size);
     if (data == nullptr) throw std::bad_alloc();
+    Status read;
     if (req.dtype == DType::kFloat32) {
-      shard_.ReadRows(r.table, row_ids[k], static_cast<float*>(data));  // malloc: aligned
+      read = shard_.ReadRows(r.table, row_ids[k], static_cast<float*>(data));  // malloc: aligned
     } else {
       narrowed.resize(n);
-      shard_.ReadRows(r.table, row_ids[k], narrowed.data());
-      EncodeFloats(narrowed.data(), n, req.dtype, data);
+      read = shard_.ReadRows(r.table, row_ids[k], narrowed.data());
+      if (read.ok()) EncodeFloats(narrowed.data(), n, req.dtype, data);
     }
     AppendHeldFrame(data, size, hold.release(), frames);
+    PARASYNC_RETURN_IF_ERROR(read);  // the cold tier's: the frames go back with `frames`
     if (r.table < metrics_->tables.size()) {
       metrics_->tables[r.table].rows_pulled->Increment(static_cast<double>(r.count));
     }
   }
+  return Status::Ok();
 }
 
 void Server::AppendPullFrame(DType dtype, const Shard::Loan& loan, const ByteCounter& peer,
@@ -815,6 +837,11 @@ bool Server::ApplyAsync(const Header& req, std::span<const float* const> grads,
     lr_scale = 1.0f / static_cast<float>(std::max<int64_t>(1, staleness));
   }
   reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale, rows);
+  if (!reply.status.ok() && *reason == RejectReason::kStoreFailed) {
+    // The tables' cold tier failed mid-update: like a failed durable write.
+    OnStoreFailure(reply.status, "embedding rows of a push of rank " + std::to_string(req.rank));
+    reply.status = Status::Unavailable(*durability_.failure());
+  }
   if (!reply.status.ok()) return false;
   const bool ranked = coordinator_.ValidRank(req.rank);
   if (durability_.every_update()) {
@@ -858,7 +885,12 @@ bool Server::MaybeCompleteStep() {
   const int n = coordinator_.contributors();
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t before = shard_.examples();
-  shard_.ApplyAccumulated(n);
+  if (Status s = shard_.ApplyAccumulated(n); !s.ok()) {
+    coordinator_.CompleteStep();
+    ledger_.SettlePending();
+    OnStoreFailure(s, "embedding rows of step " + std::to_string(shard_.version()));
+    return false;
+  }
   coordinator_.CompleteStep();
   // The contributors' positions count now that their gradients are applied; with
   // every-update durability they are stored with the step, seqs included.
@@ -885,11 +917,11 @@ void Server::PublishTableGauges() {
     metrics_->AddTables(names);
   }
   for (int i = 0; i < t.num_tables(); ++i) {
-    const EmbeddingTables::TableStats st = t.stats(static_cast<uint32_t>(i));
-    metrics_->PublishTable(static_cast<size_t>(i), st.rows_held, st.rows_created, st.rows_evicted,
-                           st.bytes);
+    metrics_->PublishTable(static_cast<size_t>(i), t.stats(static_cast<uint32_t>(i)));
   }
-  metrics_->table_capacity_rows->Set(static_cast<double>(options_.max_table_rows));
+  metrics_->table_capacity_rows->Set(static_cast<double>(
+      t.num_tables() == 0 || t.capacity() >= EmbeddingTables::kMaxRowsHeld ? options_.max_table_rows
+                                                                          : t.capacity()));
 }
 
 void Server::PublishMemoryBound() {

@@ -67,6 +67,13 @@ struct ServerOptions {
   // Embedding rows this shard holds at most, all tables together (0: no bound); creating
   // one more evicts the least recently touched (ps/embedding_table.h).
   int64_t max_table_rows = 0;
+  // Memory for embedding rows (0: only max_table_rows bounds them); rows beyond it are
+  // evicted as max_table_rows says.
+  int64_t table_memory_bytes = 0;
+  // Evicted rows are demoted to the store (a cold tier) rather than forgotten; needs `store`.
+  bool table_demote = false;
+  // Pushes an embedding id needs before it gets a row (<= 1: at its first).
+  int table_admit_after = 0;
   // Threads that check and apply a push of >= 1 MiB over several slices (the loop's own
   // thread included); 1: the loop alone.
   int apply_threads = 1;
@@ -269,9 +276,10 @@ class Server {
   // unread counters until ZeroMQ frees it. Throws std::bad_alloc (every loan returned).
   std::vector<zmq::message_t> PullFrames(const Header& req, const ByteCounter& peer);
   // Appends one frame per row range of `req`: its rows (initial values for rows nobody
-  // updated), in the reply's dtype, counted as unread like an encoded slice frame.
-  void AppendRowFrames(const Header& req, const std::vector<std::vector<uint64_t>>& row_ids,
-                       const ByteCounter& peer, std::vector<zmq::message_t>& frames);
+  // updated), in the reply's dtype, counted as unread like an encoded slice frame. Returns
+  // the tables' cold tier's error.
+  Status AppendRowFrames(const Header& req, const std::vector<std::vector<uint64_t>>& row_ids,
+                         const ByteCounter& peer, std::vector<zmq::message_t>& frames);
   // The bytes a pull reply's rows take.
   int64_t RowReplyBytes(const Header& req) const;
   // Appends the frame of `loan`, which it takes over; on a throw, `taken` counts past it if

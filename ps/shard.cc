@@ -47,6 +47,10 @@ Shard::Shard(int shard_index, int num_shards, int64_t max_bytes, int apply_threa
       apply_threads_(apply_threads > 1 ? std::make_unique<ParallelFor>(apply_threads) : nullptr),
       tables_({shard_index, num_shards, max_table_rows}) {}
 
+void Shard::set_table_options(const EmbeddingTables::Options& options) {
+  tables_ = EmbeddingTables(options);
+}
+
 void Shard::ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn) const {
   if (!parallel || !apply_threads_) {
     for (size_t i = 0; i < n; ++i) fn(i);
@@ -370,7 +374,12 @@ Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* c
   if (!rows.empty()) {
     const OptimizerSpec opt = Effective(lr_scale);
     for (size_t i = 0; i < rows.ranges.size(); ++i) {
-      tables_.Apply(rows.ranges[i].table, rows.ids[i], rows.grads[i], opt);
+      // Only the cold tier can fail here (the server rolls back to its store).
+      if (Status st = tables_.Apply(rows.ranges[i].table, rows.ids[i], rows.grads[i], opt);
+          !st.ok()) {
+        *reason = RejectReason::kStoreFailed;
+        return st;
+      }
     }
   }
   ++version_;
@@ -455,7 +464,7 @@ Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const flo
   return Status::Ok();
 }
 
-void Shard::ApplyAccumulated(int count) {
+Status Shard::ApplyAccumulated(int count) {
   const float inv = 1.0f / static_cast<float>(count);
   const float lr_scale = LrScheduleFactor(registration_->optimizer, examples_);
   for (SliceState& s : owned_) {
@@ -472,11 +481,12 @@ void Shard::ApplyAccumulated(int count) {
     for (float& a : average_) a *= inv;
     ApplyToSlice(s, 0, average_.data(), static_cast<int64_t>(average_.size()), lr_scale);
   }
-  tables_.ApplyAccumulated(Effective(lr_scale));
+  const Status rows = tables_.ApplyAccumulated(Effective(lr_scale));
   std::fill(contributed_.begin(), contributed_.end(), false);
   ++version_;
   examples_ += pending_examples_;
   pending_examples_ = 0;
+  return rows;
 }
 
 int64_t Shard::num_elements() const {
@@ -551,10 +561,9 @@ Status Shard::Restore(const ShardSnapshot& snap) {
     local[in.id] = static_cast<int32_t>(owned.size());
     owned.push_back(std::move(state));
   }
-  EmbeddingTables::Options table_options{shard_index_, num_shards_, tables_.capacity()};
-  EmbeddingTables tables(table_options);
+  EmbeddingTables tables(tables_.options());
   tables.Configure(snap.registration.tables, snap.registration.optimizer, snap.registration.seed);
-  if (Status s = tables.Restore(snap.rows); !s.ok()) {
+  if (Status s = tables.Restore(snap.rows, snap.stored_row_counts); !s.ok()) {
     return Status::Corruption("restored rows: " + s.message());
   }
   registration_ = snap.registration;

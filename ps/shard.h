@@ -55,6 +55,9 @@ class Shard {
   // but EmbeddingTables::kMaxRowsHeld); creating one more evicts the least recently touched.
   Shard(int shard_index, int num_shards, int64_t max_bytes = 0, int apply_threads = 1,
         int64_t max_table_rows = 0);
+  // Replaces the embedding tables' options (the budget, the cold tier, admission) before
+  // anything is registered; shard_index and num_shards must be this shard's.
+  void set_table_options(const EmbeddingTables::Options& options);
   static constexpr int64_t kParallelApplyElements = int64_t{1} << 18;  // 1 MiB of float32
   // A registration whose push to this shard (its values and a header) would pass this many
   // bytes is refused (InvalidArgument naming --max-message-bytes); 0: no bound.
@@ -95,9 +98,10 @@ class Shard {
                       std::optional<std::span<const size_t>> value_bytes,
                       RejectReason* reason) const;
   // Reads rows `ids` of `table` into out (ids.size() * dim floats); a row nobody updated reads
-  // as its initial value and is not created. Precondition: ValidateRows ok.
-  void ReadRows(uint32_t table, std::span<const uint64_t> ids, float* out) {
-    tables_.Read(table, ids, out);
+  // as its initial value and is not created; a demoted one reads from the cold tier, whose
+  // error is returned. Precondition: ValidateRows ok.
+  Status ReadRows(uint32_t table, std::span<const uint64_t> ids, float* out) {
+    return tables_.Read(table, ids, out);
   }
 
   // Copies each range into out[i] (ranges[i].count floats). Precondition: ValidateRanges ok.
@@ -123,7 +127,9 @@ class Shard {
   // schedule's factor at examples() (before this update) times `lr_scale` (staleness-aware
   // async). Precondition: ValidateRanges ok.
   // `rows` are checked as finite with the slices (nothing changes if any is not) and applied
-  // with the same learning rate, each row's own update count being its Adam step.
+  // with the same learning rate, each row's own update count being its Adam step. A failure
+  // of the tables' cold tier is returned with *reason kStoreFailed, after the slices were
+  // updated (the caller rolls back to its store).
   Status Apply(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                int64_t batch_examples, RejectReason* reason, float lr_scale = 1.0f,
                const RowsRequest& rows = {});
@@ -144,9 +150,10 @@ class Shard {
                     const RowsRequest& rows = {});
   // Sync mode: applies the optimizer once with the average of the `count` accumulated
   // gradients (summed in rank order) at the scheduled learning rate, clears them, and
-  // increments version() by one and examples() by the accumulated examples. Precondition: count >= 1 gradients were
-  // accumulated.
-  void ApplyAccumulated(int count);
+  // increments version() by one and examples() by the accumulated examples. Precondition:
+  // count >= 1 gradients were accumulated. Returns the tables' cold-tier error, the step
+  // being applied but for rows from the failing one on (the caller rolls back to its store).
+  Status ApplyAccumulated(int count);
 
   bool registered() const { return registration_.has_value(); }
   int64_t version() const { return version_; }

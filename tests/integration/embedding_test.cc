@@ -2,7 +2,8 @@
 // click-through data from a planted model (parasync-gen-ctr) reaches the planted model's AUC;
 // a server killed with SIGKILL comes back with its rows and their optimizer state; a server
 // whose id stream outruns --max-table-rows evicts, stays under its stated memory bound and
-// says so in its metrics.
+// says so in its metrics; a server with --table-memory far below its rows keeps them all
+// (demoted to its store) through a restart.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <random>
 #include <regex>
 #include <string>
 #include <vector>
@@ -327,6 +329,106 @@ TEST(EmbeddingProcessTest, AnIdStreamBeyondTheRowCapEvictsAndStaysUnderTheMemory
     EXPECT_LT(bound, 256.0 * 1048576) << "the stated bound is too loose to show anything";
     if (HasFailure()) std::cout << "--- ps" << i << "'s /metrics\n" << metrics << "\n";
   }
+}
+
+// Tiered tables: a server with a memory budget far below its rows demotes them to its store
+// and promotes them back. A uniform id stream over 20,000 ids through a 256 KiB budget, the
+// server SIGKILLed and restarted mid-stream (every-update durability): every row, pulled at
+// the end, is bitwise what a server without a budget (and never killed) holds after the same
+// pushes; the rows in memory stay at the budget's count, and resident memory under the stated
+// bound (not checked under a sanitizer).
+TEST(EmbeddingProcessTest, ATieredServerKeepsEveryRowBeyondItsBudgetThroughARestart) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/tiered");
+  std::filesystem::create_directories(dir.path() + "/whole");
+  ProcessCluster tiered(1, 1, "async",
+                        {"--durability", "every-update", "--table-memory", "256KiB",
+                         "--max-message-bytes", std::to_string(4 << 20)},
+                        dir.path() + "/tiered",
+                        ProcessCluster::kPsDataDirs | ProcessCluster::kPsMetricsPorts);
+  ProcessCluster whole(1, 1, "async", {}, dir.path() + "/whole");
+  zmq::context_t ctx;
+  auto a = TableClient(ctx, tiered);
+  auto b = TableClient(ctx, whole);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  constexpr uint64_t kIds = 20000;
+  constexpr int kPushes = 80;
+  constexpr size_t kRowsPerPush = 128;
+  std::mt19937_64 rng(3);
+  std::uniform_int_distribution<uint64_t> pick(0, kIds - 1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  float bias_grad = 0.0f;
+  const float* dense[] = {&bias_grad};
+  for (int step = 0; step < kPushes; ++step) {
+    std::vector<uint64_t> ids;
+    while (ids.size() < kRowsPerPush) ids.push_back(pick(rng));
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    std::vector<float> grad(ids.size() * 4);
+    for (float& g : grad) g = u(rng);
+    const RowsOf push{0, ids, grad.data()};
+    ASSERT_TRUE(a->Push(dense, 1, PsClient::kLastRead, {&push, 1}).ok()) << "step " << step;
+    ASSERT_TRUE(b->Push(dense, 1, PsClient::kLastRead, {&push, 1}).ok()) << "step " << step;
+    if (step != kPushes / 2) continue;
+    a.reset();
+    ASSERT_NO_FATAL_FAILURE(tiered.KillPs(0));
+    tiered.StartPs(0, "ps0-restart");
+    const std::string log = tiered.Log("ps0-restart");
+    ASSERT_TRUE(testing::WaitFor(
+        [&] { return testing::ReadFile(log).find("embedding rows") != std::string::npos; }, 30s))
+        << testing::ReadFile(log);
+    a = TableClient(ctx, tiered);
+    ASSERT_NE(a, nullptr);
+  }
+  // Every id, in chunks: read in memory or in the store, bitwise the unbudgeted server's.
+  int64_t differ = 0;
+  for (uint64_t first = 0; first < kIds; first += 2000) {
+    std::vector<uint64_t> ids(2000);
+    for (uint64_t i = 0; i < ids.size(); ++i) ids[i] = first + i;
+    std::vector<float> got(ids.size() * 4), want(ids.size() * 4);
+    float bias = 0;
+    float* params[] = {&bias};
+    const RowsOf pa{0, ids, got.data()};
+    const RowsOf pb{0, ids, want.data()};
+    ASSERT_TRUE(a->Pull(params, 0, {&pa, 1}).ok());
+    ASSERT_TRUE(b->Pull(params, 0, {&pb, 1}).ok());
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i] ? 1 : 0;
+  }
+  EXPECT_EQ(differ, 0) << "values that differ from the unbudgeted server's";
+  std::string metrics;
+  auto value = [&](const std::string& name) {
+    return testing::PrometheusValue(metrics, name).value_or(-1);
+  };
+  // The table series follow the tables at most 10 times a second: until the final pulls'
+  // reads show (bounded; the checks below say what was seen if they never do).
+  (void)testing::WaitFor(
+      [&] {
+        metrics = testing::HttpGet(tiered.metrics_port(0), "/metrics");
+        return value("parasync_ps_table_cold_reads_total") > value("parasync_ps_table_cold_rows");
+      },
+      10s);
+  const double held = value("parasync_ps_table_rows");
+  const double cold = value("parasync_ps_table_cold_rows");
+  const double capacity = value("parasync_ps_table_capacity_rows");
+  const double promoted = value("parasync_ps_table_rows_promoted_total");
+  const double reads = value("parasync_ps_table_cold_reads_total");
+  const double rss = value("process_resident_memory_bytes");
+  const double bound = value("parasync_ps_memory_bound_bytes") +
+                       2 * value("parasync_ps_memory_bound_per_connection_bytes");
+  std::cout << "tiered: " << held << " rows in memory (capacity " << capacity << "), " << cold
+            << " in the store, " << promoted << " promoted and " << reads
+            << " cold reads since the restart; resident " << rss / 1048576
+            << " MiB, stated bound " << bound / 1048576 << " MiB\n";
+  EXPECT_GT(capacity, 1000);
+  EXPECT_LT(capacity, 4000) << "256 KiB at ~100 bytes a row";
+  EXPECT_EQ(held, capacity);
+  EXPECT_GT(cold, 4000) << "most rows live in the store";
+  EXPECT_GT(promoted, 0);
+  EXPECT_GT(reads, cold) << "the final pulls read every cold row";
+  EXPECT_TRUE(testing::MemoryWithin(static_cast<int64_t>(rss), static_cast<int64_t>(bound)))
+      << "resident " << rss << " > bound " << bound;
+  if (HasFailure()) std::cout << "--- the tiered server's /metrics\n" << metrics << "\n";
 }
 
 }  // namespace

@@ -379,7 +379,10 @@ TEST(PrometheusTest, EveryEmbeddingsDashboardExpressionHasDataFromALiveCtrCluste
       {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers", "2", "--mode", "async",
        "--epochs", std::to_string(kEpochs), "--dataset", data, "--model", "ctr", "--optimizer",
        "adagrad", "--lr", "0.05", "--batch-size", "256", "--log-dir", run, "--job", kJob,
-       "--metrics", "--ps-arg=--max-table-rows=" + std::to_string(kMaxTableRows)},
+       "--metrics", "--ps-arg=--max-table-rows=" + std::to_string(kMaxTableRows),
+       // A store: evicted rows are demoted to it and promoted back, so the tier panels have
+       // data too.
+       "--state-dir", dir.path() + "/state"},
       dir.path() + "/launch.out");
   std::optional<std::pair<Child, int>> watch = StartPrometheus(dir.path(), run);
   ASSERT_TRUE(watch.has_value());
@@ -389,8 +392,8 @@ TEST(PrometheusTest, EveryEmbeddingsDashboardExpressionHasDataFromALiveCtrCluste
   EXPECT_TRUE(EveryExpressionHasDataWhileTraining(port, panels, run, 80s))
       << testing::ReadFile(dir.path() + "/prometheus.out");
 
-  // The panels show this run: its servers evicted, and none held more rows than its
-  // capacity. (Failures here still stop the run below.)
+  // The panels show this run: its servers evicted (to their stores) and promoted rows back,
+  // and none held more rows than its capacity. (Failures here still stop the run below.)
   const std::string job = std::string("{job=\"") + kJob + "\"}";
   std::string error;
   const std::vector<double> evicted =
@@ -399,6 +402,10 @@ TEST(PrometheusTest, EveryEmbeddingsDashboardExpressionHasDataFromALiveCtrCluste
   if (evicted.size() == 1) {
     EXPECT_GT(evicted[0], 0) << "no row evicted at --max-table-rows=" << kMaxTableRows;
   }
+  const std::vector<double> promoted = FiniteValues(
+      Query(port, "sum(parasync_ps_table_rows_promoted_total" + job + ")", 0, &error));
+  EXPECT_EQ(promoted.size(), 1u) << error;
+  if (promoted.size() == 1) EXPECT_GT(promoted[0], 0) << "no demoted row came back";
   const std::vector<double> fullest = FiniteValues(
       Query(port, "max(sum by (shard) (parasync_ps_table_rows" + job + "))", 0, &error));
   EXPECT_EQ(fullest.size(), 1u) << error;

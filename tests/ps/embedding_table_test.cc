@@ -19,6 +19,8 @@
 #include "common/embedding.h"
 #include "common/float_codec.h"
 #include "common/model_spec.h"
+#include "ps/admission.h"
+#include "ps/cold_tier.h"
 #include "ps/optimizer.h"
 #include "ps/row_snapshot.h"
 #include "ps/shard.h"
@@ -69,7 +71,7 @@ std::vector<uint64_t> IdsOf(uint32_t table, int shard, int num_shards, uint64_t 
 
 std::vector<float> ReadRows(EmbeddingTables& t, uint32_t table, std::span<const uint64_t> ids) {
   std::vector<float> out(ids.size() * static_cast<size_t>(t.table(table).dim));
-  t.Read(table, ids, out.data());
+  EXPECT_TRUE(t.Read(table, ids, out.data()).ok());
   return out;
 }
 
@@ -96,7 +98,7 @@ TEST(EmbeddingTablesTest, RowsReadTheSameWhateverTheShardCountAndAfterRestore) {
 
   const std::vector<uint64_t> ids = {3, 5, 8};
   const std::vector<float> g = Grads(ids.size(), 4, 1);
-  one.Apply(0, ids, g.data(), Optimizer(OptimizerKind::kSgd));
+  ASSERT_TRUE(one.Apply(0, ids, g.data(), Optimizer(OptimizerKind::kSgd)).ok());
   const std::vector<uint64_t> probe = {2, 3, 5, 8, 9};
   const std::vector<float> before = ReadRows(one, 0, probe);
   EmbeddingTables restored = Make();
@@ -145,7 +147,7 @@ TEST_P(EmbeddingTablesOptimizerTest, SparseUpdatesMatchADenseReferenceAndSpareUn
   for (size_t step = 0; step < steps.size(); ++step) {
     const std::vector<RowSnapshot> before = tables.SnapshotAll();
     const std::vector<float> g = Grads(steps[step].size(), 4, static_cast<uint32_t>(step + 10));
-    tables.Apply(0, steps[step], g.data(), spec);
+    ASSERT_TRUE(tables.Apply(0, steps[step], g.data(), spec).ok());
     ref.Apply(steps[step], g.data(), spec);
     std::map<uint64_t, RowSnapshot> after;
     for (RowSnapshot& row : tables.SnapshotAll()) after[row.id] = std::move(row);
@@ -180,7 +182,7 @@ TEST(EmbeddingTablesTest, ValidateRefusesBadRangesWithTheirReasonAndChangesNothi
   const std::vector<uint64_t> theirs = IdsOf(0, 0, 2, mine[0] + 1, 1);
   const std::vector<uint64_t> beyond = IdsOf(0, 1, 2, kFixedRows, 1);
   const std::vector<float> g = Grads(mine.size(), 4, 3);
-  tables.Apply(0, mine, g.data(), Optimizer(OptimizerKind::kAdam));
+  ASSERT_TRUE(tables.Apply(0, mine, g.data(), Optimizer(OptimizerKind::kAdam)).ok());
   const std::vector<RowSnapshot> before = tables.SnapshotAll();
   const size_t row_bytes = 4 * sizeof(float);
   struct Case {
@@ -234,7 +236,7 @@ std::vector<RowSnapshot> SyncStep(bool rank1_first) {
   if (!rank1_first) tables.Accumulate(1, 0, ids1, g1.data());
   EXPECT_EQ(tables.rows_held(), 0) << "Accumulate must not change rows";
   EXPECT_EQ(tables.accumulated_rows(), 3);
-  tables.ApplyAccumulated(Optimizer(OptimizerKind::kSgd));
+  EXPECT_TRUE(tables.ApplyAccumulated(Optimizer(OptimizerKind::kSgd)).ok());
   EXPECT_EQ(tables.accumulated_rows(), 0);
   return tables.SnapshotAll();
 }
@@ -265,7 +267,7 @@ TEST(EmbeddingTablesTest, SyncStepSumsInRankOrderWhateverTheArrivalOrder) {
       const std::vector<float> g(4, scales[static_cast<size_t>(rank)]);
       tables.Accumulate(rank, 0, ids, g.data());
     }
-    tables.ApplyAccumulated(Optimizer(OptimizerKind::kSgd));
+    ASSERT_TRUE(tables.ApplyAccumulated(Optimizer(OptimizerKind::kSgd)).ok());
     results.push_back(tables.SnapshotAll());
   }
   EXPECT_EQ(results[1], results[0]);
@@ -283,7 +285,7 @@ TEST(EmbeddingTablesTest, DropAccumulatedForgetsTheStep) {
   tables.Accumulate(0, 0, ids, g.data());
   tables.DropAccumulated();
   EXPECT_EQ(tables.accumulated_rows(), 0);
-  tables.ApplyAccumulated(Optimizer(OptimizerKind::kSgd));
+  ASSERT_TRUE(tables.ApplyAccumulated(Optimizer(OptimizerKind::kSgd)).ok());
   EXPECT_EQ(tables.rows_held(), 0);
 }
 
@@ -293,12 +295,12 @@ TEST(EmbeddingTablesTest, EvictsTheLeastRecentlyTouchedRowsAndStaysWithinMaxRows
   const OptimizerSpec spec = Optimizer(OptimizerKind::kAdagrad);
   const std::vector<float> g = Grads(1, 3, 8);
   std::vector<RowKey> evicted;
-  for (uint64_t id = 0; id < kMax; ++id) tables.Apply(1, {&id, 1}, g.data(), spec);
+  for (uint64_t id = 0; id < kMax; ++id) ASSERT_TRUE(tables.Apply(1, {&id, 1}, g.data(), spec).ok());
   EXPECT_EQ(tables.TakeDirty(&evicted).size(), static_cast<size_t>(kMax));  // now stored
   const std::vector<uint64_t> kept = {0};  // the oldest, kept warm by reads
   for (uint64_t id = 100; id < 300; ++id) {
     (void)ReadRows(tables, 1, kept);
-    tables.Apply(1, {&id, 1}, g.data(), spec);
+    ASSERT_TRUE(tables.Apply(1, {&id, 1}, g.data(), spec).ok());
     ASSERT_LE(tables.rows_held(), kMax);
   }
   EXPECT_EQ(tables.rows_held(), kMax);
@@ -319,11 +321,11 @@ TEST(EmbeddingTablesTest, EvictsTheLeastRecentlyTouchedRowsAndStaysWithinMaxRows
 TEST(EmbeddingTablesTest, ReadOfAnOldRowSavesItFromTheNextEviction) {
   EmbeddingTables tables = Make(OptimizerKind::kSgd, 0, 1, 3);
   const std::vector<float> g = Grads(1, 4, 9);
-  for (uint64_t id : {1, 2, 3}) tables.Apply(0, {&id, 1}, g.data(), Optimizer(OptimizerKind::kSgd));
+  for (uint64_t id : {1, 2, 3}) ASSERT_TRUE(tables.Apply(0, {&id, 1}, g.data(), Optimizer(OptimizerKind::kSgd)).ok());
   const std::vector<uint64_t> one = {1};
   (void)ReadRows(tables, 0, one);
   const uint64_t next = 4;
-  tables.Apply(0, {&next, 1}, g.data(), Optimizer(OptimizerKind::kSgd));
+  ASSERT_TRUE(tables.Apply(0, {&next, 1}, g.data(), Optimizer(OptimizerKind::kSgd)).ok());
   std::vector<uint64_t> held;
   for (const RowSnapshot& r : tables.SnapshotAll()) held.push_back(r.id);
   EXPECT_EQ(held, (std::vector<uint64_t>{1, 3, 4})) << "row 2 was the least recently touched";
@@ -335,13 +337,13 @@ TEST(EmbeddingTablesTest, TakeDirtyReturnsExactlyTheRowsChangedSinceTheLastCall)
   const std::vector<float> g = Grads(3, 4, 10);
   std::vector<RowKey> evicted;
   const std::vector<uint64_t> first = {1, 2, 3};
-  tables.Apply(0, first, g.data(), spec);
+  ASSERT_TRUE(tables.Apply(0, first, g.data(), spec).ok());
   std::vector<RowSnapshot> dirty = tables.TakeDirty(&evicted);
   EXPECT_EQ(dirty, tables.SnapshotAll());
   EXPECT_TRUE(evicted.empty());
 
   const std::vector<uint64_t> second = {2, 5};
-  tables.Apply(0, second, g.data(), spec);
+  ASSERT_TRUE(tables.Apply(0, second, g.data(), spec).ok());
   (void)ReadRows(tables, 0, first);  // reads change nothing
   dirty = tables.TakeDirty(&evicted);
   ASSERT_EQ(dirty.size(), 2u);
@@ -353,8 +355,8 @@ TEST(EmbeddingTablesTest, TakeDirtyReturnsExactlyTheRowsChangedSinceTheLastCall)
   // Touched most recently first: 3 2 1 5. Row 6 evicts 5, which comes back (dirty, not
   // evicted) and evicts 1.
   const uint64_t six = 6, five = 5;
-  tables.Apply(0, {&six, 1}, g.data(), spec);
-  tables.Apply(0, {&five, 1}, g.data(), spec);
+  ASSERT_TRUE(tables.Apply(0, {&six, 1}, g.data(), spec).ok());
+  ASSERT_TRUE(tables.Apply(0, {&five, 1}, g.data(), spec).ok());
   dirty = tables.TakeDirty(&evicted);
   ASSERT_EQ(dirty.size(), 2u);
   EXPECT_EQ(dirty[0].id, 5u);
@@ -371,11 +373,11 @@ TEST(EmbeddingTablesTest, TakeDirtyReportsAStoredRowEvictedAgainAfterComingBack)
   const std::vector<float> g = Grads(1, 4, 12);
   const uint64_t one = 1, two = 2;
   std::vector<RowKey> evicted;
-  tables.Apply(0, {&one, 1}, g.data(), spec);
+  ASSERT_TRUE(tables.Apply(0, {&one, 1}, g.data(), spec).ok());
   ASSERT_EQ(tables.TakeDirty(&evicted).size(), 1u);
-  tables.Apply(0, {&two, 1}, g.data(), spec);  // evicts stored 1
-  tables.Apply(0, {&one, 1}, g.data(), spec);  // 1 back, 2 (never stored) goes
-  tables.Apply(0, {&two, 1}, g.data(), spec);  // 1 goes again
+  ASSERT_TRUE(tables.Apply(0, {&two, 1}, g.data(), spec).ok());  // evicts stored 1
+  ASSERT_TRUE(tables.Apply(0, {&one, 1}, g.data(), spec).ok());  // 1 back, 2 (never stored) goes
+  ASSERT_TRUE(tables.Apply(0, {&two, 1}, g.data(), spec).ok());  // 1 goes again
   const std::vector<RowSnapshot> dirty = tables.TakeDirty(&evicted);
   ASSERT_EQ(dirty.size(), 1u);
   EXPECT_EQ(dirty[0].id, 2u);
@@ -387,7 +389,7 @@ TEST(EmbeddingTablesTest, RestoreRefusesBadSnapshotsAndChangesNothing) {
   EmbeddingTables tables = Make(OptimizerKind::kAdam, 1, 2, 5);
   const std::vector<uint64_t> mine = IdsOf(0, 1, 2, 0, 3);
   const std::vector<float> g = Grads(mine.size(), 4, 11);
-  tables.Apply(0, mine, g.data(), Optimizer(OptimizerKind::kAdam));
+  ASSERT_TRUE(tables.Apply(0, mine, g.data(), Optimizer(OptimizerKind::kAdam)).ok());
   const std::vector<RowSnapshot> good = tables.SnapshotAll();
   const auto bad = [&](auto change) {
     std::vector<RowSnapshot> rows = good;
@@ -419,6 +421,214 @@ TEST(EmbeddingTablesTest, RestoreRefusesBadSnapshotsAndChangesNothing) {
   EXPECT_EQ(fresh.SnapshotAll(), good);
   std::vector<RowKey> evicted;
   EXPECT_TRUE(fresh.TakeDirty(&evicted).empty()) << "restored rows are stored, not dirty";
+}
+
+// ---- tiered tables: a cold tier, and the admission filter ------------------------------------
+
+// A cold tier in memory that counts its traffic and fails its writes or reads on demand.
+class MemoryColdTier : public ColdTier {
+ public:
+  Status Read(std::span<const RowKey> keys,
+              std::vector<std::optional<RowSnapshot>>* out) override {
+    if (fail_reads) return Status::Unavailable("injected read failure");
+    out->clear();
+    for (const RowKey& k : keys) {
+      auto it = rows.find(k);
+      out->push_back(it == rows.end() ? std::nullopt : std::optional<RowSnapshot>(it->second));
+    }
+    return Status::Ok();
+  }
+  Status Write(std::span<const RowSnapshot> written) override {
+    if (fail_writes) return Status::Unavailable("no space left on device (injected)");
+    for (const RowSnapshot& r : written) rows[RowKey{r.table, r.id}] = r;
+    writes += static_cast<int64_t>(written.size());
+    return Status::Ok();
+  }
+  std::map<RowKey, RowSnapshot> rows;
+  int64_t writes = 0;
+  bool fail_writes = false;
+  bool fail_reads = false;
+};
+
+EmbeddingTables MakeTiered(OptimizerKind kind, int64_t max_rows, ColdTier* cold,
+                           int admit_after = 0) {
+  EmbeddingTables t(EmbeddingTables::Options{0, 1, max_rows, 0, cold, admit_after});
+  t.Configure(Tables(), Optimizer(kind), kSeed);
+  return t;
+}
+
+// Rows demoted with their optimizer state and promoted again are bitwise what a table that
+// never evicted holds after the same pushes, pulls read them in the cold tier, and nothing is
+// written for a row that did not change since it was last written.
+TEST(EmbeddingTablesTest, DemotedRowsComeBackBitwiseWithTheirOptimizerState) {
+  for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdagrad, OptimizerKind::kSgd}) {
+    SCOPED_TRACE(OptimizerKindName(kind));
+    MemoryColdTier cold;
+    EmbeddingTables tiered = MakeTiered(kind, 4, &cold);
+    EmbeddingTables whole = Make(kind);
+    const OptimizerSpec spec = Optimizer(kind);
+    std::mt19937 rng(5);
+    std::uniform_int_distribution<uint64_t> pick(0, 19);  // 20 ids through 4 rows of memory
+    for (uint32_t step = 0; step < 300; ++step) {
+      std::vector<uint64_t> ids = {pick(rng), pick(rng)};
+      std::sort(ids.begin(), ids.end());
+      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      const std::vector<float> g = Grads(ids.size(), 3, step);
+      ASSERT_TRUE(tiered.Apply(1, ids, g.data(), spec).ok());
+      ASSERT_TRUE(whole.Apply(1, ids, g.data(), spec).ok());
+      ASSERT_LE(tiered.rows_held(), 4);
+    }
+    std::vector<uint64_t> all(20);
+    for (uint64_t id = 0; id < 20; ++id) all[id] = id;
+    // Pulls: read where each row is (most of them in the cold tier), bitwise.
+    EXPECT_EQ(ReadRows(tiered, 1, all), ReadRows(whole, 1, all));
+    EXPECT_EQ(tiered.rows_held(), 4) << "a pull brings nothing in";
+    // Promote every row (a push of zero gradients changes no SGD value, so compare the state
+    // through the snapshots instead): the rows in memory and in the cold tier together are
+    // the unevicted table's rows, values, slots and update counts.
+    std::map<RowKey, RowSnapshot> held = cold.rows;
+    for (const RowSnapshot& r : tiered.SnapshotAll()) held[RowKey{r.table, r.id}] = r;
+    std::vector<RowSnapshot> merged;
+    for (auto& [key, r] : held) merged.push_back(r);
+    EXPECT_EQ(merged, whole.SnapshotAll());
+    const EmbeddingTables::TableStats st = tiered.stats(1);
+    EXPECT_EQ(st.rows_created, 20);
+    EXPECT_GT(st.rows_promoted, 0);
+    EXPECT_EQ(st.rows_held + st.rows_cold, 20);
+    EXPECT_EQ(st.rows_evicted, st.rows_promoted + 20 - 4);
+    EXPECT_LE(cold.writes, st.rows_evicted);
+  }
+}
+
+// A row promoted and evicted again without a change is not written again; one changed is.
+TEST(EmbeddingTablesTest, OnlyChangedRowsAreWrittenWhenDemoted) {
+  MemoryColdTier cold;
+  EmbeddingTables tables = MakeTiered(OptimizerKind::kSgd, 1, &cold);
+  const OptimizerSpec spec = Optimizer(OptimizerKind::kSgd);
+  const std::vector<float> g = Grads(1, 3, 1);
+  const uint64_t a = 1, b = 2;
+  ASSERT_TRUE(tables.Apply(1, {&a, 1}, g.data(), spec).ok());
+  ASSERT_TRUE(tables.Apply(1, {&b, 1}, g.data(), spec).ok());  // demotes a: written
+  EXPECT_EQ(cold.writes, 1);
+  std::vector<RowKey> evicted;
+  (void)tables.TakeDirty(&evicted);  // b stored by a snapshot
+  EXPECT_TRUE(evicted.empty()) << "a demoted row is not deleted from the store";
+  ASSERT_TRUE(tables.Apply(1, {&a, 1}, g.data(), spec).ok());  // b clean: not written
+  EXPECT_EQ(cold.writes, 1);
+  ASSERT_TRUE(tables.Apply(1, {&b, 1}, g.data(), spec).ok());  // a changed: written
+  EXPECT_EQ(cold.writes, 2);
+  EXPECT_EQ(cold.rows.at(RowKey{1, a}).updates, 2);
+}
+
+// A failing cold tier: the demotion is refused with its cause, and the row that was to go
+// stays in memory as it was (nothing acknowledged is lost); a failing read is refused too.
+TEST(EmbeddingTablesTest, AFailedDemotionIsRefusedAndLosesNothing) {
+  MemoryColdTier cold;
+  EmbeddingTables tables = MakeTiered(OptimizerKind::kAdam, 2, &cold);
+  const OptimizerSpec spec = Optimizer(OptimizerKind::kAdam);
+  const std::vector<float> g = Grads(1, 3, 2);
+  for (uint64_t id : {1, 2}) ASSERT_TRUE(tables.Apply(1, {&id, 1}, g.data(), spec).ok());
+  const std::vector<RowSnapshot> before = tables.SnapshotAll();
+  cold.fail_writes = true;
+  const uint64_t three = 3;
+  const Status s = tables.Apply(1, {&three, 1}, g.data(), spec);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("no space left"), std::string::npos) << s.message();
+  EXPECT_EQ(tables.SnapshotAll(), before);
+  EXPECT_TRUE(cold.rows.empty());
+  cold.fail_writes = false;
+  ASSERT_TRUE(tables.Apply(1, {&three, 1}, g.data(), spec).ok());
+  EXPECT_EQ(cold.rows.size(), 1u) << "row 1 demoted once the disk took it";
+  cold.fail_reads = true;
+  const std::vector<uint64_t> one = {1};
+  std::vector<float> out(3);
+  EXPECT_EQ(tables.Read(1, one, out.data()).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(tables.Apply(1, one, g.data(), spec).code(), StatusCode::kUnavailable);
+}
+
+// After a restart the rows stay in the cold tier (the store they were restored from) and are
+// promoted as their ids come; the statistics count them.
+TEST(EmbeddingTablesTest, TieredRestoreLeavesTheRowsInTheColdTier) {
+  MemoryColdTier cold;
+  const OptimizerSpec spec = Optimizer(OptimizerKind::kAdagrad);
+  std::vector<RowSnapshot> all;
+  {
+    EmbeddingTables tables = MakeTiered(OptimizerKind::kAdagrad, 3, &cold);
+    for (uint64_t id = 0; id < 10; ++id) {
+      const std::vector<float> g = Grads(1, 3, static_cast<uint32_t>(id));
+      ASSERT_TRUE(tables.Apply(1, {&id, 1}, g.data(), spec).ok());
+    }
+    std::vector<RowKey> evicted;
+    for (const RowSnapshot& r : tables.TakeDirty(&evicted)) cold.rows[RowKey{r.table, r.id}] = r;
+    for (const auto& [key, r] : cold.rows) all.push_back(r);
+  }
+  ASSERT_EQ(all.size(), 10u);
+  EmbeddingTables again = MakeTiered(OptimizerKind::kAdagrad, 3, &cold);
+  const std::vector<int64_t> counts = {0, 10};
+  ASSERT_TRUE(again.Restore({}, counts).ok());
+  EXPECT_EQ(again.rows_held(), 0);
+  EXPECT_EQ(again.stats(1).rows_cold, 10);
+  std::vector<uint64_t> ids(10);
+  for (uint64_t id = 0; id < 10; ++id) ids[id] = id;
+  std::vector<float> want;
+  for (const RowSnapshot& r : all) want.insert(want.end(), r.values.begin(), r.values.end());
+  EXPECT_EQ(ReadRows(again, 1, ids), want);
+  const std::vector<float> g = Grads(1, 3, 99);
+  const uint64_t seven = 7;
+  ASSERT_TRUE(again.Apply(1, {&seven, 1}, g.data(), spec).ok());
+  EXPECT_EQ(again.stats(1).rows_promoted, 1);
+  EXPECT_EQ(again.stats(1).rows_created, 0);
+  EXPECT_EQ(again.SnapshotAll()[0].updates, 2) << "promoted with its update count";
+  EXPECT_EQ(again.stats(1).rows_cold, 9);
+}
+
+// Admission: an id gets a row at its k-th push; the pushes before are dropped and counted,
+// and its pulls read the initial value. Known counts: id i is pushed i times.
+TEST(EmbeddingTablesTest, AdmissionDropsExactlyTheIdsUnderTheThreshold) {
+  constexpr int kAdmitAfter = 4;
+  EmbeddingTables tables = MakeTiered(OptimizerKind::kSgd, 0, nullptr, kAdmitAfter);
+  const OptimizerSpec spec = Optimizer(OptimizerKind::kSgd);
+  const std::vector<float> g = Grads(1, 3, 3);
+  int64_t dropped = 0;
+  for (uint64_t id = 1; id <= 8; ++id) {
+    for (uint64_t k = 0; k < id; ++k) ASSERT_TRUE(tables.Apply(1, {&id, 1}, g.data(), spec).ok());
+    dropped += static_cast<int64_t>(std::min<uint64_t>(id, kAdmitAfter - 1));
+  }
+  std::vector<uint64_t> held;
+  for (const RowSnapshot& r : tables.SnapshotAll()) {
+    held.push_back(r.id);
+    EXPECT_EQ(r.updates, static_cast<int64_t>(r.id) - (kAdmitAfter - 1)) << r.id;
+  }
+  EXPECT_EQ(held, (std::vector<uint64_t>{4, 5, 6, 7, 8}));
+  EXPECT_EQ(tables.stats(1).rows_refused, dropped);
+  const std::vector<uint64_t> three = {3};
+  EXPECT_EQ(ReadRows(tables, 1, three), InitialRow(1, 3));
+  // Off (0 or 1): every id at its first push.
+  EmbeddingTables open = MakeTiered(OptimizerKind::kSgd, 0, nullptr, 1);
+  const uint64_t one = 1;
+  ASSERT_TRUE(open.Apply(1, {&one, 1}, g.data(), spec).ok());
+  EXPECT_EQ(open.rows_held(), 1);
+}
+
+TEST(AdmissionFilterTest, CountsAreNeverUnderTheTruthAndExactWhenFew) {
+  AdmissionFilter filter(1000, 16);
+  std::map<uint64_t, int> truth;
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<uint64_t> pick(0, 999);
+  for (int i = 0; i < 20000; ++i) {
+    const uint64_t id = pick(rng);
+    ++truth[id];
+    (void)filter.CountAndAdmit(RowKey{0, id});
+  }
+  int exact = 0;
+  for (const auto& [id, n] : truth) {
+    const int est = filter.Estimate(RowKey{0, id});
+    EXPECT_GE(est, n) << id;
+    exact += est == n ? 1 : 0;
+  }
+  EXPECT_EQ(exact, static_cast<int>(truth.size())) << "1000 ids in 4 x 65536 counters";
+  EXPECT_EQ(filter.Estimate(RowKey{1, 5}), 0) << "another table's id is counted apart";
+  EXPECT_EQ(AdmissionFilter(0).bytes(), 0) << "off: no memory";
 }
 
 }  // namespace

@@ -260,7 +260,7 @@ class ShardAccumulateRejectTest : public ::testing::Test {
     for (Shard* s : {&shard_, &twin_}) {
       ASSERT_TRUE(DoAccumulate(*s, WholeShardPush(*s, 1.0f), &reason).ok());
       ASSERT_TRUE(DoAccumulate(*s, WholeShardPush(*s, -0.5f), &reason).ok());
-      s->ApplyAccumulated(2);
+      ASSERT_TRUE(s->ApplyAccumulated(2).ok());
     }
   }
 

@@ -34,7 +34,7 @@ TEST(ShardSyncTest, ApplyAccumulatedOfThreeGradientsIsSgdWithTheirMean) {
   for (const Push& p : pushes) ASSERT_TRUE(DoAccumulate(shard, p, &reason).ok());
   EXPECT_EQ(Take(shard), before) << "Accumulate must not change the values";
 
-  shard.ApplyAccumulated(3);
+  ASSERT_TRUE(shard.ApplyAccumulated(3).ok());
   const Snapshot after = Take(shard);
   const double lr = reg.optimizer.learning_rate;
   const std::vector<SliceRange>& ranges = pushes[0].ranges;
@@ -69,7 +69,7 @@ TEST(ShardSyncTest, StepResultIsTheSameWhateverOrderThePushesArriveIn) {
     const std::vector<Push> pushes = OrderSensitivePushes(shard);
     RejectReason reason = RejectReason::kNone;
     for (int rank : order) ASSERT_TRUE(DoAccumulate(shard, pushes[rank], &reason, rank).ok());
-    shard.ApplyAccumulated(4);
+    ASSERT_TRUE(shard.ApplyAccumulated(4).ok());
     results.push_back(Take(shard));
   }
   EXPECT_EQ(results[1], results[0]) << "reversed arrival changed the step";
@@ -92,12 +92,12 @@ TEST(ShardSyncTest, VersionAndExamplesAdvanceOncePerApplyAccumulated) {
   ASSERT_TRUE(DoAccumulate(shard, p, &reason).ok());
   EXPECT_EQ(shard.version(), 0);
   EXPECT_EQ(shard.examples(), 0);
-  shard.ApplyAccumulated(2);
+  ASSERT_TRUE(shard.ApplyAccumulated(2).ok());
   EXPECT_EQ(shard.version(), 1);
   EXPECT_EQ(shard.examples(), 32);
   p.batch_examples = 5;
   ASSERT_TRUE(DoAccumulate(shard, p, &reason).ok());
-  shard.ApplyAccumulated(1);
+  ASSERT_TRUE(shard.ApplyAccumulated(1).ok());
   EXPECT_EQ(shard.version(), 2);
   EXPECT_EQ(shard.examples(), 37);
 }
@@ -111,9 +111,9 @@ TEST(ShardSyncTest, ApplyAccumulatedClearsTheSumForTheNextStep) {
   RejectReason reason = RejectReason::kNone;
   ASSERT_TRUE(DoAccumulate(shard, WholeShardPush(shard, 1.0f), &reason).ok());
   ASSERT_TRUE(DoAccumulate(shard, WholeShardPush(shard, 3.0f), &reason).ok());
-  shard.ApplyAccumulated(2);
+  ASSERT_TRUE(shard.ApplyAccumulated(2).ok());
   ASSERT_TRUE(DoAccumulate(shard, WholeShardPush(shard, -1.0f), &reason).ok());
-  shard.ApplyAccumulated(1);
+  ASSERT_TRUE(shard.ApplyAccumulated(1).ok());
   ASSERT_TRUE(DoPush(twin, WholeShardPush(twin, 2.0f), &reason).ok());
   ASSERT_TRUE(DoPush(twin, WholeShardPush(twin, -1.0f), &reason).ok());
   const Snapshot got = Take(shard);
@@ -199,7 +199,7 @@ TEST(ShardScheduleTest, ASyncStepUsesTheFactorAtTheExamplesOfTheStepsBeforeIt) {
     b.batch_examples = 4;
     ASSERT_TRUE(DoAccumulate(shard, a4, &reason, 0).ok());
     ASSERT_TRUE(DoAccumulate(shard, b, &reason, 1).ok());
-    shard.ApplyAccumulated(2);
+    ASSERT_TRUE(shard.ApplyAccumulated(2).ok());
     const Snapshot after = Take(shard);
     for (size_t i = 0; i < a.ranges.size(); ++i) {
       const uint32_t id = a.ranges[i].slice_id;

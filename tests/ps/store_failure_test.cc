@@ -276,5 +276,110 @@ TEST_P(SyncStepWriteFailureTest, ThePushThatCompletesAStepWhoseWriteFailsIsUnava
 INSTANTIATE_TEST_SUITE_P(Faults, SyncStepWriteFailureTest,
                          ::testing::Values(DiskFault::kSyncEio, DiskFault::kFull), FaultName);
 
+// ---- tiered embedding tables (--table-evict demote) on a failing disk ------------------------
+
+ServerOptions TieredOptions(CheckpointStore* store, bool every_update) {
+  ServerOptions options = StoreOptions("async", store);
+  options.every_update = every_update;
+  options.max_table_rows = 4;
+  options.table_demote = true;
+  return options;
+}
+
+ModelRegistration TableModel() {
+  ModelRegistration reg = Model("async");
+  reg.tables = {{"ids", 0, 4, {InitKind::kUniform, 0.05f}}};
+  reg.optimizer.kind = OptimizerKind::kAdagrad;
+  return reg;
+}
+
+// Pushes a zero dense gradient and a gradient of `g` for rows `ids`.
+Status PushRows(PsClient& client, std::vector<uint64_t> ids, float g) {
+  static const std::vector<float> zw(64 * 32, 0.0f), zb(32, 0.0f);
+  std::vector<const float*> dense = {zw.data(), zb.data()};
+  std::vector<float> grad(ids.size() * 4, g);
+  const RowsOf rows{0, ids, grad.data()};
+  return client.Push(dense, 4, PsClient::kLastRead, {&rows, 1});
+}
+
+// Periodic durability: a row demoted to make room is written to the store; when the disk is
+// full that write fails, and the push that needed the room is refused naming the cause, with
+// the store latched failed like any failed durable write.
+TEST(StoreFailureTest, AFullDiskWhileDemotingARowRefusesThePush) {
+  testing::TempDir dir;
+  auto faults = std::make_shared<StorageFaults>();
+  auto store = CheckpointStore::Open(dir.path(), 0, 1, faults);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  zmq::context_t context;
+  testing::InProcessServer server(context, TieredOptions(store->get(), false));
+  auto client = Client(context, server.endpoint());
+  ASSERT_TRUE(client->Register(TableModel(), kWait).ok());
+  ASSERT_TRUE(PushRows(*client, {0, 1, 2, 3}, 0.5f).ok());  // memory full, every row changed
+  faults->space_left_bytes = 0;
+  const Status refused = PushRows(*client, {4}, 0.5f);  // row 0 must go to the store first
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.ToString();
+  EXPECT_NE(refused.message().find("no space left"), std::string::npos) << refused.message();
+  EXPECT_EQ(server.metrics().store_failed->Value(), 1.0);
+  EXPECT_EQ(PushRows(*client, {5}, 0.5f).code(), StatusCode::kUnavailable)
+      << "a failed store acknowledges nothing more";
+}
+
+// Every-update durability with a 4-row budget: rows demoted and promoted through the store
+// while the disk fills up. Every push acknowledged before the disk was full is in the store
+// after a restart, each row bitwise what a server with room for every row made of the same
+// acknowledged pushes; the first push the disk refused is in it nowhere.
+TEST(StoreFailureTest, AFullDiskUnderATieredTableLosesNoAcknowledgedRow) {
+  testing::TempDir dir, twin_dir;
+  auto faults = std::make_shared<StorageFaults>();
+  std::vector<std::vector<uint64_t>> acknowledged;
+  {
+    auto store = CheckpointStore::Open(dir.path(), 0, 1, faults);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    zmq::context_t context;
+    testing::InProcessServer server(context, TieredOptions(store->get(), true));
+    auto client = Client(context, server.endpoint());
+    ASSERT_TRUE(client->Register(TableModel(), kWait).ok());
+    for (uint64_t step = 0; step < 40; ++step) {
+      if (step == 20) faults->space_left_bytes = 64 << 10;  // the disk fills up from here
+      const std::vector<uint64_t> ids = {step % 10, 10 + step % 7};
+      const Status pushed = PushRows(*client, ids, 0.1f * static_cast<float>(step + 1));
+      if (!pushed.ok()) {
+        EXPECT_EQ(pushed.code(), StatusCode::kUnavailable) << pushed.ToString();
+        break;
+      }
+      acknowledged.push_back(ids);
+    }
+    ASSERT_GT(acknowledged.size(), 20u);
+    ASSERT_LT(acknowledged.size(), 40u) << "the disk never filled up";
+  }
+  // The twin: room for every row, no store, the acknowledged pushes only.
+  std::vector<float> want(17 * 4);
+  {
+    zmq::context_t context;
+    ServerOptions options = StoreOptions("async", nullptr);
+    options.every_update = false;
+    testing::InProcessServer twin(context, options);
+    auto client = Client(context, twin.endpoint());
+    ASSERT_TRUE(client->Register(TableModel(), kWait).ok());
+    for (size_t step = 0; step < acknowledged.size(); ++step) {
+      ASSERT_TRUE(PushRows(*client, acknowledged[step], 0.1f * static_cast<float>(step + 1)).ok());
+    }
+    std::vector<uint64_t> all(17);
+    for (uint64_t id = 0; id < 17; ++id) all[id] = id;
+    std::vector<float> w(64 * 32), b(32);
+    std::vector<float*> params = {w.data(), b.data()};
+    const RowsOf rows{0, all, want.data()};
+    ASSERT_TRUE(client->Pull(params, 0, {&rows, 1}).ok());
+  }
+  const ShardSnapshot restored = Reopened(dir.path());
+  ASSERT_EQ(restored.rows.size(), 17u) << "a row of an acknowledged push is missing";
+  for (const RowSnapshot& r : restored.rows) {
+    const std::vector<float> expected(want.begin() + static_cast<int64_t>(r.id) * 4,
+                                      want.begin() + static_cast<int64_t>(r.id + 1) * 4);
+    EXPECT_EQ(r.values, expected) << "row " << r.id;
+  }
+  EXPECT_EQ(restored.version, static_cast<int64_t>(acknowledged.size()));
+}
+
 }  // namespace
 }  // namespace parasync
