@@ -295,7 +295,9 @@ TEST(EmbeddingTablesTest, EvictsTheLeastRecentlyTouchedRowsAndStaysWithinMaxRows
   const OptimizerSpec spec = Optimizer(OptimizerKind::kAdagrad);
   const std::vector<float> g = Grads(1, 3, 8);
   std::vector<RowKey> evicted;
-  for (uint64_t id = 0; id < kMax; ++id) ASSERT_TRUE(tables.Apply(1, {&id, 1}, g.data(), spec).ok());
+  for (uint64_t id = 0; id < kMax; ++id) {
+    ASSERT_TRUE(tables.Apply(1, {&id, 1}, g.data(), spec).ok());
+  }
   EXPECT_EQ(tables.TakeDirty(&evicted).size(), static_cast<size_t>(kMax));  // now stored
   const std::vector<uint64_t> kept = {0};  // the oldest, kept warm by reads
   for (uint64_t id = 100; id < 300; ++id) {
@@ -321,7 +323,9 @@ TEST(EmbeddingTablesTest, EvictsTheLeastRecentlyTouchedRowsAndStaysWithinMaxRows
 TEST(EmbeddingTablesTest, ReadOfAnOldRowSavesItFromTheNextEviction) {
   EmbeddingTables tables = Make(OptimizerKind::kSgd, 0, 1, 3);
   const std::vector<float> g = Grads(1, 4, 9);
-  for (uint64_t id : {1, 2, 3}) ASSERT_TRUE(tables.Apply(0, {&id, 1}, g.data(), Optimizer(OptimizerKind::kSgd)).ok());
+  for (uint64_t id : {1, 2, 3}) {
+    ASSERT_TRUE(tables.Apply(0, {&id, 1}, g.data(), Optimizer(OptimizerKind::kSgd)).ok());
+  }
   const std::vector<uint64_t> one = {1};
   (void)ReadRows(tables, 0, one);
   const uint64_t next = 4;
