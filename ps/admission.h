@@ -18,8 +18,9 @@ namespace parasync {
 class AdmissionFilter {
  public:
   static constexpr int kDepth = 4;
+  static constexpr int kWidthBits = 20;
   // threshold <= 1: every id is admitted at its first push (no memory is taken).
-  explicit AdmissionFilter(int threshold = 0, int width_bits = 20);
+  explicit AdmissionFilter(int threshold = 0, int width_bits = kWidthBits);
 
   bool enabled() const { return threshold_ > 1; }
   int threshold() const { return threshold_; }
@@ -32,6 +33,12 @@ class AdmissionFilter {
   void Clear();
   // The sketch's memory.
   int64_t bytes() const { return static_cast<int64_t>(counts_.size() * sizeof(uint16_t)); }
+  // What bytes() is for a filter of `threshold` and `width_bits`, without making one.
+  static int64_t BytesFor(int threshold, int width_bits = kWidthBits) {
+    return threshold > 1 ? int64_t{kDepth} * (int64_t{1} << width_bits) *
+                               static_cast<int64_t>(sizeof(uint16_t))
+                         : 0;
+  }
 
  private:
   uint64_t Cell(int row, const RowKey& key) const;

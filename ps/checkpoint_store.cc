@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <limits>
 #include <mutex>
+#include <span>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -544,7 +545,7 @@ Result<RowSnapshot> DecodeRow(std::string_view key, std::string_view value) {
 }
 
 // Adds the puts of `rows` and the deletes of `deleted` to `batch`.
-Status PutRows(const std::vector<RowSnapshot>& rows, const std::vector<RowKey>& deleted,
+Status PutRows(std::span<const RowSnapshot> rows, std::span<const RowKey> deleted,
                rocksdb::WriteBatch* batch, const std::string& dir) {
   for (const RowKey& k : deleted) {
     PARASYNC_RETURN_IF_ERROR(FromRocks(batch->Delete(RowKeyString(k.table, k.id)), dir));
@@ -905,7 +906,7 @@ Status CheckpointStore::Write(std::span<const RowSnapshot> rows) {
   for (const RowSnapshot& row : rows) PARASYNC_RETURN_IF_ERROR(CheckRow(row));
   rocksdb::WriteBatch batch;
   PARASYNC_RETURN_IF_ERROR(
-      PutRows(std::vector<RowSnapshot>(rows.begin(), rows.end()), {}, &batch, dir_));
+      PutRows(rows, {}, &batch, dir_));
   const rocksdb::Status s = rep_->db->Write(rocksdb::WriteOptions(), &batch);
   if (!s.ok()) return Latch(WriteFailed(s, dir_));
   return Status::Ok();

@@ -167,7 +167,7 @@ MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, i
   }
   if (row_bytes > 0 && rows > 0) {
     b.tables = (1 + (options.store != nullptr ? 1 : 0)) * rows * row_bytes +
-               AdmissionFilter(options.table_admit_after).bytes();
+               AdmissionFilter::BytesFor(options.table_admit_after);
   }
   // One more frame being read past the limit and the deepest allocation the rollback or a
   // snapshot can add are covered by the terms above; a message read and not queued (refused

@@ -633,6 +633,8 @@ TEST(AdmissionFilterTest, CountsAreNeverUnderTheTruthAndExactWhenFew) {
   EXPECT_EQ(exact, static_cast<int>(truth.size())) << "1000 ids in 4 x 65536 counters";
   EXPECT_EQ(filter.Estimate(RowKey{1, 5}), 0) << "another table's id is counted apart";
   EXPECT_EQ(AdmissionFilter(0).bytes(), 0) << "off: no memory";
+  EXPECT_EQ(AdmissionFilter::BytesFor(0), 0);
+  EXPECT_EQ(AdmissionFilter::BytesFor(5), AdmissionFilter(5).bytes());
 }
 
 }  // namespace
