@@ -27,6 +27,7 @@
 #include "tests/support/dir_image.h"
 #include "tests/support/process_cluster.h"
 #include "tests/support/process_util.h"
+#include "tests/support/sanitized.h"
 #include "tests/support/small_model.h"
 #include "worker/ps_client.h"
 
@@ -151,7 +152,8 @@ void TrainTwoByTwo(const std::string& mode, int epochs, std::optional<int64_t> k
   outcome->final_accuracy = *accuracy;
 }
 
-// The bound both modes are held to: a restart costs less than one point of test accuracy.
+// The bound both modes are held to: a restart costs less than one point of test accuracy (two
+// for async under a sanitizer: see below).
 void ExpectKilledServerCostsUnderOnePoint(const std::string& mode, int epochs) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   RunOutcome uninterrupted;
@@ -165,8 +167,12 @@ void ExpectKilledServerCostsUnderOnePoint(const std::string& mode, int epochs) {
   // Restored a recent snapshot (every 20 versions; a tick of slack), not a fresh start.
   EXPECT_GE(crashed.restored_version, 300 - 2 * 20);
   // A cost is a loss: an async crashed run that ends higher (arrival order) costs nothing.
-  // (A fresh-clone ASan run had the crashed run 0.0122 above its baseline: 0.8775 vs 0.8653.)
-  EXPECT_GE(crashed.final_accuracy, uninterrupted.final_accuracy - 0.01);
+  // Under a sanitizer two async runs differ by more than a point with nothing lost: fresh-clone
+  // ASan runs had the crashed run 0.0122 above its baseline (0.8775 vs 0.8653) and, restored
+  // at the very version it was killed at, 0.0117 below (0.8720 vs 0.8837). There the bound is
+  // two points; the main build, whose async runs spread by ~0.002 after 5 epochs, keeps one.
+  const double bound = mode == "async" && testing::kSanitized ? 0.02 : 0.01;
+  EXPECT_GE(crashed.final_accuracy, uninterrupted.final_accuracy - bound);
   EXPECT_GE(uninterrupted.final_accuracy, 0.8) << "the baseline did not learn: the check is weak";
 }
 
