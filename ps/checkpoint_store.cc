@@ -2,10 +2,12 @@
 
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
+#include <rocksdb/filter_policy.h>
 #include <rocksdb/iterator.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
 #include <rocksdb/snapshot.h>
+#include <rocksdb/table.h>
 #include <rocksdb/utilities/options_util.h>
 #include <rocksdb/write_batch.h>
 
@@ -270,6 +272,18 @@ rocksdb::Options StoreOptions() {
   // the WAL is corruption and the store is refused — the default point-in-time recovery
   // would instead silently restore an older state.
   options.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
+  // Bloom filters, in every table file and over the memtable, so that a lookup of a key the
+  // store does not have (a tiered table's new id: docs/embeddings.md, Tiers) costs a few hash
+  // probes instead of a memtable search and a block read per level: a tiered run's cold reads
+  // went from 10.9 to 3.8 us each. 10 bits a key (about 1% false positives). Like the
+  // indexes, a table file's filter is held in memory while the file is open, outside the
+  // block cache: kept in the cache (bounded), the same run was 0.6x as fast.
+  rocksdb::BlockBasedTableOptions table;
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  table.whole_key_filtering = true;
+  options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  options.memtable_whole_key_filtering = true;
+  options.memtable_prefix_bloom_size_ratio = 0.1;
   return options;
 }
 

@@ -223,15 +223,36 @@ int32_t EmbeddingTables::TakeSlot(Status* status) {
     return static_cast<int32_t>(rows_.size() - 1);
   }
   const int32_t victim = tail_;
-  const Row& v = rows_[static_cast<size_t>(victim)];
   // Unchanged since it was last stored (or promoted): the cold tier has it as it is.
-  if (tiered() && v.dirty) {
-    const RowSnapshot snap = SnapshotOf(v);
-    *status = options_.cold->Write(std::span<const RowSnapshot>(&snap, 1));
+  if (tiered() && rows_[static_cast<size_t>(victim)].dirty) {
+    *status = CleanTail();
     if (!status->ok()) return kNil;
   }
   Evict(victim);
   return victim;
+}
+
+Status EmbeddingTables::CleanTail() {
+  // One write of the changed rows among the kCleanBatch least recently touched, not one per
+  // demotion: they stay in memory, clean, and go out as the next evictions without a write
+  // of their own (a row touched again before that is written again when it next goes).
+  std::vector<int32_t> batch;
+  std::vector<RowSnapshot> snaps;
+  size_t seen = 0;
+  for (int32_t i = tail_; i != kNil && seen < kCleanBatch; i = rows_[static_cast<size_t>(i)].prev) {
+    ++seen;
+    const Row& r = rows_[static_cast<size_t>(i)];
+    if (!r.dirty) continue;
+    batch.push_back(i);
+    snaps.push_back(SnapshotOf(r));
+  }
+  PARASYNC_RETURN_IF_ERROR(options_.cold->Write(snaps));
+  for (const int32_t i : batch) {
+    Row& r = rows_[static_cast<size_t>(i)];
+    r.dirty = false;  // stays `listed` if it is: TakeDirty skips a clean row
+    r.stored = true;
+  }
+  return Status::Ok();
 }
 
 int32_t EmbeddingTables::Resident(const RowKey& key, Status* status) {

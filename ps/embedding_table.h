@@ -138,6 +138,9 @@ class EmbeddingTables {
   // Rows held in memory over all tables, and an estimate of the memory they take
   // (BytesPerRow each).
   int64_t rows_held() const { return index_.size(); }
+  // Tiered: the least recently touched rows whose changes one demotion writes together (the
+  // rows after it go out without a write of their own).
+  static constexpr size_t kCleanBatch = 128;
   int64_t bytes_held() const;
   // The memory one row of `dim` floats with `slots` optimizer slots takes here: its floats in
   // its table's arena plus the bookkeeping (slab entry with key, LRU links, arena cell and
@@ -197,6 +200,9 @@ class EmbeddingTables {
   // (written to the cold tier first when it changed since it was last stored). kNil, and
   // *status set with nothing changed, when that write failed.
   int32_t TakeSlot(Status* status);
+  // Writes to the cold tier, in one write, the changed rows among the kCleanBatch least
+  // recently touched, and marks them clean (stored). Nothing changes if the write fails.
+  Status CleanTail();
   void Evict(int32_t index);
   // Reads `key` from the cold tier (timed and counted).
   Status ReadCold(const RowKey& key, std::optional<RowSnapshot>* out);

@@ -446,10 +446,12 @@ class MemoryColdTier : public ColdTier {
     if (fail_writes) return Status::Unavailable("no space left on device (injected)");
     for (const RowSnapshot& r : written) rows[RowKey{r.table, r.id}] = r;
     writes += static_cast<int64_t>(written.size());
+    ++write_calls;
     return Status::Ok();
   }
   std::map<RowKey, RowSnapshot> rows;
-  int64_t writes = 0;
+  int64_t writes = 0;       // rows written
+  int64_t write_calls = 0;  // Write calls
   bool fail_writes = false;
   bool fail_reads = false;
 };
@@ -500,7 +502,42 @@ TEST(EmbeddingTablesTest, DemotedRowsComeBackBitwiseWithTheirOptimizerState) {
     EXPECT_GT(st.rows_promoted, 0);
     EXPECT_EQ(st.rows_held + st.rows_cold, 20);
     EXPECT_EQ(st.rows_evicted, st.rows_promoted + 20 - 4);
-    EXPECT_LE(cold.writes, st.rows_evicted);
+    // Only changed rows are written (each write follows an update), and only when a row must
+    // go: every write comes with an eviction.
+    EXPECT_LE(cold.writes, st.rows_updated);
+    EXPECT_LE(cold.write_calls, st.rows_evicted);
+  }
+}
+
+// Demotions are written in batches: the first eviction of a full table writes the changed
+// rows among the kCleanBatch least recently touched in one write, and the evictions after
+// it take those rows without writing; a batched row touched again is written again.
+TEST(EmbeddingTablesTest, DemotionsAreWrittenInBatches) {
+  constexpr int64_t kBatch = static_cast<int64_t>(EmbeddingTables::kCleanBatch);
+  MemoryColdTier cold;
+  EmbeddingTables tables = MakeTiered(OptimizerKind::kAdagrad, 2 * kBatch, &cold);
+  const OptimizerSpec spec = Optimizer(OptimizerKind::kAdagrad);
+  const std::vector<float> g = Grads(1, 3, 3);
+  uint64_t next = 0;
+  auto push = [&](uint64_t id) { ASSERT_TRUE(tables.Apply(1, {&id, 1}, g.data(), spec).ok()); };
+  for (int64_t i = 0; i < 2 * kBatch; ++i) push(next++);  // full, every row changed
+  EXPECT_EQ(cold.write_calls, 0);
+  push(next++);  // ids 0..kBatch-1 written at once, id 0 goes
+  EXPECT_EQ(cold.write_calls, 1);
+  EXPECT_EQ(cold.writes, kBatch);
+  EXPECT_EQ(cold.rows.count(RowKey{1, kBatch - 1}), 1u);
+  EXPECT_EQ(cold.rows.count(RowKey{1, kBatch}), 0u);
+  push(kBatch - 1);  // written, still in memory: changed again
+  for (int64_t i = 1; i < kBatch - 1; ++i) push(next++);  // ids 1..kBatch-2 go, no write
+  EXPECT_EQ(cold.write_calls, 1);
+  push(next++);  // the tail is id kBatch, changed: the next batch, with kBatch - 1 in it
+  EXPECT_EQ(cold.write_calls, 2);
+  EXPECT_EQ(tables.stats(1).rows_evicted, kBatch);
+  EXPECT_EQ(tables.rows_held(), 2 * kBatch);
+  // Whatever went is in the cold tier as it was when it went; what is held is as pushed.
+  for (uint64_t id = 0; id + 1 < kBatch; ++id) {
+    ASSERT_EQ(cold.rows.count(RowKey{1, id}), 1u) << id;
+    EXPECT_EQ(cold.rows.at(RowKey{1, id}).updates, 1) << id;
   }
 }
 
@@ -542,7 +579,10 @@ TEST(EmbeddingTablesTest, AFailedDemotionIsRefusedAndLosesNothing) {
   EXPECT_TRUE(cold.rows.empty());
   cold.fail_writes = false;
   ASSERT_TRUE(tables.Apply(1, {&three, 1}, g.data(), spec).ok());
-  EXPECT_EQ(cold.rows.size(), 1u) << "row 1 demoted once the disk took it";
+  // Row 1 demoted once the disk took it, written with row 2 (one batch), which stays.
+  EXPECT_EQ(cold.rows.size(), 2u);
+  EXPECT_EQ(cold.write_calls, 1);
+  EXPECT_EQ(tables.rows_held(), 2);
   cold.fail_reads = true;
   const std::vector<uint64_t> one = {1};
   std::vector<float> out(3);
