@@ -277,7 +277,7 @@ rocksdb::Options StoreOptions() {
   // probes instead of a memtable search and a block read per level: a tiered run's cold reads
   // went from 10.9 to 3.8 us each. 10 bits a key (about 1% false positives). Like the
   // indexes, a table file's filter is held in memory while the file is open, outside the
-  // block cache: kept in the cache (bounded), the same run was 0.6x as fast.
+  // block cache: kept in the cache (bounded), the same run was about 0.7x as fast.
   rocksdb::BlockBasedTableOptions table;
   table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   table.whole_key_filtering = true;

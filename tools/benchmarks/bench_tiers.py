@@ -7,14 +7,18 @@ seed, three ways of bounding each server's rows
   tiered     --table-memory BUDGET with --state-dir: rows beyond it demoted to the store
   forget     --table-memory BUDGET, --table-evict forget: rows beyond it forgotten
 
+  stored     as unlimited, with --state-dir (what tiered costs beyond the store, all fitting)
+  baseline   as unlimited, with the binaries of --baseline-bin (another build: "today")
+
 and, per configuration, the final test AUC and log-loss, the training examples/sec (and id
 rows/sec: examples x fields), and what the servers ended with (their exit snapshots): rows in
 memory, rows in the store, rows created, evicted and promoted, cold reads and their mean
-latency.
+latency. With --repeats N the configurations run N times, alternating (a b c a b c ...), and
+the table shows each one's median examples/sec, its spread and its ratio to the first one.
 
   bench_tiers.py [--train 1000000] [--test 50000] [--fields 8] [--vocab 20000000]
                  [--zipf 1.05] [--budget 8MiB] [--epochs 1] [--configs unlimited,tiered,forget]
-                 [--bin build/bin] [--work DIR]
+                 [--repeats 1] [--baseline-bin DIR] [--bin build/bin] [--work DIR]
 
 The data is generated once into DIR/ctr (kept with --work; its size on disk and the time it
 took are printed). 2 servers, 2 workers, async, adagrad. The budget is per server. Exit status
@@ -24,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,7 +36,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-CONFIGS = ("unlimited", "tiered", "forget")
+CONFIGS = ("unlimited", "tiered", "forget", "stored", "baseline")
 
 
 def fail(line, code=2):
@@ -61,17 +66,18 @@ def metric_sum(log_dir, name):
     return total if seen else None
 
 
-def run(args, config, data, work):
-    log_dir = os.path.join(work, config)
-    argv = [os.path.join(args.bin, "parasync-launch"), "--ps", "2", "--workers", "2",
+def run(args, config, data, work, repeat=0):
+    log_dir = os.path.join(work, config if repeat == 0 else f"{config}-{repeat}")
+    bin_dir = args.baseline_bin if config == "baseline" else args.bin
+    argv = [os.path.join(bin_dir, "parasync-launch"), "--ps", "2", "--workers", "2",
             "--mode", "async", "--epochs", str(args.epochs), "--model", "ctr",
             "--dataset", data, "--optimizer", "adagrad", "--lr", "0.05", "--batch-size", "256",
             "--log-dir", log_dir]
-    if config == "unlimited":
+    if config in ("unlimited", "stored", "baseline"):
         argv += ["--ps-arg=--max-table-rows=0"]
     else:
         argv += [f"--ps-arg=--table-memory={args.budget}"]
-    if config == "tiered":
+    if config in ("tiered", "stored"):
         argv += ["--state-dir", os.path.join(log_dir, "state")]
     if config == "forget":
         argv += ["--ps-arg=--table-evict=forget"]
@@ -105,6 +111,31 @@ def run(args, config, data, work):
     }
 
 
+def compare(args, configs, data, work):
+    """--repeats: the configurations alternating, then each one's median examples/sec."""
+    speeds = {c: [] for c in configs}
+    aucs = {c: [] for c in configs}
+    for k in range(args.repeats):
+        for c in configs:
+            r = run(args, c, data, work, k + 1)
+            speeds[c].append(r["examples_per_second"])
+            aucs[c].append(r["auc"])
+            print(f"  repeat {k + 1} {c}: {r['examples_per_second']:,.0f} examples/s, "
+                  f"AUC {fmt(r['auc'], '.4f')}", flush=True)
+    first = statistics.median(speeds[configs[0]])
+    print()
+    print(f"budget {args.budget} per server, 2 servers, 2 workers, async, {args.epochs} epoch(s), "
+          f"{args.repeats} runs each, alternating")
+    print("| configuration | median examples/s | min - max | ratio to "
+          f"{configs[0]} | median test AUC |")
+    print("|---|---|---|---|---|")
+    for c in configs:
+        med = statistics.median(speeds[c])
+        print(f"| {c} | {med:,.0f} | {min(speeds[c]):,.0f} - {max(speeds[c]):,.0f} "
+              f"| {med / first:.3f} | {statistics.median(aucs[c]):.4f} |")
+    return 0
+
+
 def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
@@ -118,15 +149,23 @@ def main():
     p.add_argument("--zipf", type=float, default=1.05)
     p.add_argument("--budget", default="8MiB", help="--table-memory of each server")
     p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--configs", default="unlimited,tiered,forget",
+                   help=f"some of {','.join(CONFIGS)}")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the configurations this many times, alternating; medians")
+    p.add_argument("--baseline-bin", default=None,
+                   help="the binaries of configuration baseline (another build)")
     p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     p.add_argument("--work", default=None, help="keep the data and the runs here")
     args = p.parse_args()
     configs = args.configs.split(",")
     if any(c not in CONFIGS for c in configs):
         fail(f"--configs takes {', '.join(CONFIGS)}, not {args.configs}")
-    if args.train < 1 or args.test < 1 or args.fields < 1 or args.epochs < 1:
-        fail("--train, --test, --fields and --epochs must be at least 1")
+    if args.train < 1 or args.test < 1 or args.fields < 1 or args.epochs < 1 or args.repeats < 1:
+        fail("--train, --test, --fields, --epochs and --repeats must be at least 1")
+    if "baseline" in configs and not (
+            args.baseline_bin and os.path.exists(os.path.join(args.baseline_bin, "parasync-launch"))):
+        fail("configuration baseline needs --baseline-bin DIR with parasync-launch in it")
     if not os.path.exists(os.path.join(args.bin, "parasync-launch")):
         fail(f"no parasync-launch in {args.bin} (build first, or give --bin)")
     work = args.work or tempfile.mkdtemp(prefix="bench-tiers-")
@@ -145,6 +184,8 @@ def main():
           f"{args.vocab}, zipf {args.zipf}: {du(data) / 2**20:.1f} MiB on disk, generated in "
           f"{time.monotonic() - t0:.1f} s; planted model's test AUC "
           f"{planted.group(1) if planted else '?'}", flush=True)
+    if args.repeats > 1:
+        return compare(args, configs, data, work)
     rows = [run(args, c, data, work) for c in configs]
     print()
     print(f"budget {args.budget} per server, 2 servers, 2 workers, async, {args.epochs} epoch(s)")
