@@ -534,6 +534,8 @@ std::string RowValue(const RowSnapshot& row) {
   };
   floats(row.values);
   for (const std::vector<float>& slot : row.slots) floats(slot);
+  // Only rows of tables that expire carry the stamp: without expiry the record is as before.
+  if (row.touched != 0) Append<int64_t>(&payload, row.touched);
   return SealedValue(RowKeyString(row.table, row.id), std::move(payload));
 }
 
@@ -548,14 +550,41 @@ Result<RowSnapshot> DecodeRow(std::string_view key, std::string_view value) {
   uint32_t num_slots = 0;
   uint32_t dim = 0;
   if (!r.Get(&row.updates) || !r.Get(&num_slots) || !r.Get(&dim)) return BadRecord(key, "is truncated");
-  if (r.left() != (uint64_t{num_slots} + 1) * dim * sizeof(float)) {
+  const uint64_t floats = (uint64_t{num_slots} + 1) * dim * sizeof(float);
+  const bool stamped = r.left() == floats + sizeof(int64_t);
+  if (r.left() != floats && !stamped) {
     return BadRecord(key, "has the wrong length for " + std::to_string(dim) + " columns and " +
                               std::to_string(num_slots) + " slots");
   }
   r.GetFloats(dim, &row.values);
   row.slots.resize(num_slots);
   for (std::vector<float>& slot : row.slots) r.GetFloats(dim, &slot);
+  if (stamped && (!r.Get(&row.touched) || row.touched == 0)) {
+    return BadRecord(key, "has a zero expiry stamp");
+  }
   return row;
+}
+
+// A row record's key and expiry stamp (0: none), checked like DecodeRow but without copying
+// its floats: an expiry sweep reads many.
+Result<ColdTier::Stamp> DecodeRowStamp(std::string_view key, std::string_view value) {
+  ColdTier::Stamp out;
+  if (!ParseRowKey(key, &out.key)) return BadRecord(key, "has a malformed key");
+  PARASYNC_ASSIGN_OR_RETURN(std::string_view payload, Unseal(key, value));
+  Reader r(payload);
+  int64_t updates = 0;
+  uint32_t num_slots = 0;
+  uint32_t dim = 0;
+  if (!r.Get(&updates) || !r.Get(&num_slots) || !r.Get(&dim)) return BadRecord(key, "is truncated");
+  const uint64_t floats = (uint64_t{num_slots} + 1) * dim * sizeof(float);
+  if (r.left() == floats) return out;
+  if (r.left() != floats + sizeof(int64_t)) {
+    return BadRecord(key, "has the wrong length for " + std::to_string(dim) + " columns and " +
+                              std::to_string(num_slots) + " slots");
+  }
+  std::memcpy(&out.touched, payload.data() + payload.size() - sizeof(int64_t), sizeof(int64_t));
+  if (out.touched == 0) return BadRecord(key, "has a zero expiry stamp");
+  return out;
 }
 
 // Adds the puts of `rows` and the deletes of `deleted` to `batch`.
@@ -912,6 +941,28 @@ Status CheckpointStore::Read(std::span<const RowKey> keys,
     if (!row.ok()) return row.status().WithContext(dir_);
     (*out)[i] = std::move(*row);
   }
+  return Status::Ok();
+}
+
+Status CheckpointStore::Scan(std::optional<RowKey> after, size_t limit, std::vector<Stamp>* out,
+                             bool* at_end) {
+  out->clear();
+  *at_end = false;
+  rocksdb::ReadOptions ro;
+  ro.fill_cache = false;  // a sweep passes over rows once: keep the cache for the hot ones
+  const rocksdb::Slice row_end(kRowEnd);
+  ro.iterate_upper_bound = &row_end;
+  std::unique_ptr<rocksdb::Iterator> it(rep_->db->NewIterator(ro));
+  const std::string start = after ? RowKeyString(after->table, after->id) : kRowPrefix;
+  it->Seek(start);
+  if (after && it->Valid() && it->key().ToStringView() == start) it->Next();
+  for (; it->Valid() && out->size() < limit; it->Next()) {
+    Result<Stamp> stamp = DecodeRowStamp(it->key().ToStringView(), it->value().ToStringView());
+    if (!stamp.ok()) return stamp.status().WithContext(dir_);
+    out->push_back(*stamp);
+  }
+  PARASYNC_RETURN_IF_ERROR(FromRocks(it->status(), dir_));
+  *at_end = !it->Valid();
   return Status::Ok();
 }
 

@@ -151,6 +151,9 @@ class CheckpointStore : public ColdTier {
   Status Read(std::span<const RowKey> keys,
               std::vector<std::optional<RowSnapshot>>* out) override;
   Status Write(std::span<const RowSnapshot> rows) override;
+  // Scan: reads (and checks) each record it lists; a damaged one is Corruption naming it.
+  Status Scan(std::optional<RowKey> after, size_t limit, std::vector<Stamp>* out,
+              bool* at_end) override;
 
   // Replaces the stored snapshot by `snap` in one atomic WriteBatch: slices and ranks absent
   // from `snap` are deleted. When `sync`, the WAL is fsynced before returning (durable

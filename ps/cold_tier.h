@@ -28,6 +28,15 @@ class ColdTier {
   // Writes `rows` (demoted rows changed since they were last written) in one write, whole or
   // not at all. Unavailable naming the cause when the write fails (a full disk).
   virtual Status Write(std::span<const RowSnapshot> rows) = 0;
+  // For expiry: sets *out to the keys and `touched` stamps of up to `limit` rows after
+  // `after` in (table, id) order (all from the first with `after` empty), and *at_end when
+  // there are no more after them. Errors as Read's.
+  struct Stamp {
+    RowKey key;
+    int64_t touched = 0;
+  };
+  virtual Status Scan(std::optional<RowKey> after, size_t limit, std::vector<Stamp>* out,
+                      bool* at_end) = 0;
 };
 
 }  // namespace parasync

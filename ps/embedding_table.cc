@@ -39,6 +39,9 @@ EmbeddingTables::EmbeddingTables(const Options& options)
 
 void EmbeddingTables::ClearRows() {
   rows_.clear();
+  free_.clear();
+  updated_at_.clear();
+  sweep_after_.reset();
   index_.Clear();
   for (RowArena& a : arenas_) a.Clear();
   head_ = tail_ = kNil;
@@ -60,8 +63,9 @@ void EmbeddingTables::Configure(const std::vector<TableSpec>& tables,
   if (options_.memory_bytes > 0 && !tables_.empty()) {
     int64_t widest = 0;
     for (const TableSpec& t : tables_) widest = std::max(widest, t.dim);
-    capacity_ = std::min(capacity_, std::max<int64_t>(1, options_.memory_bytes /
-                                                             BytesPerRow(widest, num_slots())));
+    capacity_ = std::min(capacity_,
+                         std::max<int64_t>(1, options_.memory_bytes /
+                                                  BytesPerRow(widest, num_slots(), expiring())));
   }
   arenas_.clear();
   for (const TableSpec& t : tables_) arenas_.emplace_back(t.dim * (1 + num_slots()));
@@ -162,6 +166,13 @@ Status EmbeddingTables::ReadCold(const RowKey& key, std::optional<RowSnapshot>* 
     return Status::Corruption("the cold tier's row of table " + std::to_string(key.table) +
                               " id " + std::to_string(key.id) + " has the wrong size");
   }
+  // Expired, or deleted by expiry and not yet dropped by the store: as if it were not there.
+  if (*out && expiring() &&
+      (evicted_.count(key) > 0 ||
+       ((*out)->touched != 0 && (*out)->touched < now_ - options_.expire_after))) {
+    ExpireCold(key);
+    *out = std::nullopt;
+  }
   return Status::Ok();
 }
 
@@ -218,8 +229,14 @@ void EmbeddingTables::Evict(int32_t index) {
 }
 
 int32_t EmbeddingTables::TakeSlot(Status* status) {
+  if (!free_.empty()) {
+    const int32_t index = free_.back();
+    free_.pop_back();
+    return index;
+  }
   if (static_cast<int64_t>(rows_.size()) < capacity_) {
     rows_.emplace_back();
+    if (expiring()) updated_at_.push_back(0);
     return static_cast<int32_t>(rows_.size() - 1);
   }
   const int32_t victim = tail_;
@@ -230,6 +247,54 @@ int32_t EmbeddingTables::TakeSlot(Status* status) {
   }
   Evict(victim);
   return victim;
+}
+
+void EmbeddingTables::Remove(int32_t index) {
+  Row& r = rows_[static_cast<size_t>(index)];
+  Unlink(index);
+  index_.Erase(r.key);
+  if (const int32_t moved = arenas_[r.key.table].Remove(r.cell); moved != RowArena::kNone) {
+    rows_[static_cast<size_t>(moved)].cell = r.cell;
+  }
+  r.cell = kNil;
+  // The store may hold it (a snapshot, a demotion): the next TakeDirty has it deleted there.
+  if (r.stored) evicted_.insert(r.key);
+  r.dirty = false;  // stays `listed` if it is: TakeDirty skips a clean row
+  --rows_total_[r.key.table];
+  ++stats_[r.key.table].rows_expired;
+  free_.push_back(index);
+}
+
+void EmbeddingTables::ExpireCold(const RowKey& key) {
+  if (key.table >= rows_total_.size() || !evicted_.insert(key).second) return;
+  --rows_total_[key.table];
+  ++stats_[key.table].rows_expired;
+}
+
+Status EmbeddingTables::Expire() {
+  if (!expiring()) return Status::Ok();
+  const int64_t cutoff = now_ - options_.expire_after;  // updated before it: deleted
+  size_t seen = 0;
+  for (int32_t i = tail_; i != kNil && seen < kExpireBatch; ++seen) {
+    const int32_t prev = rows_[static_cast<size_t>(i)].prev;
+    if (updated_at_[static_cast<size_t>(i)] < cutoff) Remove(i);
+    i = prev;
+  }
+  if (!tiered()) return Status::Ok();
+  std::vector<ColdTier::Stamp> stamps;
+  bool at_end = false;
+  PARASYNC_RETURN_IF_ERROR(options_.cold->Scan(sweep_after_, kExpireBatch, &stamps, &at_end));
+  for (const ColdTier::Stamp& s : stamps) {
+    // Held in memory, its stamp there decides; a record from before expiry has none.
+    if (s.touched == 0 || s.touched >= cutoff || index_.Find(s.key) != RowIndex::kNone) continue;
+    ExpireCold(s.key);
+  }
+  if (at_end || stamps.empty()) {
+    sweep_after_.reset();
+  } else {
+    sweep_after_ = stamps.back().key;
+  }
+  return Status::Ok();
 }
 
 Status EmbeddingTables::CleanTail() {
@@ -302,6 +367,7 @@ void EmbeddingTables::CreateRow(const RowKey& key, int32_t index) {
   std::fill(data + d, data + arena.stride(), 0.0f);
   index_.Insert(key, index);
   LinkFront(index);
+  if (expiring()) updated_at_[static_cast<size_t>(index)] = now_;
 }
 
 void EmbeddingTables::ApplyRow(int32_t index, const float* grad, const OptimizerSpec& effective) {
@@ -312,6 +378,7 @@ void EmbeddingTables::ApplyRow(int32_t index, const float* grad, const Optimizer
   float* data = DataOf(r);
   for (int k = 0; k < n; ++k) slots[static_cast<size_t>(k)] = data + d * (1 + k);
   ++r.updates;
+  if (expiring()) updated_at_[static_cast<size_t>(index)] = now_;
   ApplyUpdate(effective, r.updates, data, data, grad,
               std::span<float* const>(slots.data(), static_cast<size_t>(n)), d);
   Touch(index);
@@ -380,6 +447,7 @@ RowSnapshot EmbeddingTables::SnapshotOf(const Row& row) const {
   out.table = row.key.table;
   out.id = row.key.id;
   out.updates = row.updates;
+  if (expiring()) out.touched = updated_at_[static_cast<size_t>(&row - rows_.data())];
   const float* data = DataOf(row);
   out.values.assign(data, data + d);
   for (int k = 0; k < num_slots(); ++k) {
@@ -415,7 +483,9 @@ std::vector<RowSnapshot> EmbeddingTables::TakeDirty(std::vector<RowKey>* evicted
 std::vector<RowSnapshot> EmbeddingTables::SnapshotAll() const {
   std::vector<RowSnapshot> out;
   out.reserve(rows_.size());
-  for (const Row& r : rows_) out.push_back(SnapshotOf(r));
+  for (const Row& r : rows_) {
+    if (r.cell != kNil) out.push_back(SnapshotOf(r));  // not an expired row's free entry
+  }
   std::sort(out.begin(), out.end(), ByKey);
   return out;
 }
@@ -479,14 +549,17 @@ Status EmbeddingTables::Restore(std::span<const RowSnapshot> rows,
     r.updates = snap.updates;
     r.stored = true;
     CopyIn(snap, DataOf(r));
+    // A row stored before its table expired has no stamp: its clock starts now.
+    if (expiring()) updated_at_[static_cast<size_t>(index)] = snap.touched != 0 ? snap.touched : now_;
   }
   return Status::Ok();
 }
 
-int64_t EmbeddingTables::BytesPerRow(int64_t dim, int slots) {
+int64_t EmbeddingTables::BytesPerRow(int64_t dim, int slots, bool expiring) {
   return dim * (1 + slots) * static_cast<int64_t>(sizeof(float)) +
          static_cast<int64_t>(sizeof(Row)) + RowArena::kBytesPerRow + RowIndex::kBytesPerRow +
-         kDirtyEntryBytes;
+         kDirtyEntryBytes +
+         (expiring ? static_cast<int64_t>(sizeof(int64_t) + sizeof(int32_t)) : 0);
 }
 
 int64_t EmbeddingTables::bytes_held() const {
@@ -499,7 +572,7 @@ EmbeddingTables::TableStats EmbeddingTables::stats(uint32_t t) const {
   TableStats s = stats_[t];
   s.rows_held = arenas_[t].size();
   s.rows_cold = tiered() ? std::max<int64_t>(0, rows_total_[t] - s.rows_held) : 0;
-  s.bytes = s.rows_held * BytesPerRow(tables_[t].dim, num_slots());
+  s.bytes = s.rows_held * BytesPerRow(tables_[t].dim, num_slots(), expiring());
   return s;
 }
 

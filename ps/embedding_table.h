@@ -12,7 +12,8 @@
 //  - without one: nowhere — it comes back as its initial value, as in Monolith's expiring
 //    hash tables.
 // With Options::admit_after > 1 an id gets a row only at its admit_after-th push (counted in
-// a sketch, ps/admission.h); before that its gradients are dropped and counted.
+// a sketch, ps/admission.h); before that its gradients are dropped and counted. With
+// Options::expire_after, rows not updated for that long are deleted (Expire).
 //
 // Not thread-safe: one thread (the server loop) owns an EmbeddingTables, as it owns a Shard.
 #pragma once
@@ -50,6 +51,11 @@ class EmbeddingTables {
     ColdTier* cold = nullptr;
     // Pushes an id needs before it gets a row (AdmissionFilter); <= 1: every id at once.
     int admit_after = 0;
+    // Rows not updated for more than this long on the clock SetNow gives are deleted, in
+    // memory and in the cold tier (Expire); 0: never. The unit is the caller's: the Shard
+    // gives its version, or Unix seconds with expire_in_seconds.
+    int64_t expire_after = 0;
+    bool expire_in_seconds = false;
   };
   // The most rows one EmbeddingTables holds whatever max_rows says (row links are 32-bit).
   static constexpr int64_t kMaxRowsHeld = INT32_MAX;
@@ -68,6 +74,18 @@ class EmbeddingTables {
   // larger, and at most memory_bytes / BytesPerRow(the widest table) once configured.
   int64_t capacity() const { return capacity_; }
   bool tiered() const { return options_.cold != nullptr; }
+  bool expiring() const { return options_.expire_after > 0; }
+  // The expiry clock's reading now (see Options::expire_after): stamps the rows updated
+  // from here on. Not checked to move forward.
+  void SetNow(int64_t now) { now_ = now; }
+  // Deletes rows last updated before now - expire_after, a bounded amount of work a call:
+  // the kExpireBatch least recently touched rows in memory are looked at, and, tiered, the
+  // next kExpireBatch rows of the cold tier (a sweep that wraps round). A deleted row reads
+  // as its initial value again; one the store may hold is listed by the next TakeDirty as
+  // evicted, so the store drops it. A cold row read when expired counts as deleted too.
+  // Returns the cold tier's error (nothing changed then). No-op unless expiring().
+  Status Expire();
+  static constexpr size_t kExpireBatch = 256;
 
   // Checks one row range of a request: `table` known (else kUnknownSlice), ids strictly
   // increasing (kOrder), every id held by this shard
@@ -148,7 +166,8 @@ class EmbeddingTables {
   // stating a bound before any row exists: capacity() * BytesPerRow(widest table). Not
   // counted: up to two spare arena chunks a table, and, below a power-of-two capacity, up to
   // twice the index entries (row_index.h).
-  static int64_t BytesPerRow(int64_t dim, int slots);
+  // With `expiring`, the row's stamp and free-list entry too.
+  static int64_t BytesPerRow(int64_t dim, int slots, bool expiring = false);
 
   struct TableStats {
     int64_t rows_held = 0;     // its arena's rows (filled in by stats())
@@ -164,6 +183,7 @@ class EmbeddingTables {
     int64_t cold_reads = 0;
     double cold_read_seconds = 0;
     int64_t rows_refused = 0;  // gradient rows dropped by the admission filter
+    int64_t rows_expired = 0;  // rows deleted by Expire (or read expired in the cold tier)
   };
   // Precondition: t < num_tables().
   TableStats stats(uint32_t t) const;
@@ -204,6 +224,11 @@ class EmbeddingTables {
   // recently touched, and marks them clean (stored). Nothing changes if the write fails.
   Status CleanTail();
   void Evict(int32_t index);
+  // Deletes held row `index` (expired): its slab entry goes to free_, and the store is told
+  // to drop it if it may hold it.
+  void Remove(int32_t index);
+  // Counts `key` (not held, in the cold tier) as expired, once until the next TakeDirty.
+  void ExpireCold(const RowKey& key);
   // Reads `key` from the cold tier (timed and counted).
   Status ReadCold(const RowKey& key, std::optional<RowSnapshot>* out);
   void Unlink(int32_t index);
@@ -225,7 +250,11 @@ class EmbeddingTables {
   std::vector<TableSpec> tables_;
   OptimizerSpec optimizer_;
   uint64_t seed_ = 0;
-  std::vector<Row> rows_;  // the slab: at most capacity_ entries, every one held
+  std::vector<Row> rows_;  // the slab: at most capacity_ entries, held but those in free_
+  std::vector<int32_t> free_;       // slab entries of expired rows, to be reused first
+  std::vector<int64_t> updated_at_;  // expiring(): by slab entry, when it was last updated
+  int64_t now_ = 0;                  // the expiry clock (SetNow)
+  std::optional<RowKey> sweep_after_;  // where the cold tier's expiry sweep goes on
   RowIndex index_;                 // key -> slab index, for every row held
   std::vector<RowArena> arenas_;   // by table: the floats of its rows held
   int32_t head_ = kNil;  // most recently touched

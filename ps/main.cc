@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,7 @@ struct PsFlags {
   int64_t table_memory = 0;
   std::string table_evict;  // "" : demote with --state-dir, else forget
   int table_admit_after = 0;
+  std::string table_expire_after;  // "": never; N versions, or N with s, m, h or d
   int64_t max_unread_reply_bytes = 0;
   int apply_threads = 2;
   // AddStateFlags
@@ -234,6 +236,11 @@ void AddServingFlags(CLI::App& app, PsFlags& f) {
                  "8 MiB); until then its pulls read the initial value and its gradients are "
                  "dropped and counted. 0 or 1 = every id at its first push")
       ->check(CLI::Range(0, 65535));
+  app.add_option("--table-expire-after", f.table_expire_after,
+                 "Delete embedding rows nothing updated for this long, in memory and in the "
+                 "store (feature churn): N = N versions of this server (its pushes in async, "
+                 "its steps in sync), or a time: 90s, 30m, 12h, 7d. A deleted row's id starts "
+                 "again from its initial value [default: never]");
   app.add_option("--apply-threads", f.apply_threads,
                  "Threads that check and apply a pushed gradient of 1 MiB or more spread over "
                  "several slices, this server's loop included (1: the loop alone)")
@@ -304,7 +311,24 @@ struct PsConfig {
   std::string address;  // host:port this shard binds (--bind or its --ps-hosts entry)
   std::optional<CurveKeyPair> curve_key;
   std::vector<std::string> curve_allowed;
+  int64_t table_expire_after = 0;  // --table-expire-after: 0 never, else versions or seconds
+  bool table_expire_in_seconds = false;
 };
+
+// --table-expire-after: N versions, or N seconds, minutes, hours or days ("90s", "7d").
+// Sets `after` (versions or seconds) and `in_seconds`; false for anything else.
+bool ParseExpiry(const std::string& text, int64_t* after, bool* in_seconds) {
+  static const std::regex kExpiry(R"(([0-9]{1,12})([smhd]?))");
+  std::smatch m;
+  if (!std::regex_match(text, m, kExpiry)) return false;
+  const int64_t n = std::stoll(m[1].str());
+  const std::string unit = m[2].str();
+  const int64_t scale = unit == "d" ? 86400 : unit == "h" ? 3600 : unit == "m" ? 60 : 1;
+  if (n <= 0) return false;
+  *after = n * scale;
+  *in_seconds = !unit.empty();
+  return true;
+}
 
 // Reads the CURVE key pair and the allowed keys. An exit status if they are refused.
 std::optional<int> ReadCurveFlags(const PsFlags& f, PsConfig& c) {
@@ -345,6 +369,12 @@ std::optional<int> Validate(const PsFlags& f, PsConfig& c) {
   c.num_workers = static_cast<int>(c.spec.workers.size());
   if (f.durability != "periodic" && f.durability != "every-update") {
     return Fail("--durability must be periodic or every-update, not '" + f.durability + "'",
+                kExitBadUsage);
+  }
+  if (!f.table_expire_after.empty() &&
+      !ParseExpiry(f.table_expire_after, &c.table_expire_after, &c.table_expire_in_seconds)) {
+    return Fail("--table-expire-after takes a count of versions (100000) or a time (90s, 30m, "
+                "12h, 7d) above 0, not '" + f.table_expire_after + "'",
                 kExitBadUsage);
   }
   if (f.table_evict == "demote" && f.state_dir.empty()) {
@@ -480,6 +510,8 @@ ServerOptions MakeServerOptions(const PsFlags& f, const PsConfig& c) {
   options.table_memory_bytes = f.table_memory;
   options.table_demote = f.table_evict.empty() ? !f.state_dir.empty() : f.table_evict == "demote";
   options.table_admit_after = f.table_admit_after;
+  options.table_expire_after = c.table_expire_after;
+  options.table_expire_in_seconds = c.table_expire_in_seconds;
   return options;
 }
 

@@ -196,6 +196,9 @@ void AddTableMetrics(PsMetrics& m, MetricBuilder& b) {
   f.refused = &b.CounterFamily("parasync_ps_table_rows_refused_total",
                                "Gradient rows dropped because their id has not been pushed "
                                "--table-admit-after times yet, by table");
+  f.expired = &b.CounterFamily("parasync_ps_table_rows_expired_total",
+                               "Embedding rows deleted because nothing updated them for "
+                               "--table-expire-after, in memory or in the store, by table");
   f.bytes = &b.GaugeFamily("parasync_ps_table_bytes",
                            "Memory the embedding rows held take (values, slots, bookkeeping), "
                            "by table");
@@ -224,6 +227,7 @@ void PsMetrics::AddTables(const std::vector<std::string>& names) {
     m.cold_reads = &f.cold_reads->Add(l);
     m.cold_read_seconds = &f.cold_read_seconds->Add(l);
     m.rows_refused = &f.refused->Add(l);
+    m.rows_expired = &f.expired->Add(l);
     tables.push_back(m);
   }
 }
@@ -247,6 +251,7 @@ void PsMetrics::PublishTable(size_t t, const EmbeddingTables::TableStats& st) {
   Advance(m.cold_reads, st.cold_reads, m.counted.cold_reads);
   Advance(m.cold_read_seconds, st.cold_read_seconds, m.counted.cold_read_seconds);
   Advance(m.rows_refused, st.rows_refused, m.counted.rows_refused);
+  Advance(m.rows_expired, st.rows_expired, m.counted.rows_expired);
   m.rows_held->Set(static_cast<double>(st.rows_held));
   m.bytes->Set(static_cast<double>(st.bytes));
   m.rows_cold->Set(static_cast<double>(st.rows_cold));

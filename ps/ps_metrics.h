@@ -86,6 +86,7 @@ struct PsMetrics {
     prometheus::Counter* cold_reads = nullptr;
     prometheus::Counter* cold_read_seconds = nullptr;
     prometheus::Counter* rows_refused = nullptr;
+    prometheus::Counter* rows_expired = nullptr;
     EmbeddingTables::TableStats counted;  // what the counters were last advanced to
   };
   std::vector<TableMetrics> tables;  // by table index
@@ -102,6 +103,7 @@ struct PsMetrics {
     prometheus::Family<prometheus::Counter>* cold_reads = nullptr;
     prometheus::Family<prometheus::Counter>* cold_read_seconds = nullptr;
     prometheus::Family<prometheus::Counter>* refused = nullptr;
+    prometheus::Family<prometheus::Counter>* expired = nullptr;
   } table_families;
   prometheus::Gauge* table_capacity_rows = nullptr;
   // Adds the series of `names` (once; later calls with the same tables do nothing).

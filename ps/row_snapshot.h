@@ -15,6 +15,9 @@ struct RowSnapshot {
   int64_t updates = 0;  // optimizer steps applied to this row (Adam's t)
   std::vector<float> values;              // the table's dim floats
   std::vector<std::vector<float>> slots;  // optimizer slots, each values.size() long
+  // When it was last updated, on the clock of the tables' expiry (EmbeddingTables::SetNow:
+  // shard versions or Unix seconds); 0: not tracked (no expiry, or a record from before it).
+  int64_t touched = 0;
   bool operator==(const RowSnapshot&) const = default;
 };
 

@@ -235,7 +235,8 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
   shard_.set_table_options({options.shard_index, options.num_shards, options.max_table_rows,
                             options.table_memory_bytes,
                             options.table_demote ? options.store : nullptr,
-                            options.table_admit_after});
+                            options.table_admit_after, options.table_expire_after,
+                            options.table_expire_in_seconds});
   std::random_device rd;
   while (incarnation_ == 0) incarnation_ = (uint64_t{rd()} << 32) | rd();
 }
@@ -930,7 +931,8 @@ void Server::PublishMemoryBound() {
   if (reg != nullptr) {
     for (const TableSpec& t : reg->tables) {
       row_bytes = std::max(row_bytes, EmbeddingTables::BytesPerRow(
-                                          t.dim, NumOptimizerSlots(reg->optimizer.kind)));
+                                          t.dim, NumOptimizerSlots(reg->optimizer.kind),
+                                          options_.table_expire_after > 0));
     }
   }
   const MemoryBound bound =

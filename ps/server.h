@@ -74,6 +74,10 @@ struct ServerOptions {
   bool table_demote = false;
   // Pushes an embedding id needs before it gets a row (<= 1: at its first).
   int table_admit_after = 0;
+  // Embedding rows not updated for longer than this are deleted (0: never): in versions of
+  // this shard, or in seconds with table_expire_in_seconds.
+  int64_t table_expire_after = 0;
+  bool table_expire_in_seconds = false;
   // Threads that check and apply a push of >= 1 MiB over several slices (the loop's own
   // thread included); 1: the loop alone.
   int apply_threads = 1;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -49,6 +50,14 @@ Shard::Shard(int shard_index, int num_shards, int64_t max_bytes, int apply_threa
 
 void Shard::set_table_options(const EmbeddingTables::Options& options) {
   tables_ = EmbeddingTables(options);
+}
+
+int64_t Shard::ExpiryNow() const {
+  // The version a push makes, from 1: a stamp of 0 means none (ps/row_snapshot.h).
+  if (!tables_.options().expire_in_seconds) return version_ + 1;
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 void Shard::ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn) const {
@@ -373,6 +382,11 @@ Status Shard::Apply(std::span<const SliceRange> ranges, std::span<const float* c
   }
   if (!rows.empty()) {
     const OptimizerSpec opt = Effective(lr_scale);
+    tables_.SetNow(ExpiryNow());
+    if (Status st = tables_.Expire(); !st.ok()) {
+      *reason = RejectReason::kStoreFailed;
+      return st;
+    }
     for (size_t i = 0; i < rows.ranges.size(); ++i) {
       // Only the cold tier can fail here (the server rolls back to its store).
       if (Status st = tables_.Apply(rows.ranges[i].table, rows.ids[i], rows.grads[i], opt);
@@ -481,7 +495,13 @@ Status Shard::ApplyAccumulated(int count) {
     for (float& a : average_) a *= inv;
     ApplyToSlice(s, 0, average_.data(), static_cast<int64_t>(average_.size()), lr_scale);
   }
-  const Status rows = tables_.ApplyAccumulated(Effective(lr_scale));
+  tables_.SetNow(ExpiryNow());
+  Status rows = tables_.Expire();
+  if (rows.ok()) {
+    rows = tables_.ApplyAccumulated(Effective(lr_scale));
+  } else {
+    tables_.DropAccumulated();
+  }
   std::fill(contributed_.begin(), contributed_.end(), false);
   ++version_;
   examples_ += pending_examples_;
@@ -563,6 +583,7 @@ Status Shard::Restore(const ShardSnapshot& snap) {
   }
   EmbeddingTables tables(tables_.options());
   tables.Configure(snap.registration.tables, snap.registration.optimizer, snap.registration.seed);
+  tables.SetNow(tables_.options().expire_in_seconds ? ExpiryNow() : snap.version + 1);
   if (Status s = tables.Restore(snap.rows, snap.stored_row_counts); !s.ok()) {
     return Status::Corruption("restored rows: " + s.message());
   }

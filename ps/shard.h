@@ -58,6 +58,9 @@ class Shard {
   // Replaces the embedding tables' options (the budget, the cold tier, admission) before
   // anything is registered; shard_index and num_shards must be this shard's.
   void set_table_options(const EmbeddingTables::Options& options);
+  // The tables' expiry clock now: this shard's version + 1 (the one a push makes), or Unix
+  // seconds with EmbeddingTables::Options::expire_in_seconds.
+  int64_t ExpiryNow() const;
   static constexpr int64_t kParallelApplyElements = int64_t{1} << 18;  // 1 MiB of float32
   // A registration whose push to this shard (its values and a header) would pass this many
   // bytes is refused (InvalidArgument naming --max-message-bytes); 0: no bound.
@@ -101,6 +104,7 @@ class Shard {
   // as its initial value and is not created; a demoted one reads from the cold tier, whose
   // error is returned. Precondition: ValidateRows ok.
   Status ReadRows(uint32_t table, std::span<const uint64_t> ids, float* out) {
+    tables_.SetNow(ExpiryNow());
     return tables_.Read(table, ids, out);
   }
 

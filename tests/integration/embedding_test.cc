@@ -431,5 +431,82 @@ TEST(EmbeddingProcessTest, ATieredServerKeepsEveryRowBeyondItsBudgetThroughARest
   if (HasFailure()) std::cout << "--- the tiered server's /metrics\n" << metrics << "\n";
 }
 
+// Expiry (--table-expire-after, in versions) on a tiered server with every-update
+// durability: rows nothing updated for longer are deleted, in memory and in the store, and
+// stay deleted through a SIGKILL; rows updated meanwhile are untouched (bitwise a server
+// without expiry's).
+TEST(EmbeddingProcessTest, ExpiredRowsAreDeletedFromMemoryAndTheStoreAndStayDeleted) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/expiring");
+  std::filesystem::create_directories(dir.path() + "/whole");
+  ProcessCluster expiring(1, 1, "async",
+                          {"--durability", "every-update", "--table-memory", "64KiB",
+                           "--table-expire-after", "20"},
+                          dir.path() + "/expiring",
+                          ProcessCluster::kPsDataDirs | ProcessCluster::kPsMetricsPorts);
+  ProcessCluster whole(1, 1, "async", {}, dir.path() + "/whole");
+  zmq::context_t ctx;
+  auto a = TableClient(ctx, expiring);
+  auto b = TableClient(ctx, whole);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  float bias_grad = 0.0f;
+  const float* dense[] = {&bias_grad};
+  auto push = [&](const std::vector<uint64_t>& ids, float g) {
+    std::vector<float> grad(ids.size() * 4, g);
+    const RowsOf rows{0, ids, grad.data()};
+    ASSERT_TRUE(a->Push(dense, 1, PsClient::kLastRead, {&rows, 1}).ok());
+    ASSERT_TRUE(b->Push(dense, 1, PsClient::kLastRead, {&rows, 1}).ok());
+  };
+  // 2,000 rows at versions 0-9 (most demoted: 64 KiB holds a few hundred), then 40 pushes of
+  // 10 hot ids: the first 2,000 go at version 30 and after.
+  std::vector<uint64_t> old_ids(2000);
+  for (uint64_t i = 0; i < old_ids.size(); ++i) old_ids[i] = i;
+  for (int k = 0; k < 10; ++k) {
+    push(std::vector<uint64_t>(old_ids.begin() + k * 200, old_ids.begin() + (k + 1) * 200), 0.5f);
+  }
+  std::vector<uint64_t> hot(10);
+  for (uint64_t i = 0; i < hot.size(); ++i) hot[i] = 1000000 + i;
+  for (int k = 0; k < 40; ++k) push(hot, 0.1f * static_cast<float>(k % 7 - 3));
+  std::string metrics;
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        metrics = testing::HttpGet(expiring.metrics_port(0), "/metrics");
+        return testing::PrometheusValue(metrics, "parasync_ps_table_rows_expired_total")
+                   .value_or(0) >= 2000;
+      },
+      10s))
+      << "not every old row expired\n" << metrics;
+  a.reset();
+  ASSERT_NO_FATAL_FAILURE(expiring.KillPs(0));
+  expiring.StartPs(0, "ps0-restart");
+  const std::string log = expiring.Log("ps0-restart");
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return testing::ReadFile(log).find("embedding rows") != std::string::npos; }, 30s))
+      << testing::ReadFile(log);
+  std::smatch m;
+  const std::string text = testing::ReadFile(log);
+  ASSERT_TRUE(std::regex_search(text, m, std::regex(R"((\d+) embedding rows)"))) << text;
+  EXPECT_EQ(m[1].str(), "10") << "the store kept expired rows: " << text;
+  a = TableClient(ctx, expiring);
+  ASSERT_NE(a, nullptr);
+  float bias = 0;
+  float* params[] = {&bias};
+  std::vector<float> got(hot.size() * 4), want(hot.size() * 4);
+  const RowsOf pa{0, hot, got.data()};
+  const RowsOf pb{0, hot, want.data()};
+  ASSERT_TRUE(a->Pull(params, 0, {&pa, 1}).ok());
+  ASSERT_TRUE(b->Pull(params, 0, {&pb, 1}).ok());
+  EXPECT_EQ(got, want) << "a hot row is not what a server without expiry holds";
+  std::vector<float> old_got(old_ids.size() * 4), initial(old_ids.size() * 4);
+  const RowsOf po{0, old_ids, old_got.data()};
+  ASSERT_TRUE(a->Pull(params, 0, {&po, 1}).ok());
+  const ModelRegistration reg = TableModel(1);
+  for (size_t r = 0; r < old_ids.size(); ++r) {
+    InitializeRow(reg.tables[0].init, reg.seed, 0, old_ids[r], initial.data() + r * 4, 4);
+  }
+  EXPECT_EQ(old_got, initial) << "an expired row did not read as its initial value";
+}
+
 }  // namespace
 }  // namespace parasync

@@ -94,6 +94,10 @@ TEST(StartupErrorsTest, BadFlagsAreOneLineAndExitTwoInEveryBinary) {
   ExpectRefused({Bin("parasync-ps"), "--no-such-flag"}, dir.path(), {"--no-such-flag"});
   ExpectRefused(with({Bin("parasync-ps")}, with(cluster, {"--worker-timeout", "soon"})),
                 dir.path(), {"--worker-timeout", "soon"});
+  ExpectRefused(with({Bin("parasync-ps")}, with(cluster, {"--table-expire-after", "3w"})),
+                dir.path(), {"--table-expire-after", "'3w'"});
+  ExpectRefused(with({Bin("parasync-ps")}, with(cluster, {"--table-expire-after", "0"})),
+                dir.path(), {"--table-expire-after", "above 0"});
   ExpectRefused({Bin("parasync-worker"), "--no-such-flag"}, dir.path(), {"--no-such-flag"});
   ExpectRefused(with({Bin("parasync-worker")}, with(cluster, {"--request-timeout", "abc"})),
                 dir.path(), {"--request-timeout", "abc"});

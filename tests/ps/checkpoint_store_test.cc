@@ -207,6 +207,47 @@ TEST(CheckpointStoreTest, ReopenAfterCloseKeepsTheData) {
   EXPECT_EQ(MustLoad(*store).version, 51);
 }
 
+// The cold tier's side of expiry: a row's stamp is stored only when it has one (a row
+// without reads back as before), survives a reopen, and Scan lists the rows in key order
+// from where the last call stopped.
+TEST(CheckpointStoreTest, RowStampsRoundTripAndScanListsRowsInOrder) {
+  TempDir tmp;
+  const RowSnapshot stamped{0, 7, 3, {1.5f, -2.0f}, {{0.25f, 0.5f}}, 1234};
+  const RowSnapshot plain{0, 9, 1, {4.0f, 5.0f}, {{6.0f, 7.0f}}, 0};
+  const RowSnapshot other{1, 2, 2, {8.0f}, {{9.0f}}, 99};
+  {
+    auto store = MustOpen(tmp.path(), 1, 2);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->Save(MakeSnapshot(), /*sync=*/true).ok());
+    const std::vector<RowSnapshot> rows = {other, plain, stamped};
+    ASSERT_TRUE(store->Write(rows).ok());
+    std::vector<ColdTier::Stamp> got;
+    bool at_end = true;
+    ASSERT_TRUE(store->Scan(std::nullopt, 2, &got, &at_end).ok());
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_FALSE(at_end);
+    EXPECT_EQ(got[0].key, (RowKey{0, 7}));
+    EXPECT_EQ(got[0].touched, 1234);
+    EXPECT_EQ(got[1].key, (RowKey{0, 9}));
+    EXPECT_EQ(got[1].touched, 0);
+    ASSERT_TRUE(store->Scan(got[1].key, 2, &got, &at_end).ok());
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_TRUE(at_end);
+    EXPECT_EQ(got[0].key, (RowKey{1, 2}));
+    EXPECT_EQ(got[0].touched, 99);
+  }
+  auto store = MustOpen(tmp.path(), 1, 2);
+  ASSERT_NE(store, nullptr);
+  const std::vector<RowKey> keys = {{0, 7}, {0, 9}, {1, 2}, {1, 3}};
+  std::vector<std::optional<RowSnapshot>> read;
+  ASSERT_TRUE(store->Read(keys, &read).ok());
+  ASSERT_EQ(read.size(), 4u);
+  EXPECT_EQ(read[0], stamped);
+  EXPECT_EQ(read[1], plain);
+  EXPECT_EQ(read[2], other);
+  EXPECT_FALSE(read[3].has_value());
+}
+
 TEST(CheckpointStoreTest, ApproximateBytesGrowsWithSavedData) {
   TempDir tmp;
   auto store = MustOpen(tmp.path(), 0, 1);

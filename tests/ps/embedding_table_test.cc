@@ -449,6 +449,22 @@ class MemoryColdTier : public ColdTier {
     ++write_calls;
     return Status::Ok();
   }
+  Status Scan(std::optional<RowKey> after, size_t limit, std::vector<Stamp>* out,
+              bool* at_end) override {
+    out->clear();
+    auto it = after ? rows.upper_bound(*after) : rows.begin();
+    for (; it != rows.end() && out->size() < limit; ++it) {
+      out->push_back(Stamp{it->first, it->second.touched});
+    }
+    *at_end = it == rows.end();
+    return Status::Ok();
+  }
+  // What the store does with a TakeDirty: writes the rows, deletes the evicted.
+  void Persist(EmbeddingTables& t) {
+    std::vector<RowKey> evicted;
+    for (RowSnapshot& r : t.TakeDirty(&evicted)) rows[RowKey{r.table, r.id}] = std::move(r);
+    for (const RowKey& k : evicted) rows.erase(k);
+  }
   std::map<RowKey, RowSnapshot> rows;
   int64_t writes = 0;       // rows written
   int64_t write_calls = 0;  // Write calls
@@ -588,6 +604,88 @@ TEST(EmbeddingTablesTest, AFailedDemotionIsRefusedAndLosesNothing) {
   std::vector<float> out(3);
   EXPECT_EQ(tables.Read(1, one, out.data()).code(), StatusCode::kUnavailable);
   EXPECT_EQ(tables.Apply(1, one, g.data(), spec).code(), StatusCode::kUnavailable);
+}
+
+// Expiry in memory: a row nothing updated for more than expire_after versions is deleted (it
+// reads as its initial value again, and one the store may hold is listed for deletion); a row
+// updated meanwhile stays; a deleted row's slab entry is reused and the count holds.
+TEST(EmbeddingTablesTest, RowsNotUpdatedForLongerThanTheExpiryAreDeleted) {
+  EmbeddingTables::Options options{0, 1, 0, 0, nullptr, 0};
+  options.expire_after = 10;
+  EmbeddingTables tables(options);
+  tables.Configure(Tables(), Optimizer(OptimizerKind::kAdagrad), kSeed);
+  EmbeddingTables fresh = Make(OptimizerKind::kAdagrad);
+  const OptimizerSpec spec = Optimizer(OptimizerKind::kAdagrad);
+  const std::vector<float> g = Grads(1, 3, 4);
+  auto push_at = [&](int64_t now, uint64_t id) {
+    tables.SetNow(now);
+    ASSERT_TRUE(tables.Expire().ok());
+    ASSERT_TRUE(tables.Apply(1, {&id, 1}, g.data(), spec).ok());
+  };
+  for (uint64_t id = 0; id < 5; ++id) push_at(1, id);  // ids 0-4 at 1
+  std::vector<RowKey> evicted;
+  (void)tables.TakeDirty(&evicted);  // stored: their deletion must reach the store
+  push_at(8, 2);   // id 2 again at 8
+  push_at(11, 9);  // cutoff 1: nothing is older than that
+  EXPECT_EQ(tables.rows_held(), 6);
+  EXPECT_EQ(tables.stats(1).rows_expired, 0);
+  push_at(12, 9);  // cutoff 2: ids 0, 1, 3, 4 (updated at 1) go; 2 (8) and 9 (12) stay
+  EXPECT_EQ(tables.rows_held(), 2);
+  EXPECT_EQ(tables.stats(1).rows_expired, 4);
+  const std::vector<uint64_t> gone = {0, 1, 3, 4};
+  EXPECT_EQ(ReadRows(tables, 1, gone), ReadRows(fresh, 1, gone)) << "initial values again";
+  const std::vector<RowSnapshot> dirty = tables.TakeDirty(&evicted);
+  EXPECT_EQ(evicted, (std::vector<RowKey>{{1, 0}, {1, 1}, {1, 3}, {1, 4}}));
+  for (const RowSnapshot& r : dirty) EXPECT_NE(r.touched, 0) << "a stamp is stored";
+  // Entries reused, the bound kept: 40 more ids, 3 at a time expiring.
+  for (uint64_t id = 100; id < 140; ++id) push_at(13 + static_cast<int64_t>(id), id);
+  EXPECT_LE(tables.rows_held(), 12);
+  EXPECT_EQ(tables.SnapshotAll().size(), static_cast<size_t>(tables.rows_held()));
+}
+
+// Expiry in the cold tier: a demoted row older than the expiry reads as absent (and is listed
+// for deletion) when its id comes back, and the sweep finds the ones that never come back;
+// rows stored before expiry was on (no stamp) are left alone.
+TEST(EmbeddingTablesTest, ExpiredColdRowsAreDeletedWhenReadOrSwept) {
+  MemoryColdTier cold;
+  EmbeddingTables::Options options{0, 1, 2, 0, &cold, 0};
+  options.expire_after = 5;
+  EmbeddingTables tables(options);
+  tables.Configure(Tables(), Optimizer(OptimizerKind::kSgd), kSeed);
+  EmbeddingTables fresh = Make(OptimizerKind::kSgd);
+  const OptimizerSpec spec = Optimizer(OptimizerKind::kSgd);
+  const std::vector<float> g = Grads(1, 3, 5);
+  auto push_at = [&](int64_t now, uint64_t id) {
+    tables.SetNow(now);
+    ASSERT_TRUE(tables.Expire().ok());
+    ASSERT_TRUE(tables.Apply(1, {&id, 1}, g.data(), spec).ok());
+  };
+  RowSnapshot legacy{1, 50, 3, {1, 2, 3}, {}};  // stored before expiry: touched 0
+  cold.rows[RowKey{1, 50}] = legacy;
+  for (uint64_t id = 0; id < 6; ++id) push_at(static_cast<int64_t>(id) + 1, id);
+  // 2 rows in memory (ids 4, 5); ids 0-3 demoted with stamps 1-4.
+  ASSERT_EQ(cold.rows.count(RowKey{1, 0}), 1u);
+  EXPECT_EQ(cold.rows.at(RowKey{1, 0}).touched, 1);
+  tables.SetNow(7);  // cutoff 2: id 0 (1) expired, id 1 (2) not yet
+  const std::vector<uint64_t> zero_one = {0, 1};
+  std::vector<float> got = ReadRows(tables, 1, zero_one);
+  const std::vector<float> initial = ReadRows(fresh, 1, zero_one);
+  EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + 3),
+            std::vector<float>(initial.begin(), initial.begin() + 3))
+      << "an expired cold row reads as its initial value";
+  EXPECT_NE(std::vector<float>(got.begin() + 3, got.end()),
+            std::vector<float>(initial.begin() + 3, initial.end()))
+      << "a cold row within the expiry reads as demoted";
+  EXPECT_EQ(tables.stats(1).rows_expired, 1);
+  // The sweep, at 20 (cutoff 15): ids 1-3 in the store and 4, 5 in memory are all older.
+  tables.SetNow(20);
+  ASSERT_TRUE(tables.Expire().ok());
+  EXPECT_EQ(tables.rows_held(), 0);
+  EXPECT_EQ(tables.stats(1).rows_expired, 6);
+  EXPECT_EQ(tables.stats(1).rows_cold, 0) << "of the 6 rows it made (not the one put there)";
+  cold.Persist(tables);
+  EXPECT_EQ(cold.rows.size(), 1u);
+  EXPECT_EQ(cold.rows.count(RowKey{1, 50}), 1u) << "a row stored before expiry was on stays";
 }
 
 // After a restart the rows stay in the cold tier (the store they were restored from) and are

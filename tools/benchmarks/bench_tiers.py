@@ -18,7 +18,8 @@ the table shows each one's median examples/sec, its spread and its ratio to the 
 
   bench_tiers.py [--train 1000000] [--test 50000] [--fields 8] [--vocab 20000000]
                  [--zipf 1.05] [--budget 8MiB] [--epochs 1] [--configs unlimited,tiered,forget]
-                 [--repeats 1] [--baseline-bin DIR] [--bin build/bin] [--work DIR]
+                 [--repeats 1] [--baseline-bin DIR] [--expire-after N|90s]
+                 [--bin build/bin] [--work DIR]
 
 The data is generated once into DIR/ctr (kept with --work; its size on disk and the time it
 took are printed). 2 servers, 2 workers, async, adagrad. The budget is per server. Exit status
@@ -81,6 +82,8 @@ def run(args, config, data, work, repeat=0):
         argv += ["--state-dir", os.path.join(log_dir, "state")]
     if config == "forget":
         argv += ["--ps-arg=--table-evict=forget"]
+    if args.expire_after:
+        argv += [f"--ps-arg=--table-expire-after={args.expire_after}"]
     print(f"[{config}] {' '.join(argv)}", flush=True)
     done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
@@ -108,6 +111,7 @@ def run(args, config, data, work, repeat=0):
         "promoted": metric_sum(log_dir, "parasync_ps_table_rows_promoted_total"),
         "cold_reads": reads,
         "cold_read_us": 1e6 * seconds / reads if reads else None,
+        "expired": metric_sum(log_dir, "parasync_ps_table_rows_expired_total"),
     }
 
 
@@ -121,7 +125,8 @@ def compare(args, configs, data, work):
             speeds[c].append(r["examples_per_second"])
             aucs[c].append(r["auc"])
             print(f"  repeat {k + 1} {c}: {r['examples_per_second']:,.0f} examples/s, "
-                  f"AUC {fmt(r['auc'], '.4f')}", flush=True)
+                  f"AUC {fmt(r['auc'], '.4f')}, {fmt(r['expired'], ',.0f')} rows expired",
+                  flush=True)
     first = statistics.median(speeds[configs[0]])
     print()
     print(f"budget {args.budget} per server, 2 servers, 2 workers, async, {args.epochs} epoch(s), "
@@ -151,6 +156,8 @@ def main():
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--configs", default="unlimited,tiered,forget",
                    help=f"some of {','.join(CONFIGS)}")
+    p.add_argument("--expire-after", default=None,
+                   help="--table-expire-after of every server (all configurations)")
     p.add_argument("--repeats", type=int, default=1,
                    help="run the configurations this many times, alternating; medians")
     p.add_argument("--baseline-bin", default=None,
