@@ -606,22 +606,34 @@ TEST(EmbeddingTablesTest, AFailedDemotionIsRefusedAndLosesNothing) {
   EXPECT_EQ(tables.Apply(1, one, g.data(), spec).code(), StatusCode::kUnavailable);
 }
 
+// A table of Tables() expiring after `expire_after`, with `cold` as its cold tier (or none)
+// and at most `max_rows` in memory (0: no bound).
+EmbeddingTables MakeExpiring(OptimizerKind kind, int64_t expire_after, int64_t max_rows = 0,
+                             ColdTier* cold = nullptr) {
+  EmbeddingTables::Options options{0, 1, max_rows, 0, cold, 0};
+  options.expire_after = expire_after;
+  EmbeddingTables t(options);
+  t.Configure(Tables(), Optimizer(kind), kSeed);
+  return t;
+}
+
+// One push of `id` to table 1 at `now`, after the expiry a push does first.
+void PushAt(EmbeddingTables& t, int64_t now, uint64_t id, const std::vector<float>& g,
+            const OptimizerSpec& spec) {
+  t.SetNow(now);
+  ASSERT_TRUE(t.Expire().ok());
+  ASSERT_TRUE(t.Apply(1, {&id, 1}, g.data(), spec).ok());
+}
+
 // Expiry in memory: a row nothing updated for more than expire_after versions is deleted (it
 // reads as its initial value again, and one the store may hold is listed for deletion); a row
 // updated meanwhile stays; a deleted row's slab entry is reused and the count holds.
 TEST(EmbeddingTablesTest, RowsNotUpdatedForLongerThanTheExpiryAreDeleted) {
-  EmbeddingTables::Options options{0, 1, 0, 0, nullptr, 0};
-  options.expire_after = 10;
-  EmbeddingTables tables(options);
-  tables.Configure(Tables(), Optimizer(OptimizerKind::kAdagrad), kSeed);
+  EmbeddingTables tables = MakeExpiring(OptimizerKind::kAdagrad, 10);
   EmbeddingTables fresh = Make(OptimizerKind::kAdagrad);
   const OptimizerSpec spec = Optimizer(OptimizerKind::kAdagrad);
   const std::vector<float> g = Grads(1, 3, 4);
-  auto push_at = [&](int64_t now, uint64_t id) {
-    tables.SetNow(now);
-    ASSERT_TRUE(tables.Expire().ok());
-    ASSERT_TRUE(tables.Apply(1, {&id, 1}, g.data(), spec).ok());
-  };
+  auto push_at = [&](int64_t now, uint64_t id) { PushAt(tables, now, id, g, spec); };
   for (uint64_t id = 0; id < 5; ++id) push_at(1, id);  // ids 0-4 at 1
   std::vector<RowKey> evicted;
   (void)tables.TakeDirty(&evicted);  // stored: their deletion must reach the store
@@ -648,18 +660,11 @@ TEST(EmbeddingTablesTest, RowsNotUpdatedForLongerThanTheExpiryAreDeleted) {
 // rows stored before expiry was on (no stamp) are left alone.
 TEST(EmbeddingTablesTest, ExpiredColdRowsAreDeletedWhenReadOrSwept) {
   MemoryColdTier cold;
-  EmbeddingTables::Options options{0, 1, 2, 0, &cold, 0};
-  options.expire_after = 5;
-  EmbeddingTables tables(options);
-  tables.Configure(Tables(), Optimizer(OptimizerKind::kSgd), kSeed);
+  EmbeddingTables tables = MakeExpiring(OptimizerKind::kSgd, 5, 2, &cold);
   EmbeddingTables fresh = Make(OptimizerKind::kSgd);
   const OptimizerSpec spec = Optimizer(OptimizerKind::kSgd);
   const std::vector<float> g = Grads(1, 3, 5);
-  auto push_at = [&](int64_t now, uint64_t id) {
-    tables.SetNow(now);
-    ASSERT_TRUE(tables.Expire().ok());
-    ASSERT_TRUE(tables.Apply(1, {&id, 1}, g.data(), spec).ok());
-  };
+  auto push_at = [&](int64_t now, uint64_t id) { PushAt(tables, now, id, g, spec); };
   RowSnapshot legacy{1, 50, 3, {1, 2, 3}, {}};  // stored before expiry: touched 0
   cold.rows[RowKey{1, 50}] = legacy;
   for (uint64_t id = 0; id < 6; ++id) push_at(static_cast<int64_t>(id) + 1, id);
