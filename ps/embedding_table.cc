@@ -550,7 +550,9 @@ Status EmbeddingTables::Restore(std::span<const RowSnapshot> rows,
     r.stored = true;
     CopyIn(snap, DataOf(r));
     // A row stored before its table expired has no stamp: its clock starts now.
-    if (expiring()) updated_at_[static_cast<size_t>(index)] = snap.touched != 0 ? snap.touched : now_;
+    if (expiring()) {
+      updated_at_[static_cast<size_t>(index)] = snap.touched != 0 ? snap.touched : now_;
+    }
   }
   return Status::Ok();
 }

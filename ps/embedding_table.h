@@ -83,7 +83,8 @@ class EmbeddingTables {
   // next kExpireBatch rows of the cold tier (a sweep that wraps round). A deleted row reads
   // as its initial value again; one the store may hold is listed by the next TakeDirty as
   // evicted, so the store drops it. A cold row read when expired counts as deleted too.
-  // Returns the cold tier's error (nothing changed then). No-op unless expiring().
+  // Returns the cold tier's error (the rows deleted in memory before it stay deleted; the
+  // server rolls back to its store then). No-op unless expiring().
   Status Expire();
   static constexpr size_t kExpireBatch = 256;
 
