@@ -12,6 +12,7 @@
 
 #include "common/wire.h"
 #include "ps/server.h"
+#include "tests/support/sanitized.h"
 #include "tests/support/small_model.h"
 
 namespace parasync {
@@ -66,10 +67,10 @@ Header Request(MsgType type, uint64_t id, int64_t batch_examples = 0) {
 
 // Beside 4 sockets that always have pushes queued, a peer that sends its next request (a push,
 // then a pull) once its reply is in gets at least its share of the pushes applied: fair is
-// 1/5 (it asks for more: a push every four turns at most), 0.7 x that is the margin. The
-// pushes are the server's work here (Adam over 1 MiB); a pull lends the buffers. Served in
-// ZeroMQ's fair-queue turn, one message per peer per turn, each of its two requests per step
-// waited for a push of every flooder: 1/9.
+// 1/5 (it asks for more: a push every four turns at most), 0.7 x that is the margin (0.6
+// under a sanitizer). The pushes are the server's work here (Adam over 1 MiB); a pull lends
+// the buffers. Served in ZeroMQ's fair-queue turn, one message per peer per turn, each of its
+// two requests per step waited for a push of every flooder: 1/9.
 TEST(ServerFairnessTest, APeerWithOneRequestInFlightGetsItsShareBesideFourFloodingSockets) {
   zmq::context_t context;
   PsMetrics metrics(/*shard=*/0, /*num_workers=*/1);
@@ -170,7 +171,13 @@ TEST(ServerFairnessTest, APeerWithOneRequestInFlightGetsItsShareBesideFourFloodi
                 kTurns, static_cast<long long>(honest_pushes), static_cast<long long>(applied),
                 share, 1.0 / (kFlooders + 1), static_cast<long long>(refused.load()));
     ASSERT_GT(applied, 4 * honest_pushes) << "the flooders were not served";
-    EXPECT_GE(share, 0.7 / (kFlooders + 1));
+    // Under a sanitizer the honest peer's share spreads lower: 0.143-0.153 in eight runs alone
+    // or beside another test, but 0.136 in a fresh-clone ASan run (ctest -j2) and 0.139 in
+    // one beside a TSan build.
+    // There it is held to 0.6 of fair (0.12), still above the unfair 1/9 (0.111); the main
+    // build keeps 0.7 (0.14).
+    const double margin = testing::kSanitized ? 0.6 : 0.7;
+    EXPECT_GE(share, margin / (kFlooders + 1));
   }
 }
 
