@@ -539,52 +539,52 @@ std::string RowValue(const RowSnapshot& row) {
   return SealedValue(RowKeyString(row.table, row.id), std::move(payload));
 }
 
-Result<RowSnapshot> DecodeRow(std::string_view key, std::string_view value) {
-  RowKey at;
-  if (!ParseRowKey(key, &at)) return BadRecord(key, "has a malformed key");
-  PARASYNC_ASSIGN_OR_RETURN(std::string_view payload, Unseal(key, value));
-  Reader r(payload);
-  RowSnapshot row;
-  row.table = at.table;
-  row.id = at.id;
-  uint32_t num_slots = 0;
-  uint32_t dim = 0;
-  if (!r.Get(&row.updates) || !r.Get(&num_slots) || !r.Get(&dim)) return BadRecord(key, "is truncated");
-  const uint64_t floats = (uint64_t{num_slots} + 1) * dim * sizeof(float);
-  const bool stamped = r.left() == floats + sizeof(int64_t);
-  if (r.left() != floats && !stamped) {
-    return BadRecord(key, "has the wrong length for " + std::to_string(dim) + " columns and " +
-                              std::to_string(num_slots) + " slots");
-  }
-  r.GetFloats(dim, &row.values);
-  row.slots.resize(num_slots);
-  for (std::vector<float>& slot : row.slots) r.GetFloats(dim, &slot);
-  if (stamped && (!r.Get(&row.touched) || row.touched == 0)) {
-    return BadRecord(key, "has a zero expiry stamp");
-  }
-  return row;
-}
-
-// A row record's key and expiry stamp (0: none), checked like DecodeRow but without copying
-// its floats: an expiry sweep reads many.
-Result<ColdTier::Stamp> DecodeRowStamp(std::string_view key, std::string_view value) {
-  ColdTier::Stamp out;
-  if (!ParseRowKey(key, &out.key)) return BadRecord(key, "has a malformed key");
-  PARASYNC_ASSIGN_OR_RETURN(std::string_view payload, Unseal(key, value));
-  Reader r(payload);
+// A row record opened and checked (key, CRC, header, length, stamp): its header, its
+// floats still to read from `floats`, and its expiry stamp (0: none).
+struct RowRecord {
+  RowKey key;
   int64_t updates = 0;
   uint32_t num_slots = 0;
   uint32_t dim = 0;
-  if (!r.Get(&updates) || !r.Get(&num_slots) || !r.Get(&dim)) return BadRecord(key, "is truncated");
-  const uint64_t floats = (uint64_t{num_slots} + 1) * dim * sizeof(float);
-  if (r.left() == floats) return out;
-  if (r.left() != floats + sizeof(int64_t)) {
-    return BadRecord(key, "has the wrong length for " + std::to_string(dim) + " columns and " +
-                              std::to_string(num_slots) + " slots");
+  int64_t touched = 0;
+  std::string_view floats;  // (num_slots + 1) * dim floats
+};
+
+Result<RowRecord> OpenRow(std::string_view key, std::string_view value) {
+  RowRecord rec;
+  if (!ParseRowKey(key, &rec.key)) return BadRecord(key, "has a malformed key");
+  PARASYNC_ASSIGN_OR_RETURN(std::string_view payload, Unseal(key, value));
+  Reader r(payload);
+  if (!r.Get(&rec.updates) || !r.Get(&rec.num_slots) || !r.Get(&rec.dim)) {
+    return BadRecord(key, "is truncated");
   }
-  std::memcpy(&out.touched, payload.data() + payload.size() - sizeof(int64_t), sizeof(int64_t));
-  if (out.touched == 0) return BadRecord(key, "has a zero expiry stamp");
-  return out;
+  const uint64_t floats = (uint64_t{rec.num_slots} + 1) * rec.dim * sizeof(float);
+  const size_t header = payload.size() - r.left();
+  if (r.left() != floats && r.left() != floats + sizeof(int64_t)) {
+    return BadRecord(key, "has the wrong length for " + std::to_string(rec.dim) +
+                              " columns and " + std::to_string(rec.num_slots) + " slots");
+  }
+  rec.floats = payload.substr(header, floats);
+  // Only rows of tables that expire carry the stamp, after the floats.
+  if (r.left() > floats) {
+    std::memcpy(&rec.touched, payload.data() + header + floats, sizeof(int64_t));
+    if (rec.touched == 0) return BadRecord(key, "has a zero expiry stamp");
+  }
+  return rec;
+}
+
+Result<RowSnapshot> DecodeRow(std::string_view key, std::string_view value) {
+  PARASYNC_ASSIGN_OR_RETURN(const RowRecord rec, OpenRow(key, value));
+  RowSnapshot row;
+  row.table = rec.key.table;
+  row.id = rec.key.id;
+  row.updates = rec.updates;
+  row.touched = rec.touched;
+  Reader r(rec.floats);
+  r.GetFloats(rec.dim, &row.values);
+  row.slots.resize(rec.num_slots);
+  for (std::vector<float>& slot : row.slots) r.GetFloats(rec.dim, &slot);
+  return row;
 }
 
 // Adds the puts of `rows` and the deletes of `deleted` to `batch`.
@@ -957,9 +957,10 @@ Status CheckpointStore::Scan(std::optional<RowKey> after, size_t limit, std::vec
   it->Seek(start);
   if (after && it->Valid() && it->key().ToStringView() == start) it->Next();
   for (; it->Valid() && out->size() < limit; it->Next()) {
-    Result<Stamp> stamp = DecodeRowStamp(it->key().ToStringView(), it->value().ToStringView());
-    if (!stamp.ok()) return stamp.status().WithContext(dir_);
-    out->push_back(*stamp);
+    // The stamp only (an expiry sweep reads many rows): the floats are checked, not copied.
+    Result<RowRecord> rec = OpenRow(it->key().ToStringView(), it->value().ToStringView());
+    if (!rec.ok()) return rec.status().WithContext(dir_);
+    out->push_back(Stamp{rec->key, rec->touched});
   }
   PARASYNC_RETURN_IF_ERROR(FromRocks(it->status(), dir_));
   *at_end = !it->Valid();
