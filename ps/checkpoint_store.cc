@@ -931,13 +931,20 @@ Result<ShardSnapshot> CheckpointStore::Load(bool with_rows) {
 Status CheckpointStore::Read(std::span<const RowKey> keys,
                              std::vector<std::optional<RowSnapshot>>* out) {
   out->assign(keys.size(), std::nullopt);
-  std::string value;
+  // One MultiGet for the lot: it looks the keys up level by level, each table file's filter
+  // and index once for all the keys it may hold, instead of a whole Get per key.
+  std::vector<std::string> names;
+  names.reserve(keys.size());
+  for (const RowKey& k : keys) names.push_back(RowKeyString(k.table, k.id));
+  std::vector<rocksdb::Slice> slices(names.begin(), names.end());
+  std::vector<rocksdb::PinnableSlice> values(keys.size());
+  std::vector<rocksdb::Status> statuses(keys.size());
+  rep_->db->MultiGet(rocksdb::ReadOptions(), rep_->db->DefaultColumnFamily(), keys.size(),
+                     slices.data(), values.data(), statuses.data());
   for (size_t i = 0; i < keys.size(); ++i) {
-    const std::string key = RowKeyString(keys[i].table, keys[i].id);
-    const rocksdb::Status s = rep_->db->Get(rocksdb::ReadOptions(), key, &value);
-    if (s.IsNotFound()) continue;
-    PARASYNC_RETURN_IF_ERROR(FromRocks(s, dir_));
-    Result<RowSnapshot> row = DecodeRow(key, value);
+    if (statuses[i].IsNotFound()) continue;
+    PARASYNC_RETURN_IF_ERROR(FromRocks(statuses[i], dir_));
+    Result<RowSnapshot> row = DecodeRow(names[i], values[i].ToStringView());
     if (!row.ok()) return row.status().WithContext(dir_);
     (*out)[i] = std::move(*row);
   }

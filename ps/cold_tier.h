@@ -21,8 +21,10 @@ namespace parasync {
 class ColdTier {
  public:
   virtual ~ColdTier() = default;
-  // (*out)[i] is the row of keys[i], or nullopt when the tier has none. Corruption naming the
-  // key for a damaged record, Unavailable for an I/O error; *out is unspecified then.
+  // (*out)[i] is the row of keys[i] (in any order), or nullopt when the tier has none: a
+  // request's rows not in memory come in one call, for the tier to look up together.
+  // Corruption naming the key for a damaged record, Unavailable for an I/O error; *out is
+  // unspecified then.
   virtual Status Read(std::span<const RowKey> keys,
                       std::vector<std::optional<RowSnapshot>>* out) = 0;
   // Writes `rows` (demoted rows changed since they were last written) in one write, whole or

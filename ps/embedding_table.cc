@@ -152,41 +152,69 @@ void EmbeddingTables::MarkDirty(int32_t index) {
   }
 }
 
-Status EmbeddingTables::ReadCold(const RowKey& key, std::optional<RowSnapshot>* out) {
-  std::vector<std::optional<RowSnapshot>> got;
+Status EmbeddingTables::ReadCold(std::span<const RowKey> keys,
+                                 std::vector<std::optional<RowSnapshot>>* out) {
   const auto t0 = std::chrono::steady_clock::now();
-  PARASYNC_RETURN_IF_ERROR(options_.cold->Read(std::span<const RowKey>(&key, 1), &got));
-  TableStats& st = stats_[key.table];
-  ++st.cold_reads;
-  st.cold_read_seconds +=
+  PARASYNC_RETURN_IF_ERROR(options_.cold->Read(keys, out));
+  // One call for all: its time is shared among the keys' tables by their count.
+  const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  *out = got.empty() ? std::nullopt : std::move(got[0]);
-  if (*out && (static_cast<int64_t>((*out)->values.size()) != dim(key.table) ||
-               static_cast<int>((*out)->slots.size()) != num_slots())) {
-    return Status::Corruption("the cold tier's row of table " + std::to_string(key.table) +
-                              " id " + std::to_string(key.id) + " has the wrong size");
+  if (out->size() != keys.size()) {
+    return Status::Internal("the cold tier answered " + std::to_string(out->size()) +
+                            " rows for " + std::to_string(keys.size()) + " keys");
   }
-  // Expired, or deleted by expiry and not yet dropped by the store: as if it were not there.
-  if (*out && expiring() &&
-      (evicted_.count(key) > 0 ||
-       ((*out)->touched != 0 && (*out)->touched < now_ - options_.expire_after))) {
-    ExpireCold(key);
-    *out = std::nullopt;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const RowKey& key = keys[i];
+    std::optional<RowSnapshot>& row = (*out)[i];
+    TableStats& st = stats_[key.table];
+    ++st.cold_reads;
+    st.cold_read_seconds += seconds / static_cast<double>(keys.size());
+    if (row && (static_cast<int64_t>(row->values.size()) != dim(key.table) ||
+                static_cast<int>(row->slots.size()) != num_slots())) {
+      return Status::Corruption("the cold tier's row of table " + std::to_string(key.table) +
+                                " id " + std::to_string(key.id) + " has the wrong size");
+    }
+    // Expired, or deleted by expiry and not yet dropped by the store: as if it were not there.
+    if (row && expiring() &&
+        (evicted_.count(key) > 0 ||
+         (row->touched != 0 && row->touched < now_ - options_.expire_after))) {
+      ExpireCold(key);
+      row = std::nullopt;
+    }
   }
+  return Status::Ok();
+}
+
+template <typename KeyAt>
+Status EmbeddingTables::ColdMisses(size_t n, const KeyAt& key_at, std::vector<ColdRead>* out) {
+  out->clear();
+  std::vector<RowKey> missing;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchAhead < n) index_.Prefetch(key_at(i + kPrefetchAhead));
+    const RowKey key = key_at(i);
+    if (index_.Find(key) != RowIndex::kNone) continue;
+    missing.push_back(key);
+    out->push_back(ColdRead{i, std::nullopt});
+  }
+  if (missing.empty()) return Status::Ok();
+  std::vector<std::optional<RowSnapshot>> rows;
+  PARASYNC_RETURN_IF_ERROR(ReadCold(missing, &rows));
+  for (size_t j = 0; j < missing.size(); ++j) (*out)[j].row = std::move(rows[j]);
   return Status::Ok();
 }
 
 Status EmbeddingTables::Read(uint32_t table, std::span<const uint64_t> ids, float* out) {
   const int64_t d = dim(table);
+  // Rows not held read as their initial values, or, tiered, as the cold tier has them, read
+  // in place (a pull promotes nothing) in one call after the held ones are copied.
+  std::vector<size_t> missing;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i + kPrefetchAhead < ids.size()) index_.Prefetch(RowKey{table, ids[i + kPrefetchAhead]});
     float* row_out = out + static_cast<int64_t>(i) * d;
     const int32_t index = index_.Find(RowKey{table, ids[i]});
     if (index == RowIndex::kNone) {
-      std::optional<RowSnapshot> cold;
-      if (tiered()) PARASYNC_RETURN_IF_ERROR(ReadCold(RowKey{table, ids[i]}, &cold));
-      if (cold) {
-        std::copy(cold->values.begin(), cold->values.end(), row_out);
+      if (tiered()) {
+        missing.push_back(i);
       } else {
         InitializeRow(tables_[table].init, seed_, table, ids[i], row_out, d);
       }
@@ -195,6 +223,22 @@ Status EmbeddingTables::Read(uint32_t table, std::span<const uint64_t> ids, floa
     std::memcpy(row_out, DataOf(rows_[static_cast<size_t>(index)]),
                 static_cast<size_t>(d) * sizeof(float));
     Touch(index);
+  }
+  if (!missing.empty()) {
+    std::vector<RowKey> keys;
+    keys.reserve(missing.size());
+    for (const size_t i : missing) keys.push_back(RowKey{table, ids[i]});
+    std::vector<std::optional<RowSnapshot>> cold;
+    PARASYNC_RETURN_IF_ERROR(ReadCold(keys, &cold));
+    for (size_t j = 0; j < missing.size(); ++j) {
+      const size_t i = missing[j];
+      float* row_out = out + static_cast<int64_t>(i) * d;
+      if (cold[j]) {
+        std::copy(cold[j]->values.begin(), cold[j]->values.end(), row_out);
+      } else {
+        InitializeRow(tables_[table].init, seed_, table, ids[i], row_out, d);
+      }
+    }
   }
   stats_[table].rows_read += static_cast<int64_t>(ids.size());
   return Status::Ok();
@@ -320,12 +364,16 @@ Status EmbeddingTables::CleanTail() {
   return Status::Ok();
 }
 
-int32_t EmbeddingTables::Resident(const RowKey& key, Status* status) {
+int32_t EmbeddingTables::Resident(const RowKey& key, ColdRead* pre, Status* status) {
   if (const int32_t index = index_.Find(key); index != RowIndex::kNone) return index;
   std::optional<RowSnapshot> cold;
-  if (tiered()) {
-    *status = ReadCold(key, &cold);
+  if (pre != nullptr) {
+    cold = std::move(pre->row);
+  } else if (tiered()) {
+    std::vector<std::optional<RowSnapshot>> got;
+    *status = ReadCold(std::span<const RowKey>(&key, 1), &got);
     if (!status->ok()) return kNil;
+    cold = std::move(got[0]);
   }
   if (!cold && !admission_.CountAndAdmit(key)) return kNil;
   const int32_t index = TakeSlot(status);
@@ -389,10 +437,18 @@ void EmbeddingTables::ApplyRow(int32_t index, const float* grad, const Optimizer
 Status EmbeddingTables::Apply(uint32_t table, std::span<const uint64_t> ids, const float* grads,
                               const OptimizerSpec& effective) {
   const int64_t d = dim(table);
+  // Tiered: the rows not held are read from the cold tier in one call first.
+  std::vector<ColdRead> cold;
+  if (tiered()) {
+    PARASYNC_RETURN_IF_ERROR(
+        ColdMisses(ids.size(), [&](size_t i) { return RowKey{table, ids[i]}; }, &cold));
+  }
+  auto next = cold.begin();
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i + kPrefetchAhead < ids.size()) index_.Prefetch(RowKey{table, ids[i + kPrefetchAhead]});
+    ColdRead* pre = next != cold.end() && next->at == i ? &*next++ : nullptr;
     Status status;
-    const int32_t index = Resident(RowKey{table, ids[i]}, &status);
+    const int32_t index = Resident(RowKey{table, ids[i]}, pre, &status);
     PARASYNC_RETURN_IF_ERROR(status);
     if (index == kNil) {
       ++stats_[table].rows_refused;
@@ -422,9 +478,21 @@ Status EmbeddingTables::ApplyAccumulated(const OptimizerSpec& effective) {
   std::vector<float> mean;
   const auto pending = std::move(pending_);
   pending_.clear();
+  // Tiered: the rows not held are read from the cold tier in one call first.
+  std::vector<RowKey> keys;
+  std::vector<ColdRead> cold;
+  if (tiered()) {
+    keys.reserve(pending.size());
+    for (const auto& entry : pending) keys.push_back(entry.first);
+    PARASYNC_RETURN_IF_ERROR(ColdMisses(keys.size(), [&](size_t i) { return keys[i]; }, &cold));
+  }
+  auto next = cold.begin();
+  size_t i = 0;
   for (const auto& [key, by_rank] : pending) {
+    ColdRead* pre = next != cold.end() && next->at == i ? &*next++ : nullptr;
+    ++i;
     Status status;
-    const int32_t index = Resident(key, &status);
+    const int32_t index = Resident(key, pre, &status);
     PARASYNC_RETURN_IF_ERROR(status);
     if (index == kNil) {
       stats_[key.table].rows_refused += static_cast<int64_t>(by_rank.size());

@@ -208,10 +208,22 @@ class EmbeddingTables {
   int64_t dim(uint32_t t) const { return tables_[t].dim; }
   float* DataOf(const Row& row) { return arenas_[row.key.table].at(row.cell); }
   const float* DataOf(const Row& row) const { return arenas_[row.key.table].at(row.cell); }
+  // A key of a request that was not held, and what the cold tier had for it.
+  struct ColdRead {
+    size_t at = 0;  // its position in the request
+    std::optional<RowSnapshot> row;
+  };
+  // Tiered: the keys of a request (key_at(i) for i < n) that are not held, read from the
+  // cold tier in one call instead of one at a time; *out lists them by position.
+  template <typename KeyAt>
+  Status ColdMisses(size_t n, const KeyAt& key_at, std::vector<ColdRead>* out);
   // The slab index of row `key`, brought in if not held: promoted from the cold tier, or
   // created (counted in rows_created) if the admission filter lets it. kNil when refused
-  // (*status ok) or when the cold tier failed (*status says why; nothing changed).
-  int32_t Resident(const RowKey& key, Status* status);
+  // (*status ok) or when the cold tier failed (*status says why; nothing changed). `pre`:
+  // the key's ColdRead when ColdMisses read it, else null, and then the cold tier is read
+  // here for a key not held (one held when ColdMisses looked may have been evicted since,
+  // by an earlier key's promotion).
+  int32_t Resident(const RowKey& key, ColdRead* pre, Status* status);
   // Holds `key` (not held) in slab entry `index` (from TakeSlot) at its initial value with
   // zero slots.
   void CreateRow(const RowKey& key, int32_t index);
@@ -230,8 +242,9 @@ class EmbeddingTables {
   void Remove(int32_t index);
   // Counts `key` (not held, in the cold tier) as expired, once until the next TakeDirty.
   void ExpireCold(const RowKey& key);
-  // Reads `key` from the cold tier (timed and counted).
-  Status ReadCold(const RowKey& key, std::optional<RowSnapshot>* out);
+  // Reads `keys` from the cold tier in one call (timed, and counted by table): (*out)[i] is
+  // keys[i]'s row, nullopt when the tier has none or it has expired.
+  Status ReadCold(std::span<const RowKey> keys, std::vector<std::optional<RowSnapshot>>* out);
   void Unlink(int32_t index);
   void LinkFront(int32_t index);
   void Touch(int32_t index);

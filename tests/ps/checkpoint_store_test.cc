@@ -246,6 +246,18 @@ TEST(CheckpointStoreTest, RowStampsRoundTripAndScanListsRowsInOrder) {
   EXPECT_EQ(read[1], plain);
   EXPECT_EQ(read[2], other);
   EXPECT_FALSE(read[3].has_value());
+  // Keys in any order, one written after the reopen (in the memtable, the others in a table
+  // file or the log): each answer in its key's place.
+  const RowSnapshot later{1, 1, 4, {3.0f}, {{2.0f}}, 0};
+  ASSERT_TRUE(store->Write(std::vector<RowSnapshot>{later}).ok());
+  const std::vector<RowKey> shuffled = {{1, 3}, {1, 1}, {0, 9}, {1, 2}, {0, 7}};
+  ASSERT_TRUE(store->Read(shuffled, &read).ok());
+  ASSERT_EQ(read.size(), 5u);
+  EXPECT_FALSE(read[0].has_value());
+  EXPECT_EQ(read[1], later);
+  EXPECT_EQ(read[2], plain);
+  EXPECT_EQ(read[3], other);
+  EXPECT_EQ(read[4], stamped);
 }
 
 TEST(CheckpointStoreTest, ApproximateBytesGrowsWithSavedData) {

@@ -435,6 +435,8 @@ class MemoryColdTier : public ColdTier {
   Status Read(std::span<const RowKey> keys,
               std::vector<std::optional<RowSnapshot>>* out) override {
     if (fail_reads) return Status::Unavailable("injected read failure");
+    ++read_calls;
+    keys_read += static_cast<int64_t>(keys.size());
     out->clear();
     for (const RowKey& k : keys) {
       auto it = rows.find(k);
@@ -468,6 +470,8 @@ class MemoryColdTier : public ColdTier {
   std::map<RowKey, RowSnapshot> rows;
   int64_t writes = 0;       // rows written
   int64_t write_calls = 0;  // Write calls
+  int64_t keys_read = 0;    // keys looked up
+  int64_t read_calls = 0;   // Read calls
   bool fail_writes = false;
   bool fail_reads = false;
 };
@@ -523,6 +527,57 @@ TEST(EmbeddingTablesTest, DemotedRowsComeBackBitwiseWithTheirOptimizerState) {
     EXPECT_LE(cold.writes, st.rows_updated);
     EXPECT_LE(cold.write_calls, st.rows_evicted);
   }
+}
+
+// The rows of one request that are not held are read from the cold tier in one call: a pull's,
+// a push's and a sync step's alike. A row held when the request came and evicted by the
+// promotions before its turn is read on its own then. The rows stay bitwise what a table
+// that never evicted holds.
+TEST(EmbeddingTablesTest, TheColdRowsOfARequestAreReadInOneCall) {
+  MemoryColdTier cold;
+  EmbeddingTables tiered = MakeTiered(OptimizerKind::kAdam, 8, &cold);
+  EmbeddingTables whole = Make(OptimizerKind::kAdam);
+  const OptimizerSpec spec = Optimizer(OptimizerKind::kAdam);
+  std::vector<uint64_t> all(64);
+  for (uint64_t id = 0; id < 64; ++id) {
+    all[id] = id;
+    const std::vector<float> g = Grads(1, 3, static_cast<uint32_t>(id));
+    ASSERT_TRUE(tiered.Apply(1, {&id, 1}, g.data(), spec).ok());
+    ASSERT_TRUE(whole.Apply(1, {&id, 1}, g.data(), spec).ok());
+  }
+  ASSERT_EQ(tiered.rows_held(), 8);  // 56..63; 0..55 in the cold tier
+  auto merged = [&] {
+    std::map<RowKey, RowSnapshot> rows = cold.rows;
+    for (const RowSnapshot& r : tiered.SnapshotAll()) rows[RowKey{r.table, r.id}] = r;
+    std::vector<RowSnapshot> out;
+    for (auto& [key, r] : rows) out.push_back(r);
+    return out;
+  };
+  int64_t calls = cold.read_calls;
+  int64_t keys = cold.keys_read;
+  EXPECT_EQ(ReadRows(tiered, 1, all), ReadRows(whole, 1, all));
+  EXPECT_EQ(cold.read_calls - calls, 1);
+  EXPECT_EQ(cold.keys_read - keys, 56);
+  // A push of all 64: the 56 not held in one call; the 8 held are evicted by the first
+  // promotions and read one by one when their turn comes.
+  calls = cold.read_calls;
+  keys = cold.keys_read;
+  const std::vector<float> g = Grads(64, 3, 99);
+  ASSERT_TRUE(tiered.Apply(1, all, g.data(), spec).ok());
+  ASSERT_TRUE(whole.Apply(1, all, g.data(), spec).ok());
+  EXPECT_EQ(cold.read_calls - calls, 1 + 8);
+  EXPECT_EQ(cold.keys_read - keys, 56 + 8);
+  EXPECT_EQ(tiered.stats(1).rows_promoted, 64);
+  EXPECT_EQ(merged(), whole.SnapshotAll());
+  // A sync step's rows, from two ranks: the same.
+  calls = cold.read_calls;
+  for (EmbeddingTables* t : {&tiered, &whole}) {
+    t->Accumulate(0, 1, all, g.data());
+    t->Accumulate(1, 1, all, Grads(64, 3, 7).data());
+    ASSERT_TRUE(t->ApplyAccumulated(spec).ok());
+  }
+  EXPECT_EQ(cold.read_calls - calls, 1 + 8);
+  EXPECT_EQ(merged(), whole.SnapshotAll());
 }
 
 // Demotions are written in batches: the first eviction of a full table writes the changed

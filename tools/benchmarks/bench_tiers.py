@@ -8,7 +8,8 @@ seed, three ways of bounding each server's rows
   forget     --table-memory BUDGET, --table-evict forget: rows beyond it forgotten
 
   stored     as unlimited, with --state-dir (what tiered costs beyond the store, all fitting)
-  baseline   as unlimited, with the binaries of --baseline-bin (another build: "today")
+  baseline   as unlimited (or the configuration --baseline-as names), with the binaries of
+             --baseline-bin (another build: "today")
 
 and, per configuration, the final test AUC and log-loss, the training examples/sec (and id
 rows/sec: examples x fields), and what the servers ended with (their exit snapshots): rows in
@@ -18,7 +19,8 @@ the table shows each one's median examples/sec, its spread and its ratio to the 
 
   bench_tiers.py [--train 1000000] [--test 50000] [--fields 8] [--vocab 20000000]
                  [--zipf 1.05] [--budget 8MiB] [--epochs 1] [--configs unlimited,tiered,forget]
-                 [--repeats 1] [--baseline-bin DIR] [--expire-after N|90s]
+                 [--repeats 1] [--baseline-bin DIR [--baseline-as tiered]]
+                 [--expire-after N|90s]
                  [--bin build/bin] [--work DIR]
 
 The data is generated once into DIR/ctr (kept with --work; its size on disk and the time it
@@ -70,17 +72,18 @@ def metric_sum(log_dir, name):
 def run(args, config, data, work, repeat=0):
     log_dir = os.path.join(work, config if repeat == 0 else f"{config}-{repeat}")
     bin_dir = args.baseline_bin if config == "baseline" else args.bin
+    flags = args.baseline_as if config == "baseline" else config
     argv = [os.path.join(bin_dir, "parasync-launch"), "--ps", "2", "--workers", "2",
             "--mode", "async", "--epochs", str(args.epochs), "--model", "ctr",
             "--dataset", data, "--optimizer", "adagrad", "--lr", "0.05", "--batch-size", "256",
             "--log-dir", log_dir]
-    if config in ("unlimited", "stored", "baseline"):
+    if flags in ("unlimited", "stored"):
         argv += ["--ps-arg=--max-table-rows=0"]
     else:
         argv += [f"--ps-arg=--table-memory={args.budget}"]
-    if config in ("tiered", "stored"):
+    if flags in ("tiered", "stored"):
         argv += ["--state-dir", os.path.join(log_dir, "state")]
-    if config == "forget":
+    if flags == "forget":
         argv += ["--ps-arg=--table-evict=forget"]
     if args.expire_after:
         argv += [f"--ps-arg=--table-expire-after={args.expire_after}"]
@@ -162,6 +165,9 @@ def main():
                    help="run the configurations this many times, alternating; medians")
     p.add_argument("--baseline-bin", default=None,
                    help="the binaries of configuration baseline (another build)")
+    p.add_argument("--baseline-as", default="unlimited",
+                   choices=[c for c in CONFIGS if c != "baseline"],
+                   help="the configuration whose flags baseline runs with")
     p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     p.add_argument("--work", default=None, help="keep the data and the runs here")
     args = p.parse_args()
