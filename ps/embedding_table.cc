@@ -152,20 +152,23 @@ void EmbeddingTables::MarkDirty(int32_t index) {
   }
 }
 
-Status EmbeddingTables::ReadCold(std::span<const RowKey> keys,
-                                 std::vector<std::optional<RowSnapshot>>* out) {
+Status EmbeddingTables::ReadCold(std::vector<ColdRead>* reads) {
+  std::vector<RowKey> keys;
+  keys.reserve(reads->size());
+  for (const ColdRead& r : *reads) keys.push_back(r.key);
+  std::vector<std::optional<RowSnapshot>> rows;
   const auto t0 = std::chrono::steady_clock::now();
-  PARASYNC_RETURN_IF_ERROR(options_.cold->Read(keys, out));
+  PARASYNC_RETURN_IF_ERROR(options_.cold->Read(keys, &rows));
   // One call for all: its time is shared among the keys' tables by their count.
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (out->size() != keys.size()) {
-    return Status::Internal("the cold tier answered " + std::to_string(out->size()) +
+  if (rows.size() != keys.size()) {
+    return Status::Internal("the cold tier answered " + std::to_string(rows.size()) +
                             " rows for " + std::to_string(keys.size()) + " keys");
   }
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const RowKey& key = keys[i];
-    std::optional<RowSnapshot>& row = (*out)[i];
+  for (size_t j = 0; j < keys.size(); ++j) {
+    const RowKey& key = keys[j];
+    std::optional<RowSnapshot>& row = rows[j];
     TableStats& st = stats_[key.table];
     ++st.cold_reads;
     st.cold_read_seconds += seconds / static_cast<double>(keys.size());
@@ -181,6 +184,7 @@ Status EmbeddingTables::ReadCold(std::span<const RowKey> keys,
       ExpireCold(key);
       row = std::nullopt;
     }
+    (*reads)[j].row = std::move(row);
   }
   return Status::Ok();
 }
@@ -188,33 +192,26 @@ Status EmbeddingTables::ReadCold(std::span<const RowKey> keys,
 template <typename KeyAt>
 Status EmbeddingTables::ColdMisses(size_t n, const KeyAt& key_at, std::vector<ColdRead>* out) {
   out->clear();
-  std::vector<RowKey> missing;
   for (size_t i = 0; i < n; ++i) {
     if (i + kPrefetchAhead < n) index_.Prefetch(key_at(i + kPrefetchAhead));
     const RowKey key = key_at(i);
-    if (index_.Find(key) != RowIndex::kNone) continue;
-    missing.push_back(key);
-    out->push_back(ColdRead{i, std::nullopt});
+    if (index_.Find(key) == RowIndex::kNone) out->push_back(ColdRead{i, key, std::nullopt});
   }
-  if (missing.empty()) return Status::Ok();
-  std::vector<std::optional<RowSnapshot>> rows;
-  PARASYNC_RETURN_IF_ERROR(ReadCold(missing, &rows));
-  for (size_t j = 0; j < missing.size(); ++j) (*out)[j].row = std::move(rows[j]);
-  return Status::Ok();
+  return out->empty() ? Status::Ok() : ReadCold(out);
 }
 
 Status EmbeddingTables::Read(uint32_t table, std::span<const uint64_t> ids, float* out) {
   const int64_t d = dim(table);
   // Rows not held read as their initial values, or, tiered, as the cold tier has them, read
   // in place (a pull promotes nothing) in one call after the held ones are copied.
-  std::vector<size_t> missing;
+  std::vector<ColdRead> cold;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i + kPrefetchAhead < ids.size()) index_.Prefetch(RowKey{table, ids[i + kPrefetchAhead]});
     float* row_out = out + static_cast<int64_t>(i) * d;
     const int32_t index = index_.Find(RowKey{table, ids[i]});
     if (index == RowIndex::kNone) {
       if (tiered()) {
-        missing.push_back(i);
+        cold.push_back(ColdRead{i, RowKey{table, ids[i]}, std::nullopt});
       } else {
         InitializeRow(tables_[table].init, seed_, table, ids[i], row_out, d);
       }
@@ -224,19 +221,14 @@ Status EmbeddingTables::Read(uint32_t table, std::span<const uint64_t> ids, floa
                 static_cast<size_t>(d) * sizeof(float));
     Touch(index);
   }
-  if (!missing.empty()) {
-    std::vector<RowKey> keys;
-    keys.reserve(missing.size());
-    for (const size_t i : missing) keys.push_back(RowKey{table, ids[i]});
-    std::vector<std::optional<RowSnapshot>> cold;
-    PARASYNC_RETURN_IF_ERROR(ReadCold(keys, &cold));
-    for (size_t j = 0; j < missing.size(); ++j) {
-      const size_t i = missing[j];
-      float* row_out = out + static_cast<int64_t>(i) * d;
-      if (cold[j]) {
-        std::copy(cold[j]->values.begin(), cold[j]->values.end(), row_out);
+  if (!cold.empty()) {
+    PARASYNC_RETURN_IF_ERROR(ReadCold(&cold));
+    for (const ColdRead& r : cold) {
+      float* row_out = out + static_cast<int64_t>(r.at) * d;
+      if (r.row) {
+        std::copy(r.row->values.begin(), r.row->values.end(), row_out);
       } else {
-        InitializeRow(tables_[table].init, seed_, table, ids[i], row_out, d);
+        InitializeRow(tables_[table].init, seed_, table, r.key.id, row_out, d);
       }
     }
   }
@@ -370,10 +362,10 @@ int32_t EmbeddingTables::Resident(const RowKey& key, ColdRead* pre, Status* stat
   if (pre != nullptr) {
     cold = std::move(pre->row);
   } else if (tiered()) {
-    std::vector<std::optional<RowSnapshot>> got;
-    *status = ReadCold(std::span<const RowKey>(&key, 1), &got);
+    std::vector<ColdRead> one = {ColdRead{0, key, std::nullopt}};
+    *status = ReadCold(&one);
     if (!status->ok()) return kNil;
-    cold = std::move(got[0]);
+    cold = std::move(one[0].row);
   }
   if (!cold && !admission_.CountAndAdmit(key)) return kNil;
   const int32_t index = TakeSlot(status);

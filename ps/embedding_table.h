@@ -208,13 +208,14 @@ class EmbeddingTables {
   int64_t dim(uint32_t t) const { return tables_[t].dim; }
   float* DataOf(const Row& row) { return arenas_[row.key.table].at(row.cell); }
   const float* DataOf(const Row& row) const { return arenas_[row.key.table].at(row.cell); }
-  // A key of a request that was not held, and what the cold tier had for it.
+  // A key of a request that is not held, and what the cold tier has for it.
   struct ColdRead {
     size_t at = 0;  // its position in the request
-    std::optional<RowSnapshot> row;
+    RowKey key;
+    std::optional<RowSnapshot> row;  // filled in by ReadCold
   };
-  // Tiered: the keys of a request (key_at(i) for i < n) that are not held, read from the
-  // cold tier in one call instead of one at a time; *out lists them by position.
+  // Tiered: the keys of a request (key_at(i) for i < n) that are not held, by position, with
+  // their rows read from the cold tier in one call.
   template <typename KeyAt>
   Status ColdMisses(size_t n, const KeyAt& key_at, std::vector<ColdRead>* out);
   // The slab index of row `key`, brought in if not held: promoted from the cold tier, or
@@ -242,9 +243,9 @@ class EmbeddingTables {
   void Remove(int32_t index);
   // Counts `key` (not held, in the cold tier) as expired, once until the next TakeDirty.
   void ExpireCold(const RowKey& key);
-  // Reads `keys` from the cold tier in one call (timed, and counted by table): (*out)[i] is
-  // keys[i]'s row, nullopt when the tier has none or it has expired.
-  Status ReadCold(std::span<const RowKey> keys, std::vector<std::optional<RowSnapshot>>* out);
+  // Reads the keys of `reads` from the cold tier in one call (timed, and counted by table):
+  // each one's row, nullopt when the tier has none or it has expired.
+  Status ReadCold(std::vector<ColdRead>* reads);
   void Unlink(int32_t index);
   void LinkFront(int32_t index);
   void Touch(int32_t index);

@@ -476,6 +476,17 @@ class MemoryColdTier : public ColdTier {
   bool fail_reads = false;
 };
 
+// The rows of a tiered table, in memory or in its cold tier (memory's copy where both have
+// one), in key order: what SnapshotAll of a table that never evicted gives.
+std::vector<RowSnapshot> MemoryAndColdRows(const EmbeddingTables& tiered,
+                                           const MemoryColdTier& cold) {
+  std::map<RowKey, RowSnapshot> rows = cold.rows;
+  for (const RowSnapshot& r : tiered.SnapshotAll()) rows[RowKey{r.table, r.id}] = r;
+  std::vector<RowSnapshot> out;
+  for (auto& [key, r] : rows) out.push_back(r);
+  return out;
+}
+
 EmbeddingTables MakeTiered(OptimizerKind kind, int64_t max_rows, ColdTier* cold,
                            int admit_after = 0) {
   EmbeddingTables t(EmbeddingTables::Options{0, 1, max_rows, 0, cold, admit_after});
@@ -512,11 +523,7 @@ TEST(EmbeddingTablesTest, DemotedRowsComeBackBitwiseWithTheirOptimizerState) {
     // Promote every row (a push of zero gradients changes no SGD value, so compare the state
     // through the snapshots instead): the rows in memory and in the cold tier together are
     // the unevicted table's rows, values, slots and update counts.
-    std::map<RowKey, RowSnapshot> held = cold.rows;
-    for (const RowSnapshot& r : tiered.SnapshotAll()) held[RowKey{r.table, r.id}] = r;
-    std::vector<RowSnapshot> merged;
-    for (auto& [key, r] : held) merged.push_back(r);
-    EXPECT_EQ(merged, whole.SnapshotAll());
+    EXPECT_EQ(MemoryAndColdRows(tiered, cold), whole.SnapshotAll());
     const EmbeddingTables::TableStats st = tiered.stats(1);
     EXPECT_EQ(st.rows_created, 20);
     EXPECT_GT(st.rows_promoted, 0);
@@ -546,13 +553,6 @@ TEST(EmbeddingTablesTest, TheColdRowsOfARequestAreReadInOneCall) {
     ASSERT_TRUE(whole.Apply(1, {&id, 1}, g.data(), spec).ok());
   }
   ASSERT_EQ(tiered.rows_held(), 8);  // 56..63; 0..55 in the cold tier
-  auto merged = [&] {
-    std::map<RowKey, RowSnapshot> rows = cold.rows;
-    for (const RowSnapshot& r : tiered.SnapshotAll()) rows[RowKey{r.table, r.id}] = r;
-    std::vector<RowSnapshot> out;
-    for (auto& [key, r] : rows) out.push_back(r);
-    return out;
-  };
   int64_t calls = cold.read_calls;
   int64_t keys = cold.keys_read;
   EXPECT_EQ(ReadRows(tiered, 1, all), ReadRows(whole, 1, all));
@@ -568,7 +568,7 @@ TEST(EmbeddingTablesTest, TheColdRowsOfARequestAreReadInOneCall) {
   EXPECT_EQ(cold.read_calls - calls, 1 + 8);
   EXPECT_EQ(cold.keys_read - keys, 56 + 8);
   EXPECT_EQ(tiered.stats(1).rows_promoted, 64);
-  EXPECT_EQ(merged(), whole.SnapshotAll());
+  EXPECT_EQ(MemoryAndColdRows(tiered, cold), whole.SnapshotAll());
   // A sync step's rows, from two ranks: the same.
   calls = cold.read_calls;
   for (EmbeddingTables* t : {&tiered, &whole}) {
@@ -577,7 +577,7 @@ TEST(EmbeddingTablesTest, TheColdRowsOfARequestAreReadInOneCall) {
     ASSERT_TRUE(t->ApplyAccumulated(spec).ok());
   }
   EXPECT_EQ(cold.read_calls - calls, 1 + 8);
-  EXPECT_EQ(merged(), whole.SnapshotAll());
+  EXPECT_EQ(MemoryAndColdRows(tiered, cold), whole.SnapshotAll());
 }
 
 // Demotions are written in batches: the first eviction of a full table writes the changed
