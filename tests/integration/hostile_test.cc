@@ -134,7 +134,8 @@ zmq::message_t HeaderFrame(const Header& h) {
   return zmq::message_t(bytes.data(), bytes.size());
 }
 
-// A frame that points at `data` without copying it (the test keeps `data` alive).
+// A frame that points at `data` without copying it: `data` must outlive the socket's context,
+// whose I/O thread sends it (a socket with linger 0 may be closed before the send ends).
 zmq::message_t Borrowed(const void* data, size_t size) {
   return zmq::message_t(const_cast<void*>(data), size, [](void*, void*) {}, nullptr);
 }
@@ -255,13 +256,15 @@ TEST(HostileTest, AMessageOfManyLargeFramesIsRefusedAndItsMemoryGivenBack) {
   Ps ps(dir, {"--max-message-bytes", std::to_string(64 * kMiB), "--max-model-bytes",
               std::to_string(16 * kMiB)});
   const int64_t rss_before = ProcBytes(ps.pid(), "VmRSS");
+  // 8 frames of 48 MiB, each under the frame limit, 384 MiB in all. Declared before the
+  // context: the frames are borrowed, and ZeroMQ's I/O thread may still be reading them
+  // until the context is closed.
+  const std::vector<char> frame(static_cast<size_t>(48 * kMiB), 1);
   zmq::context_t ctx;
   zmq::socket_t raw(ctx, zmq::socket_type::dealer);
   raw.set(zmq::sockopt::linger, 0);
   raw.set(zmq::sockopt::rcvtimeo, 60000);
   raw.connect("tcp://" + ps.address());
-  // 8 frames of 48 MiB, each under the frame limit, 384 MiB in all.
-  const std::vector<char> frame(static_cast<size_t>(48 * kMiB), 1);
   constexpr int kFrames = 8;
   Header push;
   push.type = MsgType::kPush;
@@ -302,6 +305,9 @@ TEST(HostileTest, AMessageOfManyLargeFramesIsRefusedAndItsMemoryGivenBack) {
 TEST(HostileTest, AFloodOfPushesFromFourSocketsStaysInsideTheBoundAndIsGivenBack) {
   TempDir dir;
   Ps ps(dir, {"--max-message-bytes", std::to_string(4 * kMiB)});
+  // Before the context: the flooders send it borrowed, and ZeroMQ's I/O thread may still be
+  // reading a frame of it until the context is closed.
+  std::vector<float> grad(512 * 512, 1e-6f);
   zmq::context_t ctx;
   auto honest = Honest(ctx, ps.address());
   ASSERT_NE(honest, nullptr);
@@ -311,7 +317,6 @@ TEST(HostileTest, AFloodOfPushesFromFourSocketsStaysInsideTheBoundAndIsGivenBack
   reg.optimizer.kind = OptimizerKind::kAdam;
   ASSERT_TRUE(honest->Register(reg, 20s).ok());
   const std::vector<SliceRange> ranges = AllSlices(*honest);
-  std::vector<float> grad(512 * 512, 1e-6f);
   {
     // One honest step first: the optimizer slots and the spare buffer are allocated lazily.
     std::vector<float> params(512 * 512);

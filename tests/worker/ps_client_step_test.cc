@@ -71,16 +71,19 @@ class StepTest : public ::testing::Test {
     return vars;
   }
 
+  const ModelRegistration reg_ = ThreeVariables(2);
+  // GradientReady sends these borrowed: declared before the context and the client, so a test
+  // that fails mid-step cannot free them under frames the client's sockets still hold.
+  std::vector<std::vector<float>> grads_ = Gradients(reg_);
   zmq::context_t context_;
   testing::InProcessServer s0_{context_, 0, 2};
   testing::InProcessServer s1_{context_, 1, 2};
-  const ModelRegistration reg_ = ThreeVariables(2);
   std::unique_ptr<PsClient> client_;
   std::vector<std::vector<float>> params_;
 };
 
 TEST_F(StepTest, AShardsPushGoesOutOnceItsVariablesAreReadyAndTheRestAtFinish) {
-  std::vector<std::vector<float>> grads = Gradients(reg_);
+  std::vector<std::vector<float>>& grads = grads_;
   // The shard that holds fewer variables completes first when those are marked.
   const int early = VariablesOf(0).size() <= VariablesOf(1).size() ? 0 : 1;
   const testing::InProcessServer& early_server = early == 0 ? s0_ : s1_;
@@ -121,7 +124,7 @@ TEST_F(StepTest, AShardsPushGoesOutOnceItsVariablesAreReadyAndTheRestAtFinish) {
 }
 
 TEST_F(StepTest, AStepInPartsEndsWhereAPushPullEnds) {
-  std::vector<std::vector<float>> grads = Gradients(reg_);
+  std::vector<std::vector<float>>& grads = grads_;
   ASSERT_TRUE(client_->BeginStep(8).ok());
   for (size_t v = reg_.variables.size(); v-- > 0;) {  // in backward's order
     ASSERT_TRUE(client_->GradientReady(v, grads[v].data()).ok());
@@ -144,7 +147,7 @@ TEST_F(StepTest, AStepInPartsEndsWhereAPushPullEnds) {
 }
 
 TEST_F(StepTest, MisusedStepsAreRefusedAndSendNothingMore) {
-  std::vector<std::vector<float>> grads = Gradients(reg_);
+  std::vector<std::vector<float>>& grads = grads_;
   EXPECT_EQ(client_->GradientReady(0, grads[0].data()).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(client_->FinishStep(Pointers<float>(params_)).code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(client_->BeginStep(8).ok());
@@ -165,6 +168,9 @@ TEST_F(StepTest, MisusedStepsAreRefusedAndSendNothingMore) {
 }
 
 TEST(StepSyncTest, TwoWorkersStepsInPartsMakeOneAveragedStep) {
+  // Each rank's gradient, sent borrowed: declared before the context and the clients, so a
+  // step that fails between GradientReady and FinishStep cannot free it under a held frame.
+  std::vector<std::vector<std::vector<float>>> grads(2);
   zmq::context_t context;
   ServerOptions options;
   options.num_shards = 2;
@@ -195,7 +201,8 @@ TEST(StepSyncTest, TwoWorkersStepsInPartsMakeOneAveragedStep) {
   std::vector<std::future<Status>> steps;
   for (int rank = 0; rank < 2; ++rank) {
     steps.push_back(std::async(std::launch::async, [&, rank] {
-      std::vector<std::vector<float>> g = base;
+      std::vector<std::vector<float>>& g = grads[rank];
+      g = base;
       for (auto& v : g) {
         for (float& x : v) x *= static_cast<float>(rank + 1);
       }

@@ -434,10 +434,11 @@ class RawServer {
     }
   }
 
+  // Sent borrowed: declared before the context, so it outlives the I/O thread that sends it.
+  std::vector<char> reply_;  // read only once the thread runs
   zmq::context_t context_{1};
   zmq::socket_t socket_{context_, zmq::socket_type::router};
   std::string endpoint_;
-  std::vector<char> reply_;  // read only once the thread runs
   std::atomic<bool> stop_{false};
   Status error_;  // written by the thread, read after the join
   std::thread thread_;
