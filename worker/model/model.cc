@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 #include <system_error>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -106,20 +107,23 @@ class LayerReader {
     return x;
   }
 
-  // A string among `choices`; `fallback` when absent.
-  Result<std::string> Choice(const char* key, std::initializer_list<const char*> choices,
-                             std::optional<std::string> fallback) const {
+  // The value named by the string at `key`, one of `choices`' names; `fallback` when absent
+  // (nullopt: required). Maps straight to the value: no string is kept (GCC 12 reported a
+  // false -Wmaybe-uninitialized on a std::string moved out of a Result and then compared).
+  template <typename E>
+  Result<E> Choice(const char* key, std::initializer_list<std::pair<const char*, E>> choices,
+                   std::optional<E> fallback) const {
     std::string list;
-    for (const char* c : choices) list += std::string(list.empty() ? "" : ", ") + c;
+    for (const auto& c : choices) list += std::string(list.empty() ? "" : ", ") + c.first;
     if (!j_.contains(key)) {
       if (fallback) return *fallback;
       return Status::InvalidArgument(where_ + ": needs " + Quote(key) + " (" + list + ")");
     }
     const Json& v = j_.at(key);
     if (v.is_string()) {
-      const std::string s = v.get<std::string>();
-      for (const char* c : choices) {
-        if (s == c) return s;
+      const std::string& s = v.get_ref<const std::string&>();
+      for (const auto& c : choices) {
+        if (s == c.first) return c.second;
       }
     }
     return Status::InvalidArgument(where_ + ": " + Quote(key) + " must be one of " + list +
@@ -153,14 +157,6 @@ class LayerReader {
   const Json& j_;
   std::string where_;
 };
-
-Result<Activation> ParseActivation(const std::string& s) {
-  if (s == "relu") return Activation::kRelu;
-  if (s == "tanh") return Activation::kTanh;
-  if (s == "sigmoid") return Activation::kSigmoid;
-  if (s == "linear" || s == "none") return Activation::kNone;
-  return Status::InvalidArgument("unknown activation " + Quote(s));
-}
 
 // The layer's "type" and "name" into *layer.
 Status ParseLayerKindAndName(const Json& j, const std::string& where, LayerSpec* layer) {
@@ -205,8 +201,10 @@ Status ParseEmbeddingFields(const LayerReader& r, LayerSpec* layer) {
     PARASYNC_ASSIGN_OR_RETURN(layer->vocab, r.Int("vocab", 1, kMaxFloatIndex, std::nullopt));
   }
   PARASYNC_ASSIGN_OR_RETURN(layer->units, r.Int("dim", 1, 65536, std::nullopt));
-  PARASYNC_ASSIGN_OR_RETURN(std::string c, r.Choice("combiner", {"sum", "mean"}, "sum"));
-  layer->combiner = c == "mean" ? Combiner::kMean : Combiner::kSum;
+  PARASYNC_ASSIGN_OR_RETURN(
+      layer->combiner, r.Choice<Combiner>("combiner",
+                                          {{"sum", Combiner::kSum}, {"mean", Combiner::kMean}},
+                                          Combiner::kSum));
   PARASYNC_ASSIGN_OR_RETURN(layer->fields, r.Int("fields", 0, kMaxDim, 1));
   return Status::Ok();
 }
@@ -215,15 +213,20 @@ Status ParseEmbeddingFields(const LayerReader& r, LayerSpec* layer) {
 Status ParseLayerFields(const LayerReader& r, LayerSpec* layer) {
   auto activation = [&](bool required) -> Status {
     PARASYNC_ASSIGN_OR_RETURN(
-        std::string a,
-        r.Choice("activation", {"relu", "tanh", "sigmoid", "linear"},
-                 required ? std::nullopt : std::optional<std::string>("linear")));
-    PARASYNC_ASSIGN_OR_RETURN(layer->activation, ParseActivation(a));
+        layer->activation,
+        r.Choice<Activation>("activation",
+                             {{"relu", Activation::kRelu},
+                              {"tanh", Activation::kTanh},
+                              {"sigmoid", Activation::kSigmoid},
+                              {"linear", Activation::kNone}},
+                             required ? std::nullopt : std::optional(Activation::kNone)));
     return Status::Ok();
   };
   auto padding = [&]() -> Status {
-    PARASYNC_ASSIGN_OR_RETURN(std::string p, r.Choice("padding", {"valid", "same"}, "valid"));
-    layer->padding = p == "same" ? Padding::kSame : Padding::kValid;
+    PARASYNC_ASSIGN_OR_RETURN(
+        layer->padding,
+        r.Choice<Padding>("padding", {{"valid", Padding::kValid}, {"same", Padding::kSame}},
+                          Padding::kValid));
     return Status::Ok();
   };
   switch (layer->kind) {
