@@ -8,7 +8,7 @@
 namespace parasync {
 namespace {
 
-bool Contains(const std::string& text, const std::string& part) {
+bool Mentions(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
@@ -29,7 +29,7 @@ TEST(CheckHostTest, RefusesWhatLibrariesWouldReadTheirOwnWayNamingFlagAndText) {
     const Status s = CheckHost(host, "--metrics-bind");
     ASSERT_FALSE(s.ok()) << host << " was accepted";
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-    EXPECT_TRUE(Contains(s.message(), "--metrics-bind '" + std::string(host) + "'")) << s.message();
+    EXPECT_TRUE(Mentions(s.message(), "--metrics-bind '" + std::string(host) + "'")) << s.message();
     EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line: " << s.message();
   }
 }
@@ -59,10 +59,10 @@ TEST(ResolveBindHostTest, KeepsAddressesResolvesNamesAndRefusesTheRest) {
   EXPECT_EQ(local->rfind("127.", 0), 0u) << *local;
   const auto wrapped = ResolveBindHost("999.1.1.1", "--metrics-bind");
   ASSERT_FALSE(wrapped.ok()) << "became " << *wrapped;
-  EXPECT_TRUE(Contains(wrapped.status().message(), "'999.1.1.1'")) << wrapped.status().message();
+  EXPECT_TRUE(Mentions(wrapped.status().message(), "'999.1.1.1'")) << wrapped.status().message();
   const auto unknown = ResolveBindHost("no-such-host.invalid", "--metrics-bind");
   ASSERT_FALSE(unknown.ok());
-  EXPECT_TRUE(Contains(unknown.status().message(), "does not resolve")) << unknown.status().message();
+  EXPECT_TRUE(Mentions(unknown.status().message(), "does not resolve")) << unknown.status().message();
 }
 
 TEST(CheckDistinctAddressesTest, RefusesTheSameAddressTwiceNamingIt) {
@@ -70,12 +70,12 @@ TEST(CheckDistinctAddressesTest, RefusesTheSameAddressTwiceNamingIt) {
   const Status twice = CheckDistinctAddresses({"a:1", "b:2", "a:1"}, "--ps-hosts");
   ASSERT_FALSE(twice.ok());
   EXPECT_EQ(twice.code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(twice.message(), "--ps-hosts names one address twice: 'a:1'"))
+  EXPECT_TRUE(Mentions(twice.message(), "--ps-hosts names one address twice: 'a:1'"))
       << twice.message();
   // The same host spelled differently, where that is certain without a lookup.
   const Status spelled = CheckDistinctAddresses({"localhost:5000", "127.0.0.1:5000"}, "--ps-hosts");
   ASSERT_FALSE(spelled.ok());
-  EXPECT_TRUE(Contains(spelled.message(), "'localhost:5000' and '127.0.0.1:5000'"))
+  EXPECT_TRUE(Mentions(spelled.message(), "'localhost:5000' and '127.0.0.1:5000'"))
       << spelled.message();
   EXPECT_FALSE(CheckDistinctAddresses({"Node1:5000", "node1:5000"}, "--ps-hosts").ok());
   EXPECT_FALSE(CheckDistinctAddresses({"999.1.1.1:5000"}, "--ps-hosts").ok());

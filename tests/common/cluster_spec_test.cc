@@ -11,7 +11,7 @@ namespace {
 
 using Strings = std::vector<std::string>;
 
-bool Contains(const std::string& text, const std::string& part) {
+bool Names(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
@@ -135,7 +135,7 @@ TEST(ResolveClusterSpecTest, RejectsClusterWithoutPs) {
   Result<ClusterSpec> spec = ResolveClusterSpec(flags, std::nullopt, "worker");
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(spec.status().message(), "parameter server")) << spec.status().message();
+  EXPECT_TRUE(Names(spec.status().message(), "parameter server")) << spec.status().message();
 }
 
 TEST(ResolveClusterSpecTest, RejectsClusterWithoutWorkers) {
@@ -153,7 +153,7 @@ TEST(ResolveClusterSpecTest, RejectsBadPortsAndNamesTheAddress) {
     Result<ClusterSpec> spec = ResolveClusterSpec(flags, std::nullopt, "worker");
     ASSERT_FALSE(spec.ok()) << ps << " was accepted";
     EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument) << ps;
-    EXPECT_TRUE(Contains(spec.status().message(), ps)) << spec.status().message();
+    EXPECT_TRUE(Names(spec.status().message(), ps)) << spec.status().message();
   }
 }
 
@@ -164,7 +164,7 @@ TEST(ResolveClusterSpecTest, RejectsTheSameAddressTwiceNamingIt) {
   Result<ClusterSpec> spec = ResolveClusterSpec(flags, std::nullopt, "worker");
   ASSERT_FALSE(spec.ok()) << "a duplicate PS address was accepted";
   EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(spec.status().message(), "--ps-hosts names one address twice: '127.0.0.1:5000'"))
+  EXPECT_TRUE(Names(spec.status().message(), "--ps-hosts names one address twice: '127.0.0.1:5000'"))
       << spec.status().message();
   flags.ps_hosts = "p:1";
   flags.worker_hosts = "w:1,W:1";
@@ -174,7 +174,7 @@ TEST(ResolveClusterSpecTest, RejectsTheSameAddressTwiceNamingIt) {
       {}, std::string(R"({"cluster":{"ps":["p:1","p:1"],"worker":["w:1"]},"task":{"type":"worker","index":0}})"),
       "worker");
   ASSERT_FALSE(spec.ok());
-  EXPECT_TRUE(Contains(spec.status().message(), "TF_CONFIG cluster.ps")) << spec.status().message();
+  EXPECT_TRUE(Names(spec.status().message(), "TF_CONFIG cluster.ps")) << spec.status().message();
 }
 
 TEST(ResolveClusterSpecTest, RejectsHostsThatAreNotAddresses) {
@@ -184,7 +184,7 @@ TEST(ResolveClusterSpecTest, RejectsHostsThatAreNotAddresses) {
     flags.worker_hosts = "w:1";
     Result<ClusterSpec> spec = ResolveClusterSpec(flags, std::nullopt, "worker");
     ASSERT_FALSE(spec.ok()) << ps << " was accepted";
-    EXPECT_TRUE(Contains(spec.status().message(), ps)) << spec.status().message();
+    EXPECT_TRUE(Names(spec.status().message(), ps)) << spec.status().message();
   }
 }
 
@@ -204,7 +204,7 @@ TEST(ResolveClusterSpecTest, RejectsTaskIndexOutOfRange) {
     Result<ClusterSpec> spec = ResolveClusterSpec(flags, std::nullopt, "ps");
     ASSERT_FALSE(spec.ok()) << index;
     EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_TRUE(Contains(spec.status().message(), std::to_string(index)));
+    EXPECT_TRUE(Names(spec.status().message(), std::to_string(index)));
   }
   // Index 1 is a valid ps but not a valid worker (one worker).
   flags.task_index = 1;
@@ -229,8 +229,8 @@ TEST(ResolveClusterSpecTest, RejectsTfConfigTaskTypeMismatch) {
   Result<ClusterSpec> spec = ResolveClusterSpec({}, std::string(kTfConfig), "ps");
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(spec.status().message(), "worker")) << spec.status().message();
-  EXPECT_TRUE(Contains(spec.status().message(), "ps")) << spec.status().message();
+  EXPECT_TRUE(Names(spec.status().message(), "worker")) << spec.status().message();
+  EXPECT_TRUE(Names(spec.status().message(), "ps")) << spec.status().message();
 }
 
 TEST(SplitHostListTest, TrimsWhitespaceAndDropsEmptyItems) {

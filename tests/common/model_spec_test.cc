@@ -9,7 +9,7 @@
 namespace parasync {
 namespace {
 
-bool Contains(const std::string& text, const std::string& part) {
+bool Includes(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
@@ -35,7 +35,7 @@ TEST(ParseOptimizerKindTest, RejectsUnknownNameAndNamesIt) {
   Result<OptimizerKind> k = ParseOptimizerKind("rmsprop");
   ASSERT_FALSE(k.ok());
   EXPECT_EQ(k.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Contains(k.status().message(), "rmsprop"));
+  EXPECT_TRUE(Includes(k.status().message(), "rmsprop"));
 }
 
 TEST(LrScheduleTest, ParsesBothNamesAndRefusesOthersByName) {
@@ -46,7 +46,7 @@ TEST(LrScheduleTest, ParsesBothNamesAndRefusesOthersByName) {
   }
   Result<LrSchedule> bad = ParseLrSchedule("exponential");
   ASSERT_FALSE(bad.ok());
-  EXPECT_TRUE(Contains(bad.status().message(), "exponential"));
+  EXPECT_TRUE(Includes(bad.status().message(), "exponential"));
 }
 
 TEST(LrScheduleTest, ConstantIsOneWhateverTheExamples) {
@@ -161,34 +161,34 @@ TEST(DescribeRegistrationMismatchTest, NamesVariableAndBothShapes) {
   ModelRegistration got = SmallModel();
   got.variables[0].shape = {5, 3};
   const std::string d = DescribeRegistrationMismatch(SmallModel(), got);
-  EXPECT_TRUE(Contains(d, "dense/kernel")) << d;
-  EXPECT_TRUE(Contains(d, "[5,3]")) << d;
-  EXPECT_TRUE(Contains(d, "[4,3]")) << d;
+  EXPECT_TRUE(Includes(d, "dense/kernel")) << d;
+  EXPECT_TRUE(Includes(d, "[5,3]")) << d;
+  EXPECT_TRUE(Includes(d, "[4,3]")) << d;
 }
 
 TEST(DescribeRegistrationMismatchTest, ReportsEveryKindOfDifference) {
   const ModelRegistration have = SmallModel();
   ModelRegistration got = have;
   got.num_shards = 3;
-  EXPECT_TRUE(Contains(DescribeRegistrationMismatch(have, got), "num_shards"));
+  EXPECT_TRUE(Includes(DescribeRegistrationMismatch(have, got), "num_shards"));
   got = have;
   got.variables.pop_back();
   EXPECT_NE(DescribeRegistrationMismatch(have, got), "");
   got = have;
   got.variables[1].name = "other";
-  EXPECT_TRUE(Contains(DescribeRegistrationMismatch(have, got), "other"));
+  EXPECT_TRUE(Includes(DescribeRegistrationMismatch(have, got), "other"));
   got = have;
   got.variables[0].init.value = 0.2f;
-  EXPECT_TRUE(Contains(DescribeRegistrationMismatch(have, got), "initializer"));
+  EXPECT_TRUE(Includes(DescribeRegistrationMismatch(have, got), "initializer"));
   got = have;
   got.optimizer.learning_rate = 0.5f;
-  EXPECT_TRUE(Contains(DescribeRegistrationMismatch(have, got), "optimizer"));
+  EXPECT_TRUE(Includes(DescribeRegistrationMismatch(have, got), "optimizer"));
   got = have;
   got.seed = 6;
-  EXPECT_TRUE(Contains(DescribeRegistrationMismatch(have, got), "seed"));
+  EXPECT_TRUE(Includes(DescribeRegistrationMismatch(have, got), "seed"));
   got = have;
   got.max_slice_elements = 7;
-  EXPECT_TRUE(Contains(DescribeRegistrationMismatch(have, got), "max_slice_elements"));
+  EXPECT_TRUE(Includes(DescribeRegistrationMismatch(have, got), "max_slice_elements"));
 }
 
 }  // namespace

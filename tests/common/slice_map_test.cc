@@ -14,7 +14,7 @@
 namespace parasync {
 namespace {
 
-VariableSpec Var(std::string name, std::vector<int64_t> shape) {
+VariableSpec VarSpec(std::string name, std::vector<int64_t> shape) {
   VariableSpec v;
   v.name = std::move(name);
   v.shape = std::move(shape);
@@ -23,18 +23,18 @@ VariableSpec Var(std::string name, std::vector<int64_t> shape) {
 
 // The default worker model: MLP 784-256-128-10, kernels and biases.
 std::vector<VariableSpec> MlpVariables() {
-  return {Var("dense/kernel", {784, 256}),  Var("dense/bias", {256}),
-          Var("dense_1/kernel", {256, 128}), Var("dense_1/bias", {128}),
-          Var("dense_2/kernel", {128, 10}),  Var("dense_2/bias", {10})};
+  return {VarSpec("dense/kernel", {784, 256}),  VarSpec("dense/bias", {256}),
+          VarSpec("dense_1/kernel", {256, 128}), VarSpec("dense_1/bias", {128}),
+          VarSpec("dense_2/kernel", {128, 10}),  VarSpec("dense_2/bias", {10})};
 }
 
 // ResNet-50's variables (bottleneck v1: 3-4-6-3 blocks, BN gamma/beta, 1000-way fc).
 std::vector<VariableSpec> ResNet50Variables() {
   std::vector<VariableSpec> vars;
   auto conv_bn = [&](const std::string& name, int64_t k, int64_t in, int64_t out) {
-    vars.push_back(Var(name + "/kernel", {k, k, in, out}));
-    vars.push_back(Var(name + "/bn/gamma", {out}));
-    vars.push_back(Var(name + "/bn/beta", {out}));
+    vars.push_back(VarSpec(name + "/kernel", {k, k, in, out}));
+    vars.push_back(VarSpec(name + "/bn/gamma", {out}));
+    vars.push_back(VarSpec(name + "/bn/beta", {out}));
   };
   conv_bn("conv1", 7, 3, 64);
   const int64_t blocks[] = {3, 4, 6, 3};
@@ -52,34 +52,34 @@ std::vector<VariableSpec> ResNet50Variables() {
       in = out;
     }
   }
-  vars.push_back(Var("fc/kernel", {2048, 1000}));
-  vars.push_back(Var("fc/bias", {1000}));
+  vars.push_back(VarSpec("fc/kernel", {2048, 1000}));
+  vars.push_back(VarSpec("fc/bias", {1000}));
   return vars;
 }
 
 // BERT-base: embeddings, 12 transformer layers, pooler.
 std::vector<VariableSpec> BertBaseVariables() {
   std::vector<VariableSpec> vars = {
-      Var("embeddings/word", {30522, 768}), Var("embeddings/position", {512, 768}),
-      Var("embeddings/token_type", {2, 768}), Var("embeddings/ln/gamma", {768}),
-      Var("embeddings/ln/beta", {768})};
+      VarSpec("embeddings/word", {30522, 768}), VarSpec("embeddings/position", {512, 768}),
+      VarSpec("embeddings/token_type", {2, 768}), VarSpec("embeddings/ln/gamma", {768}),
+      VarSpec("embeddings/ln/beta", {768})};
   for (int l = 0; l < 12; ++l) {
     const std::string p = "layer" + std::to_string(l) + "/";
     for (const char* m : {"query", "key", "value", "attention_output"}) {
-      vars.push_back(Var(p + m + "/kernel", {768, 768}));
-      vars.push_back(Var(p + m + "/bias", {768}));
+      vars.push_back(VarSpec(p + m + "/kernel", {768, 768}));
+      vars.push_back(VarSpec(p + m + "/bias", {768}));
     }
-    vars.push_back(Var(p + "attention_ln/gamma", {768}));
-    vars.push_back(Var(p + "attention_ln/beta", {768}));
-    vars.push_back(Var(p + "intermediate/kernel", {768, 3072}));
-    vars.push_back(Var(p + "intermediate/bias", {3072}));
-    vars.push_back(Var(p + "output/kernel", {3072, 768}));
-    vars.push_back(Var(p + "output/bias", {768}));
-    vars.push_back(Var(p + "output_ln/gamma", {768}));
-    vars.push_back(Var(p + "output_ln/beta", {768}));
+    vars.push_back(VarSpec(p + "attention_ln/gamma", {768}));
+    vars.push_back(VarSpec(p + "attention_ln/beta", {768}));
+    vars.push_back(VarSpec(p + "intermediate/kernel", {768, 3072}));
+    vars.push_back(VarSpec(p + "intermediate/bias", {3072}));
+    vars.push_back(VarSpec(p + "output/kernel", {3072, 768}));
+    vars.push_back(VarSpec(p + "output/bias", {768}));
+    vars.push_back(VarSpec(p + "output_ln/gamma", {768}));
+    vars.push_back(VarSpec(p + "output_ln/beta", {768}));
   }
-  vars.push_back(Var("pooler/kernel", {768, 768}));
-  vars.push_back(Var("pooler/bias", {768}));
+  vars.push_back(VarSpec("pooler/kernel", {768, 768}));
+  vars.push_back(VarSpec("pooler/bias", {768}));
   return vars;
 }
 
@@ -182,7 +182,7 @@ TEST(SliceMapTest, BuildIsDeterministic) {
 }
 
 TEST(SliceMapTest, SmallVariableIsOneSliceOnShardZero) {
-  Result<SliceMap> map = SliceMap::Build({Var("w", {10})}, 64, 3);
+  Result<SliceMap> map = SliceMap::Build({VarSpec("w", {10})}, 64, 3);
   ASSERT_TRUE(map.ok());
   ASSERT_EQ(map->slices().size(), 1u);
   EXPECT_EQ(map->slices()[0].length, 10);
@@ -194,7 +194,7 @@ TEST(SliceMapTest, SmallVariableIsOneSliceOnShardZero) {
 
 TEST(SliceMapTest, CutsVariableIntoNearEqualSlicesNoLargerThanMax) {
   // 10 elements, max 4 -> 3 slices of 4, 3, 3.
-  Result<SliceMap> map = SliceMap::Build({Var("w", {10})}, 4, 2);
+  Result<SliceMap> map = SliceMap::Build({VarSpec("w", {10})}, 4, 2);
   ASSERT_TRUE(map.ok());
   ASSERT_EQ(map->SlicesOfVariable(0).size(), 3u);
   std::vector<int64_t> lengths;
@@ -203,15 +203,15 @@ TEST(SliceMapTest, CutsVariableIntoNearEqualSlicesNoLargerThanMax) {
 }
 
 TEST(SliceMapTest, ScalarVariableGetsOneSlice) {
-  Result<SliceMap> map = SliceMap::Build({Var("step", {}), Var("w", {5})}, 2, 2);
+  Result<SliceMap> map = SliceMap::Build({VarSpec("step", {}), VarSpec("w", {5})}, 2, 2);
   ASSERT_TRUE(map.ok());
-  ExpectExactCover(*map, {Var("step", {}), Var("w", {5})}, 2);
+  ExpectExactCover(*map, {VarSpec("step", {}), VarSpec("w", {5})}, 2);
   ASSERT_EQ(map->SlicesOfVariable(0).size(), 1u);
   EXPECT_EQ(map->slices()[map->SlicesOfVariable(0)[0]].length, 1);
 }
 
 TEST(SliceMapTest, MaxSliceOfOneCoversEveryElement) {
-  const std::vector<VariableSpec> vars = {Var("a", {3, 2}), Var("b", {5})};
+  const std::vector<VariableSpec> vars = {VarSpec("a", {3, 2}), VarSpec("b", {5})};
   Result<SliceMap> map = SliceMap::Build(vars, 1, 4);
   ASSERT_TRUE(map.ok());
   EXPECT_EQ(map->slices().size(), 11u);
@@ -227,7 +227,7 @@ TEST(SliceMapTest, RandomVariableListsAreCoveredExactlyAndWithinOneSliceOfMean) 
       std::vector<int64_t> shape;
       const int rank = std::uniform_int_distribution<int>(0, 3)(rng);
       for (int d = 0; d < rank; ++d) shape.push_back(std::uniform_int_distribution<int64_t>(1, 40)(rng));
-      vars.push_back(Var("v" + std::to_string(v), shape));
+      vars.push_back(VarSpec("v" + std::to_string(v), shape));
     }
     const int64_t max_slice = std::uniform_int_distribution<int64_t>(1, 3000)(rng);
     const int shards = std::uniform_int_distribution<int>(1, 9)(rng);
@@ -285,7 +285,7 @@ TEST(SliceMapTest, BuildRejectsZeroMaxSlice) {
 TEST(SliceMapTest, BuildRejectsTooManySlicesBeforeAllocatingThem) {
   // 2^30 elements in slices of one element: a hostile Register must not make the server
   // build a table of a billion slices.
-  Result<SliceMap> map = SliceMap::Build({Var("huge", {1 << 15, 1 << 15})}, 1, 1);
+  Result<SliceMap> map = SliceMap::Build({VarSpec("huge", {1 << 15, 1 << 15})}, 1, 1);
   ASSERT_FALSE(map.ok());
   EXPECT_EQ(map.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(map.status().message().find("slices"), std::string::npos) << map.status().message();
@@ -302,7 +302,7 @@ TEST(SliceMapTest, BuildRejectsEmptyVariableList) {
 }
 
 TEST(SliceMapTest, BuildRejectsInvalidVariable) {
-  Result<SliceMap> map = SliceMap::Build({Var("w", {3, 0})}, 1024, 2);
+  Result<SliceMap> map = SliceMap::Build({VarSpec("w", {3, 0})}, 1024, 2);
   ASSERT_FALSE(map.ok());
   EXPECT_EQ(map.status().code(), StatusCode::kInvalidArgument);
 }

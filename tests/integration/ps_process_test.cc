@@ -35,8 +35,8 @@ ModelRegistration SmallModel(int shards) {
                              /*seed=*/7, /*learning_rate=*/0.5f);
 }
 
-struct Params {
-  explicit Params(const ModelRegistration& reg) {
+struct ParamBuffers {
+  explicit ParamBuffers(const ModelRegistration& reg) {
     for (const auto& v : reg.variables) data.emplace_back(static_cast<size_t>(v.num_elements()));
     for (auto& d : data) ptrs.push_back(d.data());
     for (auto& d : data) cptrs.push_back(d.data());
@@ -68,7 +68,7 @@ TEST(PsProcessTest, PullAfterPushSeesTheSgdUpdateOnEveryShard) {
   ASSERT_FALSE(client->slice_map().SlicesOfShard(0).empty());
   ASSERT_FALSE(client->slice_map().SlicesOfShard(1).empty());
 
-  Params before(reg), grad(reg), after(reg);
+  ParamBuffers before(reg), grad(reg), after(reg);
   ASSERT_TRUE(client->Pull(before.ptrs).ok());
   for (size_t v = 0; v < grad.data.size(); ++v) {
     for (size_t i = 0; i < grad.data[v].size(); ++i) {
@@ -97,7 +97,7 @@ TEST(PsProcessTest, PullAfterPushSeesTheSgdUpdateOnEveryShard) {
   // A second worker registering the same model sees the same values.
   auto second = Connect(ctx, cluster.addresses());
   ASSERT_TRUE(second->Register(reg, 20s).ok());
-  Params again(reg);
+  ParamBuffers again(reg);
   ASSERT_TRUE(second->Pull(again.ptrs).ok());
   EXPECT_EQ(again.data, after.data);
 }
@@ -110,7 +110,7 @@ TEST(PsProcessTest, HostileMessagesGetErrorRepliesAndChangeNothing) {
   auto client = Connect(ctx, cluster.addresses());
   const ModelRegistration reg = SmallModel(1);
   ASSERT_TRUE(client->Register(reg, 20s).ok());
-  Params before(reg);
+  ParamBuffers before(reg);
   ASSERT_TRUE(client->Pull(before.ptrs).ok());
 
   zmq::socket_t raw(ctx, zmq::socket_type::dealer);
@@ -218,7 +218,7 @@ TEST(PsProcessTest, HostileMessagesGetErrorRepliesAndChangeNothing) {
   EXPECT_EQ(r7->status.code(), StatusCode::kInvalidArgument);
 
   // The server still serves, nothing changed, and every refusal was counted.
-  Params after(reg);
+  ParamBuffers after(reg);
   ASSERT_TRUE(client->Pull(after.ptrs).ok());
   EXPECT_EQ(after.data, before.data);
   auto stats = client->Stats();

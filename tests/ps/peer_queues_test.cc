@@ -26,8 +26,8 @@ Inbound Request(const std::string& peer, uint64_t request_id, MsgType type = Msg
   return in;
 }
 
-PeerQueues::Outcome Offer(PeerQueues& q, const std::string& peer, uint64_t request_id,
-                          MsgType type = MsgType::kPush) {
+PeerQueues::Outcome Enqueue(PeerQueues& q, const std::string& peer, uint64_t request_id,
+                            MsgType type = MsgType::kPush) {
   Inbound in = Request(peer, request_id, type);
   return q.Take(in).outcome;
 }
@@ -46,7 +46,7 @@ std::string Serve(PeerQueues& q, double cost) {
 
 TEST(PeerQueuesTest, APeersRequestsAreServedInTheOrderTheyCame) {
   PeerQueues q(3, kCredit);
-  for (uint64_t id = 1; id <= 3; ++id) EXPECT_EQ(Offer(q, "a", id), PeerQueues::Outcome::kQueued);
+  for (uint64_t id = 1; id <= 3; ++id) EXPECT_EQ(Enqueue(q, "a", id), PeerQueues::Outcome::kQueued);
   for (uint64_t id = 1; id <= 3; ++id) {
     std::optional<Inbound> in = q.Next();
     ASSERT_TRUE(in.has_value());
@@ -59,16 +59,16 @@ TEST(PeerQueuesTest, APeersRequestsAreServedInTheOrderTheyCame) {
 
 TEST(PeerQueuesTest, AQueueHoldsAtMostItsBoundAndAResendIsNotQueuedTwice) {
   PeerQueues q(2, kCredit);
-  EXPECT_EQ(Offer(q, "a", 1), PeerQueues::Outcome::kQueued);
-  EXPECT_EQ(Offer(q, "a", 1), PeerQueues::Outcome::kDuplicate);
+  EXPECT_EQ(Enqueue(q, "a", 1), PeerQueues::Outcome::kQueued);
+  EXPECT_EQ(Enqueue(q, "a", 1), PeerQueues::Outcome::kDuplicate);
   // The same id for another type, or from another peer, is another request.
-  EXPECT_EQ(Offer(q, "a", 1, MsgType::kPull), PeerQueues::Outcome::kQueued);
-  EXPECT_EQ(Offer(q, "b", 1), PeerQueues::Outcome::kQueued);
-  EXPECT_EQ(Offer(q, "a", 2), PeerQueues::Outcome::kFull);
+  EXPECT_EQ(Enqueue(q, "a", 1, MsgType::kPull), PeerQueues::Outcome::kQueued);
+  EXPECT_EQ(Enqueue(q, "b", 1), PeerQueues::Outcome::kQueued);
+  EXPECT_EQ(Enqueue(q, "a", 2), PeerQueues::Outcome::kFull);
   EXPECT_EQ(q.queued(), 3u);
   // Once served, the same id is a new request again (a resend after its reply went out).
   while (q.Next()) q.Charge(Seconds(1e-3));
-  EXPECT_EQ(Offer(q, "a", 1), PeerQueues::Outcome::kQueued);
+  EXPECT_EQ(Enqueue(q, "a", 1), PeerQueues::Outcome::kQueued);
 }
 
 TEST(PeerQueuesTest, AMessageWhoseHeaderDidNotDecodeIsQueuedLikeAnyOther) {
@@ -104,7 +104,7 @@ TEST(PeerQueuesTest, BackloggedPeersShareTheLoopsTimeByWhatTheirRequestsCost) {
   uint64_t id = 0;
   for (int served = 0; served < 400; ++served) {
     // Both always have work; a's requests cost three times b's.
-    for (const char* peer : {"a", "b"}) (void)Offer(q, peer, ++id);
+    for (const char* peer : {"a", "b"}) (void)Enqueue(q, peer, ++id);
     std::optional<Inbound> in = q.Next();
     ASSERT_TRUE(in.has_value());
     const double cost = PeerOf(*in) == "a" ? 3e-3 : 1e-3;
@@ -127,9 +127,9 @@ TEST(PeerQueuesTest, APeerWithOneRequestInFlightKeepsItsShareBesideBackloggedPee
   bool honest_pulls_next = false;
   int honest_back_in = 0;  // requests served before its next request is read
   for (int served = 0; served < 5000; ++served) {
-    for (const char* f : {"f1", "f2", "f3", "f4"}) (void)Offer(q, f, ++id);
+    for (const char* f : {"f1", "f2", "f3", "f4"}) (void)Enqueue(q, f, ++id);
     if (honest_back_in-- == 0) {
-      (void)Offer(q, "honest", ++id, honest_pulls_next ? MsgType::kPull : MsgType::kPush);
+      (void)Enqueue(q, "honest", ++id, honest_pulls_next ? MsgType::kPull : MsgType::kPush);
     }
     std::optional<Inbound> in = q.Next();
     ASSERT_TRUE(in.has_value());
@@ -157,16 +157,16 @@ TEST(PeerQueuesTest, IdleTimeEarnsNoMoreThanTheCredit) {
   uint64_t id = 0;
   // a alone for 100 ms of loop time.
   for (int i = 0; i < 100; ++i) {
-    (void)Offer(q, "a", ++id);
-    (void)Offer(q, "a", ++id);
+    (void)Enqueue(q, "a", ++id);
+    (void)Enqueue(q, "a", ++id);
     EXPECT_EQ(Serve(q, 1e-3), "a");
   }
   // b comes with a backlog: it does not get the 100 turns it missed, only the credit's 5
   // (and its own first), then it takes turns with a.
   std::string order;
   for (int i = 0; i < 20; ++i) {
-    (void)Offer(q, "a", ++id);
-    (void)Offer(q, "b", ++id);
+    (void)Enqueue(q, "a", ++id);
+    (void)Enqueue(q, "b", ++id);
     order += Serve(q, 1e-3);
   }
   EXPECT_EQ(order, "bbbbbbababababababab");
@@ -174,7 +174,7 @@ TEST(PeerQueuesTest, IdleTimeEarnsNoMoreThanTheCredit) {
 
 TEST(PeerQueuesTest, PeersWithNothingQueuedOrOwedAreForgotten) {
   PeerQueues q(3, kCredit);
-  for (int p = 0; p < 50; ++p) (void)Offer(q, "peer" + std::to_string(p), 1);
+  for (int p = 0; p < 50; ++p) (void)Enqueue(q, "peer" + std::to_string(p), 1);
   while (!q.empty()) (void)Serve(q, 1e-3);
   // The last served may still owe its time; every other one is gone at the next Next.
   (void)q.Next();
