@@ -1,6 +1,7 @@
 #include "common/transport.h"
 
 #include "common/address.h"
+#include "common/ports.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -62,6 +63,27 @@ std::unique_ptr<zmq::socket_t> AttachMonitor(zmq::context_t& context, zmq::socke
   monitor->set(zmq::sockopt::linger, 0);
   monitor->connect(monitor_endpoint);
   return monitor;
+}
+
+// Binds `s` to `endpoint`; a TCP endpoint of any port ("tcp://host:0", or ZeroMQ's
+// "tcp://host:*") at a free port below the ephemeral range (common/ports.h). Throws
+// zmq::error_t for what is not "in use".
+Status BindTcpOrOther(zmq::socket_t& s, const std::string& endpoint) {
+  if (!endpoint.starts_with("tcp://") || !(endpoint.ends_with(":0") || endpoint.ends_with(":*"))) {
+    s.bind(endpoint);
+    return Status::Ok();
+  }
+  const std::string host = endpoint.substr(0, endpoint.size() - 2);
+  auto bound = BindBelowEphemeral([&](int port) -> Result<bool> {
+    try {
+      s.bind(host + ":" + std::to_string(port));
+      return true;
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EADDRINUSE) return false;
+      throw;
+    }
+  });
+  return bound.status();
 }
 
 }  // namespace
@@ -127,7 +149,7 @@ Result<std::unique_ptr<Socket>> Socket::Bind(zmq::context_t& context, const std:
     }
     // A ROUTER silently drops replies to vanished peers unless told otherwise; we want that:
     // a worker that died must not block the server.
-    s.bind(endpoint);
+    PARASYNC_RETURN_IF_ERROR(BindTcpOrOther(s, endpoint));
     std::unique_ptr<Socket> socket(new Socket(std::move(s)));
     socket->monitor_ = std::move(monitor);
     socket->kind_ = Kind::kServer;

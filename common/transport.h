@@ -51,7 +51,8 @@ class Socket {
  public:
   enum class Kind { kServer, kClient };
 
-  // Binds a ROUTER to `endpoint` ("tcp://host:port"). Returns Unavailable when the address is
+  // Binds a ROUTER to `endpoint` ("tcp://host:port"; port 0: a free port below the ephemeral
+  // range, common/ports.h, LastEndpoint() tells which). Returns Unavailable when the address is
   // in use or cannot be bound, InvalidArgument for a malformed endpoint.
   static Result<std::unique_ptr<Socket>> Bind(zmq::context_t& context, const std::string& endpoint,
                                               const SocketOptions& options = {});

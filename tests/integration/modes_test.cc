@@ -210,11 +210,8 @@ class StragglerTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(StragglerTest, TheSlowRankIsExportedAsTheStragglerAndLogged) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   TempDir dir;
-  const int metrics_port = testing::FreePorts(1)[0];
-  ProcessCluster cluster(1, 3, GetParam(),
-                         {"--metrics-port", std::to_string(metrics_port),
-                          "--straggler-log-seconds", "0.02"},
-                         dir.path());
+  ProcessCluster cluster(1, 3, GetParam(), {"--straggler-log-seconds", "0.02"}, dir.path());
+  const int metrics_port = cluster.metrics_port(0);
   for (int r = 0; r < 3; ++r) {
     std::vector<std::string> args = {"--model", "784-32-10", "--batch-size", "16",
                                      "--max-steps", "40", "--epochs", "1"};
