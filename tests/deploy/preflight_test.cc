@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/ports.h"
 #include "tests/support/process_util.h"
 
 namespace parasync {
@@ -104,8 +105,8 @@ int Listen(const char* host, int port) {
 }
 
 int FreePortBase() {
-  // Ports base..base+4 and base+500..base+504 on 127.0.0.2/3; FreePorts gives a free one.
-  return testing::FreePorts(1).front() % 20000 + 20000;
+  // Ports base..base+4 and base+500..base+504 on 127.0.0.2/3, from a port free on 127.0.0.1.
+  return PickFreeLoopbackPorts(1).front() % 20000 + 20000;
 }
 
 TEST_F(PreflightTest, AllClearPassesAndNamesTheBuild) {

@@ -465,6 +465,7 @@ TEST_P(FullDiskTest, TheServerRefusesWhatItCannotPersistAndKeepsServingPulls) {
   const auto stopped = ps.Wait(20s);
   ASSERT_TRUE(stopped.has_value());
   EXPECT_EQ(testing::ExitCode(*stopped), 0) << testing::ReadFile(log);
+  argv[2] = address;  // --ps-hosts: the port it had, where the client goes on sending
   Child again = Child::Start(argv, dir.path() + "/ps-again.log");
   auto reconnected = PsClient::Connect(ctx, o);
   ASSERT_TRUE(reconnected.ok());
