@@ -194,9 +194,10 @@ void AddServingFlags(CLI::App& app, PsFlags& f) {
       ->type_name("PATH");
   app.add_option("--ipc", f.ipc,
                  "Listen on this unix socket too (an absolute path, e.g. "
-                 "/tmp/parasync-ps0.sock), for the workers on this host: theirs is --ps-ipc "
-                 "SHARD=PATH, and their requests then skip TCP (parasync-launch --ps colocated "
-                 "sets both)")
+                 "$XDG_RUNTIME_DIR/parasync/ps0.sock), for the workers on this host: theirs is "
+                 "--ps-ipc SHARD=PATH, and their requests then skip TCP (parasync-launch --ps "
+                 "colocated sets both). Its directory must be this user's and writable by no "
+                 "one else (made, mode 0700, if missing); the socket is made 0600")
       ->type_name("PATH");
   // The last of repeated metrics flags wins, so a user's --ps-arg/--worker-arg overrides
   // the launcher's.
@@ -282,7 +283,9 @@ void AddStateFlags(CLI::App& app, PsFlags& f) {
 // Who may stop it or connect to it, fault injection and the preflight.
 void AddAccessFlags(CLI::App& app, PsFlags& f) {
   app.add_flag("--allow-remote-shutdown", f.allow_remote_shutdown,
-               "Accept Shutdown messages from non-loopback peers (default: loopback only)");
+               "Accept Shutdown messages from any peer. Default: from loopback TCP peers (any "
+               "user of this machine: use CURVE on a shared host, docs/security.md) and, over "
+               "--ipc, from this server's user or root only");
   app.add_option("--fault-drop-push-reply-every", f.drop_push_reply_every,
                  "Testing only: do not reply to every Nth applied push (as if the connection "
                  "broke between apply and acknowledgement)")
@@ -367,7 +370,7 @@ std::optional<int> Validate(const PsFlags& f, PsConfig& c) {
   if (!endpoint.ok()) return Fail(endpoint.status().message(), kExitBadUsage);
   c.endpoint = *endpoint;
   if (!f.ipc.empty()) {
-    auto local = IpcEndpoint(f.ipc, "--ipc");
+    auto local = IpcEndpoint(f.ipc, "--ipc", IpcSide::kServer);
     if (!local.ok()) return Fail(local.status().message(), kExitBadUsage);
     c.local_endpoint = *local;
   }

@@ -1,5 +1,7 @@
 #include "ps/server.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <random>
 #include <cstdio>
@@ -1330,10 +1332,19 @@ void Server::HandleCheckpoint(const Header& req, Header& reply, RejectReason* re
 }
 
 bool Server::HandleShutdown(const Inbound& in, Header& reply, RejectReason* reason) {
-  if (options_.allow_remote_shutdown || in.peer_address.empty() ||
-      IsLoopbackAddress(in.peer_address)) {
-    return false;
+  if (options_.allow_remote_shutdown) return false;
+  if (in.peer_uid) {
+    // Over the unix socket (--ipc): this server's user, or root.
+    if (*in.peer_uid == geteuid() || *in.peer_uid == 0) return false;
+    *reason = RejectReason::kUnsupported;
+    reply.status = Status::FailedPrecondition(
+        "shutdown from uid " + std::to_string(*in.peer_uid) +
+        " over the unix socket refused: only this server's user (uid " +
+        std::to_string(geteuid()) + ") or root may stop it (--allow-remote-shutdown)");
+    return true;
   }
+  // In the process (inproc), or over loopback TCP: any user of this machine (docs/security.md).
+  if (in.peer_address.empty() || IsLoopbackAddress(in.peer_address)) return false;
   *reason = RejectReason::kUnsupported;
   reply.status = Status::FailedPrecondition(
       "shutdown from " + in.peer_address +

@@ -519,7 +519,7 @@ parasync::Result<std::vector<std::string>> ShardEndpoints(const std::vector<std:
                                                          : "shard " + std::to_string(shard) +
                                                                " is given twice"));
     }
-    auto endpoint = IpcEndpoint(item.substr(eq + 1), "--ps-ipc");
+    auto endpoint = IpcEndpoint(item.substr(eq + 1), "--ps-ipc", IpcSide::kClient);
     if (!endpoint.ok()) return endpoint.status();
     endpoints[shard] = *endpoint;
     given[shard] = true;
