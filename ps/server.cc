@@ -208,10 +208,12 @@ Result<std::unique_ptr<Server>> Server::Create(zmq::context_t& context,
   socket_options.curve_server_secret_key = options.curve_secret_key;
   auto socket = Socket::Bind(context, options.endpoint, socket_options);
   if (!socket.ok()) return socket.status();
+  const std::string endpoint = (*socket)->LastEndpoint();  // before --ipc's bind
   if (!options.local_endpoint.empty()) {
     PARASYNC_RETURN_IF_ERROR((*socket)->BindAlso(options.local_endpoint));
   }
   std::unique_ptr<Server> server(new Server(std::move(socket).value(), options, metrics));
+  server->endpoint_ = endpoint;
   server->PublishMemoryBound();
   return server;
 }

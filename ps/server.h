@@ -172,7 +172,8 @@ class Server {
   // Asks Run() to return. Thread-safe.
   void Stop() { stop_.store(true); }
 
-  std::string endpoint() const { return socket_->LastEndpoint(); }
+  // The TCP endpoint bound, with its port ("tcp://127.0.0.1:20123"; not --ipc's).
+  const std::string& endpoint() const { return endpoint_; }
   // With options.curve_secret_key: the socket's handshake monitor (Socket::
   // TakeHandshakeMonitor), for a thread that counts refused peers; call before Run().
   std::unique_ptr<zmq::socket_t> TakeHandshakeMonitor() { return socket_->TakeHandshakeMonitor(); }
@@ -319,6 +320,7 @@ class Server {
   std::string DescribeWait(const Header& req) const;
 
   std::unique_ptr<Socket> socket_;
+  std::string endpoint_;  // endpoint()
   ServerOptions options_;
   PsMetrics* metrics_;
   Shard shard_;

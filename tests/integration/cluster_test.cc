@@ -88,8 +88,10 @@ TEST(ClusterTest, AWorkerReachesTheShardOnItsHostOverAUnixSocket) {
                            "--ipc", sock, "--ready-file", ready_file},
                           dir.path() + "/ps0.log");
   std::string why;
-  ASSERT_TRUE(testing::WaitReady(ps, ready_file, 60s, &why))
-      << why << "\n" << testing::ReadFile(dir.path() + "/ps0.log");
+  const auto ready = testing::WaitReady(ps, ready_file, 60s, &why);
+  ASSERT_TRUE(ready) << why << "\n" << testing::ReadFile(dir.path() + "/ps0.log");
+  // The address it reports is its TCP one, which its unix socket's bind came after.
+  EXPECT_TRUE(ready->address.starts_with("127.0.0.1:")) << ready->address;
   Child trainer = Child::Start(
       {testing::BinDir() + "/parasync-worker", "--ps-hosts", nowhere, "--worker-hosts", worker,
        "--task-index", "0", "--mode", "sync", "--ps-ipc", "0=" + sock, "--data",

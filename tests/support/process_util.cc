@@ -187,7 +187,15 @@ bool ProcessAlive(pid_t pid) {
   std::getline(stat, content);
   const auto close_paren = content.rfind(')');
   if (close_paren == std::string::npos || close_paren + 2 >= content.size()) return false;
-  return content[close_paren + 2] != 'Z';
+  if (content[close_paren + 2] != 'Z') return true;
+  // The main thread of a killed process can be a zombie while its other threads still exit,
+  // holding the process's files (and so its locks: a store's LOCK) until the last one is
+  // gone. Dead once it is the only thread left.
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("Threads:")) return std::stoi(line.substr(8)) > 1;
+  }
+  return false;
 }
 
 std::optional<int> ZombieWaitStatus(pid_t pid) {

@@ -105,7 +105,8 @@ std::string WaitWhileProgressing(const std::function<bool()>& done,
                                  std::chrono::milliseconds stall,
                                  std::chrono::steady_clock::time_point deadline);
 
-// True while a process with this pid exists (and is not a zombie of ours).
+// True while a process with this pid exists and is not a zombie (a zombie whose other threads
+// are still exiting counts as alive: they hold its files).
 bool ProcessAlive(pid_t pid);
 
 // How `pid` ended, while it is a zombie its parent has not reaped yet: its wait status
