@@ -74,13 +74,24 @@ std::atomic<int> g_stop_signal{0};
 struct sigaction g_previous_int {};
 struct sigaction g_previous_term {};
 
+// Sets the flag, then does what was installed before: calls its handler; takes the default
+// action (restored and raised again: the signal, unblocked when this returns, ends the process
+// as it would have without the library); or nothing more, where the signal was ignored.
 void OnStopSignal(int number, siginfo_t* info, void* context) {
   g_stop_signal.store(number, std::memory_order_relaxed);
   const struct sigaction& previous = number == SIGINT ? g_previous_int : g_previous_term;
+  if (previous.sa_handler == SIG_IGN) return;
+  if (previous.sa_handler == SIG_DFL) {
+    struct sigaction default_action {};
+    default_action.sa_handler = SIG_DFL;
+    sigemptyset(&default_action.sa_mask);
+    sigaction(number, &default_action, nullptr);
+    raise(number);
+    return;
+  }
   if ((previous.sa_flags & SA_SIGINFO) != 0) {
-    if (previous.sa_sigaction != nullptr) previous.sa_sigaction(number, info, context);
-  } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN &&
-             previous.sa_handler != nullptr) {
+    previous.sa_sigaction(number, info, context);
+  } else {
     previous.sa_handler(number);
   }
 }

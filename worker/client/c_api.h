@@ -284,8 +284,12 @@ PARASYNC_API int parasync_shard_indices(int64_t n, int rank, int num_workers, ui
                            int shuffle, int64_t* out, size_t capacity, size_t* count,
                            char** errmsg);
 /* Makes SIGINT and SIGTERM also set a flag that every blocked call of every client checks
- * (they return PARASYNC_ABORTED), then calls the handler that was installed before (e.g.
- * Python's). Call after the program installed its own handlers. */
+ * (they return PARASYNC_ABORTED), then do what was installed before: call its handler (e.g.
+ * Python's); take the default action, the process ending as it would have without the
+ * library (the handler restores SIG_DFL and raises the signal again); or, where the signal
+ * was ignored, nothing more. Call after the program installed its own handlers: one that
+ * wants its blocked calls to return PARASYNC_ABORTED, rather than to end, installs one
+ * first (it may do nothing). */
 PARASYNC_API void parasync_install_signal_handlers(void);
 /* Whether SIGINT or SIGTERM arrived since parasync_install_signal_handlers (or
  * parasync_request_stop was called): the signal's number, else 0. */

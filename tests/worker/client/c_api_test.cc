@@ -2,12 +2,16 @@
 // exception; buffers the caller's; against real servers over ZeroMQ on loopback.
 #include "worker/client/c_api.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
+#include "tests/support/in_child.h"
 #include "tests/support/in_process_server.h"
 #include "tests/support/temp_dir.h"
 #include "worker/data/dataset.h"
@@ -220,6 +225,76 @@ TEST(CApiShardTest, ShardIndicesAreTheWorkersOrder) {
   EXPECT_EQ(parasync_shard_indices(103, 4, 4, 42, 1, 1, nullptr, 0, &count, &err),
             PARASYNC_INVALID_ARGUMENT);
   EXPECT_THAT(Take(err), HasSubstr("rank"));
+}
+
+// ---- Signals: what was installed before still happens ---------------------------------------
+
+// The wait status `status` in words: "killed by SIGTERM", "exited with 0".
+std::string Described(int status) {
+  if (status == -1) return "no child";
+  if (WIFSIGNALED(status)) return std::string("killed by ") + sigabbrev_np(WTERMSIG(status));
+  if (WIFEXITED(status)) return "exited with " + std::to_string(WEXITSTATUS(status));
+  return "status " + std::to_string(status);
+}
+
+// In a child: `before` installed for `number`, then the library's handlers over it, then
+// `number` raised; the child exits with what `after` returns (0: as expected) if it lives.
+int RaiseOver(int number, const struct sigaction& before, const std::function<int()>& after) {
+  return parasync::testing::RunInChild([&] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, number);
+    if (sigprocmask(SIG_UNBLOCK, &set, nullptr) != 0) return 10;
+    if (sigaction(number, &before, nullptr) != 0) return 11;
+    parasync_install_signal_handlers();
+    raise(number);
+    return after();
+  });
+}
+
+struct sigaction Disposition(void (*handler)(int)) {
+  struct sigaction sa {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  return sa;
+}
+
+volatile sig_atomic_t g_handled = 0;
+void Handle(int number) { g_handled = number; }
+void HandleWithInfo(int number, siginfo_t* info, void*) {
+  g_handled = info != nullptr && info->si_signo == number ? number : -1;
+}
+
+TEST(CApiSignalTest, WhereTheDefaultActionWasTheSignalStillEndsTheProcess) {
+  for (int number : {SIGTERM, SIGINT}) {
+    const int status = RaiseOver(number, Disposition(SIG_DFL), [] { return 0; });
+    EXPECT_EQ(Described(status), std::string("killed by ") + sigabbrev_np(number));
+  }
+}
+
+TEST(CApiSignalTest, AHandlerInstalledBeforeIsStillCalled) {
+  struct sigaction with_info {};
+  with_info.sa_sigaction = HandleWithInfo;
+  with_info.sa_flags = SA_SIGINFO;
+  sigemptyset(&with_info.sa_mask);
+  for (int number : {SIGTERM, SIGINT}) {
+    for (const struct sigaction& before : {Disposition(Handle), with_info}) {
+      const int status = RaiseOver(number, before, [number] {
+        if (g_handled != number) return 1;
+        return parasync_stop_requested() == number ? 0 : 2;
+      });
+      EXPECT_EQ(Described(status), "exited with 0") << sigabbrev_np(number);
+    }
+  }
+}
+
+TEST(CApiSignalTest, WhereTheSignalWasIgnoredOnlyTheFlagIsSet) {
+  for (int number : {SIGTERM, SIGINT}) {
+    const int status = RaiseOver(number, Disposition(SIG_IGN), [number] {
+      return parasync_stop_requested() == number ? 0 : 1;
+    });
+    EXPECT_EQ(Described(status), "exited with 0") << sigabbrev_np(number);
+  }
 }
 
 }  // namespace
