@@ -204,10 +204,9 @@ PARASYNC_API int parasync_client_metrics_port(const parasync_client_t* client);
 /* Registers `model` with every server, waiting up to the connect timeout for servers still
  * starting. `initial_values`: NULL, or one float array per variable (the variables' values,
  * read during the call; NULL for a variable that is not PROVIDED) for the rank that creates
- * the model; a registration without them
- * waits until rank 0 has created a model with PROVIDED variables. PARASYNC_FAILED_
- * PRECONDITION when the servers hold another model (the message names the first variable
- * that differs) or run another mode. */
+ * the model; a registration without them waits until rank 0 has created a model with
+ * PROVIDED variables. PARASYNC_FAILED_PRECONDITION when the servers hold another model (the
+ * message names the first variable that differs) or run another mode. */
 PARASYNC_API int parasync_client_register(parasync_client_t* client, const parasync_model_t* model,
                              const float* const* initial_values, char** errmsg);
 /* Where the servers recorded this rank in its data (the last push's position): epoch 0 when
