@@ -66,6 +66,21 @@ Header Request(MsgType type, uint64_t id) {
   return h;
 }
 
+// Registers `model` through `peer`, the test thread running the loop (bounded in turns).
+void Register(Server& server, zmq::socket_t& peer, ModelRegistration model) {
+  Header reg = Request(MsgType::kRegister, 1);
+  reg.slices.clear();
+  reg.registration = std::move(model);
+  ASSERT_TRUE(SendRequest(peer, reg, nullptr));
+  std::optional<Header> registered;
+  for (int turn = 0; turn < 50 && !registered; ++turn) {
+    ASSERT_TRUE(server.ServeOnce(100ms).ok());
+    registered = TakeReply(peer);
+  }
+  ASSERT_TRUE(registered.has_value());
+  ASSERT_TRUE(registered->status.ok()) << registered->status.ToString();
+}
+
 // A socket that always has pushes waiting at the server: topped up to kBacklog unanswered
 // before every turn (the server queues 3 of a peer and refuses the rest; either answers).
 class Flooder {
@@ -125,20 +140,11 @@ TEST(ServerFairnessTest, APeerWithOneRequestInFlightGetsItsShareBesideFourFloodi
   zmq::socket_t honest(context, zmq::socket_type::dealer);
   honest.set(zmq::sockopt::linger, 0);
   honest.connect(server.endpoint());
-  Header reg = Request(MsgType::kRegister, 1);
-  reg.slices.clear();
-  reg.registration = testing::SmallModel(
-      {{"w", {512, 512}, DType::kFloat32, {InitKind::kUniform, 0.1f}}}, kSliceElements,
-      /*num_shards=*/1, /*seed=*/3, /*learning_rate=*/0.01f);
-  reg.registration->optimizer.kind = OptimizerKind::kAdam;
-  ASSERT_TRUE(SendRequest(honest, reg, nullptr));
-  std::optional<Header> registered;
-  for (int turn = 0; turn < 50 && !registered; ++turn) {
-    ASSERT_TRUE(server.ServeOnce(100ms).ok());
-    registered = TakeReply(honest);
-  }
-  ASSERT_TRUE(registered.has_value());
-  ASSERT_TRUE(registered->status.ok()) << registered->status.ToString();
+  ASSERT_NO_FATAL_FAILURE(Register(
+      server, honest,
+      testing::SmallModel({{"w", {512, 512}, DType::kFloat32, {InitKind::kUniform, 0.1f}}},
+                          kSliceElements, /*num_shards=*/1, /*seed=*/3,
+                          /*learning_rate=*/0.01f, OptimizerKind::kAdam)));
 
   constexpr int kFlooders = 4;
   std::vector<Flooder> flooders;
@@ -194,6 +200,48 @@ TEST(ServerFairnessTest, APeerWithOneRequestInFlightGetsItsShareBesideFourFloodi
               static_cast<long long>(refused));
   EXPECT_GE(flood_pushes, kSteps) << "the flooders were not served";
   EXPECT_LE(median, static_cast<int64_t>(1.5 * kFlooders));
+}
+
+// A client that pipelines small requests (a window of 64 one-slice pulls, as parasync-bench's
+// small section and ps-lite's small-op benchmark keep in flight) has them all answered: its
+// queue takes them past the count of 3 by their weight (ps/server.h, kServerPeerQueueBytes).
+// Each turn reads two of them (the loop reads a peer until it comes round again) and serves
+// one, so the queue grows by one a turn; with the count alone the 4th read was refused.
+TEST(ServerFairnessTest, AClientMayPipelineSmallRequests) {
+  zmq::context_t context;
+  PsMetrics metrics(/*shard=*/0, /*num_workers=*/1);
+  ServerOptions options;
+  options.endpoint = "inproc://server-pipelining-test";
+  options.max_message_bytes = int64_t{4} << 20;
+  auto created = Server::Create(context, options, &metrics);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  Server& server = **created;
+  zmq::socket_t client(context, zmq::socket_type::dealer);
+  client.set(zmq::sockopt::linger, 0);
+  client.connect(server.endpoint());
+  constexpr int64_t kSmallSlice = 256;  // 1 KiB of float32
+  ASSERT_NO_FATAL_FAILURE(Register(
+      server, client,
+      testing::SmallModel({{"w", {64, kSmallSlice}, DType::kFloat32, {InitKind::kZeros, 0}}},
+                          kSmallSlice, /*num_shards=*/1, /*seed=*/3, /*learning_rate=*/0.01f)));
+
+  constexpr int kWindow = 64;
+  for (uint32_t i = 0; i < kWindow; ++i) {
+    Header pull = Request(MsgType::kPull, 2 + i);
+    pull.slices = {SliceRange{i, 0, kSmallSlice}};
+    ASSERT_TRUE(SendRequest(client, pull, nullptr));
+  }
+  int answered = 0;
+  for (int turn = 0; turn < 4 * kWindow && answered < kWindow; ++turn) {
+    ASSERT_TRUE(server.ServeOnce(100ms).ok());
+    while (std::optional<Header> reply = TakeReply(client)) {
+      ASSERT_TRUE(reply->status.ok()) << "reply " << answered + 1 << " of " << kWindow << ": "
+                                      << reply->status.ToString();
+      ASSERT_EQ(reply->request_id, static_cast<uint64_t>(2 + answered));
+      ++answered;
+    }
+  }
+  EXPECT_EQ(answered, kWindow);
 }
 
 }  // namespace
