@@ -87,7 +87,8 @@ class Flooder {
  public:
   static constexpr int kBacklog = 8;
 
-  Flooder(zmq::context_t& context, const std::string& endpoint) : socket_(context, zmq::socket_type::dealer) {
+  Flooder(zmq::context_t& context, const std::string& endpoint)
+      : socket_(context, zmq::socket_type::dealer) {
     socket_.set(zmq::sockopt::linger, 0);
     socket_.connect(endpoint);
   }
