@@ -79,7 +79,7 @@ TEST(WorkerDeviceTest, AGpuThatDoesNotExistIsOneClearLineAndExitCode2) {
 // /healthz (200) and a /metrics page counting trained examples, each polled within a bound.
 // A worker on the GPU has cuBLAS and cuDNN loaded beside the metrics server's thread (the
 // civetweb threads it replaced had stacks too small for cuBLAS's thread-local data:
-// shared/DEPENDENCIES.md). Empty when all was seen, else what was not.
+// docs/dependencies.md). Empty when all was seen, else what was not.
 std::string ScrapeWhileTraining(Child& launch, const std::string& run_dir, const std::string& worker) {
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   auto running = [&] {

@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """The Python client's edges against real parasync-ps processes: bad input gets one clear
 exception (never a hang or a crash), calls waiting on the network let other Python threads
-run, and SIGTERM stops a waiting worker as it stops parasync-worker (exit 0, metrics written).
+run, SIGTERM stops a waiting worker as it stops parasync-worker (exit 0, metrics written),
+and a Python worker started by parasync-launch --lr-schedule cosine trains at the rate the
+schedule gives each step (measured from the servers' SGD updates), or refuses the schedule
+in one line where it cannot know the decay's length.
 
 Usage: client_test.py BIN_DIR PYTHON_DIR SOURCE_DIR
 """
 
+import json
+import math
 import os
 import re
 import signal
@@ -216,12 +221,123 @@ print("not reached", flush=True)
               "no metrics snapshot after SIGTERM")
 
 
+COSINE_WORKER = """
+import json, os, sys
+import torch
+import parasync.torch as pst
+N, BATCH = int(sys.argv[1]), int(sys.argv[2])
+torch.manual_seed(1)
+x, y = torch.randn(N, 4), torch.randn(N, 1)
+client = pst.connect()
+s = client.settings
+model = torch.nn.Linear(4, 1)
+opt = pst.Optimizer(client, model, optimizer=s.optimizer, lr=s.lr, train_size=N)
+run = pst.Run(client, N, batch_size=BATCH)
+with open(os.path.join(s.log_dir, "steps.jsonl"), "w") as out:
+    for epoch in run.epochs():
+        for idx in run.batches():
+            before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+            loss = ((model(x[idx]) - y[idx]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            g = torch.cat([p.grad.flatten().clone() for p in model.parameters()])
+            opt.step(examples=len(idx), loss=loss.item())
+            after = torch.cat([p.detach().flatten() for p in model.parameters()])
+            # SGD on the servers: after = before - rate * g.
+            rate = float((before - after) @ g / (g @ g))
+            out.write(json.dumps({"examples": len(idx), "rate": rate}) + "\\n")
+run.finish()
+"""
+
+
+def cosine_rate(lr, applied, horizon):
+    """Keras's CosineDecay to 0: the rate after `applied` examples of a `horizon`."""
+    return lr * 0.5 * (1 + math.cos(math.pi * min(applied, horizon) / horizon))
+
+
+def launched_worker_follows_the_cosine_schedule(log_dir: str) -> None:
+    """parasync-launch --lr-schedule cosine with a Python worker (PARASYNC_LR_SCHEDULE): each
+    step's rate, measured from what the servers' SGD did to the parameters, is the cosine's at
+    the examples applied before it, over --epochs of the training set, as for
+    parasync-worker."""
+    n, batch, epochs, lr = 64, 8, 2, 0.1
+    script = os.path.join(log_dir, "cosine_worker.py")
+    with open(script, "w") as f:
+        f.write(COSINE_WORKER)
+    run_dir = os.path.join(log_dir, "cosine")
+    launch = subprocess.run(
+        [os.path.join(BIN_DIR, "parasync-launch"), "--ps", "1", "--workers", "1", "--epochs",
+         str(epochs), "--optimizer", "sgd", "--lr", str(lr), "--lr-schedule", "cosine",
+         "--log-dir", run_dir, "--worker-command",
+         f"/usr/bin/python3 {script} {n} {batch}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(launch.returncode == 0, f"the cosine run exited {launch.returncode}: "
+                                  f"{launch.stdout[-3000:]}")
+    steps_file = os.path.join(run_dir, "steps.jsonl")
+    steps = []
+    if os.path.exists(steps_file):
+        with open(steps_file) as f:
+            steps = [json.loads(line) for line in f]
+    check(len(steps) == epochs * n // batch,
+          f"the cosine run made {len(steps)} steps, not {epochs * n // batch}")
+    horizon, applied, wrong = epochs * n, 0, []
+    for k, step in enumerate(steps):
+        expected = cosine_rate(lr, applied, horizon)
+        if abs(step["rate"] - expected) > 1e-5:
+            wrong.append(f"step {k} after {applied} examples: {step['rate']:.6f}, "
+                         f"the schedule's {expected:.6f}")
+        applied += step["examples"]
+    check(not wrong, f"{len(wrong)} of {len(steps)} steps off the cosine schedule: "
+                     f"{'; '.join(wrong[:4])}")
+    if steps:
+        print(f"cosine schedule: rates {steps[0]['rate']:.5f} .. {steps[-1]['rate']:.5f} over "
+              f"{len(steps)} steps, {len(wrong)} off the schedule", flush=True)
+
+
+def with_environment(name: str, value: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs) with os.environ[name] = value, as the launcher would set it."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved
+
+
+def a_schedule_that_cannot_be_honoured_is_refused(servers: Servers, log_dir: str) -> None:
+    """An unknown PARASYNC_LR_SCHEDULE, and cosine with no training-set size to measure its
+    length by: one clear InvalidArgument before anything is registered, not a constant rate."""
+    e = with_environment("PARASYNC_LR_SCHEDULE", "step", raises, parasync.InvalidArgument,
+                         parasync.Settings.from_environment)
+    check(e is not None and "PARASYNC_LR_SCHEDULE='step'" in str(e) and "cosine" in str(e),
+          f"PARASYNC_LR_SCHEDULE=step: {e}")
+    client = with_environment("PARASYNC_LR_SCHEDULE", "cosine", parasync.Client,
+                              servers.addresses, workers=1, rank=0, log_dir=log_dir,
+                              request_timeout=10, connect_timeout=10)
+    e = raises(parasync.InvalidArgument, pst.Optimizer, client, Small(), optimizer="sgd",
+               lr=0.1)
+    check(e is not None and "PARASYNC_LR_SCHEDULE=cosine" in str(e) and "train_size" in str(e)
+          and "\n" not in str(e), f"cosine without train_size: {e}")
+    e = raises(parasync.InvalidArgument, client.register, [parasync.Variable("w", (3,))],
+               initial_values=[np.zeros(3, np.float32)])
+    check(e is not None and "train_size" in str(e), f"register, cosine without train_size: {e}")
+    client.close()
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         unreachable_server_times_out_naming_it()
         with Servers(BIN_DIR, shards=2, workers=2, log_dir=d) as servers:
             bad_input_is_one_clear_exception(servers, d)
             a_python_worker_serves_the_worker_metrics(servers, d)
+        refusal_dir = os.path.join(d, "refusal")
+        os.makedirs(refusal_dir)
+        with Servers(BIN_DIR, shards=1, workers=1, log_dir=refusal_dir) as servers:
+            a_schedule_that_cannot_be_honoured_is_refused(servers, refusal_dir)
+        launched_worker_follows_the_cosine_schedule(d)
         term_dir = os.path.join(d, "term")
         os.makedirs(term_dir)
         sigterm_stops_a_waiting_worker(term_dir)

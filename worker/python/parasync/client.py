@@ -223,15 +223,23 @@ class Client:
     def register(self, variables: Sequence[Variable], tables: Sequence[Table] = (), *,
                  optimizer: str = "adam", lr: float = 0.001, seed: int = 42,
                  name: str = "", description: str = "", initial_values=None,
+                 train_size: int | None = None, epochs: int | None = None,
                  **optimizer_settings) -> None:
         """Registers the model with every server (waiting up to the connect timeout for
         servers still starting). ``initial_values`` (one float32 array per variable) are the
         values of "provided" variables, sent by the rank that creates the model (rank 0);
         others call without them and wait until rank 0 has. ``optimizer_settings``: momentum,
         beta1, beta2, epsilon, initial_accumulator, staleness_aware, cosine_decay_examples,
-        final_lr_fraction, max_slice_elements. Raises FailedPrecondition when the servers hold
-        another model (naming the first variable that differs) or run another mode, TimedOut
-        or Unavailable naming a server that cannot be reached."""
+        final_lr_fraction, max_slice_elements. The settings' learning-rate schedule
+        (PARASYNC_LR_SCHEDULE) is applied unless cosine_decay_examples is given: cosine
+        decays over ``epochs`` (default PARASYNC_EPOCHS, else 5) of ``train_size`` examples
+        (the whole training set), as parasync-worker's --lr-schedule does, and without
+        ``train_size`` is refused (Settings.lr_schedule_options). Raises FailedPrecondition
+        when the servers hold another model (naming the first variable that differs) or run
+        another mode, TimedOut or Unavailable naming a server that cannot be reached."""
+        if "cosine_decay_examples" not in optimizer_settings:
+            optimizer_settings = {**self.settings.lr_schedule_options(train_size, epochs),
+                                  **optimizer_settings}
         model = lib.parasync_model_create()
         try:
             for v in variables:
