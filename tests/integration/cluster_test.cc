@@ -190,7 +190,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInvocation{"parasync-worker", {kCluster, kWorkers, "--ps-ipc=2=/tmp/ps.sock"},
                       "the cluster has 2 shards"},
         BadInvocation{"parasync-worker",
-                      {kCluster, kWorkers, "--ps-ipc=0=/tmp/a.sock", "--ps-ipc=0=/tmp/b.sock"},
+                      {kCluster, kWorkers, "--ps-ipc=0=/a.sock", "--ps-ipc=0=/b.sock"},
                       "shard 0 is given twice"},
         BadInvocation{"parasync-worker", {kCluster, kWorkers, "--mode=sync:eventually"},
                       "sync:delayed"}));
