@@ -89,6 +89,8 @@ case "$behaviour" in
   hang|busy_restart) trap 'echo "$name got SIGTERM"; exit 0' TERM ;;
   ignore_term) trap '' TERM ;;
 esac
+# First, so that a fake stopped at once is still found (and checked gone).
+echo $$ > "$FAKE_DIR/$name.pid.tmp" && mv "$FAKE_DIR/$name.pid.tmp" "$FAKE_DIR/$name.pid"
 start=1
 while [ -e "$FAKE_DIR/$name.args.$start" ]; do start=$((start + 1)); done
 printf '%s\n' "$@" > "$FAKE_DIR/$name.args.$start"
@@ -152,7 +154,6 @@ if [ -n "$log_dir" ] && [ -z "$no_prom" ]; then
       $((1000 * (index + 1))) >> "$log_dir/metrics-$name.prom"
   fi
 fi
-echo $$ > "$FAKE_DIR/$name.pid.tmp" && mv "$FAKE_DIR/$name.pid.tmp" "$FAKE_DIR/$name.pid"
 echo "hello from $name"
 echo "$name to stderr" >&2
 printf 'partial from %s' "$name"
