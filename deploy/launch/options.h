@@ -91,7 +91,8 @@ struct LaunchOptions {
   // (WorkerPythonPath). Empty: the launcher's own, unchanged.
   std::string worker_python_path;
   // Multi-host: where the processes run (--ps h:n,... and -H h:n,...). Empty: all on
-  // `host` with loopback-reserved ports. Given, num_ps/num_workers are their sums, ports are
+  // `host`, each server on a free port of its own choosing (port 0, told back in its ready
+  // file: plan.h's SingleHostPorts). Given, num_ps/num_workers are their sums, ports are
   // port_base, port_base+1, ... per host (service ports, then metrics ports from
   // port_base + kMetricsPortOffset), and processes on hosts other than localhost are
   // started with `ssh_command HOST REMOTE-COMMAND`, running the binaries of remote_bin_dir.

@@ -2,9 +2,10 @@
 """The Python client's edges against real parasync-ps processes: bad input gets one clear
 exception (never a hang or a crash), calls waiting on the network let other Python threads
 run, SIGTERM stops a waiting worker as it stops parasync-worker (exit 0, metrics written),
-and a Python worker started by parasync-launch --lr-schedule cosine trains at the rate the
-schedule gives each step (measured from the servers' SGD updates), or refuses the schedule
-in one line where it cannot know the decay's length.
+the client tells its metrics port in PARASYNC_READY_FILE, and a Python worker started by
+parasync-launch --lr-schedule cosine trains at the rate the schedule gives each step
+(measured from the servers' SGD updates), or refuses the schedule in one line where it
+cannot know the decay's length.
 
 Usage: client_test.py BIN_DIR PYTHON_DIR SOURCE_DIR
 """
@@ -177,6 +178,29 @@ def a_python_worker_serves_the_worker_metrics(servers: Servers, log_dir: str) ->
     client.close()
 
 
+def a_python_worker_tells_its_metrics_port_in_its_ready_file(servers: Servers,
+                                                            log_dir: str) -> None:
+    """PARASYNC_READY_FILE (parasync-launch sets it with PARASYNC_METRICS_PORT=0): the client
+    writes there what parasync-worker --ready-file writes, once its /metrics is up."""
+    path = os.path.join(log_dir, "worker1.ready")
+    os.environ["PARASYNC_READY_FILE"] = path
+    try:
+        client = parasync.Client(servers.addresses, workers=2, rank=1, log_dir=log_dir,
+                                 metrics_port=0, request_timeout=10, connect_timeout=10)
+        with open(path) as f:
+            ready = json.load(f)
+        check(ready == {"role": "worker", "task_index": 1, "pid": os.getpid(), "address": "",
+                        "metrics_port": client.metrics_port} and client.metrics_port > 0,
+              f"the ready file says {ready}, the client's metrics port is {client.metrics_port}")
+        client.close()
+        os.environ["PARASYNC_READY_FILE"] = os.path.join(log_dir, "missing", "worker1.ready")
+        e = raises(parasync.Unavailable, parasync.Client, servers.addresses, workers=2, rank=1,
+                   log_dir=log_dir, metrics_port=0, connect_timeout=10)
+        check(e is not None and "PARASYNC_READY_FILE" in str(e), f"an unwritable file: {e}")
+    finally:
+        del os.environ["PARASYNC_READY_FILE"]
+
+
 def sigterm_stops_a_waiting_worker(log_dir: str) -> None:
     """A sync worker waits at the barrier for rank 1, who never comes; SIGTERM ends it with
     status 0 and its metrics snapshot, as parasync-worker."""
@@ -333,6 +357,7 @@ def main() -> int:
         with Servers(BIN_DIR, shards=2, workers=2, log_dir=d) as servers:
             bad_input_is_one_clear_exception(servers, d)
             a_python_worker_serves_the_worker_metrics(servers, d)
+            a_python_worker_tells_its_metrics_port_in_its_ready_file(servers, d)
         refusal_dir = os.path.join(d, "refusal")
         os.makedirs(refusal_dir)
         with Servers(BIN_DIR, shards=1, workers=1, log_dir=refusal_dir) as servers:
