@@ -742,6 +742,9 @@ int Serve(const PsFlags& f, const PsConfig& c) {
   if (auto exit = StartAuthenticator(context, c, metrics, refusals, options, authenticator)) {
     return *exit;
   }
+  // A socket directory this server makes, it removes at exit if it is empty by then.
+  const bool makes_socket_dir =
+      !f.ipc.empty() && !std::filesystem::exists(std::filesystem::path(f.ipc).parent_path());
   auto server = Server::Create(context, options, &metrics);
   if (!server.ok()) {
     return Fail(server.status().message(), server.status().code() == StatusCode::kInvalidArgument
@@ -767,6 +770,9 @@ int Serve(const PsFlags& f, const PsConfig& c) {
     // Ours since the bind (which replaced whatever a crashed predecessor left there).
     std::error_code ignored;
     std::filesystem::remove(f.ipc, ignored);
+    if (makes_socket_dir) {
+      std::filesystem::remove(std::filesystem::path(f.ipc).parent_path(), ignored);
+    }
   }
   return Finish(f, c, **server, metrics, opened.store != nullptr, run);
 }

@@ -98,10 +98,13 @@ struct LaunchOptions {
   // started with `ssh_command HOST REMOTE-COMMAND`, running the binaries of remote_bin_dir.
   std::vector<HostSlots> ps_placement;
   std::vector<HostSlots> worker_placement;
-  // Each PS also listens on a unix socket (LocalSocketPath) and the parasync-worker workers
+  // Each PS also listens on a unix socket (SocketPath) and the parasync-worker workers
   // on its host reach it there instead of over TCP (--ipc; on by default with --ps
   // colocated).
   bool local_ipc = false;
+  // With local_ipc: the directory of the run's sockets on every host (NewSocketDir, chosen
+  // once by Launcher::Create; the servers make it, private to their user).
+  std::string socket_dir;
   std::string ssh_command = "ssh -o BatchMode=yes -o ConnectTimeout=10";
   std::string remote_bin_dir;  // empty: bin_dir
   int port_base = 29500;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -321,15 +322,15 @@ ProcessSpec PlanExporter(const LaunchOptions& options, const Cluster& cluster) {
 
 }  // namespace
 
-std::string LocalSocketPath(const std::string& address) {
-  std::string name = address;
-  std::replace(name.begin(), name.end(), ':', '-');
-  return "/tmp/parasync-ps-" + name + ".sock";
+std::string NewSocketDir() {
+  std::random_device random;  // /dev/urandom
+  char name[17];
+  std::snprintf(name, sizeof(name), "%08x%08x", random(), random());
+  return std::string("/tmp/parasync-") + name;
 }
 
-std::string SingleHostSocketPath(const std::string& host, int shard) {
-  return LocalSocketPath(host + ":launch" + std::to_string(getpid()) + "-" +
-                         std::to_string(shard));
+std::string SocketPath(const std::string& socket_dir, int shard) {
+  return socket_dir + "/ps" + std::to_string(shard) + ".sock";
 }
 
 std::string ShellJoin(const std::vector<std::string>& argv) {
@@ -501,9 +502,7 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
   cluster.ps_hosts = JoinAddresses(cluster.ps_addresses);
   cluster.worker_hosts = JoinAddresses(cluster.worker_addresses);
   for (size_t i = 0; i < num_ps && options.local_ipc; ++i) {
-    cluster.ps_sockets.push_back(
-        IsMultiHost(options) ? LocalSocketPath(cluster.ps_addresses[i])
-                             : SingleHostSocketPath(cluster.hosts[i], static_cast<int>(i)));
+    cluster.ps_sockets.push_back(SocketPath(options.socket_dir, static_cast<int>(i)));
   }
   // What every process will check of its --ps-hosts / --worker-hosts, checked before any
   // starts (two names of one host, "node1" and "NODE1", would get the same ports). A server

@@ -119,15 +119,15 @@ Status CheckBinaries(const std::string& bin_dir, bool with_export = false,
 // may be null or empty). Reads the filesystem.
 std::string WorkerPythonPath(const std::string& bin_dir, const char* inherited);
 
-// The unix socket a PS at `address` (host:port) also listens on when LaunchOptions::local_ipc
-// is set: /tmp/parasync-ps-HOST-PORT.sock, unique per host and port, so also where several
-// emulated hosts share one file system (tools/netlab).
-std::string LocalSocketPath(const std::string& address);
+// A new directory for a run's unix sockets (LaunchOptions::local_ipc): /tmp/parasync-<16 hex
+// digits from the system's random source>. No other user can guess the name, so none can
+// make that directory first; each server makes it, mode 0700, where it does not exist
+// (parasync-ps --ipc), and the last to stop removes it. A path is never reused by another run.
+std::string NewSocketDir();
 
-// The same for PS `shard` of a single-host run, whose port is not known before it starts:
-// /tmp/parasync-ps-HOST-launch<PID>-<shard>.sock, PID this launcher's (unique while it runs,
-// and the same for a restart).
-std::string SingleHostSocketPath(const std::string& host, int shard);
+// The unix socket PS `shard` listens on in `socket_dir`: <socket_dir>/ps<shard>.sock, unique
+// per shard, so also where several emulated hosts share one file system (tools/netlab).
+std::string SocketPath(const std::string& socket_dir, int shard);
 
 // `spec`'s command as one shell command line, as --dry-run prints it: its `env` as NAME=value
 // words, then spawn_argv (a remote process's env is inside its ssh command already).

@@ -97,6 +97,7 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& given) {
   PARASYNC_RETURN_IF_ERROR(
       CheckBinaries(bin_dir, !options.export_path.empty(), !options.worker_command.has_value()));
   PARASYNC_ASSIGN_OR_RETURN(const std::string log_dir, ResolvePaths(&options));
+  if (options.local_ipc && options.socket_dir.empty()) options.socket_dir = NewSocketDir();
   if (options.worker_command) {
     options.worker_python_path = WorkerPythonPath(bin_dir, std::getenv("PYTHONPATH"));
   }
@@ -278,6 +279,11 @@ Launcher::~Launcher() {
     CloseOutput(child);
     if (child.log_fd >= 0) close(child.log_fd);
     child.log_fd = -1;
+  }
+  if (!options_.socket_dir.empty() && !IsMultiHost(options_)) {
+    // The run's own directory (NewSocketDir): what a killed server left in it goes too.
+    std::error_code ignored;
+    std::filesystem::remove_all(options_.socket_dir, ignored);
   }
 }
 

@@ -659,30 +659,32 @@ TEST(LaunchPlanTest, AMultiHostPlanKeepsItsFixedPortsAndNeedsNoReadyFiles) {
   EXPECT_THAT(plan->processes[1].argv, ::testing::IsSupersetOf({"--metrics-port", "30000"}));
 }
 
-// --ipc on a single host: a server's socket cannot be named after a port it has not bound
-// yet, nor after port 0 (two runs side by side would share it): it is named after the
-// launcher and the shard, the same before and after the servers' ports are known.
-TEST(LaunchPlanTest, ASingleHostRunsIpcSocketsAreItsOwnAndSurviveThePlanningAgain) {
+// --ipc: the run's sockets are in a directory no other user can guess (so none can make it
+// first, and servers make it private), named after the shard, the same before and after the
+// servers' ports are known (a single-host run plans twice).
+TEST(LaunchPlanTest, IpcSocketsAreInTheRunsUnguessableDirectoryAndSurviveThePlanningAgain) {
+  const std::string dir = NewSocketDir();
+  EXPECT_THAT(dir, ::testing::MatchesRegex("/tmp/parasync-[0-9a-f]{16}"));
+  EXPECT_NE(NewSocketDir(), dir) << "two runs would share their sockets' directory";
   LaunchOptions options;
   options.num_ps = 2;
   options.num_workers = 1;
   options.local_ipc = true;
+  options.socket_dir = dir;
   std::vector<int> ports = SingleHostPorts(options);
   const Result<LaunchPlan> first = BuildPlan(options, "/b", "/l", ports);
   ports[0] = 24001;
   ports[1] = 24002;
   const Result<LaunchPlan> again = BuildPlan(options, "/b", "/l", ports);
   ASSERT_TRUE(first.ok() && again.ok());
-  const std::string socket0 =
-      "/tmp/parasync-ps-127.0.0.1-launch" + std::to_string(getpid()) + "-0.sock";
-  EXPECT_EQ(SingleHostSocketPath("127.0.0.1", 0), socket0);
+  const std::string socket0 = dir + "/ps0.sock";
+  EXPECT_EQ(SocketPath(dir, 0), socket0);
   for (const Result<LaunchPlan>* plan : {&first, &again}) {
     EXPECT_THAT((*plan)->processes[0].argv,
                 ::testing::IsSupersetOf(std::vector<std::string>{"--ipc", socket0}));
     EXPECT_THAT((*plan)->processes[2].argv,
                 ::testing::IsSupersetOf(std::vector<std::string>{
-                    "--ps-ipc", "0=" + socket0, "--ps-ipc",
-                    "1=" + SingleHostSocketPath("127.0.0.1", 1)}));
+                    "--ps-ipc", "0=" + socket0, "--ps-ipc", "1=" + dir + "/ps1.sock"}));
   }
 }
 

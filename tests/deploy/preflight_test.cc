@@ -21,6 +21,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -292,15 +293,20 @@ TEST_F(PreflightTest, ColocatedPutsOneServerOnEveryWorkerHost) {
   EXPECT_THAT(lines[0], HasSubstr("--ps-hosts n1:29500,n2:29500 "));
   EXPECT_THAT(lines[2], HasSubstr("worker0 on n1: "));
   EXPECT_THAT(lines[5], HasSubstr("worker3 on n1: "));
-  // Each server also listens on a unix socket, and the workers on its host reach it there
+  // Each server also listens on a unix socket, in the run's directory of a name no other user
+  // can guess (the servers make it private), and the workers on its host reach it there
   // (n1's workers shard 0's, n2's shard 1's), not the other host's.
-  EXPECT_THAT(lines[0], HasSubstr("--ipc /tmp/parasync-ps-n1-29500.sock"));
-  EXPECT_THAT(lines[1], HasSubstr("--ipc /tmp/parasync-ps-n2-29500.sock"));
+  std::smatch found;
+  ASSERT_TRUE(std::regex_search(lines[0], found,
+                                std::regex("--ipc (/tmp/parasync-[0-9a-f]{16})/ps0\\.sock")))
+      << lines[0];
+  const std::string sockets = found[1];
+  EXPECT_THAT(lines[1], HasSubstr("--ipc " + sockets + "/ps1.sock"));
   for (size_t w : {2u, 3u, 5u}) {
-    EXPECT_THAT(lines[w], HasSubstr("--ps-ipc 0=/tmp/parasync-ps-n1-29500.sock"));
+    EXPECT_THAT(lines[w], HasSubstr("--ps-ipc 0=" + sockets + "/ps0.sock"));
     EXPECT_THAT(lines[w], Not(HasSubstr("--ps-ipc 1=")));
   }
-  EXPECT_THAT(lines[4], HasSubstr("--ps-ipc 1=/tmp/parasync-ps-n2-29500.sock"));
+  EXPECT_THAT(lines[4], HasSubstr("--ps-ipc 1=" + sockets + "/ps1.sock"));
   EXPECT_THAT(lines[4], Not(HasSubstr("--ps-ipc 0=")));
   // --no-ipc: TCP everywhere; and without colocated, --ipc asks for it.
   auto [tcp_code, tcp_out] =
@@ -309,7 +315,11 @@ TEST_F(PreflightTest, ColocatedPutsOneServerOnEveryWorkerHost) {
   EXPECT_THAT(testing::ReadFile(dir_.path() + "/out"), Not(HasSubstr("ipc")));
   auto [local_code, local_out] = Launch({"--ps", "1", "--workers", "1", "--ipc", "--dry-run"});
   EXPECT_EQ(local_code, 0) << local_out;
-  EXPECT_THAT(testing::ReadFile(dir_.path() + "/out"), HasSubstr("--ps-ipc 0=/tmp/parasync-ps-"));
+  EXPECT_THAT(testing::ReadFile(dir_.path() + "/out"), HasSubstr("--ps-ipc 0=/tmp/parasync-"));
+  // Another run: another directory.
+  auto [again_code, again_out] = Launch({"--ps", "1", "--workers", "1", "--ipc", "--dry-run"});
+  EXPECT_EQ(again_code, 0) << again_out;
+  EXPECT_THAT(testing::ReadFile(dir_.path() + "/out"), Not(HasSubstr(sockets)));
 
   auto [bad, said] = Launch({"--ps", "colocated", "--dry-run"});
   EXPECT_EQ(bad, 2) << said;
