@@ -140,10 +140,12 @@ Result<std::string> ResolveBindHost(std::string_view host, std::string_view flag
   return std::string(ip);
 }
 
-Status CheckDistinctAddresses(const std::vector<std::string>& addresses, std::string_view flag) {
+Status CheckDistinctAddresses(const std::vector<std::string>& addresses, std::string_view flag,
+                              PortRule rule) {
   std::vector<std::pair<std::string, std::string>> seen;  // (key, as given)
   for (const std::string& address : addresses) {
-    PARASYNC_ASSIGN_OR_RETURN(HostPort parsed, ParseHostPort(address, flag, PortRule::kNonZero));
+    PARASYNC_ASSIGN_OR_RETURN(HostPort parsed, ParseHostPort(address, flag, rule));
+    if (parsed.port == 0) continue;  // each its own free port
     std::string host = Lower(parsed.host);
     if (host == "localhost" || host == "localhost.") host = "127.0.0.1";
     const std::string key = host + "|" + std::to_string(parsed.port);

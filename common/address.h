@@ -42,10 +42,12 @@ Result<HostPort> ParseHostPort(std::string_view text, std::string_view flag, Por
 Result<std::string> ResolveBindHost(std::string_view host, std::string_view flag);
 
 // InvalidArgument naming the first address that appears twice in `addresses` ("host:port",
-// checked by ParseHostPort), else OK. Host names compare without regard to case, and
+// checked by ParseHostPort under `rule`; under kZeroAllowed port 0, "any free port", may
+// appear any number of times), else OK. Host names compare without regard to case, and
 // "localhost" is 127.0.0.1; other names are not resolved (what a name means can differ
 // between the machines that read the list, and a lookup at startup can hang), so two
 // different names of one machine are not caught.
-Status CheckDistinctAddresses(const std::vector<std::string>& addresses, std::string_view flag);
+Status CheckDistinctAddresses(const std::vector<std::string>& addresses, std::string_view flag,
+                              PortRule rule = PortRule::kNonZero);
 
 }  // namespace parasync

@@ -106,7 +106,10 @@ Result<ClusterSpec> ResolveClusterSpec(const ClusterFlags& flags,
   const std::string ps_source = flags.ps_hosts ? "--ps-hosts" : "TF_CONFIG cluster.ps";
   const std::string worker_source =
       flags.worker_hosts ? "--worker-hosts" : "TF_CONFIG cluster.worker";
-  PARASYNC_RETURN_IF_ERROR(CheckDistinctAddresses(spec.ps, ps_source));
+  // A server binds only its own address, so it may be given port 0 (any free port, reported
+  // in its ready file); every other process connects to the servers and needs their ports.
+  PARASYNC_RETURN_IF_ERROR(CheckDistinctAddresses(
+      spec.ps, ps_source, task_type == "ps" ? PortRule::kZeroAllowed : PortRule::kNonZero));
   PARASYNC_RETURN_IF_ERROR(CheckDistinctAddresses(spec.workers, worker_source));
   const size_t n = task_type == "ps" ? spec.ps.size() : spec.workers.size();
   if (spec.task_index < 0 || static_cast<size_t>(spec.task_index) >= n) {

@@ -35,7 +35,8 @@ Result<ClusterSpec> ParseTfConfig(const std::string& json);
 
 // Merges flags over `tf_config` (the env value, or nullopt when unset) for a process of
 // `task_type`. Checks: at least one PS and one worker, every address "host:port" with a
-// valid host and a port in 1..65535 (ParseHostPort), no address twice in a list
+// valid host and a port in 1..65535 (ParseHostPort; for a "ps" task the PS list may hold
+// port 0, "any free port": a server binds only its own), no address twice in a list
 // (CheckDistinctAddresses), task_index within its role's list, TF_CONFIG's task type (if given)
 // equal to `task_type` unless --task-index was given (the flag then names this task).
 // InvalidArgument naming the problem otherwise.

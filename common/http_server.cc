@@ -1,5 +1,7 @@
 #include "common/http_server.h"
 
+#include "common/ports.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
@@ -23,6 +25,17 @@
 namespace parasync {
 
 namespace {
+
+// Binds `fd` to `address` (its family and IP set) at `port`; errno, or 0 once bound.
+int BindAt(int fd, sockaddr_storage address, socklen_t size, int port) {
+  const auto net_port = htons(static_cast<uint16_t>(port));
+  if (address.ss_family == AF_INET6) {
+    reinterpret_cast<sockaddr_in6*>(&address)->sin6_port = net_port;
+  } else {
+    reinterpret_cast<sockaddr_in*>(&address)->sin_port = net_port;
+  }
+  return bind(fd, reinterpret_cast<const sockaddr*>(&address), size) == 0 ? 0 : errno;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -470,12 +483,10 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& ip, int
   if (auto* v4 = reinterpret_cast<sockaddr_in*>(&address);
       inet_pton(AF_INET, ip.c_str(), &v4->sin_addr) == 1) {
     v4->sin_family = AF_INET;
-    v4->sin_port = htons(static_cast<uint16_t>(port));
     address_size = sizeof(sockaddr_in);
   } else if (auto* v6 = reinterpret_cast<sockaddr_in6*>(&address);
              inet_pton(AF_INET6, ip.c_str(), &v6->sin6_addr) == 1) {
     v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons(static_cast<uint16_t>(port));
     address_size = sizeof(sockaddr_in6);
   } else {
     return Status::InvalidArgument("not a numeric IP address: '" + ip + "'");
@@ -492,8 +503,22 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& ip, int
   if (address.ss_family == AF_INET6) {
     setsockopt(listener.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
   }
-  if (bind(listener.get(), reinterpret_cast<const sockaddr*>(&address), address_size) != 0) {
-    const int error = errno;
+  // Port 0: a free one below the ephemeral range (common/ports.h), as the servers' sockets.
+  int error = 0;
+  if (port != 0) {
+    error = BindAt(listener.get(), address, address_size, port);
+  } else {
+    auto bound = BindBelowEphemeral([&](int p) -> Result<bool> {
+      error = BindAt(listener.get(), address, address_size, p);
+      if (error == EADDRINUSE) return false;
+      if (error != 0) return Status::Unavailable(std::strerror(error));
+      return true;
+    });
+    if (!bound.ok() && error == EADDRINUSE) {
+      return Status::Unavailable("no free port on " + ip + ": " + bound.status().message());
+    }
+  }
+  if (error != 0) {
     if (error == EADDRINUSE) {
       return Status::Unavailable("port " + std::to_string(port) + " on " + ip + " is in use");
     }

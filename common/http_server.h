@@ -54,7 +54,8 @@ struct HttpServerOptions {
 class HttpServer {
  public:
   // Listens on ip:port (an IPv4 or IPv6 address in numeric form, IPv6 without brackets;
-  // "0.0.0.0" or "::" for every address; port 0 picks a free port, see port()) and serves
+  // "0.0.0.0" or "::" for every address; port 0 picks a free port below the ephemeral range,
+  // common/ports.h, see port()) and serves
   // `routes` (path -> handler, e.g. "/metrics") from a thread of its own until destroyed.
   // InvalidArgument for an address that is not numeric or a port out of range; Unavailable
   // when the address cannot be bound (the message says why: "port 9100 on 127.0.0.1 is in

@@ -26,7 +26,43 @@ int EphemeralStart() {
   return 32768;
 }
 
+// The ports below the ephemeral range, above the well-known and most registered service ports.
+struct PortRange {
+  int low;
+  int high;
+};
+PortRange BelowEphemeral() {
+  const int high = EphemeralStart() - 1;
+  return {std::max(1024, std::min(20000, high - 4000)), high};
+}
+
+std::mt19937& Rng() {
+  thread_local std::mt19937 rng(static_cast<unsigned>(getpid()) ^ std::random_device{}());
+  return rng;
+}
+
 }  // namespace
+
+Result<int> BindBelowEphemeral(const std::function<Result<bool>(int port)>& try_bind) {
+  constexpr int kTries = 1000;
+  const PortRange range = BelowEphemeral();
+  if (range.high - range.low + 1 < kTries) {
+    PARASYNC_ASSIGN_OR_RETURN(const bool bound, try_bind(0));
+    if (!bound) return Status::Unavailable("no free port (the kernel found none)");
+    return 0;
+  }
+  std::uniform_int_distribution<int> pick(range.low, range.high);
+  std::vector<int> tried;
+  while (static_cast<int>(tried.size()) < kTries) {
+    const int port = pick(Rng());
+    if (std::find(tried.begin(), tried.end(), port) != tried.end()) continue;
+    tried.push_back(port);
+    PARASYNC_ASSIGN_OR_RETURN(const bool bound, try_bind(port));
+    if (bound) return port;
+  }
+  return Status::Unavailable("no free port among " + std::to_string(kTries) + " tried in " +
+                             std::to_string(range.low) + "-" + std::to_string(range.high));
+}
 
 Result<BoundPorts> BindFreePorts(const std::string& host, int count) {
   sockaddr_in address{};
@@ -34,11 +70,9 @@ Result<BoundPorts> BindFreePorts(const std::string& host, int count) {
   if (inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) {
     address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   }
-  // Below the ephemeral range, above the well-known and most registered service ports.
-  const int high = EphemeralStart() - 1;
-  const int low = std::max(1024, std::min(20000, high - 4000));
-  thread_local std::mt19937 rng(static_cast<unsigned>(getpid()) ^ std::random_device{}());
+  const auto [low, high] = BelowEphemeral();
   std::uniform_int_distribution<int> pick(low, std::max(low, high));
+  std::mt19937& rng = Rng();
   BoundPorts out;
   auto fail = [&](const std::string& why) {
     for (int fd : out.fds) close(fd);

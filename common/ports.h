@@ -1,19 +1,32 @@
-// Ports for servers about to be started on this machine (the launcher, tests, benchmarks).
+// Ports for servers on this machine: what a listening socket given port 0 binds, and free
+// ports for the few callers that must know a port before its server starts.
 //
 // A port the kernel picks for a bind to port 0 comes from its ephemeral range
 // (net.ipv4.ip_local_port_range, 32768-60999 by default) — the range outgoing connections
-// take their source ports from. Between choosing such a port and the server's bind, any
-// outgoing connection on the machine (a worker's ZeroMQ connect, another test) may take it,
-// and the server then fails with "Address already in use". These ports are picked at random
-// below that range instead, each checked free by binding it.
+// take their source ports from. A server restarted on such a port can find it taken by an
+// outgoing connection made meanwhile (a worker reconnecting to that very port can even be
+// connected to itself: TCP's simultaneous open), and fail with "Address already in use" for
+// as long as that connection lives. So parasync's listeners given port 0 bind a port picked
+// at random below that range (BindBelowEphemeral): the bind itself is the reservation, so
+// two servers starting side by side never collide, and the port stays safe to bind again.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 
 namespace parasync {
+
+// Binds a listener at a free port below the ephemeral range, the choice of port 0:
+// `try_bind(port)` binds the caller's socket to `port` and returns true, false when the port
+// is in use (EADDRINUSE), or an error for anything else, which ends the search. Ports are
+// tried at random, each at most once, up to 1,000 of them. Returns the port bound;
+// Unavailable when none was free; the error `try_bind` returned. Where the range below the
+// ephemeral one is too small to pick from (under 1,000 ports), tries only port 0, the
+// kernel's pick, and returns 0: the caller reads the port from its socket. Thread-safe.
+Result<int> BindBelowEphemeral(const std::function<Result<bool>(int port)>& try_bind);
 
 struct BoundPorts {
   std::vector<int> ports;

@@ -1,14 +1,19 @@
 #include "common/transport.h"
 
 #include "common/address.h"
+#include "common/ports.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -64,6 +69,60 @@ std::unique_ptr<zmq::socket_t> AttachMonitor(zmq::context_t& context, zmq::socke
   return monitor;
 }
 
+// Why `dir` (stat'ed into `st`) is not private to this process's user: owned by another user
+// than this one or root, or writable by its group or others; "" when it is.
+std::string NotPrivate(const std::string& dir, const struct stat& st) {
+  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
+  if (st.st_uid != geteuid() && st.st_uid != 0) {
+    return "directory " + dir + " belongs to uid " + std::to_string(st.st_uid) +
+           ", not to this user (uid " + std::to_string(geteuid()) + ") or root";
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return "directory " + dir + " (mode " + mode + ") is writable by other users";
+  }
+  return "";
+}
+
+// The directory of the unix socket `path`, made mode 0700 where it does not exist, and
+// checked private (NotPrivate) either way. Unavailable saying why otherwise.
+Status MakePrivateDirectory(const std::string& path) {
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Status::Unavailable("cannot make the directory " + dir + ": " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0) {
+    return Status::Unavailable("cannot read " + dir + ": " + std::strerror(errno));
+  }
+  if (std::string why = NotPrivate(dir, st); !why.empty()) {
+    return Status::InvalidArgument("the unix socket " + path + ": " + why);
+  }
+  return Status::Ok();
+}
+
+// Binds `s` to `endpoint`; a TCP endpoint of any port ("tcp://host:0", or ZeroMQ's
+// "tcp://host:*") at a free port below the ephemeral range (common/ports.h). Throws
+// zmq::error_t for what is not "in use".
+Status BindTcpOrOther(zmq::socket_t& s, const std::string& endpoint) {
+  if (!endpoint.starts_with("tcp://") || !(endpoint.ends_with(":0") || endpoint.ends_with(":*"))) {
+    s.bind(endpoint);
+    return Status::Ok();
+  }
+  const std::string host = endpoint.substr(0, endpoint.size() - 2);
+  auto bound = BindBelowEphemeral([&](int port) -> Result<bool> {
+    try {
+      s.bind(host + ":" + std::to_string(port));
+      return true;
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EADDRINUSE) return false;
+      throw;
+    }
+  });
+  return bound.status();
+}
+
 }  // namespace
 
 std::string ToEndpoint(const std::string& address) {
@@ -84,7 +143,7 @@ Result<std::string> ToBindEndpoint(const std::string& address) {
   return "tcp://" + ip + ":" + std::to_string(parsed.port);
 }
 
-Result<std::string> IpcEndpoint(const std::string& path, const std::string& flag) {
+Result<std::string> IpcEndpoint(const std::string& path, const std::string& flag, IpcSide side) {
   // sockaddr_un's sun_path holds 108 bytes, the terminating NUL included.
   constexpr size_t kMaxPath = 107;
   if (path.empty() || path.front() != '/') {
@@ -96,12 +155,49 @@ Result<std::string> IpcEndpoint(const std::string& path, const std::string& flag
                                    " bytes; a unix socket's path holds at most " +
                                    std::to_string(kMaxPath));
   }
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
-    return Status::InvalidArgument(flag + " " + path + ": no directory " + dir.string());
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  auto refuse = [&](const std::string& why) {
+    return Status::InvalidArgument(flag + " " + path + ": " + why +
+                                   " (give a path in a directory of your own, mode 0700, e.g. "
+                                   "under $XDG_RUNTIME_DIR)");
+  };
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0) {
+    const bool parent_exists =
+        side == IpcSide::kServer &&
+        std::filesystem::is_directory(std::filesystem::path(dir).parent_path());
+    if (!parent_exists) return refuse("no directory " + dir);
+    return "ipc://" + path;  // BindAlso makes it, private
+  }
+  if (std::string why = NotPrivate(dir, st); !why.empty()) return refuse(why);
+  if (side == IpcSide::kClient && lstat(path.c_str(), &st) == 0 && st.st_uid != geteuid() &&
+      st.st_uid != 0) {
+    return refuse("the socket belongs to uid " + std::to_string(st.st_uid) + ", not to this "
+                  "user (uid " + std::to_string(geteuid()) + ") or root");
   }
   return "ipc://" + path;
+}
+
+std::optional<uint32_t> UnixPeerUid(const std::string& peer_address) {
+  in6_addr ip{};
+  if (peer_address.empty() || inet_pton(AF_INET, peer_address.c_str(), &ip) == 1 ||
+      inet_pton(AF_INET6, peer_address.c_str(), &ip) == 1) {
+    return std::nullopt;
+  }
+  // "<host>:<uid>:<gid>:<pid>": the uid is the third field from the end.
+  size_t end = peer_address.size();
+  for (int field = 0; field < 2; ++field) {
+    end = peer_address.rfind(':', end - 1);
+    if (end == std::string::npos || end == 0) return std::nullopt;
+  }
+  const size_t start = peer_address.rfind(':', end - 1);
+  if (start == std::string::npos) return std::nullopt;
+  uint32_t uid = 0;
+  const char* first = peer_address.data() + start + 1;
+  const char* last = peer_address.data() + end;
+  auto [ptr, ec] = std::from_chars(first, last, uid);
+  if (ec != std::errc() || ptr != last || first == last) return std::nullopt;
+  return uid;
 }
 
 bool IsLoopbackAddress(const std::string& ip) {
@@ -127,7 +223,7 @@ Result<std::unique_ptr<Socket>> Socket::Bind(zmq::context_t& context, const std:
     }
     // A ROUTER silently drops replies to vanished peers unless told otherwise; we want that:
     // a worker that died must not block the server.
-    s.bind(endpoint);
+    PARASYNC_RETURN_IF_ERROR(BindTcpOrOther(s, endpoint));
     std::unique_ptr<Socket> socket(new Socket(std::move(s)));
     socket->monitor_ = std::move(monitor);
     socket->kind_ = Kind::kServer;
@@ -141,8 +237,26 @@ Result<std::unique_ptr<Socket>> Socket::Bind(zmq::context_t& context, const std:
 }
 
 Status Socket::BindAlso(const std::string& endpoint) {
+  constexpr std::string_view kIpc = "ipc://";
+  const bool unix_socket = endpoint.starts_with(kIpc);
+  const std::string path = unix_socket ? endpoint.substr(kIpc.size()) : "";
+  if (unix_socket) PARASYNC_RETURN_IF_ERROR(MakePrivateDirectory(path));
   try {
-    socket_.bind(endpoint);
+    // libzmq binds in this thread: under this mask the socket is made 0600, with no moment at
+    // which another user could connect.
+    const mode_t mask = unix_socket ? umask(077) : 0;
+    try {
+      socket_.bind(endpoint);
+    } catch (...) {
+      if (unix_socket) umask(mask);
+      throw;
+    }
+    if (unix_socket) {
+      umask(mask);
+      if (chmod(path.c_str(), 0600) != 0) {
+        return Status::Unavailable("cannot make " + path + " private: " + std::strerror(errno));
+      }
+    }
     return Status::Ok();
   } catch (const zmq::error_t& e) {
     return FromZmq(e, "cannot bind " + endpoint);
@@ -327,8 +441,9 @@ Result<std::optional<Inbound>> Socket::Receive(std::chrono::milliseconds timeout
       if (server) {
         try {
           in.peer_address = parts[next].gets("Peer-Address");
+          in.peer_uid = UnixPeerUid(in.peer_address);
         } catch (const zmq::error_t&) {
-          // inproc and ipc peers have no address
+          // inproc peers have no address
         }
       }
       in.header = DecodeHeader(parts[next].data(), parts[next].size());

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
@@ -24,7 +25,10 @@ namespace parasync {
 // decode; the frames are still there so the caller can reply with an error.
 struct Inbound {
   zmq::message_t identity;            // ROUTER: the peer's routing id; DEALER: empty
-  std::string peer_address;           // ROUTER: the peer's IP address ("" if unknown)
+  // ROUTER: libzmq's "Peer-Address": a TCP peer's IP address; for a unix-socket peer
+  // "<host>:<uid>:<gid>:<pid>", its credentials when it connected (SO_PEERCRED); "" if unknown.
+  std::string peer_address;
+  std::optional<uint32_t> peer_uid;   // ROUTER: a unix-socket peer's user id
   Result<Header> header = Status::Internal("no header");
   std::vector<zmq::message_t> frames;  // the tensor frames after the header
   // A message refused unread for its size: its request id, when its header decoded.
@@ -51,12 +55,14 @@ class Socket {
  public:
   enum class Kind { kServer, kClient };
 
-  // Binds a ROUTER to `endpoint` ("tcp://host:port"). Returns Unavailable when the address is
+  // Binds a ROUTER to `endpoint` ("tcp://host:port"; port 0: a free port below the ephemeral
+  // range, common/ports.h, LastEndpoint() tells which). Returns Unavailable when the address is
   // in use or cannot be bound, InvalidArgument for a malformed endpoint.
   static Result<std::unique_ptr<Socket>> Bind(zmq::context_t& context, const std::string& endpoint,
                                               const SocketOptions& options = {});
-  // A bound socket listens on `endpoint` as well (e.g. "ipc:///tmp/ps0.sock" beside its TCP
-  // address). Unavailable when it cannot be bound.
+  // A bound socket listens on `endpoint` as well (e.g. "ipc:///run/user/1000/ps0.sock"
+  // beside its TCP address). A unix socket (from IpcEndpoint) is made mode 0600, in its
+  // directory made mode 0700 if it does not exist. Unavailable when it cannot be bound.
   Status BindAlso(const std::string& endpoint);
 
   // Creates a DEALER that connects to `endpoint`. The connection is made in the background;
@@ -126,9 +132,20 @@ std::string ToEndpoint(const std::string& address);
 // does not resolve.
 Result<std::string> ToBindEndpoint(const std::string& address);
 
+// Who may use a unix socket: the server that binds it, or a client that connects to it.
+enum class IpcSide { kServer, kClient };
+
 // "ipc://PATH" for a unix socket PATH: absolute, at most 107 bytes (the kernel's bound), in a
-// directory that exists. InvalidArgument naming `flag` otherwise.
-Result<std::string> IpcEndpoint(const std::string& path, const std::string& flag);
+// directory private to this process's user — owned by it (or by root) and writable by no one
+// else — so that no other user can take the path first, or stand in for the server after a
+// restart. A server's directory may not exist yet (Socket::BindAlso makes it, mode 0700; its
+// parent must exist); a client's must, and a socket already there must be owned by this user
+// (or root). InvalidArgument naming `flag`, the path and why otherwise.
+Result<std::string> IpcEndpoint(const std::string& path, const std::string& flag, IpcSide side);
+
+// The user id of a unix-socket peer, from its Peer-Address ("<host>:<uid>:<gid>:<pid>", as
+// libzmq writes it); nullopt for an IP address, "" or anything else.
+std::optional<uint32_t> UnixPeerUid(const std::string& peer_address);
 
 // True for 127.0.0.0/8, ::1 and IPv4-mapped loopback.
 bool IsLoopbackAddress(const std::string& ip);

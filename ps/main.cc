@@ -20,6 +20,7 @@
 #include "common/mode.h"
 #include "common/preflight.h"
 #include "common/process.h"
+#include "common/ready_file.h"
 #include "common/version.h"
 #include "common/transport.h"
 #include "ps/checkpoint_store.h"
@@ -86,6 +87,7 @@ struct PsFlags {
   // AddServingFlags
   std::string bind;
   std::string ipc;  // --ipc: a unix socket to listen on as well
+  std::string ready_file;  // --ready-file: the ports bound, once serving (common/ready_file.h)
   std::string metrics_bind = "127.0.0.1";
   int metrics_port = 0;
   std::string log_dir;
@@ -181,16 +183,26 @@ void AddTrainingFlags(CLI::App& app, PsFlags& f) {
 void AddServingFlags(CLI::App& app, PsFlags& f) {
   app.add_option("--bind", f.bind,
                  "Address to bind, host:port (default: this task's address in the cluster; "
-                 "use 0.0.0.0:PORT to listen on all interfaces; a host name must resolve)");
+                 "use 0.0.0.0:PORT to listen on all interfaces; a host name must resolve). "
+                 "Port 0, here or in this task's --ps-hosts entry, binds a free port below the "
+                 "kernel's ephemeral range: the log line \"serving\" and --ready-file say which");
+  app.add_option("--ready-file", f.ready_file,
+                 "Once serving, write a JSON object here (written whole, through a rename): "
+                 "{\"role\", \"task_index\", \"pid\", \"address\" (host:port bound), "
+                 "\"metrics_port\"}. Removed at start if an earlier run left one. How whoever "
+                 "starts servers on port 0 learns their ports")
+      ->type_name("PATH");
   app.add_option("--ipc", f.ipc,
                  "Listen on this unix socket too (an absolute path, e.g. "
-                 "/tmp/parasync-ps0.sock), for the workers on this host: theirs is --ps-ipc "
-                 "SHARD=PATH, and their requests then skip TCP (parasync-launch --ps colocated "
-                 "sets both)")
+                 "$XDG_RUNTIME_DIR/parasync/ps0.sock), for the workers on this host: theirs is "
+                 "--ps-ipc SHARD=PATH, and their requests then skip TCP (parasync-launch --ps "
+                 "colocated sets both). Its directory must be this user's and writable by no "
+                 "one else (made, mode 0700, if missing); the socket is made 0600")
       ->type_name("PATH");
   // The last of repeated metrics flags wins, so a user's --ps-arg/--worker-arg overrides
   // the launcher's.
-  app.add_option("--metrics-port", f.metrics_port, "Port of /metrics; 0 picks a free one and logs it")
+  app.add_option("--metrics-port", f.metrics_port,
+                 "Port of /metrics; 0 picks a free one, logs it and writes it to --ready-file")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
       ->check(CLI::Range(0, 65535));
   app.add_option("--metrics-bind", f.metrics_bind,
@@ -271,7 +283,9 @@ void AddStateFlags(CLI::App& app, PsFlags& f) {
 // Who may stop it or connect to it, fault injection and the preflight.
 void AddAccessFlags(CLI::App& app, PsFlags& f) {
   app.add_flag("--allow-remote-shutdown", f.allow_remote_shutdown,
-               "Accept Shutdown messages from non-loopback peers (default: loopback only)");
+               "Accept Shutdown messages from any peer. Default: from loopback TCP peers (any "
+               "user of this machine: use CURVE on a shared host, docs/security.md) and, over "
+               "--ipc, from this server's user or root only");
   app.add_option("--fault-drop-push-reply-every", f.drop_push_reply_every,
                  "Testing only: do not reply to every Nth applied push (as if the connection "
                  "broke between apply and acknowledgement)")
@@ -356,7 +370,7 @@ std::optional<int> Validate(const PsFlags& f, PsConfig& c) {
   if (!endpoint.ok()) return Fail(endpoint.status().message(), kExitBadUsage);
   c.endpoint = *endpoint;
   if (!f.ipc.empty()) {
-    auto local = IpcEndpoint(f.ipc, "--ipc");
+    auto local = IpcEndpoint(f.ipc, "--ipc", IpcSide::kServer);
     if (!local.ok()) return Fail(local.status().message(), kExitBadUsage);
     c.local_endpoint = *local;
   }
@@ -458,6 +472,11 @@ int RunCheck(const PsFlags& f, const PsConfig& c) {
 // retry would find it taken again), logging and --log-dir are set up, signals handled
 // (SetUpServiceProcess, as parasync-worker).
 std::optional<int> PrepareProcess(const PsFlags& f, const PsConfig& c) {
+  if (!f.ready_file.empty()) {
+    if (Status s = RemoveStaleReadyFile(f.ready_file); !s.ok()) {
+      return Fail("--ready-file: " + s.message(), kExitBadUsage);
+    }
+  }
   if (std::string p = BindProblem(HostOf(c.address), PortOf(c.address)); !p.empty()) {
     return Fail((f.bind.empty() ? "shard " + std::to_string(c.spec.task_index) +
                                       "'s address in --ps-hosts, " + c.address
@@ -723,6 +742,9 @@ int Serve(const PsFlags& f, const PsConfig& c) {
   if (auto exit = StartAuthenticator(context, c, metrics, refusals, options, authenticator)) {
     return *exit;
   }
+  // A socket directory this server makes, it removes at exit if it is empty by then.
+  const bool makes_socket_dir =
+      !f.ipc.empty() && !std::filesystem::exists(std::filesystem::path(f.ipc).parent_path());
   auto server = Server::Create(context, options, &metrics);
   if (!server.ok()) {
     return Fail(server.status().message(), server.status().code() == StatusCode::kInvalidArgument
@@ -733,11 +755,24 @@ int Serve(const PsFlags& f, const PsConfig& c) {
   if (auto exit = WatchRefusals(c, **server, metrics, refusals, refusal_watcher)) return *exit;
   if (auto exit = RestoreServer(f, **server, opened)) return *exit;
   LogServing(f, c, **server, metrics_port);
+  if (!f.ready_file.empty()) {
+    const ReadyInfo ready{.role = "ps",
+                          .task_index = c.spec.task_index,
+                          .pid = getpid(),
+                          .address = AddressOfEndpoint((*server)->endpoint()),
+                          .metrics_port = metrics_port};
+    if (Status s = WriteReadyFile(f.ready_file, ready); !s.ok()) {
+      return Fail("--ready-file: " + s.message());
+    }
+  }
   const Status run = (*server)->Run([] { return ShutdownRequested(); });
   if (!f.ipc.empty()) {
     // Ours since the bind (which replaced whatever a crashed predecessor left there).
     std::error_code ignored;
     std::filesystem::remove(f.ipc, ignored);
+    if (makes_socket_dir) {
+      std::filesystem::remove(std::filesystem::path(f.ipc).parent_path(), ignored);
+    }
   }
   return Finish(f, c, **server, metrics, opened.store != nullptr, run);
 }

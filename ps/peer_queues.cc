@@ -12,21 +12,34 @@ PeerQueues::Taken PeerQueues::Take(Inbound& in) {
   taken.repeat = peer.read_pass == read_pass_;
   peer.read_pass = read_pass_;
   if (in.header.ok() && in.header->request_id != 0) {
-    for (const Inbound& q : peer.queue) {
-      if (q.header.ok() && q.header->request_id == in.header->request_id &&
-          q.header->type == in.header->type) {
+    for (const Queued& q : peer.queue) {
+      if (q.in.header.ok() && q.in.header->request_id == in.header->request_id &&
+          q.in.header->type == in.header->type) {
         taken.outcome = Outcome::kDuplicate;
         return taken;
       }
     }
   }
-  if (peer.queue.size() >= per_peer_) {
+  const size_t weight = Weight(in);
+  if (peer.queue.size() >= per_peer_ && peer.weight + weight > small_bytes_) {
     taken.outcome = Outcome::kFull;
     return taken;
   }
-  peer.queue.push_back(std::move(in));
+  peer.queue.push_back({std::move(in), weight});
+  peer.weight += weight;
   ++queued_;
   return taken;
+}
+
+size_t PeerQueues::Weight(const Inbound& in) const {
+  size_t weight = sizeof(Queued) + in.identity.size() + in.peer_address.size();
+  for (const zmq::message_t& frame : in.frames) weight += sizeof(frame) + frame.size();
+  if (!in.header.ok()) return weight + in.header.status().message().size();
+  const Header& h = *in.header;
+  // A worker sends these once per restart, and nothing in them is small by rule.
+  if (h.registration.has_value() || h.stats.has_value()) return small_bytes_ + 1;
+  return weight + h.status.message().size() + h.slices.size() * sizeof(SliceRange) +
+         h.rows.size() * sizeof(RowRange);
 }
 
 std::optional<Inbound> PeerQueues::Next() {
@@ -63,7 +76,8 @@ std::optional<Inbound> PeerQueues::Next() {
     peers_.clear();
     return std::nullopt;
   }
-  Inbound in = std::move(best->queue.front());
+  Inbound in = std::move(best->queue.front().in);
+  best->weight -= best->queue.front().weight;
   best->queue.pop_front();
   --queued_;
   best->served = ++next_calls_;

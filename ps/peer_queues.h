@@ -7,7 +7,7 @@
 // next request comes back, and its step is two requests (push, pull). Served in arrival turn,
 // an honest worker beside N flooding sockets got one push applied for every two of each
 // flooder's (1/(2N+1) of the pushes, 11 % with N = 4; docs/reliability.md). So the server
-// reads everything ready into these queues, a bounded number per peer (what comes past that
+// reads everything ready into these queues, a bounded amount per peer (what comes past that
 // is refused, cheaply, by the caller), and serves by start-time fair queueing over the
 // loop's time: each peer has a virtual finish time, advanced by the time its requests took;
 // the next request served is that of the peer with the earliest start, max(virtual time,
@@ -21,6 +21,15 @@
 // comes back keeps its place for up to `credit` of virtual time: its start is max(virtual
 // time - credit, its finish). Longer idle time earns nothing, and no peer gets more than its
 // share plus the credit over any stretch.
+//
+// The bound: `per_peer` requests of any size, and past that more while all the peer has
+// queued weighs at most `small_bytes` (Weight: what a request holds here, its frames and its
+// decoded header). Depth costs the others nothing (a backlogged peer gets its share of the
+// loop's time however many it has queued), only memory: so a client may pipeline many small
+// requests (embedding pulls, many small tensors: hundreds of one-slice pulls), and a peer
+// holds at most max(per_peer requests, small_bytes) whatever it sends. A request that weighs
+// more than `small_bytes` (or a Register, whose model description is not weighed) is taken
+// only under the count.
 //
 // A peer's requests are served in the order they came. A resend (same type and request id)
 // of a request still queued is not queued again: the reply to the first answers both.
@@ -45,7 +54,7 @@ class PeerQueues {
   enum class Outcome {
     kQueued,     // taken: queued behind the peer's earlier requests
     kDuplicate,  // not taken: a resend of a request the peer has queued (drop it)
-    kFull,       // not taken: the peer has `per_peer` requests queued (refuse it)
+    kFull,       // not taken: the peer's queue is full, by count and by weight (refuse it)
   };
   struct Taken {
     Outcome outcome = Outcome::kQueued;
@@ -54,11 +63,16 @@ class PeerQueues {
     bool repeat = false;
   };
 
-  // At most `per_peer` (>= 1) requests queued for one peer. (The server reads only between
-  // requests, so a peer's queued requests and the one in hand are at most that together.)
-  // `credit`: the place a peer keeps while away, in seconds of loop time (above).
-  PeerQueues(size_t per_peer, std::chrono::duration<double> credit)
-      : per_peer_(per_peer), credit_(credit.count()) {}
+  // At most `per_peer` (>= 1) requests queued for one peer, or more weighing `small_bytes`
+  // at most together (above; 0: the count alone). (The server reads only between requests,
+  // so a peer's queued requests and the one in hand are within that together.) `credit`: the
+  // place a peer keeps while away, in seconds of loop time (above).
+  PeerQueues(size_t per_peer, std::chrono::duration<double> credit, size_t small_bytes = 0)
+      : per_peer_(per_peer), small_bytes_(small_bytes), credit_(credit.count()) {}
+
+  // What `in` holds while queued: its frames, its header's lists and its place in the queue;
+  // more than `small_bytes` for a header that carries a model description or statistics.
+  size_t Weight(const Inbound& in) const;
 
   // Starts a pass of reads (Take reports repeats from here on).
   void BeginRead() { ++read_pass_; }
@@ -81,13 +95,19 @@ class PeerQueues {
   size_t peers() const { return peers_.size(); }
 
  private:
+  struct Queued {
+    Inbound in;
+    size_t weight = 0;
+  };
   struct Peer {
-    std::deque<Inbound> queue;
+    std::deque<Queued> queue;
+    size_t weight = 0;          // of its queued requests, together
     double finish = 0;          // virtual time (seconds of loop time) its last request ended
     uint64_t served = 0;        // when it was last served (Next's count); 0: never
     uint64_t read_pass = 0;     // the last pass of reads that took a message of it
   };
   size_t per_peer_;
+  size_t small_bytes_;
   double credit_;
   std::unordered_map<std::string, Peer> peers_;
   double virtual_time_ = 0;

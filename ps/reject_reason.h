@@ -30,7 +30,7 @@ enum class RejectReason : uint8_t {
   kBarrierTimeout,     // a pull waited longer than the barrier timeout
   kStoreFailed,        // every-update: the store failed a write; nothing more is acknowledged
   kUnreadReplies,      // a pull while this peer (or all peers) left too many reply bytes unread
-  kQueueFull,          // a request while its connection had kServerPeerQueue waiting already
+  kQueueFull,          // past its connection's queue: kServerPeerQueue waiting, no room by weight
   // Not a reason: the number of them. New reasons go above it.
   kCount,
 };

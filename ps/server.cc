@@ -1,5 +1,7 @@
 #include "ps/server.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <random>
 #include <cstdio>
@@ -125,6 +127,16 @@ constexpr int64_t kBaseBytes = int64_t{96} << 20;
 // most its send queue (1000 messages) of at most 1 KiB each (the stats reply aside).
 constexpr int64_t kHeaderRepliesPerConnection = int64_t{1000} << 10;
 
+// The weight of small requests a connection's queue takes past kServerPeerQueue of them:
+// kServerPeerQueueBytes, or less when kServerPeerQueue messages of `max_message_bytes` are
+// less, which is what the memory bound counts a connection's queue as.
+size_t PeerQueueBytes(int64_t max_message_bytes) {
+  if (max_message_bytes <= 0 || max_message_bytes >= kServerPeerQueueBytes / kServerPeerQueue) {
+    return static_cast<size_t>(kServerPeerQueueBytes);
+  }
+  return static_cast<size_t>(kServerPeerQueue * max_message_bytes);
+}
+
 }  // namespace
 
 namespace {
@@ -175,7 +187,8 @@ MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, i
   // time and lets it go before the next).
   b.fixed = b.base + b.model + b.tables + b.unread + options.max_message_bytes;
   // The loop queues up to kServerPeerQueue messages of a connection (the one being handled
-  // among them), ZeroMQ up to kServerReceiveQueue more and decodes one more, each of at
+  // among them), or more small ones weighing no more than those could together
+  // (PeerQueueBytes), ZeroMQ up to kServerReceiveQueue more and decodes one more, each of at
   // most max_message_bytes. The gap: libzmq bounds each frame, not a message, and holds a
   // multipart message whole until its last frame is in, so one of many frames is held whole
   // before Receive refuses it (docs/reliability.md).
@@ -206,10 +219,12 @@ Result<std::unique_ptr<Server>> Server::Create(zmq::context_t& context,
   socket_options.curve_server_secret_key = options.curve_secret_key;
   auto socket = Socket::Bind(context, options.endpoint, socket_options);
   if (!socket.ok()) return socket.status();
+  const std::string endpoint = (*socket)->LastEndpoint();  // before --ipc's bind
   if (!options.local_endpoint.empty()) {
     PARASYNC_RETURN_IF_ERROR((*socket)->BindAlso(options.local_endpoint));
   }
   std::unique_ptr<Server> server(new Server(std::move(socket).value(), options, metrics));
+  server->endpoint_ = endpoint;
   server->PublishMemoryBound();
   return server;
 }
@@ -224,6 +239,7 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
                     options.worker_timeout},
                    std::chrono::steady_clock::now()),
       parked_(static_cast<size_t>(4 * options.num_workers + 64)),
+      inbox_(kServerPeerQueue, kServerPeerCredit, PeerQueueBytes(options.max_message_bytes)),
       straggler_({options.num_workers, options.straggler_log_seconds}),
       last_idle_(std::chrono::steady_clock::now()),
       ledger_(options.num_workers),
@@ -391,9 +407,10 @@ void Server::RefuseQueueFull(Inbound& in) {
   // Refused before it is handled, so it costs the loop a reply, not its work: a peer that
   // pipelines cannot crowd the others out (ps/peer_queues.h).
   reply.status = Status::Unavailable(
-      "request refused: " + std::to_string(kServerPeerQueue) +
-      " earlier requests of this connection are still waiting; send the next when a reply "
-      "comes");
+      "request refused: this connection's earlier requests still waiting fill its queue (" +
+      std::to_string(kServerPeerQueue) + " requests, more only while they weigh " +
+      std::to_string(PeerQueueBytes(options_.max_message_bytes)) +
+      " bytes at most together); send the next when a reply comes");
   Reject(RejectReason::kQueueFull);
   if (ShouldLogRejection()) {
     spdlog::warn("rejected {} from rank {} ({}): {}",
@@ -1330,10 +1347,19 @@ void Server::HandleCheckpoint(const Header& req, Header& reply, RejectReason* re
 }
 
 bool Server::HandleShutdown(const Inbound& in, Header& reply, RejectReason* reason) {
-  if (options_.allow_remote_shutdown || in.peer_address.empty() ||
-      IsLoopbackAddress(in.peer_address)) {
-    return false;
+  if (options_.allow_remote_shutdown) return false;
+  if (in.peer_uid) {
+    // Over the unix socket (--ipc): this server's user, or root.
+    if (*in.peer_uid == geteuid() || *in.peer_uid == 0) return false;
+    *reason = RejectReason::kUnsupported;
+    reply.status = Status::FailedPrecondition(
+        "shutdown from uid " + std::to_string(*in.peer_uid) +
+        " over the unix socket refused: only this server's user (uid " +
+        std::to_string(geteuid()) + ") or root may stop it (--allow-remote-shutdown)");
+    return true;
   }
+  // In the process (inproc), or over loopback TCP: any user of this machine (docs/security.md).
+  if (in.peer_address.empty() || IsLoopbackAddress(in.peer_address)) return false;
   *reason = RejectReason::kUnsupported;
   reply.status = Status::FailedPrecondition(
       "shutdown from " + in.peer_address +

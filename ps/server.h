@@ -119,10 +119,17 @@ struct ServerOptions {
 // Messages ZeroMQ may queue from one connection before it stops reading it (ZMQ_RCVHWM).
 inline constexpr int kServerReceiveQueue = 1;
 // Requests the server takes from one connection into its own queue (ps/peer_queues.h), to
-// serve its peers fairly; one more is refused (Unavailable, reason queue_full). A worker has
-// a push and a pull in flight per shard at most (resends of a queued request are not queued
-// again), and a Register after a restart: 3 leaves it never refused.
+// serve its peers fairly; one more is refused (Unavailable, reason queue_full) unless it is
+// small enough for kServerPeerQueueBytes. A worker has a push and a pull in flight per shard
+// at most (resends of a queued request are not queued again), and a Register after a
+// restart: 3 leaves it never refused.
 inline constexpr int kServerPeerQueue = 3;
+// Past kServerPeerQueue, a connection's queue takes small requests while all it holds
+// weighs at most this (PeerQueues::Weight): room for a client that pipelines small requests,
+// as a small-op benchmark or a worker with many small tensors or embedding pulls may: 271
+// one-slice pulls (965 bytes each there), 127 pushes of a 1 KiB slice. Never more than
+// kServerPeerQueue messages of --max-message-bytes, so the memory bound is unchanged.
+inline constexpr int64_t kServerPeerQueueBytes = int64_t{256} << 10;
 // The place a peer keeps in the fair order while it is away between requests, in seconds of
 // the loop's time (PeerQueues' credit).
 inline constexpr std::chrono::milliseconds kServerPeerCredit{10};
@@ -172,7 +179,8 @@ class Server {
   // Asks Run() to return. Thread-safe.
   void Stop() { stop_.store(true); }
 
-  std::string endpoint() const { return socket_->LastEndpoint(); }
+  // The TCP endpoint bound, with its port ("tcp://127.0.0.1:20123"; not --ipc's).
+  const std::string& endpoint() const { return endpoint_; }
   // With options.curve_secret_key: the socket's handshake monitor (Socket::
   // TakeHandshakeMonitor), for a thread that counts refused peers; call before Run().
   std::unique_ptr<zmq::socket_t> TakeHandshakeMonitor() { return socket_->TakeHandshakeMonitor(); }
@@ -319,6 +327,7 @@ class Server {
   std::string DescribeWait(const Header& req) const;
 
   std::unique_ptr<Socket> socket_;
+  std::string endpoint_;  // endpoint()
   ServerOptions options_;
   PsMetrics* metrics_;
   Shard shard_;
@@ -338,7 +347,7 @@ class Server {
 
   ParkedPulls parked_;
   // Requests read and not yet handled, by peer, and their fair order.
-  PeerQueues inbox_{kServerPeerQueue, kServerPeerCredit};
+  PeerQueues inbox_;
   ByteCounter unread_total_ = std::make_shared<std::atomic<int64_t>>(0);
   std::unordered_map<std::string, ByteCounter> unread_by_peer_;
   // Bytes of replies written out or dropped, and of requests received, since the last trim.

@@ -9,17 +9,30 @@
 #                                            parasync-export, parasync-keygen (tests off;
 #                                            the CUDA module only with PARASYNC_CUDA=AUTO
 #                                            or ON in the environment)
+#   tools/build.sh --python [CMAKE_ARGS...]  what --quick builds, and the Python package
+#                                            for PyTorch workers: <build>/python/parasync
+#                                            with libparasync_client.so beside it (where
+#                                            parasync-launch finds it); first installs
+#                                            Debian's PyTorch on OpenBLAS where missing
+#                                            (python3-torch libopenblas0-pthread)
 # Extra arguments go to CMake's configure step, e.g. -DPARASYNC_CUDA=OFF. Each form sets
 # the options it depends on, so one build directory serves both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 targets=()
-if [[ ${1:-} == --quick ]]; then
+if [[ ${1:-} == --quick || ${1:-} == --python ]]; then
+  form=$1
   shift
   cuda=${PARASYNC_CUDA:-OFF}
   configure=(-DPARASYNC_BUILD_TESTS=OFF "-DPARASYNC_CUDA=$cuda")
   targets=(parasync-ps parasync-worker parasync-launch parasync-export parasync-keygen)
+  if [[ $form == --python ]]; then
+    # Debian's python3-torch alone runs on the reference BLAS, 10-20x slower
+    # (docs/dependencies.md): OpenBLAS with it.
+    tools/install-deps.sh python3-torch libopenblas0-pthread
+    targets+=(parasync_python)
+  fi
 else
   configure=(-DPARASYNC_BUILD_TESTS=ON "-DPARASYNC_CUDA=${PARASYNC_CUDA:-AUTO}")
 fi

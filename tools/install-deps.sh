@@ -31,7 +31,7 @@ packages=(
 # otherwise runs on the reference BLAS).
 test_packages=(
   libgtest-dev libgmock-dev prometheus python3 python3-matplotlib shellcheck nodejs curl git
-  universal-ctags python3-torch libopenblas0-pthread
+  universal-ctags python3-torch libopenblas0-pthread iproute2
 )
 if [[ ${1:-} == --tests ]]; then
   shift

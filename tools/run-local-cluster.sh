@@ -6,10 +6,22 @@
 # e.g. `PARASYNC_CUDA=AUTO tools/run-local-cluster.sh --worker-arg=--device=cuda`.
 # Extra arguments go to parasync-launch (see build/bin/parasync-launch --help), e.g.
 #   tools/run-local-cluster.sh --epochs 10 --workers 4
+# PARASYNC_SKIP_BUILD=1: install and build nothing, run the binaries already in
+# ${BUILD_DIR:-build}/bin (the test of the README's commands, tests/tools/readme_test.py,
+# runs them so against the test build); exits 2 with one line where one is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/install-deps.sh
-tools/build.sh --quick
+if [[ -n ${PARASYNC_SKIP_BUILD:-} ]]; then
+  for binary in parasync-ps parasync-worker parasync-launch parasync-export parasync-keygen; do
+    if [[ ! -x ${BUILD_DIR:-build}/bin/$binary ]]; then
+      echo "run-local-cluster: PARASYNC_SKIP_BUILD is set but ${BUILD_DIR:-build}/bin/$binary is not built" >&2
+      exit 2
+    fi
+  done
+else
+  tools/install-deps.sh
+  tools/build.sh --quick
+fi
 # The defaults below apply only where the arguments do not set the flag: the launcher refuses
 # a flag given twice. Logs go to runs/<YYYYmmdd-HHMMSS>, the launcher's default (or --log-dir).
 defaults=()

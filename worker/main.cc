@@ -1,4 +1,6 @@
 // parasync-worker: trains on its shard of the data against the parameter servers. See --help.
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -21,6 +23,7 @@
 #include "common/model_spec.h"
 #include "common/preflight.h"
 #include "common/process.h"
+#include "common/ready_file.h"
 #include "common/version.h"
 #include "worker/compute/backend_factory.h"
 #include "common/mode.h"
@@ -230,6 +233,7 @@ struct WorkerFlags {
   std::string log_dir = ".";
   std::string log_level = "info";
   int metrics_port = 0;
+  std::string ready_file;  // --ready-file: the metrics port, once served (common/ready_file.h)
   std::string metrics_bind = "127.0.0.1";
   double request_timeout_s = 120;
   double connect_timeout_s = 60;
@@ -375,9 +379,15 @@ void AddRuntimeFlags(CLI::App& app, WorkerFlags& f) {
   app.add_option("--log-level", f.log_level, "debug, info, warn or error");
   // The last of repeated metrics flags wins, so a user's --ps-arg/--worker-arg overrides
   // the launcher's.
-  app.add_option("--metrics-port", f.metrics_port, "Port of /metrics; 0 picks a free one and logs it")
+  app.add_option("--metrics-port", f.metrics_port,
+                 "Port of /metrics; 0 picks a free one, logs it and writes it to --ready-file")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
       ->check(CLI::Range(0, 65535));
+  app.add_option("--ready-file", f.ready_file,
+                 "Once /metrics is served, write a JSON object here (written whole, through a "
+                 "rename): {\"role\", \"task_index\", \"pid\", \"address\" (empty: a worker "
+                 "binds none), \"metrics_port\"}. Removed at start if an earlier run left one")
+      ->type_name("PATH");
   app.add_option("--metrics-bind", f.metrics_bind,
                  "Address the metrics server listens on: an IP address (checked: four octets "
                  "0-255), * or a host name that resolves")
@@ -509,7 +519,7 @@ parasync::Result<std::vector<std::string>> ShardEndpoints(const std::vector<std:
                                                          : "shard " + std::to_string(shard) +
                                                                " is given twice"));
     }
-    auto endpoint = IpcEndpoint(item.substr(eq + 1), "--ps-ipc");
+    auto endpoint = IpcEndpoint(item.substr(eq + 1), "--ps-ipc", IpcSide::kClient);
     if (!endpoint.ok()) return endpoint.status();
     endpoints[shard] = *endpoint;
     given[shard] = true;
@@ -629,6 +639,11 @@ parasync::Status LoadData(const WorkerFlags& f, int rank, parasync::Dataset* tra
 // parasync-ps); an exit status if one fails.
 std::optional<int> SetUpProcess(const WorkerFlags& f, int rank) {
   using namespace parasync;
+  if (!f.ready_file.empty()) {
+    if (Status s = RemoveStaleReadyFile(f.ready_file); !s.ok()) {
+      return Fail("--ready-file: " + s.message(), kExitBadUsage);
+    }
+  }
   if (Status s = SetUpServiceProcess({.role = "worker",
                                        .index = rank,
                                        .log_level = f.log_level,
@@ -652,6 +667,13 @@ std::optional<int> StartMetrics(const WorkerFlags& f, const WorkerConfig& c,
   // Checked free at start (SetUpProcess): taken since, or refused for another reason.
   if (!bound.ok()) return Fail(bound.status().message(), StartupExitCode(bound.status()));
   *bound_port = *bound;
+  if (!f.ready_file.empty()) {
+    const ReadyInfo ready{
+        .role = "worker", .task_index = c.rank, .pid = getpid(), .metrics_port = *bound};
+    if (Status s = WriteReadyFile(f.ready_file, ready); !s.ok()) {
+      return Fail("--ready-file: " + s.message());
+    }
+  }
   return std::nullopt;
 }
 

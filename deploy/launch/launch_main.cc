@@ -33,8 +33,9 @@ constexpr const char* kProgram = "parasync-launch";
 
 constexpr const char* kDetails =
     "Starts the parameter servers (parasync-ps), then the workers (parasync-worker, or your "
-    "own program with --worker-command), on free ports of --host; forwards their output "
-    "prefixed with [ps0], [worker1], ... and writes it "
+    "own program with --worker-command), on --host: each server binds a free port and says "
+    "which in <log-dir>/<name>.ready, and the workers are started with those (multi-host: "
+    "--port-base). Forwards their output prefixed with [ps0], [worker1], ... and writes it "
     "to <log-dir>/<name>.log. After its last epoch worker 0 (the chief) waits for the other "
     "workers to finish theirs (up to --finish-timeout) and evaluates the model they trained; "
     "once every worker has exited (or been stopped: SIGTERM, then SIGKILL after "
@@ -56,7 +57,7 @@ constexpr const char* kExamples =
     "parasync-launch --ps 2 --workers 2 --mode ssp:3 --epochs 5 --lr 0.05 \\\n"
     "      --log-dir runs/ssp3 --worker-arg=--device=cpu\n"
     "   Then: runs/ssp3/eval.jsonl (the chief's evaluations), runs/ssp3/worker0.log, ...,\n"
-    "   runs/ssp3/cluster.json (pids, addresses, metrics ports, command lines).\n"
+    "   runs/ssp3/cluster.json (pids, the addresses and metrics ports bound, command lines).\n"
     "parasync-launch --ps 2 --workers 2 --epochs 5 --export runs/model.psm\n"
     "   Then: parasync-worker --eval-only --model-file runs/model.psm\n"
     "parasync-launch --ps 2 --workers 4 --mode sync --rank-arg 3:--slowdown=4 \\\n"
@@ -172,8 +173,8 @@ void AddClusterFlags(CLI::App& app, Flags& flags) {
                "host reachable, ports free, data present, the same version, protocol and "
                "schema everywhere) and print one line per problem; exit 0 when all is clear. "
                "--worker-command workers are not run: only their host's reachability, their "
-               "--dataset directory's presence and (on this host) their metrics port are "
-               "checked, not the command, its version or the data's format");
+               "--dataset directory's presence and (on this host, with --port-base) their "
+               "metrics port are checked, not the command, its version or the data's format");
 }
 
 // --mode ... --export: the run and where it leaves its files.
@@ -387,10 +388,14 @@ Status CompleteOptions(Flags& flags) {
 }
 
 // --dry-run: every process's command line with its host.
-int PrintDryRun(const Launcher& launcher) {
+int PrintDryRun(const LaunchOptions& options, const Launcher& launcher) {
   for (const auto& spec : launcher.plan().processes) {
     std::cout << spec.name << " on " << spec.host << ": "
               << parasync::launch::DisplayCommand(spec) << "\n";
+  }
+  if (!parasync::launch::IsMultiHost(options)) {
+    std::cout << "# each server binds a free port (:0) and writes it to its --ready-file; the "
+                 "workers are started with those ports in place of :0\n";
   }
   return 0;
 }
@@ -458,7 +463,7 @@ int Run(const Flags& flags) {
     const Status keys = parasync::launch::EnsureCurveKeys(options.curve_dir, options.num_workers);
     if (!keys.ok()) return parasync::PrintErrorLine(kProgram, keys.message(), kExitFailed);
   }
-  if (flags.dry_run) return PrintDryRun(**launcher);
+  if (flags.dry_run) return PrintDryRun(options, **launcher);
   if (flags.check) return RunCheck(**launcher);
   return RunCluster(options, **launcher);
 }

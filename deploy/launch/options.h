@@ -91,16 +91,20 @@ struct LaunchOptions {
   // (WorkerPythonPath). Empty: the launcher's own, unchanged.
   std::string worker_python_path;
   // Multi-host: where the processes run (--ps h:n,... and -H h:n,...). Empty: all on
-  // `host` with loopback-reserved ports. Given, num_ps/num_workers are their sums, ports are
+  // `host`, each server on a free port of its own choosing (port 0, told back in its ready
+  // file: plan.h's SingleHostPorts). Given, num_ps/num_workers are their sums, ports are
   // port_base, port_base+1, ... per host (service ports, then metrics ports from
   // port_base + kMetricsPortOffset), and processes on hosts other than localhost are
   // started with `ssh_command HOST REMOTE-COMMAND`, running the binaries of remote_bin_dir.
   std::vector<HostSlots> ps_placement;
   std::vector<HostSlots> worker_placement;
-  // Each PS also listens on a unix socket (LocalSocketPath) and the parasync-worker workers
+  // Each PS also listens on a unix socket (SocketPath) and the parasync-worker workers
   // on its host reach it there instead of over TCP (--ipc; on by default with --ps
   // colocated).
   bool local_ipc = false;
+  // With local_ipc: the directory of the run's sockets on every host (NewSocketDir, chosen
+  // once by Launcher::Create; the servers make it, private to their user).
+  std::string socket_dir;
   std::string ssh_command = "ssh -o BatchMode=yes -o ConnectTimeout=10";
   std::string remote_bin_dir;  // empty: bin_dir
   int port_base = 29500;

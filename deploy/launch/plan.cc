@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -19,7 +20,6 @@
 #include "common/address.h"
 #include "common/cluster_spec.h"
 #include "common/curve.h"
-#include "common/ports.h"
 
 namespace parasync::launch {
 namespace {
@@ -71,14 +71,16 @@ std::vector<std::string> ProcessHosts(const LaunchOptions& options) {
 // What every process of the cluster shares, for PlanProcess.
 struct Cluster {
   std::vector<std::string> hosts;  // by slot: every PS, then every worker
-  const std::vector<int>* ports;   // as BuildPlan takes them
+  const std::vector<int>* ports = nullptr;  // as BuildPlan takes them
   size_t num_ps = 0;
   std::vector<std::string> ps_addresses;      // host:port of every PS
   std::vector<std::string> worker_addresses;  // host:port of every worker
   std::string ps_hosts;      // --ps-hosts: ps_addresses joined with ','
   std::string worker_hosts;  // --worker-hosts
+  std::vector<std::string> ps_sockets;  // with LaunchOptions::local_ipc: every PS's --ipc
   std::string bin_dir;
   std::string log_dir;
+  bool ready_files = false;  // a single-host run: every process reports its ports
 };
 
 // "host:port" of the `count` processes from slot `first`.
@@ -135,9 +137,11 @@ std::string WorkerKeyFile(const std::string& dir, int index) {
   return dir + "/worker" + std::to_string(index) + ".key";
 }
 
-void AddPsFlags(const LaunchOptions& options, const ProcessSpec& spec,
+void AddPsFlags(const LaunchOptions& options, const Cluster& cluster, const ProcessSpec& spec,
                 std::vector<std::string>& argv) {
-  if (options.local_ipc) argv.insert(argv.end(), {"--ipc", LocalSocketPath(spec.address)});
+  if (options.local_ipc) {
+    argv.insert(argv.end(), {"--ipc", cluster.ps_sockets[static_cast<size_t>(spec.index)]});
+  }
   if (options.replicas_to_aggregate) {
     argv.insert(argv.end(), {"--replicas-to-aggregate", *options.replicas_to_aggregate});
   }
@@ -158,8 +162,7 @@ void AddWorkerFlags(const LaunchOptions& options, const Cluster& cluster, const 
                            std::to_string(options.epochs)});
   for (size_t i = 0; i < cluster.num_ps && options.local_ipc; ++i) {
     if (cluster.hosts[i] != spec.host) continue;
-    argv.insert(argv.end(), {"--ps-ipc", std::to_string(i) + "=" +
-                                             LocalSocketPath(cluster.ps_addresses[i])});
+    argv.insert(argv.end(), {"--ps-ipc", std::to_string(i) + "=" + cluster.ps_sockets[i]});
   }
   if (!options.data_dir.empty()) argv.insert(argv.end(), {"--dataset", options.data_dir});
   for (const TrainingSetting& setting : TrainingSettings(options)) {
@@ -211,6 +214,7 @@ std::vector<std::string> WorkerEnvironment(const LaunchOptions& options, const C
   if (!options.worker_python_path.empty()) {
     env.push_back("PYTHONPATH=" + options.worker_python_path);
   }
+  if (!spec.ready_path.empty()) env.push_back("PARASYNC_READY_FILE=" + spec.ready_path);
   if (!options.data_dir.empty()) env.push_back("PARASYNC_DATA=" + options.data_dir);
   for (const TrainingSetting& setting : TrainingSettings(options)) {
     if (setting.value->has_value()) {
@@ -252,8 +256,9 @@ std::vector<std::string> BinaryArgv(const LaunchOptions& options, const Cluster&
                            "--mode", options.mode, "--metrics-port",
                            std::to_string(spec.metrics_port), "--metrics-bind",
                            MetricsBindFor(spec.host), "--log-dir", cluster.log_dir});
+  if (!spec.ready_path.empty()) argv.insert(argv.end(), {"--ready-file", spec.ready_path});
   if (is_ps) {
-    AddPsFlags(options, spec, argv);
+    AddPsFlags(options, cluster, spec, argv);
   } else {
     AddWorkerFlags(options, cluster, spec, local_rank, argv);
   }
@@ -275,6 +280,7 @@ ProcessSpec PlanProcess(const LaunchOptions& options, const Cluster& cluster, si
   spec.address = spec.host + ":" + std::to_string(ports[slot]);
   spec.metrics_port = ports[total + slot];
   spec.log_path = cluster.log_dir + "/" + spec.name + ".log";
+  if (cluster.ready_files) spec.ready_path = cluster.log_dir + "/" + spec.name + ".ready";
 
   const std::string& dir =
       spec.remote && !options.remote_bin_dir.empty() ? options.remote_bin_dir : cluster.bin_dir;
@@ -316,10 +322,15 @@ ProcessSpec PlanExporter(const LaunchOptions& options, const Cluster& cluster) {
 
 }  // namespace
 
-std::string LocalSocketPath(const std::string& address) {
-  std::string name = address;
-  std::replace(name.begin(), name.end(), ':', '-');
-  return "/tmp/parasync-ps-" + name + ".sock";
+std::string NewSocketDir() {
+  std::random_device random;  // /dev/urandom
+  char name[17];
+  std::snprintf(name, sizeof(name), "%08x%08x", random(), random());
+  return std::string("/tmp/parasync-") + name;
+}
+
+std::string SocketPath(const std::string& socket_dir, int shard) {
+  return socket_dir + "/ps" + std::to_string(shard) + ".sock";
 }
 
 std::string ShellJoin(const std::vector<std::string>& argv) {
@@ -479,15 +490,26 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
     return Status::InvalidArgument("BuildPlan needs " + std::to_string(2 * total) +
                                    " ports, got " + std::to_string(ports.size()));
   }
-  Cluster cluster{ProcessHosts(options), &ports, num_ps, {}, {}, "", "", bin_dir, log_dir};
+  Cluster cluster;
+  cluster.hosts = ProcessHosts(options);
+  cluster.ports = &ports;
+  cluster.num_ps = num_ps;
+  cluster.bin_dir = bin_dir;
+  cluster.log_dir = log_dir;
+  cluster.ready_files = !IsMultiHost(options);
   cluster.ps_addresses = Addresses(cluster.hosts, ports, 0, num_ps);
   cluster.worker_addresses = Addresses(cluster.hosts, ports, num_ps, num_workers);
   cluster.ps_hosts = JoinAddresses(cluster.ps_addresses);
   cluster.worker_hosts = JoinAddresses(cluster.worker_addresses);
+  for (size_t i = 0; i < num_ps && options.local_ipc; ++i) {
+    cluster.ps_sockets.push_back(SocketPath(options.socket_dir, static_cast<int>(i)));
+  }
   // What every process will check of its --ps-hosts / --worker-hosts, checked before any
-  // starts (two names of one host, "node1" and "NODE1", would get the same ports).
-  PARASYNC_RETURN_IF_ERROR(
-      CheckDistinctAddresses(SplitHostList(cluster.ps_hosts), "the planned --ps-hosts"));
+  // starts (two names of one host, "node1" and "NODE1", would get the same ports). A server
+  // told port 0 binds a free one of its own.
+  PARASYNC_RETURN_IF_ERROR(CheckDistinctAddresses(SplitHostList(cluster.ps_hosts),
+                                                  "the planned --ps-hosts",
+                                                  PortRule::kZeroAllowed));
   PARASYNC_RETURN_IF_ERROR(
       CheckDistinctAddresses(SplitHostList(cluster.worker_hosts), "the planned --worker-hosts"));
 
@@ -504,6 +526,14 @@ Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bi
   }
   if (!options.export_path.empty()) plan.exporter = PlanExporter(options, cluster);
   return plan;
+}
+
+std::vector<int> SingleHostPorts(const LaunchOptions& options) {
+  const size_t num_ps = static_cast<size_t>(std::max(0, options.num_ps));
+  const size_t num_workers = static_cast<size_t>(std::max(0, options.num_workers));
+  std::vector<int> ports(2 * (num_ps + num_workers), 0);
+  for (size_t i = 0; i < num_workers; ++i) ports[num_ps + i] = static_cast<int>(1 + i);
+  return ports;
 }
 
 std::vector<int> PortBasePorts(const LaunchOptions& options) {
@@ -548,40 +578,6 @@ Result<std::string> ResolvePaths(LaunchOptions* options) {
   std::string log_dir_string = log_dir.lexically_normal().string();
   if (log_dir_string.size() > 1 && log_dir_string.back() == '/') log_dir_string.pop_back();
   return log_dir_string;
-}
-
-// ---- PortReservation --------------------------------------------------------------------
-
-Result<PortReservation> PortReservation::Reserve(const std::string& host, int count) {
-  // Below the ephemeral range and held bound until Release (common/ports.h): no outgoing
-  // connection can take one before its process binds it.
-  PARASYNC_ASSIGN_OR_RETURN(BoundPorts bound, BindFreePorts(host, count));
-  PortReservation reservation;
-  reservation.fds_ = std::move(bound.fds);
-  reservation.ports_ = std::move(bound.ports);
-  return reservation;
-}
-
-PortReservation::PortReservation(PortReservation&& other) noexcept
-    : fds_(std::move(other.fds_)), ports_(std::move(other.ports_)) {
-  other.fds_.clear();
-}
-
-PortReservation& PortReservation::operator=(PortReservation&& other) noexcept {
-  if (this != &other) {
-    Release();
-    fds_ = std::move(other.fds_);
-    ports_ = std::move(other.ports_);
-    other.fds_.clear();
-  }
-  return *this;
-}
-
-PortReservation::~PortReservation() { Release(); }
-
-void PortReservation::Release() {
-  for (int fd : fds_) close(fd);
-  fds_.clear();
 }
 
 }  // namespace parasync::launch

@@ -1,8 +1,12 @@
 // The plan of a run: which processes run where, with which command lines (over ssh for
 // other hosts), on which ports. BuildPlan is pure; the helpers around it resolve what the
-// plan needs from this machine (binaries, paths, free ports, CURVE keys). Nothing here
-// starts a process. Functions may be called from any thread; PortReservation is not
-// thread-safe.
+// plan needs from this machine (binaries, paths, CURVE keys). Nothing here starts a process.
+// Functions may be called from any thread.
+//
+// Ports: a multi-host run has fixed ones (--port-base: PortBasePorts). A single-host run
+// picks none in advance (SingleHostPorts): every server is told port 0, binds a free one and
+// says which in its ready file (common/ready_file.h), and the launcher then plans again with
+// the ports the servers bound before it starts the workers.
 #pragma once
 
 #include <optional>
@@ -57,8 +61,13 @@ struct ProcessSpec {
   bool remote = false;  // started over ssh: `spawn_argv` wraps `argv` (and `env`)
   std::vector<std::string> spawn_argv;  // what the launcher executes (argv when local)
   std::string name;      // "ps0", "worker1": the output prefix and the log file's stem
-  std::string address;   // host:port in the cluster spec
-  int metrics_port = 0;
+  // host:port in the cluster spec. A PS's port 0: it binds a free one (its ready file says
+  // which). A worker binds nothing: its address only names it.
+  std::string address;
+  int metrics_port = 0;  // what its --metrics-port (or PARASYNC_METRICS_PORT) says; 0: any
+  // <log_dir>/<name>.ready, where it writes the ports it bound (--ready-file, or
+  // PARASYNC_READY_FILE for a user_command worker); empty in a multi-host run (fixed ports).
+  std::string ready_path;
   // argv[0] is the absolute path of the binary; for a user_command worker, /bin/sh, which
   // execs the user's program (so the pid the launcher signals becomes the program's).
   std::vector<std::string> argv;
@@ -110,10 +119,15 @@ Status CheckBinaries(const std::string& bin_dir, bool with_export = false,
 // may be null or empty). Reads the filesystem.
 std::string WorkerPythonPath(const std::string& bin_dir, const char* inherited);
 
-// The unix socket a PS at `address` (host:port) also listens on when LaunchOptions::local_ipc
-// is set: /tmp/parasync-ps-HOST-PORT.sock, unique per host and port, so also where several
-// emulated hosts share one file system (tools/netlab).
-std::string LocalSocketPath(const std::string& address);
+// A new directory for a run's unix sockets (LaunchOptions::local_ipc): /tmp/parasync-<16 hex
+// digits from the system's random source>. No other user can guess the name, so none can
+// make that directory first; each server makes it, mode 0700, where it does not exist
+// (parasync-ps --ipc), and the last to stop removes it. A path is never reused by another run.
+std::string NewSocketDir();
+
+// The unix socket PS `shard` listens on in `socket_dir`: <socket_dir>/ps<shard>.sock, unique
+// per shard, so also where several emulated hosts share one file system (tools/netlab).
+std::string SocketPath(const std::string& socket_dir, int shard);
 
 // `spec`'s command as one shell command line, as --dry-run prints it: its `env` as NAME=value
 // words, then spawn_argv (a remote process's env is inside its ssh command already).
@@ -121,38 +135,25 @@ std::string DisplayCommand(const ProcessSpec& spec);
 
 // Builds the command lines (and, with --worker-command, the workers' environments).
 // `ports` holds, in order, one service port per PS, one cluster port per worker, then one
-// metrics port per PS and one per worker: 2 * (num_ps + num_workers) in all. `bin_dir` and
-// `log_dir` are used as given. Pure: touches nothing.
+// metrics port per PS and one per worker: 2 * (num_ps + num_workers) in all. A PS service
+// port or a metrics port may be 0: that process binds a free port. Workers need their
+// servers' real ports: a plan whose servers have port 0 can start only its servers (and
+// print itself). In a single-host run every process gets --ready-file <log_dir>/<name>.ready
+// (a --worker-command worker PARASYNC_READY_FILE). `bin_dir` and `log_dir` are used as given.
+// Pure: touches nothing (a single-host --ipc socket is named after this process's pid).
 // Returns InvalidArgument if the options are invalid or the port count is wrong.
 Result<LaunchPlan> BuildPlan(const LaunchOptions& options, const std::string& bin_dir,
                              const std::string& log_dir, const std::vector<int>& ports);
 
-// Holds `count` distinct free TCP ports by keeping a socket bound to each (127.0.0.1, or
-// `host` when it is an IPv4 literal) until Release() or destruction. Not thread-safe.
-class PortReservation {
- public:
-  // Returns the reservation, or Unavailable if sockets could not be bound.
-  static Result<PortReservation> Reserve(const std::string& host, int count);
-
-  PortReservation(PortReservation&& other) noexcept;
-  PortReservation& operator=(PortReservation&& other) noexcept;
-  PortReservation(const PortReservation&) = delete;
-  PortReservation& operator=(const PortReservation&) = delete;
-  ~PortReservation();
-
-  const std::vector<int>& ports() const { return ports_; }
-  // Closes the sockets so the processes can bind the ports. Idempotent.
-  void Release();
-
- private:
-  PortReservation() = default;
-  std::vector<int> fds_;
-  std::vector<int> ports_;
-};
+// Single host: the ports of every process, as BuildPlan takes them, picked by nobody in
+// advance: every PS service port and every metrics port 0 (each process binds a free one
+// and tells it in its ready file), worker i's cluster port 1 + i (a worker binds nothing:
+// its address only names it, and must differ from the others').
+std::vector<int> SingleHostPorts(const LaunchOptions& options);
 
 // Multi-host: the ports of every process, as BuildPlan takes them, fixed from --port-base
-// and counted per host (a launcher cannot reserve ports on other machines; --check tells
-// whether they are free).
+// and counted per host (the processes on other hosts cannot tell the launcher which ports
+// they bound; --check tells whether these are free).
 std::vector<int> PortBasePorts(const LaunchOptions& options);
 
 // Makes options->export_path and options->curve_dir absolute (InvalidArgument when --export

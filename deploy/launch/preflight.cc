@@ -158,7 +158,7 @@ void CheckPorts(const LaunchPlan& plan, bool multi_host, std::vector<std::string
   std::map<int, std::string> metrics_users;  // port -> the first process given it
   for (const ProcessSpec& spec : plan.processes) {
     if (!RunsHere(spec)) continue;
-    // In a single-host run the launcher picked free ports itself (and holds them); only a
+    // In a single-host run every process is told port 0 (it binds a free one); only a
     // --metrics-port the user gave (--ps-arg, --worker-arg, --rank-arg) is checked then.
     // A --worker-command worker gets its planned port in PARASYNC_METRICS_PORT, no flag.
     const std::string given = spec.user_command
@@ -226,7 +226,7 @@ void CheckStateDirs(const LaunchOptions& options, const LaunchPlan& plan,
     argv.push_back("--check");
     const std::string output = RunCapture(argv, kStoreCheckTimeoutMs);
     for (const std::string& line : LinesAfter(output, kCheckProblemPrefix)) {
-      // Its other lines are about ports, which the launcher holds for it now.
+      // Its other lines are about ports, which CheckPorts judges.
       if (line.find("--state-dir") != std::string::npos) problems->push_back(line);
     }
   }
@@ -299,6 +299,7 @@ void CheckCommandWorkerHere(const LaunchOptions& options, const ProcessSpec& spe
                             std::vector<std::string>& problems) {
   const std::string where = spec.name + " on " + spec.host;
   if (std::string p = CommandDataProblem(options); !p.empty()) problems.push_back(where + ": " + p);
+  if (spec.metrics_port == 0) return;  // any free port (a single-host run)
   if (std::string p = BindProblem(MetricsBindFor(spec.host), spec.metrics_port); !p.empty()) {
     problems.push_back(where + " metrics: " + p);
   }

@@ -30,8 +30,9 @@ std::vector<std::string> LocalPreflight(const LaunchOptions& options, const Laun
 // version, protocol or schema differs from this launcher's. Empty: all clear. The ports the
 // plan names must not be held by this process (they are the processes' to bind).
 // A --worker-command worker is checked without running it: here, its --dataset directory and
-// its metrics port; on another host, over ssh, that the host answers and the --dataset
-// directory is there (not its ports, nor the command, its version or the data's format).
+// its metrics port (when it has a fixed one); on another host, over ssh, that the host
+// answers and the --dataset directory is there (not its ports, nor the command, its version
+// or the data's format).
 std::vector<std::string> ClusterPreflight(const LaunchOptions& options, const LaunchPlan& plan,
                                           double timeout_seconds);
 

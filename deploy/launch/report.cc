@@ -125,6 +125,11 @@ std::string DescribeWaitStatus(int wait_status) {
 
 bool ExitedZero(int wait_status) { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
 
+std::string MetricsUrl(const ProcessRecord& process) {
+  return "http://" + process.spec.host + ":" + std::to_string(process.bound_metrics_port) +
+         "/metrics";
+}
+
 std::string FormatSeconds(double seconds) {
   char buffer[32];
   std::snprintf(buffer, sizeof(buffer), "%g", seconds);
@@ -156,17 +161,20 @@ Status WriteClusterJson(const RunRecord& run) {
   for (const ProcessRecord* record : run.processes) {
     const ProcessRecord& child = *record;
     const bool is_ps = child.spec.role == Role::kPs;
-    (is_ps ? ps_hosts : worker_hosts).push_back(child.spec.address);
+    // A server's entry is the address it bound; a worker's only names it.
+    (is_ps ? ps_hosts : worker_hosts)
+        .push_back(is_ps && !child.bound_address.empty() ? child.bound_address
+                                                         : child.spec.address);
+    const bool metrics_known = child.bound_metrics_port > 0;
     processes.push_back({
         {"role", is_ps ? "ps" : "worker"},
         {"index", child.spec.index},
         {"name", child.spec.name},
-        {"pid", child.pid},
-        {"address", child.spec.address},
-        {"metrics_port", child.spec.metrics_port},
+        {"pid", child.pid > 0 ? json(child.pid) : json(nullptr)},
+        {"address", child.bound_address},
+        {"metrics_port", metrics_known ? json(child.bound_metrics_port) : json(nullptr)},
         {"host", child.spec.host},
-        {"metrics_url", "http://" + child.spec.host + ":" +
-                            std::to_string(child.spec.metrics_port) + "/metrics"},
+        {"metrics_url", metrics_known ? json(MetricsUrl(child)) : json(nullptr)},
         {"log", child.spec.log_path},
         {"command", child.spec.argv},
     });
@@ -189,17 +197,20 @@ Status WriteClusterJson(const RunRecord& run) {
   return WriteFileAtomically(plan.log_dir + "/cluster.json", text);
 }
 
-Status WritePrometheusTargets(const LaunchPlan& plan) {
+Status WritePrometheusTargets(const RunRecord& run) {
   // Prometheus file_sd format: one target group per process, labelled like the metrics the
   // process exports itself (role and shard or rank) plus the run's job.
   using nlohmann::json;
+  const LaunchPlan& plan = *run.plan;
   json groups = json::array();
-  for (const ProcessSpec& spec : plan.processes) {
+  for (const ProcessRecord* record : run.processes) {
+    const ProcessSpec& spec = record->spec;
+    if (record->bound_metrics_port <= 0) continue;  // not known (yet)
     const bool is_ps = spec.role == Role::kPs;
     json labels = {{"job", plan.job}, {"role", is_ps ? "ps" : "worker"}};
     labels[is_ps ? "shard" : "rank"] = std::to_string(spec.index);
     groups.push_back(
-        {{"targets", {spec.host + ":" + std::to_string(spec.metrics_port)}},
+        {{"targets", {spec.host + ":" + std::to_string(record->bound_metrics_port)}},
          {"labels", labels}});
   }
   return WriteFileAtomically(plan.log_dir + "/prometheus-targets.json",
@@ -451,12 +462,15 @@ void AppendFiles(std::ostream& out, const std::string& prefix, const std::string
   if (Exists(plan.log_dir + "/cluster.json")) {
     out << prefix << "cluster description: " << plan.log_dir << "/cluster.json\n";
   }
-  out << prefix << "metrics endpoints (live during the run):";
+  std::string endpoints;
   for (const ProcessRecord* child : run.processes) {
-    out << " " << child->spec.name << " http://" << child->spec.host << ":"
-        << child->spec.metrics_port << "/metrics";
+    if (child->bound_metrics_port > 0) {
+      endpoints += " " + child->spec.name + " " + MetricsUrl(*child);
+    }
   }
-  out << "\n";
+  if (!endpoints.empty()) {
+    out << prefix << "metrics endpoints (live during the run):" << endpoints << "\n";
+  }
   out << prefix << "each process writes its final metrics to " << plan.log_dir
       << "/metrics-<role><index>.prom at exit (e.g. metrics-ps0.prom, metrics-worker0.prom)\n";
   if (Exists(plan.log_dir + "/prometheus-targets.json")) {

@@ -57,6 +57,13 @@ struct ProcessRecord {
   bool fault_killed = false;  // killed by fault injection: its death is no failure
   bool sent_kill = false;     // the launcher sent it SIGKILL (grace over, --kill, a second ^C)
   int restarts = 0;           // by fault injection
+  // What it listens on, once known: from its ready file (spec.ready_path) in a single-host
+  // run, from the plan's fixed ports otherwise. A PS's host:port ("" until known, and for a
+  // worker, which binds none) and its /metrics port (0 until known, or never, for a
+  // --worker-command program that writes no ready file). A restart keeps a PS's address; its
+  // metrics port may change.
+  std::string bound_address;
+  int bound_metrics_port = 0;
 };
 
 // The run as the supervisor records it, for the artifacts. The pointers are the
@@ -82,6 +89,9 @@ struct RunRecord {
   std::string workers_finished;
   std::vector<std::string> workers_stopped;  // the workers stopped then, by name
 };
+
+// "http://HOST:PORT/metrics" of the metrics port `process` bound.
+std::string MetricsUrl(const ProcessRecord& process);
 
 // One row of eval.jsonl, as far as the launcher reports it.
 struct EvalRow {
@@ -112,12 +122,15 @@ struct RunReport {
 // ended yet counts its wall time up to now.
 RunReport ComputeReport(const RunRecord& run);
 
-// Writes <log_dir>/cluster.json: the cluster spec, every process's pid, addresses, log and
-// command line, and the exporter's command. Unavailable when it cannot be written.
+// Writes <log_dir>/cluster.json (fields: docs/run-summary.md): the cluster spec, every
+// process's pid, the address and metrics port it bound (null while not known), log and
+// command line, and the exporter's command. Written whole (a rename), again whenever one of
+// them changes. Unavailable when it cannot be written.
 Status WriteClusterJson(const RunRecord& run);
 
-// Writes <log_dir>/prometheus-targets.json (Prometheus file_sd: one group per process).
-Status WritePrometheusTargets(const LaunchPlan& plan);
+// Writes <log_dir>/prometheus-targets.json (Prometheus file_sd: one group per process whose
+// metrics port is known; Prometheus re-reads the file, so it is written again as more are).
+Status WritePrometheusTargets(const RunRecord& run);
 
 // Writes <log_dir>/summary.json (fields: docs/run-summary.md).
 Status WriteSummaryJson(const RunRecord& run, const RunReport& report);

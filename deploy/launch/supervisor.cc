@@ -15,8 +15,10 @@
 #include <map>
 #include <utility>
 
+#include "common/address.h"
 #include "common/file_util.h"
 #include "common/metrics.h"
+#include "common/ready_file.h"
 #include "common/subprocess.h"
 #include "deploy/launch/preflight.h"
 #include "deploy/launch/snapshot_server.h"
@@ -74,6 +76,15 @@ struct Launcher::Child : ProcessRecord {
   int log_fd = -1;
   std::string partial;  // bytes after the last newline
   int in_fd = -1;  // remote: write end of ssh's stdin; closing it stops the process
+  std::string last_line;  // the last line it printed: why, when it refused to start
+  // A single-host server started (or restarted) and not yet serving: the run waits for its
+  // ready file until ready_deadline (steady-clock seconds).
+  bool awaiting_ready = false;
+  double ready_deadline = 0.0;
+  bool restarting = false;  // that start is a restart: a port in use is tried again
+  int start_tries = 0;      // starts of this restart so far
+  double retry_at = 0.0;    // when to try it again (0: no try pending)
+  bool ready_unreadable = false;  // its ready file was not one: said once, not read again
 };
 
 Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& given) {
@@ -86,22 +97,20 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& given) {
   PARASYNC_RETURN_IF_ERROR(
       CheckBinaries(bin_dir, !options.export_path.empty(), !options.worker_command.has_value()));
   PARASYNC_ASSIGN_OR_RETURN(const std::string log_dir, ResolvePaths(&options));
+  if (options.local_ipc && options.socket_dir.empty()) options.socket_dir = NewSocketDir();
   if (options.worker_command) {
     options.worker_python_path = WorkerPythonPath(bin_dir, std::getenv("PYTHONPATH"));
   }
 
-  const int port_count = 2 * (options.num_ps + options.num_workers);
-  const bool multi_host = IsMultiHost(options);
-  // Multi-host: fixed ports from --port-base (PortBasePorts); reserved here otherwise.
-  PARASYNC_ASSIGN_OR_RETURN(PortReservation ports,
-                            PortReservation::Reserve(options.host, multi_host ? 0 : port_count));
-  const std::vector<int> port_list = multi_host ? PortBasePorts(options) : ports.ports();
-  PARASYNC_ASSIGN_OR_RETURN(LaunchPlan plan, BuildPlan(options, bin_dir, log_dir, port_list));
-  return std::unique_ptr<Launcher>(new Launcher(options, std::move(plan), std::move(ports)));
+  // Multi-host: fixed ports from --port-base. Single host: the servers pick theirs (port 0).
+  const std::vector<int> ports =
+      IsMultiHost(options) ? PortBasePorts(options) : SingleHostPorts(options);
+  PARASYNC_ASSIGN_OR_RETURN(LaunchPlan plan, BuildPlan(options, bin_dir, log_dir, ports));
+  return std::unique_ptr<Launcher>(new Launcher(options, std::move(plan), bin_dir));
 }
 
-Launcher::Launcher(LaunchOptions options, LaunchPlan plan, PortReservation ports)
-    : options_(std::move(options)), plan_(std::move(plan)), ports_(std::move(ports)) {
+Launcher::Launcher(LaunchOptions options, LaunchPlan plan, std::string bin_dir)
+    : options_(std::move(options)), plan_(std::move(plan)), bin_dir_(std::move(bin_dir)) {
   const bool multi_host = IsMultiHost(options_);
   for (const ProcessSpec& spec : plan_.processes) {
     Child child;
@@ -115,9 +124,19 @@ Launcher::Launcher(LaunchOptions options, LaunchPlan plan, PortReservation ports
 }
 
 std::vector<std::string> Launcher::Preflight(double timeout_seconds) {
-  // The processes' --check binds their own ports: the launcher's reservation must not hold them.
-  ports_.Release();
-  return ClusterPreflight(options_, plan_, timeout_seconds);
+  if (IsMultiHost(options_)) return ClusterPreflight(options_, plan_, timeout_seconds);
+  // The servers are told port 0: nothing of theirs to check but what the user gave. A worker
+  // refuses a server port 0 in --ps-hosts, so the workers' checks name placeholder ports
+  // (as their own addresses do): --check binds none of them and connects to none.
+  std::vector<int> ports = SingleHostPorts(options_);
+  for (int i = 0; i < options_.num_ps; ++i) ports[static_cast<size_t>(i)] = 1 + i;
+  Result<LaunchPlan> placeholders = BuildPlan(options_, bin_dir_, plan_.log_dir, ports);
+  if (!placeholders.ok()) return {placeholders.status().message()};
+  LaunchPlan check = plan_;
+  for (size_t slot = static_cast<size_t>(options_.num_ps); slot < check.processes.size(); ++slot) {
+    check.processes[slot] = placeholders->processes[slot];
+  }
+  return ClusterPreflight(options_, check, timeout_seconds);
 }
 
 Status Launcher::Start() {
@@ -141,17 +160,26 @@ Status Launcher::Start() {
   Message("starting " + std::to_string(options_.num_ps) + " ps and " +
           std::to_string(options_.num_workers) + " workers, mode " + plan_.mode +
           ", logs in " + plan_.log_dir);
-  ports_.Release();
   if (Status spawned = SpawnAll(); !spawned.ok()) return Fail(spawned);
-  Status written = WriteClusterJson(run_);
-  if (!written.ok()) Message("warning: " + written.ToString());
-  written = WritePrometheusTargets(plan_);
-  if (!written.ok()) Message("warning: " + written.ToString());
-  Message("Prometheus targets (job \"" + plan_.job + "\"): " + plan_.log_dir +
-          "/prometheus-targets.json; watch the run: tools/watch-run.sh " + plan_.log_dir);
+  // A single host's workers start once the servers serve (Supervise: StartWorkers).
+  if (phase_ == Phase::kRunning) OnAllStarted();
+  return Status::Ok();
+}
+
+void Launcher::OnAllStarted() {
   started_at_ = NowSeconds();
   fault_states_.assign(options_.faults.size(), FaultState{});
-  return Status::Ok();
+  WriteRunFiles();
+  Message("Prometheus targets (job \"" + plan_.job + "\"): " + plan_.log_dir +
+          "/prometheus-targets.json; watch the run: tools/watch-run.sh " + plan_.log_dir);
+}
+
+void Launcher::WriteRunFiles() {
+  if (started_at_ <= 0) return;  // not every process has been started yet
+  Status written = WriteClusterJson(run_);
+  if (!written.ok()) Message("warning: " + written.ToString());
+  written = WritePrometheusTargets(run_);
+  if (!written.ok()) Message("warning: " + written.ToString());
 }
 
 Status Launcher::Fail(Status status) {
@@ -187,8 +215,11 @@ Status Launcher::PrepareFiles() {
 }
 
 Status Launcher::SpawnAll() {
+  // A single host's servers bind ports of their own choosing: the workers wait for them.
+  const bool servers_first = !IsMultiHost(options_);
   std::map<std::string, int> ssh_started;
   for (Child& child : children_) {
+    if (servers_first && child.spec.role != Role::kPs) continue;
     // sshd refuses connections beyond ~10 unauthenticated at once (MaxStartups 10:30:100):
     // past 8 to one host, leave each some time to authenticate.
     if (child.spec.remote && ++ssh_started[child.spec.host] > 8) usleep(150000);
@@ -205,11 +236,22 @@ Status Launcher::SpawnAll() {
       }
       return status;
     }
-    Message(child.spec.name + " pid " + std::to_string(child.pid) + " at " +
-            child.spec.address + ", metrics http://" + child.spec.host + ":" +
-            std::to_string(child.spec.metrics_port) + "/metrics");
+    AnnounceStart(child);
   }
+  if (servers_first) phase_ = Phase::kStartingServers;
   return Status::Ok();
+}
+
+void Launcher::AnnounceStart(Child& child) {
+  if (!child.spec.ready_path.empty()) {  // its ports come in its ready file
+    Message(child.spec.name + " started as pid " + std::to_string(child.pid));
+    return;
+  }
+  // Fixed ports: what the plan says is what it binds.
+  child.bound_address = child.spec.role == Role::kPs ? child.spec.address : "";
+  child.bound_metrics_port = child.spec.metrics_port;
+  Message(child.spec.name + " pid " + std::to_string(child.pid) + " at " + child.spec.address +
+          ", metrics " + MetricsUrl(child));
 }
 
 Launcher::~Launcher() {
@@ -238,11 +280,22 @@ Launcher::~Launcher() {
     if (child.log_fd >= 0) close(child.log_fd);
     child.log_fd = -1;
   }
+  if (!options_.socket_dir.empty() && !IsMultiHost(options_)) {
+    // The run's own directory (NewSocketDir): what a killed server left in it goes too.
+    std::error_code ignored;
+    std::filesystem::remove_all(options_.socket_dir, ignored);
+  }
 }
 
 Status Launcher::SpawnOne(Child& child) {
   const std::vector<std::string>& command =
       child.spec.spawn_argv.empty() ? child.spec.argv : child.spec.spawn_argv;
+  if (!child.spec.ready_path.empty()) {
+    // An earlier run's (or incarnation's) file must not pass for this one's: our binaries
+    // remove it themselves, a --worker-command program may not (the pid tells them apart too).
+    std::error_code ec;
+    std::filesystem::remove(child.spec.ready_path, ec);
+  }
   SpawnOptions spawn;
   spawn.argv = command;
   // Our environment with kLogPrefixedEnv=1 (we prefix the child's lines with its name) and
@@ -273,6 +326,16 @@ Status Launcher::SpawnOne(Child& child) {
   fcntl(child.out_fd, F_SETFL, fcntl(child.out_fd, F_GETFL) | O_NONBLOCK);
   child.pid = spawned->pid;
   child.running = true;
+  child.last_line.clear();
+  if (!child.spec.ready_path.empty()) {
+    // Its metrics port is the one its new ready file tells; a server's address stays.
+    child.bound_metrics_port = 0;
+    child.ready_unreadable = false;
+    if (child.spec.role == Role::kPs) {
+      child.awaiting_ready = true;
+      child.ready_deadline = NowSeconds() + kServerReadySeconds;
+    }
+  }
   return Status::Ok();
 }
 
@@ -287,7 +350,12 @@ Status Launcher::ServeFinalMetrics() {
               "); its port stays closed");
       continue;
     }
-    endpoints.push_back({plan_.metrics_bind, child.spec.metrics_port, std::move(text).value()});
+    if (child.bound_metrics_port <= 0) {
+      Message(child.spec.name + " never told its metrics port (no ready file); its final "
+              "metrics are not served");
+      continue;
+    }
+    endpoints.push_back({plan_.metrics_bind, child.bound_metrics_port, std::move(text).value()});
     names.push_back(child.spec.name);
   }
   if (endpoints.empty()) return Status::Unavailable("no process left a final metrics snapshot");
@@ -348,6 +416,7 @@ void Launcher::Message(std::string_view text) {
 }
 
 void Launcher::EmitLine(Child& child, std::string_view line) {
+  child.last_line = line;
   std::string out = child.prefix;
   out.append(line);
   out.push_back('\n');
@@ -410,7 +479,14 @@ void Launcher::ReadOutput(Child& child, bool drain) {
 void Launcher::ReapExited() {
   for (Child& child : children_) {
     int wait_status = 0;
-    if (TryReap(child, &wait_status)) OnExit(child, wait_status);
+    if (!TryReap(child, &wait_status)) continue;
+    // A worker that ended before its ready file was read: what it bound is still worth
+    // knowing (its final metrics are served there).
+    if (child.spec.role == Role::kWorker && !child.spec.ready_path.empty() &&
+        child.bound_metrics_port == 0 && !child.ready_unreadable && ReadReady(child)) {
+      WriteRunFiles();
+    }
+    OnExit(child, wait_status);
   }
   int wait_status = 0;
   if (exporter_ != nullptr && TryReap(*exporter_, &wait_status)) OnExportExit(wait_status);
@@ -512,6 +588,8 @@ void Launcher::OnExportExit(int wait_status) {
 void Launcher::OnExit(Child& child, int wait_status) {
   child.running = false;
   child.wait_status = wait_status;
+  const bool before_serving = child.awaiting_ready;
+  child.awaiting_ready = false;
   const bool clean = ExitedZero(wait_status);
   const std::string who = child.spec.name + " (pid " + std::to_string(child.pid) + ")";
   const bool is_chief = child.spec.role == Role::kWorker && child.spec.index == 0;
@@ -521,19 +599,22 @@ void Launcher::OnExit(Child& child, int wait_status) {
     Message(who + " ended by fault injection (" + DescribeWaitStatus(wait_status) + ")");
     return;
   }
-  if (phase_ == Phase::kRunning) {
+  if (before_serving && child.restarting && RetryIfPortInUse(child, wait_status)) return;
+  if (phase_ == Phase::kRunning || phase_ == Phase::kStartingServers) {
     if (clean && is_chief) {
       OnChiefFinished(who);
-    } else if (clean) {
+    } else if (clean && !before_serving) {
       Message(who + (child.spec.role == Role::kWorker
                          ? " finished with exit status 0"
                          : " exited with status 0 before the chief finished"));
     } else {
-      // A process that refused its flags, data or state fails the run the same way.
+      // A process that refused its flags, data or state fails the run the same way; so
+      // does a server that ends before it serves.
       failure_is_bad_usage_ = WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kExitUsage;
-      failure_ = who + " failed with " + DescribeWaitStatus(wait_status) +
-                 (is_chief ? "" : " before the chief finished") + "; log: " +
-                 child.spec.log_path;
+      failure_ = who + (clean ? " exited with status 0 before it served"
+                              : " failed with " + DescribeWaitStatus(wait_status) +
+                                    (is_chief ? "" : " before the chief finished")) +
+                 "; log: " + child.spec.log_path;
       Message(failure_);
       BeginStopping(Phase::kStoppingWorkers);
     }
@@ -632,6 +713,7 @@ int Launcher::Supervise() {
   while (phase_ != Phase::kDone) {
     PollOnce();
     ReapExited();
+    CollectReadyFiles();
     AdvanceStopping();
   }
   const int exit_code = ComputeExitCode();
@@ -652,14 +734,13 @@ void Launcher::PollOnce() {
     poll_fds.push_back({exporter_->out_fd, POLLIN, 0});
     owners.push_back(exporter_.get());
   }
-  // The signal pipe wakes us for every exit; the timeout only serves the deadlines.
-  int timeout_ms = static_cast<int>(std::clamp(std::ceil(InjectFaults() * 1000.0), 0.0, 1000.0));
-  if (phase_ != Phase::kRunning) {
-    const double left = stop_deadline_ - NowSeconds();
-    timeout_ms = group_killed_ ? 100
-                               : static_cast<int>(std::clamp(std::ceil(left * 1000.0),
-                                                             0.0, 1000.0));
+  // The signal pipe wakes us for every exit; the timeout only serves the deadlines and the
+  // ready files (no event says one has been written).
+  double wait = std::min({InjectFaults(), RetryRestarts(), ReadyPollSeconds()});
+  if (phase_ != Phase::kRunning && phase_ != Phase::kStartingServers) {
+    wait = std::min(wait, group_killed_ ? 0.1 : stop_deadline_ - NowSeconds());
   }
+  const int timeout_ms = static_cast<int>(std::clamp(std::ceil(wait * 1000.0), 0.0, 1000.0));
   const int ready = poll(poll_fds.data(), poll_fds.size(), timeout_ms);
   if (ready < 0 && errno != EINTR) {
     Message(std::string("poll failed: ") + std::strerror(errno) + "; killing all processes");
@@ -692,7 +773,8 @@ void Launcher::HandleSignals() {
       run_.end_reason = "got " + SignalName(signal_number);
       Message("got " + SignalName(signal_number) +
               "; stopping all processes (send it again to kill them at once)");
-      if (phase_ == Phase::kRunning || phase_ == Phase::kFinishingWorkers) {
+      if (phase_ == Phase::kStartingServers || phase_ == Phase::kRunning ||
+          phase_ == Phase::kFinishingWorkers) {
         BeginStopping(Phase::kStoppingWorkers);
       }
       if (phase_ == Phase::kExporting) {
@@ -710,7 +792,10 @@ void Launcher::HandleSignals() {
 void Launcher::AdvanceStopping() {
   for (bool advanced = true; advanced;) {
     advanced = false;
-    if (phase_ == Phase::kRunning || phase_ == Phase::kDone) break;
+    if (phase_ == Phase::kStartingServers || phase_ == Phase::kRunning ||
+        phase_ == Phase::kDone) {
+      break;
+    }
     if (phase_ == Phase::kFinishingWorkers) {
       if (!GroupRunning(Role::kWorker)) {
         StopRemainingWorkers("all");
@@ -760,6 +845,10 @@ int Launcher::ComputeExitCode() {
   std::string unclean;
   for (const Child& child : children_) {
     if (!statuses.empty()) statuses += ", ";
+    if (child.pid < 0) {  // the run ended before its servers served
+      statuses += child.spec.name + " not started";
+      continue;
+    }
     if (child.fault_killed) {  // killed by --kill and not restarted: as asked
       statuses += child.spec.name + " killed by fault injection";
       continue;
@@ -843,24 +932,192 @@ double Launcher::InjectFaults() {
 }
 
 bool Launcher::RestartAfterFault(Child& child) {
+  // The command line of the plan as it stands: a single host's server comes back on the
+  // address it bound first (its port is fixed from then on; its metrics port may change).
+  child.spec = plan_.processes[static_cast<size_t>(&child - children_.data())];
+  child.restarting = child.spec.role == Role::kPs && !child.spec.ready_path.empty();
+  child.start_tries = 0;
+  if (!StartAgain(child)) return false;
+  ++child.restarts;
+  Message("fault injection: restarted " + child.spec.name + " as pid " +
+          std::to_string(child.pid));
+  WriteRunFiles();
+  return true;
+}
+
+bool Launcher::StartAgain(Child& child) {
   child.log_fd = open(child.spec.log_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   child.fault_killed = false;
   child.sent_term = false;
   child.sent_kill = false;
   child.partial.clear();
+  ++child.start_tries;
   if (Status status = SpawnOne(child); !status.ok()) {
     failure_ = "fault injection: could not restart " + child.spec.name + ": " + status.message();
     Message(failure_);
     BeginStopping(Phase::kStoppingWorkers);
     return false;
   }
-  ++child.restarts;
-  Message("fault injection: restarted " + child.spec.name + " as pid " +
-          std::to_string(child.pid));
-  if (Status written = WriteClusterJson(run_); !written.ok()) {
-    Message("warning: " + written.ToString());
-  }
   return true;
+}
+
+bool Launcher::RetryIfPortInUse(Child& child, int wait_status) {
+  const bool in_use = WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kExitUsage &&
+                      child.last_line.find("in use") != std::string::npos;
+  if (!in_use || phase_ != Phase::kRunning) return false;
+  const std::string where = child.spec.name + " on " + child.bound_address;
+  if (child.start_tries < kRestartTries) {
+    child.retry_at = NowSeconds() + kRestartRetrySeconds;
+    Message("fault injection: " + where + " refused to start (" + child.last_line +
+            "); trying again in " + FormatSeconds(kRestartRetrySeconds) + " s");
+    return true;
+  }
+  failure_ = "fault injection: could not restart " + where + ": its port was still in use after " +
+             std::to_string(child.start_tries) + " tries; log: " + child.spec.log_path;
+  Message(failure_);
+  BeginStopping(Phase::kStoppingWorkers);
+  return true;
+}
+
+double Launcher::RetryRestarts() {
+  double next = 1e9;
+  const double now = NowSeconds();
+  for (Child& child : children_) {
+    if (child.retry_at <= 0 || child.running) continue;
+    if (phase_ != Phase::kRunning) {  // the run is ending: no more tries
+      child.retry_at = 0;
+      continue;
+    }
+    if (now < child.retry_at) {
+      next = std::min(next, child.retry_at - now);
+      continue;
+    }
+    child.retry_at = 0;
+    if (!StartAgain(child)) return next;
+    Message("fault injection: restarted " + child.spec.name + " as pid " +
+            std::to_string(child.pid) + " (try " + std::to_string(child.start_tries) + ")");
+    WriteRunFiles();
+  }
+  return next;
+}
+
+// ---- ready files: the ports a single host's processes bound ------------------------------
+
+double Launcher::ReadyPollSeconds() const {
+  double wait = 1e9;
+  for (const Child& child : children_) {
+    if (!child.running || child.spec.ready_path.empty()) continue;
+    if (child.awaiting_ready) return kServerReadyPollSeconds;  // the run waits for it
+    if (child.bound_metrics_port == 0 && !child.ready_unreadable) wait = kReadyPollSeconds;
+  }
+  return wait;
+}
+
+bool Launcher::Live() const {
+  return phase_ == Phase::kStartingServers || phase_ == Phase::kRunning;
+}
+
+void Launcher::CollectReadyFiles() {
+  const double now = NowSeconds();
+  if (now < next_ready_read_) return;  // output wakes the loop often: not every time
+  next_ready_read_ = now + kServerReadyPollSeconds;
+  bool changed = false;
+  for (Child& child : children_) {
+    if (!child.running || child.spec.ready_path.empty() || child.ready_unreadable) continue;
+    if (!child.awaiting_ready && child.bound_metrics_port != 0) continue;
+    if (ReadReady(child)) {
+      changed = true;
+    } else if (child.awaiting_ready && now >= child.ready_deadline && Live()) {
+      // As a server that exits at start: the run fails, and ends.
+      failure_ = child.spec.name + " (pid " + std::to_string(child.pid) + ") did not serve " +
+                 "within " + FormatSeconds(kServerReadySeconds) + " s (no ready file " +
+                 child.spec.ready_path + "); log: " + child.spec.log_path;
+      child.awaiting_ready = false;
+      Message(failure_);
+      BeginStopping(Phase::kStoppingWorkers);
+      return;
+    }
+  }
+  if (phase_ == Phase::kStartingServers) {
+    for (const Child& child : children_) {
+      if (child.spec.role == Role::kPs && child.bound_address.empty()) return;
+    }
+    StartWorkers();
+  } else if (changed) {
+    WriteRunFiles();
+  }
+}
+
+bool Launcher::ReadReady(Child& child) {
+  Result<ReadyInfo> ready = ReadReadyFile(child.spec.ready_path);
+  if (!ready.ok() && ready.status().code() == StatusCode::kNotFound) return false;  // not yet
+  if (ready.ok() && ready->pid != child.pid) return false;  // an earlier process's
+  std::string problem = ready.status().message();
+  int port = 0;
+  if (ready.ok() && child.spec.role == Role::kPs) {
+    Result<HostPort> bound =
+        ParseHostPort(ready->address, child.spec.ready_path + " address", PortRule::kNonZero);
+    problem = bound.status().message();
+    if (bound.ok()) port = bound->port;
+  }
+  if (problem.empty() && ready->metrics_port <= 0) {
+    problem = child.spec.ready_path + " names no metrics port";
+  }
+  if (!problem.empty()) {
+    child.ready_unreadable = true;
+    if (!child.awaiting_ready || !Live()) {
+      Message("warning: " + child.spec.name + "'s ready file: " + problem);
+      return false;
+    }
+    // A server whose address is not known cannot be reached: the run fails.
+    failure_ = child.spec.name + " (pid " + std::to_string(child.pid) + "): " + problem;
+    child.awaiting_ready = false;
+    Message(failure_);
+    BeginStopping(Phase::kStoppingWorkers);
+    return false;
+  }
+  // The cluster spec names hosts as given (--host): the address keeps the name.
+  if (port > 0) child.bound_address = child.spec.host + ":" + std::to_string(port);
+  child.bound_metrics_port = ready->metrics_port;
+  child.awaiting_ready = false;
+  child.restarting = false;
+  Message(child.spec.name + " pid " + std::to_string(child.pid) +
+          (port > 0 ? " at " + child.bound_address : std::string()) + ", metrics " +
+          MetricsUrl(child));
+  return true;
+}
+
+void Launcher::StartWorkers() {
+  // Planned again with the ports the servers bound: the workers, the exporter and a restart
+  // of a server get them.
+  std::vector<int> ports = SingleHostPorts(options_);
+  for (size_t i = 0; i < children_.size(); ++i) {
+    if (children_[i].spec.role != Role::kPs) continue;
+    Result<HostPort> bound = ParseHostPort(children_[i].bound_address, "", PortRule::kNonZero);
+    ports[i] = bound.ok() ? bound->port : 0;  // always ok: ReadReady made it
+  }
+  Result<LaunchPlan> bound = BuildPlan(options_, bin_dir_, plan_.log_dir, ports);
+  phase_ = Phase::kRunning;
+  if (!bound.ok()) {
+    failure_ = "cannot plan the workers: " + bound.status().message();
+    Message(failure_);
+    BeginStopping(Phase::kStoppingWorkers);
+    return;
+  }
+  plan_ = std::move(bound).value();
+  for (size_t i = 0; i < children_.size(); ++i) {
+    Child& child = children_[i];
+    if (child.spec.role != Role::kWorker) continue;
+    child.spec = plan_.processes[i];
+    if (Status spawned = SpawnOne(child); !spawned.ok()) {
+      failure_ = spawned.message();
+      Message(failure_);
+      BeginStopping(Phase::kStoppingWorkers);
+      return;
+    }
+    AnnounceStart(child);
+  }
+  OnAllStarted();
 }
 
 // ---- the end of the run: summary.json and the final lines (report.h) --------------------

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,6 +43,24 @@ std::unique_ptr<HttpServer> Serve(HttpServerOptions options = {},
 
 std::string Get(int port, const std::string& path) {
   return HttpExchange(port, "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n", kBound);
+}
+
+// Port 0: a free port below the kernel's ephemeral range (common/ports.h), as the servers'
+// sockets bind.
+TEST(HttpServerTest, PortZeroServesOnAFreePortBelowTheEphemeralRange) {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int ephemeral_start = 32768;
+  range >> ephemeral_start;
+  auto first = Serve();
+  auto second = Serve();
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  for (const auto* server : {first.get(), second.get()}) {
+    EXPECT_GT(server->port(), 1023);
+    EXPECT_LT(server->port(), ephemeral_start);
+    EXPECT_THAT(Get(server->port(), "/hello"), EndsWith("\r\n\r\nhello\n"));
+  }
+  EXPECT_NE(first->port(), second->port());
 }
 
 TEST(HttpServerTest, AnswersARouteWithItsLengthAndClosesTheConnection) {

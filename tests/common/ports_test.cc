@@ -59,5 +59,41 @@ TEST(PortsTest, PickedLoopbackPortsAreFreeForTheServer) {
   EXPECT_TRUE(none->ports.empty());
 }
 
+TEST(PortsTest, BindBelowEphemeralSkipsPortsInUseAndTriesEachOnce) {
+  std::set<int> tried;
+  int calls = 0;
+  auto bound = BindBelowEphemeral([&](int port) -> Result<bool> {
+    EXPECT_TRUE(tried.insert(port).second) << "port " << port << " tried twice";
+    return ++calls == 50;  // the first 49 are "in use"
+  });
+  ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+  EXPECT_EQ(calls, 50);
+  EXPECT_TRUE(tried.count(*bound));
+  for (int port : tried) {
+    EXPECT_GE(port, 1024);
+    EXPECT_LT(port, EphemeralStart());
+  }
+}
+
+TEST(PortsTest, BindBelowEphemeralGivesUpAfterAThousandPortsInUse) {
+  int calls = 0;
+  auto bound = BindBelowEphemeral([&](int) -> Result<bool> {
+    ++calls;
+    return false;
+  });
+  EXPECT_EQ(bound.status().code(), StatusCode::kUnavailable) << bound.status().ToString();
+  EXPECT_EQ(calls, 1000);
+}
+
+TEST(PortsTest, BindBelowEphemeralStopsAtAnErrorOtherThanInUse) {
+  int calls = 0;
+  auto bound = BindBelowEphemeral([&](int) -> Result<bool> {
+    ++calls;
+    return Status::InvalidArgument("not an address of this machine");
+  });
+  EXPECT_EQ(bound.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(calls, 1);
+}
+
 }  // namespace
 }  // namespace parasync

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,29 @@ TEST(TransportTest, BindingAnAddressInUseIsUnavailable) {
   ASSERT_TRUE(first.ok());
   auto second = Socket::Bind(ctx, (*first)->LastEndpoint());
   EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+}
+
+// The kernel's own pick for port 0 is a port of its ephemeral range, where outgoing
+// connections take theirs: one made while a server is down can hold its port when it comes
+// back (common/ports.h). Port 0 and ZeroMQ's "*" bind below that range instead.
+TEST(TransportTest, PortZeroBindsDistinctFreePortsBelowTheEphemeralRange) {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int ephemeral_start = 32768;
+  range >> ephemeral_start;
+  zmq::context_t ctx;
+  std::vector<std::unique_ptr<Socket>> sockets;
+  std::vector<int> ports;
+  for (const char* endpoint : {"tcp://127.0.0.1:0", "tcp://127.0.0.1:0", "tcp://127.0.0.1:*"}) {
+    auto bound = Socket::Bind(ctx, endpoint);
+    ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+    const std::string last = (*bound)->LastEndpoint();
+    const int port = std::stoi(last.substr(last.rfind(':') + 1));
+    EXPECT_GT(port, 1023) << last;
+    EXPECT_LT(port, ephemeral_start) << last;
+    for (int other : ports) EXPECT_NE(port, other);
+    ports.push_back(port);
+    sockets.push_back(std::move(bound).value());
+  }
 }
 
 }  // namespace

@@ -76,14 +76,15 @@ TEST(LaunchPlanTest, BuildsCommandLinesForEveryProcess) {
               ElementsAre("/opt/bin/parasync-ps", "--ps-hosts", "127.0.0.1:5000,127.0.0.1:5001",
                           "--worker-hosts", "127.0.0.1:6000,127.0.0.1:6001", "--task-index", "1",
                           "--mode", "sync", "--metrics-port", "7001", "--metrics-bind",
-                          "127.0.0.1", "--log-dir", "/logs",
+                          "127.0.0.1", "--log-dir", "/logs", "--ready-file", "/logs/ps1.ready",
                           "--data-dir=/ckpt"));
   EXPECT_THAT(plan->processes[2].argv,
               ElementsAre("/opt/bin/parasync-worker", "--ps-hosts",
                           "127.0.0.1:5000,127.0.0.1:5001", "--worker-hosts",
                           "127.0.0.1:6000,127.0.0.1:6001", "--task-index", "0", "--mode", "sync",
                           "--metrics-port", "7002", "--metrics-bind", "127.0.0.1", "--log-dir",
-                          "/logs", "--local-rank", "0", "--epochs", "3",
+                          "/logs", "--ready-file", "/logs/worker0.ready", "--local-rank", "0",
+                          "--epochs", "3",
                           "--dataset", "/data", "--lr", "0.1", "--wait-for-workers", "300",
                           "--device=cpu"));
 }
@@ -290,7 +291,8 @@ TEST(LaunchPlanTest, WorkerCommandRunsTheProgramWithTheClusterInItsEnvironment) 
                           "PARASYNC_MODE=sync", "PARASYNC_LOG_DIR=/logs",
                           "PARASYNC_METRICS_PORT=7002", "PARASYNC_METRICS_BIND=127.0.0.1",
                           "LOCAL_RANK=0", "PARASYNC_LOG_PREFIXED=1", "PARASYNC_EPOCHS=3",
-                          "PARASYNC_BIN_DIR=/opt/bin", "PARASYNC_WAIT_FOR_WORKERS=300"));
+                          "PARASYNC_BIN_DIR=/opt/bin", "PARASYNC_READY_FILE=/logs/worker0.ready",
+                          "PARASYNC_WAIT_FOR_WORKERS=300"));
 
   // Worker 1: its own index, port and local rank; only the chief waits for the others.
   const std::map<std::string, std::string> worker1 = EnvMap(plan->processes[3].env);
@@ -602,12 +604,88 @@ TEST(LaunchPlanTest, RejectsWrongPortCount) {
   EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(LaunchPlanTest, ReservesDistinctPorts) {
-  Result<PortReservation> reservation = PortReservation::Reserve("127.0.0.1", 16);
-  ASSERT_TRUE(reservation.ok()) << reservation.status().ToString();
-  const std::vector<int>& ports = reservation->ports();
-  EXPECT_EQ(std::set<int>(ports.begin(), ports.end()).size(), 16u);
-  for (int port : ports) EXPECT_GT(port, 0);
+// ---- ports: picked by nobody in advance on a single host ----------------------------------
+
+TEST(LaunchPlanTest, ASingleHostPlanLeavesEveryPortToItsServer) {
+  LaunchOptions options;
+  options.num_ps = 2;
+  options.num_workers = 3;
+  options.worker_command = "python3 train.py";
+  const std::vector<int> ports = SingleHostPorts(options);
+  EXPECT_THAT(ports, ElementsAre(0, 0, 1, 2, 3, 0, 0, 0, 0, 0));
+  const Result<LaunchPlan> plan = BuildPlan(options, "/b", "/l", ports);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (size_t i : {0u, 1u}) {
+    const ProcessSpec& ps = plan->processes[i];
+    EXPECT_EQ(ps.address, "127.0.0.1:0");
+    EXPECT_EQ(ps.ready_path, "/l/ps" + std::to_string(i) + ".ready");
+    EXPECT_THAT(ps.argv, ::testing::IsSupersetOf(std::vector<std::string>{
+                             "--ps-hosts", "127.0.0.1:0,127.0.0.1:0", "--worker-hosts",
+                             "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "--metrics-port", "0",
+                             "--ready-file", ps.ready_path}));
+  }
+  const std::map<std::string, std::string> worker2 = EnvMap(plan->processes[4].env);
+  EXPECT_EQ(worker2.at("PARASYNC_METRICS_PORT"), "0");
+  EXPECT_EQ(worker2.at("PARASYNC_READY_FILE"), "/l/worker2.ready");
+
+  // Planned again with the ports the servers bound: what the workers and a restart get.
+  std::vector<int> bound = ports;
+  bound[0] = 24001;
+  bound[1] = 24002;
+  const Result<LaunchPlan> again = BuildPlan(options, "/b", "/l", bound);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_THAT(again->processes[1].argv,
+              ::testing::IsSupersetOf({"--ps-hosts", "127.0.0.1:24001,127.0.0.1:24002",
+                                       "--metrics-port", "0", "--ready-file", "/l/ps1.ready"}));
+  const Result<ClusterSpec> cluster =
+      ParseTfConfig(EnvMap(again->processes[4].env).at("TF_CONFIG"));
+  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+  EXPECT_THAT(cluster->ps, ElementsAre("127.0.0.1:24001", "127.0.0.1:24002"));
+}
+
+TEST(LaunchPlanTest, AMultiHostPlanKeepsItsFixedPortsAndNeedsNoReadyFiles) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 1;
+  options.ps_placement = {{"node1", 1}};
+  options.worker_placement = {{"node2", 1}};
+  const Result<LaunchPlan> plan = BuildPlan(options, "/b", "/l", PortBasePorts(options));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (const ProcessSpec& spec : plan->processes) {
+    EXPECT_EQ(spec.ready_path, "") << spec.name;
+    EXPECT_THAT(spec.argv, Not(::testing::Contains("--ready-file"))) << spec.name;
+  }
+  EXPECT_EQ(plan->processes[0].address, "node1:29500");
+  EXPECT_THAT(plan->processes[1].argv, ::testing::IsSupersetOf({"--metrics-port", "30000"}));
+}
+
+// --ipc: the run's sockets are in a directory no other user can guess (so none can make it
+// first, and servers make it private), named after the shard, the same before and after the
+// servers' ports are known (a single-host run plans twice).
+TEST(LaunchPlanTest, IpcSocketsAreInTheRunsUnguessableDirectoryAndSurviveThePlanningAgain) {
+  const std::string dir = NewSocketDir();
+  EXPECT_THAT(dir, ::testing::MatchesRegex("/tmp/parasync-[0-9a-f]{16}"));
+  EXPECT_NE(NewSocketDir(), dir) << "two runs would share their sockets' directory";
+  LaunchOptions options;
+  options.num_ps = 2;
+  options.num_workers = 1;
+  options.local_ipc = true;
+  options.socket_dir = dir;
+  std::vector<int> ports = SingleHostPorts(options);
+  const Result<LaunchPlan> first = BuildPlan(options, "/b", "/l", ports);
+  ports[0] = 24001;
+  ports[1] = 24002;
+  const Result<LaunchPlan> again = BuildPlan(options, "/b", "/l", ports);
+  ASSERT_TRUE(first.ok() && again.ok());
+  const std::string socket0 = dir + "/ps0.sock";
+  EXPECT_EQ(SocketPath(dir, 0), socket0);
+  for (const Result<LaunchPlan>* plan : {&first, &again}) {
+    EXPECT_THAT((*plan)->processes[0].argv,
+                ::testing::IsSupersetOf(std::vector<std::string>{"--ipc", socket0}));
+    EXPECT_THAT((*plan)->processes[2].argv,
+                ::testing::IsSupersetOf(std::vector<std::string>{
+                    "--ps-ipc", "0=" + socket0, "--ps-ipc", "1=" + dir + "/ps1.sock"}));
+  }
 }
 
 }  // namespace

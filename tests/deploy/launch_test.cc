@@ -385,6 +385,126 @@ TEST_F(LaunchTest, KillInjectsFaultsRestartsWhenAskedAndTheRunStillSucceeds) {
   EXPECT_TRUE(summary["examples"].is_null()) << summary["examples"];
 }
 
+// A server restarted by --kill comes back on the address it bound at its first start (the
+// workers reconnect there), told so in its own --ps-hosts entry; its metrics port is its new
+// ready file's, and cluster.json and the targets follow.
+TEST_F(LaunchTest, KillRestartsAServerOnTheAddressItBoundFirst) {
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--kill", "ps:1@0.3+0.2"});
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"}, {"FAKE_OK_DELAY", "2"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(10)), kExitOk) << launcher->out();
+  const auto first = nlohmann::json::parse(ReadFile(fake_dir_ + "/ps1.bound.1"), nullptr, false);
+  const auto second = nlohmann::json::parse(ReadFile(fake_dir_ + "/ps1.bound.2"), nullptr, false);
+  const auto ps0 = nlohmann::json::parse(ReadFile(fake_dir_ + "/ps0.bound.1"), nullptr, false);
+  ASSERT_TRUE(first.is_object() && second.is_object() && ps0.is_object()) << launcher->out();
+  EXPECT_NE(first["pid"], second["pid"]);
+  const std::string address = first["address"].get<std::string>();
+  EXPECT_NE(address, "127.0.0.1:0");
+  EXPECT_EQ(second["address"], address);
+  const std::vector<std::string> restart = ReadLines(fake_dir_ + "/ps1.args.2");
+  ASSERT_GE(restart.size(), 2u);
+  EXPECT_EQ(restart[1], ps0["address"].get<std::string>() + "," + address);
+  EXPECT_THAT(restart, ::testing::IsSupersetOf(std::vector<std::string>{
+                           "--metrics-port", "0", "--ready-file", log_dir_ + "/ps1.ready"}));
+  const std::string metrics_url =
+      "http://127.0.0.1:" + std::to_string(second["metrics_port"].get<int>()) + "/metrics";
+  EXPECT_THAT(LauncherMessages(launcher->out()),
+              ::testing::Contains("ps1 pid " + std::to_string(second["pid"].get<int>()) +
+                                  " at " + address + ", metrics " + metrics_url));
+  const auto cluster = nlohmann::json::parse(ReadFile(log_dir_ + "/cluster.json"));
+  EXPECT_EQ(cluster["processes"][1]["pid"], second["pid"]);
+  EXPECT_EQ(cluster["processes"][1]["address"], address);
+  EXPECT_EQ(cluster["processes"][1]["metrics_url"], metrics_url);
+  EXPECT_EQ(cluster["cluster"]["ps"][1], address);
+  const auto targets = nlohmann::json::parse(ReadFile(log_dir_ + "/prometheus-targets.json"));
+  EXPECT_EQ(targets[1]["targets"][0],
+            "127.0.0.1:" + std::to_string(second["metrics_port"].get<int>()));
+  ExpectAllFakesGone(4);
+}
+
+// A restarted server refused because its port is in use (exit status 2, "in use": another
+// process took it meanwhile) is started again, a short while later, until it serves.
+TEST_F(LaunchTest, ARestartThatFindsItsPortInUseIsTriedAgain) {
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--kill", "ps:1@0.3+0.2"});
+  auto launcher = Launch(args, {{"FAKE_ps1", "busy_restart"},
+                                {"FAKE_worker0", "ok"},
+                                {"FAKE_OK_DELAY", "3"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(12)), kExitOk) << launcher->out();
+  const auto first = nlohmann::json::parse(ReadFile(fake_dir_ + "/ps1.bound.1"), nullptr, false);
+  ASSERT_TRUE(first.is_object()) << launcher->out();
+  const std::string address = first["address"].get<std::string>();
+  const std::string port = address.substr(address.find(':') + 1);
+  const std::vector<std::string> messages = LauncherMessages(launcher->out());
+  EXPECT_EQ(std::count(messages.begin(), messages.end(),
+                       "fault injection: ps1 on " + address +
+                           " refused to start (parasync-ps: shard 1's address in --ps-hosts, " +
+                           address + ": port " + port +
+                           " on 127.0.0.1 is in use); trying again in 0.5 s"),
+            2)
+      << launcher->out();
+  // Starts 2 and 3 were refused; the fourth serves, on the same address.
+  EXPECT_FALSE(std::filesystem::exists(fake_dir_ + "/ps1.bound.2"));
+  EXPECT_FALSE(std::filesystem::exists(fake_dir_ + "/ps1.bound.3"));
+  const auto last = nlohmann::json::parse(ReadFile(fake_dir_ + "/ps1.bound.4"), nullptr, false);
+  ASSERT_TRUE(last.is_object()) << launcher->out();
+  EXPECT_EQ(last["address"], address);
+  EXPECT_THAT(messages, ::testing::Contains("fault injection: restarted ps1 as pid " +
+                                            std::to_string(last["pid"].get<int>()) +
+                                            " (try 3)"));
+  const nlohmann::json ps1 = SummaryProcess(ReadSummary(log_dir_), "ps1");
+  EXPECT_EQ(ps1["restarts"], 1);
+  EXPECT_EQ(ps1["pid"], last["pid"]);
+  EXPECT_EQ(ps1["exit_status"], 0);
+}
+
+TEST_F(LaunchTest, ARestartWhosePortStaysInUseFailsTheRunSayingSo) {
+  std::vector<std::string> args = BaseArgs();
+  args.insert(args.end(), {"--kill", "ps:1@0.3+0.2"});
+  auto launcher = Launch(args, {{"FAKE_ps1", "busy_restart"}, {"FAKE_BUSY_TRIES", "1000"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(30)), kExitFailed) << launcher->out();
+  const auto first = nlohmann::json::parse(ReadFile(fake_dir_ + "/ps1.bound.1"), nullptr, false);
+  ASSERT_TRUE(first.is_object()) << launcher->out();
+  const std::string failure = "fault injection: could not restart ps1 on " +
+                              first["address"].get<std::string>() +
+                              ": its port was still in use after 10 tries; log: " + log_dir_ +
+                              "/ps1.log";
+  EXPECT_THAT(LauncherMessages(launcher->out()), ::testing::Contains("run failed: " + failure))
+      << launcher->out();
+  EXPECT_EQ(ReadSummary(log_dir_)["reason"], failure);
+  // The first start, then kRestartTries.
+  EXPECT_TRUE(std::filesystem::exists(fake_dir_ + "/ps1.args.11"));
+  EXPECT_FALSE(std::filesystem::exists(fake_dir_ + "/ps1.args.12"));
+  EXPECT_THAT(launcher->out(), HasSubstr("[worker0] worker0 got SIGTERM"));
+}
+
+// A server that exits before it serves fails the run as one failing later does (its exit
+// status 2 the launcher's), and no worker is started without its servers.
+TEST_F(LaunchTest, AServerThatExitsBeforeItServesFailsTheRunAndNoWorkerStarts) {
+  auto launcher = Launch(BaseArgs(), {{"FAKE_ps1", "refuse"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitUsage) << launcher->out();
+  const std::string out = launcher->out();
+  EXPECT_THAT(out, HasSubstr("[ps1] ps1 refuses to start\n"));
+  const nlohmann::json summary = ReadSummary(log_dir_);
+  ASSERT_TRUE(summary.is_object()) << out;
+  const nlohmann::json ps0 = SummaryProcess(summary, "ps0");
+  EXPECT_EQ(ps0["launcher_signal"], "SIGTERM");  // stopped, as every process of a failed run
+  EXPECT_TRUE(ProcessGone(ps0["pid"].get<pid_t>()));
+  const nlohmann::json ps1 = SummaryProcess(summary, "ps1");
+  const std::string failure = "ps1 (pid " + std::to_string(ps1["pid"].get<int>()) +
+                              ") failed with exit status 2 before the chief finished; log: " +
+                              log_dir_ + "/ps1.log";
+  EXPECT_THAT(LauncherMessages(out), ::testing::Contains(failure)) << out;
+  EXPECT_EQ(summary["reason"], failure);
+  EXPECT_EQ(summary["exit_code"], kExitUsage);
+  for (const char* name : {"worker0", "worker1"}) {
+    EXPECT_TRUE(SummaryProcess(summary, name)["pid"].is_null()) << name;
+    EXPECT_FALSE(std::filesystem::exists(fake_dir_ + "/" + name + ".args")) << name;
+  }
+  EXPECT_THAT(LauncherMessages(out),
+              ::testing::Contains(HasSubstr("worker0 not started, worker1 not started")));
+}
+
 TEST_F(LaunchTest, AStartThatFailsLeavesASummarySayingWhy) {
   // ps1's log file cannot be opened: the launcher fails before it starts any process.
   std::filesystem::create_directories(log_dir_ + "/ps1.log");
@@ -474,75 +594,98 @@ TEST_F(LaunchTest, PassesClusterSpecPortsAndFlags) {
   ExpectAllFakesGone(4);
   EXPECT_THAT(launcher->out(), HasSubstr("eval.jsonl (the chief writes it"));
 
+  // The servers are told port 0, for their service and their metrics, and where to say
+  // which ports they bound.
   const std::vector<std::string> ps1 = ReadLines(fake_dir_ + "/ps1.args");
   const std::vector<std::string> worker1 = ReadLines(fake_dir_ + "/worker1.args");
-  ASSERT_EQ(ps1.size(), 16u);
+  ASSERT_EQ(ps1.size(), 18u);
   ASSERT_GE(worker1.size(), 2u);
-  const std::string ps_hosts = ps1[1];
   const std::string worker_hosts = ps1[3];
-  EXPECT_THAT(ps1, ElementsAre("--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts,
-                               "--task-index", "1", "--mode", "ssp:3", "--metrics-port",
-                               ::testing::_, "--metrics-bind", "127.0.0.1", "--log-dir",
-                               log_dir_, "--ps-flag",
-                               "--ps-extra=1"));
-  EXPECT_THAT(worker1,
-              ElementsAre("--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts, "--task-index",
-                          "1", "--mode", "ssp:3", "--metrics-port", ::testing::_,
-                          "--metrics-bind", "127.0.0.1", "--log-dir", log_dir_, "--local-rank", "1",
-                          "--epochs", "7", "--dataset", data_dir_, "--batch-size",
-                          "32", "--lr", "0.05", "--seed", "0", "--log-every", "2.5",
-                          "--device=cpu"));
-
-  // Every service and metrics port is distinct, and cluster.json agrees with the fakes.
-  std::set<std::string> ports;
-  size_t port_count = 0;
-  auto add_hosts = [&](const std::string& hosts) {
-    std::stringstream stream(hosts);
-    for (std::string address; std::getline(stream, address, ',');) {
-      ASSERT_EQ(address.rfind("127.0.0.1:", 0), 0u) << address;
-      ports.insert(address.substr(address.find(':') + 1));
-      ++port_count;
-    }
-  };
-  add_hosts(ps_hosts);
-  add_hosts(worker_hosts);
+  EXPECT_EQ(worker_hosts, "127.0.0.1:1,127.0.0.1:2") << "worker addresses only name them";
+  EXPECT_THAT(ps1, ElementsAre("--ps-hosts", "127.0.0.1:0,127.0.0.1:0", "--worker-hosts",
+                               worker_hosts, "--task-index", "1", "--mode", "ssp:3",
+                               "--metrics-port", "0", "--metrics-bind", "127.0.0.1",
+                               "--log-dir", log_dir_, "--ready-file", log_dir_ + "/ps1.ready",
+                               "--ps-flag", "--ps-extra=1"));
+  // The workers, started once the servers served, get the addresses they bound.
   const nlohmann::json cluster =
       nlohmann::json::parse(ReadFile(log_dir_ + "/cluster.json"), nullptr, false);
   ASSERT_TRUE(cluster.is_object());
+  ASSERT_EQ(cluster["cluster"]["ps"].size(), 2u);
+  const std::string ps_hosts = cluster["cluster"]["ps"][0].get<std::string>() + "," +
+                               cluster["cluster"]["ps"][1].get<std::string>();
+  EXPECT_THAT(worker1,
+              ElementsAre("--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts, "--task-index",
+                          "1", "--mode", "ssp:3", "--metrics-port", "0", "--metrics-bind",
+                          "127.0.0.1", "--log-dir", log_dir_, "--ready-file",
+                          log_dir_ + "/worker1.ready", "--local-rank", "1", "--epochs", "7",
+                          "--dataset", data_dir_, "--batch-size", "32", "--lr", "0.05",
+                          "--seed", "0", "--log-every", "2.5", "--device=cpu"));
   ASSERT_EQ(cluster["processes"].size(), 4u);
   for (const nlohmann::json& process : cluster["processes"]) {
     const std::string name = process["name"].get<std::string>();
-    const std::vector<std::string> recorded = ReadLines(fake_dir_ + "/" + name + ".args");
-    ASSERT_GE(recorded.size(), 10u);
-    EXPECT_EQ(recorded[9], std::to_string(process["metrics_port"].get<int>()));
-    EXPECT_EQ(recorded[5], std::to_string(process["index"].get<int>()));
+    EXPECT_EQ(ReadLines(fake_dir_ + "/" + name + ".args")[5],
+              std::to_string(process["index"].get<int>()));
     EXPECT_EQ(ReadFile(fake_dir_ + "/" + name + ".pid"),
               std::to_string(process["pid"].get<int>()) + "\n");
-    ports.insert(recorded[9]);
-    ++port_count;
   }
-  EXPECT_EQ(port_count, 8u);
-  EXPECT_EQ(ports.size(), 8u);
+}
 
-  // prometheus-targets.json: one file_sd group per process, at its metrics port, labelled
-  // with the run's job (the log directory's name) and the process's role and shard/rank.
+// What cluster.json, prometheus-targets.json and the launcher's lines say each process
+// listens on is what that process said it bound, in its ready file.
+TEST_F(LaunchTest, ClusterJsonAndTargetsHoldThePortsEachProcessBound) {
+  auto launcher = Launch(BaseArgs(), {{"FAKE_worker0", "ok"}});
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(8)), kExitOk) << launcher->out();
+  const nlohmann::json cluster =
+      nlohmann::json::parse(ReadFile(log_dir_ + "/cluster.json"), nullptr, false);
   const nlohmann::json targets =
       nlohmann::json::parse(ReadFile(log_dir_ + "/prometheus-targets.json"), nullptr, false);
+  ASSERT_TRUE(cluster.is_object()) << ReadFile(log_dir_ + "/cluster.json");
   ASSERT_TRUE(targets.is_array()) << ReadFile(log_dir_ + "/prometheus-targets.json");
+  ASSERT_EQ(cluster["processes"].size(), 4u);
   ASSERT_EQ(targets.size(), 4u);
+  const std::vector<std::string> messages = LauncherMessages(launcher->out());
   const std::string job = std::filesystem::path(log_dir_).filename().string();
   for (size_t i = 0; i < 4; ++i) {
     const nlohmann::json& process = cluster["processes"][i];
-    const nlohmann::json& group = targets[i];
-    ASSERT_EQ(group["targets"].size(), 1u);
-    EXPECT_EQ(group["targets"][0],
-              "127.0.0.1:" + std::to_string(process["metrics_port"].get<int>()));
+    const std::string name = process["name"].get<std::string>();
+    SCOPED_TRACE(name);
+    const nlohmann::json bound =
+        nlohmann::json::parse(ReadFile(fake_dir_ + "/" + name + ".bound.1"), nullptr, false);
+    ASSERT_TRUE(bound.is_object()) << "no ready file written by " << name;
+    EXPECT_EQ(nlohmann::json::parse(ReadFile(log_dir_ + "/" + name + ".ready")), bound);
+    EXPECT_EQ(bound["pid"], process["pid"]);
+    const int metrics_port = bound["metrics_port"].get<int>();
+    EXPECT_EQ(process["metrics_port"], metrics_port);
+    const std::string metrics_url =
+        "http://127.0.0.1:" + std::to_string(metrics_port) + "/metrics";
+    EXPECT_EQ(process["metrics_url"], metrics_url);
+    // prometheus-targets.json: one file_sd group per process, at its metrics port, labelled
+    // with the run's job (the log directory's name) and the process's role and shard/rank.
+    EXPECT_EQ(targets[i]["targets"],
+              nlohmann::json({"127.0.0.1:" + std::to_string(metrics_port)}));
     const bool is_ps = process["role"] == "ps";
     const nlohmann::json expected_labels = {
         {"job", job},
         {"role", process["role"]},
         {is_ps ? "shard" : "rank", std::to_string(process["index"].get<int>())}};
-    EXPECT_EQ(group["labels"], expected_labels) << group.dump();
+    EXPECT_EQ(targets[i]["labels"], expected_labels);
+    EXPECT_EQ(process["address"], bound["address"]);
+    const std::string pid = std::to_string(process["pid"].get<int>());
+    if (is_ps) {
+      const std::string address = bound["address"].get<std::string>();
+      EXPECT_THAT(address, ::testing::StartsWith("127.0.0.1:"));
+      EXPECT_NE(address, "127.0.0.1:0");
+      EXPECT_EQ(cluster["cluster"]["ps"][process["index"].get<size_t>()], address);
+      EXPECT_THAT(messages, ::testing::Contains(name + " pid " + pid + " at " + address +
+                                                ", metrics " + metrics_url));
+    } else {
+      EXPECT_EQ(process["address"], "");
+      EXPECT_THAT(messages,
+                  ::testing::Contains(name + " pid " + pid + ", metrics " + metrics_url));
+    }
+    // The end of the run names the same endpoints.
+    EXPECT_THAT(launcher->out(), HasSubstr(" " + name + " " + metrics_url));
   }
 }
 
@@ -566,7 +709,10 @@ TEST_F(LaunchTest, MetricsFlagKeepsServingEachProcessFinalMetricsUntilInterrupte
   // leaves none this time (as if it had been killed), so its port stays closed.
   std::filesystem::create_directories(log_dir_);
   std::ofstream(log_dir_ + "/metrics-worker1.prom") << "stale_from_an_earlier_run 1\n";
-  auto launcher = Launch(args, {{"FAKE_worker0", "ok"}, {"FAKE_NO_PROM_worker1", "1"}});
+  // The fakes' ports are served after them: free ones.
+  auto launcher = Launch(args, {{"FAKE_worker0", "ok"},
+                                {"FAKE_NO_PROM_worker1", "1"},
+                                {"FAKE_FREE_PORTS", "1"}});
   ASSERT_TRUE(WaitFor(
       [&] { return launcher->out().find("serving the final metrics") != std::string::npos; },
       std::chrono::seconds(10)))
@@ -625,10 +771,12 @@ TEST_F(LaunchTest, ExportRunsAfterTheWorkersStopAndBeforeTheServersStop) {
   EXPECT_EQ(ReadFile(model), "model\n");
   EXPECT_EQ(ReadFile(fake_dir_ + "/export.env"), "1\n");
   EXPECT_THAT(ReadFile(log_dir_ + "/export.log"), HasSubstr("wrote " + model));
-  const std::vector<std::string> ps0 = ReadLines(fake_dir_ + "/ps0.args");
-  ASSERT_GE(ps0.size(), 2u);
+  // The servers' addresses as they bound them, as the workers were given them.
+  const std::vector<std::string> worker0 = ReadLines(fake_dir_ + "/worker0.args");
+  ASSERT_GE(worker0.size(), 2u);
+  EXPECT_THAT(worker0[1], Not(HasSubstr(":0"))) << worker0[1];
   EXPECT_THAT(ReadLines(fake_dir_ + "/export.args"),
-              ElementsAre("--ps-hosts", ps0[1], "--out", model));
+              ElementsAre("--ps-hosts", worker0[1], "--out", model));
 }
 
 TEST_F(LaunchTest, FailingExportFailsTheRunNamingItAndStillStopsTheServers) {
@@ -754,7 +902,10 @@ TEST_F(LaunchTest, WorkerCommandRunsAsEveryWorkerWithTheClusterInItsEnvironment)
     EXPECT_EQ(spec->task_type, "worker");
     EXPECT_EQ(spec->task_index, rank);
     const nlohmann::json& process = cluster["processes"][static_cast<size_t>(2 + rank)];
-    EXPECT_EQ(env["PARASYNC_METRICS_PORT"], std::to_string(process["metrics_port"].get<int>()));
+    // Any free port, told back in its ready file (the fake's: 20000 + 100 + rank).
+    EXPECT_EQ(env["PARASYNC_METRICS_PORT"], "0");
+    EXPECT_EQ(env["PARASYNC_READY_FILE"], log_dir_ + "/worker" + std::to_string(rank) + ".ready");
+    EXPECT_EQ(process["metrics_port"], 20100 + rank);
     EXPECT_EQ(env["PARASYNC_METRICS_BIND"], "127.0.0.1");
     EXPECT_EQ(env["PARASYNC_LOG_DIR"], log_dir_);
     EXPECT_EQ(env["PARASYNC_MODE"], "ssp:2");
@@ -840,6 +991,32 @@ TEST_F(LaunchTest, KillRestartsAWorkerCommandWithTheSameEnvironmentAndArguments)
   EXPECT_EQ(worker1["exit_status"], 0);
 }
 
+// A program that does not tell its metrics port runs all the same, unscraped: cluster.json
+// says the port is not known, and the targets leave it out.
+TEST_F(LaunchTest, AWorkerCommandThatWritesNoReadyFileRunsWithItsMetricsPortUnknown) {
+  std::vector<std::string> args = WaitingArgs();
+  args.insert(args.end(), {"--worker-command", InstallFakeWorkerCommand(), "--metrics"});
+  auto launcher = Launch(args, {{"FAKE_CMD_NO_READY", "1"}, {"FAKE_FREE_PORTS", "1"}});
+  ASSERT_TRUE(WaitFor(
+      [&] { return launcher->out().find("serving the final metrics") != std::string::npos; },
+      std::chrono::seconds(10)))
+      << launcher->out();
+  ASSERT_EQ(kill(launcher->pid(), SIGINT), 0);
+  ASSERT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitOk) << launcher->out();
+  const nlohmann::json cluster = nlohmann::json::parse(ReadFile(log_dir_ + "/cluster.json"));
+  for (size_t i : {2u, 3u}) {
+    EXPECT_TRUE(cluster["processes"][i]["metrics_port"].is_null()) << cluster["processes"][i];
+    EXPECT_TRUE(cluster["processes"][i]["metrics_url"].is_null()) << cluster["processes"][i];
+  }
+  const nlohmann::json targets =
+      nlohmann::json::parse(ReadFile(log_dir_ + "/prometheus-targets.json"));
+  ASSERT_EQ(targets.size(), 2u) << targets;
+  EXPECT_EQ(targets[0]["labels"]["role"], "ps");
+  EXPECT_EQ(targets[1]["labels"]["role"], "ps");
+  EXPECT_THAT(launcher->out(), HasSubstr("worker1 never told its metrics port (no ready file)"));
+  EXPECT_THAT(launcher->out(), Not(HasSubstr(" worker0 http://")));
+}
+
 TEST_F(LaunchTest, ABlankWorkerCommandExitsTwoWithOneLine) {
   for (const char* blank : {"", "  "}) {
     std::vector<std::string> args = BaseArgs();
@@ -882,9 +1059,16 @@ TEST_F(LaunchTest, DryRunPrintsAWorkerCommandWithItsEnvironment) {
   auto launcher = Launch(args, {});
   ASSERT_EQ(launcher->Wait(std::chrono::seconds(5)), kExitOk) << launcher->err();
   const std::vector<std::string> lines = ReadLines(root_ + "/stdout");
-  ASSERT_EQ(lines.size(), 4u) << launcher->out();
+  ASSERT_EQ(lines.size(), 5u) << launcher->out();
   EXPECT_THAT(lines[3], ::testing::StartsWith("worker1 on 127.0.0.1: TF_CONFIG='{\"cluster\":"));
   EXPECT_THAT(lines[3], HasSubstr(" LOCAL_RANK=1 "));
+  EXPECT_THAT(lines[3], HasSubstr(" PARASYNC_METRICS_PORT=0 "));
+  EXPECT_THAT(lines[3], HasSubstr(" PARASYNC_READY_FILE=" + log_dir_ + "/worker1.ready "));
+  // The servers' ports are theirs to pick: the dry run says so.
+  EXPECT_THAT(lines[0], HasSubstr(" --ps-hosts 127.0.0.1:0,127.0.0.1:0 "));
+  EXPECT_THAT(lines[0], HasSubstr(" --metrics-port 0 "));
+  EXPECT_THAT(lines[0], HasSubstr(" --ready-file " + log_dir_ + "/ps0.ready"));
+  EXPECT_THAT(lines[4], ::testing::StartsWith("# each server binds a free port (:0)"));
   EXPECT_THAT(lines[3], ::testing::EndsWith(" " + ShellJoin({"/bin/sh", "-c", "exec " + command})));
   EXPECT_THAT(lines[0], HasSubstr("ps0 on 127.0.0.1: " + bin_dir_ + "/parasync-ps "));
   EXPECT_TRUE(RecordedPids().empty());

@@ -54,29 +54,96 @@ using Clock = std::chrono::steady_clock;
 //   fail3        prints, exits 3 0.2 s after all are ready
 //   hang         runs until SIGTERM, then says so and exits 0
 //   ignore_term  ignores SIGTERM; only SIGKILL ends it
-// Each fake records its arguments (one a line), its PARASYNC_LOG_PREFIXED ("unset" when
-// absent) and its PID in $FAKE_DIR, and a .ready marker once its greeting is printed; ok
-// and fail3 wait (up to 5 s) until all FAKE_COUNT (default 4) fakes are ready, so no fake
-// is stopped before it has set itself up.
+//   refuse       says so and exits 2 before it serves (no ready file)
+//   busy_restart as hang, but its starts 2 to 1 + FAKE_BUSY_TRIES (default 2) say that its
+//                port is in use, as parasync-ps does, and exit 2
+// Each fake records its arguments (one a line; also, for its start number n, in
+// <name>.args.<n>), its PARASYNC_LOG_PREFIXED ("unset" when absent) and its PID in
+// $FAKE_DIR, and a .ready marker once its greeting is printed; ok and fail3 wait (up to 5 s)
+// until all FAKE_COUNT (default 4) fakes are ready, so no fake is stopped before it has set
+// itself up. Given --ready-file, it writes there what parasync-ps / parasync-worker write
+// (and a copy in $FAKE_DIR/<name>.bound.<n>) before its greeting: a PS's own --ps-hosts
+// entry and its --metrics-port, a port 0 replaced by a random port below the ephemeral range
+// (the fake binds none), with FAKE_FREE_PORTS set one free now (for a test that binds it
+// after the fake: python3 tries binds, which takes a while).
 inline constexpr const char* kFakeScript = R"(#!/bin/sh
 role=ps
 case "$0" in *parasync-worker) role=worker ;; esac
 index=
 log_dir=
+ready_file=
+metrics_port=
+ps_hosts=
 prev=
 for arg in "$@"; do
   [ "$prev" = "--task-index" ] && index=$arg
   [ "$prev" = "--log-dir" ] && log_dir=$arg
+  [ "$prev" = "--ready-file" ] && ready_file=$arg
+  [ "$prev" = "--metrics-port" ] && metrics_port=$arg
+  [ "$prev" = "--ps-hosts" ] && ps_hosts=$arg
   prev=$arg
 done
 name=$role$index
 eval "behaviour=\${FAKE_$name:-\${FAKE_DEFAULT:-hang}}"
 case "$behaviour" in
-  hang) trap 'echo "$name got SIGTERM"; exit 0' TERM ;;
+  hang|busy_restart) trap 'echo "$name got SIGTERM"; exit 0' TERM ;;
   ignore_term) trap '' TERM ;;
 esac
+# First, so that a fake stopped at once is still found (and checked gone).
+echo $$ > "$FAKE_DIR/$name.pid.tmp" && mv "$FAKE_DIR/$name.pid.tmp" "$FAKE_DIR/$name.pid"
+start=1
+while [ -e "$FAKE_DIR/$name.args.$start" ]; do start=$((start + 1)); done
+printf '%s\n' "$@" > "$FAKE_DIR/$name.args.$start"
 printf '%s\n' "$@" > "$FAKE_DIR/$name.args"
 printf '%s\n' "${PARASYNC_LOG_PREFIXED-unset}" > "$FAKE_DIR/$name.env"
+own=$(printf '%s\n' "$ps_hosts" | tr ',' '\n' | sed -n "$((index + 1))p")
+if [ "$behaviour" = refuse ]; then
+  echo "$name refuses to start" >&2
+  exit 2
+fi
+if [ "$behaviour" = busy_restart ] && [ "$start" -ge 2 ] &&
+   [ "$start" -le $((1 + ${FAKE_BUSY_TRIES:-2})) ]; then
+  echo "$name start $start"
+  echo "parasync-ps: shard $index's address in --ps-hosts, $own: port ${own##*:} on ${own%:*} is in use"
+  exit 2
+fi
+free_ports() {
+  if [ -z "$FAKE_FREE_PORTS" ]; then
+    od -An -N4 -tu2 /dev/urandom
+    return
+  fi
+  python3 -c '
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+found = []
+while len(found) < 2:
+    port = random.randrange(10000, low)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        if port not in found:
+            found.append(port)
+    except OSError:
+        pass
+    s.close()
+print(*found)'
+}
+if [ -n "$ready_file" ]; then
+  set -- $(free_ports)
+  if [ -z "$FAKE_FREE_PORTS" ]; then
+    set -- $((10000 + $1 % 22000)) $((10000 + $2 % 22000))
+  fi
+  address=
+  if [ "$role" = ps ]; then
+    address=$own
+    [ "${own##*:}" = 0 ] && address="${own%:*}:$1"
+  fi
+  [ "$metrics_port" = 0 ] && metrics_port=$2
+  printf '{"role": "%s", "task_index": %s, "pid": %s, "address": "%s", "metrics_port": %s}\n' \
+    "$role" "$index" $$ "$address" "$metrics_port" > "$ready_file.tmp"
+  cp "$ready_file.tmp" "$FAKE_DIR/$name.bound.$start"
+  mv "$ready_file.tmp" "$ready_file"
+fi
 # What a real process writes at exit (written at start here: the launcher reads it after);
 # worker i counts 1000 * (i + 1) examples.
 eval "no_prom=\${FAKE_NO_PROM_$name:-\${FAKE_NO_PROM:-}}"
@@ -87,7 +154,6 @@ if [ -n "$log_dir" ] && [ -z "$no_prom" ]; then
       $((1000 * (index + 1))) >> "$log_dir/metrics-$name.prom"
   fi
 fi
-echo $$ > "$FAKE_DIR/$name.pid.tmp" && mv "$FAKE_DIR/$name.pid.tmp" "$FAKE_DIR/$name.pid"
 echo "hello from $name"
 echo "$name to stderr" >&2
 printf 'partial from %s' "$name"
@@ -151,7 +217,9 @@ esac
 // environment (NUL-separated NAME=value, as env -0 prints it) in $FAKE_DIR/cmd<rank>.env.<n>,
 // its arguments (one a line) in cmd<rank>.args.<n> and its PID in cmd<rank>-<n>.pid. Then it
 // writes what a worker writes: the chief a row of $PARASYNC_LOG_DIR/eval.jsonl, every worker
-// its final metrics snapshot metrics-worker<rank>.prom counting 100 examples. With
+// its final metrics snapshot metrics-worker<rank>.prom counting 100 examples, and, unless
+// FAKE_CMD_NO_READY is set, what the parasync package writes to $PARASYNC_READY_FILE (when
+// set): metrics port 20000 + its start number * 100 + its rank (bound by nothing). With
 // FAKE_CMD_WAIT_<rank> (or FAKE_CMD_WAIT) set, it then waits up to 10 s for
 // $FAKE_DIR/release. It exits FAKE_CMD_EXIT_<rank> (default 0).
 inline constexpr const char* kFakeWorkerCommandScript = R"sh(#!/bin/sh
@@ -169,6 +237,11 @@ if [ "$rank" = 0 ]; then
 fi
 printf 'parasync_worker_examples_total{rank="%s",role="worker"} 100\n' "$rank" \
   > "$PARASYNC_LOG_DIR/metrics-worker$rank.prom"
+if [ -n "$PARASYNC_READY_FILE" ] && [ -z "$FAKE_CMD_NO_READY" ]; then
+  printf '{"role": "worker", "task_index": %s, "pid": %s, "address": "", "metrics_port": %s}\n' \
+    "$rank" $$ $((20000 + n * 100 + rank)) > "$PARASYNC_READY_FILE.tmp"
+  mv "$PARASYNC_READY_FILE.tmp" "$PARASYNC_READY_FILE"
+fi
 echo "command worker $rank start $n"
 eval "wait_for=\${FAKE_CMD_WAIT_$rank:-\${FAKE_CMD_WAIT:-}}"
 tries=0

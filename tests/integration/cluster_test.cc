@@ -80,14 +80,18 @@ TEST(ClusterTest, AsyncTwoPsTwoWorkersLearnsWellAboveChanceAndStopsCleanly) {
 TEST(ClusterTest, AWorkerReachesTheShardOnItsHostOverAUnixSocket) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed at " << testing::DataDir();
   TempDir dir;
-  const std::vector<int> ports = testing::FreePorts(3);
-  const std::string ps_port = std::to_string(ports[0]), worker = "127.0.0.1:" + std::to_string(ports[1]);
-  const std::string nowhere = "127.0.0.1:" + std::to_string(ports[2]);
-  const std::string sock = dir.path() + "/ps0.sock";
-  Child ps = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts", "127.0.0.1:" + ps_port,
+  // Port 1: privileged, so no test's server listens there.
+  const std::string worker = "127.0.0.1:1", nowhere = "127.0.0.1:1";
+  const std::string sock = dir.path() + "/ps0.sock", ready_file = dir.path() + "/ps0.ready";
+  Child ps = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts", "127.0.0.1:0",
                            "--worker-hosts", worker, "--task-index", "0", "--mode", "sync",
-                           "--ipc", sock},
+                           "--ipc", sock, "--ready-file", ready_file},
                           dir.path() + "/ps0.log");
+  std::string why;
+  const auto ready = testing::WaitReady(ps, ready_file, 60s, &why);
+  ASSERT_TRUE(ready) << why << "\n" << testing::ReadFile(dir.path() + "/ps0.log");
+  // The address it reports is its TCP one, which its unix socket's bind came after.
+  EXPECT_TRUE(ready->address.starts_with("127.0.0.1:")) << ready->address;
   Child trainer = Child::Start(
       {testing::BinDir() + "/parasync-worker", "--ps-hosts", nowhere, "--worker-hosts", worker,
        "--task-index", "0", "--mode", "sync", "--ps-ipc", "0=" + sock, "--data",
@@ -186,7 +190,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInvocation{"parasync-worker", {kCluster, kWorkerHosts, "--ps-ipc=2=/tmp/ps.sock"},
                       "the cluster has 2 shards"},
         BadInvocation{"parasync-worker",
-                      {kCluster, kWorkerHosts, "--ps-ipc=0=/tmp/a.sock", "--ps-ipc=0=/tmp/b.sock"},
+                      {kCluster, kWorkerHosts, "--ps-ipc=0=/a.sock", "--ps-ipc=0=/b.sock"},
                       "shard 0 is given twice"},
         BadInvocation{"parasync-worker", {kCluster, kWorkerHosts, "--mode=sync:eventually"},
                       "sync:delayed"}));

@@ -198,15 +198,12 @@ struct PsRun {
 // says it serves, so a wrong acceptance fails instead of hanging.
 PsRun RunPs(const TempDir& dir, const std::string& data_dir, int shard, int num_shards,
             const std::vector<std::string>& env = {}, const std::vector<std::string>& args = {}) {
-  const auto ports = testing::FreePorts(num_shards + 1);
-  std::vector<std::string> ps;
-  for (int i = 0; i < num_shards; ++i) ps.push_back("127.0.0.1:" + std::to_string(ports[i]));
+  const std::vector<std::string> ps(static_cast<size_t>(num_shards), "127.0.0.1:0");
   static int runs = 0;
   const std::string log = dir.path() + "/ps-run" + std::to_string(runs++) + ".log";
   std::vector<std::string> argv = {
       testing::BinDir() + "/parasync-ps", "--ps-hosts", testing::JoinHosts(ps), "--worker-hosts",
-      "127.0.0.1:" + std::to_string(ports[static_cast<size_t>(num_shards)]), "--task-index",
-      std::to_string(shard), "--data-dir", data_dir};
+      "127.0.0.1:1", "--task-index", std::to_string(shard), "--data-dir", data_dir};
   argv.insert(argv.end(), args.begin(), args.end());
   Child child = Child::Start(argv, log, env);
   PsRun run;
@@ -252,13 +249,14 @@ TEST(DataDirTest, ForeignOrCorruptDataDirIsRefusedAndLeftUntouched) {
   // last one.
   const std::string store = dir.path() + "/store";
   {
-    const auto ports = testing::FreePorts(2);
-    const std::string ps = "127.0.0.1:" + std::to_string(ports[0]);
-    const std::string worker = "127.0.0.1:" + std::to_string(ports[1]);
-    Child server = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts", ps,
-                                 "--worker-hosts", worker, "--task-index", "0", "--data-dir",
-                                 store, "--checkpoint-every-versions", "20"},
-                                dir.path() + "/writer-ps.log");
+    const std::string worker = "127.0.0.1:1";
+    testing::Serving serving = testing::StartServing(
+        {testing::BinDir() + "/parasync-ps", "--ps-hosts", "127.0.0.1:0", "--worker-hosts",
+         worker, "--task-index", "0", "--data-dir", store, "--checkpoint-every-versions", "20"},
+        dir.path() + "/writer-ps.log");
+    ASSERT_TRUE(serving.ready) << serving.why;
+    Child& server = serving.child;
+    const std::string ps = serving.ready->address;
     Child trainer = Child::Start({testing::BinDir() + "/parasync-worker", "--ps-hosts", ps,
                                   "--worker-hosts", worker, "--task-index", "0", "--data",
                                   testing::DataDir(), "--log-dir", dir.path(), "--epochs", "1",
@@ -313,13 +311,14 @@ TEST(DataDirTest, ForeignOrCorruptDataDirIsRefusedAndLeftUntouched) {
   // must be refused, not silently replaced by an older state.
   const std::string crashed = dir.path() + "/crashed";
   {
-    const auto ports = testing::FreePorts(2);
-    const std::string ps = "127.0.0.1:" + std::to_string(ports[0]);
-    const std::string worker = "127.0.0.1:" + std::to_string(ports[1]);
-    Child server = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts", ps,
-                                 "--worker-hosts", worker, "--task-index", "0", "--data-dir",
-                                 crashed, "--durability", "every-update"},
-                                dir.path() + "/crashed-ps.log");
+    const std::string worker = "127.0.0.1:1";
+    testing::Serving serving = testing::StartServing(
+        {testing::BinDir() + "/parasync-ps", "--ps-hosts", "127.0.0.1:0", "--worker-hosts",
+         worker, "--task-index", "0", "--data-dir", crashed, "--durability", "every-update"},
+        dir.path() + "/crashed-ps.log");
+    ASSERT_TRUE(serving.ready) << serving.why;
+    Child& server = serving.child;
+    const std::string ps = serving.ready->address;
     Child trainer = Child::Start({testing::BinDir() + "/parasync-worker", "--ps-hosts", ps,
                                   "--worker-hosts", worker, "--task-index", "0", "--data",
                                   testing::DataDir(), "--log-dir", dir.path(), "--epochs", "1",
@@ -393,13 +392,13 @@ TEST(DataDirTest, LauncherRunResumesFromItsDataDirs) {
 // (SIGTERM), so that it lives in table files: a counter and 48 Ki floats of padding, which the
 // store keeps in data blocks of their own after the block of its meta records.
 void WriteStoppedStore(const TempDir& dir, const std::string& store) {
-  const auto ports = testing::FreePorts(2);
-  const std::string ps = "127.0.0.1:" + std::to_string(ports[0]);
-  Child server = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts", ps,
-                               "--worker-hosts", "127.0.0.1:" + std::to_string(ports[1]),
-                               "--task-index", "0", "--data-dir", store, "--durability",
-                               "every-update"},
-                              dir.path() + "/store-writer.log");
+  testing::Serving serving = testing::StartServing(
+      {testing::BinDir() + "/parasync-ps", "--ps-hosts", "127.0.0.1:0", "--worker-hosts",
+       "127.0.0.1:1", "--task-index", "0", "--data-dir", store, "--durability", "every-update"},
+      dir.path() + "/store-writer.log");
+  ASSERT_TRUE(serving.ready) << serving.why;
+  Child& server = serving.child;
+  const std::string ps = serving.ready->address;
   {
     const ModelRegistration reg = testing::SmallModel(
         {{"counter", {1}, DType::kFloat32, {InitKind::kZeros, 0.0f}},
@@ -490,16 +489,13 @@ TEST(DataDirTest, AStoreARunningServerHoldsIsRefusedWithStatusOneAndLeftUntouche
   TempDir dir;
   const std::string store = dir.path() + "/store";
   ASSERT_NO_FATAL_FAILURE(WriteStoppedStore(dir, store));
-  const auto ports = testing::FreePorts(2);
   const std::string log = dir.path() + "/holder.log";
-  Child holder = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts",
-                               "127.0.0.1:" + std::to_string(ports[0]), "--worker-hosts",
-                               "127.0.0.1:" + std::to_string(ports[1]), "--task-index", "0",
-                               "--data-dir", store},
-                              log);
-  ASSERT_TRUE(testing::WaitFor(
-      [&] { return testing::ReadFile(log).find("serving") != std::string::npos; }, 30s))
-      << testing::ReadFile(log);
+  testing::Serving serving = testing::StartServing(
+      {testing::BinDir() + "/parasync-ps", "--ps-hosts", "127.0.0.1:0", "--worker-hosts",
+       "127.0.0.1:1", "--task-index", "0", "--data-dir", store},
+      log);
+  ASSERT_TRUE(serving.ready) << serving.why;
+  Child& holder = serving.child;
   const auto before = DirImage(store);
   const PsRun run = RunPs(dir, store, 0, 1);
   EXPECT_EQ(run.exit_code, 1) << run.output;

@@ -300,7 +300,7 @@ TEST(EmbeddingProcessTest, AnIdStreamBeyondTheRowCapEvictsAndStaysUnderTheMemory
   ProcessCluster cluster(2, 1, "async",
                          {"--max-table-rows", std::to_string(kCap), "--max-message-bytes",
                           std::to_string(4 << 20)},
-                         dir.path(), ProcessCluster::kPsMetricsPorts);
+                         dir.path(), ProcessCluster::kNoExtras);
   cluster.StartWorker(0, CtrWorkerArgs(data, 1));
   std::string why;
   const std::vector<int> codes = cluster.WaitWorkers(kStall, deadline, why);
@@ -345,7 +345,7 @@ TEST(EmbeddingProcessTest, ATieredServerKeepsEveryRowBeyondItsBudgetThroughARest
                         {"--durability", "every-update", "--table-memory", "256KiB",
                          "--max-message-bytes", std::to_string(4 << 20)},
                         dir.path() + "/tiered",
-                        ProcessCluster::kPsDataDirs | ProcessCluster::kPsMetricsPorts);
+                        ProcessCluster::kPsDataDirs);
   ProcessCluster whole(1, 1, "async", {}, dir.path() + "/whole");
   zmq::context_t ctx;
   auto a = TableClient(ctx, tiered);
@@ -443,7 +443,7 @@ TEST(EmbeddingProcessTest, ExpiredRowsAreDeletedFromMemoryAndTheStoreAndStayDele
                           {"--durability", "every-update", "--table-memory", "64KiB",
                            "--table-expire-after", "20"},
                           dir.path() + "/expiring",
-                          ProcessCluster::kPsDataDirs | ProcessCluster::kPsMetricsPorts);
+                          ProcessCluster::kPsDataDirs);
   ProcessCluster whole(1, 1, "async", {}, dir.path() + "/whole");
   zmq::context_t ctx;
   auto a = TableClient(ctx, expiring);

@@ -201,14 +201,14 @@ TEST(ExportTest, EvalOnlyRefusesACorruptOrMismatchedModelFile) {
 TEST(WorkerRestartTest, RestartedWorkerRejoinsAnAsyncRunAndTrainingContinues) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   TempDir dir;
-  const auto ports = testing::FreePorts(3);
-  const std::string ps = "127.0.0.1:" + std::to_string(ports[0]);
-  const std::string workers = testing::JoinHosts({"127.0.0.1:" + std::to_string(ports[1]),
-                                    "127.0.0.1:" + std::to_string(ports[2])});
+  const std::string workers = testing::JoinHosts({"127.0.0.1:1", "127.0.0.1:2"});
   auto log = [&](const std::string& name) { return dir.path() + "/" + name + ".log"; };
-  Child ps0 = Child::Start({testing::BinDir() + "/parasync-ps", "--ps-hosts", ps,
-                            "--worker-hosts", workers, "--task-index", "0", "--mode", "async"},
-                           log("ps0"));
+  testing::Serving serving = testing::StartServing(
+      {testing::BinDir() + "/parasync-ps", "--ps-hosts", "127.0.0.1:0", "--worker-hosts",
+       workers, "--task-index", "0", "--mode", "async"},
+      log("ps0"));
+  ASSERT_TRUE(serving.ready) << serving.why;
+  const std::string ps = serving.ready->address;
   std::vector<std::unique_ptr<Child>> worker(2);
   int incarnation = 0;
   auto start_worker = [&](int rank) {

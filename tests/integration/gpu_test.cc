@@ -79,7 +79,7 @@ TEST(WorkerDeviceTest, AGpuThatDoesNotExistIsOneClearLineAndExitCode2) {
 // /healthz (200) and a /metrics page counting trained examples, each polled within a bound.
 // A worker on the GPU has cuBLAS and cuDNN loaded beside the metrics server's thread (the
 // civetweb threads it replaced had stacks too small for cuBLAS's thread-local data:
-// shared/DEPENDENCIES.md). Empty when all was seen, else what was not.
+// docs/dependencies.md). Empty when all was seen, else what was not.
 std::string ScrapeWhileTraining(Child& launch, const std::string& run_dir, const std::string& worker) {
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   auto running = [&] {
@@ -91,16 +91,16 @@ std::string ScrapeWhileTraining(Child& launch, const std::string& run_dir, const
     const auto cluster = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (cluster.is_object() && cluster.contains("processes")) {
       for (const auto& p : cluster["processes"]) {
-        if (p.value("name", "") != worker) continue;
-        const auto& argv = p["command"];
-        for (size_t i = 0; i + 1 < argv.size(); ++i) {
-          if (argv[i] == "--metrics-port") port = std::stoi(argv[i + 1].get<std::string>());
+        // The port it bound: null until its ready file has said.
+        const auto bound = p.find("metrics_port");
+        if (p.value("name", "") == worker && bound != p.end() && bound->is_number_integer()) {
+          port = bound->get<int>();
         }
       }
     }
     if (port == 0) std::this_thread::sleep_for(50ms);
   }
-  if (port == 0) return "no --metrics-port of " + worker + " in cluster.json while the run lasted";
+  if (port == 0) return "no metrics_port of " + worker + " in cluster.json while the run lasted";
   std::string health;
   while (health.find(" 200 OK\r\n") == std::string::npos && running()) {
     health = testing::HttpGet(port, "/healthz");

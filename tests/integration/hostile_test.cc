@@ -87,7 +87,7 @@ void ExpectGivenBack(pid_t pid, int64_t before, int64_t slack, std::chrono::seco
 class Ps {
  public:
   Ps(const TempDir& dir, const std::vector<std::string>& flags)
-      : cluster_(1, 1, "", flags, dir.path(), ProcessCluster::kPsMetricsPorts) {
+      : cluster_(1, 1, "", flags, dir.path(), ProcessCluster::kNoExtras) {
     EXPECT_TRUE(testing::WaitFor(
         [&] { return !std::isnan(Metric(metrics_port(), "parasync_ps_memory_bound_bytes")); },
         20s))
@@ -402,16 +402,17 @@ TEST_P(FullDiskTest, TheServerRefusesWhatItCannotPersistAndKeepsServingPulls) {
   const std::string durability = GetParam().substr(0, GetParam().find('/'));
   const std::string mode = GetParam().substr(GetParam().find('/') + 1);
   TempDir dir;
-  const auto ports = testing::FreePorts(3);
-  const std::string address = "127.0.0.1:" + std::to_string(ports[0]);
   const std::string log = dir.path() + "/ps.log";
-  std::vector<std::string> argv = {testing::BinDir() + "/parasync-ps", "--ps-hosts", address,
-                                   "--worker-hosts", "127.0.0.1:" + std::to_string(ports[1]),
-                                   "--task-index", "0", "--metrics-port",
-                                   std::to_string(ports[2]), "--mode", mode, "--data-dir",
-                                   dir.path() + "/store", "--durability", durability,
-                                   "--checkpoint-every-versions", "1"};
-  Child ps = Child::Start(argv, log, {"PARASYNC_STORAGE_FAULTS=space_left_bytes=262144"});
+  std::vector<std::string> argv = {testing::BinDir() + "/parasync-ps", "--ps-hosts", "127.0.0.1:0",
+                                   "--worker-hosts", "127.0.0.1:1", "--task-index", "0",
+                                   "--mode", mode, "--data-dir", dir.path() + "/store",
+                                   "--durability", durability, "--checkpoint-every-versions", "1"};
+  testing::Serving serving =
+      testing::StartServing(argv, log, {"PARASYNC_STORAGE_FAULTS=space_left_bytes=262144"});
+  ASSERT_TRUE(serving.ready) << serving.why;
+  Child& ps = serving.child;
+  const std::string address = serving.ready->address;
+  const int metrics_port = serving.ready->metrics_port;
   zmq::context_t ctx;
   PsClientOptions o;
   o.ps_addresses = {address};
@@ -444,12 +445,12 @@ TEST_P(FullDiskTest, TheServerRefusesWhatItCannotPersistAndKeepsServingPulls) {
     }
   }
   ASSERT_TRUE(testing::ProcessAlive(ps.pid())) << testing::ReadFile(log);
-  EXPECT_GE(Metric(ports[2], "parasync_ps_checkpoint_failures_total"), 1.0);
+  EXPECT_GE(Metric(metrics_port, "parasync_ps_checkpoint_failures_total"), 1.0);
   if (durability == "every-update") {
     EXPECT_NE(refused.find("no space left on device"), std::string::npos) << refused;
     // Sync too: the push that completes the step whose write fails is refused, not its pull.
     EXPECT_TRUE(push_refused) << refused;
-    EXPECT_EQ(Metric(ports[2], "parasync_ps_store_failed"), 1.0);
+    EXPECT_EQ(Metric(metrics_port, "parasync_ps_store_failed"), 1.0);
   } else {
     EXPECT_EQ(refused, "") << "periodic: pushes go on";
     EXPECT_EQ(accepted, 200);
@@ -464,6 +465,7 @@ TEST_P(FullDiskTest, TheServerRefusesWhatItCannotPersistAndKeepsServingPulls) {
   const auto stopped = ps.Wait(20s);
   ASSERT_TRUE(stopped.has_value());
   EXPECT_EQ(testing::ExitCode(*stopped), 0) << testing::ReadFile(log);
+  argv[2] = address;  // --ps-hosts: the port it had, where the client goes on sending
   Child again = Child::Start(argv, dir.path() + "/ps-again.log");
   auto reconnected = PsClient::Connect(ctx, o);
   ASSERT_TRUE(reconnected.ok());

@@ -210,15 +210,14 @@ class StragglerTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(StragglerTest, TheSlowRankIsExportedAsTheStragglerAndLogged) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   TempDir dir;
-  const int metrics_port = testing::FreePorts(1)[0];
-  ProcessCluster cluster(1, 3, GetParam(),
-                         {"--metrics-port", std::to_string(metrics_port),
-                          "--straggler-log-seconds", "0.02"},
-                         dir.path());
+  ProcessCluster cluster(1, 3, GetParam(), {"--straggler-log-seconds", "0.02"}, dir.path());
+  const int metrics_port = cluster.metrics_port(0);
   for (int r = 0; r < 3; ++r) {
     std::vector<std::string> args = {"--model", "784-32-10", "--batch-size", "16",
                                      "--max-steps", "40", "--epochs", "1"};
-    if (r == 2) args.insert(args.end(), {"--step-delay-ms", "40"});  // the straggler
+    // The straggler. 100 ms a step, well above what a busy machine (other tests beside this
+    // one) adds to the others' steps now and then: their waits reached 0.45 s in 40 steps.
+    if (r == 2) args.insert(args.end(), {"--step-delay-ms", "100"});
     cluster.StartWorker(r, args);
   }
   for (int code : cluster.WaitWorkers(120s)) ASSERT_EQ(code, 0) << cluster.Dump();
@@ -234,8 +233,8 @@ TEST_P(StragglerTest, TheSlowRankIsExportedAsTheStragglerAndLogged) {
   EXPECT_EQ(Sample(page, "parasync_ps_straggler", {{"rank", "0"}}), 0) << page;
   EXPECT_EQ(Sample(page, "parasync_ps_straggler", {{"rank", "1"}}), 0) << page;
   EXPECT_EQ(Sample(page, "parasync_ps_straggler_rank"), 2) << page;  // deprecated, kept in 0.1
-  // 40 steps of a 40 ms delay: most of it is pinned on rank 2, little on the others.
-  EXPECT_GT(slow, 0.5) << page;
+  // 40 steps of a 100 ms delay: most of it is pinned on rank 2, little on the others.
+  EXPECT_GT(slow, 1.5) << page;
   EXPECT_LT(fast, slow / 4) << page;
   EXPECT_NE(testing::ReadFile(cluster.Log("ps0")).find("straggler: waited"), std::string::npos)
       << testing::ReadFile(cluster.Log("ps0"));
@@ -401,9 +400,11 @@ TEST(WireDTypeTest, Bfloat16WireTrainsAndMovesTwoBytesPerElement) {
   ASSERT_GE(pushes, 200) << prom;  // 100 steps of 2 workers
   EXPECT_EQ(bytes_in, pushes * kElements * 2) << prom;
   // Pulls of the evaluation and of tools may be float32; the workers' are not: the bytes
-  // sent are at least 2 per element per pull and less than 4.
+  // sent are less than 4 per element per pull, and at least 2 per element for each of the
+  // 200 steps' pulls. (Not 2 per pull counted: on a busy machine a sync pull waiting at the
+  // barrier is sent again, and counted again, but answered once.)
   ASSERT_GE(pulls, 200) << prom;
-  EXPECT_GE(bytes_out, pulls * kElements * 2) << prom;
+  EXPECT_GE(bytes_out, 200.0 * kElements * 2) << prom;
   EXPECT_LT(bytes_out, pulls * kElements * 4) << prom;
 }
 

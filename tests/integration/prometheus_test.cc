@@ -29,6 +29,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/ports.h"
 #include "tests/support/process_util.h"
 
 namespace parasync {
@@ -174,7 +175,8 @@ std::vector<Panel> LoadPanels(const std::string& relative) {
 // Waits (up to 30 s) for parasync-launch to write the run's Prometheus targets, then starts
 // tools/watch-run.sh on the run (1 s scrapes, its output in dir/prometheus.out) and waits (up
 // to 20 s) until that Prometheus is ready. Returns it with its port, or nullopt with a test
-// failure.
+// failure. Prometheus needs its port in advance: one free below the ephemeral range, and
+// another (three tries in all) should a server starting beside it take that one first.
 std::optional<std::pair<Child, int>> StartPrometheus(const std::string& dir,
                                                      const std::string& run) {
   if (!testing::WaitFor(
@@ -183,18 +185,27 @@ std::optional<std::pair<Child, int>> StartPrometheus(const std::string& dir,
                   << testing::ReadFile(dir + "/launch.out");
     return std::nullopt;
   }
-  const int port = testing::FreePorts(1)[0];
-  Child prometheus = Child::Start({std::string(PARASYNC_TEST_SOURCE_DIR) + "/tools/watch-run.sh",
-                                   run, "--port", std::to_string(port), "--scrape-interval",
-                                   "1s"},
-                                  dir + "/prometheus.out");
-  if (!testing::WaitFor(
-          [&] { return testing::HttpGet(port, "/-/ready").find(" 200 ") != std::string::npos; },
-          20s)) {
-    ADD_FAILURE() << "Prometheus not ready:\n" << testing::ReadFile(dir + "/prometheus.out");
-    return std::nullopt;
+  const std::string out = dir + "/prometheus.out";
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int port = PickFreeLoopbackPorts(1)[0];
+    Child prometheus = Child::Start({std::string(PARASYNC_TEST_SOURCE_DIR) + "/tools/watch-run.sh",
+                                     run, "--port", std::to_string(port), "--scrape-interval",
+                                     "1s"},
+                                    out);
+    std::optional<int> exited;
+    const bool ready = testing::WaitFor(
+        [&] {
+          exited = prometheus.Wait(0ms);
+          return exited || testing::HttpGet(port, "/-/ready").find(" 200 ") != std::string::npos;
+        },
+        20s);
+    if (ready && !exited) return std::make_pair(std::move(prometheus), port);
+    if (!exited || testing::ReadFile(out).find("address already in use") == std::string::npos) {
+      break;
+    }
   }
-  return std::make_pair(std::move(prometheus), port);
+  ADD_FAILURE() << "Prometheus not ready:\n" << testing::ReadFile(out);
+  return std::nullopt;
 }
 
 // Polls Prometheus on `port` (up to `limit`) until every panel's expression, its variables

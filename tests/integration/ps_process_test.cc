@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,7 @@ std::unique_ptr<PsClient> Connect(zmq::context_t& ctx, const std::vector<std::st
 TEST(PsProcessTest, PullAfterPushSeesTheSgdUpdateOnEveryShard) {
   TempDir dir;
   ProcessCluster cluster(2, 1, "", {}, dir.path(),
-                         ProcessCluster::kPsLogDir | ProcessCluster::kPsMetricsPorts);
+                         ProcessCluster::kPsLogDir);
   zmq::context_t ctx;
   auto client = Connect(ctx, cluster.addresses());
   const ModelRegistration reg = SmallModel(2);
@@ -105,7 +106,7 @@ TEST(PsProcessTest, PullAfterPushSeesTheSgdUpdateOnEveryShard) {
 TEST(PsProcessTest, HostileMessagesGetErrorRepliesAndChangeNothing) {
   TempDir dir;
   ProcessCluster cluster(1, 1, "", {}, dir.path(),
-                         ProcessCluster::kPsLogDir | ProcessCluster::kPsMetricsPorts);
+                         ProcessCluster::kPsLogDir);
   zmq::context_t ctx;
   auto client = Connect(ctx, cluster.addresses());
   const ModelRegistration reg = SmallModel(1);
@@ -241,7 +242,7 @@ TEST(PsProcessTest, HostileMessagesGetErrorRepliesAndChangeNothing) {
 TEST(PsProcessTest, SigtermAndShutdownMessageStopTheServerWithExitZero) {
   TempDir dir;
   ProcessCluster cluster(2, 1, "", {}, dir.path(),
-                         ProcessCluster::kPsLogDir | ProcessCluster::kPsMetricsPorts);
+                         ProcessCluster::kPsLogDir);
   zmq::context_t ctx;
   auto client = Connect(ctx, cluster.addresses());
   ASSERT_TRUE(client->Register(SmallModel(2), 20s).ok());
@@ -277,20 +278,19 @@ std::pair<int, std::vector<std::string>> RunRefused(const std::vector<std::strin
 TEST(PsStartupTest, StoreRegisteredInAnotherModeIsRefusedWithExitTwoAndOneLine) {
   TempDir dir;
   const std::string data = dir.path() + "/data";
-  auto ports = testing::FreePorts(3);
-  const std::string address = "127.0.0.1:" + std::to_string(ports[0]);
   auto ps = [&](const std::string& mode) {
-    return std::vector<std::string>{testing::BinDir() + "/parasync-ps", "--ps-hosts", address,
-                                    "--worker-hosts", "127.0.0.1:" + std::to_string(ports[1]),
+    return std::vector<std::string>{testing::BinDir() + "/parasync-ps", "--ps-hosts",
+                                    "127.0.0.1:0", "--worker-hosts", "127.0.0.1:1",
                                     "--task-index", "0", "--mode", mode, "--data-dir", data,
-                                    "--durability", "every-update", "--metrics-port",
-                                    std::to_string(ports[2])};
+                                    "--durability", "every-update"};
   };
   {
     // A sync store: registered by a sync worker, stopped cleanly.
-    Child sync = Child::Start(ps("sync"), dir.path() + "/sync.log");
+    testing::Serving serving = testing::StartServing(ps("sync"), dir.path() + "/sync.log");
+    ASSERT_TRUE(serving.ready) << serving.why;
+    Child& sync = serving.child;
     zmq::context_t ctx(1);
-    auto client = Connect(ctx, {address});
+    auto client = Connect(ctx, {serving.ready->address});
     ModelRegistration reg = SmallModel(1);
     reg.mode = "sync";
     ASSERT_TRUE(client->Register(reg, 10s).ok()) << testing::ReadFile(dir.path() + "/sync.log");
@@ -299,20 +299,23 @@ TEST(PsStartupTest, StoreRegisteredInAnotherModeIsRefusedWithExitTwoAndOneLine) 
     auto s = sync.Wait(20s);
     ASSERT_TRUE(s.has_value() && ExitCode(*s) == 0) << testing::ReadFile(dir.path() + "/sync.log");
   }
-  const auto [code, lines] = RunRefused(ps("async"), dir);
+  std::vector<std::string> refused = ps("async");
+  const std::string ready_file = dir.path() + "/async.ready";
+  refused.insert(refused.end(), {"--ready-file", ready_file});
+  const auto [code, lines] = RunRefused(refused, dir);
   EXPECT_EQ(code, 2) << ::testing::PrintToString(lines);
   ASSERT_EQ(lines.size(), 1u) << ::testing::PrintToString(lines);
   EXPECT_EQ(lines[0], "parasync-ps: --state-dir " + data +
                           " holds a model registered in mode sync, but this server runs --mode "
                           "async: start it with --mode sync, or give a new --state-dir");
-  EXPECT_EQ(testing::HttpGet(ports[2], "/metrics"), "") << "the refused server served metrics";
+  EXPECT_FALSE(std::filesystem::exists(ready_file)) << "the refused server served";
 }
 
 TEST(PsStartupTest, AddressFlagsAreCheckedAsAddressesWithExitTwoAndOneLine) {
   TempDir dir;
-  auto ports = testing::FreePorts(3);
-  const std::string ps_address = "127.0.0.1:" + std::to_string(ports[0]);
-  const std::string worker_address = "127.0.0.1:" + std::to_string(ports[1]);
+  // Every case is refused before anything binds: these ports are never bound.
+  const std::string port = "5000";
+  const std::string ps_address = "127.0.0.1:" + port, worker_address = "127.0.0.1:5001";
   struct Case {
     const char* binary;
     std::vector<std::string> flags;
@@ -320,9 +323,9 @@ TEST(PsStartupTest, AddressFlagsAreCheckedAsAddressesWithExitTwoAndOneLine) {
   };
   const std::vector<Case> cases = {
       // civetweb read this as 231.1.1.1.
-      {"parasync-ps", {"--metrics-bind", "999.1.1.1", "--metrics-port", std::to_string(ports[2])},
+      {"parasync-ps", {"--metrics-bind", "999.1.1.1", "--metrics-port", "5002"},
        "--metrics-bind '999.1.1.1'"},
-      {"parasync-ps", {"--bind", "999.1.1.1:" + std::to_string(ports[0])}, "'999.1.1.1'"},
+      {"parasync-ps", {"--bind", "999.1.1.1:" + port}, "'999.1.1.1'"},
       {"parasync-ps", {"--bind", "127.0.0.1:70000"}, "'127.0.0.1:70000'"},
       {"parasync-ps", {"--ps-hosts", ps_address + "," + ps_address},
        "--ps-hosts names one address twice: '" + ps_address + "'"},
@@ -351,7 +354,7 @@ TEST(PsStartupTest, AddressFlagsAreCheckedAsAddressesWithExitTwoAndOneLine) {
 TEST(PsProcessTest, RequestTimesOutWithAClearErrorWhenNoServerAnswers) {
   zmq::context_t ctx;
   PsClientOptions o;
-  o.ps_addresses = {"127.0.0.1:" + std::to_string(testing::FreePorts(1)[0])};
+  o.ps_addresses = {"127.0.0.1:1"};  // privileged: no test's server listens there
   o.request_timeout = 300ms;
   auto client = PsClient::Connect(ctx, o);
   ASSERT_TRUE(client.ok());

@@ -166,20 +166,25 @@ class SecurityTest : public ::testing::Test {
     std::filesystem::copy_file(keys_ + "/worker0.pub", keys_ + "/allowed/worker0.pub");
   }
 
-  // Starts a PS (with CURVE or without) and returns its service and metrics ports.
+  // Starts a PS (with CURVE or without) and returns its service and metrics ports, once it
+  // serves ({0, 0} with a test failure if it does not).
   std::pair<int, int> StartPs(bool curve) {
-    auto ports = testing::FreePorts(3);
     std::vector<std::string> argv = {testing::BinDir() + "/parasync-ps", "--ps-hosts",
-                                     "127.0.0.1:" + std::to_string(ports[0]), "--worker-hosts",
-                                     "127.0.0.1:" + std::to_string(ports[1]), "--task-index", "0",
-                                     "--metrics-port", std::to_string(ports[2]), "--log-dir",
-                                     dir_.path()};
+                                     "127.0.0.1:0", "--worker-hosts", "127.0.0.1:1",
+                                     "--task-index", "0", "--log-dir", dir_.path()};
     if (curve) {
       argv.insert(argv.end(), {"--curve-key", keys_ + "/ps.key", "--curve-allow",
                                keys_ + "/allowed"});
     }
-    ps_.push_back(Child::Start(argv, dir_.path() + "/ps" + std::to_string(ps_.size()) + ".log"));
-    return {ports[0], ports[2]};
+    testing::Serving serving =
+        testing::StartServing(argv, dir_.path() + "/ps" + std::to_string(ps_.size()) + ".log");
+    ps_.push_back(std::move(serving.child));
+    if (!serving.ready) {
+      ADD_FAILURE() << serving.why;
+      return {0, 0};
+    }
+    const std::string& address = serving.ready->address;
+    return {std::stoi(address.substr(address.rfind(':') + 1)), serving.ready->metrics_port};
   }
 
   // Every server's output so far, for failure messages.

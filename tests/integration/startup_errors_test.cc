@@ -8,7 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -17,6 +19,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/ports.h"
 #include "tests/support/process_util.h"
 #include "tests/support/temp_dir.h"
 
@@ -34,16 +37,21 @@ std::string Bin(const std::string& name) { return BinDir() + "/" + name; }
 
 std::string Loopback(int port) { return "127.0.0.1:" + std::to_string(port); }
 
-// Holds a port the way another program would: bound and listening on 127.0.0.1.
+// Holds a free port the way another program would: bound and listening on 127.0.0.1.
 class HeldPort {
  public:
-  explicit HeldPort(int port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    held_ = fd_ >= 0 && bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-            listen(fd_, 1) == 0;
+  HeldPort() : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    auto bound = BindBelowEphemeral([&](int port) -> Result<bool> {
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(static_cast<uint16_t>(port));
+      if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return true;
+      if (errno == EADDRINUSE) return false;
+      return Status::Unavailable(std::strerror(errno));
+    });
+    held_ = fd_ >= 0 && bound.ok() && *bound != 0 && listen(fd_, 1) == 0;
+    port_ = held_ ? *bound : 0;
   }
   ~HeldPort() {
     if (fd_ >= 0) close(fd_);
@@ -51,10 +59,12 @@ class HeldPort {
   HeldPort(const HeldPort&) = delete;
   HeldPort& operator=(const HeldPort&) = delete;
   bool held() const { return held_; }
+  int port() const { return port_; }
 
  private:
   int fd_;
   bool held_ = false;
+  int port_ = 0;
 };
 
 // Runs `argv` to its end and checks the contract: exit status 2, one line on stderr, from
@@ -73,20 +83,24 @@ void ExpectRefused(const std::vector<std::string>& argv, const std::string& dir,
   for (const std::string& n : named) EXPECT_THAT(lines[0], HasSubstr(n));
 }
 
-std::vector<std::string> PsArgs(int port, int metrics_port, int num_workers = 1) {
+// One server on a free port (0) of its own, its /metrics on `metrics_port` (0: a free one).
+// Workers bind none of their addresses: 127.0.0.1:1, :2 and so on name them.
+std::vector<std::string> PsArgs(int metrics_port = 0, int num_workers = 1) {
   std::string workers;
-  for (int i = 0; i < num_workers; ++i) {
-    workers += (i == 0 ? "" : ",") + Loopback(port + 1 + i);
-  }
-  return {Bin("parasync-ps"), "--ps-hosts", Loopback(port), "--worker-hosts", workers,
+  for (int i = 0; i < num_workers; ++i) workers += (i == 0 ? "" : ",") + Loopback(1 + i);
+  return {Bin("parasync-ps"), "--ps-hosts", Loopback(0), "--worker-hosts", workers,
           "--task-index", "0", "--metrics-port", std::to_string(metrics_port)};
 }
 
+// Where a worker or a tool is sent when the test expects a refusal before any connection:
+// a privileged port, where no test's server listens.
+const std::string kNoServer = Loopback(1);
+
 TEST(StartupErrorsTest, BadFlagsAreOneLineAndExitTwoInEveryBinary) {
   TempDir dir;
-  const auto ports = testing::FreePorts(3);
-  const std::vector<std::string> cluster = {"--ps-hosts", Loopback(ports[0]), "--worker-hosts",
-                                            Loopback(ports[1]), "--task-index", "0"};
+  // Refused before anything binds or connects.
+  const std::vector<std::string> cluster = {"--ps-hosts", kNoServer, "--worker-hosts",
+                                            Loopback(2), "--task-index", "0"};
   auto with = [](std::vector<std::string> argv, const std::vector<std::string>& more) {
     argv.insert(argv.end(), more.begin(), more.end());
     return argv;
@@ -104,8 +118,7 @@ TEST(StartupErrorsTest, BadFlagsAreOneLineAndExitTwoInEveryBinary) {
   ExpectRefused(
       with({Bin("parasync-worker")}, with(cluster, {"--step-delay", "1", "--step-delay-ms", "5"})),
       dir.path(), {"--step-delay", "--step-delay-ms"});
-  ExpectRefused({Bin("parasync-export"), "--ps-hosts", Loopback(ports[0])}, dir.path(),
-                {"--out"});
+  ExpectRefused({Bin("parasync-export"), "--ps-hosts", kNoServer}, dir.path(), {"--out"});
   ExpectRefused({Bin("parasync-export"), "--out", dir.File("m.psm"), "--timeout", "-1"},
                 dir.path(), {"--timeout"});
   // These were CLI11's own exit codes 106 and 109, without the program's name.
@@ -137,44 +150,43 @@ TEST(StartupErrorsTest, EveryBinaryHasVersionAndHelpInOneStyle) {
 
 TEST(StartupErrorsTest, PortsInUseAreNamedWithTheirFlag) {
   TempDir dir;
-  const auto ports = testing::FreePorts(4);
-  HeldPort taken(ports[3]);
+  HeldPort taken;
   ASSERT_TRUE(taken.held());
-  const std::string port = std::to_string(ports[3]);
+  const std::string port = std::to_string(taken.port());
   // The server's own port, then its metrics port.
-  ExpectRefused({Bin("parasync-ps"), "--ps-hosts", Loopback(ports[3]), "--worker-hosts",
-                 Loopback(ports[1]), "--task-index", "0"},
+  ExpectRefused({Bin("parasync-ps"), "--ps-hosts", Loopback(taken.port()), "--worker-hosts",
+                 Loopback(1), "--task-index", "0"},
                 dir.path(), {"--ps-hosts", port, "in use"});
-  ExpectRefused({Bin("parasync-ps"), "--ps-hosts", Loopback(ports[0]), "--worker-hosts",
-                 Loopback(ports[1]), "--task-index", "0", "--bind", Loopback(ports[3])},
+  ExpectRefused({Bin("parasync-ps"), "--ps-hosts", Loopback(0), "--worker-hosts", Loopback(1),
+                 "--task-index", "0", "--bind", Loopback(taken.port())},
                 dir.path(), {"--bind", port, "in use"});
-  ExpectRefused(PsArgs(ports[0], ports[3]), dir.path(), {"--metrics-port " + port, "in use"});
+  ExpectRefused(PsArgs(taken.port()), dir.path(), {"--metrics-port " + port, "in use"});
   // The worker checks its metrics port before it loads any data.
-  ExpectRefused({Bin("parasync-worker"), "--ps-hosts", Loopback(ports[0]), "--worker-hosts",
-                 Loopback(ports[1]), "--task-index", "0", "--metrics-port", port,
-                 "--log-dir", dir.File("w")},
+  ExpectRefused({Bin("parasync-worker"), "--ps-hosts", kNoServer, "--worker-hosts", Loopback(2),
+                 "--task-index", "0", "--metrics-port", port, "--log-dir", dir.File("w")},
                 dir.path(), {"--metrics-port " + port, "in use"});
   // The launcher, before it starts anything: a metrics port in use, one given to two servers.
   ExpectRefused({Bin("parasync-launch"), "--ps", "1", "--workers", "1", "--log-dir",
                  dir.File("run1"), "--ps-arg=--metrics-port=" + port},
                 dir.path(), {"--metrics-port " + port, "in use"});
+  // (A port nobody holds, so that the one problem is that two servers are given it.)
+  const std::string free_port = std::to_string(PickFreeLoopbackPorts(1)[0]);
   ExpectRefused({Bin("parasync-launch"), "--ps", "2", "--workers", "1", "--log-dir",
-                 dir.File("run2"), "--ps-arg=--metrics-port=" + std::to_string(ports[2])},
-                dir.path(), {"--metrics-port " + std::to_string(ports[2]), "ps0", "ps1"});
+                 dir.File("run2"), "--ps-arg=--metrics-port=" + free_port},
+                dir.path(), {"--metrics-port " + free_port, "ps0", "ps1"});
   EXPECT_FALSE(std::filesystem::exists(dir.File("run1"))) << "the launcher started the run";
   EXPECT_FALSE(std::filesystem::exists(dir.File("run2"))) << "the launcher started the run";
 }
 
 TEST(StartupErrorsTest, MissingDataForeignStateAndUnwritableFilesAreNamed) {
   TempDir dir;
-  const auto ports = testing::FreePorts(3);
   // A --state-dir (or its old name --data-dir) that holds something else.
   const std::string foreign = dir.File("foreign");
   std::filesystem::create_directories(foreign + "/ps0");
   std::ofstream(foreign + "/notes.txt") << "not a store\n";
   std::ofstream(foreign + "/ps0/notes.txt") << "not a store\n";
   for (const char* flag : {"--state-dir", "--data-dir"}) {
-    std::vector<std::string> argv = PsArgs(ports[0], ports[2]);
+    std::vector<std::string> argv = PsArgs();
     argv.insert(argv.end(), {flag, foreign});
     ExpectRefused(argv, dir.path(), {foreign, "notes.txt"});
     ExpectRefused({Bin("parasync-launch"), "--ps", "1", "--workers", "1", "--log-dir",
@@ -183,9 +195,9 @@ TEST(StartupErrorsTest, MissingDataForeignStateAndUnwritableFilesAreNamed) {
   }
   // A data set that is not there, by the new name and the old.
   for (const char* flag : {"--dataset", "--data"}) {
-    ExpectRefused({Bin("parasync-worker"), "--ps-hosts", Loopback(ports[0]), "--worker-hosts",
-                   Loopback(ports[1]), "--task-index", "0", flag, dir.File("none"),
-                   "--log-dir", dir.File("w")},
+    ExpectRefused({Bin("parasync-worker"), "--ps-hosts", kNoServer, "--worker-hosts",
+                   Loopback(2), "--task-index", "0", flag, dir.File("none"), "--log-dir",
+                   dir.File("w")},
                   dir.path(), {"--dataset " + dir.File("none")});
     ExpectRefused({Bin("parasync-launch"), "--ps", "1", "--workers", "1", "--log-dir",
                    dir.File("run"), flag, dir.File("none")},
@@ -193,7 +205,7 @@ TEST(StartupErrorsTest, MissingDataForeignStateAndUnwritableFilesAreNamed) {
   }
   EXPECT_FALSE(std::filesystem::exists(dir.File("run"))) << "the launcher started the run";
   // Files that cannot be written, or exist already.
-  ExpectRefused({Bin("parasync-export"), "--ps-hosts", Loopback(ports[0]), "--out",
+  ExpectRefused({Bin("parasync-export"), "--ps-hosts", kNoServer, "--out",
                  dir.File("none/model.psm")},
                 dir.path(), {"--out " + dir.File("none/model.psm")});
   ExpectRefused({Bin("parasync-keygen"), "--dir", dir.File("keys"), "a", "a/b"}, dir.path(),
@@ -212,19 +224,18 @@ TEST(StartupErrorsTest, MissingDataForeignStateAndUnwritableFilesAreNamed) {
 // the flag and the path. (A full disk would be 1: it may be freed.)
 TEST(StartupErrorsTest, DirectoriesThatCannotBeCreatedAreRefusedWithStatusTwo) {
   TempDir dir;
-  const auto ports = testing::FreePorts(3);
   std::ofstream(dir.File("a-file")) << "in the way\n";
   const std::vector<std::string> paths = {"/proc/parasync-no-such-dir/ps0",
                                           dir.File("a-file/ps0"), "/sys/parasync-no-such-dir"};
   for (const std::string& path : paths) {
-    std::vector<std::string> ps = PsArgs(ports[0], ports[2]);
+    std::vector<std::string> ps = PsArgs();
     ps.insert(ps.end(), {"--state-dir", path});
     ExpectRefused(ps, dir.path(), {"--state-dir " + path});
-    ps = PsArgs(ports[0], ports[2]);
+    ps = PsArgs();
     ps.insert(ps.end(), {"--log-dir", path});
     ExpectRefused(ps, dir.path(), {"--log-dir " + path});
-    ExpectRefused({Bin("parasync-worker"), "--ps-hosts", Loopback(ports[0]), "--worker-hosts",
-                   Loopback(ports[1]), "--task-index", "0", "--log-dir", path},
+    ExpectRefused({Bin("parasync-worker"), "--ps-hosts", kNoServer, "--worker-hosts", Loopback(2),
+                   "--task-index", "0", "--log-dir", path},
                   dir.path(), {"--log-dir " + path});
   }
   EXPECT_FALSE(std::filesystem::exists("/proc/parasync-no-such-dir"));
@@ -252,15 +263,15 @@ TEST(StartupErrorsTest, DirectoriesThatCannotBeCreatedAreRefusedWithStatusTwo) {
 TEST(StartupErrorsTest, RefusalsOfARunningServerAndItsStore) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "no dataset at " << testing::DataDir();
   TempDir dir;
-  const auto ports = testing::FreePorts(6);
   const std::string state = dir.File("state");
-  std::vector<std::string> ps = PsArgs(ports[0], ports[3], 2);
+  std::vector<std::string> ps = PsArgs(0, 2);
   ps.insert(ps.end(), {"--mode", "async", "--state-dir", state + "/ps0"});
-  testing::Child server = testing::Child::Start(ps, dir.File("ps.log"));
+  testing::Serving serving = testing::StartServing(ps, dir.File("ps.log"));
+  ASSERT_TRUE(serving.ready) << serving.why;
+  testing::Child& server = serving.child;
   auto worker = [&](int rank, const std::vector<std::string>& more) {
-    std::vector<std::string> argv = {Bin("parasync-worker"), "--ps-hosts", Loopback(ports[0]),
-                                     "--worker-hosts",
-                                     Loopback(ports[1]) + "," + Loopback(ports[2]),
+    std::vector<std::string> argv = {Bin("parasync-worker"), "--ps-hosts", serving.ready->address,
+                                     "--worker-hosts", Loopback(1) + "," + Loopback(2),
                                      "--task-index", std::to_string(rank), "--dataset",
                                      testing::DataDir(), "--device", "cpu", "--log-level",
                                      "error", "--log-dir", dir.File("w"), "--max-steps", "1",
@@ -276,7 +287,7 @@ TEST(StartupErrorsTest, RefusalsOfARunningServerAndItsStore) {
   ExpectRefused(worker(0, {"--model", "784-32-10"}), dir.path(), {"model differs"});
 
   // Another server on the same store while this one holds it: retryable.
-  std::vector<std::string> second = PsArgs(ports[4], ports[5], 2);
+  std::vector<std::string> second = PsArgs(0, 2);
   second.insert(second.end(), {"--mode", "async", "--state-dir", state + "/ps0"});
   const Finished locked = testing::RunToExit(second, dir.path(), 20s);
   EXPECT_EQ(locked.exit_code, 1) << locked.err;

@@ -22,6 +22,7 @@ Inbound Request(const std::string& peer, uint64_t request_id, MsgType type = Msg
   Header h;
   h.type = type;
   h.request_id = request_id;
+  if (type == MsgType::kPull) h.slices = {SliceRange{0, 0, 256}};
   in.header = h;
   return in;
 }
@@ -69,6 +70,60 @@ TEST(PeerQueuesTest, AQueueHoldsAtMostItsBoundAndAResendIsNotQueuedTwice) {
   // Once served, the same id is a new request again (a resend after its reply went out).
   while (q.Next()) q.Charge(Seconds(1e-3));
   EXPECT_EQ(Enqueue(q, "a", 1), PeerQueues::Outcome::kQueued);
+}
+
+// Header-only requests (a one-slice pull each) past the count, while they weigh the
+// allowance at most together: a client may pipeline many small requests.
+TEST(PeerQueuesTest, SmallRequestsAreQueuedPastTheCountWithinTheirWeight) {
+  constexpr size_t kAllowance = 16 << 10;
+  PeerQueues q(3, kCredit, kAllowance);
+  const size_t weight = q.Weight(Request("a", 1, MsgType::kPull));
+  ASSERT_GT(weight, sizeof(Inbound));
+  const size_t fits = kAllowance / weight;
+  ASSERT_GT(fits, 3u);
+  for (uint64_t id = 1; id <= fits; ++id) {
+    ASSERT_EQ(Offer(q, "a", id, MsgType::kPull), PeerQueues::Outcome::kQueued) << id;
+  }
+  EXPECT_EQ(Offer(q, "a", fits + 1, MsgType::kPull), PeerQueues::Outcome::kFull);
+  // Another peer has its own allowance.
+  EXPECT_EQ(Offer(q, "b", 1, MsgType::kPull), PeerQueues::Outcome::kQueued);
+  // One of a's served (b's may go first) makes room for one more.
+  std::string served = Serve(q, 1e-5);
+  if (served != "a") served = Serve(q, 1e-5);
+  ASSERT_EQ(served, "a");
+  EXPECT_EQ(Offer(q, "a", fits + 1, MsgType::kPull), PeerQueues::Outcome::kQueued);
+  EXPECT_EQ(Offer(q, "a", fits + 2, MsgType::kPull), PeerQueues::Outcome::kFull);
+}
+
+// A request that carries more than the allowance is taken only under the count, and while
+// one is queued no small one rides past the count: a peer holds the count's requests or the
+// allowance, never both. A Register (its model description is not weighed) counts as large.
+TEST(PeerQueuesTest, ALargeRequestIsQueuedOnlyUnderTheCount) {
+  constexpr size_t kAllowance = 16 << 10;
+  PeerQueues q(3, kCredit, kAllowance);
+  auto large = [](uint64_t id) {
+    Inbound in = Request("a", id);
+    in.frames.emplace_back(size_t{64} << 10);
+    return in;
+  };
+  Inbound reg = Request("a", 9, MsgType::kRegister);
+  reg.header->registration = ModelRegistration{};
+  EXPECT_GT(q.Weight(reg), kAllowance);
+  EXPECT_GT(q.Weight(large(1)), kAllowance);
+
+  EXPECT_EQ(Offer(q, "a", 1, MsgType::kPull), PeerQueues::Outcome::kQueued);
+  for (uint64_t id = 2; id <= 3; ++id) {
+    Inbound in = large(id);
+    EXPECT_EQ(q.Take(in).outcome, PeerQueues::Outcome::kQueued) << id;
+  }
+  Inbound one_more = large(4);
+  EXPECT_EQ(q.Take(one_more).outcome, PeerQueues::Outcome::kFull);
+  EXPECT_EQ(Offer(q, "a", 5, MsgType::kPull), PeerQueues::Outcome::kFull);
+  EXPECT_EQ(q.Take(reg).outcome, PeerQueues::Outcome::kFull);
+  // Served down to two, a Register fits under the count again.
+  ASSERT_TRUE(q.Next().has_value());
+  q.Charge(Seconds(1e-5));
+  EXPECT_EQ(q.Take(reg).outcome, PeerQueues::Outcome::kQueued);
 }
 
 TEST(PeerQueuesTest, AMessageWhoseHeaderDidNotDecodeIsQueuedLikeAnyOther) {

@@ -1,6 +1,8 @@
-// A cluster of real parasync-ps and parasync-worker processes on free loopback ports, started
-// by the test itself so that it can stop, kill, restart and inspect any of them. Test-only
-// code, header-only: the test binaries that use it link the PS client (worker/ps_client.h).
+// A cluster of real parasync-ps and parasync-worker processes on loopback, started by the test
+// itself so that it can stop, kill, restart and inspect any of them. The servers bind port 0
+// and report the ports they got (--ready-file), so clusters of any number of tests run side
+// by side. Test-only code, header-only: the test binaries that use it link the PS client
+// (worker/ps_client.h).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -24,9 +26,10 @@
 
 namespace parasync::testing {
 
-// The servers start in the constructor, ps<i> with its output in <dir>/ps<i>.log; workers start
-// when the test says. Every process is SIGKILLed when the cluster dies (tests/support Child).
-// Used from one thread at a time.
+// The servers start in the constructor, ps<i> with its output in <dir>/ps<i>.log, and the
+// constructor returns once each serves (a test failure names one that did not within 60 s);
+// workers start when the test says. Every process is SIGKILLed when the cluster dies
+// (tests/support Child). Used from one thread at a time.
 class ProcessCluster {
  public:
   // What servers get besides their hosts, task index, --mode and `ps_args`.
@@ -34,7 +37,6 @@ class ProcessCluster {
     kNoExtras = 0,
     kPsDataDirs = 1,      // each its own --data-dir <dir>/data/ps<i> (DataDir(i))
     kPsLogDir = 2,        // --log-dir <dir>
-    kPsMetricsPorts = 4,  // --metrics-port on a free port each (metrics_port(i))
   };
 
   // `num_workers` worker hosts are named to the servers; `mode` goes to servers and workers
@@ -45,36 +47,24 @@ class ProcessCluster {
         ps_args_(std::move(ps_args)),
         dir_(std::move(dir)),
         data_dirs_((extras & kPsDataDirs) != 0),
-        log_dir_((extras & kPsLogDir) != 0),
-        metrics_((extras & kPsMetricsPorts) != 0) {
-    const std::vector<int> ports = FreePorts(num_ps + num_workers + (metrics_ ? num_ps : 0));
-    for (int i = 0; i < num_ps; ++i) ps_.push_back("127.0.0.1:" + std::to_string(ports[i]));
-    for (int i = 0; i < num_workers; ++i) {
-      workers_.push_back("127.0.0.1:" + std::to_string(ports[num_ps + i]));
-    }
-    if (metrics_) {
-      metrics_ports_.assign(ports.begin() + num_ps + num_workers, ports.end());
-    }
+        log_dir_((extras & kPsLogDir) != 0) {
+    // Port 0: each server binds a free port and says which in its ready file.
+    ps_.assign(static_cast<size_t>(num_ps), "127.0.0.1:0");
+    // Workers bind none of these: their addresses only count and name them.
+    for (int i = 0; i < num_workers; ++i) workers_.push_back("127.0.0.1:" + std::to_string(1 + i));
+    metrics_ports_.assign(static_cast<size_t>(num_ps), 0);
     ps_children_.resize(static_cast<size_t>(num_ps));
     worker_children_.resize(static_cast<size_t>(num_workers));
-    for (int i = 0; i < num_ps; ++i) StartPs(i);
+    for (int i = 0; i < num_ps; ++i) Spawn(i, "ps" + std::to_string(i));
+    for (int i = 0; i < num_ps; ++i) AwaitServing(i);
   }
 
-  // Starts (or restarts, on the same address and data directory) server i, its output in
-  // <dir>/<log>.log (ps<i> when empty).
+  // Restarts server i on its address and data directory, its output in <dir>/<log>.log (ps<i>
+  // when empty), and waits until it serves (as the constructor) or exits. Its /metrics may
+  // move to another port: metrics_port(i) tells.
   void StartPs(int i, std::string log = "") {
-    if (log.empty()) log = "ps" + std::to_string(i);
-    std::vector<std::string> argv = {BinDir() + "/parasync-ps", "--ps-hosts", JoinHosts(ps_),
-                                     "--worker-hosts", JoinHosts(workers_), "--task-index",
-                                     std::to_string(i)};
-    if (!mode_.empty()) argv.insert(argv.end(), {"--mode", mode_});
-    if (data_dirs_) argv.insert(argv.end(), {"--data-dir", DataDir(i)});
-    if (log_dir_) argv.insert(argv.end(), {"--log-dir", dir_});
-    if (metrics_) argv.insert(argv.end(), {"--metrics-port", std::to_string(metrics_port(i))});
-    argv.insert(argv.end(), ps_args_.begin(), ps_args_.end());
-    ps_children_[static_cast<size_t>(i)].reset();  // reaps a previous incarnation
-    ps_children_[static_cast<size_t>(i)] = std::make_unique<Child>(Child::Start(argv, Log(log)));
-    ps_logs_.push_back(log);
+    Spawn(i, log.empty() ? "ps" + std::to_string(i) : log);
+    AwaitServing(i);
   }
 
   // SIGKILL: no final snapshot, no goodbye. Returns once the process is gone (a test failure
@@ -192,6 +182,7 @@ class ProcessCluster {
 
   // The servers' addresses ("127.0.0.1:port"), in task order.
   const std::vector<std::string>& addresses() const { return ps_; }
+  // The port of server i's /metrics (each serves one, on a free port).
   int metrics_port(int i) const { return metrics_ports_[static_cast<size_t>(i)]; }
   std::string DataDir(int i) const { return dir_ + "/data/ps" + std::to_string(i); }
   std::string Log(const std::string& name) const { return dir_ + "/" + name + ".log"; }
@@ -210,15 +201,45 @@ class ProcessCluster {
   }
 
  private:
+  // Starts server i with its output in <dir>/<log>.log: on port 0 the first time, later on the
+  // address it got then.
+  void Spawn(int i, const std::string& log) {
+    std::vector<std::string> argv = {BinDir() + "/parasync-ps", "--ps-hosts", JoinHosts(ps_),
+                                     "--worker-hosts", JoinHosts(workers_), "--task-index",
+                                     std::to_string(i), "--ready-file", ReadyFile(i)};
+    if (!mode_.empty()) argv.insert(argv.end(), {"--mode", mode_});
+    if (data_dirs_) argv.insert(argv.end(), {"--data-dir", DataDir(i)});
+    if (log_dir_) argv.insert(argv.end(), {"--log-dir", dir_});
+    argv.insert(argv.end(), ps_args_.begin(), ps_args_.end());
+    ps_children_[static_cast<size_t>(i)].reset();  // reaps a previous incarnation
+    ps_children_[static_cast<size_t>(i)] = std::make_unique<Child>(Child::Start(argv, Log(log)));
+    ps_logs_.push_back(log);
+  }
+
+  // Waits for server i's ready file and takes its ports from it. A server that exits first is
+  // left for the test to examine; one that neither serves nor exits in 60 s is a failure.
+  void AwaitServing(int i) {
+    std::string why;
+    auto ready = WaitReady(ps(i), ReadyFile(i), std::chrono::seconds(60), &why);
+    if (!ready) {
+      EXPECT_TRUE(ps(i).Wait(std::chrono::milliseconds(0)).has_value())
+          << "ps" << i << " is not serving: " << why;
+      return;
+    }
+    ps_[static_cast<size_t>(i)] = ready->address;
+    metrics_ports_[static_cast<size_t>(i)] = ready->metrics_port;
+  }
+
+  std::string ReadyFile(int i) const { return dir_ + "/ps" + std::to_string(i) + ".ready"; }
+
   std::string mode_;
   std::vector<std::string> ps_args_;
   std::string dir_;
   bool data_dirs_;
   bool log_dir_;
-  bool metrics_;
   std::vector<std::string> ps_;
   std::vector<std::string> workers_;
-  std::vector<int> metrics_ports_;
+  std::vector<int> metrics_ports_;  // 0 until known
   std::vector<std::unique_ptr<Child>> ps_children_;
   std::vector<std::unique_ptr<Child>> worker_children_;
   std::vector<std::string> ps_logs_;

@@ -1,9 +1,7 @@
 #include "tests/support/process_util.h"
 
-#include "common/ports.h"
-
-#include <sys/syscall.h>
 #include <netinet/in.h>
+#include <sys/syscall.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -14,7 +12,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
-#include <random>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -64,7 +61,8 @@ Child Child::Start(SpawnOptions options) {
   return Child(spawned->pid);
 }
 
-Child::Child(Child&& other) noexcept : pid_(other.pid_), reaped_(other.reaped_) {
+Child::Child(Child&& other) noexcept
+    : pid_(other.pid_), reaped_(other.reaped_), status_(other.status_) {
   other.pid_ = -1;
 }
 
@@ -77,10 +75,29 @@ Child::~Child() {
 }
 
 std::optional<int> Child::Wait(std::chrono::milliseconds timeout) {
-  if (reaped_ || pid_ <= 0) return std::nullopt;
-  std::optional<int> status = WaitForExit(pid_, timeout);
-  if (status) reaped_ = true;
-  return status;
+  if (reaped_ || pid_ <= 0) return status_;
+  status_ = WaitForExit(pid_, timeout);
+  if (status_) reaped_ = true;
+  return status_;
+}
+
+Serving StartServing(const std::vector<std::string>& argv, const std::string& log_path,
+                     const std::vector<std::string>& env) {
+  const std::string ready_path = log_path + ".ready";
+  std::vector<std::string> with_ready = argv;
+  with_ready.insert(with_ready.end(), {"--ready-file", ready_path});
+  Serving out{Child::Start(with_ready, log_path, env), std::nullopt, ""};
+  out.ready = WaitReady(out.child, ready_path, std::chrono::seconds(60), &out.why);
+  if (!out.ready) out.why += "\n--- " + log_path + "\n" + ReadFile(log_path);
+  return out;
+}
+
+std::optional<ReadyInfo> WaitReady(Child& child, const std::string& path,
+                                   std::chrono::milliseconds timeout, std::string* why) {
+  auto ready = WaitForReadyFile(path, child.pid(), timeout);
+  if (ready.ok()) return *ready;
+  if (why != nullptr) *why = ready.status().message();
+  return std::nullopt;
 }
 
 void Child::Signal(int sig) {
@@ -170,7 +187,15 @@ bool ProcessAlive(pid_t pid) {
   std::getline(stat, content);
   const auto close_paren = content.rfind(')');
   if (close_paren == std::string::npos || close_paren + 2 >= content.size()) return false;
-  return content[close_paren + 2] != 'Z';
+  if (content[close_paren + 2] != 'Z') return true;
+  // The main thread of a killed process can be a zombie while its other threads still exit,
+  // holding the process's files (and so its locks: a store's LOCK) until the last one is
+  // gone. Dead once it is the only thread left.
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("Threads:")) return std::stoi(line.substr(8)) > 1;
+  }
+  return false;
 }
 
 std::optional<int> ZombieWaitStatus(pid_t pid) {
@@ -240,11 +265,5 @@ std::string JoinHosts(const std::vector<std::string>& hosts) {
   return s;
 }
 
-std::vector<int> FreePorts(int n) {
-  // Below the kernel's ephemeral range (common/ports.h): a port 0 bind returned ports from
-  // that range, and a cluster test once lost its ps bind to another test's outgoing
-  // connection.
-  return PickFreeLoopbackPorts(n);
-}
 
 }  // namespace parasync::testing

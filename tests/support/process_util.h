@@ -1,6 +1,6 @@
 // Helpers for tests that run our real binaries as child processes: start one (on
-// common/subprocess.h) with the output in a file, wait for exit with a bound, read files,
-// find free loopback ports. Test-only code.
+// common/subprocess.h) with the output in a file, wait for its ready file (the ports it bound)
+// or its exit with a bound, read files. Test-only code.
 #pragma once
 
 #include <sys/types.h>
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/ready_file.h"
 #include "common/subprocess.h"
 #include "tests/support/temp_dir.h"
 
@@ -39,7 +40,8 @@ class Child {
   ~Child();
 
   pid_t pid() const { return pid_; }
-  // Waits up to `timeout` for the exit; returns the raw wait status, or nullopt on timeout.
+  // Waits up to `timeout` for the exit; returns the raw wait status (again on later calls),
+  // or nullopt on timeout.
   std::optional<int> Wait(std::chrono::milliseconds timeout);
   void Signal(int sig);
 
@@ -47,7 +49,28 @@ class Child {
   explicit Child(pid_t pid) : pid_(pid) {}
   pid_t pid_ = -1;
   bool reaped_ = false;
+  std::optional<int> status_;  // once reaped
 };
+
+// A server (parasync-ps) a test started and waited for: StartServing.
+struct Serving {
+  Child child;
+  std::optional<ReadyInfo> ready;  // what its ready file said; nullopt: it did not serve
+  std::string why;                 // then why, with its log
+};
+
+// Starts `argv` (parasync-ps and its flags: its own address on port 0, as a rule) with
+// "--ready-file <log_path>.ready" added, its output appended to `log_path`, and waits up to
+// 60 s until it serves. ready holds its address and metrics port; nullopt (and why) when it
+// exited first or did not serve in time.
+Serving StartServing(const std::vector<std::string>& argv, const std::string& log_path,
+                     const std::vector<std::string>& env = {});
+
+// Waits up to `timeout` for the ready file `child` was started to write (--ready-file PATH,
+// common/ready_file.h): what it says, once written by this child (the pid matches). nullopt
+// when the child exited first or the time ran out; then `why` (if given) says which.
+std::optional<ReadyInfo> WaitReady(Child& child, const std::string& path,
+                                   std::chrono::milliseconds timeout, std::string* why = nullptr);
 
 // Exit code of a wait status; 128+signal when killed by a signal.
 using ::parasync::ExitCode;
@@ -82,7 +105,8 @@ std::string WaitWhileProgressing(const std::function<bool()>& done,
                                  std::chrono::milliseconds stall,
                                  std::chrono::steady_clock::time_point deadline);
 
-// True while a process with this pid exists (and is not a zombie of ours).
+// True while a process with this pid exists and is not a zombie (a zombie whose other threads
+// are still exiting counts as alive: they hold its files).
 bool ProcessAlive(pid_t pid);
 
 // How `pid` ended, while it is a zombie its parent has not reaped yet: its wait status
@@ -101,9 +125,5 @@ std::string HttpGet(int port, const std::string& path);
 
 // "a,b,c" for {"a", "b", "c"}: a host list for --ps-hosts / --worker-hosts.
 std::string JoinHosts(const std::vector<std::string>& hosts);
-
-// Free TCP ports on 127.0.0.1, below the ephemeral range (bound then released; distinct
-// from each other).
-std::vector<int> FreePorts(int n);
 
 }  // namespace parasync::testing

@@ -3,14 +3,19 @@
 shaped to 1 Gbit/s carry a real training run (parasync-launch over netlab's exec, a PS on one
 host, a worker on the other, the MLP, one epoch) whose tensor bytes the PS counted are on the
 links' counters, within TCP/IP's overhead; the shaper holds a probe to the rate; and an
-interrupted lab is removed with the processes it ran. Skips (77), saying why, where network
-namespaces cannot be made (not root, no iproute2).
+interrupted lab is removed with the processes it ran. Without iproute2 on PATH (no `ip`; or
+`ip` but no `tc` for a shaped rate) every verb says so in one line and exits 3 with nothing of
+the lab made; where `ip` cannot make a namespace (a stand-in `ip` that refuses, as in a
+container without CAP_NET_ADMIN), `up` exits 3 leaving nothing behind. Those checks run
+everywhere; the rest skips (77), saying why, where network namespaces cannot be made (not
+root, no iproute2).
 
   netlab_test.py BIN_DIR SOURCE_DIR
 """
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +25,7 @@ import time
 BIN_DIR, SOURCE_DIR = sys.argv[1:3]
 NETLAB = os.path.join(SOURCE_DIR, "tools", "netlab")
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+STATE_DIR = "/run/parasync-netlab"  # where tools/netlab records a lab (NAME.json)
 failures = []
 
 
@@ -29,14 +35,82 @@ def check(ok, message):
         print(f"FAILED: {message}", flush=True)
 
 
-def netlab(*args, timeout=120):
+def netlab(*args, timeout=120, path=None):
+    """tools/netlab ARGS; with `path`, that is the only PATH it has."""
+    env = dict(os.environ, PATH=path) if path is not None else None
     return subprocess.run([sys.executable, NETLAB, *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 def namespaces(prefix):
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return [line.split()[0] for line in out.splitlines() if line.startswith(prefix + "-")]
+
+
+def lab_left(name):
+    """What of lab `name` is on this host: its state file, its namespaces (when this host
+    has iproute2 to list them)."""
+    left = [p for p in [os.path.join(STATE_DIR, name + ".json")] if os.path.exists(p)]
+    return left + (namespaces(name) if shutil.which("ip") else [])
+
+
+def refused_leaving_nothing(done, what, says, name):
+    """`done` exited 3 with one line on stderr containing `says`, and no part of lab `name`
+    exists (else it is removed, with the host's own PATH)."""
+    lines = done.stderr.strip().splitlines()
+    check(done.returncode == 3, f"{what}: exit {done.returncode}, not 3: {done.stderr[-800:]!r}")
+    check(len(lines) == 1 and says in lines[0],
+          f"{what}: stderr is not one line saying {says!r}: {done.stderr[-800:]!r}")
+    left = lab_left(name)
+    check(not left, f"{what}: the lab was made anyway, or left behind: {left}")
+    if left:
+        netlab("down", "--name", name)
+
+
+def without_iproute2(name):
+    """No `ip` on PATH: every verb refuses before it changes anything. An `ip` found some
+    other way (an absolute path) would make the lab: lab_left sees it."""
+    with tempfile.TemporaryDirectory() as empty:
+        for verb, *args in (["up", "--hosts", "1", "--rate", "0"], ["up", "--hosts", "2"],
+                            ["run", "--hosts", "1", "--rate", "0", "--", "true"],
+                            ["exec", "h0", "true"], ["counters"], ["probe"], ["down"]):
+            done = netlab(verb, "--name", name, *args, path=empty)
+            refused_leaving_nothing(done, f"netlab {verb} without iproute2",
+                                    "iproute2 is not installed: no 'ip'", name)
+        ip = shutil.which("ip")
+        if ip is None:
+            return
+        # `ip` but no `tc`: a shaped lab is refused before its first namespace.
+        os.symlink(ip, os.path.join(empty, "ip"))
+        for verb in (["up"], ["run", "--", "true"]):
+            done = netlab(verb[0], "--hosts", "1", "--rate", "1gbit", "--name", name, *verb[1:],
+                          path=empty)
+            refused_leaving_nothing(done, f"netlab {verb[0]} without tc",
+                                    "iproute2 is not installed: no 'tc'", name)
+
+
+STAND_IN_IP = """#!/bin/sh
+# iproute2's ip where namespaces cannot be made: it runs, `netns add` is refused.
+case "$1 $2" in
+  "-V ") echo "ip utility, iproute2-stand-in"; exit 0 ;;
+  "netns add") echo "mount --make-shared /run/netns failed: Operation not permitted" >&2 ;;
+esac
+exit 1
+"""
+
+
+def namespace_refused(name):
+    """`ip` that cannot make a namespace: `up` exits 3 in one line and removes what it
+    recorded, so the same name can be tried again (not "already up")."""
+    with tempfile.TemporaryDirectory() as bin_dir:
+        with open(os.path.join(bin_dir, "ip"), "w") as f:
+            f.write(STAND_IN_IP)
+        os.chmod(os.path.join(bin_dir, "ip"), 0o755)
+        says = "network namespaces need root" if os.geteuid() != 0 else "Operation not permitted"
+        for attempt in ("first", "second"):
+            done = netlab("up", "--hosts", "2", "--rate", "0", "--name", name, path=bin_dir)
+            refused_leaving_nothing(done, f"netlab up where namespaces are refused ({attempt})",
+                                    says, name)
 
 
 def wait_for(condition, seconds):
@@ -153,6 +227,8 @@ def interrupted(name):
 def main():
     bad_arguments()
     name = f"nlt{os.getpid() % 100000}"
+    without_iproute2(name + "n")
+    namespace_refused(name + "r")
     probe = netlab("up", "--hosts", "1", "--rate", "0", "--name", name)
     if probe.returncode == 3:
         print(f"SKIP: no network namespaces here: {probe.stderr.strip()}", flush=True)

@@ -13,7 +13,9 @@
 //   barrier   sync-mode round latency (PushPull: the gradient out, the next step in) for
 //             2, 4, 8 workers;
 //   apply     ApplyUpdate on a 64 MiB variable for SGD, momentum and Adam, vs memcpy;
-//   small     pipelined pulls of 1 KiB slices against one server, vs raw ZeroMQ;
+//   small     pipelined pulls of 1 KiB slices against one server, vs raw ZeroMQ: 64 in
+//             flight per client, which the server queues (a connection's small requests
+//             are taken past its count of 3 by their weight, docs/reliability.md);
 //   rows      embedding rows (issue 25): rows per second of a Pull of 4096 sorted unique ids'
 //             rows then a Push of their gradient rows, for a table of 16 and 64 floats a row,
 //             ids drawn Zipf (1.1 over 10M) or uniform over 2^63, real Servers (async,

@@ -19,7 +19,7 @@
 #include <sys/socket.h>
 
 #include "common/process.h"
-#include "common/ports.h"
+#include "common/ready_file.h"
 #include "tools/benchmarks/bench_util.h"
 #include "tools/benchmarks/stats.h"
 #include "worker/ps_client.h"
@@ -78,22 +78,23 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round) {
     for (size_t m = 0; m < modes.size(); ++m) {
       const std::vector<std::string>& flags = modes[m].flags;
-      const std::string address = "127.0.0.1:" + std::to_string(PickFreeLoopbackPorts(1)[0]);
-      std::vector<std::string> ps = {bin + "/parasync-ps", "--ps-hosts", address,
+      const std::string ready_file = dir + "/ps.ready";
+      std::vector<std::string> ps = {bin + "/parasync-ps", "--ps-hosts", "127.0.0.1:0",
                                      "--worker-hosts", "127.0.0.1:1", "--task-index", "0",
-                                     "--log-level", "warn"};
+                                     "--log-level", "warn", "--ready-file", ready_file};
       ps.insert(ps.end(), flags.begin(), flags.end());
       if (!flags.empty()) {
         const std::string data = dir + "/r" + std::to_string(round) + "-" + std::to_string(m);
         ps.insert(ps.end(), {"--data-dir", data});
       }
       const pid_t pid = Spawn(ps, dir + "/ps.log");
+      auto ready = WaitForReadyFile(ready_file, pid, std::chrono::seconds(60));
       zmq::context_t ctx;
       PsClientOptions o;
-      o.ps_addresses = {address};
+      o.ps_addresses = {ready.ok() ? ready->address : "127.0.0.1:1"};
       o.rank = 0;
       auto client = PsClient::Connect(ctx, o);
-      if (!client.ok() || !(*client)->Register(reg, std::chrono::seconds(20)).ok()) {
+      if (!ready.ok() || !client.ok() || !(*client)->Register(reg, std::chrono::seconds(20)).ok()) {
         std::fprintf(stderr, "cannot start or reach parasync-ps (%s)\n", (dir + "/ps.log").c_str());
         kill(pid, SIGKILL);
         return 1;

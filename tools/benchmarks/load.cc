@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -36,7 +37,7 @@
 
 #include "common/cli.h"
 #include "common/process.h"
-#include "common/ports.h"
+#include "common/ready_file.h"
 #include "tools/benchmarks/bench_util.h"
 #include "worker/ps_client.h"
 
@@ -114,7 +115,9 @@ struct Servers {
 };
 
 // Without --ps-hosts, starts --ps parasync-ps processes (next to this binary) on free loopback
-// ports, logging into --log-dir; with it, names the servers given.
+// ports (port 0: each says which in its ready file), logging into --log-dir, and waits until
+// they serve; with it, names the servers given. Exits the process, naming why, when a server
+// does not start.
 Servers StartServers(const Options& o) {
   Servers servers;
   std::filesystem::create_directories(o.log_dir);
@@ -124,19 +127,29 @@ Servers StartServers(const Options& o) {
     return servers;
   }
   const std::string bin = std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
-  for (int port : PickFreeLoopbackPorts(o.num_ps)) {
-    servers.addresses.push_back("127.0.0.1:" + std::to_string(port));
-  }
-  std::string joined, worker_hosts;
-  for (const auto& a : servers.addresses) joined += (joined.empty() ? "" : ",") + a;
+  std::string any_ports, worker_hosts;
+  for (int i = 0; i < o.num_ps; ++i) any_ports += (i ? "," : "") + std::string("127.0.0.1:0");
   for (int r = 0; r < o.workers; ++r) {
     worker_hosts += (r ? "," : "") + std::string("127.0.0.1:") + std::to_string(40000 + r);
   }
+  auto ready_file = [&](int i) { return o.log_dir + "/ps" + std::to_string(i) + ".ready"; };
   for (int i = 0; i < o.num_ps; ++i) {
-    servers.pids.push_back(Spawn({bin + "/parasync-ps", "--ps-hosts", joined, "--worker-hosts",
-                                  worker_hosts, "--task-index", std::to_string(i), "--mode",
-                                  o.mode, "--log-level", "warn", "--worker-timeout", "60"},
+    servers.pids.push_back(Spawn({bin + "/parasync-ps", "--ps-hosts", any_ports,
+                                  "--worker-hosts", worker_hosts, "--task-index",
+                                  std::to_string(i), "--mode", o.mode, "--log-level", "warn",
+                                  "--worker-timeout", "60", "--ready-file", ready_file(i)},
                                  o.log_dir + "/ps" + std::to_string(i) + ".log"));
+  }
+  for (int i = 0; i < o.num_ps; ++i) {
+    auto ready = WaitForReadyFile(ready_file(i), servers.pids[static_cast<size_t>(i)],
+                                  std::chrono::seconds(60));
+    if (!ready.ok()) {
+      std::fprintf(stderr, "parasync-load: server %d did not start: %s (its log: %s/ps%d.log)\n",
+                   i, ready.status().message().c_str(), o.log_dir.c_str(), i);
+      for (pid_t pid : servers.pids) kill(pid, SIGKILL);
+      std::exit(1);
+    }
+    servers.addresses.push_back(ready->address);
   }
   return servers;
 }

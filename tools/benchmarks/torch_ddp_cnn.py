@@ -38,8 +38,8 @@ import argparse
 import io
 import json
 import os
-import socket
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -94,15 +94,9 @@ def parse_args():
     return args
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rank_main(rank, world, master, args):
-    """One rank: joins the group at master (HOST:PORT), trains its shard, and (rank 0)
-    evaluates and reports."""
+    """One rank: joins the group at master (HOST:PORT, or a file:// rendezvous of the ranks
+    of one machine), trains its shard, and (rank 0) evaluates and reports."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -113,9 +107,12 @@ def rank_main(rank, world, master, args):
     # why), and sizes the BLAS's own pool as torch's threads (OpenBLAS keeps one per core
     # otherwise).
     torch_env.check(torch, PROGRAM, out=sys.stdout if rank == 0 else io.StringIO())
-    host, _, port = master.rpartition(":")
-    os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if master.startswith("file://"):
+        dist.init_process_group("gloo", init_method=master, rank=rank, world_size=world)
+    else:
+        host, _, port = master.rpartition(":")
+        os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
 
     xtr, ytr = data.fashion_mnist("train", args.data)
     n = min(args.train_examples or len(xtr), len(xtr))
@@ -209,9 +206,12 @@ def main() -> int:
         rank_main(args.rank, args.processes, args.master, args)
         return 0
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only, whatever the hostname
+    # The ranks meet through a file, not a port picked in advance (which another program
+    # could take before rank 0 binds it); gloo's own connections take ports the kernel gives.
     try:
-        mp.spawn(rank_main, args=(args.processes, f"127.0.0.1:{free_port()}", args),
-                 nprocs=args.processes, join=True)
+        with tempfile.TemporaryDirectory(prefix="torch-ddp-") as rendezvous:
+            mp.spawn(rank_main, args=(args.processes, f"file://{rendezvous}/store", args),
+                     nprocs=args.processes, join=True)
     except Exception as e:  # a rank failed: its traceback is above
         print(f"{PROGRAM}: a process failed: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 1

@@ -52,20 +52,76 @@ int Report(const Status& s, char** errmsg) {
   return static_cast<int>(s.code());
 }
 
+// What was thrown, as kInternal; with no memory left even for its message, the code alone.
+int ReportUnexpected(const char* what, char** errmsg) noexcept {
+  try {
+    return Report(Status::Internal(std::string("unexpected error: ") + what), errmsg);
+  } catch (...) {
+    return PARASYNC_INTERNAL;
+  }
+}
+
 // Runs `body` (returning a Status) and reports it; an exception becomes kInternal.
 template <typename Body>
 int Guard(char** errmsg, Body&& body) {
   try {
     return Report(body(), errmsg);
   } catch (const std::exception& e) {
-    return Report(Status::Internal(std::string("unexpected error: ") + e.what()), errmsg);
+    return ReportUnexpected(e.what(), errmsg);
   } catch (...) {
-    return Report(Status::Internal("unexpected error"), errmsg);
+    return ReportUnexpected("unknown exception", errmsg);
   }
 }
 
-Status NeedText(const char* text, const char* what) {
-  if (text == nullptr) return Status::InvalidArgument(std::string(what) + " is NULL");
+// An entry point without errmsg says why it refused in one error line of the library's log.
+void LogRefusal(const char* call, const char* why, bool unexpected = false) noexcept {
+  try {
+    spdlog::error("{}: {}{}", call, unexpected ? "unexpected error: " : "", why);
+  } catch (...) {  // nowhere left to say it
+  }
+}
+
+// Guard for an entry point that returns a value and has no errmsg: `body` returns a
+// Result<T>; its error, or anything thrown, is logged naming `call`, and `refused` returned.
+template <typename T, typename Body>
+T GuardValue(const char* call, T refused, Body&& body) {
+  try {
+    Result<T> result = body();
+    if (result.ok()) return *result;
+    LogRefusal(call, result.status().message().c_str());
+  } catch (const std::exception& e) {
+    LogRefusal(call, e.what(), /*unexpected=*/true);
+  } catch (...) {
+    LogRefusal(call, "unknown exception", /*unexpected=*/true);
+  }
+  return refused;
+}
+
+// GuardValue for an entry point that returns nothing: `body` returns a Status.
+template <typename Body>
+void GuardVoid(const char* call, Body&& body) {
+  GuardValue(call, 0, [&]() -> Result<int> {
+    PARASYNC_RETURN_IF_ERROR(body());
+    return 0;
+  });
+}
+
+// A pointer the call needs (a handle, an output, a text): InvalidArgument naming it if NULL.
+Status Need(const void* pointer, const char* what) {
+  if (pointer == nullptr) return Status::InvalidArgument(std::string(what) + " is NULL");
+  return Status::Ok();
+}
+
+// `n` arrays, one per variable, each needed; `what` is their parameter's name.
+template <typename T>
+Status NeedArrays(T* const* arrays, size_t n, const char* what) {
+  if (n == 0) return Status::Ok();
+  PARASYNC_RETURN_IF_ERROR(Need(arrays, what));
+  for (size_t v = 0; v < n; ++v) {
+    if (arrays[v] == nullptr) {
+      return Status::InvalidArgument(std::string(what) + "[" + std::to_string(v) + "] is NULL");
+    }
+  }
   return Status::Ok();
 }
 
@@ -74,13 +130,24 @@ std::atomic<int> g_stop_signal{0};
 struct sigaction g_previous_int {};
 struct sigaction g_previous_term {};
 
+// Sets the flag, then does what was installed before: calls its handler; takes the default
+// action (restored and raised again: the signal, unblocked when this returns, ends the process
+// as it would have without the library); or nothing more, where the signal was ignored.
 void OnStopSignal(int number, siginfo_t* info, void* context) {
   g_stop_signal.store(number, std::memory_order_relaxed);
   const struct sigaction& previous = number == SIGINT ? g_previous_int : g_previous_term;
+  if (previous.sa_handler == SIG_IGN) return;
+  if (previous.sa_handler == SIG_DFL) {
+    struct sigaction default_action {};
+    default_action.sa_handler = SIG_DFL;
+    sigemptyset(&default_action.sa_mask);
+    sigaction(number, &default_action, nullptr);
+    raise(number);
+    return;
+  }
   if ((previous.sa_flags & SA_SIGINFO) != 0) {
-    if (previous.sa_sigaction != nullptr) previous.sa_sigaction(number, info, context);
-  } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN &&
-             previous.sa_handler != nullptr) {
+    previous.sa_sigaction(number, info, context);
+  } else {
     previous.sa_handler(number);
   }
 }
@@ -110,7 +177,7 @@ struct parasync_model_t {
 };
 
 struct parasync_client_t {
-  std::mutex mu;  // one call at a time
+  mutable std::mutex mu;  // one call at a time, getters included
   parasync_options_t options;
   TrainingMode mode;
   std::string mode_text;
@@ -134,14 +201,55 @@ Status NeedRegistered(const parasync_client_t* c) {
   return Status::Ok();
 }
 
-std::vector<RowsOf> RowsOfC(const parasync_rows_t* rows, size_t n) {
+// The C rows as PsClient's; `what` (their parameter's name) names them in an error: NULL
+// rows, or a row's ids or values.
+Result<std::vector<RowsOf>> RowsOfC(const parasync_rows_t* rows, size_t n, const char* what) {
   std::vector<RowsOf> out;
+  if (n == 0) return out;
+  PARASYNC_RETURN_IF_ERROR(Need(rows, what));
   out.reserve(n);
   for (size_t i = 0; i < n; ++i) {
+    if (rows[i].count > 0 && (rows[i].ids == nullptr || rows[i].values == nullptr)) {
+      return Status::InvalidArgument(std::string(what) + "[" + std::to_string(i) +
+                                     "]: ids or values is NULL (count " +
+                                     std::to_string(rows[i].count) + ")");
+    }
     out.push_back({rows[i].table, std::span<const uint64_t>(rows[i].ids, rows[i].count),
                    rows[i].values});
   }
   return out;
+}
+
+// GuardValue for a getter of a client: refused for a NULL client, else `read` under its lock.
+template <typename T, typename Read>
+T ReadClient(const char* call, const parasync_client_t* client, T refused, Read&& read) {
+  return GuardValue(call, refused, [&]() -> Result<T> {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
+    std::lock_guard lock(client->mu);
+    return read(*client);
+  });
+}
+
+// A step whose arguments were refused (NULL arrays) ends anyway, as FinishStep ends it on any
+// error: FinishStep refuses a wrong number of parameter arrays before it reads one, and
+// settles the pushes already out, so the caller may reuse its gradients once this returns.
+Status AbandonStep(parasync_client_t* c, Status refused) {
+  const size_t wrong = (c->registration ? c->registration->variables.size() : 0) + 1;
+  const std::vector<float*> no_arrays(wrong, nullptr);
+  (void)c->client->FinishStep(no_arrays, 0, nullptr, {}, {});
+  return refused;
+}
+
+// GuardVoid for a call that changes a client: refused for a NULL client, else `update` under
+// its lock.
+template <typename Update>
+void UpdateClient(const char* call, parasync_client_t* client, Update&& update) {
+  GuardVoid(call, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
+    std::lock_guard lock(client->mu);
+    update(*client);
+    return Status::Ok();
+  });
 }
 
 Status CheckCount(size_t given, const parasync_client_t* c, const char* what) {
@@ -222,22 +330,41 @@ Status Explain(const parasync_client_t* c, Status s) {
 
 extern "C" {
 
-void parasync_free(void* p) { std::free(p); }
+// Every entry point runs inside Guard (a coded call), GuardValue or GuardVoid: nothing thrown
+// crosses, and a NULL handle or needed pointer is refused, not dereferenced.
+
+void parasync_free(void* p) {
+  GuardVoid(__func__, [&] {
+    std::free(p);
+    return Status::Ok();
+  });
+}
 
 const char* parasync_version(void) {
-  static const std::string version = BuildVersion();
-  return version.c_str();
+  return GuardValue(__func__, "unknown", []() -> Result<const char*> {
+    static const std::string version = BuildVersion();
+    return version.c_str();
+  });
 }
 
 // ---- Options ------------------------------------------------------------------------------
 
-parasync_options_t* parasync_options_create(void) { return new (std::nothrow) parasync_options_t; }
+parasync_options_t* parasync_options_create(void) {
+  return GuardValue(__func__, static_cast<parasync_options_t*>(nullptr),
+                    []() -> Result<parasync_options_t*> { return new parasync_options_t; });
+}
 
-void parasync_options_destroy(parasync_options_t* options) { delete options; }
+void parasync_options_destroy(parasync_options_t* options) {
+  GuardVoid(__func__, [&] {
+    delete options;
+    return Status::Ok();
+  });
+}
 
 int parasync_options_set_cluster(parasync_options_t* options, const char* ps_hosts,
                                  int num_workers, int rank, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
     ClusterFlags flags;
     if (ps_hosts != nullptr) flags.ps_hosts = ps_hosts;
     if (num_workers > 0) {
@@ -257,7 +384,8 @@ int parasync_options_set_cluster(parasync_options_t* options, const char* ps_hos
 
 int parasync_options_set_mode(parasync_options_t* options, const char* mode, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
-    PARASYNC_RETURN_IF_ERROR(NeedText(mode, "mode"));
+    PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
+    PARASYNC_RETURN_IF_ERROR(Need(mode, "mode"));
     PARASYNC_ASSIGN_OR_RETURN(TrainingMode parsed, TrainingMode::Parse(mode));
     options->mode = parsed.ToString();
     return Status::Ok();
@@ -268,6 +396,7 @@ int parasync_options_set_timeouts(parasync_options_t* options, double request_se
                                   double connect_seconds, double heartbeat_seconds,
                                   char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
     for (double s : {request_seconds, connect_seconds, heartbeat_seconds}) {
       if (!std::isfinite(s) || s > 86400.0) {
         return Status::InvalidArgument("a timeout must be a finite number of seconds <= 86400");
@@ -288,6 +417,7 @@ int parasync_options_set_timeouts(parasync_options_t* options, double request_se
 int parasync_options_set_curve(parasync_options_t* options, const char* key_file,
                                const char* server_key_file, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
     if ((key_file == nullptr) != (server_key_file == nullptr)) {
       return Status::InvalidArgument("CURVE needs both this client's key file and the servers' "
                                      "public key file, or neither");
@@ -301,7 +431,8 @@ int parasync_options_set_curve(parasync_options_t* options, const char* key_file
 int parasync_options_set_wire_dtype(parasync_options_t* options, const char* dtype,
                                     char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
-    PARASYNC_RETURN_IF_ERROR(NeedText(dtype, "dtype"));
+    PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
+    PARASYNC_RETURN_IF_ERROR(Need(dtype, "dtype"));
     const std::optional<DType> parsed = ParseDType(dtype);
     if (!parsed) {
       return Status::InvalidArgument("the wire dtype must be float32, bfloat16 or float16, not '" +
@@ -315,6 +446,7 @@ int parasync_options_set_wire_dtype(parasync_options_t* options, const char* dty
 int parasync_options_set_metrics(parasync_options_t* options, const char* bind, int port,
                                  const char* log_dir, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
     if (port > 65535) return Status::InvalidArgument("metrics port " + std::to_string(port));
     if (bind != nullptr) options->metrics_bind = bind;
     options->metrics_port = port;
@@ -326,7 +458,8 @@ int parasync_options_set_metrics(parasync_options_t* options, const char* bind, 
 int parasync_options_set_log_level(parasync_options_t* options, const char* level,
                                    char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
-    PARASYNC_RETURN_IF_ERROR(NeedText(level, "log level"));
+    PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
+    PARASYNC_RETURN_IF_ERROR(Need(level, "log level"));
     const std::string text = level;
     if (text != "debug" && text != "info" && text != "warn" && text != "error") {
       return Status::InvalidArgument("log level must be debug, info, warn or error, not '" +
@@ -339,14 +472,23 @@ int parasync_options_set_log_level(parasync_options_t* options, const char* leve
 
 // ---- The model ------------------------------------------------------------------------------
 
-parasync_model_t* parasync_model_create(void) { return new (std::nothrow) parasync_model_t; }
+parasync_model_t* parasync_model_create(void) {
+  return GuardValue(__func__, static_cast<parasync_model_t*>(nullptr),
+                    []() -> Result<parasync_model_t*> { return new parasync_model_t; });
+}
 
-void parasync_model_destroy(parasync_model_t* model) { delete model; }
+void parasync_model_destroy(parasync_model_t* model) {
+  GuardVoid(__func__, [&] {
+    delete model;
+    return Status::Ok();
+  });
+}
 
 int parasync_model_add_variable(parasync_model_t* model, const char* name, const int64_t* shape,
                                 size_t ndim, int init_kind, float init_value, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
-    PARASYNC_RETURN_IF_ERROR(NeedText(name, "variable name"));
+    PARASYNC_RETURN_IF_ERROR(Need(model, "model"));
+    PARASYNC_RETURN_IF_ERROR(Need(name, "variable name"));
     if (init_kind < PARASYNC_INIT_ZEROS || init_kind > PARASYNC_INIT_PROVIDED) {
       return Status::InvalidArgument("unknown initializer " + std::to_string(init_kind));
     }
@@ -363,7 +505,8 @@ int parasync_model_add_variable(parasync_model_t* model, const char* name, const
 int parasync_model_add_table(parasync_model_t* model, const char* name, int64_t rows,
                              int64_t dim, int init_kind, float init_value, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
-    PARASYNC_RETURN_IF_ERROR(NeedText(name, "table name"));
+    PARASYNC_RETURN_IF_ERROR(Need(model, "model"));
+    PARASYNC_RETURN_IF_ERROR(Need(name, "table name"));
     if (init_kind < PARASYNC_INIT_ZEROS || init_kind > PARASYNC_INIT_PROVIDED) {
       return Status::InvalidArgument("unknown initializer " + std::to_string(init_kind));
     }
@@ -376,7 +519,8 @@ int parasync_model_add_table(parasync_model_t* model, const char* name, int64_t 
 int parasync_model_set_optimizer(parasync_model_t* model, const char* name, double lr,
                                  char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
-    PARASYNC_RETURN_IF_ERROR(NeedText(name, "optimizer"));
+    PARASYNC_RETURN_IF_ERROR(Need(model, "model"));
+    PARASYNC_RETURN_IF_ERROR(Need(name, "optimizer"));
     PARASYNC_ASSIGN_OR_RETURN(OptimizerKind kind, ParseOptimizerKind(name));
     model->reg.optimizer.kind = kind;
     model->reg.optimizer.learning_rate = static_cast<float>(lr);
@@ -386,7 +530,8 @@ int parasync_model_set_optimizer(parasync_model_t* model, const char* name, doub
 
 int parasync_model_set(parasync_model_t* model, const char* key, double value, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
-    PARASYNC_RETURN_IF_ERROR(NeedText(key, "setting"));
+    PARASYNC_RETURN_IF_ERROR(Need(model, "model"));
+    PARASYNC_RETURN_IF_ERROR(Need(key, "setting"));
     OptimizerSpec& o = model->reg.optimizer;
     const std::string k = key;
     const auto f = static_cast<float>(value);
@@ -418,22 +563,42 @@ int parasync_model_set(parasync_model_t* model, const char* key, double value, c
   });
 }
 
-void parasync_model_set_seed(parasync_model_t* model, uint64_t seed) { model->reg.seed = seed; }
+void parasync_model_set_seed(parasync_model_t* model, uint64_t seed) {
+  GuardVoid(__func__, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(model, "model"));
+    model->reg.seed = seed;
+    return Status::Ok();
+  });
+}
 
 void parasync_model_set_name(parasync_model_t* model, const char* name) {
-  model->name = name == nullptr ? "" : name;
+  GuardVoid(__func__, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(model, "model"));
+    model->name = name == nullptr ? "" : name;
+    return Status::Ok();
+  });
 }
 
 void parasync_model_set_description(parasync_model_t* model, const char* description) {
-  model->reg.model = description == nullptr ? "" : description;
+  GuardVoid(__func__, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(model, "model"));
+    model->reg.model = description == nullptr ? "" : description;
+    return Status::Ok();
+  });
 }
 
 size_t parasync_model_num_variables(const parasync_model_t* model) {
-  return model->reg.variables.size();
+  return GuardValue(__func__, size_t{0}, [&]() -> Result<size_t> {
+    PARASYNC_RETURN_IF_ERROR(Need(model, "model"));
+    return model->reg.variables.size();
+  });
 }
 
 int parasync_model_validate(const parasync_model_t* model, char** errmsg) {
-  return Guard(errmsg, [&]() -> Status { return ValidateRegistration(model->reg); });
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(model, "model"));
+    return ValidateRegistration(model->reg);
+  });
 }
 
 // ---- The client -----------------------------------------------------------------------------
@@ -441,7 +606,9 @@ int parasync_model_validate(const parasync_model_t* model, char** errmsg) {
 int parasync_client_connect(const parasync_options_t* options, parasync_client_t** client,
                             char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     *client = nullptr;
+    PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
     auto c = std::make_unique<parasync_client_t>();
     c->options = *options;
     if (!c->options.cluster) {
@@ -461,28 +628,56 @@ int parasync_client_connect(const parasync_options_t* options, parasync_client_t
   });
 }
 
-void parasync_client_destroy(parasync_client_t* client) { delete client; }
-
-int parasync_client_rank(const parasync_client_t* client) { return client->rank; }
-int parasync_client_num_workers(const parasync_client_t* client) { return client->num_workers; }
-int parasync_client_num_shards(const parasync_client_t* client) { return client->num_shards; }
-const char* parasync_client_mode(const parasync_client_t* client) {
-  return client->mode_text.c_str();
+void parasync_client_destroy(parasync_client_t* client) {
+  GuardVoid(__func__, [&] {
+    delete client;
+    return Status::Ok();
+  });
 }
+
+int parasync_client_rank(const parasync_client_t* client) {
+  return ReadClient(__func__, client, -1, [](const parasync_client_t& c) { return c.rank; });
+}
+
+int parasync_client_num_workers(const parasync_client_t* client) {
+  return ReadClient(__func__, client, -1, [](const parasync_client_t& c) { return c.num_workers; });
+}
+
+int parasync_client_num_shards(const parasync_client_t* client) {
+  return ReadClient(__func__, client, -1, [](const parasync_client_t& c) { return c.num_shards; });
+}
+
+const char* parasync_client_mode(const parasync_client_t* client) {
+  return ReadClient(__func__, client, "",
+                    [](const parasync_client_t& c) { return c.mode_text.c_str(); });
+}
+
 int parasync_client_metrics_port(const parasync_client_t* client) {
-  return client->metrics_server ? client->metrics_server->port() : 0;
+  return ReadClient(__func__, client, -1, [](const parasync_client_t& c) {
+    return c.metrics_server ? c.metrics_server->port() : 0;
+  });
 }
 
 int parasync_client_register(parasync_client_t* client, const parasync_model_t* model,
                              const float* const* initial_values, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
+    PARASYNC_RETURN_IF_ERROR(Need(model, "model"));
     std::lock_guard lock(client->mu);
     ModelRegistration reg = model->reg;
     reg.num_shards = client->num_shards;
     reg.mode = client->mode_text;
     PARASYNC_RETURN_IF_ERROR(ValidateRegistration(reg));
     std::span<const float* const> values;
-    if (initial_values != nullptr) values = {initial_values, reg.variables.size()};
+    if (initial_values != nullptr) {
+      values = {initial_values, reg.variables.size()};
+      for (size_t v = 0; v < values.size(); ++v) {
+        if (values[v] == nullptr && reg.variables[v].init.kind == InitKind::kProvided) {
+          return Status::InvalidArgument("initial_values[" + std::to_string(v) + "] is NULL, and " +
+                                         reg.variables[v].name + " is PROVIDED");
+        }
+      }
+    }
     PARASYNC_RETURN_IF_ERROR(
         Explain(client, client->client->Register(reg, Millis(client->options.connect_seconds),
                                                  values)));
@@ -499,29 +694,39 @@ int parasync_client_register(parasync_client_t* client, const parasync_model_t* 
 
 void parasync_client_recorded_progress(const parasync_client_t* client, int* epoch,
                                        int64_t* done, int64_t* of) {
-  const DataProgress& p = client->client->recorded_progress();
-  *epoch = p.epoch;
-  *done = p.done;
-  *of = p.of;
+  GuardVoid(__func__, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(epoch, "epoch"));
+    PARASYNC_RETURN_IF_ERROR(Need(done, "done"));
+    PARASYNC_RETURN_IF_ERROR(Need(of, "of"));
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
+    std::lock_guard lock(client->mu);
+    const DataProgress p = client->client->recorded_progress();
+    *epoch = p.epoch;
+    *done = p.done;
+    *of = p.of;
+    return Status::Ok();
+  });
 }
 
 void parasync_client_set_progress(parasync_client_t* client, int epoch, int64_t done,
                                   int64_t of) {
-  std::lock_guard lock(client->mu);
-  client->client->set_progress({epoch, done, of});
+  UpdateClient(__func__, client,
+               [&](parasync_client_t& c) { c.client->set_progress({epoch, done, of}); });
 }
 
 int parasync_client_pull(parasync_client_t* client, float* const* params, size_t num_params,
                          int64_t min_version, const parasync_rows_t* rows, size_t num_rows,
                          char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
     PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
     // No parameter arrays but rows: the rows alone.
     if (num_params > 0 || num_rows == 0) {
       PARASYNC_RETURN_IF_ERROR(CheckCount(num_params, client, "parameter arrays"));
     }
-    const std::vector<RowsOf> r = RowsOfC(rows, num_rows);
+    PARASYNC_RETURN_IF_ERROR(NeedArrays(params, num_params, "params"));
+    PARASYNC_ASSIGN_OR_RETURN(const std::vector<RowsOf> r, RowsOfC(rows, num_rows, "rows"));
     return Explain(client, client->client->Pull({params, num_params}, min_version, r));
   });
 }
@@ -530,10 +735,12 @@ int parasync_client_push(parasync_client_t* client, const float* const* grads, s
                          int64_t batch_examples, const parasync_rows_t* rows, size_t num_rows,
                          char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
     PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
     PARASYNC_RETURN_IF_ERROR(CheckCount(num_grads, client, "gradient arrays"));
-    const std::vector<RowsOf> r = RowsOfC(rows, num_rows);
+    PARASYNC_RETURN_IF_ERROR(NeedArrays(grads, num_grads, "grads"));
+    PARASYNC_ASSIGN_OR_RETURN(const std::vector<RowsOf> r, RowsOfC(rows, num_rows, "rows"));
     return Explain(client, client->client->Push({grads, num_grads}, batch_examples,
                                                 PsClient::kLastRead, r));
   });
@@ -541,6 +748,7 @@ int parasync_client_push(parasync_client_t* client, const float* const* grads, s
 
 int parasync_client_step_begin(parasync_client_t* client, int64_t batch_examples, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
     PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
     if (batch_examples < 0) return Status::InvalidArgument("a negative number of examples");
@@ -551,6 +759,7 @@ int parasync_client_step_begin(parasync_client_t* client, int64_t batch_examples
 int parasync_client_step_gradient(parasync_client_t* client, size_t variable, const float* grad,
                                   char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
     return client->client->GradientReady(variable, grad);
   });
@@ -561,14 +770,18 @@ int parasync_client_step_finish(parasync_client_t* client, const parasync_rows_t
                                 const parasync_rows_t* pull_rows, size_t num_pull_rows,
                                 parasync_step_times_t* times, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
-    const std::vector<RowsOf> pushed = RowsOfC(push_rows, num_push_rows);
-    const std::vector<RowsOf> pulled = RowsOfC(pull_rows, num_pull_rows);
+    Result<std::vector<RowsOf>> pushed = RowsOfC(push_rows, num_push_rows, "push_rows");
+    Result<std::vector<RowsOf>> pulled = RowsOfC(pull_rows, num_pull_rows, "pull_rows");
+    Status refused = NeedArrays(params, num_params, "params");
+    if (refused.ok()) refused = pushed.ok() ? pulled.status() : pushed.status();
+    if (!refused.ok()) return AbandonStep(client, refused);
     // Sync: the next parameters are those of the step this push completes.
     const int64_t wait = client->mode.kind == TrainingMode::Kind::kSync ? PsClient::kNextStep : 0;
     PsClient::PushPullTimes t;
     PARASYNC_RETURN_IF_ERROR(Explain(
-        client, client->client->FinishStep({params, num_params}, wait, &t, pushed, pulled)));
+        client, client->client->FinishStep({params, num_params}, wait, &t, *pushed, *pulled)));
     if (times != nullptr) {
       times->first_push_sent = MonotonicSeconds(t.first_push_sent);
       times->last_push_sent = MonotonicSeconds(t.last_push_sent);
@@ -583,15 +796,19 @@ int parasync_client_step_finish(parasync_client_t* client, const parasync_rows_t
 }
 
 int parasync_client_last_push_dropped(const parasync_client_t* client) {
-  return client->client->last_push_dropped() ? 1 : 0;
+  return ReadClient(__func__, client, -1, [](const parasync_client_t& c) {
+    return c.client->last_push_dropped() ? 1 : 0;
+  });
 }
 
 int64_t parasync_client_last_push_staleness(const parasync_client_t* client) {
-  return client->client->last_push_staleness();
+  return ReadClient(__func__, client, int64_t{-1},
+                    [](const parasync_client_t& c) { return c.client->last_push_staleness(); });
 }
 
 int64_t parasync_client_last_version(const parasync_client_t* client) {
-  return client->client->last_version();
+  return ReadClient(__func__, client, int64_t{-1},
+                    [](const parasync_client_t& c) { return c.client->last_version(); });
 }
 
 // ---- What a worker reports --------------------------------------------------------------------
@@ -599,24 +816,29 @@ int64_t parasync_client_last_version(const parasync_client_t* client) {
 void parasync_client_observe_step(parasync_client_t* client, int64_t examples, double loss,
                                   double pull_seconds, double compute_seconds,
                                   double push_seconds) {
-  std::lock_guard lock(client->mu);
-  WorkerMetrics& m = *client->metrics;
-  m.ObserveStep(examples, loss, pull_seconds, compute_seconds, push_seconds);
-  m.ObservePush(client->client->last_push_dropped(), client->client->last_push_staleness());
-  m.FollowClient(client->client->resends(), client->client->reconnects());
-  m.loop.Beat();
+  UpdateClient(__func__, client, [&](parasync_client_t& c) {
+    WorkerMetrics& m = *c.metrics;
+    m.ObserveStep(examples, loss, pull_seconds, compute_seconds, push_seconds);
+    m.ObservePush(c.client->last_push_dropped(), c.client->last_push_staleness());
+    m.FollowClient(c.client->resends(), c.client->reconnects());
+    m.loop.Beat();
+  });
 }
 
-void parasync_client_beat(parasync_client_t* client) { client->metrics->loop.Beat(); }
+void parasync_client_beat(parasync_client_t* client) {
+  UpdateClient(__func__, client, [](parasync_client_t& c) { c.metrics->loop.Beat(); });
+}
 
 void parasync_client_set_epoch(parasync_client_t* client, int epoch) {
-  client->metrics->epoch->Set(epoch);
+  UpdateClient(__func__, client, [&](parasync_client_t& c) { c.metrics->epoch->Set(epoch); });
 }
 
 int parasync_client_log_eval(parasync_client_t* client, const parasync_eval_t* eval,
                              char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
+    PARASYNC_RETURN_IF_ERROR(Need(eval, "eval"));
     PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
     EvalRecord row{.mode = client->mode_text,
                    .workers = client->num_workers,
@@ -646,11 +868,14 @@ int parasync_client_log_eval(parasync_client_t* client, const parasync_eval_t* e
 }
 
 int parasync_client_last_logged_epoch(const parasync_client_t* client) {
-  return LastLoggedEpoch(client->options.log_dir + "/eval.jsonl");
+  return ReadClient(__func__, client, -1, [](const parasync_client_t& c) {
+    return LastLoggedEpoch(c.options.log_dir + "/eval.jsonl");
+  });
 }
 
 int parasync_client_wait_for_workers(parasync_client_t* client, double seconds, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
     PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
     return Explain(client, WaitForOtherWorkers(*client->client, client->num_workers, seconds, [] {
@@ -662,7 +887,10 @@ int parasync_client_wait_for_workers(parasync_client_t* client, double seconds, 
 int parasync_client_global_progress(parasync_client_t* client, int64_t* step,
                                     int64_t* examples, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
+    PARASYNC_RETURN_IF_ERROR(Need(step, "step"));
+    PARASYNC_RETURN_IF_ERROR(Need(examples, "examples"));
     PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
     EvalRecord row;
     PARASYNC_RETURN_IF_ERROR(Explain(client, ReadGlobalProgress(*client->client, &row)));
@@ -674,6 +902,7 @@ int parasync_client_global_progress(parasync_client_t* client, int64_t* step,
 
 int parasync_client_checkpoint(parasync_client_t* client, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
     PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
     return Explain(client, client->client->Checkpoint());
@@ -682,6 +911,7 @@ int parasync_client_checkpoint(parasync_client_t* client, char** errmsg) {
 
 int parasync_client_finish(parasync_client_t* client, double seconds, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
     Status left;
     if (client->registration) left = client->client->Leave(Millis(std::max(0.0, seconds)));
@@ -696,11 +926,13 @@ int parasync_client_finish(parasync_client_t* client, double seconds, char** err
 }
 
 int64_t parasync_client_resends(const parasync_client_t* client) {
-  return client->client->resends();
+  return ReadClient(__func__, client, int64_t{-1},
+                    [](const parasync_client_t& c) { return c.client->resends(); });
 }
 
 int64_t parasync_client_reconnects(const parasync_client_t* client) {
-  return client->client->reconnects();
+  return ReadClient(__func__, client, int64_t{-1},
+                    [](const parasync_client_t& c) { return c.client->reconnects(); });
 }
 
 // ---- Process-wide -----------------------------------------------------------------------------
@@ -712,6 +944,8 @@ int parasync_shard_indices(int64_t n, int rank, int num_workers, uint64_t seed, 
     if (n < 0 || num_workers < 1 || rank < 0 || rank >= num_workers || epoch < 1) {
       return Status::InvalidArgument("shard indices need n >= 0, 0 <= rank < workers, epoch >= 1");
     }
+    PARASYNC_RETURN_IF_ERROR(Need(count, "count"));
+    if (capacity > 0) PARASYNC_RETURN_IF_ERROR(Need(out, "out"));
     std::vector<int64_t> shard = ShardIndices(n, rank, num_workers);
     *count = shard.size();
     if (capacity == 0) return Status::Ok();
@@ -727,37 +961,50 @@ int parasync_shard_indices(int64_t n, int rank, int num_workers, uint64_t seed, 
 }
 
 void parasync_install_signal_handlers(void) {
-  struct sigaction sa {};
-  sa.sa_sigaction = OnStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_SIGINFO | SA_RESTART;
-  struct sigaction previous {};
-  if (sigaction(SIGINT, &sa, &previous) == 0 && previous.sa_sigaction != OnStopSignal) {
-    g_previous_int = previous;
-  }
-  if (sigaction(SIGTERM, &sa, &previous) == 0 && previous.sa_sigaction != OnStopSignal) {
-    g_previous_term = previous;
-  }
+  GuardVoid(__func__, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    struct sigaction previous {};
+    if (sigaction(SIGINT, &sa, &previous) == 0 && previous.sa_sigaction != OnStopSignal) {
+      g_previous_int = previous;
+    }
+    if (sigaction(SIGTERM, &sa, &previous) == 0 && previous.sa_sigaction != OnStopSignal) {
+      g_previous_term = previous;
+    }
+    return Status::Ok();
+  });
 }
 
-int parasync_stop_requested(void) { return g_stop_signal.load(std::memory_order_relaxed); }
+int parasync_stop_requested(void) {
+  return GuardValue(__func__, 0, []() -> Result<int> {
+    return g_stop_signal.load(std::memory_order_relaxed);
+  });
+}
 
 void parasync_request_stop(int signal_number) {
-  g_stop_signal.store(signal_number, std::memory_order_relaxed);
+  GuardVoid(__func__, [&] {
+    g_stop_signal.store(signal_number, std::memory_order_relaxed);
+    return Status::Ok();
+  });
 }
 
 void parasync_log(const char* level, const char* message) {
-  if (message == nullptr) return;
-  const std::string l = level == nullptr ? "info" : level;
-  if (l == "debug") {
-    spdlog::debug("{}", message);
-  } else if (l == "warn") {
-    spdlog::warn("{}", message);
-  } else if (l == "error") {
-    spdlog::error("{}", message);
-  } else {
-    spdlog::info("{}", message);
-  }
+  GuardVoid(__func__, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(message, "message"));
+    const std::string l = level == nullptr ? "info" : level;
+    if (l == "debug") {
+      spdlog::debug("{}", message);
+    } else if (l == "warn") {
+      spdlog::warn("{}", message);
+    } else if (l == "error") {
+      spdlog::error("{}", message);
+    } else {
+      spdlog::info("{}", message);
+    }
+    return Status::Ok();
+  });
 }
 
 }  // extern "C"

@@ -6,11 +6,20 @@
  * once, same /metrics, /healthz and eval.jsonl.
  *
  * Conventions (after RocksDB's include/rocksdb/c.h):
- *  - Objects are opaque handles; every create has its destroy, which accepts NULL.
+ *  - Objects are opaque handles; every create has its destroy, which accepts NULL. A create
+ *    returns NULL when out of memory.
  *  - A call that can fail returns a parasync_code (PARASYNC_OK = 0) and, on failure, sets
  *    *errmsg (when errmsg is not NULL) to a malloc'ed one-line message the caller frees with
  *    parasync_free(); on success *errmsg is left as it was. No C++ exception crosses this
- *    boundary: anything unexpected becomes PARASYNC_INTERNAL with its message.
+ *    boundary: anything unexpected (out of memory included) becomes PARASYNC_INTERNAL with
+ *    its message.
+ *  - A NULL handle, or NULL where a call needs a pointer (an output, a text, an array), is
+ *    refused, never dereferenced: with PARASYNC_INVALID_ARGUMENT and a message naming it.
+ *    Where a pointer may be NULL, its call says so. A call without errmsg (returning nothing
+ *    or a value) that is refused, or meets anything unexpected, does nothing, logs one error
+ *    line naming itself and why (as parasync_log("error", ...) would) and returns its
+ *    refusal value: -1 for a number (0 for parasync_model_num_variables and
+ *    parasync_stop_requested), "" for a text, NULL for a handle.
  *  - Buffers are the caller's: the library reads gradients and writes parameters in place
  *    and keeps no pointer past the call, except where a call says so (the step calls).
  *  - Blocking calls wait on the network without holding anything of the caller's (Python's
@@ -18,8 +27,11 @@
  *    for pulls that may wait at a sync barrier or an ssp bound, by the servers' barrier
  *    timeout, by a server going silent, and by SIGINT/SIGTERM (parasync_install_signal_
  *    handlers), after which it returns PARASYNC_ABORTED within 100 ms.
- *  - A client is used by one thread at a time (calls on one client are serialized by a
- *    lock, so a call from another thread waits); distinct clients are independent.
+ *  - A client is used by one thread at a time: every call on one client, each getter
+ *    included, holds the client's lock for its whole length, so a call from another thread
+ *    waits until the one in flight returns (a pull waiting at a barrier included). Distinct
+ *    clients are independent. parasync_client_destroy takes no lock: no other call on that
+ *    client may be in flight or follow.
  */
 #ifndef PARASYNC_C_API_H_
 #define PARASYNC_C_API_H_
@@ -164,9 +176,10 @@ PARASYNC_API int parasync_model_set_optimizer(parasync_model_t* model, const cha
  * many applied examples), "final_lr_fraction", "max_slice_elements". */
 PARASYNC_API int parasync_model_set(parasync_model_t* model, const char* key, double value, char** errmsg);
 PARASYNC_API void parasync_model_set_seed(parasync_model_t* model, uint64_t seed);
-/* The model's name: the label of parasync_worker_model_parameters once registered. */
+/* The model's name: the label of parasync_worker_model_parameters once registered (NULL:
+ * none). */
 PARASYNC_API void parasync_model_set_name(parasync_model_t* model, const char* name);
-/* Kept by the servers for parasync-export; opaque to them (JSON by convention). */
+/* Kept by the servers for parasync-export; opaque to them (JSON by convention; NULL: none). */
 PARASYNC_API void parasync_model_set_description(parasync_model_t* model, const char* description);
 PARASYNC_API size_t parasync_model_num_variables(const parasync_model_t* model);
 /* Checks the whole model (names, shapes, optimizer) as a server would. */
@@ -177,7 +190,8 @@ PARASYNC_API int parasync_model_validate(const parasync_model_t* model, char** e
  * options asked for one, the metrics server; does not wait for the servers. */
 PARASYNC_API int parasync_client_connect(const parasync_options_t* options, parasync_client_t** client,
                             char** errmsg);
-/* Closes everything. Does not leave (parasync_client_finish does). */
+/* Closes everything. Does not leave (parasync_client_finish does). Takes no lock: no other
+ * call on this client may be in flight. */
 PARASYNC_API void parasync_client_destroy(parasync_client_t* client);
 PARASYNC_API int parasync_client_rank(const parasync_client_t* client);
 PARASYNC_API int parasync_client_num_workers(const parasync_client_t* client);
@@ -189,10 +203,10 @@ PARASYNC_API int parasync_client_metrics_port(const parasync_client_t* client);
 
 /* Registers `model` with every server, waiting up to the connect timeout for servers still
  * starting. `initial_values`: NULL, or one float array per variable (the variables' values,
- * read during the call) for the rank that creates the model; a registration without them
- * waits until rank 0 has created a model with PROVIDED variables. PARASYNC_FAILED_
- * PRECONDITION when the servers hold another model (the message names the first variable
- * that differs) or run another mode. */
+ * read during the call; NULL for a variable that is not PROVIDED) for the rank that creates
+ * the model; a registration without them waits until rank 0 has created a model with
+ * PROVIDED variables. PARASYNC_FAILED_PRECONDITION when the servers hold another model (the
+ * message names the first variable that differs) or run another mode. */
 PARASYNC_API int parasync_client_register(parasync_client_t* client, const parasync_model_t* model,
                              const float* const* initial_values, char** errmsg);
 /* Where the servers recorded this rank in its data (the last push's position): epoch 0 when
@@ -205,8 +219,8 @@ PARASYNC_API void parasync_client_set_progress(parasync_client_t* client, int ep
                                   int64_t of);
 
 /* Fills params[v] (one array per variable, num_params = the model's variable count) with the
- * servers' values, and `rows`; with num_params 0 and rows, only the rows. min_version: 0, a
- * version, or PARASYNC_NEXT_STEP. */
+ * servers' values, and `rows`; with num_params 0 and rows, only the rows (params may then be
+ * NULL, as rows may with num_rows 0). min_version: 0, a version, or PARASYNC_NEXT_STEP. */
 PARASYNC_API int parasync_client_pull(parasync_client_t* client, float* const* params, size_t num_params,
                          int64_t min_version, const parasync_rows_t* rows, size_t num_rows,
                          char** errmsg);
@@ -226,12 +240,15 @@ PARASYNC_API int parasync_client_push(parasync_client_t* client, const float* co
  *       waits for every reply.
  * Together: one push per shard per step, applied exactly once, as parasync-worker's step.
  * A gradient must stay valid and unchanged until step_finish returns. A step must be
- * finished before the next begins (PARASYNC_FAILED_PRECONDITION). */
+ * finished before the next begins (PARASYNC_FAILED_PRECONDITION). step_finish ends the step
+ * whatever it returns (arguments it refused included: nothing more is sent, and the pushes
+ * already out are awaited first). */
 PARASYNC_API int parasync_client_step_begin(parasync_client_t* client, int64_t batch_examples, char** errmsg);
 PARASYNC_API int parasync_client_step_gradient(parasync_client_t* client, size_t variable, const float* grad,
                                   char** errmsg);
 /* `push_rows`: the tables' gradient rows; `params`: where the next parameters go (as
- * parasync_client_pull); `pull_rows`: rows to read with them; `times` may be NULL. */
+ * parasync_client_pull); `pull_rows`: rows to read with them; `times` may be NULL, and so
+ * may an array whose count is 0. */
 PARASYNC_API int parasync_client_step_finish(parasync_client_t* client, const parasync_rows_t* push_rows,
                                 size_t num_push_rows, float* const* params, size_t num_params,
                                 const parasync_rows_t* pull_rows, size_t num_pull_rows,
@@ -279,19 +296,24 @@ PARASYNC_API int64_t parasync_client_reconnects(const parasync_client_t* client)
 /* This rank's example indices of a data set of n examples in epoch `epoch`'s order, as
  * parasync-worker walks them (i % num_workers == rank, then shuffled per seed, rank and
  * epoch unless shuffle is 0). `out` has room for `capacity`; *count gets the shard's size
- * (call with capacity 0 to learn it). */
+ * (call with capacity 0, and `out` NULL if you like, to learn it). */
 PARASYNC_API int parasync_shard_indices(int64_t n, int rank, int num_workers, uint64_t seed, int epoch,
                            int shuffle, int64_t* out, size_t capacity, size_t* count,
                            char** errmsg);
 /* Makes SIGINT and SIGTERM also set a flag that every blocked call of every client checks
- * (they return PARASYNC_ABORTED), then calls the handler that was installed before (e.g.
- * Python's). Call after the program installed its own handlers. */
+ * (they return PARASYNC_ABORTED), then do what was installed before: call its handler (e.g.
+ * Python's); take the default action, the process ending as it would have without the
+ * library (the handler restores SIG_DFL and raises the signal again); or, where the signal
+ * was ignored, nothing more. Call after the program installed its own handlers: one that
+ * wants its blocked calls to return PARASYNC_ABORTED, rather than to end, installs one
+ * first (it may do nothing). */
 PARASYNC_API void parasync_install_signal_handlers(void);
 /* Whether SIGINT or SIGTERM arrived since parasync_install_signal_handlers (or
  * parasync_request_stop was called): the signal's number, else 0. */
 PARASYNC_API int parasync_stop_requested(void);
 PARASYNC_API void parasync_request_stop(int signal_number);
-/* One log line in parasync's format at level "debug", "info", "warn" or "error". */
+/* One log line in parasync's format at level "debug", "info", "warn" or "error" (another,
+ * or NULL: "info"). */
 PARASYNC_API void parasync_log(const char* level, const char* message);
 
 #ifdef __cplusplus

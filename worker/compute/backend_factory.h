@@ -3,7 +3,7 @@
 // The CUDA backend lives in a separate module, libparasync_cuda.so, loaded with dlopen()
 // only when asked for. Two reasons: the CPU build and a CPU-only machine never need the CUDA
 // libraries, and cuBLAS's large thread-local storage is not loaded into the process before
-// the metrics server has created its threads (see shared/DEPENDENCIES.md).
+// the metrics server has created its threads (see docs/dependencies.md).
 #pragma once
 
 #include <memory>

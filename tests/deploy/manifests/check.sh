@@ -24,7 +24,7 @@
 # The Kubernetes objects' ports, annotations and Services must be outside it too, parasync
 # pods' liveness probes GET /healthz, and a PodMonitor carry a release label (validate-k8s.mjs).
 # Every file a kustomization.yaml names (resources, patches, or "x.yml beside this file" in
-# a comment) must exist. The export commands of README.md's Kubernetes and docker compose
+# a comment) must exist. The export commands of docs/deploying.md's Kubernetes and docker compose
 # sections run in a server pod's / service's environment (dry run) and must carry the export
 # key pair and the servers' public key (--curve-key, --curve-server-key).
 #   docker   COPY/ADD sources, stages, the ignore file and drift against
@@ -273,7 +273,7 @@ if command -v kubectl >/dev/null 2>&1; then
     step "parasync-entrypoint dry run of ps 1 and worker 1 as $(basename "$rendered" .yaml) starts them" \
       pod_dry_run "$rendered"
   done
-  # The export commands of README.md's Kubernetes section, as a server pod of the base runs
+  # The export commands of docs/deploying.md's Kubernetes section, as a server pod of the base runs
   # them (kubectl exec gives the command the container's environment and mounts).
   readme_k8s_export() {
     local root=$tmp/pod-export line n=0 bad=0
@@ -283,16 +283,16 @@ if command -v kubectl >/dev/null 2>&1; then
     while IFS= read -r line; do
       read -r -a words <<<"${line#* -- }"
       n=$((n + 1))
-      export_dry_run "README.md: kubectl exec" "$tmp/pod-export.env" "$root" "${words[@]}" || bad=1
-    done < <(joined_lines "$src_dir/README.md" |
+      export_dry_run "docs/deploying.md: kubectl exec" "$tmp/pod-export.env" "$root" "${words[@]}" || bad=1
+    done < <(joined_lines "$src_dir/docs/deploying.md" |
       grep -E '^kubectl .*exec .*parasync-ps-[0-9]+ -- .*export')
     if ((n == 0)); then
-      echo "  FAIL README.md has no 'kubectl ... exec parasync-ps-<i> -- ... export' command"
+      echo "  FAIL docs/deploying.md has no 'kubectl ... exec parasync-ps-<i> -- ... export' command"
       return 1
     fi
     return "$bad"
   }
-  step "README.md's Kubernetes export command carries the CURVE keys (dry run in a server pod)" \
+  step "docs/deploying.md's Kubernetes export command carries the CURVE keys (dry run in a server pod)" \
     readme_k8s_export
 else
   step "parasync-entrypoint dry run of ps 1 and worker 1 as deploy/k8s/base starts them" \
@@ -343,12 +343,12 @@ compose_dry_run() {
 }
 step "keys service twice, then parasync-entrypoint dry run of every server and worker service" \
   compose_dry_run
-# The export commands of README.md's and deploy/docker/README.md's compose sections, in the
+# The export commands of docs/deploying.md's and deploy/docker/README.md's compose sections, in the
 # environment of the service they exec into, with the keys the keys service made above.
 readme_compose_export() {
   local file line service n=0 bad=0
   local -a words
-  for file in "$src_dir/README.md" "$docker_dir/README.md"; do
+  for file in "$src_dir/docs/deploying.md" "$docker_dir/README.md"; do
     while IFS= read -r line; do
       line=${line#*docker compose exec }
       service=${line%% *}
@@ -363,10 +363,10 @@ readme_compose_export() {
         "$tmp/compose" "${words[@]}" || bad=1
     done < <(joined_lines "$file" | grep -oE "docker compose exec [A-Za-z0-9_-]+ [^\`]*export[^\`]*")
   done
-  ((n > 0)) || { echo "  FAIL no 'docker compose exec SERVICE ... export' command in the READMEs"; return 1; }
+  ((n > 0)) || { echo "  FAIL no 'docker compose exec SERVICE ... export' command in docs/deploying.md or deploy/docker/README.md"; return 1; }
   return "$bad"
 }
-step "the READMEs' docker compose export commands carry the CURVE keys (dry run in the service)" \
+step "the docs' docker compose export commands carry the CURVE keys (dry run in the service)" \
   readme_compose_export
 if command -v promtool >/dev/null 2>&1; then
   # compose.yaml mounts the project's prometheus.yml and alert rules unchanged, and its

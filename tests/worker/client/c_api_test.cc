@@ -2,19 +2,28 @@
 // exception; buffers the caller's; against real servers over ZeroMQ on loopback.
 #include "worker/client/c_api.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
+#include "tests/support/in_child.h"
 #include "tests/support/in_process_server.h"
 #include "tests/support/temp_dir.h"
 #include "worker/data/dataset.h"
@@ -22,6 +31,7 @@
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 // The message of a failed call, freed; "" for none.
 std::string Take(char*& err) {
@@ -220,6 +230,360 @@ TEST(CApiShardTest, ShardIndicesAreTheWorkersOrder) {
   EXPECT_EQ(parasync_shard_indices(103, 4, 4, 42, 1, 1, nullptr, 0, &count, &err),
             PARASYNC_INVALID_ARGUMENT);
   EXPECT_THAT(Take(err), HasSubstr("rank"));
+}
+
+// ---- NULL: refused, never dereferenced ------------------------------------------------------
+
+// What `calls` wrote on stdout and stderr: the library logs on either (spdlog's default
+// logger before a client set up parasync's).
+std::string Logged(const std::function<void()>& calls) {
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  calls();
+  std::string out = ::testing::internal::GetCapturedStdout();
+  return out + ::testing::internal::GetCapturedStderr();
+}
+
+TEST(CApiNullTest, CodedCallsRefuseANullHandleNamingIt) {
+  char* err = nullptr;
+  const auto refused = [&](int code, const std::string& what) {
+    EXPECT_EQ(code, PARASYNC_INVALID_ARGUMENT) << what;
+    EXPECT_THAT(Take(err), HasSubstr(what + " is NULL"));
+  };
+  refused(parasync_options_set_cluster(nullptr, "127.0.0.1:9", 1, 0, &err), "options");
+  refused(parasync_options_set_mode(nullptr, "async", &err), "options");
+  refused(parasync_options_set_timeouts(nullptr, 1, 1, 0.1, &err), "options");
+  refused(parasync_options_set_curve(nullptr, nullptr, nullptr, &err), "options");
+  refused(parasync_options_set_wire_dtype(nullptr, "float32", &err), "options");
+  refused(parasync_options_set_metrics(nullptr, nullptr, -1, nullptr, &err), "options");
+  refused(parasync_options_set_log_level(nullptr, "info", &err), "options");
+  const int64_t shape[] = {2};
+  refused(parasync_model_add_variable(nullptr, "w", shape, 1, PARASYNC_INIT_ZEROS, 0, &err),
+          "model");
+  refused(parasync_model_add_table(nullptr, "t", 0, 2, PARASYNC_INIT_ZEROS, 0, &err), "model");
+  refused(parasync_model_set_optimizer(nullptr, "sgd", 0.1, &err), "model");
+  refused(parasync_model_set(nullptr, "momentum", 0.9, &err), "model");
+  refused(parasync_model_validate(nullptr, &err), "model");
+  Handles h;
+  ASSERT_EQ(parasync_options_set_cluster(h.options, "127.0.0.1:9", 1, 0, &err), PARASYNC_OK);
+  refused(parasync_client_connect(nullptr, &h.client, &err), "options");
+  EXPECT_EQ(h.client, nullptr);
+  refused(parasync_client_connect(h.options, nullptr, &err), "client");
+  refused(parasync_client_register(nullptr, h.model, nullptr, &err), "client");
+  std::vector<float> values(2);
+  float* params[] = {values.data()};
+  const float* grads[] = {values.data()};
+  refused(parasync_client_pull(nullptr, params, 1, 0, nullptr, 0, &err), "client");
+  refused(parasync_client_push(nullptr, grads, 1, 1, nullptr, 0, &err), "client");
+  refused(parasync_client_step_begin(nullptr, 1, &err), "client");
+  refused(parasync_client_step_gradient(nullptr, 0, values.data(), &err), "client");
+  refused(parasync_client_step_finish(nullptr, nullptr, 0, params, 1, nullptr, 0, nullptr, &err),
+          "client");
+  const parasync_eval_t eval{};
+  refused(parasync_client_log_eval(nullptr, &eval, &err), "client");
+  refused(parasync_client_wait_for_workers(nullptr, 1, &err), "client");
+  int64_t step = 0, examples = 0;
+  refused(parasync_client_global_progress(nullptr, &step, &examples, &err), "client");
+  refused(parasync_client_checkpoint(nullptr, &err), "client");
+  refused(parasync_client_finish(nullptr, 1, &err), "client");
+  size_t count = 0;
+  int64_t out[4];
+  refused(parasync_shard_indices(8, 0, 2, 1, 1, 1, out, 4, nullptr, &err), "count");
+  refused(parasync_shard_indices(8, 0, 2, 1, 1, 1, nullptr, 4, &count, &err), "out");
+  // NULL where the call says it may be: learning the shard's size.
+  EXPECT_EQ(parasync_shard_indices(8, 0, 2, 1, 1, 1, nullptr, 0, &count, &err), PARASYNC_OK);
+  EXPECT_EQ(count, 4u);
+}
+
+TEST(CApiNullTest, CallsWithoutErrmsgRefuseANullHandleLoggingWhy) {
+  struct Answers {
+    size_t num_variables;
+    int rank, num_workers, num_shards, metrics_port, dropped, logged_epoch;
+    std::string mode;
+    int64_t staleness, version, resends, reconnects;
+  } got{};
+  int epoch = 7;
+  int64_t done = 7, of = 7;
+  const std::string logged = Logged([&] {
+    parasync_model_set_seed(nullptr, 1);
+    parasync_model_set_name(nullptr, "m");
+    parasync_model_set_description(nullptr, "{}");
+    got.num_variables = parasync_model_num_variables(nullptr);
+    got.rank = parasync_client_rank(nullptr);
+    got.num_workers = parasync_client_num_workers(nullptr);
+    got.num_shards = parasync_client_num_shards(nullptr);
+    got.mode = parasync_client_mode(nullptr);
+    got.metrics_port = parasync_client_metrics_port(nullptr);
+    parasync_client_recorded_progress(nullptr, &epoch, &done, &of);
+    parasync_client_set_progress(nullptr, 1, 2, 3);
+    got.dropped = parasync_client_last_push_dropped(nullptr);
+    got.staleness = parasync_client_last_push_staleness(nullptr);
+    got.version = parasync_client_last_version(nullptr);
+    parasync_client_observe_step(nullptr, 1, 0.5, 0, 0, 0);
+    parasync_client_beat(nullptr);
+    parasync_client_set_epoch(nullptr, 1);
+    got.logged_epoch = parasync_client_last_logged_epoch(nullptr);
+    got.resends = parasync_client_resends(nullptr);
+    got.reconnects = parasync_client_reconnects(nullptr);
+    parasync_log("info", nullptr);
+  });
+  EXPECT_EQ(got.num_variables, 0u);
+  EXPECT_EQ(got.rank, -1);
+  EXPECT_EQ(got.num_workers, -1);
+  EXPECT_EQ(got.num_shards, -1);
+  EXPECT_EQ(got.mode, "");
+  EXPECT_EQ(got.metrics_port, -1);
+  EXPECT_EQ(got.dropped, -1);
+  EXPECT_EQ(got.staleness, -1);
+  EXPECT_EQ(got.version, -1);
+  EXPECT_EQ(got.logged_epoch, -1);
+  EXPECT_EQ(got.resends, -1);
+  EXPECT_EQ(got.reconnects, -1);
+  EXPECT_EQ(epoch, 7);
+  EXPECT_EQ(done, 7);
+  EXPECT_EQ(of, 7);
+  for (const char* call :
+       {"parasync_model_set_seed", "parasync_model_set_name", "parasync_model_set_description",
+        "parasync_model_num_variables"}) {
+    EXPECT_THAT(logged, HasSubstr(std::string(call) + ": model is NULL"));
+  }
+  for (const char* call :
+       {"parasync_client_rank", "parasync_client_num_workers", "parasync_client_num_shards",
+        "parasync_client_mode", "parasync_client_metrics_port",
+        "parasync_client_recorded_progress", "parasync_client_set_progress",
+        "parasync_client_last_push_dropped", "parasync_client_last_push_staleness",
+        "parasync_client_last_version", "parasync_client_observe_step", "parasync_client_beat",
+        "parasync_client_set_epoch", "parasync_client_last_logged_epoch",
+        "parasync_client_resends", "parasync_client_reconnects"}) {
+    EXPECT_THAT(logged, HasSubstr(std::string(call) + ": client is NULL"));
+  }
+  EXPECT_THAT(logged, HasSubstr("parasync_log: message is NULL"));
+}
+
+TEST_F(CApiTest, NullArraysAndOutputsAreRefusedAndAStepStillEnds) {
+  char* err = nullptr;
+  EXPECT_EQ(parasync_client_register(h_.client, nullptr, nullptr, &err), PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("model is NULL"));
+  const float* no_kernel[] = {nullptr, nullptr};  // the kernel is PROVIDED
+  EXPECT_EQ(parasync_client_register(h_.client, h_.model, no_kernel, &err),
+            PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("initial_values[0] is NULL"));
+  const float* initial[] = {kernel_.data(), nullptr};
+  ASSERT_EQ(parasync_client_register(h_.client, h_.model, initial, &err), PARASYNC_OK) << Take(err);
+
+  float* no_bias[] = {kernel_.data(), nullptr};
+  EXPECT_EQ(parasync_client_pull(h_.client, nullptr, 2, 0, nullptr, 0, &err),
+            PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("params is NULL"));
+  EXPECT_EQ(parasync_client_pull(h_.client, no_bias, 2, 0, nullptr, 0, &err),
+            PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("params[1] is NULL"));
+  EXPECT_EQ(parasync_client_pull(h_.client, nullptr, 0, 0, nullptr, 1, &err),
+            PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("rows is NULL"));
+  std::vector<float> row_values(6);
+  const parasync_rows_t no_ids = {0, nullptr, 2, row_values.data()};
+  EXPECT_EQ(parasync_client_pull(h_.client, nullptr, 0, 0, &no_ids, 1, &err),
+            PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("rows[0]: ids or values is NULL"));
+  EXPECT_EQ(parasync_client_push(h_.client, nullptr, 2, 8, nullptr, 0, &err),
+            PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("grads is NULL"));
+
+  // A step whose finish is refused still ends (its early pushes settled): the next begins.
+  std::vector<float> gk(24, 0.25f), gb(4, 1.0f);
+  ASSERT_EQ(parasync_client_step_begin(h_.client, 8, &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_client_step_gradient(h_.client, 0, gk.data(), &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_client_step_gradient(h_.client, 1, gb.data(), &err), PARASYNC_OK);
+  EXPECT_EQ(parasync_client_step_finish(h_.client, nullptr, 0, no_bias, 2, nullptr, 0, nullptr,
+                                        &err),
+            PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("params[1] is NULL"));
+  ASSERT_EQ(parasync_client_step_begin(h_.client, 8, &err), PARASYNC_OK) << Take(err);
+  ASSERT_EQ(parasync_client_step_gradient(h_.client, 0, gk.data(), &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_client_step_gradient(h_.client, 1, gb.data(), &err), PARASYNC_OK);
+  EXPECT_EQ(parasync_client_step_finish(h_.client, nullptr, 1, nullptr, 0, nullptr, 0, nullptr,
+                                        &err),
+            PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("push_rows is NULL"));
+  ASSERT_EQ(parasync_client_step_begin(h_.client, 8, &err), PARASYNC_OK) << Take(err);
+  ASSERT_EQ(parasync_client_step_gradient(h_.client, 0, gk.data(), &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_client_step_gradient(h_.client, 1, gb.data(), &err), PARASYNC_OK);
+  float* params[] = {kernel_.data(), bias_.data()};
+  ASSERT_EQ(parasync_client_step_finish(h_.client, nullptr, 0, params, 2, nullptr, 0, nullptr,
+                                        &err),
+            PARASYNC_OK)
+      << Take(err);
+
+  const parasync_eval_t* no_eval = nullptr;
+  EXPECT_EQ(parasync_client_log_eval(h_.client, no_eval, &err), PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("eval is NULL"));
+  int64_t examples = 0;
+  EXPECT_EQ(parasync_client_global_progress(h_.client, nullptr, &examples, &err),
+            PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("step is NULL"));
+  int64_t done = 7, of = 7;
+  const std::string logged =
+      Logged([&] { parasync_client_recorded_progress(h_.client, nullptr, &done, &of); });
+  EXPECT_THAT(logged, HasSubstr("parasync_client_recorded_progress: epoch is NULL"));
+  EXPECT_EQ(done, 7);
+}
+
+// ---- Signals: what was installed before still happens ---------------------------------------
+
+// The wait status `status` in words: "killed by SIGTERM", "exited with 0".
+std::string Described(int status) {
+  if (status == -1) return "no child";
+  if (WIFSIGNALED(status)) return std::string("killed by ") + sigabbrev_np(WTERMSIG(status));
+  if (WIFEXITED(status)) return "exited with " + std::to_string(WEXITSTATUS(status));
+  return "status " + std::to_string(status);
+}
+
+// In a child: `before` installed for `number`, then the library's handlers over it, then
+// `number` raised; the child exits with what `after` returns (0: as expected) if it lives.
+int RaiseOver(int number, const struct sigaction& before, const std::function<int()>& after) {
+  return parasync::testing::RunInChild([&] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, number);
+    if (sigprocmask(SIG_UNBLOCK, &set, nullptr) != 0) return 10;
+    if (sigaction(number, &before, nullptr) != 0) return 11;
+    parasync_install_signal_handlers();
+    raise(number);
+    return after();
+  });
+}
+
+struct sigaction Disposition(void (*handler)(int)) {
+  struct sigaction sa {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  return sa;
+}
+
+volatile sig_atomic_t g_handled = 0;
+void Handle(int number) { g_handled = number; }
+void HandleWithInfo(int number, siginfo_t* info, void*) {
+  g_handled = info != nullptr && info->si_signo == number ? number : -1;
+}
+
+TEST(CApiSignalTest, WhereTheDefaultActionWasTheSignalStillEndsTheProcess) {
+  for (int number : {SIGTERM, SIGINT}) {
+    const int status = RaiseOver(number, Disposition(SIG_DFL), [] { return 0; });
+    EXPECT_EQ(Described(status), std::string("killed by ") + sigabbrev_np(number));
+  }
+}
+
+TEST(CApiSignalTest, AHandlerInstalledBeforeIsStillCalled) {
+  struct sigaction with_info {};
+  with_info.sa_sigaction = HandleWithInfo;
+  with_info.sa_flags = SA_SIGINFO;
+  sigemptyset(&with_info.sa_mask);
+  for (int number : {SIGTERM, SIGINT}) {
+    for (const struct sigaction& before : {Disposition(Handle), with_info}) {
+      const int status = RaiseOver(number, before, [number] {
+        if (g_handled != number) return 1;
+        return parasync_stop_requested() == number ? 0 : 2;
+      });
+      EXPECT_EQ(Described(status), "exited with 0") << sigabbrev_np(number);
+    }
+  }
+}
+
+TEST(CApiSignalTest, WhereTheSignalWasIgnoredOnlyTheFlagIsSet) {
+  for (int number : {SIGTERM, SIGINT}) {
+    const int status = RaiseOver(number, Disposition(SIG_IGN), [number] {
+      return parasync_stop_requested() == number ? 0 : 1;
+    });
+    EXPECT_EQ(Described(status), "exited with 0") << sigabbrev_np(number);
+  }
+}
+
+// ---- The lock: every getter waits for the call in flight ------------------------------------
+
+// Register waits 4 s for a server that never answers, resending after 1 s and 3 s. A getter
+// called meanwhile waits for it, so it reads the count before (0) or after (2), never the 1
+// between.
+TEST(CApiLockTest, AGetterWaitsForTheCallInFlight) {
+  Handles h;
+  char* err = nullptr;
+  ASSERT_EQ(parasync_options_set_cluster(h.options, "127.0.0.1:9", 1, 0, &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_options_set_timeouts(h.options, 1, 4, 0.2, &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_client_connect(h.options, &h.client, &err), PARASYNC_OK) << Take(err);
+  DescribeModel(h.model);
+  std::atomic<bool> returned{false};
+  int code = -1;
+  std::thread registering([&] {
+    std::vector<float> kernel(24);
+    const float* initial[] = {kernel.data(), nullptr};
+    char* message = nullptr;
+    code = parasync_client_register(h.client, h.model, initial, &message);
+    parasync_free(message);
+    returned = true;
+  });
+  std::set<int64_t> seen;
+  while (!returned) {
+    seen.insert(parasync_client_resends(h.client));
+    // The other getters of state a call changes, for ThreadSanitizer.
+    int epoch = 0;
+    int64_t done = 0, of = 0;
+    parasync_client_recorded_progress(h.client, &epoch, &done, &of);
+    (void)parasync_client_reconnects(h.client);
+    (void)parasync_client_last_version(h.client);
+    (void)parasync_client_last_push_dropped(h.client);
+    (void)parasync_client_last_push_staleness(h.client);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  registering.join();
+  EXPECT_EQ(code, PARASYNC_TIMED_OUT);
+  const int64_t resends = parasync_client_resends(h.client);
+  ASSERT_GE(resends, 2) << "no count between the first and the last to see";
+  seen.erase(0);
+  seen.erase(resends);
+  EXPECT_THAT(seen, IsEmpty()) << "counts read while register was in flight (of " << resends
+                               << ")";
+}
+
+// Steps on one thread, the getters on another: meaningful under ThreadSanitizer
+// (tools/run-sanitizers.sh tsan), which reports a getter that reads without the lock.
+TEST_F(CApiTest, GettersReadUnderTheLockWhileAnotherThreadSteps) {
+  char* err = nullptr;
+  const float* initial[] = {kernel_.data(), nullptr};
+  ASSERT_EQ(parasync_client_register(h_.client, h_.model, initial, &err), PARASYNC_OK) << Take(err);
+  constexpr int kSteps = 20;
+  std::atomic<bool> finished{false};
+  int failed_at = -1;
+  std::thread training([&] {
+    std::vector<float> gk(24, 0.0f), gb(4, 0.0f);
+    const float* grads[] = {gk.data(), gb.data()};
+    float* params[] = {kernel_.data(), bias_.data()};
+    char* message = nullptr;
+    for (int i = 0; i < kSteps && failed_at < 0; ++i) {
+      if (parasync_client_push(h_.client, grads, 2, 1, nullptr, 0, &message) != PARASYNC_OK ||
+          parasync_client_pull(h_.client, params, 2, 0, nullptr, 0, &message) != PARASYNC_OK) {
+        failed_at = i;
+      }
+      parasync_client_observe_step(h_.client, 1, 0.5, 0, 0, 0);
+    }
+    parasync_free(message);
+    finished = true;
+  });
+  int64_t last = 0;
+  bool ordered = true;
+  while (!finished) {
+    const int64_t version = parasync_client_last_version(h_.client);
+    ordered = ordered && version >= last;
+    last = version;
+    (void)parasync_client_last_push_dropped(h_.client);
+    (void)parasync_client_last_push_staleness(h_.client);
+    (void)parasync_client_resends(h_.client);
+    std::this_thread::yield();
+  }
+  training.join();
+  EXPECT_EQ(failed_at, -1);
+  EXPECT_TRUE(ordered) << "the version went back";
+  EXPECT_EQ(parasync_client_last_version(h_.client), kSteps);
+  EXPECT_EQ(parasync_client_last_push_dropped(h_.client), 0);
 }
 
 }  // namespace

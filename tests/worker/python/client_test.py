@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """The Python client's edges against real parasync-ps processes: bad input gets one clear
 exception (never a hang or a crash), calls waiting on the network let other Python threads
-run, and SIGTERM stops a waiting worker as it stops parasync-worker (exit 0, metrics written).
+run, SIGTERM stops a waiting worker as it stops parasync-worker (exit 0, metrics written),
+the client tells its metrics port in PARASYNC_READY_FILE, and a Python worker started by
+parasync-launch --lr-schedule cosine trains at the rate the schedule gives each step
+(measured from the servers' SGD updates), or refuses the schedule in one line where it
+cannot know the decay's length.
 
 Usage: client_test.py BIN_DIR PYTHON_DIR SOURCE_DIR
 """
 
+import json
+import math
 import os
 import re
 import signal
@@ -25,7 +31,7 @@ torch = require_torch()
 import parasync  # noqa: E402
 import parasync.torch as pst  # noqa: E402
 from torch import nn  # noqa: E402
-from ps_servers import Servers, free_ports  # noqa: E402
+from ps_servers import NO_SERVER, Servers  # noqa: E402
 
 
 def raises(exception, fn, *args, **kwargs):
@@ -42,8 +48,7 @@ def raises(exception, fn, *args, **kwargs):
 
 
 def unreachable_server_times_out_naming_it() -> None:
-    port = free_ports(1)[0]
-    client = parasync.Client([f"127.0.0.1:{port}"], workers=1, rank=0, connect_timeout=1.5,
+    client = parasync.Client([NO_SERVER], workers=1, rank=0, connect_timeout=1.5,
                              request_timeout=1.5)
     # Meanwhile another Python thread runs: the call does not hold the GIL.
     ticks = [0]
@@ -62,7 +67,7 @@ def unreachable_server_times_out_naming_it() -> None:
     took = time.monotonic() - start
     stop.set()
     ticker.join()
-    check(e is not None and f"127.0.0.1:{port}" in str(e),
+    check(e is not None and NO_SERVER in str(e),
           f"the timeout names the address: {e}")
     check(took < 10, f"gave up after {took:.1f} s, the connect timeout is 1.5 s")
     check(ticks[0] > 100, f"another thread ran only {ticks[0]} times in {took:.1f} s of waiting")
@@ -173,6 +178,29 @@ def a_python_worker_serves_the_worker_metrics(servers: Servers, log_dir: str) ->
     client.close()
 
 
+def a_python_worker_tells_its_metrics_port_in_its_ready_file(servers: Servers,
+                                                            log_dir: str) -> None:
+    """PARASYNC_READY_FILE (parasync-launch sets it with PARASYNC_METRICS_PORT=0): the client
+    writes there what parasync-worker --ready-file writes, once its /metrics is up."""
+    path = os.path.join(log_dir, "worker1.ready")
+    os.environ["PARASYNC_READY_FILE"] = path
+    try:
+        client = parasync.Client(servers.addresses, workers=2, rank=1, log_dir=log_dir,
+                                 metrics_port=0, request_timeout=10, connect_timeout=10)
+        with open(path) as f:
+            ready = json.load(f)
+        check(ready == {"role": "worker", "task_index": 1, "pid": os.getpid(), "address": "",
+                        "metrics_port": client.metrics_port} and client.metrics_port > 0,
+              f"the ready file says {ready}, the client's metrics port is {client.metrics_port}")
+        client.close()
+        os.environ["PARASYNC_READY_FILE"] = os.path.join(log_dir, "missing", "worker1.ready")
+        e = raises(parasync.Unavailable, parasync.Client, servers.addresses, workers=2, rank=1,
+                   log_dir=log_dir, metrics_port=0, connect_timeout=10)
+        check(e is not None and "PARASYNC_READY_FILE" in str(e), f"an unwritable file: {e}")
+    finally:
+        del os.environ["PARASYNC_READY_FILE"]
+
+
 def sigterm_stops_a_waiting_worker(log_dir: str) -> None:
     """A sync worker waits at the barrier for rank 1, who never comes; SIGTERM ends it with
     status 0 and its metrics snapshot, as parasync-worker."""
@@ -217,12 +245,124 @@ print("not reached", flush=True)
               "no metrics snapshot after SIGTERM")
 
 
+COSINE_WORKER = """
+import json, os, sys
+import torch
+import parasync.torch as pst
+N, BATCH = int(sys.argv[1]), int(sys.argv[2])
+torch.manual_seed(1)
+x, y = torch.randn(N, 4), torch.randn(N, 1)
+client = pst.connect()
+s = client.settings
+model = torch.nn.Linear(4, 1)
+opt = pst.Optimizer(client, model, optimizer=s.optimizer, lr=s.lr, train_size=N)
+run = pst.Run(client, N, batch_size=BATCH)
+with open(os.path.join(s.log_dir, "steps.jsonl"), "w") as out:
+    for epoch in run.epochs():
+        for idx in run.batches():
+            before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+            loss = ((model(x[idx]) - y[idx]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            g = torch.cat([p.grad.flatten().clone() for p in model.parameters()])
+            opt.step(examples=len(idx), loss=loss.item())
+            after = torch.cat([p.detach().flatten() for p in model.parameters()])
+            # SGD on the servers: after = before - rate * g.
+            rate = float((before - after) @ g / (g @ g))
+            out.write(json.dumps({"examples": len(idx), "rate": rate}) + "\\n")
+run.finish()
+"""
+
+
+def cosine_rate(lr, applied, horizon):
+    """Keras's CosineDecay to 0: the rate after `applied` examples of a `horizon`."""
+    return lr * 0.5 * (1 + math.cos(math.pi * min(applied, horizon) / horizon))
+
+
+def launched_worker_follows_the_cosine_schedule(log_dir: str) -> None:
+    """parasync-launch --lr-schedule cosine with a Python worker (PARASYNC_LR_SCHEDULE): each
+    step's rate, measured from what the servers' SGD did to the parameters, is the cosine's at
+    the examples applied before it, over --epochs of the training set, as for
+    parasync-worker."""
+    n, batch, epochs, lr = 64, 8, 2, 0.1
+    script = os.path.join(log_dir, "cosine_worker.py")
+    with open(script, "w") as f:
+        f.write(COSINE_WORKER)
+    run_dir = os.path.join(log_dir, "cosine")
+    launch = subprocess.run(
+        [os.path.join(BIN_DIR, "parasync-launch"), "--ps", "1", "--workers", "1", "--epochs",
+         str(epochs), "--optimizer", "sgd", "--lr", str(lr), "--lr-schedule", "cosine",
+         "--log-dir", run_dir, "--worker-command",
+         f"/usr/bin/python3 {script} {n} {batch}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(launch.returncode == 0, f"the cosine run exited {launch.returncode}: "
+                                  f"{launch.stdout[-3000:]}")
+    steps_file = os.path.join(run_dir, "steps.jsonl")
+    steps = []
+    if os.path.exists(steps_file):
+        with open(steps_file) as f:
+            steps = [json.loads(line) for line in f]
+    check(len(steps) == epochs * n // batch,
+          f"the cosine run made {len(steps)} steps, not {epochs * n // batch}")
+    horizon, applied, wrong = epochs * n, 0, []
+    for k, step in enumerate(steps):
+        expected = cosine_rate(lr, applied, horizon)
+        if abs(step["rate"] - expected) > 1e-5:
+            wrong.append(f"step {k} after {applied} examples: {step['rate']:.6f}, "
+                         f"the schedule's {expected:.6f}")
+        applied += step["examples"]
+    check(not wrong, f"{len(wrong)} of {len(steps)} steps off the cosine schedule: "
+                     f"{'; '.join(wrong[:4])}")
+    if steps:
+        print(f"cosine schedule: rates {steps[0]['rate']:.5f} .. {steps[-1]['rate']:.5f} over "
+              f"{len(steps)} steps, {len(wrong)} off the schedule", flush=True)
+
+
+def with_environment(name: str, value: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs) with os.environ[name] = value, as the launcher would set it."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved
+
+
+def a_schedule_that_cannot_be_honoured_is_refused(servers: Servers, log_dir: str) -> None:
+    """An unknown PARASYNC_LR_SCHEDULE, and cosine with no training-set size to measure its
+    length by: one clear InvalidArgument before anything is registered, not a constant rate."""
+    e = with_environment("PARASYNC_LR_SCHEDULE", "step", raises, parasync.InvalidArgument,
+                         parasync.Settings.from_environment)
+    check(e is not None and "PARASYNC_LR_SCHEDULE='step'" in str(e) and "cosine" in str(e),
+          f"PARASYNC_LR_SCHEDULE=step: {e}")
+    client = with_environment("PARASYNC_LR_SCHEDULE", "cosine", parasync.Client,
+                              servers.addresses, workers=1, rank=0, log_dir=log_dir,
+                              request_timeout=10, connect_timeout=10)
+    e = raises(parasync.InvalidArgument, pst.Optimizer, client, Small(), optimizer="sgd",
+               lr=0.1)
+    check(e is not None and "PARASYNC_LR_SCHEDULE=cosine" in str(e) and "train_size" in str(e)
+          and "\n" not in str(e), f"cosine without train_size: {e}")
+    e = raises(parasync.InvalidArgument, client.register, [parasync.Variable("w", (3,))],
+               initial_values=[np.zeros(3, np.float32)])
+    check(e is not None and "train_size" in str(e), f"register, cosine without train_size: {e}")
+    client.close()
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         unreachable_server_times_out_naming_it()
         with Servers(BIN_DIR, shards=2, workers=2, log_dir=d) as servers:
             bad_input_is_one_clear_exception(servers, d)
             a_python_worker_serves_the_worker_metrics(servers, d)
+            a_python_worker_tells_its_metrics_port_in_its_ready_file(servers, d)
+        refusal_dir = os.path.join(d, "refusal")
+        os.makedirs(refusal_dir)
+        with Servers(BIN_DIR, shards=1, workers=1, log_dir=refusal_dir) as servers:
+            a_schedule_that_cannot_be_honoured_is_refused(servers, refusal_dir)
+        launched_worker_follows_the_cosine_schedule(d)
         term_dir = os.path.join(d, "term")
         os.makedirs(term_dir)
         sigterm_stops_a_waiting_worker(term_dir)

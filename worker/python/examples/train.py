@@ -15,8 +15,10 @@ The loop is parasync.training.Run's: this rank's shard in parasync-worker's orde
 where the servers recorded this rank, parasync-worker's epoch lines, and on the chief an
 evaluation before training and after every epoch into <log-dir>/eval.jsonl. Epochs, batch
 size, learning rate, optimizer and seed come from the launcher (--epochs, --batch-size, ...)
-unless given here. The chief's last line is one JSON object with the final metric and, with
---timeline, the step split (forward, backward, when the pushes went out, the waits).
+unless given here; the launcher's --lr-schedule cosine decays over the epochs of the
+training set used, as for parasync-worker. The chief's last line is one JSON object with the
+final metric and, with --timeline, the step split (forward, backward, when the pushes went
+out, the waits).
 
 Run with /usr/bin/python3 (Debian's PyTorch on OpenBLAS). Exit status 2 with one line on
 stderr for bad flags, missing data or PyTorch on the reference BLAS.
@@ -210,8 +212,10 @@ def main() -> int:
     lr = args.lr or s.lr or lr
     task = Task(torch, pst, args, s)
     try:
+        # The training set and epochs: the length of a cosine schedule (--lr-schedule).
         opt = pst.Optimizer(client, task.model, optimizer=optimizer, lr=lr,
-                            overlap=not args.no_overlap)
+                            overlap=not args.no_overlap, train_size=task.size,
+                            epochs=args.epochs)
     except parasync.ParasyncError as e:
         harness.fail(PROGRAM, str(e))
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import json
 import math
+import os
 import signal
 import threading
 from ctypes import POINTER, byref, c_float, c_int, c_int64, c_size_t, c_uint64
@@ -32,6 +34,24 @@ NEXT_STEP = _capi.NEXT_STEP
 
 _INIT_KINDS = {"zeros": _capi.INIT_ZEROS, "constant": _capi.INIT_CONSTANT,
                "uniform": _capi.INIT_UNIFORM, "provided": _capi.INIT_PROVIDED}
+
+
+def _write_ready_file(rank: int, metrics_port: int) -> None:
+    """With PARASYNC_READY_FILE set (parasync-launch sets it, beside PARASYNC_METRICS_PORT=0):
+    writes there what parasync-worker --ready-file writes (common/ready_file.h), whole through
+    a rename, so the launcher learns the metrics port this worker bound. Unavailable naming
+    the file when it cannot be written."""
+    path = os.environ.get("PARASYNC_READY_FILE")
+    if not path:
+        return
+    ready = {"role": "worker", "task_index": rank, "pid": os.getpid(), "address": "",
+             "metrics_port": metrics_port}
+    try:
+        with open(path + ".tmp", "w") as f:
+            f.write(json.dumps(ready) + "\n")
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        raise errors.Unavailable(f"PARASYNC_READY_FILE {path}: {e.strerror}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +198,11 @@ class Client:
             self._handle = handle
         finally:
             lib.parasync_options_destroy(options)
+        try:
+            _write_ready_file(self.rank, self.metrics_port)  # /metrics is up now
+        except errors.Unavailable:
+            self.close()
+            raise
 
     # ---- what the cluster is ---------------------------------------------------------------
     @property
@@ -223,15 +248,23 @@ class Client:
     def register(self, variables: Sequence[Variable], tables: Sequence[Table] = (), *,
                  optimizer: str = "adam", lr: float = 0.001, seed: int = 42,
                  name: str = "", description: str = "", initial_values=None,
+                 train_size: int | None = None, epochs: int | None = None,
                  **optimizer_settings) -> None:
         """Registers the model with every server (waiting up to the connect timeout for
         servers still starting). ``initial_values`` (one float32 array per variable) are the
         values of "provided" variables, sent by the rank that creates the model (rank 0);
         others call without them and wait until rank 0 has. ``optimizer_settings``: momentum,
         beta1, beta2, epsilon, initial_accumulator, staleness_aware, cosine_decay_examples,
-        final_lr_fraction, max_slice_elements. Raises FailedPrecondition when the servers hold
-        another model (naming the first variable that differs) or run another mode, TimedOut
-        or Unavailable naming a server that cannot be reached."""
+        final_lr_fraction, max_slice_elements. The settings' learning-rate schedule
+        (PARASYNC_LR_SCHEDULE) is applied unless cosine_decay_examples is given: cosine
+        decays over ``epochs`` (default PARASYNC_EPOCHS, else 5) of ``train_size`` examples
+        (the whole training set), as parasync-worker's --lr-schedule does, and without
+        ``train_size`` is refused (Settings.lr_schedule_options). Raises FailedPrecondition
+        when the servers hold another model (naming the first variable that differs) or run
+        another mode, TimedOut or Unavailable naming a server that cannot be reached."""
+        if "cosine_decay_examples" not in optimizer_settings:
+            optimizer_settings = {**self.settings.lr_schedule_options(train_size, epochs),
+                                  **optimizer_settings}
         model = lib.parasync_model_create()
         try:
             for v in variables:

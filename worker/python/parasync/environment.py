@@ -8,9 +8,15 @@ resolves it; this module reads the rest. Explicit arguments always win over the 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from . import errors
+
+# parasync-worker's --epochs default: parasync.training.Run's too, and the cosine
+# schedule's length in epochs when neither the script nor PARASYNC_EPOCHS gives one.
+DEFAULT_EPOCHS = 5
+LR_SCHEDULES = ("constant", "cosine")  # parasync-worker's --lr-schedule values
 
 
 def _number(name: str, kind, default, low=None):
@@ -29,6 +35,13 @@ def _number(name: str, kind, default, low=None):
 def _text(name: str, default=None):
     raw = os.environ.get(name)
     return default if raw is None or raw == "" else raw
+
+
+def _choice(name: str, choices: tuple, default: str) -> str:
+    value = _text(name, default)
+    if value not in choices:
+        raise errors.InvalidArgument(f"{name}={value!r}: expected {' or '.join(choices)}")
+    return value
 
 
 @dataclasses.dataclass
@@ -53,6 +66,9 @@ class Settings:
     batch_size: int | None = None         # PARASYNC_BATCH_SIZE
     lr: float | None = None               # PARASYNC_LR
     optimizer: str | None = None          # PARASYNC_OPTIMIZER
+    # What the servers do with the learning rate: Client.register applies it (see
+    # lr_schedule_options), as parasync-worker applies --lr-schedule.
+    lr_schedule: str = "constant"         # PARASYNC_LR_SCHEDULE: constant or cosine
     seed: int | None = None               # PARASYNC_SEED
     max_steps: int | None = None          # PARASYNC_MAX_STEPS
     log_every: float | None = None        # PARASYNC_LOG_EVERY, seconds
@@ -80,6 +96,7 @@ class Settings:
             batch_size=_number("PARASYNC_BATCH_SIZE", int, None, low=1),
             lr=_number("PARASYNC_LR", float, None),
             optimizer=_text("PARASYNC_OPTIMIZER"),
+            lr_schedule=_choice("PARASYNC_LR_SCHEDULE", LR_SCHEDULES, "constant"),
             seed=_number("PARASYNC_SEED", int, None, low=0),
             max_steps=_number("PARASYNC_MAX_STEPS", int, None, low=0),
             log_every=_number("PARASYNC_LOG_EVERY", float, None, low=0),
@@ -87,3 +104,29 @@ class Settings:
             checkpoint_each_epoch=_text("PARASYNC_CHECKPOINT_EACH_EPOCH", "0") == "1",
             local_rank=_number("LOCAL_RANK", int, 0, low=0),
         )
+
+    def lr_schedule_options(self, train_size: int | None, epochs: int | None) -> dict:
+        """The servers' optimizer settings for lr_schedule, as parasync-worker makes them of
+        --lr-schedule: none for constant; for cosine, cosine_decay_examples = `epochs` (else
+        PARASYNC_EPOCHS, else DEFAULT_EPOCHS) times `train_size`, the examples of the whole
+        training set (every rank's shard), rounded as parasync-worker rounds it, so the
+        servers decay the rate along a half cosine to 0 over those examples applied.
+        InvalidArgument for an unknown schedule, or cosine without `train_size` (the decay's
+        length is unknown: refused rather than trained at a constant rate)."""
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise errors.InvalidArgument(f"learning-rate schedule {self.lr_schedule!r}: "
+                                         f"expected {' or '.join(LR_SCHEDULES)}")
+        if self.lr_schedule == "constant":
+            return {}
+        if train_size is None:
+            raise errors.InvalidArgument(
+                "PARASYNC_LR_SCHEDULE=cosine (parasync-launch --lr-schedule cosine) needs the "
+                "decay's length: pass train_size (the training set's examples, every rank's) to "
+                "pst.Optimizer or Client.register")
+        epochs = epochs if epochs is not None else (
+            self.epochs if self.epochs is not None else DEFAULT_EPOCHS)
+        if train_size < 1 or epochs <= 0:
+            raise errors.InvalidArgument(f"a cosine schedule over {epochs} epochs of "
+                                         f"{train_size} examples: both must be positive")
+        # std::llround, as parasync-worker rounds epochs x examples.
+        return {"cosine_decay_examples": max(1, math.floor(epochs * train_size + 0.5))}

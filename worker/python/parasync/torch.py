@@ -173,6 +173,12 @@ class Optimizer:
     staleness_aware, cosine_decay_examples, final_lr_fraction, max_slice_elements). ``seed``:
     the tables' row initialization (default PARASYNC_SEED, else 42).
 
+    ``train_size`` (the training set's examples, every rank's) and ``epochs`` (default
+    PARASYNC_EPOCHS, else 5: give what parasync.training.Run trains): the length of the
+    cosine schedule PARASYNC_LR_SCHEDULE (parasync-launch --lr-schedule cosine) asks for,
+    which the servers then apply as for parasync-worker; cosine without ``train_size`` is
+    refused (InvalidArgument) rather than trained at a constant rate.
+
     ``overlap`` (default True): push each shard's gradients from backward's hooks as soon as
     they are complete. The gradient pushed is then the one backward produced: code that
     changes gradients between backward() and step() (clipping, scaling) or accumulates
@@ -186,7 +192,8 @@ class Optimizer:
 
     def __init__(self, client: Client, model: nn.Module, optimizer: str = "adam",
                  lr: float = 1e-3, *, seed: int | None = None, overlap: bool = True,
-                 batch_dim: int = 0, name: str | None = None, **server_options):
+                 batch_dim: int = 0, name: str | None = None, train_size: int | None = None,
+                 epochs: int | None = None, **server_options):
         self.client = client
         self.model = model
         self.overlap = overlap
@@ -221,7 +228,8 @@ class Optimizer:
                         name=name or type(model).__name__,
                         description=f'{{"framework": "pytorch", "module": '
                                     f'"{type(model).__name__}"}}',
-                        initial_values=initial, **server_options)
+                        initial_values=initial, train_size=train_size, epochs=epochs,
+                        **server_options)
         for t, m in enumerate(self._embeddings):
             m._bind(client, t)
         # The parameters the servers hold (rank 0's, or what training made of them).

@@ -28,6 +28,7 @@ import numpy as np
 
 from . import errors
 from .client import Client
+from .environment import DEFAULT_EPOCHS
 
 
 def _first(*values):
@@ -55,7 +56,7 @@ class Run:
                  evaluate: Callable[[], tuple] | None = None, evaluate_first: bool = True):
         s = client.settings
         self.client = client
-        self.epochs_total = int(_first(epochs, s.epochs, 5))
+        self.epochs_total = int(_first(epochs, s.epochs, DEFAULT_EPOCHS))
         self.batch_size = int(_first(batch_size, s.batch_size, 64))
         self.seed = int(_first(seed, s.seed, 42))
         self.shuffle = shuffle
