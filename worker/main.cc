@@ -669,7 +669,7 @@ std::optional<int> StartMetrics(const WorkerFlags& f, const WorkerConfig& c,
   *bound_port = *bound;
   if (!f.ready_file.empty()) {
     const ReadyInfo ready{
-        .role = "worker", .task_index = c.rank, .pid = getpid(), .metrics_port = *bound};
+        .role = "worker", .task_index = c.rank, .pid = getpid(), .address = "", .metrics_port = *bound};
     if (Status s = WriteReadyFile(f.ready_file, ready); !s.ok()) {
       return Fail("--ready-file: " + s.message());
     }
