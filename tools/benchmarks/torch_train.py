@@ -8,10 +8,11 @@ A reference for what the model itself can reach in so many epochs, beside parasy
       [--epochs 10] [--batch-size 64] [--lr 0.001] [--lr-schedule cosine] [--threads 2]
       [--seed 42]
 
-Runs with Debian's python3 (python3-torch, python3-numpy). Prints first what PyTorch ran
-with (its BLAS and threads); on the reference BLAS it installs OpenBLAS, or refuses with one
-line and exit status 2 (tools/benchmarks/torch_env.py; PARASYNC_NO_INSTALL=1 installs
-nothing): its times stand beside parasync's.
+Runs with Debian's python3 (python3-torch, python3-numpy). Starts itself again with
+torch_env.py's allocator in its environment (start_with_allocator) and prints first what
+PyTorch ran with (its BLAS, threads and allocator); on the reference BLAS it installs
+OpenBLAS, or refuses with one line and exit status 2 (tools/benchmarks/torch_env.py;
+PARASYNC_NO_INSTALL=1 installs nothing): its times stand beside parasync's.
 """
 import argparse
 import gzip
@@ -49,6 +50,7 @@ def main() -> int:
                         help="cosine: decay the learning rate to 0 over the run's examples, "
                              "as parasync's servers do with --lr-schedule cosine")
     args = parser.parse_args()
+    torch_env.start_with_allocator("torch_train.py")  # before torch: this process again
     if not torch_env.ensure("torch_train.py", args.threads):
         return 2
     import torch
