@@ -17,9 +17,12 @@ cannot reach; they take parasync's models; they refuse bad input and the referen
        ctr_local.py      parasync-gen-ctr --train 50000 --test 5000 --vocab 1000 --fields 4,
                          3 epochs: test AUC within CTR_MARGIN of the planted model's (a model
                          that ignores its inputs: 0.5)
-     and each prints one progress line per epoch and a final JSON line naming its BLAS.
+     and each prints one progress line per epoch and a final JSON line naming its BLAS and
+     the allocator it started with (tools/benchmarks/torch_env.py's ALLOCATOR, "from the
+     start": the script started itself again with it; no mallopt after start).
   3. torch_ddp_cnn.py, 2 processes on 4,000 examples for 1 epoch: its epoch line and JSON,
-     and its accuracy floor.
+     and its accuracy floor; the JSON's "torch" is rank 0's, a process mp.spawn started, so
+     its allocator "from the start" is the one it inherited.
   4. Bad flags or data: exit status 2 and one line on stderr, nothing trained. On the
      reference BLAS (forced by LD_LIBRARY_PATH, where libblas3 is installed) every script
      refuses: exit status 2, the refusal its one stderr line.
@@ -47,6 +50,7 @@ REFERENCE = "/usr/lib/x86_64-linux-gnu/blas"
 FLOORS = {"cnn": 0.70, "seq2seq": 0.05, "seq2seq_characters": 0.75, "ddp": 0.60}
 CTR_MARGIN = 0.04
 REFUSAL = re.compile(r"PyTorch runs on the reference BLAS .*not a fair baseline")
+ALLOCATOR = None  # the one tools/benchmarks/torch_env.py chooses, read in main()
 
 
 def run(argv, **env):
@@ -75,6 +79,12 @@ def result(proc, what, epochs):
         return {}
     check("BLAS: OpenBLAS" in record.get("torch", ""),
           f"{what}: its JSON does not name OpenBLAS: {record.get('torch')!r}")
+    named = re.escape(ALLOCATOR) if ALLOCATOR else r"\S+"
+    started = re.search(r"; allocator " + named + r" \(.*from the start[:)]",
+                        record.get("torch", ""))
+    check(started and "mallopt" not in record.get("torch", ""),
+          f"{what}: its JSON does not name the allocator {ALLOCATOR or '(any)'} from the start: "
+          f"{record.get('torch')!r}")
     return record
 
 
@@ -117,6 +127,11 @@ def main() -> int:
               "python3-torch (PARASYNC_ALLOW_NO_TORCH=1 skips this test instead)")
         return 1
     examples = os.path.join(source, "worker", "python", "examples")
+    sys.path.insert(0, os.path.join(source, "tools", "benchmarks"))
+    import torch_env
+    global ALLOCATOR
+    # ALLOCATOR, or PARASYNC_TORCH_ALLOCATOR's (None: torch_env.py chooses none).
+    ALLOCATOR = torch_env.chosen() if hasattr(torch_env, "chosen") else None
     sys.path.insert(0, examples)
     import models
     same_models(bin_dir, models)

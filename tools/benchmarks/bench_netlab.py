@@ -28,8 +28,10 @@ a parasync worker's mean step split (pull, compute, push, from
 parasync_worker_step_seconds: what the step waited for; with overlap also the whole exchange,
 from the workers' epoch lines), and how busy the machine's CPUs were over the run (the CPU
 seconds of every process over the wall time times the CPU count: near 100 %, the CPUs are
-the bound, not the links). Needs root (network namespaces) and /usr/bin/python3 with
-PyTorch for ddp; exit 2 for bad flags, 3 where namespaces cannot be made.
+the bound, not the links); under it, what DDP's rank 0 ran with (its PyTorch, BLAS and the
+allocator every rank starts with: tools/benchmarks/torch_ddp_cnn.py). Needs root (network
+namespaces) and /usr/bin/python3 with PyTorch for ddp; exit 2 for bad flags, 3 where
+namespaces cannot be made.
 """
 import argparse
 import resource
@@ -141,7 +143,7 @@ def run_ddp(args, work):
             "time_to_target_s": reached[0] if reached else None,
             "final_accuracy": record["test_accuracy"][-1],
             "link_mb_per_epoch": link_mb_per_epoch(links, hosts, args.epochs), "split": None,
-            "cpu_busy": busy}
+            "cpu_busy": busy, "torch": record.get("torch")}
 
 
 def step_split(log_dir, workers):
@@ -244,6 +246,8 @@ def main():
         print(f"| {r['config']} | {r['examples_per_sec']:,} | {ratio} | {target} | "
               f"{r['final_accuracy']:.4f} | {tx:,.0f} / {rx:,.0f} | {split_text} | "
               f"{100 * r['cpu_busy']:.0f} % |")
+    if ddp:  # its allocator from its start, and its BLAS (tools/benchmarks/torch_env.py)
+        print(f"\nPyTorch DDP's rank 0 ran with: {ddp.get('torch') or 'not reported'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rate": args.rate, "workers": args.workers, "epochs": args.epochs,

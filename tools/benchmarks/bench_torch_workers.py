@@ -25,7 +25,12 @@ worker does: its first row is subtracted).
   bench_torch_workers.py [--epochs 2] [--repeats 3] [--configs ddp,py-async,py-sync,cpp-async]
 
 Run with /usr/bin/python3 (Debian's PyTorch on OpenBLAS; tools/benchmarks/torch_env.py refuses
-the reference BLAS). Exit status 2 with one line for bad flags or a refused baseline.
+the reference BLAS). DDP's processes run with torch_env.py's allocator from their start
+(torch_ddp_cnn.py starts itself again with it); parasync's processes run as they are (the
+Python workers' train.py sets glibc's thresholds with mallopt after start, the C++ processes
+likewise: common/process.h). Below the table, what PyTorch ran with on each side (DDP's rank
+0 and the Python workers' chief, from their JSON lines). Exit status 2 with one line for
+bad flags or a refused baseline.
 """
 import argparse
 import json
@@ -88,7 +93,7 @@ def ddp(args, seed):
                str(args.lr), "--threads", "1", "--seed", str(seed)])
     record = json.loads(out.strip().splitlines()[-1])
     return {"accuracy": record["test_accuracy"], "wall": record["wall_s"],
-            "examples_per_sec": record["examples_per_sec"][-1]}
+            "examples_per_sec": record["examples_per_sec"][-1], "torch": record["torch"]}
 
 
 def parasync(args, mode, python, seed, overlap=True, wire="float32"):
@@ -116,7 +121,10 @@ def parasync(args, mode, python, seed, overlap=True, wire="float32"):
                          out):
         last[m.group(1)] = (int(m.group(2)), int(m.group(3)) / float(m.group(4)))
     epoch = max(e for e, _ in last.values())
-    return {"accuracy": [r["test_accuracy"] for r in rows],
+    chief = [json.loads(m.group(1)) for m in re.finditer(r'^.*?(\{"program": "train\.py".*\})$',
+                                                         out, re.M)]
+    return {"torch": chief[-1].get("torch") if chief else None,
+            "accuracy": [r["test_accuracy"] for r in rows],
             "wall": [round(r["wall_s"] - offset, 2) for r in rows],
             "examples_per_sec": round(sum(x for e, x in last.values() if e == epoch))}
 
@@ -130,9 +138,9 @@ def time_to(result, target):
 
 def main() -> int:
     args = parse()
-    import torch
-    torch.set_num_threads(1)
-    if not torch_env.check(torch, PROGRAM, out=sys.stdout):
+    # The BLAS is checked in a child (torch_env.py): this process times nothing, and starts
+    # parasync's processes, which must not inherit a PyTorch baseline's allocator.
+    if not torch_env.ensure(PROGRAM, 1):
         return 2
     results = {c: [] for c in args.configs}
     for repeat in range(args.repeats):
@@ -157,7 +165,11 @@ def main() -> int:
             "examples_per_sec": round(statistics.median(r["examples_per_sec"] for r in rs)),
         }
     print(f"\n{args.epochs} epochs, 2 workers, batch {args.batch_size} each, Adam {args.lr}, "
-          f"1 thread each, medians of {args.repeats}; {torch_env.describe(torch, torch_env.blas(torch))}")
+          f"1 thread each, medians of {args.repeats}")
+    for c, rs in results.items():
+        if c.startswith(("ddp", "py-")):
+            side = "PyTorch DDP" if c == "ddp" else f"{c}'s train.py"
+            print(f"{side} ran with: {rs[-1].get('torch') or 'not reported'}")
     print("| config | accuracy per epoch | wall per epoch (s) | examples/s (last epoch) | "
           "time to DDP's final accuracy (s) | DDP's time / this |")
     print("| --- | --- | --- | --- | --- | --- |")

@@ -26,13 +26,13 @@ over gloo on interface --ifname (default: gloo's choice); without it the ranks a
 here, on loopback.
 
 --batch-size is per process (the global batch is N times it). --threads: torch's threads in
-each process, the BLAS's pool included (N x threads should not exceed the cores). Each
-process keeps the memory PyTorch frees, as the local examples do
-(worker/python/examples/harness.py, keep_freed_memory: first-touched pages are costly on
-this VM), and rank 0 evaluates 250 images a pass. Run with
-/usr/bin/python3 (Debian's PyTorch). On the reference BLAS (tools/benchmarks/torch_env.py)
-it refuses with one line on stderr and exit status 2, as on bad flags or missing data;
-status 1 when a process fails.
+each process, the BLAS's pool included (N x threads should not exceed the cores). Every
+process runs with tools/benchmarks/torch_env.py's allocator from its start (this script
+starts itself again with it in its environment, start_with_allocator, and the ranks inherit
+it: first-touched pages are costly on this VM), named in the JSON's "torch"; rank 0
+evaluates 250 images a pass. Run with /usr/bin/python3 (Debian's PyTorch). On the reference
+BLAS (tools/benchmarks/torch_env.py) it refuses with one line on stderr and exit status 2,
+as on bad flags or missing data; status 1 when a process fails.
 """
 import argparse
 import io
@@ -47,7 +47,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "worker", "python", "examples"))
 import torch_env  # noqa: E402
 import data  # noqa: E402
-import harness  # noqa: E402  the examples' malloc setting
+import harness  # noqa: E402  ran_with, as the examples say it
 
 PROGRAM = "torch_ddp_cnn.py"
 EVAL_BATCH = 250  # as cnn_local.py's: each activation under glibc's largest mmap threshold
@@ -103,10 +103,10 @@ def rank_main(rank, world, master, args):
     import models
     F = torch.nn.functional
     torch.set_num_threads(args.threads)
-    # Keeps freed memory, as the local examples do (harness.keep_freed_memory: see there
-    # why), and sizes the BLAS's own pool as torch's threads (OpenBLAS keeps one per core
-    # otherwise).
-    torch_env.check(torch, PROGRAM, out=sys.stdout if rank == 0 else io.StringIO())
+    # Sizes the BLAS's own pool as torch's threads (OpenBLAS keeps one per core otherwise),
+    # and refuses a rank that did not start with the allocator (main's, inherited).
+    if not torch_env.check(torch, PROGRAM, out=sys.stdout if rank == 0 else io.StringIO()):
+        sys.exit(2)
     if master.startswith("file://"):
         dist.init_process_group("gloo", init_method=master, rank=rank, world_size=world)
     else:
@@ -173,6 +173,7 @@ def rank_main(rank, world, master, args):
 
 def main() -> int:
     args = parse_args()
+    torch_env.start_with_allocator(PROGRAM)  # before torch: this process again; ranks inherit
     try:
         import torch
         import torch.multiprocessing as mp

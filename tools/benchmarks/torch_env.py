@@ -1,7 +1,16 @@
 #!/usr/bin/env python3
 """What a PyTorch process computes with on the CPU, and whether its CPU figures may stand
-beside parasync's: the one place the PyTorch baselines (tools/bench-worker,
-torch_model.py, torch_train.py) decide it.
+beside parasync's: the one place the PyTorch baselines (tools/bench-worker, torch_model.py,
+torch_train.py, torch_ddp_cnn.py, bench_torch_workers.py's and bench_netlab.py's DDP, the
+examples' harness) decide it: the BLAS and the memory allocator.
+
+The allocator is set before the process starts: each baseline calls start_with_allocator
+first thing, before it imports torch, and where the environment it started with lacks the
+allocator's variables (ALLOCATORS[ALLOCATOR]; PARASYNC_TORCH_ALLOCATOR names another, for
+an A/B run) the same interpreter runs the same arguments again with them (os.execve: the
+same pid), so that the process and every process it starts (DDP's ranks) has them from its
+start. check() refuses a CPU baseline that lacks them, and the ran-with line names the
+allocator as found in the process (/proc/self/environ, the libraries it mapped).
 
 Debian's python3-torch (BLAS_INFO=generic) does its matrix products in whatever BLAS
 libblas.so.3 resolves to. With only libblas3 installed that is the reference BLAS (netlib's
@@ -16,6 +25,7 @@ MKL_Get_Version_String); without any, it is taken for the reference BLAS. A PyTo
 with its BLAS inside (a pip wheel: MKL, BLAS_INFO=mkl or open) maps no libblas.so.3.
 
   torch_env.py [--threads N] [--install]
+  torch_env.py --allocator-env
 
 Prints one line: what PyTorch runs with (its version, the BLAS with its library and
 threads, oneDNN, ATen's threads, the CPU capability), and exits 0 when the BLAS is an
@@ -25,6 +35,8 @@ stderr naming the library and the fix instead, and exits 2 (also when PyTorch is
 keep theirs otherwise). --install: when that check fails, installs python3-torch and
 libopenblas0-pthread (tools/install-deps.sh; PARASYNC_NO_INSTALL=1 makes it install
 nothing) and checks again in a fresh process (a process cannot change the BLAS it mapped).
+Either way the check runs in a process started with the allocator. --allocator-env prints
+the allocator's variables, NAME=VALUE a line (for env(1): tools/bench-worker --reference).
 """
 import argparse
 import ctypes
@@ -43,31 +55,156 @@ OPTIMIZED = [f"/usr/lib/x86_64-linux-gnu/{d}/libblas.so.3"
                        "blis-pthread", "blis-openmp", "blis-serial")]
 
 
-# glibc's mallopt parameters.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+# The allocator every PyTorch baseline runs with, set in its environment before the process
+# starts (start_with_allocator): name -> (the variables it sets, the Debian package of a
+# preloaded library or None). PyTorch allocates every activation and gradient afresh each
+# step, and on this VM (a Firecracker guest) a page touched for the first time costs several
+# microseconds, so an allocator that hands freed memory back to the kernel makes PyTorch pay
+# for it again every step (BASELINES.md, "Memory"). glibc reads MALLOC_*_ when the process
+# starts, before anything is allocated; a preloaded allocator replaces malloc from the
+# start. Setting them before the process starts is what a user tuning PyTorch from outside
+# does, and what this module did not (it called mallopt() after start). "glibc" (its
+# defaults) is there for A/B runs only.
+_LIB = "/usr/lib/x86_64-linux-gnu"
 MMAP_THRESHOLD = 32 << 20  # glibc's largest
-malloc_setting = "malloc's defaults"
+ALLOCATORS = {
+    "glibc-keep": ({"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+                    "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}, None),
+    "tcmalloc": ({"LD_PRELOAD": f"{_LIB}/libtcmalloc_minimal.so.4"}, "libtcmalloc-minimal4"),
+    "jemalloc": ({"LD_PRELOAD": f"{_LIB}/libjemalloc.so.2"}, "libjemalloc2"),
+    "glibc": ({}, None),
+}
+# The best of them for the CNN step here (torch_reference.py --compare, BASELINES.md).
+ALLOCATOR = "glibc-keep"
+# Names another of ALLOCATORS for a run (an A/B measurement); also marks a process this
+# module started again, so that it never does so twice.
+ALLOCATOR_VARIABLE = "PARASYNC_TORCH_ALLOCATOR"
+_REEXECUTED = "PARASYNC_TORCH_ALLOCATOR_REEXECUTED"
+# glibc's mallopt parameters (keep_freed_memory).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_mallopt_called = False
+
+
+def allocator_env(name):
+    """The variables to add to a child's environment so that it starts with allocator `name`
+    (LD_PRELOAD keeps what the current environment preloads, after the allocator)."""
+    env = dict(ALLOCATORS[name][0])
+    if "LD_PRELOAD" in env and os.environ.get("LD_PRELOAD"):
+        env["LD_PRELOAD"] += " " + os.environ["LD_PRELOAD"]
+    return env
+
+
+def missing_library(name):
+    """None when allocator `name` can be used here; else the line saying what to install."""
+    variables, package = ALLOCATORS[name]
+    library = variables.get("LD_PRELOAD")
+    if library and not os.path.exists(library):
+        return (f"the allocator {name} needs {library}: install it (tools/install-deps.sh "
+                f"{package}) and run again")
+    return None
+
+
+def chosen():
+    """The allocator this process must run with: $PARASYNC_TORCH_ALLOCATOR, else ALLOCATOR;
+    None when the variable names none of ALLOCATORS."""
+    name = os.environ.get(ALLOCATOR_VARIABLE) or ALLOCATOR
+    return name if name in ALLOCATORS else None
+
+
+def _initial_environment():
+    """The environment this process was started with (/proc/self/environ: what execve gave
+    it, whatever os.environ became since)."""
+    with open("/proc/self/environ", "rb") as f:
+        return dict(e.decode(errors="replace").partition("=")[::2]
+                    for e in f.read().split(b"\0") if e)
+
+
+def _preloaded():
+    """The real paths of the ALLOCATORS' preloaded libraries this process has mapped."""
+    libraries = {os.path.realpath(v[0]["LD_PRELOAD"]) for v in ALLOCATORS.values()
+                 if "LD_PRELOAD" in v[0]}
+    return sorted(libraries & _mapped())
+
+
+def in_force(name):
+    """True when this process started with allocator `name`: its variables in the
+    environment it was started with, and its library (if any) mapped; "glibc" when no
+    allocator library is mapped and none of glibc-keep's variables was set."""
+    start = _initial_environment()
+    variables, _ = ALLOCATORS[name]
+    if name == "glibc":
+        return not _preloaded() and not any(k in start for k in ALLOCATORS["glibc-keep"][0])
+    for k, v in variables.items():
+        if k == "LD_PRELOAD":
+            if os.path.realpath(v) not in _mapped():
+                return False
+        elif start.get(k) != v:
+            return False
+    return True
+
+
+def start_with_allocator(program):
+    """Called first thing by every PyTorch baseline, before it imports torch: unless the
+    process already started with the chosen allocator (chosen()), runs the same interpreter
+    on the same arguments again (os.execve) with the allocator's variables added to its
+    environment, so that it, and every process it starts (DDP's ranks), runs with them from
+    its start. Returns the allocator's name when it is in force; None when torch was
+    imported already (too late to start again: check() then refuses a CPU baseline). Exits
+    2 with one line when the allocator is unknown, its library is missing, or the process
+    started again still lacks it."""
+    name = chosen()
+    if name is None:
+        print(f"{program}: {ALLOCATOR_VARIABLE}={os.environ[ALLOCATOR_VARIABLE]} is none of "
+              f"{', '.join(ALLOCATORS)}", file=sys.stderr)
+        sys.exit(2)
+    if in_force(name):
+        return name
+    if "torch" in sys.modules:
+        return None
+    missing = missing_library(name)
+    if not missing and os.environ.get(_REEXECUTED) == name:
+        missing = f"started again with the allocator {name}, and it is still not in force"
+    if missing:
+        print(f"{program}: {missing}", file=sys.stderr)
+        sys.exit(2)
+    env = dict(os.environ, **allocator_env(name))
+    env[_REEXECUTED] = name
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:], env)
 
 
 def keep_freed_memory():
-    """Makes glibc's malloc keep the memory PyTorch frees for its next tensors, up to
-    tensors of 32 MiB (MMAP_THRESHOLD), instead of unmapping it (the default above its
-    adaptive threshold) or trimming the heap. PyTorch allocates every activation and
-    gradient afresh each step, and on this VM (a Firecracker guest) a page touched for the
-    first time costs several microseconds, so handing memory back to the kernel made
-    PyTorch pay for it again every step: worker/python/examples/cnn_local.py on 12,000
-    examples, 1 thread, trained at 634-698 examples/s with glibc's defaults and 2,558-2,651
-    with this, torch_model.py's cnn (batch 64, 1 thread) at 610-632 against 3,146-3,712
-    (worker/python/examples/BASELINES.md, "Memory"). parasync's processes keep theirs
-    likewise (common/process.h, KeepFreedMessageBuffers). check() calls it for every CPU
-    baseline, and describe() says what is in force. Returns that phrase."""
-    global malloc_setting
+    """For a process that imported torch before it could start with the allocator (parasync's
+    own Python worker, worker/python/examples/train.py, whose parasync.torch imports it):
+    glibc's M_MMAP_THRESHOLD to 32 MiB and no trimming, set now with mallopt, as before.
+    Weaker than the same settings from the start (see ALLOCATORS), and named so by
+    allocator_setting()."""
+    global _mallopt_called
     libc = ctypes.CDLL("libc.so.6")
-    ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(_M_TRIM_THRESHOLD,
-                                                                          2**31 - 1)
-    malloc_setting = ("malloc keeps freed memory (M_MMAP_THRESHOLD 32 MiB, no trim)" if ok
-                      else "malloc's defaults (mallopt refused)")
-    return malloc_setting
+    _mallopt_called = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and
+                           libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def allocator_setting():
+    """One phrase: the allocator this process runs with, as found in it (the environment it
+    started with, the libraries it mapped, a mallopt call)."""
+    start = _initial_environment()
+    mapped = _preloaded()
+    glibc = [f"{k}={start[k]}" for k in ALLOCATORS["glibc-keep"][0] if k in start]
+    if mapped:
+        names = [n for n, (v, _) in ALLOCATORS.items()
+                 if "LD_PRELOAD" in v and os.path.realpath(v["LD_PRELOAD"]) in mapped]
+        text = f"allocator {'+'.join(names)} (preloaded from the start: {', '.join(mapped)})"
+    elif glibc:
+        text = f"allocator glibc-keep (glibc malloc, {' '.join(glibc)} from the start)"
+    elif not _mallopt_called:
+        text = "allocator glibc (malloc's defaults)"
+    else:
+        text = "allocator glibc"
+    if _mallopt_called:
+        text += f", mallopt after start (M_MMAP_THRESHOLD {MMAP_THRESHOLD >> 20} MiB, no trim)"
+    return text
 
 
 class _DlInfo(ctypes.Structure):
@@ -180,7 +317,7 @@ def describe(torch, b, gpu=False):
             + (f"; {' '.join(env)}" if env else "")
             + (f"; CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}"
                if gpu else "")
-            + f"; {malloc_setting}")
+            + f"; {allocator_setting()}")
 
 
 def refusal(b):
@@ -200,12 +337,12 @@ def refusal(b):
             f"BLAS: not a fair baseline, so nothing is timed; {fix}")
 
 
-def check(torch, program, cpu=True, out=sys.stderr):
-    """Prints "PROGRAM: ran with: <describe>" on `out`. For a CPU run (`cpu`), first keeps
-    freed memory (keep_freed_memory) and sizes the BLAS's own pool as PyTorch's threads, and returns False after printing
-    "PROGRAM: <refusal>" on stderr when the BLAS is not an optimized one; True otherwise."""
-    if cpu:
-        keep_freed_memory()
+def check(torch, program, cpu=True, out=sys.stderr, allocator=True):
+    """Prints "PROGRAM: ran with: <describe>" on `out`. For a CPU run (`cpu`), sizes the
+    BLAS's own pool as PyTorch's threads, and returns False after printing "PROGRAM:
+    <refusal>" on stderr when the BLAS is not an optimized one or (with `allocator`) when
+    the process did not start with the chosen allocator (start_with_allocator); True
+    otherwise."""
     b = blas(torch)
     if cpu and b["set_threads"]:
         b["set_threads"](torch.get_num_threads())
@@ -213,6 +350,14 @@ def check(torch, program, cpu=True, out=sys.stderr):
     print(f"{program}: ran with: {describe(torch, b, gpu=not cpu)}", file=out, flush=True)
     if cpu and not b["optimized"]:
         print(f"{program}: {refusal(b)}", file=sys.stderr, flush=True)
+        return False
+    name = chosen()
+    if cpu and allocator and not in_force(name):
+        print(f"{program}: PyTorch did not start with the allocator {name} "
+              f"({' '.join(f'{k}={v}' for k, v in allocator_env(name).items()) or 'defaults'}; "
+              f"it runs with {allocator_setting()}): not a fair baseline, so nothing is timed; "
+              f"call torch_env.start_with_allocator before importing torch",
+              file=sys.stderr, flush=True)
         return False
     return True
 
@@ -238,7 +383,20 @@ def main() -> int:
     parser.add_argument("--install", action="store_true",
                         help="install python3-torch and libopenblas0-pthread when the check "
                              "fails (tools/install-deps.sh), then check again")
+    parser.add_argument("--allocator-env", action="store_true",
+                        help="print the chosen allocator's variables (NAME=VALUE lines) and "
+                             "exit; 2 with one line when its library is missing")
     args = parser.parse_args()
+    if args.allocator_env:
+        name = chosen()
+        missing = (f"{ALLOCATOR_VARIABLE}={os.environ[ALLOCATOR_VARIABLE]} is none of "
+                   f"{', '.join(ALLOCATORS)}" if name is None else missing_library(name))
+        if missing:
+            print(f"torch_env.py: {missing}", file=sys.stderr)
+            return 2
+        for k, v in allocator_env(name).items():
+            print(f"{k}={v}")
+        return 0
     if args.install:
         again = [sys.executable, os.path.abspath(__file__)]
         if args.threads is not None:
@@ -251,6 +409,7 @@ def main() -> int:
         install = [os.path.join(HERE, "..", "install-deps.sh"), *PACKAGES]
         subprocess.run(install, stdout=sys.stderr, check=False)  # its own lines say why
         return subprocess.run(again).returncode
+    start_with_allocator("torch_env.py")
     try:
         import torch
     except ImportError:

@@ -33,6 +33,7 @@ import sys
 import time
 
 import torch_env  # what PyTorch runs with; refuses a CPU baseline on the reference BLAS
+#                   or without its allocator
 
 
 def build(torch, spec, input_shape, table_rows=None):
@@ -329,6 +330,7 @@ def time_variants(variants, batches, args, sync, setup):
 
 def main() -> int:
     args = parse_args()
+    torch_env.start_with_allocator("torch_model.py")  # before torch: this process again
     try:
         import torch
     except ImportError:

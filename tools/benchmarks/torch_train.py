@@ -8,10 +8,11 @@ A reference for what the model itself can reach in so many epochs, beside parasy
       [--epochs 10] [--batch-size 64] [--lr 0.001] [--lr-schedule cosine] [--threads 2]
       [--seed 42]
 
-Runs with Debian's python3 (python3-torch, python3-numpy). Prints first what PyTorch ran
-with (its BLAS and threads); on the reference BLAS it installs OpenBLAS, or refuses with one
-line and exit status 2 (tools/benchmarks/torch_env.py; PARASYNC_NO_INSTALL=1 installs
-nothing): its times stand beside parasync's.
+Runs with Debian's python3 (python3-torch, python3-numpy). Starts itself again with
+torch_env.py's allocator in its environment (start_with_allocator) and prints first what
+PyTorch ran with (its BLAS, threads and allocator); on the reference BLAS it installs
+OpenBLAS, or refuses with one line and exit status 2 (tools/benchmarks/torch_env.py;
+PARASYNC_NO_INSTALL=1 installs nothing): its times stand beside parasync's.
 """
 import argparse
 import gzip
@@ -24,6 +25,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_env  # noqa: E402
 from torch_model import build  # noqa: E402
+
+# Test images per forward pass: as the examples' (worker/python/examples/cnn_local.py), each
+# of the cnn's activations under glibc's largest mmap threshold (32 MiB), which the
+# allocator's setting keeps for reuse; 1,000 a pass (86 MB of convolution output) is
+# mapped and unmapped every pass.
+EVAL_BATCH = 250
 
 
 def load(data, split):
@@ -49,6 +56,7 @@ def main() -> int:
                         help="cosine: decay the learning rate to 0 over the run's examples, "
                              "as parasync's servers do with --lr-schedule cosine")
     args = parser.parse_args()
+    torch_env.start_with_allocator("torch_train.py")  # before torch: this process again
     if not torch_env.ensure("torch_train.py", args.threads):
         return 2
     import torch
@@ -84,7 +92,8 @@ def main() -> int:
             opt.step()
         model.eval()
         with torch.no_grad():
-            logits = torch.cat([model(xte[i:i + 1000]) for i in range(0, len(xte), 1000)])
+            logits = torch.cat([model(xte[i:i + EVAL_BATCH])
+                                for i in range(0, len(xte), EVAL_BATCH)])
             acc = (logits.argmax(1) == yte).float().mean().item()
             loss = torch.nn.functional.cross_entropy(logits, yte).item()
         print(f"epoch {epoch}: test accuracy {acc:.4f}, test loss {loss:.4f} "

@@ -4,11 +4,13 @@ what is not the point of reading them: their common flags, the check of what PyT
 epoch and a final JSON line on stdout.
 
 A script's figures name what produced them: the first line ("PROGRAM: ran with: ...") and
-the JSON's "torch" say the PyTorch, its BLAS and the threads. On the reference BLAS a script
-refuses with one line on stderr and exit status 2 (as every PyTorch baseline here does).
+the JSON's "torch" say the PyTorch, its BLAS, the threads and the memory allocator. A script
+runs with torch_env.py's allocator from its start: start() runs it again with the
+allocator's variables in its environment before it imports torch (BASELINES.md, "Memory").
+On the reference BLAS a script refuses with one line on stderr and exit status 2 (as every
+PyTorch baseline here does).
 """
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -66,15 +68,24 @@ def parse(p, argv=None):
 
 
 def keep_freed_memory():
-    """tools/benchmarks/torch_env.py's keep_freed_memory (every PyTorch baseline's): glibc
-    keeps the memory PyTorch frees. Returns the phrase saying what it set."""
-    return torch_env.keep_freed_memory()
+    """tools/benchmarks/torch_env.py's keep_freed_memory: glibc's thresholds set with mallopt
+    now, for a process that imported torch before start() (parasync's Python worker,
+    train.py). Weaker than the allocator from the start, which every baseline gets."""
+    torch_env.keep_freed_memory()
 
 
 def start(program, args):
-    """Imports PyTorch, sets its threads (args.threads) and seed (args.seed), and prints what
-    it runs with. Returns the torch module; exits 2 with one line on stderr when PyTorch is
-    missing or runs on the reference BLAS."""
+    """Makes the process run with torch_env.py's allocator (a local example: this process
+    again, from its start, before torch is imported; one that imported torch already,
+    parasync's train.py: mallopt now, keep_freed_memory), imports PyTorch, sets its threads
+    (args.threads) and seed (args.seed), and prints what it runs with. Returns the torch
+    module; exits 2 with one line on stderr when PyTorch is missing, runs on the reference
+    BLAS, or a baseline lacks its allocator."""
+    baseline = "torch" not in sys.modules
+    if baseline:
+        torch_env.start_with_allocator(program)
+    elif not torch_env.in_force(torch_env.chosen() or torch_env.ALLOCATOR):
+        keep_freed_memory()
     try:
         import torch
     except ImportError:
@@ -83,7 +94,7 @@ def start(program, args):
               file=sys.stderr)
         sys.exit(2)
     torch.set_num_threads(args.threads)
-    if not torch_env.check(torch, program, out=sys.stdout):
+    if not torch_env.check(torch, program, out=sys.stdout, allocator=baseline):
         sys.exit(2)
     torch.manual_seed(args.seed)
     return torch
@@ -91,7 +102,7 @@ def start(program, args):
 
 def ran_with(torch):
     """One line: the PyTorch, BLAS (library, threads), oneDNN and ATen threads of this
-    process (torch_env.describe), and the malloc setting."""
+    process (torch_env.describe), and its allocator."""
     return torch_env.describe(torch, torch_env.blas(torch))
 
 
