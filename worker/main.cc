@@ -668,8 +668,11 @@ std::optional<int> StartMetrics(const WorkerFlags& f, const WorkerConfig& c,
   if (!bound.ok()) return Fail(bound.status().message(), StartupExitCode(bound.status()));
   *bound_port = *bound;
   if (!f.ready_file.empty()) {
-    const ReadyInfo ready{
-        .role = "worker", .task_index = c.rank, .pid = getpid(), .address = "", .metrics_port = *bound};
+    const ReadyInfo ready{.role = "worker",
+                          .task_index = c.rank,
+                          .pid = getpid(),
+                          .address = "",
+                          .metrics_port = *bound};
     if (Status s = WriteReadyFile(f.ready_file, ready); !s.ok()) {
       return Fail("--ready-file: " + s.message());
     }
