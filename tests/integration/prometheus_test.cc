@@ -416,7 +416,9 @@ TEST(PrometheusTest, EveryEmbeddingsDashboardExpressionHasDataFromALiveCtrCluste
   const std::vector<double> promoted = FiniteValues(
       Query(port, "sum(parasync_ps_table_rows_promoted_total" + job + ")", 0, &error));
   EXPECT_EQ(promoted.size(), 1u) << error;
-  if (promoted.size() == 1) EXPECT_GT(promoted[0], 0) << "no demoted row came back";
+  if (promoted.size() == 1) {
+    EXPECT_GT(promoted[0], 0) << "no demoted row came back";
+  }
   const std::vector<double> fullest = FiniteValues(
       Query(port, "max(sum by (shard) (parasync_ps_table_rows" + job + "))", 0, &error));
   EXPECT_EQ(fullest.size(), 1u) << error;

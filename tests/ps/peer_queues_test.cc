@@ -82,17 +82,17 @@ TEST(PeerQueuesTest, SmallRequestsAreQueuedPastTheCountWithinTheirWeight) {
   const size_t fits = kAllowance / weight;
   ASSERT_GT(fits, 3u);
   for (uint64_t id = 1; id <= fits; ++id) {
-    ASSERT_EQ(Offer(q, "a", id, MsgType::kPull), PeerQueues::Outcome::kQueued) << id;
+    ASSERT_EQ(Enqueue(q, "a", id, MsgType::kPull), PeerQueues::Outcome::kQueued) << id;
   }
-  EXPECT_EQ(Offer(q, "a", fits + 1, MsgType::kPull), PeerQueues::Outcome::kFull);
+  EXPECT_EQ(Enqueue(q, "a", fits + 1, MsgType::kPull), PeerQueues::Outcome::kFull);
   // Another peer has its own allowance.
-  EXPECT_EQ(Offer(q, "b", 1, MsgType::kPull), PeerQueues::Outcome::kQueued);
+  EXPECT_EQ(Enqueue(q, "b", 1, MsgType::kPull), PeerQueues::Outcome::kQueued);
   // One of a's served (b's may go first) makes room for one more.
   std::string served = Serve(q, 1e-5);
   if (served != "a") served = Serve(q, 1e-5);
   ASSERT_EQ(served, "a");
-  EXPECT_EQ(Offer(q, "a", fits + 1, MsgType::kPull), PeerQueues::Outcome::kQueued);
-  EXPECT_EQ(Offer(q, "a", fits + 2, MsgType::kPull), PeerQueues::Outcome::kFull);
+  EXPECT_EQ(Enqueue(q, "a", fits + 1, MsgType::kPull), PeerQueues::Outcome::kQueued);
+  EXPECT_EQ(Enqueue(q, "a", fits + 2, MsgType::kPull), PeerQueues::Outcome::kFull);
 }
 
 // A request that carries more than the allowance is taken only under the count, and while
@@ -111,14 +111,14 @@ TEST(PeerQueuesTest, ALargeRequestIsQueuedOnlyUnderTheCount) {
   EXPECT_GT(q.Weight(reg), kAllowance);
   EXPECT_GT(q.Weight(large(1)), kAllowance);
 
-  EXPECT_EQ(Offer(q, "a", 1, MsgType::kPull), PeerQueues::Outcome::kQueued);
+  EXPECT_EQ(Enqueue(q, "a", 1, MsgType::kPull), PeerQueues::Outcome::kQueued);
   for (uint64_t id = 2; id <= 3; ++id) {
     Inbound in = large(id);
     EXPECT_EQ(q.Take(in).outcome, PeerQueues::Outcome::kQueued) << id;
   }
   Inbound one_more = large(4);
   EXPECT_EQ(q.Take(one_more).outcome, PeerQueues::Outcome::kFull);
-  EXPECT_EQ(Offer(q, "a", 5, MsgType::kPull), PeerQueues::Outcome::kFull);
+  EXPECT_EQ(Enqueue(q, "a", 5, MsgType::kPull), PeerQueues::Outcome::kFull);
   EXPECT_EQ(q.Take(reg).outcome, PeerQueues::Outcome::kFull);
   // Served down to two, a Register fits under the count again.
   ASSERT_TRUE(q.Next().has_value());

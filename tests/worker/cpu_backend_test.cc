@@ -330,7 +330,7 @@ TEST_P(CpuLayerGradientTest, MatchesFiniteDifferencesOfTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layers, CpuLayerGradientTest, ::testing::ValuesIn(testing::LayerCases()),
-                         [](const auto& info) { return info.param.name; });
+                         [](const auto& layer) { return layer.param.name; });
 
 TEST(CpuModelGradientTest, BuiltinModelsOnFashionMnistShapes) {
   // A sample of each large variable's elements: the reference in double is slow.
@@ -708,7 +708,7 @@ struct EmbeddingCase {
                             "loss": "sigmoid_cross_entropy"})",
                         {6}, ModelInputs{4, 5})),
         layer(cpu::MakeEmbeddingLayer(model.ops()[0])) {
-    for (int r = 0; r < 5; ++r) table.insert(table.end(), {10.0f * r + 1, 10.0f * r + 2});
+    for (float r = 0; r < 5; ++r) table.insert(table.end(), {10.0f * r + 1, 10.0f * r + 2});
   }
   Model model;
   std::unique_ptr<cpu::CpuLayer> layer;
