@@ -21,7 +21,8 @@ PARASYNC_NO_INSTALL=1 everywhere: a test installs nothing.
      arguments and the allocator's variables in the environment it starts with
      (/proc/self/environ), and not again once they are there; a process marked as started
      again that still lacks them exits 2 with one line instead of looping; an unknown
-     PARASYNC_TORCH_ALLOCATOR exits 2 with one line; a process that imported torch before
+     PARASYNC_TORCH_ALLOCATOR exits 2 with one line; another allocator asked for where the
+     environment holds this one's variables starts again without them; a process that imported torch before
      it is refused by check() (one line, nothing timed); torch_model.py started without the
      variables names the allocator "from the start" in its ran-with line (and tcmalloc,
      preloaded, where PARASYNC_TORCH_ALLOCATOR=tcmalloc and it is installed); tools/bench-worker
@@ -132,6 +133,15 @@ def allocator(source, bin_dir, build):
     err = proc.stderr.strip().splitlines()
     check(proc.returncode == 2 and len(err) == 1 and "no-such-allocator is none of" in err[0],
           f"an unknown allocator: exit status {proc.returncode}, stderr {err!r}")
+    # Another allocator asked for (an A/B run) where the environment holds this one's
+    # variables: started again without them, not refused as "still not in force".
+    proc = run([PYTHON, "-c", PROBE, benchmarks], OPENBLAS,
+               **dict(clean, PARASYNC_TORCH_ALLOCATOR="glibc", **variables))
+    lines = proc.stdout.splitlines()
+    check(proc.returncode == 0 and len(lines) == 3 and lines[0].endswith("True")
+          and lines[2].endswith("False in force"),
+          f"glibc asked for with {variables} set: exit status {proc.returncode}, stdout "
+          f"{lines!r}, want 0 and the variables gone after the second start")
     proc = run([PYTHON, "-c", LATE, benchmarks], OPENBLAS, **clean)
     last = (proc.stderr.strip().splitlines() or [""])[-1]
     check(proc.returncode == 2 and last.startswith(f"late: PyTorch did not start with the "

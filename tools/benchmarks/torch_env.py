@@ -94,6 +94,28 @@ def allocator_env(name):
     return env
 
 
+def environment_for(name, base=None):
+    """A copy of `base` (default: this process's environment) in which allocator `name` is
+    the only one of ALLOCATORS: every other one's variables removed and its library taken out
+    of LD_PRELOAD (an A/B run's children must not inherit the parent's allocator), then
+    `name`'s added (allocator_env: its library first in LD_PRELOAD)."""
+    env = dict(os.environ if base is None else base)
+    libraries = {os.path.realpath(v["LD_PRELOAD"]) for v, _ in ALLOCATORS.values()
+                 if "LD_PRELOAD" in v}
+    for variables, _ in ALLOCATORS.values():
+        for k in variables:
+            if k != "LD_PRELOAD":
+                env.pop(k, None)
+    rest = [p for p in env.pop("LD_PRELOAD", "").split() if os.path.realpath(p) not in libraries]
+    if rest:
+        env["LD_PRELOAD"] = " ".join(rest)
+    added = dict(ALLOCATORS[name][0])
+    if "LD_PRELOAD" in added and rest:
+        added["LD_PRELOAD"] += " " + env["LD_PRELOAD"]
+    env.update(added)
+    return env
+
+
 def missing_library(name):
     """None when allocator `name` can be used here; else the line saying what to install."""
     variables, package = ALLOCATORS[name]
@@ -134,6 +156,8 @@ def in_force(name):
     variables, _ = ALLOCATORS[name]
     if name == "glibc":
         return not _preloaded() and not any(k in start for k in ALLOCATORS["glibc-keep"][0])
+    if "LD_PRELOAD" not in variables and _preloaded():
+        return False  # glibc's variables, but another allocator replaced glibc's malloc
     for k, v in variables.items():
         if k == "LD_PRELOAD":
             if os.path.realpath(v) not in _mapped():
@@ -167,11 +191,14 @@ def start_with_allocator(program):
     if missing:
         print(f"{program}: {missing}", file=sys.stderr)
         sys.exit(2)
-    env = dict(os.environ, **allocator_env(name))
+    env = environment_for(name)
     env[_REEXECUTED] = name
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:], env)
+    # sys.orig_argv (Python 3.10+) keeps the interpreter's own options (-c, -m, -u);
+    # before 3.10 the script's path and arguments are what there is.
+    argv = getattr(sys, "orig_argv", None) or [sys.executable] + sys.argv
+    os.execve(sys.executable, [sys.executable] + argv[1:], env)
 
 
 def keep_freed_memory():

@@ -137,8 +137,8 @@ def compare(args):
           file=sys.stderr)
     for r in range(args.rounds):
         for n in names[r % len(names):] + names[:r % len(names)]:
-            env = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.threads),
-                       **torch_env.allocator_env("glibc" if n == "mallopt" else n))
+            env = torch_env.environment_for("glibc" if n == "mallopt" else n)
+            env["OPENBLAS_NUM_THREADS"] = str(args.threads)
             env.pop(torch_env.ALLOCATOR_VARIABLE, None)
             argv = [sys.executable, os.path.abspath(__file__), "--threads", str(args.threads),
                     "--batches", str(args.batches[0]), "--seconds", str(args.seconds),
