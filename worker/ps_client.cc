@@ -788,6 +788,22 @@ Status PsClient::GradientReady(size_t variable, const float* grad) {
   return Status::Ok();
 }
 
+void PsClient::SettleSentPushes(const std::vector<int>& shards, std::vector<Outgoing> requests) {
+  if (requests.empty()) return;
+  finishing_step_ = true;
+  auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
+  finishing_step_ = false;
+  (void)SettlePushFrames(replies.status());
+}
+
+Status PsClient::AbandonStep(Status why) {
+  if (!step_.open) return why;
+  SettleSentPushes(step_.sent_shards, std::move(step_.sent));
+  step_.open = false;
+  step_.sent.clear();
+  return why;
+}
+
 Status PsClient::FinishStep(std::span<float* const> params, int64_t min_version,
                             PushPullTimes* times, RowSet push_rows, RowSet pull_rows) {
   using Clock = std::chrono::steady_clock;
@@ -819,12 +835,7 @@ Status PsClient::FinishStep(std::span<float* const> params, int64_t min_version,
   if (!problem.ok()) {
     // Pushes already out are awaited and settled before the error returns: the caller may
     // reuse its gradients' memory then.
-    if (early > 0) {
-      finishing_step_ = true;
-      auto replies = Exchange(shards, std::move(requests), options_.request_timeout);
-      finishing_step_ = false;
-      (void)SettlePushFrames(replies.status());
-    }
+    SettleSentPushes(shards, std::move(requests));
     return problem;
   }
   // The pull of the next step waits for the step this push contributes to: the version it

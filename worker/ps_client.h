@@ -213,6 +213,11 @@ class PsClient {
   Status FinishStep(std::span<float* const> params, int64_t min_version = 0,
                     PushPullTimes* times = nullptr, RowSet push_rows = {},
                     RowSet pull_rows = {});
+  // Ends the open step without exchanging it, as FinishStep does when it refuses its
+  // arguments: the pushes already sent are awaited and settled (the caller may reuse its
+  // gradients' memory once this returns), nothing more is sent. Returns `why`, the reason
+  // the caller gives up the step (with no step open too).
+  Status AbandonStep(Status why);
   bool in_step() const { return step_.open; }
 
   // Tells every shard this worker is done, so barriers stop waiting for it. Best effort:
@@ -290,6 +295,9 @@ class PsClient {
   // ReleasePushFrames after an exchange whose outcome was `exchange`: returns that outcome's
   // error if there was one (logging a reopen error), else ReleasePushFrames's.
   Status SettlePushFrames(const Status& exchange);
+  // Waits for the replies to a step's pushes already sent (BeginStep's early ones) and
+  // settles their frames, the outcome aside: what ends a step that is not exchanged.
+  void SettleSentPushes(const std::vector<int>& shards, std::vector<Outgoing> requests);
   bool AwaitFramesReleased(std::chrono::steady_clock::duration limit);
   int64_t Unreleased() const;  // frames not yet released, all shards
 

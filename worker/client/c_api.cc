@@ -230,16 +230,6 @@ T ReadClient(const char* call, const parasync_client_t* client, T refused, Read&
   });
 }
 
-// A step whose arguments were refused (NULL arrays) ends anyway, as FinishStep ends it on any
-// error: FinishStep refuses a wrong number of parameter arrays before it reads one, and
-// settles the pushes already out, so the caller may reuse its gradients once this returns.
-Status AbandonStep(parasync_client_t* c, Status refused) {
-  const size_t wrong = (c->registration ? c->registration->variables.size() : 0) + 1;
-  const std::vector<float*> no_arrays(wrong, nullptr);
-  (void)c->client->FinishStep(no_arrays, 0, nullptr, {}, {});
-  return refused;
-}
-
 // GuardVoid for a call that changes a client: refused for a NULL client, else `update` under
 // its lock.
 template <typename Update>
@@ -776,7 +766,8 @@ int parasync_client_step_finish(parasync_client_t* client, const parasync_rows_t
     Result<std::vector<RowsOf>> pulled = RowsOfC(pull_rows, num_pull_rows, "pull_rows");
     Status refused = NeedArrays(params, num_params, "params");
     if (refused.ok()) refused = pushed.ok() ? pulled.status() : pushed.status();
-    if (!refused.ok()) return AbandonStep(client, refused);
+    // Refused arguments (NULL arrays) end the step anyway, as FinishStep ends it on any error.
+    if (!refused.ok()) return client->client->AbandonStep(refused);
     // Sync: the next parameters are those of the step this push completes.
     const int64_t wait = client->mode.kind == TrainingMode::Kind::kSync ? PsClient::kNextStep : 0;
     PsClient::PushPullTimes t;
