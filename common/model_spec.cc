@@ -75,6 +75,23 @@ Status ValidateAdagradHyperparameters(const OptimizerSpec& s) {
   return Status::Ok();
 }
 
+Status ValidateWorkerSideOptimizer(const OptimizerSpec& s) {
+  const std::string name(OptimizerKindName(s.kind));
+  if (s.learning_rate != 1.0f) {
+    return Status::InvalidArgument(name + ": the workers' optimizer owns the learning rate; the "
+                                   "servers' must be 1");
+  }
+  if (s.schedule != LrSchedule::kConstant) {
+    return Status::InvalidArgument(name + ": a learning-rate schedule belongs to the workers' "
+                                   "optimizer (a torch.optim.lr_scheduler), not the servers");
+  }
+  if (s.staleness_aware) {
+    return Status::InvalidArgument(name + ": staleness-aware scaling needs a server-side "
+                                   "optimizer");
+  }
+  return Status::Ok();
+}
+
 Status ValidateOptimizer(const OptimizerSpec& s) {
   if (!(s.learning_rate > 0.0f) || !std::isfinite(s.learning_rate)) {
     return Status::InvalidArgument("learning rate must be a positive finite number");
@@ -107,6 +124,22 @@ Status ValidateRegistration(const ModelRegistration& reg) {
   }
   PARASYNC_RETURN_IF_ERROR(ValidateTables(reg.tables, reg.variables));
   PARASYNC_RETURN_IF_ERROR(ValidateOptimizer(reg.optimizer));
+  if (IsWorkerSide(reg.optimizer.kind)) {
+    const bool sync = reg.mode.starts_with("sync");
+    if (!reg.tables.empty()) {
+      return Status::InvalidArgument("embedding tables need a server-side optimizer (sgd, "
+                                     "momentum, adam, adagrad), not " +
+                                     std::string(OptimizerKindName(reg.optimizer.kind)));
+    }
+    if (reg.optimizer.kind == OptimizerKind::kAggregate && !sync && !reg.mode.empty()) {
+      return Status::InvalidArgument("aggregate is for sync modes; in " + reg.mode +
+                                     " the workers push their optimizer's change (delta)");
+    }
+    if (reg.optimizer.kind == OptimizerKind::kDelta && sync && !reg.mode.empty()) {
+      return Status::InvalidArgument("delta is for async and ssp; in " + reg.mode +
+                                     " the servers average the gradients (aggregate)");
+    }
+  }
   if (reg.max_slice_elements < 1) return Status::InvalidArgument("max_slice_elements must be >= 1");
   if (reg.num_shards < 1) return Status::InvalidArgument("num_shards must be >= 1");
   return Status::Ok();

@@ -14,7 +14,16 @@
 namespace parasync {
 
 // Numbers are part of the wire protocol (schema/parasync.fbs): never renumber.
-enum class OptimizerKind : uint8_t { kSgd = 0, kMomentum = 1, kAdam = 2, kAdagrad = 3 };
+// kAggregate and kDelta leave the optimizer to the workers (parasync.horovod): the server
+// keeps a step's averaged gradient (sync) or adds each pushed change (async, ssp).
+enum class OptimizerKind : uint8_t {
+  kSgd = 0,
+  kMomentum = 1,
+  kAdam = 2,
+  kAdagrad = 3,
+  kAggregate = 4,
+  kDelta = 5,
+};
 enum class LrSchedule : uint8_t { kConstant = 0, kCosine = 1 };
 
 struct OptimizerSpec {
@@ -48,6 +57,13 @@ Status ValidateMomentumHyperparameters(const OptimizerSpec& spec);
 Status ValidateAdamHyperparameters(const OptimizerSpec& spec);
 // adagrad: initial accumulator >= 0 and finite, epsilon > 0, and not both zero.
 Status ValidateAdagradHyperparameters(const OptimizerSpec& spec);
+// aggregate and delta: the workers' optimizer owns the learning rate, its schedule and any
+// staleness scaling, so the server takes none (learning rate 1, constant, not scaled).
+Status ValidateWorkerSideOptimizer(const OptimizerSpec& spec);
+// The optimizer runs on the workers (kAggregate, kDelta).
+inline bool IsWorkerSide(OptimizerKind kind) {
+  return kind == OptimizerKind::kAggregate || kind == OptimizerKind::kDelta;
+}
 
 // The most slot arrays any optimizer keeps: a row below with more does not compile, so the
 // server may hold slot pointers in std::array<float*, kMaxOptimizerSlots>.
@@ -72,6 +88,8 @@ inline constexpr OptimizerKindInfo kOptimizerKinds[] = {
     {OptimizerKind::kMomentum, "momentum", 1, &ValidateMomentumHyperparameters},  // v
     {OptimizerKind::kAdam, "adam", 2, &ValidateAdamHyperparameters},              // m, v
     {OptimizerKind::kAdagrad, "adagrad", 1, &ValidateAdagradHyperparameters},     // sum g^2
+    {OptimizerKind::kAggregate, "aggregate", 0, &ValidateWorkerSideOptimizer},     // w = g
+    {OptimizerKind::kDelta, "delta", 0, &ValidateWorkerSideOptimizer},             // w += g
 };
 
 constexpr bool OptimizerKindsAreWellFormed() {

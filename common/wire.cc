@@ -20,6 +20,7 @@ std::string_view MsgTypeName(MsgType type) {
     case MsgType::kHeartbeat: return "heartbeat";
     case MsgType::kLeave: return "leave";
     case MsgType::kCheckpoint: return "checkpoint";
+    case MsgType::kGather: return "gather";
   }
   return "unknown";
 }
@@ -38,6 +39,7 @@ static_assert(SameNumber(MsgType::kShutdown, fb::MsgType::Shutdown));
 static_assert(SameNumber(MsgType::kHeartbeat, fb::MsgType::Heartbeat));
 static_assert(SameNumber(MsgType::kLeave, fb::MsgType::Leave));
 static_assert(SameNumber(MsgType::kCheckpoint, fb::MsgType::Checkpoint));
+static_assert(SameNumber(MsgType::kGather, fb::MsgType::Gather));
 static_assert(SameNumber(StatusCode::kOk, fb::Code::Ok));
 static_assert(SameNumber(StatusCode::kInvalidArgument, fb::Code::InvalidArgument));
 static_assert(SameNumber(StatusCode::kNotFound, fb::Code::NotFound));
@@ -62,7 +64,9 @@ static_assert(SameNumber(OptimizerKind::kSgd, fb::OptimizerKind::Sgd));
 static_assert(SameNumber(OptimizerKind::kMomentum, fb::OptimizerKind::Momentum));
 static_assert(SameNumber(OptimizerKind::kAdam, fb::OptimizerKind::Adam));
 static_assert(SameNumber(OptimizerKind::kAdagrad, fb::OptimizerKind::Adagrad));
-static_assert(SameNumber(OptimizerKind::kAdagrad, fb::OptimizerKind::MAX));
+static_assert(SameNumber(OptimizerKind::kAggregate, fb::OptimizerKind::Aggregate));
+static_assert(SameNumber(OptimizerKind::kDelta, fb::OptimizerKind::Delta));
+static_assert(SameNumber(OptimizerKind::kDelta, fb::OptimizerKind::MAX));
 static_assert(SameNumber(LrSchedule::kConstant, fb::LrSchedule::Constant));
 static_assert(SameNumber(LrSchedule::kCosine, fb::LrSchedule::Cosine));
 static_assert(SameNumber(LrSchedule::kCosine, fb::LrSchedule::MAX));
@@ -223,6 +227,10 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
   }
   flatbuffers::Offset<flatbuffers::String> message = 0;
   if (!h.status.message().empty()) message = b.CreateString(h.status.message());
+  flatbuffers::Offset<flatbuffers::String> key = 0;
+  if (!h.key.empty()) key = b.CreateString(h.key);
+  flatbuffers::Offset<flatbuffers::Vector<int32_t>> ranks = 0;
+  if (!h.ranks.empty()) ranks = b.CreateVector(h.ranks);
 
   fb::HeaderBuilder hb(b);
   hb.add_protocol_version(h.protocol_version);
@@ -248,6 +256,8 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
   if (!reg.IsNull()) hb.add_register_(reg);
   if (!stats.IsNull()) hb.add_stats(stats);
   if (!rows.IsNull()) hb.add_rows(rows);
+  if (!key.IsNull()) hb.add_key(key);
+  if (!ranks.IsNull()) hb.add_ranks(ranks);
   b.Finish(hb.Finish());
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
@@ -424,6 +434,8 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.replayed = in->replayed();
   h.staleness = in->staleness();
   h.progress = {in->progress_epoch(), in->progress_done(), in->progress_of()};
+  if (const auto* k = in->key()) h.key = k->str();
+  if (const auto* r = in->ranks()) h.ranks.assign(r->begin(), r->end());
   if (const fb::RegisterRequest* r = in->register_()) {
     auto reg = DecodeRegistration(r);
     if (!reg.ok()) return reg.status();

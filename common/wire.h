@@ -33,11 +33,12 @@ enum class MsgType : uint8_t {
   kHeartbeat = 5,
   kLeave = 6,
   kCheckpoint = 7,
+  kGather = 8,
 };
 std::string_view MsgTypeName(MsgType type);
-inline constexpr int kNumMsgTypes = 8;
+inline constexpr int kNumMsgTypes = 9;
 // Tied to the enum here, and to the schema's MsgType in common/wire.cc.
-static_assert(static_cast<int>(MsgType::kCheckpoint) + 1 == kNumMsgTypes,
+static_assert(static_cast<int>(MsgType::kGather) + 1 == kNumMsgTypes,
               "kNumMsgTypes must count every MsgType");
 
 struct SliceRange {
@@ -105,6 +106,8 @@ struct Header {
   std::optional<ModelRegistration> registration;  // Register requests
   std::optional<ShardStats> stats;                // Stats replies
   std::vector<RowRange> rows;  // pull/push: embedding rows (frames after the slices')
+  std::string key;             // gather: the collective's name
+  std::vector<int32_t> ranks;  // gather reply: whose payload each frame is
 };
 
 // Serializes `header` into a fresh buffer. Never fails.

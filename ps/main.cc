@@ -93,6 +93,7 @@ struct PsFlags {
   std::string log_dir;
   std::string log_level = "info";
   int64_t max_message_bytes = int64_t{1} << 30;
+  int64_t max_gather_bytes = int64_t{64} << 20;
   int64_t max_model_bytes = 0;
   int64_t max_table_rows = -1;  // -1: 4M rows, or no row bound with --table-memory
   int64_t table_memory = 0;
@@ -128,7 +129,7 @@ void DescribeProgram(CLI::App& app) {
            "one registers (log line \"memory bound\", gauges parasync_ps_memory_bound_*): about "
            "96 MiB + the model (values, a spare copy, optimizer slots; sync: a gradient per "
            "worker; with --state-dir: a snapshot's copies) + --max-unread-reply-bytes + one "
-           "--max-message-bytes, plus (4 + 1) x --max-message-bytes + 1 MiB per connected peer. "
+           "--max-message-bytes + 2 x --max-gather-bytes, plus (4 + 1) x --max-message-bytes + 1 MiB per connected peer. "
            "It holds whatever a peer sends or leaves unread — a pull past the unread-reply bound "
            "and a message past --max-message-bytes are refused — with one gap: libzmq holds a "
            "message of many frames whole before it can be refused (docs/reliability.md).",
@@ -213,6 +214,11 @@ void AddServingFlags(CLI::App& app, PsFlags& f) {
   app.add_option("--log-level", f.log_level, "debug, info, warn or error");
   app.add_option("--max-message-bytes", f.max_message_bytes,
                  "Largest message accepted, all its frames together; bigger ones are refused")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-gather-bytes", f.max_gather_bytes,
+                 "Most bytes the collectives of parasync.horovod (allreduce, allgather, "
+                 "broadcast) may hold on this server at once, all ranks' payloads together; "
+                 "a collective past it is refused")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-unread-reply-bytes", f.max_unread_reply_bytes,
                  "Most bytes of pull replies that peers have not read yet, all together; a "
@@ -516,6 +522,7 @@ ServerOptions MakeServerOptions(const PsFlags& f, const PsConfig& c) {
   options.shard_index = c.spec.task_index;
   options.num_shards = static_cast<int>(c.spec.ps.size());
   options.max_message_bytes = f.max_message_bytes;
+  options.max_gather_bytes = f.max_gather_bytes;
   options.max_unread_reply_bytes = f.max_unread_reply_bytes;
   options.max_model_bytes = f.max_model_bytes;
   if (options.max_model_bytes == 0) {

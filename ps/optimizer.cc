@@ -77,12 +77,32 @@ void Adagrad(const OptimizerSpec& spec, int64_t /*step*/, const float* __restric
   }
 }
 
+// The workers apply their own optimizer: the server keeps the step's averaged gradient for
+// them to read ...
+template <bool kInPlace>
+void Aggregate(const OptimizerSpec& /*spec*/, int64_t /*step*/, const float* /*in*/,
+               float* __restrict out, const float* __restrict g,
+               std::span<float* const> /*slots*/, int64_t n) {
+  std::copy(g, g + n, out);
+}
+
+// ... or adds the change a worker's optimizer made to its copy (async, ssp).
+template <bool kInPlace>
+void Delta(const OptimizerSpec& /*spec*/, int64_t /*step*/, const float* __restrict in,
+           float* __restrict out, const float* __restrict g, std::span<float* const> /*slots*/,
+           int64_t n) {
+  auto w = [&](int64_t i) { return kInPlace ? out[i] : in[i]; };
+  for (int64_t i = 0; i < n; ++i) out[i] = w(i) + g[i];
+}
+
 // Every optimizer's update, row for row as kOptimizerKinds (common/model_spec.h) lists them.
 constexpr OptimizerDef kOptimizers[] = {
     {OptimizerKind::kSgd, &Sgd<true>, &Sgd<false>},
     {OptimizerKind::kMomentum, &Momentum<true>, &Momentum<false>},
     {OptimizerKind::kAdam, &Adam<true>, &Adam<false>},
     {OptimizerKind::kAdagrad, &Adagrad<true>, &Adagrad<false>},
+    {OptimizerKind::kAggregate, &Aggregate<true>, &Aggregate<false>},
+    {OptimizerKind::kDelta, &Delta<true>, &Delta<false>},
 };
 
 constexpr bool TableMatchesTheKinds() {

@@ -8,6 +8,9 @@
 //                                                                    (TensorFlow's Adam)
 //   adagrad   a += g^2;  w -= lr * g / (sqrt(a0 + a) + eps)           (TensorFlow's Adagrad,
 //             a0 = initial_accumulator; the slot a starts at zero)
+//   aggregate w = g           (sync: the step's averaged gradient, for the workers'
+//                              own optimizer to apply)
+//   delta     w += g          (async, ssp: g is the change a worker's optimizer made)
 #pragma once
 
 #include <cstdint>

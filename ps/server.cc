@@ -185,7 +185,10 @@ MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, i
   // snapshot can add are covered by the terms above; a message read and not queued (refused
   // for a full queue, or a resend dropped) is not: one per server (the loop reads one at a
   // time and lets it go before the next).
-  b.fixed = b.base + b.model + b.tables + b.unread + options.max_message_bytes;
+  // Collectives: the payloads on the board, and as much again in replies whose payloads the
+  // board has let go of and ZeroMQ has not yet written out.
+  b.gather = 2 * options.max_gather_bytes;
+  b.fixed = b.base + b.model + b.tables + b.unread + b.gather + options.max_message_bytes;
   // The loop queues up to kServerPeerQueue messages of a connection (the one being handled
   // among them), or more small ones weighing no more than those could together
   // (PeerQueueBytes), ZeroMQ up to kServerReceiveQueue more and decodes one more, each of at
@@ -202,7 +205,7 @@ std::string MemoryBound::Describe() const {
                      "one message read past its queue {})",
                      Mib(fixed), Mib(per_connection), Mib(base), Mib(model),
                      tables > 0 ? "embedding rows " + Mib(tables) + ", " : std::string(),
-                     Mib(unread), Mib(fixed - base - model - tables - unread));
+                     Mib(unread), Mib(fixed - base - model - tables - unread - gather));
 }
 
 Result<std::unique_ptr<Server>> Server::Create(zmq::context_t& context,
@@ -239,6 +242,7 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
                     options.worker_timeout},
                    std::chrono::steady_clock::now()),
       parked_(static_cast<size_t>(4 * options.num_workers + 64)),
+      gathers_({options.num_workers, options.max_gather_bytes, options.barrier_timeout}),
       inbox_(kServerPeerQueue, kServerPeerCredit, PeerQueueBytes(options.max_message_bytes)),
       straggler_({options.num_workers, options.straggler_log_seconds}),
       last_idle_(std::chrono::steady_clock::now()),
@@ -1034,6 +1038,8 @@ void Server::FailExpiredParked(TimePoint now) {
 
 void Server::Tick(TimePoint now, bool idle) {
   if (idle) MaybeTrimMemory(now);
+  // Collectives run before the model is registered too (broadcast_parameters).
+  SendGatherReplies(gathers_.Tick(now, [this](int r) { return GatherExpects(r); }));
   if (!shard_.registered()) return;
   if (idle) last_idle_ = now;
   // Silence is judged only once the queue is drained (a heartbeat may be waiting behind
@@ -1119,6 +1125,9 @@ bool Server::Handle(Inbound& in) {
       case MsgType::kShutdown:
         keep_serving = HandleShutdown(in, reply, &reason);
         break;
+      case MsgType::kGather:
+        HandleGather(in, now);
+        return true;  // answered now or when the round completes
     }
   }
   SendReply(in, reply, reason, now);
@@ -1144,6 +1153,7 @@ Status Server::Admit(const Inbound& in, TimePoint now, RejectReason* reason) {
   const bool ranked = coordinator_.ValidRank(req.rank);
   const bool tool = req.rank == -1;
   const bool needs_rank = req.type == MsgType::kHeartbeat || req.type == MsgType::kLeave ||
+                          req.type == MsgType::kGather ||
                           (options_.mode.kind != TrainingMode::Kind::kAsync &&
                            req.type == MsgType::kPush);
   const bool bad_rank = !ranked && (!tool || needs_rank);
@@ -1320,9 +1330,51 @@ bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason*
   return true;
 }
 
+bool Server::GatherExpects(int rank) const {
+  return coordinator_.workers()[static_cast<size_t>(rank)].state ==
+         Coordinator::Worker::State::kLive;
+}
+
+void Server::HandleGather(Inbound& in, TimePoint now) {
+  const Header& req = *in.header;
+  if (in.frames.size() != 1) {
+    Reject(RejectReason::kFrameCount);
+    Header reply = ReplyTo(req);
+    reply.status = Status::InvalidArgument("a gather carries exactly one payload frame");
+    (void)socket_->Send(&in.identity, reply, {});
+    return;
+  }
+  SendGatherReplies(gathers_.Offer(in.identity, req, std::move(in.frames[0]), now,
+                                   [this](int r) { return GatherExpects(r); }));
+}
+
+void Server::SendGatherReplies(std::vector<GatherBoard::Reply> replies) {
+  for (GatherBoard::Reply& r : replies) {
+    Header reply = ReplyTo(r.request);
+    reply.status = r.status;
+    reply.ranks = std::move(r.ranks);
+    reply.key = r.request.key;
+    reply.clock = r.request.clock;
+    if (!r.status.ok()) {
+      Reject(r.status.code() == StatusCode::kTimedOut ? RejectReason::kBarrierTimeout
+                                                      : RejectReason::kUnsupported);
+      spdlog::warn("gather '{}' of rank {}: {}", r.request.key, r.request.rank,
+                   r.status.message());
+    }
+    const size_t type = static_cast<size_t>(MsgType::kGather);
+    metrics_->bytes_sent[type]->Increment(static_cast<double>(FramesBytes(r.frames)));
+    if (Status st = socket_->Send(&r.identity, reply, std::move(r.frames)); !st.ok()) {
+      spdlog::warn("gather reply to rank {} not sent: {}", r.request.rank, st.message());
+    }
+  }
+}
+
 void Server::HandleLeave(const Header& req) {
   coordinator_.Leave(req.rank);
   spdlog::info("worker {} left (done); {} live worker(s)", req.rank, coordinator_.live_count());
+  // The collectives stop waiting for it too.
+  SendGatherReplies(gathers_.Tick(std::chrono::steady_clock::now(),
+                                  [this](int r) { return GatherExpects(r); }));
   // The step may complete without it; a failed write fails the step's parked pulls, and the
   // Leave itself is done either way.
   (void)MaybeCompleteStep();

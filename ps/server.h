@@ -31,6 +31,7 @@
 #include "ps/checkpoint_store.h"
 #include "ps/coordinator.h"
 #include "ps/durability.h"
+#include "ps/gather_board.h"
 #include "ps/parked_pulls.h"
 #include "ps/peer_queues.h"
 #include "ps/ps_metrics.h"
@@ -111,6 +112,9 @@ struct ServerOptions {
   // (rate-limited per rank); <= 0: never logged. Always counted in the metrics.
   double straggler_log_seconds = 1.0;
 
+  // Bound on the payloads of collectives (ps/gather_board.h) the server holds at once.
+  int64_t max_gather_bytes = int64_t{64} << 20;
+
   // Fault injection for tests: the reply to every Nth push is not sent after the push was
   // applied (what a connection cut between apply and acknowledgement looks like). 0: off.
   int64_t drop_push_reply_every = 0;
@@ -145,6 +149,7 @@ struct MemoryBound {
   int64_t model = 0;      // values, spare, slots, sync buffers, snapshot copies
   int64_t unread = 0;     // pull replies not yet written out
   int64_t tables = 0;     // embedding rows at --max-table-rows, and a snapshot's copy of them
+  int64_t gather = 0;     // collectives' payloads held, and their replies not yet written out
   std::string Describe() const;
 };
 // For a shard holding `elements` floats with `slots` optimizer slots per element. Before
@@ -224,6 +229,11 @@ class Server {
   // Returns true if the pull was answered or parked (no reply left to send).
   bool HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason* reason);
   void HandleLeave(const Header& req);
+  // A collective's offer (ps/gather_board.h); its reply, or everyone's, goes out now or later.
+  void HandleGather(Inbound& in, TimePoint now);
+  void SendGatherReplies(std::vector<GatherBoard::Reply> replies);
+  // Whether the collectives wait for `rank` (live, by the coordinator).
+  bool GatherExpects(int rank) const;
   void HandleCheckpoint(const Header& req, Header& reply, RejectReason* reason);
   // Returns false (stop serving) for an accepted Shutdown.
   bool HandleShutdown(const Inbound& in, Header& reply, RejectReason* reason);
@@ -346,6 +356,7 @@ class Server {
   void FailParked(ParkedPull& p, const Status& status, RejectReason reason);
 
   ParkedPulls parked_;
+  GatherBoard gathers_;
   // Requests read and not yet handled, by peer, and their fair order.
   PeerQueues inbox_;
   ByteCounter unread_total_ = std::make_shared<std::atomic<int64_t>>(0);

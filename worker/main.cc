@@ -475,6 +475,12 @@ parasync::Result<parasync::OptimizerSpec> OptimizerFromFlags(const WorkerFlags& 
   using namespace parasync;
   auto opt_kind = ParseOptimizerKind(f.optimizer);
   if (!opt_kind.ok()) return opt_kind.status();
+  if (IsWorkerSide(*opt_kind)) {
+    return Status::InvalidArgument("--optimizer " + f.optimizer +
+                                   ": parasync-worker trains with a server-side optimizer (sgd, "
+                                   "momentum, adam or adagrad); " + f.optimizer +
+                                   " is for scripts that apply their own (parasync.horovod)");
+  }
   OptimizerSpec opt;
   opt.kind = *opt_kind;
   opt.learning_rate = f.lr;

@@ -913,6 +913,36 @@ Result<std::vector<ShardStats>> PsClient::Stats() {
   return out;
 }
 
+Status PsClient::SetWireDType(DType dtype) {
+  if (registration_ || !narrowed_.empty()) {
+    return Status::FailedPrecondition("the wire dtype is chosen before the model is registered");
+  }
+  options_.wire_dtype = dtype;
+  return Status::Ok();
+}
+
+Status PsClient::Gather(const std::string& key, int64_t round, std::span<const uint8_t> payload,
+                        std::vector<int32_t>* ranks, std::vector<zmq::message_t>* payloads) {
+  Outgoing o;
+  o.header.type = MsgType::kGather;
+  o.header.key = key;
+  o.header.clock = round;
+  o.frames.emplace_back(payload.data(), payload.size());
+  std::vector<Outgoing> requests;
+  requests.push_back(std::move(o));
+  auto replies = Exchange({0}, std::move(requests), options_.blocking_timeout);
+  if (!replies.ok()) return replies.status().WithContext("gather '" + key + "'");
+  Inbound& in = (*replies)[0];
+  if (in.header->ranks.size() != in.frames.size()) {
+    return Status::Corruption("gather '" + key + "': a reply of " +
+                              std::to_string(in.frames.size()) + " payloads for " +
+                              std::to_string(in.header->ranks.size()) + " ranks");
+  }
+  *ranks = std::move(in.header->ranks);
+  *payloads = std::move(in.frames);
+  return Status::Ok();
+}
+
 Status PsClient::Checkpoint() {
   Header h;
   h.type = MsgType::kCheckpoint;

@@ -227,6 +227,19 @@ class PsClient {
   // Each shard's statistics, in shard order.
   Result<std::vector<ShardStats>> Stats();
 
+  // How later pushes and pulls travel (PsClientOptions::wire_dtype). Before Register or
+  // Adopt only: FailedPrecondition after.
+  Status SetWireDType(DType dtype);
+
+  // A collective's exchange (ps/gather_board.h): offers `payload` (caller-owned, read during
+  // the call) for round `round` (1, 2, ...) of `key` to shard 0 and waits, up to
+  // blocking_timeout, until every live rank has offered. Fills `ranks` with the ranks that
+  // took part, in increasing order, and `payloads` with theirs in the same order. Works
+  // before Register too. Errors: the server's (a rank out of step, the payload bound, a
+  // round that timed out naming the missing ranks) or TimedOut/Aborted here.
+  Status Gather(const std::string& key, int64_t round, std::span<const uint8_t> payload,
+                std::vector<int32_t>* ranks, std::vector<zmq::message_t>* payloads);
+
   // Asks every shard to save a snapshot now (cluster-wide checkpoint); returns when all did.
   // FailedPrecondition from a shard started without --data-dir.
   Status Checkpoint();

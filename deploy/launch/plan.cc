@@ -201,8 +201,33 @@ std::vector<std::string> WorkerEnvironment(const LaunchOptions& options, const C
   const nlohmann::ordered_json tf_config = {
       {"cluster", {{"ps", cluster.ps_addresses}, {"worker", cluster.worker_addresses}}},
       {"task", {{"type", "worker"}, {"index", spec.index}}}};
+  // torchrun's and Horovod's names for where the worker is: its rank and the world's size,
+  // its place among the workers of its host, and its host's among the hosts (in the order
+  // they first appear among the workers).
+  auto host_of = [](const std::string& address) {
+    return address.substr(0, address.rfind(':'));
+  };
+  const std::string my_host = host_of(cluster.worker_addresses.at(static_cast<size_t>(spec.index)));
+  std::vector<std::string> hosts;
+  int local_size = 0;
+  for (const std::string& address : cluster.worker_addresses) {
+    const std::string host = host_of(address);
+    if (host == my_host) ++local_size;
+    if (std::find(hosts.begin(), hosts.end(), host) == hosts.end()) hosts.push_back(host);
+  }
+  const auto cross_rank = std::find(hosts.begin(), hosts.end(), my_host) - hosts.begin();
+  const std::string world = std::to_string(cluster.worker_addresses.size());
   std::vector<std::string> env = {
       "TF_CONFIG=" + tf_config.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+      "RANK=" + std::to_string(spec.index),
+      "WORLD_SIZE=" + world,
+      "LOCAL_WORLD_SIZE=" + std::to_string(local_size),
+      "HOROVOD_RANK=" + std::to_string(spec.index),
+      "HOROVOD_SIZE=" + world,
+      "HOROVOD_LOCAL_RANK=" + std::to_string(local_rank),
+      "HOROVOD_LOCAL_SIZE=" + std::to_string(local_size),
+      "HOROVOD_CROSS_RANK=" + std::to_string(cross_rank),
+      "HOROVOD_CROSS_SIZE=" + std::to_string(hosts.size()),
       "PARASYNC_MODE=" + options.mode,
       "PARASYNC_LOG_DIR=" + cluster.log_dir,
       "PARASYNC_METRICS_PORT=" + std::to_string(spec.metrics_port),

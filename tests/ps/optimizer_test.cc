@@ -47,6 +47,12 @@ struct Reference {
           m[i] += gi * gi;
           w[i] -= lr * gi / (std::sqrt(m[i]) + double{spec.epsilon});
           break;
+        case OptimizerKind::kAggregate:
+          w[i] = gi;
+          break;
+        case OptimizerKind::kDelta:
+          w[i] += gi;
+          break;
       }
     }
   }
@@ -316,6 +322,69 @@ TEST(OptimizerTest, ApplySgdIfFiniteStreamingIsTheSameBitsAndCatchesEveryNonFini
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace parasync
+
+namespace parasync {
+namespace {
+
+// The workers' optimizer (parasync.horovod): the server keeps the averaged gradient
+// (aggregate) or adds the pushed change (delta), bit for bit, in place and out of place.
+TEST(OptimizerTest, AggregateKeepsTheGradientAndDeltaAddsIt) {
+  for (OptimizerKind kind : {OptimizerKind::kAggregate, OptimizerKind::kDelta}) {
+    OptimizerSpec spec;
+    spec.kind = kind;
+    spec.learning_rate = 1.0f;
+    EXPECT_EQ(NumOptimizerSlots(kind), 0);
+    EXPECT_TRUE(ValidateOptimizer(spec).ok());
+    SliceUnderTest slice(spec, {1.0f, -2.0f});
+    slice.Step({0.25f, 3.0f});
+    const bool aggregate = kind == OptimizerKind::kAggregate;
+    ExpectClose(slice.w, aggregate ? std::vector<double>{0.25, 3.0}
+                                   : std::vector<double>{1.25, 1.0}, "step 1");
+    std::vector<float> in{1.0f, 2.0f}, out(2);
+    const std::vector<float> g{0.5f, -0.5f};
+    ApplyUpdate(spec, 1, in.data(), out.data(), g.data(), {}, 2);
+    const std::vector<float> want = aggregate ? g : std::vector<float>{1.5f, 1.5f};
+    EXPECT_EQ(out, want);
+    EXPECT_EQ(in, (std::vector<float>{1.0f, 2.0f}));  // out of place: the input unchanged
+  }
+}
+
+TEST(OptimizerTest, WorkerSideOptimizersTakeNoServerLearningRateScheduleOrStaleness) {
+  OptimizerSpec spec;
+  spec.kind = OptimizerKind::kAggregate;
+  spec.learning_rate = 0.1f;
+  EXPECT_NE(ValidateOptimizer(spec).message().find("learning rate"), std::string::npos);
+  spec.learning_rate = 1.0f;
+  spec.schedule = LrSchedule::kCosine;
+  spec.decay_examples = 10;
+  EXPECT_NE(ValidateOptimizer(spec).message().find("lr_scheduler"), std::string::npos);
+  spec.schedule = LrSchedule::kConstant;
+  spec.kind = OptimizerKind::kDelta;
+  spec.staleness_aware = true;
+  EXPECT_FALSE(ValidateOptimizer(spec).ok());
+}
+
+TEST(OptimizerTest, AggregateIsForSyncModesAndDeltaForAsyncAndSsp) {
+  ModelRegistration reg;
+  reg.variables = {{"w", {2}, DType::kFloat32, {InitKind::kZeros, 0.0f}}};
+  reg.optimizer.kind = OptimizerKind::kAggregate;
+  reg.optimizer.learning_rate = 1.0f;
+  reg.mode = "sync";
+  EXPECT_TRUE(ValidateRegistration(reg).ok());
+  reg.mode = "async";
+  EXPECT_NE(ValidateRegistration(reg).message().find("delta"), std::string::npos);
+  reg.optimizer.kind = OptimizerKind::kDelta;
+  EXPECT_TRUE(ValidateRegistration(reg).ok());
+  reg.mode = "ssp:2";
+  EXPECT_TRUE(ValidateRegistration(reg).ok());
+  reg.mode = "sync";
+  EXPECT_NE(ValidateRegistration(reg).message().find("aggregate"), std::string::npos);
+  EXPECT_EQ(ParseOptimizerKind("aggregate").value(), OptimizerKind::kAggregate);
+  EXPECT_EQ(ParseOptimizerKind("delta").value(), OptimizerKind::kDelta);
 }
 
 }  // namespace

@@ -191,7 +191,14 @@ struct parasync_client_t {
   zmq::context_t context{1};
   std::unique_ptr<Heartbeater> heartbeater;
   std::unique_ptr<PsClient> client;
+  // The collectives' own connections (made at the first gather), so that a collective may
+  // run while a step's pushes are out on `client`'s (SyncBatchNorm in backward, a metric
+  // allreduced between backward and step).
+  PsClientOptions client_options;
+  std::unique_ptr<PsClient> gather_client;
   std::optional<ModelRegistration> registration;
+  // The last gather's payloads, by rank (absent: the rank took no part).
+  std::vector<std::optional<zmq::message_t>> gathered;
 };
 
 namespace {
@@ -298,6 +305,7 @@ Status StartClient(parasync_client_t* c) {
   client_options.incarnation_of = [beats](int shard) { return beats->Incarnation(shard); };
   client_options.pulls_may_wait = c->mode.kind != TrainingMode::Kind::kAsync;
   client_options.loop = &c->metrics->loop;
+  c->client_options = client_options;
   PARASYNC_ASSIGN_OR_RETURN(c->client, PsClient::Connect(c->context, client_options));
   return Status::Ok();
 }
@@ -587,7 +595,10 @@ size_t parasync_model_num_variables(const parasync_model_t* model) {
 int parasync_model_validate(const parasync_model_t* model, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
     PARASYNC_RETURN_IF_ERROR(Need(model, "model"));
-    return ValidateRegistration(model->reg);
+    // The mode is the client's, known at parasync_client_register (which checks it then).
+    ModelRegistration reg = model->reg;
+    reg.mode.clear();
+    return ValidateRegistration(reg);
   });
 }
 
@@ -887,6 +898,88 @@ int parasync_client_global_progress(parasync_client_t* client, int64_t* step,
     PARASYNC_RETURN_IF_ERROR(Explain(client, ReadGlobalProgress(*client->client, &row)));
     *step = row.global_step;
     *examples = row.global_examples;
+    return Status::Ok();
+  });
+}
+
+int parasync_client_set_wire_dtype(parasync_client_t* client, const char* dtype,
+                                   char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
+    std::lock_guard lock(client->mu);
+    PARASYNC_RETURN_IF_ERROR(Need(dtype, "dtype"));
+    const std::optional<DType> parsed = ParseDType(dtype);
+    if (!parsed) {
+      return Status::InvalidArgument("the wire dtype must be float32, bfloat16 or float16, not '" +
+                                     std::string(dtype) + "'");
+    }
+    if (client->registration) {
+      return Status::FailedPrecondition("the wire dtype is chosen before the model is registered");
+    }
+    PARASYNC_RETURN_IF_ERROR(client->client->SetWireDType(*parsed));
+    client->options.wire = *parsed;
+    return Status::Ok();
+  });
+}
+
+int parasync_client_gather(parasync_client_t* client, const char* key, int64_t round,
+                           const void* data, size_t size, uint8_t* contributed,
+                           uint64_t* sizes, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
+    std::lock_guard lock(client->mu);
+    PARASYNC_RETURN_IF_ERROR(Need(key, "key"));
+    PARASYNC_RETURN_IF_ERROR(Need(contributed, "contributed"));
+    PARASYNC_RETURN_IF_ERROR(Need(sizes, "sizes"));
+    if (data == nullptr && size > 0) return Status::InvalidArgument("data is NULL");
+    std::vector<int32_t> ranks;
+    std::vector<zmq::message_t> payloads;
+    const auto* bytes = static_cast<const uint8_t*>(data);
+    if (!client->gather_client) {
+      PARASYNC_ASSIGN_OR_RETURN(client->gather_client,
+                                PsClient::Connect(client->context, client->client_options));
+    }
+    PARASYNC_RETURN_IF_ERROR(Explain(
+        client, client->gather_client->Gather(key, round, {bytes, bytes == nullptr ? 0 : size}, &ranks,
+                                       &payloads)));
+    const auto n = static_cast<size_t>(client->num_workers);
+    client->gathered.clear();
+    client->gathered.resize(n);
+    std::fill(contributed, contributed + n, uint8_t{0});
+    std::fill(sizes, sizes + n, uint64_t{0});
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const auto r = static_cast<size_t>(ranks[i]);
+      if (ranks[i] < 0 || r >= n) {
+        return Status::Corruption("gather reply names rank " + std::to_string(ranks[i]));
+      }
+      contributed[r] = 1;
+      sizes[r] = payloads[i].size();
+      client->gathered[r] = std::move(payloads[i]);
+    }
+    return Status::Ok();
+  });
+}
+
+int parasync_client_gather_copy(parasync_client_t* client, int rank, void* out, size_t size,
+                                char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
+    std::lock_guard lock(client->mu);
+    if (rank < 0 || static_cast<size_t>(rank) >= client->gathered.size() ||
+        !client->gathered[static_cast<size_t>(rank)]) {
+      return Status::InvalidArgument("rank " + std::to_string(rank) +
+                                     " took no part in the last gather");
+    }
+    const zmq::message_t& m = *client->gathered[static_cast<size_t>(rank)];
+    if (size != m.size()) {
+      return Status::InvalidArgument("rank " + std::to_string(rank) + "'s payload is " +
+                                     std::to_string(m.size()) + " bytes, not " +
+                                     std::to_string(size));
+    }
+    if (size > 0) {
+      PARASYNC_RETURN_IF_ERROR(Need(out, "out"));
+      std::memcpy(out, m.data(), size);
+    }
     return Status::Ok();
   });
 }

@@ -283,6 +283,23 @@ PARASYNC_API int parasync_client_wait_for_workers(parasync_client_t* client, dou
  * version over the shards) and the examples they were computed from. */
 PARASYNC_API int parasync_client_global_progress(parasync_client_t* client, int64_t* step,
                                                  int64_t* examples, char** errmsg);
+/* How tensors travel from now on: "float32", "bfloat16" or "float16" (parasync.horovod's
+ * Compression); before parasync_client_register only. */
+PARASYNC_API int parasync_client_set_wire_dtype(parasync_client_t* client, const char* dtype,
+                                                char** errmsg);
+/* A collective's exchange (parasync.horovod's allreduce, allgather, broadcast): offers the
+ * `size` bytes at `data` (NULL when 0) for round `round` (1, 2, ... per key, on every rank
+ * alike) of `key`, and waits until every live rank has offered (a dead or departed rank is
+ * not waited for; the servers' --barrier-timeout bounds the wait). Then, for each rank r of
+ * the cluster, `contributed[r]` is 1 if it took part and `sizes[r]` its payload's bytes (0
+ * if not); both arrays hold num_workers entries. parasync_client_gather_copy copies a
+ * rank's payload out. Works before parasync_client_register too. */
+PARASYNC_API int parasync_client_gather(parasync_client_t* client, const char* key,
+                                        int64_t round, const void* data, size_t size,
+                                        uint8_t* contributed, uint64_t* sizes, char** errmsg);
+/* Rank `rank`'s payload of the last gather into `out`, whose `size` must be its size. */
+PARASYNC_API int parasync_client_gather_copy(parasync_client_t* client, int rank, void* out,
+                                             size_t size, char** errmsg);
 /* Asks every server to save a snapshot now (they need --state-dir). */
 PARASYNC_API int parasync_client_checkpoint(parasync_client_t* client, char** errmsg);
 /* The end: leaves (so barriers stop waiting for this rank; best effort within `seconds`),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_float, c_int, c_int64, c_size_t,
-                    c_uint32, c_uint64, c_void_p)
+                    c_uint8, c_uint32, c_uint64, c_void_p)
 
 from . import errors
 
@@ -96,6 +96,10 @@ _PROTOTYPES = {
     "parasync_client_wait_for_workers": (c_int, [_H, c_double, _ERR]),
     "parasync_client_global_progress": (c_int, [_H, POINTER(c_int64), POINTER(c_int64), _ERR]),
     "parasync_client_checkpoint": (c_int, [_H, _ERR]),
+    "parasync_client_set_wire_dtype": (c_int, [_H, c_char_p, _ERR]),
+    "parasync_client_gather": (c_int, [_H, c_char_p, c_int64, c_void_p, c_size_t,
+                                       POINTER(c_uint8), POINTER(c_uint64), _ERR]),
+    "parasync_client_gather_copy": (c_int, [_H, c_int, c_void_p, c_size_t, _ERR]),
     "parasync_client_finish": (c_int, [_H, c_double, _ERR]),
     "parasync_client_resends": (c_int64, [_H]),
     "parasync_client_reconnects": (c_int64, [_H]),

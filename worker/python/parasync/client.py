@@ -474,6 +474,34 @@ class Client:
         call(lib.parasync_client_global_progress, self._h, byref(step), byref(examples))
         return step.value, examples.value
 
+    def set_wire_dtype(self, dtype: str) -> None:
+        """How tensors travel from now on: "float32", "bfloat16" or "float16"; before
+        register() only (parasync.horovod's Compression)."""
+        call(lib.parasync_client_set_wire_dtype, self._h, text(dtype))
+
+    def gather(self, key: str, round: int, payload: bytes) -> list[bytes | None]:
+        """A collective's exchange (parasync.horovod builds allreduce, allgather and
+        broadcast on it): offers ``payload`` for round ``round`` (1, 2, ... per key, counted
+        alike on every rank) of ``key`` and waits until every live rank has offered. Returns
+        each rank's payload by rank, None for a rank that took no part (dead or departed).
+        Works before register()."""
+        n = self.num_workers
+        contributed = (ctypes.c_uint8 * n)()
+        sizes = (c_uint64 * n)()
+        data = ctypes.c_char_p(payload) if payload else None
+        call(lib.parasync_client_gather, self._h, text(key), int(round),
+             ctypes.cast(data, ctypes.c_void_p) if data else None, len(payload),
+             contributed, sizes)
+        out: list[bytes | None] = []
+        for r in range(n):
+            if not contributed[r]:
+                out.append(None)
+                continue
+            buffer = ctypes.create_string_buffer(max(1, sizes[r]))
+            call(lib.parasync_client_gather_copy, self._h, r, buffer, int(sizes[r]))
+            out.append(buffer.raw[:sizes[r]])
+        return out
+
     def checkpoint(self) -> None:
         """Asks every server for a snapshot now (they need --state-dir)."""
         self._need_model()

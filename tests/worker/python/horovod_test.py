@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""parasync.horovod against real servers and real worker processes.
+
+- Equivalence (sync, 2 workers): ranks that start from different random parameters are made
+  equal by broadcast_parameters; a script with torch.optim.SGD (momentum), StepLR and
+  clip_grad_norm_ between synchronize() and skip_synchronize() ends with the parameters one
+  process reaches averaging the two ranks' gradients each step and applying the same
+  optimizer, within 1e-5 relative; the same with AdamW; both ranks' parameters are bitwise
+  identical. A gradient dropped, counted twice or summed where averaged misses by far more.
+- Collectives (2 and 3 workers): allreduce (Average, Sum, Min, Max; in place; async; fp16),
+  grouped_allreduce, allgather (ranks of different lengths), broadcast, broadcast_object,
+  allgather_object and broadcast_optimizer_state, each against its definition.
+- async (2 workers, deltas): the servers end holding the initial parameters plus every delta
+  every worker pushed (each exactly once), and each worker's last pull is what the servers
+  held then.
+
+Usage: horovod_test.py BIN_DIR PYTHON_DIR SOURCE_DIR
+       horovod_test.py --worker SCENARIO OUT   (a worker process; the environment says who)
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+if sys.argv[1] == "--worker":
+    SCENARIO, OUT = sys.argv[2], sys.argv[3]
+else:
+    BIN_DIR, PYTHON_DIR, SOURCE_DIR = sys.argv[1:4]
+    sys.path[:0] = [PYTHON_DIR, os.path.join(SOURCE_DIR, "tests", "support")]
+
+import numpy as np  # noqa: E402
+
+STEPS = 6
+BATCH = 8
+
+
+def make_net(torch):
+    from torch import nn
+
+    class Net(nn.Module):  # Horovod's MNIST example's shape, smaller
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 4, 3)
+            self.conv2 = nn.Conv2d(4, 6, 3)
+            self.fc1 = nn.Linear(6 * 4 * 4, 16)
+            self.fc2 = nn.Linear(16, 10)
+
+        def forward(self, x):
+            F = nn.functional
+            x = F.relu(self.conv1(x))
+            x = F.relu(F.max_pool2d(self.conv2(x), 2))
+            x = F.relu(self.fc1(x.flatten(1)))
+            return F.log_softmax(self.fc2(x), dim=1)
+
+    return Net()
+
+
+def batch(torch, rank: int, step: int):
+    rng = np.random.default_rng(1000 * rank + step)
+    x = torch.from_numpy(rng.standard_normal((BATCH, 1, 12, 12)).astype(np.float32))
+    y = torch.from_numpy(rng.integers(0, 10, BATCH))
+    return x, y
+
+
+def make_optimizer(torch, name: str, params, lr_scale: float):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.05 * lr_scale, momentum=0.9)
+    return torch.optim.AdamW(params, lr=0.01 * lr_scale, weight_decay=0.05)
+
+
+# ---- worker side ----------------------------------------------------------------------------
+def worker_train(optimizer_name: str) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    import parasync.horovod as hvd
+    hvd.init()
+    torch.manual_seed(100 + hvd.rank())  # different on every rank: broadcast makes them equal
+    model = make_net(torch)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = make_optimizer(torch, optimizer_name, model.parameters(), hvd.size())
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    for step in range(STEPS):
+        x, y = batch(torch, hvd.rank(), step)
+        optimizer.zero_grad()
+        F.nll_loss(model(x), y).backward()
+        optimizer.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with optimizer.skip_synchronize():
+            optimizer.step()
+        scheduler.step()
+    out = {"before": before, "start": start,
+           "end": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    hvd.shutdown()
+    return out
+
+
+def worker_collectives() -> dict:
+    import torch
+
+    import parasync.horovod as hvd
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    out = {"rank": r, "size": n}
+    base = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    mine = base * (r + 1) + r
+    out["average"] = hvd.allreduce(mine, name="avg")
+    out["sum"] = hvd.allreduce(mine, op=hvd.Sum)
+    out["min"] = hvd.allreduce(mine * (-1) ** r, op=hvd.Min, name="min")
+    out["max"] = hvd.allreduce(mine * (-1) ** r, op=hvd.Max, name="max")
+    out["average_again"] = hvd.allreduce(mine + 1, name="avg")  # round 2 of a named key
+    out["int_sum"] = hvd.allreduce(torch.tensor([r, 2 * r], dtype=torch.int64), op=hvd.Sum)
+    inplace = mine.clone()
+    hvd.allreduce_(inplace, op=hvd.Sum, name="inplace")
+    out["inplace"] = inplace
+    handle = hvd.allreduce_async(mine, op=hvd.Sum, name="async")
+    out["poll"] = hvd.poll(handle)
+    out["async"] = hvd.synchronize(handle)
+    out["fp16"] = hvd.allreduce(mine / 7, name="fp16", compression=hvd.Compression.fp16)
+    out["grouped"] = hvd.grouped_allreduce([mine, mine[0]], op=hvd.Sum)
+    out["gather"] = hvd.allgather(torch.full((r + 1, 2), float(r)))
+    out["broadcast"] = hvd.broadcast(mine, root_rank=n - 1)
+    out["object"] = hvd.broadcast_object({"from": r, "list": [r] * 3}, root_rank=1)
+    out["objects"] = hvd.allgather_object(("rank", r))
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.9)
+    torch.manual_seed(r)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()  # a momentum buffer of its own on every rank
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    out["opt_lr"] = opt.param_groups[0]["lr"]
+    out["opt_momentum"] = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    hvd.barrier()
+    try:
+        hvd.allreduce(mine, op=hvd.Adasum)
+        out["adasum"] = "no error"
+    except Exception as e:  # noqa: BLE001 - the error's type and text are the point
+        out["adasum"] = f"{type(e).__name__}: {e}"
+    hvd.shutdown()
+    return out
+
+
+def worker_async() -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    import parasync.horovod as hvd
+    hvd.init()
+    torch.manual_seed(7 + hvd.rank())
+    model = make_net(torch)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    deltas = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    for step in range(STEPS):
+        x, y = batch(torch, hvd.rank(), step)
+        optimizer.zero_grad()
+        F.nll_loss(model(x), y).backward()
+        optimizer.step()
+        pushed = optimizer._pushed  # the deltas it sent, in parameter order
+        for (n, p), d in zip(model.named_parameters(), pushed):
+            deltas[n] += torch.from_numpy(d.copy()).view_as(p)
+    out = {"start": start, "deltas": deltas,
+           "end": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    hvd.barrier()  # every rank is done pushing
+    optimizer._client.pull(optimizer._pulled)  # what the servers hold now
+    out["held"] = {n: torch.from_numpy(h.copy()).view_as(p)
+                   for (n, p), h in zip(model.named_parameters(), optimizer._pulled)}
+    hvd.shutdown()
+    return out
+
+
+if sys.argv[1] == "--worker":
+    import torch
+    result = {"train_sgd": lambda: worker_train("sgd"),
+              "train_adamw": lambda: worker_train("adamw"),
+              "collectives": worker_collectives,
+              "async": worker_async}[SCENARIO]()
+    torch.save(result, OUT)
+    sys.exit(0)
+
+
+# ---- test side ------------------------------------------------------------------------------
+from checks import check, report, require_torch  # noqa: E402
+
+torch = require_torch()
+from ps_servers import Servers  # noqa: E402
+
+
+def run_workers(scenario: str, workers: int, mode: str, workdir: str) -> list:
+    """Starts `workers` worker processes against 2 fresh shards; returns their results."""
+    with Servers(BIN_DIR, shards=2, workers=workers, log_dir=workdir, mode=mode) as servers:
+        procs, outs = [], []
+        for r in range(workers):
+            tf_config = {"cluster": {"ps": servers.addresses,
+                                     "worker": [f"127.0.0.1:{i + 1}" for i in range(workers)]},
+                         "task": {"type": "worker", "index": r}}
+            env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), PARASYNC_MODE=mode,
+                       PARASYNC_LOG_DIR=workdir, PYTHONPATH=PYTHON_DIR,
+                       PARASYNC_REQUEST_TIMEOUT="60", PARASYNC_CONNECT_TIMEOUT="60")
+            out = os.path.join(workdir, f"{scenario}-{r}.pt")
+            log = open(os.path.join(workdir, f"{scenario}-worker{r}.log"), "w")
+            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", scenario, out],
+                                          env=env, stdout=log, stderr=subprocess.STDOUT))
+            outs.append(out)
+        deadline = time.monotonic() + 240
+        codes = []
+        for p in procs:
+            try:
+                codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append(p.wait())
+        for r, code in enumerate(codes):
+            if code != 0:
+                with open(os.path.join(workdir, f"{scenario}-worker{r}.log")) as f:
+                    sys.stderr.write(f.read()[-3000:])
+            check(code == 0, f"{scenario}: worker {r} exited {code}")
+        return [torch.load(o) if os.path.exists(o) else None for o in outs]
+
+
+def relative(a, b) -> float:
+    return float((a - b).abs().max() / max(float(b.abs().max()), 1e-12))
+
+
+def reference(optimizer_name: str, start: dict) -> dict:
+    """One process: both ranks' gradients each step, averaged, clipped, one optimizer."""
+    import torch.nn.functional as F
+    model = make_net(torch)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(start[n])
+    optimizer = make_optimizer(torch, optimizer_name, model.parameters(), 2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    for step in range(STEPS):
+        grads = []
+        for r in range(2):
+            model.zero_grad()
+            x, y = batch(torch, r, step)
+            F.nll_loss(model(x), y).backward()
+            grads.append([p.grad.detach().clone() for p in model.parameters()])
+        for p, g0, g1 in zip(model.parameters(), *grads):
+            p.grad = (g0 + g1) / 2
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def check_training(optimizer_name: str, workdir: str) -> None:
+    results = run_workers(f"train_{optimizer_name}", 2, "sync", workdir)
+    if None in results:
+        return
+    r0, r1 = results
+    differed = any(not torch.equal(r0["before"][n], r1["before"][n]) for n in r0["before"])
+    check(differed, f"{optimizer_name}: the ranks started from different parameters")
+    check(all(torch.equal(r0["start"][n], r1["start"][n]) and
+              torch.equal(r0["start"][n], r0["before"][n]) for n in r0["start"]),
+          f"{optimizer_name}: broadcast_parameters gave rank 1 rank 0's parameters")
+    check(all(torch.equal(r0["end"][n], r1["end"][n]) for n in r0["end"]),
+          f"{optimizer_name}: both ranks end with bitwise-identical parameters")
+    want = reference(optimizer_name, r0["start"])
+    worst = max(relative(r0["end"][n], want[n]) for n in want)
+    moved = max(relative(r0["end"][n], r0["start"][n]) for n in want)
+    print(f"{optimizer_name}: worst relative difference from one process averaging both ranks' "
+          f"gradients {worst:.2e} (training moved the parameters {moved:.2e})")
+    check(worst < 1e-5, f"{optimizer_name}: within 1e-5 of the one-process reference "
+                        f"({worst:.2e})")
+    check(moved > 1e-3, f"{optimizer_name}: training moved the parameters ({moved:.2e})")
+
+
+def check_collectives(workers: int, workdir: str) -> None:
+    results = run_workers("collectives", workers, "sync", workdir)
+    if None in results:
+        return
+    n = workers
+    base = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    mine = [base * (r + 1) + r for r in range(n)]
+    signed = [mine[r] * (-1) ** r for r in range(n)]
+    total = sum(mine[1:], mine[0].clone())
+    for res in results:
+        tag = f"{n} workers, rank {res['rank']}"
+        check(res["size"] == n, f"{tag}: size() {res['size']}")
+        check(torch.allclose(res["average"], total / n), f"{tag}: allreduce Average")
+        check(torch.allclose(res["average_again"], (total + n) / n),
+              f"{tag}: a named allreduce's second round")
+        check(torch.allclose(res["sum"], total), f"{tag}: allreduce Sum")
+        check(torch.equal(res["min"], torch.stack(signed).min(0).values), f"{tag}: Min")
+        check(torch.equal(res["max"], torch.stack(signed).max(0).values), f"{tag}: Max")
+        check(res["int_sum"].tolist() == [sum(range(n)), 2 * sum(range(n))], f"{tag}: int64 Sum")
+        check(torch.allclose(res["inplace"], total), f"{tag}: allreduce_ in place")
+        check(res["poll"] and torch.allclose(res["async"], total),
+              f"{tag}: allreduce_async + synchronize")
+        check(torch.allclose(res["fp16"], total / 7 / n, rtol=2e-3, atol=1e-3),
+              f"{tag}: allreduce with Compression.fp16")
+        check(torch.allclose(res["grouped"][0], total) and
+              torch.allclose(res["grouped"][1], total[0]), f"{tag}: grouped_allreduce")
+        want_gather = torch.cat([torch.full((r + 1, 2), float(r)) for r in range(n)])
+        check(torch.equal(res["gather"], want_gather), f"{tag}: allgather of unequal lengths")
+        check(torch.equal(res["broadcast"], mine[n - 1]), f"{tag}: broadcast from rank {n - 1}")
+        check(res["object"] == {"from": 1, "list": [1, 1, 1]}, f"{tag}: broadcast_object")
+        check(res["objects"] == [("rank", r) for r in range(n)], f"{tag}: allgather_object")
+        check(res["opt_lr"] == 0.1, f"{tag}: broadcast_optimizer_state's learning rate")
+        check(all(torch.equal(a, b) for a, b in zip(res["opt_momentum"],
+                                                  results[0]["opt_momentum"])),
+              f"{tag}: broadcast_optimizer_state's momentum buffers are rank 0's")
+        check(res["adasum"].startswith("NotSupported") and "Average" in res["adasum"],
+              f"{tag}: Adasum refused naming what to use ({res['adasum']})")
+    # Rank 1's momentum differed before the broadcast (its own gradient and rate).
+    print(f"collectives with {n} workers: {len(results)} ranks checked")
+
+
+def check_async(workdir: str) -> None:
+    results = run_workers("async", 2, "async", workdir)
+    if None in results:
+        return
+    r0, r1 = results
+    names = list(r0["start"])
+    check(all(torch.equal(r0["start"][n], r1["start"][n]) for n in names),
+          "async: both ranks started from rank 0's parameters")
+    worst = max(relative(r0["held"][n], r0["start"][n] + r0["deltas"][n] + r1["deltas"][n])
+                for n in names)
+    moved = max(relative(r0["held"][n], r0["start"][n]) for n in names)
+    print(f"async: the servers hold start + every delta within {worst:.2e} (moved {moved:.2e})")
+    check(worst < 1e-5, f"async: servers hold the start plus each delta once ({worst:.2e})")
+    check(moved > 1e-3, f"async: training moved the parameters ({moved:.2e})")
+
+
+def main() -> int:
+    # HOROVOD_TEST_ONLY=name[,name]: only those parts (sgd, adamw, collectives2, collectives3,
+    # async), for a person debugging one; the workers' logs are printed when one fails.
+    only = set(filter(None, os.environ.get("HOROVOD_TEST_ONLY", "").split(",")))
+    parts = {"sgd": lambda d: check_training("sgd", d),
+             "adamw": lambda d: check_training("adamw", d),
+             "collectives2": lambda d: check_collectives(2, d),
+             "collectives3": lambda d: check_collectives(3, d),
+             "async": check_async}
+    with tempfile.TemporaryDirectory(prefix="parasync-horovod-") as workdir:
+        for name, part in parts.items():
+            if not only or name in only:
+                part(workdir)
+    return report()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+#!/usr/bin/python3
+"""A Horovod PyTorch script on parasync: Horovod's MNIST example's shape on Fashion-MNIST.
+Only the import differs from a horovod.torch script:
+
+    import parasync.horovod as hvd      # was: import horovod.torch as hvd
+
+hvd.init(); the data sharded by rank with DistributedSampler; the learning rate scaled by
+hvd.size(); hvd.DistributedOptimizer around the script's own optimizer (SGD with momentum
+and a StepLR scheduler for --model horovod, Horovod's two-conv network; Adam for --model
+cnn, parasync's Keras CNN); the initial parameters and optimizer state broadcast from rank
+0; gradients clipped between synchronize() and skip_synchronize(); test metrics averaged
+with hvd.allreduce, and rank 0 logs them to <log-dir>/eval.jsonl (hvd.log_eval) for
+tools/compare.
+
+    parasync-launch --ps 2 --workers 2 --mode sync --epochs 3 \\
+        --worker-command "python3 worker/python/examples/horovod_mnist.py"
+    # the same with --mode async or --mode ssp:2
+
+Prints one line per epoch on every rank, then (rank 0) one JSON line:
+  {"program": "horovod_mnist.py", "metric": "test_accuracy", "value": ..., "per_epoch": [...]}
+Exit status 2 with one line on stderr for bad flags or missing data.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import data  # noqa: E402
+
+PROGRAM = "horovod_mnist.py"
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=("horovod", "cnn"), default="horovod",
+                   help="horovod: Horovod's example's two-conv network with SGD (momentum) "
+                        "and StepLR; cnn: parasync's Keras CNN with Adam (default %(default)s)")
+    p.add_argument("--epochs", type=int, default=int(os.environ.get("PARASYNC_EPOCHS", 3)),
+                   help="passes over the training set (default PARASYNC_EPOCHS, else 3)")
+    p.add_argument("--batch-size", type=int, default=64, help="examples per step and rank "
+                   "(default %(default)s)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate before scaling by hvd.size() (default 0.01 for "
+                        "horovod, 0.001 for cnn)")
+    p.add_argument("--momentum", type=float, default=0.5, help="SGD momentum (default "
+                   "%(default)s, Horovod's example's)")
+    p.add_argument("--train-examples", type=int, default=None,
+                   help="train on the first N training examples (default: all 60,000)")
+    p.add_argument("--test-examples", type=int, default=None,
+                   help="evaluate on the first N test examples (default: all 10,000)")
+    p.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none",
+                   help="how gradients travel (hvd.Compression; default %(default)s)")
+    p.add_argument("--clip", type=float, default=5.0,
+                   help="clip the averaged gradients' norm to this (default %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default "
+                   "%(default)s)")
+    p.add_argument("--seed", type=int, default=42, help="torch.manual_seed (default "
+                   "%(default)s)")
+    p.add_argument("--data", default=os.environ.get("PARASYNC_DATA") or data.FASHION_MNIST,
+                   help="Fashion-MNIST's directory (default PARASYNC_DATA, else %(default)s)")
+    args = p.parse_args()
+    for flag in ("epochs", "batch_size", "threads", "train_examples", "test_examples"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1, not {value}")
+    return args
+
+
+def main() -> int:
+    args = parse()
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    import torch.utils.data.distributed
+
+    import parasync.horovod as hvd
+
+    class Net(nn.Module):  # Horovod's examples/pytorch/pytorch_mnist.py
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 10, kernel_size=5)
+            self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
+            self.conv2_drop = nn.Dropout2d()
+            self.fc1 = nn.Linear(320, 50)
+            self.fc2 = nn.Linear(50, 10)
+
+        def forward(self, x):
+            x = F.relu(F.max_pool2d(self.conv1(x), 2))
+            x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))
+            x = x.view(-1, 320)
+            x = F.relu(self.fc1(x))
+            x = F.dropout(x, training=self.training)
+            return F.log_softmax(self.fc2(x), dim=1)
+
+    hvd.init()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    try:
+        xtr, ytr = data.fashion_mnist("train", args.data)
+        xte, yte = data.fashion_mnist("test", args.data)
+    except data.DataError as e:
+        print(f"{PROGRAM}: {e}", file=sys.stderr)
+        return 2
+    xtr, ytr = xtr[:args.train_examples], ytr[:args.train_examples]
+    xte, yte = xte[:args.test_examples], yte[:args.test_examples]
+    train_set = torch.utils.data.TensorDataset(torch.from_numpy(xtr), torch.from_numpy(ytr))
+    test_set = torch.utils.data.TensorDataset(torch.from_numpy(xte), torch.from_numpy(yte))
+    # Each rank its share of the data, as in Horovod's example.
+    train_sampler = torch.utils.data.distributed.DistributedSampler(
+        train_set, num_replicas=hvd.size(), rank=hvd.rank(), seed=args.seed)
+    train_loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size,
+                                               sampler=train_sampler)
+    test_sampler = torch.utils.data.distributed.DistributedSampler(
+        test_set, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False)
+    test_loader = torch.utils.data.DataLoader(test_set, batch_size=500, sampler=test_sampler)
+
+    if args.model == "horovod":
+        model = Net()
+        loss_of = F.nll_loss
+        lr = (args.lr or 0.01) * hvd.size()
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
+    else:
+        import models
+        model = models.KerasCnn()
+        loss_of = F.cross_entropy
+        lr = (args.lr or 0.001) * hvd.size()
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr, eps=1e-7)
+        scheduler = None
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    compression = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
+                   "bf16": hvd.Compression.bf16}[args.compression]
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=compression)
+
+    def metric_average(value, name):
+        return hvd.allreduce(torch.tensor(value), name=name).item()
+
+    def test():
+        model.eval()
+        loss, correct, seen = 0.0, 0, 0
+        with torch.no_grad():
+            for x, y in test_loader:
+                out = model(x)
+                loss += float(loss_of(out, y, reduction="sum"))
+                correct += int((out.argmax(1) == y).sum())
+                seen += len(y)
+        model.train()
+        # Every rank's share counted once: sums over the ranks, then the ratio.
+        totals = hvd.allreduce(torch.tensor([loss, correct, seen], dtype=torch.float64),
+                               op=hvd.Sum, name="test")
+        return float(totals[1] / totals[2]), float(totals[0] / totals[2])
+
+    per_epoch, started = [], time.monotonic()
+    for epoch in range(1, args.epochs + 1):
+        model.train()
+        train_sampler.set_epoch(epoch)
+        epoch_start, seen, loss_sum, steps = time.monotonic(), 0, 0.0, 0
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            loss = loss_of(model(x), y)
+            loss.backward()
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+            seen += len(y)
+            loss_sum += float(loss)
+            steps += 1
+        if scheduler is not None:
+            scheduler.step()
+        seconds = time.monotonic() - epoch_start
+        train_loss = metric_average(loss_sum / max(1, steps), "train_loss")
+        rate = metric_average(seen / seconds, "examples_per_sec") * hvd.size()
+        accuracy, test_loss = test()
+        per_epoch.append(round(accuracy, 4))
+        print(f"{PROGRAM}: rank {hvd.rank()} epoch {epoch}: train loss {train_loss:.4f}, test "
+              f"accuracy {accuracy:.4f}, test loss {test_loss:.4f}, {rate:.0f} examples/s "
+              f"(all ranks)", flush=True)
+        if hvd.rank() == 0:
+            hvd.log_eval(epoch, accuracy, test_loss, train_loss=train_loss,
+                         examples_per_sec=rate, wall_seconds=time.monotonic() - started,
+                         batch_size=args.batch_size)
+    if hvd.rank() == 0:
+        print(json.dumps({"program": PROGRAM, "metric": "test_accuracy", "value": per_epoch[-1],
+                          "per_epoch": per_epoch, "model": args.model,
+                          "workers": hvd.size(), "mode": hvd.client().mode,
+                          "wall_s": round(time.monotonic() - started, 1)}), flush=True)
+    hvd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
