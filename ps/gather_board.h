@@ -46,7 +46,7 @@ class GatherBoard {
 
   struct Options {
     int num_workers = 1;
-    int64_t max_bytes = int64_t{64} << 20;
+    int64_t max_bytes = int64_t{32} << 20;
     std::chrono::milliseconds timeout{300000};
   };
 

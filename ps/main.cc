@@ -93,7 +93,7 @@ struct PsFlags {
   std::string log_dir;
   std::string log_level = "info";
   int64_t max_message_bytes = int64_t{1} << 30;
-  int64_t max_gather_bytes = int64_t{64} << 20;
+  int64_t max_gather_bytes = int64_t{32} << 20;
   int64_t max_model_bytes = 0;
   int64_t max_table_rows = -1;  // -1: 4M rows, or no row bound with --table-memory
   int64_t table_memory = 0;

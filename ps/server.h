@@ -113,7 +113,7 @@ struct ServerOptions {
   double straggler_log_seconds = 1.0;
 
   // Bound on the payloads of collectives (ps/gather_board.h) the server holds at once.
-  int64_t max_gather_bytes = int64_t{64} << 20;
+  int64_t max_gather_bytes = int64_t{32} << 20;
 
   // Fault injection for tests: the reply to every Nth push is not sent after the push was
   // applied (what a connection cut between apply and acknowledgement looks like). 0: off.

@@ -239,8 +239,8 @@ void ExpectCorruption(const Header& h, const std::string& what) {
 
 TEST(WireTest, DecodeRejectsOutOfRangeEnumsAsCorruption) {
   Header h;
-  h.type = static_cast<MsgType>(8);
-  ExpectCorruption(h, "message type 8");
+  h.type = static_cast<MsgType>(kNumMsgTypes);
+  ExpectCorruption(h, "message type " + std::to_string(kNumMsgTypes));
   h = Header{};
   h.type = static_cast<MsgType>(200);
   ExpectCorruption(h, "message type 200");
@@ -260,8 +260,8 @@ TEST(WireTest, DecodeRejectsOutOfRangeEnumsAsCorruption) {
   ExpectCorruption(h, "init kind 4");
   h = Header{};
   h.registration = SampleRegistration();
-  h.registration->optimizer.kind = static_cast<OptimizerKind>(4);
-  ExpectCorruption(h, "optimizer kind 4");
+  h.registration->optimizer.kind = static_cast<OptimizerKind>(std::size(kOptimizerKinds));
+  ExpectCorruption(h, "optimizer kind past the last");
   h = Header{};
   h.registration = SampleRegistration();
   h.registration->optimizer.schedule = static_cast<LrSchedule>(2);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -288,6 +289,9 @@ TEST(LaunchPlanTest, WorkerCommandRunsTheProgramWithTheClusterInItsEnvironment) 
               ElementsAre("TF_CONFIG={\"cluster\":{\"ps\":[\"127.0.0.1:5000\",\"127.0.0.1:5001\"],"
                           "\"worker\":[\"127.0.0.1:6000\",\"127.0.0.1:6001\"]},"
                           "\"task\":{\"type\":\"worker\",\"index\":0}}",
+                          "RANK=0", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "HOROVOD_RANK=0",
+                          "HOROVOD_SIZE=2", "HOROVOD_LOCAL_RANK=0", "HOROVOD_LOCAL_SIZE=2",
+                          "HOROVOD_CROSS_RANK=0", "HOROVOD_CROSS_SIZE=1",
                           "PARASYNC_MODE=sync", "PARASYNC_LOG_DIR=/logs",
                           "PARASYNC_METRICS_PORT=7002", "PARASYNC_METRICS_BIND=127.0.0.1",
                           "LOCAL_RANK=0", "PARASYNC_LOG_PREFIXED=1", "PARASYNC_EPOCHS=3",
@@ -425,6 +429,33 @@ TEST(LaunchPlanTest, WorkerCommandOnAnotherHostGetsItsEnvironmentInTheRemoteComm
   EXPECT_THAT(remote, HasSubstr(" LOCAL_RANK=1 "));
   EXPECT_THAT(remote, HasSubstr(" /bin/sh -c 'exec python3 train.py' </dev/null"));
   EXPECT_EQ(DisplayCommand(worker1), ShellJoin(worker1.spawn_argv));
+}
+
+TEST(LaunchPlanTest, WorkerCommandsGetTorchrunsAndHorovodsNamesForWhereTheyRun) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 3;
+  options.ps_placement = {{"node1", 1}};
+  options.worker_placement = {{"node2", 2}, {"node3", 1}};
+  options.worker_command = "python3 train.py";
+  const Result<LaunchPlan> plan = BuildPlan(options, "/b", "/l", PortBasePorts(options));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  // rank, local rank, local size, cross rank (the host's index), for each worker
+  const std::vector<std::array<std::string, 4>> want = {
+      {"0", "0", "2", "0"}, {"1", "1", "2", "0"}, {"2", "0", "1", "1"}};
+  for (size_t w = 0; w < want.size(); ++w) {
+    const std::map<std::string, std::string> env = EnvMap(plan->processes[1 + w].env);
+    EXPECT_EQ(env.at("RANK"), want[w][0]) << w;
+    EXPECT_EQ(env.at("HOROVOD_RANK"), want[w][0]) << w;
+    EXPECT_EQ(env.at("WORLD_SIZE"), "3") << w;
+    EXPECT_EQ(env.at("HOROVOD_SIZE"), "3") << w;
+    EXPECT_EQ(env.at("LOCAL_RANK"), want[w][1]) << w;
+    EXPECT_EQ(env.at("HOROVOD_LOCAL_RANK"), want[w][1]) << w;
+    EXPECT_EQ(env.at("LOCAL_WORLD_SIZE"), want[w][2]) << w;
+    EXPECT_EQ(env.at("HOROVOD_LOCAL_SIZE"), want[w][2]) << w;
+    EXPECT_EQ(env.at("HOROVOD_CROSS_RANK"), want[w][3]) << w;
+    EXPECT_EQ(env.at("HOROVOD_CROSS_SIZE"), "2") << w;
+  }
 }
 
 TEST(LaunchPlanTest, ABlankWorkerCommandIsRefused) {

@@ -8,7 +8,8 @@
   optimizer, within 1e-5 relative; the same with AdamW; both ranks' parameters are bitwise
   identical. A gradient dropped, counted twice or summed where averaged misses by far more.
 - Collectives (2 and 3 workers): allreduce (Average, Sum, Min, Max; in place; async; fp16),
-  grouped_allreduce, allgather (ranks of different lengths), broadcast, broadcast_object,
+  grouped_allreduce, allgather (ranks of different lengths), broadcast (one of 6 MB, which
+  travels in parts), broadcast_object,
   allgather_object and broadcast_optimizer_state, each against its definition.
 - async (2 workers, deltas): the servers end holding the initial parameters plus every delta
   every worker pushed (each exactly once), and each worker's last pull is what the servers
@@ -127,6 +128,9 @@ def worker_collectives() -> dict:
     out["grouped"] = hvd.grouped_allreduce([mine, mine[0]], op=hvd.Sum)
     out["gather"] = hvd.allgather(torch.full((r + 1, 2), float(r)))
     out["broadcast"] = hvd.broadcast(mine, root_rank=n - 1)
+    big = torch.arange(1_500_000, dtype=torch.float32) + r  # 6 MB: the broadcast's 2 parts
+    out["big_ok"] = bool(torch.equal(hvd.broadcast(big, root_rank=0),
+                                     torch.arange(1_500_000, dtype=torch.float32)))
     out["object"] = hvd.broadcast_object({"from": r, "list": [r] * 3}, root_rank=1)
     out["objects"] = hvd.allgather_object(("rank", r))
     model = torch.nn.Linear(3, 2)
@@ -306,6 +310,7 @@ def check_collectives(workers: int, workdir: str) -> None:
         want_gather = torch.cat([torch.full((r + 1, 2), float(r)) for r in range(n)])
         check(torch.equal(res["gather"], want_gather), f"{tag}: allgather of unequal lengths")
         check(torch.equal(res["broadcast"], mine[n - 1]), f"{tag}: broadcast from rank {n - 1}")
+        check(res["big_ok"], f"{tag}: a 6 MB broadcast (in parts) is the root's tensor")
         check(res["object"] == {"from": 1, "list": [1, 1, 1]}, f"{tag}: broadcast_object")
         check(res["objects"] == [("rank", r) for r in range(n)], f"{tag}: allgather_object")
         check(res["opt_lr"] == 0.1, f"{tag}: broadcast_optimizer_state's learning rate")

@@ -52,6 +52,10 @@ def parse():
                    help="train on the first N training examples (default: all 60,000)")
     p.add_argument("--test-examples", type=int, default=None,
                    help="evaluate on the first N test examples (default: all 10,000)")
+    p.add_argument("--max-steps", type=int,
+                   default=int(os.environ.get("PARASYNC_MAX_STEPS") or 0) or None,
+                   help="stop each rank after this many steps in all (default "
+                        "PARASYNC_MAX_STEPS, parasync-launch --max-steps; else none)")
     p.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none",
                    help="how gradients travel (hvd.Compression; default %(default)s)")
     p.add_argument("--clip", type=float, default=5.0,
@@ -63,7 +67,8 @@ def parse():
     p.add_argument("--data", default=os.environ.get("PARASYNC_DATA") or data.FASHION_MNIST,
                    help="Fashion-MNIST's directory (default PARASYNC_DATA, else %(default)s)")
     args = p.parse_args()
-    for flag in ("epochs", "batch_size", "threads", "train_examples", "test_examples"):
+    for flag in ("epochs", "batch_size", "threads", "train_examples", "test_examples",
+                 "max_steps"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1, not {value}")
@@ -156,12 +161,15 @@ def main() -> int:
                                op=hvd.Sum, name="test")
         return float(totals[1] / totals[2]), float(totals[0] / totals[2])
 
-    per_epoch, started = [], time.monotonic()
+    per_epoch, started, total_steps = [], time.monotonic(), 0
     for epoch in range(1, args.epochs + 1):
         model.train()
         train_sampler.set_epoch(epoch)
         epoch_start, seen, loss_sum, steps = time.monotonic(), 0, 0.0, 0
         for x, y in train_loader:
+            if args.max_steps is not None and total_steps >= args.max_steps:
+                break
+            total_steps += 1
             optimizer.zero_grad()
             loss = loss_of(model(x), y)
             loss.backward()

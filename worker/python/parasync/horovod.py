@@ -533,16 +533,39 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
     return Handle(allgather(tensor, name, process_set))
 
 
+# A broadcast's payload travels in parts of at most this many bytes (the first part says how
+# many bytes there are), so the servers' --max-gather-bytes bounds a round, not a model.
+_PART_BYTES = 4 << 20
+
+
 def _from_root(kind: str, name, payload_if_root, root_rank: int) -> bytes:
     c = _c()
     if not 0 <= root_rank < c.num_workers:
         raise errors.InvalidArgument(f"root_rank {root_rank} is not a rank of this world of "
                                      f"{c.num_workers}")
-    results = _gather(_key(kind, name), payload_if_root() if c.rank == root_rank else b"")
+    key = _key(kind, name)
+    payload = payload_if_root() if c.rank == root_rank else b""
+    first = struct.pack("<Q", len(payload)) + payload[:_PART_BYTES] \
+        if c.rank == root_rank else b""
+    results = _gather(key, first)
     if results[root_rank] is None:
         raise errors.Unavailable(f"{kind}: the root rank {root_rank} took no part (dead or "
                                  "departed)")
-    return results[root_rank]
+    (length,) = struct.unpack_from("<Q", results[root_rank], 0)
+    parts = [results[root_rank][8:]]
+    received = len(parts[0])
+    part = 1
+    while received < length:
+        chunk = payload[part * _PART_BYTES:(part + 1) * _PART_BYTES] \
+            if c.rank == root_rank else b""
+        results = _gather(f"{key}.part{part}", chunk)
+        if results[root_rank] is None:
+            raise errors.Unavailable(f"{kind}: the root rank {root_rank} left during the "
+                                     "broadcast")
+        parts.append(results[root_rank])
+        received += len(results[root_rank])
+        part += 1
+    return b"".join(parts)
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
