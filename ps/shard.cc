@@ -457,7 +457,11 @@ Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const flo
     return Status::InvalidArgument(
         "in sync mode a push must carry the gradient of every slice of the shard, whole");
   }
-  PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason));
+  // Aggregated gradients are the workers' to judge: an AMP GradScaler's overflowed step has
+  // Inf in it on every rank alike, and each rank's scaler skips that step on seeing it.
+  if (!IsWorkerSide(registration_->optimizer.kind)) {
+    PARASYNC_RETURN_IF_ERROR(CheckFinite(ranges, grads, reason));
+  }
   PARASYNC_RETURN_IF_ERROR(CheckRowsFinite(rows, reason));
   if (rank < 0) return Status::InvalidArgument("negative rank " + std::to_string(rank));
   for (size_t i = 0; i < rows.ranges.size(); ++i) {

@@ -139,7 +139,8 @@ class Shard {
                const RowsRequest& rows = {});
 
   // Sync mode. Checks the push names every slice of this shard whole (kPartial otherwise)
-  // and that the gradient is finite (kNonFinite), then adds it to the current step's
+  // and, unless the workers apply the optimizer (aggregate: their AMP scaler judges an
+  // overflow), that the gradient is finite (kNonFinite), then adds it to the current step's
   // gradient from `rank` (>= 0). Nothing is changed on failure. Precondition:
   // ValidateRanges ok.
   //

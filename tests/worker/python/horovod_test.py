@@ -11,6 +11,8 @@
   grouped_allreduce, allgather (ranks of different lengths), broadcast (one of 6 MB, which
   travels in parts), broadcast_object,
   allgather_object and broadcast_optimizer_state, each against its definition.
+- A dead worker (sync, 2 workers: rank 1 killed with SIGKILL mid-run): rank 0's steps wait
+  for it no longer than the servers' worker timeout, and its allreduce goes on without it.
 - async (2 workers, deltas): the servers end holding the initial parameters plus every delta
   every worker pushed (each exactly once), and each worker's last pull is what the servers
   held then.
@@ -70,6 +72,13 @@ def make_optimizer(torch, name: str, params, lr_scale: float):
     if name == "sgd":
         return torch.optim.SGD(params, lr=0.05 * lr_scale, momentum=0.9)
     return torch.optim.AdamW(params, lr=0.01 * lr_scale, weight_decay=0.05)
+
+
+def sync_bn_inputs(torch, ranks: int):
+    """A batch of 2 rows per rank (3 channels, 4x4) and the weights of the loss over it."""
+    g = torch.Generator().manual_seed(11)
+    return (torch.randn(2 * ranks, 3, 4, 4, generator=g) * 3 + 1,
+            torch.randn(2 * ranks, 3, 4, 4, generator=g))
 
 
 # ---- worker side ----------------------------------------------------------------------------
@@ -141,6 +150,24 @@ def worker_collectives() -> dict:
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     out["opt_lr"] = opt.param_groups[0]["lr"]
     out["opt_momentum"] = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    # SyncBatchNorm: each rank normalizes its rows with the statistics of every rank's.
+    full, weights = sync_bn_inputs(torch, n)
+    x = full[2 * r:2 * r + 2].clone().requires_grad_(True)
+    sbn = hvd.SyncBatchNorm(3)
+    y = sbn(x)
+    (y * weights[2 * r:2 * r + 2]).sum().backward()
+    out["sbn"] = (y.detach(), x.grad.detach(), sbn.running_mean.clone(),
+                  sbn.running_var.clone(), sbn.weight.grad.clone())
+    # An overflowed AMP step: rank 1's gradient is Inf; the servers average it as it is (each
+    # rank's GradScaler then skips the step alike) instead of refusing the push.
+    lin = torch.nn.Linear(3, 2)
+    hvd.broadcast_parameters(lin.state_dict(), root_rank=0)
+    dopt = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1),
+                                    named_parameters=lin.named_parameters())
+    (lin(torch.ones(2, 3)).sum() * (float("inf") if r == 1 else 1.0)).backward()
+    dopt.synchronize()
+    out["inf_averaged"] = bool(torch.isinf(lin.weight.grad).all() and
+                               torch.isinf(lin.bias.grad).all())
     hvd.barrier()
     try:
         hvd.allreduce(mine, op=hvd.Adasum)
@@ -182,9 +209,37 @@ def worker_async() -> dict:
     return out
 
 
+def worker_dead_peer() -> dict:
+    """Rank 1 is killed (SIGKILL) after 2 sync steps; rank 0 trains on, then allreduces."""
+    import signal
+
+    import torch
+    import torch.nn.functional as F
+
+    import parasync.horovod as hvd
+    hvd.init()
+    torch.manual_seed(3)
+    model = make_net(torch)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                         named_parameters=model.named_parameters())
+    waits = []
+    for step in range(STEPS):
+        if hvd.rank() == 1 and step == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = batch(torch, hvd.rank(), step)
+        optimizer.zero_grad()
+        F.nll_loss(model(x), y).backward()
+        started = time.monotonic()
+        optimizer.step()
+        waits.append(time.monotonic() - started)
+    total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="alive")
+    hvd.shutdown()
+    return {"waits": waits, "alive": float(total)}
+
+
 if sys.argv[1] == "--worker":
     import torch
-    result = {"train_sgd": lambda: worker_train("sgd"),
+    result = {"dead_peer": worker_dead_peer,"train_sgd": lambda: worker_train("sgd"),
               "train_adamw": lambda: worker_train("adamw"),
               "collectives": worker_collectives,
               "async": worker_async}[SCENARIO]()
@@ -199,8 +254,12 @@ torch = require_torch()
 from ps_servers import Servers  # noqa: E402
 
 
-def run_workers(scenario: str, workers: int, mode: str, workdir: str) -> list:
-    """Starts `workers` worker processes against 2 fresh shards; returns their results."""
+def run_workers(scenario: str, workers: int, mode: str, workdir: str,
+                expect_exit: dict | None = None) -> list:
+    """Starts `workers` worker processes against 2 fresh shards; returns their results (None
+    for a worker that wrote none). `expect_exit`: rank -> the status it must end with (else
+    0)."""
+    expect_exit = expect_exit or {}
     with Servers(BIN_DIR, shards=2, workers=workers, log_dir=workdir, mode=mode) as servers:
         procs, outs = [], []
         for r in range(workers):
@@ -224,10 +283,11 @@ def run_workers(scenario: str, workers: int, mode: str, workdir: str) -> list:
                 p.kill()
                 codes.append(p.wait())
         for r, code in enumerate(codes):
-            if code != 0:
+            want = expect_exit.get(r, 0)
+            if code != want:
                 with open(os.path.join(workdir, f"{scenario}-worker{r}.log")) as f:
                     sys.stderr.write(f.read()[-3000:])
-            check(code == 0, f"{scenario}: worker {r} exited {code}")
+            check(code == want, f"{scenario}: worker {r} exited {code} (expected {want})")
         return [torch.load(o) if os.path.exists(o) else None for o in outs]
 
 
@@ -290,6 +350,15 @@ def check_collectives(workers: int, workdir: str) -> None:
     mine = [base * (r + 1) + r for r in range(n)]
     signed = [mine[r] * (-1) ** r for r in range(n)]
     total = sum(mine[1:], mine[0].clone())
+    full, weights = sync_bn_inputs(torch, n)  # BatchNorm2d over every rank's rows at once
+    bn_x = full.clone().requires_grad_(True)
+    bn = torch.nn.BatchNorm2d(3)
+    bn_y = bn(bn_x)
+    (bn_y * weights).sum().backward()
+    bn_y = bn_y.detach()
+    weight_grad = sum(res["sbn"][4] for res in results)
+    check(torch.allclose(weight_grad, bn.weight.grad, atol=1e-4),
+          f"{n} workers: SyncBatchNorm's weight gradients add up to BatchNorm2d's")
     for res in results:
         tag = f"{n} workers, rank {res['rank']}"
         check(res["size"] == n, f"{tag}: size() {res['size']}")
@@ -317,6 +386,16 @@ def check_collectives(workers: int, workdir: str) -> None:
         check(all(torch.equal(a, b) for a, b in zip(res["opt_momentum"],
                                                   results[0]["opt_momentum"])),
               f"{tag}: broadcast_optimizer_state's momentum buffers are rank 0's")
+        r = res["rank"]
+        got_y, got_grad, got_mean, got_var, _ = res["sbn"]
+        check(torch.allclose(got_y, bn_y[2 * r:2 * r + 2], atol=1e-5) and
+              torch.allclose(got_grad, bn_x.grad[2 * r:2 * r + 2], atol=1e-5) and
+              torch.allclose(got_mean, bn.running_mean, atol=1e-6) and
+              torch.allclose(got_var, bn.running_var, atol=1e-5),
+              f"{tag}: SyncBatchNorm's output, input gradient and running statistics are "
+              "BatchNorm2d's over every rank's rows")
+        check(res["inf_averaged"], f"{tag}: an Inf gradient (an AMP overflow) is averaged, "
+                                   "not refused")
         check(res["adasum"].startswith("NotSupported") and "Average" in res["adasum"],
               f"{tag}: Adasum refused naming what to use ({res['adasum']})")
     # Rank 1's momentum differed before the broadcast (its own gradient and rate).
@@ -339,6 +418,21 @@ def check_async(workdir: str) -> None:
     check(moved > 1e-3, f"async: training moved the parameters ({moved:.2e})")
 
 
+def check_dead_peer(workdir: str) -> None:
+    """A worker killed mid-run stops nobody: the sync step and the collective go on without
+    it once the servers declare it dead (--worker-timeout 5 here)."""
+    results = run_workers("dead_peer", 2, "sync", workdir, expect_exit={1: -9})
+    if results[0] is None:
+        return
+    waits = results[0]["waits"]
+    print(f"dead peer: rank 0's steps waited at most {max(waits):.1f} s (worker timeout 5 s); "
+          f"the allreduce after counted {results[0]['alive']:.0f} rank(s)")
+    check(max(waits) < 5 + 10, f"dead peer: no step waited much past the worker timeout "
+                               f"({max(waits):.1f} s)")
+    check(max(waits) > 2, f"dead peer: a step did wait for the dead rank ({max(waits):.1f} s)")
+    check(results[0]["alive"] == 1.0, "dead peer: the allreduce went on without the dead rank")
+
+
 def main() -> int:
     # HOROVOD_TEST_ONLY=name[,name]: only those parts (sgd, adamw, collectives2, collectives3,
     # async), for a person debugging one; the workers' logs are printed when one fails.
@@ -347,7 +441,8 @@ def main() -> int:
              "adamw": lambda d: check_training("adamw", d),
              "collectives2": lambda d: check_collectives(2, d),
              "collectives3": lambda d: check_collectives(3, d),
-             "async": check_async}
+             "async": check_async,
+             "dead_peer": check_dead_peer}
     with tempfile.TemporaryDirectory(prefix="parasync-horovod-") as workdir:
         for name, part in parts.items():
             if not only or name in only:

@@ -41,11 +41,13 @@ def parse():
                         "and StepLR; cnn: parasync's Keras CNN with Adam (default %(default)s)")
     p.add_argument("--epochs", type=int, default=int(os.environ.get("PARASYNC_EPOCHS", 3)),
                    help="passes over the training set (default PARASYNC_EPOCHS, else 3)")
-    p.add_argument("--batch-size", type=int, default=64, help="examples per step and rank "
-                   "(default %(default)s)")
-    p.add_argument("--lr", type=float, default=None,
-                   help="learning rate before scaling by hvd.size() (default 0.01 for "
-                        "horovod, 0.001 for cnn)")
+    p.add_argument("--batch-size", type=int,
+                   default=int(os.environ.get("PARASYNC_BATCH_SIZE") or 64),
+                   help="examples per step and rank (default PARASYNC_BATCH_SIZE, else 64)")
+    p.add_argument("--lr", type=float,
+                   default=float(os.environ.get("PARASYNC_LR") or 0) or None,
+                   help="learning rate before scaling by hvd.size() (default PARASYNC_LR, "
+                        "else 0.01 for horovod, 0.001 for cnn)")
     p.add_argument("--momentum", type=float, default=0.5, help="SGD momentum (default "
                    "%(default)s, Horovod's example's)")
     p.add_argument("--train-examples", type=int, default=None,

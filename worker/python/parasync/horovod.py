@@ -675,8 +675,11 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
 
 # ---- the optimizer ------------------------------------------------------------------------
 def _batch_hook(module, args):
-    """A global forward pre-hook: the first module called after a step is the model; its first
-    argument's leading dimension counts the examples of the step (for examples/sec)."""
+    """A global forward pre-hook: the first module called in training after a step is the
+    model; its first argument's leading dimension counts the examples of the step (for
+    examples/sec; evaluations under torch.no_grad() or in eval mode do not count)."""
+    if not torch.is_grad_enabled() or not module.training:
+        return  # an evaluation, not a training step's forward
     for opt in list(_DistributedOptimizer._live):
         if opt._forward_examples is None and args and isinstance(args[0], torch.Tensor) \
                 and args[0].dim() > 0:
@@ -850,6 +853,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         scale = (size() if self._op == Sum else 1.0) * self._predivide
         with torch.no_grad():
             for p, host in zip(self._params, self._pulled):
+                if not p.requires_grad:
+                    continue  # frozen: its optimizer skips it (grad None), as Horovod's
                 value = torch.from_numpy(host).view_as(p)
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
