@@ -203,6 +203,17 @@ struct parasync_client_t {
 
 namespace {
 
+// "float32", "bfloat16" or "float16" (NULL or anything else: InvalidArgument naming it).
+Result<DType> ParseWireDType(const char* dtype) {
+  PARASYNC_RETURN_IF_ERROR(Need(dtype, "dtype"));
+  const std::optional<DType> parsed = ParseDType(dtype);
+  if (!parsed) {
+    return Status::InvalidArgument("the wire dtype must be float32, bfloat16 or float16, not '" +
+                                   std::string(dtype) + "'");
+  }
+  return *parsed;
+}
+
 Status NeedRegistered(const parasync_client_t* c) {
   if (!c->registration) return Status::FailedPrecondition("the model is not registered yet");
   return Status::Ok();
@@ -430,13 +441,7 @@ int parasync_options_set_wire_dtype(parasync_options_t* options, const char* dty
                                     char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
     PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
-    PARASYNC_RETURN_IF_ERROR(Need(dtype, "dtype"));
-    const std::optional<DType> parsed = ParseDType(dtype);
-    if (!parsed) {
-      return Status::InvalidArgument("the wire dtype must be float32, bfloat16 or float16, not '" +
-                                     std::string(dtype) + "'");
-    }
-    options->wire = *parsed;
+    PARASYNC_ASSIGN_OR_RETURN(options->wire, ParseWireDType(dtype));
     return Status::Ok();
   });
 }
@@ -907,17 +912,12 @@ int parasync_client_set_wire_dtype(parasync_client_t* client, const char* dtype,
   return Guard(errmsg, [&]() -> Status {
     PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
-    PARASYNC_RETURN_IF_ERROR(Need(dtype, "dtype"));
-    const std::optional<DType> parsed = ParseDType(dtype);
-    if (!parsed) {
-      return Status::InvalidArgument("the wire dtype must be float32, bfloat16 or float16, not '" +
-                                     std::string(dtype) + "'");
-    }
+    PARASYNC_ASSIGN_OR_RETURN(const DType parsed, ParseWireDType(dtype));
     if (client->registration) {
       return Status::FailedPrecondition("the wire dtype is chosen before the model is registered");
     }
-    PARASYNC_RETURN_IF_ERROR(client->client->SetWireDType(*parsed));
-    client->options.wire = *parsed;
+    PARASYNC_RETURN_IF_ERROR(client->client->SetWireDType(parsed));
+    client->options.wire = parsed;
     return Status::Ok();
   });
 }

@@ -170,44 +170,18 @@ def is_homogeneous() -> bool:
     return True
 
 
-def mpi_threads_supported() -> bool:
+def _not_built() -> bool:
+    """False: parasync moves tensors through its servers, not MPI, Gloo, NCCL, DDL, CCL or
+    ROCm (Horovod's *_built and *_enabled queries)."""
     return False
 
 
-def mpi_enabled() -> bool:
-    return False
-
-
-def mpi_built() -> bool:
-    return False
-
-
-def gloo_enabled() -> bool:
-    return False
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def nccl_built() -> bool:
-    return False
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
+mpi_threads_supported = mpi_enabled = mpi_built = gloo_enabled = gloo_built = _not_built
+nccl_built = ddl_built = ccl_built = rocm_built = _not_built
 
 
 def cuda_built() -> bool:
     return torch.cuda.is_available()
-
-
-def rocm_built() -> bool:
-    return False
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
