@@ -231,6 +231,8 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
   if (!h.key.empty()) key = b.CreateString(h.key);
   flatbuffers::Offset<flatbuffers::Vector<int32_t>> ranks = 0;
   if (!h.ranks.empty()) ranks = b.CreateVector(h.ranks);
+  flatbuffers::Offset<flatbuffers::Vector<int32_t>> admitted = 0;
+  if (!h.admitted.empty()) admitted = b.CreateVector(h.admitted);
 
   fb::HeaderBuilder hb(b);
   hb.add_protocol_version(h.protocol_version);
@@ -258,6 +260,8 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
   if (!rows.IsNull()) hb.add_rows(rows);
   if (!key.IsNull()) hb.add_key(key);
   if (!ranks.IsNull()) hb.add_ranks(ranks);
+  if (h.joining) hb.add_joining(true);
+  if (!admitted.IsNull()) hb.add_admitted(admitted);
   b.Finish(hb.Finish());
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
@@ -436,6 +440,8 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.progress = {in->progress_epoch(), in->progress_done(), in->progress_of()};
   if (const auto* k = in->key()) h.key = k->str();
   if (const auto* r = in->ranks()) h.ranks.assign(r->begin(), r->end());
+  h.joining = in->joining();
+  if (const auto* a = in->admitted()) h.admitted.assign(a->begin(), a->end());
   if (const fb::RegisterRequest* r = in->register_()) {
     auto reg = DecodeRegistration(r);
     if (!reg.ok()) return reg.status();

@@ -108,6 +108,10 @@ struct Header {
   std::vector<RowRange> rows;  // pull/push: embedding rows (frames after the slices')
   std::string key;             // gather: the collective's name
   std::vector<int32_t> ranks;  // gather reply: whose payload each frame is
+  // Requests of a restarted worker not yet back in the run: the server does not count the
+  // rank live for them; a gather with it waits to be admitted at its key's next round.
+  bool joining = false;
+  std::vector<int32_t> admitted;  // gather reply: ranks admitted back at this round
 };
 
 // Serializes `header` into a fresh buffer. Never fails.

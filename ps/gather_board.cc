@@ -32,14 +32,16 @@ size_t GatherBoard::open_rounds() const {
 bool GatherBoard::Ready(const Key& key, const std::function<bool(int)>& expected) const {
   if (!key.open || key.payloads.empty()) return false;
   for (int r = 0; r < options_.num_workers; ++r) {
-    if (expected(r) && !key.payloads.contains(r)) return false;
+    // A joiner is not part of the round (it is admitted when the round completes).
+    if (expected(r) && !key.payloads.contains(r) && !key.joiners.contains(r)) return false;
   }
   return true;
 }
 
 GatherBoard::Reply GatherBoard::ResultFor(const Key& key, zmq::message_t identity,
                                           const Header& request) {
-  Reply reply{std::move(identity), request, Status::Ok(), {}, {}};
+  Reply reply{std::move(identity), request, Status::Ok(), {}, {}, key.admitted};
+  reply.request.clock = key.round;
   for (const auto& [rank, payload] : key.payloads) {
     reply.ranks.push_back(rank);
     reply.frames.emplace_back();
@@ -52,11 +54,15 @@ GatherBoard::Reply GatherBoard::ResultFor(const Key& key, zmq::message_t identit
 std::vector<GatherBoard::Reply> GatherBoard::Complete(Key& key, TimePoint now) {
   key.open = false;
   key.completed = now;
+  key.admitted.clear();
+  for (const auto& [rank, joiner] : key.joiners) key.admitted.push_back(rank);
   std::vector<Reply> out;
-  for (auto& [rank, waiter] : key.waiting) {
-    out.push_back(ResultFor(key, std::move(waiter.identity), waiter.request));
+  for (auto* parked : {&key.waiting, &key.joiners}) {
+    for (auto& [rank, waiter] : *parked) {
+      out.push_back(ResultFor(key, std::move(waiter.identity), waiter.request));
+    }
+    parked->clear();
   }
-  key.waiting.clear();
   return out;
 }
 
@@ -69,7 +75,7 @@ bool GatherBoard::MakeRoom(int64_t more, const std::string& keep) {
   while (bytes_ + more > options_.max_bytes) {
     auto oldest = keys_.end();
     for (auto it = keys_.begin(); it != keys_.end(); ++it) {
-      if (it->second.open || it->first == keep) continue;
+      if (it->second.open || it->first == keep || !it->second.joiners.empty()) continue;
       if (oldest == keys_.end() || it->second.completed < oldest->second.completed) oldest = it;
     }
     if (oldest == keys_.end()) return false;
@@ -84,7 +90,7 @@ std::vector<GatherBoard::Reply> GatherBoard::Offer(zmq::message_t& identity,
                                                    const std::function<bool(int)>& expected) {
   std::vector<Reply> out;
   auto refuse = [&](Status status) {
-    out.push_back({std::move(identity), request, std::move(status), {}, {}});
+    out.push_back({std::move(identity), request, std::move(status), {}, {}, {}});
     return std::move(out);
   };
   const int rank = request.rank;
@@ -93,6 +99,7 @@ std::vector<GatherBoard::Reply> GatherBoard::Offer(zmq::message_t& identity,
   if (rank < 0 || rank >= options_.num_workers) {
     return refuse(Status::InvalidArgument("a gather needs a worker rank"));
   }
+  if (request.joining) return OfferToJoin(identity, request, now);
   if (round < 1) {
     return refuse(Status::InvalidArgument("gather '" + request.key + "': round " +
                                           std::to_string(round) + " (rounds count from 1)"));
@@ -109,6 +116,7 @@ std::vector<GatherBoard::Reply> GatherBoard::Offer(zmq::message_t& identity,
   } else if (round == key.round + 1 && !key.open) {
     bytes_ -= PayloadBytes(key);
     key.payloads.clear();
+    key.admitted.clear();
     key.round = round;
     key.open = true;
     key.opened = now;
@@ -132,8 +140,24 @@ std::vector<GatherBoard::Reply> GatherBoard::Offer(zmq::message_t& identity,
     key.payloads.emplace(rank, std::move(payload));
   }
   // A resend replaces the parked request (its identity may be new after a reconnect).
-  key.waiting.insert_or_assign(rank, Reply{std::move(identity), request, Status::Ok(), {}, {}});
+  key.waiting.insert_or_assign(rank,
+                               Reply{std::move(identity), request, Status::Ok(), {}, {}, {}});
   if (Ready(key, expected)) return Complete(key, now);
+  return out;
+}
+
+std::vector<GatherBoard::Reply> GatherBoard::OfferToJoin(zmq::message_t& identity,
+                                                         const Header& request, TimePoint now) {
+  auto [it, created] = keys_.try_emplace(request.key);
+  Key& key = it->second;
+  if (created) key.completed = now;  // no round yet: the first one admits it
+  std::vector<Reply> out;
+  if (!key.open && std::ranges::count(key.admitted, request.rank) > 0) {
+    out.push_back(ResultFor(key, std::move(identity), request));  // its reply was lost
+    return out;
+  }
+  key.joiners.insert_or_assign(request.rank,
+                               Reply{std::move(identity), request, Status::Ok(), {}, {}, {}});
   return out;
 }
 
@@ -151,14 +175,22 @@ std::vector<GatherBoard::Reply> GatherBoard::Tick(TimePoint now,
           "gather '" + it->first + "' round " + std::to_string(key.round) + " waited " +
           std::to_string(options_.timeout.count() / 1000) + " s for rank(s) " + missing);
       for (auto& [rank, waiter] : key.waiting) {
-        out.push_back({std::move(waiter.identity), waiter.request, timed_out, {}, {}});
+        out.push_back({std::move(waiter.identity), waiter.request, timed_out, {}, {}, {}});
       }
-      Forget(it++);
-      continue;
+      if (key.joiners.empty()) {
+        Forget(it++);
+        continue;
+      }
+      // The joiners wait on for the key's next round.
+      key.waiting.clear();
+      bytes_ -= PayloadBytes(key);
+      key.payloads.clear();
+      key.open = false;
+      key.completed = now;
     }
     if (Ready(key, expected)) {
       for (Reply& r : Complete(key, now)) out.push_back(std::move(r));
-    } else if (!key.open && now - key.completed > kKeepComplete) {
+    } else if (!key.open && key.joiners.empty() && now - key.completed > kKeepComplete) {
       Forget(it++);
       continue;
     }

@@ -20,6 +20,11 @@
 //   kKeepComplete passes, so a lost reply can be fetched again.
 // - Memory: payloads held (open and kept rounds) stay within max_bytes; an offer that would
 //   pass it, once kept results are dropped, is refused (Unavailable).
+// - Joining (parasync.horovod.elastic): a restarted rank offers with `joining` set and no
+//   round. It takes no part in rounds and is not waited for; its request is parked until
+//   the key's next round completes, which admits it: every reply of that round (the
+//   joiner's too) lists it in `admitted`, and the joiner's carries the round it was admitted
+//   at, so it counts on from there. A resend after its admission gets the kept result again.
 //
 // Pure state over frames: the Server sends the replies. Not thread-safe: the loop owns it.
 #pragma once
@@ -54,10 +59,11 @@ class GatherBoard {
   // frame per rank (shared copies of the payloads).
   struct Reply {
     zmq::message_t identity;
-    Header request;
+    Header request;  // for an admitted joiner, its clock is the round it was admitted at
     Status status;
     std::vector<int32_t> ranks;
     std::vector<zmq::message_t> frames;
+    std::vector<int32_t> admitted;  // joiners the round admitted (the server counts them live)
   };
 
   explicit GatherBoard(const Options& options) : options_(options) {}
@@ -86,7 +92,12 @@ class GatherBoard {
     TimePoint completed{};
     std::map<int, zmq::message_t> payloads;  // by rank: the open round's, or the result's
     std::map<int, Reply> waiting;            // by rank: parked requests of the open round
+    std::map<int, Reply> joiners;            // by rank: parked joining requests
+    std::vector<int32_t> admitted;           // the joiners the last completed round admitted
   };
+  // A joining offer: parked until the key's next round completes.
+  std::vector<Reply> OfferToJoin(zmq::message_t& identity, const Header& request,
+                                 TimePoint now);
   // The round is complete: every waiter gets the payloads.
   std::vector<Reply> Complete(Key& key, TimePoint now);
   // Whether `key`'s open round waits for nobody expected any more.

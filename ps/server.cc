@@ -1175,8 +1175,9 @@ Status Server::Admit(const Inbound& in, TimePoint now, RejectReason* reason) {
   metrics_->requests[type]->Increment();
   metrics_->bytes_received[type]->Increment(static_cast<double>(bytes));
   released_since_trim_->fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  // A restarted worker not yet admitted back (joining) is not live for its requests.
   if (ranked && req.type != MsgType::kStats && req.type != MsgType::kShutdown &&
-      req.type != MsgType::kLeave &&
+      req.type != MsgType::kLeave && !req.joining &&
       coordinator_.Touch(req.rank, now, req.type == MsgType::kHeartbeat)) {
     spdlog::info("worker {} rejoined at clock {} (shard version {})", req.rank,
                  coordinator_.workers()[static_cast<size_t>(req.rank)].clock, shard_.version());
@@ -1349,10 +1350,18 @@ void Server::HandleGather(Inbound& in, TimePoint now) {
 }
 
 void Server::SendGatherReplies(std::vector<GatherBoard::Reply> replies) {
+  const TimePoint now = std::chrono::steady_clock::now();
   for (GatherBoard::Reply& r : replies) {
+    for (int32_t joiner : r.admitted) {
+      if (coordinator_.Touch(joiner, now)) {
+        spdlog::info("worker {} admitted back at round {} of gather '{}'", joiner,
+                     r.request.clock, r.request.key);
+      }
+    }
     Header reply = ReplyTo(r.request);
     reply.status = r.status;
     reply.ranks = std::move(r.ranks);
+    reply.admitted = std::move(r.admitted);
     reply.key = r.request.key;
     reply.clock = r.request.clock;
     if (!r.status.ok()) {

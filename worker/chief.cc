@@ -83,6 +83,20 @@ Status ReadGlobalProgress(PsClient& client, EvalRecord* row) {
   return Status::Ok();
 }
 
+Result<std::vector<int>> LiveRanks(PsClient& client, int num_workers) {
+  PARASYNC_ASSIGN_OR_RETURN(const std::vector<ShardStats> stats, client.Stats());
+  std::vector<int> live;
+  for (int rank = 0; rank < num_workers; ++rank) {
+    if (std::any_of(stats.begin(), stats.end(), [rank](const ShardStats& s) {
+          return static_cast<size_t>(rank) < s.workers.size() &&
+                 s.workers[static_cast<size_t>(rank)].live;
+        })) {
+      live.push_back(rank);
+    }
+  }
+  return live;
+}
+
 Status WaitForOtherWorkers(PsClient& client, int num_workers, double seconds,
                            const std::function<bool()>& should_stop) {
   using Clock = std::chrono::steady_clock;
@@ -94,15 +108,8 @@ Status WaitForOtherWorkers(PsClient& client, int num_workers, double seconds,
                                            std::chrono::duration<double>(seconds));
   std::vector<int> training;  // ranks some shard still counts as live
   for (bool logged = false;; logged = true) {
-    PARASYNC_ASSIGN_OR_RETURN(const std::vector<ShardStats> stats, client.Stats());
-    training.clear();
-    for (int rank = 1; rank < num_workers; ++rank) {
-      const bool live = std::any_of(stats.begin(), stats.end(), [rank](const ShardStats& s) {
-        return static_cast<size_t>(rank) < s.workers.size() &&
-               s.workers[static_cast<size_t>(rank)].live;
-      });
-      if (live) training.push_back(rank);
-    }
+    PARASYNC_ASSIGN_OR_RETURN(training, LiveRanks(client, num_workers));
+    std::erase(training, 0);
     if (training.empty()) {
       if (logged) spdlog::info("every worker has finished; the final evaluation follows");
       return Status::Ok();

@@ -47,6 +47,10 @@ int LastLoggedEpoch(const std::string& path);
 // a shard without slices reports 0: the largest is taken). The servers' error otherwise.
 Status ReadGlobalProgress(PsClient& client, EvalRecord* row);
 
+// The ranks of `num_workers` some shard still counts as live (training: neither left nor
+// declared dead), in order, from every shard's statistics; the servers' error otherwise.
+Result<std::vector<int>> LiveRanks(PsClient& client, int num_workers);
+
 // The chief after its last epoch: leaves first, so that no sync step or ssp bound waits for
 // it, then polls every shard's statistics until none counts another rank of `num_workers`
 // as live, up to `seconds` (or until `should_stop()`), logging who it waits for. A worker

@@ -12,8 +12,9 @@ int64_t NowTicks() { return std::chrono::steady_clock::now().time_since_epoch().
 
 Result<std::unique_ptr<Heartbeater>> Heartbeater::Start(
     zmq::context_t& context, const std::vector<std::string>& ps_addresses, int rank,
-    std::chrono::milliseconds interval, std::optional<CurveClientKeys> curve) {
+    std::chrono::milliseconds interval, std::optional<CurveClientKeys> curve, bool joining) {
   std::unique_ptr<Heartbeater> h(new Heartbeater());
+  h->joining_.store(joining);
   h->context_ = &context;
   h->curve_ = std::move(curve);
   h->num_shards_ = ps_addresses.size();
@@ -64,6 +65,7 @@ void Heartbeater::Loop(std::vector<std::string> addresses, int rank,
       Header h;
       h.type = MsgType::kHeartbeat;
       h.rank = rank;
+      h.joining = joining_.load();
       h.request_id = id++;
       (void)s->Send(nullptr, h, {});  // a full queue just skips this beat
     }

@@ -25,14 +25,20 @@ class Heartbeater {
  public:
   // Starts heartbeating `rank` to every address every `interval`. `context` must outlive
   // the Heartbeater. Unavailable if a socket cannot be created.
-  // With `curve`, the heartbeats go over CURVE as the client's requests do.
+  // With `curve`, the heartbeats go over CURVE as the client's requests do. `joining`: the
+  // first beats already say so (SetJoining).
   static Result<std::unique_ptr<Heartbeater>> Start(zmq::context_t& context,
                                                     const std::vector<std::string>& ps_addresses,
                                                     int rank, std::chrono::milliseconds interval,
-                                                    std::optional<CurveClientKeys> curve = {});
+                                                    std::optional<CurveClientKeys> curve = {},
+                                                    bool joining = false);
   ~Heartbeater();
   Heartbeater(const Heartbeater&) = delete;
   Heartbeater& operator=(const Heartbeater&) = delete;
+
+  // A restarted worker not yet admitted back (PsClient::SetJoining): its heartbeats say so,
+  // and do not make the servers count the rank live.
+  void SetJoining(bool joining) { joining_.store(joining); }
 
   // The longest time any server has gone without answering a heartbeat (measured from the
   // start for a server that never answered).
@@ -50,6 +56,7 @@ class Heartbeater {
   std::optional<CurveClientKeys> curve_;
   std::thread thread_;
   std::atomic<bool> stop_{false};  // the thread checks it at least every 50 ms
+  std::atomic<bool> joining_{false};
   // Last answer per shard, as steady_clock ticks; written by the thread, read by anyone.
   std::unique_ptr<std::atomic<int64_t>[]> last_answer_;
   std::unique_ptr<std::atomic<uint64_t>[]> incarnation_;

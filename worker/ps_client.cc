@@ -290,6 +290,7 @@ Result<std::vector<Inbound>> PsClient::Exchange(
     tracker.SetId(i, next_request_id_++);
     requests[i].header.request_id = tracker.id(i);
     requests[i].header.rank = options_.rank;
+    requests[i].header.joining = joining_;
     if (Status st = SendRequest(tracker, i, requests[i]); !st.ok()) {
       return st.WithContext(ShardName(tracker.shard(i)));
     }
@@ -770,6 +771,7 @@ Status PsClient::GradientReady(size_t variable, const float* grad) {
     Outgoing o = PushRequest(s, step_.grads, step_.batch_examples, kLastRead, step_.seq, {}, {});
     o.header.request_id = next_request_id_++;
     o.header.rank = options_.rank;
+    o.header.joining = joining_;
     o.sent_to = incarnation_[static_cast<size_t>(s)];
     o.sent_at = std::chrono::steady_clock::now();
     if (!sockets_[static_cast<size_t>(s)]) {
@@ -922,7 +924,8 @@ Status PsClient::SetWireDType(DType dtype) {
 }
 
 Status PsClient::Gather(const std::string& key, int64_t round, std::span<const uint8_t> payload,
-                        std::vector<int32_t>* ranks, std::vector<zmq::message_t>* payloads) {
+                        std::vector<int32_t>* ranks, std::vector<zmq::message_t>* payloads,
+                        std::vector<int32_t>* admitted, int64_t* answered_round) {
   Outgoing o;
   o.header.type = MsgType::kGather;
   o.header.key = key;
@@ -940,6 +943,8 @@ Status PsClient::Gather(const std::string& key, int64_t round, std::span<const u
   }
   *ranks = std::move(in.header->ranks);
   *payloads = std::move(in.frames);
+  if (admitted != nullptr) *admitted = std::move(in.header->admitted);
+  if (answered_round != nullptr) *answered_round = in.header->clock;
   return Status::Ok();
 }
 

@@ -237,8 +237,17 @@ class PsClient {
   // took part, in increasing order, and `payloads` with theirs in the same order. Works
   // before Register too. Errors: the server's (a rank out of step, the payload bound, a
   // round that timed out naming the missing ranks) or TimedOut/Aborted here.
+  // `admitted` (optional): the joiners this round admitted back (ps/gather_board.h); `round`
+  // (optional): the round answered — for a joining offer, the one it was admitted at.
   Status Gather(const std::string& key, int64_t round, std::span<const uint8_t> payload,
-                std::vector<int32_t>* ranks, std::vector<zmq::message_t>* payloads);
+                std::vector<int32_t>* ranks, std::vector<zmq::message_t>* payloads,
+                std::vector<int32_t>* admitted = nullptr, int64_t* answered_round = nullptr);
+
+  // A restarted worker not yet back in the run (parasync.horovod.elastic): every request
+  // says so, and the servers do not count this rank live for it; a Gather then waits to be
+  // admitted at its key's next round. Off again once admitted.
+  void SetJoining(bool joining) { joining_ = joining; }
+  bool joining() const { return joining_; }
 
   // Asks every shard to save a snapshot now (cluster-wide checkpoint); returns when all did.
   // FailedPrecondition from a shard started without --data-dir.
@@ -406,6 +415,7 @@ class PsClient {
   bool finishing_step_ = false;  // FinishStep's own exchange (others are refused in a step)
   uint64_t next_request_id_ = 1;
   int64_t last_version_ = 0;
+  bool joining_ = false;
   std::vector<int64_t> read_versions_;  // per shard: version at the last pull
   std::vector<int64_t> next_step_;      // per shard: version a kNextStep pull waits for
   std::vector<uint64_t> incarnation_;   // per shard: the server incarnation last heard

@@ -347,6 +347,14 @@ ProcessSpec PlanExporter(const LaunchOptions& options, const Cluster& cluster) {
 
 }  // namespace
 
+void MarkRestart(const LaunchOptions& options, ProcessSpec& spec, int restart) {
+  spec.env.push_back("PARASYNC_RESTART=" + std::to_string(restart));
+  if (spec.remote) {
+    spec.spawn_argv =
+        SshArgv(options, spec.host, RemoteCommand(spec.argv, options.grace_seconds, spec.env));
+  }
+}
+
 std::string NewSocketDir() {
   std::random_device random;  // /dev/urandom
   char name[17];

@@ -79,6 +79,11 @@ struct ProcessSpec {
   std::string log_path;       // <log_dir>/<name>.log, written by the launcher
 };
 
+// `spec` (a worker) started again by fault injection for the `restart`th time (1, 2, ...):
+// it gets PARASYNC_RESTART=<restart> on top of its variables (a parasync.horovod script then
+// rejoins the running job, parasync.horovod.elastic), over ssh too.
+void MarkRestart(const LaunchOptions& options, ProcessSpec& spec, int restart);
+
 struct LaunchPlan {
   std::string log_dir;  // absolute
   std::string host;

@@ -936,6 +936,7 @@ bool Launcher::RestartAfterFault(Child& child) {
   // address it bound first (its port is fixed from then on; its metrics port may change).
   child.spec = plan_.processes[static_cast<size_t>(&child - children_.data())];
   child.restarting = child.spec.role == Role::kPs && !child.spec.ready_path.empty();
+  if (child.spec.role == Role::kWorker) MarkRestart(options_, child.spec, child.restarts + 1);
   child.start_tries = 0;
   if (!StartAgain(child)) return false;
   ++child.restarts;

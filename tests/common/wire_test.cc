@@ -91,6 +91,29 @@ TEST(WireTest, RoundTripKeepsScalarFieldsAndSlices) {
   EXPECT_FALSE(d->stats.has_value());
 }
 
+TEST(WireTest, RoundTripKeepsAGathersKeyRanksAndAdmissions) {
+  Header h;
+  h.type = MsgType::kGather;
+  h.key = "parasync.elastic.commit";
+  h.clock = 12;
+  h.ranks = {0, 2};
+  h.admitted = {1};
+  h.joining = true;
+  Result<Header> d = RoundTrip(h);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->key, h.key);
+  EXPECT_EQ(d->clock, 12);
+  EXPECT_EQ(d->ranks, h.ranks);
+  EXPECT_EQ(d->admitted, h.admitted);
+  EXPECT_TRUE(d->joining);
+  h.joining = false;
+  h.admitted.clear();
+  Result<Header> plain = RoundTrip(h);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->joining);
+  EXPECT_TRUE(plain->admitted.empty());
+}
+
 TEST(WireTest, RoundTripKeepsEveryMessageType) {
   for (int t = 0; t < kNumMsgTypes; ++t) {
     Header h;

@@ -458,6 +458,25 @@ TEST(LaunchPlanTest, WorkerCommandsGetTorchrunsAndHorovodsNamesForWhereTheyRun) 
   }
 }
 
+TEST(LaunchPlanTest, ARestartedWorkerIsToldItIsARestartHereAndOverSsh) {
+  LaunchOptions options;
+  options.num_ps = 1;
+  options.num_workers = 2;
+  options.ps_placement = {{"node1", 1}};
+  options.worker_placement = {{"node2", 2}};
+  options.worker_command = "python3 train.py";
+  Result<LaunchPlan> plan = BuildPlan(options, "/b", "/l", PortBasePorts(options));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ProcessSpec worker = plan->processes[2];
+  ASSERT_TRUE(worker.remote);
+  EXPECT_FALSE(EnvMap(worker.env).contains("PARASYNC_RESTART"));
+  MarkRestart(options, worker, 2);
+  EXPECT_EQ(EnvMap(worker.env).at("PARASYNC_RESTART"), "2");
+  // Over ssh the variables travel in the command line: the restart's is there too.
+  EXPECT_THAT(ShellJoin(worker.spawn_argv), HasSubstr("PARASYNC_RESTART=2"));
+  EXPECT_THAT(ShellJoin(plan->processes[2].spawn_argv), Not(HasSubstr("PARASYNC_RESTART")));
+}
+
 TEST(LaunchPlanTest, ABlankWorkerCommandIsRefused) {
   LaunchOptions options;
   EXPECT_TRUE(ValidateOptions(options).ok());

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -22,9 +23,10 @@ struct Board {
   }
   std::vector<GatherBoard::Reply> Offer(int rank, const std::string& key, int64_t round,
                                         const std::string& payload, Clock::time_point now,
-                                        uint64_t request_id = 1) {
+                                        uint64_t request_id = 1, bool joining = false) {
     Header h;
     h.rank = rank;
+    h.joining = joining;
     h.key = key;
     h.clock = round;
     h.request_id = request_id;
@@ -136,6 +138,70 @@ TEST(GatherBoardTest, PayloadsStayWithinTheBoundDroppingKeptResultsFirst) {
   EXPECT_EQ(refused[0].status.code(), StatusCode::kUnavailable);
   EXPECT_NE(refused[0].status.message().find("--max-gather-bytes"), std::string::npos);
   EXPECT_LE(b.board.bytes(), 4096);
+}
+
+std::vector<GatherBoard::Reply>::const_iterator ReplyTo(
+    const std::vector<GatherBoard::Reply>& replies, const std::string& who) {
+  return std::find_if(replies.begin(), replies.end(),
+                      [&](const GatherBoard::Reply& r) { return Text(r.identity) == who; });
+}
+
+TEST(GatherBoardTest, AJoiningRankWaitsUnwaitedForUntilTheKeysNextRoundAdmitsIt) {
+  Board b(3);
+  const auto now = Clock::now();
+  (void)b.Offer(0, "commit", 1, "a", now);
+  (void)b.Offer(1, "commit", 1, "b", now);
+  ASSERT_EQ(b.Offer(2, "commit", 1, "c", now).size(), 3u);
+  // Rank 2 restarted: it is still "expected" (not yet declared dead), but its joining offer
+  // makes the next round wait for it no longer, and that round admits it.
+  EXPECT_TRUE(b.Offer(2, "commit", 0, "", now, 7, /*joining=*/true).empty());
+  EXPECT_TRUE(b.Offer(0, "commit", 2, "a2", now).empty());
+  auto replies = b.Offer(1, "commit", 2, "b2", now);
+  ASSERT_EQ(replies.size(), 3u);
+  for (const auto& r : replies) {
+    ASSERT_TRUE(r.status.ok()) << r.status.message();
+    EXPECT_EQ(r.admitted, (std::vector<int32_t>{2}));
+    EXPECT_EQ(r.ranks, (std::vector<int32_t>{0, 1}));  // the joiner offered no payload
+    EXPECT_EQ(r.request.clock, 2);
+  }
+  const auto joiner = ReplyTo(replies, "peer2");
+  ASSERT_NE(joiner, replies.end());
+  EXPECT_TRUE(joiner->request.joining);
+  EXPECT_EQ(Text(joiner->frames[0]), "a2");
+  // Its reply was lost: the resend gets the kept result, admission included.
+  auto again = b.Offer(2, "commit", 0, "", now, 8, /*joining=*/true);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].admitted, (std::vector<int32_t>{2}));
+  EXPECT_EQ(again[0].request.clock, 2);
+  // The next round has it as an ordinary rank, and admits nobody.
+  (void)b.Offer(0, "commit", 3, "", now);
+  (void)b.Offer(1, "commit", 3, "", now);
+  auto third = b.Offer(2, "commit", 3, "", now);
+  ASSERT_EQ(third.size(), 3u);
+  EXPECT_TRUE(third[0].admitted.empty());
+}
+
+TEST(GatherBoardTest, AJoinerOutlivesKeptResultsAndTimeoutsAndTheFirstRoundAdmitsIt) {
+  Board b(2);
+  const auto now = Clock::now();
+  EXPECT_TRUE(b.Offer(1, "commit", 0, "", now, 1, /*joining=*/true).empty());
+  EXPECT_TRUE(b.board.Tick(now + GatherBoard::kKeepComplete + std::chrono::seconds(1),
+                           b.Expected()).empty());
+  EXPECT_EQ(b.board.keys(), 1u);  // still parked
+  // A round that times out (rank 0 alone, rank 1 dead... then alive and silent) keeps it.
+  const auto later = now + GatherBoard::kKeepComplete + std::chrono::seconds(2);
+  b.dead.insert(1);
+  auto first = b.Offer(0, "commit", 1, "x", later);
+  ASSERT_EQ(first.size(), 2u);  // rank 0's and the joiner's
+  for (const auto& r : first) EXPECT_EQ(r.admitted, (std::vector<int32_t>{1}));
+  // Another key's round is no admission.
+  EXPECT_TRUE(b.Offer(1, "other", 0, "", later, 2, /*joining=*/true).empty());
+  b.dead.clear();
+  (void)b.Offer(0, "commit", 2, "", later);
+  auto timed_out = b.board.Tick(later + std::chrono::seconds(2), b.Expected());
+  ASSERT_EQ(timed_out.size(), 1u);  // rank 0's round 2: rank 1 never offered
+  EXPECT_EQ(timed_out[0].status.code(), StatusCode::kTimedOut);
+  EXPECT_EQ(b.board.keys(), 1u);  // "other" still parks rank 1
 }
 
 TEST(GatherBoardTest, RefusesWhatCannotBeARound) {

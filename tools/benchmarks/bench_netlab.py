@@ -18,6 +18,12 @@ Configurations:
   colocated-overlap       colocated, --mode sync:delayed: each step's exchange overlaps the
                           next gradient's compute (needs --mode sync)
   colocated-overlap-bf16  the same, --wire-dtype bfloat16
+  hvd-colocated   colocated, the workers running a Horovod script unchanged:
+                  worker/python/examples/horovod_mnist.py --model cnn (parasync.horovod: the
+                  servers average, each worker applies its own torch.optim.Adam; started with
+                  DDP's allocator variables, tools/benchmarks/torch_env.py)
+  hvd-colocated-fp16  the same with hvd.Compression.fp16 (half the bytes each way)
+  hvd-colocated-bf16  the same with hvd.Compression.bf16
 Every configuration trains the same model with Adam 1e-3, batch 64 per worker, seed 1.
 
 Prints a markdown table: examples/s (all workers' training examples over the wall time from
@@ -50,7 +56,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 NETLAB = os.path.join(ROOT, "tools", "netlab")
 CONFIGS = ("ddp", "dedicated", "colocated", "colocated-tcp", "colocated-bf16", "colocated-overlap",
-           "colocated-overlap-bf16")
+           "colocated-overlap-bf16", "hvd-colocated", "hvd-colocated-fp16",
+           "hvd-colocated-bf16")
 DDP_PORT = 29400
 
 
@@ -174,6 +181,19 @@ def exchange_ms(log_dir, workers):
     return round(sum(values) / len(values), 1) if values else None
 
 
+def horovod_command(args, config):
+    """The Horovod script's command line for an hvd-* configuration (Adam 1e-3 after its
+    hvd.size() scaling, as every other configuration's)."""
+    sys.path.insert(0, HERE)
+    import torch_env  # noqa: E402  (the allocator every PyTorch side starts with)
+    env = " ".join(f"{k}={v}" for k, v in torch_env.allocator_env(torch_env.ALLOCATOR).items())
+    compression = config.split("-")[2] if config.count("-") == 2 else "none"
+    script = os.path.join(ROOT, "worker", "python", "examples", "horovod_mnist.py")
+    return (f"env {env} {args.python} {script} --model cnn --threads 1 "
+            f"--lr {0.001 / args.workers} --seed 1 --compression {compression} "
+            f"--data {args.data}")
+
+
 def run_parasync(args, config, work):
     name = f"bnl-{config}"[:20]
     dedicated = config == "dedicated"
@@ -191,6 +211,18 @@ def run_parasync(args, config, work):
         flags += ["--wire-dtype", "bfloat16"]
     if config == "colocated-tcp":
         flags += ["--no-ipc"]
+    if config.startswith("hvd-"):
+        # The script chooses its optimizer (worker-side) and learning rate.
+        drop = {"--model": 2, "--optimizer": 2, "--lr": 2}
+        kept, i = [], 0
+        while i < len(flags):
+            if flags[i] in drop:
+                i += drop[flags[i]]
+                continue
+            kept.append(flags[i])
+            i += 1
+        flags = kept
+        flags += ["--worker-command", horovod_command(args, config)]
     command = " ".join([shlex.quote(os.path.join(args.bin_dir, "parasync-launch"))] +
                        [f'"{f}"' if f == "$NETLAB_EXEC" else shlex.quote(f) for f in flags])
     command += f" > {work}/launch.log 2>&1"
@@ -202,6 +234,8 @@ def run_parasync(args, config, work):
     with open(eval_path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     first, last = rows[0], rows[-1]
+    if first["epoch"] != 0:  # a Horovod script evaluates after each epoch only: its clock
+        first = {"examples": 0, "wall_s": 0.0}  # starts at its training's start
     examples = last["examples"] - first["examples"]
     seconds = last["wall_s"] - first["wall_s"]
     reached = [r["wall_s"] - first["wall_s"] for r in rows[1:] if r["test_accuracy"] >= args.target]

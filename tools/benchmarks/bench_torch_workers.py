@@ -12,6 +12,14 @@ the same per-worker batch, Adam at the same learning rate, 1 thread each, repeat
   *-bf16      the same with --wire-dtype bfloat16 (half the bytes each way; the servers keep
               float32)
   cpp-async   parasync-launch --ps 2 --workers 2 --mode async --model cnn (parasync-worker)
+  hvd-sync    parasync-launch --ps 2 --workers 2 --mode sync --worker-command
+              "worker/python/examples/horovod_mnist.py --model cnn" (parasync.horovod: the
+              servers average, each worker applies its own torch.optim.Adam; the script's
+              shape is DDP's: the same model, per-worker batch, learning rate and sampler-free
+              shard sizes, gradients clipped at 5 — a no-op here, as in the example)
+  hvd-sync-fp16, hvd-sync-bf16  the same with --compression fp16 / bf16 (Horovod's
+              Compression: half the bytes each way)
+  hvd-async   the same script, --mode async (each worker pushes its optimizer's change)
 
 Per configuration (medians over the repeats): each epoch's test accuracy and wall seconds
 since training started (evaluations included, start-up not: DDP's clock starts after its
@@ -29,7 +37,9 @@ the reference BLAS). DDP's processes run with torch_env.py's allocator from thei
 (torch_ddp_cnn.py starts itself again with it); parasync's processes run as they are (the
 Python workers' train.py sets glibc's thresholds with mallopt after start, the C++ processes
 likewise: common/process.h). Below the table, what PyTorch ran with on each side (DDP's rank
-0 and the Python workers' chief, from their JSON lines). Exit status 2 with one line for
+0 and the Python workers' chief, from their JSON lines). The hvd-* workers start with the
+same allocator variables as DDP's processes (torch_env.py's, in their environment from the
+start), so the two sides differ in what moves the gradients, not in malloc. Exit status 2 with one line for
 bad flags or a refused baseline.
 """
 import argparse
@@ -48,7 +58,8 @@ import torch_env  # noqa: E402
 
 PROGRAM = "bench_torch_workers.py"
 CONFIGS = ("ddp", "py-async", "py-sync", "py-async-no-overlap", "py-sync-no-overlap",
-           "py-async-no-overlap-bf16", "cpp-async")
+           "py-async-no-overlap-bf16", "cpp-async", "hvd-sync", "hvd-sync-fp16",
+           "hvd-sync-bf16", "hvd-async")
 
 
 def fail(message):
@@ -129,6 +140,29 @@ def parasync(args, mode, python, seed, overlap=True, wire="float32"):
             "examples_per_sec": round(sum(x for e, x in last.values() if e == epoch))}
 
 
+def horovod(args, mode, seed, compression):
+    """horovod_mnist.py --model cnn under parasync-launch: its eval.jsonl (hvd.log_eval: the
+    chief's wall since training started, evaluations included) and the last epoch's
+    examples/s over all ranks (the script's allreduced rate: examples over training seconds)."""
+    env = " ".join(f"{k}={v}" for k, v in
+                   torch_env.allocator_env(torch_env.ALLOCATOR).items())
+    with tempfile.TemporaryDirectory(prefix="bench_torch_workers.") as log_dir:
+        argv = [os.path.join(args.bin_dir, "parasync-launch"), "--ps", "2", "--workers", "2",
+                "--mode", mode, "--epochs", str(args.epochs), "--batch-size",
+                str(args.batch_size), "--log-dir", log_dir, "--worker-command",
+                f"env {env} /usr/bin/python3 " + os.path.join(
+                    ROOT, "worker", "python", "examples", "horovod_mnist.py") +
+                f" --model cnn --threads 1 --lr {args.lr / 2} --seed {seed} "
+                f"--compression {compression}"]
+        out = run(argv)
+        with open(os.path.join(log_dir, "eval.jsonl")) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    rates = re.findall(r"rank 0 epoch \d+: .* ([0-9.]+) examples/s \(all ranks\)", out)
+    return {"torch": None, "accuracy": [r["test_accuracy"] for r in rows],
+            "wall": [round(r["wall_s"], 2) for r in rows],
+            "examples_per_sec": round(float(rates[-1])) if rates else 0}
+
+
 def time_to(result, target):
     for accuracy, wall in zip(result["accuracy"], result["wall"]):
         if accuracy >= target:
@@ -148,6 +182,9 @@ def main() -> int:
         for c in args.configs:
             if c == "ddp":
                 r = ddp(args, seed)
+            elif c.startswith("hvd-"):
+                parts = c.split("-")
+                r = horovod(args, parts[1], seed, parts[2] if len(parts) > 2 else "none")
             else:
                 r = parasync(args, c.split("-")[1], python=c.startswith("py"), seed=seed,
                              overlap="no-overlap" not in c,

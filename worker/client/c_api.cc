@@ -169,6 +169,7 @@ struct parasync_options_t {
   int metrics_port = -1;
   std::string log_dir = ".";
   std::string log_level = "info";
+  bool joining = false;  // a restarted worker not yet back in the run
 };
 
 struct parasync_model_t {
@@ -197,8 +198,9 @@ struct parasync_client_t {
   PsClientOptions client_options;
   std::unique_ptr<PsClient> gather_client;
   std::optional<ModelRegistration> registration;
-  // The last gather's payloads, by rank (absent: the rank took no part).
+  // The last gather's payloads, by rank (absent: the rank took no part), and its round.
   std::vector<std::optional<zmq::message_t>> gathered;
+  int64_t gathered_round = 0;
 };
 
 namespace {
@@ -297,7 +299,8 @@ Status StartClient(parasync_client_t* c) {
                                                 o.cluster->ps.size()));
   PARASYNC_ASSIGN_OR_RETURN(
       c->heartbeater,
-      Heartbeater::Start(c->context, o.cluster->ps, c->rank, Millis(o.heartbeat_seconds), curve));
+      Heartbeater::Start(c->context, o.cluster->ps, c->rank, Millis(o.heartbeat_seconds), curve,
+                         o.joining));
   PsClientOptions client_options;
   client_options.ps_addresses = o.cluster->ps;
   client_options.rank = c->rank;
@@ -318,6 +321,7 @@ Status StartClient(parasync_client_t* c) {
   client_options.loop = &c->metrics->loop;
   c->client_options = client_options;
   PARASYNC_ASSIGN_OR_RETURN(c->client, PsClient::Connect(c->context, client_options));
+  c->client->SetJoining(o.joining);
   return Status::Ok();
 }
 
@@ -442,6 +446,14 @@ int parasync_options_set_wire_dtype(parasync_options_t* options, const char* dty
   return Guard(errmsg, [&]() -> Status {
     PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
     PARASYNC_ASSIGN_OR_RETURN(options->wire, ParseWireDType(dtype));
+    return Status::Ok();
+  });
+}
+
+int parasync_options_set_joining(parasync_options_t* options, int joining, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
+    options->joining = joining != 0;
     return Status::Ok();
   });
 }
@@ -891,6 +903,29 @@ int parasync_client_wait_for_workers(parasync_client_t* client, double seconds, 
   });
 }
 
+int parasync_client_leave(parasync_client_t* client, double seconds, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
+    std::lock_guard lock(client->mu);
+    PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
+    return Explain(client, client->client->Leave(Millis(std::max(0.0, seconds))));
+  });
+}
+
+int parasync_client_live_ranks(parasync_client_t* client, uint8_t* live, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
+    PARASYNC_RETURN_IF_ERROR(Need(live, "live"));
+    std::lock_guard lock(client->mu);
+    PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
+    PARASYNC_ASSIGN_OR_RETURN(const std::vector<int> ranks,
+                              LiveRanks(*client->client, client->num_workers));
+    std::fill(live, live + client->num_workers, uint8_t{0});
+    for (int r : ranks) live[r] = 1;
+    return Status::Ok();
+  });
+}
+
 int parasync_client_global_progress(parasync_client_t* client, int64_t* step,
                                     int64_t* examples, char** errmsg) {
   return Guard(errmsg, [&]() -> Status {
@@ -939,9 +974,12 @@ int parasync_client_gather(parasync_client_t* client, const char* key, int64_t r
       PARASYNC_ASSIGN_OR_RETURN(client->gather_client,
                                 PsClient::Connect(client->context, client->client_options));
     }
+    client->gather_client->SetJoining(client->client->joining());
+    std::vector<int32_t> admitted;
     PARASYNC_RETURN_IF_ERROR(Explain(
-        client, client->gather_client->Gather(key, round, {bytes, bytes == nullptr ? 0 : size}, &ranks,
-                                       &payloads)));
+        client, client->gather_client->Gather(key, round, {bytes, bytes == nullptr ? 0 : size},
+                                              &ranks, &payloads, &admitted,
+                                              &client->gathered_round)));
     const auto n = static_cast<size_t>(client->num_workers);
     client->gathered.clear();
     client->gathered.resize(n);
@@ -956,6 +994,28 @@ int parasync_client_gather(parasync_client_t* client, const char* key, int64_t r
       sizes[r] = payloads[i].size();
       client->gathered[r] = std::move(payloads[i]);
     }
+    for (int32_t a : admitted) {
+      if (a < 0 || static_cast<size_t>(a) >= n) {
+        return Status::Corruption("gather reply admits rank " + std::to_string(a));
+      }
+      contributed[static_cast<size_t>(a)] = 2;
+    }
+    return Status::Ok();
+  });
+}
+
+int64_t parasync_client_gather_round(const parasync_client_t* client) {
+  return ReadClient(__func__, client, int64_t{-1},
+                    [](const parasync_client_t& c) { return c.gathered_round; });
+}
+
+int parasync_client_set_joining(parasync_client_t* client, int joining, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
+    std::lock_guard lock(client->mu);
+    client->client->SetJoining(joining != 0);
+    if (client->gather_client) client->gather_client->SetJoining(joining != 0);
+    client->heartbeater->SetJoining(joining != 0);
     return Status::Ok();
   });
 }

@@ -150,6 +150,10 @@ PARASYNC_API int parasync_options_set_wire_dtype(parasync_options_t* options, co
 /* /metrics, /healthz and /readyz of this worker on bind:port (port 0: a free one, see
  * parasync_client_metrics_port; port < 0: none, the default), and the directory of the
  * metrics snapshot at parasync_client_finish and of eval.jsonl (default "."). */
+/* A worker restarted into a running job (parasync.horovod.elastic): its heartbeats and
+ * requests do not make the servers count it live until a gather admits it back
+ * (parasync_client_set_joining(client, 0) then). */
+PARASYNC_API int parasync_options_set_joining(parasync_options_t* options, int joining, char** errmsg);
 PARASYNC_API int parasync_options_set_metrics(parasync_options_t* options, const char* bind,
                                               int port, const char* log_dir, char** errmsg);
 /* "debug", "info" (default), "warn" or "error": the library's log lines on stderr, in
@@ -279,6 +283,12 @@ PARASYNC_API int parasync_client_last_logged_epoch(const parasync_client_t* clie
 /* Chief after its last epoch: leaves, then waits up to `seconds` for every other worker to
  * leave the servers (done or declared dead), as parasync-worker --wait-for-workers. */
 PARASYNC_API int parasync_client_wait_for_workers(parasync_client_t* client, double seconds, char** errmsg);
+/* Leaves (best effort within `seconds`): no sync step, ssp bound or collective waits for
+ * this rank any more, until it pulls, pushes or registers again (parasync.horovod's join). */
+PARASYNC_API int parasync_client_leave(parasync_client_t* client, double seconds, char** errmsg);
+/* For each rank r of the cluster, `live[r]` (num_workers entries) is 1 while some server
+ * still counts it as training (neither left nor declared dead), else 0. */
+PARASYNC_API int parasync_client_live_ranks(parasync_client_t* client, uint8_t* live, char** errmsg);
 /* The cluster's progress as the servers count it: optimizer steps applied (the largest
  * version over the shards) and the examples they were computed from. */
 PARASYNC_API int parasync_client_global_progress(parasync_client_t* client, int64_t* step,
@@ -291,12 +301,18 @@ PARASYNC_API int parasync_client_set_wire_dtype(parasync_client_t* client, const
  * `size` bytes at `data` (NULL when 0) for round `round` (1, 2, ... per key, on every rank
  * alike) of `key`, and waits until every live rank has offered (a dead or departed rank is
  * not waited for; the servers' --barrier-timeout bounds the wait). Then, for each rank r of
- * the cluster, `contributed[r]` is 1 if it took part and `sizes[r]` its payload's bytes (0
- * if not); both arrays hold num_workers entries. parasync_client_gather_copy copies a
- * rank's payload out. Works before parasync_client_register too. */
+ * the cluster, `contributed[r]` is 1 if it took part, 2 if the round admitted it back (a
+ * joining rank: no payload), else 0, and `sizes[r]` its payload's bytes (0 if none); both
+ * arrays hold num_workers entries. parasync_client_gather_copy copies a rank's payload out.
+ * Works before parasync_client_register too. A joining client (parasync_options_set_joining)
+ * offers no round: its gather waits until the key's next round completes and admits it. */
 PARASYNC_API int parasync_client_gather(parasync_client_t* client, const char* key,
                                         int64_t round, const void* data, size_t size,
                                         uint8_t* contributed, uint64_t* sizes, char** errmsg);
+/* The round the last gather answered (for a joining client: the one that admitted it). */
+PARASYNC_API int64_t parasync_client_gather_round(const parasync_client_t* client);
+/* Joining on (1) or off (0) for every later request and heartbeat. */
+PARASYNC_API int parasync_client_set_joining(parasync_client_t* client, int joining, char** errmsg);
 /* Rank `rank`'s payload of the last gather into `out`, whose `size` must be its size. */
 PARASYNC_API int parasync_client_gather_copy(parasync_client_t* client, int rank, void* out,
                                              size_t size, char** errmsg);

@@ -13,6 +13,16 @@
   allgather_object and broadcast_optimizer_state, each against its definition.
 - A dead worker (sync, 2 workers: rank 1 killed with SIGKILL mid-run): rank 0's steps wait
   for it no longer than the servers' worker timeout, and its allreduce goes on without it.
+- join (sync, 3 workers, uneven data: rank r has 6 - r batches, then hvd.join()): no step
+  waits for a rank that joined, every rank is told rank 0 joined last, a collective after
+  join is refused, and the servers applied every batch of every rank once (6 steps, the
+  examples of 15 batches).
+- elastic (sync, 2 workers, hvd.elastic.run with TorchState and ElasticSampler): rank 1 is
+  killed (SIGKILL) mid-epoch and started again as the launcher restarts it (PARASYNC_RESTART):
+  rank 0's steps wait for the dead rank no longer than the worker timeout, the restarted
+  rank is admitted back at rank 0's next commit, both end with bitwise-identical parameters,
+  every example of every epoch is trained (at most the sampler's padding twice), and the
+  servers applied exactly the batches the ranks trained.
 - async (2 workers, deltas): the servers end holding the initial parameters plus every delta
   every worker pushed (each exactly once), and each worker's last pull is what the servers
   held then.
@@ -94,9 +104,16 @@ def worker_train(optimizer_name: str) -> dict:
     optimizer = make_optimizer(torch, optimizer_name, model.parameters(), hvd.size())
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    if optimizer_name == "sgd":  # the state broadcast into the optimizer, then wrapped
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    else:  # Horovod's example's order: wrapped, then broadcast (rank 1's rate is made wrong)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        if hvd.rank() == 1:
+            for group in optimizer.param_groups:
+                group["lr"] *= 3
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     for step in range(STEPS):
         x, y = batch(torch, hvd.rank(), step)
         optimizer.zero_grad()
@@ -209,8 +226,84 @@ def worker_async() -> dict:
     return out
 
 
+def sgd_worker(seed: int):
+    """hvd initialized, the small net and a DistributedOptimizer over plain SGD."""
+    import torch
+
+    import parasync.horovod as hvd
+    hvd.init()
+    torch.manual_seed(seed)
+    model = make_net(torch)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                         named_parameters=model.named_parameters())
+    return hvd, model, optimizer
+
+
+def timed_step(torch, model, optimizer, x, y, waits: list) -> None:
+    """One training step; how long step() took (the wait for the others) into `waits`."""
+    optimizer.zero_grad()
+    torch.nn.functional.nll_loss(model(x), y).backward()
+    started = time.monotonic()
+    optimizer.step()
+    waits.append(time.monotonic() - started)
+
+
 def worker_dead_peer() -> dict:
     """Rank 1 is killed (SIGKILL) after 2 sync steps; rank 0 trains on, then allreduces."""
+    import signal
+
+    import torch
+
+    hvd, model, optimizer = sgd_worker(3)
+    waits = []
+    for step in range(STEPS):
+        if hvd.rank() == 1 and step == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        timed_step(torch, model, optimizer, *batch(torch, hvd.rank(), step), waits)
+    total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="alive")
+    hvd.shutdown()
+    return {"waits": waits, "alive": float(total)}
+
+
+def worker_join() -> dict:
+    """Rank r trains STEPS - r batches (sync), then hvd.join(). Rank 0 takes its last batch
+    once the servers count ranks 1 and 2 gone (a bounded wait), so that it joins last."""
+    import torch
+
+    from parasync import errors
+    hvd, model, optimizer = sgd_worker(5)
+    waits = []
+    for step in range(STEPS - hvd.rank()):
+        if hvd.rank() == 0 and step == STEPS - 1:
+            deadline = time.monotonic() + 60
+            while hvd.client().live_ranks() != [0] and time.monotonic() < deadline:
+                time.sleep(0.05)
+        timed_step(torch, model, optimizer, *batch(torch, hvd.rank(), step), waits)
+    last = hvd.join()
+    try:
+        hvd.allreduce(torch.tensor([1.0]), name="after_join")
+        refused = ""
+    except errors.FailedPrecondition as e:
+        refused = str(e)
+    progress = hvd.client().global_progress()
+    hvd.shutdown()
+    return {"last": last, "waits": waits, "refused": refused, "progress": progress}
+
+
+ELASTIC_EXAMPLES = 320  # 20 batches of BATCH per rank and epoch
+
+
+def elastic_dataset(torch):
+    rng = np.random.default_rng(99)
+    x = torch.from_numpy(rng.standard_normal((ELASTIC_EXAMPLES, 1, 12, 12)).astype(np.float32))
+    y = torch.from_numpy(rng.integers(0, 10, ELASTIC_EXAMPLES))
+    return torch.utils.data.TensorDataset(x, y, torch.arange(ELASTIC_EXAMPLES))
+
+
+def worker_elastic() -> dict:
+    """A Horovod elastic script: TorchState, ElasticSampler, a commit after every batch.
+    Rank 1's first process kills itself after its 4th step; once the servers count it dead,
+    rank 0 commits on (paced, bounded) until the restarted rank 1 is admitted back."""
     import signal
 
     import torch
@@ -218,28 +311,59 @@ def worker_dead_peer() -> dict:
 
     import parasync.horovod as hvd
     hvd.init()
-    torch.manual_seed(3)
+    torch.manual_seed(7)
     model = make_net(torch)
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                         named_parameters=model.named_parameters())
-    waits = []
-    for step in range(STEPS):
-        if hvd.rank() == 1 and step == 2:
-            os.kill(os.getpid(), signal.SIGKILL)
-        x, y = batch(torch, hvd.rank(), step)
-        optimizer.zero_grad()
-        F.nll_loss(model(x), y).backward()
-        started = time.monotonic()
-        optimizer.step()
-        waits.append(time.monotonic() - started)
-    total = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="alive")
+    dataset = elastic_dataset(torch)
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
+    resets, waits = [], []
+    state.register_reset_callbacks([lambda: resets.append(1)])
+    restarted = os.environ.get("PARASYNC_RESTART") == "1"
+    trained = open(OUT + ".trained", "a")
+
+    def await_restart():
+        """Rank 0, once rank 1 is dead: commits until the restart is admitted (the commit
+        raises then), within a bound."""
+        if hvd.rank() != 0 or len(resets) > 1 or 1 in hvd.client().live_ranks():
+            return
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            state.commit()
+            time.sleep(0.05)
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, 2):
+            state.sampler.set_epoch(state.epoch)
+            for state.batch, (x, y, idx) in enumerate(loader):
+                optimizer.zero_grad()
+                F.nll_loss(model(x), y).backward()
+                started = time.monotonic()
+                optimizer.step()
+                waits.append(time.monotonic() - started)
+                trained.write(json.dumps([state.epoch, idx.tolist()]) + "\n")
+                trained.flush()
+                if hvd.rank() == 1 and not restarted and state.epoch == 0 and state.batch == 3:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                state.commit()
+                await_restart()
+            state.batch = 0
+
+    train(state)
+    out = {"params": {n: p.detach().clone() for n, p in model.named_parameters()},
+           "waits": waits, "resets": len(resets),
+           "progress": hvd.client().global_progress()}
     hvd.shutdown()
-    return {"waits": waits, "alive": float(total)}
+    return out
 
 
 if sys.argv[1] == "--worker":
     import torch
-    result = {"dead_peer": worker_dead_peer,"train_sgd": lambda: worker_train("sgd"),
+    result = {"dead_peer": worker_dead_peer, "join": worker_join, "elastic": worker_elastic,"train_sgd": lambda: worker_train("sgd"),
               "train_adamw": lambda: worker_train("adamw"),
               "collectives": worker_collectives,
               "async": worker_async}[SCENARIO]()
@@ -254,6 +378,19 @@ torch = require_torch()
 from ps_servers import Servers  # noqa: E402
 
 
+def start_worker(servers, scenario: str, r: int, workers: int, mode: str, workdir: str,
+                 out: str, extra_env: dict | None = None, log_name: str | None = None):
+    tf_config = {"cluster": {"ps": servers.addresses,
+                             "worker": [f"127.0.0.1:{i + 1}" for i in range(workers)]},
+                 "task": {"type": "worker", "index": r}}
+    env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), PARASYNC_MODE=mode,
+               PARASYNC_LOG_DIR=workdir, PYTHONPATH=PYTHON_DIR,
+               PARASYNC_REQUEST_TIMEOUT="60", PARASYNC_CONNECT_TIMEOUT="60", **(extra_env or {}))
+    log = open(os.path.join(workdir, log_name or f"{scenario}-worker{r}.log"), "w")
+    return subprocess.Popen([sys.executable, __file__, "--worker", scenario, out], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
 def run_workers(scenario: str, workers: int, mode: str, workdir: str,
                 expect_exit: dict | None = None) -> list:
     """Starts `workers` worker processes against 2 fresh shards; returns their results (None
@@ -263,16 +400,8 @@ def run_workers(scenario: str, workers: int, mode: str, workdir: str,
     with Servers(BIN_DIR, shards=2, workers=workers, log_dir=workdir, mode=mode) as servers:
         procs, outs = [], []
         for r in range(workers):
-            tf_config = {"cluster": {"ps": servers.addresses,
-                                     "worker": [f"127.0.0.1:{i + 1}" for i in range(workers)]},
-                         "task": {"type": "worker", "index": r}}
-            env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), PARASYNC_MODE=mode,
-                       PARASYNC_LOG_DIR=workdir, PYTHONPATH=PYTHON_DIR,
-                       PARASYNC_REQUEST_TIMEOUT="60", PARASYNC_CONNECT_TIMEOUT="60")
             out = os.path.join(workdir, f"{scenario}-{r}.pt")
-            log = open(os.path.join(workdir, f"{scenario}-worker{r}.log"), "w")
-            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", scenario, out],
-                                          env=env, stdout=log, stderr=subprocess.STDOUT))
+            procs.append(start_worker(servers, scenario, r, workers, mode, workdir, out))
             outs.append(out)
         deadline = time.monotonic() + 240
         codes = []
@@ -433,16 +562,102 @@ def check_dead_peer(workdir: str) -> None:
     check(results[0]["alive"] == 1.0, "dead peer: the allreduce went on without the dead rank")
 
 
+def check_join(workdir: str) -> None:
+    results = run_workers("join", 3, "sync", workdir)
+    if any(r is None for r in results):
+        return
+    waits = max(max(r["waits"]) for r in results)
+    lasts = [r["last"] for r in results]
+    steps, examples = results[0]["progress"]
+    print(f"join: last to join as each rank saw it {lasts}; the longest step {waits:.2f} s; "
+          f"the servers applied {steps} steps of {examples} examples")
+    check(lasts == [0, 0, 0], f"join: every rank names rank 0 the last to join ({lasts})")
+    check(waits < 2.5, f"join: no step waited for a rank that had joined ({waits:.2f} s; the "
+                       "worker timeout is 5 s)")
+    check(all("after hvd.join()" in r["refused"] for r in results),
+          "join: a collective after join is refused with one line")
+    want = (STEPS + (STEPS - 1) + (STEPS - 2)) * BATCH
+    check(steps == STEPS and examples == want,
+          f"join: every batch applied once ({steps} steps of {examples} examples; want "
+          f"{STEPS} of {want})")
+
+
+def run_elastic(workdir: str) -> list:
+    """Ranks 0 and 1; rank 1's first process kills itself, and is started again (as the
+    launcher's --kill worker:1@S+R does: PARASYNC_RESTART=1) once it has died."""
+    with Servers(BIN_DIR, shards=2, workers=2, log_dir=workdir, mode="sync") as servers:
+        outs = [os.path.join(workdir, f"elastic-{r}.pt") for r in (0, 1)]
+        first = [start_worker(servers, "elastic", r, 2, "sync", workdir, outs[r]) for r in (0, 1)]
+        try:
+            died = first[1].wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            died = None
+        check(died == -9, f"elastic: rank 1's first process was killed ({died})")
+        restart_out = os.path.join(workdir, "elastic-1-restarted.pt")
+        again = start_worker(servers, "elastic", 1, 2, "sync", workdir, restart_out,
+                             {"PARASYNC_RESTART": "1"}, "elastic-worker1-restarted.log")
+        codes = []
+        for name, p in (("rank 0", first[0]), ("restarted rank 1", again)):
+            try:
+                codes.append(p.wait(timeout=180))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append(p.wait())
+            check(codes[-1] == 0, f"elastic: {name} exited {codes[-1]}")
+        if any(codes):
+            for log in ("elastic-worker0.log", "elastic-worker1-restarted.log"):
+                with open(os.path.join(workdir, log)) as f:
+                    sys.stderr.write(f"--- {log}\n" + f.read()[-3000:])
+        return [torch.load(o) if os.path.exists(o) else None for o in (outs[0], restart_out)]
+
+
+def check_elastic(workdir: str) -> None:
+    results = run_elastic(workdir)
+    if any(r is None for r in results):
+        return
+    r0, r1 = results
+    same = all(torch.equal(r0["params"][n], r1["params"][n]) for n in r0["params"])
+    trained = {0: [], 1: []}  # epoch -> every index trained, by every process
+    for name in ("elastic-0.pt", "elastic-1.pt", "elastic-1-restarted.pt"):
+        path = os.path.join(workdir, name + ".trained")
+        if os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    epoch, idx = json.loads(line)
+                    trained[epoch] += idx
+    steps, examples = r0["progress"]
+    counts = {e: len(v) for e, v in trained.items()}
+    missing = {e: ELASTIC_EXAMPLES - len(set(v)) for e, v in trained.items()}
+    print(f"elastic: the longest step of rank 0 {max(r0['waits']):.1f} s (worker timeout 5 s); "
+          f"syncs: rank 0 {r0['resets']}, restarted rank 1 {r1['resets']}; parameters "
+          f"{'identical' if same else 'DIFFERENT'}; trained per epoch {counts} of "
+          f"{ELASTIC_EXAMPLES}, missing {missing}; the servers applied {examples} examples")
+    check(max(r0["waits"]) < 5 + 10, "elastic: no step waited much past the worker timeout")
+    check(r0["resets"] == 2 and r1["resets"] == 1,
+          "elastic: rank 0 synced at the start and when rank 1 was admitted back; the "
+          "restarted rank 1 once, at its admission")
+    check(same, "elastic: both ranks end with bitwise-identical parameters")
+    # Each sync pads the rest of the epoch to an even split: at most one example twice here.
+    check(all(m == 0 for m in missing.values()), f"elastic: every example trained ({missing})")
+    check(counts[0] <= ELASTIC_EXAMPLES + 1 and counts[1] == ELASTIC_EXAMPLES,
+          f"elastic: no example trained twice but the padding ({counts})")
+    check(examples == counts[0] + counts[1],
+          f"elastic: the servers applied exactly the trained batches ({examples} vs "
+          f"{counts[0] + counts[1]})")
+
+
 def main() -> int:
     # HOROVOD_TEST_ONLY=name[,name]: only those parts (sgd, adamw, collectives2, collectives3,
-    # async), for a person debugging one; the workers' logs are printed when one fails.
+    # async, dead_peer, join, elastic), for a person debugging one; the workers' logs are printed when one fails.
     only = set(filter(None, os.environ.get("HOROVOD_TEST_ONLY", "").split(",")))
     parts = {"sgd": lambda d: check_training("sgd", d),
              "adamw": lambda d: check_training("adamw", d),
              "collectives2": lambda d: check_collectives(2, d),
              "collectives3": lambda d: check_collectives(3, d),
              "async": check_async,
-             "dead_peer": check_dead_peer}
+             "dead_peer": check_dead_peer,
+             "join": check_join,
+             "elastic": check_elastic}
     with tempfile.TemporaryDirectory(prefix="parasync-horovod-") as workdir:
         for name, part in parts.items():
             if not only or name in only:

@@ -179,6 +179,9 @@ class Client:
         self.next_step_examples: int | None = None
         # Seconds spent pulling table rows since the optimizer's last step (pst.Embedding).
         self.lookup_seconds = 0.0
+        # The last gather's round and the ranks it admitted back (gather()).
+        self.last_gather_round = 0
+        self.last_gather_admitted: list[int] = []
         options = lib.parasync_options_create()
         try:
             hosts = ",".join(ps_hosts) if isinstance(ps_hosts, (list, tuple)) else ps_hosts
@@ -190,6 +193,7 @@ class Client:
             call(lib.parasync_options_set_curve, options, text(s.curve_key),
                  text(s.curve_server_key))
             call(lib.parasync_options_set_wire_dtype, options, text(s.wire_dtype))
+            call(lib.parasync_options_set_joining, options, int(bool(s.joining)))
             call(lib.parasync_options_set_metrics, options, text(s.metrics_bind),
                  int(s.metrics_port), text(s.log_dir))
             call(lib.parasync_options_set_log_level, options, text(s.log_level))
@@ -466,6 +470,24 @@ class Client:
         self._need_model()
         call(lib.parasync_client_wait_for_workers, self._h, float(seconds))
 
+    def set_joining(self, joining: bool) -> None:
+        """Joining on or off (Settings.joining): while on, the servers do not count this rank
+        live, and a gather waits to be admitted at its key's next round."""
+        call(lib.parasync_client_set_joining, self._h, int(bool(joining)))
+
+    def leave(self, seconds: float = 10.0) -> None:
+        """No sync step, ssp bound or collective waits for this rank any more, until it
+        pulls, pushes or registers again (best effort within ``seconds``)."""
+        self._need_model()
+        call(lib.parasync_client_leave, self._h, float(seconds))
+
+    def live_ranks(self) -> list[int]:
+        """The ranks some server still counts as training (neither left nor declared dead)."""
+        self._need_model()
+        live = (ctypes.c_uint8 * self.num_workers)()
+        call(lib.parasync_client_live_ranks, self._h, live)
+        return [r for r in range(self.num_workers) if live[r]]
+
     def global_progress(self) -> tuple[int, int]:
         """(steps, examples) the servers have applied: the largest version over the shards
         and the examples those steps were computed from."""
@@ -484,7 +506,9 @@ class Client:
         broadcast on it): offers ``payload`` for round ``round`` (1, 2, ... per key, counted
         alike on every rank) of ``key`` and waits until every live rank has offered. Returns
         each rank's payload by rank, None for a rank that took no part (dead or departed).
-        Works before register()."""
+        Works before register(). Also sets ``last_gather_round`` (the round answered: for a
+        joining client, the one that admitted it) and ``last_gather_admitted`` (the ranks that
+        round admitted back; their payloads are None)."""
         n = self.num_workers
         contributed = (ctypes.c_uint8 * n)()
         sizes = (c_uint64 * n)()
@@ -492,9 +516,11 @@ class Client:
         call(lib.parasync_client_gather, self._h, text(key), int(round),
              ctypes.cast(data, ctypes.c_void_p) if data else None, len(payload),
              contributed, sizes)
+        self.last_gather_round = int(lib.parasync_client_gather_round(self._h))
+        self.last_gather_admitted = [r for r in range(n) if contributed[r] == 2]
         out: list[bytes | None] = []
         for r in range(n):
-            if not contributed[r]:
+            if contributed[r] != 1:
                 out.append(None)
                 continue
             buffer = ctypes.create_string_buffer(max(1, sizes[r]))

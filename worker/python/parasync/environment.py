@@ -75,6 +75,11 @@ class Settings:
     wait_for_workers: float = 0.0         # PARASYNC_WAIT_FOR_WORKERS, seconds (the chief)
     checkpoint_each_epoch: bool = False   # PARASYNC_CHECKPOINT_EACH_EPOCH=1
     local_rank: int = 0                   # LOCAL_RANK
+    # This process is the launcher's restart of a worker (--kill ...+RESTART): how many times.
+    restart: int = 0                      # PARASYNC_RESTART
+    # Not counted live by the servers until a gather admits it back (parasync.horovod.elastic
+    # sets it for a restarted worker; no variable).
+    joining: bool = False
 
     @staticmethod
     def from_environment() -> "Settings":
@@ -103,6 +108,7 @@ class Settings:
             wait_for_workers=_number("PARASYNC_WAIT_FOR_WORKERS", float, 0.0, low=0),
             checkpoint_each_epoch=_text("PARASYNC_CHECKPOINT_EACH_EPOCH", "0") == "1",
             local_rank=_number("LOCAL_RANK", int, 0, low=0),
+            restart=_number("PARASYNC_RESTART", int, 0, low=0),
         )
 
     def lr_schedule_options(self, train_size: int | None, epochs: int | None) -> dict:

@@ -25,10 +25,12 @@ Collectives (allreduce, allgather, broadcast, broadcast_object, ...) go through 
 too: every live rank offers its tensor under the collective's name and gets every rank's
 back; the reduction runs on each worker in rank order, so every rank gets the same bits. A
 dead rank is not waited for: its peers get the result of those alive (Horovod would hang).
-The "async" variants finish before they return (the handle is ready at once).
+The "async" variants finish before they return (the handle is ready at once). join() lets a
+rank out of data stop holding the others up; it ends that rank's training (no step or
+collective may follow it, unlike Horovod's).
 
 Not supported (each raises NotSupported naming what to use): Adasum, process sets, alltoall,
-reducescatter, sparse gradients (sparse_as_dense=False with sparse grads), join.
+reducescatter, sparse gradients (sparse_as_dense=False with sparse grads).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import numpy as np
 import torch
 
 from . import errors
-from .client import Client, Variable
+from .client import Client, Variable, stop_requested
 from .torch import connect
 
 __all__ = [
@@ -58,7 +60,7 @@ __all__ = [
     "log_eval", "client", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "mpi_threads_supported",
     "start_timeline", "stop_timeline", "SyncBatchNorm", "ProcessSet", "global_process_set",
-    "add_process_set", "remove_process_set",
+    "add_process_set", "remove_process_set", "elastic",
 ]
 
 # Reduction ops: Horovod's names and values.
@@ -76,6 +78,11 @@ class _State:
     rounds: dict[str, int] = {}
     unnamed = 0  # collectives without a name, counted alike on every rank
     batch_hook = None
+    joined = False  # hvd.join() was called: no step or collective may follow
+    # A launcher's restart of a worker, not yet admitted back into the running job
+    # (parasync.horovod_elastic): the servers do not count it live.
+    joining = False
+    sampler = None  # the ElasticSampler the optimizer's pushes report their position in
 
 
 _state = _State()
@@ -104,10 +111,16 @@ def init(comm=None, process_sets=None) -> None:
         _no_process_sets()
     if _state.client is not None:
         return
-    client = connect()
+    restarted = _env_int(("PARASYNC_RESTART",), 0) > 0
+    # A restarted worker is joining from its first heartbeat: nobody waits for it until it
+    # is admitted back (hvd.elastic.run) or, not elastic, starts training.
+    client = connect(joining=restarted)
     _state.client = client
     _state.rounds = {}
     _state.unnamed = 0
+    _state.joined = False
+    _state.joining = restarted
+    _state.sampler = None
     world = client.num_workers
     _state.local_rank = _env_int(("HOROVOD_LOCAL_RANK", "LOCAL_RANK"), 0)
     _state.local_size = _env_int(("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"), world)
@@ -336,9 +349,41 @@ def _key(kind: str, name: str | None) -> str:
     return f"{kind}.{name}"
 
 
-def _gather(key: str, payload: bytes) -> list[bytes | None]:
-    """Every live rank's payload under `key` (this process's next round of it), by rank."""
+def _not_joined(what: str) -> None:
+    if _state.joined:
+        raise errors.FailedPrecondition(
+            f"{what} after hvd.join(): join ends this rank's training (no step or collective "
+            "waits for it any more); call collectives before join, and only hvd.shutdown() "
+            "after it")
+
+
+def _leave_joining(what: str) -> None:
+    """A restarted worker about to train or take part in a collective outside
+    hvd.elastic.run: in sync modes it cannot come back so (it stops with one line); in async
+    and ssp it rejoins at once, from the servers' parameters."""
+    if not _state.joining:
+        return
     c = _c()
+    if c.mode.startswith("sync"):
+        raise errors.FailedPrecondition(
+            f"{what}: rank {c.rank} was restarted into a running {c.mode} job "
+            "(PARASYNC_RESTART); a restarted worker comes back into a sync job through "
+            "hvd.elastic.run (TorchState, ElasticSampler, state.commit()), which this script "
+            "does not use: it stops here, and the others go on without it")
+    c.log(f"rank {c.rank} restarted into the running {c.mode} job without hvd.elastic: it "
+          "trains on from the servers' parameters with a fresh optimizer state and its data "
+          "from the start (what its predecessor trained is trained again)", "warn")
+    c.set_joining(False)
+    _state.joining = False
+
+
+def _gather(key: str, payload: bytes, internal: bool = False) -> list[bytes | None]:
+    """Every live rank's payload under `key` (this process's next round of it), by rank.
+    `internal`: hvd.elastic's own exchanges, which a joining rank takes part in."""
+    c = _c()
+    _not_joined(f"hvd collective {key!r}")
+    if not internal:
+        _leave_joining(f"hvd collective {key!r}")
     rnd = _state.rounds.get(key, 0) + 1
     _state.rounds[key] = rnd
     return c.gather(key, rnd, payload)
@@ -512,7 +557,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle
 _PART_BYTES = 4 << 20
 
 
-def _from_root(kind: str, name, payload_if_root, root_rank: int) -> bytes:
+def _from_root(kind: str, name, payload_if_root, root_rank: int,
+               internal: bool = False) -> bytes:
     c = _c()
     if not 0 <= root_rank < c.num_workers:
         raise errors.InvalidArgument(f"root_rank {root_rank} is not a rank of this world of "
@@ -521,7 +567,7 @@ def _from_root(kind: str, name, payload_if_root, root_rank: int) -> bytes:
     payload = payload_if_root() if c.rank == root_rank else b""
     first = struct.pack("<Q", len(payload)) + payload[:_PART_BYTES] \
         if c.rank == root_rank else b""
-    results = _gather(key, first)
+    results = _gather(key, first, internal)
     if results[root_rank] is None:
         raise errors.Unavailable(f"{kind}: the root rank {root_rank} took no part (dead or "
                                  "departed)")
@@ -532,7 +578,7 @@ def _from_root(kind: str, name, payload_if_root, root_rank: int) -> bytes:
     while received < length:
         chunk = payload[part * _PART_BYTES:(part + 1) * _PART_BYTES] \
             if c.rank == root_rank else b""
-        results = _gather(f"{key}.part{part}", chunk)
+        results = _gather(f"{key}.part{part}", chunk, internal)
         if results[root_rank] is None:
             raise errors.Unavailable(f"{kind}: the root rank {root_rank} left during the "
                                      "broadcast")
@@ -589,6 +635,14 @@ def allgather_object(obj, name=None, process_set=global_process_set) -> list:
     return [torch.load(io.BytesIO(r), map_location="cpu") for r in results if r is not None]
 
 
+def _gather_object(obj, name: str) -> list:
+    """hvd.elastic's allgather_object: every taking part rank's ``obj``, in rank order."""
+    out = io.BytesIO()
+    torch.save(obj, out)
+    results = _gather(_key("allgather_object", name), out.getvalue(), internal=True)
+    return [torch.load(io.BytesIO(r), map_location="cpu") for r in results if r is not None]
+
+
 def barrier(process_set=global_process_set) -> None:
     """Returns once every live rank has called it."""
     _check_process_set(process_set)
@@ -596,9 +650,42 @@ def barrier(process_set=global_process_set) -> None:
 
 
 def join(device=-1) -> int:
-    raise errors.NotSupported("hvd.join: parasync's barriers and collectives stop waiting for "
-                              "a rank that has left; call hvd.shutdown() when a rank's data is "
-                              "done instead")
+    """This rank has no more data: from now on no sync step, staleness bound or collective
+    of the other ranks waits for it (Horovod's uneven-data join). Blocks until every rank
+    has joined (or finished, or been declared dead) and returns the last rank to join, as
+    this rank's polling of the servers saw it (ties: the highest rank). parasync's join ends
+    the rank's training: a step or collective after it raises FailedPrecondition (call them
+    before), hvd.shutdown() follows. ``device`` is accepted for Horovod's signature."""
+    c = _c()
+    if _state.joined:
+        raise errors.FailedPrecondition("hvd.join() called twice")
+    me = c.rank
+    c.leave()
+    _state.joined = True
+    first_seen_done: dict[int, int] = {}  # rank -> the poll that first saw it done
+    logged, polls = False, 0
+    while True:
+        live = set(c.live_ranks())
+        for r in range(c.num_workers):
+            if r != me and r not in live and r not in first_seen_done:
+                first_seen_done[r] = polls
+        waiting = sorted(live - {me})
+        if not waiting:
+            break
+        if stop_requested():
+            raise errors.Aborted("hvd.join(): stopped while ranks "
+                                   f"{', '.join(map(str, waiting))} were still training")
+        if not logged:
+            c.log(f"hvd.join(): rank {me} waits for rank(s) {', '.join(map(str, waiting))} "
+                  "to join")
+            logged = True
+        c.beat()
+        time.sleep(0.05)
+        polls += 1
+    if not first_seen_done or max(first_seen_done.values()) == 0:
+        return me  # every other rank had joined before this one
+    last = max(first_seen_done.values())
+    return max(r for r, p in first_seen_done.items() if p == last)
 
 
 def alltoall(*_args, **_kwargs):
@@ -640,11 +727,10 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
     """Rank ``root_rank``'s optimizer state (its param_groups' settings, learning rates
     included, and per-parameter state such as momentum buffers) into ``optimizer`` on every
     rank. Rank 0's optimizer must hold the same parameters in the same order."""
-    target = getattr(optimizer, "_original", optimizer)
-    state = broadcast_object(target.state_dict() if rank() == root_rank else None, root_rank,
+    state = broadcast_object(optimizer.state_dict() if rank() == root_rank else None, root_rank,
                              name="broadcast_optimizer_state")
     if rank() != root_rank:
-        target.load_state_dict(state)
+        optimizer.load_state_dict(state)  # a DistributedOptimizer's shares it with its own
 
 
 # ---- the optimizer ------------------------------------------------------------------------
@@ -795,6 +881,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._passes[i] < self._passes_per_step:
             return
         if not self._open:
+            _not_joined("a gradient's push (backward)")
+            self._before_push("a gradient's push (backward)")
             self._client.step_begin(self._examples())
             self._open = True
         self._client.step_gradient(i, self._stage_gradient(i))
@@ -810,10 +898,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         if self._synchronized:
             return
+        _not_joined("optimizer.synchronize()")
         called = time.monotonic()
         c = self._client
         try:
             if not self._open:
+                self._before_push("optimizer.synchronize()")
                 c.step_begin(self._examples())
                 self._open = True
             for i in range(len(self._params)):
@@ -840,6 +930,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = True
         self._record(called, times.push_seconds, times.pull_seconds)
 
+    def _before_push(self, what: str) -> None:
+        """A restarted rank outside hvd.elastic comes back now (or stops, in sync); the push
+        reports where the state's ElasticSampler is (the servers keep it per rank)."""
+        _leave_joining(what)
+        if _state.sampler is not None:
+            self._client.set_progress(*_state.sampler.progress())
+
     def _record(self, called: float, push: float, pull: float) -> None:
         done = time.monotonic()
         compute = max(0.0, called - self._last_step_end)
@@ -858,6 +955,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        _not_joined("optimizer.step()")
         # A scheduler made for the wrapped optimizer counts its steps (and warns without).
         if hasattr(self._original, "_step_count"):
             self._original._step_count += 1
@@ -885,6 +983,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             for i, (p, b) in enumerate(zip(self._params, before)):
                 torch.from_numpy(self._pushed[i]).copy_((p.detach() - b).reshape(-1))
+        self._before_push("optimizer.step()")
         c.step_begin(self._examples())
         try:
             for i in range(len(self._params)):
@@ -895,6 +994,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._record(called, times.push_seconds, times.pull_seconds)
         return loss
+
+    def load_state_dict(self, state_dict):
+        """torch's load (it makes the state and param_groups anew), shared again with the
+        wrapped optimizer, which a scheduler made for it reads."""
+        super(self.__class__, self).load_state_dict(state_dict)
+        self._original.state = self.state
+        self._original.param_groups = self.param_groups
 
     def zero_grad(self, set_to_none: bool = False):
         if any(self._handed) and not self._synchronized:
@@ -994,3 +1100,5 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         grad_b = grad.sum(dim=dims) if weight is not None else None
         return grad_x, grad_w, grad_b, None, None, None, None
 
+
+from . import horovod_elastic as elastic  # noqa: E402  (hvd.elastic; it imports this module)
