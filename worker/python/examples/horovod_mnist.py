@@ -15,6 +15,9 @@ tools/compare.
     parasync-launch --ps 2 --workers 2 --mode sync --epochs 3 \\
         --worker-command "python3 worker/python/examples/horovod_mnist.py"
     # the same with --mode async or --mode ssp:2
+    # Horovod elastic: rank 1 killed 30 s in and restarted 3 s later comes back
+    parasync-launch --ps 2 --workers 2 --mode sync --kill worker:1@30+3 \
+        --worker-command "python3 worker/python/examples/horovod_mnist.py --elastic 20"
 
 Prints one line per epoch on every rank, then (rank 0) one JSON line:
   {"program": "horovod_mnist.py", "metric": "test_accuracy", "value": ..., "per_epoch": [...]}
@@ -66,6 +69,11 @@ def parse():
                    "%(default)s)")
     p.add_argument("--seed", type=int, default=42, help="torch.manual_seed (default "
                    "%(default)s)")
+    p.add_argument("--elastic", type=int, default=0, metavar="N",
+                   help="Horovod elastic: hvd.elastic.run with a TorchState and an "
+                        "ElasticSampler, committed every N batches, so that a worker the "
+                        "launcher restarts (--kill worker:I@S+R) comes back into the run "
+                        "(default 0: not elastic)")
     p.add_argument("--data", default=os.environ.get("PARASYNC_DATA") or data.FASHION_MNIST,
                    help="Fashion-MNIST's directory (default PARASYNC_DATA, else %(default)s)")
     args = p.parse_args()
@@ -117,8 +125,11 @@ def main() -> int:
     train_set = torch.utils.data.TensorDataset(torch.from_numpy(xtr), torch.from_numpy(ytr))
     test_set = torch.utils.data.TensorDataset(torch.from_numpy(xte), torch.from_numpy(yte))
     # Each rank its share of the data, as in Horovod's example.
-    train_sampler = torch.utils.data.distributed.DistributedSampler(
-        train_set, num_replicas=hvd.size(), rank=hvd.rank(), seed=args.seed)
+    if args.elastic:  # what each rank trained survives a restart (docs/python.md)
+        train_sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=args.seed)
+    else:
+        train_sampler = torch.utils.data.distributed.DistributedSampler(
+            train_set, num_replicas=hvd.size(), rank=hvd.rank(), seed=args.seed)
     train_loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size,
                                                sampler=train_sampler)
     test_sampler = torch.utils.data.distributed.DistributedSampler(
@@ -138,8 +149,9 @@ def main() -> int:
         lr = (args.lr or 0.001) * hvd.size()
         optimizer = torch.optim.Adam(model.parameters(), lr=lr, eps=1e-7)
         scheduler = None
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    if not args.elastic:  # hvd.elastic.run syncs every rank to rank 0's state itself
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     compression = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
                    "bf16": hvd.Compression.bf16}[args.compression]
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
@@ -163,15 +175,16 @@ def main() -> int:
                                op=hvd.Sum, name="test")
         return float(totals[1] / totals[2]), float(totals[0] / totals[2])
 
-    per_epoch, started, total_steps = [], time.monotonic(), 0
-    for epoch in range(1, args.epochs + 1):
+    per_epoch, started, total_steps = [], time.monotonic(), [0]
+
+    def train_epoch(epoch: int, state=None) -> None:
         model.train()
         train_sampler.set_epoch(epoch)
         epoch_start, seen, loss_sum, steps = time.monotonic(), 0, 0.0, 0
-        for x, y in train_loader:
-            if args.max_steps is not None and total_steps >= args.max_steps:
+        for batch, (x, y) in enumerate(train_loader):
+            if args.max_steps is not None and total_steps[0] >= args.max_steps:
                 break
-            total_steps += 1
+            total_steps[0] += 1
             optimizer.zero_grad()
             loss = loss_of(model(x), y)
             loss.backward()
@@ -182,6 +195,9 @@ def main() -> int:
             seen += len(y)
             loss_sum += float(loss)
             steps += 1
+            if state is not None and (batch + 1) % args.elastic == 0:
+                state.batch = batch + 1
+                state.commit()  # a restarted worker waiting to come back is admitted here
         if scheduler is not None:
             scheduler.step()
         seconds = time.monotonic() - epoch_start
@@ -196,6 +212,22 @@ def main() -> int:
             hvd.log_eval(epoch, accuracy, test_loss, train_loss=train_loss,
                          examples_per_sec=rate, wall_seconds=time.monotonic() - started,
                          batch_size=args.batch_size)
+
+    if args.elastic:
+        extra = {"scheduler": scheduler} if scheduler is not None else {}
+        state = hvd.elastic.TorchState(model, optimizer, sampler=train_sampler, epoch=1,
+                                       batch=0, **extra)
+
+        @hvd.elastic.run
+        def train(state):
+            for state.epoch in range(state.epoch, args.epochs + 1):
+                train_epoch(state.epoch, state)
+                state.batch = 0
+
+        train(state)
+    else:
+        for epoch in range(1, args.epochs + 1):
+            train_epoch(epoch)
     if hvd.rank() == 0:
         print(json.dumps({"program": PROGRAM, "metric": "test_accuracy", "value": per_epoch[-1],
                           "per_epoch": per_epoch, "model": args.model,
