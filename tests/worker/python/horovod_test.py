@@ -17,10 +17,11 @@
   waits for a rank that joined, every rank is told rank 0 joined last, a collective after
   join is refused, and the servers applied every batch of every rank once (6 steps, the
   examples of 15 batches).
-- elastic (sync, 2 workers, hvd.elastic.run with TorchState and ElasticSampler): rank 1 is
-  killed (SIGKILL) mid-epoch and started again as the launcher restarts it (PARASYNC_RESTART):
-  rank 0's steps wait for the dead rank no longer than the worker timeout, the restarted
-  rank is admitted back at rank 0's next commit, both end with bitwise-identical parameters,
+- elastic (sync, 2 workers, hvd.elastic.run with TorchState and ElasticSampler): rank 1, then
+  (a second run) rank 0, is killed (SIGKILL) mid-epoch and started again as the launcher
+  restarts it (PARASYNC_RESTART): the other's steps wait for the dead rank no longer than the
+  worker timeout, the restarted rank is admitted back at the other's next commit and takes
+  the survivor's state (not its own empty one), both end with bitwise-identical parameters,
   every example of every epoch is trained (at most the sampler's padding twice), and the
   servers applied exactly the batches the ranks trained.
 - async (2 workers, deltas): the servers end holding the initial parameters plus every delta
@@ -302,8 +303,9 @@ def elastic_dataset(torch):
 
 def worker_elastic() -> dict:
     """A Horovod elastic script: TorchState, ElasticSampler, a commit after every batch.
-    Rank 1's first process kills itself after its 4th step; once the servers count it dead,
-    rank 0 commits on (paced, bounded) until the restarted rank 1 is admitted back."""
+    The victim's (ELASTIC_VICTIM's) first process kills itself after its 4th step; once the
+    servers count it dead, the other rank commits on (paced, bounded) until the restarted
+    victim is admitted back."""
     import signal
 
     import torch
@@ -320,19 +322,31 @@ def worker_elastic() -> dict:
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
         named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
-    resets, waits = [], []
-    state.register_reset_callbacks([lambda: resets.append(1)])
+    resets, waits, interrupted = [], [], []
+
+    def snapshot():
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    state.register_reset_callbacks([lambda: resets.append(snapshot())])
+
+    def commit():
+        try:
+            state.commit()
+        except hvd.elastic.HostsUpdatedInterrupt:
+            interrupted.append(snapshot())  # the parameters the sync starts from
+            raise
     restarted = os.environ.get("PARASYNC_RESTART") == "1"
+    victim = int(os.environ["ELASTIC_VICTIM"])
     trained = open(OUT + ".trained", "a")
 
     def await_restart():
-        """Rank 0, once rank 1 is dead: commits until the restart is admitted (the commit
-        raises then), within a bound."""
-        if hvd.rank() != 0 or len(resets) > 1 or 1 in hvd.client().live_ranks():
+        """The survivor, once the victim is dead: commits until the restart is admitted (the
+        commit raises then), within a bound."""
+        if hvd.rank() == victim or len(resets) > 1 or victim in hvd.client().live_ranks():
             return
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            state.commit()
+            commit()
             time.sleep(0.05)
 
     @hvd.elastic.run
@@ -347,15 +361,20 @@ def worker_elastic() -> dict:
                 waits.append(time.monotonic() - started)
                 trained.write(json.dumps([state.epoch, idx.tolist()]) + "\n")
                 trained.flush()
-                if hvd.rank() == 1 and not restarted and state.epoch == 0 and state.batch == 3:
+                if hvd.rank() == victim and not restarted and state.epoch == 0 and \
+                        state.batch == 3:
                     os.kill(os.getpid(), signal.SIGKILL)
-                state.commit()
+                commit()
                 await_restart()
             state.batch = 0
 
     train(state)
     out = {"params": {n: p.detach().clone() for n, p in model.named_parameters()},
            "waits": waits, "resets": len(resets),
+           # the survivor: its parameters when a sync began and when it ended
+           "kept": bool(interrupted) and all(torch.equal(a[n], b[n])
+                                             for a, b in zip(interrupted, resets[1:])
+                                             for n in a),
            "progress": hvd.client().global_progress()}
     hvd.shutdown()
     return out
@@ -582,73 +601,85 @@ def check_join(workdir: str) -> None:
           f"{STEPS} of {want})")
 
 
-def run_elastic(workdir: str) -> list:
-    """Ranks 0 and 1; rank 1's first process kills itself, and is started again (as the
-    launcher's --kill worker:1@S+R does: PARASYNC_RESTART=1) once it has died."""
+def run_elastic(workdir: str, victim: int) -> list:
+    """Ranks 0 and 1; the victim's first process kills itself, and is started again (as the
+    launcher's --kill worker:I@S+R does: PARASYNC_RESTART=1) once it has died. Returns the
+    survivor's result and the restarted victim's."""
+    scenario = f"elastic{victim}"
     with Servers(BIN_DIR, shards=2, workers=2, log_dir=workdir, mode="sync") as servers:
-        outs = [os.path.join(workdir, f"elastic-{r}.pt") for r in (0, 1)]
-        first = [start_worker(servers, "elastic", r, 2, "sync", workdir, outs[r]) for r in (0, 1)]
+        outs = [os.path.join(workdir, f"{scenario}-{r}.pt") for r in (0, 1)]
+        env = {"ELASTIC_VICTIM": str(victim)}
+        first = [start_worker(servers, "elastic", r, 2, "sync", workdir, outs[r], env,
+                              f"{scenario}-worker{r}.log") for r in (0, 1)]
         try:
-            died = first[1].wait(timeout=120)
+            died = first[victim].wait(timeout=120)
         except subprocess.TimeoutExpired:
             died = None
-        check(died == -9, f"elastic: rank 1's first process was killed ({died})")
-        restart_out = os.path.join(workdir, "elastic-1-restarted.pt")
-        again = start_worker(servers, "elastic", 1, 2, "sync", workdir, restart_out,
-                             {"PARASYNC_RESTART": "1"}, "elastic-worker1-restarted.log")
+        check(died == -9, f"{scenario}: rank {victim}'s first process was killed ({died})")
+        restart_out = os.path.join(workdir, f"{scenario}-restarted.pt")
+        again = start_worker(servers, "elastic", victim, 2, "sync", workdir, restart_out,
+                             dict(env, PARASYNC_RESTART="1"), f"{scenario}-restarted.log")
+        survivor = 1 - victim
         codes = []
-        for name, p in (("rank 0", first[0]), ("restarted rank 1", again)):
+        for name, p in ((f"rank {survivor}", first[survivor]), ("the restarted rank", again)):
             try:
                 codes.append(p.wait(timeout=180))
             except subprocess.TimeoutExpired:
                 p.kill()
                 codes.append(p.wait())
-            check(codes[-1] == 0, f"elastic: {name} exited {codes[-1]}")
+            check(codes[-1] == 0, f"{scenario}: {name} exited {codes[-1]}")
         if any(codes):
-            for log in ("elastic-worker0.log", "elastic-worker1-restarted.log"):
+            for log in (f"{scenario}-worker{survivor}.log", f"{scenario}-restarted.log"):
                 with open(os.path.join(workdir, log)) as f:
                     sys.stderr.write(f"--- {log}\n" + f.read()[-3000:])
-        return [torch.load(o) if os.path.exists(o) else None for o in (outs[0], restart_out)]
+        return [torch.load(o) if os.path.exists(o) else None
+                for o in (outs[survivor], restart_out)]
 
 
-def check_elastic(workdir: str) -> None:
-    results = run_elastic(workdir)
+def check_elastic(workdir: str, victim: int) -> None:
+    scenario = f"elastic{victim}"
+    results = run_elastic(workdir, victim)
     if any(r is None for r in results):
         return
-    r0, r1 = results
-    same = all(torch.equal(r0["params"][n], r1["params"][n]) for n in r0["params"])
+    survivor, back = results
+    same = all(torch.equal(survivor["params"][n], back["params"][n]) for n in survivor["params"])
     trained = {0: [], 1: []}  # epoch -> every index trained, by every process
-    for name in ("elastic-0.pt", "elastic-1.pt", "elastic-1-restarted.pt"):
+    for name in (f"{scenario}-0.pt", f"{scenario}-1.pt", f"{scenario}-restarted.pt"):
         path = os.path.join(workdir, name + ".trained")
         if os.path.exists(path):
             with open(path) as f:
                 for line in f:
                     epoch, idx = json.loads(line)
                     trained[epoch] += idx
-    steps, examples = r0["progress"]
+    steps, examples = survivor["progress"]
     counts = {e: len(v) for e, v in trained.items()}
     missing = {e: ELASTIC_EXAMPLES - len(set(v)) for e, v in trained.items()}
-    print(f"elastic: the longest step of rank 0 {max(r0['waits']):.1f} s (worker timeout 5 s); "
-          f"syncs: rank 0 {r0['resets']}, restarted rank 1 {r1['resets']}; parameters "
-          f"{'identical' if same else 'DIFFERENT'}; trained per epoch {counts} of "
-          f"{ELASTIC_EXAMPLES}, missing {missing}; the servers applied {examples} examples")
-    check(max(r0["waits"]) < 5 + 10, "elastic: no step waited much past the worker timeout")
-    check(r0["resets"] == 2 and r1["resets"] == 1,
-          "elastic: rank 0 synced at the start and when rank 1 was admitted back; the "
-          "restarted rank 1 once, at its admission")
-    check(same, "elastic: both ranks end with bitwise-identical parameters")
+    print(f"{scenario}: the survivor's longest step {max(survivor['waits']):.1f} s (worker "
+          f"timeout 5 s); syncs: survivor {survivor['resets']}, restarted rank "
+          f"{back['resets']}; parameters {'identical' if same else 'DIFFERENT'}; trained per "
+          f"epoch {counts} of {ELASTIC_EXAMPLES}, missing {missing}; the servers applied "
+          f"{examples} examples")
+    check(max(survivor["waits"]) < 5 + 10,
+          f"{scenario}: no step waited much past the worker timeout")
+    check(survivor["resets"] == 2 and back["resets"] == 1,
+          f"{scenario}: the survivor synced at the start and when the victim was admitted "
+          "back; the restarted victim once, at its admission")
+    check(same, f"{scenario}: both ranks end with bitwise-identical parameters")
+    check(survivor["kept"], f"{scenario}: the survivor kept its parameters through the sync "
+                            "(the restarted rank took them, not the other way round)")
     # Each sync pads the rest of the epoch to an even split: at most one example twice here.
-    check(all(m == 0 for m in missing.values()), f"elastic: every example trained ({missing})")
+    check(all(m == 0 for m in missing.values()),
+          f"{scenario}: every example trained ({missing})")
     check(counts[0] <= ELASTIC_EXAMPLES + 1 and counts[1] == ELASTIC_EXAMPLES,
-          f"elastic: no example trained twice but the padding ({counts})")
+          f"{scenario}: no example trained twice but the padding ({counts})")
     check(examples == counts[0] + counts[1],
-          f"elastic: the servers applied exactly the trained batches ({examples} vs "
+          f"{scenario}: the servers applied exactly the trained batches ({examples} vs "
           f"{counts[0] + counts[1]})")
 
 
 def main() -> int:
     # HOROVOD_TEST_ONLY=name[,name]: only those parts (sgd, adamw, collectives2, collectives3,
-    # async, dead_peer, join, elastic), for a person debugging one; the workers' logs are printed when one fails.
+    # async, dead_peer, join, elastic, elastic_rank0), for a person debugging one; the workers' logs are printed when one fails.
     only = set(filter(None, os.environ.get("HOROVOD_TEST_ONLY", "").split(",")))
     parts = {"sgd": lambda d: check_training("sgd", d),
              "adamw": lambda d: check_training("adamw", d),
@@ -657,7 +688,8 @@ def main() -> int:
              "async": check_async,
              "dead_peer": check_dead_peer,
              "join": check_join,
-             "elastic": check_elastic}
+             "elastic": lambda d: check_elastic(d, victim=1),
+             "elastic_rank0": lambda d: check_elastic(d, victim=0)}
     with tempfile.TemporaryDirectory(prefix="parasync-horovod-") as workdir:
         for name, part in parts.items():
             if not only or name in only:

@@ -24,7 +24,8 @@ the launcher's restart (--kill worker:I@S+R, or a supervisor) starts it again wi
 PARASYNC_RESTART set. The restarted process is *joining*: the servers do not count it live,
 so nobody waits for it, until the next state.commit() of the others — a collective, as
 Horovod's is — admits it. Then every rank leaves its train function (HostsUpdatedInterrupt),
-takes rank 0's committed state (model, optimizer, the state's other attributes) and, with
+takes rank 0's state (model, optimizer, the state's other attributes; when rank 0 is the one
+restarted, the lowest other rank's) and, with
 it, the data still to train: every ElasticSampler counts what each rank has trained in this
 epoch (the restarted rank's predecessor's count is what the servers recorded from its pushes,
 so the batches it pushed before dying are not trained again), and splits the rest of the
@@ -52,7 +53,8 @@ from . import errors
 
 class HostsUpdatedInterrupt(RuntimeError):
     """Raised by State.commit() on every rank when the commit admitted a restarted worker:
-    elastic.run catches it, syncs every rank to rank 0's state and calls the function again."""
+    elastic.run catches it, syncs every rank to the lowest not-joining rank's state and calls
+    the function again."""
 
     def __init__(self, skip_sync: bool = False):
         super().__init__("a restarted worker was admitted back into the run")
@@ -161,6 +163,9 @@ class State:
     def __init__(self):
         self._reset_callbacks = []
         self._sync_id = 0  # the commit round that admitted the last joiner (0: the start)
+        # Whose state every rank takes at a sync: rank 0 at the start; after an admission the
+        # lowest rank that was not joining (a restarted rank 0 has no state to give).
+        self._sync_root = 0
 
     def register_reset_callbacks(self, callbacks) -> None:
         self._reset_callbacks.extend(callbacks)
@@ -178,11 +183,12 @@ class State:
     def check_host_updates(self) -> None:
         hvd = _hvd()
         c = hvd._c()
-        hvd._gather(COMMIT_KEY, b"", internal=True)
+        took_part = hvd._gather(COMMIT_KEY, b"", internal=True)
         if c.last_gather_admitted:
-            self._sync_id = c.last_gather_round
+            _note_admission(self, took_part)
             c.log(f"rank(s) {', '.join(map(str, c.last_gather_admitted))} admitted back at "
-                  f"commit {self._sync_id}: syncing every rank to rank 0's state")
+                  f"commit {self._sync_id}: syncing every rank to rank {self._sync_root}'s "
+                  "state")
             raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:
@@ -252,6 +258,14 @@ class TorchState(ObjectState):
             self._objects[name].load_state_dict(state)
 
 
+def _note_admission(state: State, took_part: list) -> None:
+    """The commit round that admitted a joiner: the next sync's name, and its root (the
+    lowest rank whose payload the round carried: not a joiner)."""
+    c = _hvd()._c()
+    state._sync_id = c.last_gather_round
+    state._sync_root = min(r for r, payload in enumerate(took_part) if payload is not None)
+
+
 def _snapshot(state: State) -> dict:
     hvd = _hvd()
     objects = {}
@@ -279,14 +293,15 @@ def _positions(state: State) -> dict:
 
 
 def _sync(state: State) -> None:
-    """Every rank (the admitted ones too) to rank 0's state; the samplers' shares cut again
+    """Every rank (the admitted ones too) to the sync root's state; the samplers' shares cut again
     from what every rank has trained."""
     hvd = _hvd()
     c = hvd._c()
     name = f"parasync.elastic.sync.{state._sync_id}"
+    root = state._sync_root
     positions = hvd._gather_object((c.rank, _positions(state)), f"{name}.positions")
-    snapshot = _broadcast_snapshot(state, name)
-    if c.rank != 0:
+    snapshot = _broadcast_snapshot(state, name, root)
+    if c.rank != root:
         for key, value in snapshot["values"].items():
             setattr(state, key, value)
         for key, value in snapshot["objects"].items():
@@ -298,7 +313,7 @@ def _sync(state: State) -> None:
         hvd._state.unnamed = snapshot["unnamed"]
     for key, obj in getattr(state, "_objects", {}).items():
         if isinstance(obj, ElasticSampler):
-            if c.rank != 0:
+            if c.rank != root:
                 obj.load_state_dict(snapshot["objects"][key])
             obj.absorb({r: p[key] for r, p in positions if key in p})
     hvd._state.joining = False
@@ -306,7 +321,7 @@ def _sync(state: State) -> None:
     state.on_reset()
 
 
-def _broadcast_snapshot(state: State, name: str) -> dict:
+def _broadcast_snapshot(state: State, name: str, root: int) -> dict:
     hvd = _hvd()
     c = hvd._c()
 
@@ -315,8 +330,8 @@ def _broadcast_snapshot(state: State, name: str) -> dict:
         torch.save(_snapshot(state), out)
         return out.getvalue()
 
-    data = hvd._from_root("broadcast_object", name, pickled, 0, internal=True)
-    return torch.load(io.BytesIO(data), map_location="cpu") if c.rank != 0 else _snapshot(state)
+    data = hvd._from_root("broadcast_object", name, pickled, root, internal=True)
+    return torch.load(io.BytesIO(data), map_location="cpu") if c.rank != root else _snapshot(state)
 
 
 def _await_admission(state: State) -> None:
@@ -328,15 +343,15 @@ def _await_admission(state: State) -> None:
           "state.commit() to admit it")
     while True:
         try:
-            c.gather(COMMIT_KEY, 0, b"")
+            took_part = c.gather(COMMIT_KEY, 0, b"")
             break
         except errors.TimedOut:
             if hvd.stop_requested():
                 raise
             continue  # the others have not committed yet: keep waiting
-    round_ = c.last_gather_round
+    _note_admission(state, took_part)
+    round_ = state._sync_id
     hvd._state.rounds[COMMIT_KEY] = round_
-    state._sync_id = round_
     c.set_joining(False)
     opt = next(iter(hvd._DistributedOptimizer._live), None)
     if opt is not None:
