@@ -44,10 +44,16 @@ Status AppendEvalRow(const std::string& path, const EvalRecord& p) {
       {"global_examples_per_sec",
        p.wall > 0 ? static_cast<double>(p.global_examples) / p.wall : 0.0},
       {"batch_size", p.batch_size},
-      {"optimizer", std::string(OptimizerKindName(p.optimizer.kind))},
+      {"optimizer", p.worker_optimizer.empty()
+                        ? std::string(OptimizerKindName(p.optimizer.kind))
+                        : p.worker_optimizer},
       // Shortest decimal form of the float (0.001, not 0.0010000000474974513).
-      {"learning_rate", std::stod(fmt::format("{}", p.optimizer.learning_rate))},
-      {"lr_schedule", std::string(LrScheduleName(p.optimizer.schedule))},
+      {"learning_rate", p.worker_optimizer.empty()
+                            ? nlohmann::json(std::stod(fmt::format("{}", p.optimizer.learning_rate)))
+                            : FiniteOrNull(p.worker_learning_rate)},
+      {"lr_schedule", p.worker_optimizer.empty()
+                          ? std::string(LrScheduleName(p.optimizer.schedule))
+                          : std::string("worker")},
       {"seed", p.seed}};
   std::ofstream out(path, std::ios::app);
   if (!out) return Status::Unavailable("cannot open " + path);

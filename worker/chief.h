@@ -34,6 +34,10 @@ struct EvalRecord {
   int batch_size = 0;
   OptimizerSpec optimizer;
   uint64_t seed = 0;
+  // A worker-side optimizer (parasync.horovod's): its name and current rate replace the
+  // servers' in the row ("optimizer", "learning_rate"; "lr_schedule" then "worker").
+  std::string worker_optimizer = {};
+  double worker_learning_rate = NAN;
 };
 
 // Appends `row` to the file at `path` as one JSON line; Unavailable if it cannot be written.

@@ -871,7 +871,9 @@ int parasync_client_log_eval(parasync_client_t* client, const parasync_eval_t* e
                    .chief_examples_per_sec = eval->chief_examples_per_sec,
                    .batch_size = eval->batch_size,
                    .optimizer = client->registration->optimizer,
-                   .seed = client->registration->seed};
+                   .seed = client->registration->seed,
+                   .worker_optimizer = eval->optimizer != nullptr ? eval->optimizer : "",
+                   .worker_learning_rate = eval->learning_rate};
     PARASYNC_RETURN_IF_ERROR(Explain(client, ReadGlobalProgress(*client->client, &row)));
     PARASYNC_RETURN_IF_ERROR(AppendEvalRow(client->options.log_dir + "/eval.jsonl", row));
     WorkerMetrics& m = *client->metrics;

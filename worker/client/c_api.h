@@ -115,6 +115,10 @@ typedef struct parasync_eval_t {
   double chief_examples_per_sec;
   double wall_seconds; /* since training started */
   int batch_size;
+  /* The optimizer the worker applies itself (parasync.horovod: "AdamW") and its current
+   * learning rate; NULL: the servers' (the registered optimizer and rate). */
+  const char* optimizer;
+  double learning_rate;
 } parasync_eval_t;
 
 PARASYNC_API void parasync_free(void* p);

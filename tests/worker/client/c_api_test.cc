@@ -129,9 +129,12 @@ TEST_F(CApiTest, ATrainingStepThroughTheCApi) {
   EXPECT_EQ(examples, 8);
   // What a worker reports: eval.jsonl and the metrics snapshot.
   parasync_client_observe_step(h_.client, 8, 0.5, 0.001, 0.002, 0.003);
-  const parasync_eval_t eval = {1, 0.5, 0.25, 0.75, NAN, 100.0, 2.0, 8};
+  const parasync_eval_t eval = {1, 0.5, 0.25, 0.75, NAN, 100.0, 2.0, 8, nullptr, 0.0};
   ASSERT_EQ(parasync_client_log_eval(h_.client, &eval, &err), PARASYNC_OK) << Take(err);
   EXPECT_EQ(parasync_client_last_logged_epoch(h_.client), 1);
+  // A worker-side optimizer (parasync.horovod's) names itself and its rate.
+  const parasync_eval_t worker_side = {2, 0.4, 0.2, 0.8, NAN, 100.0, 3.0, 8, "AdamW", 0.004};
+  ASSERT_EQ(parasync_client_log_eval(h_.client, &worker_side, &err), PARASYNC_OK) << Take(err);
   std::ifstream log(dir_.path() + "/eval.jsonl");
   std::string line;
   ASSERT_TRUE(std::getline(log, line));
@@ -141,6 +144,11 @@ TEST_F(CApiTest, ATrainingStepThroughTheCApi) {
   EXPECT_EQ(row["examples"], 8);
   EXPECT_EQ(row["optimizer"], "sgd");
   EXPECT_TRUE(row["test_auc"].is_null());
+  ASSERT_TRUE(std::getline(log, line));
+  const auto second = nlohmann::json::parse(line);
+  EXPECT_EQ(second["optimizer"], "AdamW");
+  EXPECT_DOUBLE_EQ(second["learning_rate"].get<double>(), 0.004);
+  EXPECT_EQ(second["lr_schedule"], "worker");
   ASSERT_EQ(parasync_client_finish(h_.client, 1, &err), PARASYNC_OK) << Take(err);
   std::stringstream snapshot;
   snapshot << std::ifstream(dir_.path() + "/metrics-worker0.prom").rdbuf();

@@ -208,6 +208,10 @@ def stop_timeline() -> None:
 def log_eval(epoch: int, test_accuracy: float, test_loss: float, **fields) -> None:
     """Rank 0: one row of <log-dir>/eval.jsonl, what tools/compare plots (parasync's own
     call; after DistributedOptimizer has registered the model)."""
+    opt = next(iter(_DistributedOptimizer._live), None)
+    if opt is not None:  # the script's optimizer and rate, not the servers' aggregation
+        fields.setdefault("optimizer", type(opt._original).__name__)
+        fields.setdefault("learning_rate", float(opt.param_groups[0]["lr"]))
     _c().log_eval(epoch, test_accuracy, test_loss, **fields)
 
 
