@@ -14,6 +14,7 @@
 
 #include "common/denormals.h"
 #include "ps/optimizer.h"
+#include "ps/update_rule.h"
 
 // Sanitizers replace malloc: glibc's malloc_trim would only wake arenas that hold nothing
 // (and trip glibc's arena accounting at thread exit under ASan).
@@ -37,12 +38,6 @@ size_t FramesBytes(const std::vector<zmq::message_t>& frames) {
   size_t n = 0;
   for (const auto& f : frames) n += f.size();
   return n;
-}
-
-std::string RankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s.empty() ? "none" : s;
 }
 
 double SecondsSince(Coordinator::TimePoint since, Coordinator::TimePoint now) {
@@ -162,11 +157,11 @@ MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, i
   const int64_t values = elements * static_cast<int64_t>(sizeof(float));
   MemoryBound b;
   b.base = kBaseBytes;
-  // values + the spare copy-on-write buffer + slots; sync: a gradient per contributing
-  // rank and their average; a 16-bit push widened; a store: a snapshot's copy, its
-  // WriteBatch and its memtable entry (values and slots each), or a rollback's load.
-  const bool sync = options.mode.kind == TrainingMode::Kind::kSync;
-  const int64_t copies = 2 + slots + (sync ? options.num_workers + 1 : 0) + 1 +
+  // values + the spare copy-on-write buffer + slots; in steps (sync): a gradient per
+  // contributing rank and their average; a 16-bit push widened; a store: a snapshot's copy,
+  // its WriteBatch and its memtable entry (values and slots each), or a rollback's load.
+  const bool steps = AppliesInSteps(options.mode);
+  const int64_t copies = 2 + slots + (steps ? options.num_workers + 1 : 0) + 1 +
                          (options.store != nullptr ? 3 * (1 + slots) : 0);
   b.model = copies * values;
   b.unread = UnreadReplyCap(options, UnreadBasis(options, elements, row_bytes > 0));
@@ -249,7 +244,7 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
       ledger_(options.num_workers),
       durability_({options.store, options.every_update, options.checkpoint_every,
                    options.checkpoint_every_versions,
-                   options.mode.kind == TrainingMode::Kind::kSync, options.shard_index},
+                   AppliesInSteps(options.mode), options.shard_index},
                   metrics, std::chrono::steady_clock::now()) {
   shard_.set_max_message_bytes(options.max_message_bytes);
   shard_.set_table_options({options.shard_index, options.num_shards, options.max_table_rows,
@@ -259,6 +254,8 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
                             options.table_expire_in_seconds});
   std::random_device rd;
   while (incarnation_ == 0) incarnation_ = (uint64_t{rd()} << 32) | rd();
+  rule_ = MakeUpdateRule(options.mode, {&shard_, &coordinator_, &ledger_, &durability_, metrics_,
+                                        this, incarnation_});
 }
 
 Status Server::Restore(const ShardSnapshot& snap) {
@@ -308,20 +305,6 @@ void Server::OnStoreFailure(const Status& failure, const std::string& what) {
     FailParked(p, Status::Unavailable(*durability_.failure()), RejectReason::kStoreFailed);
     return true;
   });
-}
-
-int Server::SlowestSspBlocker(int rank) const {
-  if (options_.mode.kind != TrainingMode::Kind::kSsp || !coordinator_.ValidRank(rank)) return -1;
-  int waited_for = -1;
-  int64_t slowest_clock = INT64_MAX;
-  for (int r : coordinator_.SspBlockers(rank)) {
-    const int64_t clock = coordinator_.workers()[static_cast<size_t>(r)].clock;
-    if (clock < slowest_clock) {
-      slowest_clock = clock;
-      waited_for = r;
-    }
-  }
-  return waited_for;
 }
 
 Header Server::ReplyTo(const Header& req) const {
@@ -435,32 +418,6 @@ bool Server::ShouldLogRejection() const {
 void Server::Reject(RejectReason reason) {
   ++rejected_;
   metrics_->rejected[static_cast<size_t>(reason)]->Increment();
-}
-
-bool Server::CanServePull(const Header& req) const {
-  switch (options_.mode.kind) {
-    case TrainingMode::Kind::kAsync:
-      return true;
-    case TrainingMode::Kind::kSync:
-      // A pull made for an older incarnation of this server waits for a version of a dead
-      // process: it is answered at once.
-      return req.min_version <= shard_.version() ||
-             (req.incarnation != 0 && req.incarnation != incarnation_);
-    case TrainingMode::Kind::kSsp:
-      return !coordinator_.ValidRank(req.rank) || coordinator_.PullAllowed(req.rank);
-  }
-  return true;
-}
-
-std::string Server::DescribeWait(const Header& req) const {
-  if (options_.mode.kind == TrainingMode::Kind::kSync) {
-    return "the sync barrier of step " + std::to_string(shard_.version()) +
-           " (it has " + std::to_string(coordinator_.contributors()) + " of " +
-           std::to_string(coordinator_.needed()) + " gradients; missing ranks: " +
-           RankList(coordinator_.MissingFromStep()) + ")";
-  }
-  return "the ssp:" + std::to_string(options_.mode.staleness) + " bound (ranks too far behind: " +
-         RankList(coordinator_.SspBlockers(req.rank)) + ")";
 }
 
 Server::ByteCounter Server::UnreadCounterOf(const zmq::message_t& identity) {
@@ -652,7 +609,7 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     reply.replayed = true;  // a resend of a push applied (and, every-update, durable) before
     return;
   }
-  if (options_.mode.kind != TrainingMode::Kind::kSync && coordinator_.ValidRank(req.rank) &&
+  if (rule_->AcknowledgesRecordedData() && coordinator_.ValidRank(req.rank) &&
       ledger_.ReplaysRecordedData(req.rank, PushSeq(req.seq), req.progress)) {
     spdlog::info("rank {} restarted: its push of epoch {}, examples up to {} of {}, was applied "
                  "here before: acknowledged, not applied again",
@@ -668,21 +625,14 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   PushRows rows;
   reply.status = ReadPushRowIds(req, in_frames, &rows.ids, reason);
   if (!reply.status.ok()) return;
-  int64_t read_version = 0;
-  if (!AdmitGradient(req, reply, reason, &read_version)) return;
+  const UpdateRule::Admission admission = rule_->Admit(req);
+  if (!AnswerRefusedGradient(req, admission.verdict, reply, reason)) return;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::vector<float>> realigned;  // only for frames that are not aligned
   const std::vector<const float*> grads = GradientsOf(req, in_frames, realigned, &rows.grads);
-  const int64_t staleness = shard_.version() - read_version;
-  const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
-  if (sync) {
-    reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason, req.rank,
-                                     rows.request(req));
-    if (!reply.status.ok()) return;
-    OnGradientAccumulated(req);
-  } else if (!ApplyAsync(req, grads, staleness, reply, reason, rows.request(req))) {
-    return;
-  }
+  const int64_t staleness = shard_.version() - admission.read_version;
+  reply.status = rule_->Take({req, grads, rows.request(req), staleness}, reason);
+  if (!reply.status.ok()) return;
   for (const RowRange& r : req.rows) {
     if (r.table < metrics_->tables.size()) {
       metrics_->tables[r.table].rows_pushed->Increment(static_cast<double>(r.count));
@@ -692,7 +642,7 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   reply.staleness = staleness;
   // The step this gradient completed could not be made durable: the shard is rolled back
   // and the gradient lost, so the push is refused as an async one whose write failed is.
-  if (sync && !MaybeCompleteStep()) {
+  if (!rule_->MaybeCompleteStep()) {
     *reason = RejectReason::kStoreFailed;
     reply.status = Status::Unavailable(*durability_.failure());
   }
@@ -742,57 +692,31 @@ Status Server::ReadPushRowIds(const Header& req, const std::vector<zmq::message_
                              reason);
 }
 
-bool Server::AdmitGradient(const Header& req, Header& reply, RejectReason* reason,
-                           int64_t* read_version) {
-  const int64_t version = shard_.version();
-  // A push made for an older incarnation of this server was computed from the parameters of
-  // a dead process: its version means nothing here.
-  const bool other_incarnation = req.incarnation != 0 && req.incarnation != incarnation_;
-  *read_version = other_incarnation ? version : req.version;
-  const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
-  if (other_incarnation && sync) {
-    DropGradient(req, reply, /*stale=*/true);
-    return false;
-  }
-  if (*read_version < 0 || *read_version > version) {
-    *reason = RejectReason::kBadVersion;
-    reply.status = Status::InvalidArgument("gradient computed from version " +
-                                           std::to_string(req.version) + " but the shard is at " +
-                                           std::to_string(version));
-    return false;
-  }
-  if (sync) return AdmitSyncGradient(req, *read_version, reply, reason);
-  if (options_.mode.kind == TrainingMode::Kind::kSsp && coordinator_.ValidRank(req.rank) &&
-      coordinator_.ClockStaleness(req.rank) > options_.mode.staleness) {
-    // Only possible across a death and rejoin (reads are gated by the bound): a gradient
-    // computed before is older than the bound allows, so it is dropped, not applied.
-    DropGradient(req, reply, /*stale=*/true);
-    return false;
-  }
-  return true;
-}
-
-bool Server::AdmitSyncGradient(const Header& req, int64_t read_version, Header& reply,
-                               RejectReason* reason) {
-  switch (coordinator_.ClassifySync(req.rank, read_version, shard_.version())) {
-    case Coordinator::Offer::kStale:
+bool Server::AnswerRefusedGradient(const Header& req, UpdateRule::Verdict verdict,
+                                   Header& reply, RejectReason* reason) {
+  switch (verdict) {
+    case UpdateRule::Verdict::kTake:
+      return true;
+    case UpdateRule::Verdict::kStale:
       DropGradient(req, reply, /*stale=*/true);
       return false;
-    case Coordinator::Offer::kDuplicate:
-      // A second gradient for the step from one rank: typically a replacement process of a
-      // rank that died after contributing, or a late duplicate of the dead one. It is not
-      // aggregated; the sender is told it was dropped and simply waits for the next step.
+    case UpdateRule::Verdict::kDuplicate:
       DropGradient(req, reply, /*stale=*/false);
       metrics_->rejected[static_cast<size_t>(RejectReason::kDuplicate)]->Increment();
       return false;
-    case Coordinator::Offer::kFuture:
+    case UpdateRule::Verdict::kBadVersion:
+      *reason = RejectReason::kBadVersion;
+      reply.status = Status::InvalidArgument("gradient computed from version " +
+                                             std::to_string(req.version) +
+                                             " but the shard is at " +
+                                             std::to_string(shard_.version()));
+      return false;
+    case UpdateRule::Verdict::kFuture:
       *reason = RejectReason::kBadVersion;
       reply.status = Status::InvalidArgument("gradient from a future step");
       return false;
-    case Coordinator::Offer::kAccept:
-      break;
   }
-  return true;
+  return false;
 }
 
 std::vector<const float*> Server::GradientsOf(const Header& req,
@@ -834,60 +758,6 @@ std::vector<const float*> Server::GradientsOf(const Header& req,
   return grads;
 }
 
-void Server::OnGradientAccumulated(const Header& req) {
-  // The step waited for this rank alone when it was the only one missing: from the
-  // gradient before it to this one, the step could have completed but for it. (With
-  // backup workers a step completes without waiting for anyone in particular.)
-  const bool waited_for_this_rank =
-      coordinator_.contributors() > 0 && coordinator_.OnlyMissing(req.rank);
-  coordinator_.Contribute(req.rank);
-  ledger_.RecordSeq(req.rank, PushSeq(req.seq));
-  ledger_.SetPending(req.rank, req.progress);
-  const TimePoint arrived = std::chrono::steady_clock::now();
-  if (waited_for_this_rank && coordinator_.StepReady()) {
-    RecordStragglerWait(req.rank, SecondsSince(step_last_arrival_, arrived), arrived,
-                        "the sync step's last gradient");
-  }
-  step_last_arrival_ = arrived;
-}
-
-bool Server::ApplyAsync(const Header& req, std::span<const float* const> grads,
-                        int64_t staleness, Header& reply, RejectReason* reason,
-                        const RowsRequest& rows) {
-  float lr_scale = 1.0f;
-  if (shard_.registration() && shard_.registration()->optimizer.staleness_aware) {
-    lr_scale = 1.0f / static_cast<float>(std::max<int64_t>(1, staleness));
-  }
-  reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale, rows);
-  if (!reply.status.ok() && *reason == RejectReason::kStoreFailed) {
-    // The tables' cold tier failed mid-update: like a failed durable write.
-    OnStoreFailure(reply.status, "embedding rows of a push of rank " + std::to_string(req.rank));
-    reply.status = Status::Unavailable(*durability_.failure());
-  }
-  if (!reply.status.ok()) return false;
-  const bool ranked = coordinator_.ValidRank(req.rank);
-  if (durability_.every_update()) {
-    std::vector<RankRecord> record;
-    if (ranked && (req.seq != 0 || !req.progress.empty())) {
-      record.push_back(ledger_.RecordAfter(req.rank, req.seq, req.progress));
-    }
-    if (Status s = durability_.SaveUpdate(shard_, req.slices, std::move(record)); !s.ok()) {
-      // Not durable, so not acknowledged (and rolled back): the seq is not recorded.
-      OnStoreFailure(s, "push of rank " + std::to_string(req.rank));
-      *reason = RejectReason::kStoreFailed;
-      reply.status = Status::Unavailable(*durability_.failure());
-      return false;
-    }
-  }
-  if (ranked) {
-    ledger_.RecordSeq(req.rank, PushSeq(req.seq));
-    ledger_.RecordProgress(req.rank, req.progress);
-  }
-  PublishProgress();
-  if (req.batch_examples > 0) metrics_->examples->Increment(static_cast<double>(req.batch_examples));
-  return true;
-}
-
 void Server::OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0) {
   metrics_->apply_seconds->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -898,37 +768,6 @@ void Server::OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0)
     max_clock_staleness_ = std::max(max_clock_staleness_, clock_staleness);
     metrics_->worker_gradients[static_cast<size_t>(req.rank)]->Increment();
   }
-}
-
-bool Server::MaybeCompleteStep() {
-  if (options_.mode.kind != TrainingMode::Kind::kSync || !coordinator_.StepReady()) return true;
-  // After a rollback the step's gradients may be gone: no step is taken that cannot be kept.
-  if (durability_.failure()) return true;
-  const int n = coordinator_.contributors();
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t before = shard_.examples();
-  if (Status s = shard_.ApplyAccumulated(n); !s.ok()) {
-    coordinator_.CompleteStep();
-    ledger_.SettlePending();
-    OnStoreFailure(s, "embedding rows of step " + std::to_string(shard_.version()));
-    return false;
-  }
-  coordinator_.CompleteStep();
-  // The contributors' positions count now that their gradients are applied; with
-  // every-update durability they are stored with the step, seqs included.
-  const std::vector<int> contributors = ledger_.SettlePending();
-  if (durability_.every_update()) {
-    // The step's pulls are answered only after it is durable (ServeParked runs after this).
-    if (Status s = durability_.SaveUpdate(shard_, {}, ledger_.Records(contributors)); !s.ok()) {
-      OnStoreFailure(s, "step " + std::to_string(shard_.version()));
-      return false;  // rolled back: this step's examples were not applied after all
-    }
-  }
-  metrics_->apply_seconds->Observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  PublishProgress();
-  metrics_->examples->Increment(static_cast<double>(shard_.examples() - before));
-  return true;
 }
 
 void Server::PublishTableGauges() {
@@ -1010,7 +849,7 @@ void Server::UpdateGauges(TimePoint now) {
 
 void Server::ServeParked(TimePoint now) {
   parked_.RemoveIf([&](ParkedPull& p) {
-    if (!CanServePull(p.request)) return false;
+    if (!rule_->CanServe(p.request)) return false;
     metrics_->barrier_wait_seconds->Observe(SecondsSince(p.since, now));
     if (p.waited_for >= 0) {
       RecordStragglerWait(p.waited_for, SecondsSince(p.since, now), now,
@@ -1029,7 +868,7 @@ void Server::FailExpiredParked(TimePoint now) {
     std::snprintf(waited, sizeof(waited), "%.1f", SecondsSince(p.since, now));
     const Status timed_out = Status::TimedOut("pull by rank " + std::to_string(p.request.rank) +
                                               " waited " + waited + " s for " +
-                                              DescribeWait(p.request));
+                                              rule_->DescribeWait(p.request));
     spdlog::error("{}", timed_out.message());
     FailParked(p, timed_out, RejectReason::kBarrierTimeout);
     return true;
@@ -1054,7 +893,7 @@ void Server::Tick(TimePoint now, bool idle) {
   }
   metrics_->live_workers->Set(coordinator_.live_count());
   // A step completed here has no push to answer: a failed write fails its parked pulls.
-  (void)MaybeCompleteStep();
+  (void)rule_->MaybeCompleteStep();
   durability_.MaybeSave(shard_, ledger_, now);
   ServeParked(now);
   UpdateGauges(now);
@@ -1154,8 +993,7 @@ Status Server::Admit(const Inbound& in, TimePoint now, RejectReason* reason) {
   const bool tool = req.rank == -1;
   const bool needs_rank = req.type == MsgType::kHeartbeat || req.type == MsgType::kLeave ||
                           req.type == MsgType::kGather ||
-                          (options_.mode.kind != TrainingMode::Kind::kAsync &&
-                           req.type == MsgType::kPush);
+                          (!rule_->TakesToolPushes() && req.type == MsgType::kPush);
   const bool bad_rank = !ranked && (!tool || needs_rank);
   if (req.protocol_version != kProtocolVersion) {
     *reason = RejectReason::kVersionMismatch;
@@ -1302,7 +1140,7 @@ bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason*
         std::to_string(options_.max_message_bytes) + "): pull fewer rows at a time");
     return false;
   }
-  if (CanServePull(req)) {
+  if (rule_->CanServe(req)) {
     SendPull(in.identity, req, row_ids);
     return true;
   }
@@ -1313,7 +1151,7 @@ bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason*
     return false;
   }
   // A worker waits on one pull per shard at a time (ParkedPulls); pulls of tools are bounded.
-  const int waited_for = SlowestSspBlocker(req.rank);
+  const int waited_for = rule_->Blocker(req.rank);
   switch (parked_.Park(in.identity, *in.header, now, coordinator_.ValidRank(req.rank),
                        waited_for, std::move(row_ids))) {
     case ParkedPulls::Outcome::kRefused:
@@ -1377,7 +1215,7 @@ void Server::HandleLeave(const Header& req) {
                                   [this](int r) { return GatherExpects(r); }));
   // The step may complete without it; a failed write fails the step's parked pulls, and the
   // Leave itself is done either way.
-  (void)MaybeCompleteStep();
+  (void)rule_->MaybeCompleteStep();
 }
 
 void Server::HandleCheckpoint(const Header& req, Header& reply, RejectReason* reason) {

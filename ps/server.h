@@ -1,7 +1,7 @@
 // Server: the parameter server's request loop. Binds a ZeroMQ ROUTER, decodes each request,
-// checks it, lets the Shard apply it under the rules of the Coordinator (async, sync or
-// ssp:K) and replies — one reply per request, an error reply for anything refused (the
-// server keeps serving).
+// checks it, lets its mode's UpdateRule (ps/update_rule.h: async, sync, sync:delayed or
+// ssp:K) take pushes into the Shard and decide when pulls are served, and replies — one reply
+// per request, an error reply for anything refused (the server keeps serving).
 //
 // Pulls that must wait (a sync barrier, the ssp bound) are parked, not blocking the loop,
 // and answered as soon as the step completes or the slow ranks catch up — or, after
@@ -38,6 +38,7 @@
 #include "ps/push_ledger.h"
 #include "ps/shard.h"
 #include "ps/straggler.h"
+#include "ps/update_rule.h"
 
 namespace parasync {
 
@@ -161,7 +162,7 @@ MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, i
 // The unread-reply cap in force (options.max_unread_reply_bytes, or its default).
 int64_t UnreadReplyCap(const ServerOptions& options, int64_t elements);
 
-class Server {
+class Server : private RuleHost {
  public:
   // Binds the socket. Unavailable if the endpoint cannot be bound. `metrics` must outlive
   // the Server.
@@ -247,12 +248,10 @@ class Server {
   // data position).
   Status CheckPush(const Header& req, const std::vector<zmq::message_t>& in_frames,
                    RejectReason* reason) const;
-  // Whether the gradient may be taken under the mode's rules; false: `reply` says it was
-  // dropped or refused. Sets `read_version` to the version it was computed from.
-  bool AdmitGradient(const Header& req, Header& reply, RejectReason* reason,
-                     int64_t* read_version);
-  bool AdmitSyncGradient(const Header& req, int64_t read_version, Header& reply,
-                         RejectReason* reason);
+  // Answers a push its rule did not take (`verdict`): dropped, or refused with *reason.
+  // True for kTake.
+  bool AnswerRefusedGradient(const Header& req, UpdateRule::Verdict verdict, Header& reply,
+                             RejectReason* reason);
   // The push's gradients as float32 arrays, the slices' returned and its row ranges' in
   // *row_grads: its frames, or (16-bit dtypes) widened_, or copies in `realigned` for frames
   // that are not aligned. Precondition: CheckPush and ReadPushRowIds ok (frame sizes).
@@ -271,14 +270,8 @@ class Server {
   // (Shard::ValidateRows); on failure sets *reason.
   Status ReadPushRowIds(const Header& req, const std::vector<zmq::message_t>& in_frames,
                         std::vector<std::vector<uint64_t>>* ids, RejectReason* reason) const;
-  // Sync: the gradient joined its step.
-  void OnGradientAccumulated(const Header& req);
-  // Async / ssp: applies it (durable first with every-update); false: refused in `reply`.
-  bool ApplyAsync(const Header& req, std::span<const float* const> grads, int64_t staleness,
-                  Header& reply, RejectReason* reason, const RowsRequest& rows);
   // Counts a gradient taken (applied or accumulated) `t0` after it was admitted.
   void OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0);
-  bool CanServePull(const Header& req) const;
   // Reads the requested slices into a reply and sends it — or, when the peer or the server
   // has too many reply bytes unread, sends an error reply instead (kUnreadReplies).
   void SendPull(zmq::message_t& identity, const Header& req,
@@ -310,31 +303,24 @@ class Server {
                        std::vector<zmq::message_t>& frames, size_t& taken);
   // Returns memory freed since the last trim to the system, at most every 2 s.
   void MaybeTrimMemory(TimePoint now);
-  // Applies the sync step if it has enough gradients. False when it did and, with
-  // every-update durability, the step's write failed (OnStoreFailure rolled it back); true
-  // otherwise (no step due, or the step taken and durable).
-  [[nodiscard]] bool MaybeCompleteStep();
   // Logs the memory bound for the registered model (or, before one, for the largest
   // --max-model-bytes admits) and sets its gauges.
   void PublishMemoryBound();
   // Sets the version and learning-rate gauges from the shard.
-  void PublishProgress();
+  void PublishProgress() override;
   // Answers the parked pulls that may now be served.
   void ServeParked(TimePoint now);
   // Fails the parked pulls that waited past the barrier timeout, naming what they waited for.
   void FailExpiredParked(TimePoint now);
-  // ssp: the slowest rank that keeps `rank` from reading (-1: none, or not ssp).
-  int SlowestSspBlocker(int rank) const;
   // Liveness and barrier timeouts; called every loop turn. `idle`: the socket had nothing
   // queued this turn, so every heartbeat that arrived has been read.
   void Tick(TimePoint now, bool idle);
   void Reject(RejectReason reason);
   // The barrier waited `seconds` for `rank` alone: counted, and logged when long.
-  void RecordStragglerWait(int rank, double seconds, TimePoint now, const char* what);
+  void RecordStragglerWait(int rank, double seconds, TimePoint now, const char* what) override;
   // Gauges that describe the present: parked pulls, the straggler, the store's size.
   void UpdateGauges(TimePoint now);
   bool ShouldLogRejection() const;
-  std::string DescribeWait(const Header& req) const;
 
   std::unique_ptr<Socket> socket_;
   std::string endpoint_;  // endpoint()
@@ -349,7 +335,7 @@ class Server {
   // acknowledged from now on, the store_failed gauge reads 1), rolls the shard back to what
   // the store holds, so memory serves nothing that was not acknowledged, and answers the
   // parked pulls, which wait for a step that cannot come. `what` names the write.
-  void OnStoreFailure(const Status& failure, const std::string& what);
+  void OnStoreFailure(const Status& failure, const std::string& what) override;
   // A reply to `req`: its type, request id and rank, this server's version and incarnation.
   Header ReplyTo(const Header& req) const;
   // Sends `p` an error reply `status` (counted as `reason`).
@@ -368,7 +354,6 @@ class Server {
   // between pushes so its pages are not faulted in again each time).
   std::vector<float> widened_;
   StragglerTracker straggler_;
-  TimePoint step_last_arrival_{};  // sync: when the current step's latest gradient arrived
   TimePoint gauges_updated_{};
   TimePoint store_size_updated_{};
   TimePoint last_idle_;  // the last turn that found the socket empty
@@ -380,6 +365,9 @@ class Server {
   PushLedger ledger_;
   // Snapshots, every-update writes, and the failure latch (with no store: nothing).
   Durability durability_;
+  // The mode's update rule (ps/update_rule.h), acting on the shard, coordinator, ledger and
+  // durability above.
+  std::unique_ptr<UpdateRule> rule_;
   std::atomic<bool> stop_{false};
   int64_t requests_ = 0;
   int64_t rejected_ = 0;
