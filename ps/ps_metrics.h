@@ -63,7 +63,7 @@ struct PsMetrics {
   prometheus::Gauge* store_failed = nullptr;
   // Bytes of pull replies handed to ZeroMQ and not yet written out (or dropped), all peers.
   prometheus::Gauge* unread_reply_bytes = nullptr;
-  // The stated memory bound for the present model (ps/server.h MemoryBound): fixed part,
+  // The stated memory bound for the present model (ps/memory_bound.h): fixed part,
   // and the part for each connected peer.
   prometheus::Gauge* memory_bound_bytes = nullptr;
   prometheus::Gauge* memory_bound_per_connection_bytes = nullptr;
