@@ -20,7 +20,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include <zmq.hpp>
@@ -35,6 +34,7 @@
 #include "ps/parked_pulls.h"
 #include "ps/peer_queues.h"
 #include "ps/ps_metrics.h"
+#include "ps/pull_replies.h"
 #include "ps/push_ledger.h"
 #include "ps/server_options.h"
 #include "ps/shard.h"
@@ -157,31 +157,12 @@ class Server : private RuleHost {
   // has too many reply bytes unread, sends an error reply instead (kUnreadReplies).
   void SendPull(zmq::message_t& identity, const Header& req,
                 const std::vector<std::vector<uint64_t>>& row_ids);
-  // Reply bytes handed to ZeroMQ and not yet written out (or dropped with their peer): each
-  // reply frame holds its peer's counter and the total until ZeroMQ frees it, on its I/O
-  // thread (the counters are shared, so they outlive the Server if need be).
-  using ByteCounter = std::shared_ptr<std::atomic<int64_t>>;
-  ByteCounter UnreadCounterOf(const zmq::message_t& identity);
-  // SendPull's steps. Sends the refusal and returns true when the peer (`peer`: its unread
-  // bytes) or the server has too many reply bytes unread for this pull.
+  // SendPull's step: sends the refusal and returns true when the peer (`peer`: its unread
+  // bytes) or the server has too many reply bytes unread for this pull (PullReplies::Refusal).
   bool RefuseUnreadPull(zmq::message_t& identity, const Header& req,
                         const std::atomic<int64_t>& peer);
   // Publishes the embedding tables' figures (rows held, created, evicted, bytes).
   void PublishTableGauges();
-  // The reply's frames, each holding its loan (or its encoded copy) and its bytes on the
-  // unread counters until ZeroMQ frees it. Throws std::bad_alloc (every loan returned).
-  std::vector<zmq::message_t> PullFrames(const Header& req, const ByteCounter& peer);
-  // Appends one frame per row range of `req`: its rows (initial values for rows nobody
-  // updated), in the reply's dtype, counted as unread like an encoded slice frame. Returns
-  // the tables' cold tier's error.
-  Status AppendRowFrames(const Header& req, const std::vector<std::vector<uint64_t>>& row_ids,
-                         const ByteCounter& peer, std::vector<zmq::message_t>& frames);
-  // The bytes a pull reply's rows take.
-  int64_t RowReplyBytes(const Header& req) const;
-  // Appends the frame of `loan`, which it takes over; on a throw, `taken` counts past it if
-  // it was given back already.
-  void AppendPullFrame(DType dtype, const Shard::Loan& loan, const ByteCounter& peer,
-                       std::vector<zmq::message_t>& frames, size_t& taken);
   // Returns memory freed since the last trim to the system, at most every 2 s.
   void MaybeTrimMemory(TimePoint now);
   // Logs the memory bound for the registered model (or, before one, for the largest
@@ -226,10 +207,10 @@ class Server : private RuleHost {
   GatherBoard gathers_;
   // Requests read and not yet handled, by peer, and their fair order.
   PeerQueues inbox_;
-  ByteCounter unread_total_ = std::make_shared<std::atomic<int64_t>>(0);
-  std::unordered_map<std::string, ByteCounter> unread_by_peer_;
   // Bytes of replies written out or dropped, and of requests received, since the last trim.
-  ByteCounter released_since_trim_ = std::make_shared<std::atomic<int64_t>>(0);
+  PullReplies::ByteCounter released_since_trim_ = std::make_shared<std::atomic<int64_t>>(0);
+  // Pull replies' frames and their unread bytes, by peer.
+  PullReplies replies_;
   TimePoint last_trim_{};
   // A push in a 16-bit wire dtype, widened to float32 (at most the shard's elements; kept
   // between pushes so its pages are not faulted in again each time).
