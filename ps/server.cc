@@ -13,6 +13,7 @@
 
 #include "common/denormals.h"
 #include "ps/optimizer.h"
+#include "ps/request_frames.h"
 #include "ps/update_rule.h"
 
 // Sanitizers replace malloc: glibc's malloc_trim would only wake arenas that hold nothing
@@ -41,34 +42,6 @@ size_t FramesBytes(const std::vector<zmq::message_t>& frames) {
 
 double SecondsSince(Coordinator::TimePoint since, Coordinator::TimePoint now) {
   return std::chrono::duration<double>(now - since).count();
-}
-
-// The ids of a request's `n` ids frames, frames[first + k * stride], copied out (ZeroMQ
-// frames need not be 8-byte aligned); kByteLength when one is not a whole number of uint64s.
-Status ReadIdsFrames(const std::vector<zmq::message_t>& frames, size_t first, size_t stride,
-                     size_t n, std::vector<std::vector<uint64_t>>* ids, RejectReason* reason) {
-  ids->resize(n);
-  for (size_t k = 0; k < n; ++k) {
-    const zmq::message_t& frame = frames[first + k * stride];
-    if (frame.size() % sizeof(uint64_t) != 0) {
-      *reason = RejectReason::kByteLength;
-      return Status::InvalidArgument("an ids frame is not a whole number of uint64s");
-    }
-    (*ids)[k].resize(frame.size() / sizeof(uint64_t));
-    if (frame.size() != 0) std::memcpy((*ids)[k].data(), frame.data(), frame.size());
-  }
-  return Status::Ok();
-}
-
-// A float32 frame's values: the frame itself when it is aligned (ZeroMQ frames need not be),
-// else a copy appended to `copies`.
-const float* AlignedFloats(const zmq::message_t& frame, std::vector<std::vector<float>>& copies) {
-  if (reinterpret_cast<uintptr_t>(frame.data()) % alignof(float) == 0) {
-    return static_cast<const float*>(frame.data());
-  }
-  copies.emplace_back(frame.size() / sizeof(float));
-  std::memcpy(copies.back().data(), frame.data(), frame.size());
-  return copies.back().data();
 }
 
 }  // namespace
@@ -349,7 +322,7 @@ bool Server::RefuseUnreadPull(zmq::message_t& identity, const Header& req,
 
 void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frames,
                         Header& reply, RejectReason* reason) {
-  reply.status = CheckPush(req, in_frames, reason);
+  reply.status = CheckPush(req, in_frames, shard_, reason);
   if (!reply.status.ok()) return;
   if (coordinator_.ValidRank(req.rank) && ledger_.AlreadyApplied(req.rank, PushSeq(req.seq))) {
     reply.replayed = true;  // a resend of a push applied (and, every-update, durable) before
@@ -369,13 +342,13 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     return;
   }
   PushRows rows;
-  reply.status = ReadPushRowIds(req, in_frames, &rows.ids, reason);
+  reply.status = ReadPushRowIds(req, in_frames, shard_, &rows.ids, reason);
   if (!reply.status.ok()) return;
   const UpdateRule::Admission admission = rule_->Admit(req);
   if (!AnswerRefusedGradient(req, admission.verdict, reply, reason)) return;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::vector<float>> realigned;  // only for frames that are not aligned
-  const std::vector<const float*> grads = GradientsOf(req, in_frames, realigned, &rows.grads);
+  const std::vector<const float*> grads = gradients_.Read(req, in_frames, realigned, &rows.grads);
   const int64_t staleness = shard_.version() - admission.read_version;
   reply.status = rule_->Take({req, grads, rows.request(req), staleness}, reason);
   if (!reply.status.ok()) return;
@@ -392,50 +365,6 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     *reason = RejectReason::kStoreFailed;
     reply.status = Status::Unavailable(*durability_.failure());
   }
-}
-
-Status Server::CheckPush(const Header& req, const std::vector<zmq::message_t>& in_frames,
-                         RejectReason* reason) const {
-  // The slices' frames, then an ids frame and a values frame per row range.
-  if (in_frames.size() != req.slices.size() + 2 * req.rows.size() && !req.rows.empty()) {
-    *reason = RejectReason::kFrameCount;
-    return Status::InvalidArgument(
-        "a push with " + std::to_string(req.slices.size()) + " slice ranges and " +
-        std::to_string(req.rows.size()) + " row ranges carries " +
-        std::to_string(in_frames.size()) + " frames");
-  }
-  std::vector<size_t> sizes;
-  sizes.reserve(in_frames.size());
-  for (size_t i = 0; i < in_frames.size() - 2 * req.rows.size(); ++i) {
-    sizes.push_back(in_frames[i].size());
-  }
-  PARASYNC_RETURN_IF_ERROR(
-      shard_.ValidateRanges(req.slices, req.dtype, std::span<const size_t>(sizes), reason));
-  if (req.batch_examples < 0 || req.batch_examples > (int64_t{1} << 31)) {
-    *reason = RejectReason::kMalformed;
-    return Status::InvalidArgument("batch_examples " + std::to_string(req.batch_examples) +
-                                   " is out of range");
-  }
-  const DataProgress& p = req.progress;
-  if (p.epoch < 0 || p.of < 0 || p.of > (int64_t{1} << 40) || p.done < 0 || p.done > p.of ||
-      (p.epoch == 0 && (p.done != 0 || p.of != 0))) {
-    *reason = RejectReason::kMalformed;
-    return Status::InvalidArgument(
-        "progress epoch " + std::to_string(p.epoch) + ", " + std::to_string(p.done) + " of " +
-        std::to_string(p.of) + " examples is not a position in a data shard");
-  }
-  return Status::Ok();
-}
-
-Status Server::ReadPushRowIds(const Header& req, const std::vector<zmq::message_t>& in_frames,
-                              std::vector<std::vector<uint64_t>>* ids, RejectReason* reason) const {
-  const size_t first = req.slices.size();
-  const size_t n = req.rows.size();
-  PARASYNC_RETURN_IF_ERROR(ReadIdsFrames(in_frames, first, 2, n, ids, reason));
-  std::vector<size_t> value_bytes(n);
-  for (size_t k = 0; k < n; ++k) value_bytes[k] = in_frames[first + 2 * k + 1].size();
-  return shard_.ValidateRows(req.rows, *ids, req.dtype, std::span<const size_t>(value_bytes),
-                             reason);
 }
 
 bool Server::AnswerRefusedGradient(const Header& req, UpdateRule::Verdict verdict,
@@ -463,45 +392,6 @@ bool Server::AnswerRefusedGradient(const Header& req, UpdateRule::Verdict verdic
       return false;
   }
   return false;
-}
-
-std::vector<const float*> Server::GradientsOf(const Header& req,
-                                              const std::vector<zmq::message_t>& in_frames,
-                                              std::vector<std::vector<float>>& realigned,
-                                              std::vector<const float*>* row_grads) {
-  // The slices' frames, then each row range's ids and values frames.
-  const size_t first = req.slices.size();
-  std::vector<const float*> grads;
-  grads.reserve(first);
-  row_grads->clear();
-  if (req.dtype != DType::kFloat32) {
-    // A 16-bit wire dtype: widened to float32 before the finite check and the optimizer see
-    // it (NaN and Inf survive the narrowing, so the check still catches them).
-    const size_t size = DTypeSize(req.dtype);
-    size_t total = 0;
-    for (size_t i = 0; i < first; ++i) total += in_frames[i].size() / size;
-    for (size_t k = 0; k < req.rows.size(); ++k) {
-      total += in_frames[first + 2 * k + 1].size() / size;
-    }
-    if (widened_.size() < total) widened_.resize(total);
-    float* at = widened_.data();
-    auto widen = [&](const zmq::message_t& frame) {
-      const size_t count = frame.size() / size;
-      DecodeFloats(frame.data(), count, req.dtype, at);
-      at += count;
-      return at - count;
-    };
-    for (size_t i = 0; i < first; ++i) grads.push_back(widen(in_frames[i]));
-    for (size_t k = 0; k < req.rows.size(); ++k) {
-      row_grads->push_back(widen(in_frames[first + 2 * k + 1]));
-    }
-    return grads;
-  }
-  for (size_t i = 0; i < first; ++i) grads.push_back(AlignedFloats(in_frames[i], realigned));
-  for (size_t k = 0; k < req.rows.size(); ++k) {
-    row_grads->push_back(AlignedFloats(in_frames[first + 2 * k + 1], realigned));
-  }
-  return grads;
 }
 
 void Server::OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0) {

@@ -36,6 +36,7 @@
 #include "ps/ps_metrics.h"
 #include "ps/pull_replies.h"
 #include "ps/push_ledger.h"
+#include "ps/request_frames.h"
 #include "ps/server_options.h"
 #include "ps/shard.h"
 #include "ps/straggler.h"
@@ -125,32 +126,10 @@ class Server : private RuleHost {
   // Fills `reply` for a push; may complete a sync step.
   void HandlePush(const Header& req, std::vector<zmq::message_t>& frames, Header& reply,
                   RejectReason* reason);
-  // HandlePush's steps. The fields of a push that make sense (ranges, frames, batch size,
-  // data position).
-  Status CheckPush(const Header& req, const std::vector<zmq::message_t>& in_frames,
-                   RejectReason* reason) const;
   // Answers a push its rule did not take (`verdict`): dropped, or refused with *reason.
   // True for kTake.
   bool AnswerRefusedGradient(const Header& req, UpdateRule::Verdict verdict, Header& reply,
                              RejectReason* reason);
-  // The push's gradients as float32 arrays, the slices' returned and its row ranges' in
-  // *row_grads: its frames, or (16-bit dtypes) widened_, or copies in `realigned` for frames
-  // that are not aligned. Precondition: CheckPush and ReadPushRowIds ok (frame sizes).
-  std::vector<const float*> GradientsOf(const Header& req,
-                                        const std::vector<zmq::message_t>& in_frames,
-                                        std::vector<std::vector<float>>& realigned,
-                                        std::vector<const float*>* row_grads);
-  // A push's row ranges: their ids (ReadPushRowIds, before the push is admitted) and
-  // gradients (GradientsOf, after).
-  struct PushRows {
-    std::vector<std::vector<uint64_t>> ids;
-    std::vector<const float*> grads;
-    RowsRequest request(const Header& req) const { return {req.rows, ids, grads}; }
-  };
-  // The ids of a push's row ranges, checked with their values frames' lengths
-  // (Shard::ValidateRows); on failure sets *reason.
-  Status ReadPushRowIds(const Header& req, const std::vector<zmq::message_t>& in_frames,
-                        std::vector<std::vector<uint64_t>>* ids, RejectReason* reason) const;
   // Counts a gradient taken (applied or accumulated) `t0` after it was admitted.
   void OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0);
   // Reads the requested slices into a reply and sends it — or, when the peer or the server
@@ -212,9 +191,7 @@ class Server : private RuleHost {
   // Pull replies' frames and their unread bytes, by peer.
   PullReplies replies_;
   TimePoint last_trim_{};
-  // A push in a 16-bit wire dtype, widened to float32 (at most the shard's elements; kept
-  // between pushes so its pages are not faulted in again each time).
-  std::vector<float> widened_;
+  GradientReader gradients_;  // a push's gradients as float32 arrays
   StragglerTracker straggler_;
   TimePoint gauges_updated_{};
   TimePoint store_size_updated_{};
