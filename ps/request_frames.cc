@@ -19,8 +19,8 @@ const float* AlignedFloats(const zmq::message_t& frame, std::vector<std::vector<
   return copies.back().data();
 }
 
-}  // namespace
-
+// The ids of a request's `n` ids frames, frames[first + k * stride], copied out (ZeroMQ
+// frames need not be 8-byte aligned); kByteLength when one is not a whole number of uint64s.
 Status ReadIdsFrames(const std::vector<zmq::message_t>& frames, size_t first, size_t stride,
                      size_t n, std::vector<std::vector<uint64_t>>* ids, RejectReason* reason) {
   ids->resize(n);
@@ -34,6 +34,34 @@ Status ReadIdsFrames(const std::vector<zmq::message_t>& frames, size_t first, si
     if (frame.size() != 0) std::memcpy((*ids)[k].data(), frame.data(), frame.size());
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status ReadRegisterValues(const Header& req, const std::vector<zmq::message_t>& frames,
+                          std::vector<std::span<const uint8_t>>* values, RejectReason* reason) {
+  if (frames.size() != req.slices.size() || (!req.slices.empty() && req.dtype != DType::kFloat32)) {
+    *reason = RejectReason::kFrameCount;
+    return Status::InvalidArgument(
+        "a registration with " + std::to_string(req.slices.size()) + " ranges of initial values "
+        "carries " + std::to_string(frames.size()) + " frames (float32, one per range)");
+  }
+  for (const zmq::message_t& f : frames) {
+    values->emplace_back(static_cast<const uint8_t*>(f.data()), f.size());
+  }
+  return Status::Ok();
+}
+
+Status ReadPull(const Header& req, const std::vector<zmq::message_t>& frames, const Shard& shard,
+                std::vector<std::vector<uint64_t>>* row_ids, RejectReason* reason) {
+  if (frames.size() != req.rows.size()) {
+    *reason = RejectReason::kFrameCount;
+    return Status::InvalidArgument(
+        "a pull request carries one ids frame per row range and no tensor frames");
+  }
+  PARASYNC_RETURN_IF_ERROR(shard.ValidateRanges(req.slices, req.dtype, std::nullopt, reason));
+  PARASYNC_RETURN_IF_ERROR(ReadIdsFrames(frames, 0, 1, req.rows.size(), row_ids, reason));
+  return shard.ValidateRows(req.rows, *row_ids, req.dtype, std::nullopt, reason);
 }
 
 Status CheckPush(const Header& req, const std::vector<zmq::message_t>& in_frames,

@@ -1,6 +1,6 @@
-// What the frames of a pull or push carry, checked against the shard and read out before
-// anything is touched: the ids frames of embedding row ranges, a push's layout and fields,
-// and its gradients as float32 arrays. ZeroMQ frames need not be aligned and may carry a
+// What the frames of a request carry, checked and read out before anything is touched: a
+// Register's initial values, a pull's ranges and row ids, a push's layout, fields and row
+// ids (against the shard), and its gradients as float32 arrays. ZeroMQ frames need not be aligned and may carry a
 // 16-bit wire dtype, so the readers copy or widen where they must.
 //
 // Not thread-safe (GradientReader keeps a buffer): the server loop owns them.
@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include <zmq.hpp>
@@ -19,10 +20,15 @@
 
 namespace parasync {
 
-// The ids of a request's `n` ids frames, frames[first + k * stride], copied out (ZeroMQ
-// frames need not be 8-byte aligned); kByteLength when one is not a whole number of uint64s.
-Status ReadIdsFrames(const std::vector<zmq::message_t>& frames, size_t first, size_t stride,
-                     size_t n, std::vector<std::vector<uint64_t>>* ids, RejectReason* reason);
+// A Register's initial values (rank 0's, for kProvided variables): one float32 frame per
+// slice range, as bytes that point into `frames`. On failure sets *reason.
+Status ReadRegisterValues(const Header& req, const std::vector<zmq::message_t>& frames,
+                          std::vector<std::span<const uint8_t>>* values, RejectReason* reason);
+
+// A pull's frames (one ids frame per row range, no tensor frames) and its slice and row
+// ranges against `shard`; the ids of its row ranges in *row_ids. On failure sets *reason.
+Status ReadPull(const Header& req, const std::vector<zmq::message_t>& frames, const Shard& shard,
+                std::vector<std::vector<uint64_t>>* row_ids, RejectReason* reason);
 
 // The fields of a push that make sense: its frames (the slices', then an ids and a values
 // frame per row range) against `shard`'s ranges, its batch size and its data position. On

@@ -689,19 +689,9 @@ void Server::HandleRegister(const Header& req, const std::vector<zmq::message_t>
     reply.status = Status::InvalidArgument("Register without a model");
     return;
   }
-  // Initial values (rank 0's, for kProvided variables): one float32 frame per slice range.
-  if (in_frames.size() != req.slices.size() ||
-      (!req.slices.empty() && req.dtype != DType::kFloat32)) {
-    *reason = RejectReason::kFrameCount;
-    reply.status = Status::InvalidArgument(
-        "a registration with " + std::to_string(req.slices.size()) + " ranges of initial values "
-        "carries " + std::to_string(in_frames.size()) + " frames (float32, one per range)");
-    return;
-  }
   std::vector<std::span<const uint8_t>> value_bytes;
-  for (const zmq::message_t& f : in_frames) {
-    value_bytes.emplace_back(static_cast<const uint8_t*>(f.data()), f.size());
-  }
+  reply.status = ReadRegisterValues(req, in_frames, &value_bytes, reason);
+  if (!reply.status.ok()) return;
   if (req.registration->mode != options_.mode.ToString()) {
     *reason = RejectReason::kRegisterMismatch;
     reply.status = Status::FailedPrecondition(
@@ -753,18 +743,8 @@ void Server::OnFirstRegistration(const Header& req, TimePoint now) {
 
 bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason* reason) {
   const Header& req = *in.header;
-  if (in.frames.size() != req.rows.size()) {
-    *reason = RejectReason::kFrameCount;
-    reply.status = Status::InvalidArgument(
-        "a pull request carries one ids frame per row range and no tensor frames");
-    return false;
-  }
-  reply.status = shard_.ValidateRanges(req.slices, req.dtype, std::nullopt, reason);
-  if (!reply.status.ok()) return false;
   std::vector<std::vector<uint64_t>> row_ids;
-  reply.status = ReadIdsFrames(in.frames, 0, 1, req.rows.size(), &row_ids, reason);
-  if (!reply.status.ok()) return false;
-  reply.status = shard_.ValidateRows(req.rows, row_ids, req.dtype, std::nullopt, reason);
+  reply.status = ReadPull(req, in.frames, shard_, &row_ids, reason);
   if (!reply.status.ok()) return false;
   if (const int64_t bytes = replies_.RowReplyBytes(req); bytes > options_.max_message_bytes) {
     // What the unread-reply caps assume (UnreadBasis), and what a worker could receive.
