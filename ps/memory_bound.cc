@@ -5,6 +5,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "ps/admission.h"
+#include "ps/embedding_table.h"
 #include "ps/update_rule.h"
 
 namespace parasync {
@@ -87,6 +88,18 @@ MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, i
   b.per_connection = (kServerPeerQueue + kServerReceiveQueue + 1) * options.max_message_bytes +
                      kHeaderRepliesPerConnection;
   return b;
+}
+
+MemoryBound MemoryBoundFor(const ServerOptions& options, const ModelRegistration* reg,
+                           int64_t elements) {
+  if (reg == nullptr) return ComputeMemoryBound(options, options.max_model_bytes / 8, 0);
+  const int slots = NumOptimizerSlots(reg->optimizer.kind);
+  int64_t row_bytes = 0;
+  for (const TableSpec& t : reg->tables) {
+    row_bytes = std::max(row_bytes, EmbeddingTables::BytesPerRow(t.dim, slots,
+                                                                 options.table_expire_after > 0));
+  }
+  return ComputeMemoryBound(options, elements, slots, row_bytes);
 }
 
 std::string MemoryBound::Describe() const {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/model_spec.h"
 #include "ps/server_options.h"
 
 namespace parasync {
@@ -32,6 +33,11 @@ struct MemoryBound {
 // widest table; 0 without tables).
 MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, int slots,
                                int64_t row_bytes = 0);
+// The bound of a server whose shard holds `elements` of the model registered as `reg` (its
+// optimizer's slots, its widest table's rows); before a registration (null), the bound for
+// the largest model --max-model-bytes admits.
+MemoryBound MemoryBoundFor(const ServerOptions& options, const ModelRegistration* reg,
+                           int64_t elements);
 // The unread-reply cap in force (options.max_unread_reply_bytes, or its default).
 int64_t UnreadReplyCap(const ServerOptions& options, int64_t elements);
 // The elements the unread-reply caps are computed from: the shard's values and, with

@@ -110,6 +110,9 @@ struct PsMetrics {
   void AddTables(const std::vector<std::string>& names);
   // Sets the series of table t from its statistics (the counts only ever grow).
   void PublishTable(size_t t, const EmbeddingTables::TableStats& stats);
+  // Every table of `t`: their series added the first time, each set from its statistics,
+  // and the capacity (`max_table_rows` where the tables hold no bound of their own).
+  void PublishTables(const EmbeddingTables& t, int64_t max_table_rows);
 
   // The request loop's heartbeat, served as /healthz and /readyz (common/metrics.h).
   LoopHeartbeat loop;

@@ -106,11 +106,7 @@ Status Server::Restore(const ShardSnapshot& snap) {
   PARASYNC_RETURN_IF_ERROR(shard_.Restore(snap));
   ledger_.Restore(snap.ranks);
   durability_.MarkSaved(shard_.version());
-  PublishMemoryBound();
-  PublishTableGauges();  // the tables' series exist before the first row moves
-  metrics_->registered->Set(1);
-  metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
-  PublishProgress();
+  PublishRegistered();
   return Status::Ok();
 }
 
@@ -406,39 +402,21 @@ void Server::OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0)
   }
 }
 
-void Server::PublishTableGauges() {
-  const EmbeddingTables& t = shard_.tables();
-  if (metrics_->tables.empty() && t.num_tables() > 0) {
-    std::vector<std::string> names;
-    for (int i = 0; i < t.num_tables(); ++i) names.push_back(t.table(static_cast<uint32_t>(i)).name);
-    metrics_->AddTables(names);
-  }
-  for (int i = 0; i < t.num_tables(); ++i) {
-    metrics_->PublishTable(static_cast<size_t>(i), t.stats(static_cast<uint32_t>(i)));
-  }
-  metrics_->table_capacity_rows->Set(static_cast<double>(
-      t.num_tables() == 0 || t.capacity() >= EmbeddingTables::kMaxRowsHeld ? options_.max_table_rows
-                                                                          : t.capacity()));
-}
-
 void Server::PublishMemoryBound() {
   const ModelRegistration* reg = shard_.registration();
-  int64_t row_bytes = 0;
-  if (reg != nullptr) {
-    for (const TableSpec& t : reg->tables) {
-      row_bytes = std::max(row_bytes, EmbeddingTables::BytesPerRow(
-                                          t.dim, NumOptimizerSlots(reg->optimizer.kind),
-                                          options_.table_expire_after > 0));
-    }
-  }
-  const MemoryBound bound =
-      reg ? ComputeMemoryBound(options_, shard_.num_elements(),
-                               NumOptimizerSlots(reg->optimizer.kind), row_bytes)
-          : ComputeMemoryBound(options_, options_.max_model_bytes / 8, 0);
+  const MemoryBound bound = MemoryBoundFor(options_, reg, shard_.num_elements());
   metrics_->memory_bound_bytes->Set(static_cast<double>(bound.fixed));
   metrics_->memory_bound_per_connection_bytes->Set(static_cast<double>(bound.per_connection));
   spdlog::info("memory bound {}: {}", reg ? "for this model" : "before a model registers",
                bound.Describe());
+}
+
+void Server::PublishRegistered() {
+  PublishMemoryBound();
+  metrics_->PublishTables(shard_.tables(), options_.max_table_rows);  // series before rows move
+  metrics_->registered->Set(1);
+  metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
+  PublishProgress();
 }
 
 void Server::PublishProgress() {
@@ -474,7 +452,7 @@ void Server::UpdateGauges(TimePoint now) {
   replies_.ForgetIdlePeers();
   metrics_->oldest_parked_pull_seconds->Set(parked_.OldestSeconds(now));
   metrics_->SetStraggler(straggler_.Straggler(now));
-  PublishTableGauges();
+  metrics_->PublishTables(shard_.tables(), options_.max_table_rows);
   // Walking the store's directory costs a few syscalls per file: every 5 s is plenty.
   if (options_.store != nullptr && now - store_size_updated_ >= std::chrono::seconds(5)) {
     store_size_updated_ = now;
@@ -724,12 +702,8 @@ void Server::SaveRegisteredModel(Header& reply, RejectReason* reason) {
 }
 
 void Server::OnFirstRegistration(const Header& req, TimePoint now) {
-  PublishMemoryBound();
-  PublishTableGauges();  // the tables' series exist before the first row moves
+  PublishRegistered();
   coordinator_.RestartSilenceClocks(now);
-  metrics_->registered->Set(1);
-  metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
-  PublishProgress();
   const OptimizerSpec& opt = req.registration->optimizer;
   spdlog::info("model registered by rank {}: {} variables, {} slices / {} elements "
                "here; {} at learning rate {}{}",

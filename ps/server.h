@@ -140,13 +140,13 @@ class Server : private RuleHost {
   // bytes) or the server has too many reply bytes unread for this pull (PullReplies::Refusal).
   bool RefuseUnreadPull(zmq::message_t& identity, const Header& req,
                         const std::atomic<int64_t>& peer);
-  // Publishes the embedding tables' figures (rows held, created, evicted, bytes).
-  void PublishTableGauges();
   // Returns memory freed since the last trim to the system, at most every 2 s.
   void MaybeTrimMemory(TimePoint now);
   // Logs the memory bound for the registered model (or, before one, for the largest
   // --max-model-bytes admits) and sets its gauges.
   void PublishMemoryBound();
+  // A model is registered (or restored): the memory bound, tables', progress and size gauges.
+  void PublishRegistered();
   // Sets the version and learning-rate gauges from the shard.
   void PublishProgress() override;
   // Answers the parked pulls that may now be served.
