@@ -9,9 +9,9 @@
 // at least every 100 ms when idle) silent workers are declared dead, so no barrier waits on
 // a dead process. With backup workers, each shard picks its own first R gradients.
 //
-// Single-threaded: Run() owns the socket, the Shard and the Coordinator, and sets its thread to
-// flush denormals to zero (common/denormals.h); Stop() may be
-// called from any thread.
+// Single-threaded: Run() owns the socket, the Shard, the Coordinator and the UpdateRule, and
+// sets its thread to flush denormals to zero (common/denormals.h); Stop() may be called from
+// any thread.
 #pragma once
 
 #include <atomic>
@@ -123,7 +123,7 @@ class Server : private RuleHost {
   // The first registration: the model is saved (with a store), gauges and the log say so.
   void SaveRegisteredModel(Header& reply, RejectReason* reason);
   void OnFirstRegistration(const Header& req, TimePoint now);
-  // Fills `reply` for a push; may complete a sync step.
+  // Fills `reply` for a push; may complete its rule's step.
   void HandlePush(const Header& req, std::vector<zmq::message_t>& frames, Header& reply,
                   RejectReason* reason);
   // Answers a push its rule did not take (`verdict`): dropped, or refused with *reason.
