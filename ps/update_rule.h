@@ -79,7 +79,7 @@ class UpdateRule {
     kTake,       // take it (Take)
     kStale,      // dropped: too old for the rule (counted as stale)
     kDuplicate,  // dropped: its rank already gave one to the step
-    kBadVersion, // refused: computed from a version this shard never had
+    kBadVersion,  // refused: computed from a version this shard never had
     kFuture,     // refused: computed for a step not yet begun
   };
   struct Admission {
