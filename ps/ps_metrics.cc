@@ -257,6 +257,20 @@ void PsMetrics::PublishTable(size_t t, const EmbeddingTables::TableStats& st) {
   m.rows_cold->Set(static_cast<double>(st.rows_cold));
 }
 
+void PsMetrics::PublishTables(const EmbeddingTables& t, int64_t max_table_rows) {
+  if (tables.empty() && t.num_tables() > 0) {
+    std::vector<std::string> names;
+    for (int i = 0; i < t.num_tables(); ++i) names.push_back(t.table(static_cast<uint32_t>(i)).name);
+    AddTables(names);
+  }
+  for (int i = 0; i < t.num_tables(); ++i) {
+    PublishTable(static_cast<size_t>(i), t.stats(static_cast<uint32_t>(i)));
+  }
+  table_capacity_rows->Set(static_cast<double>(
+      t.num_tables() == 0 || t.capacity() >= EmbeddingTables::kMaxRowsHeld ? max_table_rows
+                                                                          : t.capacity()));
+}
+
 PsMetrics::PsMetrics(int shard, int num_workers)
     : registry(std::make_shared<prometheus::Registry>()) {
   MetricBuilder b(*registry, {{"role", "ps"}, {"shard", std::to_string(shard)}});

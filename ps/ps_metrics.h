@@ -63,7 +63,7 @@ struct PsMetrics {
   prometheus::Gauge* store_failed = nullptr;
   // Bytes of pull replies handed to ZeroMQ and not yet written out (or dropped), all peers.
   prometheus::Gauge* unread_reply_bytes = nullptr;
-  // The stated memory bound for the present model (ps/server.h MemoryBound): fixed part,
+  // The stated memory bound for the present model (ps/memory_bound.h): fixed part,
   // and the part for each connected peer.
   prometheus::Gauge* memory_bound_bytes = nullptr;
   prometheus::Gauge* memory_bound_per_connection_bytes = nullptr;
@@ -110,6 +110,9 @@ struct PsMetrics {
   void AddTables(const std::vector<std::string>& names);
   // Sets the series of table t from its statistics (the counts only ever grow).
   void PublishTable(size_t t, const EmbeddingTables::TableStats& stats);
+  // Every table of `t`: their series added the first time, each set from its statistics,
+  // and the capacity (`max_table_rows` where the tables hold no bound of their own).
+  void PublishTables(const EmbeddingTables& t, int64_t max_table_rows);
 
   // The request loop's heartbeat, served as /healthz and /readyz (common/metrics.h).
   LoopHeartbeat loop;

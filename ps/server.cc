@@ -8,12 +8,13 @@
 #include <cstring>
 #include <exception>
 #include <malloc.h>
-#include <new>
 
 #include <spdlog/spdlog.h>
 
 #include "common/denormals.h"
 #include "ps/optimizer.h"
+#include "ps/request_frames.h"
+#include "ps/update_rule.h"
 
 // Sanitizers replace malloc: glibc's malloc_trim would only wake arenas that hold nothing
 // (and trip glibc's arena accounting at thread exit under ASan).
@@ -39,174 +40,11 @@ size_t FramesBytes(const std::vector<zmq::message_t>& frames) {
   return n;
 }
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s.empty() ? "none" : s;
-}
-
 double SecondsSince(Coordinator::TimePoint since, Coordinator::TimePoint now) {
   return std::chrono::duration<double>(now - since).count();
 }
 
-// What a pull reply's frame holds until ZeroMQ frees it: the shard's loan (or a buffer of
-// its own) and its bytes on the unread counters.
-struct FrameHold {
-  void* loan = nullptr;  // a Shard loan token; null: the frame's data is malloc'ed
-  int64_t bytes = 0;
-  std::shared_ptr<std::atomic<int64_t>> peer, total, released;
-};
-
-// ZeroMQ's free function for a reply frame; runs on its I/O thread (or where the socket is
-// closed).
-void ReleaseFrame(void* data, void* hint) {
-  auto* hold = static_cast<FrameHold*>(hint);
-  if (hold->loan != nullptr) {
-    Shard::ReturnLoan(hold->loan);
-  } else {
-    std::free(data);
-  }
-  hold->peer->fetch_sub(hold->bytes, std::memory_order_relaxed);
-  hold->total->fetch_sub(hold->bytes, std::memory_order_relaxed);
-  hold->released->fetch_add(hold->bytes, std::memory_order_relaxed);
-  delete hold;
-}
-
-// The ids of a request's `n` ids frames, frames[first + k * stride], copied out (ZeroMQ
-// frames need not be 8-byte aligned); kByteLength when one is not a whole number of uint64s.
-Status ReadIdsFrames(const std::vector<zmq::message_t>& frames, size_t first, size_t stride,
-                     size_t n, std::vector<std::vector<uint64_t>>* ids, RejectReason* reason) {
-  ids->resize(n);
-  for (size_t k = 0; k < n; ++k) {
-    const zmq::message_t& frame = frames[first + k * stride];
-    if (frame.size() % sizeof(uint64_t) != 0) {
-      *reason = RejectReason::kByteLength;
-      return Status::InvalidArgument("an ids frame is not a whole number of uint64s");
-    }
-    (*ids)[k].resize(frame.size() / sizeof(uint64_t));
-    if (frame.size() != 0) std::memcpy((*ids)[k].data(), frame.data(), frame.size());
-  }
-  return Status::Ok();
-}
-
-// Counts `hold`'s bytes on its unread counters and appends the frame of `data`, which `hold`
-// then owns (ReleaseFrame gives both back once ZeroMQ is done with it). Counted before the
-// frame exists: ReleaseFrame may run as soon as it is queued. On a throw both are released.
-void AppendHeldFrame(void* data, size_t size, FrameHold* hold,
-                     std::vector<zmq::message_t>& frames) {
-  hold->peer->fetch_add(hold->bytes, std::memory_order_relaxed);
-  hold->total->fetch_add(hold->bytes, std::memory_order_relaxed);
-  try {
-    frames.emplace_back(data, size, &ReleaseFrame, hold);
-  } catch (...) {
-    ReleaseFrame(data, hold);
-    throw;
-  }
-}
-
-// A float32 frame's values: the frame itself when it is aligned (ZeroMQ frames need not be),
-// else a copy appended to `copies`.
-const float* AlignedFloats(const zmq::message_t& frame, std::vector<std::vector<float>>& copies) {
-  if (reinterpret_cast<uintptr_t>(frame.data()) % alignof(float) == 0) {
-    return static_cast<const float*>(frame.data());
-  }
-  copies.emplace_back(frame.size() / sizeof(float));
-  std::memcpy(copies.back().data(), frame.data(), frame.size());
-  return copies.back().data();
-}
-
-std::string Mib(int64_t bytes) {
-  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0);
-}
-
-// Process memory the model does not explain: code, libraries, ZeroMQ's and the metrics
-// server's threads, RocksDB's block cache and memtables between flushes, the allocator's
-// slack. Measured: an idle parasync-ps takes 13-20 MiB; the rest is headroom.
-constexpr int64_t kBaseBytes = int64_t{96} << 20;
-// Header-only replies (push acknowledgements, errors) ZeroMQ may queue for one peer: at
-// most its send queue (1000 messages) of at most 1 KiB each (the stats reply aside).
-constexpr int64_t kHeaderRepliesPerConnection = int64_t{1000} << 10;
-
-// The weight of small requests a connection's queue takes past kServerPeerQueue of them:
-// kServerPeerQueueBytes, or less when kServerPeerQueue messages of `max_message_bytes` are
-// less, which is what the memory bound counts a connection's queue as.
-size_t PeerQueueBytes(int64_t max_message_bytes) {
-  if (max_message_bytes <= 0 || max_message_bytes >= kServerPeerQueueBytes / kServerPeerQueue) {
-    return static_cast<size_t>(kServerPeerQueueBytes);
-  }
-  return static_cast<size_t>(kServerPeerQueue * max_message_bytes);
-}
-
 }  // namespace
-
-namespace {
-// The elements the unread-reply caps are computed from: the shard's values and, with
-// embedding tables, one message's worth of rows (HandlePull refuses a rows reply larger than
-// a message).
-int64_t UnreadBasis(const ServerOptions& options, int64_t elements, bool tables) {
-  return elements + (tables ? options.max_message_bytes / static_cast<int64_t>(sizeof(float)) : 0);
-}
-}  // namespace
-
-int64_t UnreadReplyCap(const ServerOptions& options, int64_t elements) {
-  const int64_t values = elements * static_cast<int64_t>(sizeof(float));
-  // Never below a reply for every worker at once (a sync step answers them together).
-  if (options.max_unread_reply_bytes > 0) {
-    return std::max(options.max_unread_reply_bytes, (options.num_workers + 1) * values);
-  }
-  return 2 * (options.num_workers + 2) * values;
-}
-
-MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, int slots,
-                               int64_t row_bytes) {
-  const int64_t values = elements * static_cast<int64_t>(sizeof(float));
-  MemoryBound b;
-  b.base = kBaseBytes;
-  // values + the spare copy-on-write buffer + slots; sync: a gradient per contributing
-  // rank and their average; a 16-bit push widened; a store: a snapshot's copy, its
-  // WriteBatch and its memtable entry (values and slots each), or a rollback's load.
-  const bool sync = options.mode.kind == TrainingMode::Kind::kSync;
-  const int64_t copies = 2 + slots + (sync ? options.num_workers + 1 : 0) + 1 +
-                         (options.store != nullptr ? 3 * (1 + slots) : 0);
-  b.model = copies * values;
-  b.unread = UnreadReplyCap(options, UnreadBasis(options, elements, row_bytes > 0));
-  // Rows at capacity, and a snapshot's copy of them (the first after a restart may write
-  // every row). The per-step sync accumulators are bounded by the messages they came in.
-  int64_t rows = options.max_table_rows > 0 ? options.max_table_rows : 0;
-  if (row_bytes > 0 && options.table_memory_bytes > 0) {
-    const int64_t budget = std::max<int64_t>(1, options.table_memory_bytes / row_bytes);
-    rows = rows > 0 ? std::min(rows, budget) : budget;
-  }
-  if (row_bytes > 0 && rows > 0) {
-    b.tables = (1 + (options.store != nullptr ? 1 : 0)) * rows * row_bytes +
-               AdmissionFilter::BytesFor(options.table_admit_after);
-  }
-  // One more frame being read past the limit and the deepest allocation the rollback or a
-  // snapshot can add are covered by the terms above; a message read and not queued (refused
-  // for a full queue, or a resend dropped) is not: one per server (the loop reads one at a
-  // time and lets it go before the next).
-  // Collectives: the payloads on the board, and as much again in replies whose payloads the
-  // board has let go of and ZeroMQ has not yet written out.
-  b.gather = 2 * options.max_gather_bytes;
-  b.fixed = b.base + b.model + b.tables + b.unread + b.gather + options.max_message_bytes;
-  // The loop queues up to kServerPeerQueue messages of a connection (the one being handled
-  // among them), or more small ones weighing no more than those could together
-  // (PeerQueueBytes), ZeroMQ up to kServerReceiveQueue more and decodes one more, each of at
-  // most max_message_bytes. The gap: libzmq bounds each frame, not a message, and holds a
-  // multipart message whole until its last frame is in, so one of many frames is held whole
-  // before Receive refuses it (docs/reliability.md).
-  b.per_connection = (kServerPeerQueue + kServerReceiveQueue + 1) * options.max_message_bytes +
-                     kHeaderRepliesPerConnection;
-  return b;
-}
-
-std::string MemoryBound::Describe() const {
-  return fmt::format("{} + {} per connected peer (base {}, model {}, {}unread pull replies {}, "
-                     "one message read past its queue {})",
-                     Mib(fixed), Mib(per_connection), Mib(base), Mib(model),
-                     tables > 0 ? "embedding rows " + Mib(tables) + ", " : std::string(),
-                     Mib(unread), Mib(fixed - base - model - tables - unread - gather));
-}
 
 Result<std::unique_ptr<Server>> Server::Create(zmq::context_t& context,
                                                const ServerOptions& options, PsMetrics* metrics) {
@@ -244,12 +82,13 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
       parked_(static_cast<size_t>(4 * options.num_workers + 64)),
       gathers_({options.num_workers, options.max_gather_bytes, options.barrier_timeout}),
       inbox_(kServerPeerQueue, kServerPeerCredit, PeerQueueBytes(options.max_message_bytes)),
+      replies_(&options_, &shard_, metrics, released_since_trim_),
       straggler_({options.num_workers, options.straggler_log_seconds}),
       last_idle_(std::chrono::steady_clock::now()),
       ledger_(options.num_workers),
       durability_({options.store, options.every_update, options.checkpoint_every,
                    options.checkpoint_every_versions,
-                   options.mode.kind == TrainingMode::Kind::kSync, options.shard_index},
+                   AppliesInSteps(options.mode), options.shard_index},
                   metrics, std::chrono::steady_clock::now()) {
   shard_.set_max_message_bytes(options.max_message_bytes);
   shard_.set_table_options({options.shard_index, options.num_shards, options.max_table_rows,
@@ -259,17 +98,15 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
                             options.table_expire_in_seconds});
   std::random_device rd;
   while (incarnation_ == 0) incarnation_ = (uint64_t{rd()} << 32) | rd();
+  rule_ = MakeUpdateRule(options.mode, {&shard_, &coordinator_, &ledger_, &durability_, metrics_,
+                                        this, incarnation_});
 }
 
 Status Server::Restore(const ShardSnapshot& snap) {
   PARASYNC_RETURN_IF_ERROR(shard_.Restore(snap));
   ledger_.Restore(snap.ranks);
   durability_.MarkSaved(shard_.version());
-  PublishMemoryBound();
-  PublishTableGauges();  // the tables' series exist before the first row moves
-  metrics_->registered->Set(1);
-  metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
-  PublishProgress();
+  PublishRegistered();
   return Status::Ok();
 }
 
@@ -308,20 +145,6 @@ void Server::OnStoreFailure(const Status& failure, const std::string& what) {
     FailParked(p, Status::Unavailable(*durability_.failure()), RejectReason::kStoreFailed);
     return true;
   });
-}
-
-int Server::SlowestSspBlocker(int rank) const {
-  if (options_.mode.kind != TrainingMode::Kind::kSsp || !coordinator_.ValidRank(rank)) return -1;
-  int waited_for = -1;
-  int64_t slowest_clock = INT64_MAX;
-  for (int r : coordinator_.SspBlockers(rank)) {
-    const int64_t clock = coordinator_.workers()[static_cast<size_t>(r)].clock;
-    if (clock < slowest_clock) {
-      slowest_clock = clock;
-      waited_for = r;
-    }
-  }
-  return waited_for;
 }
 
 Header Server::ReplyTo(const Header& req) const {
@@ -437,39 +260,6 @@ void Server::Reject(RejectReason reason) {
   metrics_->rejected[static_cast<size_t>(reason)]->Increment();
 }
 
-bool Server::CanServePull(const Header& req) const {
-  switch (options_.mode.kind) {
-    case TrainingMode::Kind::kAsync:
-      return true;
-    case TrainingMode::Kind::kSync:
-      // A pull made for an older incarnation of this server waits for a version of a dead
-      // process: it is answered at once.
-      return req.min_version <= shard_.version() ||
-             (req.incarnation != 0 && req.incarnation != incarnation_);
-    case TrainingMode::Kind::kSsp:
-      return !coordinator_.ValidRank(req.rank) || coordinator_.PullAllowed(req.rank);
-  }
-  return true;
-}
-
-std::string Server::DescribeWait(const Header& req) const {
-  if (options_.mode.kind == TrainingMode::Kind::kSync) {
-    return "the sync barrier of step " + std::to_string(shard_.version()) +
-           " (it has " + std::to_string(coordinator_.contributors()) + " of " +
-           std::to_string(coordinator_.needed()) + " gradients; missing ranks: " +
-           RankList(coordinator_.MissingFromStep()) + ")";
-  }
-  return "the ssp:" + std::to_string(options_.mode.staleness) + " bound (ranks too far behind: " +
-         RankList(coordinator_.SspBlockers(req.rank)) + ")";
-}
-
-Server::ByteCounter Server::UnreadCounterOf(const zmq::message_t& identity) {
-  ByteCounter& c = unread_by_peer_[std::string(static_cast<const char*>(identity.data()),
-                                               identity.size())];
-  if (!c) c = std::make_shared<std::atomic<int64_t>>(0);
-  return c;
-}
-
 void Server::MaybeTrimMemory(TimePoint now) {
   // glibc keeps freed memory of its arenas (ZeroMQ's I/O thread allocates received messages
   // in one of its own) for reuse: a flood, or the replies of a peer that left, would stay
@@ -487,18 +277,19 @@ void Server::MaybeTrimMemory(TimePoint now) {
 
 void Server::SendPull(zmq::message_t& identity, const Header& req,
                       const std::vector<std::vector<uint64_t>>& row_ids) {
-  const ByteCounter peer = UnreadCounterOf(identity);
+  const PullReplies::ByteCounter peer = replies_.PeerCounter(identity);
   if (RefuseUnreadPull(identity, req, *peer)) return;
   Header reply = ReplyTo(req);
   reply.dtype = req.dtype;
   reply.slices = req.slices;
   reply.rows = req.rows;
-  std::vector<zmq::message_t> frames = PullFrames(req, peer);
-  if (Status s = AppendRowFrames(req, row_ids, peer, frames); !s.ok()) {
-    frames.clear();
+  std::vector<zmq::message_t> frames;
+  if (auto built = replies_.Frames(req, row_ids, peer); built.ok()) {
+    frames = std::move(built).value();
+  } else {
     reply = ReplyTo(req);
     reply.status = Status::Unavailable("reading embedding rows from the store failed: " +
-                                       s.message());
+                                       built.status().message());
     Reject(RejectReason::kStoreFailed);
     spdlog::error("pull of rank {}: {}", req.rank, reply.status.message());
   }
@@ -512,34 +303,10 @@ void Server::SendPull(zmq::message_t& identity, const Header& req,
 
 bool Server::RefuseUnreadPull(zmq::message_t& identity, const Header& req,
                               const std::atomic<int64_t>& peer) {
-  // What a reply keeps alive: a float32 frame pins its whole slice (a loan), a 16-bit one its
-  // own encoded copy.
-  int64_t bytes = 0;
-  const SliceMap* map = shard_.slice_map();  // registered: the ranges were validated
-  for (const SliceRange& r : req.slices) {
-    bytes += req.dtype == DType::kFloat32 && map != nullptr
-                 ? map->slices()[r.slice_id].length * static_cast<int64_t>(sizeof(float))
-                 : r.count * static_cast<int64_t>(DTypeSize(req.dtype));
-  }
-  bytes += RowReplyBytes(req);
-  const int64_t peer_unread = peer.load(std::memory_order_relaxed);
-  const int64_t total_unread = unread_total_->load(std::memory_order_relaxed);
-  const int64_t elements =
-      UnreadBasis(options_, shard_.num_elements(), shard_.tables().num_tables() > 0);
-  const int64_t peer_cap = 2 * elements * static_cast<int64_t>(sizeof(float));
-  const int64_t cap = UnreadReplyCap(options_, elements);
-  if ((peer_unread <= 0 || peer_unread + bytes <= peer_cap) && total_unread + bytes <= cap) {
-    return false;
-  }
-  // Another reply would pin another version of the model for a peer that does not read.
+  const std::optional<std::string> refused = replies_.Refusal(req, peer);
+  if (!refused) return false;
   Header refusal = ReplyTo(req);
-  refusal.status = Status::Unavailable(
-      peer_unread + bytes > peer_cap
-          ? "pull refused: " + std::to_string(peer_unread) +
-                " bytes of earlier pull replies to this connection are still unread"
-          : "pull refused: this server has " + std::to_string(total_unread) +
-                " bytes of pull replies unread by their peers (at most " + std::to_string(cap) +
-                ", --max-unread-reply-bytes)");
+  refusal.status = Status::Unavailable(*refused);
   Reject(RejectReason::kUnreadReplies);
   if (ShouldLogRejection()) {
     spdlog::warn("rejected pull from rank {} ({}): {}", req.rank,
@@ -549,110 +316,15 @@ bool Server::RefuseUnreadPull(zmq::message_t& identity, const Header& req,
   return true;
 }
 
-std::vector<zmq::message_t> Server::PullFrames(const Header& req, const ByteCounter& peer) {
-  // Zero-copy: each frame points at the slice's values and holds them (ZeroMQ returns the
-  // loan once the bytes are written out); an update meanwhile goes to another buffer. A
-  // reply in a 16-bit wire dtype is encoded into a buffer of its own instead.
-  std::vector<Shard::Loan> loans;
-  shard_.Lend(req.slices, loans);
-  std::vector<zmq::message_t> frames;
-  frames.reserve(loans.size());
-  size_t taken = 0;  // loans [taken, end) are still ours to return
-  try {
-    for (; taken < loans.size(); ++taken) {
-      AppendPullFrame(req.dtype, loans[taken], peer, frames, taken);
-    }
-  } catch (...) {
-    // Out of memory mid-reply: what is not yet in a frame goes back (the frames built so
-    // far give theirs back as `frames` is destroyed).
-    for (; taken < loans.size(); ++taken) Shard::ReturnLoan(loans[taken].token);
-    throw;
-  }
-  return frames;
-}
-
-int64_t Server::RowReplyBytes(const Header& req) const {
-  int64_t bytes = 0;
-  for (const RowRange& r : req.rows) {
-    bytes += r.count * shard_.tables().table(r.table).dim * static_cast<int64_t>(DTypeSize(req.dtype));
-  }
-  return bytes;
-}
-
-Status Server::AppendRowFrames(const Header& req,
-                               const std::vector<std::vector<uint64_t>>& row_ids,
-                               const ByteCounter& peer, std::vector<zmq::message_t>& frames) {
-  std::vector<float> narrowed;  // a 16-bit reply's rows before encoding
-  for (size_t k = 0; k < req.rows.size(); ++k) {
-    const RowRange& r = req.rows[k];
-    const auto n = static_cast<size_t>(r.count * shard_.tables().table(r.table).dim);
-    const size_t size = n * DTypeSize(req.dtype);
-    if (size == 0) {
-      frames.emplace_back();
-      continue;
-    }
-    auto hold = std::make_unique<FrameHold>(
-        FrameHold{nullptr, static_cast<int64_t>(size), peer, unread_total_, released_since_trim_});
-    void* data = std::malloc(size);
-    if (data == nullptr) throw std::bad_alloc();
-    Status read;
-    if (req.dtype == DType::kFloat32) {
-      read = shard_.ReadRows(r.table, row_ids[k], static_cast<float*>(data));  // malloc: aligned
-    } else {
-      narrowed.resize(n);
-      read = shard_.ReadRows(r.table, row_ids[k], narrowed.data());
-      if (read.ok()) EncodeFloats(narrowed.data(), n, req.dtype, data);
-    }
-    AppendHeldFrame(data, size, hold.release(), frames);
-    PARASYNC_RETURN_IF_ERROR(read);  // the cold tier's: the frames go back with `frames`
-    if (r.table < metrics_->tables.size()) {
-      metrics_->tables[r.table].rows_pulled->Increment(static_cast<double>(r.count));
-    }
-  }
-  return Status::Ok();
-}
-
-void Server::AppendPullFrame(DType dtype, const Shard::Loan& loan, const ByteCounter& peer,
-                             std::vector<zmq::message_t>& frames, size_t& taken) {
-  const size_t size = static_cast<size_t>(loan.count) * DTypeSize(dtype);
-  if (size == 0) {
-    frames.emplace_back();
-    Shard::ReturnLoan(loan.token);
-    return;
-  }
-  const bool lent = dtype == DType::kFloat32;
-  // A lent frame keeps its whole slice alive; an encoded one its own bytes.
-  auto owned_hold = std::make_unique<FrameHold>(FrameHold{
-      nullptr,
-      lent ? loan.pinned * static_cast<int64_t>(sizeof(float)) : static_cast<int64_t>(size),
-      peer, unread_total_, released_since_trim_});
-  void* data = const_cast<float*>(loan.data);
-  if (!lent) {
-    data = std::malloc(size);
-    if (data == nullptr) throw std::bad_alloc();
-    EncodeFloats(loan.data, static_cast<size_t>(loan.count), dtype, data);
-    Shard::ReturnLoan(loan.token);
-  } else {
-    owned_hold->loan = loan.token;
-  }
-  // From here the hold owns the loan (or the buffer).
-  try {
-    AppendHeldFrame(data, size, owned_hold.release(), frames);
-  } catch (...) {
-    ++taken;  // given back with the hold
-    throw;
-  }
-}
-
 void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frames,
                         Header& reply, RejectReason* reason) {
-  reply.status = CheckPush(req, in_frames, reason);
+  reply.status = CheckPush(req, in_frames, shard_, reason);
   if (!reply.status.ok()) return;
   if (coordinator_.ValidRank(req.rank) && ledger_.AlreadyApplied(req.rank, PushSeq(req.seq))) {
     reply.replayed = true;  // a resend of a push applied (and, every-update, durable) before
     return;
   }
-  if (options_.mode.kind != TrainingMode::Kind::kSync && coordinator_.ValidRank(req.rank) &&
+  if (rule_->AcknowledgesRecordedData() && coordinator_.ValidRank(req.rank) &&
       ledger_.ReplaysRecordedData(req.rank, PushSeq(req.seq), req.progress)) {
     spdlog::info("rank {} restarted: its push of epoch {}, examples up to {} of {}, was applied "
                  "here before: acknowledged, not applied again",
@@ -666,23 +338,16 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
     return;
   }
   PushRows rows;
-  reply.status = ReadPushRowIds(req, in_frames, &rows.ids, reason);
+  reply.status = ReadPushRowIds(req, in_frames, shard_, &rows.ids, reason);
   if (!reply.status.ok()) return;
-  int64_t read_version = 0;
-  if (!AdmitGradient(req, reply, reason, &read_version)) return;
+  const UpdateRule::Admission admission = rule_->Admit(req);
+  if (!AnswerRefusedGradient(req, admission.verdict, reply, reason)) return;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::vector<float>> realigned;  // only for frames that are not aligned
-  const std::vector<const float*> grads = GradientsOf(req, in_frames, realigned, &rows.grads);
-  const int64_t staleness = shard_.version() - read_version;
-  const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
-  if (sync) {
-    reply.status = shard_.Accumulate(req.slices, grads, req.batch_examples, reason, req.rank,
-                                     rows.request(req));
-    if (!reply.status.ok()) return;
-    OnGradientAccumulated(req);
-  } else if (!ApplyAsync(req, grads, staleness, reply, reason, rows.request(req))) {
-    return;
-  }
+  const std::vector<const float*> grads = gradients_.Read(req, in_frames, realigned, &rows.grads);
+  const int64_t staleness = shard_.version() - admission.read_version;
+  reply.status = rule_->Take({req, grads, rows.request(req), staleness}, reason);
+  if (!reply.status.ok()) return;
   for (const RowRange& r : req.rows) {
     if (r.table < metrics_->tables.size()) {
       metrics_->tables[r.table].rows_pushed->Increment(static_cast<double>(r.count));
@@ -692,200 +357,37 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   reply.staleness = staleness;
   // The step this gradient completed could not be made durable: the shard is rolled back
   // and the gradient lost, so the push is refused as an async one whose write failed is.
-  if (sync && !MaybeCompleteStep()) {
+  if (!rule_->MaybeCompleteStep()) {
     *reason = RejectReason::kStoreFailed;
     reply.status = Status::Unavailable(*durability_.failure());
   }
 }
 
-Status Server::CheckPush(const Header& req, const std::vector<zmq::message_t>& in_frames,
-                         RejectReason* reason) const {
-  // The slices' frames, then an ids frame and a values frame per row range.
-  if (in_frames.size() != req.slices.size() + 2 * req.rows.size() && !req.rows.empty()) {
-    *reason = RejectReason::kFrameCount;
-    return Status::InvalidArgument(
-        "a push with " + std::to_string(req.slices.size()) + " slice ranges and " +
-        std::to_string(req.rows.size()) + " row ranges carries " +
-        std::to_string(in_frames.size()) + " frames");
-  }
-  std::vector<size_t> sizes;
-  sizes.reserve(in_frames.size());
-  for (size_t i = 0; i < in_frames.size() - 2 * req.rows.size(); ++i) {
-    sizes.push_back(in_frames[i].size());
-  }
-  PARASYNC_RETURN_IF_ERROR(
-      shard_.ValidateRanges(req.slices, req.dtype, std::span<const size_t>(sizes), reason));
-  if (req.batch_examples < 0 || req.batch_examples > (int64_t{1} << 31)) {
-    *reason = RejectReason::kMalformed;
-    return Status::InvalidArgument("batch_examples " + std::to_string(req.batch_examples) +
-                                   " is out of range");
-  }
-  const DataProgress& p = req.progress;
-  if (p.epoch < 0 || p.of < 0 || p.of > (int64_t{1} << 40) || p.done < 0 || p.done > p.of ||
-      (p.epoch == 0 && (p.done != 0 || p.of != 0))) {
-    *reason = RejectReason::kMalformed;
-    return Status::InvalidArgument(
-        "progress epoch " + std::to_string(p.epoch) + ", " + std::to_string(p.done) + " of " +
-        std::to_string(p.of) + " examples is not a position in a data shard");
-  }
-  return Status::Ok();
-}
-
-Status Server::ReadPushRowIds(const Header& req, const std::vector<zmq::message_t>& in_frames,
-                              std::vector<std::vector<uint64_t>>* ids, RejectReason* reason) const {
-  const size_t first = req.slices.size();
-  const size_t n = req.rows.size();
-  PARASYNC_RETURN_IF_ERROR(ReadIdsFrames(in_frames, first, 2, n, ids, reason));
-  std::vector<size_t> value_bytes(n);
-  for (size_t k = 0; k < n; ++k) value_bytes[k] = in_frames[first + 2 * k + 1].size();
-  return shard_.ValidateRows(req.rows, *ids, req.dtype, std::span<const size_t>(value_bytes),
-                             reason);
-}
-
-bool Server::AdmitGradient(const Header& req, Header& reply, RejectReason* reason,
-                           int64_t* read_version) {
-  const int64_t version = shard_.version();
-  // A push made for an older incarnation of this server was computed from the parameters of
-  // a dead process: its version means nothing here.
-  const bool other_incarnation = req.incarnation != 0 && req.incarnation != incarnation_;
-  *read_version = other_incarnation ? version : req.version;
-  const bool sync = options_.mode.kind == TrainingMode::Kind::kSync;
-  if (other_incarnation && sync) {
-    DropGradient(req, reply, /*stale=*/true);
-    return false;
-  }
-  if (*read_version < 0 || *read_version > version) {
-    *reason = RejectReason::kBadVersion;
-    reply.status = Status::InvalidArgument("gradient computed from version " +
-                                           std::to_string(req.version) + " but the shard is at " +
-                                           std::to_string(version));
-    return false;
-  }
-  if (sync) return AdmitSyncGradient(req, *read_version, reply, reason);
-  if (options_.mode.kind == TrainingMode::Kind::kSsp && coordinator_.ValidRank(req.rank) &&
-      coordinator_.ClockStaleness(req.rank) > options_.mode.staleness) {
-    // Only possible across a death and rejoin (reads are gated by the bound): a gradient
-    // computed before is older than the bound allows, so it is dropped, not applied.
-    DropGradient(req, reply, /*stale=*/true);
-    return false;
-  }
-  return true;
-}
-
-bool Server::AdmitSyncGradient(const Header& req, int64_t read_version, Header& reply,
-                               RejectReason* reason) {
-  switch (coordinator_.ClassifySync(req.rank, read_version, shard_.version())) {
-    case Coordinator::Offer::kStale:
+bool Server::AnswerRefusedGradient(const Header& req, UpdateRule::Verdict verdict,
+                                   Header& reply, RejectReason* reason) {
+  switch (verdict) {
+    case UpdateRule::Verdict::kTake:
+      return true;
+    case UpdateRule::Verdict::kStale:
       DropGradient(req, reply, /*stale=*/true);
       return false;
-    case Coordinator::Offer::kDuplicate:
-      // A second gradient for the step from one rank: typically a replacement process of a
-      // rank that died after contributing, or a late duplicate of the dead one. It is not
-      // aggregated; the sender is told it was dropped and simply waits for the next step.
+    case UpdateRule::Verdict::kDuplicate:
       DropGradient(req, reply, /*stale=*/false);
       metrics_->rejected[static_cast<size_t>(RejectReason::kDuplicate)]->Increment();
       return false;
-    case Coordinator::Offer::kFuture:
+    case UpdateRule::Verdict::kBadVersion:
+      *reason = RejectReason::kBadVersion;
+      reply.status = Status::InvalidArgument("gradient computed from version " +
+                                             std::to_string(req.version) +
+                                             " but the shard is at " +
+                                             std::to_string(shard_.version()));
+      return false;
+    case UpdateRule::Verdict::kFuture:
       *reason = RejectReason::kBadVersion;
       reply.status = Status::InvalidArgument("gradient from a future step");
       return false;
-    case Coordinator::Offer::kAccept:
-      break;
   }
-  return true;
-}
-
-std::vector<const float*> Server::GradientsOf(const Header& req,
-                                              const std::vector<zmq::message_t>& in_frames,
-                                              std::vector<std::vector<float>>& realigned,
-                                              std::vector<const float*>* row_grads) {
-  // The slices' frames, then each row range's ids and values frames.
-  const size_t first = req.slices.size();
-  std::vector<const float*> grads;
-  grads.reserve(first);
-  row_grads->clear();
-  if (req.dtype != DType::kFloat32) {
-    // A 16-bit wire dtype: widened to float32 before the finite check and the optimizer see
-    // it (NaN and Inf survive the narrowing, so the check still catches them).
-    const size_t size = DTypeSize(req.dtype);
-    size_t total = 0;
-    for (size_t i = 0; i < first; ++i) total += in_frames[i].size() / size;
-    for (size_t k = 0; k < req.rows.size(); ++k) {
-      total += in_frames[first + 2 * k + 1].size() / size;
-    }
-    if (widened_.size() < total) widened_.resize(total);
-    float* at = widened_.data();
-    auto widen = [&](const zmq::message_t& frame) {
-      const size_t count = frame.size() / size;
-      DecodeFloats(frame.data(), count, req.dtype, at);
-      at += count;
-      return at - count;
-    };
-    for (size_t i = 0; i < first; ++i) grads.push_back(widen(in_frames[i]));
-    for (size_t k = 0; k < req.rows.size(); ++k) {
-      row_grads->push_back(widen(in_frames[first + 2 * k + 1]));
-    }
-    return grads;
-  }
-  for (size_t i = 0; i < first; ++i) grads.push_back(AlignedFloats(in_frames[i], realigned));
-  for (size_t k = 0; k < req.rows.size(); ++k) {
-    row_grads->push_back(AlignedFloats(in_frames[first + 2 * k + 1], realigned));
-  }
-  return grads;
-}
-
-void Server::OnGradientAccumulated(const Header& req) {
-  // The step waited for this rank alone when it was the only one missing: from the
-  // gradient before it to this one, the step could have completed but for it. (With
-  // backup workers a step completes without waiting for anyone in particular.)
-  const bool waited_for_this_rank =
-      coordinator_.contributors() > 0 && coordinator_.OnlyMissing(req.rank);
-  coordinator_.Contribute(req.rank);
-  ledger_.RecordSeq(req.rank, PushSeq(req.seq));
-  ledger_.SetPending(req.rank, req.progress);
-  const TimePoint arrived = std::chrono::steady_clock::now();
-  if (waited_for_this_rank && coordinator_.StepReady()) {
-    RecordStragglerWait(req.rank, SecondsSince(step_last_arrival_, arrived), arrived,
-                        "the sync step's last gradient");
-  }
-  step_last_arrival_ = arrived;
-}
-
-bool Server::ApplyAsync(const Header& req, std::span<const float* const> grads,
-                        int64_t staleness, Header& reply, RejectReason* reason,
-                        const RowsRequest& rows) {
-  float lr_scale = 1.0f;
-  if (shard_.registration() && shard_.registration()->optimizer.staleness_aware) {
-    lr_scale = 1.0f / static_cast<float>(std::max<int64_t>(1, staleness));
-  }
-  reply.status = shard_.Apply(req.slices, grads, req.batch_examples, reason, lr_scale, rows);
-  if (!reply.status.ok() && *reason == RejectReason::kStoreFailed) {
-    // The tables' cold tier failed mid-update: like a failed durable write.
-    OnStoreFailure(reply.status, "embedding rows of a push of rank " + std::to_string(req.rank));
-    reply.status = Status::Unavailable(*durability_.failure());
-  }
-  if (!reply.status.ok()) return false;
-  const bool ranked = coordinator_.ValidRank(req.rank);
-  if (durability_.every_update()) {
-    std::vector<RankRecord> record;
-    if (ranked && (req.seq != 0 || !req.progress.empty())) {
-      record.push_back(ledger_.RecordAfter(req.rank, req.seq, req.progress));
-    }
-    if (Status s = durability_.SaveUpdate(shard_, req.slices, std::move(record)); !s.ok()) {
-      // Not durable, so not acknowledged (and rolled back): the seq is not recorded.
-      OnStoreFailure(s, "push of rank " + std::to_string(req.rank));
-      *reason = RejectReason::kStoreFailed;
-      reply.status = Status::Unavailable(*durability_.failure());
-      return false;
-    }
-  }
-  if (ranked) {
-    ledger_.RecordSeq(req.rank, PushSeq(req.seq));
-    ledger_.RecordProgress(req.rank, req.progress);
-  }
-  PublishProgress();
-  if (req.batch_examples > 0) metrics_->examples->Increment(static_cast<double>(req.batch_examples));
-  return true;
+  return false;
 }
 
 void Server::OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0) {
@@ -900,70 +402,21 @@ void Server::OnGradientTaken(const Header& req, int64_t staleness, TimePoint t0)
   }
 }
 
-bool Server::MaybeCompleteStep() {
-  if (options_.mode.kind != TrainingMode::Kind::kSync || !coordinator_.StepReady()) return true;
-  // After a rollback the step's gradients may be gone: no step is taken that cannot be kept.
-  if (durability_.failure()) return true;
-  const int n = coordinator_.contributors();
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t before = shard_.examples();
-  if (Status s = shard_.ApplyAccumulated(n); !s.ok()) {
-    coordinator_.CompleteStep();
-    ledger_.SettlePending();
-    OnStoreFailure(s, "embedding rows of step " + std::to_string(shard_.version()));
-    return false;
-  }
-  coordinator_.CompleteStep();
-  // The contributors' positions count now that their gradients are applied; with
-  // every-update durability they are stored with the step, seqs included.
-  const std::vector<int> contributors = ledger_.SettlePending();
-  if (durability_.every_update()) {
-    // The step's pulls are answered only after it is durable (ServeParked runs after this).
-    if (Status s = durability_.SaveUpdate(shard_, {}, ledger_.Records(contributors)); !s.ok()) {
-      OnStoreFailure(s, "step " + std::to_string(shard_.version()));
-      return false;  // rolled back: this step's examples were not applied after all
-    }
-  }
-  metrics_->apply_seconds->Observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  PublishProgress();
-  metrics_->examples->Increment(static_cast<double>(shard_.examples() - before));
-  return true;
-}
-
-void Server::PublishTableGauges() {
-  const EmbeddingTables& t = shard_.tables();
-  if (metrics_->tables.empty() && t.num_tables() > 0) {
-    std::vector<std::string> names;
-    for (int i = 0; i < t.num_tables(); ++i) names.push_back(t.table(static_cast<uint32_t>(i)).name);
-    metrics_->AddTables(names);
-  }
-  for (int i = 0; i < t.num_tables(); ++i) {
-    metrics_->PublishTable(static_cast<size_t>(i), t.stats(static_cast<uint32_t>(i)));
-  }
-  metrics_->table_capacity_rows->Set(static_cast<double>(
-      t.num_tables() == 0 || t.capacity() >= EmbeddingTables::kMaxRowsHeld ? options_.max_table_rows
-                                                                          : t.capacity()));
-}
-
 void Server::PublishMemoryBound() {
   const ModelRegistration* reg = shard_.registration();
-  int64_t row_bytes = 0;
-  if (reg != nullptr) {
-    for (const TableSpec& t : reg->tables) {
-      row_bytes = std::max(row_bytes, EmbeddingTables::BytesPerRow(
-                                          t.dim, NumOptimizerSlots(reg->optimizer.kind),
-                                          options_.table_expire_after > 0));
-    }
-  }
-  const MemoryBound bound =
-      reg ? ComputeMemoryBound(options_, shard_.num_elements(),
-                               NumOptimizerSlots(reg->optimizer.kind), row_bytes)
-          : ComputeMemoryBound(options_, options_.max_model_bytes / 8, 0);
+  const MemoryBound bound = MemoryBoundFor(options_, reg, shard_.num_elements());
   metrics_->memory_bound_bytes->Set(static_cast<double>(bound.fixed));
   metrics_->memory_bound_per_connection_bytes->Set(static_cast<double>(bound.per_connection));
   spdlog::info("memory bound {}: {}", reg ? "for this model" : "before a model registers",
                bound.Describe());
+}
+
+void Server::PublishRegistered() {
+  PublishMemoryBound();
+  metrics_->PublishTables(shard_.tables(), options_.max_table_rows);  // series before rows move
+  metrics_->registered->Set(1);
+  metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
+  PublishProgress();
 }
 
 void Server::PublishProgress() {
@@ -995,12 +448,11 @@ void Server::UpdateGauges(TimePoint now) {
   gauges_updated_ = now;
   metrics_->parked_pulls->Set(static_cast<double>(parked_.size()));
   metrics_->unread_reply_bytes->Set(
-      static_cast<double>(unread_total_->load(std::memory_order_relaxed)));
-  // Peers whose replies are all gone (no frame holds their counter) are forgotten.
-  std::erase_if(unread_by_peer_, [](const auto& entry) { return entry.second.use_count() == 1; });
+      static_cast<double>(replies_.unread()));
+  replies_.ForgetIdlePeers();
   metrics_->oldest_parked_pull_seconds->Set(parked_.OldestSeconds(now));
   metrics_->SetStraggler(straggler_.Straggler(now));
-  PublishTableGauges();
+  metrics_->PublishTables(shard_.tables(), options_.max_table_rows);
   // Walking the store's directory costs a few syscalls per file: every 5 s is plenty.
   if (options_.store != nullptr && now - store_size_updated_ >= std::chrono::seconds(5)) {
     store_size_updated_ = now;
@@ -1010,7 +462,7 @@ void Server::UpdateGauges(TimePoint now) {
 
 void Server::ServeParked(TimePoint now) {
   parked_.RemoveIf([&](ParkedPull& p) {
-    if (!CanServePull(p.request)) return false;
+    if (!rule_->CanServe(p.request)) return false;
     metrics_->barrier_wait_seconds->Observe(SecondsSince(p.since, now));
     if (p.waited_for >= 0) {
       RecordStragglerWait(p.waited_for, SecondsSince(p.since, now), now,
@@ -1029,7 +481,7 @@ void Server::FailExpiredParked(TimePoint now) {
     std::snprintf(waited, sizeof(waited), "%.1f", SecondsSince(p.since, now));
     const Status timed_out = Status::TimedOut("pull by rank " + std::to_string(p.request.rank) +
                                               " waited " + waited + " s for " +
-                                              DescribeWait(p.request));
+                                              rule_->DescribeWait(p.request));
     spdlog::error("{}", timed_out.message());
     FailParked(p, timed_out, RejectReason::kBarrierTimeout);
     return true;
@@ -1054,7 +506,7 @@ void Server::Tick(TimePoint now, bool idle) {
   }
   metrics_->live_workers->Set(coordinator_.live_count());
   // A step completed here has no push to answer: a failed write fails its parked pulls.
-  (void)MaybeCompleteStep();
+  (void)rule_->MaybeCompleteStep();
   durability_.MaybeSave(shard_, ledger_, now);
   ServeParked(now);
   UpdateGauges(now);
@@ -1154,8 +606,7 @@ Status Server::Admit(const Inbound& in, TimePoint now, RejectReason* reason) {
   const bool tool = req.rank == -1;
   const bool needs_rank = req.type == MsgType::kHeartbeat || req.type == MsgType::kLeave ||
                           req.type == MsgType::kGather ||
-                          (options_.mode.kind != TrainingMode::Kind::kAsync &&
-                           req.type == MsgType::kPush);
+                          (!rule_->TakesToolPushes() && req.type == MsgType::kPush);
   const bool bad_rank = !ranked && (!tool || needs_rank);
   if (req.protocol_version != kProtocolVersion) {
     *reason = RejectReason::kVersionMismatch;
@@ -1217,19 +668,9 @@ void Server::HandleRegister(const Header& req, const std::vector<zmq::message_t>
     reply.status = Status::InvalidArgument("Register without a model");
     return;
   }
-  // Initial values (rank 0's, for kProvided variables): one float32 frame per slice range.
-  if (in_frames.size() != req.slices.size() ||
-      (!req.slices.empty() && req.dtype != DType::kFloat32)) {
-    *reason = RejectReason::kFrameCount;
-    reply.status = Status::InvalidArgument(
-        "a registration with " + std::to_string(req.slices.size()) + " ranges of initial values "
-        "carries " + std::to_string(in_frames.size()) + " frames (float32, one per range)");
-    return;
-  }
   std::vector<std::span<const uint8_t>> value_bytes;
-  for (const zmq::message_t& f : in_frames) {
-    value_bytes.emplace_back(static_cast<const uint8_t*>(f.data()), f.size());
-  }
+  reply.status = ReadRegisterValues(req, in_frames, &value_bytes, reason);
+  if (!reply.status.ok()) return;
   if (req.registration->mode != options_.mode.ToString()) {
     *reason = RejectReason::kRegisterMismatch;
     reply.status = Status::FailedPrecondition(
@@ -1262,12 +703,8 @@ void Server::SaveRegisteredModel(Header& reply, RejectReason* reason) {
 }
 
 void Server::OnFirstRegistration(const Header& req, TimePoint now) {
-  PublishMemoryBound();
-  PublishTableGauges();  // the tables' series exist before the first row moves
+  PublishRegistered();
   coordinator_.RestartSilenceClocks(now);
-  metrics_->registered->Set(1);
-  metrics_->elements->Set(static_cast<double>(shard_.num_elements()));
-  PublishProgress();
   const OptimizerSpec& opt = req.registration->optimizer;
   spdlog::info("model registered by rank {}: {} variables, {} slices / {} elements "
                "here; {} at learning rate {}{}",
@@ -1281,20 +718,10 @@ void Server::OnFirstRegistration(const Header& req, TimePoint now) {
 
 bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason* reason) {
   const Header& req = *in.header;
-  if (in.frames.size() != req.rows.size()) {
-    *reason = RejectReason::kFrameCount;
-    reply.status = Status::InvalidArgument(
-        "a pull request carries one ids frame per row range and no tensor frames");
-    return false;
-  }
-  reply.status = shard_.ValidateRanges(req.slices, req.dtype, std::nullopt, reason);
-  if (!reply.status.ok()) return false;
   std::vector<std::vector<uint64_t>> row_ids;
-  reply.status = ReadIdsFrames(in.frames, 0, 1, req.rows.size(), &row_ids, reason);
+  reply.status = ReadPull(req, in.frames, shard_, &row_ids, reason);
   if (!reply.status.ok()) return false;
-  reply.status = shard_.ValidateRows(req.rows, row_ids, req.dtype, std::nullopt, reason);
-  if (!reply.status.ok()) return false;
-  if (const int64_t bytes = RowReplyBytes(req); bytes > options_.max_message_bytes) {
+  if (const int64_t bytes = replies_.RowReplyBytes(req); bytes > options_.max_message_bytes) {
     // What the unread-reply caps assume (UnreadBasis), and what a worker could receive.
     *reason = RejectReason::kRange;
     reply.status = Status::InvalidArgument(
@@ -1303,7 +730,7 @@ bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason*
         std::to_string(options_.max_message_bytes) + "): pull fewer rows at a time");
     return false;
   }
-  if (CanServePull(req)) {
+  if (rule_->CanServe(req)) {
     SendPull(in.identity, req, row_ids);
     return true;
   }
@@ -1314,7 +741,7 @@ bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason*
     return false;
   }
   // A worker waits on one pull per shard at a time (ParkedPulls); pulls of tools are bounded.
-  const int waited_for = SlowestSspBlocker(req.rank);
+  const int waited_for = rule_->Blocker(req.rank);
   switch (parked_.Park(in.identity, *in.header, now, coordinator_.ValidRank(req.rank),
                        waited_for, std::move(row_ids))) {
     case ParkedPulls::Outcome::kRefused:
@@ -1386,7 +813,7 @@ void Server::HandleLeave(const Header& req) {
                                   [this](int r) { return GatherExpects(r); }));
   // The step may complete without it; a failed write fails the step's parked pulls, and the
   // Leave itself is done either way.
-  (void)MaybeCompleteStep();
+  (void)rule_->MaybeCompleteStep();
 }
 
 void Server::HandleCheckpoint(const Header& req, Header& reply, RejectReason* reason) {
