@@ -45,6 +45,14 @@ std::vector<int> Coordinator::ExpireSilent(TimePoint now) {
   return expired;
 }
 
+bool Coordinator::DeclareDead(int rank) {
+  Worker& w = workers_[static_cast<size_t>(rank)];
+  if (w.state != Worker::State::kLive) return false;
+  w.state = Worker::State::kDead;
+  ++declared_dead_;
+  return true;
+}
+
 Coordinator::Offer Coordinator::ClassifySync(int rank, int64_t read_version,
                                              int64_t version) const {
   // sync:delayed: a step also takes gradients read one version before it (the workers

@@ -82,6 +82,9 @@ class Coordinator {
 
   // Declares dead every live rank silent for longer than worker_timeout; returns them.
   std::vector<int> ExpireSilent(TimePoint now);
+  // Declares `rank` dead now, if live (its process is known gone: a restart of it asks to
+  // join); returns whether it was live.
+  bool DeclareDead(int rank);
 
   // --- sync ---
   // A gradient from `rank` computed from `read_version` while the shard is at `version`.

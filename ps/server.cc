@@ -626,7 +626,14 @@ Status Server::Admit(const Inbound& in, TimePoint now, RejectReason* reason) {
   metrics_->requests[type]->Increment();
   metrics_->bytes_received[type]->Increment(static_cast<double>(bytes));
   released_since_trim_->fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
-  // A restarted worker not yet admitted back (joining) is not live for its requests.
+  // A restarted worker not yet admitted back (joining) is not live for its requests, and its
+  // previous process is gone: nothing waits for that one any longer (the next Tick completes
+  // a step that waited only for it).
+  if (ranked && req.joining && coordinator_.DeclareDead(req.rank)) {
+    metrics_->workers_declared_dead->Increment();
+    spdlog::warn("worker {} restarted: its previous process is declared dead; {} live "
+                 "worker(s) left", req.rank, coordinator_.live_count());
+  }
   if (ranked && req.type != MsgType::kStats && req.type != MsgType::kShutdown &&
       req.type != MsgType::kLeave && !req.joining &&
       coordinator_.Touch(req.rank, now, req.type == MsgType::kHeartbeat)) {

@@ -193,6 +193,20 @@ TEST(CoordinatorTest, MissingFromStepNamesOnlyLiveNonContributors) {
 
 // --- liveness ---
 
+TEST(CoordinatorTest, ARankDeclaredDeadAtOnceNoLongerHoldsTheStepAndComesBackWhenHeard) {
+  Coordinator c = Sync(2);
+  c.Contribute(0);
+  EXPECT_FALSE(c.StepReady());  // waits for rank 1
+  EXPECT_TRUE(c.DeclareDead(1));  // its restart asked to join: the old process is gone
+  EXPECT_EQ(StateOf(c, 1), State::kDead);
+  EXPECT_EQ(c.declared_dead(), 1);
+  EXPECT_TRUE(c.StepReady());
+  EXPECT_FALSE(c.DeclareDead(1));  // once
+  EXPECT_EQ(c.declared_dead(), 1);
+  EXPECT_TRUE(c.Touch(1, kT0 + milliseconds(10)));  // admitted back: live again
+  EXPECT_EQ(c.live_count(), 2);
+}
+
 TEST(CoordinatorTest, SilentRankIsDeclaredDeadOnceAfterTheWorkerTimeout) {
   Coordinator c = Sync(3);
   (void)c.Touch(0, kT0 + milliseconds(600));
