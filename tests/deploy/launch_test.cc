@@ -961,7 +961,7 @@ TEST_F(LaunchTest, AWorkerCommandExitingTwoMakesTheLauncherExitTwo) {
   EXPECT_EQ(summary["exit_code"], kExitUsage);
 }
 
-TEST_F(LaunchTest, KillRestartsAWorkerCommandWithTheSameEnvironmentAndArguments) {
+TEST_F(LaunchTest, KillRestartsAWorkerCommandWithTheSameEnvironmentAndArgumentsAndSaysSo) {
   std::vector<std::string> args = WaitingArgs();
   args.insert(args.end(), {"--worker-command", InstallFakeWorkerCommand(), "--worker-arg",
                            "x y", "--kill", "worker:1@1+0.2"});
@@ -976,7 +976,13 @@ TEST_F(LaunchTest, KillRestartsAWorkerCommandWithTheSameEnvironmentAndArguments)
 
   const std::map<std::string, std::string> first = CommandEnv(1, 1);
   EXPECT_FALSE(first.empty());
-  EXPECT_EQ(CommandEnv(1, 2), first);
+  EXPECT_FALSE(first.contains("PARASYNC_RESTART"));
+  // The same variables, and one more: this start is the first restart (parasync.horovod's
+  // elastic rejoin reads it).
+  std::map<std::string, std::string> second = CommandEnv(1, 2);
+  EXPECT_EQ(second["PARASYNC_RESTART"], "1");
+  second.erase("PARASYNC_RESTART");
+  EXPECT_EQ(second, first);
   EXPECT_EQ(ReadLines(fake_dir_ + "/cmd1.args.2"), ReadLines(fake_dir_ + "/cmd1.args.1"));
   EXPECT_THAT(ReadLines(fake_dir_ + "/cmd1.args.2"), ElementsAre("x y"));
   EXPECT_FALSE(std::filesystem::exists(fake_dir_ + "/cmd0.env.2")) << "the chief was restarted";
