@@ -19,7 +19,9 @@ Configurations:
                           next gradient's compute (needs --mode sync)
   colocated-overlap-bf16  the same, --wire-dtype bfloat16
   hvd-colocated   colocated, the workers running a Horovod script unchanged:
-                  worker/python/examples/horovod_mnist.py --model cnn (parasync.horovod: the
+                  worker/python/examples/horovod_mnist.py --model cnn --loader indexed
+                  --clip 0 (DDP's script's loop: batches gathered by indexing, no
+                  clipping; parasync.horovod: the
                   servers average, each worker applies its own torch.optim.Adam; started with
                   DDP's allocator variables, tools/benchmarks/torch_env.py)
   hvd-colocated-fp16  the same with hvd.Compression.fp16 (half the bytes each way)
@@ -191,7 +193,7 @@ def horovod_command(args, config):
     script = os.path.join(ROOT, "worker", "python", "examples", "horovod_mnist.py")
     return (f"env {env} {args.python} {script} --model cnn --threads 1 "
             f"--lr {0.001 / args.workers} --seed 1 --compression {compression} "
-            f"--data {args.data}")
+            f"--loader indexed --clip 0 --data {args.data}")
 
 
 def run_parasync(args, config, work):

@@ -13,10 +13,11 @@ the same per-worker batch, Adam at the same learning rate, 1 thread each, repeat
               float32)
   cpp-async   parasync-launch --ps 2 --workers 2 --mode async --model cnn (parasync-worker)
   hvd-sync    parasync-launch --ps 2 --workers 2 --mode sync --worker-command
-              "worker/python/examples/horovod_mnist.py --model cnn" (parasync.horovod: the
-              servers average, each worker applies its own torch.optim.Adam; the script's
-              shape is DDP's: the same model, per-worker batch, learning rate and sampler-free
-              shard sizes, gradients clipped at 5 — a no-op here, as in the example)
+              "worker/python/examples/horovod_mnist.py --model cnn --loader indexed --clip 0"
+              (parasync.horovod: the servers average, each worker applies its own
+              torch.optim.Adam; the loop's shape is DDP's script's: the same model,
+              per-worker batch and learning rate, each batch gathered from the training
+              tensors in one indexing, no clipping)
   hvd-sync-fp16, hvd-sync-bf16  the same with --compression fp16 / bf16 (Horovod's
               Compression: half the bytes each way)
   hvd-async   the same script, --mode async (each worker pushes its optimizer's change)
@@ -153,7 +154,7 @@ def horovod(args, mode, seed, compression):
                 f"env {env} /usr/bin/python3 " + os.path.join(
                     ROOT, "worker", "python", "examples", "horovod_mnist.py") +
                 f" --model cnn --threads 1 --lr {args.lr / 2} --seed {seed} "
-                f"--compression {compression}"]
+                f"--compression {compression} --loader indexed --clip 0"]
         out = run(argv)
         with open(os.path.join(log_dir, "eval.jsonl")) as f:
             rows = [json.loads(line) for line in f if line.strip()]

@@ -24,6 +24,7 @@ Prints one line per epoch on every rank, then (rank 0) one JSON line:
 Exit status 2 with one line on stderr for bad flags or missing data.
 """
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -64,7 +65,13 @@ def parse():
     p.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none",
                    help="how gradients travel (hvd.Compression; default %(default)s)")
     p.add_argument("--clip", type=float, default=5.0,
-                   help="clip the averaged gradients' norm to this (default %(default)s)")
+                   help="clip the averaged gradients' norm to this; 0: no clipping (default "
+                        "%(default)s)")
+    p.add_argument("--loader", choices=("torch", "indexed"), default="torch",
+                   help="torch: a DataLoader over the sampler (Horovod's example); indexed: "
+                        "the sampler's indices a batch at a time, gathered from the training "
+                        "tensors in one indexing (as tools/benchmarks/torch_ddp_cnn.py reads "
+                        "its data; default %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default "
                    "%(default)s)")
     p.add_argument("--seed", type=int, default=42, help="torch.manual_seed (default "
@@ -177,11 +184,23 @@ def main() -> int:
 
     per_epoch, started, total_steps = [], time.monotonic(), [0]
 
+    def batches():
+        """This epoch's batches: the DataLoader's, or the sampler's indices taken lazily a
+        batch at a time (an ElasticSampler's position stays that of the batches taken)."""
+        if args.loader == "torch":
+            yield from train_loader
+            return
+        xs, ys = train_set.tensors
+        indices = iter(train_sampler)
+        while idx := list(itertools.islice(indices, args.batch_size)):
+            picked = torch.tensor(idx)
+            yield xs[picked], ys[picked]
+
     def train_epoch(epoch: int, state=None) -> None:
         model.train()
         train_sampler.set_epoch(epoch)
         epoch_start, seen, loss_sum, steps = time.monotonic(), 0, 0.0, 0
-        for batch, (x, y) in enumerate(train_loader):
+        for batch, (x, y) in enumerate(batches()):
             if args.max_steps is not None and total_steps[0] >= args.max_steps:
                 break
             total_steps[0] += 1
@@ -189,7 +208,8 @@ def main() -> int:
             loss = loss_of(model(x), y)
             loss.backward()
             optimizer.synchronize()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            if args.clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             with optimizer.skip_synchronize():
                 optimizer.step()
             seen += len(y)
