@@ -709,9 +709,17 @@ def _named(params) -> list[tuple[str, torch.Tensor]]:
     return [(str(i), p) for i, p in enumerate(items)]
 
 
+def _restarted_async() -> bool:
+    """A worker restarted into a running async or ssp job, not through hvd.elastic: the
+    start-of-run broadcasts it calls again have no partner (the others did theirs long ago)."""
+    return _state.joining and not _c().mode.startswith("sync")
+
+
 def broadcast_parameters(params, root_rank: int) -> None:
     """Rank ``root_rank``'s values into ``params`` on every rank, in place: a state_dict(),
     named_parameters() or a list of (name, tensor) — in one exchange."""
+    if _restarted_async():
+        return  # its DistributedOptimizer takes the servers' parameters
     named = [(n, p) for n, p in _named(params) if p is not None]
     data = _from_root("broadcast_parameters", None,
                       lambda: _encode([p.detach() for _, p in named]), root_rank)
@@ -731,6 +739,8 @@ def broadcast_optimizer_state(optimizer, root_rank: int, model=None) -> None:
     """Rank ``root_rank``'s optimizer state (its param_groups' settings, learning rates
     included, and per-parameter state such as momentum buffers) into ``optimizer`` on every
     rank. Rank 0's optimizer must hold the same parameters in the same order."""
+    if _restarted_async():
+        return  # a fresh optimizer state: the others' start-of-run broadcast is long over
     state = broadcast_object(optimizer.state_dict() if rank() == root_rank else None, root_rank,
                              name="broadcast_optimizer_state")
     if rank() != root_rank:
