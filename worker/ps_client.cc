@@ -205,11 +205,15 @@ Status PsClient::TakeReplies(RequestTracker& tracker, int shard,
     if (!msg.header.ok()) {
       return msg.header.status().WithContext(ShardName(shard) + " sent a bad reply");
     }
+    const std::optional<size_t> i = tracker.Match(shard, msg.header->request_id);
+    // A late reply to an abandoned request may come from a process that has died since (it
+    // was queued before the restart): its incarnation is not the shard's now, and taking it
+    // would make every next request look sent to a dead process (a storm of resends and
+    // re-registrations that fills the new process's queue for this connection).
+    if (!i) continue;
     if (msg.header->incarnation != 0) {
       incarnation_[static_cast<size_t>(shard)] = msg.header->incarnation;
     }
-    const std::optional<size_t> i = tracker.Match(shard, msg.header->request_id);
-    if (!i) continue;  // a late reply to an abandoned request
     if (!msg.header->status.ok()) return msg.header->status.WithContext(ShardName(shard));
     const auto now = Clock::now();
     if (tracker.complained(*i)) {
