@@ -678,7 +678,7 @@ def join(device=-1) -> int:
             break
         if stop_requested():
             raise errors.Aborted("hvd.join(): stopped while ranks "
-                                   f"{', '.join(map(str, waiting))} were still training")
+                                 f"{', '.join(map(str, waiting))} were still training")
         if not logged:
             c.log(f"hvd.join(): rank {me} waits for rank(s) {', '.join(map(str, waiting))} "
                   "to join")

@@ -322,16 +322,18 @@ def _sync(state: State) -> None:
 
 
 def _broadcast_snapshot(state: State, name: str, root: int) -> dict:
+    """The root's snapshot on every rank (the root's own, taken once)."""
     hvd = _hvd()
     c = hvd._c()
+    own = _snapshot(state) if c.rank == root else None
 
     def pickled():
         out = io.BytesIO()
-        torch.save(_snapshot(state), out)
+        torch.save(own, out)
         return out.getvalue()
 
     data = hvd._from_root("broadcast_object", name, pickled, root, internal=True)
-    return torch.load(io.BytesIO(data), map_location="cpu") if c.rank != root else _snapshot(state)
+    return own if c.rank == root else torch.load(io.BytesIO(data), map_location="cpu")
 
 
 def _await_admission(state: State) -> None:
