@@ -39,6 +39,10 @@ void EncodeFloats(const float* in, size_t n, DType to, void* out);
 // Reads `n` elements of `from` (n * DTypeSize(from) bytes) into `out` as float32.
 void DecodeFloats(const void* in, size_t n, DType from, float* out);
 
+// Whether EncodeFloats and DecodeFloats convert 8 elements at a time in this process
+// (x86-64 with AVX2 and F16C), giving the scalar functions' bits either way.
+bool FloatCodecIsVectorized();
+
 // memcpy of `n` floats whose stores bypass the caches (x86-64: SSE2 streaming stores; plain
 // memcpy elsewhere). For a destination too large to still be cached when it is next read:
 // an ordinary store first reads the destination's cache line in, a streaming one does not,

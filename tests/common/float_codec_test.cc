@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -172,6 +176,55 @@ TEST(FloatCodecTest, EncodeDecodeArraysAtAnyAlignment) {
     }
   }
 }
+
+#if defined(__x86_64__)
+// The array forms (8 at a time where the CPU has AVX2 and F16C) give the scalar functions'
+// bits for every half and bfloat16 pattern and millions of floats (specials, ties, both
+// subnormal ranges), from an offset that leaves a scalar tail, whether the calling thread
+// flushes denormals (FTZ and DAZ, as every compute thread does) or not.
+TEST(FloatCodecTest, ArrayFormsGiveTheScalarBitsUnderEitherMxcsr) {
+  RecordProperty("vectorized", FloatCodecIsVectorized() ? "yes" : "no");
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<uint32_t> any;
+  std::vector<float> floats = {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f,
+                               std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(),
+                               std::bit_cast<float>(0x7f800001u), std::bit_cast<float>(0xffc01234u),
+                               std::numeric_limits<float>::denorm_min(),
+                               std::numeric_limits<float>::max()};
+  for (int i = 0; i < 1000000; ++i) floats.push_back(std::bit_cast<float>(any(rng)));
+  for (uint32_t h = 0; h <= 0xffff; ++h) {  // every half, and the ties above each
+    floats.push_back(HalfToFloat(static_cast<uint16_t>(h)));
+    floats.push_back(std::bit_cast<float>(Bits(HalfToFloat(static_cast<uint16_t>(h))) + 0x1000));
+  }
+  std::vector<uint16_t> patterns(0x10000);
+  for (uint32_t b = 0; b <= 0xffff; ++b) patterns[b] = static_cast<uint16_t>(b);
+  const unsigned original = _mm_getcsr();
+  for (unsigned flush : {0u, 0x8040u}) {
+    _mm_setcsr((original & ~0x8040u) | flush);
+    const size_t skip = 3;  // the vector body from an odd address, then a scalar tail
+    std::vector<uint16_t> half(floats.size()), bf16(floats.size());
+    EncodeFloats(floats.data() + skip, floats.size() - skip, DType::kFloat16, half.data());
+    EncodeFloats(floats.data() + skip, floats.size() - skip, DType::kBfloat16, bf16.data());
+    std::vector<float> from_half(patterns.size()), from_bf16(patterns.size());
+    DecodeFloats(patterns.data() + skip, patterns.size() - skip, DType::kFloat16,
+                 from_half.data());
+    DecodeFloats(patterns.data() + skip, patterns.size() - skip, DType::kBfloat16,
+                 from_bf16.data());
+    _mm_setcsr(original);
+    for (size_t i = 0; i + skip < floats.size(); ++i) {
+      const float f = floats[i + skip];
+      ASSERT_EQ(half[i], FloatToHalf(f)) << std::hexfloat << f << " flush " << flush;
+      ASSERT_EQ(bf16[i], FloatToBfloat16(f)) << std::hexfloat << f << " flush " << flush;
+    }
+    for (size_t i = 0; i + skip < patterns.size(); ++i) {
+      const uint16_t p = patterns[i + skip];
+      ASSERT_EQ(Bits(from_half[i]), Bits(HalfToFloat(p))) << std::hex << p << " flush " << flush;
+      ASSERT_EQ(Bits(from_bf16[i]), Bits(Bfloat16ToFloat(p))) << std::hex << p;
+    }
+  }
+}
+#endif
 
 // The streaming copy at every alignment of both ends (its head, vector body and tail), for
 // lengths around the vector width: every element copied bit for bit (NaN payloads too), and

@@ -30,9 +30,12 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tools", "benchmarks"))
 
 import data  # noqa: E402
+import torch_env  # noqa: E402
 
 PROGRAM = "horovod_mnist.py"
 
@@ -121,6 +124,15 @@ def main() -> int:
     hvd.init()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
+    # Debian's PyTorch leaves OpenBLAS's own pool at one thread per core whatever
+    # set_num_threads says: two ranks on two cores would run four BLAS threads, the idle ones
+    # spinning in sched_yield. Sized as PyTorch's, as DDP's script does (torch_env.py).
+    blas = torch_env.blas(torch)
+    if blas["set_threads"]:
+        blas["set_threads"](torch.get_num_threads())
+        blas = torch_env.blas(torch)
+    if hvd.rank() == 0:
+        print(f"{PROGRAM}: ran with: {torch_env.describe(torch, blas)}", flush=True)
     try:
         xtr, ytr = data.fashion_mnist("train", args.data)
         xte, yte = data.fashion_mnist("test", args.data)
