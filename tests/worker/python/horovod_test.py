@@ -11,6 +11,9 @@
   grouped_allreduce, allgather (ranks of different lengths), broadcast (one of 6 MB, which
   travels in parts), broadcast_object,
   allgather_object and broadcast_optimizer_state, each against its definition.
+- DistributedOptimizer's options (sync, 2 workers): op=Sum with backward_passes_per_step=2
+  and gradient_predivide_factor give every rank the sum, or the average, of every rank's
+  gradients; a frozen parameter keeps none.
 - A dead worker (sync, 2 workers: rank 1 killed with SIGKILL mid-run): rank 0's steps wait
   for it no longer than the servers' worker timeout, and its allreduce goes on without it.
 - join (sync, 3 workers, uneven data: rank r has 6 - r batches, then hvd.join()): no step
@@ -195,6 +198,50 @@ def worker_collectives() -> dict:
         out["adasum"] = f"{type(e).__name__}: {e}"
     hvd.shutdown()
     return out
+
+
+# DistributedOptimizer's options (one optimizer a cluster: the servers hold one model).
+# "sum": op=Sum with two backward passes a step, the gradient pushed from p.grad itself;
+# "predivide": gradient_predivide_factor, the gradient divided in a host buffer first. The
+# result lands in p.grad either way; a frozen bias keeps no gradient.
+OPTIONS = {"sum": {"op": "Sum", "backward_passes_per_step": 2},
+           "predivide": {"gradient_predivide_factor": 2.0}}
+
+
+def worker_options(option: str) -> dict:
+    import torch
+
+    import parasync.horovod as hvd
+    hvd.init()
+    kwargs = dict(OPTIONS[option])
+    if "op" in kwargs:
+        kwargs["op"] = getattr(hvd, kwargs["op"])
+    m = torch.nn.Linear(3, 2)
+    m.bias.requires_grad_(False)
+    o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                 named_parameters=m.named_parameters(), **kwargs)
+    for _ in range(kwargs.get("backward_passes_per_step", 1)):
+        m(torch.full((2, 3), float(hvd.rank() + 1))).sum().backward()  # 2 (rank + 1) each
+    o.synchronize()
+    out = {"grad": m.weight.grad.clone(), "frozen": m.bias.grad}
+    hvd.shutdown()
+    return out
+
+
+def check_options(option: str, workdir: str) -> None:
+    n = 2
+    results = run_workers(f"options_{option}", n, "sync", workdir)
+    if None in results:
+        return
+    # Every rank's weight gradient is 2 (rank + 1) a backward pass.
+    passes = OPTIONS[option].get("backward_passes_per_step", 1)
+    mean = 2 * passes * (n + 1) / 2
+    want = mean * n if OPTIONS[option].get("op") == "Sum" else mean
+    for r, res in enumerate(results):
+        check(torch.equal(res["grad"], torch.full((2, 3), want)) and res["frozen"] is None,
+              f"options {option}, rank {r}: gradient {res['grad'][0, 0].item()} (want {want}), "
+              f"frozen bias's {res['frozen']}")
+    print(f"options {option}: {n} ranks' gradients {want}")
 
 
 def worker_async() -> dict:
@@ -386,7 +433,9 @@ if sys.argv[1] == "--worker":
     result = {"dead_peer": worker_dead_peer, "join": worker_join, "elastic": worker_elastic,"train_sgd": lambda: worker_train("sgd"),
               "train_adamw": lambda: worker_train("adamw"),
               "collectives": worker_collectives,
-              "async": worker_async}[SCENARIO]()
+              "async": worker_async,
+              "options_sum": lambda: worker_options("sum"),
+              "options_predivide": lambda: worker_options("predivide")}[SCENARIO]()
     torch.save(result, OUT)
     sys.exit(0)
 
@@ -685,13 +734,15 @@ def check_elastic(workdir: str, victim: int) -> None:
 
 def main() -> int:
     # HOROVOD_TEST_ONLY=name[,name]: only those parts (sgd, adamw, collectives2, collectives3,
-    # async, dead_peer, join, elastic, elastic_rank0), for a person debugging one; the workers' logs are printed when one fails.
+    # async, options_sum, options_predivide, dead_peer, join, elastic, elastic_rank0), for a person debugging one; the workers' logs are printed when one fails.
     only = set(filter(None, os.environ.get("HOROVOD_TEST_ONLY", "").split(",")))
     parts = {"sgd": lambda d: check_training("sgd", d),
              "adamw": lambda d: check_training("adamw", d),
              "collectives2": lambda d: check_collectives(2, d),
              "collectives3": lambda d: check_collectives(3, d),
              "async": check_async,
+             "options_sum": lambda d: check_options("sum", d),
+             "options_predivide": lambda d: check_options("predivide", d),
              "dead_peer": check_dead_peer,
              "join": check_join,
              "elastic": lambda d: check_elastic(d, victim=1),

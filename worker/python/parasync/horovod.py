@@ -833,6 +833,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._pushed = [torch.empty(p.numel(), dtype=torch.float32, pin_memory=pin).numpy()
                         for p in self._params]
         self._handed = [False] * len(self._params)
+        self._staged = [None] * len(self._params)
         self._passes = [0] * len(self._params)
         self._open = False
         self._synchronized = False
@@ -865,8 +866,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._on_gpu:
             torch.cuda.current_stream().synchronize()
 
+    def _own_grad(self, i: int) -> np.ndarray | None:
+        """p.grad's own memory as a flat float32 array, for the push to read and the average
+        to be written back into without a copy: a contiguous float32 gradient on the CPU
+        (None otherwise: on a GPU, or sparse, the host buffers carry it)."""
+        g = self._params[i].grad
+        if (g is None or g.device.type != "cpu" or g.dtype != torch.float32 or
+                g.layout != torch.strided or not g.is_contiguous()):
+            return None
+        return g.detach().view(-1).numpy()
+
     def _stage_gradient(self, i: int) -> np.ndarray:
-        """p.grad (zeros when it has none), pre-divided, into the push buffer."""
+        """What rank pushes for parameter i: p.grad itself where it can be read in place (see
+        _own_grad), else p.grad (zeros when it has none), pre-divided, in the push buffer.
+        Kept referenced until the step's push is settled (step_finish)."""
+        if self._predivide == 1.0:
+            own = self._own_grad(i)
+            if own is not None:
+                self._staged[i] = own
+                return own
+        self._staged[i] = self._pushed[i]
         p, out = self._params[i], torch.from_numpy(self._pushed[i])
         if p.grad is None:
             out.zero_()
@@ -923,20 +942,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for i in range(len(self._params)):
                 if not self._handed[i]:
                     c.step_gradient(i, self._stage_gradient(i))
-            times = c.step_finish(self._pulled)
+            # The average lands in p.grad itself where it can (the push read from there and
+            # is settled before step_finish writes anything), else in the host buffer.
+            into = [self._own_grad(i) if p.requires_grad else None
+                    for i, p in enumerate(self._params)]
+            into = [own if own is not None else host for own, host in zip(into, self._pulled)]
+            times = c.step_finish(into)
         finally:
             self._open = False
             self._handed = [False] * len(self._params)
+            self._staged = [None] * len(self._params)
             self._passes = [0] * len(self._params)
         scale = (size() if self._op == Sum else 1.0) * self._predivide
         with torch.no_grad():
-            for p, host in zip(self._params, self._pulled):
+            for p, host, got in zip(self._params, self._pulled, into):
                 if not p.requires_grad:
                     continue  # frozen: its optimizer skips it (grad None), as Horovod's
-                value = torch.from_numpy(host).view_as(p)
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                p.grad.copy_(value, non_blocking=True)
+                if got is host:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    p.grad.copy_(torch.from_numpy(host).view_as(p), non_blocking=True)
                 if scale != 1.0:
                     p.grad.mul_(scale)
         if self._on_gpu:
