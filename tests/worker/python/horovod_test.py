@@ -7,6 +7,8 @@
   process reaches averaging the two ranks' gradients each step and applying the same
   optimizer, within 1e-5 relative; the same with AdamW; both ranks' parameters are bitwise
   identical. A gradient dropped, counted twice or summed where averaged misses by far more.
+  hvd.start_timeline: with "{rank}" in the path (sgd) every rank writes its own file, without
+  it (adamw) rank 0 alone; each is JSON with every step's phases in order.
 - Collectives (2 and 3 workers): allreduce (Average, Sum, Min, Max; in place; async; fp16),
   grouped_allreduce, allgather (ranks of different lengths), broadcast (one of 6 MB, which
   travels in parts), broadcast_object,
@@ -36,6 +38,7 @@ Usage: horovod_test.py BIN_DIR PYTHON_DIR SOURCE_DIR
        horovod_test.py --worker SCENARIO OUT   (a worker process; the environment says who)
 """
 
+import glob
 import json
 import os
 import subprocess
@@ -119,6 +122,10 @@ def worker_train(optimizer_name: str) -> dict:
                 group["lr"] *= 3
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    # sgd: every rank's own timeline; adamw: Horovod's, rank 0's alone.
+    hvd.start_timeline(os.path.join(os.path.dirname(OUT), f"timeline-{optimizer_name}" +
+                                    ("-{rank}" if optimizer_name == "sgd" else "") + ".json"))
+    writes_timeline = hvd._state.timeline is not None
     for step in range(STEPS):
         x, y = batch(torch, hvd.rank(), step)
         optimizer.zero_grad()
@@ -128,7 +135,7 @@ def worker_train(optimizer_name: str) -> dict:
         with optimizer.skip_synchronize():
             optimizer.step()
         scheduler.step()
-    out = {"before": before, "start": start,
+    out = {"before": before, "start": start, "writes_timeline": writes_timeline,
            "end": {n: p.detach().clone() for n, p in model.named_parameters()}}
     hvd.shutdown()
     return out
@@ -430,7 +437,8 @@ def worker_elastic() -> dict:
 
 if sys.argv[1] == "--worker":
     import torch
-    result = {"dead_peer": worker_dead_peer, "join": worker_join, "elastic": worker_elastic,"train_sgd": lambda: worker_train("sgd"),
+    result = {"dead_peer": worker_dead_peer, "join": worker_join, "elastic": worker_elastic,
+              "train_sgd": lambda: worker_train("sgd"),
               "train_adamw": lambda: worker_train("adamw"),
               "collectives": worker_collectives,
               "async": worker_async,
@@ -537,6 +545,46 @@ def check_training(optimizer_name: str, workdir: str) -> None:
     check(worst < 1e-5, f"{optimizer_name}: within 1e-5 of the one-process reference "
                         f"({worst:.2e})")
     check(moved > 1e-3, f"{optimizer_name}: training moved the parameters ({moved:.2e})")
+    writers = [r["writes_timeline"] for r in results]
+    check(writers == ([True, True] if optimizer_name == "sgd" else [True, False]),
+          f"{optimizer_name}: ranks writing a timeline {writers}")
+    check_timeline(optimizer_name, workdir)
+
+
+def check_timeline(optimizer_name: str, workdir: str) -> None:
+    """hvd.start_timeline: sgd's path holds {rank} (a file per rank), adamw's does not (rank
+    0's alone, as Horovod). Each is a JSON array with every step, its phases in order."""
+    paths = sorted(glob.glob(os.path.join(workdir, f"timeline-{optimizer_name}*.json")))
+    want = [f"timeline-sgd-{r}.json" for r in (0, 1)] if optimizer_name == "sgd" else \
+        ["timeline-adamw.json"]
+    check([os.path.basename(p) for p in paths] == want, f"{optimizer_name}: timeline files "
+          f"{[os.path.basename(p) for p in paths]}, want {want}")
+    for rank, path in enumerate(paths):
+        with open(path) as f:
+            events = json.load(f)
+        spans = {}
+        for e in events:
+            if e["ph"] == "X":
+                check(e["pid"] == rank, f"{path}: an event of rank {e['pid']}")
+                spans.setdefault(e["name"], []).append((e["ts"], e["ts"] + e["dur"]))
+        names = ("step", "optimizer + forward", "backward", "synchronize", "push", "pull")
+        counts = [len(spans.get(n, [])) for n in names]
+        check(counts == [STEPS] * len(names), f"{path}: spans per name {dict(zip(names, counts))}"
+              f", want {STEPS} each")
+        if counts != [STEPS] * len(names):
+            continue
+        def in_order(*times):  # microseconds, each rounded to 0.1 in the file
+            return all(a <= b + 1.0 for a, b in zip(times, times[1:]))
+        ordered = all(
+            in_order(*step[:1], *fwd, *bwd, *sync, step[1]) and
+            in_order(bwd[0], *push, *pull, sync[1])
+            for step, fwd, bwd, sync, push, pull in zip(*(spans[n] for n in names)))
+        check(ordered, f"{path}: every step's phases in order (forward, backward with the push "
+              "going out, the wait for the pull): " +
+              "; ".join(f"{n} {a - spans['step'][0][0]:.0f}-{b - spans['step'][0][0]:.0f}"
+                        for n in names for a, b in spans[n][:1]) + " µs in the first step")
+    print(f"{optimizer_name}: timeline files {[os.path.basename(p) for p in paths]}, "
+          f"{STEPS} steps each")
 
 
 def check_collectives(workers: int, workdir: str) -> None:
@@ -734,7 +782,8 @@ def check_elastic(workdir: str, victim: int) -> None:
 
 def main() -> int:
     # HOROVOD_TEST_ONLY=name[,name]: only those parts (sgd, adamw, collectives2, collectives3,
-    # async, options_sum, options_predivide, dead_peer, join, elastic, elastic_rank0), for a person debugging one; the workers' logs are printed when one fails.
+    # async, options_sum, options_predivide, dead_peer, join, elastic, elastic_rank0), for a
+    # person debugging one; the workers' logs are printed when one fails.
     only = set(filter(None, os.environ.get("HOROVOD_TEST_ONLY", "").split(",")))
     parts = {"sgd": lambda d: check_training("sgd", d),
              "adamw": lambda d: check_training("adamw", d),

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from . import errors
+from . import horovod_timeline
 from .client import Client, Variable, stop_requested
 from .torch import connect
 
@@ -83,6 +84,7 @@ class _State:
     # (parasync.horovod_elastic): the servers do not count it live.
     joining = False
     sampler = None  # the ElasticSampler the optimizer's pushes report their position in
+    timeline = None  # start_timeline's file (horovod_timeline.Timeline), where this rank writes
 
 
 _state = _State()
@@ -126,6 +128,8 @@ def init(comm=None, process_sets=None) -> None:
     _state.local_size = _env_int(("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"), world)
     _state.cross_rank = _env_int(("HOROVOD_CROSS_RANK",), 0)
     _state.cross_size = _env_int(("HOROVOD_CROSS_SIZE",), max(1, world // _state.local_size))
+    if os.environ.get("HOROVOD_TIMELINE"):  # horovodrun --timeline-filename's variable
+        start_timeline(os.environ["HOROVOD_TIMELINE"])
 
 
 def _c() -> Client:
@@ -142,6 +146,7 @@ def client() -> Client:
 def shutdown() -> None:
     """Leaves the cluster (no barrier or collective waits for this rank any more) and writes
     the metrics snapshot."""
+    stop_timeline()
     if _state.client is not None:
         _state.client.finish()
         _state.client = None
@@ -198,11 +203,23 @@ def cuda_built() -> bool:
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """A no-op: parasync's timeline is its Prometheus metrics (step split, barrier waits)."""
+    """Records where every step of DistributedOptimizer goes (forward, backward, the push and
+    the pull, the wait) in `file_path`, Chrome's trace-event JSON, on rank 0 as Horovod does;
+    a path with "{rank}" is written by every rank, each its own (parasync.horovod_timeline).
+    Also started by HOROVOD_TIMELINE=path at init. ``mark_cycles`` is accepted and ignored
+    (parasync has no negotiation cycles)."""
+    _c()
+    stop_timeline()
+    path = horovod_timeline.path_for(file_path, rank())
+    if path is not None:
+        _state.timeline = horovod_timeline.Timeline(path, rank())
 
 
 def stop_timeline() -> None:
-    """A no-op (see start_timeline)."""
+    """Closes start_timeline's file (a JSON array then)."""
+    if _state.timeline is not None:
+        _state.timeline.close()
+        _state.timeline = None
 
 
 def log_eval(epoch: int, test_accuracy: float, test_loss: float, **fields) -> None:
@@ -835,6 +852,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handed = [False] * len(self._params)
         self._staged = [None] * len(self._params)
         self._passes = [0] * len(self._params)
+        self._hooks = (None, None)  # a step's first and last gradient hook (the timeline's)
+        self._steps = 0
         self._open = False
         self._synchronized = False
         self._should_synchronize = True
@@ -913,6 +932,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._passes[i] += 1
         if self._passes[i] < self._passes_per_step:
             return
+        if _state.timeline is not None:
+            now = time.monotonic()
+            self._hooks = (self._hooks[0] or now, now)
         if not self._open:
             _not_joined("a gradient's push (backward)")
             self._before_push("a gradient's push (backward)")
@@ -967,6 +989,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._on_gpu:
             torch.cuda.current_stream().synchronize()
         self._synchronized = True
+        if _state.timeline is not None:
+            first, last = self._hooks
+            self._trace(times, [("optimizer + forward", self._last_step_end, first),
+                                ("backward", first, last),
+                                ("synchronize", called, time.monotonic())])
         self._record(called, times.push_seconds, times.pull_seconds)
 
     def _before_push(self, what: str) -> None:
@@ -976,11 +1003,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if _state.sampler is not None:
             self._client.set_progress(*_state.sampler.progress())
 
+    def _trace(self, times, spans) -> None:
+        """The step's row in the timeline (start_timeline): `spans` on the training thread,
+        the push and the pull from the client's own clock."""
+        end = time.monotonic()
+        push_start = times.first_push_sent if times.early_pushes else times.pushes_acked - \
+            times.push_seconds
+        _state.timeline.step(self._steps, self._last_step_end, end, spans,
+                             (push_start, times.pushes_acked), (times.pushes_acked, times.pulled),
+                             examples=self._examples(), early_pushes=times.early_pushes)
+        self._hooks = (None, None)
+
     def _record(self, called: float, push: float, pull: float) -> None:
         done = time.monotonic()
         compute = max(0.0, called - self._last_step_end)
         self._client.record_step(self._examples(), None, pull, compute, push)
         self._last_step_end = done
+        self._steps += 1
         self._forward_examples = None
 
     @contextlib.contextmanager
@@ -1018,6 +1057,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             before = [p.detach().clone() for p in self._params]
         loss = super(self.__class__, self).step(closure)
+        stepped = time.monotonic()
         c = self._client
         with torch.no_grad():
             for i, (p, b) in enumerate(zip(self._params, before)):
@@ -1031,6 +1071,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             times = c.step_finish(self._pulled)
         self._copy_pulled_to_params()
         self._synchronized = False
+        if _state.timeline is not None:
+            self._trace(times, [("forward + backward", self._last_step_end, called),
+                                ("optimizer", called, stepped),
+                                ("exchange", stepped, time.monotonic())])
         self._record(called, times.push_seconds, times.pull_seconds)
         return loss
 
