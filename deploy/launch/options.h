@@ -90,6 +90,10 @@ struct LaunchOptions {
   // What a --worker-command worker gets as PYTHONPATH: set by Launcher::Create
   // (WorkerPythonPath). Empty: the launcher's own, unchanged.
   std::string worker_python_path;
+  // OMP_NUM_THREADS is in the launcher's environment (set by Launcher::Create): the workers
+  // inherit it. Unset, a --worker-command worker that shares its host with other workers
+  // gets OMP_NUM_THREADS=1, as torchrun gives its processes.
+  bool omp_threads_given = false;
   // Multi-host: where the processes run (--ps h:n,... and -H h:n,...). Empty: all on
   // `host`, each server on a free port of its own choosing (port 0, told back in its ready
   // file: plan.h's SingleHostPorts). Given, num_ps/num_workers are their sums, ports are

@@ -239,6 +239,10 @@ std::vector<std::string> WorkerEnvironment(const LaunchOptions& options, const C
   if (!options.worker_python_path.empty()) {
     env.push_back("PYTHONPATH=" + options.worker_python_path);
   }
+  // Workers sharing a host would each start a thread per core (OpenMP, and the OpenBLAS
+  // that Debian's PyTorch computes with, which torch.set_num_threads does not size): one
+  // each, as torchrun does, unless the user chose.
+  if (!options.omp_threads_given && local_size > 1) env.push_back("OMP_NUM_THREADS=1");
   if (!spec.ready_path.empty()) env.push_back("PARASYNC_READY_FILE=" + spec.ready_path);
   if (!options.data_dir.empty()) env.push_back("PARASYNC_DATA=" + options.data_dir);
   for (const TrainingSetting& setting : TrainingSettings(options)) {

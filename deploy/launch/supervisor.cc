@@ -100,6 +100,7 @@ Result<std::unique_ptr<Launcher>> Launcher::Create(const LaunchOptions& given) {
   if (options.local_ipc && options.socket_dir.empty()) options.socket_dir = NewSocketDir();
   if (options.worker_command) {
     options.worker_python_path = WorkerPythonPath(bin_dir, std::getenv("PYTHONPATH"));
+    options.omp_threads_given = std::getenv("OMP_NUM_THREADS") != nullptr;
   }
 
   // Multi-host: fixed ports from --port-base. Single host: the servers pick theirs (port 0).

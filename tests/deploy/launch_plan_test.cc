@@ -295,7 +295,8 @@ TEST(LaunchPlanTest, WorkerCommandRunsTheProgramWithTheClusterInItsEnvironment) 
                           "PARASYNC_MODE=sync", "PARASYNC_LOG_DIR=/logs",
                           "PARASYNC_METRICS_PORT=7002", "PARASYNC_METRICS_BIND=127.0.0.1",
                           "LOCAL_RANK=0", "PARASYNC_LOG_PREFIXED=1", "PARASYNC_EPOCHS=3",
-                          "PARASYNC_BIN_DIR=/opt/bin", "PARASYNC_READY_FILE=/logs/worker0.ready",
+                          "PARASYNC_BIN_DIR=/opt/bin", "OMP_NUM_THREADS=1",
+                          "PARASYNC_READY_FILE=/logs/worker0.ready",
                           "PARASYNC_WAIT_FOR_WORKERS=300"));
 
   // Worker 1: its own index, port and local rank; only the chief waits for the others.
@@ -455,6 +456,17 @@ TEST(LaunchPlanTest, WorkerCommandsGetTorchrunsAndHorovodsNamesForWhereTheyRun) 
     EXPECT_EQ(env.at("HOROVOD_LOCAL_SIZE"), want[w][2]) << w;
     EXPECT_EQ(env.at("HOROVOD_CROSS_RANK"), want[w][3]) << w;
     EXPECT_EQ(env.at("HOROVOD_CROSS_SIZE"), "2") << w;
+    // One OpenMP thread each where workers share a host (torchrun's default); none set for
+    // node3's single worker.
+    EXPECT_EQ(env.count("OMP_NUM_THREADS") ? env.at("OMP_NUM_THREADS") : "unset",
+              want[w][2] == "2" ? "1" : "unset") << w;
+  }
+  // The user's own OMP_NUM_THREADS (in the launcher's environment) reaches every worker.
+  options.omp_threads_given = true;
+  const Result<LaunchPlan> chosen = BuildPlan(options, "/b", "/l", PortBasePorts(options));
+  ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
+  for (size_t w = 0; w < want.size(); ++w) {
+    EXPECT_EQ(EnvMap(chosen->processes[1 + w].env).count("OMP_NUM_THREADS"), 0u) << w;
   }
 }
 
