@@ -7,6 +7,7 @@
 #include <string>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #elif defined(__SSE2__)
 #include <emmintrin.h>
@@ -131,7 +132,10 @@ inline void WidenAll(const unsigned char* in, size_t n, float* out) {
 bool HasAvx2F16c() {
   static const bool yes = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    // F16C from CPUID leaf 1 itself: clang's __builtin_cpu_supports does not know "f16c".
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    return __builtin_cpu_supports("avx2") && f16c;
   }();
   return yes;
 }

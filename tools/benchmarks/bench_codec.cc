@@ -1,0 +1,87 @@
+// parasync-bench-codec: what narrowing gradients to float16 or bfloat16 and widening them
+// back costs (common/float_codec.h, --wire-dtype and hvd.Compression.fp16/bf16: workers and
+// servers run it on every push and pull). Times the array forms (EncodeFloats and
+// DecodeFloats: 8 elements at a time where the CPU has AVX2 and F16C) against the scalar
+// functions called per element (what the arrays ran before) and a memcpy of the float32
+// array, interleaved in every repeat so that machine noise hits all alike. Prints the median
+// milliseconds per case.
+//
+//   parasync-bench-codec [--elements 2770634] [--repeats 21]
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/float_codec.h"
+#include "tools/benchmarks/stats.h"
+
+namespace {
+
+using parasync::DType;
+
+struct Case {
+  std::string name;
+  std::function<void()> run;
+  std::vector<double> ms;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t elements = 2770634;  // the Keras CNN's parameters
+  int repeats = 21;
+  CLI::App app{"parasync-bench-codec: float16/bfloat16 narrowing and widening, the array "
+               "forms against the scalar functions per element"};
+  app.add_option("--elements", elements, "floats per conversion (default: the Keras CNN's)")
+      ->check(CLI::Range(int64_t{8}, int64_t{1} << 30));
+  app.add_option("--repeats", repeats, "repeats of every case; the median is printed")
+      ->check(CLI::Range(1, 1000));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "parasync-bench-codec: %s\n", e.what());
+    return 2;
+  }
+  const auto n = static_cast<size_t>(elements);
+  std::vector<float> in(n), back(n);
+  std::vector<uint16_t> wire(n);
+  for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 1000) * 1e-4f - 0.05f;
+  std::vector<Case> cases = {
+      {"float16 narrow, scalar per element",
+       [&] { for (size_t i = 0; i < n; ++i) wire[i] = parasync::FloatToHalf(in[i]); }, {}},
+      {"float16 narrow, array (EncodeFloats)",
+       [&] { parasync::EncodeFloats(in.data(), n, DType::kFloat16, wire.data()); }, {}},
+      {"float16 widen, scalar per element",
+       [&] { for (size_t i = 0; i < n; ++i) back[i] = parasync::HalfToFloat(wire[i]); }, {}},
+      {"float16 widen, array (DecodeFloats)",
+       [&] { parasync::DecodeFloats(wire.data(), n, DType::kFloat16, back.data()); }, {}},
+      {"bfloat16 narrow, scalar per element",
+       [&] { for (size_t i = 0; i < n; ++i) wire[i] = parasync::FloatToBfloat16(in[i]); }, {}},
+      {"bfloat16 narrow, array (EncodeFloats)",
+       [&] { parasync::EncodeFloats(in.data(), n, DType::kBfloat16, wire.data()); }, {}},
+      {"bfloat16 widen, array (DecodeFloats)",
+       [&] { parasync::DecodeFloats(wire.data(), n, DType::kBfloat16, back.data()); }, {}},
+      {"float32 memcpy", [&] { std::memcpy(back.data(), in.data(), n * sizeof(float)); }, {}}};
+  for (int r = 0; r < repeats; ++r) {
+    for (Case& c : cases) {
+      const auto start = std::chrono::steady_clock::now();
+      c.run();
+      c.ms.push_back(std::chrono::duration<double, std::milli>(
+                         std::chrono::steady_clock::now() - start).count());
+    }
+  }
+  std::printf("%lld floats, median of %d repeats; array forms vectorized here: %s\n",
+              static_cast<long long>(elements), repeats,
+              parasync::FloatCodecIsVectorized() ? "yes (AVX2, F16C)" : "no (scalar)");
+  std::printf("| case | ms |\n|---|---|\n");
+  for (const Case& c : cases) {
+    std::printf("| %s | %.2f |\n", c.name.c_str(), parasync::bench::Median(c.ms));
+  }
+  return 0;
+}
