@@ -364,16 +364,23 @@ def refusal(b):
             f"BLAS: not a fair baseline, so nothing is timed; {fix}")
 
 
+def sized_to_torch(torch):
+    """blas(torch), after sizing the BLAS's own pool (where it keeps one) as PyTorch's
+    threads: Debian's PyTorch does not, and OpenBLAS keeps a thread per core otherwise."""
+    b = blas(torch)
+    if b["set_threads"]:
+        b["set_threads"](torch.get_num_threads())
+        b = blas(torch)
+    return b
+
+
 def check(torch, program, cpu=True, out=sys.stderr, allocator=True):
     """Prints "PROGRAM: ran with: <describe>" on `out`. For a CPU run (`cpu`), sizes the
     BLAS's own pool as PyTorch's threads, and returns False after printing "PROGRAM:
     <refusal>" on stderr when the BLAS is not an optimized one or (with `allocator`) when
     the process did not start with the chosen allocator (start_with_allocator); True
     otherwise."""
-    b = blas(torch)
-    if cpu and b["set_threads"]:
-        b["set_threads"](torch.get_num_threads())
-        b = blas(torch)
+    b = sized_to_torch(torch) if cpu else blas(torch)
     print(f"{program}: ran with: {describe(torch, b, gpu=not cpu)}", file=out, flush=True)
     if cpu and not b["optimized"]:
         print(f"{program}: {refusal(b)}", file=sys.stderr, flush=True)

@@ -127,10 +127,7 @@ def main() -> int:
     # Debian's PyTorch leaves OpenBLAS's own pool at one thread per core whatever
     # set_num_threads says: two ranks on two cores would run four BLAS threads, the idle ones
     # spinning in sched_yield. Sized as PyTorch's, as DDP's script does (torch_env.py).
-    blas = torch_env.blas(torch)
-    if blas["set_threads"]:
-        blas["set_threads"](torch.get_num_threads())
-        blas = torch_env.blas(torch)
+    blas = torch_env.sized_to_torch(torch)
     if hvd.rank() == 0:
         print(f"{PROGRAM}: ran with: {torch_env.describe(torch, blas)}", flush=True)
     try:

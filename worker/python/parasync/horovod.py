@@ -896,7 +896,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return g.detach().view(-1).numpy()
 
     def _stage_gradient(self, i: int) -> np.ndarray:
-        """What rank pushes for parameter i: p.grad itself where it can be read in place (see
+        """What this rank pushes for parameter i: p.grad itself where it can be read in place (see
         _own_grad), else p.grad (zeros when it has none), pre-divided, in the push buffer.
         Kept referenced until the step's push is settled (step_finish)."""
         if self._predivide == 1.0:
