@@ -26,6 +26,10 @@ Configurations:
                   DDP's allocator variables, tools/benchmarks/torch_env.py)
   hvd-colocated-fp16  the same with hvd.Compression.fp16 (half the bytes each way)
   hvd-colocated-bf16  the same with hvd.Compression.bf16
+  hvd-colocated2      hvd-colocated with two servers on every worker host (--ps h:2 --ipc):
+                      each shard's push smaller, so the one waiting for the last
+                      gradients holds less
+  hvd-colocated2-fp16 the same with hvd.Compression.fp16
 Every configuration trains the same model with Adam 1e-3, batch 64 per worker, seed 1.
 
 Prints a markdown table: examples/s (all workers' training examples over the wall time from
@@ -59,7 +63,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 NETLAB = os.path.join(ROOT, "tools", "netlab")
 CONFIGS = ("ddp", "dedicated", "colocated", "colocated-tcp", "colocated-bf16", "colocated-overlap",
            "colocated-overlap-bf16", "hvd-colocated", "hvd-colocated-fp16",
-           "hvd-colocated-bf16")
+           "hvd-colocated-bf16", "hvd-colocated2", "hvd-colocated2-fp16")
 DDP_PORT = 29400
 
 
@@ -203,6 +207,8 @@ def run_parasync(args, config, work):
     hosts = lab_hosts(name, count)
     workers = hosts[:args.workers]
     ps = ",".join(f"{h}:1" for h in hosts[args.workers:]) if dedicated else "colocated"
+    if "colocated2" in config:
+        ps = ",".join(f"{h}:2" for h in workers)
     log_dir = os.path.join(work, "run")
     flags = ["--ps", ps, "-H", ",".join(f"{h}:1" for h in workers), "--ssh-command",
              "$NETLAB_EXEC", "--model", "cnn", "--mode",
@@ -213,6 +219,8 @@ def run_parasync(args, config, work):
         flags += ["--wire-dtype", "bfloat16"]
     if config == "colocated-tcp":
         flags += ["--no-ipc"]
+    if "colocated2" in config:
+        flags += ["--ipc"]
     if config.startswith("hvd-"):
         # The script chooses its optimizer (worker-side) and learning rate.
         drop = {"--model": 2, "--optimizer": 2, "--lr": 2}
