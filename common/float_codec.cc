@@ -1,5 +1,7 @@
 #include "common/float_codec.h"
 
+#include "common/int8_codec.h"
+
 #include <algorithm>
 #include <bit>
 #include <cctype>
@@ -22,6 +24,7 @@ std::string_view DTypeName(DType dtype) {
     case DType::kFloat32: return "float32";
     case DType::kBfloat16: return "bfloat16";
     case DType::kFloat16: return "float16";
+    case DType::kInt8: return "int8";
   }
   return "unknown";
 }
@@ -32,6 +35,7 @@ std::optional<DType> ParseDType(std::string_view text) {
   if (t == "float32" || t == "fp32" || t == "f32") return DType::kFloat32;
   if (t == "bfloat16" || t == "bf16") return DType::kBfloat16;
   if (t == "float16" || t == "fp16" || t == "f16" || t == "half") return DType::kFloat16;
+  if (t == "int8" || t == "i8") return DType::kInt8;
   return std::nullopt;
 }
 
@@ -255,13 +259,30 @@ bool FloatCodecIsVectorized() {
 void EncodeFloats(const float* in, size_t n, DType to, void* out) {
   if (n == 0) return;  // the pointers may then be null (memcpy's are not allowed to be)
   if (to == DType::kFloat32) return (void)std::memcpy(out, in, n * sizeof(float));
+  if (to == DType::kInt8) return EncodeInt8(in, n, 0, out, nullptr);
   Narrow(in, n, to, static_cast<unsigned char*>(out));
 }
 
 void DecodeFloats(const void* in, size_t n, DType from, float* out) {
   if (n == 0) return;
   if (from == DType::kFloat32) return (void)std::memcpy(out, in, n * sizeof(float));
+  if (from == DType::kInt8) return DecodeInt8(in, n, 0, out);
   Widen(static_cast<const unsigned char*>(in), n, from, out);
+}
+
+size_t WireBytes(DType dtype, size_t n, int64_t offset) {
+  return dtype == DType::kInt8 ? Int8Bytes(offset, n) : n * DTypeSize(dtype);
+}
+
+void EncodeRange(const float* in, size_t n, int64_t offset, DType to, void* out,
+                 float* residual) {
+  if (to == DType::kInt8) return EncodeInt8(in, n, offset, out, residual);
+  EncodeFloats(in, n, to, out);
+}
+
+void DecodeRange(const void* in, size_t n, int64_t offset, DType from, float* out) {
+  if (from == DType::kInt8) return DecodeInt8(in, n, offset, out);
+  DecodeFloats(in, n, from, out);
 }
 
 void CopyFloatsStreaming(const float* in, size_t n, float* out) {

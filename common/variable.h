@@ -12,8 +12,9 @@
 namespace parasync {
 
 // Numbers are part of the wire protocol (schema/parasync.fbs): never renumber. Variables are
-// float32; the 16-bit types exist only on the wire (common/float_codec.h, --wire-dtype).
-enum class DType : uint8_t { kFloat32 = 0, kBfloat16 = 1, kFloat16 = 2 };
+// float32; the 16-bit types and int8 exist only on the wire (common/float_codec.h,
+// common/int8_codec.h, --wire-dtype).
+enum class DType : uint8_t { kFloat32 = 0, kBfloat16 = 1, kFloat16 = 2, kInt8 = 3 };
 
 enum class InitKind : uint8_t {
   kZeros = 0,

@@ -69,9 +69,14 @@ std::optional<std::string> PullReplies::Refusal(const Header& req,
   int64_t bytes = 0;
   const SliceMap* map = shard_->slice_map();  // registered: the ranges were validated
   for (const SliceRange& r : req.slices) {
-    bytes += req.dtype == DType::kFloat32 && map != nullptr
-                 ? map->slices()[r.slice_id].length * static_cast<int64_t>(sizeof(float))
-                 : r.count * static_cast<int64_t>(DTypeSize(req.dtype));
+    if (map == nullptr) {
+      bytes += r.count * static_cast<int64_t>(DTypeSize(req.dtype));
+    } else if (req.dtype == DType::kFloat32) {
+      bytes += map->slices()[r.slice_id].length * static_cast<int64_t>(sizeof(float));
+    } else {
+      bytes += static_cast<int64_t>(WireBytes(req.dtype, static_cast<size_t>(r.count),
+                                              map->slices()[r.slice_id].offset + r.begin));
+    }
   }
   bytes += RowReplyBytes(req);
   const int64_t peer_unread = peer.load(std::memory_order_relaxed);
@@ -109,9 +114,12 @@ std::vector<zmq::message_t> PullReplies::SliceFrames(const Header& req, const By
   std::vector<zmq::message_t> frames;
   frames.reserve(loans.size());
   size_t taken = 0;  // loans [taken, end) are still ours to return
+  const SliceMap& map = *shard_->slice_map();
   try {
     for (; taken < loans.size(); ++taken) {
-      AppendSliceFrame(req.dtype, loans[taken], peer, frames, taken);
+      const SliceRange& r = req.slices[taken];
+      AppendSliceFrame(req.dtype, map.slices()[r.slice_id].offset + r.begin, loans[taken], peer,
+                       frames, taken);
     }
   } catch (...) {
     // Out of memory mid-reply: what is not yet in a frame goes back (the frames built so
@@ -122,10 +130,10 @@ std::vector<zmq::message_t> PullReplies::SliceFrames(const Header& req, const By
   return frames;
 }
 
-void PullReplies::AppendSliceFrame(DType dtype, const Shard::Loan& loan,
+void PullReplies::AppendSliceFrame(DType dtype, int64_t offset, const Shard::Loan& loan,
                                    const ByteCounter& peer,
                                    std::vector<zmq::message_t>& frames, size_t& taken) {
-  const size_t size = static_cast<size_t>(loan.count) * DTypeSize(dtype);
+  const size_t size = WireBytes(dtype, static_cast<size_t>(loan.count), offset);
   if (size == 0) {
     frames.emplace_back();
     Shard::ReturnLoan(loan.token);
@@ -141,7 +149,7 @@ void PullReplies::AppendSliceFrame(DType dtype, const Shard::Loan& loan,
   if (!lent) {
     data = std::malloc(size);
     if (data == nullptr) throw std::bad_alloc();
-    EncodeFloats(loan.data, static_cast<size_t>(loan.count), dtype, data);
+    EncodeRange(loan.data, static_cast<size_t>(loan.count), offset, dtype, data);
     Shard::ReturnLoan(loan.token);
   } else {
     owned_hold->loan = loan.token;

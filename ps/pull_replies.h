@@ -60,8 +60,10 @@ class PullReplies {
   std::vector<zmq::message_t> SliceFrames(const Header& req, const ByteCounter& peer);
   // Appends the frame of `loan`, which it takes over; on a throw, `taken` counts past it if
   // it was given back already.
-  void AppendSliceFrame(DType dtype, const Shard::Loan& loan, const ByteCounter& peer,
-                        std::vector<zmq::message_t>& frames, size_t& taken);
+  // `offset`: where the loan's first element sits in its variable (int8's chunks).
+  void AppendSliceFrame(DType dtype, int64_t offset, const Shard::Loan& loan,
+                        const ByteCounter& peer, std::vector<zmq::message_t>& frames,
+                        size_t& taken);
   Status AppendRowFrames(const Header& req, const std::vector<std::vector<uint64_t>>& row_ids,
                          const ByteCounter& peer, std::vector<zmq::message_t>& frames);
 

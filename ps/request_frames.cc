@@ -109,7 +109,7 @@ Status ReadPushRowIds(const Header& req, const std::vector<zmq::message_t>& in_f
                              reason);
 }
 
-std::vector<const float*> GradientReader::Read(const Header& req,
+std::vector<const float*> GradientReader::Read(const Header& req, const SliceMap& map,
                                                const std::vector<zmq::message_t>& in_frames,
                                                std::vector<std::vector<float>>& realigned,
                                                std::vector<const float*>* row_grads) {
@@ -119,25 +119,30 @@ std::vector<const float*> GradientReader::Read(const Header& req,
   grads.reserve(first);
   row_grads->clear();
   if (req.dtype != DType::kFloat32) {
-    // A 16-bit wire dtype: widened to float32 before the finite check and the optimizer see
-    // it (NaN and Inf survive the narrowing, so the check still catches them).
+    // A 16-bit or int8 wire dtype: widened to float32 before the finite check and the
+    // optimizer see it (NaN and Inf survive the narrowing, so the check still catches them).
+    // Rows are never int8 (Shard::ValidateRows), so their counts are bytes over the size.
     const size_t size = DTypeSize(req.dtype);
     size_t total = 0;
-    for (size_t i = 0; i < first; ++i) total += in_frames[i].size() / size;
+    for (size_t i = 0; i < first; ++i) total += static_cast<size_t>(req.slices[i].count);
     for (size_t k = 0; k < req.rows.size(); ++k) {
       total += in_frames[first + 2 * k + 1].size() / size;
     }
     if (widened_.size() < total) widened_.resize(total);
     float* at = widened_.data();
-    auto widen = [&](const zmq::message_t& frame) {
-      const size_t count = frame.size() / size;
-      DecodeFloats(frame.data(), count, req.dtype, at);
+    auto widen = [&](const zmq::message_t& frame, size_t count, int64_t offset) {
+      DecodeRange(frame.data(), count, offset, req.dtype, at);
       at += count;
       return at - count;
     };
-    for (size_t i = 0; i < first; ++i) grads.push_back(widen(in_frames[i]));
+    for (size_t i = 0; i < first; ++i) {
+      const SliceRange& r = req.slices[i];
+      grads.push_back(widen(in_frames[i], static_cast<size_t>(r.count),
+                            map.slices()[r.slice_id].offset + r.begin));
+    }
     for (size_t k = 0; k < req.rows.size(); ++k) {
-      row_grads->push_back(widen(in_frames[first + 2 * k + 1]));
+      const zmq::message_t& values = in_frames[first + 2 * k + 1];
+      row_grads->push_back(widen(values, values.size() / size, 0));
     }
     return grads;
   }

@@ -54,8 +54,9 @@ class GradientReader {
   // The push's gradients as float32 arrays, the slices' returned and its row ranges' in
   // *row_grads: its frames, or (16-bit dtypes) this reader's buffer, or copies in
   // `realigned` for frames that are not aligned. Valid until the next Read. Precondition:
-  // CheckPush and ReadPushRowIds ok (frame sizes).
-  std::vector<const float*> Read(const Header& req, const std::vector<zmq::message_t>& in_frames,
+  // CheckPush and ReadPushRowIds ok (frame sizes); `map` is the shard's.
+  std::vector<const float*> Read(const Header& req, const SliceMap& map,
+                                 const std::vector<zmq::message_t>& in_frames,
                                  std::vector<std::vector<float>>& realigned,
                                  std::vector<const float*>* row_grads);
 

@@ -344,7 +344,8 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
   if (!AnswerRefusedGradient(req, admission.verdict, reply, reason)) return;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::vector<float>> realigned;  // only for frames that are not aligned
-  const std::vector<const float*> grads = gradients_.Read(req, in_frames, realigned, &rows.grads);
+  const std::vector<const float*> grads =
+      gradients_.Read(req, *shard_.slice_map(), in_frames, realigned, &rows.grads);
   const int64_t staleness = shard_.version() - admission.read_version;
   reply.status = rule_->Take({req, grads, rows.request(req), staleness}, reason);
   if (!reply.status.ok()) return;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/int8_codec.h"
 #include "ps/optimizer.h"
 
 namespace parasync {
@@ -157,6 +158,7 @@ Status Shard::Register(const ModelRegistration& reg, RejectReason* reason,
     const SliceInfo& info = map->slices()[id];
     SliceState state;
     state.values = LendableFloats(info.length);
+    state.offset = info.offset;
     const Initializer& init = reg.variables[info.var_index].init;
     if (init.kind == InitKind::kProvided) {
       std::memcpy(state.values.data(), values.bytes[next_value++].data(),
@@ -180,6 +182,12 @@ Status Shard::ValidateRows(std::span<const RowRange> ranges,
                            std::span<const std::vector<uint64_t>> ids, DType dtype,
                            std::optional<std::span<const size_t>> value_bytes,
                            RejectReason* reason) const {
+  if (dtype == DType::kInt8 && !ranges.empty()) {
+    // A row's residual would outlive the row's next pull by an unknown time: no int8 there.
+    *reason = RejectReason::kDType;
+    return Status::InvalidArgument(
+        "embedding rows are not sent in int8: use float32, bfloat16 or float16");
+  }
   for (size_t i = 0; i < ranges.size(); ++i) {
     if (i > 0 && ranges[i].table <= ranges[i - 1].table) {
       *reason = RejectReason::kOrder;
@@ -249,10 +257,11 @@ Status Shard::ValidateRanges(std::span<const SliceRange> ranges, DType dtype,
     return Status::FailedPrecondition("shard " + std::to_string(shard_index_) +
                                       " has no model yet: send Register first");
   }
-  if (dtype != DType::kFloat32 && dtype != DType::kBfloat16 && dtype != DType::kFloat16) {
+  if (dtype != DType::kFloat32 && dtype != DType::kBfloat16 && dtype != DType::kFloat16 &&
+      dtype != DType::kInt8) {
     *reason = RejectReason::kDType;
     return Status::InvalidArgument("dtype " + std::to_string(static_cast<int>(dtype)) +
-                                   " is not a wire dtype (float32, bfloat16 or float16)");
+                                   " is not a wire dtype (float32, bfloat16, float16 or int8)");
   }
   if (frame_bytes && frame_bytes->size() != ranges.size()) {
     *reason = RejectReason::kFrameCount;
@@ -281,7 +290,8 @@ Status Shard::ValidateRanges(std::span<const SliceRange> ranges, DType dtype,
                                      std::to_string(length) + " elements");
     }
     if (frame_bytes) {
-      const size_t want = static_cast<size_t>(r.count) * DTypeSize(dtype);
+      const size_t want = WireBytes(dtype, static_cast<size_t>(r.count),
+                                    map_->slices()[r.slice_id].offset + r.begin);
       if ((*frame_bytes)[i] != want) {
         *reason = RejectReason::kByteLength;
         return Status::InvalidArgument("tensor frame " + std::to_string(i) + " has " +
@@ -444,7 +454,7 @@ Status Shard::ApplySgdWhole(std::span<const SliceRange> ranges,
 
 Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                          int64_t batch_examples, RejectReason* reason, int rank,
-                         const RowsRequest& rows) {
+                         const RowsRequest& rows, DType wire) {
   // Slice ids are strictly increasing (ValidateRanges), so covering every slice whole means
   // exactly one full range per owned slice.
   bool whole = ranges.size() == owned_.size();
@@ -479,12 +489,23 @@ Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const flo
     for (int64_t k = 0; k < ranges[i].count; ++k) mine[static_cast<size_t>(k)] += g[k];
   }
   pending_examples_ += batch_examples > 0 ? batch_examples : 0;
+  step_int8_ |= wire == DType::kInt8;
   return Status::Ok();
+}
+
+void Shard::QuantizeAverage(SliceState& s) {
+  const size_t n = average_.size();
+  if (s.pull_residual.size() != n) s.pull_residual.assign(n, 0.0f);
+  quantized_.resize(Int8Bytes(s.offset, n));
+  EncodeInt8(average_.data(), n, s.offset, quantized_.data(), s.pull_residual.data());
+  DecodeInt8(quantized_.data(), n, s.offset, average_.data());
 }
 
 Status Shard::ApplyAccumulated(int count) {
   const float inv = 1.0f / static_cast<float>(count);
   const float lr_scale = LrScheduleFactor(registration_->optimizer, examples_);
+  const bool quantize = step_int8_ && registration_->optimizer.kind == OptimizerKind::kAggregate;
+  step_int8_ = false;
   for (SliceState& s : owned_) {
     average_.assign(s.values.size(), 0.0f);
     // Rank order, whatever order the pushes came in.
@@ -497,6 +518,7 @@ Status Shard::ApplyAccumulated(int count) {
       }
     }
     for (float& a : average_) a *= inv;
+    if (quantize) QuantizeAverage(s);
     ApplyToSlice(s, 0, average_.data(), static_cast<int64_t>(average_.size()), lr_scale);
   }
   tables_.SetNow(ExpiryNow());

@@ -150,9 +150,15 @@ class Shard {
   // is one buffer per contributing rank, (contributors) x the shard's elements.
   // A push's rows are kept apart per rank too; the step applies to each row the average over
   // the ranks that pushed it (TensorFlow's SyncReplicasOptimizer for IndexedSlices).
+  //
+  // `wire`: the push's dtype. When a step of a worker-side aggregate (OptimizerKind::
+  // kAggregate) had an int8 push, its average is quantized as an int8 pull would carry it,
+  // with the shard's residual (error feedback, common/int8_codec.h), and that is the value
+  // every worker reads: the part not sent goes into the next step, and an int8 pull of it
+  // sends exactly what is stored.
   Status Accumulate(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                     int64_t batch_examples, RejectReason* reason, int rank,
-                    const RowsRequest& rows = {});
+                    const RowsRequest& rows = {}, DType wire = DType::kFloat32);
   // Sync mode: applies the optimizer once with the average of the `count` accumulated
   // gradients (summed in rank order) at the scheduled learning rate, clears them, and
   // increments version() by one and examples() by the accumulated examples. Precondition:
@@ -213,6 +219,11 @@ class Shard {
     // zeroed between steps)
     std::vector<std::vector<float>> by_rank;
     int64_t updates = 0;
+    int64_t offset = 0;  // of its first element in its variable
+    // A worker-side optimizer's steps pushed in int8: what the step's average lost to the
+    // quantization of the value the workers pull, added to the next step's (allocated on
+    // the first such step; not durable: a restarted server starts it at zero).
+    std::vector<float> pull_residual;
   };
   // InvalidArgument + kNonFinite naming the first range whose gradient has a NaN or Inf;
   // the ranges are checked on the apply threads when `parallel`.
@@ -226,6 +237,9 @@ class Shard {
   void ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn) const;
   void ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_t count,
                     float lr_scale);
+  // average_ (the step's, of slice `s`) quantized to what an int8 pull sends, with the
+  // slice's pull residual (Accumulate's `wire`).
+  void QuantizeAverage(SliceState& s);
   // The buffer an out-of-place update of `s` writes into: its spare when no reply still
   // reads it, else a new one.
   static LendableFloats TakeSpare(SliceState& s);
@@ -244,6 +258,8 @@ class Shard {
   std::optional<SliceMap> map_;
   std::vector<int32_t> local_index_;  // slice id -> index in owned_, or -1
   std::vector<SliceState> owned_;
+  bool step_int8_ = false;             // the open sync step had an int8 push
+  std::vector<int8_t> quantized_;      // QuantizeAverage's wire bytes
   int64_t version_ = 0;
   int64_t examples_ = 0;
   int64_t pending_examples_ = 0;  // sync: examples behind the current step's sum

@@ -350,7 +350,10 @@ void AddFaultAndWireFlags(CLI::App& app, WorkerFlags& f) {
                  "How parameters and gradients travel: float32, or bfloat16 / float16 (bf16, "
                  "fp16) for half the bytes, each value rounded to nearest once per transfer "
                  "(the servers keep float32; float16 saturates at +-65504, bfloat16 keeps "
-                 "float32's range with 8 bits of precision)");
+                 "float32's range with 8 bits of precision), or int8: gradients in a quarter "
+                 "of the bytes, a power-of-two scale per 128 elements, what each push did not "
+                 "send added to the next (error feedback); parameters pulled in bfloat16 "
+                 "(docs/compression.md)");
   app.add_option("--copy-threads", f.copy_threads,
                  "Threads that copy a pulled model of 1 MiB or more into the training buffers, "
                  "this worker's training thread included (1: that thread alone); a helper not "
@@ -573,7 +576,7 @@ parasync::Result<WorkerConfig> Validate(const WorkerFlags& f) {
   c.optimizer = *opt;
   const std::optional<DType> wire = ParseDType(f.wire_dtype);
   if (!wire) {
-    return Status::InvalidArgument("--wire-dtype must be float32, bfloat16 or float16, not '" +
+    return Status::InvalidArgument("--wire-dtype must be float32, bfloat16, float16 or int8, not '" +
                                    f.wire_dtype + "'");
   }
   c.wire = *wire;

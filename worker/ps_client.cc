@@ -355,6 +355,7 @@ Status PsClient::Register(const ModelRegistration& reg, std::chrono::millisecond
                                    " variables, the model has " +
                                    std::to_string(reg.variables.size()));
   }
+  PARASYNC_RETURN_IF_ERROR(CheckWireDType(reg));
   auto map = SliceMap::Build(reg.variables, reg.max_slice_elements, reg.num_shards);
   if (!map.ok()) return map.status();
   const bool joins = initial_values.empty() &&
@@ -399,9 +400,18 @@ Status PsClient::Adopt(const ModelRegistration& reg) {
     return Status::InvalidArgument("the model is registered for " + std::to_string(reg.num_shards) +
                                    " shards but " + std::to_string(num_shards()) + " are given");
   }
+  PARASYNC_RETURN_IF_ERROR(CheckWireDType(reg));
   auto map = SliceMap::Build(reg.variables, reg.max_slice_elements, reg.num_shards);
   if (!map.ok()) return map.status();
   UseModel(reg, std::move(map).value());
+  return Status::Ok();
+}
+
+Status PsClient::CheckWireDType(const ModelRegistration& reg) const {
+  if (options_.wire_dtype == DType::kInt8 && !reg.tables.empty()) {
+    return Status::InvalidArgument(
+        "--wire-dtype int8 does not apply to embedding tables: use bfloat16 or float16");
+  }
   return Status::Ok();
 }
 
@@ -413,8 +423,14 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
     var_sizes_.push_back(v.num_elements());
     total += v.num_elements();
   }
-  // Room for a whole push in 16 bits (no push is in flight between calls), a run per shard.
+  // Room for a whole push in 16 bits (no push is in flight between calls), a run per shard;
+  // int8's (a byte per element and one per chunk) fits in the same.
   narrowed_.assign(options_.wire_dtype == DType::kFloat32 ? 0 : static_cast<size_t>(total), 0);
+  const bool int8 = options_.wire_dtype == DType::kInt8;
+  push_residual_.assign(int8 ? static_cast<size_t>(total) : 0, 0.0f);
+  pull_dtype_ = !int8 ? options_.wire_dtype
+                : reg.optimizer.kind == OptimizerKind::kAggregate ? DType::kInt8
+                                                                  : DType::kBfloat16;
   narrowed_at_.assign(static_cast<size_t>(num_shards()), 0);
   shard_vars_.assign(static_cast<size_t>(num_shards()), {});
   var_shards_.assign(reg.variables.size(), {});
@@ -483,7 +499,7 @@ void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::ve
     o.header.type = MsgType::kPull;
     o.header.min_version = min_versions[static_cast<size_t>(s)];
     o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
-    o.header.dtype = options_.wire_dtype;  // the dtype the reply is to carry
+    o.header.dtype = pull_dtype_;  // the dtype the reply is to carry
     for (uint32_t id : with_slices ? map_->SlicesOfShard(s) : std::vector<uint32_t>{}) {
       o.header.slices.push_back({id, 0, map_->slices()[id].length});
     }
@@ -517,8 +533,11 @@ void PsClient::AddPushRowFrames(const ShardRows& split, RowSet rows, Outgoing& o
 PsClient::Outgoing PsClient::PushRequest(int s, std::span<const float* const> grads,
                                          int64_t batch_examples, int64_t read_version,
                                          uint64_t seq, RowSet rows, const ShardRows& split) {
-  const bool narrow = options_.wire_dtype != DType::kFloat32;
-  uint16_t* next_narrowed = narrow ? narrowed_.data() + narrowed_at_[static_cast<size_t>(s)] : nullptr;
+  const DType dtype = options_.wire_dtype;
+  const bool narrow = dtype != DType::kFloat32;
+  const size_t run = narrow ? narrowed_at_[static_cast<size_t>(s)] : 0;
+  auto* next_narrowed = narrow ? reinterpret_cast<uint8_t*>(narrowed_.data() + run) : nullptr;
+  float* residual = dtype == DType::kInt8 ? push_residual_.data() + run : nullptr;
   Outgoing o;
   o.header.type = MsgType::kPush;
   o.header.batch_examples = batch_examples;
@@ -540,14 +559,17 @@ PsClient::Outgoing PsClient::PushRequest(int s, std::span<const float* const> gr
     // until ZeroMQ released every frame (ReleasePushFrames).
     void* data = const_cast<float*>(grads[info.var_index] + info.offset);
     const auto count = static_cast<size_t>(info.length);
+    const size_t bytes = WireBytes(dtype, count, info.offset);
     if (narrow) {
-      EncodeFloats(static_cast<const float*>(data), count, options_.wire_dtype, next_narrowed);
+      EncodeRange(static_cast<const float*>(data), count, info.offset, dtype, next_narrowed,
+                  residual);
       data = next_narrowed;
-      next_narrowed += count;
+      next_narrowed += bytes;
+      if (residual != nullptr) residual += count;
     }
     std::atomic<int64_t>* counter = &unreleased_[static_cast<size_t>(s)];
     counter->fetch_add(1, std::memory_order_relaxed);
-    o.frames.emplace_back(data, count * DTypeSize(options_.wire_dtype), &ReleaseFrame, counter);
+    o.frames.emplace_back(data, bytes, &ReleaseFrame, counter);
   }
   AddPushRowFrames(split, rows, o);
   return o;
@@ -602,6 +624,7 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
   struct Copy {
     const void* from;
     size_t count;
+    int64_t offset;  // in its variable
     DType dtype;
     float* to;
   };
@@ -621,20 +644,21 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
     }
     // The reply carries the dtype asked for (a server that ignores the field: float32).
     const DType dtype = in.header->dtype;
-    if (dtype != options_.wire_dtype && dtype != DType::kFloat32) {
+    if (dtype != pull_dtype_ && dtype != DType::kFloat32) {
       return Status::Corruption("ps shard " + std::to_string(shards[i]) + " answered a " +
-                                std::string(DTypeName(options_.wire_dtype)) + " pull in " +
+                                std::string(DTypeName(pull_dtype_)) + " pull in " +
                                 std::string(DTypeName(dtype)));
     }
     for (size_t k = 0; k < ids.size(); ++k) {
       const SliceInfo& info = map_->slices()[ids[k]];
       const auto count = static_cast<size_t>(info.length);
       if (in.header->slices[k].slice_id != ids[k] ||
-          in.frames[k].size() != count * DTypeSize(dtype)) {
+          in.frames[k].size() != WireBytes(dtype, count, info.offset)) {
         return Status::Corruption("ps shard " + std::to_string(shards[i]) +
                                   " answered a pull with a mismatching slice");
       }
-      copies.push_back({in.frames[k].data(), count, dtype, params[info.var_index] + info.offset});
+      copies.push_back(
+          {in.frames[k].data(), count, info.offset, dtype, params[info.var_index] + info.offset});
       elements += info.length;
     }
     lowest = std::min(lowest, in.header->version);
@@ -647,7 +671,8 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
       CopyFloatsStreaming(static_cast<const float*>(copies[c].from), copies[c].count,
                           copies[c].to);
     } else {
-      DecodeFloats(copies[c].from, copies[c].count, copies[c].dtype, copies[c].to);
+      DecodeRange(copies[c].from, copies[c].count, copies[c].offset, copies[c].dtype,
+                  copies[c].to);
     }
   };
   if (copy_threads_ && elements >= kParallelCopyElements) {

@@ -60,7 +60,11 @@ struct PsClientOptions {
   std::optional<CurveClientKeys> curve;
   // How tensors travel (common/float_codec.h): float32 as they are, or narrowed to bfloat16
   // or float16 (half the bytes; values and gradients are rounded once per transfer, the
-  // parameters the servers keep stay float32).
+  // parameters the servers keep stay float32), or int8 (common/int8_codec.h): pushes
+  // quantized with error feedback (this client keeps what each push did not send and adds
+  // it to the next); pulls of a worker-side aggregate in int8 too (the servers keep that
+  // residual), pulls of parameters in bfloat16 (a quantized parameter's error would not be
+  // fed back). Not with embedding tables (Register refuses).
   DType wire_dtype = DType::kFloat32;
   // Threads that copy a pull reply of at least PsClient::kParallelCopyElements into the
   // caller's parameters: the calling thread and copy_threads - 1 helpers, a slice at a time
@@ -372,7 +376,10 @@ class PsClient {
                        std::vector<Outgoing>* requests, RowSet rows,
                        const std::vector<ShardRows>& split);
   // The push of shard s with sequence number `seq`; its frames point into `grads` (or into
-  // narrowed_, at the shard's own run).
+  // narrowed_, at the shard's own run). An int8 push moves push_residual_ on: called once
+  // per push (a resend sends the same frames again).
+  // InvalidArgument where the wire dtype cannot carry `reg` (int8 with embedding tables).
+  Status CheckWireDType(const ModelRegistration& reg) const;
   Outgoing PushRequest(int s, std::span<const float* const> grads, int64_t batch_examples,
                        int64_t read_version, uint64_t seq, RowSet rows, const ShardRows& split);
   // A push's rows for one shard: an ids frame and a values frame per range (copies, each row
@@ -405,8 +412,13 @@ class PsClient {
   // A push's gradients narrowed to a 16-bit wire_dtype (sized by UseModel), one run per
   // slice in shard order; the push frames point into it (so it is only written once every
   // frame was released).
+  // int8 uses the first (elements + chunks) bytes of a run.
   std::vector<uint16_t> narrowed_;
   std::vector<size_t> narrowed_at_;  // by shard: where its run starts in narrowed_
+  // int8 pushes: what each element's pushes have not sent yet, laid out as narrowed_'s runs
+  // (error feedback, common/int8_codec.h); zero until the first push.
+  std::vector<float> push_residual_;
+  DType pull_dtype_ = DType::kFloat32;  // what pulls ask for (wire_dtype; int8: above)
   std::vector<int64_t> var_sizes_;
   // The variables each shard holds slices of (each once), and the shards of each variable.
   std::vector<std::vector<size_t>> shard_vars_;

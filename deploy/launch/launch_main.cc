@@ -229,11 +229,12 @@ void AddTrainingFlags(CLI::App& app, LaunchOptions& options) {
   AddOptional(training, "--max-steps", "N", options.max_steps,
               "Stop each worker after this many steps", IntegerValidator(false));
   AddOptional(training, "--wire-dtype", "DTYPE", options.wire_dtype,
-              "How tensors travel: float32, bfloat16 or float16 (half the bytes)",
+              "How tensors travel: float32, bfloat16 or float16 (half the bytes), or int8 "
+              "(gradients in a quarter, with error feedback; docs/compression.md)",
               CLI::Validator(
                   [](std::string& value) -> std::string {
                     if (parasync::ParseDType(value)) return std::string();
-                    return "float32, bfloat16 or float16 (bf16, fp16) is required, got '" +
+                    return "float32, bfloat16, float16 or int8 (bf16, fp16) is required, got '" +
                            value + "'";
                   },
                   std::string()));

@@ -275,8 +275,8 @@ TEST(WireTest, DecodeRejectsOutOfRangeEnumsAsCorruption) {
   ExpectCorruption(h, "header dtype 7");
   h = Header{};
   h.registration = SampleRegistration();
-  h.registration->variables[1].dtype = static_cast<DType>(3);
-  ExpectCorruption(h, "variable dtype 3");
+  h.registration->variables[1].dtype = static_cast<DType>(9);
+  ExpectCorruption(h, "variable dtype 9");
   h = Header{};
   h.registration = SampleRegistration();
   h.registration->variables[0].init.kind = static_cast<InitKind>(4);

@@ -41,13 +41,14 @@ std::string Floats(int64_t count, float value) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
-// `count` floats (value, 2 x value, ... 7 x value, repeated) in `dtype`'s wire encoding.
-std::string Values(int64_t count, float value, DType dtype) {
+// `count` floats (value, 2 x value, ... 7 x value, repeated) in `dtype`'s wire encoding, the
+// first at element `offset` of its variable (int8's chunks).
+std::string Values(int64_t count, float value, DType dtype, int64_t offset = 0) {
   if (dtype == DType::kFloat32) return Floats(count, value);
   const std::string f = Floats(count, value);
-  std::string out(static_cast<size_t>(count) * DTypeSize(dtype), '\0');
-  EncodeFloats(reinterpret_cast<const float*>(f.data()), static_cast<size_t>(count), dtype,
-               out.data());
+  std::string out(WireBytes(dtype, static_cast<size_t>(count), offset), '\0');
+  EncodeRange(reinterpret_cast<const float*>(f.data()), static_cast<size_t>(count), offset,
+              dtype, out.data());
   return out;
 }
 
@@ -78,6 +79,7 @@ class Seeds {
       std::fprintf(stderr, "%s\n", map.status().ToString().c_str());
       std::exit(1);
     }
+    for (const SliceInfo& s : map->slices()) offsets_.push_back(s.offset);
     for (uint32_t id : map->SlicesOfShard(0)) {
       here_.push_back({id, 0, map->slices()[id].length});
     }
@@ -142,7 +144,10 @@ class Seeds {
     h.seq = (uint64_t{0x5eed} << 32) | static_cast<uint64_t>(++seq_);
     for (const Rows& r : rows) h.rows.push_back({r.table, static_cast<int64_t>(r.ids.size())});
     Message m{Frame(h)};
-    for (const SliceRange& r : h.slices) m.push_back(Values(r.count, value, dtype));
+    for (const SliceRange& r : h.slices) {
+      const int64_t offset = r.slice_id < offsets_.size() ? offsets_[r.slice_id] + r.begin : 0;
+      m.push_back(Values(r.count, value, dtype, offset));
+    }
     for (const Rows& r : rows) {
       m.push_back(IdsFrame(r.ids));
       m.push_back(Values(static_cast<int64_t>(r.ids.size()) * Dim(r.table), value, dtype));
@@ -167,6 +172,7 @@ class Seeds {
   Config config_;
   ModelRegistration model_;
   std::vector<SliceRange> here_, elsewhere_;
+  std::vector<int64_t> offsets_;  // by slice id: its first element in its variable
   uint64_t request_id_ = 0;
   int64_t seq_ = 0;
 };
@@ -296,6 +302,15 @@ void AddRowEncodings(const TrainingRows& r, SeedFiles& seeds) {
                               s.PushRows(1, 1, s.here(), r.rows1, 0.03f, DType::kFloat16),
                               s.PullRows(0, 1, s.here(), r.rows0, DType::kFloat16),
                               s.PullRows(1, 1, {}, r.rows1, DType::kBfloat16)}));
+  // int8 slices both ways (a byte per element, one per 128-element chunk), a frame short of
+  // one chunk's exponent, and int8 rows (refused: rows never travel in int8).
+  Message short_int8 = s.PushRows(0, 1, s.here(), {}, 0.02f, DType::kInt8);
+  short_int8[1].pop_back();
+  seeds.emplace_back("int8-slices",
+                     s.Input({s.PushRows(0, 0, s.here(), {}, 0.01f, DType::kInt8),
+                              s.PullRows(0, 1, s.here(), {}, DType::kInt8), short_int8,
+                              s.PushRows(1, 1, s.here(), r.rows1, 0.03f, DType::kInt8),
+                              s.PullRows(1, 1, {}, r.rows1, DType::kInt8)}));
   // Ids nobody pushed read as their initial value and create nothing; an empty ids frame.
   seeds.emplace_back("rows-pull-unseen",
                      s.Input({s.PullRows(0, 0, {}, {{0, IdsOn(0, 0, 900, 40)}, {1, {}}}),

@@ -121,7 +121,8 @@ void SendFrames(zmq::socket_t& dealer, const Message& frames) {
 
 // Reads and checks every reply waiting on `dealer`; `tables` are the server's (for the width
 // of a pull reply's rows).
-std::vector<Header> DrainReplies(zmq::socket_t& dealer, const EmbeddingTables& tables) {
+std::vector<Header> DrainReplies(zmq::socket_t& dealer, const Shard& shard) {
+  const EmbeddingTables& tables = shard.tables();
   std::vector<Header> replies;
   for (;;) {
     zmq::message_t head;
@@ -143,9 +144,16 @@ std::vector<Header> DrainReplies(zmq::socket_t& dealer, const EmbeddingTables& t
                  std::to_string(h->slices.size()) + " slice ranges and " +
                  std::to_string(h->rows.size()) + " row ranges");
       }
-      // A pull may ask for 16-bit values (--wire-dtype); the reply says which it carries.
+      // A pull may ask for 16-bit or int8 values (--wire-dtype); the reply says which it
+      // carries (int8's length depends on where the range sits in its variable).
+      const SliceMap* map = shard.slice_map();
       for (size_t i = 0; i < h->slices.size(); ++i) {
-        if (tensors[i].size() != static_cast<size_t>(h->slices[i].count) * DTypeSize(h->dtype)) {
+        const SliceRange& r = h->slices[i];
+        if (map == nullptr || r.slice_id >= map->slices().size()) {
+          Violated("a pull reply names a slice the server has no map for");
+        }
+        const int64_t offset = map->slices()[r.slice_id].offset + r.begin;
+        if (tensors[i].size() != WireBytes(h->dtype, static_cast<size_t>(r.count), offset)) {
           Violated("a pull reply's tensor frame has the wrong length");
         }
       }
@@ -249,7 +257,7 @@ void RunInput(const uint8_t* data, size_t size) {
     ++sent;
     Result<bool> served = server->ServeOnce(kServeTimeout);
     if (!served.ok()) Violated("the server's socket broke: " + served.status().ToString());
-    std::vector<Header> got = DrainReplies(dealer, tables);
+    std::vector<Header> got = DrainReplies(dealer, shard);
     if (tables.rows_held() > kMaxTableRows || tables.rows_held() > tables.capacity()) {
       Violated("the server holds " + std::to_string(tables.rows_held()) +
                " embedding rows, more than its cap of " + std::to_string(kMaxTableRows));

@@ -210,7 +210,7 @@ Result<DType> ParseWireDType(const char* dtype) {
   PARASYNC_RETURN_IF_ERROR(Need(dtype, "dtype"));
   const std::optional<DType> parsed = ParseDType(dtype);
   if (!parsed) {
-    return Status::InvalidArgument("the wire dtype must be float32, bfloat16 or float16, not '" +
+    return Status::InvalidArgument("the wire dtype must be float32, bfloat16, float16 or int8, not '" +
                                    std::string(dtype) + "'");
   }
   return *parsed;

@@ -40,6 +40,7 @@ Usage: horovod_test.py BIN_DIR PYTHON_DIR SOURCE_DIR
 
 import glob
 import json
+import math
 import os
 import subprocess
 import sys
@@ -212,7 +213,20 @@ def worker_collectives() -> dict:
 # "predivide": gradient_predivide_factor, the gradient divided in a host buffer first. The
 # result lands in p.grad either way; a frozen bias keeps no gradient.
 OPTIONS = {"sum": {"op": "Sum", "backward_passes_per_step": 2},
-           "predivide": {"gradient_predivide_factor": 2.0}}
+           "predivide": {"gradient_predivide_factor": 2.0},
+           # Inputs of (rank + 1) / 5: gradients off int8's grid, so its rounding shows.
+           "int8": {"compression": "int8"}}
+
+
+def int8_round_trip(t):
+    """common/int8_codec.h for one chunk (the 6 weights are one): a power-of-two scale, the
+    smallest with max|t| <= 127 * 2^e, and t / 2^e rounded to nearest even."""
+    m = float(t.abs().max())
+    if m == 0.0:
+        return t.clone()
+    f, k = math.frexp(m)
+    e = min(max(k - 7 if f <= 127 / 128 else k - 6, -110), 121)
+    return torch.round(t * 2.0 ** -e).clamp(-127, 127) * 2.0 ** e
 
 
 def worker_options(option: str) -> dict:
@@ -223,12 +237,15 @@ def worker_options(option: str) -> dict:
     kwargs = dict(OPTIONS[option])
     if "op" in kwargs:
         kwargs["op"] = getattr(hvd, kwargs["op"])
+    if "compression" in kwargs:
+        kwargs["compression"] = getattr(hvd.Compression, kwargs["compression"])
+    value = (hvd.rank() + 1) / 5 if option == "int8" else float(hvd.rank() + 1)
     m = torch.nn.Linear(3, 2)
     m.bias.requires_grad_(False)
     o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
                                  named_parameters=m.named_parameters(), **kwargs)
     for _ in range(kwargs.get("backward_passes_per_step", 1)):
-        m(torch.full((2, 3), float(hvd.rank() + 1))).sum().backward()  # 2 (rank + 1) each
+        m(torch.full((2, 3), value)).sum().backward()  # 2 value each
     o.synchronize()
     out = {"grad": m.weight.grad.clone(), "frozen": m.bias.grad}
     hvd.shutdown()
@@ -244,6 +261,12 @@ def check_options(option: str, workdir: str) -> None:
     passes = OPTIONS[option].get("backward_passes_per_step", 1)
     mean = 2 * passes * (n + 1) / 2
     want = mean * n if OPTIONS[option].get("op") == "Sum" else mean
+    if option == "int8":  # each rank's gradient quantized, then the servers' average
+        given = [torch.full((2, 3), 2 * (r + 1) / 5) for r in range(n)]
+        sent = [int8_round_trip(g) for g in given]
+        want = float(int8_round_trip((sent[0] + sent[1]) * 0.5)[0, 0])
+        plain = float((given[0] + given[1])[0, 0] * 0.5)
+        check(want != plain, f"options int8: the gradients are off int8's grid ({want})")
     for r, res in enumerate(results):
         check(torch.equal(res["grad"], torch.full((2, 3), want)) and res["frozen"] is None,
               f"options {option}, rank {r}: gradient {res['grad'][0, 0].item()} (want {want}), "
@@ -443,7 +466,8 @@ if sys.argv[1] == "--worker":
               "collectives": worker_collectives,
               "async": worker_async,
               "options_sum": lambda: worker_options("sum"),
-              "options_predivide": lambda: worker_options("predivide")}[SCENARIO]()
+              "options_predivide": lambda: worker_options("predivide"),
+              "options_int8": lambda: worker_options("int8")}[SCENARIO]()
     torch.save(result, OUT)
     sys.exit(0)
 
@@ -782,7 +806,8 @@ def check_elastic(workdir: str, victim: int) -> None:
 
 def main() -> int:
     # HOROVOD_TEST_ONLY=name[,name]: only those parts (sgd, adamw, collectives2, collectives3,
-    # async, options_sum, options_predivide, dead_peer, join, elastic, elastic_rank0), for a
+    # async, options_sum, options_predivide, options_int8, dead_peer, join, elastic,
+    # elastic_rank0), for a
     # person debugging one; the workers' logs are printed when one fails.
     only = set(filter(None, os.environ.get("HOROVOD_TEST_ONLY", "").split(",")))
     parts = {"sgd": lambda d: check_training("sgd", d),
@@ -792,6 +817,7 @@ def main() -> int:
              "async": check_async,
              "options_sum": lambda d: check_options("sum", d),
              "options_predivide": lambda d: check_options("predivide", d),
+             "options_int8": lambda d: check_options("int8", d),
              "dead_peer": check_dead_peer,
              "join": check_join,
              "elastic": lambda d: check_elastic(d, victim=1),

@@ -65,7 +65,7 @@ def parse():
                    default=int(os.environ.get("PARASYNC_MAX_STEPS") or 0) or None,
                    help="stop each rank after this many steps in all (default "
                         "PARASYNC_MAX_STEPS, parasync-launch --max-steps; else none)")
-    p.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none",
+    p.add_argument("--compression", choices=("none", "fp16", "bf16", "int8"), default="none",
                    help="how gradients travel (hvd.Compression; default %(default)s)")
     p.add_argument("--clip", type=float, default=5.0,
                    help="clip the averaged gradients' norm to this; 0: no clipping (default "
@@ -169,7 +169,7 @@ def main() -> int:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     compression = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
-                   "bf16": hvd.Compression.bf16}[args.compression]
+                   "bf16": hvd.Compression.bf16, "int8": hvd.Compression.int8}[args.compression]
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
 

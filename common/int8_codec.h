@@ -1,0 +1,51 @@
+// int8 on the wire (--wire-dtype int8): a quarter of float32's bytes, with error feedback.
+//
+// A variable's elements are cut into chunks of kInt8Chunk at fixed positions of the variable
+// (element i is in chunk i / kInt8Chunk), wherever the servers' slices begin: the same
+// values quantize the same way for any number of servers but in a chunk that a slice's edge
+// cuts (each side is quantized alone). Each chunk that a range touches costs one exponent
+// byte e, then every element one signed byte q, and the value sent is q * 2^e:
+//
+//   [ e of each chunk touched, in order ][ q of each element, in order ]
+//
+// e is the smallest in [kInt8MinExponent, kInt8MaxExponent] with max|v| <= 127 * 2^e over
+// the chunk's elements in the range; q = v / 2^e rounded to nearest, ties to even, clamped
+// to [-127, 127]. The scale being a power of two, q * 2^e is exact, and encoding a decoded
+// range again gives the same bytes. A chunk holding NaN or Inf is sent as e = -128 and
+// decodes to NaN throughout, so the server's finite check and an AMP GradScaler still see
+// the bad step. Every element of a chunk is then within 2^(e-1) of what was given, which is
+// less than 1/127 of the chunk's largest magnitude (the scale being a power of two, up to
+// twice what max/127 would be: about 7 bits of precision instead of 8, for exact and
+// idempotent decoding and one byte of scale instead of four).
+//
+// Error feedback: with a residual r, the sender quantizes v = x + r and keeps r = v - sent
+// (exact: v and what was sent are within a factor of two, or what was sent is zero), so
+// what was not sent this time is added to the next: over steps, the sum of what was sent
+// plus the residual is the sum of what was given. A non-finite chunk's residual is reset
+// to zero (its step is skipped; the residual must not carry NaN into every later one).
+// Pure functions; thread-safe; any alignment.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace parasync {
+
+inline constexpr int64_t kInt8Chunk = 128;
+inline constexpr int kInt8MinExponent = -110;  // 2^-110 * q stays a normal float
+inline constexpr int kInt8MaxExponent = 121;   // 127 * 2^121 is still finite
+inline constexpr int8_t kInt8NonFinite = -128;
+
+// Chunks touched by `n` elements from element `offset` of a variable (0 when n is 0).
+size_t Int8Chunks(int64_t offset, size_t n);
+// Wire bytes of that range: Int8Chunks(offset, n) + n.
+inline size_t Int8Bytes(int64_t offset, size_t n) { return Int8Chunks(offset, n) + n; }
+
+// Writes `in[0, n)`, elements offset..offset+n of a variable, as Int8Bytes(offset, n) bytes
+// into `out`. With a `residual` of n floats, quantizes in + residual and leaves there what
+// was not sent (above); without one, quantizes `in` itself.
+void EncodeInt8(const float* in, size_t n, int64_t offset, void* out, float* residual);
+// Reads Int8Bytes(offset, n) bytes written by EncodeInt8 into `n` floats.
+void DecodeInt8(const void* in, size_t n, int64_t offset, float* out);
+
+}  // namespace parasync

@@ -1,0 +1,168 @@
+#include "common/int8_codec.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/float_codec.h"
+
+namespace parasync {
+namespace {
+
+std::vector<float> Gaussian(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<float> RoundTrip(const std::vector<float>& in, int64_t offset,
+                             float* residual = nullptr) {
+  std::vector<int8_t> wire(Int8Bytes(offset, in.size()));
+  EncodeInt8(in.data(), in.size(), offset, wire.data(), residual);
+  std::vector<float> out(in.size());
+  DecodeInt8(wire.data(), in.size(), offset, out.data());
+  return out;
+}
+
+TEST(Int8CodecTest, ChunksFollowTheVariableNotTheRange) {
+  EXPECT_EQ(Int8Chunks(0, 0), 0u);
+  EXPECT_EQ(Int8Chunks(0, 1), 1u);
+  EXPECT_EQ(Int8Chunks(0, 128), 1u);
+  EXPECT_EQ(Int8Chunks(0, 129), 2u);
+  EXPECT_EQ(Int8Chunks(127, 2), 2u);   // elements 127 and 128 sit in two chunks
+  EXPECT_EQ(Int8Chunks(128, 128), 1u);
+  EXPECT_EQ(Int8Bytes(100, 300), 300u + 4u);  // chunks 0..3
+  EXPECT_EQ(WireBytes(DType::kInt8, 300, 100), 304u);
+  EXPECT_EQ(WireBytes(DType::kFloat16, 300, 100), 600u);
+
+  // A variable sent whole or as two ranges decodes to the same values but in the chunk the
+  // cut falls in (each side of it is a chunk of its own).
+  const std::vector<float> v = Gaussian(1000, 1);
+  const std::vector<float> whole = RoundTrip(v, 0);
+  for (size_t cut : {1u, 127u, 128u, 300u, 512u, 999u}) {
+    std::vector<float> a(v.begin(), v.begin() + cut), b(v.begin() + cut, v.end());
+    std::vector<float> joined = RoundTrip(a, 0);
+    const std::vector<float> tail = RoundTrip(b, static_cast<int64_t>(cut));
+    joined.insert(joined.end(), tail.begin(), tail.end());
+    const size_t cut_chunk = cut / kInt8Chunk;
+    size_t differ = 0;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i / kInt8Chunk == cut_chunk && cut % kInt8Chunk != 0) {
+        differ += joined[i] != whole[i];
+        continue;
+      }
+      ASSERT_EQ(joined[i], whole[i]) << "cut at " << cut << ", element " << i;
+    }
+    if (cut % kInt8Chunk == 0) EXPECT_EQ(differ, 0u);
+  }
+}
+
+TEST(Int8CodecTest, ErrorWithinHalfAStepOfEachChunksScale) {
+  for (float scale : {1e-30f, 1e-6f, 1.0f, 1e6f, 1e30f}) {
+    const std::vector<float> v = Gaussian(4096, 2, scale);
+    const std::vector<float> out = RoundTrip(v, 5);
+    for (size_t c = 0; c < v.size(); c += kInt8Chunk) {
+      // Chunk boundaries sit at multiples of 128 of the variable: offset 5 shifts them.
+      const size_t begin = c == 0 ? 0 : c - 5, end = std::min(v.size(), c + kInt8Chunk - 5);
+      float m = 0.0f;
+      for (size_t i = begin; i < end; ++i) m = std::max(m, std::fabs(v[i]));
+      for (size_t i = begin; i < end; ++i) {
+        ASSERT_LE(std::fabs(out[i] - v[i]), m / 127.0f)
+            << "scale " << scale << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(Int8CodecTest, ExactForValuesOnTheGridAndIdempotent) {
+  std::vector<float> grid;
+  for (int q = -127; q <= 127; ++q) grid.push_back(static_cast<float>(q) * 0.25f);
+  EXPECT_EQ(RoundTrip(grid, 0), grid);
+  const std::vector<float> v = Gaussian(777, 3);
+  const std::vector<float> once = RoundTrip(v, 64);
+  EXPECT_EQ(RoundTrip(once, 64), once);
+  std::vector<int8_t> a(Int8Bytes(64, once.size())), b(a.size());
+  EncodeInt8(once.data(), once.size(), 64, a.data(), nullptr);
+  EncodeInt8(RoundTrip(once, 64).data(), once.size(), 64, b.data(), nullptr);
+  EXPECT_EQ(a, b);
+}
+
+TEST(Int8CodecTest, ZerosHugeValuesAndNonFiniteChunks) {
+  std::vector<float> v(300, 0.0f);
+  EXPECT_EQ(RoundTrip(v, 0), v);
+  v[0] = std::numeric_limits<float>::max();
+  v[1] = -std::numeric_limits<float>::max();
+  std::vector<float> out = RoundTrip(v, 0);
+  EXPECT_TRUE(std::isfinite(out[0]));
+  EXPECT_GT(out[0], 3.3e38f);
+  EXPECT_LT(out[1], -3.3e38f);
+  // NaN or Inf anywhere in a chunk: the chunk decodes to NaN, the others keep their values.
+  v.assign(300, 1.0f);
+  v[130] = std::numeric_limits<float>::infinity();
+  std::vector<float> residual(300, 0.5f);
+  std::vector<int8_t> wire(Int8Bytes(0, 300));
+  EncodeInt8(v.data(), 300, 0, wire.data(), residual.data());
+  DecodeInt8(wire.data(), 300, 0, out.data());
+  for (size_t i = 0; i < 300; ++i) {
+    if (i >= 128 && i < 256) {
+      EXPECT_TRUE(std::isnan(out[i])) << i;
+      EXPECT_EQ(residual[i], 0.0f) << i;  // reset, not NaN for ever after
+    } else {
+      EXPECT_EQ(out[i], 1.5f) << i;
+      EXPECT_EQ(residual[i], 0.0f) << i;
+    }
+  }
+}
+
+TEST(Int8CodecTest, ErrorFeedbackCarriesWhatWasNotSentExactly) {
+  // Per step: what was sent plus the new residual is exactly gradient + old residual (the
+  // float sum). Over steps the residual stays below half a step of the chunk's scale, and
+  // the sum of what was sent tracks the sum of the gradients to within it.
+  const size_t n = 1000;
+  std::vector<float> residual(n, 0.0f), sent(n);
+  std::vector<double> given_sum(n, 0.0), sent_sum(n, 0.0);
+  std::vector<int8_t> wire(Int8Bytes(3, n));
+  for (uint32_t step = 0; step < 200; ++step) {
+    const std::vector<float> g = Gaussian(n, 100 + step, 1e-3f);
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = g[i] + residual[i];
+    EncodeInt8(g.data(), n, 3, wire.data(), residual.data());
+    DecodeInt8(wire.data(), n, 3, sent.data());
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(sent[i] + residual[i], v[i]) << "step " << step << " element " << i;
+      given_sum[i] += g[i];
+      sent_sum[i] += sent[i];
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(sent_sum[i] + residual[i], given_sum[i], 1e-6) << i;
+    EXPECT_LT(std::fabs(residual[i]), 1e-4f) << i;
+  }
+}
+
+TEST(Int8CodecTest, EncodeRangeDispatchesOnTheDtype) {
+  const std::vector<float> v = Gaussian(200, 4);
+  std::vector<uint8_t> wire(WireBytes(DType::kInt8, v.size(), 50));
+  std::vector<float> out(v.size()), direct(v.size());
+  EncodeRange(v.data(), v.size(), 50, DType::kInt8, wire.data());
+  DecodeRange(wire.data(), v.size(), 50, DType::kInt8, out.data());
+  EXPECT_EQ(out, RoundTrip(v, 50));
+  wire.assign(WireBytes(DType::kBfloat16, v.size(), 50), 0);
+  EncodeRange(v.data(), v.size(), 50, DType::kBfloat16, wire.data());
+  DecodeRange(wire.data(), v.size(), 50, DType::kBfloat16, out.data());
+  EncodeFloats(v.data(), v.size(), DType::kBfloat16, wire.data());
+  DecodeFloats(wire.data(), v.size(), DType::kBfloat16, direct.data());
+  EXPECT_EQ(out, direct);
+  EXPECT_EQ(ParseDType("INT8"), DType::kInt8);
+  EXPECT_EQ(ParseDType("i8"), DType::kInt8);
+  EXPECT_EQ(DTypeName(DType::kInt8), "int8");
+}
+
+}  // namespace
+}  // namespace parasync

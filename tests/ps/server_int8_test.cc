@@ -1,0 +1,244 @@
+// --wire-dtype int8 against real servers: what a push of int8 gradients applies, the error
+// feedback on both sides, and the frames a server refuses (common/int8_codec.h).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/float_codec.h"
+#include "common/int8_codec.h"
+#include "common/slice_map.h"
+#include "common/wire.h"
+#include "tests/ps/server_test_util.h"
+#include "worker/ps_client.h"
+
+namespace parasync {
+namespace {
+
+using namespace server_test;  // tests/ps/server_test_util.h
+
+// What a client's int8 pushes send, slice by slice as the map cuts the variables, with the
+// client's residual: the reference of the error feedback, computed here alone.
+class Int8Reference {
+ public:
+  explicit Int8Reference(const ModelRegistration& reg)
+      : map_(SliceMap::Build(reg.variables, reg.max_slice_elements, reg.num_shards).value()) {
+    for (const VariableSpec& v : reg.variables) {
+      residual_.emplace_back(static_cast<size_t>(v.num_elements()), 0.0f);
+    }
+  }
+
+  // `values` quantized slice by slice; with `feedback`, with this reference's residual
+  // (added before and what was not sent kept after), as a pushing client does.
+  std::vector<std::vector<float>> Send(const std::vector<std::vector<float>>& values,
+                                       bool feedback = true) {
+    std::vector<std::vector<float>> out = values;
+    for (const SliceInfo& s : map_.slices()) {
+      const auto n = static_cast<size_t>(s.length);
+      std::vector<int8_t> wire(Int8Bytes(s.offset, n));
+      float* residual = feedback ? residual_[s.var_index].data() + s.offset : nullptr;
+      EncodeInt8(values[s.var_index].data() + s.offset, n, s.offset, wire.data(), residual);
+      DecodeInt8(wire.data(), n, s.offset, out[s.var_index].data() + s.offset);
+    }
+    return out;
+  }
+
+  size_t PushBytes() const {
+    size_t bytes = 0;
+    for (const SliceInfo& s : map_.slices()) bytes += Int8Bytes(s.offset, static_cast<size_t>(s.length));
+    return bytes;
+  }
+
+ private:
+  SliceMap map_;
+  std::vector<std::vector<float>> residual_;
+};
+
+std::vector<std::vector<float>> Scaled(std::vector<std::vector<float>> g, float by, float plus) {
+  for (auto& v : g) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = v[i] * by + plus * static_cast<float>(i % 7);
+  }
+  return g;
+}
+
+std::vector<float> Bfloat16(const std::vector<float>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = Bfloat16ToFloat(FloatToBfloat16(v[i]));
+  return out;
+}
+
+// A server-side optimizer (SGD) over two shards: each push applies exactly the quantized
+// gradient plus the client's residual; parameters come back in bfloat16, not int8.
+TEST(ServerInt8Test, PushesApplyTheQuantizedGradientWithTheClientsResidual) {
+  zmq::context_t context;
+  InProcessServer s0(context, 0, 2), s1(context, 1, 2);
+  ASSERT_TRUE(s0.started() && s1.started());
+  const ModelRegistration reg = SmallModel(2);
+  auto int8 = ConnectClient(context, {s0.endpoint(), s1.endpoint()}, 1, DType::kInt8);
+  auto exact = ConnectClient(context, {s0.endpoint(), s1.endpoint()}, 1);
+  ASSERT_TRUE(int8 && exact);
+  ASSERT_TRUE(int8->Register(reg, kWait).ok());
+  ASSERT_TRUE(exact->Register(reg, kWait).ok());
+
+  Int8Reference ref(reg);
+  std::vector<std::vector<float>> expected = InitialValues(reg);
+  std::vector<std::vector<float>> params = {std::vector<float>(200), std::vector<float>(10)};
+  std::vector<std::vector<float>> held = params;
+  int fed_back = 0;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<std::vector<float>> g = Scaled(Gradients(reg), 1.0f + step, 0.0013f);
+    const std::vector<std::vector<float>> plain = Int8Reference(reg).Send(g, false);
+    const std::vector<std::vector<float>> sent = ref.Send(g);
+    ASSERT_TRUE(int8->PushPull(Pointers<const float>(g), 8, Pointers<float>(params)).ok());
+    ASSERT_TRUE(exact->Pull(Pointers<float>(held)).ok());
+    for (size_t v = 0; v < held.size(); ++v) {
+      for (size_t i = 0; i < held[v].size(); ++i) {
+        expected[v][i] -= kLearningRate * sent[v][i];
+        fed_back += step > 0 && sent[v][i] != plain[v][i];
+      }
+      ASSERT_EQ(held[v], expected[v]) << "step " << step << ", variable " << v;
+      ASSERT_EQ(params[v], Bfloat16(held[v])) << "step " << step << ", variable " << v;
+    }
+  }
+  EXPECT_GT(fed_back, 0) << "the residual must change what a later push sends";
+  // A byte per element and one per 128-element chunk each slice touches (4 slices of 50, 1
+  // of 10: 6 or 7 chunks, by where the slices begin).
+  const double pushed = s0.metrics().bytes_received[static_cast<size_t>(MsgType::kPush)]->Value() +
+                        s1.metrics().bytes_received[static_cast<size_t>(MsgType::kPush)]->Value();
+  EXPECT_GE(ref.PushBytes(), 210u + 5u);
+  EXPECT_LE(ref.PushBytes(), 210u + 7u);
+  EXPECT_EQ(pushed, 3.0 * static_cast<double>(ref.PushBytes()));
+}
+
+// Sync with the workers' own optimizer (the aggregate): the servers average the ranks'
+// int8 gradients, quantize the average with their own residual, and both ranks pull exactly
+// that, bit for bit what a single process applying the same codecs computes.
+TEST(ServerInt8Test, SyncAggregateEndsEqualToOneProcessApplyingTheSameCodecs) {
+  zmq::context_t context;
+  ServerOptions options;
+  options.mode = TrainingMode::Parse("sync").value();
+  options.num_workers = 2;
+  options.worker_timeout = milliseconds(10000);
+  options.barrier_timeout = milliseconds(4000);
+  InProcessServer server(context, options);
+  ASSERT_TRUE(server.started());
+  ModelRegistration reg = SmallModel(1);
+  reg.mode = "sync";
+  reg.optimizer.kind = OptimizerKind::kAggregate;
+  reg.optimizer.learning_rate = 1.0f;
+  std::vector<std::unique_ptr<PsClient>> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    PsClientOptions o;
+    o.ps_addresses = {server.endpoint()};
+    o.rank = rank;
+    o.request_timeout = kWait;
+    o.blocking_timeout = kWait;
+    o.wire_dtype = DType::kInt8;
+    auto c = PsClient::Connect(context, o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_TRUE((*c)->Register(reg, kWait).ok());
+    workers.push_back(std::move(c).value());
+  }
+  // The reference: each rank's pushes with its residual, the server's average with its own.
+  Int8Reference rank0(reg), rank1(reg), server_side(reg);
+  int server_fed_back = 0;
+  for (int step = 0; step < 4; ++step) {
+    auto g0 = Scaled(Gradients(reg), 0.3f + step, 0.0007f);
+    auto g1 = Scaled(Gradients(reg), -1.7f, 0.0011f * step);
+    const auto s0 = rank0.Send(g0), s1 = rank1.Send(g1);
+    std::vector<std::vector<float>> average = s0;
+    for (size_t v = 0; v < average.size(); ++v) {
+      for (size_t i = 0; i < average[v].size(); ++i) {
+        average[v][i] = (0.0f + s0[v][i] + s1[v][i]) * 0.5f;  // the server's order
+      }
+    }
+    const auto want = server_side.Send(average);
+    const auto plain = Int8Reference(reg).Send(average, false);
+    for (size_t v = 0; v < want.size(); ++v) {
+      for (size_t i = 0; i < want[v].size(); ++i) server_fed_back += want[v][i] != plain[v][i];
+    }
+    ASSERT_TRUE(workers[0]->Push(Pointers<const float>(g0), 8).ok());
+    ASSERT_TRUE(workers[1]->Push(Pointers<const float>(g1), 8).ok());
+    for (auto& w : workers) {
+      std::vector<std::vector<float>> got = {std::vector<float>(200), std::vector<float>(10)};
+      ASSERT_TRUE(w->Pull(Pointers<float>(got), step + 1).ok());
+      ASSERT_EQ(got, want) << "step " << step;
+    }
+  }
+  // The server's residual is at work: what was pulled differs from the average's plain
+  // quantization somewhere (each rank's residual is checked by the test above).
+  EXPECT_GT(server_fed_back, 0);
+  EXPECT_EQ(server.metrics().bytes_received[static_cast<size_t>(MsgType::kPush)]->Value(),
+            4.0 * 2 * static_cast<double>(Int8Reference(reg).PushBytes()));
+}
+
+// A frame of the wrong length is refused like any other; rows never travel in int8; a
+// client with embedding tables refuses int8 before it registers.
+TEST(ServerInt8Test, MalformedInt8FramesAndInt8RowsAreRefused) {
+  zmq::context_t context;
+  InProcessServer server(context, 0, 1);
+  ASSERT_TRUE(server.started());
+  const ModelRegistration reg = SmallModel(1);
+  auto client = ConnectClient(context, {server.endpoint()}, 1);
+  ASSERT_TRUE(client && client->Register(reg, kWait).ok());
+  RawPeer peer(context, server.endpoint());
+  // The slice of 50 kernel elements that a chunk's edge (element 128) cuts: 52 bytes.
+  const SliceMap map = SliceMap::Build(reg.variables, reg.max_slice_elements, 1).value();
+  const SliceInfo* cut = nullptr;
+  for (const SliceInfo& s : map.slices()) {
+    if (s.length == 50 && s.offset < 128 && s.offset + 50 > 128) cut = &s;
+  }
+  ASSERT_NE(cut, nullptr);
+  ASSERT_EQ(Int8Bytes(cut->offset, 50), 52u);
+  Header push;
+  push.type = MsgType::kPush;
+  push.dtype = DType::kInt8;
+  push.slices = {{cut->id, 0, 50}};
+  peer.SendHeader(push, {std::vector<uint8_t>(51, 0)});  // one chunk's exponent missing
+  Result<Header> reply = peer.Receive();
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply->status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(reply->status.message(), HasSubstr("expected 52"));
+  EXPECT_EQ(server.Rejected(RejectReason::kByteLength), 1);
+
+  std::vector<float> g(50, 0.25f);
+  std::vector<uint8_t> wire(52);
+  EncodeRange(g.data(), 50, cut->offset, DType::kInt8, wire.data());
+  peer.SendHeader(push, {wire});
+  reply = peer.Receive();
+  ASSERT_TRUE(reply.ok());
+  EXPECT_TRUE(reply->status.ok()) << reply->status.ToString();
+
+  // An int8 pull is answered in int8 (a tool may ask; a worker asks only for aggregates).
+  Header pull;
+  pull.type = MsgType::kPull;
+  pull.dtype = DType::kInt8;
+  pull.slices = {{cut->id, 0, 50}};
+  peer.SendHeader(pull);
+  std::vector<std::vector<uint8_t>> frames;
+  reply = peer.Receive(&frames);
+  ASSERT_TRUE(reply.ok());
+  ASSERT_TRUE(reply->status.ok()) << reply->status.ToString();
+  EXPECT_EQ(reply->dtype, DType::kInt8);
+  ASSERT_EQ(frames.size(), 1u);
+  EXPECT_EQ(frames[0].size(), 52u);
+
+  ModelRegistration with_table = reg;
+  with_table.tables.push_back({"emb", 100, 4});
+  PsClientOptions o;
+  o.ps_addresses = {server.endpoint()};
+  o.request_timeout = kWait;
+  o.wire_dtype = DType::kInt8;
+  auto tabled = PsClient::Connect(context, o);
+  ASSERT_TRUE(tabled.ok());
+  const Status refused = (*tabled)->Register(with_table, kWait);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("embedding tables"));
+}
+
+}  // namespace
+}  // namespace parasync
