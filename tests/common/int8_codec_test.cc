@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -59,11 +61,13 @@ TEST(Int8CodecTest, ChunksFollowTheVariableNotTheRange) {
       }
       ASSERT_EQ(joined[i], whole[i]) << "cut at " << cut << ", element " << i;
     }
-    if (cut % kInt8Chunk == 0) EXPECT_EQ(differ, 0u);
+    if (cut % kInt8Chunk == 0) {
+      EXPECT_EQ(differ, 0u);
+    }
   }
 }
 
-TEST(Int8CodecTest, ErrorWithinHalfAStepOfEachChunksScale) {
+TEST(Int8CodecTest, ErrorWithinOneStepOfEachChunksScale) {
   for (float scale : {1e-30f, 1e-6f, 1.0f, 1e6f, 1e30f}) {
     const std::vector<float> v = Gaussian(4096, 2, scale);
     const std::vector<float> out = RoundTrip(v, 5);
@@ -143,6 +147,66 @@ TEST(Int8CodecTest, ErrorFeedbackCarriesWhatWasNotSentExactly) {
   for (size_t i = 0; i < n; ++i) {
     EXPECT_NEAR(sent_sum[i] + residual[i], given_sum[i], 1e-6) << i;
     EXPECT_LT(std::fabs(residual[i]), 1e-4f) << i;
+  }
+}
+
+// The header's definition, written plainly, element by element: the codec (8 at a time
+// where the CPU has AVX2, for whole chunks) must give its bits.
+void Reference(const std::vector<float>& in, int64_t offset, std::vector<float>& residual,
+               std::vector<int8_t>& out) {
+  const size_t chunks = Int8Chunks(offset, in.size());
+  out.assign(chunks + in.size(), 0);
+  size_t at = 0;
+  for (size_t c = 0; c < chunks; ++c) {
+    const auto first = static_cast<size_t>((offset + static_cast<int64_t>(at)) % kInt8Chunk);
+    const size_t len = std::min(in.size() - at, static_cast<size_t>(kInt8Chunk) - first);
+    std::vector<float> v(len);
+    float m = 0.0f;
+    bool finite = true;
+    for (size_t i = 0; i < len; ++i) {
+      v[i] = in[at + i] + residual[at + i];
+      finite = finite && std::isfinite(v[i]);
+      m = std::max(m, std::fabs(v[i]));
+    }
+    if (!finite) {
+      out[c] = kInt8NonFinite;
+      for (size_t i = 0; i < len; ++i) residual[at + i] = 0.0f;
+    } else {
+      int e = kInt8MinExponent;
+      while (e < kInt8MaxExponent && m > 127.0 * std::ldexp(1.0, e)) ++e;  // the smallest
+      out[c] = static_cast<int8_t>(e);
+      for (size_t i = 0; i < len; ++i) {
+        const double scaled = std::clamp(static_cast<double>(v[i]) / std::ldexp(1.0, e), -127.0, 127.0);
+        const double q = std::nearbyint(scaled);  // to nearest, ties to even
+        out[chunks + at + i] = static_cast<int8_t>(q);
+        residual[at + i] = static_cast<float>(static_cast<double>(v[i]) - q * std::ldexp(1.0, e));
+      }
+    }
+    at += len;
+  }
+}
+
+TEST(Int8CodecTest, GivesTheDefinitionsBitsWholeChunksAndPartOnes) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t n = 1 + rng() % 700;
+    const auto offset = static_cast<int64_t>(rng() % 300);
+    const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
+    std::vector<float> in = Gaussian(n, 1000 + trial, scale);
+    // Ties: values an exact half step apart on the grid of the chunk's scale.
+    if (trial % 3 == 0) {
+      for (size_t i = 0; i < n; ++i) in[i] = (static_cast<float>(i % 255) - 127.0f + 0.5f) * scale;
+    }
+    if (trial % 17 == 0) in[n / 2] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> mine = Gaussian(n, 5000 + trial, scale / 200), theirs = mine;
+    std::vector<int8_t> want, got(Int8Bytes(offset, n));
+    Reference(in, offset, theirs, want);
+    EncodeInt8(in.data(), n, offset, got.data(), mine.data());
+    ASSERT_EQ(got, want) << "trial " << trial << ", n " << n << ", offset " << offset;
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(mine[i]), std::bit_cast<uint32_t>(theirs[i]))
+          << "trial " << trial << ", residual " << i;
+    }
   }
 }
 

@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const auto n = static_cast<size_t>(elements);
-  std::vector<float> in(n), back(n);
+  std::vector<float> in(n), back(n), residual(n, 0.0f);
   std::vector<uint16_t> wire(n);
   for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 1000) * 1e-4f - 0.05f;
   std::vector<Case> cases = {
@@ -67,6 +67,11 @@ int main(int argc, char** argv) {
        [&] { parasync::EncodeFloats(in.data(), n, DType::kBfloat16, wire.data()); }, {}},
       {"bfloat16 widen, array (DecodeFloats)",
        [&] { parasync::DecodeFloats(wire.data(), n, DType::kBfloat16, back.data()); }, {}},
+      {"int8 encode, error feedback (EncodeRange)",
+       [&] { parasync::EncodeRange(in.data(), n, 0, DType::kInt8, wire.data(), residual.data()); },
+       {}},
+      {"int8 decode (DecodeRange)",
+       [&] { parasync::DecodeRange(wire.data(), n, 0, DType::kInt8, back.data()); }, {}},
       {"float32 memcpy", [&] { std::memcpy(back.data(), in.data(), n * sizeof(float)); }, {}}};
   for (int r = 0; r < repeats; ++r) {
     for (Case& c : cases) {
