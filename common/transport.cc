@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 namespace parasync {
 
@@ -143,7 +144,8 @@ Result<std::string> ToBindEndpoint(const std::string& address) {
   return "tcp://" + ip + ":" + std::to_string(parsed.port);
 }
 
-Result<std::string> IpcEndpoint(const std::string& path, const std::string& flag, IpcSide side) {
+Result<std::string> IpcEndpoint(const std::string& path, const std::string& flag, IpcSide side,
+                                std::chrono::milliseconds wait_for_directory) {
   // sockaddr_un's sun_path holds 108 bytes, the terminating NUL included.
   constexpr size_t kMaxPath = 107;
   if (path.empty() || path.front() != '/') {
@@ -162,6 +164,12 @@ Result<std::string> IpcEndpoint(const std::string& path, const std::string& flag
                                    "under $XDG_RUNTIME_DIR)");
   };
   struct stat st {};
+  const auto deadline = std::chrono::steady_clock::now() + wait_for_directory;
+  while (side == IpcSide::kClient && stat(dir.c_str(), &st) != 0 &&
+         std::chrono::steady_clock::now() < deadline &&
+         std::filesystem::is_directory(std::filesystem::path(dir).parent_path())) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   if (stat(dir.c_str(), &st) != 0) {
     const bool parent_exists =
         side == IpcSide::kServer &&

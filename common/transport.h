@@ -140,8 +140,12 @@ enum class IpcSide { kServer, kClient };
 // else — so that no other user can take the path first, or stand in for the server after a
 // restart. A server's directory may not exist yet (Socket::BindAlso makes it, mode 0700; its
 // parent must exist); a client's must, and a socket already there must be owned by this user
-// (or root). InvalidArgument naming `flag`, the path and why otherwise.
-Result<std::string> IpcEndpoint(const std::string& path, const std::string& flag, IpcSide side);
+// (or root). A client waits up to `wait_for_directory` for a directory whose parent exists
+// to appear (a launcher that starts servers and workers on other hosts at once: the server
+// makes it when it binds), then checks it. InvalidArgument naming `flag`, the path and why
+// otherwise.
+Result<std::string> IpcEndpoint(const std::string& path, const std::string& flag, IpcSide side,
+                                std::chrono::milliseconds wait_for_directory = {});
 
 // The user id of a unix-socket peer, from its Peer-Address ("<host>:<uid>:<gid>:<pid>", as
 // libzmq writes it); nullopt for an IP address, "" or anything else.

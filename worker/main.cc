@@ -506,9 +506,11 @@ parasync::Result<parasync::OptimizerSpec> OptimizerFromFlags(const WorkerFlags& 
   return opt;
 }
 
-// The shards' addresses, with --ps-ipc's SHARD=PATH items in place of theirs.
+// The shards' addresses, with --ps-ipc's SHARD=PATH items in place of theirs; a socket's
+// directory is waited for up to `wait`.
 parasync::Result<std::vector<std::string>> ShardEndpoints(const std::vector<std::string>& ps,
-                                                          const std::vector<std::string>& items) {
+                                                          const std::vector<std::string>& items,
+                                                          std::chrono::milliseconds wait) {
   using namespace parasync;
   std::vector<std::string> endpoints = ps;
   std::vector<bool> given(ps.size(), false);
@@ -528,7 +530,9 @@ parasync::Result<std::vector<std::string>> ShardEndpoints(const std::vector<std:
                                                          : "shard " + std::to_string(shard) +
                                                                " is given twice"));
     }
-    auto endpoint = IpcEndpoint(item.substr(eq + 1), "--ps-ipc", IpcSide::kClient);
+    // The server makes the directory when it binds: a launcher may start it on its host
+    // beside this worker at the same moment.
+    auto endpoint = IpcEndpoint(item.substr(eq + 1), "--ps-ipc", IpcSide::kClient, wait);
     if (!endpoint.ok()) return endpoint.status();
     endpoints[shard] = *endpoint;
     given[shard] = true;
@@ -545,7 +549,7 @@ parasync::Result<WorkerConfig> Validate(const WorkerFlags& f) {
   if (!spec.ok()) return spec.status();
   c.cluster = std::move(spec).value();
   c.rank = c.cluster.task_index;
-  auto endpoints = ShardEndpoints(c.cluster.ps, f.ps_ipc);
+  auto endpoints = ShardEndpoints(c.cluster.ps, f.ps_ipc, Millis(f.connect_timeout_s));
   if (!endpoints.ok()) return endpoints.status();
   c.ps_endpoints = std::move(endpoints).value();
   auto metrics_ip = ResolveBindHost(f.metrics_bind, "--metrics-bind");

@@ -1,10 +1,14 @@
 #include "common/transport.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace parasync {
@@ -121,6 +125,45 @@ TEST(TransportTest, PortZeroBindsDistinctFreePortsBelowTheEphemeralRange) {
     ports.push_back(port);
     sockets.push_back(std::move(bound).value());
   }
+}
+
+}  // namespace
+}  // namespace parasync
+
+namespace parasync {
+namespace {
+
+// A worker started beside its server on another host (parasync-launch over ssh starts both
+// at once) may look for the socket's directory before the server made it: it waits for it,
+// up to the bound, then checks it as always.
+TEST(TransportTest, AClientWaitsForTheSocketsDirectoryWithinItsBound) {
+  char pattern[] = "/tmp/parasync-transport-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string parent = pattern;
+  const std::string dir = parent + "/run";
+  const std::string path = dir + "/ps0.sock";
+  Result<std::string> now = IpcEndpoint(path, "--ps-ipc", IpcSide::kClient);
+  ASSERT_FALSE(now.ok());
+  EXPECT_NE(now.status().message().find("no directory " + dir), std::string::npos);
+  const auto start = std::chrono::steady_clock::now();
+  Result<std::string> still = IpcEndpoint(path, "--ps-ipc", IpcSide::kClient,
+                                          std::chrono::milliseconds(200));
+  EXPECT_FALSE(still.ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
+
+  std::thread maker([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  });
+  Result<std::string> waited = IpcEndpoint(path, "--ps-ipc", IpcSide::kClient,
+                                           std::chrono::milliseconds(10000));
+  maker.join();
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+  EXPECT_EQ(*waited, "ipc://" + path);
+  // A directory that appears but is not private is refused as before.
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0);
+  EXPECT_FALSE(IpcEndpoint(path, "--ps-ipc", IpcSide::kClient, std::chrono::milliseconds(100)).ok());
+  std::filesystem::remove_all(parent);
 }
 
 }  // namespace

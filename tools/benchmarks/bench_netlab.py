@@ -10,11 +10,14 @@ link shaped to --rate both ways, the Keras CNN on Fashion-MNIST, one process per
 
 Configurations:
   ddp             PyTorch DDP (gloo), tools/benchmarks/torch_ddp_cnn.py --rank r on host r
+  ddp-fp16        the same with PyTorch's fp16_compress_hook (--hook fp16)
   dedicated       parasync, S servers on S hosts of their own, workers on the W others
   colocated       parasync, --ps colocated: one server on every worker host, which the
                   worker beside it reaches over a unix socket (the launcher's default there)
   colocated-tcp   the same over TCP to the local server too (--no-ipc)
   colocated-bf16  the same, --wire-dtype bfloat16
+  colocated-int8  the same, --wire-dtype int8 (gradients in int8 with error feedback,
+                  parameters pulled in bfloat16)
   colocated-overlap       colocated, --mode sync:delayed: each step's exchange overlaps the
                           next gradient's compute (needs --mode sync)
   colocated-overlap-bf16  the same, --wire-dtype bfloat16
@@ -26,6 +29,8 @@ Configurations:
                   DDP's allocator variables, tools/benchmarks/torch_env.py)
   hvd-colocated-fp16  the same with hvd.Compression.fp16 (half the bytes each way)
   hvd-colocated-bf16  the same with hvd.Compression.bf16
+  hvd-colocated-int8  the same with hvd.Compression.int8 (both ways in int8, error feedback
+                      on the workers and the servers)
   hvd-colocated2      hvd-colocated with two servers on every worker host (--ps h:2 --ipc):
                       each shard's push smaller, so the one waiting for the last
                       gradients holds less
@@ -61,9 +66,10 @@ import types
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 NETLAB = os.path.join(ROOT, "tools", "netlab")
-CONFIGS = ("ddp", "dedicated", "colocated", "colocated-tcp", "colocated-bf16", "colocated-overlap",
-           "colocated-overlap-bf16", "hvd-colocated", "hvd-colocated-fp16",
-           "hvd-colocated-bf16", "hvd-colocated2", "hvd-colocated2-fp16")
+CONFIGS = ("ddp", "ddp-fp16", "dedicated", "colocated", "colocated-tcp", "colocated-bf16",
+           "colocated-overlap", "colocated-overlap-bf16", "hvd-colocated", "hvd-colocated-fp16",
+           "hvd-colocated-bf16", "hvd-colocated2", "hvd-colocated2-fp16", "colocated-int8",
+           "hvd-colocated-int8")
 DDP_PORT = 29400
 
 
@@ -131,14 +137,15 @@ def lab_hosts(name, count):
     return [f"{subnet}{i + 1}" for i in range(count)]
 
 
-def run_ddp(args, work):
-    name = "bnl-ddp"
+def run_ddp(args, config, work):
+    name = f"bnl-{config}"
     hosts = lab_hosts(name, args.workers)
     ranks = []
     for r in range(args.workers):
         cmd = (f"{shlex.quote(args.python)} {shlex.quote(os.path.join(HERE, 'torch_ddp_cnn.py'))}"
                f" --processes {args.workers} --rank {r} --master {hosts[0]}:{DDP_PORT}"
-               f" --ifname eth0 --epochs {args.epochs} --data {shlex.quote(args.data)}")
+               f" --ifname eth0 --epochs {args.epochs} --data {shlex.quote(args.data)}"
+               f" --hook {'fp16' if config == 'ddp-fp16' else 'none'}")
         ranks.append(f'$NETLAB_EXEC {hosts[r]} {shlex.quote(cmd)} > {work}/rank{r}.log 2>&1 &')
     command = " ".join(ranks) + " wait"
     links = os.path.join(work, "links.json")
@@ -149,10 +156,10 @@ def run_ddp(args, work):
             if line.startswith("{"):
                 record = json.loads(line)
     if record is None:
-        return {"config": "ddp", "error": f"no result (exit {status}); see {work}/rank0.log"}
+        return {"config": config, "error": f"no result (exit {status}); see {work}/rank0.log"}
     examples = record["train_examples"] * args.epochs
     reached = [w for a, w in zip(record["test_accuracy"], record["wall_s"]) if a >= args.target]
-    return {"config": "ddp", "examples_per_sec": round(examples / record["wall_s"][-1]),
+    return {"config": config, "examples_per_sec": round(examples / record["wall_s"][-1]),
             "time_to_target_s": reached[0] if reached else None,
             "final_accuracy": record["test_accuracy"][-1],
             "link_mb_per_epoch": link_mb_per_epoch(links, hosts, args.epochs), "split": None,
@@ -217,6 +224,8 @@ def run_parasync(args, config, work):
              "--seed", "1", "--dataset", args.data, "--log-dir", log_dir]
     if config.endswith("bf16"):
         flags += ["--wire-dtype", "bfloat16"]
+    if config == "colocated-int8":
+        flags += ["--wire-dtype", "int8"]
     if config == "colocated-tcp":
         flags += ["--no-ipc"]
     if "colocated2" in config:
@@ -265,21 +274,25 @@ def main():
             work = os.path.join(args.keep or tmp, config)
             os.makedirs(work, exist_ok=True)
             print(f"bench_netlab: {config} ...", file=sys.stderr, flush=True)
-            r = run_ddp(args, work) if config == "ddp" else run_parasync(args, config, work)
+            r = run_ddp(args, config, work) if config.startswith("ddp") else \
+                run_parasync(args, config, work)
             results.append(r)
             print(f"bench_netlab: {json.dumps(r)}", file=sys.stderr, flush=True)
     ddp = next((r for r in results if r["config"] == "ddp" and "error" not in r), None)
+    ddp16 = next((r for r in results if r["config"] == "ddp-fp16" and "error" not in r), None)
     print(f"links {args.rate} both ways (tools/netlab, no added delay); {args.workers} worker "
           f"hosts; the CNN, {args.mode}, {args.epochs} epoch(s), batch 64 per worker, Adam 1e-3")
     print()
-    print("| configuration | examples/s | × DDP | time to {:.2f} | final accuracy | busiest worker "
-          "link MB/epoch out / in | step ms: pull / compute / push | CPUs busy |".format(args.target))
-    print("|---|---|---|---|---|---|---|---|")
+    print("| configuration | examples/s | × DDP | × DDP-fp16 | time to {:.2f} | final accuracy | "
+          "busiest worker link MB/epoch out / in | step ms: pull / compute / push | CPUs busy |"
+          .format(args.target))
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
-            print(f"| {r['config']} | failed: {r['error']} | | | | | | |")
+            print(f"| {r['config']} | failed: {r['error']} | | | | | | | |")
             continue
         ratio = f"{r['examples_per_sec'] / ddp['examples_per_sec']:.2f}" if ddp else "-"
+        ratio16 = f"{r['examples_per_sec'] / ddp16['examples_per_sec']:.2f}" if ddp16 else "-"
         split = r["split"] or {}
         split_text = (" / ".join(f"{split.get(k, 0):.1f}" for k in ("pull", "compute", "push"))
                       if split else "-")
@@ -287,7 +300,7 @@ def main():
             split_text += f" (exchange {r['exchange_ms']:.1f}, overlapped)"
         target = f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "-"
         tx, rx = r["link_mb_per_epoch"]
-        print(f"| {r['config']} | {r['examples_per_sec']:,} | {ratio} | {target} | "
+        print(f"| {r['config']} | {r['examples_per_sec']:,} | {ratio} | {ratio16} | {target} | "
               f"{r['final_accuracy']:.4f} | {tx:,.0f} / {rx:,.0f} | {split_text} | "
               f"{100 * r['cpu_busy']:.0f} % |")
     if ddp:  # its allocator from its start, and its BLAS (tools/benchmarks/torch_env.py)

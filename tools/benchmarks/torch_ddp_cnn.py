@@ -17,7 +17,7 @@ loading the data, joining the process group and DDP's first broadcast of the par
 accuracy, wall and train seconds and examples/s, the flags and what PyTorch ran with.
 
   torch_ddp_cnn.py [--processes 2] [--epochs 10] [--batch-size 64] [--lr 0.001]
-                   [--threads 1] [--seed 1] [--train-examples N] [--data DIR]
+                   [--threads 1] [--seed 1] [--train-examples N] [--data DIR] [--hook fp16]
                    [--rank R --master HOST:PORT [--ifname IF]]
 
 With --rank, this process is that one rank of --processes, on whatever host it runs (one
@@ -73,6 +73,9 @@ def parse_args():
                    help="initialization and shuffling (default %(default)s)")
     p.add_argument("--train-examples", type=int, default=None,
                    help="use the first N training examples (default: all 60,000)")
+    p.add_argument("--hook", choices=("none", "fp16"), default="none",
+                   help="DDP communication hook: fp16 is PyTorch's fp16_compress_hook (gradients "
+                        "all-reduced in float16, half the bytes; default %(default)s)")
     p.add_argument("--rank", type=int, help="run only this rank (multi-host)")
     p.add_argument("--master", help="multi-host: rank 0's HOST:PORT")
     p.add_argument("--ifname", help="multi-host: the network interface gloo uses")
@@ -125,6 +128,9 @@ def rank_main(rank, world, master, args):
     torch.manual_seed(args.seed)
     model = models.KerasCnn()
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
+    if args.hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.Adam(ddp.parameters(), lr=args.lr, eps=1e-7)
     shuffle = torch.Generator().manual_seed(args.seed * 1000 + rank)
     record = {"program": PROGRAM, "processes": world, "threads_per_process": args.threads,
