@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -27,7 +28,7 @@ nlohmann::json FiniteOrNull(double value) {
 }  // namespace
 
 Status AppendEvalRow(const std::string& path, const EvalRecord& p) {
-  const nlohmann::json row = {
+  nlohmann::json row = {
       {"mode", p.mode},
       {"workers", p.workers},
       {"ps", p.ps},
@@ -55,6 +56,10 @@ Status AppendEvalRow(const std::string& path, const EvalRecord& p) {
                           ? std::string(LrScheduleName(p.optimizer.schedule))
                           : std::string("worker")},
       {"seed", p.seed}};
+  if (std::isfinite(p.epoch_progress)) {
+    row["epoch"] = std::round(p.epoch_progress * 1e4) / 1e4;  // 1.2500, not 1.2500000001
+    row["within_epoch"] = true;
+  }
   std::ofstream out(path, std::ios::app);
   if (!out) return Status::Unavailable("cannot open " + path);
   out << row.dump() << "\n";

@@ -22,6 +22,9 @@ struct EvalRecord {
   int workers = 0;
   int ps = 0;
   int epoch = 0;
+  // Finite: an evaluation within an epoch, at this many epochs done (epoch - 1 + the
+  // fraction of epoch `epoch` done), written as "epoch" with "within_epoch": true.
+  double epoch_progress = NAN;
   int64_t global_step = 0;      // the servers' version (the largest over the shards)
   int64_t global_examples = 0;  // examples the servers applied (the largest over the shards)
   double wall = 0;              // seconds since training started
@@ -43,7 +46,8 @@ struct EvalRecord {
 // Appends `row` to the file at `path` as one JSON line; Unavailable if it cannot be written.
 Status AppendEvalRow(const std::string& path, const EvalRecord& row);
 
-// The highest "epoch" in the eval log at `path`, -1 when there is none (or no file).
+// The highest whole "epoch" in the eval log at `path` (rows within an epoch do not count),
+// -1 when there is none (or no file).
 int LastLoggedEpoch(const std::string& path);
 
 // Fills row->global_step, global_examples and unix_time from every shard's statistics

@@ -203,6 +203,7 @@ struct WorkerFlags {
   int epochs = 5;
   int batch_size = 64;
   int64_t max_steps = 0;
+  std::string eval_every = "0";  // --eval-every N (steps) or Ns (seconds)
   double max_seconds = 0;
   double log_every_s = 0;
   std::string model = "mlp";
@@ -282,6 +283,13 @@ void AddClusterAndDataFlags(CLI::App& app, WorkerFlags& f) {
                    0.0, 1e9);
   app.add_option("--max-steps", f.max_steps, "Stop after this many steps (0: no limit)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--eval-every", f.eval_every,
+                 "Chief: also evaluate within each epoch, every N of its steps (e.g. 100) or "
+                 "every N seconds (e.g. 30s), each a row of eval.jsonl with the epochs done as "
+                 "a fraction (\"epoch\": 1.25, \"within_epoch\": true); 0: at each epoch's end "
+                 "only")
+      ->capture_default_str()
+      ->type_name("N|Ns");
   AddSecondsOption(app, "--log-every", f.log_every_s,
                    "Within each epoch, a progress line (examples done, examples/sec, train "
                    "loss) at most this often (0: only the line at each epoch's end)",
@@ -466,6 +474,8 @@ struct WorkerConfig {
   parasync::ModelSpec model;
   parasync::OptimizerSpec optimizer;  // decay_examples: a placeholder until the data is known
   parasync::DType wire = parasync::DType::kFloat32;
+  int64_t eval_every_steps = 0;  // --eval-every N
+  double eval_every_seconds = 0;  // --eval-every Ns
   parasync::DeviceChoice device;
   int local_rank = 0;
   std::optional<parasync::CurveClientKeys> curve;
@@ -504,6 +514,32 @@ parasync::Result<parasync::OptimizerSpec> OptimizerFromFlags(const WorkerFlags& 
   if (opt.schedule == LrSchedule::kCosine) opt.decay_examples = 1;
   if (Status s = ValidateOptimizer(opt); !s.ok()) return s;
   return opt;
+}
+
+// --eval-every: "N" steps or "Ns" seconds (N >= 0; 0: off).
+parasync::Status ParseEvalEvery(const std::string& text, int64_t* steps, double* seconds) {
+  using parasync::Status;
+  const bool timed = !text.empty() && text.back() == 's';
+  const std::string number = timed ? text.substr(0, text.size() - 1) : text;
+  const auto bad = [&] {
+    return Status::InvalidArgument("--eval-every takes a number of steps (100) or seconds "
+                                   "(30s), not '" + text + "'");
+  };
+  if (number.empty()) return bad();
+  try {
+    size_t used = 0;
+    if (timed) {
+      *seconds = std::stod(number, &used);
+      if (used != number.size() || !(*seconds >= 0) || *seconds > 1e9) return bad();
+    } else {
+      const long long n = std::stoll(number, &used);
+      if (used != number.size() || n < 0) return bad();
+      *steps = n;
+    }
+  } catch (const std::exception&) {
+    return bad();
+  }
+  return Status::Ok();
 }
 
 // The shards' addresses, with --ps-ipc's SHARD=PATH items in place of theirs; a socket's
@@ -584,6 +620,10 @@ parasync::Result<WorkerConfig> Validate(const WorkerFlags& f) {
                                    f.wire_dtype + "'");
   }
   c.wire = *wire;
+  if (Status s = ParseEvalEvery(f.eval_every, &c.eval_every_steps, &c.eval_every_seconds);
+      !s.ok()) {
+    return s;
+  }
   auto device = ParseDevice(f.device);
   if (!device.ok()) return device.status();
   c.device = *device;
@@ -793,6 +833,8 @@ parasync::TrainerOptions TrainerOptionsOf(const WorkerFlags& f, const WorkerConf
   options.epochs = f.epochs;
   options.batch_size = f.batch_size;
   options.max_steps = f.max_steps;
+  options.eval_every_steps = c.eval_every_steps;
+  options.eval_every_seconds = c.eval_every_seconds;
   options.max_seconds = f.max_seconds;
   options.log_every_seconds = f.log_every_s;
   options.seed = f.seed;

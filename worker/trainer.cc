@@ -140,7 +140,13 @@ class TrainingRun {
  private:
   bool sync() const { return o_.mode.kind == TrainingMode::Kind::kSync; }
   Status Resume();
-  Status Evaluate(int epoch, double train_loss, double epoch_examples_per_sec);
+  // `progress` finite: an evaluation within epoch `epoch`, at that many epochs done.
+  Status Evaluate(int epoch, double train_loss, double epoch_examples_per_sec,
+                  double progress = NAN);
+  // Chief: --eval-every's evaluation after the step that ended at example `done` of the
+  // epoch, when one is due (never at the epoch's end, which is evaluated anyway). Its time
+  // is left out of the epoch's examples/sec.
+  Status MaybeEvaluateWithinEpoch(int epoch, size_t done, EpochTotals& totals);
   Status TrainEpoch(int epoch, EpochTotals& totals);
   Status Step(int epoch, size_t first, size_t count, EpochTotals& totals);
   bool sparse() const { return !o_.model.sparse_tables().empty(); }
@@ -215,12 +221,14 @@ class TrainingRun {
   bool stop_ = false;
   bool have_params_ = false;  // params_ hold the model for the next step
   Clock::time_point last_progress_line_;
+  Clock::time_point last_evaluation_;  // --eval-every SECONDS counts from here
 };
 
 // Evaluates the current server-side model on the whole test set (chief only). In sync mode
 // it waits for the step the chief last pushed to, so the model evaluated after an epoch is
 // the same in every run with the same seeds (not whichever step had completed).
-Status TrainingRun::Evaluate(int epoch, double train_loss, double epoch_examples_per_sec) {
+Status TrainingRun::Evaluate(int epoch, double train_loss, double epoch_examples_per_sec,
+                             double progress) {
   std::vector<float> logits;
   auto result = EvaluateTestSet(&logits);
   if (!result.ok()) return result.status();
@@ -233,6 +241,7 @@ Status TrainingRun::Evaluate(int epoch, double train_loss, double epoch_examples
                .batch_size = o_.batch_size,
                .optimizer = o_.optimizer,
                .seed = o_.seed};
+  p.epoch_progress = progress;
   PARASYNC_RETURN_IF_ERROR(ReadGlobalProgress(client_, &p));
   p.test_accuracy = result->accuracy();
   p.test_loss = result->mean_loss();
@@ -246,9 +255,11 @@ Status TrainingRun::Evaluate(int epoch, double train_loss, double epoch_examples
   summary_.final_test_accuracy = p.test_accuracy;
   summary_.final_test_loss = p.test_loss;
   PARASYNC_RETURN_IF_ERROR(AppendEvalRow(eval_log_, p));
+  last_evaluation_ = Clock::now();
   spdlog::info("eval epoch {}: test accuracy {:.4f}, test loss {:.4f}{} (global step {}, {} "
                "examples, {:.1f} s)",
-               epoch, p.test_accuracy, p.test_loss,
+               std::isfinite(progress) ? fmt::format("{:.4f}", progress) : std::to_string(epoch),
+               p.test_accuracy, p.test_loss,
                std::isfinite(p.test_auc) ? fmt::format(", test AUC {:.4f}", p.test_auc) : "",
                p.global_step, p.global_examples, p.wall);
   return Status::Ok();
@@ -326,6 +337,7 @@ Status TrainingRun::Resume() {
 }
 
 Result<TrainingSummary> TrainingRun::Run() {
+  last_evaluation_ = Clock::now();
   PARASYNC_RETURN_IF_ERROR(Resume());
   last_progress_line_ = Clock::now();
   for (int epoch = start_at_.epoch; epoch <= o_.epochs && !stop_; ++epoch) {
@@ -365,11 +377,33 @@ Status TrainingRun::TrainEpoch(int epoch, EpochTotals& totals) {
     }
     const size_t count = std::min(batch, shard_.size() - first);
     PARASYNC_RETURN_IF_ERROR(Step(epoch, first, count, totals));
+    PARASYNC_RETURN_IF_ERROR(MaybeEvaluateWithinEpoch(epoch, first + count, totals));
     if (o_.max_steps > 0 && summary_.steps >= o_.max_steps) {
       stop_ = true;
       break;
     }
   }
+  return Status::Ok();
+}
+
+Status TrainingRun::MaybeEvaluateWithinEpoch(int epoch, size_t done, EpochTotals& totals) {
+  if (o_.rank != 0 || done >= shard_.size() || should_stop_() ||
+      (o_.max_steps > 0 && summary_.steps >= o_.max_steps)) {
+    return Status::Ok();  // the evaluation after the last step comes anyway
+  }
+  const bool by_steps = o_.eval_every_steps > 0 && rank_step_ % o_.eval_every_steps == 0;
+  const bool by_time = o_.eval_every_seconds > 0 &&
+                       Seconds(last_evaluation_, Clock::now()) >= o_.eval_every_seconds;
+  if (!by_steps && !by_time) return Status::Ok();
+  const auto t0 = Clock::now();
+  // As at an epoch's end: the exchange in flight first (nothing else may use the client
+  // meanwhile), and a sparse model's next batch gathered again (the evaluation takes the
+  // batch buffers).
+  PARASYNC_RETURN_IF_ERROR(AwaitExchange(totals));
+  prepared_first_ = SIZE_MAX;
+  const double progress = (epoch - 1) + static_cast<double>(done) / static_cast<double>(shard_.size());
+  PARASYNC_RETURN_IF_ERROR(Evaluate(epoch, NAN, 0.0, progress));
+  totals.start += Clock::now() - t0;
   return Status::Ok();
 }
 

@@ -44,6 +44,11 @@ struct TrainerOptions {
   int epochs = 5;
   int batch_size = 64;
   int64_t max_steps = 0;  // > 0: stop after this many local steps
+  // Chief, within each epoch: an evaluation every this many of its steps, or every this many
+  // seconds (0: none; each epoch's end is evaluated either way). Its eval.jsonl row has the
+  // epochs done as a fraction ("epoch": 1.25, "within_epoch": true).
+  int64_t eval_every_steps = 0;
+  double eval_every_seconds = 0;
   double max_seconds = 0;  // > 0: stop after this many seconds of training (a time budget)
   uint64_t seed = 42;
   std::string log_dir;    // chief writes eval.jsonl here

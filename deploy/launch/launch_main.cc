@@ -228,6 +228,20 @@ void AddTrainingFlags(CLI::App& app, LaunchOptions& options) {
   AddOptional(training, "--seed", "N", options.seed, "Random seed", IntegerValidator(false));
   AddOptional(training, "--max-steps", "N", options.max_steps,
               "Stop each worker after this many steps", IntegerValidator(false));
+  AddOptional(training, "--eval-every", "N|Ns", options.eval_every,
+              "The chief also evaluates within each epoch, every N of its steps or N seconds "
+              "(30s), a row of eval.jsonl each",
+              CLI::Validator(
+                  [](std::string& value) -> std::string {
+                    const bool timed = !value.empty() && value.back() == 's';
+                    const std::string n = timed ? value.substr(0, value.size() - 1) : value;
+                    const bool digits = !n.empty() && n.find_first_not_of(
+                        timed ? "0123456789." : "0123456789") == std::string::npos;
+                    return digits ? std::string()
+                                  : "a number of steps (100) or seconds (30s) is required, got '" +
+                                        value + "'";
+                  },
+                  std::string()));
   AddOptional(training, "--wire-dtype", "DTYPE", options.wire_dtype,
               "How tensors travel: float32, bfloat16 or float16 (half the bytes), or int8 "
               "(gradients in a quarter, with error feedback; docs/compression.md)",

@@ -62,6 +62,7 @@ struct LaunchOptions {
   std::optional<std::string> model;
   std::optional<std::string> seed;
   std::optional<std::string> max_steps;
+  std::optional<std::string> eval_every;  // worker --eval-every N|Ns
   std::optional<std::string> log_every;  // worker --log-every SECONDS
   std::optional<std::string> wire_dtype;
   bool checkpoint_each_epoch = false;  // passed to workers as --checkpoint-each-epoch

@@ -116,6 +116,7 @@ std::vector<TrainingSetting> TrainingSettings(const LaunchOptions& options) {
           {"--model", "PARASYNC_MODEL", &options.model},
           {"--seed", "PARASYNC_SEED", &options.seed},
           {"--max-steps", "PARASYNC_MAX_STEPS", &options.max_steps},
+          {"--eval-every", "PARASYNC_EVAL_EVERY", &options.eval_every},
           {"--wire-dtype", "PARASYNC_WIRE_DTYPE", &options.wire_dtype},
           {"--log-every", "PARASYNC_LOG_EVERY", &options.log_every}};
 }

@@ -27,7 +27,7 @@ TEST(ClusterTest, AsyncTwoPsTwoWorkersLearnsWellAboveChanceAndStopsCleanly) {
   Child launch = Child::Start(
       {testing::BinDir() + "/parasync-launch", "--ps", "2", "--workers", "2", "--mode", "async",
        "--epochs", "1", "--max-steps", "150", "--log-dir", dir.path() + "/run", "--data",
-       testing::DataDir(), "--grace-seconds", "10"},
+       testing::DataDir(), "--grace-seconds", "10", "--eval-every", "60"},
       out);
   auto status = launch.Wait(240s);
   ASSERT_TRUE(status.has_value()) << "the launcher did not finish in 240 s:\n" << testing::ReadFile(out);
@@ -39,9 +39,19 @@ TEST(ClusterTest, AsyncTwoPsTwoWorkersLearnsWellAboveChanceAndStopsCleanly) {
   EXPECT_NE(printed.find("[ps1]"), std::string::npos) << printed;
   EXPECT_NE(printed.find("final test accuracy"), std::string::npos) << printed;
 
-  // The chief's evaluation log: epoch 0 (before training) and after the run.
+  // The chief's evaluation log: epoch 0 (before training), after its steps 60 and 120 within
+  // the epoch (--eval-every 60: 30,000 examples a worker, 469 steps an epoch), and after
+  // the run.
   auto lines = testing::ReadLines(dir.path() + "/run/eval.jsonl");
-  ASSERT_GE(lines.size(), 2u) << printed;
+  ASSERT_EQ(lines.size(), 4u) << printed;
+  for (size_t i : {1u, 2u}) {
+    const auto within = nlohmann::json::parse(lines[i]);
+    EXPECT_EQ(within.value("within_epoch", false), true) << lines[i];
+    EXPECT_NEAR(within["epoch"].get<double>(), 60.0 * static_cast<double>(i) * 64 / 30000, 1e-4)
+        << lines[i];
+    EXPECT_GT(within["step"].get<int64_t>(), nlohmann::json::parse(lines[i - 1])["step"].get<int64_t>());
+  }
+  EXPECT_FALSE(nlohmann::json::parse(lines.back()).contains("within_epoch")) << lines.back();
   const auto first = nlohmann::json::parse(lines.front());
   const auto last = nlohmann::json::parse(lines.back());
   for (const char* key : {"mode", "workers", "epoch", "step", "examples", "wall_s", "train_loss",

@@ -21,6 +21,7 @@ Configurations:
   colocated-overlap       colocated, --mode sync:delayed: each step's exchange overlaps the
                           next gradient's compute (needs --mode sync)
   colocated-overlap-bf16  the same, --wire-dtype bfloat16
+  colocated-overlap-int8  the same, --wire-dtype int8
   hvd-colocated   colocated, the workers running a Horovod script unchanged:
                   worker/python/examples/horovod_mnist.py --model cnn --loader indexed
                   --clip 0 (DDP's script's loop: batches gathered by indexing, no
@@ -69,7 +70,7 @@ NETLAB = os.path.join(ROOT, "tools", "netlab")
 CONFIGS = ("ddp", "ddp-fp16", "dedicated", "colocated", "colocated-tcp", "colocated-bf16",
            "colocated-overlap", "colocated-overlap-bf16", "hvd-colocated", "hvd-colocated-fp16",
            "hvd-colocated-bf16", "hvd-colocated2", "hvd-colocated2-fp16", "colocated-int8",
-           "hvd-colocated-int8")
+           "colocated-overlap-int8", "hvd-colocated-int8")
 DDP_PORT = 29400
 
 
@@ -224,7 +225,7 @@ def run_parasync(args, config, work):
              "--seed", "1", "--dataset", args.data, "--log-dir", log_dir]
     if config.endswith("bf16"):
         flags += ["--wire-dtype", "bfloat16"]
-    if config == "colocated-int8":
+    if config.endswith("int8") and not config.startswith("hvd-"):
         flags += ["--wire-dtype", "int8"]
     if config == "colocated-tcp":
         flags += ["--no-ipc"]
