@@ -18,6 +18,7 @@ accuracy, wall and train seconds and examples/s, the flags and what PyTorch ran 
 
   torch_ddp_cnn.py [--processes 2] [--epochs 10] [--batch-size 64] [--lr 0.001]
                    [--threads 1] [--seed 1] [--train-examples N] [--data DIR] [--hook fp16]
+                   [--eval-every N]
                    [--rank R --master HOST:PORT [--ifname IF]]
 
 With --rank, this process is that one rank of --processes, on whatever host it runs (one
@@ -76,6 +77,10 @@ def parse_args():
     p.add_argument("--hook", choices=("none", "fp16"), default="none",
                    help="DDP communication hook: fp16 is PyTorch's fp16_compress_hook (gradients "
                         "all-reduced in float16, half the bytes; default %(default)s)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="rank 0 also evaluates every N steps within an epoch (the others wait), "
+                        "as parasync-worker --eval-every N; the JSON's \"within\" lists them "
+                        "(default 0: at each epoch's end only)")
     p.add_argument("--rank", type=int, help="run only this rank (multi-host)")
     p.add_argument("--master", help="multi-host: rank 0's HOST:PORT")
     p.add_argument("--ifname", help="multi-host: the network interface gloo uses")
@@ -141,9 +146,19 @@ def rank_main(rank, world, master, args):
               "excluded": "process start-up, imports, data loading, process-group join, "
                           "DDP's first parameter broadcast",
               "torch": harness.ran_with(torch)}
+    record["within"] = []  # --eval-every's evaluations: epochs done (a fraction), accuracy, wall
+
+    def test_accuracy():
+        model.eval()
+        with torch.no_grad():
+            logits = torch.cat([model(xte[i:i + EVAL_BATCH]) for i in range(0, len(xte), EVAL_BATCH)])
+        model.train()
+        return (logits.argmax(1) == yte).double().mean().item()
+
     dist.barrier()
     start = time.perf_counter()
     trained = 0.0
+    steps = 0
     for epoch in range(1, args.epochs + 1):
         t0 = time.perf_counter()
         ddp.train()
@@ -154,15 +169,21 @@ def rank_main(rank, world, master, args):
             opt.zero_grad()
             loss.backward()
             opt.step()
+            steps += 1
+            done = i + args.batch_size
+            if args.eval_every and steps % args.eval_every == 0 and done < per_rank:
+                paused = time.perf_counter()
+                if rank == 0:
+                    record["within"].append({"epoch": round(epoch - 1 + done / per_rank, 4),
+                                             "test_accuracy": round(test_accuracy(), 4),
+                                             "wall_s": round(paused - start, 2)})
+                dist.barrier()  # the others wait, as at an epoch's end
+                t0 += time.perf_counter() - paused  # not training time
         dist.barrier()
         seconds = time.perf_counter() - t0
         trained += seconds
         if rank == 0:
-            model.eval()
-            with torch.no_grad():
-                logits = torch.cat([model(xte[i:i + EVAL_BATCH])
-                                    for i in range(0, len(xte), EVAL_BATCH)])
-            accuracy = (logits.argmax(1) == yte).double().mean().item()
+            accuracy = test_accuracy()
             wall = time.perf_counter() - start
             rate = per_rank * world / seconds
             record["test_accuracy"].append(round(accuracy, 4))
