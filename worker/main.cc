@@ -920,7 +920,10 @@ int Run(const WorkerFlags& f, const WorkerConfig& c) {
                c.rank, c.cluster.workers.size(), (*backend)->name(), why,
                CpuComputeThreadsFlushDenormals() ? "flushed to zero" : "kept (PARASYNC_DENORMALS)",
                (train.n + num_workers - 1 - c.rank) / num_workers, c.metrics_ip, metrics_port);
-  if (c.wire != DType::kFloat32) {
+  if (c.wire == DType::kInt8) {
+    spdlog::info("gradients travel as int8 with error feedback (a quarter of float32's bytes), "
+                 "parameters as bfloat16 (half)");
+  } else if (c.wire != DType::kFloat32) {
     spdlog::info("parameters and gradients travel as {} (half the bytes of float32)",
                  DTypeName(c.wire));
   }
