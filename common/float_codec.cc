@@ -1,11 +1,14 @@
 #include "common/float_codec.h"
 
 #include "common/int8_codec.h"
+#include "common/topk_codec.h"
 
 #include <algorithm>
 #include <bit>
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <string>
 
 #if defined(__x86_64__)
@@ -25,6 +28,7 @@ std::string_view DTypeName(DType dtype) {
     case DType::kBfloat16: return "bfloat16";
     case DType::kFloat16: return "float16";
     case DType::kInt8: return "int8";
+    case DType::kTopK: return "topk";
   }
   return "unknown";
 }
@@ -36,7 +40,33 @@ std::optional<DType> ParseDType(std::string_view text) {
   if (t == "bfloat16" || t == "bf16") return DType::kBfloat16;
   if (t == "float16" || t == "fp16" || t == "f16" || t == "half") return DType::kFloat16;
   if (t == "int8" || t == "i8") return DType::kInt8;
+  if (t == "topk") return DType::kTopK;
   return std::nullopt;
+}
+
+std::optional<WireFormat> ParseWireFormat(std::string_view text) {
+  const size_t colon = text.find(':');
+  const std::optional<DType> dtype = ParseDType(text.substr(0, colon));
+  if (!dtype) return std::nullopt;
+  if (*dtype != DType::kTopK) {
+    if (colon != std::string_view::npos) return std::nullopt;
+    return WireFormat(*dtype);
+  }
+  if (colon == std::string_view::npos) return WireFormat(DType::kTopK, kTopKDefaultKeep);
+  const std::string r(text.substr(colon + 1));
+  char* end = nullptr;
+  const double density = r.empty() ? 0.0 : std::strtod(r.c_str(), &end);
+  if (r.empty() || end != r.c_str() + r.size()) return std::nullopt;
+  const std::optional<int> keep = TopKKeepFor(density);
+  if (!keep) return std::nullopt;
+  return WireFormat(DType::kTopK, *keep);
+}
+
+std::string WireFormatName(WireFormat format) {
+  if (format.dtype != DType::kTopK) return std::string(DTypeName(format.dtype));
+  std::ostringstream out;
+  out << "topk:" << static_cast<double>(format.keep) / static_cast<double>(kTopKChunk);
+  return out.str();
 }
 
 // The conversions are written without branches on the data: each candidate result is
@@ -260,6 +290,7 @@ void EncodeFloats(const float* in, size_t n, DType to, void* out) {
   if (n == 0) return;  // the pointers may then be null (memcpy's are not allowed to be)
   if (to == DType::kFloat32) return (void)std::memcpy(out, in, n * sizeof(float));
   if (to == DType::kInt8) return EncodeInt8(in, n, 0, out, nullptr);
+  if (to == DType::kTopK) return EncodeTopK(in, n, 0, kTopKDefaultKeep, out, nullptr);
   Narrow(in, n, to, static_cast<unsigned char*>(out));
 }
 
@@ -267,22 +298,33 @@ void DecodeFloats(const void* in, size_t n, DType from, float* out) {
   if (n == 0) return;
   if (from == DType::kFloat32) return (void)std::memcpy(out, in, n * sizeof(float));
   if (from == DType::kInt8) return DecodeInt8(in, n, 0, out);
+  if (from == DType::kTopK) return DecodeTopK(in, n, 0, kTopKDefaultKeep, out);
   Widen(static_cast<const unsigned char*>(in), n, from, out);
 }
 
-size_t WireBytes(DType dtype, size_t n, int64_t offset) {
-  return dtype == DType::kInt8 ? Int8Bytes(offset, n) : n * DTypeSize(dtype);
+size_t WireBytes(WireFormat format, size_t n, int64_t offset) {
+  switch (format.dtype) {
+    case DType::kInt8: return Int8Bytes(offset, n);
+    case DType::kTopK: return TopKBytes(offset, n, format.keep);
+    default: return n * DTypeSize(format.dtype);
+  }
 }
 
-void EncodeRange(const float* in, size_t n, int64_t offset, DType to, void* out,
+void EncodeRange(const float* in, size_t n, int64_t offset, WireFormat to, void* out,
                  float* residual) {
-  if (to == DType::kInt8) return EncodeInt8(in, n, offset, out, residual);
-  EncodeFloats(in, n, to, out);
+  if (to.dtype == DType::kInt8) return EncodeInt8(in, n, offset, out, residual);
+  if (to.dtype == DType::kTopK) return EncodeTopK(in, n, offset, to.keep, out, residual);
+  EncodeFloats(in, n, to.dtype, out);
 }
 
-void DecodeRange(const void* in, size_t n, int64_t offset, DType from, float* out) {
-  if (from == DType::kInt8) return DecodeInt8(in, n, offset, out);
-  DecodeFloats(in, n, from, out);
+bool WellFormedRange(const void* in, size_t n, int64_t offset, WireFormat from) {
+  return from.dtype != DType::kTopK || TopKWellFormed(in, n, offset, from.keep);
+}
+
+void DecodeRange(const void* in, size_t n, int64_t offset, WireFormat from, float* out) {
+  if (from.dtype == DType::kInt8) return DecodeInt8(in, n, offset, out);
+  if (from.dtype == DType::kTopK) return DecodeTopK(in, n, offset, from.keep, out);
+  DecodeFloats(in, n, from.dtype, out);
 }
 
 void CopyFloatsStreaming(const float* in, size_t n, float* out) {

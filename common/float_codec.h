@@ -21,36 +21,46 @@
 
 namespace parasync {
 
-// Bytes per element of `dtype` on the wire (int8: before its exponent bytes, WireBytes).
+// Bytes per element of `dtype` on the wire (int8: before its exponent bytes; top-k: per
+// element sent, before its index and exponent bytes — WireBytes).
 inline size_t DTypeSize(DType dtype) {
-  return dtype == DType::kFloat32 ? 4 : dtype == DType::kInt8 ? 1 : 2;
+  return dtype == DType::kFloat32 ? 4 : dtype == DType::kInt8 || dtype == DType::kTopK ? 1 : 2;
 }
 // Bytes on the wire of `n` elements of a variable, the first at element `offset` of it
-// (only int8's depend on where: common/int8_codec.h).
-size_t WireBytes(DType dtype, size_t n, int64_t offset);
+// (only int8's and top-k's depend on where: common/int8_codec.h, common/topk_codec.h).
+size_t WireBytes(WireFormat format, size_t n, int64_t offset);
 
-// "float32", "bfloat16", "float16", "int8".
+// "float32", "bfloat16", "float16", "int8", "topk".
 std::string_view DTypeName(DType dtype);
 // Accepts the names above and bf16, fp16, f16, fp32, f32, i8 (any case); nullopt otherwise.
 std::optional<DType> ParseDType(std::string_view text);
+// A --wire-dtype: a dtype name as above, or topk / topk:R for top-k sending a fraction R in
+// (0, 1] of each chunk (common/topk_codec.h; topk alone: R = 1/32); nullopt otherwise.
+std::optional<WireFormat> ParseWireFormat(std::string_view text);
+// "topk:0.03125" for top-k (the density its keep gives), DTypeName otherwise.
+std::string WireFormatName(WireFormat format);
 
 uint16_t FloatToBfloat16(float value);
 float Bfloat16ToFloat(uint16_t bits);
 uint16_t FloatToHalf(float value);
 float HalfToFloat(uint16_t bits);
 
-// Writes `n` floats as `to` into `out` (n * DTypeSize(to) bytes, little-endian; int8: as
-// elements 0..n of a variable, WireBytes(kInt8, n, 0) bytes — EncodeRange for the others).
+// Writes `n` floats as `to` into `out` (n * DTypeSize(to) bytes, little-endian; int8 and
+// top-k: as elements 0..n of a variable, WireBytes(to, n, 0) bytes, top-k at its default
+// keep — EncodeRange for the others).
 void EncodeFloats(const float* in, size_t n, DType to, void* out);
 // Reads `n` elements of `from` (n * DTypeSize(from) bytes; int8 as above) into `out` as float32.
 void DecodeFloats(const void* in, size_t n, DType from, float* out);
 
-// Any wire dtype, int8 included: `n` elements from element `offset` of a variable, as
-// WireBytes(to, n, offset) bytes. `residual` (n floats, or null) is int8's error feedback
-// (EncodeInt8); the other dtypes ignore it.
-void EncodeRange(const float* in, size_t n, int64_t offset, DType to, void* out,
+// Any wire format, int8 and top-k included: `n` elements from element `offset` of a
+// variable, as WireBytes(to, n, offset) bytes. `residual` (n floats, or null) is int8's and
+// top-k's error feedback (EncodeInt8, EncodeTopK); the other dtypes ignore it.
+void EncodeRange(const float* in, size_t n, int64_t offset, WireFormat to, void* out,
                  float* residual = nullptr);
-void DecodeRange(const void* in, size_t n, int64_t offset, DType from, float* out);
+// Whether WireBytes(from, n, offset) bytes can be decoded: false only for a top-k frame whose
+// indices EncodeTopK cannot have written (TopKWellFormed), or a top-k keep outside 1..255.
+bool WellFormedRange(const void* in, size_t n, int64_t offset, WireFormat from);
+void DecodeRange(const void* in, size_t n, int64_t offset, WireFormat from, float* out);
 
 // Whether EncodeFloats and DecodeFloats convert 8 elements at a time in this process
 // (x86-64 with AVX2 and F16C), giving the scalar functions' bits either way.

@@ -13,15 +13,6 @@
 namespace parasync {
 namespace {
 
-// The smallest exponent in range with m <= 127 * 2^e, for a finite m > 0. m = f * 2^k with
-// f in [0.5, 1): 127 * 2^(k-7) = 2^k * 127/128, so e = k - 7 when f <= 127/128, else k - 6.
-int ExponentFor(float m) {
-  int k = 0;
-  const float f = std::frexp(m, &k);
-  const int e = f <= 127.0f / 128.0f ? k - 7 : k - 6;
-  return std::clamp(e, kInt8MinExponent, kInt8MaxExponent);
-}
-
 // v = in (+ residual) into `v`; returns max |v|, or NaN when some v is NaN or Inf.
 float Gather(const float* in, size_t n, const float* residual, float* v) {
   float m = 0.0f;
@@ -105,7 +96,7 @@ int8_t EncodeChunk(const float* in, size_t n, int8_t* q, float* residual, float*
     if (residual != nullptr) std::fill(residual, residual + n, 0.0f);
     return kInt8NonFinite;
   }
-  const int e = m > 0.0f ? ExponentFor(m) : kInt8MinExponent;
+  const int e = Int8Exponent(m);
   const float down = std::ldexp(1.0f, -e);  // exact: -e is within a float's exponents
   const float up = std::ldexp(1.0f, e);
 #if defined(PARASYNC_INT8_AVX2)
@@ -116,6 +107,16 @@ int8_t EncodeChunk(const float* in, size_t n, int8_t* q, float* residual, float*
 }
 
 }  // namespace
+
+// m = f * 2^k with f in [0.5, 1): 127 * 2^(k-7) = 2^k * 127/128, so e = k - 7 when
+// f <= 127/128, else k - 6.
+int Int8Exponent(float m) {
+  if (!(m > 0.0f)) return kInt8MinExponent;
+  int k = 0;
+  const float f = std::frexp(m, &k);
+  const int e = f <= 127.0f / 128.0f ? k - 7 : k - 6;
+  return std::clamp(e, kInt8MinExponent, kInt8MaxExponent);
+}
 
 size_t Int8Chunks(int64_t offset, size_t n) {
   if (n == 0) return 0;

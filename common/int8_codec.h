@@ -36,6 +36,11 @@ inline constexpr int kInt8MinExponent = -110;  // 2^-110 * q stays a normal floa
 inline constexpr int kInt8MaxExponent = 121;   // 127 * 2^121 is still finite
 inline constexpr int8_t kInt8NonFinite = -128;
 
+// The smallest exponent e in [kInt8MinExponent, kInt8MaxExponent] with m <= 127 * 2^e, for
+// the largest magnitude m of a chunk (kInt8MinExponent when m is 0). common/topk_codec.h
+// scales its kept values the same way.
+int Int8Exponent(float m);
+
 // Chunks touched by `n` elements from element `offset` of a variable (0 when n is 0).
 size_t Int8Chunks(int64_t offset, size_t n);
 // Wire bytes of that range: Int8Chunks(offset, n) + n.

@@ -55,7 +55,8 @@ static_assert(SameNumber(DType::kFloat32, fb::DType::Float32));
 static_assert(SameNumber(DType::kBfloat16, fb::DType::Bfloat16));
 static_assert(SameNumber(DType::kFloat16, fb::DType::Float16));
 static_assert(SameNumber(DType::kInt8, fb::DType::Int8));
-static_assert(SameNumber(DType::kInt8, fb::DType::MAX));
+static_assert(SameNumber(DType::kTopK, fb::DType::TopK));
+static_assert(SameNumber(DType::kTopK, fb::DType::MAX));
 static_assert(SameNumber(InitKind::kZeros, fb::InitKind::Zeros));
 static_assert(SameNumber(InitKind::kConstant, fb::InitKind::Constant));
 static_assert(SameNumber(InitKind::kUniform, fb::InitKind::Uniform));
@@ -262,6 +263,7 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
   if (!key.IsNull()) hb.add_key(key);
   if (!ranks.IsNull()) hb.add_ranks(ranks);
   if (h.joining) hb.add_joining(true);
+  if (h.topk_keep != 0) hb.add_topk_keep(h.topk_keep);
   if (!admitted.IsNull()) hb.add_admitted(admitted);
   b.Finish(hb.Finish());
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
@@ -442,6 +444,7 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   if (const auto* k = in->key()) h.key = k->str();
   if (const auto* r = in->ranks()) h.ranks.assign(r->begin(), r->end());
   h.joining = in->joining();
+  h.topk_keep = in->topk_keep();
   if (const auto* a = in->admitted()) h.admitted.assign(a->begin(), a->end());
   if (const fb::RegisterRequest* r = in->register_()) {
     auto reg = DecodeRegistration(r);

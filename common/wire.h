@@ -92,6 +92,8 @@ struct Header {
   int32_t rank = -1;
   Status status;  // replies: outcome
   DType dtype = DType::kFloat32;
+  uint8_t topk_keep = 0;  // dtype kTopK: elements sent per chunk (common/topk_codec.h)
+  WireFormat wire() const { return {dtype, topk_keep}; }
   std::vector<SliceRange> slices;
   int64_t batch_examples = 0;
   int64_t version = 0;      // push: version read; replies: shard version

@@ -74,7 +74,7 @@ std::optional<std::string> PullReplies::Refusal(const Header& req,
     } else if (req.dtype == DType::kFloat32) {
       bytes += map->slices()[r.slice_id].length * static_cast<int64_t>(sizeof(float));
     } else {
-      bytes += static_cast<int64_t>(WireBytes(req.dtype, static_cast<size_t>(r.count),
+      bytes += static_cast<int64_t>(WireBytes(req.wire(), static_cast<size_t>(r.count),
                                               map->slices()[r.slice_id].offset + r.begin));
     }
   }
@@ -118,7 +118,7 @@ std::vector<zmq::message_t> PullReplies::SliceFrames(const Header& req, const By
   try {
     for (; taken < loans.size(); ++taken) {
       const SliceRange& r = req.slices[taken];
-      AppendSliceFrame(req.dtype, map.slices()[r.slice_id].offset + r.begin, loans[taken], peer,
+      AppendSliceFrame(req.wire(), map.slices()[r.slice_id].offset + r.begin, loans[taken], peer,
                        frames, taken);
     }
   } catch (...) {
@@ -130,7 +130,7 @@ std::vector<zmq::message_t> PullReplies::SliceFrames(const Header& req, const By
   return frames;
 }
 
-void PullReplies::AppendSliceFrame(DType dtype, int64_t offset, const Shard::Loan& loan,
+void PullReplies::AppendSliceFrame(WireFormat dtype, int64_t offset, const Shard::Loan& loan,
                                    const ByteCounter& peer,
                                    std::vector<zmq::message_t>& frames, size_t& taken) {
   const size_t size = WireBytes(dtype, static_cast<size_t>(loan.count), offset);
@@ -139,7 +139,7 @@ void PullReplies::AppendSliceFrame(DType dtype, int64_t offset, const Shard::Loa
     Shard::ReturnLoan(loan.token);
     return;
   }
-  const bool lent = dtype == DType::kFloat32;
+  const bool lent = dtype.dtype == DType::kFloat32;
   // A lent frame keeps its whole slice alive; an encoded one its own bytes.
   auto owned_hold = std::make_unique<FrameHold>(FrameHold{
       nullptr,

@@ -61,7 +61,7 @@ class PullReplies {
   // Appends the frame of `loan`, which it takes over; on a throw, `taken` counts past it if
   // it was given back already.
   // `offset`: where the loan's first element sits in its variable (int8's chunks).
-  void AppendSliceFrame(DType dtype, int64_t offset, const Shard::Loan& loan,
+  void AppendSliceFrame(WireFormat dtype, int64_t offset, const Shard::Loan& loan,
                         const ByteCounter& peer, std::vector<zmq::message_t>& frames,
                         size_t& taken);
   Status AppendRowFrames(const Header& req, const std::vector<std::vector<uint64_t>>& row_ids,

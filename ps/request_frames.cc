@@ -59,7 +59,7 @@ Status ReadPull(const Header& req, const std::vector<zmq::message_t>& frames, co
     return Status::InvalidArgument(
         "a pull request carries one ids frame per row range and no tensor frames");
   }
-  PARASYNC_RETURN_IF_ERROR(shard.ValidateRanges(req.slices, req.dtype, std::nullopt, reason));
+  PARASYNC_RETURN_IF_ERROR(shard.ValidateRanges(req.slices, req.wire(), std::nullopt, reason));
   PARASYNC_RETURN_IF_ERROR(ReadIdsFrames(frames, 0, 1, req.rows.size(), row_ids, reason));
   return shard.ValidateRows(req.rows, *row_ids, req.dtype, std::nullopt, reason);
 }
@@ -80,7 +80,20 @@ Status CheckPush(const Header& req, const std::vector<zmq::message_t>& in_frames
     sizes.push_back(in_frames[i].size());
   }
   PARASYNC_RETURN_IF_ERROR(
-      shard.ValidateRanges(req.slices, req.dtype, std::span<const size_t>(sizes), reason));
+      shard.ValidateRanges(req.slices, req.wire(), std::span<const size_t>(sizes), reason));
+  if (req.dtype == DType::kTopK) {
+    // A top-k frame's indices say where its values go: one out of place would write there.
+    for (size_t i = 0; i < req.slices.size(); ++i) {
+      const SliceRange& r = req.slices[i];
+      if (!WellFormedRange(in_frames[i].data(), static_cast<size_t>(r.count),
+                           shard.slice_map()->slices()[r.slice_id].offset + r.begin, req.wire())) {
+        *reason = RejectReason::kMalformed;
+        return Status::InvalidArgument("tensor frame " + std::to_string(i) +
+                                       " is not a top-k frame: its indices are out of order "
+                                       "or outside their chunk");
+      }
+    }
+  }
   if (req.batch_examples < 0 || req.batch_examples > (int64_t{1} << 31)) {
     *reason = RejectReason::kMalformed;
     return Status::InvalidArgument("batch_examples " + std::to_string(req.batch_examples) +
@@ -131,7 +144,7 @@ std::vector<const float*> GradientReader::Read(const Header& req, const SliceMap
     if (widened_.size() < total) widened_.resize(total);
     float* at = widened_.data();
     auto widen = [&](const zmq::message_t& frame, size_t count, int64_t offset) {
-      DecodeRange(frame.data(), count, offset, req.dtype, at);
+      DecodeRange(frame.data(), count, offset, req.wire(), at);
       at += count;
       return at - count;
     };

@@ -281,6 +281,7 @@ void Server::SendPull(zmq::message_t& identity, const Header& req,
   if (RefuseUnreadPull(identity, req, *peer)) return;
   Header reply = ReplyTo(req);
   reply.dtype = req.dtype;
+  reply.topk_keep = req.topk_keep;
   reply.slices = req.slices;
   reply.rows = req.rows;
   std::vector<zmq::message_t> frames;

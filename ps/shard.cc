@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "common/int8_codec.h"
+#include "common/float_codec.h"
 #include "ps/optimizer.h"
 
 namespace parasync {
@@ -182,11 +182,12 @@ Status Shard::ValidateRows(std::span<const RowRange> ranges,
                            std::span<const std::vector<uint64_t>> ids, DType dtype,
                            std::optional<std::span<const size_t>> value_bytes,
                            RejectReason* reason) const {
-  if (dtype == DType::kInt8 && !ranges.empty()) {
+  if ((dtype == DType::kInt8 || dtype == DType::kTopK) && !ranges.empty()) {
     // A row's residual would outlive the row's next pull by an unknown time: no int8 there.
     *reason = RejectReason::kDType;
-    return Status::InvalidArgument(
-        "embedding rows are not sent in int8: use float32, bfloat16 or float16");
+    return Status::InvalidArgument("embedding rows are not sent in " +
+                                   std::string(DTypeName(dtype)) +
+                                   ": use float32, bfloat16 or float16");
   }
   for (size_t i = 0; i < ranges.size(); ++i) {
     if (i > 0 && ranges[i].table <= ranges[i - 1].table) {
@@ -249,19 +250,26 @@ Status Shard::CheckModelFits(const SliceMap& map, int num_slots) const {
   return Status::Ok();
 }
 
-Status Shard::ValidateRanges(std::span<const SliceRange> ranges, DType dtype,
+Status Shard::ValidateRanges(std::span<const SliceRange> ranges, WireFormat wire,
                              std::optional<std::span<const size_t>> frame_bytes,
                              RejectReason* reason) const {
+  const DType dtype = wire.dtype;
   if (!registration_) {
     *reason = RejectReason::kNotRegistered;
     return Status::FailedPrecondition("shard " + std::to_string(shard_index_) +
                                       " has no model yet: send Register first");
   }
   if (dtype != DType::kFloat32 && dtype != DType::kBfloat16 && dtype != DType::kFloat16 &&
-      dtype != DType::kInt8) {
+      dtype != DType::kInt8 && dtype != DType::kTopK) {
     *reason = RejectReason::kDType;
-    return Status::InvalidArgument("dtype " + std::to_string(static_cast<int>(dtype)) +
-                                   " is not a wire dtype (float32, bfloat16, float16 or int8)");
+    return Status::InvalidArgument(
+        "dtype " + std::to_string(static_cast<int>(dtype)) +
+        " is not a wire dtype (float32, bfloat16, float16, int8 or topk)");
+  }
+  if (dtype == DType::kTopK && (wire.keep < 1 || wire.keep > 255)) {
+    *reason = RejectReason::kDType;
+    return Status::InvalidArgument("topk keeps " + std::to_string(wire.keep) +
+                                   " elements per chunk: 1 to 255 are allowed");
   }
   if (frame_bytes && frame_bytes->size() != ranges.size()) {
     *reason = RejectReason::kFrameCount;
@@ -290,7 +298,7 @@ Status Shard::ValidateRanges(std::span<const SliceRange> ranges, DType dtype,
                                      std::to_string(length) + " elements");
     }
     if (frame_bytes) {
-      const size_t want = WireBytes(dtype, static_cast<size_t>(r.count),
+      const size_t want = WireBytes(wire, static_cast<size_t>(r.count),
                                     map_->slices()[r.slice_id].offset + r.begin);
       if ((*frame_bytes)[i] != want) {
         *reason = RejectReason::kByteLength;
@@ -454,7 +462,7 @@ Status Shard::ApplySgdWhole(std::span<const SliceRange> ranges,
 
 Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                          int64_t batch_examples, RejectReason* reason, int rank,
-                         const RowsRequest& rows, DType wire) {
+                         const RowsRequest& rows, WireFormat wire) {
   // Slice ids are strictly increasing (ValidateRanges), so covering every slice whole means
   // exactly one full range per owned slice.
   bool whole = ranges.size() == owned_.size();
@@ -489,23 +497,24 @@ Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const flo
     for (int64_t k = 0; k < ranges[i].count; ++k) mine[static_cast<size_t>(k)] += g[k];
   }
   pending_examples_ += batch_examples > 0 ? batch_examples : 0;
-  step_int8_ |= wire == DType::kInt8;
+  if (wire.dtype == DType::kInt8 || wire.dtype == DType::kTopK) step_wire_ = wire;
   return Status::Ok();
 }
 
-void Shard::QuantizeAverage(SliceState& s) {
+void Shard::QuantizeAverage(SliceState& s, WireFormat wire) {
   const size_t n = average_.size();
   if (s.pull_residual.size() != n) s.pull_residual.assign(n, 0.0f);
-  quantized_.resize(Int8Bytes(s.offset, n));
-  EncodeInt8(average_.data(), n, s.offset, quantized_.data(), s.pull_residual.data());
-  DecodeInt8(quantized_.data(), n, s.offset, average_.data());
+  quantized_.resize(WireBytes(wire, n, s.offset));
+  EncodeRange(average_.data(), n, s.offset, wire, quantized_.data(), s.pull_residual.data());
+  DecodeRange(quantized_.data(), n, s.offset, wire, average_.data());
 }
 
 Status Shard::ApplyAccumulated(int count) {
   const float inv = 1.0f / static_cast<float>(count);
   const float lr_scale = LrScheduleFactor(registration_->optimizer, examples_);
-  const bool quantize = step_int8_ && registration_->optimizer.kind == OptimizerKind::kAggregate;
-  step_int8_ = false;
+  const std::optional<WireFormat> quantize =
+      registration_->optimizer.kind == OptimizerKind::kAggregate ? step_wire_ : std::nullopt;
+  step_wire_.reset();
   for (SliceState& s : owned_) {
     average_.assign(s.values.size(), 0.0f);
     // Rank order, whatever order the pushes came in.
@@ -518,7 +527,7 @@ Status Shard::ApplyAccumulated(int count) {
       }
     }
     for (float& a : average_) a *= inv;
-    if (quantize) QuantizeAverage(s);
+    if (quantize) QuantizeAverage(s, *quantize);
     ApplyToSlice(s, 0, average_.data(), static_cast<int64_t>(average_.size()), lr_scale);
   }
   tables_.SetNow(ExpiryNow());

@@ -84,11 +84,11 @@ class Shard {
 
   // Checks that every range names a slice on this shard and fits in it, that slice ids are
   // strictly increasing (one range per slice, so a request can never ask for more than the
-  // shard holds), that the dtype is a wire dtype (the values are float32; a push's frames
-  // or a pull's reply may be narrower), and — when `frame_bytes` is given (push) — that
-  // there is one frame per range of exactly count * DTypeSize(dtype) bytes. On failure sets
-  // *reason.
-  Status ValidateRanges(std::span<const SliceRange> ranges, DType dtype,
+  // shard holds), that the format is a wire format (the values are float32; a push's frames
+  // or a pull's reply may be narrower; top-k keeps 1..255 per chunk), and — when
+  // `frame_bytes` is given (push) — that there is one frame per range of exactly
+  // WireBytes(wire, count, where it begins) bytes. On failure sets *reason.
+  Status ValidateRanges(std::span<const SliceRange> ranges, WireFormat wire,
                         std::optional<std::span<const size_t>> frame_bytes,
                         RejectReason* reason) const;
 
@@ -151,14 +151,15 @@ class Shard {
   // A push's rows are kept apart per rank too; the step applies to each row the average over
   // the ranks that pushed it (TensorFlow's SyncReplicasOptimizer for IndexedSlices).
   //
-  // `wire`: the push's dtype. When a step of a worker-side aggregate (OptimizerKind::
-  // kAggregate) had an int8 push, its average is quantized as an int8 pull would carry it,
-  // with the shard's residual (error feedback, common/int8_codec.h), and that is the value
-  // every worker reads: the part not sent goes into the next step, and an int8 pull of it
-  // sends exactly what is stored.
+  // `wire`: the push's format. When a step of a worker-side aggregate (OptimizerKind::
+  // kAggregate) had an int8 or top-k push, its average is quantized as such a pull would
+  // carry it (the step's last such push's format), with the shard's residual (error
+  // feedback, common/int8_codec.h, common/topk_codec.h), and that is the value every worker
+  // reads: the part not sent goes into the next step, and a pull in that format sends
+  // exactly what is stored.
   Status Accumulate(std::span<const SliceRange> ranges, std::span<const float* const> grads,
                     int64_t batch_examples, RejectReason* reason, int rank,
-                    const RowsRequest& rows = {}, DType wire = DType::kFloat32);
+                    const RowsRequest& rows = {}, WireFormat wire = DType::kFloat32);
   // Sync mode: applies the optimizer once with the average of the `count` accumulated
   // gradients (summed in rank order) at the scheduled learning rate, clears them, and
   // increments version() by one and examples() by the accumulated examples. Precondition:
@@ -220,9 +221,9 @@ class Shard {
     std::vector<std::vector<float>> by_rank;
     int64_t updates = 0;
     int64_t offset = 0;  // of its first element in its variable
-    // A worker-side optimizer's steps pushed in int8: what the step's average lost to the
-    // quantization of the value the workers pull, added to the next step's (allocated on
-    // the first such step; not durable: a restarted server starts it at zero).
+    // A worker-side optimizer's steps pushed in int8 or top-k: what the step's average lost
+    // to the quantization of the value the workers pull, added to the next step's
+    // (allocated on the first such step; not durable: a restarted server starts it at zero).
     std::vector<float> pull_residual;
   };
   // InvalidArgument + kNonFinite naming the first range whose gradient has a NaN or Inf;
@@ -237,9 +238,9 @@ class Shard {
   void ForEachRange(size_t n, bool parallel, const std::function<void(size_t)>& fn) const;
   void ApplyToSlice(SliceState& s, int64_t begin, const float* grad, int64_t count,
                     float lr_scale);
-  // average_ (the step's, of slice `s`) quantized to what an int8 pull sends, with the
+  // average_ (the step's, of slice `s`) quantized to what a pull in `wire` sends, with the
   // slice's pull residual (Accumulate's `wire`).
-  void QuantizeAverage(SliceState& s);
+  void QuantizeAverage(SliceState& s, WireFormat wire);
   // The buffer an out-of-place update of `s` writes into: its spare when no reply still
   // reads it, else a new one.
   static LendableFloats TakeSpare(SliceState& s);
@@ -258,8 +259,8 @@ class Shard {
   std::optional<SliceMap> map_;
   std::vector<int32_t> local_index_;  // slice id -> index in owned_, or -1
   std::vector<SliceState> owned_;
-  bool step_int8_ = false;             // the open sync step had an int8 push
-  std::vector<int8_t> quantized_;      // QuantizeAverage's wire bytes
+  std::optional<WireFormat> step_wire_;  // the open sync step's int8 or top-k push format
+  std::vector<int8_t> quantized_;        // QuantizeAverage's wire bytes
   int64_t version_ = 0;
   int64_t examples_ = 0;
   int64_t pending_examples_ = 0;  // sync: examples behind the current step's sum

@@ -33,7 +33,7 @@ Status SyncRule::Take(const Gradient& g, RejectReason* reason) {
   const Header& req = g.req;
   Coordinator& c = *parts_.coordinator;
   PARASYNC_RETURN_IF_ERROR(parts_.shard->Accumulate(req.slices, g.grads, req.batch_examples,
-                                                    reason, req.rank, g.rows, req.dtype));
+                                                    reason, req.rank, g.rows, req.wire()));
   // The step waited for this rank alone when it was the only one missing: from the
   // gradient before it to this one, the step could have completed but for it. (With
   // backup workers a step completes without waiting for anyone in particular.)

@@ -360,8 +360,10 @@ void AddFaultAndWireFlags(CLI::App& app, WorkerFlags& f) {
                  "(the servers keep float32; float16 saturates at +-65504, bfloat16 keeps "
                  "float32's range with 8 bits of precision), or int8: gradients in a quarter "
                  "of the bytes, a power-of-two scale per 128 elements, what each push did not "
-                 "send added to the next (error feedback); parameters pulled in bfloat16 "
-                 "(docs/compression.md)");
+                 "send added to the next (error feedback); parameters pulled in bfloat16; or "
+                 "topk[:R] (default R 1/32): of every 256 gradient elements the R * 256 largest, "
+                 "in int8 with their indices (17 bytes per 256 at 1/32, 1/60 of float32), "
+                 "with error feedback the same way (docs/compression.md)");
   app.add_option("--copy-threads", f.copy_threads,
                  "Threads that copy a pulled model of 1 MiB or more into the training buffers, "
                  "this worker's training thread included (1: that thread alone); a helper not "
@@ -473,7 +475,7 @@ struct WorkerConfig {
   parasync::TrainingMode mode;
   parasync::ModelSpec model;
   parasync::OptimizerSpec optimizer;  // decay_examples: a placeholder until the data is known
-  parasync::DType wire = parasync::DType::kFloat32;
+  parasync::WireFormat wire = parasync::DType::kFloat32;
   int64_t eval_every_steps = 0;  // --eval-every N
   double eval_every_seconds = 0;  // --eval-every Ns
   parasync::DeviceChoice device;
@@ -614,10 +616,11 @@ parasync::Result<WorkerConfig> Validate(const WorkerFlags& f) {
   auto opt = OptimizerFromFlags(f, c.cluster.workers.size());
   if (!opt.ok()) return opt.status();
   c.optimizer = *opt;
-  const std::optional<DType> wire = ParseDType(f.wire_dtype);
+  const std::optional<WireFormat> wire = ParseWireFormat(f.wire_dtype);
   if (!wire) {
-    return Status::InvalidArgument("--wire-dtype must be float32, bfloat16, float16 or int8, not '" +
-                                   f.wire_dtype + "'");
+    return Status::InvalidArgument(
+        "--wire-dtype must be float32, bfloat16, float16, int8, topk or topk:R with R in (0, 1], "
+        "not '" + f.wire_dtype + "'");
   }
   c.wire = *wire;
   if (Status s = ParseEvalEvery(f.eval_every, &c.eval_every_steps, &c.eval_every_seconds);
@@ -920,12 +923,16 @@ int Run(const WorkerFlags& f, const WorkerConfig& c) {
                c.rank, c.cluster.workers.size(), (*backend)->name(), why,
                CpuComputeThreadsFlushDenormals() ? "flushed to zero" : "kept (PARASYNC_DENORMALS)",
                (train.n + num_workers - 1 - c.rank) / num_workers, c.metrics_ip, metrics_port);
-  if (c.wire == DType::kInt8) {
+  if (c.wire.dtype == DType::kInt8) {
     spdlog::info("gradients travel as int8 with error feedback (a quarter of float32's bytes), "
                  "parameters as bfloat16 (half)");
-  } else if (c.wire != DType::kFloat32) {
+  } else if (c.wire.dtype == DType::kTopK) {
+    spdlog::info("gradients travel as {} with error feedback ({} of every 256 elements in "
+                 "int8), parameters as bfloat16 (half)",
+                 WireFormatName(c.wire), c.wire.keep);
+  } else if (c.wire.dtype != DType::kFloat32) {
     spdlog::info("parameters and gradients travel as {} (half the bytes of float32)",
-                 DTypeName(c.wire));
+                 DTypeName(c.wire.dtype));
   }
   zmq::context_t context(1);
   Connection conn;

@@ -408,9 +408,10 @@ Status PsClient::Adopt(const ModelRegistration& reg) {
 }
 
 Status PsClient::CheckWireDType(const ModelRegistration& reg) const {
-  if (options_.wire_dtype == DType::kInt8 && !reg.tables.empty()) {
-    return Status::InvalidArgument(
-        "--wire-dtype int8 does not apply to embedding tables: use bfloat16 or float16");
+  const DType d = options_.wire_dtype.dtype;
+  if ((d == DType::kInt8 || d == DType::kTopK) && !reg.tables.empty()) {
+    return Status::InvalidArgument("--wire-dtype " + std::string(DTypeName(d)) +
+                                   " does not apply to embedding tables: use bfloat16 or float16");
   }
   return Status::Ok();
 }
@@ -423,23 +424,26 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
     var_sizes_.push_back(v.num_elements());
     total += v.num_elements();
   }
-  // Room for a whole push in 16 bits (no push is in flight between calls), a run per shard;
-  // int8's (a byte per element and one per chunk) fits in the same.
-  narrowed_.assign(options_.wire_dtype == DType::kFloat32 ? 0 : static_cast<size_t>(total), 0);
-  const bool int8 = options_.wire_dtype == DType::kInt8;
-  push_residual_.assign(int8 ? static_cast<size_t>(total) : 0, 0.0f);
-  pull_dtype_ = !int8 ? options_.wire_dtype
-                : reg.optimizer.kind == OptimizerKind::kAggregate ? DType::kInt8
-                                                                  : DType::kBfloat16;
+  // Room for a whole encoded push (no push is in flight between calls), a run per shard.
+  const WireFormat wire = options_.wire_dtype;
+  const bool narrow = wire.dtype != DType::kFloat32;
+  const bool fed_back = wire.dtype == DType::kInt8 || wire.dtype == DType::kTopK;
+  push_residual_.assign(fed_back ? static_cast<size_t>(total) : 0, 0.0f);
+  pull_dtype_ = !fed_back                                          ? wire
+                : reg.optimizer.kind == OptimizerKind::kAggregate ? wire
+                                                                  : WireFormat(DType::kBfloat16);
   narrowed_at_.assign(static_cast<size_t>(num_shards()), 0);
+  residual_at_.assign(static_cast<size_t>(num_shards()), 0);
   shard_vars_.assign(static_cast<size_t>(num_shards()), {});
   var_shards_.assign(reg.variables.size(), {});
-  size_t at = 0;
+  size_t at = 0, bytes = 0;
   for (int s = 0; s < num_shards(); ++s) {
-    narrowed_at_[static_cast<size_t>(s)] = at;
+    narrowed_at_[static_cast<size_t>(s)] = bytes;
+    residual_at_[static_cast<size_t>(s)] = at;
     for (uint32_t id : map_->SlicesOfShard(s)) {
       const SliceInfo& info = map_->slices()[id];
       at += static_cast<size_t>(info.length);
+      if (narrow) bytes += WireBytes(wire, static_cast<size_t>(info.length), info.offset);
       std::vector<int>& shards = var_shards_[info.var_index];
       if (shards.empty() || shards.back() != s) {
         shards.push_back(s);
@@ -447,6 +451,7 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
       }
     }
   }
+  narrowed_.assign(bytes, 0);
 }
 
 bool PsClient::SendsTo(int s) const {
@@ -499,7 +504,8 @@ void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::ve
     o.header.type = MsgType::kPull;
     o.header.min_version = min_versions[static_cast<size_t>(s)];
     o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
-    o.header.dtype = pull_dtype_;  // the dtype the reply is to carry
+    o.header.dtype = pull_dtype_.dtype;  // the format the reply is to carry
+    o.header.topk_keep = static_cast<uint8_t>(pull_dtype_.keep);
     for (uint32_t id : with_slices ? map_->SlicesOfShard(s) : std::vector<uint32_t>{}) {
       o.header.slices.push_back({id, 0, map_->slices()[id].length});
     }
@@ -515,7 +521,7 @@ void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::ve
 
 void PsClient::AddPushRowFrames(const ShardRows& split, RowSet rows, Outgoing& o) const {
   o.header.rows = split.ranges;
-  const DType dtype = options_.wire_dtype;
+  const DType dtype = options_.wire_dtype.dtype;
   for (size_t k = 0; k < split.ranges.size(); ++k) {
     const std::vector<uint64_t>& ids = split.ids[k];
     o.frames.emplace_back(ids.data(), ids.size() * sizeof(uint64_t));
@@ -533,11 +539,11 @@ void PsClient::AddPushRowFrames(const ShardRows& split, RowSet rows, Outgoing& o
 PsClient::Outgoing PsClient::PushRequest(int s, std::span<const float* const> grads,
                                          int64_t batch_examples, int64_t read_version,
                                          uint64_t seq, RowSet rows, const ShardRows& split) {
-  const DType dtype = options_.wire_dtype;
-  const bool narrow = dtype != DType::kFloat32;
-  const size_t run = narrow ? narrowed_at_[static_cast<size_t>(s)] : 0;
-  auto* next_narrowed = narrow ? reinterpret_cast<uint8_t*>(narrowed_.data() + run) : nullptr;
-  float* residual = dtype == DType::kInt8 ? push_residual_.data() + run : nullptr;
+  const WireFormat dtype = options_.wire_dtype;
+  const bool narrow = dtype.dtype != DType::kFloat32;
+  uint8_t* next_narrowed = narrow ? narrowed_.data() + narrowed_at_[static_cast<size_t>(s)] : nullptr;
+  float* residual =
+      push_residual_.empty() ? nullptr : push_residual_.data() + residual_at_[static_cast<size_t>(s)];
   Outgoing o;
   o.header.type = MsgType::kPush;
   o.header.batch_examples = batch_examples;
@@ -551,7 +557,8 @@ PsClient::Outgoing PsClient::PushRequest(int s, std::span<const float* const> gr
                      : read_version == kLastRead ? read_versions_[si]
                                                  : read_version;
   o.header.incarnation = from != nullptr ? from->incarnations[si] : read_incarnation_[si];
-  o.header.dtype = options_.wire_dtype;
+  o.header.dtype = dtype.dtype;
+  o.header.topk_keep = static_cast<uint8_t>(dtype.keep);
   for (uint32_t id : map_->SlicesOfShard(s)) {
     const SliceInfo& info = map_->slices()[id];
     o.header.slices.push_back({id, 0, info.length});
@@ -625,7 +632,7 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
     const void* from;
     size_t count;
     int64_t offset;  // in its variable
-    DType dtype;
+    WireFormat dtype;
     float* to;
   };
   std::vector<Copy> copies;
@@ -643,17 +650,18 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
                                 " answered a pull with the wrong number of slices");
     }
     // The reply carries the dtype asked for (a server that ignores the field: float32).
-    const DType dtype = in.header->dtype;
-    if (dtype != pull_dtype_ && dtype != DType::kFloat32) {
+    const WireFormat dtype = in.header->wire();
+    if (dtype != pull_dtype_ && dtype.dtype != DType::kFloat32) {
       return Status::Corruption("ps shard " + std::to_string(shards[i]) + " answered a " +
-                                std::string(DTypeName(pull_dtype_)) + " pull in " +
-                                std::string(DTypeName(dtype)));
+                                WireFormatName(pull_dtype_) + " pull in " +
+                                WireFormatName(dtype));
     }
     for (size_t k = 0; k < ids.size(); ++k) {
       const SliceInfo& info = map_->slices()[ids[k]];
       const auto count = static_cast<size_t>(info.length);
       if (in.header->slices[k].slice_id != ids[k] ||
-          in.frames[k].size() != WireBytes(dtype, count, info.offset)) {
+          in.frames[k].size() != WireBytes(dtype, count, info.offset) ||
+          !WellFormedRange(in.frames[k].data(), count, info.offset, dtype)) {
         return Status::Corruption("ps shard " + std::to_string(shards[i]) +
                                   " answered a pull with a mismatching slice");
       }
@@ -667,7 +675,7 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
   }
   const bool streaming = elements >= kStreamingCopyElements;
   auto copy = [&](size_t c) {
-    if (streaming && copies[c].dtype == DType::kFloat32) {
+    if (streaming && copies[c].dtype.dtype == DType::kFloat32) {
       CopyFloatsStreaming(static_cast<const float*>(copies[c].from), copies[c].count,
                           copies[c].to);
     } else {
@@ -944,7 +952,7 @@ Result<std::vector<ShardStats>> PsClient::Stats() {
   return out;
 }
 
-Status PsClient::SetWireDType(DType dtype) {
+Status PsClient::SetWireDType(WireFormat dtype) {
   if (registration_ || !narrowed_.empty()) {
     return Status::FailedPrecondition("the wire dtype is chosen before the model is registered");
   }

@@ -64,8 +64,10 @@ struct PsClientOptions {
   // quantized with error feedback (this client keeps what each push did not send and adds
   // it to the next); pulls of a worker-side aggregate in int8 too (the servers keep that
   // residual), pulls of parameters in bfloat16 (a quantized parameter's error would not be
-  // fed back). Not with embedding tables (Register refuses).
-  DType wire_dtype = DType::kFloat32;
+  // fed back). Or top-k (common/topk_codec.h: `keep` of every 256 elements, in int8), with
+  // error feedback the same way, pulls of a worker-side aggregate in top-k too. Not with
+  // embedding tables (Register refuses int8 and top-k).
+  WireFormat wire_dtype = DType::kFloat32;
   // Threads that copy a pull reply of at least PsClient::kParallelCopyElements into the
   // caller's parameters: the calling thread and copy_threads - 1 helpers, a slice at a time
   // each (common/parallel_for.h). A helper that is not scheduled in time leaves its share to
@@ -233,7 +235,7 @@ class PsClient {
 
   // How later pushes and pulls travel (PsClientOptions::wire_dtype). Before Register or
   // Adopt only: FailedPrecondition after.
-  Status SetWireDType(DType dtype);
+  Status SetWireDType(WireFormat dtype);
 
   // A collective's exchange (ps/gather_board.h): offers `payload` (caller-owned, read during
   // the call) for round `round` (1, 2, ...) of `key` to shard 0 and waits, up to
@@ -409,16 +411,16 @@ class PsClient {
   // released (ReleaseFrame). On the heap: ZeroMQ may release a frame after a socket is gone.
   std::unique_ptr<std::atomic<int64_t>[]> unreleased_;
   std::optional<SliceMap> map_;
-  // A push's gradients narrowed to a 16-bit wire_dtype (sized by UseModel), one run per
-  // slice in shard order; the push frames point into it (so it is only written once every
-  // frame was released).
-  // int8 uses the first (elements + chunks) bytes of a run.
-  std::vector<uint16_t> narrowed_;
-  std::vector<size_t> narrowed_at_;  // by shard: where its run starts in narrowed_
-  // int8 pushes: what each element's pushes have not sent yet, laid out as narrowed_'s runs
-  // (error feedback, common/int8_codec.h); zero until the first push.
+  // A push's gradients encoded in wire_dtype when it is not float32 (sized by UseModel: each
+  // slice's WireBytes), one run of bytes per shard, its slices in order; the push frames
+  // point into it (so it is only written once every frame was released).
+  std::vector<uint8_t> narrowed_;
+  std::vector<size_t> narrowed_at_;  // by shard: where its run starts in narrowed_ (bytes)
+  // int8 and top-k pushes: what each element's pushes have not sent yet, a run of elements
+  // per shard as narrowed_'s (error feedback); zero until the first push.
   std::vector<float> push_residual_;
-  DType pull_dtype_ = DType::kFloat32;  // what pulls ask for (wire_dtype; int8: above)
+  std::vector<size_t> residual_at_;  // by shard: where its run starts in push_residual_
+  WireFormat pull_dtype_ = DType::kFloat32;  // what pulls ask for (wire_dtype; int8: above)
   std::vector<int64_t> var_sizes_;
   // The variables each shard holds slices of (each once), and the shards of each variable.
   std::vector<std::vector<size_t>> shard_vars_;

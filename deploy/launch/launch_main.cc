@@ -243,13 +243,15 @@ void AddTrainingFlags(CLI::App& app, LaunchOptions& options) {
                   },
                   std::string()));
   AddOptional(training, "--wire-dtype", "DTYPE", options.wire_dtype,
-              "How tensors travel: float32, bfloat16 or float16 (half the bytes), or int8 "
-              "(gradients in a quarter, with error feedback; docs/compression.md)",
+              "How tensors travel: float32, bfloat16 or float16 (half the bytes), int8 "
+              "(gradients in a quarter, with error feedback), or topk[:R] (of every 256 "
+              "gradient elements the R * 256 largest, default R 1/32, with error feedback; "
+              "docs/compression.md)",
               CLI::Validator(
                   [](std::string& value) -> std::string {
-                    if (parasync::ParseDType(value)) return std::string();
-                    return "float32, bfloat16, float16 or int8 (bf16, fp16) is required, got '" +
-                           value + "'";
+                    if (parasync::ParseWireFormat(value)) return std::string();
+                    return "float32, bfloat16, float16, int8 (bf16, fp16), topk or topk:R with R "
+                           "in (0, 1] is required, got '" + value + "'";
                   },
                   std::string()));
   AddOptional(training, "--log-every", "SECONDS", options.log_every,

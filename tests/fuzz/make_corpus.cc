@@ -42,9 +42,9 @@ std::string Floats(int64_t count, float value) {
 }
 
 // `count` floats (value, 2 x value, ... 7 x value, repeated) in `dtype`'s wire encoding, the
-// first at element `offset` of its variable (int8's chunks).
-std::string Values(int64_t count, float value, DType dtype, int64_t offset = 0) {
-  if (dtype == DType::kFloat32) return Floats(count, value);
+// first at element `offset` of its variable (int8's and top-k's chunks).
+std::string Values(int64_t count, float value, WireFormat dtype, int64_t offset = 0) {
+  if (dtype.dtype == DType::kFloat32) return Floats(count, value);
   const std::string f = Floats(count, value);
   std::string out(WireBytes(dtype, static_cast<size_t>(count), offset), '\0');
   EncodeRange(reinterpret_cast<const float*>(f.data()), static_cast<size_t>(count), offset,
@@ -121,11 +121,12 @@ class Seeds {
   }
   // A pull of slice ranges and rows: an ids frame per row range.
   Message PullRows(int rank, int64_t min_version, std::vector<SliceRange> ranges,
-                   const std::vector<Rows>& rows, DType dtype = DType::kFloat32) {
+                   const std::vector<Rows>& rows, WireFormat dtype = DType::kFloat32) {
     Header h = Base(MsgType::kPull, rank);
     h.slices = std::move(ranges);
     h.min_version = min_version;
-    h.dtype = dtype;
+    h.dtype = dtype.dtype;
+    h.topk_keep = static_cast<uint8_t>(dtype.keep);
     for (const Rows& r : rows) h.rows.push_back({r.table, static_cast<int64_t>(r.ids.size())});
     Message m{Frame(h)};
     for (const Rows& r : rows) m.push_back(IdsFrame(r.ids));
@@ -135,12 +136,13 @@ class Seeds {
   // frame and a values frame (ids x dim) per row range.
   Message PushRows(int rank, int64_t version, std::vector<SliceRange> ranges,
                    const std::vector<Rows>& rows, float value = 0.01f,
-                   DType dtype = DType::kFloat32) {
+                   WireFormat dtype = DType::kFloat32) {
     Header h = Base(MsgType::kPush, rank);
     h.slices = std::move(ranges);
     h.version = version;
     h.batch_examples = 32;
-    h.dtype = dtype;
+    h.dtype = dtype.dtype;
+    h.topk_keep = static_cast<uint8_t>(dtype.keep);
     h.seq = (uint64_t{0x5eed} << 32) | static_cast<uint64_t>(++seq_);
     for (const Rows& r : rows) h.rows.push_back({r.table, static_cast<int64_t>(r.ids.size())});
     Message m{Frame(h)};
@@ -311,6 +313,21 @@ void AddRowEncodings(const TrainingRows& r, SeedFiles& seeds) {
                               s.PullRows(0, 1, s.here(), {}, DType::kInt8), short_int8,
                               s.PushRows(1, 1, s.here(), r.rows1, 0.03f, DType::kInt8),
                               s.PullRows(1, 1, {}, r.rows1, DType::kInt8)}));
+  // top-k slices both ways (4 of each 256-element chunk by index, in int8), a frame whose
+  // first two indices are swapped and one whose keep is 0 (both refused), and top-k rows
+  // (refused: rows never travel in top-k).
+  const WireFormat topk(DType::kTopK, 4);
+  Message swapped = s.PushRows(0, 1, s.here(), {}, 0.02f, topk);
+  std::swap(swapped[1][1], swapped[1][2]);
+  Message keep0 = s.PushRows(0, 1, s.here(), {}, 0.02f, topk);
+  Header keep0_header = DecodeHeader(keep0[0].data(), keep0[0].size()).value();
+  keep0_header.topk_keep = 0;
+  keep0[0] = Frame(keep0_header);
+  seeds.emplace_back("topk-slices",
+                     s.Input({s.PushRows(0, 0, s.here(), {}, 0.01f, topk),
+                              s.PullRows(0, 1, s.here(), {}, topk), swapped, keep0,
+                              s.PushRows(1, 1, s.here(), r.rows1, 0.03f, topk),
+                              s.PullRows(1, 1, {}, r.rows1, topk)}));
   // Ids nobody pushed read as their initial value and create nothing; an empty ids frame.
   seeds.emplace_back("rows-pull-unseen",
                      s.Input({s.PullRows(0, 0, {}, {{0, IdsOn(0, 0, 900, 40)}, {1, {}}}),

@@ -144,8 +144,9 @@ std::vector<Header> DrainReplies(zmq::socket_t& dealer, const Shard& shard) {
                  std::to_string(h->slices.size()) + " slice ranges and " +
                  std::to_string(h->rows.size()) + " row ranges");
       }
-      // A pull may ask for 16-bit or int8 values (--wire-dtype); the reply says which it
-      // carries (int8's length depends on where the range sits in its variable).
+      // A pull may ask for 16-bit, int8 or top-k values (--wire-dtype); the reply says which
+      // it carries (int8's and top-k's lengths depend on where the range sits in its
+      // variable).
       const SliceMap* map = shard.slice_map();
       for (size_t i = 0; i < h->slices.size(); ++i) {
         const SliceRange& r = h->slices[i];
@@ -153,7 +154,7 @@ std::vector<Header> DrainReplies(zmq::socket_t& dealer, const Shard& shard) {
           Violated("a pull reply names a slice the server has no map for");
         }
         const int64_t offset = map->slices()[r.slice_id].offset + r.begin;
-        if (tensors[i].size() != WireBytes(h->dtype, static_cast<size_t>(r.count), offset)) {
+        if (tensors[i].size() != WireBytes(h->wire(), static_cast<size_t>(r.count), offset)) {
           Violated("a pull reply's tensor frame has the wrong length");
         }
       }

@@ -1,5 +1,6 @@
-// --wire-dtype int8 against real servers: what a push of int8 gradients applies, the error
-// feedback on both sides, and the frames a server refuses (common/int8_codec.h).
+// --wire-dtype int8 and topk against real servers: what a push of compressed gradients
+// applies, the error feedback on both sides, and the frames a server refuses
+// (common/int8_codec.h, common/topk_codec.h).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "common/float_codec.h"
 #include "common/int8_codec.h"
 #include "common/slice_map.h"
+#include "common/topk_codec.h"
 #include "common/wire.h"
 #include "tests/ps/server_test_util.h"
 #include "worker/ps_client.h"
@@ -21,12 +23,13 @@ namespace {
 
 using namespace server_test;  // tests/ps/server_test_util.h
 
-// What a client's int8 pushes send, slice by slice as the map cuts the variables, with the
-// client's residual: the reference of the error feedback, computed here alone.
-class Int8Reference {
+// What a client's int8 or top-k pushes send, slice by slice as the map cuts the variables,
+// with the client's residual: the reference of the error feedback, computed here alone.
+class CodecReference {
  public:
-  explicit Int8Reference(const ModelRegistration& reg)
-      : map_(SliceMap::Build(reg.variables, reg.max_slice_elements, reg.num_shards).value()) {
+  CodecReference(const ModelRegistration& reg, WireFormat wire)
+      : map_(SliceMap::Build(reg.variables, reg.max_slice_elements, reg.num_shards).value()),
+        wire_(wire) {
     for (const VariableSpec& v : reg.variables) {
       residual_.emplace_back(static_cast<size_t>(v.num_elements()), 0.0f);
     }
@@ -39,22 +42,26 @@ class Int8Reference {
     std::vector<std::vector<float>> out = values;
     for (const SliceInfo& s : map_.slices()) {
       const auto n = static_cast<size_t>(s.length);
-      std::vector<int8_t> wire(Int8Bytes(s.offset, n));
+      std::vector<int8_t> wire(WireBytes(wire_, n, s.offset));
       float* residual = feedback ? residual_[s.var_index].data() + s.offset : nullptr;
-      EncodeInt8(values[s.var_index].data() + s.offset, n, s.offset, wire.data(), residual);
-      DecodeInt8(wire.data(), n, s.offset, out[s.var_index].data() + s.offset);
+      EncodeRange(values[s.var_index].data() + s.offset, n, s.offset, wire_, wire.data(),
+                  residual);
+      DecodeRange(wire.data(), n, s.offset, wire_, out[s.var_index].data() + s.offset);
     }
     return out;
   }
 
   size_t PushBytes() const {
     size_t bytes = 0;
-    for (const SliceInfo& s : map_.slices()) bytes += Int8Bytes(s.offset, static_cast<size_t>(s.length));
+    for (const SliceInfo& s : map_.slices()) {
+      bytes += WireBytes(wire_, static_cast<size_t>(s.length), s.offset);
+    }
     return bytes;
   }
 
  private:
   SliceMap map_;
+  WireFormat wire_;
   std::vector<std::vector<float>> residual_;
 };
 
@@ -71,27 +78,37 @@ std::vector<float> Bfloat16(const std::vector<float>& v) {
   return out;
 }
 
+// int8, and top-k keeping 3 of 256 (the small model's slices of 50 send 3 each, its bias of
+// 10 3 of them).
+class ServerCompressionTest : public ::testing::TestWithParam<WireFormat> {};
+
+INSTANTIATE_TEST_SUITE_P(Codecs, ServerCompressionTest,
+                         ::testing::Values(WireFormat(DType::kInt8), WireFormat(DType::kTopK, 3)),
+                         [](const auto& p) { return std::string(DTypeName(p.param.dtype)); });
+
 // A server-side optimizer (SGD) over two shards: each push applies exactly the quantized
-// gradient plus the client's residual; parameters come back in bfloat16, not int8.
-TEST(ServerInt8Test, PushesApplyTheQuantizedGradientWithTheClientsResidual) {
+// gradient plus the client's residual; parameters come back in bfloat16, not compressed.
+TEST_P(ServerCompressionTest, PushesApplyTheQuantizedGradientWithTheClientsResidual) {
+  const WireFormat wire = GetParam();
   zmq::context_t context;
   InProcessServer s0(context, 0, 2), s1(context, 1, 2);
   ASSERT_TRUE(s0.started() && s1.started());
   const ModelRegistration reg = SmallModel(2);
-  auto int8 = ConnectClient(context, {s0.endpoint(), s1.endpoint()}, 1, DType::kInt8);
+  auto int8 = ConnectClient(context, {s0.endpoint(), s1.endpoint()}, 1, wire);
   auto exact = ConnectClient(context, {s0.endpoint(), s1.endpoint()}, 1);
   ASSERT_TRUE(int8 && exact);
   ASSERT_TRUE(int8->Register(reg, kWait).ok());
   ASSERT_TRUE(exact->Register(reg, kWait).ok());
 
-  Int8Reference ref(reg);
+  CodecReference ref(reg, wire);
   std::vector<std::vector<float>> expected = InitialValues(reg);
   std::vector<std::vector<float>> params = {std::vector<float>(200), std::vector<float>(10)};
   std::vector<std::vector<float>> held = params;
   int fed_back = 0;
   for (int step = 0; step < 3; ++step) {
-    std::vector<std::vector<float>> g = Scaled(Gradients(reg), 1.0f + step, 0.0013f);
-    const std::vector<std::vector<float>> plain = Int8Reference(reg).Send(g, false);
+    std::vector<std::vector<float>> g =
+        Scaled(Gradients(reg), 1.0f + static_cast<float>(step), 0.0013f);
+    const std::vector<std::vector<float>> plain = CodecReference(reg, wire).Send(g, false);
     const std::vector<std::vector<float>> sent = ref.Send(g);
     ASSERT_TRUE(int8->PushPull(Pointers<const float>(g), 8, Pointers<float>(params)).ok());
     ASSERT_TRUE(exact->Pull(Pointers<float>(held)).ok());
@@ -105,19 +122,25 @@ TEST(ServerInt8Test, PushesApplyTheQuantizedGradientWithTheClientsResidual) {
     }
   }
   EXPECT_GT(fed_back, 0) << "the residual must change what a later push sends";
-  // A byte per element and one per 128-element chunk each slice touches (4 slices of 50, 1
-  // of 10: 6 or 7 chunks, by where the slices begin).
+  // int8: a byte per element and one per 128-element chunk each slice touches (4 slices of
+  // 50, 1 of 10: 6 or 7 chunks, by where the slices begin). top-k: 3 elements of each
+  // slice (none reaches element 256, so each is a part of one chunk), 1 + 2 * 3 bytes each.
   const double pushed = s0.metrics().bytes_received[static_cast<size_t>(MsgType::kPush)]->Value() +
                         s1.metrics().bytes_received[static_cast<size_t>(MsgType::kPush)]->Value();
-  EXPECT_GE(ref.PushBytes(), 210u + 5u);
-  EXPECT_LE(ref.PushBytes(), 210u + 7u);
+  if (wire.dtype == DType::kInt8) {
+    EXPECT_GE(ref.PushBytes(), 210u + 5u);
+    EXPECT_LE(ref.PushBytes(), 210u + 7u);
+  } else {
+    EXPECT_EQ(ref.PushBytes(), 5u * 7u);
+  }
   EXPECT_EQ(pushed, 3.0 * static_cast<double>(ref.PushBytes()));
 }
 
 // Sync with the workers' own optimizer (the aggregate): the servers average the ranks'
-// int8 gradients, quantize the average with their own residual, and both ranks pull exactly
-// that, bit for bit what a single process applying the same codecs computes.
-TEST(ServerInt8Test, SyncAggregateEndsEqualToOneProcessApplyingTheSameCodecs) {
+// compressed gradients, compress the average with their own residual, and both ranks pull
+// exactly that, bit for bit what a single process applying the same codecs computes.
+TEST_P(ServerCompressionTest, SyncAggregateEndsEqualToOneProcessApplyingTheSameCodecs) {
+  const WireFormat wire = GetParam();
   zmq::context_t context;
   ServerOptions options;
   options.mode = TrainingMode::Parse("sync").value();
@@ -137,18 +160,18 @@ TEST(ServerInt8Test, SyncAggregateEndsEqualToOneProcessApplyingTheSameCodecs) {
     o.rank = rank;
     o.request_timeout = kWait;
     o.blocking_timeout = kWait;
-    o.wire_dtype = DType::kInt8;
+    o.wire_dtype = wire;
     auto c = PsClient::Connect(context, o);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     ASSERT_TRUE((*c)->Register(reg, kWait).ok());
     workers.push_back(std::move(c).value());
   }
   // The reference: each rank's pushes with its residual, the server's average with its own.
-  Int8Reference rank0(reg), rank1(reg), server_side(reg);
+  CodecReference rank0(reg, wire), rank1(reg, wire), server_side(reg, wire);
   int server_fed_back = 0;
   for (int step = 0; step < 4; ++step) {
-    auto g0 = Scaled(Gradients(reg), 0.3f + step, 0.0007f);
-    auto g1 = Scaled(Gradients(reg), -1.7f, 0.0011f * step);
+    auto g0 = Scaled(Gradients(reg), 0.3f + static_cast<float>(step), 0.0007f);
+    auto g1 = Scaled(Gradients(reg), -1.7f, 0.0011f * static_cast<float>(step));
     const auto s0 = rank0.Send(g0), s1 = rank1.Send(g1);
     std::vector<std::vector<float>> average = s0;
     for (size_t v = 0; v < average.size(); ++v) {
@@ -157,7 +180,7 @@ TEST(ServerInt8Test, SyncAggregateEndsEqualToOneProcessApplyingTheSameCodecs) {
       }
     }
     const auto want = server_side.Send(average);
-    const auto plain = Int8Reference(reg).Send(average, false);
+    const auto plain = CodecReference(reg, wire).Send(average, false);
     for (size_t v = 0; v < want.size(); ++v) {
       for (size_t i = 0; i < want[v].size(); ++i) server_fed_back += want[v][i] != plain[v][i];
     }
@@ -173,7 +196,7 @@ TEST(ServerInt8Test, SyncAggregateEndsEqualToOneProcessApplyingTheSameCodecs) {
   // quantization somewhere (each rank's residual is checked by the test above).
   EXPECT_GT(server_fed_back, 0);
   EXPECT_EQ(server.metrics().bytes_received[static_cast<size_t>(MsgType::kPush)]->Value(),
-            4.0 * 2 * static_cast<double>(Int8Reference(reg).PushBytes()));
+            4.0 * 2 * static_cast<double>(CodecReference(reg, wire).PushBytes()));
 }
 
 // A frame of the wrong length is refused like any other; rows never travel in int8; a
@@ -228,7 +251,7 @@ TEST(ServerInt8Test, MalformedInt8FramesAndInt8RowsAreRefused) {
   EXPECT_EQ(frames[0].size(), 52u);
 
   ModelRegistration with_table = reg;
-  with_table.tables.push_back({"emb", 100, 4});
+  with_table.tables.push_back({"emb", 100, 4, {}});
   PsClientOptions o;
   o.ps_addresses = {server.endpoint()};
   o.request_timeout = kWait;
@@ -238,6 +261,76 @@ TEST(ServerInt8Test, MalformedInt8FramesAndInt8RowsAreRefused) {
   const Status refused = (*tabled)->Register(with_table, kWait);
   EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.message(), HasSubstr("embedding tables"));
+}
+
+// A top-k frame whose indices are out of order or outside their chunk is refused before
+// anything is applied, as is a keep outside 1..255; a well-formed one applies, and a top-k
+// pull is answered in top-k at the keep asked for.
+TEST(ServerTopKTest, MalformedTopKFramesAndKeepsAreRefused) {
+  zmq::context_t context;
+  InProcessServer server(context, 0, 1);
+  ASSERT_TRUE(server.started());
+  const ModelRegistration reg = SmallModel(1);
+  auto client = ConnectClient(context, {server.endpoint()}, 1);
+  ASSERT_TRUE(client && client->Register(reg, kWait).ok());
+  RawPeer peer(context, server.endpoint());
+  const SliceMap map = SliceMap::Build(reg.variables, reg.max_slice_elements, 1).value();
+  const SliceInfo& first = map.slices()[0];
+  ASSERT_EQ(first.length, 50);
+  const WireFormat wire(DType::kTopK, 3);
+  std::vector<float> g(50);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>(i % 11);
+  std::vector<uint8_t> good(WireBytes(wire, 50, first.offset));
+  ASSERT_EQ(good.size(), 7u);
+  EncodeRange(g.data(), 50, first.offset, wire, good.data());
+  Header push;
+  push.type = MsgType::kPush;
+  push.dtype = DType::kTopK;
+  push.topk_keep = 3;
+  push.slices = {{first.id, 0, 50}};
+
+  std::vector<uint8_t> bad = good;
+  bad[3] = 50;  // the last index, past the slice's 50 elements
+  peer.SendHeader(push, {bad});
+  Result<Header> reply = peer.Receive();
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply->status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(reply->status.message(), HasSubstr("not a top-k frame"));
+  EXPECT_EQ(server.Rejected(RejectReason::kMalformed), 1);
+  std::swap(bad[1], bad[2]);
+  bad[3] = good[3];
+  peer.SendHeader(push, {bad});
+  reply = peer.Receive();
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(server.Rejected(RejectReason::kMalformed), 2);
+
+  push.topk_keep = 0;
+  peer.SendHeader(push, {good});
+  reply = peer.Receive();
+  ASSERT_TRUE(reply.ok());
+  EXPECT_THAT(reply->status.message(), HasSubstr("1 to 255"));
+  EXPECT_EQ(server.Rejected(RejectReason::kDType), 1);
+
+  push.topk_keep = 3;
+  peer.SendHeader(push, {good});
+  reply = peer.Receive();
+  ASSERT_TRUE(reply.ok());
+  EXPECT_TRUE(reply->status.ok()) << reply->status.ToString();
+
+  Header pull;
+  pull.type = MsgType::kPull;
+  pull.dtype = DType::kTopK;
+  pull.topk_keep = 3;
+  pull.slices = {{first.id, 0, 50}};
+  peer.SendHeader(pull);
+  std::vector<std::vector<uint8_t>> frames;
+  reply = peer.Receive(&frames);
+  ASSERT_TRUE(reply.ok());
+  ASSERT_TRUE(reply->status.ok()) << reply->status.ToString();
+  EXPECT_EQ(reply->wire(), wire);
+  ASSERT_EQ(frames.size(), 1u);
+  EXPECT_EQ(frames[0].size(), 7u);
+  EXPECT_TRUE(WellFormedRange(frames[0].data(), 50, first.offset, wire));
 }
 
 }  // namespace

@@ -23,6 +23,10 @@ Configurations:
                           next gradient's compute (needs --mode sync)
   colocated-overlap-bf16  the same, --wire-dtype bfloat16
   colocated-overlap-int8  the same, --wire-dtype int8
+  colocated-topk          colocated, --wire-dtype topk (or topk:R, --topk-density R): of
+                          every 256 gradient elements the largest in int8, error feedback;
+                          parameters pulled in bfloat16
+  colocated-overlap-topk  the same under sync:delayed
   hvd-colocated   colocated, the workers running a Horovod script unchanged:
                   worker/python/examples/horovod_mnist.py --model cnn --loader indexed
                   --clip 0 (DDP's script's loop: batches gathered by indexing, no
@@ -33,6 +37,8 @@ Configurations:
   hvd-colocated-bf16  the same with hvd.Compression.bf16
   hvd-colocated-int8  the same with hvd.Compression.int8 (both ways in int8, error feedback
                       on the workers and the servers)
+  hvd-colocated-topk  the same with hvd.Compression.topk (both ways in top-k, error feedback
+                      on the workers and the servers; --topk-density R: .density(R))
   hvd-colocated2      hvd-colocated with two servers on every worker host (--ps h:2 --ipc):
                       each shard's push smaller, so the one waiting for the last
                       gradients holds less
@@ -71,7 +77,8 @@ NETLAB = os.path.join(ROOT, "tools", "netlab")
 CONFIGS = ("ddp", "ddp-fp16", "dedicated", "colocated", "colocated-tcp", "colocated-bf16",
            "colocated-overlap", "colocated-overlap-bf16", "hvd-colocated", "hvd-colocated-fp16",
            "hvd-colocated-bf16", "hvd-colocated2", "hvd-colocated2-fp16", "colocated-int8",
-           "colocated-overlap-int8", "hvd-colocated-int8")
+           "colocated-overlap-int8", "hvd-colocated-int8", "colocated-topk",
+           "colocated-overlap-topk", "hvd-colocated-topk")
 DDP_PORT = 29400
 
 
@@ -90,6 +97,9 @@ def parse():
                    help="the chief (DDP's rank 0 alike) also evaluates every N of its steps "
                         "within an epoch, for time to --target at that resolution (a Horovod "
                         "script evaluates at each epoch's end only; default 0: none)")
+    p.add_argument("--topk-density", type=float, default=None,
+                   help="the fraction of each 256 gradient elements the *-topk configurations "
+                        "send, in (0, 1] (default: topk's own, 1/32)")
     p.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--python", default="/usr/bin/python3")
@@ -213,7 +223,9 @@ def horovod_command(args, config):
     script = os.path.join(ROOT, "worker", "python", "examples", "horovod_mnist.py")
     return (f"env {env} {args.python} {script} --model cnn --threads 1 "
             f"--lr {0.001 / args.workers} --seed 1 --compression {compression} "
-            f"--loader indexed --clip 0 --data {args.data}")
+            f"--loader indexed --clip 0 --data {args.data}" +
+            (f" --topk-density {args.topk_density}"
+             if compression == "topk" and args.topk_density else ""))
 
 
 def run_parasync(args, config, work):
@@ -237,6 +249,9 @@ def run_parasync(args, config, work):
         flags += ["--wire-dtype", "bfloat16"]
     if config.endswith("int8") and not config.startswith("hvd-"):
         flags += ["--wire-dtype", "int8"]
+    if config.endswith("topk") and not config.startswith("hvd-"):
+        flags += ["--wire-dtype",
+                  f"topk:{args.topk_density}" if args.topk_density else "topk"]
     if config == "colocated-tcp":
         flags += ["--no-ipc"]
     if "colocated2" in config:

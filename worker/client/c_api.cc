@@ -164,7 +164,7 @@ struct parasync_options_t {
   double heartbeat_seconds = 1;
   std::string key_file;
   std::string server_key_file;
-  DType wire = DType::kFloat32;
+  WireFormat wire = DType::kFloat32;
   std::string metrics_bind = "127.0.0.1";
   int metrics_port = -1;
   std::string log_dir = ".";
@@ -205,13 +205,15 @@ struct parasync_client_t {
 
 namespace {
 
-// "float32", "bfloat16" or "float16" (NULL or anything else: InvalidArgument naming it).
-Result<DType> ParseWireDType(const char* dtype) {
+// "float32", "bfloat16", "float16", "int8", "topk" or "topk:R" (NULL or anything else:
+// InvalidArgument naming it).
+Result<WireFormat> ParseWireDType(const char* dtype) {
   PARASYNC_RETURN_IF_ERROR(Need(dtype, "dtype"));
-  const std::optional<DType> parsed = ParseDType(dtype);
+  const std::optional<WireFormat> parsed = ParseWireFormat(dtype);
   if (!parsed) {
-    return Status::InvalidArgument("the wire dtype must be float32, bfloat16, float16 or int8, not '" +
-                                   std::string(dtype) + "'");
+    return Status::InvalidArgument(
+        "the wire dtype must be float32, bfloat16, float16, int8, topk or topk:R with R in "
+        "(0, 1], not '" + std::string(dtype) + "'");
   }
   return *parsed;
 }
@@ -949,7 +951,7 @@ int parasync_client_set_wire_dtype(parasync_client_t* client, const char* dtype,
   return Guard(errmsg, [&]() -> Status {
     PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
-    PARASYNC_ASSIGN_OR_RETURN(const DType parsed, ParseWireDType(dtype));
+    PARASYNC_ASSIGN_OR_RETURN(const WireFormat parsed, ParseWireDType(dtype));
     if (client->registration) {
       return Status::FailedPrecondition("the wire dtype is chosen before the model is registered");
     }

@@ -215,7 +215,10 @@ def worker_collectives() -> dict:
 OPTIONS = {"sum": {"op": "Sum", "backward_passes_per_step": 2},
            "predivide": {"gradient_predivide_factor": 2.0},
            # Inputs of (rank + 1) / 5: gradients off int8's grid, so its rounding shows.
-           "int8": {"compression": "int8"}}
+           "int8": {"compression": "int8"},
+           # top-k keeping 2 of each 256 (density 2/256): of the weight's 6 equal elements
+           # the first 2 go (ties: the lower index), in int8, both ways.
+           "topk": {"compression": "topk"}}
 
 
 def int8_round_trip(t):
@@ -239,7 +242,9 @@ def worker_options(option: str) -> dict:
         kwargs["op"] = getattr(hvd, kwargs["op"])
     if "compression" in kwargs:
         kwargs["compression"] = getattr(hvd.Compression, kwargs["compression"])
-    value = (hvd.rank() + 1) / 5 if option == "int8" else float(hvd.rank() + 1)
+        if option == "topk":
+            kwargs["compression"] = kwargs["compression"].density(2 / 256)
+    value = (hvd.rank() + 1) / 5 if option in ("int8", "topk") else float(hvd.rank() + 1)
     m = torch.nn.Linear(3, 2)
     m.bias.requires_grad_(False)
     o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
@@ -261,14 +266,18 @@ def check_options(option: str, workdir: str) -> None:
     passes = OPTIONS[option].get("backward_passes_per_step", 1)
     mean = 2 * passes * (n + 1) / 2
     want = mean * n if OPTIONS[option].get("op") == "Sum" else mean
-    if option == "int8":  # each rank's gradient quantized, then the servers' average
+    expected = torch.full((2, 3), want)
+    if option in ("int8", "topk"):  # each rank's gradient quantized, then the servers' average
         given = [torch.full((2, 3), 2 * (r + 1) / 5) for r in range(n)]
         sent = [int8_round_trip(g) for g in given]
         want = float(int8_round_trip((sent[0] + sent[1]) * 0.5)[0, 0])
         plain = float((given[0] + given[1])[0, 0] * 0.5)
-        check(want != plain, f"options int8: the gradients are off int8's grid ({want})")
+        check(want != plain, f"options {option}: the gradients are off int8's grid ({want})")
+        expected = torch.full((2, 3), want)
+        if option == "topk":  # elements 0 and 1 (row-major) went, the rest wait in residuals
+            expected = torch.tensor([[want, want, 0.0], [0.0, 0.0, 0.0]])
     for r, res in enumerate(results):
-        check(torch.equal(res["grad"], torch.full((2, 3), want)) and res["frozen"] is None,
+        check(torch.equal(res["grad"], expected) and res["frozen"] is None,
               f"options {option}, rank {r}: gradient {res['grad'][0, 0].item()} (want {want}), "
               f"frozen bias's {res['frozen']}")
     print(f"options {option}: {n} ranks' gradients {want}")
@@ -467,7 +476,8 @@ if sys.argv[1] == "--worker":
               "async": worker_async,
               "options_sum": lambda: worker_options("sum"),
               "options_predivide": lambda: worker_options("predivide"),
-              "options_int8": lambda: worker_options("int8")}[SCENARIO]()
+              "options_int8": lambda: worker_options("int8"),
+              "options_topk": lambda: worker_options("topk")}[SCENARIO]()
     torch.save(result, OUT)
     sys.exit(0)
 
@@ -806,8 +816,8 @@ def check_elastic(workdir: str, victim: int) -> None:
 
 def main() -> int:
     # HOROVOD_TEST_ONLY=name[,name]: only those parts (sgd, adamw, collectives2, collectives3,
-    # async, options_sum, options_predivide, options_int8, dead_peer, join, elastic,
-    # elastic_rank0), for a
+    # async, options_sum, options_predivide, options_int8, options_topk, dead_peer, join,
+    # elastic, elastic_rank0), for a
     # person debugging one; the workers' logs are printed when one fails.
     only = set(filter(None, os.environ.get("HOROVOD_TEST_ONLY", "").split(",")))
     parts = {"sgd": lambda d: check_training("sgd", d),
@@ -818,6 +828,7 @@ def main() -> int:
              "options_sum": lambda d: check_options("sum", d),
              "options_predivide": lambda d: check_options("predivide", d),
              "options_int8": lambda d: check_options("int8", d),
+             "options_topk": lambda d: check_options("topk", d),
              "dead_peer": check_dead_peer,
              "join": check_join,
              "elastic": lambda d: check_elastic(d, victim=1),

@@ -65,8 +65,12 @@ def parse():
                    default=int(os.environ.get("PARASYNC_MAX_STEPS") or 0) or None,
                    help="stop each rank after this many steps in all (default "
                         "PARASYNC_MAX_STEPS, parasync-launch --max-steps; else none)")
-    p.add_argument("--compression", choices=("none", "fp16", "bf16", "int8"), default="none",
+    p.add_argument("--compression", choices=("none", "fp16", "bf16", "int8", "topk"),
+                   default="none",
                    help="how gradients travel (hvd.Compression; default %(default)s)")
+    p.add_argument("--topk-density", type=float, default=None,
+                   help="with --compression topk: the fraction of each 256 gradient elements "
+                        "sent, in (0, 1] (hvd.Compression.topk.density; default topk's 1/32)")
     p.add_argument("--clip", type=float, default=5.0,
                    help="clip the averaged gradients' norm to this; 0: no clipping (default "
                         "%(default)s)")
@@ -169,7 +173,10 @@ def main() -> int:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     compression = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
-                   "bf16": hvd.Compression.bf16, "int8": hvd.Compression.int8}[args.compression]
+                   "bf16": hvd.Compression.bf16, "int8": hvd.Compression.int8,
+                   "topk": hvd.Compression.topk}[args.compression]
+    if args.compression == "topk" and args.topk_density is not None:
+        compression = compression.density(args.topk_density)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
 

@@ -316,11 +316,30 @@ class Int8Compressor(Compressor):
     wire_dtype = "int8"
 
 
+class TopKCompressor(Compressor):
+    """parasync's own: DistributedOptimizer's gradients travel as top-k, of every 256
+    elements the largest (1/32 of them: 8) in int8 with their indices, 17 bytes per 256
+    (1/60 of float32's), with error feedback both ways as int8's. ``density(r)`` gives the
+    compressor that sends a fraction ``r`` in (0, 1] instead (r * 256 elements of each 256,
+    rounded, 1 to 255). allreduce and the other collectives move their tensors as they
+    are."""
+
+    wire_dtype = "topk"
+
+    @classmethod
+    def density(cls, r: float):
+        if not isinstance(r, (int, float)) or not 0.0 < float(r) <= 1.0:
+            raise errors.InvalidArgument(f"hvd.Compression.topk.density({r!r}): the fraction "
+                                         "sent must be in (0, 1]")
+        return type(f"TopKCompressor_{r}", (cls,), {"wire_dtype": f"topk:{float(r)!r}"})
+
+
 class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
     int8 = Int8Compressor
+    topk = TopKCompressor
 
 
 # ---- the exchange and its encoding ---------------------------------------------------------
@@ -1120,7 +1139,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if not isinstance(compression, type) or not issubclass(compression, Compressor):
         if not hasattr(compression, "wire_dtype"):
             raise errors.InvalidArgument("compression must be hvd.Compression.none, .fp16, "
-                                         ".bf16 or .int8")
+                                         ".bf16, .int8 or .topk")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     distributed = cls.__new__(cls)
