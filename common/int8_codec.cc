@@ -83,8 +83,9 @@ __attribute__((target("avx2"))) void QuantizeAvx2(const float* v, size_t n, floa
 }
 #endif
 
-// One chunk's elements [0, n): v = in (+ residual), quantized into q; returns its exponent.
-int8_t EncodeChunk(const float* in, size_t n, int8_t* q, float* residual, float* v) {
+}  // namespace
+
+int8_t QuantizeInt8Chunk(const float* in, size_t n, int8_t* q, float* residual, float* v) {
 #if defined(PARASYNC_INT8_AVX2)
   const bool wide = n % 8 == 0 && HasAvx2();
   const float m = wide ? GatherAvx2(in, n, residual, v) : Gather(in, n, residual, v);
@@ -105,8 +106,6 @@ int8_t EncodeChunk(const float* in, size_t n, int8_t* q, float* residual, float*
   Quantize(v, n, down, up, q, residual);
   return static_cast<int8_t>(e);
 }
-
-}  // namespace
 
 // m = f * 2^k with f in [0.5, 1): 127 * 2^(k-7) = 2^k * 127/128, so e = k - 7 when
 // f <= 127/128, else k - 6.
@@ -134,7 +133,7 @@ void EncodeInt8(const float* in, size_t n, int64_t offset, void* out, float* res
   for (size_t c = 0; c < chunks; ++c) {
     const auto in_chunk = static_cast<size_t>((offset + static_cast<int64_t>(at)) % kInt8Chunk);
     const size_t len = std::min(n - at, static_cast<size_t>(kInt8Chunk) - in_chunk);
-    bytes[c] = EncodeChunk(in + at, len, q + at, residual != nullptr ? residual + at : nullptr, v);
+    bytes[c] = QuantizeInt8Chunk(in + at, len, q + at, residual != nullptr ? residual + at : nullptr, v);
     at += len;
   }
 }

@@ -41,6 +41,12 @@ inline constexpr int8_t kInt8NonFinite = -128;
 // scales its kept values the same way.
 int Int8Exponent(float m);
 
+// One chunk's elements [0, n) (a chunk or a part of one, any n), as EncodeInt8 sends them:
+// v[i] = in[i] (+ residual[i]), q[i] = v[i] / 2^e rounded, and with a residual, residual[i] =
+// v[i] - q[i] 2^e; returns e, or kInt8NonFinite when some v is NaN or Inf (q and the
+// residual then 0). What common/topk_codec.h sends a part of.
+int8_t QuantizeInt8Chunk(const float* in, size_t n, int8_t* q, float* residual, float* v);
+
 // Chunks touched by `n` elements from element `offset` of a variable (0 when n is 0).
 size_t Int8Chunks(int64_t offset, size_t n);
 // Wire bytes of that range: Int8Chunks(offset, n) + n.

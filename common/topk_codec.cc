@@ -1,9 +1,9 @@
 #include "common/topk_codec.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <limits>
 
 #include "common/int8_codec.h"
@@ -30,82 +30,68 @@ void ForEachChunk(int64_t offset, size_t n, Fn&& fn) {
 
 size_t Kept(int keep, size_t len) { return std::min(static_cast<size_t>(keep), len); }
 
-// The m indices of v[0, len) of largest magnitude (ties: the lower index), increasing, into
-// `index`. For small m a sorted run of the best so far (most elements fail its one compare);
-// otherwise the m-th largest magnitude by nth_element, then one pass in order.
-void Select(const float* v, size_t len, size_t m, uint8_t* index) {
-  if (m == len) {
-    for (size_t i = 0; i < len; ++i) index[i] = static_cast<uint8_t>(i);
-    return;
-  }
-  float a[kTopKChunk];
-  for (size_t i = 0; i < len; ++i) a[i] = std::fabs(v[i]);
-  if (m <= 32) {
-    float best[32];
-    uint8_t at[32];
-    size_t held = 0;
-    for (size_t i = 0; i < len; ++i) {
-      if (held == m && !(a[i] > best[m - 1])) continue;
-      size_t j = held < m ? held++ : m - 1;
-      for (; j > 0 && a[i] > best[j - 1]; --j) {
-        best[j] = best[j - 1];
-        at[j] = at[j - 1];
-      }
-      best[j] = a[i];
-      at[j] = static_cast<uint8_t>(i);
-    }
-    std::copy(at, at + m, index);
-    std::sort(index, index + m);
-    return;
-  }
-  float sorted[kTopKChunk]{};
-  std::copy(a, a + len, sorted);
-  std::nth_element(sorted, sorted + (m - 1), sorted + len, std::greater<float>());
-  const float threshold = sorted[m - 1];
-  size_t above = 0;
-  for (size_t i = 0; i < len; ++i) above += a[i] > threshold ? 1 : 0;
-  size_t ties = m - above;
-  size_t k = 0;
-  for (size_t i = 0; i < len && k < m; ++i) {
-    if (a[i] > threshold || (a[i] == threshold && ties > 0)) {
-      if (!(a[i] > threshold)) --ties;
-      index[k++] = static_cast<uint8_t>(i);
-    }
-  }
+// Eight magnitudes at a time (each at most 127): a byte's top bit after adding 128 - t is
+// set exactly when it is at least t, and no sum carries into the next byte.
+uint64_t AtLeastBits(const uint8_t* magnitude, int t) {
+  uint64_t word = 0;
+  std::memcpy(&word, magnitude, 8);
+  return (word + static_cast<uint64_t>(0x80 - t) * 0x0101010101010101ull) & 0x8080808080808080ull;
 }
 
 // One chunk's part: v = in (+ residual), its m kept elements into e, index and q (bytes
 // [0, 1 + 2m) of `out`), the residual left with what was not sent.
+//
+// The m sent are those of largest quantized magnitude |q| = round(|v| / 2^e) (ties: the lower
+// index), found by counting the 128 values |q| can take: what an element sends is its q, so
+// two of one |q| send the same and either may wait in the residual. int8's quantization of
+// the chunk, a pass to count, one over the counts and one over the candidates only.
 void EncodeChunk(const float* in, size_t len, size_t m, float* residual, int8_t* out) {
   float v[kTopKChunk];
-  bool finite = true;
-  float largest = 0.0f;
-  for (size_t i = 0; i < len; ++i) {
-    v[i] = residual != nullptr ? in[i] + residual[i] : in[i];
-    finite &= std::isfinite(v[i]);
-    largest = std::max(largest, std::fabs(v[i]));
-  }
+  int8_t quantized[kTopKChunk];
+  const int8_t e = QuantizeInt8Chunk(in, len, quantized, residual, v);
+  out[0] = e;
   auto* index = reinterpret_cast<uint8_t*>(out + 1);
   int8_t* q = out + 1 + m;
-  if (!finite) {
-    out[0] = kInt8NonFinite;
+  if (e == kInt8NonFinite) {  // q and the residual are 0
     for (size_t j = 0; j < m; ++j) index[j] = static_cast<uint8_t>(j);
     std::memset(q, 0, m);
-    if (residual != nullptr) std::fill(residual, residual + len, 0.0f);
     return;
   }
-  const int e = Int8Exponent(largest);
-  out[0] = static_cast<int8_t>(e);
-  Select(v, len, m, index);
-  const float down = std::ldexp(1.0f, -e);
-  const float up = std::ldexp(1.0f, e);
-  if (residual != nullptr) std::copy(v, v + len, residual);
-  for (size_t j = 0; j < m; ++j) {
-    const float x = v[index[j]];
-    const float r = std::nearbyint(std::clamp(x * down, -127.0f, 127.0f));
-    q[j] = static_cast<int8_t>(r);
-    if (residual != nullptr) residual[index[j]] = x - r * up;
+  uint8_t magnitude[kTopKChunk];
+  for (size_t i = 0; i < len; ++i) {
+    magnitude[i] = static_cast<uint8_t>(quantized[i] < 0 ? -quantized[i] : quantized[i]);
   }
+  // The largest magnitude t that at least m elements reach, and how many of t itself go.
+  uint16_t count[128] = {};
+  for (size_t i = 0; i < len; ++i) ++count[magnitude[i]];
+  size_t above = 0;
+  int t = 127;
+  for (; t > 0 && above + count[t] < m; --t) above += count[t];
+  size_t ties = m - above;
+  const auto threshold = static_cast<uint8_t>(t);
+  // Only the candidates (AtLeastBits) are looked at, in index order, until m are taken.
+  size_t k = 0;
+  auto consider = [&](size_t i) {
+    if (magnitude[i] > threshold || (magnitude[i] == threshold && ties > 0)) {
+      if (magnitude[i] == threshold) --ties;
+      index[k] = static_cast<uint8_t>(i);
+      q[k++] = quantized[i];
+    }
+  };
+  size_t i = 0;
+  for (; i + 8 <= len && k < m; i += 8) {
+    for (uint64_t hit = AtLeastBits(magnitude + i, t); hit != 0 && k < m; hit &= hit - 1) {
+      consider(i + static_cast<size_t>(std::countr_zero(hit) / 8));
+    }
+  }
+  for (; i < len && k < m; ++i) {
+    if (magnitude[i] >= threshold) consider(i);
+  }
+  if (residual == nullptr) return;
+  // QuantizeInt8Chunk left v - q 2^e everywhere; what was not sent keeps all of v.
+  const float up = std::ldexp(1.0f, e);
+  std::copy(v, v + len, residual);
+  for (size_t j = 0; j < m; ++j) residual[index[j]] = v[index[j]] - static_cast<float>(q[j]) * up;
 }
 
 }  // namespace

@@ -5,9 +5,11 @@
 // (element i is in chunk i / kTopKChunk), as int8's are (common/int8_codec.h), so a slice's
 // edge only ever splits a chunk and any number of servers sees the same selection elsewhere.
 // Of each chunk's len elements in a range, m = min(keep, len) are sent: those of largest
-// magnitude (ties: the lower index). `keep` (1..255, the Header's topk_keep) is R * 256
-// rounded: a tensor of at most `keep` elements goes whole, one a little larger nearly so
-// (small tensors stay dense). Each chunk touched costs 1 + 2m bytes, in order:
+// quantized magnitude |q| (below; ties: the lower index; two elements of one |q| send the
+// same value, so which one waits in the residual is immaterial). `keep` (1..255, the
+// Header's topk_keep) is R * 256 rounded: a tensor of at most `keep` elements goes whole, one
+// a little larger nearly so (small tensors stay dense). Each chunk touched costs 1 + 2m
+// bytes, in order:
 //
 //   [ e ][ m indices, strictly increasing, each < len, into the chunk's part of the range ]
 //        [ m signed bytes q ]
@@ -22,6 +24,7 @@
 // (exact, as int8's: every unsent element whole, every sent one's rounding error), so over
 // steps what was sent plus the residual is what was given. Encoding a decoded range again
 // gives the same values (its nonzeros are among the m largest; the exponent is the same).
+// Selection counts the 128 values |q| takes: a few passes over each chunk, whatever m is.
 //
 // Density: keep 8 (R = 1/32) sends 17 bytes per 256 elements, 1/60 of float32's.
 // Pure functions; thread-safe; any alignment.

@@ -55,34 +55,42 @@ TEST(TopKCodecTest, BytesFollowTheVariablesChunks) {
 }
 
 TEST(TopKCodecTest, SendsEachChunksLargestWithinInt8sErrorAndZeroElsewhere) {
+  // Each chunk's frame part: e, m increasing indices, m values; the indices are those of the
+  // m largest quantized magnitudes (ties: lower index first), each sent value within
+  // 2^(e-1) of what was given, every other element 0.
   for (int keep : {1, 8, 40, 255}) {
     const std::vector<float> v = TopKGaussian(3000, 7, 0.01f);
     const int64_t offset = 70;
-    const std::vector<float> out = TopKDecode(TopKEncode(v, offset, keep), v.size(), offset, keep);
+    const std::vector<uint8_t> wire = TopKEncode(v, offset, keep);
+    const std::vector<float> out = TopKDecode(wire, v.size(), offset, keep);
+    size_t at = 0;
     for (size_t begin = 0; begin < v.size();) {
       const auto in_chunk = static_cast<size_t>((offset + static_cast<int64_t>(begin)) % 256);
       const size_t end = std::min(v.size(), begin + 256 - in_chunk);
-      std::vector<float> mags;
-      float largest = 0.0f;
-      for (size_t i = begin; i < end; ++i) {
-        mags.push_back(std::fabs(v[i]));
-        largest = std::max(largest, std::fabs(v[i]));
-      }
       const size_t m = std::min<size_t>(static_cast<size_t>(keep), end - begin);
-      std::sort(mags.begin(), mags.end(), std::greater<float>());
-      const float kth = mags[m - 1];
-      size_t sent = 0;
+      float largest = 0.0f;
+      for (size_t i = begin; i < end; ++i) largest = std::max(largest, std::fabs(v[i]));
+      const int e = static_cast<int8_t>(wire[at]);
+      ASSERT_EQ(e, Int8Exponent(largest));
+      auto magnitude = [&](size_t i) { return std::nearbyint(std::fabs(v[i]) * std::ldexp(1.0f, -e)); };
+      std::vector<bool> sent(end - begin, false);
+      for (size_t j = 0; j < m; ++j) sent[wire[at + 1 + j]] = true;
+      float lowest_sent = 1e9f, highest_unsent = -1.0f;
       for (size_t i = begin; i < end; ++i) {
-        if (std::fabs(v[i]) >= kth && sent < m) {
-          ++sent;
-          ASSERT_LE(std::fabs(out[i] - v[i]), largest / 127.0f) << "keep " << keep << " at " << i;
+        if (sent[i - begin]) {
+          lowest_sent = std::min(lowest_sent, magnitude(i));
+          ASSERT_LE(std::fabs(out[i] - v[i]), std::ldexp(1.0f, e - 1)) << keep << " at " << i;
         } else {
+          highest_unsent = std::max(highest_unsent, magnitude(i));
           ASSERT_EQ(out[i], 0.0f) << "keep " << keep << " at " << i;
         }
       }
-      EXPECT_EQ(sent, m);
+      ASSERT_GE(lowest_sent, highest_unsent) << "keep " << keep << " chunk at " << begin;
+      ASSERT_LE(largest, 127.0f * std::ldexp(1.0f, e));
+      at += 1 + 2 * m;
       begin = end;
     }
+    EXPECT_EQ(at, wire.size());
   }
 }
 

@@ -52,6 +52,20 @@ int main(int argc, char** argv) {
   std::vector<float> in(n), back(n), residual(n, 0.0f);
   std::vector<uint16_t> wire(n);
   for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 1000) * 1e-4f - 0.05f;
+  // top-k's selection depends on the order of the values (a rising run makes every element
+  // enter the running best): a gradient-like, unordered input for it.
+  std::vector<float> noisy(n);
+  uint32_t state = 12345;
+  for (float& x : noisy) {
+    state = state * 1664525u + 1013904223u;
+    x = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 0.1f;
+  }
+  auto topk = [&](int keep) {
+    return [&, keep] {
+      parasync::EncodeRange(noisy.data(), n, 0, parasync::WireFormat(DType::kTopK, keep),
+                            wire.data(), residual.data());
+    };
+  };
   std::vector<Case> cases = {
       {"float16 narrow, scalar per element",
        [&] { for (size_t i = 0; i < n; ++i) wire[i] = parasync::FloatToHalf(in[i]); }, {}},
@@ -72,6 +86,15 @@ int main(int argc, char** argv) {
        {}},
       {"int8 decode (DecodeRange)",
        [&] { parasync::DecodeRange(wire.data(), n, 0, DType::kInt8, back.data()); }, {}},
+      {"topk:1/32 encode (8 of 256), error feedback", topk(8), {}},
+      {"topk:1/8 encode (32 of 256), error feedback", topk(32), {}},
+      {"topk:1/4 encode (64 of 256), error feedback", topk(64), {}},
+      {"topk:1/8 decode",
+       [&] {
+         parasync::DecodeRange(wire.data(), n, 0, parasync::WireFormat(DType::kTopK, 32),
+                               back.data());
+       },
+       {}},
       {"float32 memcpy", [&] { std::memcpy(back.data(), in.data(), n * sizeof(float)); }, {}}};
   for (int r = 0; r < repeats; ++r) {
     for (Case& c : cases) {
