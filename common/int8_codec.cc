@@ -133,7 +133,8 @@ void EncodeInt8(const float* in, size_t n, int64_t offset, void* out, float* res
   for (size_t c = 0; c < chunks; ++c) {
     const auto in_chunk = static_cast<size_t>((offset + static_cast<int64_t>(at)) % kInt8Chunk);
     const size_t len = std::min(n - at, static_cast<size_t>(kInt8Chunk) - in_chunk);
-    bytes[c] = QuantizeInt8Chunk(in + at, len, q + at, residual != nullptr ? residual + at : nullptr, v);
+    bytes[c] =
+        QuantizeInt8Chunk(in + at, len, q + at, residual != nullptr ? residual + at : nullptr, v);
     at += len;
   }
 }

@@ -541,9 +541,9 @@ PsClient::Outgoing PsClient::PushRequest(int s, std::span<const float* const> gr
                                          uint64_t seq, RowSet rows, const ShardRows& split) {
   const WireFormat dtype = options_.wire_dtype;
   const bool narrow = dtype.dtype != DType::kFloat32;
-  uint8_t* next_narrowed = narrow ? narrowed_.data() + narrowed_at_[static_cast<size_t>(s)] : nullptr;
-  float* residual =
-      push_residual_.empty() ? nullptr : push_residual_.data() + residual_at_[static_cast<size_t>(s)];
+  const auto si = static_cast<size_t>(s);
+  uint8_t* next_narrowed = narrow ? narrowed_.data() + narrowed_at_[si] : nullptr;
+  float* residual = push_residual_.empty() ? nullptr : push_residual_.data() + residual_at_[si];
   Outgoing o;
   o.header.type = MsgType::kPush;
   o.header.batch_examples = batch_examples;
@@ -552,7 +552,6 @@ PsClient::Outgoing PsClient::PushRequest(int s, std::span<const float* const> gr
   // A step's gradient may come from parameters read before the latest pull (BeginStep).
   const ReadPoint* from =
       step_.open && step_.computed_from && read_version == kLastRead ? &*step_.computed_from : nullptr;
-  const auto si = static_cast<size_t>(s);
   o.header.version = from != nullptr             ? from->versions[si]
                      : read_version == kLastRead ? read_versions_[si]
                                                  : read_version;

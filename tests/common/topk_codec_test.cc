@@ -30,7 +30,8 @@ std::vector<uint8_t> TopKEncode(const std::vector<float>& in, int64_t offset, in
   return wire;
 }
 
-std::vector<float> TopKDecode(const std::vector<uint8_t>& wire, size_t n, int64_t offset, int keep) {
+std::vector<float> TopKDecode(const std::vector<uint8_t>& wire, size_t n, int64_t offset,
+                              int keep) {
   EXPECT_TRUE(TopKWellFormed(wire.data(), n, offset, keep));
   std::vector<float> out(n, -1.0f);
   DecodeTopK(wire.data(), n, offset, keep, out.data());
@@ -72,7 +73,9 @@ TEST(TopKCodecTest, SendsEachChunksLargestWithinInt8sErrorAndZeroElsewhere) {
       for (size_t i = begin; i < end; ++i) largest = std::max(largest, std::fabs(v[i]));
       const int e = static_cast<int8_t>(wire[at]);
       ASSERT_EQ(e, Int8Exponent(largest));
-      auto magnitude = [&](size_t i) { return std::nearbyint(std::fabs(v[i]) * std::ldexp(1.0f, -e)); };
+      auto magnitude = [&](size_t i) {
+        return std::nearbyint(std::fabs(v[i]) * std::ldexp(1.0f, -e));
+      };
       std::vector<bool> sent(end - begin, false);
       for (size_t j = 0; j < m; ++j) sent[wire[at + 1 + j]] = true;
       float lowest_sent = 1e9f, highest_unsent = -1.0f;
@@ -103,7 +106,8 @@ TEST(TopKCodecTest, ErrorFeedbackCarriesEveryElementExactly) {
   std::vector<double> given(n, 0.0), sent(n, 0.0);
   for (uint32_t step = 0; step < 20; ++step) {
     const std::vector<float> g = TopKGaussian(n, 100 + step, 1.0f / 1024);
-    const std::vector<float> out = TopKDecode(TopKEncode(g, offset, 4, residual.data()), n, offset, 4);
+    const std::vector<float> out =
+        TopKDecode(TopKEncode(g, offset, 4, residual.data()), n, offset, 4);
     for (size_t i = 0; i < n; ++i) {
       given[i] += g[i];
       sent[i] += out[i];

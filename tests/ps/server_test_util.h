@@ -136,7 +136,8 @@ inline std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
 
 inline std::unique_ptr<PsClient> ConnectClient(zmq::context_t& context,
                                                const std::vector<std::string>& addresses,
-                                               int copy_threads, WireFormat wire = DType::kFloat32) {
+                                               int copy_threads,
+                                               WireFormat wire = DType::kFloat32) {
   PsClientOptions options;
   options.ps_addresses = addresses;
   options.request_timeout = kWait;

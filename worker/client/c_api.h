@@ -148,8 +148,9 @@ PARASYNC_API int parasync_options_set_timeouts(parasync_options_t* options, doub
  * format; one key for all or one per server). Both NULL: plain text. */
 PARASYNC_API int parasync_options_set_curve(parasync_options_t* options, const char* key_file,
                                const char* server_key_file, char** errmsg);
-/* "float32" (default), "bfloat16", "float16" or "int8": how tensors travel (int8: pushes
- * quantized with error feedback, parameters pulled in bfloat16; docs/compression.md). */
+/* "float32" (default), "bfloat16", "float16", "int8", "topk" or "topk:R" (R in (0, 1]): how
+ * tensors travel (int8 and topk: pushes compressed with error feedback, parameters pulled in
+ * bfloat16; docs/compression.md). */
 PARASYNC_API int parasync_options_set_wire_dtype(parasync_options_t* options, const char* dtype,
                                     char** errmsg);
 /* /metrics, /healthz and /readyz of this worker on bind:port (port 0: a free one, see
@@ -298,8 +299,8 @@ PARASYNC_API int parasync_client_live_ranks(parasync_client_t* client, uint8_t* 
  * version over the shards) and the examples they were computed from. */
 PARASYNC_API int parasync_client_global_progress(parasync_client_t* client, int64_t* step,
                                                  int64_t* examples, char** errmsg);
-/* How tensors travel from now on: "float32", "bfloat16", "float16" or "int8"
- * (parasync.horovod's Compression); before parasync_client_register only. */
+/* How tensors travel from now on: "float32", "bfloat16", "float16", "int8", "topk" or
+ * "topk:R" (parasync.horovod's Compression); before parasync_client_register only. */
 PARASYNC_API int parasync_client_set_wire_dtype(parasync_client_t* client, const char* dtype,
                                                 char** errmsg);
 /* A collective's exchange (parasync.horovod's allreduce, allgather, broadcast): offers the
