@@ -26,6 +26,11 @@ namespace parasync {
 inline size_t DTypeSize(DType dtype) {
   return dtype == DType::kFloat32 ? 4 : dtype == DType::kInt8 || dtype == DType::kTopK ? 1 : 2;
 }
+// int8 and top-k: lossy beyond rounding, so their senders keep a residual (error feedback),
+// their pulls of parameters travel in bfloat16, and embedding rows never use them.
+inline bool HasErrorFeedback(DType dtype) {
+  return dtype == DType::kInt8 || dtype == DType::kTopK;
+}
 // Bytes on the wire of `n` elements of a variable, the first at element `offset` of it
 // (only int8's and top-k's depend on where: common/int8_codec.h, common/topk_codec.h).
 size_t WireBytes(WireFormat format, size_t n, int64_t offset);

@@ -182,7 +182,7 @@ Status Shard::ValidateRows(std::span<const RowRange> ranges,
                            std::span<const std::vector<uint64_t>> ids, DType dtype,
                            std::optional<std::span<const size_t>> value_bytes,
                            RejectReason* reason) const {
-  if ((dtype == DType::kInt8 || dtype == DType::kTopK) && !ranges.empty()) {
+  if (HasErrorFeedback(dtype) && !ranges.empty()) {
     // A row's residual would outlive the row's next pull by an unknown time: no int8 there.
     *reason = RejectReason::kDType;
     return Status::InvalidArgument("embedding rows are not sent in " +
@@ -497,7 +497,7 @@ Status Shard::Accumulate(std::span<const SliceRange> ranges, std::span<const flo
     for (int64_t k = 0; k < ranges[i].count; ++k) mine[static_cast<size_t>(k)] += g[k];
   }
   pending_examples_ += batch_examples > 0 ? batch_examples : 0;
-  if (wire.dtype == DType::kInt8 || wire.dtype == DType::kTopK) step_wire_ = wire;
+  if (HasErrorFeedback(wire.dtype)) step_wire_ = wire;
   return Status::Ok();
 }
 

@@ -409,7 +409,7 @@ Status PsClient::Adopt(const ModelRegistration& reg) {
 
 Status PsClient::CheckWireDType(const ModelRegistration& reg) const {
   const DType d = options_.wire_dtype.dtype;
-  if ((d == DType::kInt8 || d == DType::kTopK) && !reg.tables.empty()) {
+  if (HasErrorFeedback(d) && !reg.tables.empty()) {
     return Status::InvalidArgument("--wire-dtype " + std::string(DTypeName(d)) +
                                    " does not apply to embedding tables: use bfloat16 or float16");
   }
@@ -427,11 +427,12 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
   // Room for a whole encoded push (no push is in flight between calls), a run per shard.
   const WireFormat wire = options_.wire_dtype;
   const bool narrow = wire.dtype != DType::kFloat32;
-  const bool fed_back = wire.dtype == DType::kInt8 || wire.dtype == DType::kTopK;
+  const bool fed_back = HasErrorFeedback(wire.dtype);
   push_residual_.assign(fed_back ? static_cast<size_t>(total) : 0, 0.0f);
-  pull_dtype_ = !fed_back                                          ? wire
-                : reg.optimizer.kind == OptimizerKind::kAggregate ? wire
-                                                                  : WireFormat(DType::kBfloat16);
+  // A worker-side aggregate is pulled as it was pushed; parameters go in bfloat16.
+  pull_dtype_ = fed_back && reg.optimizer.kind != OptimizerKind::kAggregate
+                    ? WireFormat(DType::kBfloat16)
+                    : wire;
   narrowed_at_.assign(static_cast<size_t>(num_shards()), 0);
   residual_at_.assign(static_cast<size_t>(num_shards()), 0);
   shard_vars_.assign(static_cast<size_t>(num_shards()), {});

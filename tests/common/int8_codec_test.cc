@@ -11,17 +11,12 @@
 #include <vector>
 
 #include "common/float_codec.h"
+#include "tests/support/random_floats.h"
 
 namespace parasync {
 namespace {
 
-std::vector<float> Gaussian(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using testing::GaussianFloats;
 
 std::vector<float> RoundTrip(const std::vector<float>& in, int64_t offset,
                              float* residual = nullptr) {
@@ -45,7 +40,7 @@ TEST(Int8CodecTest, ChunksFollowTheVariableNotTheRange) {
 
   // A variable sent whole or as two ranges decodes to the same values but in the chunk the
   // cut falls in (each side of it is a chunk of its own).
-  const std::vector<float> v = Gaussian(1000, 1);
+  const std::vector<float> v = GaussianFloats(1000, 1);
   const std::vector<float> whole = RoundTrip(v, 0);
   for (size_t cut : {1u, 127u, 128u, 300u, 512u, 999u}) {
     std::vector<float> a(v.begin(), v.begin() + cut), b(v.begin() + cut, v.end());
@@ -69,7 +64,7 @@ TEST(Int8CodecTest, ChunksFollowTheVariableNotTheRange) {
 
 TEST(Int8CodecTest, ErrorWithinOneStepOfEachChunksScale) {
   for (float scale : {1e-30f, 1e-6f, 1.0f, 1e6f, 1e30f}) {
-    const std::vector<float> v = Gaussian(4096, 2, scale);
+    const std::vector<float> v = GaussianFloats(4096, 2, scale);
     const std::vector<float> out = RoundTrip(v, 5);
     for (size_t c = 0; c < v.size(); c += kInt8Chunk) {
       // Chunk boundaries sit at multiples of 128 of the variable: offset 5 shifts them.
@@ -88,7 +83,7 @@ TEST(Int8CodecTest, ExactForValuesOnTheGridAndIdempotent) {
   std::vector<float> grid;
   for (int q = -127; q <= 127; ++q) grid.push_back(static_cast<float>(q) * 0.25f);
   EXPECT_EQ(RoundTrip(grid, 0), grid);
-  const std::vector<float> v = Gaussian(777, 3);
+  const std::vector<float> v = GaussianFloats(777, 3);
   const std::vector<float> once = RoundTrip(v, 64);
   EXPECT_EQ(RoundTrip(once, 64), once);
   std::vector<int8_t> a(Int8Bytes(64, once.size())), b(a.size());
@@ -133,7 +128,7 @@ TEST(Int8CodecTest, ErrorFeedbackCarriesWhatWasNotSentExactly) {
   std::vector<double> given_sum(n, 0.0), sent_sum(n, 0.0);
   std::vector<int8_t> wire(Int8Bytes(3, n));
   for (uint32_t step = 0; step < 200; ++step) {
-    const std::vector<float> g = Gaussian(n, 100 + step, 1e-3f);
+    const std::vector<float> g = GaussianFloats(n, 100 + step, 1e-3f);
     std::vector<float> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = g[i] + residual[i];
     EncodeInt8(g.data(), n, 3, wire.data(), residual.data());
@@ -192,13 +187,13 @@ TEST(Int8CodecTest, GivesTheDefinitionsBitsWholeChunksAndPartOnes) {
     const size_t n = 1 + rng() % 700;
     const auto offset = static_cast<int64_t>(rng() % 300);
     const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
-    std::vector<float> in = Gaussian(n, 1000 + trial, scale);
+    std::vector<float> in = GaussianFloats(n, 1000 + trial, scale);
     // Ties: values an exact half step apart on the grid of the chunk's scale.
     if (trial % 3 == 0) {
       for (size_t i = 0; i < n; ++i) in[i] = (static_cast<float>(i % 255) - 127.0f + 0.5f) * scale;
     }
     if (trial % 17 == 0) in[n / 2] = std::numeric_limits<float>::quiet_NaN();
-    std::vector<float> mine = Gaussian(n, 5000 + trial, scale / 200), theirs = mine;
+    std::vector<float> mine = GaussianFloats(n, 5000 + trial, scale / 200), theirs = mine;
     std::vector<int8_t> want, got(Int8Bytes(offset, n));
     Reference(in, offset, theirs, want);
     EncodeInt8(in.data(), n, offset, got.data(), mine.data());
@@ -211,7 +206,7 @@ TEST(Int8CodecTest, GivesTheDefinitionsBitsWholeChunksAndPartOnes) {
 }
 
 TEST(Int8CodecTest, EncodeRangeDispatchesOnTheDtype) {
-  const std::vector<float> v = Gaussian(200, 4);
+  const std::vector<float> v = GaussianFloats(200, 4);
   std::vector<uint8_t> wire(WireBytes(DType::kInt8, v.size(), 50));
   std::vector<float> out(v.size()), direct(v.size());
   EncodeRange(v.data(), v.size(), 50, DType::kInt8, wire.data());

@@ -72,6 +72,19 @@ std::vector<std::vector<float>> Scaled(std::vector<std::vector<float>> g, float 
   return g;
 }
 
+// A raw pull of `count` elements of slice `slice` asking for `wire`: the reply, its frames in
+// *frames.
+Result<Header> RawPull(RawPeer& peer, WireFormat wire, uint32_t slice, int64_t count,
+                       std::vector<std::vector<uint8_t>>* frames) {
+  Header pull;
+  pull.type = MsgType::kPull;
+  pull.dtype = wire.dtype;
+  pull.topk_keep = static_cast<uint8_t>(wire.keep);
+  pull.slices = {{slice, 0, count}};
+  peer.SendHeader(pull);
+  return peer.Receive(frames);
+}
+
 std::vector<float> Bfloat16(const std::vector<float>& v) {
   std::vector<float> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = Bfloat16ToFloat(FloatToBfloat16(v[i]));
@@ -237,13 +250,8 @@ TEST(ServerInt8Test, MalformedInt8FramesAndInt8RowsAreRefused) {
   EXPECT_TRUE(reply->status.ok()) << reply->status.ToString();
 
   // An int8 pull is answered in int8 (a tool may ask; a worker asks only for aggregates).
-  Header pull;
-  pull.type = MsgType::kPull;
-  pull.dtype = DType::kInt8;
-  pull.slices = {{cut->id, 0, 50}};
-  peer.SendHeader(pull);
   std::vector<std::vector<uint8_t>> frames;
-  reply = peer.Receive(&frames);
+  reply = RawPull(peer, DType::kInt8, cut->id, 50, &frames);
   ASSERT_TRUE(reply.ok());
   ASSERT_TRUE(reply->status.ok()) << reply->status.ToString();
   EXPECT_EQ(reply->dtype, DType::kInt8);
@@ -317,14 +325,8 @@ TEST(ServerTopKTest, MalformedTopKFramesAndKeepsAreRefused) {
   ASSERT_TRUE(reply.ok());
   EXPECT_TRUE(reply->status.ok()) << reply->status.ToString();
 
-  Header pull;
-  pull.type = MsgType::kPull;
-  pull.dtype = DType::kTopK;
-  pull.topk_keep = 3;
-  pull.slices = {{first.id, 0, 50}};
-  peer.SendHeader(pull);
   std::vector<std::vector<uint8_t>> frames;
-  reply = peer.Receive(&frames);
+  reply = RawPull(peer, wire, first.id, 50, &frames);
   ASSERT_TRUE(reply.ok());
   ASSERT_TRUE(reply->status.ok()) << reply->status.ToString();
   EXPECT_EQ(reply->wire(), wire);
