@@ -109,7 +109,7 @@ struct Header {
   std::optional<ShardStats> stats;                // Stats replies
   std::vector<RowRange> rows;  // pull/push: embedding rows (frames after the slices')
   std::string key;             // gather: the collective's name
-  std::vector<int32_t> ranks;  // gather reply: whose payload each frame is
+  std::vector<int32_t> ranks;  // gather reply: whose payload each frame is; push: a group's members
   // Requests of a restarted worker not yet back in the run: the server does not count the
   // rank live for them; a gather with it waits to be admitted at its key's next round.
   bool joining = false;

@@ -1,5 +1,6 @@
 #include "ps/request_frames.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/float_codec.h"
@@ -62,6 +63,34 @@ Status ReadPull(const Header& req, const std::vector<zmq::message_t>& frames, co
   PARASYNC_RETURN_IF_ERROR(shard.ValidateRanges(req.slices, req.wire(), std::nullopt, reason));
   PARASYNC_RETURN_IF_ERROR(ReadIdsFrames(frames, 0, 1, req.rows.size(), row_ids, reason));
   return shard.ValidateRows(req.rows, *row_ids, req.dtype, std::nullopt, reason);
+}
+
+Status CheckGroupPush(const Header& req, int num_workers, const TrainingMode& mode,
+                      RejectReason* reason) {
+  if (mode.kind != TrainingMode::Kind::kSync) {
+    std::string ranks;
+    for (int32_t r : req.ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+    *reason = RejectReason::kUnsupported;
+    return Status::FailedPrecondition(
+        "a local group's push (summing the gradients of ranks " + ranks +
+        ") needs a sync mode: in " + mode.ToString() + " every worker's gradient is its own update");
+  }
+  if (!req.rows.empty()) {
+    *reason = RejectReason::kUnsupported;
+    return Status::InvalidArgument("a local group's push carries no embedding rows");
+  }
+  std::vector<int32_t> seen;
+  for (int32_t r : req.ranks) {
+    if (r < 0 || r >= num_workers || r == req.rank ||
+        std::find(seen.begin(), seen.end(), r) != seen.end()) {
+      *reason = RejectReason::kBadRank;
+      return Status::InvalidArgument("a local group's push names rank " + std::to_string(r) +
+                                     ": not another rank of the " + std::to_string(num_workers) +
+                                     " workers, or twice");
+    }
+    seen.push_back(r);
+  }
+  return Status::Ok();
 }
 
 Status CheckPush(const Header& req, const std::vector<zmq::message_t>& in_frames,

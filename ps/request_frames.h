@@ -14,6 +14,7 @@
 #include <zmq.hpp>
 
 #include "common/status.h"
+#include "common/mode.h"
 #include "common/wire.h"
 #include "ps/reject_reason.h"
 #include "ps/shard.h"
@@ -29,6 +30,13 @@ Status ReadRegisterValues(const Header& req, const std::vector<zmq::message_t>& 
 // ranges against `shard`; the ids of its row ranges in *row_ids. On failure sets *reason.
 Status ReadPull(const Header& req, const std::vector<zmq::message_t>& frames, const Shard& shard,
                 std::vector<std::vector<uint64_t>>* row_ids, RejectReason* reason);
+
+// A local group's push (header.ranks: the other workers whose gradients it sums, worker/
+// local_group.h): only in a sync mode (in async and ssp each worker's gradient is its own
+// update), without embedding rows, naming ranks of the cluster other than the sender's, each
+// once. On failure sets *reason.
+Status CheckGroupPush(const Header& req, int num_workers, const TrainingMode& mode,
+                      RejectReason* reason);
 
 // The fields of a push that make sense: its frames (the slices', then an ids and a values
 // frame per row range) against `shard`'s ranges, its batch size and its data position. On

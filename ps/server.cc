@@ -321,6 +321,10 @@ void Server::HandlePush(const Header& req, std::vector<zmq::message_t>& in_frame
                         Header& reply, RejectReason* reason) {
   reply.status = CheckPush(req, in_frames, shard_, reason);
   if (!reply.status.ok()) return;
+  if (!req.ranks.empty()) {
+    reply.status = CheckGroupPush(req, coordinator_.num_workers(), coordinator_.mode(), reason);
+    if (!reply.status.ok()) return;
+  }
   if (coordinator_.ValidRank(req.rank) && ledger_.AlreadyApplied(req.rank, PushSeq(req.seq))) {
     reply.replayed = true;  // a resend of a push applied (and, every-update, durable) before
     return;

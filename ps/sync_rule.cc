@@ -26,6 +26,13 @@ UpdateRule::Admission SyncRule::Admit(const Header& req) const {
     case Coordinator::Offer::kAccept:
       break;
   }
+  // A local group's push stands for its members too: one of them already in the step makes
+  // it a duplicate as a whole (a member's gradient would count twice).
+  for (int32_t r : req.ranks) {
+    if (a.verdict == Verdict::kTake && parts_.coordinator->workers()[static_cast<size_t>(r)].contributed) {
+      a.verdict = Verdict::kDuplicate;
+    }
+  }
   return a;
 }
 
@@ -39,6 +46,9 @@ Status SyncRule::Take(const Gradient& g, RejectReason* reason) {
   // backup workers a step completes without waiting for anyone in particular.)
   const bool waited_for_this_rank = c.contributors() > 0 && c.OnlyMissing(req.rank);
   c.Contribute(req.rank);
+  // A local group's members (worker/local_group.h): their gradients are in this one, summed,
+  // and the step divides by its contributors — so they count as contributors each.
+  for (int32_t r : req.ranks) c.Contribute(r);
   parts_.ledger->RecordSeq(req.rank, PushSeq(req.seq));
   parts_.ledger->SetPending(req.rank, req.progress);
   const TimePoint arrived = std::chrono::steady_clock::now();

@@ -230,6 +230,8 @@ struct WorkerFlags {
   int64_t max_slice_elements = parasync::kDefaultMaxSliceElements;
   std::string device = "auto";
   int local_rank = -1;
+  std::string local_group;           // --local-group: this host's ranks
+  std::string local_group_endpoint;  // empty: DefaultLocalGroupEndpoint
   int compute_threads = 1;
   std::string log_dir = ".";
   std::string log_level = "info";
@@ -385,6 +387,15 @@ void AddRuntimeFlags(CLI::App& app, WorkerFlags& f) {
                  "local-rank mod GPU count, one worker per GPU (default: $LOCAL_RANK, else 0; "
                  "parasync-launch sets it)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--local-group", f.local_group,
+                 "Local aggregation (sync modes): the ranks of the workers on this machine, this "
+                 "one among them, e.g. 0,1. They exchange each step with the servers as one: "
+                 "the lowest sums their gradients, pushes once and pulls once for all, so the "
+                 "machine's link carries 1/k of the bytes (parasync-launch --local-aggregation "
+                 "sets it; docs/local-aggregation.md)");
+  app.add_option("--local-group-endpoint", f.local_group_endpoint,
+                 "Where the group's lowest rank listens for the others (default: a unix socket "
+                 "in /tmp named after the first server's port and that rank)");
   app.add_option("--compute-threads", f.compute_threads,
                  "BLAS threads of the CPU backend (keep 1 when several processes share a machine)")
       ->check(CLI::Range(1, 1024));
@@ -480,6 +491,7 @@ struct WorkerConfig {
   double eval_every_seconds = 0;  // --eval-every Ns
   parasync::DeviceChoice device;
   int local_rank = 0;
+  std::optional<parasync::LocalGroupOptions> local_group;
   std::optional<parasync::CurveClientKeys> curve;
 };
 
@@ -639,6 +651,12 @@ parasync::Result<WorkerConfig> Validate(const WorkerFlags& f) {
   auto curve = LoadCurveClientKeys(f.curve_key_file, f.curve_server_key_file, c.cluster.ps.size());
   if (!curve.ok()) return curve.status();
   c.curve = *curve;
+  if (!f.local_group.empty()) {
+    auto group = LocalGroupFor(f.local_group, f.local_group_endpoint, c.rank,
+                               static_cast<int>(c.cluster.workers.size()), c.mode, c.cluster.ps);
+    if (!group.ok()) return Status::InvalidArgument("--local-group: " + group.status().message());
+    c.local_group = *group;
+  }
   return c;
 }
 
@@ -756,6 +774,7 @@ std::optional<int> Connect(zmq::context_t& context, const WorkerFlags& f, const 
   client_options.curve = c.curve;
   client_options.wire_dtype = c.wire;
   client_options.copy_threads = f.copy_threads;
+  client_options.local_group = c.local_group;
   auto heartbeater = Heartbeater::Start(
       context, c.ps_endpoints, c.rank,
       std::chrono::milliseconds(static_cast<int64_t>(f.heartbeat_interval_s * 1000)), c.curve);

@@ -54,6 +54,9 @@ Result<std::unique_ptr<PsClient>> PsClient::Connect(zmq::context_t& context,
   client->read_incarnation_.assign(options.ps_addresses.size(), 0);
   std::random_device rd;
   while (client->push_incarnation_ == 0) client->push_incarnation_ = rd();
+  if (options.local_group) {
+    PARASYNC_ASSIGN_OR_RETURN(client->group_, LocalGroup::Open(context, *options.local_group));
+  }
   return client;
 }
 
@@ -413,6 +416,10 @@ Status PsClient::CheckWireDType(const ModelRegistration& reg) const {
     return Status::InvalidArgument("--wire-dtype " + std::string(DTypeName(d)) +
                                    " does not apply to embedding tables: use bfloat16 or float16");
   }
+  if (group_ && !reg.tables.empty()) {
+    return Status::InvalidArgument(
+        "local aggregation carries dense variables only: this model has embedding tables");
+  }
   return Status::Ok();
 }
 
@@ -547,6 +554,7 @@ PsClient::Outgoing PsClient::PushRequest(int s, std::span<const float* const> gr
   float* residual = push_residual_.empty() ? nullptr : push_residual_.data() + residual_at_[si];
   Outgoing o;
   o.header.type = MsgType::kPush;
+  o.header.ranks = group_ranks_;  // a local group's leader: the members its push sums
   o.header.batch_examples = batch_examples;
   o.header.seq = seq;
   o.header.progress = progress_;
@@ -738,6 +746,11 @@ Status PsClient::Pull(std::span<float* const> params, int64_t min_version, RowSe
 Status PsClient::Push(std::span<const float* const> grads, int64_t batch_examples,
                       int64_t read_version, RowSet rows) {
   if (!map_) return Status::FailedPrecondition("Push before Register");
+  if (group_) {
+    return Status::FailedPrecondition(
+        "with local aggregation a gradient goes with its step's pull (PushPull, or BeginStep "
+        "... FinishStep): a push alone has no group step to join");
+  }
   if (grads.size() != var_sizes_.size()) return Status::InvalidArgument("wrong number of variables");
   auto split = SplitRows(rows);
   if (!split.ok()) return split.status();
@@ -801,7 +814,8 @@ Status PsClient::GradientReady(size_t variable, const float* grad) {
                                    " was already given in this step");
   }
   step_.grads[variable] = grad;
-  const bool tables = registration_ && !registration_->tables.empty();
+  // With tables every shard's push carries rows; a group's leader pushes the group's sum.
+  const bool tables = (registration_ && !registration_->tables.empty()) || group_ != nullptr;
   for (int s : var_shards_[variable]) {
     if (--step_.missing[static_cast<size_t>(s)] > 0 || tables) continue;
     // Every variable of shard s is ready: its push goes now, and FinishStep awaits its reply.
@@ -845,6 +859,62 @@ Status PsClient::AbandonStep(Status why) {
 
 Status PsClient::FinishStep(std::span<float* const> params, int64_t min_version,
                             PushPullTimes* times, RowSet push_rows, RowSet pull_rows) {
+  if (!group_ || !step_.open) {
+    return ExchangeStep(params, min_version, times, push_rows, pull_rows);
+  }
+  if (!push_rows.empty() || !pull_rows.empty()) {
+    return AbandonStep(Status::InvalidArgument(
+        "local aggregation carries dense variables only: a step with embedding rows"));
+  }
+  return GroupStep(params, min_version, times);
+}
+
+Status PsClient::GroupStep(std::span<float* const> params, int64_t min_version,
+                           PushPullTimes* times) {
+  using Clock = std::chrono::steady_clock;
+  const auto unmarked = std::find(step_.grads.begin(), step_.grads.end(), nullptr);
+  if (unmarked != step_.grads.end() || params.size() != var_sizes_.size()) {
+    // ExchangeStep names the problem and closes the step without sending anything.
+    return ExchangeStep(params, min_version, times, {}, {});
+  }
+  if (!group_->leads()) {
+    const auto start = Clock::now();
+    auto outcome = group_->Exchange(step_.grads, var_sizes_, step_.batch_examples, params,
+                                    options_.interrupted);
+    step_.open = false;
+    if (!outcome.ok()) return outcome.status();
+    if (outcome->read_versions.size() == read_versions_.size()) {
+      read_versions_ = outcome->read_versions;
+      read_incarnation_ = outcome->read_incarnations;
+    }
+    last_version_ = outcome->last_version;
+    last_push_dropped_ = outcome->dropped;
+    last_push_staleness_ = outcome->staleness;
+    if (times != nullptr) {
+      const auto done = Clock::now();
+      *times = PushPullTimes{};
+      times->push_seconds = std::chrono::duration<double>(done - start).count();
+      times->first_push_sent = times->last_push_sent = start;
+      times->pushes_acked = times->pulled = done;
+    }
+    return outcome->status;
+  }
+  auto members = group_->Gather(step_.grads, var_sizes_, group_sum_, &step_.batch_examples,
+                                options_.interrupted);
+  if (!members.ok()) return AbandonStep(members.status());
+  for (size_t v = 0; v < group_sum_.size(); ++v) step_.grads[v] = group_sum_[v].data();
+  group_ranks_.assign(members->begin(), members->end());
+  const Status status = ExchangeStep(params, min_version, times, {}, {});
+  group_ranks_.clear();
+  group_->Answer(*members,
+                 {status, last_version_, last_push_dropped_, last_push_staleness_,
+                  read_versions_, read_incarnation_},
+                 params, var_sizes_);
+  return status;
+}
+
+Status PsClient::ExchangeStep(std::span<float* const> params, int64_t min_version,
+                              PushPullTimes* times, RowSet push_rows, RowSet pull_rows) {
   using Clock = std::chrono::steady_clock;
   if (!step_.open) return Status::FailedPrecondition("FinishStep without BeginStep");
   struct Close {

@@ -28,6 +28,7 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
+#include "worker/local_group.h"
 
 namespace parasync {
 
@@ -77,6 +78,13 @@ struct PsClientOptions {
   // calling thread: the worker's /healthz tells a training thread that waits at a barrier
   // from one that is stuck (common/metrics.h). Not owned; optional.
   LoopHeartbeat* loop = nullptr;
+  // Local aggregation (worker/local_group.h): this worker's group on its host. Its steps
+  // (PushPull, FinishStep) then go through the group's leader, which pushes the group's sum
+  // once and pulls once for all; sync modes only (the servers refuse a group's push
+  // otherwise), dense variables only (Register refuses embedding tables), and a gradient
+  // goes with its step's pull (Push alone is refused). Every other call (Register, Pull,
+  // Gather, Stats, Leave, ...) is this worker's own, as without a group.
+  std::optional<LocalGroupOptions> local_group;
 };
 
 // Embedding rows one call moves for one table (common/embedding.h), a RowSet listing tables in
@@ -396,6 +404,13 @@ class PsClient {
                       const ShardRows& split) const;
   void TakePushReplies(int64_t read_version, std::span<const int> shards,
                        std::span<const Inbound> replies);
+  // FinishStep's exchange with the servers (without a local group, or as its leader with
+  // the group's sum in step_.grads).
+  Status ExchangeStep(std::span<float* const> params, int64_t min_version,
+                      PushPullTimes* times, RowSet push_rows, RowSet pull_rows);
+  // FinishStep in a local group: a member hands its gradients to the leader and takes the
+  // parameters it answers; the leader gathers the group's sum, exchanges it, answers.
+  Status GroupStep(std::span<float* const> params, int64_t min_version, PushPullTimes* times);
   // Each shard's min_version for a pull with `min_version` (kNextStep: next_step_).
   std::vector<int64_t> PullVersions(int64_t min_version) const;
 
@@ -426,6 +441,9 @@ class PsClient {
   std::vector<std::vector<size_t>> shard_vars_;
   std::vector<std::vector<int>> var_shards_;
   OpenStep step_;
+  std::unique_ptr<LocalGroup> group_;       // null without local aggregation
+  std::vector<std::vector<float>> group_sum_;  // leader: the step's summed gradients
+  std::vector<int32_t> group_ranks_;  // leader: the members whose gradients the push sums
   bool finishing_step_ = false;  // FinishStep's own exchange (others are refused in a step)
   uint64_t next_request_id_ = 1;
   int64_t last_version_ = 0;

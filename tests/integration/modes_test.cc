@@ -62,8 +62,10 @@ struct Params {
 // from the parameters of step t - 1 (step 0's from the initial ones); with `predicted` too (the
 // default), from 2 w[t-1] - w[t-2] once there are two (steps 2 on). The one process does the
 // same.
+// With `grouped`, local aggregation (worker/local_group.h): ranks 0,1 and 2,3 are two hosts'
+// groups, each pushing its sum once; the result must be the same SGD.
 enum class Delay { kNone, kDelayed, kPredicted };
-void ExpectSyncEqualsOneProcessSgd(bool cosine, Delay delay = Delay::kNone) {
+void ExpectSyncEqualsOneProcessSgd(bool cosine, Delay delay = Delay::kNone, bool grouped = false) {
   const bool delayed = delay != Delay::kNone;
   constexpr int kWorkers = 4, kBatch = 16, kSteps = 20;
   constexpr float kLr = 0.1f;
@@ -89,7 +91,17 @@ void ExpectSyncEqualsOneProcessSgd(bool cosine, Delay delay = Delay::kNone) {
   Params start(reg.variables);
   ASSERT_TRUE(client->Pull(start.ptrs).ok());
 
-  for (int r = 0; r < kWorkers; ++r) cluster.StartWorker(r, args);
+  for (int r = 0; r < kWorkers; ++r) {
+    std::vector<std::string> worker_args = args;
+    if (grouped) {
+      const int lowest = r / 2 * 2;
+      worker_args.insert(worker_args.end(),
+                         {"--local-group", std::to_string(lowest) + "," + std::to_string(lowest + 1),
+                          "--local-group-endpoint",
+                          "ipc://" + dir.path() + "/group" + std::to_string(lowest) + ".sock"});
+    }
+    cluster.StartWorker(r, worker_args);
+  }
   for (int code : cluster.WaitWorkers(120s)) ASSERT_EQ(code, 0) << cluster.Dump();
   Params trained(reg.variables);
   ASSERT_TRUE(client->Pull(trained.ptrs).ok());
@@ -97,6 +109,15 @@ void ExpectSyncEqualsOneProcessSgd(bool cosine, Delay delay = Delay::kNone) {
   ASSERT_FALSE(stats.empty());
   EXPECT_EQ(stats[0].version, kSteps);  // one optimizer step per 4 gradients
   EXPECT_EQ(stats[0].examples, kSteps * kWorkers * kBatch);
+  for (const ShardStats& s : stats) {
+    ASSERT_EQ(s.workers.size(), static_cast<size_t>(kWorkers));
+    for (int r = 0; r < kWorkers; ++r) {
+      // Grouped, each group's leader pushed every step and its member never did.
+      const int64_t pushes = !grouped || r % 2 == 0 ? kSteps : 0;
+      EXPECT_EQ(s.workers[static_cast<size_t>(r)].gradients, pushes)
+          << "shard " << s.shard << " rank " << r;
+    }
+  }
 
   // One process: SGD with batch 4b. Worker r's step t used examples 4(16t+j)+r, j < 16;
   // together the contiguous block [64t, 64t+64).
@@ -163,6 +184,16 @@ TEST(SyncModeTest, DelayedSyncIsOneProcessDoingSgdWithGradientsOneStepOld) {
 TEST(SyncModeTest, DelayedSyncPredictsTheParametersItsGradientIsComputedAt) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   ExpectSyncEqualsOneProcessSgd(/*cosine=*/false, Delay::kPredicted);
+}
+
+TEST(SyncModeTest, TwoLocalGroupsOfTwoEqualOneProcessDoingSgdWithFourTimesTheBatch) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  ExpectSyncEqualsOneProcessSgd(/*cosine=*/false, Delay::kNone, /*grouped=*/true);
+}
+
+TEST(SyncModeTest, LocalGroupsUnderDelayedSyncPredictTheParametersAsFlat) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  ExpectSyncEqualsOneProcessSgd(/*cosine=*/false, Delay::kPredicted, /*grouped=*/true);
 }
 
 TEST(SyncModeTest, TheServersCosineScheduleIsOneProcessesCosineStepForStep) {
