@@ -259,6 +259,11 @@ void AddTrainingFlags(CLI::App& app, LaunchOptions& options) {
               NumberValidator(false));
   training.add_flag("--checkpoint-each-epoch", options.checkpoint_each_epoch,
                     "Passed to workers: checkpoint the model after every epoch");
+  training.add_flag("--local-aggregation", options.local_aggregation,
+                    "Sync modes: the workers of a host exchange each step through one of them, "
+                    "which pushes their summed gradients once and pulls once for all (the "
+                    "host's link carries 1/k of the bytes for k workers; each step is still "
+                    "the average over every worker)");
 
   CLI::App& modes = *app.add_option_group("Modes", "Passed to parameter servers only when given");
   AddOptional(modes, "--replicas-to-aggregate", "R", options.replicas_to_aggregate,

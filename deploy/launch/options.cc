@@ -165,6 +165,12 @@ bool IsValidMode(std::string_view mode) {
 Status ValidateOptions(const LaunchOptions& options) {
   PARASYNC_RETURN_IF_ERROR(ValidateBasics(options));
   PARASYNC_RETURN_IF_ERROR(ValidateReplicas(options));
+  if (const auto mode = TrainingMode::Parse(options.mode);
+      options.local_aggregation && mode.ok() && mode->kind != TrainingMode::Kind::kSync) {
+    return Status::InvalidArgument(
+        "--local-aggregation needs --mode sync or sync:delayed, not --mode " + options.mode +
+        " (in async and ssp each worker's gradient is its own update)");
+  }
   for (const auto& [rank, arg] : options.rank_args) {
     if (rank < 0 || rank >= options.num_workers) {
       return Status::InvalidArgument("--rank-arg names worker " + std::to_string(rank) +

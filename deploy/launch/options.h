@@ -66,6 +66,10 @@ struct LaunchOptions {
   std::optional<std::string> log_every;  // worker --log-every SECONDS
   std::optional<std::string> wire_dtype;
   bool checkpoint_each_epoch = false;  // passed to workers as --checkpoint-each-epoch
+  // Local aggregation (sync modes): the workers of each host with several get --local-group
+  // (PARASYNC_LOCAL_GROUP) naming that host's ranks: they exchange each step through the
+  // lowest, one push and one pull per host.
+  bool local_aggregation = false;
 
   // Non-empty: every PS i gets "--data-dir <ps_data_dir>/ps<i>" (its checkpoint store).
   std::string ps_data_dir;

@@ -155,6 +155,20 @@ void AddPsFlags(const LaunchOptions& options, const Cluster& cluster, const Proc
   argv.insert(argv.end(), options.ps_args.begin(), options.ps_args.end());
 }
 
+// With --local-aggregation, the ranks of the workers on `spec`'s host ("0,1"), when it has
+// several; else empty.
+std::string LocalGroupRanks(const LaunchOptions& options, const Cluster& cluster,
+                            const ProcessSpec& spec) {
+  if (!options.local_aggregation) return "";
+  std::string ranks;
+  int count = 0;
+  for (size_t slot = cluster.num_ps; slot < cluster.hosts.size(); ++slot) {
+    if (cluster.hosts[slot] != spec.host) continue;
+    ranks += (count++ > 0 ? "," : "") + std::to_string(slot - cluster.num_ps);
+  }
+  return count > 1 ? ranks : "";
+}
+
 // `local_rank`: the worker's index among the workers on its host (each takes its own GPU
 // where there are several).
 void AddWorkerFlags(const LaunchOptions& options, const Cluster& cluster, const ProcessSpec& spec,
@@ -173,6 +187,9 @@ void AddWorkerFlags(const LaunchOptions& options, const Cluster& cluster, const 
     argv.insert(argv.end(), {"--wait-for-workers", wait});
   }
   if (options.checkpoint_each_epoch) argv.push_back("--checkpoint-each-epoch");
+  if (const std::string group = LocalGroupRanks(options, cluster, spec); !group.empty()) {
+    argv.insert(argv.end(), {"--local-group", group});
+  }
   argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
   for (const auto& [rank, arg] : options.rank_args) {
     if (rank == spec.index) argv.push_back(arg);
@@ -252,6 +269,9 @@ std::vector<std::string> WorkerEnvironment(const LaunchOptions& options, const C
     }
   }
   if (options.checkpoint_each_epoch) env.push_back("PARASYNC_CHECKPOINT_EACH_EPOCH=1");
+  if (const std::string group = LocalGroupRanks(options, cluster, spec); !group.empty()) {
+    env.push_back("PARASYNC_LOCAL_GROUP=" + group);
+  }
   if (const std::string wait = WaitForWorkersSeconds(options, spec); !wait.empty()) {
     env.push_back("PARASYNC_WAIT_FOR_WORKERS=" + wait);
   }

@@ -170,6 +170,8 @@ struct parasync_options_t {
   std::string log_dir = ".";
   std::string log_level = "info";
   bool joining = false;  // a restarted worker not yet back in the run
+  std::string local_group;           // this host's ranks ("0,1"); empty: no local aggregation
+  std::string local_group_endpoint;  // empty: DefaultLocalGroupEndpoint
 };
 
 struct parasync_model_t {
@@ -321,7 +323,13 @@ Status StartClient(parasync_client_t* c) {
   client_options.incarnation_of = [beats](int shard) { return beats->Incarnation(shard); };
   client_options.pulls_may_wait = c->mode.kind != TrainingMode::Kind::kAsync;
   client_options.loop = &c->metrics->loop;
-  c->client_options = client_options;
+  c->client_options = client_options;  // the collectives' client: never in the local group
+  if (!o.local_group.empty()) {
+    auto group = LocalGroupFor(o.local_group, o.local_group_endpoint, c->rank, c->num_workers,
+                               c->mode, o.cluster->ps);
+    if (!group.ok()) return Status::InvalidArgument("local group: " + group.status().message());
+    client_options.local_group = *group;
+  }
   PARASYNC_ASSIGN_OR_RETURN(c->client, PsClient::Connect(c->context, client_options));
   c->client->SetJoining(o.joining);
   return Status::Ok();
@@ -448,6 +456,19 @@ int parasync_options_set_wire_dtype(parasync_options_t* options, const char* dty
   return Guard(errmsg, [&]() -> Status {
     PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
     PARASYNC_ASSIGN_OR_RETURN(options->wire, ParseWireDType(dtype));
+    return Status::Ok();
+  });
+}
+
+int parasync_options_set_local_group(parasync_options_t* options, const char* ranks,
+                                     const char* endpoint, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
+    options->local_group = ranks == nullptr ? "" : ranks;
+    options->local_group_endpoint = endpoint == nullptr ? "" : endpoint;
+    if (!options->local_group.empty()) {
+      PARASYNC_RETURN_IF_ERROR(ParseLocalGroupRanks(options->local_group).status());
+    }
     return Status::Ok();
   });
 }

@@ -153,6 +153,14 @@ PARASYNC_API int parasync_options_set_curve(parasync_options_t* options, const c
  * bfloat16; docs/compression.md). */
 PARASYNC_API int parasync_options_set_wire_dtype(parasync_options_t* options, const char* dtype,
                                     char** errmsg);
+/* Local aggregation (sync modes): `ranks` ("0,1") are the workers on this machine, this one
+ * among them; each step goes through the lowest, which pushes their summed gradients once and
+ * pulls once for all. `endpoint`: where it listens for the others (NULL: a unix socket in
+ * /tmp named after the first server's port and that rank). NULL or "" ranks: none (the
+ * default). Steps must then be parasync_client_step_begin ... step_finish (a push alone is
+ * refused) and the model dense (no tables). */
+PARASYNC_API int parasync_options_set_local_group(parasync_options_t* options, const char* ranks,
+                                     const char* endpoint, char** errmsg);
 /* /metrics, /healthz and /readyz of this worker on bind:port (port 0: a free one, see
  * parasync_client_metrics_port; port < 0: none, the default), and the directory of the
  * metrics snapshot at parasync_client_finish and of eval.jsonl (default "."). */

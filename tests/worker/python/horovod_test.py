@@ -41,6 +41,7 @@ Usage: horovod_test.py BIN_DIR PYTHON_DIR SOURCE_DIR
 import glob
 import json
 import math
+import re
 import os
 import subprocess
 import sys
@@ -503,16 +504,19 @@ def start_worker(servers, scenario: str, r: int, workers: int, mode: str, workdi
 
 
 def run_workers(scenario: str, workers: int, mode: str, workdir: str,
-                expect_exit: dict | None = None) -> list:
+                expect_exit: dict | None = None, extra_env: dict | None = None,
+                inspect=None) -> list:
     """Starts `workers` worker processes against 2 fresh shards; returns their results (None
     for a worker that wrote none). `expect_exit`: rank -> the status it must end with (else
-    0)."""
+    0); `extra_env`: variables every worker gets; `inspect(servers)`: called once the workers
+    are done, before the servers stop."""
     expect_exit = expect_exit or {}
     with Servers(BIN_DIR, shards=2, workers=workers, log_dir=workdir, mode=mode) as servers:
         procs, outs = [], []
         for r in range(workers):
             out = os.path.join(workdir, f"{scenario}-{r}.pt")
-            procs.append(start_worker(servers, scenario, r, workers, mode, workdir, out))
+            procs.append(start_worker(servers, scenario, r, workers, mode, workdir, out,
+                                      extra_env=extra_env))
             outs.append(out)
         deadline = time.monotonic() + 240
         codes = []
@@ -528,6 +532,8 @@ def run_workers(scenario: str, workers: int, mode: str, workdir: str,
                 with open(os.path.join(workdir, f"{scenario}-worker{r}.log")) as f:
                     sys.stderr.write(f.read()[-3000:])
             check(code == want, f"{scenario}: worker {r} exited {code} (expected {want})")
+        if inspect is not None:
+            inspect(servers)
         return [torch.load(o) if os.path.exists(o) else None for o in outs]
 
 
@@ -559,8 +565,41 @@ def reference(optimizer_name: str, start: dict) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def check_training(optimizer_name: str, workdir: str) -> None:
-    results = run_workers(f"train_{optimizer_name}", 2, "sync", workdir)
+def server_gradients_by_rank(servers, workdir: str) -> list:
+    """parasync_ps_worker_gradients_total of each shard, by rank, read from its /metrics."""
+    import urllib.request
+    out = []
+    for i in range(len(servers.addresses)):
+        with open(os.path.join(workdir, f"ps{i}.ready")) as f:
+            port = json.load(f)["metrics_port"]
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        counts = {}
+        for line in page.decode().splitlines():
+            m = re.match(r'parasync_ps_worker_gradients_total\{[^}]*rank="(\d+)"[^}]*\} (\S+)', line)
+            if m:
+                counts[int(m.group(1))] = float(m.group(2))
+        out.append(counts)
+    return out
+
+
+def check_training(optimizer_name: str, workdir: str, grouped: bool = False) -> None:
+    """Both ranks against the one-process reference; `grouped`: as one local group (rank 0
+    pushes both ranks' summed gradients and pulls for both, parasync.horovod unchanged)."""
+    pushes = []
+    env = None
+    if grouped:
+        env = {"PARASYNC_LOCAL_GROUP": "0,1",
+               "PARASYNC_LOCAL_GROUP_ENDPOINT": f"ipc://{workdir}/group.sock"}
+    scenario = f"train_{optimizer_name}"
+    results = run_workers(scenario, 2, "sync", workdir, extra_env=env,
+                          inspect=lambda servers: pushes.extend(
+                              server_gradients_by_rank(servers, workdir)))
+    for shard, counts in enumerate(pushes):
+        # Each rank's pushes: one per step; grouped, rank 0's alone (rank 1's go with it).
+        want = {0: STEPS, 1: 0 if grouped else STEPS}
+        check(all(counts.get(r, 0) == n for r, n in want.items()),
+              f"{optimizer_name}{' grouped' if grouped else ''}: shard {shard} counted pushes "
+              f"by rank {counts} (expected {want})")
     if None in results:
         return
     r0, r1 = results
@@ -815,13 +854,15 @@ def check_elastic(workdir: str, victim: int) -> None:
 
 
 def main() -> int:
-    # HOROVOD_TEST_ONLY=name[,name]: only those parts (sgd, adamw, collectives2, collectives3,
+    # HOROVOD_TEST_ONLY=name[,name]: only those parts (sgd, adamw, local_group, collectives2,
+    # collectives3,
     # async, options_sum, options_predivide, options_int8, options_topk, dead_peer, join,
     # elastic, elastic_rank0), for a
     # person debugging one; the workers' logs are printed when one fails.
     only = set(filter(None, os.environ.get("HOROVOD_TEST_ONLY", "").split(",")))
     parts = {"sgd": lambda d: check_training("sgd", d),
              "adamw": lambda d: check_training("adamw", d),
+             "local_group": lambda d: check_training("sgd", d, grouped=True),
              "collectives2": lambda d: check_collectives(2, d),
              "collectives3": lambda d: check_collectives(3, d),
              "async": check_async,

@@ -194,6 +194,8 @@ class Client:
                  text(s.curve_server_key))
             call(lib.parasync_options_set_wire_dtype, options, text(s.wire_dtype))
             call(lib.parasync_options_set_joining, options, int(bool(s.joining)))
+            call(lib.parasync_options_set_local_group, options, text(s.local_group),
+                 text(s.local_group_endpoint))
             call(lib.parasync_options_set_metrics, options, text(s.metrics_bind),
                  int(s.metrics_port), text(s.log_dir))
             call(lib.parasync_options_set_log_level, options, text(s.log_level))

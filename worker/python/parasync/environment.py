@@ -58,6 +58,10 @@ class Settings:
     connect_timeout: float = 60.0         # PARASYNC_CONNECT_TIMEOUT, seconds
     heartbeat_interval: float = 1.0       # PARASYNC_HEARTBEAT_INTERVAL, seconds
     wire_dtype: str = "float32"           # PARASYNC_WIRE_DTYPE
+    # Local aggregation (sync modes): this host's ranks, e.g. "0,1" (parasync-launch
+    # --local-aggregation sets it), and where the lowest listens (None: a default).
+    local_group: str | None = None        # PARASYNC_LOCAL_GROUP
+    local_group_endpoint: str | None = None  # PARASYNC_LOCAL_GROUP_ENDPOINT
     curve_key: str | None = None          # PARASYNC_CURVE_KEY (this worker's key pair file)
     curve_server_key: str | None = None   # PARASYNC_CURVE_SERVER_KEY (the servers' public key)
     # Training settings a script may take as its defaults (parasync.training.Run does).
@@ -94,6 +98,8 @@ class Settings:
             connect_timeout=_number("PARASYNC_CONNECT_TIMEOUT", float, 60.0),
             heartbeat_interval=_number("PARASYNC_HEARTBEAT_INTERVAL", float, 1.0),
             wire_dtype=_text("PARASYNC_WIRE_DTYPE", "float32"),
+            local_group=_text("PARASYNC_LOCAL_GROUP"),
+            local_group_endpoint=_text("PARASYNC_LOCAL_GROUP_ENDPOINT"),
             curve_key=_text("PARASYNC_CURVE_KEY"),
             curve_server_key=_text("PARASYNC_CURVE_SERVER_KEY"),
             data=_text("PARASYNC_DATA"),
