@@ -146,7 +146,10 @@ Result<std::unique_ptr<LocalGroup>> LocalGroup::Open(zmq::context_t& context,
   const bool leader = options.rank == options.ranks.front();
   try {
     zmq::socket_t socket(context, leader ? zmq::socket_type::router : zmq::socket_type::dealer);
-    socket.set(zmq::sockopt::linger, 0);
+    // The leader's last answer may still be queued when training ends: closing waits for it
+    // (a member gone by then does not hold the exit up longer than this). A member's
+    // message is worth nothing once it stops waiting for the answer.
+    socket.set(zmq::sockopt::linger, leader ? 2000 : 0);
     std::string bound_path;
     if (leader) {
       socket.set(zmq::sockopt::router_mandatory, 0);

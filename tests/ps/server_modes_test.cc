@@ -31,6 +31,7 @@
 #include "ps/shard.h"
 #include "worker/heartbeater.h"
 #include "tests/ps/server_test_util.h"
+#include "tests/support/temp_dir.h"
 #include "worker/ps_client.h"
 
 namespace parasync {
@@ -76,11 +77,14 @@ class ModeServerTest : public ::testing::Test {
     return server_->started();
   }
 
-  // A registered PsClient for `rank`, or nullptr with a failure recorded.
-  std::unique_ptr<PsClient> Worker(int rank, const ModelRegistration& reg) {
+  // A registered PsClient for `rank`, or nullptr with a failure recorded; with `group`, in
+  // that local group.
+  std::unique_ptr<PsClient> Worker(int rank, const ModelRegistration& reg,
+                                   std::optional<LocalGroupOptions> group = std::nullopt) {
     PsClientOptions options;
     options.ps_addresses = {server_->endpoint()};
     options.rank = rank;
+    options.local_group = std::move(group);
     options.request_timeout = kWait;
     options.blocking_timeout = kWait;
     auto client = PsClient::Connect(context_, options);
@@ -410,6 +414,102 @@ TEST_F(ModeServerTest, SyncGradientForAnAppliedStepIsDroppedAndASecondForTheOpen
           << reg.variables[v].name << "[" << i << "]";
     }
   }
+}
+
+// Local aggregation (worker/local_group.h): ranks 0 and 1 are a group, rank 2 pushes alone.
+// The group's leader pushes g0 + g1 naming rank 1; the step counts three contributors and
+// applies the mean of all three gradients, which every rank reads.
+TEST_F(ModeServerTest, ALocalGroupsPushCountsItsMembersAndTheStepIsTheMeanOverEveryWorker) {
+  ASSERT_TRUE(Start(ModeOptions("sync", 3)));
+  const ModelRegistration reg = ModeModel("sync");
+  testing::TempDir dir;
+  LocalGroupOptions group;
+  group.endpoint = "ipc://" + dir.path() + "/group.sock";
+  group.ranks = {0, 1};
+  group.rank = 0;
+  auto w0 = Worker(0, reg, group);
+  group.rank = 1;
+  auto w1 = Worker(1, reg, group);
+  auto w2 = Worker(2, reg);
+  ASSERT_TRUE(w0 && w1 && w2);
+  std::vector<std::vector<std::vector<float>>> g = {GradientsOfRank(reg, 0),
+                                                    GradientsOfRank(reg, 1), Gradients(reg)};
+  for (float& x : g[2][0]) x *= 0.25f;  // a third gradient unlike the others
+  std::vector<std::vector<std::vector<float>>> params = {NewParams(), NewParams(), NewParams()};
+  std::vector<PsClient*> workers = {w0.get(), w1.get(), w2.get()};
+  std::vector<std::future<Status>> steps;
+  for (size_t r = 0; r < 3; ++r) {
+    steps.push_back(std::async(std::launch::async, [&, r] {
+      return workers[r]->PushPull(Pointers<const float>(g[r]), 8, Pointers<float>(params[r]),
+                                  PsClient::kNextStep);
+    }));
+  }
+  for (size_t r = 0; r < 3; ++r) {
+    ASSERT_EQ(steps[r].wait_for(kWait), std::future_status::ready) << "rank " << r;
+    Status s = steps[r].get();
+    ASSERT_TRUE(s.ok()) << "rank " << r << ": " << s.ToString();
+    EXPECT_EQ(workers[r]->last_version(), 1) << "rank " << r;
+  }
+  const std::vector<std::vector<float>> init = InitialValues(reg);
+  for (size_t v = 0; v < init.size(); ++v) {
+    for (size_t i = 0; i < init[v].size(); ++i) {
+      const float mean = ((g[0][v][i] + g[1][v][i]) + g[2][v][i]) / 3.0f;
+      const float want = init[v][i] - kLearningRate * mean;
+      for (size_t r = 0; r < 3; ++r) {
+        EXPECT_NEAR(params[r][v][i], want, 1e-6f) << "rank " << r << " " << v << "[" << i << "]";
+      }
+    }
+  }
+  const ShardStats stats = StatsOf(*w2);
+  EXPECT_EQ(stats.version, 1);
+  EXPECT_EQ(stats.examples, 24);
+  ASSERT_EQ(stats.workers.size(), 3u);
+  EXPECT_EQ(stats.workers[0].gradients, 1);
+  EXPECT_EQ(stats.workers[1].gradients, 0) << "the member pushed to the server itself";
+  EXPECT_EQ(stats.workers[2].gradients, 1);
+  // Without a step, a group member's lone push has nothing to join: refused before sending.
+  EXPECT_EQ(w1->Push(Pointers<const float>(g[1]), 8).code(), StatusCode::kFailedPrecondition);
+}
+
+// A group's push is refused where it cannot be what it says: outside a sync mode, or naming
+// the sender itself, a rank outside the cluster, or one rank twice.
+TEST_F(ModeServerTest, ALocalGroupsPushIsRefusedOutsideSyncAndForRanksThatAreNotOthers) {
+  Header push;
+  push.type = MsgType::kPush;
+  push.rank = 0;
+  push.batch_examples = 4;
+  push.slices = {{0, 0, 50}};
+  const std::vector<float> g(50, 0.5f);
+  for (const char* mode : {"async", "ssp:2"}) {
+    ASSERT_TRUE(Start(ModeOptions(mode, 2)));
+    auto client = Worker(0, ModeModel(mode));
+    ASSERT_TRUE(client);
+    RawPeer peer(context_, server_->endpoint());
+    push.ranks = {1};
+    peer.SendHeader(push, {FloatBytes(g)});
+    Result<Header> reply = peer.Receive();
+    ASSERT_TRUE(reply.ok());
+    EXPECT_EQ(reply->status.code(), StatusCode::kFailedPrecondition) << mode;
+    EXPECT_THAT(reply->status.message(), HasSubstr("needs a sync mode"));
+    EXPECT_EQ(server_->Rejected(RejectReason::kUnsupported), 1.0) << mode;
+    EXPECT_EQ(StatsOf(*client).workers[0].gradients, 0) << mode;
+  }
+  ASSERT_TRUE(Start(ModeOptions("sync", 3)));
+  auto client = Worker(0, ModeModel("sync"));
+  ASSERT_TRUE(client);
+  RawPeer peer(context_, server_->endpoint());
+  double refused = 0;
+  for (const std::vector<int32_t>& ranks :
+       {std::vector<int32_t>{0}, std::vector<int32_t>{3}, std::vector<int32_t>{-1},
+        std::vector<int32_t>{1, 1}}) {
+    push.ranks = ranks;
+    peer.SendHeader(push, {FloatBytes(g)});
+    Result<Header> reply = peer.Receive();
+    ASSERT_TRUE(reply.ok());
+    EXPECT_EQ(reply->status.code(), StatusCode::kInvalidArgument) << reply->status.message();
+    EXPECT_EQ(server_->Rejected(RejectReason::kBadRank), ++refused);
+  }
+  EXPECT_EQ(StatsOf(*client).version, 0);
 }
 
 TEST_F(ModeServerTest, SyncPullTimesOutAfterTheBarrierTimeoutNamingTheMissingRank) {
