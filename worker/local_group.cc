@@ -36,7 +36,11 @@ struct LeaderMessage {
   int64_t staleness = -1;
   uint32_t shards = 0;
   uint8_t dropped = 0;
+  uint8_t closed = 0;  // the leader left the group (Close): the member goes on alone
 };
+
+// MemberMessage::variables of a member that leaves the group (Close).
+constexpr uint32_t kLeaving = 0xffff'ffff;
 
 bool ProcessAlive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
@@ -176,7 +180,43 @@ Result<std::unique_ptr<LocalGroup>> LocalGroup::Open(zmq::context_t& context,
   }
 }
 
+void LocalGroup::Close() {
+  if (closed_) return;
+  closed_ = true;
+  try {
+    if (!leads()) {
+      MemberMessage m;
+      m.rank = options_.rank;
+      m.pid = static_cast<int32_t>(::getpid());
+      m.variables = kLeaving;
+      zmq::message_t head = Bytes(&m, 1);
+      (void)socket_.send(head, zmq::send_flags::dontwait);
+      return;
+    }
+    LeaderMessage h;
+    h.pid = static_cast<int32_t>(::getpid());
+    h.closed = 1;
+    for (size_t i = 1; i < options_.ranks.size(); ++i) {
+      if (dropped_.contains(options_.ranks[i])) continue;
+      const int32_t id = options_.ranks[i];
+      std::vector<zmq::message_t> parts;
+      parts.push_back(Bytes(&id, 1));
+      parts.push_back(Bytes(&h, 1));
+      parts.emplace_back();
+      parts.emplace_back();
+      parts.emplace_back();
+      for (size_t k = 0; k < parts.size(); ++k) {
+        (void)socket_.send(parts[k], k + 1 < parts.size() ? zmq::send_flags::sndmore
+                                                          : zmq::send_flags::none);
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    spdlog::warn("local group: leaving it: {}", e.what());
+  }
+}
+
 LocalGroup::~LocalGroup() {
+  Close();
   socket_.close();
   if (!bound_path_.empty()) ::unlink(bound_path_.c_str());
 }
@@ -199,6 +239,13 @@ bool LocalGroup::TakeMemberMessage(std::vector<zmq::message_t>& parts,
   if (!parts.empty() && parts[0].size() == sizeof(id)) std::memcpy(&id, parts[0].data(), sizeof(id));
   if (parts.size() < 2 || !ReadStruct(parts[1], &m) || m.magic != kMemberMagic || m.rank != id) {
     spdlog::warn("local group: a message that is not a member's gradient was dropped");
+    return false;
+  }
+  if (m.variables == kLeaving) {
+    if (waiting.erase(m.rank) > 0 || !dropped_.contains(m.rank)) {
+      spdlog::info("local group: {} left the group", RankName(m.rank));
+    }
+    dropped_.insert(m.rank);
     return false;
   }
   if (!waiting.contains(m.rank)) {
@@ -369,6 +416,9 @@ Result<LocalGroup::Outcome> LocalGroup::Exchange(std::span<const float* const> g
     return Status::Corruption(leader + " sent an answer that is not one");
   }
   leader_pid_ = h.pid;
+  if (h.closed != 0) {
+    return Status::Unavailable(leader + " left the group (its training ended)");
+  }
   Outcome out;
   out.status = Status(static_cast<StatusCode>(h.code),
                       std::string(static_cast<const char*>(parts[1].data()), parts[1].size()));

@@ -12,6 +12,14 @@
 // text, read versions (int64 per shard), read incarnations (uint64 per shard), then one
 // float32 frame per variable when the step succeeded]. Anything else is refused by name.
 //
+// Leaving: Close (PsClient::Leave, or the destructor) tells the other side. A member that
+// leaves is no longer waited for; a leader that leaves (its training ended, or it exits)
+// makes every member's next step fail with Unavailable, and PsClient then goes on exchanging
+// that member's steps with the servers itself, as without a group — so does it when the
+// leader's process is gone or never answered. (A member's gradient the leader pushed before
+// it died is then pushed again by the member: the servers drop the second as a duplicate of
+// its rank, and it waits for the step like the others.)
+//
 // Liveness, both ways bounded: every message names its sender's pid. The leader waits for a
 // member's gradient while its process lives (once it has heard from it) and at most `timeout`
 // for one it has not heard from; a member it gives up on is dropped for good (its later
@@ -98,6 +106,9 @@ class LocalGroup {
   void Answer(std::span<const int> ranks, const Outcome& outcome,
               std::span<float* const> params, std::span<const int64_t> sizes);
 
+  // Leaves the group (see above); idempotent, best effort (never blocks).
+  void Close();
+
   // Member: sends this step's gradients (sizes[v] floats each) and `examples`, waits for the
   // leader's answer and copies its parameters into `params`. The leader's error comes back
   // as the outcome's status; this side's (the leader gone, a timeout, a malformed answer,
@@ -126,6 +137,7 @@ class LocalGroup {
   std::set<int> dropped_;   // leader: members given up on
   std::vector<int> member_pid_;  // leader: by index in ranks, 0 until heard from
   int leader_pid_ = 0;           // member: 0 until the first answer
+  bool closed_ = false;
   uint64_t steps_ = 0;
 };
 

@@ -881,6 +881,13 @@ Status PsClient::GroupStep(std::span<float* const> params, int64_t min_version,
     const auto start = Clock::now();
     auto outcome = group_->Exchange(step_.grads, var_sizes_, step_.batch_examples, params,
                                     options_.interrupted);
+    if (!outcome.ok() && outcome.status().code() != StatusCode::kAborted) {
+      // The leader is gone, left, or never answered: this worker goes on alone.
+      spdlog::warn("local group: {}; rank {} exchanges its steps with the servers itself from "
+                   "now on", outcome.status().message(), options_.rank);
+      group_.reset();
+      return ExchangeStep(params, min_version, times, {}, {});
+    }
     step_.open = false;
     if (!outcome.ok()) return outcome.status();
     if (outcome->read_versions.size() == read_versions_.size()) {
@@ -1003,6 +1010,7 @@ Status PsClient::ExchangeStep(std::span<float* const> params, int64_t min_versio
 }
 
 Status PsClient::Leave(std::chrono::milliseconds timeout) {
+  if (group_) group_->Close();
   Header h;
   h.type = MsgType::kLeave;
   auto replies = Broadcast(h, timeout, /*interruptible=*/false);

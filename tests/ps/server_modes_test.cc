@@ -469,6 +469,27 @@ TEST_F(ModeServerTest, ALocalGroupsPushCountsItsMembersAndTheStepIsTheMeanOverEv
   EXPECT_EQ(stats.workers[2].gradients, 1);
   // Without a step, a group member's lone push has nothing to join: refused before sending.
   EXPECT_EQ(w1->Push(Pointers<const float>(g[1]), 8).code(), StatusCode::kFailedPrecondition);
+
+  // The leader's training ends (Leave): the member's next step finds the group closed and
+  // goes to the servers itself, as does rank 2; the step is theirs alone.
+  ASSERT_TRUE(w0->Leave(kWait).ok());
+  steps.clear();
+  for (size_t r = 1; r < 3; ++r) {
+    steps.push_back(std::async(std::launch::async, [&, r] {
+      return workers[r]->PushPull(Pointers<const float>(g[r]), 8, Pointers<float>(params[r]),
+                                  PsClient::kNextStep);
+    }));
+  }
+  for (size_t r = 1; r < 3; ++r) {
+    ASSERT_EQ(steps[r - 1].wait_for(kWait), std::future_status::ready) << "rank " << r;
+    Status s = steps[r - 1].get();
+    ASSERT_TRUE(s.ok()) << "rank " << r << ": " << s.ToString();
+    EXPECT_EQ(workers[r]->last_version(), 2) << "rank " << r;
+  }
+  EXPECT_EQ(params[1], params[2]);
+  const ShardStats after = StatsOf(*w2);
+  EXPECT_EQ(after.version, 2);
+  EXPECT_EQ(after.workers[1].gradients, 1) << "the member's own push after the group closed";
 }
 
 // A group's push is refused where it cannot be what it says: outside a sync mode, or naming

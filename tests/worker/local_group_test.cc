@@ -2,6 +2,7 @@
 // on its own thread, and a leader in a child process that exits (the member's liveness check).
 #include "worker/local_group.h"
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -164,6 +165,19 @@ TEST(LocalGroupTest, SilentMembersAreGivenUpOnAndAWaitCanBeInterrupted) {
     EXPECT_TRUE(ranks->empty());
     EXPECT_EQ(sum[0], own);
   }
+  // A member that leaves (Close) is not waited for: the gather ends without the timeout.
+  {
+    auto leader = LocalGroup::Open(ctx, Options(dir.path(), {0, 1}, 0, 60s));
+    ASSERT_TRUE(leader.ok());
+    auto member = LocalGroup::Open(ctx, Options(dir.path(), {0, 1}, 1));
+    ASSERT_TRUE(member.ok());
+    (*member)->Close();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto ranks = (*leader)->Gather(grads, sizes, sum, &examples, {});
+    ASSERT_TRUE(ranks.ok()) << ranks.status().message();
+    EXPECT_TRUE(ranks->empty());
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  }
   // A member whose leader never answers gives up after the timeout.
   auto member = LocalGroup::Open(ctx, Options(dir.path(), {0, 1}, 1, 1s));
   ASSERT_TRUE(member.ok());
@@ -174,13 +188,15 @@ TEST(LocalGroupTest, SilentMembersAreGivenUpOnAndAWaitCanBeInterrupted) {
 }
 
 // The leader's process gone: a member's next step fails at once, naming it. The leader is a
-// child process that answers one step and exits.
+// child process that answers one step and is then killed (SIGKILL: it tells nobody).
 TEST(LocalGroupTest, AMemberGivesUpWhenTheLeadersProcessIsGone) {
   testing::TempDir dir;
   const std::vector<int64_t> sizes = {2};
   std::vector<float> g = {1, 2}, p(2);
   const float* grads[] = {g.data()};
   float* params[] = {p.data()};
+  int answered[2];
+  ASSERT_EQ(::pipe(answered), 0);
   const pid_t child = ::fork();  // before this process makes a ZeroMQ context
   if (child == 0) {
     zmq::context_t ctx;
@@ -191,24 +207,57 @@ TEST(LocalGroupTest, AMemberGivesUpWhenTheLeadersProcessIsGone) {
     auto ranks = (*leader)->Gather(grads, sizes, sum, &examples, {});
     if (!ranks.ok()) ::_exit(4);
     (*leader)->Answer(*ranks, LocalGroup::Outcome{}, params, sizes);
-    leader->reset();
-    ctx.close();  // waits for the answer to go out (the socket's linger)
-    ::_exit(0);
+    char byte = 0;
+    (void)::read(answered[0], &byte, 1);  // the member has the answer
+    ::kill(::getpid(), SIGKILL);
   }
   zmq::context_t ctx;
   auto member = LocalGroup::Open(ctx, Options(dir.path(), {0, 1}, 1));
   ASSERT_TRUE(member.ok());
   auto first = (*member)->Exchange(grads, sizes, 1, params, {});
+  ASSERT_EQ(::write(answered[1], "x", 1), 1);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ::close(answered[0]);
+  ::close(answered[1]);
   ASSERT_TRUE(first.ok()) << first.status().message();
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
   const auto t0 = std::chrono::steady_clock::now();
   auto second = (*member)->Exchange(grads, sizes, 1, params, {});
   EXPECT_EQ(second.status().code(), StatusCode::kUnavailable) << second.status().message();
   EXPECT_NE(second.status().message().find("exited"), std::string::npos)
       << second.status().message();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+// A leader that leaves (Close, at the end of its training) tells its members: their next step
+// fails at once with Unavailable, and PsClient goes on alone.
+TEST(LocalGroupTest, AMembersStepAfterTheLeaderLeftFailsAtOnce) {
+  testing::TempDir dir;
+  zmq::context_t ctx;
+  const std::vector<int64_t> sizes = {1};
+  auto leader = LocalGroup::Open(ctx, Options(dir.path(), {0, 1}, 0));
+  ASSERT_TRUE(leader.ok());
+  auto member = LocalGroup::Open(ctx, Options(dir.path(), {0, 1}, 1));
+  ASSERT_TRUE(member.ok());
+  std::vector<float> g = {1}, p(1);
+  const float* grads[] = {g.data()};
+  float* params[] = {p.data()};
+  std::thread leader_side([&] {
+    std::vector<std::vector<float>> sum;
+    int64_t examples = 0;
+    auto ranks = (*leader)->Gather(grads, sizes, sum, &examples, {});
+    ASSERT_TRUE(ranks.ok());
+    (*leader)->Answer(*ranks, LocalGroup::Outcome{}, params, sizes);
+    (*leader)->Close();
+  });
+  auto first = (*member)->Exchange(grads, sizes, 1, params, {});
+  leader_side.join();
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  auto second = (*member)->Exchange(grads, sizes, 1, params, {});
+  EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(second.status().message().find("left the group"), std::string::npos)
+      << second.status().message();
 }
 
 }  // namespace

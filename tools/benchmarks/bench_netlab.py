@@ -6,7 +6,7 @@ link shaped to --rate both ways, the Keras CNN on Fashion-MNIST, one process per
   bench_netlab.py [--rate 1gbit] [--workers 2] [--servers 2] [--epochs 1] [--mode sync]
                   [--configs ddp,dedicated,colocated,colocated-tcp,colocated-bf16,
                              colocated-overlap,colocated-overlap-bf16] [--target 0.88]
-                  [--eval-every N]
+                  [--eval-every N] [--per-host K] [--max-steps N]
                   [--json FILE] [--keep DIR]
 
 Configurations:
@@ -43,6 +43,9 @@ Configurations:
                       each shard's push smaller, so the one waiting for the last
                       gradients holds less
   hvd-colocated2-fp16 the same with hvd.Compression.fp16
+  NAME+local      any parasync configuration with --local-aggregation: the --per-host K
+                  workers of a host exchange each step through one of them (one push and
+                  one pull per host; e.g. colocated-bf16+local beside colocated-bf16)
 Every configuration trains the same model with Adam 1e-3, batch 64 per worker, seed 1.
 
 Prints a markdown table: examples/s (all workers' training examples over the wall time from
@@ -100,6 +103,11 @@ def parse():
     p.add_argument("--topk-density", type=float, default=None,
                    help="the fraction of each 256 gradient elements the *-topk configurations "
                         "send, in (0, 1] (default: topk's own, 1/32)")
+    p.add_argument("--per-host", type=int, default=1,
+                   help="worker processes on each worker host (DDP's ranks alike; default 1)")
+    p.add_argument("--max-steps", type=int, default=0,
+                   help="parasync configurations: each worker stops after N steps (for the "
+                        "slow links; default 0: whole epochs; not with ddp)")
     p.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--python", default="/usr/bin/python3")
@@ -107,13 +115,17 @@ def parse():
     p.add_argument("--keep", help="keep each run's logs under DIR/<config>")
     args = p.parse_args()
     args.configs = args.configs.split(",")
-    unknown = [c for c in args.configs if c not in CONFIGS]
+    unknown = [c for c in args.configs
+               if c.removesuffix("+local") not in CONFIGS or
+               (c.endswith("+local") and c.startswith("ddp"))]
     if unknown:
         p.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
     if args.mode != "sync" and any("overlap" in c for c in args.configs):
         p.error("--configs: the overlap configurations run sync:delayed, beside --mode sync")
-    if args.workers < 1 or args.servers < 1 or args.epochs < 1:
-        p.error("--workers, --servers and --epochs must be at least 1")
+    if args.workers < 1 or args.servers < 1 or args.epochs < 1 or args.per_host < 1:
+        p.error("--workers, --servers, --epochs and --per-host must be at least 1")
+    if args.max_steps and any(c.startswith("ddp") for c in args.configs):
+        p.error("--max-steps: the ddp configurations run whole epochs")
     return args
 
 
@@ -144,6 +156,14 @@ def link_mb_per_epoch(links, worker_hosts, epochs):
     return round(tx, 1), round(rx, 1)
 
 
+def epochs_run(args):
+    """The epochs a parasync run trained: --epochs, or --max-steps as a fraction of one
+    (60,000 examples shared by every worker, batch 64): link bytes are quoted per epoch."""
+    if not args.max_steps:
+        return args.epochs
+    return min(args.epochs, args.max_steps * 64 * args.workers * args.per_host / 60000)
+
+
 def lab_hosts(name, count):
     """The addresses tools/netlab gives lab `name` (its subnet_of rule)."""
     loader = importlib.machinery.SourceFileLoader("netlab", NETLAB)
@@ -157,13 +177,15 @@ def run_ddp(args, config, work):
     name = f"bnl-{config}"
     hosts = lab_hosts(name, args.workers)
     ranks = []
-    for r in range(args.workers):
+    processes = args.workers * args.per_host
+    for r in range(processes):
         cmd = (f"{shlex.quote(args.python)} {shlex.quote(os.path.join(HERE, 'torch_ddp_cnn.py'))}"
-               f" --processes {args.workers} --rank {r} --master {hosts[0]}:{DDP_PORT}"
+               f" --processes {processes} --rank {r} --master {hosts[0]}:{DDP_PORT}"
                f" --ifname eth0 --epochs {args.epochs} --data {shlex.quote(args.data)}"
                f" --hook {'fp16' if config == 'ddp-fp16' else 'none'}"
                f" --eval-every {args.eval_every}")
-        ranks.append(f'$NETLAB_EXEC {hosts[r]} {shlex.quote(cmd)} > {work}/rank{r}.log 2>&1 &')
+        host = hosts[r // args.per_host]
+        ranks.append(f'$NETLAB_EXEC {host} {shlex.quote(cmd)} > {work}/rank{r}.log 2>&1 &')
     command = " ".join(ranks) + " wait"
     links = os.path.join(work, "links.json")
     status, out, busy = netlab_run(args, name, args.workers, command, links)
@@ -229,7 +251,10 @@ def horovod_command(args, config):
 
 
 def run_parasync(args, config, work):
-    name = f"bnl-{config}"[:20]
+    local = config.endswith("+local")
+    full_name = config
+    config = config.removesuffix("+local")
+    name = f"bnl-{config}{'-l' if local else ''}"[:20]
     dedicated = config == "dedicated"
     count = args.workers + (args.servers if dedicated else 0)
     hosts = lab_hosts(name, count)
@@ -238,13 +263,17 @@ def run_parasync(args, config, work):
     if "colocated2" in config:
         ps = ",".join(f"{h}:2" for h in workers)
     log_dir = os.path.join(work, "run")
-    flags = ["--ps", ps, "-H", ",".join(f"{h}:1" for h in workers), "--ssh-command",
+    flags = ["--ps", ps, "-H", ",".join(f"{h}:{args.per_host}" for h in workers), "--ssh-command",
              "$NETLAB_EXEC", "--model", "cnn", "--mode",
              "sync:delayed" if "overlap" in config else args.mode, "--epochs",
              str(args.epochs), "--optimizer", "adam", "--lr", "0.001", "--batch-size", "64",
              "--seed", "1", "--dataset", args.data, "--log-dir", log_dir]
     if args.eval_every:
         flags += ["--eval-every", str(args.eval_every)]
+    if args.max_steps:
+        flags += ["--max-steps", str(args.max_steps)]
+    if local:
+        flags += ["--local-aggregation"]
     if config.endswith("bf16"):
         flags += ["--wire-dtype", "bfloat16"]
     if config.endswith("int8") and not config.startswith("hvd-"):
@@ -274,6 +303,7 @@ def run_parasync(args, config, work):
     links = os.path.join(work, "links.json")
     status, _, busy = netlab_run(args, name, count, command, links)
     eval_path = os.path.join(log_dir, "eval.jsonl")
+    config = full_name
     if status != 0 or not os.path.exists(eval_path):
         return {"config": config, "error": f"exit {status}; see {work}/launch.log"}
     with open(eval_path) as f:
@@ -287,9 +317,9 @@ def run_parasync(args, config, work):
     return {"config": config, "examples_per_sec": round(examples / seconds),
             "time_to_target_s": round(reached[0], 1) if reached else None,
             "final_accuracy": round(last["test_accuracy"], 4),
-            "link_mb_per_epoch": link_mb_per_epoch(links, workers, args.epochs),
-            "split": step_split(log_dir, args.workers),
-            "exchange_ms": exchange_ms(log_dir, args.workers), "cpu_busy": busy}
+            "link_mb_per_epoch": link_mb_per_epoch(links, workers, epochs_run(args)),
+            "split": step_split(log_dir, args.workers * args.per_host),
+            "exchange_ms": exchange_ms(log_dir, args.workers * args.per_host), "cpu_busy": busy}
 
 
 def main():
@@ -307,7 +337,7 @@ def main():
     ddp = next((r for r in results if r["config"] == "ddp" and "error" not in r), None)
     ddp16 = next((r for r in results if r["config"] == "ddp-fp16" and "error" not in r), None)
     print(f"links {args.rate} both ways (tools/netlab, no added delay); {args.workers} worker "
-          f"hosts; the CNN, {args.mode}, {args.epochs} epoch(s), batch 64 per worker, Adam 1e-3")
+          f"hosts x {args.per_host} worker(s); the CNN, {args.mode}, {args.epochs} epoch(s), batch 64 per worker, Adam 1e-3")
     print()
     print("| configuration | examples/s | × DDP | × DDP-fp16 | time to {:.2f} | final accuracy | "
           "busiest worker link MB/epoch out / in | step ms: pull / compute / push | CPUs busy |"
