@@ -133,6 +133,10 @@ void AddWaitMetrics(PsMetrics& m, MetricBuilder& b) {
       "parasync_ps_barrier_wait_seconds",
       "How long parked pulls waited (sync barrier or ssp bound)",
       prometheus::Histogram::BucketBoundaries{1e-4, 1e-3, 1e-2, 0.1, 0.3, 1, 3, 10, 30, 100});
+  m.resent_pulls_in_flight = b.Counter(
+      "parasync_ps_resent_pulls_in_flight_total",
+      "Resent pulls not served again: the reply to the first was still being written out "
+      "(a link slower than the client's resend timer)");
   m.blocked_pulls = b.Counter("parasync_ps_blocked_pulls_total",
                               "Pulls that had to wait for a sync step or the ssp bound");
   m.workers_declared_dead = b.Counter("parasync_ps_workers_declared_dead_total",

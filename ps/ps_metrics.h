@@ -53,6 +53,7 @@ struct PsMetrics {
   prometheus::Histogram* staleness = nullptr;          // versions between read and apply
   prometheus::Histogram* barrier_wait_seconds = nullptr;
   prometheus::Counter* blocked_pulls = nullptr;
+  prometheus::Counter* resent_pulls_in_flight = nullptr;  // PullReplies::AnsweringAlready
   prometheus::Counter* workers_declared_dead = nullptr;
   prometheus::Gauge* live_workers = nullptr;
   prometheus::Histogram* checkpoint_seconds = nullptr;

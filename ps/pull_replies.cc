@@ -60,6 +60,23 @@ PullReplies::ByteCounter PullReplies::PeerCounter(const zmq::message_t& identity
 
 void PullReplies::ForgetIdlePeers() {
   std::erase_if(by_peer_, [](const auto& entry) { return entry.second.use_count() == 1; });
+  std::erase_if(last_answered_,
+                [this](const auto& entry) { return !by_peer_.contains(entry.first); });
+}
+
+bool PullReplies::AnsweringAlready(const zmq::message_t& identity, const Header& req) const {
+  const std::string id(static_cast<const char*>(identity.data()), identity.size());
+  const auto last = last_answered_.find(id);
+  if (last == last_answered_.end() || last->second != req.request_id || req.request_id == 0) {
+    return false;
+  }
+  const auto peer = by_peer_.find(id);
+  return peer != by_peer_.end() && peer->second->load(std::memory_order_relaxed) > 0;
+}
+
+void PullReplies::Answered(const zmq::message_t& identity, uint64_t request_id) {
+  last_answered_[std::string(static_cast<const char*>(identity.data()), identity.size())] =
+      request_id;
 }
 
 std::optional<std::string> PullReplies::Refusal(const Header& req,

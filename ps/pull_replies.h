@@ -56,6 +56,15 @@ class PullReplies {
   // Forgets the peers whose replies are all gone (no frame holds their counter).
   void ForgetIdlePeers();
 
+  // Whether `req` is a resend of the pull `identity` was last answered, with that reply not
+  // all written out yet: the reply on its way answers it (a connection keeps its order), so
+  // it is not served again. (On a slow link a reply can take longer than the client's resend
+  // timer; serving every resend would send each reply twice or more and fill the unread
+  // bound until pulls are refused.)
+  bool AnsweringAlready(const zmq::message_t& identity, const Header& req) const;
+  // Records that `identity` was answered the pull `request_id` (SendPull).
+  void Answered(const zmq::message_t& identity, uint64_t request_id);
+
  private:
   std::vector<zmq::message_t> SliceFrames(const Header& req, const ByteCounter& peer);
   // Appends the frame of `loan`, which it takes over; on a throw, `taken` counts past it if
@@ -73,6 +82,7 @@ class PullReplies {
   ByteCounter released_;
   ByteCounter total_ = std::make_shared<std::atomic<int64_t>>(0);
   std::unordered_map<std::string, ByteCounter> by_peer_;
+  std::unordered_map<std::string, uint64_t> last_answered_;  // by peer, as by_peer_
 };
 
 }  // namespace parasync

@@ -278,6 +278,10 @@ void Server::MaybeTrimMemory(TimePoint now) {
 void Server::SendPull(zmq::message_t& identity, const Header& req,
                       const std::vector<std::vector<uint64_t>>& row_ids) {
   const PullReplies::ByteCounter peer = replies_.PeerCounter(identity);
+  if (replies_.AnsweringAlready(identity, req)) {
+    metrics_->resent_pulls_in_flight->Increment();
+    return;
+  }
   if (RefuseUnreadPull(identity, req, *peer)) return;
   Header reply = ReplyTo(req);
   reply.dtype = req.dtype;
@@ -297,6 +301,7 @@ void Server::SendPull(zmq::message_t& identity, const Header& req,
   if (coordinator_.ValidRank(req.rank)) coordinator_.RecordRead(req.rank);
   metrics_->bytes_sent[static_cast<size_t>(MsgType::kPull)]->Increment(
       static_cast<double>(FramesBytes(frames)));
+  if (reply.status.ok()) replies_.Answered(identity, req.request_id);
   if (Status s = socket_->Send(&identity, reply, std::move(frames)); !s.ok()) {
     spdlog::warn("pull reply to rank {} not sent: {}", req.rank, s.message());
   }

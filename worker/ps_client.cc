@@ -170,6 +170,13 @@ Status PsClient::ResendDue(RequestTracker& tracker, std::vector<Outgoing>& reque
     const RequestTracker::Resend why = tracker.ResendDue(i, announced, now);
     if (why == RequestTracker::Resend::kNotDue) continue;
     const bool restarted = why == RequestTracker::Resend::kRestarted;
+    // A push whose frames ZeroMQ still holds is still being written to this live server
+    // (on a link slower than the resend timer): a copy behind it would only double its
+    // bytes. The next turn of the backoff looks again.
+    if (!restarted && requests[i].header.type == MsgType::kPush &&
+        unreleased_[s].load(std::memory_order_acquire) > 0) {
+      continue;
+    }
     if (tracker.FirstComplaint(i)) {
       spdlog::warn("{} {}; sending again (for up to {} s)", ShardName(shard),
                    restarted ? "restarted" : "does not answer",

@@ -277,6 +277,28 @@ void AddTraining(SeedFiles& seeds) {
   }
 }
 
+// A local group's pushes (worker/local_group.h: Header.ranks names the members whose
+// gradients the push sums): in sync rank 0's push for itself and rank 1, then rank 1's own
+// (a duplicate of its rank), one naming the sender and one naming a rank twice (refused);
+// in async every such push is refused.
+void AddGroupPushes(SeedFiles& seeds) {
+  const auto with_ranks = [](Message m, std::vector<int32_t> ranks) {
+    Header h = DecodeHeader(m[0].data(), m[0].size()).value();
+    h.ranks = std::move(ranks);
+    m[0] = Frame(h);
+    return m;
+  };
+  for (int mode_bits : {1, 0}) {
+    Seeds s(MakeConfig(mode_bits, true, OptimizerKind::kSgd));
+    seeds.emplace_back(
+        std::string("group-push-") + (mode_bits == 1 ? "sync" : "async"),
+        s.Input({s.Pull(0, 0, s.here()), with_ranks(s.Push(0, 0, s.here()), {1}),
+                 s.Push(1, 0, s.here()), with_ranks(s.Push(0, 1, s.here()), {0}),
+                 with_ranks(s.Push(0, 1, s.here()), {1, 1}), s.Pull(1, 1, s.here()),
+                 s.Stats()}));
+  }
+}
+
 // The same exchange with embedding rows, in every mode: both ranks pull and push rows of both
 // tables, with slices and without.
 void AddRowTraining(const TrainingRows& r, SeedFiles& seeds) {
@@ -551,6 +573,7 @@ SeedFiles AllSeeds() {
   SeedFiles seeds;
   const TrainingRows rows = MakeTrainingRows();
   AddTraining(seeds);
+  AddGroupPushes(seeds);
   AddRowTraining(rows, seeds);
   AddRowEncodings(rows, seeds);
   AddRegistrations(seeds);

@@ -328,6 +328,75 @@ TEST_F(ServerTest, SixteenBitFramesAreCheckedAgainstTheirOwnSize) {
   }
 }
 
+// A resent pull whose first reply is still being written out is not served again: on a slow
+// link the reply outlasts the client's resend timer, and a second copy would double its
+// bytes. Here the reply (26 MB) is held by a peer that does not read (receive queue of one
+// message, small socket buffers); the resend gets no second reply, a new request id does.
+TEST(ServerPullResendTest, AResendWhileItsReplyIsStillOnItsWayIsNotServedAgain) {
+  zmq::context_t context;
+  InProcessServer server(context, 0, 1);
+  ASSERT_TRUE(server.started());
+  const ModelRegistration reg = testing::SmallModel(
+      testing::DenseLayer("big", 2560, 2560, 0.1f), /*max_slice_elements=*/int64_t{1} << 23,
+      /*num_shards=*/1, /*seed=*/5, kLearningRate);
+  auto client = ConnectClient(context, {server.endpoint()}, 1);
+  ASSERT_TRUE(client && client->Register(reg, kWait).ok());
+  const SliceMap map = SliceMap::Build(reg.variables, reg.max_slice_elements, 1).value();
+  Header pull;
+  pull.type = MsgType::kPull;
+  pull.rank = 0;
+  pull.request_id = 7;
+  for (const SliceInfo& slice : map.slices()) pull.slices.push_back({slice.id, 0, slice.length});
+
+  zmq::socket_t peer(context, zmq::socket_type::dealer);
+  peer.set(zmq::sockopt::linger, 0);
+  peer.set(zmq::sockopt::rcvhwm, 1);
+  peer.set(zmq::sockopt::rcvbuf, 4096);
+  peer.connect(server.endpoint());
+  const auto send = [&](const Header& h) {
+    const std::vector<uint8_t> bytes = EncodeHeader(h);
+    zmq::message_t m(bytes.data(), bytes.size());
+    ASSERT_TRUE(peer.send(m, zmq::send_flags::none).has_value());
+  };
+  const auto resent = [&] { return server.metrics().resent_pulls_in_flight->Value(); };
+  send(pull);
+  // The reply is out once the server counts its bytes unread; then the resend arrives.
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (server.metrics().unread_reply_bytes->Value() <= 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GT(server.metrics().unread_reply_bytes->Value(), 0) << "the reply was written out";
+  send(pull);
+  while (resent() < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(resent(), 1);
+  // Every reply, read to the end: one for request 7.
+  peer.set(zmq::sockopt::rcvtimeo, 2000);
+  int replies = 0;
+  for (;;) {
+    zmq::message_t head;
+    if (!peer.recv(head, zmq::recv_flags::none)) break;
+    Result<Header> h = DecodeHeader(head.data(), head.size());
+    ASSERT_TRUE(h.ok());
+    EXPECT_TRUE(h->status.ok()) << h->status.ToString();
+    EXPECT_EQ(h->request_id, 7u);
+    ++replies;
+    while (peer.get(zmq::sockopt::rcvmore)) {
+      zmq::message_t part;
+      ASSERT_TRUE(peer.recv(part, zmq::recv_flags::none));
+    }
+  }
+  EXPECT_EQ(replies, 1);
+  // Read to the end, the reply is no longer on its way: the same id is served again.
+  send(pull);
+  zmq::message_t head;
+  ASSERT_TRUE(peer.recv(head, zmq::recv_flags::none));
+  EXPECT_EQ(DecodeHeader(head.data(), head.size())->request_id, 7u);
+  EXPECT_EQ(resent(), 1);
+}
+
 TEST(ServerCreateTest, BindToAddressInUseIsUnavailable) {
   zmq::context_t context;
   InProcessServer first(context, 0, 1);
