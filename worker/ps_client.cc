@@ -287,8 +287,9 @@ Result<std::vector<Inbound>> PsClient::Exchange(
   }
   const size_t n = shards.size();
   RequestTracker tracker(std::move(shards),
-                         {timeout, short_count, short_timeout, options_.resend_after,
-                          options_.resend_max});
+                         {timeout, short_count, short_timeout, FirstResendAfter(),
+                          std::max(options_.resend_max, FirstResendAfter())});
+  const auto sending = std::chrono::steady_clock::now();
   for (size_t i = 0; i < n; ++i) {
     if (!sockets_[static_cast<size_t>(tracker.shard(i))]) {
       return Status::Unavailable(ShardName(tracker.shard(i)) +
@@ -313,10 +314,21 @@ Result<std::vector<Inbound>> PsClient::Exchange(
   std::vector<std::optional<Inbound>> replies(n);
   PARASYNC_RETURN_IF_ERROR(AwaitReplies(tracker, requests, interruptible, replies));
   if (answered_at != nullptr) *answered_at = tracker.answered_at();
+  for (size_t i = 0; i < n; ++i) {
+    if (requests[i].header.type != MsgType::kPush) continue;
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+        tracker.answered_at()[i] - requests[i].sent_at.value_or(sending));
+    push_reply_ = std::max(took, push_reply_ * 7 / 8);
+  }
   std::vector<Inbound> out;
   out.reserve(n);
   for (auto& r : replies) out.push_back(std::move(*r));
   return out;
+}
+
+std::chrono::milliseconds PsClient::FirstResendAfter() const {
+  return std::min(std::max(options_.resend_after, 2 * push_reply_),
+                  std::max(options_.resend_after, options_.resend_max));
 }
 
 Result<std::vector<Inbound>> PsClient::Broadcast(const Header& header,

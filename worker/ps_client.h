@@ -414,6 +414,11 @@ class PsClient {
   // Each shard's min_version for a pull with `min_version` (kNextStep: next_step_).
   std::vector<int64_t> PullVersions(int64_t min_version) const;
 
+  // How long an unanswered request waits before its first resend: resend_after, or twice the
+  // slowest push reply of late (push_reply_) where that is longer, within resend_max. A push
+  // is answered once the server took it, so its wait is the link's transfer time; on a slow
+  // link that outlasts resend_after, and a resend then only doubles the bytes on the wire.
+  std::chrono::milliseconds FirstResendAfter() const;
   // Exchange of the same tensor-less request with every shard.
   Result<std::vector<Inbound>> Broadcast(const Header& header, std::chrono::milliseconds timeout,
                                          bool interruptible = true);
@@ -459,6 +464,8 @@ class PsClient {
   uint64_t pushes_ = 0;
   int64_t resends_ = 0;
   int64_t reconnects_ = 0;
+  // The slowest push reply of late: each exchange's longest, or 7/8 of the last figure.
+  std::chrono::milliseconds push_reply_{0};
   int64_t last_push_staleness_ = -1;
   bool last_push_dropped_ = false;
 };

@@ -750,5 +750,39 @@ TEST(LaunchPlanTest, IpcSocketsAreInTheRunsUnguessableDirectoryAndSurviveThePlan
   }
 }
 
+// --local-aggregation: each host with several workers is a group; its workers get its ranks
+// (as --local-group, or PARASYNC_LOCAL_GROUP for a --worker-command), a lone worker nothing;
+// only sync modes take it.
+TEST(LaunchPlanTest, LocalAggregationNamesEachHostsRanksToItsWorkers) {
+  LaunchOptions options;
+  options.mode = "sync";
+  options.num_ps = 1;
+  options.num_workers = 4;
+  options.ps_placement = {{"node1", 1}};
+  options.worker_placement = {{"node2", 2}, {"node3", 1}, {"node2", 1}};
+  options.local_aggregation = true;
+  ASSERT_TRUE(ValidateOptions(options).ok());
+  const std::vector<std::string> want = {"0,1,3", "0,1,3", "", "0,1,3"};
+  const Result<LaunchPlan> plan = BuildPlan(options, "/b", "/l", PortBasePorts(options));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (size_t w = 0; w < want.size(); ++w) {
+    const std::vector<std::string>& argv = plan->processes[1 + w].argv;
+    const auto flag = std::find(argv.begin(), argv.end(), "--local-group");
+    EXPECT_EQ(flag == argv.end() ? "" : *(flag + 1), want[w]) << w;
+  }
+  options.worker_command = "python3 train.py";
+  const Result<LaunchPlan> command = BuildPlan(options, "/b", "/l", PortBasePorts(options));
+  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  for (size_t w = 0; w < want.size(); ++w) {
+    const std::map<std::string, std::string> env = EnvMap(command->processes[1 + w].env);
+    EXPECT_EQ(env.count("PARASYNC_LOCAL_GROUP") ? env.at("PARASYNC_LOCAL_GROUP") : "", want[w])
+        << w;
+  }
+  options.mode = "ssp:2";
+  const Status s = ValidateOptions(options);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--local-aggregation needs --mode sync or sync:delayed"));
+}
+
 }  // namespace
 }  // namespace parasync::launch

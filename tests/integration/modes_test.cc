@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -194,6 +197,51 @@ TEST(SyncModeTest, TwoLocalGroupsOfTwoEqualOneProcessDoingSgdWithFourTimesTheBat
 TEST(SyncModeTest, LocalGroupsUnderDelayedSyncPredictTheParametersAsFlat) {
   if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
   ExpectSyncEqualsOneProcessSgd(/*cosine=*/false, Delay::kPredicted, /*grouped=*/true);
+}
+
+// Local aggregation when the group's leader dies (SIGKILL, mid-run): its member finds the
+// leader's process gone, exchanges its own steps with the servers from then on, and the run
+// ends for the member and for the worker outside the group.
+TEST(SyncModeTest, WhenALocalGroupsLeaderIsKilledItsMemberGoesOnAlone) {
+  if (!testing::DataAvailable()) GTEST_SKIP() << "Fashion-MNIST not installed";
+  TempDir dir;
+  ProcessCluster cluster(1, 3, "sync", {"--worker-timeout", "2"}, dir.path());
+  zmq::context_t ctx;
+  auto client = cluster.Client(ctx);
+  ASSERT_NE(client, nullptr);
+  const std::vector<std::string> args = {"--model", "784-32-10", "--batch-size", "16",
+                                         "--max-steps", "120", "--epochs", "1",
+                                         "--step-delay-ms", "20"};
+  const std::vector<std::string> group = {"--local-group", "0,1", "--local-group-endpoint",
+                                          "ipc://" + dir.path() + "/group.sock"};
+  for (int r = 0; r < 3; ++r) {
+    std::vector<std::string> a = args;
+    if (r < 2) a.insert(a.end(), group.begin(), group.end());
+    cluster.StartWorker(r, a);
+  }
+  // Some steps in, the leader dies.
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  int64_t version = 0;
+  while (version < 15 && std::chrono::steady_clock::now() < deadline) {
+    auto stats = client->Stats();
+    if (stats.ok() && !stats->empty()) version = (*stats)[0].version;
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_GE(version, 15) << cluster.Dump();
+  ASSERT_NO_FATAL_FAILURE(cluster.KillWorker(0));
+  const std::vector<int> codes = cluster.WaitWorkers(120s);
+  ASSERT_EQ(codes.size(), 3u);
+  EXPECT_EQ(codes[0], 128 + SIGKILL);
+  EXPECT_EQ(codes[1], 0) << cluster.Dump();
+  EXPECT_EQ(codes[2], 0) << cluster.Dump();
+  std::ifstream log(dir.path() + "/worker1.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("exchanges its steps with the servers itself"), std::string::npos) << text;
+  auto stats = ProcessCluster::Stats(*client);
+  ASSERT_FALSE(stats.empty());
+  ASSERT_EQ(stats[0].workers.size(), 3u);
+  EXPECT_GT(stats[0].workers[1].gradients, 0) << "the member never pushed on its own";
+  EXPECT_GT(stats[0].version, version) << "no step after the leader died";
 }
 
 TEST(SyncModeTest, TheServersCosineScheduleIsOneProcessesCosineStepForStep) {

@@ -77,6 +77,15 @@ class ProcessCluster {
     ASSERT_EQ(ExitCode(*status), 128 + SIGKILL);
   }
 
+  // SIGKILL to worker `rank` (started by StartWorker); returns once it is gone (a test
+  // failure if it is not within 10 s). WaitWorkers then reports it 128 + SIGKILL.
+  void KillWorker(int rank) {
+    Child& worker = *worker_children_.at(static_cast<size_t>(rank));
+    worker.Signal(SIGKILL);
+    ASSERT_TRUE(worker.Wait(std::chrono::seconds(10)).has_value())
+        << "worker" << rank << " survived SIGKILL";
+  }
+
   // SIGTERM to every server; returns their exit codes (-1 for one that did not stop in time).
   std::vector<int> StopPs() {
     for (auto& server : ps_children_) server->Signal(SIGTERM);
