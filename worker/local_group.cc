@@ -193,22 +193,8 @@ void LocalGroup::Close() {
       (void)socket_.send(head, zmq::send_flags::dontwait);
       return;
     }
-    LeaderMessage h;
-    h.pid = static_cast<int32_t>(::getpid());
-    h.closed = 1;
     for (size_t i = 1; i < options_.ranks.size(); ++i) {
-      if (dropped_.contains(options_.ranks[i])) continue;
-      const int32_t id = options_.ranks[i];
-      std::vector<zmq::message_t> parts;
-      parts.push_back(Bytes(&id, 1));
-      parts.push_back(Bytes(&h, 1));
-      parts.emplace_back();
-      parts.emplace_back();
-      parts.emplace_back();
-      for (size_t k = 0; k < parts.size(); ++k) {
-        (void)socket_.send(parts[k], k + 1 < parts.size() ? zmq::send_flags::sndmore
-                                                          : zmq::send_flags::none);
-      }
+      if (!dropped_.contains(options_.ranks[i])) SendClosed(options_.ranks[i], "");
     }
   } catch (const zmq::error_t& e) {
     spdlog::warn("local group: leaving it: {}", e.what());
@@ -224,11 +210,29 @@ LocalGroup::~LocalGroup() {
 void LocalGroup::Refuse(int rank, const std::string& why) {
   spdlog::warn("local group: {} dropped: {}", RankName(rank), why);
   dropped_.insert(rank);
-  Outcome o;
-  o.status = Status::FailedPrecondition("the local group's leader (rank " +
-                                        std::to_string(options_.ranks.front()) +
-                                        ") dropped this worker: " + why);
-  Answer(std::vector<int>{rank}, o, {}, {});
+  SendClosed(rank, "dropped this worker from the group: " + why);
+}
+
+void LocalGroup::SendClosed(int rank, const std::string& why) {
+  LeaderMessage h;
+  h.pid = static_cast<int32_t>(::getpid());
+  h.closed = 1;
+  const int32_t id = rank;
+  std::vector<zmq::message_t> parts;
+  parts.push_back(Bytes(&id, 1));
+  parts.push_back(Bytes(&h, 1));
+  parts.emplace_back(why.data(), why.size());
+  parts.emplace_back();
+  parts.emplace_back();
+  try {
+    for (size_t k = 0; k < parts.size(); ++k) {
+      (void)socket_.send(parts[k], k + 1 < parts.size() ? zmq::send_flags::sndmore
+                                                        : zmq::send_flags::none);
+    }
+  } catch (const zmq::error_t& e) {
+    spdlog::warn("local group: telling {} the group is closed to it: {}", RankName(rank),
+                 e.what());
+  }
 }
 
 bool LocalGroup::TakeMemberMessage(std::vector<zmq::message_t>& parts,
@@ -417,7 +421,9 @@ Result<LocalGroup::Outcome> LocalGroup::Exchange(std::span<const float* const> g
   }
   leader_pid_ = h.pid;
   if (h.closed != 0) {
-    return Status::Unavailable(leader + " left the group (its training ended)");
+    const std::string why(static_cast<const char*>(parts[1].data()), parts[1].size());
+    return Status::Unavailable(leader + " " +
+                               (why.empty() ? "left the group (its training ended)" : why));
   }
   Outcome out;
   out.status = Status(static_cast<StatusCode>(h.code),

@@ -12,7 +12,8 @@
 // text, read versions (int64 per shard), read incarnations (uint64 per shard), then one
 // float32 frame per variable when the step succeeded]. Anything else is refused by name.
 //
-// Leaving: Close (PsClient::Leave, or the destructor) tells the other side. A member that
+// Leaving: Close (PsClient::Leave, or the destructor) tells the other side; a member the
+// leader drops (a gradient that does not fit, a second one in a step) is told the same way. A member that
 // leaves is no longer waited for; a leader that leaves (its training ended, or it exits)
 // makes every member's next step fail with Unavailable, and PsClient then goes on exchanging
 // that member's steps with the servers itself, as without a group — so does it when the
@@ -129,7 +130,10 @@ class LocalGroup {
   // were never heard from and have been waited for since `start` longer than the timeout.
   void GiveUpOnSilent(std::set<int>& waiting, Clock::time_point start);
   size_t IndexOf(int rank) const;  // the rank's index in options_.ranks
-  void Refuse(int rank, const std::string& why);  // answers an error, drops the member
+  // Drops the member and tells it why (SendClosed): it goes on alone.
+  void Refuse(int rank, const std::string& why);
+  // Leader: tells `rank` the group is closed to it (`why`; empty: the leader left).
+  void SendClosed(int rank, const std::string& why);
 
   LocalGroupOptions options_;
   zmq::socket_t socket_;
