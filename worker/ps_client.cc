@@ -170,13 +170,6 @@ Status PsClient::ResendDue(RequestTracker& tracker, std::vector<Outgoing>& reque
     const RequestTracker::Resend why = tracker.ResendDue(i, announced, now);
     if (why == RequestTracker::Resend::kNotDue) continue;
     const bool restarted = why == RequestTracker::Resend::kRestarted;
-    // A push whose frames ZeroMQ still holds is still being written to this live server
-    // (on a link slower than the resend timer): a copy behind it would only double its
-    // bytes. The next turn of the backoff looks again.
-    if (!restarted && requests[i].header.type == MsgType::kPush &&
-        unreleased_[s].load(std::memory_order_acquire) > 0) {
-      continue;
-    }
     if (tracker.FirstComplaint(i)) {
       spdlog::warn("{} {}; sending again (for up to {} s)", ShardName(shard),
                    restarted ? "restarted" : "does not answer",
@@ -315,7 +308,9 @@ Result<std::vector<Inbound>> PsClient::Exchange(
   PARASYNC_RETURN_IF_ERROR(AwaitReplies(tracker, requests, interruptible, replies));
   if (answered_at != nullptr) *answered_at = tracker.answered_at();
   for (size_t i = 0; i < n; ++i) {
-    if (requests[i].header.type != MsgType::kPush) continue;
+    // A push answered after a resend took the resend's wait too: counting it would feed
+    // the resend delay on itself (a lost reply doubling it each time).
+    if (requests[i].header.type != MsgType::kPush || tracker.complained(i)) continue;
     const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
         tracker.answered_at()[i] - requests[i].sent_at.value_or(sending));
     push_reply_ = std::max(took, push_reply_ * 7 / 8);
