@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <map>
 
@@ -46,6 +47,7 @@ bool ProcessAlive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == 
 
 template <typename T>
 zmq::message_t Bytes(const T* data, size_t count) {
+  if (count == 0) return zmq::message_t();  // an empty vector's data() may be null
   return zmq::message_t(data, count * sizeof(T));
 }
 
@@ -330,13 +332,21 @@ Result<std::vector<int>> LocalGroup::Gather(std::span<const float* const> own,
   for (size_t v = 0; v < sizes.size(); ++v) {
     sum[v].assign(own[v], own[v] + sizes[v]);
   }
+  std::vector<float> realigned;
   for (auto& [rank, message] : received) {
     MemberMessage m;
     ReadStruct(message[1], &m);
     *examples += m.examples;
     ranks.push_back(rank);
     for (size_t v = 0; v < sizes.size(); ++v) {
+      // ZeroMQ may hand a received frame at any byte offset: one not aligned for floats is
+      // copied first.
       const auto* g = static_cast<const float*>(message[2 + v].data());
+      if (reinterpret_cast<uintptr_t>(g) % alignof(float) != 0) {
+        realigned.resize(static_cast<size_t>(sizes[v]));
+        std::memcpy(realigned.data(), message[2 + v].data(), message[2 + v].size());
+        g = realigned.data();
+      }
       float* s = sum[v].data();
       for (int64_t i = 0; i < sizes[v]; ++i) s[i] += g[i];
     }
@@ -433,15 +443,17 @@ Result<LocalGroup::Outcome> LocalGroup::Exchange(std::span<const float* const> g
   out.dropped = h.dropped != 0;
   out.read_versions.resize(h.shards);
   out.read_incarnations.resize(h.shards);
-  std::memcpy(out.read_versions.data(), parts[2].data(), parts[2].size());
-  std::memcpy(out.read_incarnations.data(), parts[3].data(), parts[3].size());
+  if (h.shards > 0) {  // memcpy's pointers must not be null, even for no bytes
+    std::memcpy(out.read_versions.data(), parts[2].data(), parts[2].size());
+    std::memcpy(out.read_incarnations.data(), parts[3].data(), parts[3].size());
+  }
   if (!out.status.ok()) return out;
   if (h.variables != sizes.size()) return Status::Corruption(leader + " answered without parameters");
   for (size_t v = 0; v < sizes.size(); ++v) {
     if (parts[4 + v].size() != static_cast<size_t>(sizes[v]) * sizeof(float)) {
       return Status::Corruption(leader + " sent parameters that do not fit the model");
     }
-    std::memcpy(params[v], parts[4 + v].data(), parts[4 + v].size());
+    if (sizes[v] > 0) std::memcpy(params[v], parts[4 + v].data(), parts[4 + v].size());
   }
   return out;
 }
