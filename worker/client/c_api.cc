@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -203,6 +204,16 @@ struct parasync_client_t {
   // The last gather's payloads, by rank (absent: the rank took no part), and its round.
   std::vector<std::optional<zmq::message_t>> gathered;
   int64_t gathered_round = 0;
+  // parasync_client_step_launch (sync:delayed): the step's exchange on a thread of its own,
+  // its times and, once awaited (Settle), its outcome until parasync_client_step_wait reports
+  // it; and the read point of the parameters the caller computes its next gradient at (the
+  // next step_begin's). Every call that uses `client` settles the exchange first. Declared
+  // last: destroyed, and so awaited, before everything the exchange uses.
+  mutable PsClient::PushPullTimes launched_times;
+  mutable std::optional<DataProgress> progress_after;  // set_progress's, while in flight
+  mutable std::optional<Status> launched_outcome;
+  std::optional<PsClient::ReadPoint> launched_from;
+  mutable std::future<Status> launched;
 };
 
 namespace {
@@ -218,6 +229,27 @@ Result<WireFormat> ParseWireDType(const char* dtype) {
         "(0, 1], not '" + std::string(dtype) + "'");
   }
   return *parsed;
+}
+
+// Waits for the exchange parasync_client_step_launch started, if one is in flight, and keeps
+// its outcome for parasync_client_step_wait. Under the client's lock.
+void Settle(const parasync_client_t& c) {
+  if (!c.launched.valid()) return;
+  c.launched_outcome = c.launched.get();
+  if (c.progress_after) c.client->set_progress(*std::exchange(c.progress_after, std::nullopt));
+}
+
+// The client's PsClient, once no launched exchange uses it any more.
+PsClient& Ps(const parasync_client_t& c) {
+  Settle(c);
+  return *c.client;
+}
+
+// The last push's outcome and the client's resends in the worker metrics.
+void ObservePush(const parasync_client_t& c) {
+  WorkerMetrics& m = *c.metrics;
+  m.ObservePush(Ps(c).last_push_dropped(), Ps(c).last_push_staleness());
+  m.FollowClient(Ps(c).resends(), Ps(c).reconnects());
 }
 
 Status NeedRegistered(const parasync_client_t* c) {
@@ -277,6 +309,16 @@ Status CheckCount(size_t given, const parasync_client_t* c, const char* what) {
 
 double MonotonicSeconds(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
+void CopyTimes(const PsClient::PushPullTimes& t, parasync_step_times_t* times) {
+  times->first_push_sent = MonotonicSeconds(t.first_push_sent);
+  times->last_push_sent = MonotonicSeconds(t.last_push_sent);
+  times->pushes_acked = MonotonicSeconds(t.pushes_acked);
+  times->pulled = MonotonicSeconds(t.pulled);
+  times->push_seconds = t.push_seconds;
+  times->pull_seconds = t.pull_seconds;
+  times->early_pushes = t.early_pushes;
 }
 
 // The logger parasync-worker uses (common/process.h), once per process and rank.
@@ -720,7 +762,7 @@ int parasync_client_register(parasync_client_t* client, const parasync_model_t* 
       }
     }
     PARASYNC_RETURN_IF_ERROR(
-        Explain(client, client->client->Register(reg, Millis(client->options.connect_seconds),
+        Explain(client, Ps(*client).Register(reg, Millis(client->options.connect_seconds),
                                                  values)));
     client->registration = std::move(reg);
     int64_t parameters = 0;
@@ -728,7 +770,7 @@ int parasync_client_register(parasync_client_t* client, const parasync_model_t* 
     client->metrics->DescribeModel(model->name, parameters);
     spdlog::info("registered {} variables and {} tables as {} slices on {} parameter server(s)",
                  client->registration->variables.size(), client->registration->tables.size(),
-                 client->client->slice_map().slices().size(), client->num_shards);
+                 Ps(*client).slice_map().slices().size(), client->num_shards);
     return Status::Ok();
   });
 }
@@ -741,7 +783,7 @@ void parasync_client_recorded_progress(const parasync_client_t* client, int* epo
     PARASYNC_RETURN_IF_ERROR(Need(of, "of"));
     PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
-    const DataProgress p = client->client->recorded_progress();
+    const DataProgress p = Ps(*client).recorded_progress();
     *epoch = p.epoch;
     *done = p.done;
     *of = p.of;
@@ -752,7 +794,15 @@ void parasync_client_recorded_progress(const parasync_client_t* client, int* epo
 void parasync_client_set_progress(parasync_client_t* client, int epoch, int64_t done,
                                   int64_t of) {
   UpdateClient(__func__, client,
-               [&](parasync_client_t& c) { c.client->set_progress({epoch, done, of}); });
+               [&](parasync_client_t& c) {
+                 // The exchange in flight reports the position before: this one is for the
+                 // next step's push.
+                 if (c.launched.valid()) {
+                   c.progress_after = DataProgress{epoch, done, of};
+                 } else {
+                   c.client->set_progress({epoch, done, of});
+                 }
+               });
 }
 
 int parasync_client_pull(parasync_client_t* client, float* const* params, size_t num_params,
@@ -768,7 +818,11 @@ int parasync_client_pull(parasync_client_t* client, float* const* params, size_t
     }
     PARASYNC_RETURN_IF_ERROR(NeedArrays(params, num_params, "params"));
     PARASYNC_ASSIGN_OR_RETURN(const std::vector<RowsOf> r, RowsOfC(rows, num_rows, "rows"));
-    return Explain(client, client->client->Pull({params, num_params}, min_version, r));
+    PARASYNC_RETURN_IF_ERROR(Explain(client, Ps(*client).Pull({params, num_params}, min_version, r)));
+    // The caller's next gradient comes from these parameters, not from those it held while
+    // a launched exchange ran.
+    if (num_params > 0) client->launched_from.reset();
+    return Status::Ok();
   });
 }
 
@@ -782,7 +836,7 @@ int parasync_client_push(parasync_client_t* client, const float* const* grads, s
     PARASYNC_RETURN_IF_ERROR(CheckCount(num_grads, client, "gradient arrays"));
     PARASYNC_RETURN_IF_ERROR(NeedArrays(grads, num_grads, "grads"));
     PARASYNC_ASSIGN_OR_RETURN(const std::vector<RowsOf> r, RowsOfC(rows, num_rows, "rows"));
-    return Explain(client, client->client->Push({grads, num_grads}, batch_examples,
+    return Explain(client, Ps(*client).Push({grads, num_grads}, batch_examples,
                                                 PsClient::kLastRead, r));
   });
 }
@@ -793,7 +847,18 @@ int parasync_client_step_begin(parasync_client_t* client, int64_t batch_examples
     std::lock_guard lock(client->mu);
     PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
     if (batch_examples < 0) return Status::InvalidArgument("a negative number of examples");
-    return client->client->BeginStep(batch_examples);
+    PsClient& ps = Ps(*client);
+    // A launched exchange that failed, not yet reported by step_wait: reported now.
+    if (client->launched_outcome && !client->launched_outcome->ok()) {
+      const Status failed = *std::exchange(client->launched_outcome, std::nullopt);
+      client->launched_from.reset();
+      return failed;
+    }
+    client->launched_outcome.reset();
+    // After a launch, the gradient comes from the parameters the caller held while the
+    // exchange ran: those read before it.
+    const std::optional<PsClient::ReadPoint> from = std::exchange(client->launched_from, std::nullopt);
+    return ps.BeginStep(batch_examples, from ? &*from : nullptr);
   });
 }
 
@@ -802,7 +867,7 @@ int parasync_client_step_gradient(parasync_client_t* client, size_t variable, co
   return Guard(errmsg, [&]() -> Status {
     PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
-    return client->client->GradientReady(variable, grad);
+    return Ps(*client).GradientReady(variable, grad);
   });
 }
 
@@ -818,39 +883,83 @@ int parasync_client_step_finish(parasync_client_t* client, const parasync_rows_t
     Status refused = NeedArrays(params, num_params, "params");
     if (refused.ok()) refused = pushed.ok() ? pulled.status() : pushed.status();
     // Refused arguments (NULL arrays) end the step anyway, as FinishStep ends it on any error.
-    if (!refused.ok()) return client->client->AbandonStep(refused);
+    if (!refused.ok()) return Ps(*client).AbandonStep(refused);
     // Sync: the next parameters are those of the step this push completes.
     const int64_t wait = client->mode.kind == TrainingMode::Kind::kSync ? PsClient::kNextStep : 0;
     PsClient::PushPullTimes t;
     PARASYNC_RETURN_IF_ERROR(Explain(
-        client, client->client->FinishStep({params, num_params}, wait, &t, *pushed, *pulled)));
-    if (times != nullptr) {
-      times->first_push_sent = MonotonicSeconds(t.first_push_sent);
-      times->last_push_sent = MonotonicSeconds(t.last_push_sent);
-      times->pushes_acked = MonotonicSeconds(t.pushes_acked);
-      times->pulled = MonotonicSeconds(t.pulled);
-      times->push_seconds = t.push_seconds;
-      times->pull_seconds = t.pull_seconds;
-      times->early_pushes = t.early_pushes;
+        client, Ps(*client).FinishStep({params, num_params}, wait, &t, *pushed, *pulled)));
+    if (times != nullptr) CopyTimes(t, times);
+    return Status::Ok();
+  });
+}
+
+int parasync_client_step_launch(parasync_client_t* client, float* const* params,
+                                size_t num_params, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
+    std::lock_guard lock(client->mu);
+    PsClient& ps = Ps(*client);
+    Status refused = NeedRegistered(client);
+    if (refused.ok()) refused = NeedArrays(params, num_params, "params");
+    if (refused.ok() && !(client->mode.kind == TrainingMode::Kind::kSync && client->mode.delay > 0)) {
+      refused = Status::FailedPrecondition(
+          "step_launch overlaps a step's exchange with the next gradient, which only "
+          "sync:delayed accepts (this client runs " + client->mode_text + "): use step_finish");
     }
+    if (refused.ok() && !client->registration->tables.empty()) {
+      refused = Status::FailedPrecondition(
+          "step_launch is for dense models: a model with tables pulls the next batch's rows "
+          "with step_finish");
+    }
+    if (!refused.ok()) return ps.AbandonStep(refused);
+    if (!ps.in_step()) return Status::FailedPrecondition("step_launch without step_begin");
+    // The caller computes its next gradient from the parameters it holds now.
+    client->launched_from = ps.read_point();
+    client->launched_times = {};
+    client->launched = std::async(
+        std::launch::async, [client, p = std::vector<float*>(params, params + num_params)] {
+          return Explain(client, client->client->FinishStep(p, PsClient::kNextStep,
+                                                            &client->launched_times));
+        });
+    return Status::Ok();
+  });
+}
+
+int parasync_client_step_wait(parasync_client_t* client, parasync_step_times_t* times,
+                              char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
+    std::lock_guard lock(client->mu);
+    Settle(*client);
+    if (!client->launched_outcome) {
+      return Status::FailedPrecondition("step_wait: no step was launched since the last wait");
+    }
+    const Status outcome = *std::exchange(client->launched_outcome, std::nullopt);
+    if (!outcome.ok()) {
+      client->launched_from.reset();
+      return outcome;
+    }
+    if (times != nullptr) CopyTimes(client->launched_times, times);
+    ObservePush(*client);
     return Status::Ok();
   });
 }
 
 int parasync_client_last_push_dropped(const parasync_client_t* client) {
   return ReadClient(__func__, client, -1, [](const parasync_client_t& c) {
-    return c.client->last_push_dropped() ? 1 : 0;
+    return Ps(c).last_push_dropped() ? 1 : 0;
   });
 }
 
 int64_t parasync_client_last_push_staleness(const parasync_client_t* client) {
   return ReadClient(__func__, client, int64_t{-1},
-                    [](const parasync_client_t& c) { return c.client->last_push_staleness(); });
+                    [](const parasync_client_t& c) { return Ps(c).last_push_staleness(); });
 }
 
 int64_t parasync_client_last_version(const parasync_client_t* client) {
   return ReadClient(__func__, client, int64_t{-1},
-                    [](const parasync_client_t& c) { return c.client->last_version(); });
+                    [](const parasync_client_t& c) { return Ps(c).last_version(); });
 }
 
 // ---- What a worker reports --------------------------------------------------------------------
@@ -861,8 +970,9 @@ void parasync_client_observe_step(parasync_client_t* client, int64_t examples, d
   UpdateClient(__func__, client, [&](parasync_client_t& c) {
     WorkerMetrics& m = *c.metrics;
     m.ObserveStep(examples, loss, pull_seconds, compute_seconds, push_seconds);
-    m.ObservePush(c.client->last_push_dropped(), c.client->last_push_staleness());
-    m.FollowClient(c.client->resends(), c.client->reconnects());
+    // With an exchange in flight (step_launch) its push is observed by step_wait instead:
+    // the step goes on without waiting for it.
+    if (!c.launched.valid()) ObservePush(c);
     m.loop.Beat();
   });
 }
@@ -897,7 +1007,7 @@ int parasync_client_log_eval(parasync_client_t* client, const parasync_eval_t* e
                    .seed = client->registration->seed,
                    .worker_optimizer = eval->optimizer != nullptr ? eval->optimizer : "",
                    .worker_learning_rate = eval->learning_rate};
-    PARASYNC_RETURN_IF_ERROR(Explain(client, ReadGlobalProgress(*client->client, &row)));
+    PARASYNC_RETURN_IF_ERROR(Explain(client, ReadGlobalProgress(Ps(*client), &row)));
     PARASYNC_RETURN_IF_ERROR(AppendEvalRow(client->options.log_dir + "/eval.jsonl", row));
     WorkerMetrics& m = *client->metrics;
     if (m.eval_accuracy != nullptr) m.eval_accuracy->Set(row.test_accuracy);
@@ -922,7 +1032,7 @@ int parasync_client_wait_for_workers(parasync_client_t* client, double seconds, 
     PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
     PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
-    return Explain(client, WaitForOtherWorkers(*client->client, client->num_workers, seconds, [] {
+    return Explain(client, WaitForOtherWorkers(Ps(*client), client->num_workers, seconds, [] {
                      return g_stop_signal.load(std::memory_order_relaxed) != 0;
                    }));
   });
@@ -933,7 +1043,7 @@ int parasync_client_leave(parasync_client_t* client, double seconds, char** errm
     PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
     PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
-    return Explain(client, client->client->Leave(Millis(std::max(0.0, seconds))));
+    return Explain(client, Ps(*client).Leave(Millis(std::max(0.0, seconds))));
   });
 }
 
@@ -944,7 +1054,7 @@ int parasync_client_live_ranks(parasync_client_t* client, uint8_t* live, char** 
     std::lock_guard lock(client->mu);
     PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
     PARASYNC_ASSIGN_OR_RETURN(const std::vector<int> ranks,
-                              LiveRanks(*client->client, client->num_workers));
+                              LiveRanks(Ps(*client), client->num_workers));
     std::fill(live, live + client->num_workers, uint8_t{0});
     for (int r : ranks) live[r] = 1;
     return Status::Ok();
@@ -960,7 +1070,7 @@ int parasync_client_global_progress(parasync_client_t* client, int64_t* step,
     PARASYNC_RETURN_IF_ERROR(Need(examples, "examples"));
     PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
     EvalRecord row;
-    PARASYNC_RETURN_IF_ERROR(Explain(client, ReadGlobalProgress(*client->client, &row)));
+    PARASYNC_RETURN_IF_ERROR(Explain(client, ReadGlobalProgress(Ps(*client), &row)));
     *step = row.global_step;
     *examples = row.global_examples;
     return Status::Ok();
@@ -976,7 +1086,7 @@ int parasync_client_set_wire_dtype(parasync_client_t* client, const char* dtype,
     if (client->registration) {
       return Status::FailedPrecondition("the wire dtype is chosen before the model is registered");
     }
-    PARASYNC_RETURN_IF_ERROR(client->client->SetWireDType(parsed));
+    PARASYNC_RETURN_IF_ERROR(Ps(*client).SetWireDType(parsed));
     client->options.wire = parsed;
     return Status::Ok();
   });
@@ -999,6 +1109,8 @@ int parasync_client_gather(parasync_client_t* client, const char* key, int64_t r
       PARASYNC_ASSIGN_OR_RETURN(client->gather_client,
                                 PsClient::Connect(client->context, client->client_options));
     }
+    // A plain flag only this thread sets: read without waiting for a launched exchange, so a
+    // collective runs beside it.
     client->gather_client->SetJoining(client->client->joining());
     std::vector<int32_t> admitted;
     PARASYNC_RETURN_IF_ERROR(Explain(
@@ -1038,7 +1150,7 @@ int parasync_client_set_joining(parasync_client_t* client, int joining, char** e
   return Guard(errmsg, [&]() -> Status {
     PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
-    client->client->SetJoining(joining != 0);
+    Ps(*client).SetJoining(joining != 0);
     if (client->gather_client) client->gather_client->SetJoining(joining != 0);
     client->heartbeater->SetJoining(joining != 0);
     return Status::Ok();
@@ -1074,7 +1186,7 @@ int parasync_client_checkpoint(parasync_client_t* client, char** errmsg) {
     PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
     PARASYNC_RETURN_IF_ERROR(NeedRegistered(client));
-    return Explain(client, client->client->Checkpoint());
+    return Explain(client, Ps(*client).Checkpoint());
   });
 }
 
@@ -1082,11 +1194,15 @@ int parasync_client_finish(parasync_client_t* client, double seconds, char** err
   return Guard(errmsg, [&]() -> Status {
     PARASYNC_RETURN_IF_ERROR(Need(client, "client"));
     std::lock_guard lock(client->mu);
+    Settle(*client);
+    if (client->launched_outcome && !client->launched_outcome->ok()) {
+      spdlog::warn("the step launched last failed: {}", client->launched_outcome->message());
+    }
     Status left;
-    if (client->registration) left = client->client->Leave(Millis(std::max(0.0, seconds)));
+    if (client->registration) left = Ps(*client).Leave(Millis(std::max(0.0, seconds)));
     if (!left.ok()) spdlog::warn("leave not acknowledged: {}", left.message());
     WorkerMetrics& m = *client->metrics;
-    m.FollowClient(client->client->resends(), client->client->reconnects());
+    m.FollowClient(Ps(*client).resends(), Ps(*client).reconnects());
     m.finished->Set(1);
     const std::string path =
         MetricsSnapshotPath(client->options.log_dir, "worker" + std::to_string(client->rank));
@@ -1096,12 +1212,12 @@ int parasync_client_finish(parasync_client_t* client, double seconds, char** err
 
 int64_t parasync_client_resends(const parasync_client_t* client) {
   return ReadClient(__func__, client, int64_t{-1},
-                    [](const parasync_client_t& c) { return c.client->resends(); });
+                    [](const parasync_client_t& c) { return Ps(c).resends(); });
 }
 
 int64_t parasync_client_reconnects(const parasync_client_t* client) {
   return ReadClient(__func__, client, int64_t{-1},
-                    [](const parasync_client_t& c) { return c.client->reconnects(); });
+                    [](const parasync_client_t& c) { return Ps(c).reconnects(); });
 }
 
 // ---- Process-wide -----------------------------------------------------------------------------

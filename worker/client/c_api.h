@@ -137,7 +137,7 @@ PARASYNC_API int parasync_options_set_cluster(parasync_options_t* options, const
                                  int num_workers, int rank, char** errmsg);
 /* "async" (the default), "sync", "sync:delayed" or "ssp:K": must be the servers' --mode.
    Under sync:delayed a push may carry a gradient of the parameters one step older than the
-   latest pull; this client's pushes are always of the latest pull's. */
+   latest pull: parasync_client_step_launch's (else a push is of the latest pull's). */
 PARASYNC_API int parasync_options_set_mode(parasync_options_t* options, const char* mode, char** errmsg);
 /* Seconds: the wait for a reply (120; resending meanwhile), for the servers at start (60),
  * between heartbeats (1). A value <= 0 leaves that one as it is. */
@@ -271,6 +271,27 @@ PARASYNC_API int parasync_client_step_finish(parasync_client_t* client, const pa
                                 size_t num_push_rows, float* const* params, size_t num_params,
                                 const parasync_rows_t* pull_rows, size_t num_pull_rows,
                                 parasync_step_times_t* times, char** errmsg);
+/* sync:delayed: the step's exchange behind the next gradient's compute, as parasync-worker
+ * does in that mode:
+ *   parasync_client_step_begin ... step_gradient ...
+ *   parasync_client_step_launch(client, params)     starts step_finish's exchange on a thread
+ *       of the client's own and returns at once; it writes the next parameters into `params`
+ *   ... compute the next gradient from the parameters held before (not `params`) ...
+ *   parasync_client_step_wait(client, times)        waits for it: its outcome and times
+ *   parasync_client_step_begin ...                  the gradient counts as computed from the
+ *       parameters read before the launched exchange (one version old: sync:delayed takes it)
+ * The gradients handed over and `params` stay the library's until step_wait returns. Dense
+ * models only (tables: PARASYNC_FAILED_PRECONDITION, as in any mode but sync:delayed; the
+ * step is ended). While an exchange is in flight, every call that talks to the servers or
+ * reads the client's state first waits for it (observe_step included; beat, set_epoch and
+ * a collective's gather do not); an exchange's failure is returned by step_wait, or by the
+ * next step_begin when nobody waited. */
+PARASYNC_API int parasync_client_step_launch(parasync_client_t* client, float* const* params,
+                                             size_t num_params, char** errmsg);
+/* The launched exchange's outcome (PARASYNC_FAILED_PRECONDITION when none was launched since
+ * the last wait); `times` (may be NULL) as step_finish's, filled when it succeeded. */
+PARASYNC_API int parasync_client_step_wait(parasync_client_t* client, parasync_step_times_t* times,
+                                           char** errmsg);
 /* The last push: whether a shard dropped it as stale (sync backup workers), and the largest
  * staleness a shard reported (-1: none). */
 PARASYNC_API int parasync_client_last_push_dropped(const parasync_client_t* client);

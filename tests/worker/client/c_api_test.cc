@@ -23,6 +23,8 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
+#include "common/mode.h"
+#include "ps/server_options.h"
 #include "tests/support/in_child.h"
 #include "tests/support/in_process_server.h"
 #include "tests/support/temp_dir.h"
@@ -209,6 +211,88 @@ TEST_F(CApiTest, AnotherModelThanTheServersHoldIsRefusedNamingTheVariable) {
   EXPECT_THAT(message, HasSubstr("kernel"));
   EXPECT_THAT(message, HasSubstr("differs"));
   parasync_model_destroy(other);
+}
+
+// sync:delayed through step_launch: the exchange runs while the caller goes on, a position set
+// meanwhile is the next push's, the next step's gradient counts from the parameters held
+// before the launch (one version old: staleness 1), and each step is applied once.
+TEST(CApiDelayedTest, ALaunchedStepIsExchangedBehindTheCallerAndCountedOnce) {
+  zmq::context_t context;
+  parasync::ServerOptions so;
+  so.mode = *parasync::TrainingMode::Parse("sync:delayed");
+  parasync::testing::InProcessServer server(context, so);
+  ASSERT_TRUE(server.started());
+  parasync::testing::TempDir dir;
+  Handles h;
+  char* err = nullptr;
+  const std::string address = server.endpoint().substr(server.endpoint().find("//") + 2);
+  ASSERT_EQ(parasync_options_set_cluster(h.options, address.c_str(), 1, 0, &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_options_set_mode(h.options, "sync:delayed", &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_options_set_metrics(h.options, "127.0.0.1", -1, dir.path().c_str(), &err),
+            PARASYNC_OK);
+  ASSERT_EQ(parasync_options_set_timeouts(h.options, 5, 5, 0.5, &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_client_connect(h.options, &h.client, &err), PARASYNC_OK) << Take(err);
+  const int64_t shape[] = {4};
+  ASSERT_EQ(parasync_model_add_variable(h.model, "w", shape, 1, PARASYNC_INIT_CONSTANT, 1.0f, &err),
+            PARASYNC_OK);
+  ASSERT_EQ(parasync_model_set_optimizer(h.model, "sgd", 0.5, &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_client_register(h.client, h.model, nullptr, &err), PARASYNC_OK) << Take(err);
+  std::vector<float> w(4), next(4, -1.0f), g(4, 1.0f);
+  float* params[] = {w.data()};
+  float* into[] = {next.data()};
+  ASSERT_EQ(parasync_client_pull(h.client, params, 1, 0, nullptr, 0, &err), PARASYNC_OK);
+  parasync_step_times_t times{};
+  EXPECT_EQ(parasync_client_step_wait(h.client, &times, &err), PARASYNC_FAILED_PRECONDITION);
+  EXPECT_THAT(Take(err), HasSubstr("no step was launched"));
+  for (int step = 1; step <= 3; ++step) {
+    ASSERT_EQ(parasync_client_step_begin(h.client, 8, &err), PARASYNC_OK) << Take(err);
+    ASSERT_EQ(parasync_client_step_gradient(h.client, 0, g.data(), &err), PARASYNC_OK);
+    ASSERT_EQ(parasync_client_step_launch(h.client, into, 1, &err), PARASYNC_OK) << Take(err);
+    parasync_client_set_progress(h.client, 1, 8 * step, 24);  // the next push's position
+    ASSERT_EQ(parasync_client_step_wait(h.client, &times, &err), PARASYNC_OK) << Take(err);
+    EXPECT_GE(times.pulled, times.pushes_acked);
+    // Step s applied once: 1 - 0.5 s.
+    EXPECT_EQ(next, std::vector<float>(4, 1.0f - 0.5f * static_cast<float>(step)));
+    // The first gradient came from the latest pull; each later one from the parameters read
+    // before the exchange that was then in flight.
+    EXPECT_EQ(parasync_client_last_push_staleness(h.client), step == 1 ? 0 : 1);
+  }
+  EXPECT_EQ(parasync_client_step_wait(h.client, &times, &err), PARASYNC_FAILED_PRECONDITION);
+  EXPECT_THAT(Take(err), HasSubstr("no step was launched"));
+  int64_t step = 0, examples = 0;
+  ASSERT_EQ(parasync_client_global_progress(h.client, &step, &examples, &err), PARASYNC_OK);
+  EXPECT_EQ(step, 3);
+  EXPECT_EQ(examples, 24);
+  // A pull while an exchange is in flight waits for it, then reads the step it completes.
+  ASSERT_EQ(parasync_client_step_begin(h.client, 8, &err), PARASYNC_OK) << Take(err);
+  ASSERT_EQ(parasync_client_step_gradient(h.client, 0, g.data(), &err), PARASYNC_OK);
+  ASSERT_EQ(parasync_client_step_launch(h.client, into, 1, &err), PARASYNC_OK) << Take(err);
+  ASSERT_EQ(parasync_client_pull(h.client, params, 1, PARASYNC_NEXT_STEP, nullptr, 0, &err),
+            PARASYNC_OK)
+      << Take(err);
+  EXPECT_EQ(w, std::vector<float>(4, 1.0f - 0.5f * 4));
+  EXPECT_EQ(parasync_client_step_wait(h.client, &times, &err), PARASYNC_OK) << Take(err);
+  // What the servers recorded (read back by registering again, as a restarted worker does):
+  // the position set during the third step's exchange, carried by the fourth push.
+  ASSERT_EQ(parasync_client_register(h.client, h.model, nullptr, &err), PARASYNC_OK) << Take(err);
+  int epoch = 0;
+  int64_t done = 0, of = 0;
+  parasync_client_recorded_progress(h.client, &epoch, &done, &of);
+  EXPECT_EQ(epoch, 1);
+  EXPECT_EQ(done, 24);
+}
+
+// step_launch is sync:delayed's, for dense models: elsewhere it is refused by name and the step
+// ends (the next one begins).
+TEST_F(CApiTest, ALaunchOutsideSyncDelayedIsRefusedAndTheStepEnds) {
+  char* err = nullptr;
+  const float* initial[] = {kernel_.data(), nullptr};
+  ASSERT_EQ(parasync_client_register(h_.client, h_.model, initial, &err), PARASYNC_OK) << Take(err);
+  float* params[] = {kernel_.data(), bias_.data()};
+  ASSERT_EQ(parasync_client_step_begin(h_.client, 8, &err), PARASYNC_OK);
+  EXPECT_EQ(parasync_client_step_launch(h_.client, params, 2, &err), PARASYNC_FAILED_PRECONDITION);
+  EXPECT_THAT(Take(err), HasSubstr("only sync:delayed accepts (this client runs async)"));
+  EXPECT_EQ(parasync_client_step_begin(h_.client, 8, &err), PARASYNC_OK) << Take(err);
 }
 
 TEST(CApiConnectTest, NoServerAnsweringTimesOutNamingTheAddress) {

@@ -151,6 +151,69 @@ def run(optimizer: str, momentum: float, fixed_ids: bool, table: bool, workdir: 
               f"{rows_err:.2e} relative, {early} shard pushes sent during backward")
 
 
+def run_delayed(prediction: bool, workdir: str) -> None:
+    """sync:delayed with the exchange behind the next step's compute: N steps through the
+    servers end where a one-process reproduction of the algorithm ends (step t's gradient is
+    computed at the parameters of version t - 2, or at 2 w[t-1] - w[t-2] with the
+    prediction; the servers apply it to version t - 1), within 1e-5; and far from where
+    plain sync ends, so the comparison sees an exchange that did not overlap."""
+    tag = f"sync:delayed {'with' if prediction else 'without'} prediction"
+    with Servers(BIN_DIR, shards=2, workers=1, log_dir=workdir, mode="sync:delayed") as servers:
+        client = parasync.Client(servers.addresses, workers=1, rank=0, mode="sync:delayed",
+                                 log_dir=workdir, request_timeout=60, connect_timeout=60)
+        torch.manual_seed(0)
+        model = Net(nn.Embedding(len(VOCAB), 8))
+        initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt = pst.Optimizer(client, model, optimizer="momentum", lr=0.1, momentum=0.9,
+                            weight_prediction=prediction)
+        # The servers' model (`server`, stepped by torch.optim) and where each gradient is
+        # computed (`at`); `plain`: sync's steps, for the comparison's reach.
+        server, at, plain = (Net(nn.Embedding(len(VOCAB), 8)) for _ in range(3))
+        for m in (server, at, plain):
+            m.load_state_dict({**m.state_dict(), **initial})
+        server_opt = torch.optim.SGD(server.parameters(), lr=0.1, momentum=0.9)
+        plain_opt = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
+        versions = [{n: p.detach().clone() for n, p in server.named_parameters()}]
+        for x, _ids, pos, y in batches(False):
+            loss = F.cross_entropy(model(x, pos), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step(examples=BATCH, loss=loss.item())
+            at.zero_grad()
+            F.cross_entropy(at(x, pos), y).backward()
+            with torch.no_grad():
+                for p, q in zip(server.parameters(), at.parameters()):
+                    p.grad = q.grad.clone()
+            server_opt.step()
+            versions.append({n: p.detach().clone() for n, p in server.named_parameters()})
+            # The client knows the versions before the one its exchange brings.
+            known = len(versions) - 2
+            with torch.no_grad():
+                for n, p in at.named_parameters():
+                    latest = versions[known][n]
+                    p.copy_(2 * latest - versions[known - 1][n]
+                            if prediction and known >= 1 else latest)
+            plain_opt.zero_grad()
+            F.cross_entropy(plain(x, pos), y).backward()
+            plain_opt.step()
+        opt.synchronize()
+        differences = worst_difference(model, server)
+        for n, err in differences.items():
+            check(err <= 1e-5, f"{tag}: {n} differs from the one-process reproduction by "
+                               f"{err:.2e} relative")
+        reach = max(worst_difference(model, plain).values())
+        check(reach > 1e-4, f"{tag}: within {reach:.2e} of plain sync's steps: the comparison "
+                            "cannot tell an overlapped exchange from a waited one")
+        step, examples = client.global_progress()
+        check(step == STEPS and examples == STEPS * BATCH,
+              f"{tag}: the servers applied {step} steps of {examples} examples, not {STEPS} of "
+              f"{STEPS * BATCH}")
+        client.finish()
+        client.close()
+        print(f"{tag}: {STEPS} steps, worst {max(differences.values()):.2e} relative to the "
+              f"reproduction, {reach:.2e} from plain sync")
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         for optimizer, momentum, fixed, table in (("sgd", 0.0, False, True),
@@ -159,6 +222,8 @@ def main() -> int:
                                                   ("momentum", 0.9, False, False)):
             workdir = tempfile.mkdtemp(dir=d)
             run(optimizer, momentum, fixed, table, workdir)
+        for prediction in (True, False):
+            run_delayed(prediction, tempfile.mkdtemp(dir=d))
         # Parameters on a GPU go through host buffers: where PyTorch has one (the GPU machine).
         if torch.cuda.is_available():
             torch.backends.cudnn.allow_tf32 = False

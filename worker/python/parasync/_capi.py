@@ -86,6 +86,8 @@ _PROTOTYPES = {
     "parasync_client_step_gradient": (c_int, [_H, c_size_t, POINTER(c_float), _ERR]),
     "parasync_client_step_finish": (c_int, [_H, POINTER(Rows), c_size_t, _FLOATS, c_size_t,
                                             POINTER(Rows), c_size_t, POINTER(StepTimes), _ERR]),
+    "parasync_client_step_launch": (c_int, [_H, _FLOATS, c_size_t, _ERR]),
+    "parasync_client_step_wait": (c_int, [_H, POINTER(StepTimes), _ERR]),
     "parasync_client_last_push_dropped": (c_int, [_H]),
     "parasync_client_last_push_staleness": (c_int64, [_H]),
     "parasync_client_last_version": (c_int64, [_H]),

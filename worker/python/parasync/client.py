@@ -397,6 +397,26 @@ class Client:
         return StepTimes(t.first_push_sent, t.last_push_sent, t.pushes_acked, t.pulled,
                          t.push_seconds, t.pull_seconds, t.early_pushes)
 
+    def step_launch(self, params: Sequence) -> None:
+        """sync:delayed: step_finish's exchange on a thread of the client's own; returns at
+        once. The next parameters arrive in ``params``, which, with the gradients handed to
+        step_gradient, stay the client's until step_wait returns; compute the next gradient
+        from the parameters held before. Every other call that talks to the servers waits
+        for the exchange first."""
+        arrays = self._arrays(params, "parameter")
+        call(lib.parasync_client_step_launch, self._h, arrays, len(params))
+        self._launched = list(params)
+
+    def step_wait(self) -> StepTimes:
+        """Waits for the exchange step_launch started; its times (its error raised)."""
+        t = _capi.StepTimes()
+        try:
+            call(lib.parasync_client_step_wait, self._h, byref(t))
+        finally:
+            self._launched = None
+        return StepTimes(t.first_push_sent, t.last_push_sent, t.pushes_acked, t.pulled,
+                         t.push_seconds, t.pull_seconds, t.early_pushes)
+
     @property
     def last_push_dropped(self) -> bool:
         return bool(lib.parasync_client_last_push_dropped(self._h))

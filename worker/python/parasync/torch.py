@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from . import errors
-from .client import NEXT_STEP, Client, Table, Variable, stop_on_signals
+from .client import NEXT_STEP, Client, StepTimes, Table, Variable, stop_on_signals
 from .training import Run  # noqa: F401  (re-exported: pst.Run)
 
 __all__ = ["connect", "Embedding", "Optimizer", "Run", "log_eval"]
@@ -188,16 +188,26 @@ class Optimizer:
     ``batch_dim``: which dimension of the model's first input counts the examples, for
     pushes sent before step() says how many there were (parasync.training.Run tells them
     exactly; a step() whose ``examples`` differ from what went out early turns overlap off).
+
+    In ``sync:delayed`` (a dense model) the exchange runs behind the next step's compute, as
+    parasync-worker's does: step() hands the gradient over, starts its push and the pull of
+    the next parameters on the client's own thread and returns; the next step() waits for
+    it. The model meanwhile holds the parameters of the step before, so each gradient is one
+    step old; with ``weight_prediction`` (default True) they are extrapolated one step
+    ahead, 2 w[t-1] - w[t-2], to make up for it. Gradients are read at step() (clipping
+    between backward and step works). synchronize() waits for the exchange in flight and
+    writes the servers' parameters into the model (pull() and the client's finish do).
     """
 
     def __init__(self, client: Client, model: nn.Module, optimizer: str = "adam",
                  lr: float = 1e-3, *, seed: int | None = None, overlap: bool = True,
                  batch_dim: int = 0, name: str | None = None, train_size: int | None = None,
-                 epochs: int | None = None, **server_options):
+                 epochs: int | None = None, weight_prediction: bool = True, **server_options):
         self.client = client
         self.model = model
         self.overlap = overlap
         self.batch_dim = batch_dim
+        self.weight_prediction = weight_prediction
         self._named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._params = [p for _, p in self._named]
         self._embeddings = [m for m in model.modules() if isinstance(m, Embedding)]
@@ -235,6 +245,15 @@ class Optimizer:
         # The parameters the servers hold (rank 0's, or what training made of them).
         client.pull(self._host)
         self._copy_host_to_params()
+        # sync:delayed (dense models): the parameters last pulled, those before them (for the
+        # prediction) and where the exchange in flight pulls the next ones.
+        self._delayed = client.mode == "sync:delayed" and not self._embeddings
+        self._in_flight = False
+        self._have_before = False
+        if self._delayed:
+            self._latest = [np.array(h, dtype=np.float32, copy=True) for h in self._host]
+            self._before = [np.empty_like(h) for h in self._latest]
+            self._next = [np.empty_like(h) for h in self._latest]
         self._ready = [False] * len(self._params)    # its gradient is in p.grad this step
         self._handed = [False] * len(self._params)   # ... and was handed to the client
         self._open = False          # step_begin was called for the coming push
@@ -326,8 +345,8 @@ class Optimizer:
         if not self._ready[i]:
             self._ready[i] = True
             self._hooks_seen += 1
-        if not self.overlap:
-            return
+        if not self.overlap or self._delayed:
+            return  # sync:delayed: the exchange before is still out; all goes at step()
         if not self._open:
             examples = self.client.next_step_examples
             if examples is None:
@@ -346,10 +365,75 @@ class Optimizer:
         """The servers' current values into the parameters, as parasync-worker's chief reads
         them before an evaluation (in sync mode: those of the step this worker last pushed
         to)."""
-        wait = NEXT_STEP if self.client.mode == "sync" else 0
+        wait = NEXT_STEP if self.client.mode.startswith("sync") else 0
+        self.synchronize()
         self._device_done()
         self.client.pull(self._host, min_version=wait)
         self._copy_host_to_params()
+        if self._delayed:
+            self._keep_latest(self._host)
+
+    def synchronize(self):
+        """sync:delayed: waits for the exchange in flight and writes the parameters it pulled
+        into the model (not extrapolated); returns its StepTimes (None: none was in flight).
+        Other modes: nothing to wait for."""
+        times = self._await_exchange()
+        if times is not None:
+            self._write_params(self._latest)
+        return times
+
+    # ---- sync:delayed ------------------------------------------------------------------------
+    def _keep_latest(self, values: Sequence[np.ndarray]) -> None:
+        """`values` (just read from the servers) become the latest parameters; no prediction
+        until the next exchange (nothing before them is known)."""
+        for latest, v in zip(self._latest, values):
+            np.copyto(latest, v)
+        self._have_before = False
+
+    def _await_exchange(self):
+        """Waits for the exchange in flight, if any: its parameters become the latest, the
+        latest those before. Its StepTimes, or None."""
+        if not self._in_flight:
+            return None
+        self._in_flight = False
+        times = self.client.step_wait()
+        self._before, self._latest, self._next = self._latest, self._next, self._before
+        self._have_before = True
+        return times
+
+    def _write_params(self, values: Sequence[np.ndarray]) -> None:
+        self._device_done()
+        with torch.no_grad():
+            for p, host, v in zip(self._params, self._host, values):
+                if p.device.type == "cpu" and p.is_contiguous():
+                    np.copyto(host, v)  # p's own memory
+                else:
+                    np.copyto(host, v)
+                    p.copy_(torch.from_numpy(host).view_as(p), non_blocking=True)
+
+    def _predicted(self) -> list[np.ndarray]:
+        """Where the next gradient is computed: the latest parameters, or with the prediction
+        2 latest - before (written into `before`, which the next exchange no longer needs)."""
+        if not (self.weight_prediction and self._have_before):
+            return self._latest
+        for latest, before in zip(self._latest, self._before):
+            np.subtract(2.0 * latest, before, out=before)
+        return self._before
+
+    def _step_delayed(self, examples: int):
+        """Waits for the step before's exchange, launches this one's and writes the
+        parameters to compute the next gradient at. The awaited exchange's times (or None)."""
+        times = self._await_exchange()
+        self.client.step_begin(examples)
+        self._open = True
+        for i in range(len(self._params)):
+            # Copied: the exchange reads them while the next backward writes p.grad.
+            self.client.step_gradient(i, self._gradient_array(i, copy=True))
+        self._device_done()
+        self.client.step_launch(self._next)
+        self._in_flight = True
+        self._write_params(self._predicted())
+        return times
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         """As torch.optim's: clears the parameters' gradients."""
@@ -385,6 +469,13 @@ class Optimizer:
                             "(pass examples in the batch dimension, batch_dim, or use "
                             "parasync.training.Run)", "warn")
             self.overlap = False
+        if self._delayed:
+            try:
+                waited = self._step_delayed(examples)
+            finally:
+                self._end_hooks()
+            self._end_step_delayed(called, examples, loss, waited)
+            return
         try:
             if not self._open:
                 self.client.step_begin(examples)
@@ -402,11 +493,30 @@ class Optimizer:
             self._device_done()
             times = self.client.step_finish(self._host, push_rows=rows)
         finally:
-            self._open = False
-            self._ready = [False] * len(self._params)
-            self._handed = [False] * len(self._params)
-            self._hooks_seen = 0
+            self._end_hooks()
         self._copy_host_to_params()
+        self._end_step(called, examples, loss, times)
+
+    def _end_hooks(self) -> None:
+        self._open = False
+        self._ready = [False] * len(self._params)
+        self._handed = [False] * len(self._params)
+        self._hooks_seen = 0
+
+    def _end_step_delayed(self, called: float, examples: int, loss, waited) -> None:
+        """The step's figures under sync:delayed: the wait for the exchange before (what the
+        compute did not hide), split as that exchange's own push and pull."""
+        now = time.monotonic()
+        if waited is None:
+            waited = StepTimes(now, now, now, now, 0.0, 0.0, 0)
+        whole = waited.push_seconds + waited.pull_seconds
+        wait = now - called
+        pull = wait * waited.pull_seconds / whole if whole > 0 else 0.0
+        self._end_step(called, examples, loss, waited, pull_seconds=pull,
+                       push_seconds=wait - pull)
+
+    def _end_step(self, called: float, examples: int, loss, times, pull_seconds=None,
+                  push_seconds=None) -> None:
         done = time.monotonic()
         self.timeline = {
             "step_start": self._last_step_end,
@@ -423,8 +533,9 @@ class Optimizer:
         lookups = self.client.lookup_seconds  # the tables' row pulls in forward
         self.client.lookup_seconds = 0.0
         compute = called - self._last_step_end - lookups
-        self.client.record_step(examples, loss, times.pull_seconds + lookups, compute,
-                                times.push_seconds)
+        pull = times.pull_seconds if pull_seconds is None else pull_seconds
+        push = times.push_seconds if push_seconds is None else push_seconds
+        self.client.record_step(examples, loss, pull + lookups, compute, push)
         self._last_step_end = done
         self._backward_started = self._first_hook = self._last_hook = None
         for m in self._embeddings:
