@@ -565,6 +565,34 @@ def reference(optimizer_name: str, start: dict) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def reference_delayed(start: dict) -> dict:
+    """One process, sync:delayed: each step's gradients at the parameters before it, averaged
+    over both ranks and applied (clipped) one step later; the first step applies none."""
+    import torch.nn.functional as F
+    model = make_net(torch)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(start[n])
+    optimizer = make_optimizer(torch, "sgd", model.parameters(), 2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    pending = None
+    for step in range(STEPS):
+        grads = []
+        for r in range(2):
+            model.zero_grad()
+            x, y = batch(torch, r, step)
+            F.nll_loss(model(x), y).backward()
+            grads.append([p.grad.detach().clone() for p in model.parameters()])
+        for i, p in enumerate(model.parameters()):
+            p.grad = None if pending is None else pending[i]
+        if pending is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        pending = [(g0 + g1) / 2 for g0, g1 in zip(*grads)]
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
 def server_gradients_by_rank(servers, workdir: str) -> list:
     """parasync_ps_worker_gradients_total of each shard, by rank, read from its /metrics."""
     import urllib.request
@@ -582,16 +610,19 @@ def server_gradients_by_rank(servers, workdir: str) -> list:
     return out
 
 
-def check_training(optimizer_name: str, workdir: str, grouped: bool = False) -> None:
+def check_training(optimizer_name: str, workdir: str, grouped: bool = False,
+                   delayed: bool = False) -> None:
     """Both ranks against the one-process reference; `grouped`: as one local group (rank 0
-    pushes both ranks' summed gradients and pulls for both, parasync.horovod unchanged)."""
+    pushes both ranks' summed gradients and pulls for both, parasync.horovod unchanged);
+    `delayed`: under sync:delayed, against reference_delayed (and far from reference)."""
     pushes = []
     env = None
     if grouped:
         env = {"PARASYNC_LOCAL_GROUP": "0,1",
                "PARASYNC_LOCAL_GROUP_ENDPOINT": f"ipc://{workdir}/group.sock"}
     scenario = f"train_{optimizer_name}"
-    results = run_workers(scenario, 2, "sync", workdir, extra_env=env,
+    mode = "sync:delayed" if delayed else "sync"
+    results = run_workers(scenario, 2, mode, workdir, extra_env=env,
                           inspect=lambda servers: pushes.extend(
                               server_gradients_by_rank(servers, workdir)))
     for shard, counts in enumerate(pushes):
@@ -610,14 +641,20 @@ def check_training(optimizer_name: str, workdir: str, grouped: bool = False) -> 
           f"{optimizer_name}: broadcast_parameters gave rank 1 rank 0's parameters")
     check(all(torch.equal(r0["end"][n], r1["end"][n]) for n in r0["end"]),
           f"{optimizer_name}: both ranks end with bitwise-identical parameters")
-    want = reference(optimizer_name, r0["start"])
+    want = reference_delayed(r0["start"]) if delayed else reference(optimizer_name, r0["start"])
     worst = max(relative(r0["end"][n], want[n]) for n in want)
     moved = max(relative(r0["end"][n], r0["start"][n]) for n in want)
-    print(f"{optimizer_name}: worst relative difference from one process averaging both ranks' "
+    tag = f"{optimizer_name}{' sync:delayed' if delayed else ''}"
+    print(f"{tag}: worst relative difference from one process averaging both ranks' "
           f"gradients {worst:.2e} (training moved the parameters {moved:.2e})")
-    check(worst < 1e-5, f"{optimizer_name}: within 1e-5 of the one-process reference "
-                        f"({worst:.2e})")
-    check(moved > 1e-3, f"{optimizer_name}: training moved the parameters ({moved:.2e})")
+    check(worst < 1e-5, f"{tag}: within 1e-5 of the one-process reference ({worst:.2e})")
+    check(moved > 1e-3, f"{tag}: training moved the parameters ({moved:.2e})")
+    if delayed:
+        undelayed = reference(optimizer_name, r0["start"])
+        reach = max(relative(r0["end"][n], undelayed[n]) for n in undelayed)
+        check(reach > 1e-3, f"{tag}: within {reach:.2e} of sync's steps: the comparison cannot "
+                            "tell a delayed average from a waited one")
+        return
     writers = [r["writes_timeline"] for r in results]
     check(writers == ([True, True] if optimizer_name == "sgd" else [True, False]),
           f"{optimizer_name}: ranks writing a timeline {writers}")
@@ -854,7 +891,8 @@ def check_elastic(workdir: str, victim: int) -> None:
 
 
 def main() -> int:
-    # HOROVOD_TEST_ONLY=name[,name]: only those parts (sgd, adamw, local_group, collectives2,
+    # HOROVOD_TEST_ONLY=name[,name]: only those parts (sgd, adamw, local_group, delayed,
+    # collectives2,
     # collectives3,
     # async, options_sum, options_predivide, options_int8, options_topk, dead_peer, join,
     # elastic, elastic_rank0), for a
@@ -863,6 +901,7 @@ def main() -> int:
     parts = {"sgd": lambda d: check_training("sgd", d),
              "adamw": lambda d: check_training("adamw", d),
              "local_group": lambda d: check_training("sgd", d, grouped=True),
+             "delayed": lambda d: check_training("sgd", d, delayed=True),
              "collectives2": lambda d: check_collectives(2, d),
              "collectives3": lambda d: check_collectives(3, d),
              "async": check_async,

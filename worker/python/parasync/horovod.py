@@ -16,6 +16,11 @@ The workers apply their own optimizer; the servers only move gradients between t
   the servers average one gradient per live rank (backup workers and dead ranks as for any
   sync run) and synchronize() writes the average into every p.grad. Every rank then applies
   the same optimizer to the same bits: the parameters stay bitwise identical.
+- sync:delayed: each step's exchange runs while the script computes the next step's
+  gradients (synchronize() hands this step's gradients over and returns at once with the
+  step before's average in every p.grad): every update applies gradients one step old, the
+  same on every rank. The first step applies none and the last step's average is not
+  applied (N steps, N - 1 updates).
 - async and ssp:K: each worker steps its own optimizer on its own gradient, pushes the change
   that made (a delta) and takes the servers' parameters, which add every worker's deltas
   (BytePS's asynchronous mode); ssp bounds how far a worker runs ahead. The optimizer state
@@ -854,6 +859,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                              "float32, as torch.cuda.amp does)")
         self._mode = c.mode
         self._sync = self._mode.startswith("sync")
+        # sync:delayed: each step's exchange runs behind the next step's forward and backward;
+        # the average applied is the step before's (see _synchronize_delayed).
+        self._delayed = self._mode == "sync:delayed"
+        self._in_flight = False
         if compression.wire_dtype != "float32":
             c.set_wire_dtype(compression.wire_dtype)
         variables = [Variable(n, tuple(p.shape) or (1,), "zeros" if self._sync else "provided")
@@ -879,6 +888,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         for p in self._params]
         self._pushed = [torch.empty(p.numel(), dtype=torch.float32, pin_memory=pin).numpy()
                         for p in self._params]
+        # sync:delayed: where the exchange in flight writes its average.
+        self._next = ([torch.empty(p.numel(), dtype=torch.float32, pin_memory=pin).numpy()
+                       for p in self._params] if self._delayed else [])
         self._handed = [False] * len(self._params)
         self._staged = [None] * len(self._params)
         self._passes = [0] * len(self._params)
@@ -955,7 +967,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return hook
 
     def _on_gradient(self, i: int) -> None:
-        if self._handed[i]:
+        if self._handed[i] or self._passes[i] >= self._passes_per_step:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before call "
                 "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
@@ -965,6 +977,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if _state.timeline is not None:
             now = time.monotonic()
             self._hooks = (self._hooks[0] or now, now)
+        if self._delayed:
+            return  # the step before's exchange is still out: all goes at synchronize()
         if not self._open:
             _not_joined("a gradient's push (backward)")
             self._before_push("a gradient's push (backward)")
@@ -984,6 +998,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._synchronized:
             return
         _not_joined("optimizer.synchronize()")
+        if self._delayed:
+            self._synchronize_delayed()
+            return
         called = time.monotonic()
         c = self._client
         try:
@@ -1025,6 +1042,74 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                 ("backward", first, last),
                                 ("synchronize", called, time.monotonic())])
         self._record(called, times.push_seconds, times.pull_seconds)
+
+    def _synchronize_delayed(self) -> None:
+        """sync:delayed: waits for the step before's exchange, hands this step's gradients to
+        the next one (which runs while the script goes on to the next forward and backward)
+        and writes the step before's average into every p.grad: each update applies the
+        average of gradients one step old, the same on every rank. The first step has none
+        (every p.grad None: the optimizer leaves the parameters as they are), and the last
+        step's average is not applied: N steps make N - 1 updates."""
+        called = time.monotonic()
+        c = self._client
+        times = None
+        if self._in_flight:
+            self._in_flight = False
+            try:
+                times = c.step_wait()
+            finally:
+                self._pulled, self._next = self._next, self._pulled
+        try:
+            self._before_push("optimizer.synchronize()")
+            c.step_begin(self._examples())
+            for i in range(len(self._params)):
+                c.step_gradient(i, self._stage_copy(i))
+            if self._on_gpu:
+                torch.cuda.current_stream().synchronize()
+            c.step_launch(self._next)
+            self._in_flight = True
+        finally:
+            self._handed = [False] * len(self._params)
+            self._staged = [None] * len(self._params)
+            self._passes = [0] * len(self._params)
+        scale = (size() if self._op == Sum else 1.0) * self._predivide
+        with torch.no_grad():
+            for p, host in zip(self._params, self._pulled):
+                if not p.requires_grad:
+                    continue
+                if times is None:
+                    p.grad = None  # the first step: no average yet
+                    continue
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad.copy_(torch.from_numpy(host).view_as(p), non_blocking=True)
+                if scale != 1.0:
+                    p.grad.mul_(scale)
+        if self._on_gpu:
+            torch.cuda.current_stream().synchronize()
+        self._synchronized = True
+        waited = time.monotonic() - called
+        whole = (times.push_seconds + times.pull_seconds) if times is not None else 0.0
+        pull = waited * times.pull_seconds / whole if whole > 0 else 0.0
+        if _state.timeline is not None and times is not None:
+            first, last = self._hooks
+            self._trace(times, [("optimizer + forward", self._last_step_end, first),
+                                ("backward", first, last),
+                                ("synchronize", called, time.monotonic())])
+        self._record(called, waited - pull, pull)
+
+    def _stage_copy(self, i: int) -> np.ndarray:
+        """p.grad (zeros when it has none), pre-divided, copied into the push buffer: the
+        exchange reads it after synchronize() returns, while p.grad takes the average."""
+        p, out = self._params[i], torch.from_numpy(self._pushed[i])
+        if p.grad is None:
+            out.zero_()
+        else:
+            out.copy_(p.grad.detach().reshape(-1))
+            if self._predivide != 1.0:
+                out.div_(self._predivide)
+        self._staged[i] = self._pushed[i]
+        return self._pushed[i]
 
     def _before_push(self, what: str) -> None:
         """A restarted rank outside hvd.elastic comes back now (or stops, in sync); the push
