@@ -1007,6 +1007,7 @@ int parasync_client_log_eval(parasync_client_t* client, const parasync_eval_t* e
                    .seed = client->registration->seed,
                    .worker_optimizer = eval->optimizer != nullptr ? eval->optimizer : "",
                    .worker_learning_rate = eval->learning_rate};
+    if (eval->epoch_progress > 0) row.epoch_progress = eval->epoch_progress;
     PARASYNC_RETURN_IF_ERROR(Explain(client, ReadGlobalProgress(Ps(*client), &row)));
     PARASYNC_RETURN_IF_ERROR(AppendEvalRow(client->options.log_dir + "/eval.jsonl", row));
     WorkerMetrics& m = *client->metrics;
@@ -1014,7 +1015,9 @@ int parasync_client_log_eval(parasync_client_t* client, const parasync_eval_t* e
     if (m.eval_loss != nullptr) m.eval_loss->Set(row.test_loss);
     spdlog::info("eval epoch {}: test accuracy {:.4f}, test loss {:.4f}{} (global step {}, {} "
                  "examples, {:.1f} s)",
-                 row.epoch, row.test_accuracy, row.test_loss,
+                 std::isfinite(row.epoch_progress) ? fmt::format("{:.2f}", row.epoch_progress)
+                                                   : std::to_string(row.epoch),
+                 row.test_accuracy, row.test_loss,
                  std::isfinite(row.test_auc) ? fmt::format(", test AUC {:.4f}", row.test_auc) : "",
                  row.global_step, row.global_examples, row.wall);
     return Status::Ok();

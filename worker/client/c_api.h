@@ -119,6 +119,10 @@ typedef struct parasync_eval_t {
    * learning rate; NULL: the servers' (the registered optimizer and rate). */
   const char* optimizer;
   double learning_rate;
+  /* > 0: an evaluation within epoch `epoch`, at this many epochs done (epoch - 1 + the
+   * fraction done), written as "epoch" with "within_epoch": true (as parasync-worker
+   * --eval-every); 0: the row of a whole epoch. */
+  double epoch_progress;
 } parasync_eval_t;
 
 PARASYNC_API void parasync_free(void* p);

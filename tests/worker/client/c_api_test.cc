@@ -137,6 +137,10 @@ TEST_F(CApiTest, ATrainingStepThroughTheCApi) {
   // A worker-side optimizer (parasync.horovod's) names itself and its rate.
   const parasync_eval_t worker_side = {2, 0.4, 0.2, 0.8, NAN, 100.0, 3.0, 8, "AdamW", 0.004};
   ASSERT_EQ(parasync_client_log_eval(h_.client, &worker_side, &err), PARASYNC_OK) << Take(err);
+  // An evaluation within epoch 3, half of it done (--eval-every): not a whole epoch logged.
+  const parasync_eval_t within = {3, NAN, 0.3, 0.7, NAN, 0.0, 3.5, 8, nullptr, 0.0, 2.5};
+  ASSERT_EQ(parasync_client_log_eval(h_.client, &within, &err), PARASYNC_OK) << Take(err);
+  EXPECT_EQ(parasync_client_last_logged_epoch(h_.client), 2);
   std::ifstream log(dir_.path() + "/eval.jsonl");
   std::string line;
   ASSERT_TRUE(std::getline(log, line));
@@ -151,6 +155,11 @@ TEST_F(CApiTest, ATrainingStepThroughTheCApi) {
   EXPECT_EQ(second["optimizer"], "AdamW");
   EXPECT_DOUBLE_EQ(second["learning_rate"].get<double>(), 0.004);
   EXPECT_EQ(second["lr_schedule"], "worker");
+  EXPECT_FALSE(second.contains("within_epoch"));
+  ASSERT_TRUE(std::getline(log, line));
+  const auto third = nlohmann::json::parse(line);
+  EXPECT_DOUBLE_EQ(third["epoch"].get<double>(), 2.5);
+  EXPECT_EQ(third["within_epoch"], true);
   ASSERT_EQ(parasync_client_finish(h_.client, 1, &err), PARASYNC_OK) << Take(err);
   std::stringstream snapshot;
   snapshot << std::ifstream(dir_.path() + "/metrics-worker0.prom").rdbuf();

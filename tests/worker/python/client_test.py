@@ -318,6 +318,75 @@ def launched_worker_follows_the_cosine_schedule(log_dir: str) -> None:
               f"{len(steps)} steps, {len(wrong)} off the schedule", flush=True)
 
 
+EVAL_EVERY_WORKER = """
+import os, sys
+import torch
+import parasync.torch as pst
+N, BATCH = int(sys.argv[1]), int(sys.argv[2])
+torch.manual_seed(1)
+x, y = torch.randn(N, 4), torch.randn(N, 1)
+client = pst.connect()
+model = torch.nn.Linear(4, 1)
+opt = pst.Optimizer(client, model, optimizer="sgd", lr=0.05)
+
+def evaluate():
+    opt.pull()  # sync:delayed: waits for the exchange in flight first
+    with torch.no_grad():
+        loss = float(((model(x) - y) ** 2).mean())
+    return 1.0 / (1.0 + loss), loss
+
+run = pst.Run(client, N, batch_size=BATCH, evaluate=evaluate)
+for epoch in run.epochs():
+    for idx in run.batches():
+        loss = ((model(x[idx]) - y[idx]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step(examples=len(idx), loss=loss.item())
+run.finish()
+"""
+
+
+def launched_workers_overlap_and_evaluate_within_epochs(log_dir: str) -> None:
+    """parasync-launch --mode sync:delayed --eval-every 3 with two Python workers
+    (PARASYNC_EVAL_EVERY): the chief's eval.jsonl holds a row every 3 of its steps (within
+    an epoch) ("within_epoch", the epochs done as a fraction) besides the whole epochs', the
+    servers applied one step per batch pair (the overlapped exchanges each counted once), and
+    training lowered the loss."""
+    n, batch, epochs = 64, 4, 2   # 8 steps per worker per epoch
+    script = os.path.join(log_dir, "eval_every_worker.py")
+    with open(script, "w") as f:
+        f.write(EVAL_EVERY_WORKER)
+    run_dir = os.path.join(log_dir, "eval-every")
+    launch = subprocess.run(
+        [os.path.join(BIN_DIR, "parasync-launch"), "--ps", "2", "--workers", "2", "--epochs",
+         str(epochs), "--mode", "sync:delayed", "--eval-every", "3", "--log-dir", run_dir,
+         "--worker-command", f"/usr/bin/python3 {script} {n} {batch}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(launch.returncode == 0, f"the sync:delayed --eval-every run exited "
+                                  f"{launch.returncode}: {launch.stdout[-3000:]}")
+    rows = []
+    eval_path = os.path.join(run_dir, "eval.jsonl")
+    if os.path.exists(eval_path):
+        with open(eval_path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    got = [(r["epoch"], bool(r.get("within_epoch"))) for r in rows]
+    # Every 3 of the chief's steps, counted across epochs (steps 3, 6 | 9, 12, 15 of 8 per
+    # epoch), as parasync-worker counts them.
+    want = [(0, False), (0.375, True), (0.75, True), (1, False), (1.125, True), (1.5, True),
+            (1.875, True), (2, False)]
+    check(got == want, f"eval.jsonl's rows (epoch, within_epoch): {got}, expected {want}")
+    if len(rows) == len(want):
+        check(rows[-1]["step"] == epochs * n // (2 * batch),
+              f"the servers applied {rows[-1]['step']} steps, not {epochs * n // (2 * batch)} "
+              "(one per pair of pushes)")
+        check(rows[-1]["test_loss"] < rows[0]["test_loss"],
+              f"training did not lower the loss: {rows[0]['test_loss']:.4f} -> "
+              f"{rows[-1]['test_loss']:.4f}")
+        print(f"sync:delayed, --eval-every 3: {len(rows)} evaluations, loss "
+              f"{rows[0]['test_loss']:.4f} -> {rows[-1]['test_loss']:.4f} in "
+              f"{rows[-1]['step']} steps", flush=True)
+
+
 def with_environment(name: str, value: str, fn, *args, **kwargs):
     """fn(*args, **kwargs) with os.environ[name] = value, as the launcher would set it."""
     saved = os.environ.get(name)
@@ -363,6 +432,7 @@ def main() -> int:
         with Servers(BIN_DIR, shards=1, workers=1, log_dir=refusal_dir) as servers:
             a_schedule_that_cannot_be_honoured_is_refused(servers, refusal_dir)
         launched_worker_follows_the_cosine_schedule(d)
+        launched_workers_overlap_and_evaluate_within_epochs(d)
         term_dir = os.path.join(d, "term")
         os.makedirs(term_dir)
         sigterm_stops_a_waiting_worker(term_dir)

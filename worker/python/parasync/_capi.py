@@ -33,7 +33,8 @@ class Eval(Structure):
     _fields_ = [("epoch", c_int), ("train_loss", c_double), ("test_loss", c_double),
                 ("test_accuracy", c_double), ("test_auc", c_double),
                 ("chief_examples_per_sec", c_double), ("wall_seconds", c_double),
-                ("batch_size", c_int), ("optimizer", c_char_p), ("learning_rate", c_double)]
+                ("batch_size", c_int), ("optimizer", c_char_p), ("learning_rate", c_double),
+                ("epoch_progress", c_double)]
 
 
 _ERR = POINTER(c_char_p)

@@ -476,15 +476,16 @@ class Client:
                  train_loss: float = math.nan, test_auc: float = math.nan,
                  examples_per_sec: float = 0.0, wall_seconds: float = 0.0,
                  batch_size: int = 0, optimizer: str | None = None,
-                 learning_rate: float = math.nan) -> None:
+                 learning_rate: float = math.nan, epoch_progress: float = 0.0) -> None:
         """Chief: appends a row to <log-dir>/eval.jsonl, as parasync-worker's chief does.
         ``optimizer`` and ``learning_rate``: a worker-side optimizer's (parasync.horovod's),
-        written instead of the servers'."""
+        written instead of the servers'. ``epoch_progress`` > 0: an evaluation within epoch
+        ``epoch``, at that many epochs done (its row's "epoch", with "within_epoch": true)."""
         self._need_model()
         e = _capi.Eval(int(epoch), float(train_loss), float(test_loss), float(test_accuracy),
                        float(test_auc), float(examples_per_sec), float(wall_seconds),
                        int(batch_size), text(optimizer) if optimizer else None,
-                       float(learning_rate))
+                       float(learning_rate), float(epoch_progress))
         call(lib.parasync_client_log_eval, self._h, byref(e))
 
     def last_logged_epoch(self) -> int:

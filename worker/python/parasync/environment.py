@@ -37,6 +37,28 @@ def _text(name: str, default=None):
     return default if raw is None or raw == "" else raw
 
 
+def parse_eval_every(value) -> tuple[int, float]:
+    """--eval-every's value (parasync-worker's): N steps ("100", or an int) or N seconds
+    ("30s") as (steps, seconds), the other 0; None: (0, 0). InvalidArgument otherwise."""
+    if value is None:
+        return 0, 0.0
+    text = str(value).strip()
+    bad = errors.InvalidArgument(f"eval_every (--eval-every, PARASYNC_EVAL_EVERY) takes a "
+                                 f"number of steps (100) or seconds (30s), not {text!r}")
+    try:
+        if text.endswith("s"):
+            seconds = float(text[:-1])
+            if not 0 <= seconds <= 1e9:
+                raise bad
+            return 0, seconds
+        steps = int(text)
+    except ValueError:
+        raise bad from None
+    if steps < 0:
+        raise bad
+    return steps, 0.0
+
+
 def _choice(name: str, choices: tuple, default: str) -> str:
     value = _text(name, default)
     if value not in choices:
@@ -76,6 +98,7 @@ class Settings:
     seed: int | None = None               # PARASYNC_SEED
     max_steps: int | None = None          # PARASYNC_MAX_STEPS
     log_every: float | None = None        # PARASYNC_LOG_EVERY, seconds
+    eval_every: str | None = None         # PARASYNC_EVAL_EVERY: "N" steps or "Ns" seconds
     wait_for_workers: float = 0.0         # PARASYNC_WAIT_FOR_WORKERS, seconds (the chief)
     checkpoint_each_epoch: bool = False   # PARASYNC_CHECKPOINT_EACH_EPOCH=1
     local_rank: int = 0                   # LOCAL_RANK
@@ -111,6 +134,7 @@ class Settings:
             seed=_number("PARASYNC_SEED", int, None, low=0),
             max_steps=_number("PARASYNC_MAX_STEPS", int, None, low=0),
             log_every=_number("PARASYNC_LOG_EVERY", float, None, low=0),
+            eval_every=_text("PARASYNC_EVAL_EVERY"),
             wait_for_workers=_number("PARASYNC_WAIT_FOR_WORKERS", float, 0.0, low=0),
             checkpoint_each_epoch=_text("PARASYNC_CHECKPOINT_EACH_EPOCH", "0") == "1",
             local_rank=_number("LOCAL_RANK", int, 0, low=0),

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import errors
 from .client import Client
-from .environment import DEFAULT_EPOCHS
+from .environment import DEFAULT_EPOCHS, parse_eval_every
 
 
 def _first(*values):
@@ -46,6 +46,12 @@ class Run:
     servers' current model after every epoch and, unless ``evaluate_first`` is False, before
     the first. The data loop must push once per batch of ``batches()`` (pst.Optimizer.step
     does).
+
+    ``eval_every`` (default PARASYNC_EVAL_EVERY, parasync-launch --eval-every): the chief
+    also evaluates within each epoch, every N of its steps (an int or "N") or every N
+    seconds ("Ns"), as parasync-worker --eval-every: a row of eval.jsonl whose "epoch" is
+    the epochs done as a fraction ("epoch": 1.25, "within_epoch": true). The epoch's
+    examples/sec leaves those evaluations out.
     """
 
     def __init__(self, client: Client, train_size: int, *, epochs: int | None = None,
@@ -53,7 +59,8 @@ class Run:
                  max_steps: int | None = None, log_every: float | None = None,
                  wait_for_workers: float | None = None,
                  checkpoint_each_epoch: bool | None = None,
-                 evaluate: Callable[[], tuple] | None = None, evaluate_first: bool = True):
+                 evaluate: Callable[[], tuple] | None = None, evaluate_first: bool = True,
+                 eval_every: int | str | None = None):
         s = client.settings
         self.client = client
         self.epochs_total = int(_first(epochs, s.epochs, DEFAULT_EPOCHS))
@@ -66,6 +73,8 @@ class Run:
         self.checkpoint_each_epoch = bool(_first(checkpoint_each_epoch, s.checkpoint_each_epoch))
         self.evaluate = evaluate
         self.evaluate_first = evaluate_first
+        self.eval_every_steps, self.eval_every_seconds = parse_eval_every(
+            _first(eval_every, s.eval_every))
         if train_size < client.num_workers:
             raise errors.InvalidArgument(f"{train_size} training examples cannot be shared by "
                                          f"{client.num_workers} workers")
@@ -77,6 +86,7 @@ class Run:
         self.stopped = False
         self.final_accuracy: float | None = None
         self._start = time.monotonic()
+        self._last_evaluation = self._start  # eval_every seconds count from here
         self._epoch = 0
         self._first_example = 0
         self._resume()
@@ -155,6 +165,22 @@ class Run:
             if self.max_steps and self.steps >= self.max_steps:
                 self.stopped = True
                 return
+            self._maybe_evaluate_within(first + len(idx), len(order))
+
+    def _maybe_evaluate_within(self, done: int, of: int) -> None:
+        """Chief, eval_every: an evaluation within the epoch when one is due (not after the
+        epoch's last batch: its evaluation comes anyway)."""
+        if not self.client.is_chief or self.evaluate is None or done >= of or \
+                self._should_stop():
+            return
+        by_steps = self.eval_every_steps > 0 and self.steps % self.eval_every_steps == 0
+        by_time = self.eval_every_seconds > 0 and \
+            time.monotonic() - self._last_evaluation >= self.eval_every_seconds
+        if not (by_steps or by_time):
+            return
+        started = time.monotonic()
+        self._evaluate(self._epoch, math.nan, 0.0, progress=self._epoch - 1 + done / of)
+        self._epoch_start += time.monotonic() - started  # not in the epoch's examples/sec
 
     def _should_stop(self) -> bool:
         from .client import stop_requested
@@ -196,18 +222,22 @@ class Run:
             except errors.ParasyncError as e:
                 self.client.log(f"checkpoint after epoch {epoch} failed: {e}", "warn")
 
-    def _evaluate(self, epoch: int, train_loss: float, examples_per_sec: float) -> None:
+    def _evaluate(self, epoch: int, train_loss: float, examples_per_sec: float,
+                  progress: float = 0.0) -> None:
         if self.evaluate is None:
             return
         self.client.beat()
         result = self.evaluate()
         self.client.beat()
+        self._last_evaluation = time.monotonic()
         accuracy, loss = float(result[0]), float(result[1])
         auc = float(result[2]) if len(result) > 2 and result[2] is not None else math.nan
         self.client.log_eval(epoch, accuracy, loss, train_loss=train_loss, test_auc=auc,
                              examples_per_sec=examples_per_sec,
                              wall_seconds=time.monotonic() - self._start,
-                             batch_size=self.batch_size)
+                             batch_size=self.batch_size, epoch_progress=progress)
+        if progress > 0:
+            return  # within an epoch: not the final figure
         self.final_accuracy = accuracy
 
     def finish(self) -> None:
