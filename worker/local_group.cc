@@ -237,22 +237,22 @@ void LocalGroup::SendClosed(int rank, const std::string& why) {
   }
 }
 
-bool LocalGroup::TakeMemberMessage(std::vector<zmq::message_t>& parts,
-                                   std::span<const int64_t> sizes, std::set<int>& waiting) {
+std::optional<LocalGroup::Taken> LocalGroup::TakeMemberMessage(
+    std::vector<zmq::message_t>& parts, std::span<const int64_t> sizes, std::set<int>& waiting) {
   // [routing id, MemberMessage, one frame per variable]
   MemberMessage m;
   int32_t id = -1;
   if (!parts.empty() && parts[0].size() == sizeof(id)) std::memcpy(&id, parts[0].data(), sizeof(id));
   if (parts.size() < 2 || !ReadStruct(parts[1], &m) || m.magic != kMemberMagic || m.rank != id) {
     spdlog::warn("local group: a message that is not a member's gradient was dropped");
-    return false;
+    return std::nullopt;
   }
   if (m.variables == kLeaving) {
     if (waiting.erase(m.rank) > 0 || !dropped_.contains(m.rank)) {
       spdlog::info("local group: {} left the group", RankName(m.rank));
     }
     dropped_.insert(m.rank);
-    return false;
+    return std::nullopt;
   }
   if (!waiting.contains(m.rank)) {
     const bool member = std::find(options_.ranks.begin() + 1, options_.ranks.end(), m.rank) !=
@@ -260,7 +260,7 @@ bool LocalGroup::TakeMemberMessage(std::vector<zmq::message_t>& parts,
     Refuse(m.rank, member && !dropped_.contains(m.rank)
                        ? "a second gradient in one step"
                        : "not a member of this group (or given up on before)");
-    return false;
+    return std::nullopt;
   }
   member_pid_[IndexOf(m.rank)] = m.pid;
   bool fits = m.variables == sizes.size() && parts.size() == 2 + sizes.size() &&
@@ -272,9 +272,9 @@ bool LocalGroup::TakeMemberMessage(std::vector<zmq::message_t>& parts,
   if (!fits) {
     Refuse(m.rank, "its gradient does not fit the model (" + std::to_string(m.variables) +
                        " variables in " + std::to_string(parts.size() - 2) + " frames)");
-    return false;
+    return std::nullopt;
   }
-  return true;
+  return Taken{m.rank, m.examples};
 }
 
 void LocalGroup::GiveUpOnSilent(std::set<int>& waiting, Clock::time_point start) {
@@ -305,9 +305,8 @@ Result<std::vector<int>> LocalGroup::Gather(std::span<const float* const> own,
                                             std::vector<std::vector<float>>& sum,
                                             int64_t* examples,
                                             const std::function<bool()>& interrupted) {
-  ++steps_;
   // Each member's message, kept until all are in, so the sum is in rank order.
-  std::map<int, std::vector<zmq::message_t>> received;
+  std::map<int, std::pair<Taken, std::vector<zmq::message_t>>> received;
   std::set<int> waiting;
   for (size_t i = 1; i < options_.ranks.size(); ++i) {
     if (!dropped_.contains(options_.ranks[i])) waiting.insert(options_.ranks[i]);
@@ -321,10 +320,9 @@ Result<std::vector<int>> LocalGroup::Gather(std::span<const float* const> own,
       GiveUpOnSilent(waiting, start);
       continue;
     }
-    if (!TakeMemberMessage(parts, sizes, waiting)) continue;
-    MemberMessage m;
-    ReadStruct(parts[1], &m);
-    received[m.rank] = std::move(parts);
+    const std::optional<Taken> m = TakeMemberMessage(parts, sizes, waiting);
+    if (!m) continue;
+    received[m->rank] = {*m, std::move(parts)};
     parts.clear();
   }
   sum.resize(sizes.size());
@@ -333,9 +331,8 @@ Result<std::vector<int>> LocalGroup::Gather(std::span<const float* const> own,
     sum[v].assign(own[v], own[v] + sizes[v]);
   }
   std::vector<float> realigned;
-  for (auto& [rank, message] : received) {
-    MemberMessage m;
-    ReadStruct(message[1], &m);
+  for (auto& [rank, taken] : received) {
+    const auto& [m, message] = taken;
     *examples += m.examples;
     ranks.push_back(rank);
     for (size_t v = 0; v < sizes.size(); ++v) {

@@ -35,6 +35,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -122,10 +123,15 @@ class LocalGroup {
   LocalGroup(const LocalGroupOptions& options, zmq::socket_t socket)
       : options_(options), socket_(std::move(socket)) {}
   using Clock = std::chrono::steady_clock;
-  // Leader: whether `parts` is the gradient of a member in `waiting` that fits `sizes` (it
-  // leaves `waiting` then); anything else is refused (Refuse) or dropped.
-  bool TakeMemberMessage(std::vector<zmq::message_t>& parts, std::span<const int64_t> sizes,
-                         std::set<int>& waiting);
+  struct Taken {
+    int rank;
+    int64_t examples;
+  };
+  // Leader: when `parts` is the gradient of a member in `waiting` that fits `sizes` (it
+  // leaves `waiting` then), its rank and examples; anything else is refused (Refuse) or
+  // dropped (nullopt).
+  std::optional<Taken> TakeMemberMessage(std::vector<zmq::message_t>& parts,
+                                         std::span<const int64_t> sizes, std::set<int>& waiting);
   // Leader: drops from `waiting` (and the group) the members whose process is gone, or that
   // were never heard from and have been waited for since `start` longer than the timeout.
   void GiveUpOnSilent(std::set<int>& waiting, Clock::time_point start);
@@ -142,6 +148,8 @@ class LocalGroup {
   std::vector<int> member_pid_;  // leader: by index in ranks, 0 until heard from
   int leader_pid_ = 0;           // member: 0 until the first answer
   bool closed_ = false;
+  // Member: the steps it has exchanged, named in its messages and errors (the leader does not
+  // check them: a restarted member counts from 1 again).
   uint64_t steps_ = 0;
 };
 

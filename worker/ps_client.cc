@@ -447,25 +447,21 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
   }
   // Room for a whole encoded push (no push is in flight between calls), a run per shard.
   const WireFormat wire = options_.wire_dtype;
-  const bool narrow = wire.dtype != DType::kFloat32;
   const bool fed_back = HasErrorFeedback(wire.dtype);
   push_residual_.assign(fed_back ? static_cast<size_t>(total) : 0, 0.0f);
   // A worker-side aggregate is pulled as it was pushed; parameters go in bfloat16.
   pull_dtype_ = fed_back && reg.optimizer.kind != OptimizerKind::kAggregate
                     ? WireFormat(DType::kBfloat16)
                     : wire;
-  narrowed_at_.assign(static_cast<size_t>(num_shards()), 0);
   residual_at_.assign(static_cast<size_t>(num_shards()), 0);
   shard_vars_.assign(static_cast<size_t>(num_shards()), {});
   var_shards_.assign(reg.variables.size(), {});
-  size_t at = 0, bytes = 0;
+  size_t at = 0;
   for (int s = 0; s < num_shards(); ++s) {
-    narrowed_at_[static_cast<size_t>(s)] = bytes;
     residual_at_[static_cast<size_t>(s)] = at;
     for (uint32_t id : map_->SlicesOfShard(s)) {
       const SliceInfo& info = map_->slices()[id];
       at += static_cast<size_t>(info.length);
-      if (narrow) bytes += WireBytes(wire, static_cast<size_t>(info.length), info.offset);
       std::vector<int>& shards = var_shards_[info.var_index];
       if (shards.empty() || shards.back() != s) {
         shards.push_back(s);
@@ -473,7 +469,85 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
       }
     }
   }
+  SizePushBuffers();
+  if (!probe_.configured) {  // the first registration's (a re-registration keeps its course)
+    probe_.configured = true;
+    probe_.active = options_.topk_probe.enabled && wire.dtype == DType::kTopK &&
+                    reg.optimizer.kind != OptimizerKind::kAggregate;
+    probe_.topk_format = wire;
+  }
+}
+
+void PsClient::SizePushBuffers() {
+  const WireFormat wire = options_.wire_dtype;
+  narrowed_at_.assign(static_cast<size_t>(num_shards()), 0);
+  size_t bytes = 0;
+  for (int s = 0; s < num_shards(); ++s) {
+    narrowed_at_[static_cast<size_t>(s)] = bytes;
+    if (wire.dtype == DType::kFloat32) continue;
+    for (uint32_t id : map_->SlicesOfShard(s)) {
+      const SliceInfo& info = map_->slices()[id];
+      bytes += WireBytes(wire, static_cast<size_t>(info.length), info.offset);
+    }
+  }
   narrowed_.assign(bytes, 0);
+}
+
+void PsClient::SetPushFormat(WireFormat format) {
+  if (format == options_.wire_dtype) return;
+  options_.wire_dtype = format;
+  SizePushBuffers();  // no push holds narrowed_ between steps
+}
+
+bool TopKPays(std::vector<double> topk_steps, std::vector<double> int8_steps, double margin) {
+  if (topk_steps.empty() || int8_steps.empty()) return true;
+  const auto median = [](std::vector<double>& v) {
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  const double topk = median(topk_steps);
+  const double int8 = median(int8_steps);
+  return topk <= int8 * (1.0 - margin);
+}
+
+void PsClient::ProbePushFormat() {
+  if (!probe_.active) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (probe_.probing) {
+    (probe_.topk_now ? probe_.topk : probe_.int8)
+        .push_back(std::chrono::duration<double>(now - probe_.last_end).count());
+  }
+  probe_.last_end = now;
+  const PsClientOptions::TopKProbe& o = options_.topk_probe;
+  const int64_t next = ++probe_.steps - o.start_after;  // the next step's index in the probe
+  const int64_t length = 2 * int64_t{o.window} * o.rounds;
+  if (next < 0) return;
+  if (next < length) {
+    probe_.probing = true;
+    probe_.topk_now = (next / std::max(1, o.window)) % 2 == 0;
+    SetPushFormat(probe_.topk_now ? probe_.topk_format : WireFormat(DType::kInt8));
+    return;
+  }
+  probe_.active = false;
+  const size_t n = probe_.topk.size();
+  const auto ms = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : 1e3 * v[v.size() / 2];
+  };
+  const double topk_ms = ms(probe_.topk), int8_ms = ms(probe_.int8);
+  if (TopKPays(probe_.topk, probe_.int8, o.margin)) {
+    SetPushFormat(probe_.topk_format);
+    spdlog::info("{} pays here: a step took {:.1f} ms with it and {:.1f} ms with int8 (medians "
+                 "of {} steps each); pushing {} from now on",
+                 WireFormatName(probe_.topk_format), topk_ms, int8_ms, n,
+                 WireFormatName(probe_.topk_format));
+  } else {
+    SetPushFormat(DType::kInt8);
+    spdlog::info("{} does not pay here: a step took {:.1f} ms with it and {:.1f} ms with int8 "
+                 "(medians of {} steps each); pushing int8 from now on (parameters still "
+                 "pulled in bfloat16)",
+                 WireFormatName(probe_.topk_format), topk_ms, int8_ms, n);
+  }
 }
 
 bool PsClient::SendsTo(int s) const {
@@ -873,14 +947,17 @@ Status PsClient::AbandonStep(Status why) {
 
 Status PsClient::FinishStep(std::span<float* const> params, int64_t min_version,
                             PushPullTimes* times, RowSet push_rows, RowSet pull_rows) {
+  Status s;
   if (!group_ || !step_.open) {
-    return ExchangeStep(params, min_version, times, push_rows, pull_rows);
-  }
-  if (!push_rows.empty() || !pull_rows.empty()) {
+    s = ExchangeStep(params, min_version, times, push_rows, pull_rows);
+  } else if (!push_rows.empty() || !pull_rows.empty()) {
     return AbandonStep(Status::InvalidArgument(
         "local aggregation carries dense variables only: a step with embedding rows"));
+  } else {
+    s = GroupStep(params, min_version, times);
   }
-  return GroupStep(params, min_version, times);
+  if (s.ok()) ProbePushFormat();
+  return s;
 }
 
 Status PsClient::GroupStep(std::span<float* const> params, int64_t min_version,

@@ -69,6 +69,21 @@ struct PsClientOptions {
   // error feedback the same way, pulls of a worker-side aggregate in top-k too. Not with
   // embedding tables (Register refuses int8 and top-k).
   WireFormat wire_dtype = DType::kFloat32;
+  // Top-k pushes whose parameters come back in bfloat16 (a server-side optimizer's workers)
+  // check that they pay: after `start_after` steps, `window` steps pushed in top-k and
+  // `window` in int8, `rounds` times over; then top-k stays only if its median step (from
+  // one step's end to the next's: compute and exchange) was at least `margin` (a fraction)
+  // shorter than int8's, else int8 from then on (both with error feedback: the residual
+  // carries over). One log line says which and why. Where a fast link does not pay back
+  // top-k's selection, this is the switch that leaves it off.
+  struct TopKProbe {
+    bool enabled = true;
+    int start_after = 20;
+    int window = 16;
+    int rounds = 2;
+    double margin = 0.0;
+  };
+  TopKProbe topk_probe;
   // Threads that copy a pull reply of at least PsClient::kParallelCopyElements into the
   // caller's parameters: the calling thread and copy_threads - 1 helpers, a slice at a time
   // each (common/parallel_for.h). A helper that is not scheduled in time leaves its share to
@@ -233,6 +248,8 @@ class PsClient {
   // the caller gives up the step (with no step open too).
   Status AbandonStep(Status why);
   bool in_step() const { return step_.open; }
+  // How pushes travel now (wire_dtype, or int8 where the top-k probe chose it).
+  WireFormat push_format() const { return options_.wire_dtype; }
 
   // Tells every shard this worker is done, so barriers stop waiting for it. Best effort:
   // waits for the acknowledgements up to `timeout`, even when `interrupted` says stop.
@@ -434,6 +451,25 @@ class PsClient {
   // A push's gradients encoded in wire_dtype when it is not float32 (sized by UseModel: each
   // slice's WireBytes), one run of bytes per shard, its slices in order; the push frames
   // point into it (so it is only written once every frame was released).
+  // The top-k probe (PsClientOptions::topk_probe): steps ended, the step periods seen with
+  // each format, whether the step in progress was pushed in top-k, and the format to go
+  // back to.
+  struct Probe {
+    bool configured = false;
+    bool active = false;
+    int64_t steps = 0;
+    bool probing = false;  // the step in progress is one of the probe's
+    bool topk_now = true;
+    std::vector<double> topk, int8;
+    std::chrono::steady_clock::time_point last_end;
+    WireFormat topk_format;
+  };
+  // After a step that ended well: the probe's sample, and the next step's push format.
+  void ProbePushFormat();
+  // Pushes from now on in `format` (int8 or top-k: the residual carries over).
+  void SetPushFormat(WireFormat format);
+  void SizePushBuffers();  // narrowed_ and narrowed_at_ for options_.wire_dtype
+  Probe probe_;
   std::vector<uint8_t> narrowed_;
   std::vector<size_t> narrowed_at_;  // by shard: where its run starts in narrowed_ (bytes)
   // int8 and top-k pushes: what each element's pushes have not sent yet, a run of elements
@@ -469,5 +505,9 @@ class PsClient {
   int64_t last_push_staleness_ = -1;
   bool last_push_dropped_ = false;
 };
+
+// The top-k probe's verdict: whether top-k's median step (seconds) is at least `margin` (a
+// fraction) shorter than int8's. Either list empty: true (nothing to go on).
+bool TopKPays(std::vector<double> topk_steps, std::vector<double> int8_steps, double margin);
 
 }  // namespace parasync

@@ -51,6 +51,8 @@ class CodecReference {
     return out;
   }
 
+  void set_wire(WireFormat wire) { wire_ = wire; }
+
   size_t PushBytes() const {
     size_t bytes = 0;
     for (const SliceInfo& s : map_.slices()) {
@@ -269,6 +271,58 @@ TEST(ServerInt8Test, MalformedInt8FramesAndInt8RowsAreRefused) {
   const Status refused = (*tabled)->Register(with_table, kWait);
   EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.message(), HasSubstr("embedding tables"));
+}
+
+// The top-k probe (PsClientOptions::topk_probe: one step in each format after the first):
+// where it finds top-k does not pay (margin 1: it never does) the client pushes int8 from
+// then on, where it pays (a margin far below 0) top-k again; one residual carries over every
+// switch, so each push applies exactly what one reference client switching alike sends.
+TEST(ServerTopKTest, TheProbeSwitchesToInt8WhereTopKDoesNotPayKeepingTheResidual) {
+  const WireFormat topk(DType::kTopK, 3), int8(DType::kInt8);
+  for (const double margin : {1.0, -1e9}) {
+    SCOPED_TRACE("margin " + std::to_string(margin));
+    zmq::context_t context;
+    InProcessServer server(context, 0, 1);
+    ASSERT_TRUE(server.started());
+    const ModelRegistration reg = SmallModel(1);
+    PsClientOptions o;
+    o.ps_addresses = {server.endpoint()};
+    o.request_timeout = kWait;
+    o.wire_dtype = topk;
+    o.topk_probe = {.enabled = true, .start_after = 1, .window = 1, .rounds = 1, .margin = margin};
+    auto client = PsClient::Connect(context, o);
+    auto exact = ConnectClient(context, {server.endpoint()}, 1);
+    ASSERT_TRUE(client.ok() && exact);
+    ASSERT_TRUE((*client)->Register(reg, kWait).ok());
+    ASSERT_TRUE(exact->Register(reg, kWait).ok());
+    // Step 1 before the probe, 2 in top-k, 3 in int8, then the verdict's.
+    const WireFormat after = margin > 0 ? int8 : topk;
+    const std::vector<WireFormat> formats = {topk, topk, int8, after, after};
+    CodecReference ref(reg, topk);
+    std::vector<std::vector<float>> expected = InitialValues(reg);
+    std::vector<std::vector<float>> params = {std::vector<float>(200), std::vector<float>(10)};
+    std::vector<std::vector<float>> held = params;
+    for (size_t step = 0; step < formats.size(); ++step) {
+      EXPECT_EQ((*client)->push_format(), formats[step]) << "step " << step + 1;
+      ref.set_wire(formats[step]);
+      auto g = Scaled(Gradients(reg), 1.0f + static_cast<float>(step), 0.0013f);
+      const auto sent = ref.Send(g);
+      ASSERT_TRUE((*client)->PushPull(Pointers<const float>(g), 8, Pointers<float>(params)).ok());
+      ASSERT_TRUE(exact->Pull(Pointers<float>(held)).ok());
+      for (size_t v = 0; v < held.size(); ++v) {
+        for (size_t i = 0; i < held[v].size(); ++i) expected[v][i] -= kLearningRate * sent[v][i];
+        ASSERT_EQ(held[v], expected[v]) << "step " << step + 1 << ", variable " << v;
+      }
+    }
+  }
+}
+
+TEST(TopKPaysTest, ComparesTheMedianStepsWithAMargin) {
+  EXPECT_TRUE(TopKPays({0.010, 0.011, 0.5}, {0.012, 0.012, 0.012}, 0.0));   // an outlier
+  EXPECT_FALSE(TopKPays({0.013, 0.013, 0.001}, {0.012, 0.012, 0.5}, 0.0));
+  EXPECT_FALSE(TopKPays({0.0100}, {0.0105}, 0.10));  // faster, but not by 10 %
+  EXPECT_TRUE(TopKPays({0.0090}, {0.0105}, 0.10));
+  EXPECT_TRUE(TopKPays({}, {0.0105}, 0.0));  // nothing measured: kept
 }
 
 // A top-k frame whose indices are out of order or outside their chunk is refused before

@@ -3,7 +3,8 @@
 shaped to 1 Gbit/s carry a real training run (parasync-launch over netlab's exec, a PS on one
 host, a worker on the other, the MLP, one epoch) whose tensor bytes the PS counted are on the
 links' counters, within TCP/IP's overhead; the same epoch with --wire-dtype int8 crosses in
-at most 0.27 of float32's bytes pushed and 0.52 pulled (bfloat16 parameters); the shaper
+at most 0.27 of float32's bytes pushed and 0.52 pulled (bfloat16 parameters); two workers
+of one host with --local-aggregation cross in at most 0.55 of them; the shaper
 holds a probe to the rate; and an
 interrupted lab is removed with the processes it ran. Without iproute2 on PATH (no `ip`; or
 `ip` but no `tc` for a shaped rate) every verb says so in one line and exits 3 with nothing of
@@ -142,19 +143,22 @@ def prom_value(path, name, labels):
     return None
 
 
-def lab_training(tmp, name, wire="float32"):
+def lab_training(tmp, name, wire="float32", grouped=False):
     """One epoch of the MLP across a fresh lab of two hosts (a PS on one, a worker on the
-    other) with --wire-dtype `wire`: its log dir and the PS host's link counters, or None
-    (the failure recorded)."""
-    log_dir = os.path.join(tmp, f"run-{wire}")
-    counts = os.path.join(tmp, f"links-{wire}.json")
-    launch = (f'set -- $NETLAB_HOSTS; exec {BIN_DIR}/parasync-launch --ps "$1:1" -H "$2:1" '
+    other) with --wire-dtype `wire`; `grouped`: two workers on the worker host, sync, with
+    --local-aggregation. Its log dir and the PS host's link counters, or None (the failure
+    recorded)."""
+    tag = wire + ("-grouped" if grouped else "")
+    log_dir = os.path.join(tmp, f"run-{tag}")
+    counts = os.path.join(tmp, f"links-{tag}.json")
+    workers = '"$2:2" --mode sync --local-aggregation' if grouped else '"$2:1"'
+    launch = (f'set -- $NETLAB_HOSTS; exec {BIN_DIR}/parasync-launch --ps "$1:1" -H {workers} '
               f'--ssh-command "$NETLAB_EXEC" --model mlp --epochs 1 --log-dir {log_dir} '
               f'--dataset {FASHION_MNIST} --wire-dtype {wire}')
     done = netlab("run", "--hosts", "2", "--rate", "1gbit", "--name", name, "--json", counts,
                   "--", "sh", "-c", launch, timeout=240)
     print(done.stdout[-3000:], flush=True)
-    check(done.returncode == 0, f"{wire}: the run across the lab exited {done.returncode}: "
+    check(done.returncode == 0, f"{tag}: the run across the lab exited {done.returncode}: "
                                 f"{done.stderr[-2000:]}")
     check(not namespaces(name), f"the lab's namespaces outlived the run: {namespaces(name)}")
     if done.returncode != 0:
@@ -163,7 +167,7 @@ def lab_training(tmp, name, wire="float32"):
         summary = json.load(f)
     accuracy = (summary.get("final") or {}).get("test_accuracy")
     check(accuracy is not None and accuracy >= 0.75,
-          f"{wire}: final accuracy {accuracy} below 0.75")
+          f"{tag}: final accuracy {accuracy} below 0.75")
     with open(counts) as f:
         links = {h["address"]: h for h in json.load(f)["hosts"]}
     with open(os.path.join(log_dir, "cluster.json")) as f:
@@ -209,6 +213,35 @@ def int8_crosses_in_a_quarter(tmp, name, float32_link):
               f"{ratio:.3f} of float32's", flush=True)
         check(ratio <= limit, f"int8: the PS host's {what} were {ratio:.3f} of float32's "
                               f"(at most {limit})")
+
+
+def local_aggregation_halves_the_link(tmp, name, float32_link):
+    """Two workers on one host, sync, --local-aggregation, the same epoch: the host's workers
+    exchange each step through one of them, so the PS host's link carries one push and one
+    pull per step for both — at most 0.55 of what one worker alone moved over the epoch
+    (each worker of a flat pair moves that one's bytes over its half of the epoch, so a flat
+    pair moves as much as one worker alone)."""
+    ran = lab_training(tmp, name, grouped=True)
+    if ran is None or float32_link is None:
+        return
+    log_dir, link = ran
+    for what in ("rx_bytes", "tx_bytes"):
+        ratio = link[what] / float32_link[what]
+        print(f"local aggregation: the PS host's link {what} {link[what] / 1e6:,.1f} MB, "
+              f"{ratio:.3f} of flat's", flush=True)
+        check(ratio <= 0.55, f"local aggregation: the PS host's {what} were {ratio:.3f} of "
+                             "flat's (at most 0.55)")
+    # One rank pushed for both, and the servers applied the whole epoch: both ranks' examples.
+    metrics = os.path.join(log_dir, "metrics-ps0.prom")
+    pushed = [prom_value(metrics, "parasync_ps_worker_gradients_total", [f'rank="{r}"'])
+              for r in (0, 1)]
+    examples = prom_value(metrics, "parasync_ps_examples_total", [])
+    check(pushed[0] and pushed[1] == 0,
+          f"local aggregation: pushes by rank {pushed} (rank 0's should carry rank 1's)")
+    check(examples == 60000, f"local aggregation: the servers applied {examples} examples, "
+                             "not both workers' 60,000")
+    print(f"local aggregation: pushes by rank {pushed}, {examples:,.0f} examples applied",
+          flush=True)
 
 
 def shaped(name):
@@ -268,6 +301,7 @@ def main():
         shaped(name + "s")
         float32_link = training_crosses_the_links(tmp, name + "t")
         int8_crosses_in_a_quarter(tmp, name + "q", float32_link)
+        local_aggregation_halves_the_link(tmp, name + "g", float32_link)
         interrupted(name + "i")
     if failures:
         print(f"{len(failures)} check(s) failed", flush=True)

@@ -43,6 +43,13 @@ Configurations:
                       each shard's push smaller, so the one waiting for the last
                       gradients holds less
   hvd-colocated2-fp16 the same with hvd.Compression.fp16
+  py-colocated    colocated, the workers running a parasync.torch script:
+                  worker/python/examples/train.py --model cnn (pst.Optimizer, the servers'
+                  Adam; DDP's allocator variables)
+  py-colocated-overlap    the same under sync:delayed: pst.Optimizer's exchange runs
+                          behind the next step's compute, at the predicted parameters
+  hvd-colocated-overlap   hvd-colocated under sync:delayed: each step applies the step
+                          before's average
   NAME+local      any parasync configuration with --local-aggregation: the --per-host K
                   workers of a host exchange each step through one of them (one push and
                   one pull per host; e.g. colocated-bf16+local beside colocated-bf16)
@@ -81,7 +88,8 @@ CONFIGS = ("ddp", "ddp-fp16", "dedicated", "colocated", "colocated-tcp", "coloca
            "colocated-overlap", "colocated-overlap-bf16", "hvd-colocated", "hvd-colocated-fp16",
            "hvd-colocated-bf16", "hvd-colocated2", "hvd-colocated2-fp16", "colocated-int8",
            "colocated-overlap-int8", "hvd-colocated-int8", "colocated-topk",
-           "colocated-overlap-topk", "hvd-colocated-topk")
+           "colocated-overlap-topk", "hvd-colocated-topk", "py-colocated",
+           "py-colocated-overlap", "hvd-colocated-overlap")
 DDP_PORT = 29400
 
 
@@ -242,12 +250,24 @@ def horovod_command(args, config):
     import torch_env  # noqa: E402  (the allocator every PyTorch side starts with)
     env = " ".join(f"{k}={v}" for k, v in torch_env.allocator_env(torch_env.ALLOCATOR).items())
     compression = config.split("-")[2] if config.count("-") == 2 else "none"
+    if compression == "overlap":
+        compression = "none"
     script = os.path.join(ROOT, "worker", "python", "examples", "horovod_mnist.py")
     return (f"env {env} {args.python} {script} --model cnn --threads 1 "
             f"--lr {0.001 / args.workers} --seed 1 --compression {compression} "
             f"--loader indexed --clip 0 --data {args.data}" +
             (f" --topk-density {args.topk_density}"
              if compression == "topk" and args.topk_density else ""))
+
+
+def torch_script_command(args):
+    """The parasync.torch script's command line for a py-* configuration (its optimizer,
+    rate, batch and epochs from the launcher's variables)."""
+    sys.path.insert(0, HERE)
+    import torch_env  # noqa: E402
+    env = " ".join(f"{k}={v}" for k, v in torch_env.allocator_env(torch_env.ALLOCATOR).items())
+    script = os.path.join(ROOT, "worker", "python", "examples", "train.py")
+    return f"env {env} {args.python} {script} --model cnn --threads 1 --data {args.data}"
 
 
 def run_parasync(args, config, work):
@@ -297,6 +317,8 @@ def run_parasync(args, config, work):
             i += 1
         flags = kept
         flags += ["--worker-command", horovod_command(args, config)]
+    if config.startswith("py-"):
+        flags += ["--worker-command", torch_script_command(args)]
     command = " ".join([shlex.quote(os.path.join(args.bin_dir, "parasync-launch"))] +
                        [f'"{f}"' if f == "$NETLAB_EXEC" else shlex.quote(f) for f in flags])
     command += f" > {work}/launch.log 2>&1"
