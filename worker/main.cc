@@ -226,6 +226,7 @@ struct WorkerFlags {
   bool staleness_lr = false;
   std::string lr_scaling = "none";
   std::string wire_dtype = "float32";
+  std::string topk_probe = "on";
   int copy_threads = 2;
   int64_t max_slice_elements = parasync::kDefaultMaxSliceElements;
   std::string device = "auto";
@@ -366,6 +367,11 @@ void AddFaultAndWireFlags(CLI::App& app, WorkerFlags& f) {
                  "topk[:R] (default R 1/32): of every 256 gradient elements the R * 256 largest, "
                  "in int8 with their indices (17 bytes per 256 at 1/32, 1/60 of float32), "
                  "with error feedback the same way (docs/compression.md)");
+  app.add_option("--topk-probe", f.topk_probe,
+                 "With --wire-dtype topk: on tries int8 against top-k for 32 steps each after "
+                 "the first 20 and keeps whichever made the shorter step, saying which in one "
+                 "line (a fast link does not pay back top-k's selection); off keeps top-k")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--copy-threads", f.copy_threads,
                  "Threads that copy a pulled model of 1 MiB or more into the training buffers, "
                  "this worker's training thread included (1: that thread alone); a helper not "
@@ -773,6 +779,7 @@ std::optional<int> Connect(zmq::context_t& context, const WorkerFlags& f, const 
   client_options.request_timeout = Millis(f.request_timeout_s);
   client_options.curve = c.curve;
   client_options.wire_dtype = c.wire;
+  client_options.topk_probe.enabled = f.topk_probe == "on";
   client_options.copy_threads = f.copy_threads;
   client_options.local_group = c.local_group;
   auto heartbeater = Heartbeater::Start(

@@ -254,6 +254,11 @@ void AddTrainingFlags(CLI::App& app, LaunchOptions& options) {
                            "in (0, 1] is required, got '" + value + "'";
                   },
                   std::string()));
+  AddOptional(training, "--topk-probe", "on|off", options.topk_probe,
+              "With --wire-dtype topk and the servers' optimizer: on (the workers' default) "
+              "tries int8 against top-k for 32 steps each after the first 20 and keeps the "
+              "faster, saying which; off keeps top-k whatever it costs",
+              CLI::IsMember({"on", "off"}));
   AddOptional(training, "--log-every", "SECONDS", options.log_every,
               "Each worker logs a progress line within its epochs at most this often",
               NumberValidator(false));

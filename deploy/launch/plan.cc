@@ -118,6 +118,7 @@ std::vector<TrainingSetting> TrainingSettings(const LaunchOptions& options) {
           {"--max-steps", "PARASYNC_MAX_STEPS", &options.max_steps},
           {"--eval-every", "PARASYNC_EVAL_EVERY", &options.eval_every},
           {"--wire-dtype", "PARASYNC_WIRE_DTYPE", &options.wire_dtype},
+          {"--topk-probe", "PARASYNC_TOPK_PROBE", &options.topk_probe},
           {"--log-every", "PARASYNC_LOG_EVERY", &options.log_every}};
 }
 

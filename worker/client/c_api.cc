@@ -171,6 +171,7 @@ struct parasync_options_t {
   std::string log_dir = ".";
   std::string log_level = "info";
   bool joining = false;  // a restarted worker not yet back in the run
+  bool topk_probe = true;
   std::string local_group;           // this host's ranks ("0,1"); empty: no local aggregation
   std::string local_group_endpoint;  // empty: DefaultLocalGroupEndpoint
 };
@@ -353,6 +354,7 @@ Status StartClient(parasync_client_t* c) {
   client_options.request_timeout = Millis(o.request_seconds);
   client_options.curve = curve;
   client_options.wire_dtype = o.wire;
+  client_options.topk_probe.enabled = o.topk_probe;
   client_options.copy_threads = 2;
   // A blocked pull gives up when asked to stop, or when a server has stopped answering
   // heartbeats for longer than the request plus connect timeouts (it died: waiting would
@@ -489,6 +491,14 @@ int parasync_options_set_curve(parasync_options_t* options, const char* key_file
     }
     options->key_file = key_file == nullptr ? "" : key_file;
     options->server_key_file = server_key_file == nullptr ? "" : server_key_file;
+    return Status::Ok();
+  });
+}
+
+int parasync_options_set_topk_probe(parasync_options_t* options, int on, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
+    options->topk_probe = on != 0;
     return Status::Ok();
   });
 }
@@ -763,7 +773,7 @@ int parasync_client_register(parasync_client_t* client, const parasync_model_t* 
     }
     PARASYNC_RETURN_IF_ERROR(
         Explain(client, Ps(*client).Register(reg, Millis(client->options.connect_seconds),
-                                                 values)));
+                                             values)));
     client->registration = std::move(reg);
     int64_t parameters = 0;
     for (const VariableSpec& v : client->registration->variables) parameters += v.num_elements();
@@ -818,7 +828,8 @@ int parasync_client_pull(parasync_client_t* client, float* const* params, size_t
     }
     PARASYNC_RETURN_IF_ERROR(NeedArrays(params, num_params, "params"));
     PARASYNC_ASSIGN_OR_RETURN(const std::vector<RowsOf> r, RowsOfC(rows, num_rows, "rows"));
-    PARASYNC_RETURN_IF_ERROR(Explain(client, Ps(*client).Pull({params, num_params}, min_version, r)));
+    PARASYNC_RETURN_IF_ERROR(
+        Explain(client, Ps(*client).Pull({params, num_params}, min_version, r)));
     // The caller's next gradient comes from these parameters, not from those it held while
     // a launched exchange ran.
     if (num_params > 0) client->launched_from.reset();
@@ -837,7 +848,7 @@ int parasync_client_push(parasync_client_t* client, const float* const* grads, s
     PARASYNC_RETURN_IF_ERROR(NeedArrays(grads, num_grads, "grads"));
     PARASYNC_ASSIGN_OR_RETURN(const std::vector<RowsOf> r, RowsOfC(rows, num_rows, "rows"));
     return Explain(client, Ps(*client).Push({grads, num_grads}, batch_examples,
-                                                PsClient::kLastRead, r));
+                                            PsClient::kLastRead, r));
   });
 }
 
@@ -857,7 +868,8 @@ int parasync_client_step_begin(parasync_client_t* client, int64_t batch_examples
     client->launched_outcome.reset();
     // After a launch, the gradient comes from the parameters the caller held while the
     // exchange ran: those read before it.
-    const std::optional<PsClient::ReadPoint> from = std::exchange(client->launched_from, std::nullopt);
+    const std::optional<PsClient::ReadPoint> from =
+        std::exchange(client->launched_from, std::nullopt);
     return ps.BeginStep(batch_examples, from ? &*from : nullptr);
   });
 }

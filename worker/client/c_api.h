@@ -157,6 +157,11 @@ PARASYNC_API int parasync_options_set_curve(parasync_options_t* options, const c
  * bfloat16; docs/compression.md). */
 PARASYNC_API int parasync_options_set_wire_dtype(parasync_options_t* options, const char* dtype,
                                     char** errmsg);
+/* topk with the servers' optimizer: 1 (the default) tries int8 against top-k for 32 steps
+ * each after the first 20 and keeps whichever made the shorter step, logging which; 0 keeps
+ * top-k (docs/compression.md). */
+PARASYNC_API int parasync_options_set_topk_probe(parasync_options_t* options, int on,
+                                                 char** errmsg);
 /* Local aggregation (sync modes): `ranks` ("0,1") are the workers on this machine, this one
  * among them; each step goes through the lowest, which pushes their summed gradients once and
  * pulls once for all. `endpoint`: where it listens for the others (NULL: a unix socket in

@@ -131,11 +131,12 @@ TEST_F(CApiTest, ATrainingStepThroughTheCApi) {
   EXPECT_EQ(examples, 8);
   // What a worker reports: eval.jsonl and the metrics snapshot.
   parasync_client_observe_step(h_.client, 8, 0.5, 0.001, 0.002, 0.003);
-  const parasync_eval_t eval = {1, 0.5, 0.25, 0.75, NAN, 100.0, 2.0, 8, nullptr, 0.0};
+  const parasync_eval_t eval = {1, 0.5, 0.25, 0.75, NAN, 100.0, 2.0, 8, nullptr, 0.0, 0.0};
   ASSERT_EQ(parasync_client_log_eval(h_.client, &eval, &err), PARASYNC_OK) << Take(err);
   EXPECT_EQ(parasync_client_last_logged_epoch(h_.client), 1);
   // A worker-side optimizer (parasync.horovod's) names itself and its rate.
-  const parasync_eval_t worker_side = {2, 0.4, 0.2, 0.8, NAN, 100.0, 3.0, 8, "AdamW", 0.004};
+  const parasync_eval_t worker_side = {2, 0.4, 0.2, 0.8, NAN, 100.0, 3.0, 8, "AdamW", 0.004,
+                                       0.0};
   ASSERT_EQ(parasync_client_log_eval(h_.client, &worker_side, &err), PARASYNC_OK) << Take(err);
   // An evaluation within epoch 3, half of it done (--eval-every): not a whole epoch logged.
   const parasync_eval_t within = {3, NAN, 0.3, 0.7, NAN, 0.0, 3.5, 8, nullptr, 0.0, 2.5};

@@ -182,6 +182,8 @@ class Client:
         # The last gather's round and the ranks it admitted back (gather()).
         self.last_gather_round = 0
         self.last_gather_admitted: list[int] = []
+        # The arrays a launched step (step_launch) writes and reads until step_wait.
+        self._launched: list | None = None
         options = lib.parasync_options_create()
         try:
             hosts = ",".join(ps_hosts) if isinstance(ps_hosts, (list, tuple)) else ps_hosts
@@ -193,6 +195,7 @@ class Client:
             call(lib.parasync_options_set_curve, options, text(s.curve_key),
                  text(s.curve_server_key))
             call(lib.parasync_options_set_wire_dtype, options, text(s.wire_dtype))
+            call(lib.parasync_options_set_topk_probe, options, int(bool(s.topk_probe)))
             call(lib.parasync_options_set_joining, options, int(bool(s.joining)))
             call(lib.parasync_options_set_local_group, options, text(s.local_group),
                  text(s.local_group_endpoint))
