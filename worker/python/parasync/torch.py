@@ -402,14 +402,12 @@ class Optimizer:
         return times
 
     def _write_params(self, values: Sequence[np.ndarray]) -> None:
+        """`values` into the parameters, through their host buffers (a contiguous CPU
+        parameter's is its own memory)."""
         self._device_done()
-        with torch.no_grad():
-            for p, host, v in zip(self._params, self._host, values):
-                if p.device.type == "cpu" and p.is_contiguous():
-                    np.copyto(host, v)  # p's own memory
-                else:
-                    np.copyto(host, v)
-                    p.copy_(torch.from_numpy(host).view_as(p), non_blocking=True)
+        for host, v in zip(self._host, values):
+            np.copyto(host, v)
+        self._copy_host_to_params()
 
     def _predicted(self) -> list[np.ndarray]:
         """Where the next gradient is computed: the latest parameters, or with the prediction
