@@ -541,15 +541,22 @@ def relative(a, b) -> float:
     return float((a - b).abs().max() / max(float(b.abs().max()), 1e-12))
 
 
-def reference(optimizer_name: str, start: dict) -> dict:
-    """One process: both ranks' gradients each step, averaged, clipped, one optimizer."""
-    import torch.nn.functional as F
+def reference_model(optimizer_name: str, start: dict):
+    """The one-process references' model from `start`, its optimizer (for 2 ranks) and
+    scheduler, as worker_train makes them."""
     model = make_net(torch)
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(start[n])
     optimizer = make_optimizer(torch, optimizer_name, model.parameters(), 2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    return model, optimizer, scheduler
+
+
+def reference(optimizer_name: str, start: dict) -> dict:
+    """One process: both ranks' gradients each step, averaged, clipped, one optimizer."""
+    import torch.nn.functional as F
+    model, optimizer, scheduler = reference_model(optimizer_name, start)
     for step in range(STEPS):
         grads = []
         for r in range(2):
@@ -569,12 +576,7 @@ def reference_delayed(start: dict) -> dict:
     """One process, sync:delayed: each step's gradients at the parameters before it, averaged
     over both ranks and applied (clipped) one step later; the first step applies none."""
     import torch.nn.functional as F
-    model = make_net(torch)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(start[n])
-    optimizer = make_optimizer(torch, "sgd", model.parameters(), 2)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    model, optimizer, scheduler = reference_model("sgd", start)
     pending = None
     for step in range(STEPS):
         grads = []

@@ -1022,12 +1022,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._handed = [False] * len(self._params)
             self._staged = [None] * len(self._params)
             self._passes = [0] * len(self._params)
+        self._average_into_grads(into)
+        self._synchronized_now(called, times, times.push_seconds, times.pull_seconds)
+
+    def _average_into_grads(self, into=None) -> None:
+        """The step's average into every p.grad (from the host buffer where `into` does not
+        say it already landed there), times size() for hvd.Sum and the predivide factor."""
         scale = (size() if self._op == Sum else 1.0) * self._predivide
         with torch.no_grad():
-            for p, host, got in zip(self._params, self._pulled, into):
+            for i, (p, host) in enumerate(zip(self._params, self._pulled)):
                 if not p.requires_grad:
                     continue  # frozen: its optimizer skips it (grad None), as Horovod's
-                if got is host:
+                if into is None or into[i] is host:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                     p.grad.copy_(torch.from_numpy(host).view_as(p), non_blocking=True)
@@ -1035,13 +1041,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     p.grad.mul_(scale)
         if self._on_gpu:
             torch.cuda.current_stream().synchronize()
+
+    def _synchronized_now(self, called: float, times, push: float, pull: float) -> None:
+        """synchronize() is done: the timeline's row (when the step exchanged) and the
+        step's figures."""
         self._synchronized = True
-        if _state.timeline is not None:
+        if _state.timeline is not None and times is not None:
             first, last = self._hooks
             self._trace(times, [("optimizer + forward", self._last_step_end, first),
                                 ("backward", first, last),
                                 ("synchronize", called, time.monotonic())])
-        self._record(called, times.push_seconds, times.pull_seconds)
+        self._record(called, push, pull)
 
     def _synchronize_delayed(self) -> None:
         """sync:delayed: waits for the step before's exchange, hands this step's gradients to
@@ -1072,31 +1082,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._handed = [False] * len(self._params)
             self._staged = [None] * len(self._params)
             self._passes = [0] * len(self._params)
-        scale = (size() if self._op == Sum else 1.0) * self._predivide
-        with torch.no_grad():
-            for p, host in zip(self._params, self._pulled):
-                if not p.requires_grad:
-                    continue
-                if times is None:
-                    p.grad = None  # the first step: no average yet
-                    continue
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                p.grad.copy_(torch.from_numpy(host).view_as(p), non_blocking=True)
-                if scale != 1.0:
-                    p.grad.mul_(scale)
-        if self._on_gpu:
-            torch.cuda.current_stream().synchronize()
-        self._synchronized = True
+        if times is None:
+            for p in self._params:
+                p.grad = None  # the first step: no average yet
+        else:
+            self._average_into_grads()
         waited = time.monotonic() - called
         whole = (times.push_seconds + times.pull_seconds) if times is not None else 0.0
         pull = waited * times.pull_seconds / whole if whole > 0 else 0.0
-        if _state.timeline is not None and times is not None:
-            first, last = self._hooks
-            self._trace(times, [("optimizer + forward", self._last_step_end, first),
-                                ("backward", first, last),
-                                ("synchronize", called, time.monotonic())])
-        self._record(called, waited - pull, pull)
+        self._synchronized_now(called, times, waited - pull, pull)
 
     def _stage_copy(self, i: int) -> np.ndarray:
         """p.grad (zeros when it has none), pre-divided, copied into the push buffer: the
