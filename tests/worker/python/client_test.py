@@ -400,6 +400,52 @@ def with_environment(name: str, value: str, fn, *args, **kwargs):
             os.environ[name] = saved
 
 
+def optimizer_compression_narrows_the_pushes(log_dir: str) -> None:
+    """pst.Optimizer(..., compression="int8"): the pushes the server counted are a quarter of
+    float32's bytes (a byte per element and one per 128-element chunk), training moves the
+    parameters; an unknown compression and int8 with a pst.Embedding table are refused."""
+    import urllib.request
+    steps = 4
+    with Servers(BIN_DIR, shards=1, workers=1, log_dir=log_dir, mode="sync") as servers:
+        client = parasync.Client(servers.addresses, workers=1, rank=0, mode="sync",
+                                 log_dir=log_dir, request_timeout=10, connect_timeout=10)
+        e = raises(parasync.InvalidArgument, pst.Optimizer, client, Small(), optimizer="sgd",
+                   lr=0.1, compression="int4")
+        check(e is not None and "int4" in str(e), f"compression='int4': {e}")
+        torch.manual_seed(3)
+        model = nn.Linear(256, 64)
+        start = model.weight.detach().clone()
+        opt = pst.Optimizer(client, model, optimizer="sgd", lr=0.1, compression="int8")
+        x, y = torch.randn(32, 256), torch.randn(32, 64)
+        for _ in range(steps):
+            loss = ((model(x) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step(examples=32)
+        moved = float((model.weight.detach() - start).abs().max())
+        check(moved > 1e-3, f"int8 pushes moved the parameters by {moved:.2e} only")
+        with open(os.path.join(log_dir, "ps0.ready")) as f:
+            port = json.load(f)["metrics_port"]
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        m = re.search(r'parasync_ps_bytes_total\{[^}]*direction="in"[^}]*type="push"[^}]*\} (\S+)',
+                      page.decode())
+        pushed = float(m.group(1)) if m else None
+        float32 = steps * (256 * 64 + 64) * 4
+        ratio = pushed / float32 if pushed else None
+        check(ratio is not None and 0.24 <= ratio <= 0.27,
+              f"int8 pushes: the server counted {pushed} bytes, {ratio} of float32's {float32}")
+        print(f"pst.Optimizer(compression='int8'): pushes {ratio:.3f} of float32's bytes, "
+              f"parameters moved {moved:.3f}", flush=True)
+        client.close()
+        other = parasync.Client(servers.addresses, workers=1, rank=0, mode="sync",
+                                log_dir=log_dir, request_timeout=10, connect_timeout=10)
+        e = raises(parasync.InvalidArgument, pst.Optimizer, other,
+                   Small(embedding=pst.Embedding("ids", dim=5)), optimizer="sgd", lr=0.1,
+                   compression="int8")
+        check(e is not None and "embedding tables" in str(e), f"int8 with a table: {e}")
+        other.close()
+
+
 def a_schedule_that_cannot_be_honoured_is_refused(servers: Servers, log_dir: str) -> None:
     """An unknown PARASYNC_LR_SCHEDULE, and cosine with no training-set size to measure its
     length by: one clear InvalidArgument before anything is registered, not a constant rate."""
@@ -433,6 +479,9 @@ def main() -> int:
             a_schedule_that_cannot_be_honoured_is_refused(servers, refusal_dir)
         launched_worker_follows_the_cosine_schedule(d)
         launched_workers_overlap_and_evaluate_within_epochs(d)
+        compression_dir = os.path.join(d, "compression")
+        os.makedirs(compression_dir)
+        optimizer_compression_narrows_the_pushes(compression_dir)
         term_dir = os.path.join(d, "term")
         os.makedirs(term_dir)
         sigterm_stops_a_waiting_worker(term_dir)

@@ -189,6 +189,12 @@ class Optimizer:
     pushes sent before step() says how many there were (parasync.training.Run tells them
     exactly; a step() whose ``examples`` differ from what went out early turns overlap off).
 
+    ``compression``: how gradients travel, as ``--wire-dtype`` says it: "float32",
+    "bfloat16", "float16", "int8" or "topk[:R]" (int8 and top-k with error feedback,
+    parameters pulled in bfloat16; docs/compression.md), or an hvd.Compression; default the
+    client's (PARASYNC_WIRE_DTYPE, parasync-launch --wire-dtype). Not with pst.Embedding
+    tables for int8 and top-k (InvalidArgument).
+
     In ``sync:delayed`` (a dense model) the exchange runs behind the next step's compute, as
     parasync-worker's does: step() hands the gradient over, starts its push and the pull of
     the next parameters on the client's own thread and returns; the next step() waits for
@@ -202,7 +208,8 @@ class Optimizer:
     def __init__(self, client: Client, model: nn.Module, optimizer: str = "adam",
                  lr: float = 1e-3, *, seed: int | None = None, overlap: bool = True,
                  batch_dim: int = 0, name: str | None = None, train_size: int | None = None,
-                 epochs: int | None = None, weight_prediction: bool = True, **server_options):
+                 epochs: int | None = None, weight_prediction: bool = True,
+                 compression=None, **server_options):
         self.client = client
         self.model = model
         self.overlap = overlap
@@ -234,6 +241,8 @@ class Optimizer:
             initial = [np.ascontiguousarray(p.detach().cpu().numpy(), dtype=np.float32)
                        for p in self._params]
         seed = seed if seed is not None else (client.settings.seed or 42)
+        if compression is not None:
+            client.set_wire_dtype(getattr(compression, "wire_dtype", compression))
         client.register(variables, tables, optimizer=optimizer, lr=lr, seed=seed,
                         name=name or type(model).__name__,
                         description=f'{{"framework": "pytorch", "module": '
