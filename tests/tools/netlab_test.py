@@ -247,7 +247,7 @@ def local_aggregation_halves_the_link(tmp, name, float32_link):
 
 def topk_both_ways_under_a_quarter(tmp, name):
     """A Horovod script (its own optimizer: the servers average) with hvd.Compression.topk,
-    100 steps across the lab: the PS host's link carries at most a quarter, each way, of
+    100 steps across the lab, evaluating every 40 (rows within the epoch): the PS host's link carries at most a quarter, each way, of
     what the same steps would move in float32 (steps x the model's elements x 4 bytes; the
     script's float32 broadcast of the model and its evaluation's collectives count on the
     top-k side only)."""
@@ -257,7 +257,8 @@ def topk_both_ways_under_a_quarter(tmp, name):
     launch = (f'set -- $NETLAB_HOSTS; exec {BIN_DIR}/parasync-launch --ps "$1:1" -H "$2:1" '
               f'--ssh-command "$NETLAB_EXEC" --mode sync --epochs 1 --max-steps 100 '
               f'--log-dir {log_dir} --worker-command "/usr/bin/python3 {script} '
-              f'--compression topk --test-examples 500 --data {FASHION_MNIST}"')
+              f'--compression topk --test-examples 500 --eval-every 40 '
+              f'--data {FASHION_MNIST}"')
     done = netlab("run", "--hosts", "2", "--rate", "1gbit", "--name", name, "--json", counts,
                   "--", "sh", "-c", launch, timeout=240)
     print(done.stdout[-2000:], flush=True)
@@ -265,6 +266,11 @@ def topk_both_ways_under_a_quarter(tmp, name):
                                 f"{done.stderr[-2000:]}")
     if done.returncode != 0:
         return
+    # The script's --eval-every 40: rows within the epoch at steps 40 and 80 of its 938.
+    with open(os.path.join(log_dir, "eval.jsonl")) as f:
+        epochs = [round(json.loads(line)["epoch"], 4) for line in f if line.strip()]
+    check(epochs == [round(40 / 938, 4), round(80 / 938, 4), 1],
+          f"hvd topk --eval-every 40: eval.jsonl's epochs {epochs}")
     metrics = os.path.join(log_dir, "metrics-ps0.prom")
     steps = prom_value(metrics, "parasync_ps_worker_gradients_total", ['rank="0"'])
     elements = prom_value(metrics, "parasync_ps_elements", [])

@@ -106,8 +106,8 @@ def parse():
     p.add_argument("--target", type=float, default=0.88)
     p.add_argument("--eval-every", type=int, default=0,
                    help="the chief (DDP's rank 0 alike) also evaluates every N of its steps "
-                        "within an epoch, for time to --target at that resolution (a Horovod "
-                        "script evaluates at each epoch's end only; default 0: none)")
+                        "within an epoch, for time to --target at that resolution (the "
+                        "Horovod and parasync.torch scripts' every rank alike; default 0: none)")
     p.add_argument("--topk-density", type=float, default=None,
                    help="the fraction of each 256 gradient elements the *-topk configurations "
                         "send, in (0, 1] (default: topk's own, 1/32)")

@@ -10,7 +10,8 @@ and a StepLR scheduler for --model horovod, Horovod's two-conv network; Adam for
 cnn, parasync's Keras CNN); the initial parameters and optimizer state broadcast from rank
 0; gradients clipped between synchronize() and skip_synchronize(); test metrics averaged
 with hvd.allreduce, and rank 0 logs them to <log-dir>/eval.jsonl (hvd.log_eval) for
-tools/compare.
+tools/compare, after every epoch and, with --eval-every N (parasync-launch --eval-every N),
+every N steps within it.
 
     parasync-launch --ps 2 --workers 2 --mode sync --epochs 3 \\
         --worker-command "python3 worker/python/examples/horovod_mnist.py"
@@ -65,6 +66,13 @@ def parse():
                    default=int(os.environ.get("PARASYNC_MAX_STEPS") or 0) or None,
                    help="stop each rank after this many steps in all (default "
                         "PARASYNC_MAX_STEPS, parasync-launch --max-steps; else none)")
+    every = os.environ.get("PARASYNC_EVAL_EVERY", "")
+    p.add_argument("--eval-every", type=int,
+                   default=int(every) if every.isdigit() and int(every) > 0 else None,
+                   help="also evaluate every N steps (counted across epochs) within an epoch, "
+                        "a row of eval.jsonl with the epochs done as a fraction (default "
+                        "PARASYNC_EVAL_EVERY, parasync-launch --eval-every N; steps only: "
+                        "every rank evaluates at the same step)")
     p.add_argument("--compression", choices=("none", "fp16", "bf16", "int8", "topk"),
                    default="none",
                    help="how gradients travel (hvd.Compression; default %(default)s)")
@@ -90,9 +98,12 @@ def parse():
                         "(default 0: not elastic)")
     p.add_argument("--data", default=os.environ.get("PARASYNC_DATA") or data.FASHION_MNIST,
                    help="Fashion-MNIST's directory (default PARASYNC_DATA, else %(default)s)")
+    if every and not every.isdigit() and "--eval-every" not in sys.argv:
+        p.error(f"PARASYNC_EVAL_EVERY={every}: a Horovod script evaluates every N steps (every "
+                "rank at the same step), not every N seconds")
     args = p.parse_args()
     for flag in ("epochs", "batch_size", "threads", "train_examples", "test_examples",
-                 "max_steps"):
+                 "max_steps", "eval_every"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1, not {value}")
@@ -212,6 +223,17 @@ def main() -> int:
             picked = torch.tensor(idx)
             yield xs[picked], ys[picked]
 
+    per_rank_batches = -(-len(train_sampler) // args.batch_size)
+
+    def evaluate_within(epoch: int, done: int) -> None:
+        """An evaluation within `epoch` after `done` of its batches (every rank takes part:
+        the test set's sums are allreduced); rank 0 logs it with the epochs done."""
+        accuracy, test_loss = test()
+        if hvd.rank() == 0:
+            hvd.log_eval(epoch, accuracy, test_loss, wall_seconds=time.monotonic() - started,
+                         batch_size=args.batch_size,
+                         epoch_progress=epoch - 1 + done / per_rank_batches)
+
     def train_epoch(epoch: int, state=None) -> None:
         model.train()
         train_sampler.set_epoch(epoch)
@@ -234,6 +256,9 @@ def main() -> int:
             if state is not None and (batch + 1) % args.elastic == 0:
                 state.batch = batch + 1
                 state.commit()  # a restarted worker waiting to come back is admitted here
+            if args.eval_every and total_steps[0] % args.eval_every == 0 and \
+                    batch + 1 < per_rank_batches:
+                evaluate_within(epoch, batch + 1)
         if scheduler is not None:
             scheduler.step()
         seconds = time.monotonic() - epoch_start
