@@ -499,15 +499,18 @@ void PsClient::SetPushFormat(WireFormat format) {
   SizePushBuffers();  // no push holds narrowed_ between steps
 }
 
+namespace {
+// The median of `v` (its upper middle for an even count); 0 for none.
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+}  // namespace
+
 bool TopKPays(std::vector<double> topk_steps, std::vector<double> int8_steps, double margin) {
   if (topk_steps.empty() || int8_steps.empty()) return true;
-  const auto median = [](std::vector<double>& v) {
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    return v[v.size() / 2];
-  };
-  const double topk = median(topk_steps);
-  const double int8 = median(int8_steps);
-  return topk <= int8 * (1.0 - margin);
+  return Median(std::move(topk_steps)) <= Median(std::move(int8_steps)) * (1.0 - margin);
 }
 
 void PsClient::ProbePushFormat() {
@@ -530,11 +533,7 @@ void PsClient::ProbePushFormat() {
   }
   probe_.active = false;
   const size_t n = probe_.topk.size();
-  const auto ms = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : 1e3 * v[v.size() / 2];
-  };
-  const double topk_ms = ms(probe_.topk), int8_ms = ms(probe_.int8);
+  const double topk_ms = 1e3 * Median(probe_.topk), int8_ms = 1e3 * Median(probe_.int8);
   if (TopKPays(probe_.topk, probe_.int8, o.margin)) {
     SetPushFormat(probe_.topk_format);
     spdlog::info("{} pays here: a step took {:.1f} ms with it and {:.1f} ms with int8 (medians "

@@ -553,17 +553,23 @@ def reference_model(optimizer_name: str, start: dict):
     return model, optimizer, scheduler
 
 
+def rank_gradients(model, step: int) -> list:
+    """Each of the two ranks' gradients of `step`'s batch at the model's parameters."""
+    import torch.nn.functional as F
+    grads = []
+    for r in range(2):
+        model.zero_grad()
+        x, y = batch(torch, r, step)
+        F.nll_loss(model(x), y).backward()
+        grads.append([p.grad.detach().clone() for p in model.parameters()])
+    return grads
+
+
 def reference(optimizer_name: str, start: dict) -> dict:
     """One process: both ranks' gradients each step, averaged, clipped, one optimizer."""
-    import torch.nn.functional as F
     model, optimizer, scheduler = reference_model(optimizer_name, start)
     for step in range(STEPS):
-        grads = []
-        for r in range(2):
-            model.zero_grad()
-            x, y = batch(torch, r, step)
-            F.nll_loss(model(x), y).backward()
-            grads.append([p.grad.detach().clone() for p in model.parameters()])
+        grads = rank_gradients(model, step)
         for p, g0, g1 in zip(model.parameters(), *grads):
             p.grad = (g0 + g1) / 2
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -575,16 +581,10 @@ def reference(optimizer_name: str, start: dict) -> dict:
 def reference_delayed(start: dict) -> dict:
     """One process, sync:delayed: each step's gradients at the parameters before it, averaged
     over both ranks and applied (clipped) one step later; the first step applies none."""
-    import torch.nn.functional as F
     model, optimizer, scheduler = reference_model("sgd", start)
     pending = None
     for step in range(STEPS):
-        grads = []
-        for r in range(2):
-            model.zero_grad()
-            x, y = batch(torch, r, step)
-            F.nll_loss(model(x), y).backward()
-            grads.append([p.grad.detach().clone() for p in model.parameters()])
+        grads = rank_gradients(model, step)
         for i, p in enumerate(model.parameters()):
             p.grad = None if pending is None else pending[i]
         if pending is not None:

@@ -946,15 +946,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if own is not None:
                 self._staged[i] = own
                 return own
-        self._staged[i] = self._pushed[i]
-        p, out = self._params[i], torch.from_numpy(self._pushed[i])
-        if p.grad is None:
-            out.zero_()
-        else:
-            out.copy_(p.grad.detach().reshape(-1))
-            if self._predivide != 1.0:
-                out.div_(self._predivide)
-        return self._pushed[i]
+        return self._stage_copy(i)
 
     def _examples(self) -> int:
         n = self._forward_examples or self._client.next_step_examples or self._examples_default
