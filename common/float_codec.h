@@ -27,7 +27,8 @@ inline size_t DTypeSize(DType dtype) {
   return dtype == DType::kFloat32 ? 4 : dtype == DType::kInt8 || dtype == DType::kTopK ? 1 : 2;
 }
 // int8 and top-k: lossy beyond rounding, so their senders keep a residual (error feedback),
-// their pulls of parameters travel in bfloat16, and embedding rows never use them.
+// their pulls of parameters travel as int8 changes to the reader's copy (ps/delta_pulls.h)
+// or in bfloat16, and embedding rows never use them.
 inline bool HasErrorFeedback(DType dtype) {
   return dtype == DType::kInt8 || dtype == DType::kTopK;
 }

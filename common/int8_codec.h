@@ -59,4 +59,18 @@ void EncodeInt8(const float* in, size_t n, int64_t offset, void* out, float* res
 // Reads Int8Bytes(offset, n) bytes written by EncodeInt8 into `n` floats.
 void DecodeInt8(const void* in, size_t n, int64_t offset, float* out);
 
+// Delta pulls (ps/delta_pulls.h): a reader holds a copy `base` of parameters; the server
+// keeps the same copy and sends `target - base` in int8, and both add what was sent to their
+// copy, so the copies stay equal bit for bit and what was not sent stays in the difference
+// for the next pull (error feedback without a residual of its own). EncodeInt8Delta writes
+// target[0, n) - base[0, n) as EncodeInt8 does (`base` null: zeros) and sets next[0, n) to
+// base plus the sent values, exactly as AddInt8 would (`next` may be `base`); AddInt8 adds
+// what Int8Bytes(offset, n) bytes decode to into out[0, n) (a non-finite chunk makes its
+// elements NaN). The sum q * 2^e is exact, and base + it rounds the same way on both sides.
+void EncodeInt8Delta(const float* target, const float* base, float* next, size_t n,
+                     int64_t offset, void* out);
+// `also` (n floats, or null): where the sums are written as well (a reader's parameters
+// beside its copy, in the same pass).
+void AddInt8(const void* in, size_t n, int64_t offset, float* out, float* also = nullptr);
+
 }  // namespace parasync

@@ -265,6 +265,9 @@ std::vector<uint8_t> EncodeHeader(const Header& h) {
   if (h.joining) hb.add_joining(true);
   if (h.topk_keep != 0) hb.add_topk_keep(h.topk_keep);
   if (!admitted.IsNull()) hb.add_admitted(admitted);
+  if (h.delta_pull) hb.add_delta_pull(true);
+  if (h.delta_base != 0) hb.add_delta_base(h.delta_base);
+  if (h.delta_generation != 0) hb.add_delta_generation(h.delta_generation);
   b.Finish(hb.Finish());
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
@@ -446,6 +449,9 @@ Result<Header> DecodeHeader(const void* data, size_t size) {
   h.joining = in->joining();
   h.topk_keep = in->topk_keep();
   if (const auto* a = in->admitted()) h.admitted.assign(a->begin(), a->end());
+  h.delta_pull = in->delta_pull();
+  h.delta_base = in->delta_base();
+  h.delta_generation = in->delta_generation();
   if (const fb::RegisterRequest* r = in->register_()) {
     auto reg = DecodeRegistration(r);
     if (!reg.ok()) return reg.status();

@@ -114,6 +114,12 @@ struct Header {
   // rank live for them; a gather with it waits to be admitted at its key's next round.
   bool joining = false;
   std::vector<int32_t> admitted;  // gather reply: ranks admitted back at this round
+  // Delta pulls (ps/delta_pulls.h). Pull: the change from the copy of generation delta_base
+  // (0: none) is asked for. Reply: the frames are int8 changes to the copy of generation
+  // delta_base (0: to zeros), which becomes delta_generation.
+  bool delta_pull = false;
+  uint64_t delta_base = 0;
+  uint64_t delta_generation = 0;
 };
 
 // Serializes `header` into a fresh buffer. Never fails.

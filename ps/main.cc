@@ -95,6 +95,7 @@ struct PsFlags {
   int64_t max_message_bytes = int64_t{1} << 30;
   int64_t max_gather_bytes = int64_t{32} << 20;
   int64_t max_model_bytes = 0;
+  int64_t max_delta_copies = 0;
   int64_t max_table_rows = -1;  // -1: 4M rows, or no row bound with --table-memory
   int64_t table_memory = 0;
   std::string table_evict;  // "" : demote with --state-dir, else forget
@@ -129,7 +130,8 @@ void DescribeProgram(CLI::App& app) {
            "one registers (log line \"memory bound\", gauges parasync_ps_memory_bound_*): about "
            "96 MiB + the model (values, a spare copy, optimizer slots; sync: a gradient per "
            "worker; with --state-dir: a snapshot's copies) + --max-unread-reply-bytes + one "
-           "--max-message-bytes + 2 x --max-gather-bytes, plus (4 + 1) x --max-message-bytes + 1 MiB per connected peer. "
+           "--max-message-bytes + 2 x --max-gather-bytes + --max-delta-copies x 9/7 of the "
+           "shard's values (a server-side optimizer's), plus (4 + 1) x --max-message-bytes + 1 MiB per connected peer. "
            "It holds whatever a peer sends or leaves unread — a pull past the unread-reply bound "
            "and a message past --max-message-bytes are refused — with one gap: libzmq holds a "
            "message of many frames whole before it can be refused (docs/reliability.md).",
@@ -230,6 +232,13 @@ void AddServingFlags(CLI::App& app, PsFlags& f) {
                  "Most memory a registered model may take on this shard (values, one spare "
                  "copy of them for zero-copy pull replies, and the optimizer slots); 0 = 80% "
                  "of physical memory")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-delta-copies", f.max_delta_copies,
+                 "Most readers' copies of this shard's parameters kept for int8 delta pulls "
+                 "(workers pushing int8 or top-k to a server-side optimizer pull the change "
+                 "from their copy); a new one past it evicts the least recently used, whose "
+                 "reader's next pull starts from zeros. Each takes the shard's values once "
+                 "and about 2/7 of them for its cached reply (0 = workers + 2; at least 2)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-table-rows", f.max_table_rows,
                  "Most embedding-table rows this server holds in memory, all tables together; "
@@ -525,6 +534,7 @@ ServerOptions MakeServerOptions(const PsFlags& f, const PsConfig& c) {
   options.max_gather_bytes = f.max_gather_bytes;
   options.max_unread_reply_bytes = f.max_unread_reply_bytes;
   options.max_model_bytes = f.max_model_bytes;
+  options.max_delta_copies = f.max_delta_copies;
   if (options.max_model_bytes == 0) {
     // A registration is a remote request: it must not be able to exhaust this machine.
     options.max_model_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) / 5 * 4 *

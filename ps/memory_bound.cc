@@ -47,8 +47,13 @@ int64_t UnreadReplyCap(const ServerOptions& options, int64_t elements) {
   return 2 * (options.num_workers + 2) * values;
 }
 
+int64_t DeltaCopies(const ServerOptions& options) {
+  return options.max_delta_copies > 0 ? std::max<int64_t>(2, options.max_delta_copies)
+                                      : options.num_workers + 2;
+}
+
 MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, int slots,
-                               int64_t row_bytes) {
+                               int64_t row_bytes, bool delta_pulls) {
   const int64_t values = elements * static_cast<int64_t>(sizeof(float));
   MemoryBound b;
   b.base = kBaseBytes;
@@ -78,7 +83,15 @@ MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, i
   // Collectives: the payloads on the board, and as much again in replies whose payloads the
   // board has let go of and ZeroMQ has not yet written out.
   b.gather = 2 * options.max_gather_bytes;
-  b.fixed = b.base + b.model + b.tables + b.unread + b.gather + options.max_message_bytes;
+  // Delta pulls: each copy the shard's values in float32, and a cached reply (a byte an
+  // element and one a 128-element chunk, rounded up here to 2/7 of the values) from each copy
+  // and from zeros.
+  if (delta_pulls) {
+    const int64_t copies = DeltaCopies(options);
+    b.deltas = copies * values + (copies + 1) * (values * 2 / 7 + 1);
+  }
+  b.fixed = b.base + b.model + b.tables + b.unread + b.gather + b.deltas +
+            options.max_message_bytes;
   // The loop queues up to kServerPeerQueue messages of a connection (the one being handled
   // among them), or more small ones weighing no more than those could together
   // (PeerQueueBytes), ZeroMQ up to kServerReceiveQueue more and decodes one more, each of at
@@ -99,15 +112,18 @@ MemoryBound MemoryBoundFor(const ServerOptions& options, const ModelRegistration
     row_bytes = std::max(row_bytes, EmbeddingTables::BytesPerRow(t.dim, slots,
                                                                  options.table_expire_after > 0));
   }
-  return ComputeMemoryBound(options, elements, slots, row_bytes);
+  return ComputeMemoryBound(options, elements, slots, row_bytes,
+                            reg->optimizer.kind != OptimizerKind::kAggregate);
 }
 
 std::string MemoryBound::Describe() const {
   return fmt::format("{} + {} per connected peer (base {}, model {}, {}unread pull replies {}, "
-                     "one message read past its queue {})",
+                     "{}one message read past its queue {})",
                      Mib(fixed), Mib(per_connection), Mib(base), Mib(model),
                      tables > 0 ? "embedding rows " + Mib(tables) + ", " : std::string(),
-                     Mib(unread), Mib(fixed - base - model - tables - unread - gather));
+                     Mib(unread),
+                     deltas > 0 ? "int8 delta pulls' copies " + Mib(deltas) + ", " : std::string(),
+                     Mib(fixed - base - model - tables - unread - gather - deltas));
 }
 
 }  // namespace parasync

@@ -25,14 +25,18 @@ struct MemoryBound {
   int64_t unread = 0;     // pull replies not yet written out
   int64_t tables = 0;     // embedding rows at --max-table-rows, and a snapshot's copy of them
   int64_t gather = 0;     // collectives' payloads held, and their replies not yet written out
+  int64_t deltas = 0;     // readers' copies for int8 delta pulls and their cached replies
   std::string Describe() const;
 };
 // For a shard holding `elements` floats with `slots` optimizer slots per element. Before
 // registration, pass the elements --max-model-bytes admits.
 // `row_bytes`: the bytes one embedding row takes here (EmbeddingTables::BytesPerRow of the
 // widest table; 0 without tables).
+// `delta_pulls`: whether the model's pulls may be delta pulls (a server-side optimizer).
 MemoryBound ComputeMemoryBound(const ServerOptions& options, int64_t elements, int slots,
-                               int64_t row_bytes = 0);
+                               int64_t row_bytes = 0, bool delta_pulls = true);
+// The copies ps/delta_pulls.h keeps at most (options.max_delta_copies, or the workers + 2).
+int64_t DeltaCopies(const ServerOptions& options);
 // The bound of a server whose shard holds `elements` of the model registered as `reg` (its
 // optimizer's slots, its widest table's rows); before a registration (null), the bound for
 // the largest model --max-model-bytes admits.

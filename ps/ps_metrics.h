@@ -54,6 +54,14 @@ struct PsMetrics {
   prometheus::Histogram* barrier_wait_seconds = nullptr;
   prometheus::Counter* blocked_pulls = nullptr;
   prometheus::Counter* resent_pulls_in_flight = nullptr;  // PullReplies::AnsweringAlready
+  // Delta pulls (ps/delta_pulls.h): answered as a change to the reader's copy, the same
+  // reply again (another reader at the same generation, or a resend), from zeros (no copy
+  // of the reader's generation here); copies held and evicted.
+  prometheus::Counter* delta_pulls_changed = nullptr;
+  prometheus::Counter* delta_pulls_reused = nullptr;
+  prometheus::Counter* delta_pulls_from_zeros = nullptr;
+  prometheus::Counter* delta_copies_evicted = nullptr;
+  prometheus::Gauge* delta_copies = nullptr;
   prometheus::Counter* workers_declared_dead = nullptr;
   prometheus::Gauge* live_workers = nullptr;
   prometheus::Histogram* checkpoint_seconds = nullptr;

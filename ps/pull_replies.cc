@@ -1,10 +1,12 @@
 #include "ps/pull_replies.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <utility>
 
 #include "common/float_codec.h"
+#include "common/int8_codec.h"
 #include "ps/memory_bound.h"
 
 namespace parasync {
@@ -143,6 +145,42 @@ std::vector<zmq::message_t> PullReplies::SliceFrames(const Header& req, const By
     // far give theirs back as `frames` is destroyed).
     for (; taken < loans.size(); ++taken) Shard::ReturnLoan(loans[taken].token);
     throw;
+  }
+  return frames;
+}
+
+std::vector<zmq::message_t> PullReplies::DeltaFrames(const Header& req, const ByteCounter& peer,
+                                                     DeltaPulls& deltas, Header* reply) {
+  std::vector<Shard::Loan> loans;
+  shard_->Lend(req.slices, loans);
+  std::vector<const float*> values;
+  values.reserve(loans.size());
+  for (const Shard::Loan& l : loans) values.push_back(l.data);
+  DeltaPulls::Change change;
+  try {
+    change = deltas.Answer(req, values);
+  } catch (...) {
+    for (const Shard::Loan& l : loans) Shard::ReturnLoan(l.token);
+    throw;
+  }
+  for (const Shard::Loan& l : loans) Shard::ReturnLoan(l.token);
+  reply->delta_pull = true;
+  reply->delta_base = change.base;
+  reply->delta_generation = change.generation;
+  std::vector<zmq::message_t> frames;
+  frames.reserve(req.slices.size());
+  const SliceMap& map = *shard_->slice_map();
+  size_t pos = 0;
+  for (const SliceRange& r : req.slices) {
+    const size_t size =
+        Int8Bytes(map.slices()[r.slice_id].offset, static_cast<size_t>(r.count));
+    auto hold = std::make_unique<FrameHold>(
+        FrameHold{nullptr, static_cast<int64_t>(size), peer, total_, released_});
+    void* data = std::malloc(size);
+    if (data == nullptr) throw std::bad_alloc();
+    std::memcpy(data, change.bytes->data() + pos, size);
+    pos += size;
+    AppendHeldFrame(data, size, hold.release(), frames);
   }
   return frames;
 }

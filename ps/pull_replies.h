@@ -20,6 +20,7 @@
 
 #include "common/status.h"
 #include "common/wire.h"
+#include "ps/delta_pulls.h"
 #include "ps/ps_metrics.h"
 #include "ps/server_options.h"
 #include "ps/shard.h"
@@ -48,6 +49,11 @@ class PullReplies {
   Result<std::vector<zmq::message_t>> Frames(const Header& req,
                                              const std::vector<std::vector<uint64_t>>& row_ids,
                                              const ByteCounter& peer);
+  // The frames of the reply to a checked delta pull (DeltaPulls::Check), counted on `peer`:
+  // one per slice, the change `deltas` answers; sets reply->delta_base and
+  // delta_generation. Throws std::bad_alloc (every loan returned).
+  std::vector<zmq::message_t> DeltaFrames(const Header& req, const ByteCounter& peer,
+                                          DeltaPulls& deltas, Header* reply);
   // The bytes a pull reply's rows take.
   int64_t RowReplyBytes(const Header& req) const;
 

@@ -83,6 +83,7 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
       gathers_({options.num_workers, options.max_gather_bytes, options.barrier_timeout}),
       inbox_(kServerPeerQueue, kServerPeerCredit, PeerQueueBytes(options.max_message_bytes)),
       replies_(&options_, &shard_, metrics, released_since_trim_),
+      deltas_(&shard_, metrics),
       straggler_({options.num_workers, options.straggler_log_seconds}),
       last_idle_(std::chrono::steady_clock::now()),
       ledger_(options.num_workers),
@@ -98,12 +99,17 @@ Server::Server(std::unique_ptr<Socket> socket, const ServerOptions& options, PsM
                             options.table_expire_in_seconds});
   std::random_device rd;
   while (incarnation_ == 0) incarnation_ = (uint64_t{rd()} << 32) | rd();
+  deltas_.set_first_generation(incarnation_);
+  deltas_.set_capacity(options.max_delta_copies > 0
+                           ? static_cast<size_t>(options.max_delta_copies)
+                           : static_cast<size_t>(options.num_workers) + 2);
   rule_ = MakeUpdateRule(options.mode, {&shard_, &coordinator_, &ledger_, &durability_, metrics_,
                                         this, incarnation_});
 }
 
 Status Server::Restore(const ShardSnapshot& snap) {
   PARASYNC_RETURN_IF_ERROR(shard_.Restore(snap));
+  deltas_.Forget();  // the copies' changes were from other values
   ledger_.Restore(snap.ranks);
   durability_.MarkSaved(shard_.version());
   PublishRegistered();
@@ -289,7 +295,9 @@ void Server::SendPull(zmq::message_t& identity, const Header& req,
   reply.slices = req.slices;
   reply.rows = req.rows;
   std::vector<zmq::message_t> frames;
-  if (auto built = replies_.Frames(req, row_ids, peer); built.ok()) {
+  if (req.delta_pull) {
+    frames = replies_.DeltaFrames(req, peer, deltas_, &reply);
+  } else if (auto built = replies_.Frames(req, row_ids, peer); built.ok()) {
     frames = std::move(built).value();
   } else {
     reply = ReplyTo(req);
@@ -738,6 +746,7 @@ bool Server::HandlePull(Inbound& in, TimePoint now, Header& reply, RejectReason*
   const Header& req = *in.header;
   std::vector<std::vector<uint64_t>> row_ids;
   reply.status = ReadPull(req, in.frames, shard_, &row_ids, reason);
+  if (reply.status.ok() && req.delta_pull) reply.status = deltas_.Check(req, reason);
   if (!reply.status.ok()) return false;
   if (const int64_t bytes = replies_.RowReplyBytes(req); bytes > options_.max_message_bytes) {
     // What the unread-reply caps assume (UnreadBasis), and what a worker could receive.

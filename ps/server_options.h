@@ -35,6 +35,10 @@ struct ServerOptions {
   // refused (Unavailable) instead of pinning another version of the model.
   int64_t max_unread_reply_bytes = 0;
   int64_t max_model_bytes = 0;  // bound on this shard's values + slots; 0: none
+  // Readers' copies of the shard's values kept for int8 delta pulls (ps/delta_pulls.h; each
+  // the shard's values in float32 and about a quarter of that for its cached reply); 0: the
+  // workers + 2. A new copy past it evicts the least recently used.
+  int64_t max_delta_copies = 0;
   // Embedding rows this shard holds at most, all tables together (0: no bound); creating
   // one more evicts the least recently touched (ps/embedding_table.h).
   int64_t max_table_rows = 0;

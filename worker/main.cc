@@ -227,6 +227,7 @@ struct WorkerFlags {
   std::string lr_scaling = "none";
   std::string wire_dtype = "float32";
   std::string topk_probe = "on";
+  std::string delta_pulls = "on";
   int copy_threads = 2;
   int64_t max_slice_elements = parasync::kDefaultMaxSliceElements;
   std::string device = "auto";
@@ -363,7 +364,8 @@ void AddFaultAndWireFlags(CLI::App& app, WorkerFlags& f) {
                  "(the servers keep float32; float16 saturates at +-65504, bfloat16 keeps "
                  "float32's range with 8 bits of precision), or int8: gradients in a quarter "
                  "of the bytes, a power-of-two scale per 128 elements, what each push did not "
-                 "send added to the next (error feedback); parameters pulled in bfloat16; or "
+                 "send added to the next (error feedback); parameters pulled as int8 changes to "
+                 "this worker's copy of them (--delta-pulls); or "
                  "topk[:R] (default R 1/32): of every 256 gradient elements the R * 256 largest, "
                  "in int8 with their indices (17 bytes per 256 at 1/32, 1/60 of float32), "
                  "with error feedback the same way (docs/compression.md)");
@@ -371,6 +373,12 @@ void AddFaultAndWireFlags(CLI::App& app, WorkerFlags& f) {
                  "With --wire-dtype topk: on tries int8 against top-k for 32 steps each after "
                  "the first 20 and keeps whichever made the shorter step, saying which in one "
                  "line (a fast link does not pay back top-k's selection); off keeps top-k")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--delta-pulls", f.delta_pulls,
+                 "With --wire-dtype int8 or topk and the servers' optimizer: on pulls the "
+                 "parameters as int8 changes to a copy this worker keeps (the servers keep the "
+                 "same copy; what a pull does not send goes with the next), a quarter of "
+                 "float32's bytes; off pulls them in bfloat16, half")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--copy-threads", f.copy_threads,
                  "Threads that copy a pulled model of 1 MiB or more into the training buffers, "
@@ -780,6 +788,7 @@ std::optional<int> Connect(zmq::context_t& context, const WorkerFlags& f, const 
   client_options.curve = c.curve;
   client_options.wire_dtype = c.wire;
   client_options.topk_probe.enabled = f.topk_probe == "on";
+  client_options.delta_pulls = f.delta_pulls == "on";
   client_options.copy_threads = f.copy_threads;
   client_options.local_group = c.local_group;
   auto heartbeater = Heartbeater::Start(
@@ -949,13 +958,18 @@ int Run(const WorkerFlags& f, const WorkerConfig& c) {
                c.rank, c.cluster.workers.size(), (*backend)->name(), why,
                CpuComputeThreadsFlushDenormals() ? "flushed to zero" : "kept (PARASYNC_DENORMALS)",
                (train.n + num_workers - 1 - c.rank) / num_workers, c.metrics_ip, metrics_port);
+  const char* parameters = f.delta_pulls == "on"
+                               ? "parameters as int8 changes to this worker's copy of them "
+                                 "(delta pulls, a quarter)"
+                               : "parameters as bfloat16 (half)";
   if (c.wire.dtype == DType::kInt8) {
     spdlog::info("gradients travel as int8 with error feedback (a quarter of float32's bytes), "
-                 "parameters as bfloat16 (half)");
+                 "{}",
+                 parameters);
   } else if (c.wire.dtype == DType::kTopK) {
     spdlog::info("gradients travel as {} with error feedback ({} of every 256 elements in "
-                 "int8), parameters as bfloat16 (half)",
-                 WireFormatName(c.wire), c.wire.keep);
+                 "int8), {}",
+                 WireFormatName(c.wire), c.wire.keep, parameters);
   } else if (c.wire.dtype != DType::kFloat32) {
     spdlog::info("parameters and gradients travel as {} (half the bytes of float32)",
                  DTypeName(c.wire.dtype));

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 #include <cstring>
 
+#include "common/int8_codec.h"
 #include "common/metrics.h"
 #include "common/push_seq.h"
 #include "worker/request_tracker.h"
@@ -449,10 +450,13 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
   const WireFormat wire = options_.wire_dtype;
   const bool fed_back = HasErrorFeedback(wire.dtype);
   push_residual_.assign(fed_back ? static_cast<size_t>(total) : 0, 0.0f);
-  // A worker-side aggregate is pulled as it was pushed; parameters go in bfloat16.
-  pull_dtype_ = fed_back && reg.optimizer.kind != OptimizerKind::kAggregate
-                    ? WireFormat(DType::kBfloat16)
-                    : wire;
+  // A worker-side aggregate is pulled as it was pushed; parameters as int8 changes to this
+  // client's copy (delta pulls), or in bfloat16.
+  const bool parameters = fed_back && reg.optimizer.kind != OptimizerKind::kAggregate;
+  delta_pulls_ = parameters && options_.delta_pulls;
+  pull_dtype_ = !parameters ? wire : delta_pulls_ ? WireFormat(DType::kInt8) : DType::kBfloat16;
+  pull_base_.assign(delta_pulls_ ? static_cast<size_t>(total) : 0, 0.0f);
+  pull_generation_.assign(static_cast<size_t>(num_shards()), 0);
   residual_at_.assign(static_cast<size_t>(num_shards()), 0);
   shard_vars_.assign(static_cast<size_t>(num_shards()), {});
   var_shards_.assign(reg.variables.size(), {});
@@ -543,8 +547,7 @@ void PsClient::ProbePushFormat() {
   } else {
     SetPushFormat(DType::kInt8);
     spdlog::info("{} does not pay here: a step took {:.1f} ms with it and {:.1f} ms with int8 "
-                 "(medians of {} steps each); pushing int8 from now on (parameters still "
-                 "pulled in bfloat16)",
+                 "(medians of {} steps each); pushing int8 from now on",
                  WireFormatName(probe_.topk_format), topk_ms, int8_ms, n);
   }
 }
@@ -601,6 +604,8 @@ void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::ve
     o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
     o.header.dtype = pull_dtype_.dtype;  // the format the reply is to carry
     o.header.topk_keep = static_cast<uint8_t>(pull_dtype_.keep);
+    o.header.delta_pull = delta_pulls_ && with_slices;
+    o.header.delta_base = o.header.delta_pull ? pull_generation_[static_cast<size_t>(s)] : 0;
     for (uint32_t id : with_slices ? map_->SlicesOfShard(s) : std::vector<uint32_t>{}) {
       o.header.slices.push_back({id, 0, map_->slices()[id].length});
     }
@@ -729,6 +734,8 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
     int64_t offset;  // in its variable
     WireFormat dtype;
     float* to;
+    float* base = nullptr;  // a delta pull's: the copy `from` changes (pull_base_)
+    bool from_zeros = false;
   };
   std::vector<Copy> copies;
   copies.reserve(map_->slices().size());
@@ -751,6 +758,10 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
                                 WireFormatName(pull_dtype_) + " pull in " +
                                 WireFormatName(dtype));
     }
+    PARASYNC_RETURN_IF_ERROR(CheckDeltaReply(shards[i], *in.header));
+    float* base = in.header->delta_pull
+                      ? pull_base_.data() + residual_at_[static_cast<size_t>(shards[i])]
+                      : nullptr;
     for (size_t k = 0; k < ids.size(); ++k) {
       const SliceInfo& info = map_->slices()[ids[k]];
       const auto count = static_cast<size_t>(info.length);
@@ -760,8 +771,10 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
         return Status::Corruption("ps shard " + std::to_string(shards[i]) +
                                   " answered a pull with a mismatching slice");
       }
-      copies.push_back(
-          {in.frames[k].data(), count, info.offset, dtype, params[info.var_index] + info.offset});
+      copies.push_back({in.frames[k].data(), count, info.offset, dtype,
+                        params[info.var_index] + info.offset, base,
+                        base != nullptr && in.header->delta_base == 0});
+      if (base != nullptr) base += count;
       elements += info.length;
     }
     lowest = std::min(lowest, in.header->version);
@@ -770,7 +783,12 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
   }
   const bool streaming = elements >= kStreamingCopyElements;
   auto copy = [&](size_t c) {
-    if (streaming && copies[c].dtype.dtype == DType::kFloat32) {
+    if (copies[c].base != nullptr) {
+      // A delta pull: the change to this client's copy, then the copy into the parameters.
+      float* base = copies[c].base;
+      if (copies[c].from_zeros) std::fill(base, base + copies[c].count, 0.0f);
+      AddInt8(copies[c].from, copies[c].count, copies[c].offset, base, copies[c].to);
+    } else if (streaming && copies[c].dtype.dtype == DType::kFloat32) {
       CopyFloatsStreaming(static_cast<const float*>(copies[c].from), copies[c].count,
                           copies[c].to);
     } else {
@@ -784,10 +802,31 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
     for (size_t c = 0; c < copies.size(); ++c) copy(c);
   }
   for (size_t i = 0; i < replies.size(); ++i) {
-    read_versions_[static_cast<size_t>(shards[i])] = replies[i].header->version;
-    read_incarnation_[static_cast<size_t>(shards[i])] = replies[i].header->incarnation;
+    const auto si = static_cast<size_t>(shards[i]);
+    read_versions_[si] = replies[i].header->version;
+    read_incarnation_[si] = replies[i].header->incarnation;
+    // A plain reply (a server that ignores delta pulls) leaves the copy behind.
+    if (!params.empty() && delta_pulls_) {
+      pull_generation_[si] =
+          replies[i].header->delta_pull ? replies[i].header->delta_generation : 0;
+    }
   }
   last_version_ = lowest == INT64_MAX ? 0 : lowest;
+  return Status::Ok();
+}
+
+Status PsClient::CheckDeltaReply(int shard, const Header& reply) const {
+  if (!reply.delta_pull) return Status::Ok();
+  const uint64_t held = delta_pulls_ ? pull_generation_[static_cast<size_t>(shard)] : 0;
+  if (!delta_pulls_ || reply.dtype != DType::kInt8 ||
+      (reply.delta_base != 0 && reply.delta_base != held) || reply.delta_generation == 0) {
+    return Status::Corruption("ps shard " + std::to_string(shard) +
+                              " answered with a change to parameters generation " +
+                              std::to_string(reply.delta_base) + " in " +
+                              std::string(DTypeName(reply.dtype)) + "; this client holds " +
+                              (delta_pulls_ ? "generation " + std::to_string(held)
+                                            : std::string("no copy")));
+  }
   return Status::Ok();
 }
 

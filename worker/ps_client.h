@@ -64,13 +64,12 @@ struct PsClientOptions {
   // parameters the servers keep stay float32), or int8 (common/int8_codec.h): pushes
   // quantized with error feedback (this client keeps what each push did not send and adds
   // it to the next); pulls of a worker-side aggregate in int8 too (the servers keep that
-  // residual), pulls of parameters in bfloat16 (a quantized parameter's error would not be
-  // fed back). Or top-k (common/topk_codec.h: `keep` of every 256 elements, in int8), with
+  // residual), pulls of parameters as int8 changes to a copy this client holds
+  // (`delta_pulls`), or in bfloat16 without them. Or top-k (common/topk_codec.h: `keep` of every 256 elements, in int8), with
   // error feedback the same way, pulls of a worker-side aggregate in top-k too. Not with
   // embedding tables (Register refuses int8 and top-k).
   WireFormat wire_dtype = DType::kFloat32;
-  // Top-k pushes whose parameters come back in bfloat16 (a server-side optimizer's workers)
-  // check that they pay: after `start_after` steps, `window` steps pushed in top-k and
+  // Top-k pushes to a server-side optimizer (parameters pulled, not an average) check that they pay: after `start_after` steps, `window` steps pushed in top-k and
   // `window` in int8, `rounds` times over; then top-k stays only if its median step (from
   // one step's end to the next's: compute and exchange) was at least `margin` (a fraction)
   // shorter than int8's, else int8 from then on (both with error feedback: the residual
@@ -84,6 +83,12 @@ struct PsClientOptions {
     double margin = 0.0;
   };
   TopKProbe topk_probe;
+  // With int8 or top-k pushes to a server-side optimizer, parameters are pulled as int8
+  // changes to a copy of them this client keeps (ps/delta_pulls.h: the servers keep the
+  // same copy; what a pull does not send stays in the difference for the next), a quarter
+  // of float32's bytes and closer to the servers' parameters than bfloat16. Off: parameters
+  // in bfloat16 (half of float32's bytes).
+  bool delta_pulls = true;
   // Threads that copy a pull reply of at least PsClient::kParallelCopyElements into the
   // caller's parameters: the calling thread and copy_threads - 1 helpers, a slice at a time
   // each (common/parallel_for.h). A helper that is not scheduled in time leaves its share to
@@ -415,6 +420,9 @@ class PsClient {
   Status TakePullReplies(std::span<float* const> params, std::span<const int> shards,
                          std::span<Inbound> replies, RowSet rows,
                          const std::vector<ShardRows>& split);
+  // A delta pull's reply from `shard` (reply.delta_pull) must be int8 and change the copy
+  // this client holds (or zeros); Corruption naming both generations otherwise.
+  Status CheckDeltaReply(int shard, const Header& reply) const;
   // TakePullReplies' part for rows: checks reply i's row frames (after its `first` slice
   // frames) and copies them into `rows`.
   Status TakePullRows(int shard, Inbound& in, size_t first, RowSet rows,
@@ -477,6 +485,12 @@ class PsClient {
   std::vector<float> push_residual_;
   std::vector<size_t> residual_at_;  // by shard: where its run starts in push_residual_
   WireFormat pull_dtype_ = DType::kFloat32;  // what pulls ask for (wire_dtype; int8: above)
+  // Delta pulls (PsClientOptions::delta_pulls): the copy of the parameters the servers
+  // changed (shard by shard as residual_at_ lays them out) and its generation on each shard
+  // (0: none; the next pull starts from zeros).
+  bool delta_pulls_ = false;
+  std::vector<float> pull_base_;
+  std::vector<uint64_t> pull_generation_;
   std::vector<int64_t> var_sizes_;
   // The variables each shard holds slices of (each once), and the shards of each variable.
   std::vector<std::vector<size_t>> shard_vars_;

@@ -66,6 +66,7 @@ struct LaunchOptions {
   std::optional<std::string> log_every;  // worker --log-every SECONDS
   std::optional<std::string> wire_dtype;
   std::optional<std::string> topk_probe;  // worker --topk-probe on|off
+  std::optional<std::string> delta_pulls;  // worker --delta-pulls on|off
   bool checkpoint_each_epoch = false;  // passed to workers as --checkpoint-each-epoch
   // Local aggregation (sync modes): the workers of each host with several get --local-group
   // (PARASYNC_LOCAL_GROUP) naming that host's ranks: they exchange each step through the

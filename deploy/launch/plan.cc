@@ -119,6 +119,7 @@ std::vector<TrainingSetting> TrainingSettings(const LaunchOptions& options) {
           {"--eval-every", "PARASYNC_EVAL_EVERY", &options.eval_every},
           {"--wire-dtype", "PARASYNC_WIRE_DTYPE", &options.wire_dtype},
           {"--topk-probe", "PARASYNC_TOPK_PROBE", &options.topk_probe},
+          {"--delta-pulls", "PARASYNC_DELTA_PULLS", &options.delta_pulls},
           {"--log-every", "PARASYNC_LOG_EVERY", &options.log_every}};
 }
 

@@ -145,6 +145,54 @@ TEST(Int8CodecTest, ErrorFeedbackCarriesWhatWasNotSentExactly) {
   }
 }
 
+// Delta pulls: the server's copy and the reader's, updated by the same bytes, stay equal bit
+// for bit; the copy follows parameters that move every step to within one step of each
+// chunk's scale of the change (what was not sent stays in the difference, not lost); a copy
+// starting from zeros reaches the parameters within a few pulls.
+TEST(Int8CodecTest, DeltaPullsKeepBothCopiesEqualAndFollowTheTarget) {
+  const size_t n = 1000;
+  const int64_t offset = 77;  // chunks cut by the range's edges
+  std::vector<float> target = GaussianFloats(n, 7, 0.05f);
+  std::vector<float> server(n, 0.0f), reader(n, 0.0f);
+  std::vector<int8_t> wire(Int8Bytes(offset, n));
+  float first_error = 0.0f;
+  for (uint32_t pull = 0; pull < 60; ++pull) {
+    if (pull >= 4) {
+      const std::vector<float> step = GaussianFloats(n, 300 + pull, 1e-3f);  // an optimizer step
+      for (size_t i = 0; i < n; ++i) target[i] -= step[i];
+    }
+    EncodeInt8Delta(target.data(), server.data(), server.data(), n, offset, wire.data());
+    AddInt8(wire.data(), n, offset, reader.data());
+    ASSERT_EQ(server, reader) << "pull " << pull;
+    float worst = 0.0f;
+    for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(target[i] - reader[i]));
+    if (pull == 0) first_error = worst;
+    if (pull == 3) EXPECT_LT(worst, 1e-7f) << "a copy from zeros after 4 pulls";
+    // One step moves an element by about 1e-3 (at most ~4.5e-3 here); a chunk's change is
+    // sent to within half of 2^e <= max/127.
+    if (pull >= 4) EXPECT_LT(worst, 5e-3f / 127.0f) << "pull " << pull;
+  }
+  EXPECT_GT(first_error, 1e-5f) << "the first pull, from zeros, is 7 bits of the parameters";
+  // A null base is zeros; a `next` apart from `base` leaves the base as it was.
+  std::vector<int8_t> from_null(wire.size()), from_zeros(wire.size());
+  std::vector<float> zeros(n, 0.0f), made(n), in_place(n, 0.0f);
+  EncodeInt8Delta(target.data(), nullptr, made.data(), n, offset, from_null.data());
+  EncodeInt8Delta(target.data(), in_place.data(), in_place.data(), n, offset, from_zeros.data());
+  EXPECT_EQ(from_null, from_zeros);
+  EXPECT_EQ(made, in_place);
+  std::vector<float> apart(n);
+  EncodeInt8Delta(target.data(), server.data(), apart.data(), n, offset, wire.data());
+  AddInt8(wire.data(), n, offset, reader.data());
+  EXPECT_EQ(apart, reader);
+  EXPECT_NE(server, reader) << "the base is left as it was";
+  // Bytes decoded by the other side's AddInt8 are the EncodeInt8 layout.
+  std::vector<float> decoded(n);
+  DecodeInt8(wire.data(), n, offset, decoded.data());
+  std::vector<float> again(n, 0.0f);
+  AddInt8(wire.data(), n, offset, again.data());
+  EXPECT_EQ(decoded, again);
+}
+
 // The header's definition, written plainly, element by element: the codec (8 at a time
 // where the CPU has AVX2, for whole chunks) must give its bits.
 void Reference(const std::vector<float>& in, int64_t offset, std::vector<float>& residual,

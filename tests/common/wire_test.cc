@@ -114,6 +114,25 @@ TEST(WireTest, RoundTripKeepsAGathersKeyRanksAndAdmissions) {
   EXPECT_TRUE(plain->admitted.empty());
 }
 
+TEST(WireTest, RoundTripKeepsADeltaPullsGenerations) {
+  Header h;
+  h.type = MsgType::kPull;
+  h.dtype = DType::kInt8;
+  h.delta_pull = true;
+  h.delta_base = 0x8000000000000001ull;  // all 64 bits travel
+  h.delta_generation = 42;
+  Result<Header> d = RoundTrip(h);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_TRUE(d->delta_pull);
+  EXPECT_EQ(d->delta_base, h.delta_base);
+  EXPECT_EQ(d->delta_generation, 42u);
+  Result<Header> plain = RoundTrip(Header{});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->delta_pull);
+  EXPECT_EQ(plain->delta_base, 0u);
+  EXPECT_EQ(plain->delta_generation, 0u);
+}
+
 TEST(WireTest, RoundTripKeepsEveryMessageType) {
   for (int t = 0; t < kNumMsgTypes; ++t) {
     Header h;

@@ -337,6 +337,7 @@ TEST(LaunchPlanTest, WorkerCommandIsToldEachTrainingSettingGivenAndItsCurveKeys)
   options.log_every = "2.5";
   options.wire_dtype = "bfloat16";
   options.topk_probe = "off";
+  options.delta_pulls = "off";
   options.checkpoint_each_epoch = true;
   options.curve_dir = "/k";
   options.finish_timeout = 42.5;
@@ -359,6 +360,7 @@ TEST(LaunchPlanTest, WorkerCommandIsToldEachTrainingSettingGivenAndItsCurveKeys)
         {"PARASYNC_LOG_EVERY", "2.5"},
         {"PARASYNC_WIRE_DTYPE", "bfloat16"},
         {"PARASYNC_TOPK_PROBE", "off"},
+        {"PARASYNC_DELTA_PULLS", "off"},
         {"PARASYNC_CHECKPOINT_EACH_EPOCH", "1"},
         {"PARASYNC_CURVE_KEY", "/k/worker" + std::to_string(rank) + ".key"},
         {"PARASYNC_CURVE_SERVER_KEY", "/k/ps.pub"},

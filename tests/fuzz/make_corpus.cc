@@ -350,6 +350,25 @@ void AddRowEncodings(const TrainingRows& r, SeedFiles& seeds) {
                               s.PullRows(0, 1, s.here(), {}, topk), swapped, keep0,
                               s.PushRows(1, 1, s.here(), r.rows1, 0.03f, topk),
                               s.PullRows(1, 1, {}, r.rows1, topk)}));
+  // int8 delta pulls (ps/delta_pulls.h): from zeros, then naming a generation (unknown to the
+  // server: answered from zeros), and refused ones: in float32, of a part of the shard, with
+  // rows.
+  const auto delta = [](Message m, uint64_t base) {
+    Header h = DecodeHeader(m[0].data(), m[0].size()).value();
+    h.delta_pull = true;
+    h.delta_base = base;
+    m[0] = Frame(h);
+    return m;
+  };
+  const std::vector<SliceRange> part(s.here().begin(), s.here().begin() + 1);
+  seeds.emplace_back(
+      "delta-pulls",
+      s.Input({s.PushRows(0, 0, s.here(), {}, 0.01f, DType::kInt8),
+               delta(s.PullRows(0, 1, s.here(), {}, DType::kInt8), 0),
+               delta(s.PullRows(1, 1, s.here(), {}, DType::kInt8), 3),
+               delta(s.PullRows(0, 1, s.here(), {}), 0),
+               delta(s.PullRows(0, 1, part, {}, DType::kInt8), 0),
+               delta(s.PullRows(1, 1, s.here(), r.rows1, DType::kInt8), 0)}));
   // Ids nobody pushed read as their initial value and create nothing; an empty ids frame.
   seeds.emplace_back("rows-pull-unseen",
                      s.Input({s.PullRows(0, 0, {}, {{0, IdsOn(0, 0, 900, 40)}, {1, {}}}),

@@ -3,6 +3,8 @@
 // (common/int8_codec.h, common/topk_codec.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -101,8 +103,35 @@ INSTANTIATE_TEST_SUITE_P(Codecs, ServerCompressionTest,
                          ::testing::Values(WireFormat(DType::kInt8), WireFormat(DType::kTopK, 3)),
                          [](const auto& p) { return std::string(DTypeName(p.param.dtype)); });
 
+// What delta pulls give a reader (ps/delta_pulls.h): its copy, slice by slice, changed by
+// the int8 of (the servers' values - the copy), starting from zeros.
+class DeltaReference {
+ public:
+  explicit DeltaReference(const ModelRegistration& reg)
+      : map_(SliceMap::Build(reg.variables, reg.max_slice_elements, reg.num_shards).value()) {
+    for (const VariableSpec& v : reg.variables) {
+      copy_.emplace_back(static_cast<size_t>(v.num_elements()), 0.0f);
+    }
+  }
+  const std::vector<std::vector<float>>& Pull(const std::vector<std::vector<float>>& values) {
+    for (const SliceInfo& s : map_.slices()) {
+      const auto n = static_cast<size_t>(s.length);
+      std::vector<int8_t> wire(Int8Bytes(s.offset, n));
+      float* copy = copy_[s.var_index].data() + s.offset;
+      EncodeInt8Delta(values[s.var_index].data() + s.offset, copy, copy, n, s.offset,
+                      wire.data());
+    }
+    return copy_;
+  }
+
+ private:
+  SliceMap map_;
+  std::vector<std::vector<float>> copy_;
+};
+
 // A server-side optimizer (SGD) over two shards: each push applies exactly the quantized
-// gradient plus the client's residual; parameters come back in bfloat16, not compressed.
+// gradient plus the client's residual; parameters come back as int8 changes to the
+// client's copy (delta pulls), bit for bit the reference's, and in bfloat16 without them.
 TEST_P(ServerCompressionTest, PushesApplyTheQuantizedGradientWithTheClientsResidual) {
   const WireFormat wire = GetParam();
   zmq::context_t context;
@@ -111,11 +140,19 @@ TEST_P(ServerCompressionTest, PushesApplyTheQuantizedGradientWithTheClientsResid
   const ModelRegistration reg = SmallModel(2);
   auto int8 = ConnectClient(context, {s0.endpoint(), s1.endpoint()}, 1, wire);
   auto exact = ConnectClient(context, {s0.endpoint(), s1.endpoint()}, 1);
-  ASSERT_TRUE(int8 && exact);
+  PsClientOptions plain_pulls;
+  plain_pulls.ps_addresses = {s0.endpoint(), s1.endpoint()};
+  plain_pulls.request_timeout = kWait;
+  plain_pulls.wire_dtype = wire;
+  plain_pulls.delta_pulls = false;
+  auto bf16_pulls = PsClient::Connect(context, plain_pulls);
+  ASSERT_TRUE(int8 && exact && bf16_pulls.ok());
   ASSERT_TRUE(int8->Register(reg, kWait).ok());
   ASSERT_TRUE(exact->Register(reg, kWait).ok());
+  ASSERT_TRUE((*bf16_pulls)->Register(reg, kWait).ok());
 
   CodecReference ref(reg, wire);
+  DeltaReference copy(reg);
   std::vector<std::vector<float>> expected = InitialValues(reg);
   std::vector<std::vector<float>> params = {std::vector<float>(200), std::vector<float>(10)};
   std::vector<std::vector<float>> held = params;
@@ -127,13 +164,17 @@ TEST_P(ServerCompressionTest, PushesApplyTheQuantizedGradientWithTheClientsResid
     const std::vector<std::vector<float>> sent = ref.Send(g);
     ASSERT_TRUE(int8->PushPull(Pointers<const float>(g), 8, Pointers<float>(params)).ok());
     ASSERT_TRUE(exact->Pull(Pointers<float>(held)).ok());
+    std::vector<std::vector<float>> narrow = params;
+    ASSERT_TRUE((*bf16_pulls)->Pull(Pointers<float>(narrow)).ok());
+    const std::vector<std::vector<float>>& want = copy.Pull(held);
     for (size_t v = 0; v < held.size(); ++v) {
       for (size_t i = 0; i < held[v].size(); ++i) {
         expected[v][i] -= kLearningRate * sent[v][i];
         fed_back += step > 0 && sent[v][i] != plain[v][i];
       }
       ASSERT_EQ(held[v], expected[v]) << "step " << step << ", variable " << v;
-      ASSERT_EQ(params[v], Bfloat16(held[v])) << "step " << step << ", variable " << v;
+      ASSERT_EQ(params[v], want[v]) << "step " << step << ", variable " << v;
+      ASSERT_EQ(narrow[v], Bfloat16(held[v])) << "step " << step << ", variable " << v;
     }
   }
   EXPECT_GT(fed_back, 0) << "the residual must change what a later push sends";
@@ -212,6 +253,148 @@ TEST_P(ServerCompressionTest, SyncAggregateEndsEqualToOneProcessApplyingTheSameC
   EXPECT_GT(server_fed_back, 0);
   EXPECT_EQ(server.metrics().bytes_received[static_cast<size_t>(MsgType::kPush)]->Value(),
             4.0 * 2 * static_cast<double>(CodecReference(reg, wire).PushBytes()));
+}
+
+// Delta pulls in sync steps (SGD on the server): both workers hold the same generation and
+// pull the same version, so the change is encoded once and the second pull gets the same
+// bytes; both copies equal the reference, and stay within a step's scale of the servers'
+// values. A pull naming the generation again (a resend) is answered with the same reply; an
+// unknown generation, from zeros; malformed delta pulls are refused; copies past
+// max_delta_copies evict the least recently used.
+TEST(ServerDeltaPullTest, SyncWorkersShareOneChangeAResendGetsItAgainAndCopiesAreBounded) {
+  zmq::context_t context;
+  ServerOptions options;
+  options.mode = TrainingMode::Parse("sync").value();
+  options.num_workers = 2;
+  options.worker_timeout = milliseconds(10000);
+  options.barrier_timeout = milliseconds(4000);
+  options.max_delta_copies = 3;
+  InProcessServer server(context, options);
+  ASSERT_TRUE(server.started());
+  ModelRegistration reg = SmallModel(1);
+  reg.mode = "sync";
+  std::vector<std::unique_ptr<PsClient>> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    PsClientOptions o;
+    o.ps_addresses = {server.endpoint()};
+    o.rank = rank;
+    o.request_timeout = kWait;
+    o.blocking_timeout = kWait;
+    o.wire_dtype = DType::kInt8;
+    auto c = PsClient::Connect(context, o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_TRUE((*c)->Register(reg, kWait).ok());
+    workers.push_back(std::move(c).value());
+  }
+  auto exact = ConnectClient(context, {server.endpoint()}, 1);
+  ASSERT_TRUE(exact && exact->Register(reg, kWait).ok());
+  const PsMetrics& m = server.metrics();
+  DeltaReference copy(reg);
+  std::vector<std::vector<float>> before = {std::vector<float>(200), std::vector<float>(10)};
+  const int steps = 5;
+  for (int step = 0; step < steps; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      auto g = Scaled(Gradients(reg), 1.0f + static_cast<float>(rank + step), 0.002f);
+      ASSERT_TRUE(workers[static_cast<size_t>(rank)]->Push(Pointers<const float>(g), 8).ok());
+    }
+    std::vector<std::vector<float>> held = InitialValues(reg);
+    ASSERT_TRUE(exact->Pull(Pointers<float>(held), step + 1).ok());
+    // A pull leaves each element within half a step of its chunk's scale of the change it
+    // sent: under 1/127 of the largest difference between the values and the copy before.
+    float change = 0.0f;
+    for (size_t v = 0; v < held.size(); ++v) {
+      for (size_t i = 0; i < held[v].size(); ++i) {
+        change = std::max(change, std::fabs(held[v][i] - before[v][i]));
+      }
+    }
+    const std::vector<std::vector<float>> want = copy.Pull(held);
+    for (auto& w : workers) {
+      std::vector<std::vector<float>> got = {std::vector<float>(200), std::vector<float>(10)};
+      ASSERT_TRUE(w->Pull(Pointers<float>(got), step + 1).ok());
+      ASSERT_EQ(got, want) << "step " << step;
+      for (size_t v = 0; v < got.size(); ++v) {
+        for (size_t i = 0; i < got[v].size(); ++i) {
+          ASSERT_LE(std::fabs(got[v][i] - held[v][i]), change / 127.0f) << step << " " << v;
+        }
+      }
+    }
+    before = want;
+  }
+  EXPECT_EQ(m.delta_pulls_from_zeros->Value(), 1.0);  // the first step's second pull reuses it
+  EXPECT_EQ(m.delta_pulls_changed->Value(), steps - 1.0);
+  EXPECT_EQ(m.delta_pulls_reused->Value(), static_cast<double>(steps));
+
+  // A raw peer: from zeros, then the same generation twice (a resend: the same reply).
+  RawPeer peer(context, server.endpoint());
+  auto pull = [&](uint64_t base, DType dtype, std::vector<std::vector<uint8_t>>* frames) {
+    Header h;
+    h.type = MsgType::kPull;
+    h.dtype = dtype;
+    h.delta_pull = true;
+    h.delta_base = base;
+    const SliceMap map = SliceMap::Build(reg.variables, reg.max_slice_elements, 1).value();
+    for (const SliceInfo& s : map.slices()) h.slices.push_back({s.id, 0, s.length});
+    peer.SendHeader(h);
+    return peer.Receive(frames);
+  };
+  std::vector<std::vector<uint8_t>> first, again, unknown;
+  Result<Header> a = pull(0, DType::kInt8, &first);
+  ASSERT_TRUE(a.ok() && a->status.ok()) << (a.ok() ? a->status.ToString() : "");
+  EXPECT_TRUE(a->delta_pull);
+  EXPECT_EQ(a->delta_base, 0u);
+  Result<Header> b = pull(a->delta_generation, DType::kInt8, &again);
+  Result<Header> c = pull(a->delta_generation, DType::kInt8, &unknown);
+  ASSERT_TRUE(b.ok() && c.ok() && b->status.ok() && c->status.ok());
+  EXPECT_EQ(b->delta_base, a->delta_generation);
+  EXPECT_EQ(c->delta_generation, b->delta_generation) << "a resend gets the same reply";
+  EXPECT_EQ(again, unknown);
+  Result<Header> d = pull(12345678, DType::kInt8, &unknown);
+  ASSERT_TRUE(d.ok() && d->status.ok());
+  EXPECT_EQ(d->delta_base, 0u) << "a generation never given: from zeros";
+  EXPECT_EQ(unknown, first) << "the same version from zeros: the same bytes";
+  EXPECT_LE(m.delta_copies->Value(), 3.0);
+
+  // Malformed: float32, a part of the shard, rows.
+  Result<Header> wrong = pull(0, DType::kFloat32, nullptr);
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_EQ(wrong->status.code(), StatusCode::kInvalidArgument) << wrong->status.ToString();
+  Header part;
+  part.type = MsgType::kPull;
+  part.dtype = DType::kInt8;
+  part.delta_pull = true;
+  part.slices = {{0, 0, 10}};
+  peer.SendHeader(part);
+  Result<Header> refused = peer.Receive();
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->status.code(), StatusCode::kInvalidArgument) << refused->status.ToString();
+}
+
+// Copies are bounded: readers at ever new generations evict the least recently used.
+TEST(ServerDeltaPullTest, CopiesPastTheBoundEvictTheLeastRecentlyUsed) {
+  zmq::context_t context;
+  ServerOptions options;
+  options.max_delta_copies = 2;
+  InProcessServer server(context, options);
+  ASSERT_TRUE(server.started());
+  const ModelRegistration reg = SmallModel(1);
+  auto pusher = ConnectClient(context, {server.endpoint()}, 1);
+  auto reader = ConnectClient(context, {server.endpoint()}, 1, DType::kInt8);
+  auto exact = ConnectClient(context, {server.endpoint()}, 1);
+  ASSERT_TRUE(pusher && reader && exact);
+  ASSERT_TRUE(pusher->Register(reg, kWait).ok() && reader->Register(reg, kWait).ok() &&
+              exact->Register(reg, kWait).ok());
+  DeltaReference copy(reg);
+  for (int step = 0; step < 6; ++step) {
+    auto g = Scaled(Gradients(reg), 1.0f + static_cast<float>(step), 0.001f);
+    ASSERT_TRUE(pusher->Push(Pointers<const float>(g), 8).ok());
+    std::vector<std::vector<float>> held = InitialValues(reg), got = held;
+    ASSERT_TRUE(exact->Pull(Pointers<float>(held)).ok());
+    ASSERT_TRUE(reader->Pull(Pointers<float>(got)).ok());
+    ASSERT_EQ(got, copy.Pull(held)) << "step " << step;  // its own copy is never the one evicted
+  }
+  EXPECT_EQ(server.metrics().delta_copies->Value(), 2.0);
+  EXPECT_EQ(server.metrics().delta_copies_evicted->Value(), 4.0);  // 6 copies made, 2 kept
+  EXPECT_EQ(server.metrics().delta_pulls_from_zeros->Value(), 1.0);
 }
 
 // A frame of the wrong length is refused like any other; rows never travel in int8; a

@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/float_codec.h"
+#include "common/int8_codec.h"
 #include "tools/benchmarks/stats.h"
 
 namespace {
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
                             wire.data(), residual.data());
     };
   };
+  std::vector<float> base(in), next(n);  // a reader's copy and the one a delta pull makes
   std::vector<Case> cases = {
       {"float16 narrow, scalar per element",
        [&] { for (size_t i = 0; i < n; ++i) wire[i] = parasync::FloatToHalf(in[i]); }, {}},
@@ -86,6 +88,10 @@ int main(int argc, char** argv) {
        {}},
       {"int8 decode (DecodeRange)",
        [&] { parasync::DecodeRange(wire.data(), n, 0, DType::kInt8, back.data()); }, {}},
+      {"int8 delta pull: server's encode and copy (EncodeInt8Delta)",
+       [&] { parasync::EncodeInt8Delta(in.data(), base.data(), next.data(), n, 0, wire.data()); }, {}},
+      {"int8 delta pull: reader's add to its copy and parameters (AddInt8)",
+       [&] { parasync::AddInt8(wire.data(), n, 0, base.data(), back.data()); }, {}},
       {"topk:1/32 encode (8 of 256), error feedback", topk(8), {}},
       {"topk:1/8 encode (32 of 256), error feedback", topk(32), {}},
       {"topk:1/4 encode (64 of 256), error feedback", topk(64), {}},

@@ -18,15 +18,17 @@ Configurations:
   colocated-tcp   the same over TCP to the local server too (--no-ipc)
   colocated-bf16  the same, --wire-dtype bfloat16
   colocated-int8  the same, --wire-dtype int8 (gradients in int8 with error feedback,
-                  parameters pulled in bfloat16)
+                  parameters pulled as int8 changes to each worker's copy: delta pulls)
   colocated-overlap       colocated, --mode sync:delayed: each step's exchange overlaps the
                           next gradient's compute (needs --mode sync)
   colocated-overlap-bf16  the same, --wire-dtype bfloat16
   colocated-overlap-int8  the same, --wire-dtype int8
   colocated-topk          colocated, --wire-dtype topk (or topk:R, --topk-density R): of
                           every 256 gradient elements the largest in int8, error feedback;
-                          parameters pulled in bfloat16
+                          parameters in int8 delta pulls
   colocated-overlap-topk  the same under sync:delayed
+  colocated-int8-bfpull, colocated-overlap-int8-bfpull, colocated-topk-bfpull
+                          those with --delta-pulls off: parameters pulled in bfloat16
   hvd-colocated   colocated, the workers running a Horovod script unchanged:
                   worker/python/examples/horovod_mnist.py --model cnn --loader indexed
                   --clip 0 (DDP's script's loop: batches gathered by indexing, no
@@ -89,7 +91,8 @@ CONFIGS = ("ddp", "ddp-fp16", "dedicated", "colocated", "colocated-tcp", "coloca
            "hvd-colocated-bf16", "hvd-colocated2", "hvd-colocated2-fp16", "colocated-int8",
            "colocated-overlap-int8", "hvd-colocated-int8", "colocated-topk",
            "colocated-overlap-topk", "hvd-colocated-topk", "py-colocated",
-           "py-colocated-overlap", "hvd-colocated-overlap")
+           "py-colocated-overlap", "hvd-colocated-overlap", "colocated-int8-bfpull",
+           "colocated-overlap-int8-bfpull", "colocated-topk-bfpull")
 DDP_PORT = 29400
 
 
@@ -274,6 +277,8 @@ def run_parasync(args, config, work):
     local = config.endswith("+local")
     full_name = config
     config = config.removesuffix("+local")
+    bf_pulls = config.endswith("-bfpull")
+    config = config.removesuffix("-bfpull")
     name = f"bnl-{config}{'-l' if local else ''}"[:20]
     dedicated = config == "dedicated"
     count = args.workers + (args.servers if dedicated else 0)
@@ -303,6 +308,8 @@ def run_parasync(args, config, work):
                   f"topk:{args.topk_density}" if args.topk_density else "topk"]
     if config == "colocated-tcp":
         flags += ["--no-ipc"]
+    if bf_pulls:
+        flags += ["--delta-pulls", "off"]
     if "colocated2" in config:
         flags += ["--ipc"]
     if config.startswith("hvd-"):

@@ -172,6 +172,7 @@ struct parasync_options_t {
   std::string log_level = "info";
   bool joining = false;  // a restarted worker not yet back in the run
   bool topk_probe = true;
+  bool delta_pulls = true;
   std::string local_group;           // this host's ranks ("0,1"); empty: no local aggregation
   std::string local_group_endpoint;  // empty: DefaultLocalGroupEndpoint
 };
@@ -355,6 +356,7 @@ Status StartClient(parasync_client_t* c) {
   client_options.curve = curve;
   client_options.wire_dtype = o.wire;
   client_options.topk_probe.enabled = o.topk_probe;
+  client_options.delta_pulls = o.delta_pulls;
   client_options.copy_threads = 2;
   // A blocked pull gives up when asked to stop, or when a server has stopped answering
   // heartbeats for longer than the request plus connect timeouts (it died: waiting would
@@ -499,6 +501,14 @@ int parasync_options_set_topk_probe(parasync_options_t* options, int on, char** 
   return Guard(errmsg, [&]() -> Status {
     PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
     options->topk_probe = on != 0;
+    return Status::Ok();
+  });
+}
+
+int parasync_options_set_delta_pulls(parasync_options_t* options, int on, char** errmsg) {
+  return Guard(errmsg, [&]() -> Status {
+    PARASYNC_RETURN_IF_ERROR(Need(options, "options"));
+    options->delta_pulls = on != 0;
     return Status::Ok();
   });
 }

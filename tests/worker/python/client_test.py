@@ -434,8 +434,21 @@ def optimizer_compression_narrows_the_pushes(log_dir: str) -> None:
         ratio = pushed / float32 if pushed else None
         check(ratio is not None and 0.24 <= ratio <= 0.27,
               f"int8 pushes: the server counted {pushed} bytes, {ratio} of float32's {float32}")
+        # The parameters come back as int8 changes to the client's copy (delta pulls): a
+        # quarter of float32's bytes a pull too.
+        text = page.decode()
+        m = re.search(r'parasync_ps_bytes_total\{[^}]*direction="out"[^}]*type="pull"[^}]*\} (\S+)',
+                      text)
+        n = re.search(r'parasync_ps_requests_total\{[^}]*type="pull"[^}]*\} (\S+)', text)
+        deltas = re.search(r'^parasync_ps_delta_pulls_total\{[^}]*\} (\S+)', text, re.M)
+        pulled, pulls = (float(m.group(1)) if m else None), (float(n.group(1)) if n else None)
+        pull_ratio = pulled / (pulls * float32 / steps) if pulled and pulls else None
+        check(pull_ratio is not None and 0.24 <= pull_ratio <= 0.27,
+              f"int8 delta pulls: {pulled} bytes in {pulls} pulls, {pull_ratio} of float32's")
+        check(deltas is not None and float(deltas.group(1)) >= steps - 1,
+              f"parasync_ps_delta_pulls_total: {deltas and deltas.group(1)}")
         print(f"pst.Optimizer(compression='int8'): pushes {ratio:.3f} of float32's bytes, "
-              f"parameters moved {moved:.3f}", flush=True)
+              f"pulls {pull_ratio:.3f}, parameters moved {moved:.3f}", flush=True)
         client.close()
         other = parasync.Client(servers.addresses, workers=1, rank=0, mode="sync",
                                 log_dir=log_dir, request_timeout=10, connect_timeout=10)

@@ -53,6 +53,7 @@ _PROTOTYPES = {
     "parasync_options_set_curve": (c_int, [_H, c_char_p, c_char_p, _ERR]),
     "parasync_options_set_wire_dtype": (c_int, [_H, c_char_p, _ERR]),
     "parasync_options_set_topk_probe": (c_int, [_H, c_int, _ERR]),
+    "parasync_options_set_delta_pulls": (c_int, [_H, c_int, _ERR]),
     "parasync_options_set_local_group": (c_int, [_H, c_char_p, c_char_p, _ERR]),
     "parasync_options_set_joining": (c_int, [_H, c_int, _ERR]),
     "parasync_options_set_metrics": (c_int, [_H, c_char_p, c_int, c_char_p, _ERR]),

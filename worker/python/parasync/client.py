@@ -196,6 +196,7 @@ class Client:
                  text(s.curve_server_key))
             call(lib.parasync_options_set_wire_dtype, options, text(s.wire_dtype))
             call(lib.parasync_options_set_topk_probe, options, int(bool(s.topk_probe)))
+            call(lib.parasync_options_set_delta_pulls, options, int(bool(s.delta_pulls)))
             call(lib.parasync_options_set_joining, options, int(bool(s.joining)))
             call(lib.parasync_options_set_local_group, options, text(s.local_group),
                  text(s.local_group_endpoint))

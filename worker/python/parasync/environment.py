@@ -81,6 +81,7 @@ class Settings:
     heartbeat_interval: float = 1.0       # PARASYNC_HEARTBEAT_INTERVAL, seconds
     wire_dtype: str = "float32"           # PARASYNC_WIRE_DTYPE
     topk_probe: bool = True               # PARASYNC_TOPK_PROBE: on or off
+    delta_pulls: bool = True              # PARASYNC_DELTA_PULLS: on or off
     # Local aggregation (sync modes): this host's ranks, e.g. "0,1" (parasync-launch
     # --local-aggregation sets it), and where the lowest listens (None: a default).
     local_group: str | None = None        # PARASYNC_LOCAL_GROUP
@@ -123,6 +124,7 @@ class Settings:
             heartbeat_interval=_number("PARASYNC_HEARTBEAT_INTERVAL", float, 1.0),
             wire_dtype=_text("PARASYNC_WIRE_DTYPE", "float32"),
             topk_probe=_choice("PARASYNC_TOPK_PROBE", ("on", "off"), "on") == "on",
+            delta_pulls=_choice("PARASYNC_DELTA_PULLS", ("on", "off"), "on") == "on",
             local_group=_text("PARASYNC_LOCAL_GROUP"),
             local_group_endpoint=_text("PARASYNC_LOCAL_GROUP_ENDPOINT"),
             curve_key=_text("PARASYNC_CURVE_KEY"),

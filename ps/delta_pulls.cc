@@ -1,0 +1,120 @@
+#include "ps/delta_pulls.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/int8_codec.h"
+
+namespace parasync {
+
+Status DeltaPulls::Check(const Header& req, RejectReason* reason) const {
+  const ModelRegistration& reg = *shard_->registration();
+  if (reg.optimizer.kind == OptimizerKind::kAggregate) {
+    *reason = RejectReason::kUnsupported;
+    return Status::FailedPrecondition(
+        "a delta pull reads parameters, and this model's workers apply the optimizer: "
+        "pull its average in int8 as it was pushed");
+  }
+  const std::vector<uint32_t>& mine = shard_->slice_map()->SlicesOfShard(shard_->shard_index());
+  bool whole = req.slices.size() == mine.size() && req.rows.empty();
+  for (size_t k = 0; whole && k < mine.size(); ++k) {
+    const SliceRange& r = req.slices[k];
+    whole = r.slice_id == mine[k] && r.begin == 0 &&
+            r.count == shard_->slice_map()->slices()[mine[k]].length;
+  }
+  if (req.dtype != DType::kInt8 || !whole) {
+    *reason = RejectReason::kRange;
+    return Status::InvalidArgument(
+        "a delta pull asks for int8 and names every slice of the shard whole, in order, "
+        "without embedding rows");
+  }
+  return Status::Ok();
+}
+
+DeltaPulls::Copy* DeltaPulls::Find(uint64_t generation) {
+  if (generation == 0) return nullptr;
+  const auto it = std::find_if(copies_.begin(), copies_.end(),
+                               [&](const Copy& c) { return c.generation == generation; });
+  return it == copies_.end() ? nullptr : &*it;
+}
+
+DeltaPulls::Cached* DeltaPulls::CachedFrom(uint64_t from) {
+  const auto it =
+      std::find_if(cached_.begin(), cached_.end(), [&](const Cached& c) { return c.from == from; });
+  return it == cached_.end() ? nullptr : &*it;
+}
+
+DeltaPulls::Copy& DeltaPulls::NewCopy(const Copy* keep) {
+  if (copies_.size() < capacity_) return copies_.emplace_back();
+  Copy* oldest = nullptr;
+  for (Copy& c : copies_) {
+    if (&c != keep && (oldest == nullptr || c.used < oldest->used)) oldest = &c;
+  }
+  const uint64_t gone = oldest->generation;
+  std::erase_if(cached_, [&](const Cached& c) { return c.from == gone || c.to == gone; });
+  metrics_->delta_copies_evicted->Increment();
+  return *oldest;
+}
+
+size_t DeltaPulls::ReplyBytes() const {
+  size_t bytes = 0;
+  const SliceMap& map = *shard_->slice_map();
+  for (uint32_t id : map.SlicesOfShard(shard_->shard_index())) {
+    const SliceInfo& s = map.slices()[id];
+    bytes += Int8Bytes(s.offset, static_cast<size_t>(s.length));
+  }
+  return bytes;
+}
+
+DeltaPulls::Change DeltaPulls::Answer(const Header& req, const std::vector<const float*>& values) {
+  ++tick_;
+  Copy* from = Find(req.delta_base);
+  const uint64_t from_generation = from != nullptr ? from->generation : 0;
+  if (from != nullptr) from->used = tick_;
+  Cached* cached = CachedFrom(from_generation);
+  if (cached != nullptr && cached->version == shard_->version()) {
+    if (Copy* to = Find(cached->to); to != nullptr) {
+      to->used = tick_;
+      metrics_->delta_pulls_reused->Increment();
+      return {&cached->bytes, from_generation, cached->to};
+    }
+  }
+  // A new copy: the one pulled from (or zeros) plus the change sent.
+  const size_t from_index = from != nullptr ? static_cast<size_t>(from - copies_.data()) : 0;
+  const size_t n = static_cast<size_t>(shard_->num_elements());
+  if (copies_.capacity() < capacity_) copies_.reserve(capacity_);  // `from` stays valid
+  Copy& to = NewCopy(from);  // may drop cached replies: `cached` is looked up again
+  from = from != nullptr ? &copies_[from_index] : nullptr;
+  cached = CachedFrom(from_generation);
+  to.values.resize(n);  // an evicted copy's buffer is reused; EncodeInt8Delta writes it all
+  to.generation = next_generation_;
+  next_generation_ += 2;  // odd: never 0
+  to.used = tick_;
+  if (cached == nullptr) cached = &cached_.emplace_back();
+  cached->from = from_generation;
+  cached->version = shard_->version();
+  cached->to = to.generation;
+  cached->bytes.resize(ReplyBytes());
+  const SliceMap& map = *shard_->slice_map();
+  const std::vector<uint32_t>& mine = map.SlicesOfShard(shard_->shard_index());
+  size_t at = 0, pos = 0;
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const SliceInfo& s = map.slices()[mine[k]];
+    const auto count = static_cast<size_t>(s.length);
+    EncodeInt8Delta(values[k], from != nullptr ? from->values.data() + at : nullptr,
+                    to.values.data() + at, count, s.offset, cached->bytes.data() + pos);
+    at += count;
+    pos += Int8Bytes(s.offset, count);
+  }
+  (from != nullptr ? metrics_->delta_pulls_changed : metrics_->delta_pulls_from_zeros)->Increment();
+  metrics_->delta_copies->Set(static_cast<double>(copies_.size()));
+  return {&cached->bytes, from_generation, to.generation};
+}
+
+void DeltaPulls::Forget() {
+  copies_.clear();
+  cached_.clear();
+  metrics_->delta_copies->Set(0);
+}
+
+}  // namespace parasync
