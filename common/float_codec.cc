@@ -10,6 +10,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -325,6 +326,36 @@ void DecodeRange(const void* in, size_t n, int64_t offset, WireFormat from, floa
   if (from.dtype == DType::kInt8) return DecodeInt8(in, n, offset, out);
   if (from.dtype == DType::kTopK) return DecodeTopK(in, n, offset, from.keep, out);
   DecodeFloats(in, n, from.dtype, out);
+}
+
+void EncodeDeltaRange(const float* target, const float* base, float* next, size_t n,
+                      int64_t offset, WireFormat to, void* out) {
+  if (to.dtype == DType::kInt8) return EncodeInt8Delta(target, base, next, n, offset, out);
+  // top-k: its selection of target - base, without a residual (the difference is one).
+  thread_local std::vector<float> difference;
+  const float* from = target;
+  if (base != nullptr) {
+    difference.resize(n);
+    for (size_t i = 0; i < n; ++i) difference[i] = target[i] - base[i];
+    from = difference.data();
+  }
+  EncodeRange(from, n, offset, to, out, nullptr);
+  if (base == nullptr) {
+    std::fill(next, next + n, 0.0f);
+  } else if (next != base) {
+    std::copy(base, base + n, next);
+  }
+  AddRange(out, n, offset, to, next);
+}
+
+void AddRange(const void* in, size_t n, int64_t offset, WireFormat from, float* out,
+              float* also) {
+  if (from.dtype == DType::kInt8) return AddInt8(in, n, offset, out, also);
+  thread_local std::vector<float> decoded;
+  decoded.resize(n);
+  DecodeRange(in, n, offset, from, decoded.data());
+  for (size_t i = 0; i < n; ++i) out[i] += decoded[i];
+  if (also != nullptr) std::copy(out, out + n, also);
 }
 
 void CopyFloatsStreaming(const float* in, size_t n, float* out) {

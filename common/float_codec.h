@@ -27,7 +27,7 @@ inline size_t DTypeSize(DType dtype) {
   return dtype == DType::kFloat32 ? 4 : dtype == DType::kInt8 || dtype == DType::kTopK ? 1 : 2;
 }
 // int8 and top-k: lossy beyond rounding, so their senders keep a residual (error feedback),
-// their pulls of parameters travel as int8 changes to the reader's copy (ps/delta_pulls.h)
+// their pulls of parameters travel as changes to the reader's copy (ps/delta_pulls.h)
 // or in bfloat16, and embedding rows never use them.
 inline bool HasErrorFeedback(DType dtype) {
   return dtype == DType::kInt8 || dtype == DType::kTopK;
@@ -67,6 +67,16 @@ void EncodeRange(const float* in, size_t n, int64_t offset, WireFormat to, void*
 // indices EncodeTopK cannot have written (TopKWellFormed), or a top-k keep outside 1..255.
 bool WellFormedRange(const void* in, size_t n, int64_t offset, WireFormat from);
 void DecodeRange(const void* in, size_t n, int64_t offset, WireFormat from, float* out);
+
+// Delta pulls (ps/delta_pulls.h) in int8 or top-k: EncodeDeltaRange writes target - base
+// (`base` null: zeros) as EncodeRange would, without a residual, and sets `next` (which may
+// be `base`) to base plus what the bytes decode to, exactly as AddRange computes it on the
+// other side (int8: EncodeInt8Delta, AddInt8). AddRange adds what WireBytes(from, n, offset)
+// bytes decode to into out[0, n), and writes the sums to `also` too when it is not null.
+void EncodeDeltaRange(const float* target, const float* base, float* next, size_t n,
+                      int64_t offset, WireFormat to, void* out);
+void AddRange(const void* in, size_t n, int64_t offset, WireFormat from, float* out,
+              float* also = nullptr);
 
 // Whether EncodeFloats and DecodeFloats convert 8 elements at a time in this process
 // (x86-64 with AVX2 and F16C), giving the scalar functions' bits either way.

@@ -160,29 +160,46 @@ size_t Int8Chunks(int64_t offset, size_t n) {
   return static_cast<size_t>(last - first + 1);
 }
 
-void EncodeInt8(const float* in, size_t n, int64_t offset, void* out, float* residual) {
-  auto* bytes = static_cast<int8_t*>(out);
+namespace {
+
+// Calls fn(c, at, len) for each chunk c that elements offset..offset+n of a variable touch:
+// its elements [at, at + len) of the range.
+template <typename Fn>
+void ForEachChunk(int64_t offset, size_t n, Fn&& fn) {
   const size_t chunks = Int8Chunks(offset, n);
-  int8_t* q = bytes + chunks;
-  float v[kInt8Chunk];
   size_t at = 0;
   for (size_t c = 0; c < chunks; ++c) {
     const auto in_chunk = static_cast<size_t>((offset + static_cast<int64_t>(at)) % kInt8Chunk);
     const size_t len = std::min(n - at, static_cast<size_t>(kInt8Chunk) - in_chunk);
-    bytes[c] =
-        QuantizeInt8Chunk(in + at, len, q + at, residual != nullptr ? residual + at : nullptr, v);
+    fn(c, at, len);
     at += len;
   }
 }
 
+// d = a - b over n elements.
+void Difference(const float* a, const float* b, size_t n, float* d) {
+#if defined(PARASYNC_INT8_AVX2)
+  if (n % 8 == 0 && HasAvx2()) return DifferenceAvx2(a, b, n, d);
+#endif
+  for (size_t i = 0; i < n; ++i) d[i] = a[i] - b[i];
+}
+
+}  // namespace
+
+void EncodeInt8(const float* in, size_t n, int64_t offset, void* out, float* residual) {
+  auto* bytes = static_cast<int8_t*>(out);
+  int8_t* q = bytes + Int8Chunks(offset, n);
+  float v[kInt8Chunk];
+  ForEachChunk(offset, n, [&](size_t c, size_t at, size_t len) {
+    bytes[c] =
+        QuantizeInt8Chunk(in + at, len, q + at, residual != nullptr ? residual + at : nullptr, v);
+  });
+}
+
 void DecodeInt8(const void* in, size_t n, int64_t offset, float* out) {
   const auto* bytes = static_cast<const int8_t*>(in);
-  const size_t chunks = Int8Chunks(offset, n);
-  const int8_t* q = bytes + chunks;
-  size_t at = 0;
-  for (size_t c = 0; c < chunks; ++c) {
-    const auto in_chunk = static_cast<size_t>((offset + static_cast<int64_t>(at)) % kInt8Chunk);
-    const size_t len = std::min(n - at, static_cast<size_t>(kInt8Chunk) - in_chunk);
+  const int8_t* q = bytes + Int8Chunks(offset, n);
+  ForEachChunk(offset, n, [&](size_t c, size_t at, size_t len) {
     const int e = bytes[c];
     if (e == kInt8NonFinite) {
       std::fill(out + at, out + at + len, std::numeric_limits<float>::quiet_NaN());
@@ -192,35 +209,18 @@ void DecodeInt8(const void* in, size_t n, int64_t offset, float* out) {
       const float up = std::ldexp(1.0f, e);
       for (size_t i = at; i < at + len; ++i) out[i] = static_cast<float>(q[i]) * up;
     }
-    at += len;
-  }
+  });
 }
 
 void EncodeInt8Delta(const float* target, const float* base, float* next, size_t n,
                      int64_t offset, void* out) {
   auto* bytes = static_cast<int8_t*>(out);
-  const size_t chunks = Int8Chunks(offset, n);
-  int8_t* q = bytes + chunks;
+  int8_t* q = bytes + Int8Chunks(offset, n);
   float d[kInt8Chunk];
   float v[kInt8Chunk];
-  size_t at = 0;
-  for (size_t c = 0; c < chunks; ++c) {
-    const auto in_chunk = static_cast<size_t>((offset + static_cast<int64_t>(at)) % kInt8Chunk);
-    const size_t len = std::min(n - at, static_cast<size_t>(kInt8Chunk) - in_chunk);
-    const float* from = target + at;
-    if (base != nullptr) {
-#if defined(PARASYNC_INT8_AVX2)
-      if (len % 8 == 0 && HasAvx2()) {
-        DifferenceAvx2(target + at, base + at, len, d);
-      } else {
-        for (size_t i = 0; i < len; ++i) d[i] = target[at + i] - base[at + i];
-      }
-#else
-      for (size_t i = 0; i < len; ++i) d[i] = target[at + i] - base[at + i];
-#endif
-      from = d;
-    }
-    bytes[c] = QuantizeInt8Chunk(from, len, q + at, nullptr, v);
+  ForEachChunk(offset, n, [&](size_t c, size_t at, size_t len) {
+    if (base != nullptr) Difference(target + at, base + at, len, d);
+    bytes[c] = QuantizeInt8Chunk(base != nullptr ? d : target + at, len, q + at, nullptr, v);
     // What AddInt8 adds on the other side.
     if (base == nullptr) {
       std::fill(next + at, next + at + len, 0.0f);
@@ -228,21 +228,15 @@ void EncodeInt8Delta(const float* target, const float* base, float* next, size_t
       std::copy(base + at, base + at + len, next + at);
     }
     AddChunk(q + at, len, bytes[c], next + at);
-    at += len;
-  }
+  });
 }
 
 void AddInt8(const void* in, size_t n, int64_t offset, float* out, float* also) {
   const auto* bytes = static_cast<const int8_t*>(in);
-  const size_t chunks = Int8Chunks(offset, n);
-  const int8_t* q = bytes + chunks;
-  size_t at = 0;
-  for (size_t c = 0; c < chunks; ++c) {
-    const auto in_chunk = static_cast<size_t>((offset + static_cast<int64_t>(at)) % kInt8Chunk);
-    const size_t len = std::min(n - at, static_cast<size_t>(kInt8Chunk) - in_chunk);
+  const int8_t* q = bytes + Int8Chunks(offset, n);
+  ForEachChunk(offset, n, [&](size_t c, size_t at, size_t len) {
     AddChunk(q + at, len, bytes[c], out + at, also != nullptr ? also + at : nullptr);
-    at += len;
-  }
+  });
 }
 
 }  // namespace parasync

@@ -115,8 +115,8 @@ struct Header {
   bool joining = false;
   std::vector<int32_t> admitted;  // gather reply: ranks admitted back at this round
   // Delta pulls (ps/delta_pulls.h). Pull: the change from the copy of generation delta_base
-  // (0: none) is asked for. Reply: the frames are int8 changes to the copy of generation
-  // delta_base (0: to zeros), which becomes delta_generation.
+  // (0: none) is asked for, in int8 or top-k. Reply: the frames are changes to the copy of
+  // generation delta_base (0: to zeros, in int8), which becomes delta_generation.
   bool delta_pull = false;
   uint64_t delta_base = 0;
   uint64_t delta_generation = 0;

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "common/int8_codec.h"
+#include "common/float_codec.h"
 
 namespace parasync {
 
@@ -22,11 +22,11 @@ Status DeltaPulls::Check(const Header& req, RejectReason* reason) const {
     whole = r.slice_id == mine[k] && r.begin == 0 &&
             r.count == shard_->slice_map()->slices()[mine[k]].length;
   }
-  if (req.dtype != DType::kInt8 || !whole) {
+  if (!HasErrorFeedback(req.dtype) || !whole) {
     *reason = RejectReason::kRange;
     return Status::InvalidArgument(
-        "a delta pull asks for int8 and names every slice of the shard whole, in order, "
-        "without embedding rows");
+        "a delta pull asks for int8 or top-k and names every slice of the shard whole, in "
+        "order, without embedding rows");
   }
   return Status::Ok();
 }
@@ -38,9 +38,10 @@ DeltaPulls::Copy* DeltaPulls::Find(uint64_t generation) {
   return it == copies_.end() ? nullptr : &*it;
 }
 
-DeltaPulls::Cached* DeltaPulls::CachedFrom(uint64_t from) {
-  const auto it =
-      std::find_if(cached_.begin(), cached_.end(), [&](const Cached& c) { return c.from == from; });
+DeltaPulls::Cached* DeltaPulls::CachedFrom(uint64_t from, WireFormat format) {
+  const auto it = std::find_if(cached_.begin(), cached_.end(), [&](const Cached& c) {
+    return c.from == from && c.format == format;
+  });
   return it == cached_.end() ? nullptr : &*it;
 }
 
@@ -56,59 +57,61 @@ DeltaPulls::Copy& DeltaPulls::NewCopy(const Copy* keep) {
   return *oldest;
 }
 
-size_t DeltaPulls::ReplyBytes() const {
+size_t DeltaPulls::ReplyBytes(WireFormat format) const {
   size_t bytes = 0;
   const SliceMap& map = *shard_->slice_map();
   for (uint32_t id : map.SlicesOfShard(shard_->shard_index())) {
     const SliceInfo& s = map.slices()[id];
-    bytes += Int8Bytes(s.offset, static_cast<size_t>(s.length));
+    bytes += WireBytes(format, static_cast<size_t>(s.length), s.offset);
   }
   return bytes;
 }
 
 DeltaPulls::Change DeltaPulls::Answer(const Header& req, const std::vector<const float*>& values) {
   ++tick_;
+  // Room for one more copy first: no copy moves while a pointer to one is held below.
+  if (copies_.capacity() < capacity_ + 1) copies_.reserve(capacity_ + 1);
   Copy* from = Find(req.delta_base);
   const uint64_t from_generation = from != nullptr ? from->generation : 0;
   if (from != nullptr) from->used = tick_;
-  Cached* cached = CachedFrom(from_generation);
+  // From zeros always in int8: top-k of the parameters themselves would send a few of them.
+  const WireFormat format = from != nullptr ? req.wire() : WireFormat(DType::kInt8);
+  Cached* cached = CachedFrom(from_generation, format);
   if (cached != nullptr && cached->version == shard_->version()) {
     if (Copy* to = Find(cached->to); to != nullptr) {
       to->used = tick_;
       metrics_->delta_pulls_reused->Increment();
-      return {&cached->bytes, from_generation, cached->to};
+      return {&cached->bytes, format, from_generation, cached->to};
     }
   }
   // A new copy: the one pulled from (or zeros) plus the change sent.
-  const size_t from_index = from != nullptr ? static_cast<size_t>(from - copies_.data()) : 0;
   const size_t n = static_cast<size_t>(shard_->num_elements());
-  if (copies_.capacity() < capacity_) copies_.reserve(capacity_);  // `from` stays valid
   Copy& to = NewCopy(from);  // may drop cached replies: `cached` is looked up again
-  from = from != nullptr ? &copies_[from_index] : nullptr;
-  cached = CachedFrom(from_generation);
-  to.values.resize(n);  // an evicted copy's buffer is reused; EncodeInt8Delta writes it all
+  cached = CachedFrom(from_generation, format);
+  to.values.resize(n);  // an evicted copy's buffer is reused; EncodeDeltaRange writes it all
   to.generation = next_generation_;
   next_generation_ += 2;  // odd: never 0
   to.used = tick_;
   if (cached == nullptr) cached = &cached_.emplace_back();
   cached->from = from_generation;
+  cached->format = format;
   cached->version = shard_->version();
   cached->to = to.generation;
-  cached->bytes.resize(ReplyBytes());
+  cached->bytes.resize(ReplyBytes(format));
   const SliceMap& map = *shard_->slice_map();
   const std::vector<uint32_t>& mine = map.SlicesOfShard(shard_->shard_index());
   size_t at = 0, pos = 0;
   for (size_t k = 0; k < mine.size(); ++k) {
     const SliceInfo& s = map.slices()[mine[k]];
     const auto count = static_cast<size_t>(s.length);
-    EncodeInt8Delta(values[k], from != nullptr ? from->values.data() + at : nullptr,
-                    to.values.data() + at, count, s.offset, cached->bytes.data() + pos);
+    EncodeDeltaRange(values[k], from != nullptr ? from->values.data() + at : nullptr,
+                     to.values.data() + at, count, s.offset, format, cached->bytes.data() + pos);
     at += count;
-    pos += Int8Bytes(s.offset, count);
+    pos += WireBytes(format, count, s.offset);
   }
   (from != nullptr ? metrics_->delta_pulls_changed : metrics_->delta_pulls_from_zeros)->Increment();
   metrics_->delta_copies->Set(static_cast<double>(copies_.size()));
-  return {&cached->bytes, from_generation, to.generation};
+  return {&cached->bytes, format, from_generation, to.generation};
 }
 
 void DeltaPulls::Forget() {

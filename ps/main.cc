@@ -234,7 +234,7 @@ void AddServingFlags(CLI::App& app, PsFlags& f) {
                  "of physical memory")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-delta-copies", f.max_delta_copies,
-                 "Most readers' copies of this shard's parameters kept for int8 delta pulls "
+                 "Most readers' copies of this shard's parameters kept for delta pulls "
                  "(workers pushing int8 or top-k to a server-side optimizer pull the change "
                  "from their copy); a new one past it evicts the least recently used, whose "
                  "reader's next pull starts from zeros. Each takes the shard's values once "

@@ -122,7 +122,7 @@ std::string MemoryBound::Describe() const {
                      Mib(fixed), Mib(per_connection), Mib(base), Mib(model),
                      tables > 0 ? "embedding rows " + Mib(tables) + ", " : std::string(),
                      Mib(unread),
-                     deltas > 0 ? "int8 delta pulls' copies " + Mib(deltas) + ", " : std::string(),
+                     deltas > 0 ? "delta pulls' copies " + Mib(deltas) + ", " : std::string(),
                      Mib(fixed - base - model - tables - unread - gather - deltas));
 }
 

@@ -25,7 +25,7 @@ struct MemoryBound {
   int64_t unread = 0;     // pull replies not yet written out
   int64_t tables = 0;     // embedding rows at --max-table-rows, and a snapshot's copy of them
   int64_t gather = 0;     // collectives' payloads held, and their replies not yet written out
-  int64_t deltas = 0;     // readers' copies for int8 delta pulls and their cached replies
+  int64_t deltas = 0;     // readers' copies for delta pulls and their cached replies
   std::string Describe() const;
 };
 // For a shard holding `elements` floats with `slots` optimizer slots per element. Before

@@ -139,20 +139,20 @@ void AddWaitMetrics(PsMetrics& m, MetricBuilder& b) {
       "(a link slower than the client's resend timer)");
   m.delta_pulls_changed = b.Counter(
       "parasync_ps_delta_pulls_total",
-      "int8 delta pulls answered with the change from a copy the reader holds (encoded anew)");
+      "delta pulls answered with the change from a copy the reader holds (encoded anew)");
   m.delta_pulls_reused = b.Counter(
       "parasync_ps_delta_pulls_reused_total",
-      "int8 delta pulls answered with a reply already encoded for the same copy and version "
+      "delta pulls answered with a reply already encoded for the same copy and version "
       "(another worker of the sync step, or a resend)");
   m.delta_pulls_from_zeros = b.Counter(
       "parasync_ps_delta_pulls_from_zeros_total",
-      "int8 delta pulls answered from zeros: this server held no copy of the reader's "
+      "delta pulls answered from zeros: this server held no copy of the reader's "
       "generation (a first pull, a restart, an evicted copy)");
   m.delta_copies_evicted = b.Counter(
       "parasync_ps_delta_copies_evicted_total",
       "Readers' parameter copies dropped for a newer one (--max-delta-copies)");
   m.delta_copies = b.Gauge("parasync_ps_delta_copies",
-                           "Readers' parameter copies held for int8 delta pulls");
+                           "Readers' parameter copies held for delta pulls");
   m.blocked_pulls = b.Counter("parasync_ps_blocked_pulls_total",
                               "Pulls that had to wait for a sync step or the ssp bound");
   m.workers_declared_dead = b.Counter("parasync_ps_workers_declared_dead_total",

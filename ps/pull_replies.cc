@@ -165,6 +165,8 @@ std::vector<zmq::message_t> PullReplies::DeltaFrames(const Header& req, const By
   }
   for (const Shard::Loan& l : loans) Shard::ReturnLoan(l.token);
   reply->delta_pull = true;
+  reply->dtype = change.format.dtype;
+  reply->topk_keep = static_cast<uint8_t>(change.format.dtype == DType::kTopK ? change.format.keep : 0);
   reply->delta_base = change.base;
   reply->delta_generation = change.generation;
   std::vector<zmq::message_t> frames;
@@ -173,7 +175,7 @@ std::vector<zmq::message_t> PullReplies::DeltaFrames(const Header& req, const By
   size_t pos = 0;
   for (const SliceRange& r : req.slices) {
     const size_t size =
-        Int8Bytes(map.slices()[r.slice_id].offset, static_cast<size_t>(r.count));
+        WireBytes(change.format, static_cast<size_t>(r.count), map.slices()[r.slice_id].offset);
     auto hold = std::make_unique<FrameHold>(
         FrameHold{nullptr, static_cast<int64_t>(size), peer, total_, released_});
     void* data = std::malloc(size);

@@ -191,7 +191,7 @@ class Server : private RuleHost {
   PullReplies::ByteCounter released_since_trim_ = std::make_shared<std::atomic<int64_t>>(0);
   // Pull replies' frames and their unread bytes, by peer.
   PullReplies replies_;
-  DeltaPulls deltas_;  // int8 delta pulls' copies and replies
+  DeltaPulls deltas_;  // delta pulls' copies and replies
   TimePoint last_trim_{};
   GradientReader gradients_;  // a push's gradients as float32 arrays
   StragglerTracker straggler_;

@@ -35,7 +35,7 @@ struct ServerOptions {
   // refused (Unavailable) instead of pinning another version of the model.
   int64_t max_unread_reply_bytes = 0;
   int64_t max_model_bytes = 0;  // bound on this shard's values + slots; 0: none
-  // Readers' copies of the shard's values kept for int8 delta pulls (ps/delta_pulls.h; each
+  // Readers' copies of the shard's values kept for delta pulls (ps/delta_pulls.h; each
   // the shard's values in float32 and about a quarter of that for its cached reply); 0: the
   // workers + 2. A new copy past it evicts the least recently used.
   int64_t max_delta_copies = 0;

@@ -364,8 +364,8 @@ void AddFaultAndWireFlags(CLI::App& app, WorkerFlags& f) {
                  "(the servers keep float32; float16 saturates at +-65504, bfloat16 keeps "
                  "float32's range with 8 bits of precision), or int8: gradients in a quarter "
                  "of the bytes, a power-of-two scale per 128 elements, what each push did not "
-                 "send added to the next (error feedback); parameters pulled as int8 changes to "
-                 "this worker's copy of them (--delta-pulls); or "
+                 "send added to the next (error feedback); parameters pulled as changes to this "
+                 "worker's copy of them in the same format (--delta-pulls); or "
                  "topk[:R] (default R 1/32): of every 256 gradient elements the R * 256 largest, "
                  "in int8 with their indices (17 bytes per 256 at 1/32, 1/60 of float32), "
                  "with error feedback the same way (docs/compression.md)");
@@ -376,9 +376,9 @@ void AddFaultAndWireFlags(CLI::App& app, WorkerFlags& f) {
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--delta-pulls", f.delta_pulls,
                  "With --wire-dtype int8 or topk and the servers' optimizer: on pulls the "
-                 "parameters as int8 changes to a copy this worker keeps (the servers keep the "
-                 "same copy; what a pull does not send goes with the next), a quarter of "
-                 "float32's bytes; off pulls them in bfloat16, half")
+                 "parameters as changes to a copy this worker keeps, in the pushes' format (the "
+                 "servers keep the same copy; what a pull does not send goes with the next): "
+                 "int8 a quarter of float32's bytes; off pulls them in bfloat16, half")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--copy-threads", f.copy_threads,
                  "Threads that copy a pulled model of 1 MiB or more into the training buffers, "
@@ -959,8 +959,8 @@ int Run(const WorkerFlags& f, const WorkerConfig& c) {
                CpuComputeThreadsFlushDenormals() ? "flushed to zero" : "kept (PARASYNC_DENORMALS)",
                (train.n + num_workers - 1 - c.rank) / num_workers, c.metrics_ip, metrics_port);
   const char* parameters = f.delta_pulls == "on"
-                               ? "parameters as int8 changes to this worker's copy of them "
-                                 "(delta pulls, a quarter)"
+                               ? "parameters as changes to this worker's copy of them in the same format "
+                                 "(delta pulls)"
                                : "parameters as bfloat16 (half)";
   if (c.wire.dtype == DType::kInt8) {
     spdlog::info("gradients travel as int8 with error feedback (a quarter of float32's bytes), "

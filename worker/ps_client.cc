@@ -8,7 +8,6 @@
 #include <spdlog/spdlog.h>
 #include <cstring>
 
-#include "common/int8_codec.h"
 #include "common/metrics.h"
 #include "common/push_seq.h"
 #include "worker/request_tracker.h"
@@ -450,11 +449,11 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
   const WireFormat wire = options_.wire_dtype;
   const bool fed_back = HasErrorFeedback(wire.dtype);
   push_residual_.assign(fed_back ? static_cast<size_t>(total) : 0, 0.0f);
-  // A worker-side aggregate is pulled as it was pushed; parameters as int8 changes to this
-  // client's copy (delta pulls), or in bfloat16.
+  // A worker-side aggregate is pulled as it was pushed; parameters as changes to this
+  // client's copy in the push's format (delta pulls), or in bfloat16.
   const bool parameters = fed_back && reg.optimizer.kind != OptimizerKind::kAggregate;
   delta_pulls_ = parameters && options_.delta_pulls;
-  pull_dtype_ = !parameters ? wire : delta_pulls_ ? WireFormat(DType::kInt8) : DType::kBfloat16;
+  pull_dtype_ = !parameters || delta_pulls_ ? wire : DType::kBfloat16;
   pull_base_.assign(delta_pulls_ ? static_cast<size_t>(total) : 0, 0.0f);
   pull_generation_.assign(static_cast<size_t>(num_shards()), 0);
   residual_at_.assign(static_cast<size_t>(num_shards()), 0);
@@ -500,6 +499,7 @@ void PsClient::SizePushBuffers() {
 void PsClient::SetPushFormat(WireFormat format) {
   if (format == options_.wire_dtype) return;
   options_.wire_dtype = format;
+  if (delta_pulls_) pull_dtype_ = format;  // the copy carries over: any format changes it
   SizePushBuffers();  // no push holds narrowed_ between steps
 }
 
@@ -753,7 +753,8 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
     }
     // The reply carries the dtype asked for (a server that ignores the field: float32).
     const WireFormat dtype = in.header->wire();
-    if (dtype != pull_dtype_ && dtype.dtype != DType::kFloat32) {
+    // (A delta pull from zeros comes in int8 whatever was asked: CheckDeltaReply.)
+    if (dtype != pull_dtype_ && dtype.dtype != DType::kFloat32 && !in.header->delta_pull) {
       return Status::Corruption("ps shard " + std::to_string(shards[i]) + " answered a " +
                                 WireFormatName(pull_dtype_) + " pull in " +
                                 WireFormatName(dtype));
@@ -787,7 +788,8 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
       // A delta pull: the change to this client's copy, then the copy into the parameters.
       float* base = copies[c].base;
       if (copies[c].from_zeros) std::fill(base, base + copies[c].count, 0.0f);
-      AddInt8(copies[c].from, copies[c].count, copies[c].offset, base, copies[c].to);
+      AddRange(copies[c].from, copies[c].count, copies[c].offset, copies[c].dtype, base,
+               copies[c].to);
     } else if (streaming && copies[c].dtype.dtype == DType::kFloat32) {
       CopyFloatsStreaming(static_cast<const float*>(copies[c].from), copies[c].count,
                           copies[c].to);
@@ -818,8 +820,9 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
 Status PsClient::CheckDeltaReply(int shard, const Header& reply) const {
   if (!reply.delta_pull) return Status::Ok();
   const uint64_t held = delta_pulls_ ? pull_generation_[static_cast<size_t>(shard)] : 0;
-  if (!delta_pulls_ || reply.dtype != DType::kInt8 ||
-      (reply.delta_base != 0 && reply.delta_base != held) || reply.delta_generation == 0) {
+  const bool format = reply.wire() == pull_dtype_ || reply.dtype == DType::kInt8;
+  if (!delta_pulls_ || !format || (reply.delta_base != 0 && reply.delta_base != held) ||
+      reply.delta_generation == 0) {
     return Status::Corruption("ps shard " + std::to_string(shard) +
                               " answered with a change to parameters generation " +
                               std::to_string(reply.delta_base) + " in " +

@@ -64,7 +64,7 @@ struct PsClientOptions {
   // parameters the servers keep stay float32), or int8 (common/int8_codec.h): pushes
   // quantized with error feedback (this client keeps what each push did not send and adds
   // it to the next); pulls of a worker-side aggregate in int8 too (the servers keep that
-  // residual), pulls of parameters as int8 changes to a copy this client holds
+  // residual), pulls of parameters as changes to a copy this client holds, in the same format
   // (`delta_pulls`), or in bfloat16 without them. Or top-k (common/topk_codec.h: `keep` of every 256 elements, in int8), with
   // error feedback the same way, pulls of a worker-side aggregate in top-k too. Not with
   // embedding tables (Register refuses int8 and top-k).

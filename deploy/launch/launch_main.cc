@@ -261,8 +261,9 @@ void AddTrainingFlags(CLI::App& app, LaunchOptions& options) {
               CLI::IsMember({"on", "off"}));
   AddOptional(training, "--delta-pulls", "on|off", options.delta_pulls,
               "With --wire-dtype int8 or topk and the servers' optimizer: on (the workers' "
-              "default) pulls parameters as int8 changes to each worker's copy of them, a "
-              "quarter of float32's bytes; off pulls them in bfloat16",
+              "default) pulls parameters as changes to each worker's copy of them in the "
+              "pushes' format (int8: a quarter of float32's bytes); off pulls them in "
+              "bfloat16",
               CLI::IsMember({"on", "off"}));
   AddOptional(training, "--log-every", "SECONDS", options.log_every,
               "Each worker logs a progress line within its epochs at most this often",

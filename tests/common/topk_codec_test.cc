@@ -190,5 +190,36 @@ TEST(TopKCodecTest, ParsesWireFormats) {
   EXPECT_EQ(WireFormatName(DType::kInt8), "int8");
 }
 
+// Delta pulls in top-k (common/float_codec.h: EncodeDeltaRange, AddRange): the server's and
+// the reader's copies stay equal bit for bit; each pull sends keep of each chunk's changes
+// and the rest waits in the difference, so over pulls of still parameters the copy reaches
+// them; a pull's bytes are top-k's.
+TEST(TopKCodecTest, DeltaPullsKeepBothCopiesEqualAndTheUnsentChangeWaits) {
+  const size_t n = 700;
+  const int64_t offset = 100;  // chunks cut by the range's edges
+  const WireFormat topk(DType::kTopK, 32);
+  const std::vector<float> target = GaussianFloats(n, 11, 0.05f);
+  std::vector<float> server(n, 0.0f), reader(n, 0.0f);
+  std::vector<uint8_t> wire(WireBytes(topk, n, offset));
+  float previous = std::numeric_limits<float>::infinity();
+  for (int pull = 0; pull < 12; ++pull) {
+    EncodeDeltaRange(target.data(), server.data(), server.data(), n, offset, topk, wire.data());
+    std::vector<float> params(n);
+    AddRange(wire.data(), n, offset, topk, reader.data(), params.data());
+    ASSERT_EQ(server, reader) << "pull " << pull;
+    ASSERT_EQ(params, reader) << "pull " << pull;
+    float worst = 0.0f;
+    int changed = 0;
+    for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(target[i] - reader[i]));
+    std::vector<float> sent(n);
+    DecodeRange(wire.data(), n, offset, topk, sent.data());
+    for (float v : sent) changed += v != 0.0f;
+    EXPECT_LE(changed, 4 * 32) << "at most keep of each of the 4 chunks touched";
+    EXPECT_LE(worst, previous) << "pull " << pull;
+    previous = worst;
+  }
+  EXPECT_LT(previous, 1e-3f) << "after 12 pulls of 32 of 256 a chunk, every element was sent";
+}
+
 }  // namespace
 }  // namespace parasync

@@ -95,6 +95,27 @@ std::vector<float> Bfloat16(const std::vector<float>& v) {
   return out;
 }
 
+// Ranks 0 and 1 of a sync run on `server`, pushing in `wire`, `reg` registered (fewer on a
+// failure, which it reports).
+std::vector<std::unique_ptr<PsClient>> SyncWorkers(zmq::context_t& context,
+                                                   InProcessServer& server,
+                                                   const ModelRegistration& reg, WireFormat wire) {
+  std::vector<std::unique_ptr<PsClient>> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    PsClientOptions o;
+    o.ps_addresses = {server.endpoint()};
+    o.rank = rank;
+    o.request_timeout = kWait;
+    o.blocking_timeout = kWait;
+    o.wire_dtype = wire;
+    auto c = PsClient::Connect(context, o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok() || !(*c)->Register(reg, kWait).ok()) break;
+    workers.push_back(std::move(c).value());
+  }
+  return workers;
+}
+
 // int8, and top-k keeping 3 of 256 (the small model's slices of 50 send 3 each, its bias of
 // 10 3 of them).
 class ServerCompressionTest : public ::testing::TestWithParam<WireFormat> {};
@@ -104,33 +125,37 @@ INSTANTIATE_TEST_SUITE_P(Codecs, ServerCompressionTest,
                          [](const auto& p) { return std::string(DTypeName(p.param.dtype)); });
 
 // What delta pulls give a reader (ps/delta_pulls.h): its copy, slice by slice, changed by
-// the int8 of (the servers' values - the copy), starting from zeros.
+// (the servers' values - the copy) in `wire`, starting from zeros (the first pull in int8).
 class DeltaReference {
  public:
-  explicit DeltaReference(const ModelRegistration& reg)
-      : map_(SliceMap::Build(reg.variables, reg.max_slice_elements, reg.num_shards).value()) {
+  explicit DeltaReference(const ModelRegistration& reg, WireFormat wire = DType::kInt8)
+      : map_(SliceMap::Build(reg.variables, reg.max_slice_elements, reg.num_shards).value()),
+        wire_(wire) {
     for (const VariableSpec& v : reg.variables) {
       copy_.emplace_back(static_cast<size_t>(v.num_elements()), 0.0f);
     }
   }
   const std::vector<std::vector<float>>& Pull(const std::vector<std::vector<float>>& values) {
+    const WireFormat wire = pulls_++ == 0 ? WireFormat(DType::kInt8) : wire_;
     for (const SliceInfo& s : map_.slices()) {
       const auto n = static_cast<size_t>(s.length);
-      std::vector<int8_t> wire(Int8Bytes(s.offset, n));
+      std::vector<int8_t> bytes(WireBytes(wire, n, s.offset));
       float* copy = copy_[s.var_index].data() + s.offset;
-      EncodeInt8Delta(values[s.var_index].data() + s.offset, copy, copy, n, s.offset,
-                      wire.data());
+      EncodeDeltaRange(values[s.var_index].data() + s.offset, copy, copy, n, s.offset, wire,
+                       bytes.data());
     }
     return copy_;
   }
 
  private:
   SliceMap map_;
+  WireFormat wire_;
+  int pulls_ = 0;
   std::vector<std::vector<float>> copy_;
 };
 
 // A server-side optimizer (SGD) over two shards: each push applies exactly the quantized
-// gradient plus the client's residual; parameters come back as int8 changes to the
+// gradient plus the client's residual; parameters come back as changes in its format to the
 // client's copy (delta pulls), bit for bit the reference's, and in bfloat16 without them.
 TEST_P(ServerCompressionTest, PushesApplyTheQuantizedGradientWithTheClientsResidual) {
   const WireFormat wire = GetParam();
@@ -152,7 +177,7 @@ TEST_P(ServerCompressionTest, PushesApplyTheQuantizedGradientWithTheClientsResid
   ASSERT_TRUE((*bf16_pulls)->Register(reg, kWait).ok());
 
   CodecReference ref(reg, wire);
-  DeltaReference copy(reg);
+  DeltaReference copy(reg, wire);
   std::vector<std::vector<float>> expected = InitialValues(reg);
   std::vector<std::vector<float>> params = {std::vector<float>(200), std::vector<float>(10)};
   std::vector<std::vector<float>> held = params;
@@ -209,19 +234,8 @@ TEST_P(ServerCompressionTest, SyncAggregateEndsEqualToOneProcessApplyingTheSameC
   reg.mode = "sync";
   reg.optimizer.kind = OptimizerKind::kAggregate;
   reg.optimizer.learning_rate = 1.0f;
-  std::vector<std::unique_ptr<PsClient>> workers;
-  for (int rank = 0; rank < 2; ++rank) {
-    PsClientOptions o;
-    o.ps_addresses = {server.endpoint()};
-    o.rank = rank;
-    o.request_timeout = kWait;
-    o.blocking_timeout = kWait;
-    o.wire_dtype = wire;
-    auto c = PsClient::Connect(context, o);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    ASSERT_TRUE((*c)->Register(reg, kWait).ok());
-    workers.push_back(std::move(c).value());
-  }
+  std::vector<std::unique_ptr<PsClient>> workers = SyncWorkers(context, server, reg, wire);
+  ASSERT_EQ(workers.size(), 2u);
   // The reference: each rank's pushes with its residual, the server's average with its own.
   CodecReference rank0(reg, wire), rank1(reg, wire), server_side(reg, wire);
   int server_fed_back = 0;
@@ -273,19 +287,9 @@ TEST(ServerDeltaPullTest, SyncWorkersShareOneChangeAResendGetsItAgainAndCopiesAr
   ASSERT_TRUE(server.started());
   ModelRegistration reg = SmallModel(1);
   reg.mode = "sync";
-  std::vector<std::unique_ptr<PsClient>> workers;
-  for (int rank = 0; rank < 2; ++rank) {
-    PsClientOptions o;
-    o.ps_addresses = {server.endpoint()};
-    o.rank = rank;
-    o.request_timeout = kWait;
-    o.blocking_timeout = kWait;
-    o.wire_dtype = DType::kInt8;
-    auto c = PsClient::Connect(context, o);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    ASSERT_TRUE((*c)->Register(reg, kWait).ok());
-    workers.push_back(std::move(c).value());
-  }
+  std::vector<std::unique_ptr<PsClient>> workers =
+      SyncWorkers(context, server, reg, DType::kInt8);
+  ASSERT_EQ(workers.size(), 2u);
   auto exact = ConnectClient(context, {server.endpoint()}, 1);
   ASSERT_TRUE(exact && exact->Register(reg, kWait).ok());
   const PsMetrics& m = server.metrics();

@@ -25,7 +25,7 @@ Configurations:
   colocated-overlap-int8  the same, --wire-dtype int8
   colocated-topk          colocated, --wire-dtype topk (or topk:R, --topk-density R): of
                           every 256 gradient elements the largest in int8, error feedback;
-                          parameters in int8 delta pulls
+                          parameters in top-k delta pulls
   colocated-overlap-topk  the same under sync:delayed
   colocated-int8-bfpull, colocated-overlap-int8-bfpull, colocated-topk-bfpull
                           those with --delta-pulls off: parameters pulled in bfloat16

@@ -154,7 +154,7 @@ PARASYNC_API int parasync_options_set_curve(parasync_options_t* options, const c
                                const char* server_key_file, char** errmsg);
 /* "float32" (default), "bfloat16", "float16", "int8", "topk" or "topk:R" (R in (0, 1]): how
  * tensors travel (int8 and topk: pushes compressed with error feedback, a server-side
- * optimizer's parameters pulled as int8 changes to this client's copy of them — delta pulls —
+ * optimizer's parameters pulled as changes to this client's copy of them — delta pulls —
  * or in bfloat16; docs/compression.md). */
 PARASYNC_API int parasync_options_set_wire_dtype(parasync_options_t* options, const char* dtype,
                                     char** errmsg);
@@ -163,8 +163,9 @@ PARASYNC_API int parasync_options_set_wire_dtype(parasync_options_t* options, co
  * top-k (docs/compression.md). */
 PARASYNC_API int parasync_options_set_topk_probe(parasync_options_t* options, int on,
                                                  char** errmsg);
-/* int8 or topk with the servers' optimizer: 1 (the default) pulls parameters as int8 changes
- * to a copy this client keeps (a quarter of float32's bytes); 0 pulls them in bfloat16
+/* int8 or topk with the servers' optimizer: 1 (the default) pulls parameters as changes to
+ * a copy this client keeps, in the pushes' format (int8: a quarter of float32's bytes); 0
+ * pulls them in bfloat16
  * (docs/compression.md). */
 PARASYNC_API int parasync_options_set_delta_pulls(parasync_options_t* options, int on,
                                                   char** errmsg);

@@ -191,7 +191,8 @@ class Optimizer:
 
     ``compression``: how gradients travel, as ``--wire-dtype`` says it: "float32",
     "bfloat16", "float16", "int8" or "topk[:R]" (int8 and top-k with error feedback,
-    parameters pulled as int8 changes to the client's copy: delta pulls; docs/compression.md),
+    parameters pulled as changes to the client's copy in that format: delta pulls;
+    docs/compression.md),
     or an hvd.Compression; default the
     client's (PARASYNC_WIRE_DTYPE, parasync-launch --wire-dtype). Not with pst.Embedding
     tables for int8 and top-k (InvalidArgument).
