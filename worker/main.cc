@@ -958,10 +958,10 @@ int Run(const WorkerFlags& f, const WorkerConfig& c) {
                c.rank, c.cluster.workers.size(), (*backend)->name(), why,
                CpuComputeThreadsFlushDenormals() ? "flushed to zero" : "kept (PARASYNC_DENORMALS)",
                (train.n + num_workers - 1 - c.rank) / num_workers, c.metrics_ip, metrics_port);
-  const char* parameters = f.delta_pulls == "on"
-                               ? "parameters as changes to this worker's copy of them in the same format "
-                                 "(delta pulls)"
-                               : "parameters as bfloat16 (half)";
+  const char* parameters =
+      f.delta_pulls == "on"
+          ? "parameters as changes to this worker's copy of them in the same format (delta pulls)"
+          : "parameters as bfloat16 (half)";
   if (c.wire.dtype == DType::kInt8) {
     spdlog::info("gradients travel as int8 with error feedback (a quarter of float32's bytes), "
                  "{}",

@@ -95,6 +95,16 @@ std::vector<float> Bfloat16(const std::vector<float>& v) {
   return out;
 }
 
+// A sync server's options for the two ranks of SyncWorkers.
+ServerOptions SyncOfTwo() {
+  ServerOptions options;
+  options.mode = TrainingMode::Parse("sync").value();
+  options.num_workers = 2;
+  options.worker_timeout = milliseconds(10000);
+  options.barrier_timeout = milliseconds(4000);
+  return options;
+}
+
 // Ranks 0 and 1 of a sync run on `server`, pushing in `wire`, `reg` registered (fewer on a
 // failure, which it reports).
 std::vector<std::unique_ptr<PsClient>> SyncWorkers(zmq::context_t& context,
@@ -223,11 +233,7 @@ TEST_P(ServerCompressionTest, PushesApplyTheQuantizedGradientWithTheClientsResid
 TEST_P(ServerCompressionTest, SyncAggregateEndsEqualToOneProcessApplyingTheSameCodecs) {
   const WireFormat wire = GetParam();
   zmq::context_t context;
-  ServerOptions options;
-  options.mode = TrainingMode::Parse("sync").value();
-  options.num_workers = 2;
-  options.worker_timeout = milliseconds(10000);
-  options.barrier_timeout = milliseconds(4000);
+  ServerOptions options = SyncOfTwo();
   InProcessServer server(context, options);
   ASSERT_TRUE(server.started());
   ModelRegistration reg = SmallModel(1);
@@ -277,11 +283,7 @@ TEST_P(ServerCompressionTest, SyncAggregateEndsEqualToOneProcessApplyingTheSameC
 // max_delta_copies evict the least recently used.
 TEST(ServerDeltaPullTest, SyncWorkersShareOneChangeAResendGetsItAgainAndCopiesAreBounded) {
   zmq::context_t context;
-  ServerOptions options;
-  options.mode = TrainingMode::Parse("sync").value();
-  options.num_workers = 2;
-  options.worker_timeout = milliseconds(10000);
-  options.barrier_timeout = milliseconds(4000);
+  ServerOptions options = SyncOfTwo();
   options.max_delta_copies = 3;
   InProcessServer server(context, options);
   ASSERT_TRUE(server.started());
