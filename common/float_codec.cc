@@ -30,6 +30,7 @@ std::string_view DTypeName(DType dtype) {
     case DType::kFloat16: return "float16";
     case DType::kInt8: return "int8";
     case DType::kTopK: return "topk";
+    case DType::kInt4: return "int4";
   }
   return "unknown";
 }
@@ -41,6 +42,7 @@ std::optional<DType> ParseDType(std::string_view text) {
   if (t == "bfloat16" || t == "bf16") return DType::kBfloat16;
   if (t == "float16" || t == "fp16" || t == "f16" || t == "half") return DType::kFloat16;
   if (t == "int8" || t == "i8") return DType::kInt8;
+  if (t == "int4" || t == "i4") return DType::kInt4;
   if (t == "topk") return DType::kTopK;
   return std::nullopt;
 }
@@ -291,6 +293,7 @@ void EncodeFloats(const float* in, size_t n, DType to, void* out) {
   if (n == 0) return;  // the pointers may then be null (memcpy's are not allowed to be)
   if (to == DType::kFloat32) return (void)std::memcpy(out, in, n * sizeof(float));
   if (to == DType::kInt8) return EncodeInt8(in, n, 0, out, nullptr);
+  if (to == DType::kInt4) return EncodeInt4(in, n, 0, out, nullptr);
   if (to == DType::kTopK) return EncodeTopK(in, n, 0, kTopKDefaultKeep, out, nullptr);
   Narrow(in, n, to, static_cast<unsigned char*>(out));
 }
@@ -299,6 +302,7 @@ void DecodeFloats(const void* in, size_t n, DType from, float* out) {
   if (n == 0) return;
   if (from == DType::kFloat32) return (void)std::memcpy(out, in, n * sizeof(float));
   if (from == DType::kInt8) return DecodeInt8(in, n, 0, out);
+  if (from == DType::kInt4) return DecodeInt4(in, n, 0, out);
   if (from == DType::kTopK) return DecodeTopK(in, n, 0, kTopKDefaultKeep, out);
   Widen(static_cast<const unsigned char*>(in), n, from, out);
 }
@@ -306,6 +310,7 @@ void DecodeFloats(const void* in, size_t n, DType from, float* out) {
 size_t WireBytes(WireFormat format, size_t n, int64_t offset) {
   switch (format.dtype) {
     case DType::kInt8: return Int8Bytes(offset, n);
+    case DType::kInt4: return Int4Bytes(offset, n);
     case DType::kTopK: return TopKBytes(offset, n, format.keep);
     default: return n * DTypeSize(format.dtype);
   }
@@ -314,6 +319,7 @@ size_t WireBytes(WireFormat format, size_t n, int64_t offset) {
 void EncodeRange(const float* in, size_t n, int64_t offset, WireFormat to, void* out,
                  float* residual) {
   if (to.dtype == DType::kInt8) return EncodeInt8(in, n, offset, out, residual);
+  if (to.dtype == DType::kInt4) return EncodeInt4(in, n, offset, out, residual);
   if (to.dtype == DType::kTopK) return EncodeTopK(in, n, offset, to.keep, out, residual);
   EncodeFloats(in, n, to.dtype, out);
 }
@@ -324,6 +330,7 @@ bool WellFormedRange(const void* in, size_t n, int64_t offset, WireFormat from) 
 
 void DecodeRange(const void* in, size_t n, int64_t offset, WireFormat from, float* out) {
   if (from.dtype == DType::kInt8) return DecodeInt8(in, n, offset, out);
+  if (from.dtype == DType::kInt4) return DecodeInt4(in, n, offset, out);
   if (from.dtype == DType::kTopK) return DecodeTopK(in, n, offset, from.keep, out);
   DecodeFloats(in, n, from.dtype, out);
 }
@@ -331,6 +338,7 @@ void DecodeRange(const void* in, size_t n, int64_t offset, WireFormat from, floa
 void EncodeDeltaRange(const float* target, const float* base, float* next, size_t n,
                       int64_t offset, WireFormat to, void* out) {
   if (to.dtype == DType::kInt8) return EncodeInt8Delta(target, base, next, n, offset, out);
+  if (to.dtype == DType::kInt4) return EncodeInt4Delta(target, base, next, n, offset, out);
   // top-k: its selection of target - base, without a residual (the difference is one).
   thread_local std::vector<float> difference;
   const float* from = target;
@@ -351,6 +359,7 @@ void EncodeDeltaRange(const float* target, const float* base, float* next, size_
 void AddRange(const void* in, size_t n, int64_t offset, WireFormat from, float* out,
               float* also) {
   if (from.dtype == DType::kInt8) return AddInt8(in, n, offset, out, also);
+  if (from.dtype == DType::kInt4) return AddInt4(in, n, offset, out, also);
   thread_local std::vector<float> decoded;
   decoded.resize(n);
   DecodeRange(in, n, offset, from, decoded.data());

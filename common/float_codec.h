@@ -22,23 +22,29 @@
 namespace parasync {
 
 // Bytes per element of `dtype` on the wire (int8: before its exponent bytes; top-k: per
-// element sent, before its index and exponent bytes — WireBytes).
+// element sent, before its index and exponent bytes; int4: 1, its elements being two a
+// byte — WireBytes).
 inline size_t DTypeSize(DType dtype) {
-  return dtype == DType::kFloat32 ? 4 : dtype == DType::kInt8 || dtype == DType::kTopK ? 1 : 2;
+  switch (dtype) {
+    case DType::kFloat32: return 4;
+    case DType::kBfloat16:
+    case DType::kFloat16: return 2;
+    default: return 1;
+  }
 }
-// int8 and top-k: lossy beyond rounding, so their senders keep a residual (error feedback),
+// int8, int4 and top-k: lossy beyond rounding, so their senders keep a residual (error feedback),
 // their pulls of parameters travel as changes to the reader's copy (ps/delta_pulls.h)
 // or in bfloat16, and embedding rows never use them.
 inline bool HasErrorFeedback(DType dtype) {
-  return dtype == DType::kInt8 || dtype == DType::kTopK;
+  return dtype == DType::kInt8 || dtype == DType::kInt4 || dtype == DType::kTopK;
 }
 // Bytes on the wire of `n` elements of a variable, the first at element `offset` of it
-// (only int8's and top-k's depend on where: common/int8_codec.h, common/topk_codec.h).
+// (only int8's, int4's and top-k's depend on where: common/int8_codec.h, common/topk_codec.h).
 size_t WireBytes(WireFormat format, size_t n, int64_t offset);
 
-// "float32", "bfloat16", "float16", "int8", "topk".
+// "float32", "bfloat16", "float16", "int8", "int4", "topk".
 std::string_view DTypeName(DType dtype);
-// Accepts the names above and bf16, fp16, f16, fp32, f32, i8 (any case); nullopt otherwise.
+// Accepts the names above and bf16, fp16, f16, fp32, f32, i8, i4 (any case); nullopt otherwise.
 std::optional<DType> ParseDType(std::string_view text);
 // A --wire-dtype: a dtype name as above, or topk / topk:R for top-k sending a fraction R in
 // (0, 1] of each chunk (common/topk_codec.h; topk alone: R = 1/32); nullopt otherwise.
@@ -58,7 +64,7 @@ void EncodeFloats(const float* in, size_t n, DType to, void* out);
 // Reads `n` elements of `from` (n * DTypeSize(from) bytes; int8 as above) into `out` as float32.
 void DecodeFloats(const void* in, size_t n, DType from, float* out);
 
-// Any wire format, int8 and top-k included: `n` elements from element `offset` of a
+// Any wire format, int8, int4 and top-k included: `n` elements from element `offset` of a
 // variable, as WireBytes(to, n, offset) bytes. `residual` (n floats, or null) is int8's and
 // top-k's error feedback (EncodeInt8, EncodeTopK); the other dtypes ignore it.
 void EncodeRange(const float* in, size_t n, int64_t offset, WireFormat to, void* out,
@@ -68,7 +74,7 @@ void EncodeRange(const float* in, size_t n, int64_t offset, WireFormat to, void*
 bool WellFormedRange(const void* in, size_t n, int64_t offset, WireFormat from);
 void DecodeRange(const void* in, size_t n, int64_t offset, WireFormat from, float* out);
 
-// Delta pulls (ps/delta_pulls.h) in int8 or top-k: EncodeDeltaRange writes target - base
+// Delta pulls (ps/delta_pulls.h) in int8, int4 or top-k: EncodeDeltaRange writes target - base
 // (`base` null: zeros) as EncodeRange would, without a residual, and sets `next` (which may
 // be `base`) to base plus what the bytes decode to, exactly as AddRange computes it on the
 // other side (int8: EncodeInt8Delta, AddInt8). AddRange adds what WireBytes(from, n, offset)

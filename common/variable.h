@@ -14,7 +14,7 @@ namespace parasync {
 // Numbers are part of the wire protocol (schema/parasync.fbs): never renumber. Variables are
 // float32; the 16-bit types, int8 and top-k exist only on the wire (common/float_codec.h,
 // common/int8_codec.h, common/topk_codec.h, --wire-dtype).
-enum class DType : uint8_t { kFloat32 = 0, kBfloat16 = 1, kFloat16 = 2, kInt8 = 3, kTopK = 4 };
+enum class DType : uint8_t { kFloat32 = 0, kBfloat16 = 1, kFloat16 = 2, kInt8 = 3, kTopK = 4, kInt4 = 5 };
 
 // How a tensor travels: its wire dtype and, for top-k, the elements sent per chunk of 256
 // (1..255; 0 for the other dtypes). A plain DType converts to one.

@@ -13,7 +13,7 @@ Status DeltaPulls::Check(const Header& req, RejectReason* reason) const {
     *reason = RejectReason::kUnsupported;
     return Status::FailedPrecondition(
         "a delta pull reads parameters, and this model's workers apply the optimizer: "
-        "pull its average in int8 as it was pushed");
+        "pull its average in the format it was pushed in");
   }
   const std::vector<uint32_t>& mine = shard_->slice_map()->SlicesOfShard(shard_->shard_index());
   bool whole = req.slices.size() == mine.size() && req.rows.empty();
@@ -25,7 +25,7 @@ Status DeltaPulls::Check(const Header& req, RejectReason* reason) const {
   if (!HasErrorFeedback(req.dtype) || !whole) {
     *reason = RejectReason::kRange;
     return Status::InvalidArgument(
-        "a delta pull asks for int8 or top-k and names every slice of the shard whole, in "
+        "a delta pull asks for int8, int4 or top-k and names every slice of the shard whole, in "
         "order, without embedding rows");
   }
   return Status::Ok();

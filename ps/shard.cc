@@ -260,11 +260,11 @@ Status Shard::ValidateRanges(std::span<const SliceRange> ranges, WireFormat wire
                                       " has no model yet: send Register first");
   }
   if (dtype != DType::kFloat32 && dtype != DType::kBfloat16 && dtype != DType::kFloat16 &&
-      dtype != DType::kInt8 && dtype != DType::kTopK) {
+      dtype != DType::kInt8 && dtype != DType::kInt4 && dtype != DType::kTopK) {
     *reason = RejectReason::kDType;
     return Status::InvalidArgument(
         "dtype " + std::to_string(static_cast<int>(dtype)) +
-        " is not a wire dtype (float32, bfloat16, float16, int8 or topk)");
+        " is not a wire dtype (float32, bfloat16, float16, int8, int4 or topk)");
   }
   if (dtype == DType::kTopK && (wire.keep < 1 || wire.keep > 255)) {
     *reason = RejectReason::kDType;

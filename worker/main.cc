@@ -365,7 +365,8 @@ void AddFaultAndWireFlags(CLI::App& app, WorkerFlags& f) {
                  "float32's range with 8 bits of precision), or int8: gradients in a quarter "
                  "of the bytes, a power-of-two scale per 128 elements, what each push did not "
                  "send added to the next (error feedback); parameters pulled as changes to this "
-                 "worker's copy of them in the same format (--delta-pulls); or "
+                 "worker's copy of them in the same format (--delta-pulls); or int4: the "
+                 "same with 4 bits an element, an eighth of the bytes; or "
                  "topk[:R] (default R 1/32): of every 256 gradient elements the R * 256 largest, "
                  "in int8 with their indices (17 bytes per 256 at 1/32, 1/60 of float32), "
                  "with error feedback the same way (docs/compression.md)");
@@ -375,10 +376,10 @@ void AddFaultAndWireFlags(CLI::App& app, WorkerFlags& f) {
                  "line (a fast link does not pay back top-k's selection); off keeps top-k")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--delta-pulls", f.delta_pulls,
-                 "With --wire-dtype int8 or topk and the servers' optimizer: on pulls the "
+                 "With --wire-dtype int8, int4 or topk and the servers' optimizer: on pulls the "
                  "parameters as changes to a copy this worker keeps, in the pushes' format (the "
                  "servers keep the same copy; what a pull does not send goes with the next): "
-                 "int8 a quarter of float32's bytes; off pulls them in bfloat16, half")
+                 "int8 a quarter of float32's bytes, int4 an eighth; off pulls them in bfloat16, half")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--copy-threads", f.copy_threads,
                  "Threads that copy a pulled model of 1 MiB or more into the training buffers, "
@@ -645,7 +646,8 @@ parasync::Result<WorkerConfig> Validate(const WorkerFlags& f) {
   const std::optional<WireFormat> wire = ParseWireFormat(f.wire_dtype);
   if (!wire) {
     return Status::InvalidArgument(
-        "--wire-dtype must be float32, bfloat16, float16, int8, topk or topk:R with R in (0, 1], "
+        "--wire-dtype must be float32, bfloat16, float16, int8, int4, topk or topk:R with R in "
+        "(0, 1], "
         "not '" + f.wire_dtype + "'");
   }
   c.wire = *wire;
@@ -962,9 +964,9 @@ int Run(const WorkerFlags& f, const WorkerConfig& c) {
       f.delta_pulls == "on"
           ? "parameters as changes to this worker's copy of them in the same format (delta pulls)"
           : "parameters as bfloat16 (half)";
-  if (c.wire.dtype == DType::kInt8) {
-    spdlog::info("gradients travel as int8 with error feedback (a quarter of float32's bytes), "
-                 "{}",
+  if (c.wire.dtype == DType::kInt8 || c.wire.dtype == DType::kInt4) {
+    spdlog::info("gradients travel as {} with error feedback ({} of float32's bytes), {}",
+                 DTypeName(c.wire.dtype), c.wire.dtype == DType::kInt8 ? "a quarter" : "an eighth",
                  parameters);
   } else if (c.wire.dtype == DType::kTopK) {
     spdlog::info("gradients travel as {} with error feedback ({} of every 256 elements in "

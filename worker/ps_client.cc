@@ -1,6 +1,7 @@
 #include "worker/ps_client.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <random>
 #include <thread>
@@ -454,6 +455,7 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
   const bool parameters = fed_back && reg.optimizer.kind != OptimizerKind::kAggregate;
   delta_pulls_ = parameters && options_.delta_pulls;
   pull_dtype_ = !parameters || delta_pulls_ ? wire : DType::kBfloat16;
+  pull_follows_push_ = fed_back && pull_dtype_ == wire;
   pull_base_.assign(delta_pulls_ ? static_cast<size_t>(total) : 0, 0.0f);
   pull_generation_.assign(static_cast<size_t>(num_shards()), 0);
   residual_at_.assign(static_cast<size_t>(num_shards()), 0);
@@ -475,8 +477,8 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
   SizePushBuffers();
   if (!probe_.configured) {  // the first registration's (a re-registration keeps its course)
     probe_.configured = true;
-    probe_.active = options_.topk_probe.enabled && wire.dtype == DType::kTopK &&
-                    reg.optimizer.kind != OptimizerKind::kAggregate;
+    probe_.active = options_.topk_probe.enabled && wire.dtype == DType::kTopK;
+    probe_.agree = reg.optimizer.kind == OptimizerKind::kAggregate;
     probe_.topk_format = wire;
   }
 }
@@ -499,7 +501,9 @@ void PsClient::SizePushBuffers() {
 void PsClient::SetPushFormat(WireFormat format) {
   if (format == options_.wire_dtype) return;
   options_.wire_dtype = format;
-  if (delta_pulls_) pull_dtype_ = format;  // the copy carries over: any format changes it
+  // A delta pull's copy carries over (any format changes it); an aggregate's average is
+  // quantized in the step's push format, which every rank switched to alike (the probe).
+  if (pull_follows_push_) pull_dtype_ = format;
   SizePushBuffers();  // no push holds narrowed_ between steps
 }
 
@@ -514,7 +518,27 @@ double Median(std::vector<double> v) {
 
 bool TopKPays(std::vector<double> topk_steps, std::vector<double> int8_steps, double margin) {
   if (topk_steps.empty() || int8_steps.empty()) return true;
-  return Median(std::move(topk_steps)) <= Median(std::move(int8_steps)) * (1.0 - margin);
+  return TopKPays(Median(std::move(topk_steps)), Median(std::move(int8_steps)), margin);
+}
+
+Status PsClient::GatherProbeMedians(double* topk, double* int8, size_t* ranks) {
+  std::array<double, 2> mine = {*topk, *int8};
+  std::vector<int32_t> who;
+  std::vector<zmq::message_t> theirs;
+  PARASYNC_RETURN_IF_ERROR(Gather("parasync/topk-probe", 1,
+                                  {reinterpret_cast<const uint8_t*>(mine.data()), sizeof(mine)},
+                                  &who, &theirs));
+  *topk = *int8 = 0;
+  *ranks = 0;
+  for (const zmq::message_t& m : theirs) {
+    if (m.size() != sizeof(mine)) continue;  // a rank that took no part
+    std::array<double, 2> medians{};
+    std::memcpy(medians.data(), m.data(), sizeof(medians));
+    *topk += medians[0];
+    *int8 += medians[1];
+    ++*ranks;
+  }
+  return *ranks > 0 ? Status::Ok() : Status::Unavailable("no rank's medians came back");
 }
 
 void PsClient::ProbePushFormat() {
@@ -537,18 +561,31 @@ void PsClient::ProbePushFormat() {
   }
   probe_.active = false;
   const size_t n = probe_.topk.size();
-  const double topk_ms = 1e3 * Median(probe_.topk), int8_ms = 1e3 * Median(probe_.int8);
-  if (TopKPays(probe_.topk, probe_.int8, o.margin)) {
+  double topk = Median(probe_.topk), int8 = Median(probe_.int8);
+  size_t ranks = 1;
+  if (probe_.agree) {
+    if (Status s = GatherProbeMedians(&topk, &int8, &ranks); !s.ok()) {
+      SetPushFormat(DType::kInt8);
+      spdlog::warn("the top-k probe could not hear the other ranks' step times ({}): pushing "
+                   "int8 from now on",
+                   s.ToString());
+      return;
+    }
+  }
+  const double topk_ms = 1e3 * topk / static_cast<double>(ranks);
+  const double int8_ms = 1e3 * int8 / static_cast<double>(ranks);
+  const std::string over = ranks > 1 ? fmt::format(", averaged over {} ranks", ranks) : "";
+  if (n == 0 || TopKPays(topk, int8, o.margin)) {
     SetPushFormat(probe_.topk_format);
     spdlog::info("{} pays here: a step took {:.1f} ms with it and {:.1f} ms with int8 (medians "
-                 "of {} steps each); pushing {} from now on",
-                 WireFormatName(probe_.topk_format), topk_ms, int8_ms, n,
+                 "of {} steps each{}); pushing {} from now on",
+                 WireFormatName(probe_.topk_format), topk_ms, int8_ms, n, over,
                  WireFormatName(probe_.topk_format));
   } else {
     SetPushFormat(DType::kInt8);
     spdlog::info("{} does not pay here: a step took {:.1f} ms with it and {:.1f} ms with int8 "
-                 "(medians of {} steps each); pushing int8 from now on",
-                 WireFormatName(probe_.topk_format), topk_ms, int8_ms, n);
+                 "(medians of {} steps each{}); pushing int8 from now on",
+                 WireFormatName(probe_.topk_format), topk_ms, int8_ms, n, over);
   }
 }
 

@@ -69,12 +69,16 @@ struct PsClientOptions {
   // error feedback the same way, pulls of a worker-side aggregate in top-k too. Not with
   // embedding tables (Register refuses int8 and top-k).
   WireFormat wire_dtype = DType::kFloat32;
-  // Top-k pushes to a server-side optimizer (parameters pulled, not an average) check that they pay: after `start_after` steps, `window` steps pushed in top-k and
-  // `window` in int8, `rounds` times over; then top-k stays only if its median step (from
-  // one step's end to the next's: compute and exchange) was at least `margin` (a fraction)
-  // shorter than int8's, else int8 from then on (both with error feedback: the residual
-  // carries over). One log line says which and why. Where a fast link does not pay back
-  // top-k's selection, this is the switch that leaves it off.
+  // Top-k pushes check that they pay: after `start_after` steps, `window` steps pushed in
+  // top-k and `window` in int8, `rounds` times over; then top-k stays only if its median
+  // step (from one step's end to the next's: compute and exchange) was at least `margin` (a
+  // fraction) shorter than int8's, else int8 from then on (both with error feedback: the
+  // residual carries over). One log line says which and why. Where a fast link does not pay
+  // back top-k's selection, this is the switch that leaves it off. With a worker-side
+  // aggregate (sync, the workers' optimizer: the servers quantize the step's average as it
+  // was pushed and every rank pulls it so) the ranks switch at the same steps and decide
+  // together: each offers its two medians through a Gather and all compare the sums, so
+  // they push and pull one format (the gather failing: int8, and a warning).
   struct TopKProbe {
     bool enabled = true;
     int start_after = 20;
@@ -471,11 +475,16 @@ class PsClient {
     std::vector<double> topk, int8;
     std::chrono::steady_clock::time_point last_end;
     WireFormat topk_format;
+    bool agree = false;  // a worker-side aggregate: the verdict is every rank's (a Gather)
   };
   // After a step that ended well: the probe's sample, and the next step's push format.
   void ProbePushFormat();
-  // Pushes from now on in `format` (int8 or top-k: the residual carries over).
+  // Pushes from now on in `format` (int8 or top-k: the residual carries over), and pulls
+  // too where they follow the pushes (delta pulls, a worker-side aggregate).
   void SetPushFormat(WireFormat format);
+  // The probe's verdict from every rank's medians (probe_.agree): their sums in *topk and
+  // *int8 (this rank's on entry), the number of ranks in *ranks.
+  Status GatherProbeMedians(double* topk, double* int8, size_t* ranks);
   void SizePushBuffers();  // narrowed_ and narrowed_at_ for options_.wire_dtype
   Probe probe_;
   std::vector<uint8_t> narrowed_;
@@ -489,6 +498,7 @@ class PsClient {
   // changed (shard by shard as residual_at_ lays them out) and its generation on each shard
   // (0: none; the next pull starts from zeros).
   bool delta_pulls_ = false;
+  bool pull_follows_push_ = false;  // delta pulls, or a worker-side aggregate's in its format
   std::vector<float> pull_base_;
   std::vector<uint64_t> pull_generation_;
   std::vector<int64_t> var_sizes_;
@@ -523,5 +533,9 @@ class PsClient {
 // The top-k probe's verdict: whether top-k's median step (seconds) is at least `margin` (a
 // fraction) shorter than int8's. Either list empty: true (nothing to go on).
 bool TopKPays(std::vector<double> topk_steps, std::vector<double> int8_steps, double margin);
+// The same for medians (or their sums over ranks) already taken.
+inline bool TopKPays(double topk_median, double int8_median, double margin) {
+  return topk_median <= int8_median * (1.0 - margin);
+}
 
 }  // namespace parasync

@@ -244,13 +244,14 @@ void AddTrainingFlags(CLI::App& app, LaunchOptions& options) {
                   std::string()));
   AddOptional(training, "--wire-dtype", "DTYPE", options.wire_dtype,
               "How tensors travel: float32, bfloat16 or float16 (half the bytes), int8 "
-              "(gradients in a quarter, with error feedback), or topk[:R] (of every 256 "
+              "(gradients in a quarter, with error feedback), int4 (an eighth, the same way), or "
+              "topk[:R] (of every 256 "
               "gradient elements the R * 256 largest, default R 1/32, with error feedback; "
               "docs/compression.md)",
               CLI::Validator(
                   [](std::string& value) -> std::string {
                     if (parasync::ParseWireFormat(value)) return std::string();
-                    return "float32, bfloat16, float16, int8 (bf16, fp16), topk or topk:R with R "
+                    return "float32, bfloat16, float16, int8, int4 (bf16, fp16), topk or topk:R with R "
                            "in (0, 1] is required, got '" + value + "'";
                   },
                   std::string()));
@@ -260,9 +261,9 @@ void AddTrainingFlags(CLI::App& app, LaunchOptions& options) {
               "faster, saying which; off keeps top-k whatever it costs",
               CLI::IsMember({"on", "off"}));
   AddOptional(training, "--delta-pulls", "on|off", options.delta_pulls,
-              "With --wire-dtype int8 or topk and the servers' optimizer: on (the workers' "
+              "With --wire-dtype int8, int4 or topk and the servers' optimizer: on (the workers' "
               "default) pulls parameters as changes to each worker's copy of them in the "
-              "pushes' format (int8: a quarter of float32's bytes); off pulls them in "
+              "pushes' format (int8: a quarter of float32's bytes, int4 an eighth); off pulls them in "
               "bfloat16",
               CLI::IsMember({"on", "off"}));
   AddOptional(training, "--log-every", "SECONDS", options.log_every,

@@ -32,18 +32,21 @@ uint16_t NearestBfloat16(float f) {
 }
 
 TEST(FloatCodecTest, DTypeNamesParseBack) {
-  for (DType t : {DType::kFloat32, DType::kBfloat16, DType::kFloat16, DType::kInt8}) {
+  for (DType t : {DType::kFloat32, DType::kBfloat16, DType::kFloat16, DType::kInt8,
+                  DType::kInt4, DType::kTopK}) {
     EXPECT_EQ(ParseDType(DTypeName(t)), t);
   }
   EXPECT_EQ(ParseDType("BF16"), DType::kBfloat16);
   EXPECT_EQ(ParseDType("fp16"), DType::kFloat16);
   EXPECT_EQ(ParseDType("fp32"), DType::kFloat32);
-  EXPECT_EQ(ParseDType("int4"), std::nullopt);
+  EXPECT_EQ(ParseDType("I4"), DType::kInt4);
+  EXPECT_EQ(ParseDType("int2"), std::nullopt);
   EXPECT_EQ(ParseDType(""), std::nullopt);
   EXPECT_EQ(DTypeSize(DType::kFloat32), 4u);
   EXPECT_EQ(DTypeSize(DType::kBfloat16), 2u);
   EXPECT_EQ(DTypeSize(DType::kFloat16), 2u);
   EXPECT_EQ(DTypeSize(DType::kInt8), 1u);
+  EXPECT_EQ(WireBytes(DType::kInt4, 301, 0), 3u + 151u);  // 3 exponents, 151 bytes of pairs
 }
 
 // Every half decodes to the value GCC's _Float16 gives it, and encodes back to itself

@@ -195,8 +195,9 @@ TEST(Int8CodecTest, DeltaPullsKeepBothCopiesEqualAndFollowTheTarget) {
 
 // The header's definition, written plainly, element by element: the codec (8 at a time
 // where the CPU has AVX2, for whole chunks) must give its bits.
+// `levels`: 127 for int8; int4's 7 gives its q a byte each, before they are packed.
 void Reference(const std::vector<float>& in, int64_t offset, std::vector<float>& residual,
-               std::vector<int8_t>& out) {
+               std::vector<int8_t>& out, int levels = kInt8Levels) {
   const size_t chunks = Int8Chunks(offset, in.size());
   out.assign(chunks + in.size(), 0);
   size_t at = 0;
@@ -216,10 +217,11 @@ void Reference(const std::vector<float>& in, int64_t offset, std::vector<float>&
       for (size_t i = 0; i < len; ++i) residual[at + i] = 0.0f;
     } else {
       int e = kInt8MinExponent;
-      while (e < kInt8MaxExponent && m > 127.0 * std::ldexp(1.0, e)) ++e;  // the smallest
+      while (e < kInt8MaxExponent && m > levels * std::ldexp(1.0, e)) ++e;  // the smallest
       out[c] = static_cast<int8_t>(e);
       for (size_t i = 0; i < len; ++i) {
-        const double scaled = std::clamp(static_cast<double>(v[i]) / std::ldexp(1.0, e), -127.0, 127.0);
+        const double scaled =
+            std::clamp(static_cast<double>(v[i]) / std::ldexp(1.0, e), -1.0 * levels, 1.0 * levels);
         const double q = std::nearbyint(scaled);  // to nearest, ties to even
         out[chunks + at + i] = static_cast<int8_t>(q);
         residual[at + i] = static_cast<float>(static_cast<double>(v[i]) - q * std::ldexp(1.0, e));
@@ -269,6 +271,165 @@ TEST(Int8CodecTest, EncodeRangeDispatchesOnTheDtype) {
   EXPECT_EQ(ParseDType("INT8"), DType::kInt8);
   EXPECT_EQ(ParseDType("i8"), DType::kInt8);
   EXPECT_EQ(DTypeName(DType::kInt8), "int8");
+}
+
+// int4: the same definition with q in [-7, 7], two to a byte (element i of the range in byte
+// i / 2, its low half for an even i), for ranges of odd and even length and offset.
+std::vector<int8_t> PackedReference(const std::vector<float>& in, int64_t offset,
+                                    std::vector<float>& residual) {
+  std::vector<int8_t> q;
+  Reference(in, offset, residual, q, kInt4Levels);
+  const size_t chunks = Int8Chunks(offset, in.size());
+  std::vector<int8_t> out(Int4Bytes(offset, in.size()), 0);
+  std::copy(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(chunks), out.begin());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const auto nibble = static_cast<uint8_t>(q[chunks + i] & 0x0f);
+    auto& byte = reinterpret_cast<uint8_t&>(out[chunks + i / 2]);
+    byte = static_cast<uint8_t>(byte | (i % 2 == 0 ? nibble : nibble << 4));
+  }
+  return out;
+}
+
+std::vector<float> RoundTrip4(const std::vector<float>& in, int64_t offset,
+                              float* residual = nullptr) {
+  std::vector<int8_t> wire(Int4Bytes(offset, in.size()));
+  EncodeInt4(in.data(), in.size(), offset, wire.data(), residual);
+  std::vector<float> out(in.size());
+  DecodeInt4(wire.data(), in.size(), offset, out.data());
+  return out;
+}
+
+TEST(Int4CodecTest, GivesTheDefinitionsBitsForAnyLengthAndOffset) {
+  EXPECT_EQ(Int4Bytes(100, 300), 4u + 150u);
+  EXPECT_EQ(Int4Bytes(0, 1), 2u);
+  EXPECT_EQ(Int4Bytes(0, 0), 0u);
+  EXPECT_EQ(WireBytes(DType::kInt4, 301, 127), 4u + 151u);
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t n = 1 + rng() % 700;
+    const auto offset = static_cast<int64_t>(rng() % 300);
+    const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
+    std::vector<float> in = GaussianFloats(n, 2000 + trial, scale);
+    if (trial % 3 == 0) {  // ties: half steps of the grid
+      for (size_t i = 0; i < n; ++i) in[i] = (static_cast<float>(i % 15) - 7.0f + 0.5f) * scale;
+    }
+    if (trial % 17 == 0) in[n / 2] = std::numeric_limits<float>::infinity();
+    std::vector<float> mine = GaussianFloats(n, 6000 + trial, scale / 20), theirs = mine;
+    std::vector<float> start = mine;
+    const std::vector<int8_t> want = PackedReference(in, offset, theirs);
+    std::vector<int8_t> got(Int4Bytes(offset, n), 0x5a);  // whatever the buffer held
+    EncodeInt4(in.data(), n, offset, got.data(), mine.data());
+    ASSERT_EQ(got, want) << "trial " << trial << ", n " << n << ", offset " << offset;
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(mine[i]), std::bit_cast<uint32_t>(theirs[i]))
+          << "trial " << trial << ", residual " << i;
+    }
+    // Decoded: q * 2^e of the reference's q, element by element.
+    std::vector<float> out(n);
+    DecodeInt4(got.data(), n, offset, out.data());
+    std::vector<int8_t> q;
+    Reference(in, offset, start, q, kInt4Levels);
+    const size_t chunks = Int8Chunks(offset, n);
+    for (size_t i = 0, c = 0; i < n; ++i) {
+      if (i > 0 && (offset + static_cast<int64_t>(i)) % kInt8Chunk == 0) ++c;
+      if (q[c] == kInt8NonFinite) {
+        ASSERT_TRUE(std::isnan(out[i])) << i;
+      } else {
+        ASSERT_EQ(out[i], static_cast<float>(q[chunks + i]) * std::ldexp(1.0f, q[c])) << i;
+      }
+    }
+  }
+}
+
+TEST(Int4CodecTest, ErrorWithinOneStepOfEachChunksScaleAndTheGridExact) {
+  for (float scale : {1e-30f, 1e-6f, 1.0f, 1e6f, 1e30f}) {
+    const std::vector<float> v = GaussianFloats(4095, 2, scale);
+    const std::vector<float> out = RoundTrip4(v, 5);
+    for (size_t c = 0; c < v.size(); c += kInt8Chunk) {
+      const size_t begin = c == 0 ? 0 : c - 5, end = std::min(v.size(), c + kInt8Chunk - 5);
+      float m = 0.0f;
+      for (size_t i = begin; i < end; ++i) m = std::max(m, std::fabs(v[i]));
+      for (size_t i = begin; i < end; ++i) {
+        ASSERT_LE(std::fabs(out[i] - v[i]), m / 7.0f) << "scale " << scale << " element " << i;
+      }
+    }
+  }
+  std::vector<float> grid;
+  for (int q = -7; q <= 7; ++q) grid.push_back(static_cast<float>(q) * 0.125f);
+  EXPECT_EQ(RoundTrip4(grid, 3), grid);
+  const std::vector<float> v = GaussianFloats(333, 3);
+  const std::vector<float> once = RoundTrip4(v, 1);
+  EXPECT_EQ(RoundTrip4(once, 1), once);
+  // A decoder reads any byte: the nibble 8, never written, is -8 * 2^e.
+  const std::vector<int8_t> wire = {-3, static_cast<int8_t>(0x78)};  // e = -3; q = -8, 7
+  std::vector<float> two(2);
+  DecodeInt4(wire.data(), 2, 0, two.data());
+  EXPECT_EQ(two, (std::vector<float>{-1.0f, 0.875f}));
+}
+
+TEST(Int4CodecTest, ErrorFeedbackCarriesWhatWasNotSentExactly) {
+  const size_t n = 999;
+  std::vector<float> residual(n, 0.0f), sent(n);
+  std::vector<double> given_sum(n, 0.0), sent_sum(n, 0.0);
+  std::vector<int8_t> wire(Int4Bytes(3, n));
+  for (uint32_t step = 0; step < 200; ++step) {
+    const std::vector<float> g = GaussianFloats(n, 100 + step, 1e-3f);
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = g[i] + residual[i];
+    EncodeInt4(g.data(), n, 3, wire.data(), residual.data());
+    DecodeInt4(wire.data(), n, 3, sent.data());
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(sent[i] + residual[i], v[i]) << "step " << step << " element " << i;
+      given_sum[i] += g[i];
+      sent_sum[i] += sent[i];
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(sent_sum[i] + residual[i], given_sum[i], 1e-6) << i;
+    EXPECT_LT(std::fabs(residual[i]), 2e-3f) << i;  // half a step of a chunk's scale, about
+  }
+}
+
+TEST(Int4CodecTest, DeltaPullsKeepBothCopiesEqualAndFollowTheTarget) {
+  const size_t n = 1001;
+  const int64_t offset = 77;
+  std::vector<float> target = GaussianFloats(n, 7, 0.05f);
+  std::vector<float> server(n, 0.0f), reader(n, 0.0f), params(n, 0.0f);
+  std::vector<int8_t> wire(Int4Bytes(offset, n));
+  for (uint32_t pull = 0; pull < 60; ++pull) {
+    if (pull >= 10) {
+      const std::vector<float> step = GaussianFloats(n, 300 + pull, 1e-3f);
+      for (size_t i = 0; i < n; ++i) target[i] -= step[i];
+    }
+    EncodeInt4Delta(target.data(), server.data(), server.data(), n, offset, wire.data());
+    AddInt4(wire.data(), n, offset, reader.data(), params.data());
+    ASSERT_EQ(server, reader) << "pull " << pull;
+    ASSERT_EQ(params, reader) << "pull " << pull;
+    float worst = 0.0f;
+    for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(target[i] - reader[i]));
+    // From zeros each pull divides the error by 14 or more: 0.2 / 14^9 is below 1e-10.
+    if (pull == 9) EXPECT_LT(worst, 1e-7f) << "a copy from zeros after 10 pulls";
+    // A chunk's change (at most ~4.5e-3 a step, plus what waited) within 1/7 of its largest.
+    if (pull >= 10) EXPECT_LT(worst, 1e-2f / 7.0f) << "pull " << pull;
+  }
+  std::vector<int8_t> from_null(wire.size()), from_zeros(wire.size());
+  std::vector<float> made(n), in_place(n, 0.0f);
+  EncodeInt4Delta(target.data(), nullptr, made.data(), n, offset, from_null.data());
+  EncodeInt4Delta(target.data(), in_place.data(), in_place.data(), n, offset, from_zeros.data());
+  EXPECT_EQ(from_null, from_zeros);
+  EXPECT_EQ(made, in_place);
+  std::vector<float> decoded(n), again(n, 0.0f);
+  DecodeInt4(from_null.data(), n, offset, decoded.data());
+  AddInt4(from_null.data(), n, offset, again.data());
+  EXPECT_EQ(decoded, again);
+  EXPECT_EQ(decoded, made);
+  // EncodeDeltaRange and AddRange dispatch to them.
+  std::vector<int8_t> ranged(wire.size());
+  std::vector<float> next(n), added(n, 0.0f);
+  EncodeDeltaRange(target.data(), nullptr, next.data(), n, offset, DType::kInt4, ranged.data());
+  AddRange(ranged.data(), n, offset, DType::kInt4, added.data());
+  EXPECT_EQ(ranged, from_null);
+  EXPECT_EQ(added, made);
 }
 
 }  // namespace

@@ -335,6 +335,21 @@ void AddRowEncodings(const TrainingRows& r, SeedFiles& seeds) {
                               s.PullRows(0, 1, s.here(), {}, DType::kInt8), short_int8,
                               s.PushRows(1, 1, s.here(), r.rows1, 0.03f, DType::kInt8),
                               s.PullRows(1, 1, {}, r.rows1, DType::kInt8)}));
+  // int4 slices both ways (two elements a byte, an exponent per chunk), a frame a byte short,
+  // int4 rows (refused), and int4 delta pulls from zeros and from a generation.
+  Message short_int4 = s.PushRows(0, 1, s.here(), {}, 0.02f, DType::kInt4);
+  short_int4[1].pop_back();
+  Message int4_delta = s.PullRows(1, 1, s.here(), {}, DType::kInt4);
+  {
+    Header h = DecodeHeader(int4_delta[0].data(), int4_delta[0].size()).value();
+    h.delta_pull = true;
+    int4_delta[0] = Frame(h);
+  }
+  seeds.emplace_back("int4-slices",
+                     s.Input({s.PushRows(0, 0, s.here(), {}, 0.01f, DType::kInt4),
+                              s.PullRows(0, 1, s.here(), {}, DType::kInt4), short_int4,
+                              int4_delta, int4_delta,
+                              s.PushRows(1, 1, s.here(), r.rows1, 0.03f, DType::kInt4)}));
   // top-k slices both ways (4 of each 256-element chunk by index, in int8), a frame whose
   // first two indices are swapped and one whose keep is 0 (both refused), and top-k rows
   // (refused: rows never travel in top-k).

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <zmq.hpp>
@@ -126,12 +127,13 @@ std::vector<std::unique_ptr<PsClient>> SyncWorkers(zmq::context_t& context,
   return workers;
 }
 
-// int8, and top-k keeping 3 of 256 (the small model's slices of 50 send 3 each, its bias of
-// 10 3 of them).
+// int8, int4, and top-k keeping 3 of 256 (the small model's slices of 50 send 3 each, its
+// bias of 10 3 of them).
 class ServerCompressionTest : public ::testing::TestWithParam<WireFormat> {};
 
 INSTANTIATE_TEST_SUITE_P(Codecs, ServerCompressionTest,
-                         ::testing::Values(WireFormat(DType::kInt8), WireFormat(DType::kTopK, 3)),
+                         ::testing::Values(WireFormat(DType::kInt8), WireFormat(DType::kInt4),
+                                           WireFormat(DType::kTopK, 3)),
                          [](const auto& p) { return std::string(DTypeName(p.param.dtype)); });
 
 // What delta pulls give a reader (ps/delta_pulls.h): its copy, slice by slice, changed by
@@ -221,6 +223,9 @@ TEST_P(ServerCompressionTest, PushesApplyTheQuantizedGradientWithTheClientsResid
   if (wire.dtype == DType::kInt8) {
     EXPECT_GE(ref.PushBytes(), 210u + 5u);
     EXPECT_LE(ref.PushBytes(), 210u + 7u);
+  } else if (wire.dtype == DType::kInt4) {  // half a byte per element: 25 per slice of 50, 5
+    EXPECT_GE(ref.PushBytes(), 105u + 5u);
+    EXPECT_LE(ref.PushBytes(), 105u + 7u);
   } else {
     EXPECT_EQ(ref.PushBytes(), 5u * 7u);
   }
@@ -502,6 +507,72 @@ TEST(ServerTopKTest, TheProbeSwitchesToInt8WhereTopKDoesNotPayKeepingTheResidual
         for (size_t i = 0; i < held[v].size(); ++i) expected[v][i] -= kLearningRate * sent[v][i];
         ASSERT_EQ(held[v], expected[v]) << "step " << step + 1 << ", variable " << v;
       }
+    }
+  }
+}
+
+// The probe with a worker-side aggregate (sync, the workers' optimizer): both ranks switch at
+// the same steps and take one verdict from both ranks' medians (a Gather), so every step's
+// pushes share one format, the servers quantize the average in it, and the pulls ask for it
+// too: each step both ranks read bit for bit what one process applying the same codecs,
+// switching alike, computes (a pull left in top-k after the switch would read a top-k of the
+// int8 average instead).
+TEST(ServerTopKTest, TheProbeWithAWorkerSideAggregateSwitchesEveryRankAlike) {
+  const WireFormat topk(DType::kTopK, 3), int8(DType::kInt8);
+  for (const double margin : {1.0, -1e9}) {
+    SCOPED_TRACE("margin " + std::to_string(margin));
+    zmq::context_t context;
+    InProcessServer server(context, SyncOfTwo());
+    ASSERT_TRUE(server.started());
+    ModelRegistration reg = SmallModel(1);
+    reg.mode = "sync";
+    reg.optimizer.kind = OptimizerKind::kAggregate;
+    reg.optimizer.learning_rate = 1.0f;
+    std::vector<std::unique_ptr<PsClient>> workers;
+    for (int rank = 0; rank < 2; ++rank) {
+      PsClientOptions o;
+      o.ps_addresses = {server.endpoint()};
+      o.rank = rank;
+      o.request_timeout = kWait;
+      o.blocking_timeout = kWait;
+      o.wire_dtype = topk;
+      o.topk_probe = {.enabled = true, .start_after = 1, .window = 1, .rounds = 1,
+                      .margin = margin};
+      auto c = PsClient::Connect(context, o);
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      workers.push_back(std::move(c).value());
+    }
+    for (auto& w : workers) ASSERT_TRUE(w->Register(reg, kWait).ok());
+    const WireFormat after = margin > 0 ? int8 : topk;
+    const std::vector<WireFormat> formats = {topk, topk, int8, after, after};
+    CodecReference rank0(reg, topk), rank1(reg, topk), server_side(reg, topk);
+    for (size_t step = 0; step < formats.size(); ++step) {
+      for (auto& w : workers) EXPECT_EQ(w->push_format(), formats[step]) << "step " << step + 1;
+      for (CodecReference* r : {&rank0, &rank1, &server_side}) r->set_wire(formats[step]);
+      auto g0 = Scaled(Gradients(reg), 0.3f + static_cast<float>(step), 0.0007f);
+      auto g1 = Scaled(Gradients(reg), -1.7f, 0.0011f * static_cast<float>(step));
+      const auto s0 = rank0.Send(g0), s1 = rank1.Send(g1);
+      std::vector<std::vector<float>> average = s0;
+      for (size_t v = 0; v < average.size(); ++v) {
+        for (size_t i = 0; i < average[v].size(); ++i) {
+          average[v][i] = (0.0f + s0[v][i] + s1[v][i]) * 0.5f;
+        }
+      }
+      const auto want = server_side.Send(average);
+      std::vector<std::vector<float>> got0 = {std::vector<float>(200), std::vector<float>(10)};
+      std::vector<std::vector<float>> got1 = got0;
+      Status other;
+      std::thread one([&] {
+        other = workers[1]->PushPull(Pointers<const float>(g1), 8, Pointers<float>(got1),
+                                     static_cast<int64_t>(step) + 1);
+      });
+      const Status mine = workers[0]->PushPull(Pointers<const float>(g0), 8,
+                                               Pointers<float>(got0),
+                                               static_cast<int64_t>(step) + 1);
+      one.join();
+      ASSERT_TRUE(mine.ok() && other.ok()) << mine.ToString() << " / " << other.ToString();
+      ASSERT_EQ(got0, want) << "step " << step + 1;
+      ASSERT_EQ(got1, want) << "step " << step + 1;
     }
   }
 }

@@ -23,6 +23,8 @@ Configurations:
                           next gradient's compute (needs --mode sync)
   colocated-overlap-bf16  the same, --wire-dtype bfloat16
   colocated-overlap-int8  the same, --wire-dtype int8
+  colocated-int4, colocated-overlap-int4  those with --wire-dtype int4 (4 bits an element,
+                          both ways, error feedback as int8's)
   colocated-topk          colocated, --wire-dtype topk (or topk:R, --topk-density R): of
                           every 256 gradient elements the largest in int8, error feedback;
                           parameters in top-k delta pulls
@@ -39,6 +41,7 @@ Configurations:
   hvd-colocated-bf16  the same with hvd.Compression.bf16
   hvd-colocated-int8  the same with hvd.Compression.int8 (both ways in int8, error feedback
                       on the workers and the servers)
+  hvd-colocated-int4  the same with hvd.Compression.int4
   hvd-colocated-topk  the same with hvd.Compression.topk (both ways in top-k, error feedback
                       on the workers and the servers; --topk-density R: .density(R))
   hvd-colocated2      hvd-colocated with two servers on every worker host (--ps h:2 --ipc):
@@ -89,7 +92,8 @@ NETLAB = os.path.join(ROOT, "tools", "netlab")
 CONFIGS = ("ddp", "ddp-fp16", "dedicated", "colocated", "colocated-tcp", "colocated-bf16",
            "colocated-overlap", "colocated-overlap-bf16", "hvd-colocated", "hvd-colocated-fp16",
            "hvd-colocated-bf16", "hvd-colocated2", "hvd-colocated2-fp16", "colocated-int8",
-           "colocated-overlap-int8", "hvd-colocated-int8", "colocated-topk",
+           "colocated-overlap-int8", "hvd-colocated-int8", "colocated-int4",
+           "colocated-overlap-int4", "hvd-colocated-int4", "colocated-topk",
            "colocated-overlap-topk", "hvd-colocated-topk", "py-colocated",
            "py-colocated-overlap", "hvd-colocated-overlap", "colocated-int8-bfpull",
            "colocated-overlap-int8-bfpull", "colocated-topk-bfpull")
@@ -301,8 +305,9 @@ def run_parasync(args, config, work):
         flags += ["--local-aggregation"]
     if config.endswith("bf16"):
         flags += ["--wire-dtype", "bfloat16"]
-    if config.endswith("int8") and not config.startswith("hvd-"):
-        flags += ["--wire-dtype", "int8"]
+    for narrow in ("int8", "int4"):
+        if config.endswith(narrow) and not config.startswith("hvd-"):
+            flags += ["--wire-dtype", narrow]
     if config.endswith("topk") and not config.startswith("hvd-"):
         flags += ["--wire-dtype",
                   f"topk:{args.topk_density}" if args.topk_density else "topk"]

@@ -220,14 +220,14 @@ struct parasync_client_t {
 
 namespace {
 
-// "float32", "bfloat16", "float16", "int8", "topk" or "topk:R" (NULL or anything else:
+// "float32", "bfloat16", "float16", "int8", "int4", "topk" or "topk:R" (NULL or anything else:
 // InvalidArgument naming it).
 Result<WireFormat> ParseWireDType(const char* dtype) {
   PARASYNC_RETURN_IF_ERROR(Need(dtype, "dtype"));
   const std::optional<WireFormat> parsed = ParseWireFormat(dtype);
   if (!parsed) {
     return Status::InvalidArgument(
-        "the wire dtype must be float32, bfloat16, float16, int8, topk or topk:R with R in "
+        "the wire dtype must be float32, bfloat16, float16, int8, int4, topk or topk:R with R in "
         "(0, 1], not '" + std::string(dtype) + "'");
   }
   return *parsed;

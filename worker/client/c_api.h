@@ -152,8 +152,8 @@ PARASYNC_API int parasync_options_set_timeouts(parasync_options_t* options, doub
  * format; one key for all or one per server). Both NULL: plain text. */
 PARASYNC_API int parasync_options_set_curve(parasync_options_t* options, const char* key_file,
                                const char* server_key_file, char** errmsg);
-/* "float32" (default), "bfloat16", "float16", "int8", "topk" or "topk:R" (R in (0, 1]): how
- * tensors travel (int8 and topk: pushes compressed with error feedback, a server-side
+/* "float32" (default), "bfloat16", "float16", "int8", "int4", "topk" or "topk:R" (R in
+ * (0, 1]): how tensors travel (int8, int4 and topk: pushes compressed with error feedback, a server-side
  * optimizer's parameters pulled as changes to this client's copy of them — delta pulls —
  * or in bfloat16; docs/compression.md). */
 PARASYNC_API int parasync_options_set_wire_dtype(parasync_options_t* options, const char* dtype,
@@ -163,8 +163,9 @@ PARASYNC_API int parasync_options_set_wire_dtype(parasync_options_t* options, co
  * top-k (docs/compression.md). */
 PARASYNC_API int parasync_options_set_topk_probe(parasync_options_t* options, int on,
                                                  char** errmsg);
-/* int8 or topk with the servers' optimizer: 1 (the default) pulls parameters as changes to
- * a copy this client keeps, in the pushes' format (int8: a quarter of float32's bytes); 0
+/* int8, int4 or topk with the servers' optimizer: 1 (the default) pulls parameters as
+ * changes to a copy this client keeps, in the pushes' format (int8: a quarter of float32's
+ * bytes, int4 an eighth); 0
  * pulls them in bfloat16
  * (docs/compression.md). */
 PARASYNC_API int parasync_options_set_delta_pulls(parasync_options_t* options, int on,
@@ -344,7 +345,7 @@ PARASYNC_API int parasync_client_live_ranks(parasync_client_t* client, uint8_t* 
  * version over the shards) and the examples they were computed from. */
 PARASYNC_API int parasync_client_global_progress(parasync_client_t* client, int64_t* step,
                                                  int64_t* examples, char** errmsg);
-/* How tensors travel from now on: "float32", "bfloat16", "float16", "int8", "topk" or
+/* How tensors travel from now on: "float32", "bfloat16", "float16", "int8", "int4", "topk" or
  * "topk:R" (parasync.horovod's Compression); before parasync_client_register only. */
 PARASYNC_API int parasync_client_set_wire_dtype(parasync_client_t* client, const char* dtype,
                                                 char** errmsg);

@@ -172,8 +172,8 @@ TEST_F(CApiTest, ErrorsAreACodeAndOneLineNeverAnException) {
   char* err = nullptr;
   EXPECT_EQ(parasync_options_set_mode(h_.options, "fast", &err), PARASYNC_INVALID_ARGUMENT);
   EXPECT_THAT(Take(err), HasSubstr("fast"));
-  EXPECT_EQ(parasync_options_set_wire_dtype(h_.options, "int4", &err), PARASYNC_INVALID_ARGUMENT);
-  EXPECT_THAT(Take(err), HasSubstr("int4"));
+  EXPECT_EQ(parasync_options_set_wire_dtype(h_.options, "int2", &err), PARASYNC_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(err), HasSubstr("int2"));
   EXPECT_EQ(parasync_model_set_optimizer(h_.model, "rmsprop", 0.1, &err), PARASYNC_INVALID_ARGUMENT);
   EXPECT_THAT(Take(err), HasSubstr("rmsprop"));
   EXPECT_EQ(parasync_model_set(h_.model, "nesterov", 1, &err), PARASYNC_INVALID_ARGUMENT);

@@ -410,8 +410,8 @@ def optimizer_compression_narrows_the_pushes(log_dir: str) -> None:
         client = parasync.Client(servers.addresses, workers=1, rank=0, mode="sync",
                                  log_dir=log_dir, request_timeout=10, connect_timeout=10)
         e = raises(parasync.InvalidArgument, pst.Optimizer, client, Small(), optimizer="sgd",
-                   lr=0.1, compression="int4")
-        check(e is not None and "int4" in str(e), f"compression='int4': {e}")
+                   lr=0.1, compression="int2")
+        check(e is not None and "int2" in str(e), f"compression='int2': {e}")
         torch.manual_seed(3)
         model = nn.Linear(256, 64)
         start = model.weight.detach().clone()

@@ -217,20 +217,24 @@ OPTIONS = {"sum": {"op": "Sum", "backward_passes_per_step": 2},
            "predivide": {"gradient_predivide_factor": 2.0},
            # Inputs of (rank + 1) / 5: gradients off int8's grid, so its rounding shows.
            "int8": {"compression": "int8"},
+           # 4 bits: 0.4 and 0.8 go as 0.375 and 0.75, their average 0.5625 as 0.5.
+           "int4": {"compression": "int4"},
            # top-k keeping 2 of each 256 (density 2/256): of the weight's 6 equal elements
            # the first 2 go (ties: the lower index), in int8, both ways.
            "topk": {"compression": "topk"}}
 
 
-def int8_round_trip(t):
+def int8_round_trip(t, levels=127):
     """common/int8_codec.h for one chunk (the 6 weights are one): a power-of-two scale, the
-    smallest with max|t| <= 127 * 2^e, and t / 2^e rounded to nearest even."""
+    smallest with max|t| <= levels * 2^e (int8: 127, int4: 7), and t / 2^e rounded to
+    nearest even."""
     m = float(t.abs().max())
     if m == 0.0:
         return t.clone()
+    b = levels.bit_length()
     f, k = math.frexp(m)
-    e = min(max(k - 7 if f <= 127 / 128 else k - 6, -110), 121)
-    return torch.round(t * 2.0 ** -e).clamp(-127, 127) * 2.0 ** e
+    e = min(max(k - b if f <= levels / 2 ** b else k - b + 1, -110), 121)
+    return torch.round(t * 2.0 ** -e).clamp(-levels, levels) * 2.0 ** e
 
 
 def worker_options(option: str) -> dict:
@@ -245,7 +249,7 @@ def worker_options(option: str) -> dict:
         kwargs["compression"] = getattr(hvd.Compression, kwargs["compression"])
         if option == "topk":
             kwargs["compression"] = kwargs["compression"].density(2 / 256)
-    value = (hvd.rank() + 1) / 5 if option in ("int8", "topk") else float(hvd.rank() + 1)
+    value = (hvd.rank() + 1) / 5 if option in ("int8", "int4", "topk") else float(hvd.rank() + 1)
     m = torch.nn.Linear(3, 2)
     m.bias.requires_grad_(False)
     o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
@@ -268,10 +272,11 @@ def check_options(option: str, workdir: str) -> None:
     mean = 2 * passes * (n + 1) / 2
     want = mean * n if OPTIONS[option].get("op") == "Sum" else mean
     expected = torch.full((2, 3), want)
-    if option in ("int8", "topk"):  # each rank's gradient quantized, then the servers' average
+    if option in ("int8", "int4", "topk"):  # each rank's gradient quantized, then the average
+        levels = 7 if option == "int4" else 127
         given = [torch.full((2, 3), 2 * (r + 1) / 5) for r in range(n)]
-        sent = [int8_round_trip(g) for g in given]
-        want = float(int8_round_trip((sent[0] + sent[1]) * 0.5)[0, 0])
+        sent = [int8_round_trip(g, levels) for g in given]
+        want = float(int8_round_trip((sent[0] + sent[1]) * 0.5, levels)[0, 0])
         plain = float((given[0] + given[1])[0, 0] * 0.5)
         check(want != plain, f"options {option}: the gradients are off int8's grid ({want})")
         expected = torch.full((2, 3), want)
@@ -478,6 +483,7 @@ if sys.argv[1] == "--worker":
               "options_sum": lambda: worker_options("sum"),
               "options_predivide": lambda: worker_options("predivide"),
               "options_int8": lambda: worker_options("int8"),
+              "options_int4": lambda: worker_options("int4"),
               "options_topk": lambda: worker_options("topk")}[SCENARIO]()
     torch.save(result, OUT)
     sys.exit(0)
@@ -896,7 +902,8 @@ def main() -> int:
     # HOROVOD_TEST_ONLY=name[,name]: only those parts (sgd, adamw, local_group, delayed,
     # collectives2,
     # collectives3,
-    # async, options_sum, options_predivide, options_int8, options_topk, dead_peer, join,
+    # async, options_sum, options_predivide, options_int8, options_int4, options_topk,
+    # dead_peer, join,
     # elastic, elastic_rank0), for a
     # person debugging one; the workers' logs are printed when one fails.
     only = set(filter(None, os.environ.get("HOROVOD_TEST_ONLY", "").split(",")))
@@ -910,6 +917,7 @@ def main() -> int:
              "options_sum": lambda d: check_options("sum", d),
              "options_predivide": lambda d: check_options("predivide", d),
              "options_int8": lambda d: check_options("int8", d),
+             "options_int4": lambda d: check_options("int4", d),
              "options_topk": lambda d: check_options("topk", d),
              "dead_peer": check_dead_peer,
              "join": check_join,

@@ -73,7 +73,7 @@ def parse():
                         "a row of eval.jsonl with the epochs done as a fraction (default "
                         "PARASYNC_EVAL_EVERY, parasync-launch --eval-every N; steps only: "
                         "every rank evaluates at the same step)")
-    p.add_argument("--compression", choices=("none", "fp16", "bf16", "int8", "topk"),
+    p.add_argument("--compression", choices=("none", "fp16", "bf16", "int8", "int4", "topk"),
                    default="none",
                    help="how gradients travel (hvd.Compression; default %(default)s)")
     p.add_argument("--topk-density", type=float, default=None,
@@ -185,6 +185,7 @@ def main() -> int:
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     compression = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
                    "bf16": hvd.Compression.bf16, "int8": hvd.Compression.int8,
+                   "int4": hvd.Compression.int4,
                    "topk": hvd.Compression.topk}[args.compression]
     if args.compression == "topk" and args.topk_density is not None:
         compression = compression.density(args.topk_density)

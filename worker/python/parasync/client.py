@@ -528,8 +528,8 @@ class Client:
         return step.value, examples.value
 
     def set_wire_dtype(self, dtype: str) -> None:
-        """How tensors travel from now on: "float32", "bfloat16", "float16", "int8", "topk"
-        or "topk:R"; before register() only (parasync.horovod's Compression)."""
+        """How tensors travel from now on: "float32", "bfloat16", "float16", "int8", "int4",
+        "topk" or "topk:R"; before register() only (parasync.horovod's Compression)."""
         call(lib.parasync_client_set_wire_dtype, self._h, text(dtype))
 
     def gather(self, key: str, round: int, payload: bytes) -> list[bytes | None]:

@@ -190,12 +190,12 @@ class Optimizer:
     exactly; a step() whose ``examples`` differ from what went out early turns overlap off).
 
     ``compression``: how gradients travel, as ``--wire-dtype`` says it: "float32",
-    "bfloat16", "float16", "int8" or "topk[:R]" (int8 and top-k with error feedback,
+    "bfloat16", "float16", "int8", "int4" or "topk[:R]" (int8, int4 and top-k with error feedback,
     parameters pulled as changes to the client's copy in that format: delta pulls;
     docs/compression.md),
     or an hvd.Compression; default the
     client's (PARASYNC_WIRE_DTYPE, parasync-launch --wire-dtype). Not with pst.Embedding
-    tables for int8 and top-k (InvalidArgument).
+    tables for int8, int4 and top-k (InvalidArgument).
 
     In ``sync:delayed`` (a dense model) the exchange runs behind the next step's compute, as
     parasync-worker's does: step() hands the gradient over, starts its push and the pull of
