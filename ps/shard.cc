@@ -527,7 +527,14 @@ Status Shard::ApplyAccumulated(int count) {
       }
     }
     for (float& a : average_) a *= inv;
-    if (quantize) QuantizeAverage(s, *quantize);
+    if (quantize) {
+      QuantizeAverage(s, *quantize);
+    } else if (registration_->optimizer.kind == OptimizerKind::kAggregate &&
+               !s.pull_residual.empty()) {
+      // A float32 step after quantized ones (the workers' probe): it sends what was held.
+      for (size_t k = 0; k < average_.size(); ++k) average_[k] += s.pull_residual[k];
+      s.pull_residual.clear();
+    }
     ApplyToSlice(s, 0, average_.data(), static_cast<int64_t>(average_.size()), lr_scale);
   }
   tables_.SetNow(ExpiryNow());

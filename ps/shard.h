@@ -221,9 +221,10 @@ class Shard {
     std::vector<std::vector<float>> by_rank;
     int64_t updates = 0;
     int64_t offset = 0;  // of its first element in its variable
-    // A worker-side optimizer's steps pushed in int8 or top-k: what the step's average lost
-    // to the quantization of the value the workers pull, added to the next step's
-    // (allocated on the first such step; not durable: a restarted server starts it at zero).
+    // A worker-side optimizer's steps pushed in int8, int4 or top-k: what the step's average
+    // lost to the quantization of the value the workers pull, added to the next step's — a
+    // float32 step's (the probe's) included, which sends it whole (allocated on the first
+    // such step; not durable: a restarted server starts it at zero).
     std::vector<float> pull_residual;
   };
   // InvalidArgument + kNonFinite naming the first range whose gradient has a NaN or Inf;

@@ -1,8 +1,9 @@
 #include "worker/ps_client.h"
 
 #include <algorithm>
-#include <array>
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -477,9 +478,17 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
   SizePushBuffers();
   if (!probe_.configured) {  // the first registration's (a re-registration keeps its course)
     probe_.configured = true;
-    probe_.active = options_.topk_probe.enabled && wire.dtype == DType::kTopK;
+    // Top-k against int8, and each lossy format against float32: they cost CPU that only a
+    // slow enough link pays back. (int4 is not tried against int8: where int4's packing
+    // does not pay, int8's encoding did not either, measured.)
+    const PsClientOptions::TopKProbe& o = options_.topk_probe;
+    probe_.active = o.enabled && fed_back;
     probe_.agree = reg.optimizer.kind == OptimizerKind::kAggregate;
-    probe_.topk_format = wire;
+    probe_.formats = {wire};
+    if (wire.dtype == DType::kTopK) probe_.formats.push_back(DType::kInt8);
+    if (o.float32) probe_.formats.push_back(DType::kFloat32);
+    probe_.active = probe_.active && probe_.formats.size() > 1;
+    probe_.periods.assign(probe_.formats.size(), {});
   }
 }
 
@@ -489,7 +498,11 @@ void PsClient::SizePushBuffers() {
   size_t bytes = 0;
   for (int s = 0; s < num_shards(); ++s) {
     narrowed_at_[static_cast<size_t>(s)] = bytes;
-    if (wire.dtype == DType::kFloat32) continue;
+    // float32: the caller's memory, but for a push that folds the residual in (the probe).
+    if (wire.dtype == DType::kFloat32 &&
+        std::find(fold_residual_.begin(), fold_residual_.end(), true) == fold_residual_.end()) {
+      continue;
+    }
     for (uint32_t id : map_->SlicesOfShard(s)) {
       const SliceInfo& info = map_->slices()[id];
       bytes += WireBytes(wire, static_cast<size_t>(info.length), info.offset);
@@ -504,6 +517,10 @@ void PsClient::SetPushFormat(WireFormat format) {
   // A delta pull's copy carries over (any format changes it); an aggregate's average is
   // quantized in the step's push format, which every rank switched to alike (the probe).
   if (pull_follows_push_) pull_dtype_ = format;
+  // A float32 push sends what the residual held too, once (and zeroes it).
+  if (format.dtype == DType::kFloat32 && !push_residual_.empty()) {
+    fold_residual_.assign(static_cast<size_t>(num_shards()), true);
+  }
   SizePushBuffers();  // no push holds narrowed_ between steps
 }
 
@@ -521,72 +538,122 @@ bool TopKPays(std::vector<double> topk_steps, std::vector<double> int8_steps, do
   return TopKPays(Median(std::move(topk_steps)), Median(std::move(int8_steps)), margin);
 }
 
-Status PsClient::GatherProbeMedians(double* topk, double* int8, size_t* ranks) {
-  std::array<double, 2> mine = {*topk, *int8};
+Status PsClient::ProbeMedians(int64_t round, std::vector<double>* medians, size_t* ranks) {
+  medians->clear();
+  for (const std::vector<double>& p : probe_.periods) {
+    medians->push_back(p.empty() ? std::numeric_limits<double>::infinity() : Median(p));
+  }
+  *ranks = 1;
+  if (!probe_.agree) return Status::Ok();
+  const std::vector<double> mine = *medians;
+  const size_t bytes = mine.size() * sizeof(double);
   std::vector<int32_t> who;
   std::vector<zmq::message_t> theirs;
-  PARASYNC_RETURN_IF_ERROR(Gather("parasync/topk-probe", 1,
-                                  {reinterpret_cast<const uint8_t*>(mine.data()), sizeof(mine)},
-                                  &who, &theirs));
-  *topk = *int8 = 0;
+  PARASYNC_RETURN_IF_ERROR(Gather("parasync/probe", round,
+                                  {reinterpret_cast<const uint8_t*>(mine.data()), bytes}, &who,
+                                  &theirs));
+  medians->assign(mine.size(), 0.0);
   *ranks = 0;
   for (const zmq::message_t& m : theirs) {
-    if (m.size() != sizeof(mine)) continue;  // a rank that took no part
-    std::array<double, 2> medians{};
-    std::memcpy(medians.data(), m.data(), sizeof(medians));
-    *topk += medians[0];
-    *int8 += medians[1];
+    if (m.size() != bytes) continue;  // a rank that took no part
+    std::vector<double> one(mine.size());
+    std::memcpy(one.data(), m.data(), bytes);
+    for (size_t f = 0; f < one.size(); ++f) (*medians)[f] += one[f];
     ++*ranks;
   }
   return *ranks > 0 ? Status::Ok() : Status::Unavailable("no rank's medians came back");
 }
 
+void PsClient::ConcludeProbe(const std::vector<double>& medians, size_t ranks) {
+  probe_.active = false;
+  probe_.now = -1;
+  const PsClientOptions::TopKProbe& o = options_.topk_probe;
+  // The first format at least `margin` faster than every later one, else the last tried.
+  const size_t n = medians.size();
+  size_t chosen = n - 1;
+  for (size_t f = 0; f + 1 < n; ++f) {
+    const double later = *std::min_element(medians.begin() + static_cast<std::ptrdiff_t>(f + 1),
+                                           medians.end());
+    if (TopKPays(medians[f], later, o.margin)) {
+      chosen = f;
+      break;
+    }
+  }
+  const WireFormat format = probe_.formats[chosen];
+  SetPushFormat(format);
+  // "a step took 49.7 ms with it, 39.8 ms with int8 and 37.0 ms with float32 (medians of
+  // 32, 32 and 16 steps)"; float32 left after its first step: that step's, this rank's.
+  std::string took, counts;
+  for (size_t f = 0; f < n; ++f) {
+    const char* sep = f == 0 ? "" : f + 1 == n ? " and " : ", ";
+    const std::string name = f == 0 ? std::string("it") : WireFormatName(probe_.formats[f]);
+    const std::vector<double>& p = probe_.periods[f];
+    const double first = p.empty() ? 0.0 : p.front();
+    took += std::isinf(medians[f])
+                ? fmt::format("{}{:.1f} ms with {}", sep, 1e3 * first, name)
+                : fmt::format("{}{:.1f} ms with {}", sep,
+                              1e3 * medians[f] / static_cast<double>(ranks), name);
+    counts += fmt::format("{}{}", sep, p.size());
+  }
+  const std::string over = ranks > 1 ? fmt::format(", averaged over {} ranks", ranks) : "";
+  spdlog::info("{} {} here: a step took {} (medians of {} steps{}); pushing {} from now on{}",
+               WireFormatName(probe_.formats[0]), chosen == 0 ? "pays" : "does not pay", took,
+               counts, over, WireFormatName(format),
+               format.dtype == DType::kFloat32 ? " (compression off)" : "");
+}
+
 void PsClient::ProbePushFormat() {
   if (!probe_.active) return;
   const auto now = std::chrono::steady_clock::now();
-  if (probe_.probing) {
-    (probe_.topk_now ? probe_.topk : probe_.int8)
-        .push_back(std::chrono::duration<double>(now - probe_.last_end).count());
+  if (probe_.now >= 0) {
+    probe_.periods[static_cast<size_t>(probe_.now)].push_back(
+        std::chrono::duration<double>(now - probe_.last_end).count());
   }
   probe_.last_end = now;
   const PsClientOptions::TopKProbe& o = options_.topk_probe;
   const int64_t next = ++probe_.steps - o.start_after;  // the next step's index in the probe
-  const int64_t length = 2 * int64_t{o.window} * o.rounds;
   if (next < 0) return;
-  if (next < length) {
-    probe_.probing = true;
-    probe_.topk_now = (next / std::max(1, o.window)) % 2 == 0;
-    SetPushFormat(probe_.topk_now ? probe_.topk_format : WireFormat(DType::kInt8));
+  // The lossy formats' windows in turn, `rounds` times; then float32's one window, left at
+  // its first step where that step took over twice the best median so far (a slow link).
+  const int64_t window = std::max(1, o.window);
+  const auto formats = static_cast<int64_t>(probe_.formats.size());
+  const int64_t lossy = o.float32 ? formats - 1 : formats;
+  const int64_t rounds_end = window * lossy * std::max(1, o.rounds);
+  const int64_t end = o.float32 ? rounds_end + window : rounds_end;
+  std::vector<double> medians;
+  size_t ranks = 1;
+  int64_t round = 1;
+  if (next < rounds_end) {
+    probe_.now = static_cast<int>((next / window) % lossy);
+    SetPushFormat(probe_.formats[static_cast<size_t>(probe_.now)]);
     return;
   }
+  if (next == rounds_end && next < end) {
+    probe_.now = static_cast<int>(lossy);
+    SetPushFormat(DType::kFloat32);
+    return;
+  }
+  if (next == rounds_end + 1 && next < end) {
+    if (Status s = ProbeMedians(1, &medians, &ranks); !s.ok()) return FailProbe(s);
+    const double best =
+        *std::min_element(medians.begin(), medians.begin() + static_cast<std::ptrdiff_t>(lossy));
+    if (medians.back() <= 2 * best) return;  // float32 keeps its window
+    medians.back() = std::numeric_limits<double>::infinity();
+    return ConcludeProbe(medians, ranks);
+  }
+  if (next < end) return;
+  if (o.float32 && window > 1) round = 2;
+  if (Status s = ProbeMedians(round, &medians, &ranks); !s.ok()) return FailProbe(s);
+  ConcludeProbe(medians, ranks);
+}
+
+void PsClient::FailProbe(const Status& why) {
   probe_.active = false;
-  const size_t n = probe_.topk.size();
-  double topk = Median(probe_.topk), int8 = Median(probe_.int8);
-  size_t ranks = 1;
-  if (probe_.agree) {
-    if (Status s = GatherProbeMedians(&topk, &int8, &ranks); !s.ok()) {
-      SetPushFormat(DType::kInt8);
-      spdlog::warn("the top-k probe could not hear the other ranks' step times ({}): pushing "
-                   "int8 from now on",
-                   s.ToString());
-      return;
-    }
-  }
-  const double topk_ms = 1e3 * topk / static_cast<double>(ranks);
-  const double int8_ms = 1e3 * int8 / static_cast<double>(ranks);
-  const std::string over = ranks > 1 ? fmt::format(", averaged over {} ranks", ranks) : "";
-  if (n == 0 || TopKPays(topk, int8, o.margin)) {
-    SetPushFormat(probe_.topk_format);
-    spdlog::info("{} pays here: a step took {:.1f} ms with it and {:.1f} ms with int8 (medians "
-                 "of {} steps each{}); pushing {} from now on",
-                 WireFormatName(probe_.topk_format), topk_ms, int8_ms, n, over,
-                 WireFormatName(probe_.topk_format));
-  } else {
-    SetPushFormat(DType::kInt8);
-    spdlog::info("{} does not pay here: a step took {:.1f} ms with it and {:.1f} ms with int8 "
-                 "(medians of {} steps each{}); pushing int8 from now on",
-                 WireFormatName(probe_.topk_format), topk_ms, int8_ms, n, over);
-  }
+  probe_.now = -1;
+  SetPushFormat(DType::kInt8);
+  spdlog::warn("the probe could not hear the other ranks' step times ({}): pushing int8 from "
+               "now on",
+               why.ToString());
 }
 
 bool PsClient::SendsTo(int s) const {
@@ -641,7 +708,8 @@ void PsClient::AddPullRequests(const std::vector<int64_t>& min_versions, std::ve
     o.header.incarnation = read_incarnation_[static_cast<size_t>(s)];
     o.header.dtype = pull_dtype_.dtype;  // the format the reply is to carry
     o.header.topk_keep = static_cast<uint8_t>(pull_dtype_.keep);
-    o.header.delta_pull = delta_pulls_ && with_slices;
+    // (While the probe tries float32, parameters come whole; the copy waits for the next.)
+    o.header.delta_pull = delta_pulls_ && HasErrorFeedback(pull_dtype_.dtype) && with_slices;
     o.header.delta_base = o.header.delta_pull ? pull_generation_[static_cast<size_t>(s)] : 0;
     for (uint32_t id : with_slices ? map_->SlicesOfShard(s) : std::vector<uint32_t>{}) {
       o.header.slices.push_back({id, 0, map_->slices()[id].length});
@@ -677,10 +745,13 @@ PsClient::Outgoing PsClient::PushRequest(int s, std::span<const float* const> gr
                                          int64_t batch_examples, int64_t read_version,
                                          uint64_t seq, RowSet rows, const ShardRows& split) {
   const WireFormat dtype = options_.wire_dtype;
-  const bool narrow = dtype.dtype != DType::kFloat32;
   const auto si = static_cast<size_t>(s);
-  uint8_t* next_narrowed = narrow ? narrowed_.data() + narrowed_at_[si] : nullptr;
   float* residual = push_residual_.empty() ? nullptr : push_residual_.data() + residual_at_[si];
+  // The probe turned compression off: the first float32 push sends what was not sent yet too.
+  const bool fold = dtype.dtype == DType::kFloat32 && residual != nullptr &&
+                    si < fold_residual_.size() && fold_residual_[si];
+  const bool narrow = dtype.dtype != DType::kFloat32 || fold;
+  uint8_t* next_narrowed = narrow ? narrowed_.data() + narrowed_at_[si] : nullptr;
   Outgoing o;
   o.header.type = MsgType::kPush;
   o.header.ranks = group_ranks_;  // a local group's leader: the members its push sums
@@ -704,9 +775,19 @@ PsClient::Outgoing PsClient::PushRequest(int s, std::span<const float* const> gr
     void* data = const_cast<float*>(grads[info.var_index] + info.offset);
     const auto count = static_cast<size_t>(info.length);
     const size_t bytes = WireBytes(dtype, count, info.offset);
+    if (fold) {
+      const auto* g = static_cast<const float*>(data);
+      for (size_t i = 0; i < count; ++i) {
+        const float v = g[i] + residual[i];
+        std::memcpy(next_narrowed + i * sizeof(float), &v, sizeof(float));
+        residual[i] = 0.0f;
+      }
+    }
     if (narrow) {
-      EncodeRange(static_cast<const float*>(data), count, info.offset, dtype, next_narrowed,
-                  residual);
+      if (!fold) {
+        EncodeRange(static_cast<const float*>(data), count, info.offset, dtype, next_narrowed,
+                    residual);
+      }
       data = next_narrowed;
       next_narrowed += bytes;
       if (residual != nullptr) residual += count;
@@ -715,6 +796,7 @@ PsClient::Outgoing PsClient::PushRequest(int s, std::span<const float* const> gr
     counter->fetch_add(1, std::memory_order_relaxed);
     o.frames.emplace_back(data, bytes, &ReleaseFrame, counter);
   }
+  if (fold) fold_residual_[si] = false;
   AddPushRowFrames(split, rows, o);
   return o;
 }
@@ -845,7 +927,7 @@ Status PsClient::TakePullReplies(std::span<float* const> params, std::span<const
     read_versions_[si] = replies[i].header->version;
     read_incarnation_[si] = replies[i].header->incarnation;
     // A plain reply (a server that ignores delta pulls) leaves the copy behind.
-    if (!params.empty() && delta_pulls_) {
+    if (!params.empty() && delta_pulls_ && HasErrorFeedback(pull_dtype_.dtype)) {
       pull_generation_[si] =
           replies[i].header->delta_pull ? replies[i].header->delta_generation : 0;
     }

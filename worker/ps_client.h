@@ -69,22 +69,27 @@ struct PsClientOptions {
   // error feedback the same way, pulls of a worker-side aggregate in top-k too. Not with
   // embedding tables (Register refuses int8 and top-k).
   WireFormat wire_dtype = DType::kFloat32;
-  // Top-k pushes check that they pay: after `start_after` steps, `window` steps pushed in
-  // top-k and `window` in int8, `rounds` times over; then top-k stays only if its median
-  // step (from one step's end to the next's: compute and exchange) was at least `margin` (a
-  // fraction) shorter than int8's, else int8 from then on (both with error feedback: the
-  // residual carries over). One log line says which and why. Where a fast link does not pay
-  // back top-k's selection, this is the switch that leaves it off. With a worker-side
-  // aggregate (sync, the workers' optimizer: the servers quantize the step's average as it
-  // was pushed and every rank pulls it so) the ranks switch at the same steps and decide
-  // together: each offers its two medians through a Gather and all compare the sums, so
-  // they push and pull one format (the gather failing: int8, and a warning).
+  // Compressed pushes check that they pay (the probe, on by default). After `start_after`
+  // steps a top-k client pushes `window` steps in top-k and `window` in int8, `rounds` times
+  // over; then every lossy format (int8, int4, top-k) gets `window` steps in float32 (`float32`;
+  // left after its first step when that one took over twice the best median so far: a slow
+  // link). The formats are preferred in that order (the configured one, int8, float32), and
+  // each stays only if its median step (from one step's end to the next's: compute and
+  // exchange) was at least `margin` (a fraction) shorter than every later one's, so float32
+  // — compression off — is chosen where no compressed format paid back its CPU. One log line
+  // says which and why. The residual carries over every switch; a float32 push after
+  // compressed ones sends what it held too (and the servers' average residual likewise).
+  // With a worker-side aggregate (sync, the workers' optimizer: the servers quantize the
+  // step's average as it was pushed and every rank pulls it so) the ranks switch at the same
+  // steps and decide together: each offers its medians through a Gather and all compare the
+  // sums, so they push and pull one format (the gather failing: int8, and a warning).
   struct TopKProbe {
     bool enabled = true;
     int start_after = 20;
     int window = 16;
     int rounds = 2;
     double margin = 0.0;
+    bool float32 = true;
   };
   TopKProbe topk_probe;
   // With int8 or top-k pushes to a server-side optimizer, parameters are pulled as int8
@@ -257,7 +262,7 @@ class PsClient {
   // the caller gives up the step (with no step open too).
   Status AbandonStep(Status why);
   bool in_step() const { return step_.open; }
-  // How pushes travel now (wire_dtype, or int8 where the top-k probe chose it).
+  // How pushes travel now (wire_dtype, or int8 where the probe chose it).
   WireFormat push_format() const { return options_.wire_dtype; }
 
   // Tells every shard this worker is done, so barriers stop waiting for it. Best effort:
@@ -463,28 +468,33 @@ class PsClient {
   // A push's gradients encoded in wire_dtype when it is not float32 (sized by UseModel: each
   // slice's WireBytes), one run of bytes per shard, its slices in order; the push frames
   // point into it (so it is only written once every frame was released).
-  // The top-k probe (PsClientOptions::topk_probe): steps ended, the step periods seen with
+  // The probe (PsClientOptions::topk_probe: top-k against int8, each against float32): steps ended, the step periods seen with
   // each format, whether the step in progress was pushed in top-k, and the format to go
   // back to.
   struct Probe {
     bool configured = false;
     bool active = false;
-    int64_t steps = 0;
-    bool probing = false;  // the step in progress is one of the probe's
-    bool topk_now = true;
-    std::vector<double> topk, int8;
-    std::chrono::steady_clock::time_point last_end;
-    WireFormat topk_format;
     bool agree = false;  // a worker-side aggregate: the verdict is every rank's (a Gather)
+    int64_t steps = 0;
+    // The formats tried, in order of preference (the configured one, int8, float32), and
+    // the step periods seen with each.
+    std::vector<WireFormat> formats;
+    std::vector<std::vector<double>> periods;
+    int now = -1;  // the format of the step in progress, -1 when it is not the probe's
+    std::chrono::steady_clock::time_point last_end;
   };
   // After a step that ended well: the probe's sample, and the next step's push format.
   void ProbePushFormat();
   // Pushes from now on in `format` (int8 or top-k: the residual carries over), and pulls
   // too where they follow the pushes (delta pulls, a worker-side aggregate).
   void SetPushFormat(WireFormat format);
-  // The probe's verdict from every rank's medians (probe_.agree): their sums in *topk and
-  // *int8 (this rank's on entry), the number of ranks in *ranks.
-  Status GatherProbeMedians(double* topk, double* int8, size_t* ranks);
+  // Each tried format's median step (infinity for none), summed over every rank's through a
+  // Gather (round `round`) when the ranks decide together; the number of ranks in *ranks.
+  Status ProbeMedians(int64_t round, std::vector<double>* medians, size_t* ranks);
+  // The verdict from those medians: the push format from now on, and one log line.
+  void ConcludeProbe(const std::vector<double>& medians, size_t ranks);
+  // The gather failed: int8 from now on, and a warning.
+  void FailProbe(const Status& why);
   void SizePushBuffers();  // narrowed_ and narrowed_at_ for options_.wire_dtype
   Probe probe_;
   std::vector<uint8_t> narrowed_;
@@ -499,6 +509,8 @@ class PsClient {
   // (0: none; the next pull starts from zeros).
   bool delta_pulls_ = false;
   bool pull_follows_push_ = false;  // delta pulls, or a worker-side aggregate's in its format
+  // By shard: the next float32 push adds the residual and zeroes it (the probe chose float32).
+  std::vector<bool> fold_residual_;
   std::vector<float> pull_base_;
   std::vector<uint64_t> pull_generation_;
   std::vector<int64_t> var_sizes_;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <zmq.hpp>
@@ -55,6 +56,19 @@ class CodecReference {
   }
 
   void set_wire(WireFormat wire) { wire_ = wire; }
+
+  // `values` plus the residual, in float32, the residual zeroed: a push after the probe
+  // turned compression off.
+  std::vector<std::vector<float>> Fold(const std::vector<std::vector<float>>& values) {
+    std::vector<std::vector<float>> out = values;
+    for (size_t v = 0; v < out.size(); ++v) {
+      for (size_t i = 0; i < out[v].size(); ++i) {
+        out[v][i] += residual_[v][i];
+        residual_[v][i] = 0.0f;
+      }
+    }
+    return out;
+  }
 
   size_t PushBytes() const {
     size_t bytes = 0;
@@ -467,46 +481,61 @@ TEST(ServerInt8Test, MalformedInt8FramesAndInt8RowsAreRefused) {
   EXPECT_THAT(refused.message(), HasSubstr("embedding tables"));
 }
 
-// The top-k probe (PsClientOptions::topk_probe: one step in each format after the first):
-// where it finds top-k does not pay (margin 1: it never does) the client pushes int8 from
-// then on, where it pays (a margin far below 0) top-k again; one residual carries over every
-// switch, so each push applies exactly what one reference client switching alike sends.
+// The probe (PsClientOptions::topk_probe: one step in each format after the first): where it
+// finds top-k does not pay (margin 1: nothing ever does) the client pushes the last format it
+// tried from then on — int8 without the float32 check, float32 with it (compression off) —
+// and where it pays (a margin far below 0) top-k again. One residual carries over every
+// switch (the first float32 push sends what it held, and zeroes it), so
+// each push applies exactly what one reference client switching alike sends; a float32 step
+// pulls the parameters whole, and the delta pulls after it go on from the copy.
 TEST(ServerTopKTest, TheProbeSwitchesToInt8WhereTopKDoesNotPayKeepingTheResidual) {
-  const WireFormat topk(DType::kTopK, 3), int8(DType::kInt8);
-  for (const double margin : {1.0, -1e9}) {
-    SCOPED_TRACE("margin " + std::to_string(margin));
-    zmq::context_t context;
-    InProcessServer server(context, 0, 1);
-    ASSERT_TRUE(server.started());
-    const ModelRegistration reg = SmallModel(1);
-    PsClientOptions o;
-    o.ps_addresses = {server.endpoint()};
-    o.request_timeout = kWait;
-    o.wire_dtype = topk;
-    o.topk_probe = {.enabled = true, .start_after = 1, .window = 1, .rounds = 1, .margin = margin};
-    auto client = PsClient::Connect(context, o);
-    auto exact = ConnectClient(context, {server.endpoint()}, 1);
-    ASSERT_TRUE(client.ok() && exact);
-    ASSERT_TRUE((*client)->Register(reg, kWait).ok());
-    ASSERT_TRUE(exact->Register(reg, kWait).ok());
-    // Step 1 before the probe, 2 in top-k, 3 in int8, then the verdict's.
-    const WireFormat after = margin > 0 ? int8 : topk;
-    const std::vector<WireFormat> formats = {topk, topk, int8, after, after};
-    CodecReference ref(reg, topk);
-    std::vector<std::vector<float>> expected = InitialValues(reg);
-    std::vector<std::vector<float>> params = {std::vector<float>(200), std::vector<float>(10)};
-    std::vector<std::vector<float>> held = params;
-    for (size_t step = 0; step < formats.size(); ++step) {
-      EXPECT_EQ((*client)->push_format(), formats[step]) << "step " << step + 1;
-      ref.set_wire(formats[step]);
-      auto g = Scaled(Gradients(reg), 1.0f + static_cast<float>(step), 0.0013f);
-      const auto sent = ref.Send(g);
-      ASSERT_TRUE((*client)->PushPull(Pointers<const float>(g), 8, Pointers<float>(params)).ok());
-      ASSERT_TRUE(exact->Pull(Pointers<float>(held)).ok());
-      for (size_t v = 0; v < held.size(); ++v) {
-        for (size_t i = 0; i < held[v].size(); ++i) expected[v][i] -= kLearningRate * sent[v][i];
-        ASSERT_EQ(held[v], expected[v]) << "step " << step + 1 << ", variable " << v;
+  const WireFormat topk(DType::kTopK, 3), int8(DType::kInt8), float32(DType::kFloat32);
+  for (const bool check_float32 : {false, true}) {
+    for (const double margin : {1.0, -1e9}) {
+      SCOPED_TRACE("margin " + std::to_string(margin) + ", float32 " +
+                   std::to_string(check_float32));
+      zmq::context_t context;
+      InProcessServer server(context, 0, 1);
+      ASSERT_TRUE(server.started());
+      const ModelRegistration reg = SmallModel(1);
+      PsClientOptions o;
+      o.ps_addresses = {server.endpoint()};
+      o.request_timeout = kWait;
+      o.wire_dtype = topk;
+      o.topk_probe = {.enabled = true, .start_after = 1, .window = 1, .rounds = 1,
+                      .margin = margin, .float32 = check_float32};
+      auto client = PsClient::Connect(context, o);
+      auto exact = ConnectClient(context, {server.endpoint()}, 1);
+      ASSERT_TRUE(client.ok() && exact);
+      ASSERT_TRUE((*client)->Register(reg, kWait).ok());
+      ASSERT_TRUE(exact->Register(reg, kWait).ok());
+      // Step 1 before the probe, 2 in top-k, 3 in int8, (4 in float32,) then the verdict's.
+      std::vector<WireFormat> formats = {topk, topk, int8};
+      if (check_float32) formats.push_back(float32);
+      const WireFormat after = margin < 0 ? topk : check_float32 ? float32 : int8;
+      formats.insert(formats.end(), {after, after});
+      CodecReference ref(reg, topk);
+      std::vector<std::vector<float>> expected = InitialValues(reg);
+      std::vector<std::vector<float>> params = {std::vector<float>(200), std::vector<float>(10)};
+      std::vector<std::vector<float>> held = params;
+      bool folded = false;
+      for (size_t step = 0; step < formats.size(); ++step) {
+        EXPECT_EQ((*client)->push_format(), formats[step]) << "step " << step + 1;
+        ref.set_wire(formats[step]);
+        auto g = Scaled(Gradients(reg), 1.0f + static_cast<float>(step), 0.0013f);
+        // The first float32 push carries the residual too.
+        const bool fold = !folded && formats[step] == float32;
+        const auto sent = fold ? ref.Fold(g) : ref.Send(g);
+        folded = folded || fold;
+        ASSERT_TRUE((*client)->PushPull(Pointers<const float>(g), 8, Pointers<float>(params)).ok());
+        ASSERT_TRUE(exact->Pull(Pointers<float>(held)).ok());
+        for (size_t v = 0; v < held.size(); ++v) {
+          for (size_t i = 0; i < held[v].size(); ++i) expected[v][i] -= kLearningRate * sent[v][i];
+          ASSERT_EQ(held[v], expected[v]) << "step " << step + 1 << ", variable " << v;
+          if (formats[step] == float32) ASSERT_EQ(params[v], held[v]) << "step " << step + 1;
+        }
       }
+      EXPECT_EQ(folded, check_float32);
     }
   }
 }
@@ -516,11 +545,14 @@ TEST(ServerTopKTest, TheProbeSwitchesToInt8WhereTopKDoesNotPayKeepingTheResidual
 // pushes share one format, the servers quantize the average in it, and the pulls ask for it
 // too: each step both ranks read bit for bit what one process applying the same codecs,
 // switching alike, computes (a pull left in top-k after the switch would read a top-k of the
-// int8 average instead).
+// int8 average instead); with the float32 check, the first float32 step carries the ranks'
+// residuals and the servers' too.
 TEST(ServerTopKTest, TheProbeWithAWorkerSideAggregateSwitchesEveryRankAlike) {
-  const WireFormat topk(DType::kTopK, 3), int8(DType::kInt8);
-  for (const double margin : {1.0, -1e9}) {
-    SCOPED_TRACE("margin " + std::to_string(margin));
+  const WireFormat topk(DType::kTopK, 3), int8(DType::kInt8), float32(DType::kFloat32);
+  for (const auto& [margin, check_float32] :
+       std::vector<std::pair<double, bool>>{{1.0, false}, {-1e9, false}, {1.0, true}}) {
+    SCOPED_TRACE("margin " + std::to_string(margin) + ", float32 " +
+                 std::to_string(check_float32));
     zmq::context_t context;
     InProcessServer server(context, SyncOfTwo());
     ASSERT_TRUE(server.started());
@@ -537,28 +569,35 @@ TEST(ServerTopKTest, TheProbeWithAWorkerSideAggregateSwitchesEveryRankAlike) {
       o.blocking_timeout = kWait;
       o.wire_dtype = topk;
       o.topk_probe = {.enabled = true, .start_after = 1, .window = 1, .rounds = 1,
-                      .margin = margin};
+                      .margin = margin, .float32 = check_float32};
       auto c = PsClient::Connect(context, o);
       ASSERT_TRUE(c.ok()) << c.status().ToString();
       workers.push_back(std::move(c).value());
     }
     for (auto& w : workers) ASSERT_TRUE(w->Register(reg, kWait).ok());
-    const WireFormat after = margin > 0 ? int8 : topk;
-    const std::vector<WireFormat> formats = {topk, topk, int8, after, after};
+    std::vector<WireFormat> formats = {topk, topk, int8};
+    if (check_float32) formats.push_back(float32);
+    const WireFormat after = margin < 0 ? topk : check_float32 ? float32 : int8;
+    formats.insert(formats.end(), {after, after});
+    bool folded = false;
     CodecReference rank0(reg, topk), rank1(reg, topk), server_side(reg, topk);
     for (size_t step = 0; step < formats.size(); ++step) {
       for (auto& w : workers) EXPECT_EQ(w->push_format(), formats[step]) << "step " << step + 1;
       for (CodecReference* r : {&rank0, &rank1, &server_side}) r->set_wire(formats[step]);
       auto g0 = Scaled(Gradients(reg), 0.3f + static_cast<float>(step), 0.0007f);
       auto g1 = Scaled(Gradients(reg), -1.7f, 0.0011f * static_cast<float>(step));
-      const auto s0 = rank0.Send(g0), s1 = rank1.Send(g1);
+      // The first float32 step sends every residual too: the ranks' and the servers'.
+      const bool fold = !folded && formats[step] == float32;
+      folded = folded || fold;
+      const auto s0 = fold ? rank0.Fold(g0) : rank0.Send(g0);
+      const auto s1 = fold ? rank1.Fold(g1) : rank1.Send(g1);
       std::vector<std::vector<float>> average = s0;
       for (size_t v = 0; v < average.size(); ++v) {
         for (size_t i = 0; i < average[v].size(); ++i) {
           average[v][i] = (0.0f + s0[v][i] + s1[v][i]) * 0.5f;
         }
       }
-      const auto want = server_side.Send(average);
+      const auto want = fold ? server_side.Fold(average) : server_side.Send(average);
       std::vector<std::vector<float>> got0 = {std::vector<float>(200), std::vector<float>(10)};
       std::vector<std::vector<float>> got1 = got0;
       Status other;
