@@ -371,9 +371,11 @@ void AddFaultAndWireFlags(CLI::App& app, WorkerFlags& f) {
                  "in int8 with their indices (17 bytes per 256 at 1/32, 1/60 of float32), "
                  "with error feedback the same way (docs/compression.md)");
   app.add_option("--topk-probe", f.topk_probe,
-                 "With --wire-dtype topk: on tries int8 against top-k for 32 steps each after "
-                 "the first 20 and keeps whichever made the shorter step, saying which in one "
-                 "line (a fast link does not pay back top-k's selection); off keeps top-k")
+                 "With --wire-dtype int8, int4 or topk: on tries, after the first 20 steps, "
+                 "top-k against int8 (32 steps each) and then float32 (up to 16 steps, one on "
+                 "a slow link), and keeps whichever made the shorter step, saying which in one "
+                 "line: compression off where a fast link does not pay back its CPU; off "
+                 "keeps the format given")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--delta-pulls", f.delta_pulls,
                  "With --wire-dtype int8, int4 or topk and the servers' optimizer: on pulls the "

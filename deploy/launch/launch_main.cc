@@ -256,9 +256,10 @@ void AddTrainingFlags(CLI::App& app, LaunchOptions& options) {
                   },
                   std::string()));
   AddOptional(training, "--topk-probe", "on|off", options.topk_probe,
-              "With --wire-dtype topk and the servers' optimizer: on (the workers' default) "
-              "tries int8 against top-k for 32 steps each after the first 20 and keeps the "
-              "faster, saying which; off keeps top-k whatever it costs",
+              "With --wire-dtype int8, int4 or topk: on (the workers' default) tries, after "
+              "the first 20 steps, top-k against int8 and then float32, and keeps the "
+              "fastest, saying which (compression off where it does not pay); off keeps "
+              "the format given whatever it costs",
               CLI::IsMember({"on", "off"}));
   AddOptional(training, "--delta-pulls", "on|off", options.delta_pulls,
               "With --wire-dtype int8, int4 or topk and the servers' optimizer: on (the workers' "

@@ -29,6 +29,8 @@ Configurations:
                           every 256 gradient elements the largest in int8, error feedback;
                           parameters in top-k delta pulls
   colocated-overlap-topk  the same under sync:delayed
+  any compressed configuration + "-noprobe": with --topk-probe off (the format given kept,
+                          not checked against int8 and float32)
   colocated-int8-bfpull, colocated-overlap-int8-bfpull, colocated-topk-bfpull
                           those with --delta-pulls off: parameters pulled in bfloat16
   hvd-colocated   colocated, the workers running a Horovod script unchanged:
@@ -131,7 +133,7 @@ def parse():
     args = p.parse_args()
     args.configs = args.configs.split(",")
     unknown = [c for c in args.configs
-               if c.removesuffix("+local") not in CONFIGS or
+               if c.removesuffix("+local").removesuffix("-noprobe") not in CONFIGS or
                (c.endswith("+local") and c.startswith("ddp"))]
     if unknown:
         p.error(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
@@ -281,6 +283,8 @@ def run_parasync(args, config, work):
     local = config.endswith("+local")
     full_name = config
     config = config.removesuffix("+local")
+    no_probe = config.endswith("-noprobe")
+    config = config.removesuffix("-noprobe")
     bf_pulls = config.endswith("-bfpull")
     config = config.removesuffix("-bfpull")
     name = f"bnl-{config}{'-l' if local else ''}"[:20]
@@ -313,6 +317,8 @@ def run_parasync(args, config, work):
                   f"topk:{args.topk_density}" if args.topk_density else "topk"]
     if config == "colocated-tcp":
         flags += ["--no-ipc"]
+    if no_probe:
+        flags += ["--topk-probe", "off"]
     if bf_pulls:
         flags += ["--delta-pulls", "off"]
     if "colocated2" in config:

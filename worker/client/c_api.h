@@ -158,9 +158,9 @@ PARASYNC_API int parasync_options_set_curve(parasync_options_t* options, const c
  * or in bfloat16; docs/compression.md). */
 PARASYNC_API int parasync_options_set_wire_dtype(parasync_options_t* options, const char* dtype,
                                     char** errmsg);
-/* topk with the servers' optimizer: 1 (the default) tries int8 against top-k for 32 steps
- * each after the first 20 and keeps whichever made the shorter step, logging which; 0 keeps
- * top-k (docs/compression.md). */
+/* int8, int4 or topk: 1 (the default) tries, after the first 20 steps, top-k against int8
+ * and then float32, and keeps whichever made the shorter step, logging which (compression
+ * off where it does not pay); 0 keeps the format given (docs/compression.md). */
 PARASYNC_API int parasync_options_set_topk_probe(parasync_options_t* options, int on,
                                                  char** errmsg);
 /* int8, int4 or topk with the servers' optimizer: 1 (the default) pulls parameters as
