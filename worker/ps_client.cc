@@ -482,12 +482,11 @@ void PsClient::UseModel(const ModelRegistration& reg, SliceMap map) {
     // slow enough link pays back. (int4 is not tried against int8: where int4's packing
     // does not pay, int8's encoding did not either, measured.)
     const PsClientOptions::TopKProbe& o = options_.topk_probe;
-    probe_.active = o.enabled && fed_back;
     probe_.agree = reg.optimizer.kind == OptimizerKind::kAggregate;
     probe_.formats = {wire};
     if (wire.dtype == DType::kTopK) probe_.formats.push_back(DType::kInt8);
     if (o.float32) probe_.formats.push_back(DType::kFloat32);
-    probe_.active = probe_.active && probe_.formats.size() > 1;
+    probe_.active = o.enabled && fed_back && probe_.formats.size() > 1;
     probe_.periods.assign(probe_.formats.size(), {});
   }
 }

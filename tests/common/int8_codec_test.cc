@@ -119,20 +119,19 @@ TEST(Int8CodecTest, ZerosHugeValuesAndNonFiniteChunks) {
   }
 }
 
-TEST(Int8CodecTest, ErrorFeedbackCarriesWhatWasNotSentExactly) {
-  // Per step: what was sent plus the new residual is exactly gradient + old residual (the
-  // float sum). Over steps the residual stays below half a step of the chunk's scale, and
-  // the sum of what was sent tracks the sum of the gradients to within it.
-  const size_t n = 1000;
+// Per step: what was sent plus the new residual is exactly gradient + old residual (the
+// float sum). Over 200 steps the residual stays below `bound` (about half a step of a
+// chunk's scale), and the sum of what was sent tracks the sum of the gradients to within it.
+void CheckErrorFeedback(WireFormat format, size_t n, float bound) {
   std::vector<float> residual(n, 0.0f), sent(n);
   std::vector<double> given_sum(n, 0.0), sent_sum(n, 0.0);
-  std::vector<int8_t> wire(Int8Bytes(3, n));
+  std::vector<int8_t> wire(WireBytes(format, n, 3));
   for (uint32_t step = 0; step < 200; ++step) {
     const std::vector<float> g = GaussianFloats(n, 100 + step, 1e-3f);
     std::vector<float> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = g[i] + residual[i];
-    EncodeInt8(g.data(), n, 3, wire.data(), residual.data());
-    DecodeInt8(wire.data(), n, 3, sent.data());
+    EncodeRange(g.data(), n, 3, format, wire.data(), residual.data());
+    DecodeRange(wire.data(), n, 3, format, sent.data());
     for (size_t i = 0; i < n; ++i) {
       ASSERT_EQ(sent[i] + residual[i], v[i]) << "step " << step << " element " << i;
       given_sum[i] += g[i];
@@ -141,8 +140,12 @@ TEST(Int8CodecTest, ErrorFeedbackCarriesWhatWasNotSentExactly) {
   }
   for (size_t i = 0; i < n; ++i) {
     EXPECT_NEAR(sent_sum[i] + residual[i], given_sum[i], 1e-6) << i;
-    EXPECT_LT(std::fabs(residual[i]), 1e-4f) << i;
+    EXPECT_LT(std::fabs(residual[i]), bound) << i;
   }
+}
+
+TEST(Int8CodecTest, ErrorFeedbackCarriesWhatWasNotSentExactly) {
+  CheckErrorFeedback(DType::kInt8, 1000, 1e-4f);
 }
 
 // Delta pulls: the server's copy and the reader's, updated by the same bytes, stay equal bit
@@ -368,26 +371,7 @@ TEST(Int4CodecTest, ErrorWithinOneStepOfEachChunksScaleAndTheGridExact) {
 }
 
 TEST(Int4CodecTest, ErrorFeedbackCarriesWhatWasNotSentExactly) {
-  const size_t n = 999;
-  std::vector<float> residual(n, 0.0f), sent(n);
-  std::vector<double> given_sum(n, 0.0), sent_sum(n, 0.0);
-  std::vector<int8_t> wire(Int4Bytes(3, n));
-  for (uint32_t step = 0; step < 200; ++step) {
-    const std::vector<float> g = GaussianFloats(n, 100 + step, 1e-3f);
-    std::vector<float> v(n);
-    for (size_t i = 0; i < n; ++i) v[i] = g[i] + residual[i];
-    EncodeInt4(g.data(), n, 3, wire.data(), residual.data());
-    DecodeInt4(wire.data(), n, 3, sent.data());
-    for (size_t i = 0; i < n; ++i) {
-      ASSERT_EQ(sent[i] + residual[i], v[i]) << "step " << step << " element " << i;
-      given_sum[i] += g[i];
-      sent_sum[i] += sent[i];
-    }
-  }
-  for (size_t i = 0; i < n; ++i) {
-    EXPECT_NEAR(sent_sum[i] + residual[i], given_sum[i], 1e-6) << i;
-    EXPECT_LT(std::fabs(residual[i]), 2e-3f) << i;  // half a step of a chunk's scale, about
-  }
+  CheckErrorFeedback(DType::kInt4, 999, 2e-3f);
 }
 
 TEST(Int4CodecTest, DeltaPullsKeepBothCopiesEqualAndFollowTheTarget) {

@@ -120,11 +120,12 @@ ServerOptions SyncOfTwo() {
   return options;
 }
 
-// Ranks 0 and 1 of a sync run on `server`, pushing in `wire`, `reg` registered (fewer on a
-// failure, which it reports).
+// Ranks 0 and 1 of a sync run on `server`, pushing in `wire` with `probe`, `reg` registered
+// (fewer on a failure, which it reports).
 std::vector<std::unique_ptr<PsClient>> SyncWorkers(zmq::context_t& context,
                                                    InProcessServer& server,
-                                                   const ModelRegistration& reg, WireFormat wire) {
+                                                   const ModelRegistration& reg, WireFormat wire,
+                                                   PsClientOptions::TopKProbe probe = {}) {
   std::vector<std::unique_ptr<PsClient>> workers;
   for (int rank = 0; rank < 2; ++rank) {
     PsClientOptions o;
@@ -133,6 +134,7 @@ std::vector<std::unique_ptr<PsClient>> SyncWorkers(zmq::context_t& context,
     o.request_timeout = kWait;
     o.blocking_timeout = kWait;
     o.wire_dtype = wire;
+    o.topk_probe = probe;
     auto c = PsClient::Connect(context, o);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     if (!c.ok() || !(*c)->Register(reg, kWait).ok()) break;
@@ -560,21 +562,11 @@ TEST(ServerTopKTest, TheProbeWithAWorkerSideAggregateSwitchesEveryRankAlike) {
     reg.mode = "sync";
     reg.optimizer.kind = OptimizerKind::kAggregate;
     reg.optimizer.learning_rate = 1.0f;
-    std::vector<std::unique_ptr<PsClient>> workers;
-    for (int rank = 0; rank < 2; ++rank) {
-      PsClientOptions o;
-      o.ps_addresses = {server.endpoint()};
-      o.rank = rank;
-      o.request_timeout = kWait;
-      o.blocking_timeout = kWait;
-      o.wire_dtype = topk;
-      o.topk_probe = {.enabled = true, .start_after = 1, .window = 1, .rounds = 1,
-                      .margin = margin, .float32 = check_float32};
-      auto c = PsClient::Connect(context, o);
-      ASSERT_TRUE(c.ok()) << c.status().ToString();
-      workers.push_back(std::move(c).value());
-    }
-    for (auto& w : workers) ASSERT_TRUE(w->Register(reg, kWait).ok());
+    std::vector<std::unique_ptr<PsClient>> workers = SyncWorkers(
+        context, server, reg, topk,
+        {.enabled = true, .start_after = 1, .window = 1, .rounds = 1, .margin = margin,
+         .float32 = check_float32});
+    ASSERT_EQ(workers.size(), 2u);
     std::vector<WireFormat> formats = {topk, topk, int8};
     if (check_float32) formats.push_back(float32);
     const WireFormat after = margin < 0 ? topk : check_float32 ? float32 : int8;
