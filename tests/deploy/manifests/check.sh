@@ -31,6 +31,10 @@
 #            tools/install-deps.sh; every apt package exists in Debian (apt-cache); with
 #            BIN_DIR, the runtime stage installs the package of every library the binaries
 #            load (readelf NEEDED -> dpkg -S) and nothing else
+#   grafana  every dashboards/*.json type-checked by the TypeScript compiler (strict) against
+#            @grafana/schema's Dashboard type as an object literal: unknown fields at any
+#            depth, wrong types, values outside the enums, required fields missing
+#            (check-dashboards.mjs; grafana-dashboard.ts: which type, and its two departures)
 # Usage: tests/deploy/manifests/check.sh [SOURCE_DIR [BIN_DIR]]
 #   SOURCE_DIR: the checkout to check (default: this one); BIN_DIR: built binaries
 #   (e.g. build/bin) for the runtime-library check, skipped without it.
@@ -49,10 +53,12 @@ if ! command -v node >/dev/null 2>&1; then
   echo "check.sh: node not found; install it with: sudo apt-get install nodejs npm" >&2
   exit 1
 fi
-if [[ ! -d $here/node_modules/kubernetes-models || ! -d $here/node_modules/dclint ]]; then
-  echo "check.sh: $here/node_modules is missing; run: npm ci --prefix tests/deploy/manifests" >&2
-  exit 1
-fi
+for package in kubernetes-models dclint @grafana/schema typescript; do
+  if [[ ! -d $here/node_modules/$package ]]; then
+    echo "check.sh: $here/node_modules/$package is missing; run: npm ci --prefix tests/deploy/manifests" >&2
+    exit 1
+  fi
+done
 
 status=0
 tmp=$(mktemp -d)
@@ -600,6 +606,17 @@ else
     return "$bad"
   }
   step "runtime-base packages = packages of the binaries' NEEDED libraries" runtime_libraries
+fi
+
+# ---- Grafana dashboards ---------------------------------------------------------------------------
+section "Grafana dashboards"
+dashboards=("$src_dir"/dashboards/*.json)
+if [[ ! -e ${dashboards[0]} ]]; then
+  echo "  FAIL no dashboards/*.json"
+  status=1
+else
+  step "grafana: check-dashboards.mjs $(names "${dashboards[@]}") (tsc against @grafana/schema's Dashboard)" \
+    env TMPDIR="$tmp" node "$here/check-dashboards.mjs" "${dashboards[@]}"
 fi
 
 if ((status == 0)); then
