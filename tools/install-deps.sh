@@ -10,6 +10,10 @@
 #                                    Python with matplotlib and PyTorch (on OpenBLAS),
 #                                    the shellcheck linter, Node.js, curl, git,
 #                                    universal-ctags
+#   tools/install-deps.sh --engines  that of --tests, and the deployment engines the stage
+#                                    `engines` runs deploy/ on: Slurm and munge, Docker
+#                                    (docker.io, docker-compose) and debootstrap for its
+#                                    base image
 #   tools/install-deps.sh PKG ...    that, and extra packages a tool needs only for itself,
 #                                    e.g. `tools/install-deps.sh chromium`
 # PARASYNC_NO_INSTALL=1: installs nothing; names what is missing and exits 1 if anything is
@@ -33,9 +37,15 @@ test_packages=(
   libgtest-dev libgmock-dev prometheus python3 python3-matplotlib shellcheck nodejs curl git
   universal-ctags python3-torch libopenblas0-pthread iproute2
 )
+# The deployment engines (tests/deploy/slurm_test.py, docker_test.py). The packages do not
+# start their daemons here: the tests start and stop their own.
+engine_packages=(slurm-wlm munge docker.io docker-compose debootstrap)
 if [[ ${1:-} == --tests ]]; then
   shift
   packages+=("${test_packages[@]}")
+elif [[ ${1:-} == --engines ]]; then
+  shift
+  packages+=("${test_packages[@]}" "${engine_packages[@]}")
 fi
 packages+=("$@")
 

@@ -3,20 +3,24 @@
 # runs the whole test suite with CTest: unit tests and multi-process integration tests.
 # No GPU is needed; tests labelled gpu skip themselves without one. Then, each in a build
 # tree of its own (docs/fuzzing.md):
+#   engines  deploy/ on real engines (ctest label `engines`, left out of main): the Slurm
+#         batch script on a Slurm cluster of network namespaces, the Docker image and the
+#         compose cluster on a Docker daemon; installs Slurm, munge, Docker and debootstrap
+#         first (tools/install-deps.sh --engines); a test that cannot run here fails
 #   asan  the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (+ LSan)
 #   fuzz  the PS message fuzzer (clang, libFuzzer): the corpus replayed, then 60 s of fuzzing
 # Every stage runs even when an earlier one failed; the exit status is 0 only if all passed,
 # and a summary line per stage ends the output.
 #
-# PARASYNC_TEST_STAGES picks stages (default "main,asan,fuzz"; e.g. "main" for a quick
-# local run). .ci/run runs exactly this script with the default.
+# PARASYNC_TEST_STAGES picks stages (default "main,engines,asan,fuzz"; e.g. "main" for a
+# quick local run). .ci/run runs exactly this script with the default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stages=${PARASYNC_TEST_STAGES:-main,asan,fuzz}
+stages=${PARASYNC_TEST_STAGES:-main,engines,asan,fuzz}
 for s in ${stages//,/ }; do
   case "$s" in
-    main|asan|fuzz) ;;
-    *) echo "run-tests: unknown stage '$s' in PARASYNC_TEST_STAGES (main, asan, fuzz)" >&2; exit 2 ;;
+    main|engines|asan|fuzz) ;;
+    *) echo "run-tests: unknown stage '$s' in PARASYNC_TEST_STAGES (main, engines, asan, fuzz)" >&2; exit 2 ;;
   esac
 done
 has_stage() { [[ ",$stages," == *",$1,"* ]]; }
@@ -45,12 +49,25 @@ run_stage() {
   if [[ $rc -ne 0 ]]; then failed=1; fi
 }
 
+# The stages below run through run_stage, which shellcheck cannot follow.
+# shellcheck disable=SC2317
 main_stage() {
   tools/build.sh
-  (cd "${BUILD_DIR:-build}" && ctest --output-on-failure --parallel "$(nproc)" --timeout 600)
+  (cd "${BUILD_DIR:-build}" && ctest --output-on-failure --parallel "$(nproc)" --timeout 600 \
+    --label-exclude engines)
+}
+
+# One test at a time (each runs a whole cluster); their own timeouts (tests/deploy).
+# shellcheck disable=SC2317
+engines_stage() {
+  tools/install-deps.sh --engines
+  tools/build.sh
+  (cd "${BUILD_DIR:-build}" && PARASYNC_ENGINES_REQUIRED=1 ctest --output-on-failure \
+    --label-regex engines)
 }
 
 if has_stage main; then run_stage main main_stage; fi
+if has_stage engines; then run_stage engines engines_stage; fi
 if has_stage asan; then run_stage asan tools/run-sanitizers.sh asan; fi
 if has_stage fuzz; then run_stage fuzz tools/run-sanitizers.sh fuzz; fi
 

@@ -2,6 +2,7 @@
 //   - every stage's FROM and every COPY/ADD --from names an earlier stage or an image;
 //   - every COPY/ADD source (not a URL) exists in the build context, and no file under it is
 //     excluded by the Dockerfile's own ignore file (<Dockerfile>.dockerignore, BuildKit);
+//     a build output (build/...) need not exist but must not be excluded;
 //   - the build-dependency stage installs every package of tools/install-deps.sh that the
 //     build needs (all but those listed in NOT_FOR_THE_IMAGE_BUILD below): a library added
 //     there must reach the image build too.
@@ -175,6 +176,15 @@ for (const { line, instruction, rest } of list) {
   for (const source of sources) {
     if (/^https?:\/\//.test(source)) continue;
     const path = source.replace(/^\.?\/+/, "").replace(/\/+$/, "");
+    // tools/build.sh's outputs (build/bin, for runtime-prebuilt) exist only after a build:
+    // they must get through the ignore file, and need not be there now.
+    if (path.startsWith("build/") && !existsSync(join(contextDir, path))) {
+      if (excluded(rules, path)) {
+        problem(`${where}: ${instruction} source ${source} is excluded by ` +
+          `${relative(contextDir, dockerfile)}.dockerignore`);
+      }
+      continue;
+    }
     if (!existsSync(join(contextDir, path))) {
       problem(`${where}: ${instruction} source ${source} does not exist in the context`);
       continue;
