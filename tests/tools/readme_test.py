@@ -64,6 +64,10 @@ RULES = [
     (r"tools/watch-run\.sh .*", "skip",
      "serves Prometheus on port 9090 until Ctrl-C (PrometheusTest runs tools/watch-run.sh "
      "against a live cluster on a port of its own)"),
+    (r"tools/install-deps\.sh --engines && \(cd build && ctest -L engines.*", "skip",
+     "installs the engines and runs the engine tests: the test command's stage `engines`"),
+    (r"tools/slurm-lab run -- sbatch .*", "skip",
+     "a Slurm job on a lab cluster: ctest slurm_engine submits the same script to it"),
     (r"build/bin/parasync-launch .*--metrics( .*)?", "ctrl-c", ""),
     (r"bash tools/run-local-cluster\.sh( .*)?", "run", ""),
     (r"build/bin/parasync-launch .*", "run", ""),
