@@ -35,14 +35,17 @@ if ((force == 0)) && have_images; then
   exit 0
 fi
 
-# The Debian mirror apt uses here (deb822 .sources or a classic sources.list line).
+# The Debian mirror apt uses here (deb822 .sources or a classic sources.list line): its main
+# archive (security=0) or its security archive (security=1).
 mirror() {
-  local uri
+  local security=$1 uri filter=(grep -v security)
+  ((security)) && filter=(grep security)
   uri=$(grep -hsE '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' |
-    grep -v security | head -n 1) || true
+    "${filter[@]}" | head -n 1) || true
   [[ -n $uri ]] || uri=$(grep -hsE '^deb\s' /etc/apt/sources.list /etc/apt/sources.list.d/*.list |
-    awk '{print $2}' | grep -v security | head -n 1) || true
-  echo "${uri:-http://deb.debian.org/debian}"
+    awk '{print $2}' | "${filter[@]}" | head -n 1) || true
+  if ((security)); then echo "${uri:-http://deb.debian.org/debian-security}"; else
+    echo "${uri:-http://deb.debian.org/debian}"; fi
 }
 
 if ((force == 1)) || [[ ! -s $tarball ]]; then
@@ -52,7 +55,7 @@ if ((force == 1)) || [[ ! -s $tarball ]]; then
   root=$(mktemp -d "$cache/rootfs.XXXXXX")
   trap 'rm -rf "$root" "$tarball.part"' EXIT
   started=$SECONDS
-  url=$(mirror)
+  url=$(mirror 0)
   echo "$prog: debootstrap --variant=minbase bookworm from $url (about a minute)"
   if ! debootstrap --variant=minbase bookworm "$root" "$url" >"$root.log" 2>&1; then
     tail -n 5 "$root.log" >&2
@@ -61,10 +64,19 @@ if ((force == 1)) || [[ ! -s $tarball ]]; then
     exit 1
   fi
   rm -f "$root.log"
+  # As Debian's own images: the point releases' updates and the security archive too.
+  printf 'deb %s bookworm main\ndeb %s bookworm-updates main\ndeb %s bookworm-security main\n' \
+    "$url" "$url" "$(mirror 1)" >"$root/etc/apt/sources.list"
   tar -C "$root" -cf "$tarball.part" . && mv "$tarball.part" "$tarball"
   echo "$prog: root file system made in $((SECONDS - started)) s, kept in $tarball"
 fi
-"$docker" import "$tarball" debian:bookworm >/dev/null
-"$docker" tag debian:bookworm debian:bookworm-slim
+"$docker" import "$tarball" parasync-debian-base:bookworm >/dev/null
+# Only the names that are missing (all with --force): a debian:bookworm pulled from a
+# registry stays.
+for tag in debian:bookworm debian:bookworm-slim; do
+  if ((force == 1)) || ! "$docker" image inspect "$tag" >/dev/null 2>&1; then
+    "$docker" tag parasync-debian-base:bookworm "$tag"
+    echo "$prog: $tag is the debootstrap image from $tarball"
+  fi
+done
 have_images || { echo "$prog: the images are not there after the import" >&2; exit 1; }
-echo "$prog: debian:bookworm and debian:bookworm-slim imported from $tarball"

@@ -61,12 +61,50 @@ def read(path):
 
 
 def rules(tool):
-    """The tool's rules, without its comment lines and counters; None without the tool."""
+    """The tool's tables ({name: text}), without comment lines and counters, and without
+    tables that hold nothing (built-in chains only, policy ACCEPT, no rule): the same as no
+    table at all. None without the tool."""
     if shutil.which(tool) is None:
         return None
     out = subprocess.run([tool], capture_output=True, text=True).stdout
-    return "\n".join(line.split(" [")[0] if line.startswith(":") else line
-                     for line in out.splitlines() if not line.startswith("#"))
+    tables, name, lines = {}, None, []
+    for line in out.splitlines():
+        if line.startswith("#"):
+            continue
+        if line.startswith("*"):
+            name, lines = line[1:], []
+        elif line == "COMMIT" and name is not None:
+            chains = [c for c in lines if c.startswith(":")]
+            empty = len(chains) == len(lines) and all(c.split()[1] == "ACCEPT" for c in chains)
+            if not empty:
+                tables[name] = "\n".join(lines)
+            name = None
+        elif name is not None:
+            lines.append(line.split(" [")[0] if line.startswith(":") else line)
+    return tables
+
+
+# The built-in chains of each table, for writing a table back empty.
+BUILTIN_CHAINS = {"filter": ["INPUT", "FORWARD", "OUTPUT"],
+                  "nat": ["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"],
+                  "mangle": ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"],
+                  "raw": ["PREROUTING", "OUTPUT"], "security": ["INPUT", "FORWARD", "OUTPUT"]}
+
+
+def restore_tables(tool, before):
+    """Writes back every table that differs from `before`: its old rules, or nothing (its
+    chains emptied, policies ACCEPT, dockerd's chains deleted) where it held nothing."""
+    now = rules(tool + "-save") or {}
+    text = ""
+    for table in sorted(set(now) | set(before)):
+        if now.get(table) == before.get(table):
+            continue
+        body = before.get(table)
+        if body is None:
+            body = "\n".join(f":{c} ACCEPT" for c in BUILTIN_CHAINS.get(table, []))
+        text += f"*{table}\n{body}\nCOMMIT\n"
+    if text:
+        subprocess.run([tool + "-restore"], input=text, text=True, capture_output=True)
 
 
 def links():
@@ -95,17 +133,22 @@ class HostState:
         problems = []
         now = nft_tables()
         if self.tables is not None and now is not None:
-            # Tables dockerd made (through iptables-nft) are deleted whole ...
+            # Tables dockerd made (through iptables-nft) are deleted whole where nft is here
+            # (else they stay, empty) ...
             for table in sorted(now - self.tables):
                 subprocess.run(["nft", "delete", *table.split()], capture_output=True)
         for tool, before in self.iptables.items():
-            # ... and those that were there get their rules back.
-            if before and rules(tool + "-save") != before:
-                subprocess.run([tool + "-restore"], input=before + "\n", text=True,
-                               capture_output=True)
+            # ... and every table (without nft: all of them) gets its rules back.
+            if before is not None:
+                restore_tables(tool, before)
         for link in sorted(links() - self.links):
             subprocess.run(["ip", "link", "delete", link], capture_output=True)
-        for path, value in self.sysctls.items():
+        # A bridge-nf-call-* file that was not there: dockerd loaded br_netfilter, which
+        # cannot be unloaded here (no modprobe in a VM without modules); 0 makes bridges
+        # bypass iptables, as without the module.
+        wanted = {p: "0" if v is None and read(p) is not None and "/bridge/" in p else v
+                  for p, v in self.sysctls.items()}
+        for path, value in wanted.items():
             if value is not None and read(path) != value:
                 try:
                     with open(path, "w") as f:
@@ -113,10 +156,9 @@ class HostState:
                 except OSError as e:
                     problems.append(f"{path}: {e}")
         for tool, before in self.iptables.items():
-            after = rules(tool + "-save")
-            if (before or "") != (after or ""):
+            if (before or {}) != (rules(tool + "-save") or {}):
                 problems.append(f"{tool} rules differ from before the daemon started")
-        for path, value in self.sysctls.items():
+        for path, value in wanted.items():
             if read(path) != value:
                 problems.append(f"{path} is {read(path)}, was {value}")
         extra = links() - self.links
@@ -152,13 +194,19 @@ class DockerdSession:
         log.close()
         self.started = True
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                break
-            if daemon_answers(self.docker, timeout=5):
-                self.log(f"{PROGRAM}: started dockerd (pid {self.process.pid}; log {LOG_FILE})")
-                return self
-            time.sleep(0.2)
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    break
+                if daemon_answers(self.docker, timeout=5):
+                    self.log(f"{PROGRAM}: started dockerd (pid {self.process.pid}; log "
+                             f"{LOG_FILE})")
+                    return self
+                time.sleep(0.2)
+        except BaseException:
+            # Interrupted while it comes up (SIGTERM): `with` would not call __exit__.
+            self.__exit__(None, None, None)
+            raise
         self.__exit__(None, None, None)
         raise DockerUnavailable(f"dockerd did not come up within 60 s (see {LOG_FILE})")
 

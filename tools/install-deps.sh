@@ -37,9 +37,11 @@ test_packages=(
   libgtest-dev libgmock-dev prometheus python3 python3-matplotlib shellcheck nodejs curl git
   universal-ctags python3-torch libopenblas0-pthread iproute2
 )
-# The deployment engines (tests/deploy/slurm_test.py, docker_test.py). The packages do not
-# start their daemons here: the tests start and stop their own.
-engine_packages=(slurm-wlm munge docker.io docker-compose debootstrap)
+# The deployment engines (tests/deploy/slurm_test.py, docker_test.py, systemd_test.py), and
+# nft to remove the tables dockerd makes. The tests start and stop daemons of their own (a
+# host running systemd starts docker and munge on install; the tests then use the running
+# dockerd and leave it).
+engine_packages=(slurm-wlm munge docker.io docker-compose debootstrap nftables)
 if [[ ${1:-} == --tests ]]; then
   shift
   packages+=("${test_packages[@]}")

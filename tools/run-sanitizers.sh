@@ -77,8 +77,11 @@ case "$mode" in
     #    embedding tables and the worker they train with run here in the other SyncModeTest
     #    and EmbeddingProcessTest runs). About 5 minutes of the 2-core VM's CPU, for no code
     #    the stage would not otherwise run.
+    #  - the deployment engines' tests (label engines): they run deploy/ files on Slurm,
+    #    Docker and systemd with the stage engines' binaries; these builds' binaries would
+    #    need the sanitizer runtimes in the images.
     ctest_select=(-E '^(check_manifests|load_exactly_once|torch_examples|torch_env_refusal|SyncModeTest\.TwoPsTwoWorkersReachEightyFivePercentInFiveEpochs|Modes/CtrAucTest\..*)$'
-                  -LE '^(python_client|lab)$')
+                  -LE '^(python_client|lab|engines)$')
     ;;
   tsan)
     configure+=(-DPARASYNC_SANITIZE=thread)

@@ -5,8 +5,9 @@
 # tree of its own (docs/fuzzing.md):
 #   engines  deploy/ on real engines (ctest label `engines`, left out of main): the Slurm
 #         batch script on a Slurm cluster of network namespaces, the Docker image and the
-#         compose cluster on a Docker daemon; installs Slurm, munge, Docker and debootstrap
-#         first (tools/install-deps.sh --engines); a test that cannot run here fails
+#         compose cluster on a Docker daemon, the systemd units under systemd in a
+#         container; installs Slurm, munge, Docker and debootstrap first
+#         (tools/install-deps.sh --engines); a test that cannot run here fails
 #   asan  the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer (+ LSan)
 #   fuzz  the PS message fuzzer (clang, libFuzzer): the corpus replayed, then 60 s of fuzzing
 # Every stage runs even when an earlier one failed; the exit status is 0 only if all passed,

@@ -35,20 +35,25 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
 
+if len(sys.argv) != 3:
+    print("usage: docker_test.py BIN_DIR SOURCE_DIR", file=sys.stderr)
+    sys.exit(2)
 BIN_DIR, SOURCE_DIR = (os.path.abspath(p) for p in sys.argv[1:3])
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tools"))
 from dockerd_session import DockerdSession, DockerUnavailable  # noqa: E402
 
 COMPOSE_DIR = os.path.join(SOURCE_DIR, "deploy", "docker")
-PROJECT = f"parasynctest{os.getpid() % 100000}"
+PROJECT = f"parasynctest{os.getpid()}"  # a project left by a killed run is found by its pid
 IMAGE_SOURCE, IMAGE_PREBUILT = "parasync:test-source", "parasync:test-prebuilt"
 EPOCHS = 3
+BATCH = 64  # compose.yaml's PARASYNC_BATCH_SIZE default
 ACCURACY_FLOOR = 0.80  # the MLP after 3 async epochs of 2 workers: 0.86-0.87 here
 RUN_SECONDS = 300
 failures = []
@@ -97,7 +102,7 @@ class Docker:
     def inspect(self, container, template):
         return self.run("inspect", "--format", template, container, check_rc=False)
 
-    def build(self, what, args, timeout=1800):
+    def build(self, what, args, timeout=900):
         started = time.monotonic()
         done = subprocess.run([self.client, "build", *args], capture_output=True, text=True,
                               timeout=timeout, env=self.env, cwd=SOURCE_DIR)
@@ -140,7 +145,7 @@ def metric(text, name):
 def builds(docker):
     started = time.monotonic()
     base = subprocess.run([os.path.join(SOURCE_DIR, "tools", "docker-base.sh")],
-                          capture_output=True, text=True, timeout=900, env=docker.env)
+                          capture_output=True, text=True, timeout=600, env=docker.env)
     if not check(base.returncode == 0, f"tools/docker-base.sh: {base.stderr.strip()}"):
         return None
     say(f"build: base images in {time.monotonic() - started:.1f} s: "
@@ -159,14 +164,14 @@ def builds(docker):
     if os.path.realpath(BIN_DIR) == os.path.realpath(os.path.join(SOURCE_DIR, "build", "bin")):
         if docker.build("the image from this build's binaries (target runtime-prebuilt)",
                         ["-f", dockerfile, "--target", "runtime-prebuilt", "-t", IMAGE_PREBUILT,
-                         "."]) is None:
+                         "."], timeout=300) is None:
             return None
     else:
         check(which == "source", f"runtime-prebuilt copies build/bin; the binaries are in {BIN_DIR}")
         say(f"build: runtime-prebuilt NOT built: it copies build/bin, this build is {BIN_DIR}")
     if docker.build("Prometheus (prometheus.Dockerfile, Debian's package)",
                     ["-f", "deploy/docker/prometheus.Dockerfile", "-t",
-                     "parasync-prometheus:2.42", "deploy/docker"]) is None:
+                     "parasync-prometheus:2.42", "deploy/docker"], timeout=300) is None:
         return None
     return IMAGE_SOURCE if which == "source" else IMAGE_PREBUILT
 
@@ -199,9 +204,10 @@ def watch_run(docker, started, logs_dir):
             rates[rank] = max(rates.get(rank, 0.0), value)
         # The chief's first evaluation is written: every worker is training.
         if not crash and os.path.exists(os.path.join(logs_dir, "eval.jsonl")):
+            time.sleep(1.5)  # a little training first
+            # The pid read just before the kill: a process that ended meanwhile reads 0.
             pid = docker.inspect(container("ps-1"), "{{.State.Pid}}")
             if pid.isdigit() and int(pid) > 0:
-                time.sleep(1.5)  # a little training first
                 os.kill(int(pid), signal.SIGKILL)
                 crash = {"at": time.monotonic(), "pid": int(pid),
                          "into": time.monotonic() - started}
@@ -212,8 +218,16 @@ def watch_run(docker, started, logs_dir):
     return healthy, healthz, rates, crash
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def cluster(docker, image):
     docker.env["PARASYNC_IMAGE"] = image
+    # The compose file publishes Prometheus on the host; a free port, not a taken 9090.
+    docker.env["PARASYNC_PROMETHEUS_PORT"] = str(free_port())
     started = time.monotonic()
     up = docker.compose("up", "-d", "--no-build", check_rc=False)
     if not check(up.returncode == 0, f"docker-compose up: {up.stderr.strip()[-1500:]}"):
@@ -227,8 +241,8 @@ def cluster(docker, image):
         code = docker.inspect(container(w), "{{.State.ExitCode}}")
         check(code == "0", f"{w} exited with {code}")
     parasync = {"ps-0", "ps-1", "worker-0", "worker-1"}
-    check(parasync | {"prometheus"} <= healthy,
-          f"containers never seen healthy: {sorted(parasync | {'prometheus'} - healthy)}")
+    everything = parasync | {"prometheus"}
+    check(everything <= healthy, f"containers never seen healthy: {sorted(everything - healthy)}")
     check(parasync <= healthz, f"/healthz never answered 200: {sorted(parasync - healthz)}")
     check(set(rates) == {"0", "1"} and all(v > 0 for v in rates.values()),
           f"Prometheus' examples/sec by rank: {rates}, not both workers above 0")
@@ -251,13 +265,35 @@ def cluster(docker, image):
     check(evals and evals[-1]["epoch"] == EPOCHS and accuracy >= ACCURACY_FLOOR,
           f"final test accuracy {accuracy} after epoch {evals[-1]['epoch'] if evals else '-'}, "
           f"floor {ACCURACY_FLOOR} after {EPOCHS}")
+    # Pushes acknowledged: every step of each worker (its steps_total); a worker restarted by
+    # its policy (restarts > 0) counted only its last life's steps, and resumed where the
+    # servers recorded it: its share is then the whole training's (epochs x its shard's
+    # steps), which its earlier lives' acknowledged steps and the last life's add up to.
     steps = [metric(read(f"metrics-worker{r}.prom"), "parasync_worker_steps_total") for r in (0, 1)]
     versions = [metric(read(f"metrics-ps{i}.prom"), "parasync_ps_version") for i in (0, 1)]
-    acknowledged = sum(steps) if None not in steps else None
-    check(None not in versions and acknowledged is not None and
-          all(v == acknowledged for v in versions),
-          f"updates applied {versions} (ps-0, ps-1) vs pushes acknowledged {acknowledged} "
-          f"({steps})")
+    restarts, shares = [], []
+    for r, w in enumerate(("worker-0", "worker-1")):
+        count = docker.inspect(container(w), "{{.RestartCount}}")
+        restarts.append(int(count) if count.isdigit() else 0)
+        log = docker.compose("logs", "--no-color", w, check_rc=False).stdout
+        shard = re.search(r"(\d+) training examples in this shard", log)
+        share = EPOCHS * -(-int(shard.group(1)) // BATCH) if shard else None
+        shares.append(share if restarts[-1] else steps[r])
+        if restarts[-1]:
+            say(f"{w} was restarted {restarts[-1]} time(s) by its policy; its log's errors: "
+                + " | ".join(line.split("|", 1)[-1].strip() for line in log.splitlines()
+                             if re.search(r"error|critical|resuming", line))[-1500:])
+            check(share is not None and steps[r] is not None and steps[r] < share,
+                  f"{w}: restarted, yet its last life counted {steps[r]} of {share} steps")
+    acknowledged = sum(shares) if None not in shares else None
+    if not check(None not in versions and acknowledged is not None and
+                 all(v == acknowledged for v in versions),
+                 f"updates applied {versions} (ps-0, ps-1) vs pushes acknowledged "
+                 f"{acknowledged} ({shares}; steps_total {steps}, restarts {restarts})"):
+        for w in ("worker-0", "worker-1"):
+            lines = [line for line in docker.compose("logs", "--no-color", w, check_rc=False)
+                     .stdout.splitlines() if re.search(r"error|warn|resum|training done", line)]
+            say(f"--- {w}:\n" + "\n".join(lines[-12:]))
     say(f"train: final test accuracy {accuracy:.4f} after {EPOCHS} epochs; compose up to the "
         f"workers' end {seconds:.1f} s")
     say(f"health: healthy seen for {', '.join(sorted(healthy))}; /healthz 200 from "
@@ -270,7 +306,8 @@ def cluster(docker, image):
             f"running again {crash.get('back', float('nan')):.1f} s later, restored version "
             f"{restored.group(1) if restored else '?'}; at the end updates applied ps-0 "
             f"{versions[0]:.0f}, ps-1 {versions[1]:.0f}, pushes acknowledged "
-            f"{acknowledged:.0f} ({' + '.join(f'{s:.0f}' for s in steps if s is not None)})")
+            f"{acknowledged:.0f} ({' + '.join(f'{s:.0f}' for s in shares if s is not None)}; "
+            f"worker restarts {restarts})")
 
 
 def down(docker):
@@ -280,6 +317,21 @@ def down(docker):
             ("container", "network", "volume")}
     left["container"] = docker.run("ps", "-aq", "--filter", label, check_rc=False)
     return done.returncode, {k: v.split() for k, v in left.items() if v}
+
+
+def remove_stale_projects(docker):
+    """Compose projects of earlier runs of this test that were killed (ctest's timeout)
+    before their cleanup: their pid is gone."""
+    out = docker.run("ps", "-a", "--format", '{{.Label "com.docker.compose.project"}}',
+                     check_rc=False)
+    for project in sorted(set(out.split())):
+        pid = project[len("parasynctest"):]
+        if project.startswith("parasynctest") and pid.isdigit() and \
+                not os.path.exists(f"/proc/{pid}"):
+            say(f"removing compose project {project} left by a killed run")
+            subprocess.run(["docker-compose", "-f", os.path.join(COMPOSE_DIR, "compose.yaml"),
+                            "-p", project, "down", "-v"], capture_output=True, timeout=300,
+                           env=docker.env, cwd=COMPOSE_DIR)
 
 
 def main():
@@ -296,6 +348,7 @@ def main():
         session = DockerdSession(log=say)
         with session:
             docker = Docker(session.docker)
+            remove_stale_projects(docker)
             try:
                 image = builds(docker)
                 if image:

@@ -30,11 +30,14 @@ import sys
 import tempfile
 import time
 
+if len(sys.argv) != 3:
+    print("usage: slurm_test.py BIN_DIR SOURCE_DIR", file=sys.stderr)
+    sys.exit(2)
 BIN_DIR, SOURCE_DIR = (os.path.abspath(p) for p in sys.argv[1:3])
 SLURM_LAB = os.path.join(SOURCE_DIR, "tools", "slurm-lab")
 NETLAB = os.path.join(SOURCE_DIR, "tools", "netlab")
 SBATCH = os.path.join(SOURCE_DIR, "deploy", "slurm", "parasync.sbatch")
-LAB = f"pslurm{os.getpid() % 10000}"
+LAB = f"pslurm{os.getpid()}"  # a lab left by a run that was killed is found by its pid
 ACCURACY_FLOOR = 0.78  # the MLP after one async epoch of 4 workers: 0.82-0.83 here
 failures = []
 # Where the engine cannot run: 77 (ctest's skip), or a failure where it must run (the stage
@@ -132,7 +135,7 @@ def case_whole(tmp):
     before = link_bytes()
     started = time.monotonic()
     job = submit(run_dir, epochs=1, wait=True)
-    stdout, stderr = job.communicate(timeout=600)
+    stdout, stderr = job.communicate(timeout=240)
     seconds = time.monotonic() - started
     after = link_bytes()
     out = read(f"{run_dir}/job.out")
@@ -202,12 +205,15 @@ def case_kill(tmp):
     wait_for(lambda: os.path.exists(f"{run_dir}/eval.jsonl"), 60, "kill: no evaluation began")
     if found:
         node, pid = found
-        os.kill(pid, signal.SIGKILL)
+        # Still rank 3's worker (not a reused pid) at the moment of the kill.
+        found = find_worker(3)
+        if check(found == (node, pid), f"kill: rank 3's worker {pid} ended before the kill"):
+            os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic() - started
     try:
-        job.communicate(timeout=300)
+        job.communicate(timeout=240)
     except subprocess.TimeoutExpired:
-        check(False, "kill: the job did not end within 300 s of a worker's death")
+        check(False, "kill: the job did not end within 240 s of a worker's death")
         job.kill()
         job.communicate()
         return
@@ -246,13 +252,27 @@ def case_scancel(tmp):
     check(cancel.returncode == 0, f"scancel: scancel {job_id}: {cancel.stderr.strip()}")
 
     def left():
-        rest = {n: sorted(f"{c}[{p}]" for p, (c, _) in processes(n).items() if c != "slurmd")
-                for n in nodes}
-        queue = on_ctl("squeue", "--noheader", f"--jobs={job_id}").stdout.strip()
-        return rest, queue
+        """What of the job is left: each node's processes but slurmd (a node whose slurmd is
+        not seen is not listed: that counts as left), and the queue."""
+        seen = {n: processes(n) for n in nodes}
+        rest = {n: sorted(f"{c}[{p}]" for p, (c, _) in procs.items() if c != "slurmd")
+                if any(c == "slurmd" for c, _ in procs.values()) else ["(no slurmd seen)"]
+                for n, procs in seen.items()}
+        queue = on_ctl("squeue", "--noheader", f"--jobs={job_id}")
+        # squeue fails for a job id it no longer knows (MinJobAge passed): also empty.
+        gone = queue.returncode == 0 and not queue.stdout.strip() or \
+            "Invalid job id" in queue.stderr
+        return rest, "" if gone else (queue.stdout + queue.stderr).strip()
 
-    cleaned = wait_for(lambda: not any(left()[0].values()) and not left()[1], 60,
-                       f"scancel: processes or queue entries left: {left()}")
+    state = {}
+
+    def cleaned_up():
+        state["left"] = left()
+        return not any(state["left"][0].values()) and not state["left"][1]
+
+    cleaned = wait_for(cleaned_up, 60, "scancel: processes or queue entries left")
+    if not cleaned:
+        check(False, f"scancel: left at the end: {state.get('left')}")
     seconds = time.monotonic() - started
     if cleaned:
         print(f"scancel: job {job_id} with workers running ({counts}) cancelled; {seconds:.1f} s "
@@ -262,7 +282,30 @@ def case_scancel(tmp):
         dump_on_failure(run_dir)
 
 
+def remove_stale_labs():
+    """Labs of earlier runs of this test that were killed (ctest's timeout) before their
+    cleanup: their pid is gone."""
+    root = "/run/parasync-slurmlab"
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        pid = name[len("pslurm"):]
+        if name.startswith("pslurm") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            print(f"removing lab {name} left by a killed run", flush=True)
+            lab("down", "--name", name)
+
+
 def main():
+    def stop(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)  # before the lab exists: the finally below removes it
+    remove_stale_labs()
+    try:
+        return run_cases()
+    finally:
+        lab("down", "--name", LAB)
+
+
+def run_cases():
     global job_env_base, nodes
     up = lab("up", "--name", LAB, "--nodes", "2")
     if up.returncode == 3:
@@ -278,18 +321,11 @@ def main():
     for key in ("SLURM_JOB_ID", "PARASYNC_INSECURE", "TF_CONFIG"):
         job_env_base.pop(key, None)
     print(f"slurm lab {LAB}: nodes {settings['SLURM_LAB_NODES']}", flush=True)
-
-    def stop(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        with tempfile.TemporaryDirectory(prefix="parasync-slurm-") as tmp:
-            os.chmod(tmp, 0o755)
-            for case in (case_whole, case_kill, case_scancel):
-                case(tmp)
-    finally:
-        lab("down", "--name", LAB)
+    with tempfile.TemporaryDirectory(prefix="parasync-slurm-") as tmp:
+        os.chmod(tmp, 0o755)
+        for case in (case_whole, case_kill, case_scancel):
+            case(tmp)
+    lab("down", "--name", LAB)
     left = [p for p in (f"/run/parasync-slurmlab/{LAB}", f"/run/parasync-netlab/{LAB}.json")
             if os.path.exists(p)]
     check(not left, f"the lab left {left}")

@@ -504,7 +504,20 @@ def main(argv):
     return status
 
 
+def remove_stale_containers():
+    """Containers of earlier runs of this test that were killed (ctest's timeout) before
+    their cleanup: the pid in their name is gone."""
+    out = run([DOCKER, "ps", "-a", "--format", "{{.Names}}"], 30, check=False).stdout
+    for name in out.split():
+        pid = name[len("parasync-systemd-test-"):]
+        if name.startswith("parasync-systemd-test-") and pid.isdigit() and \
+                not os.path.exists(f"/proc/{pid}"):
+            log(f"removing container {name} left by a killed run")
+            run([DOCKER, "rm", "-f", name], 60, check=False)
+
+
 def run_checks(c, bin_dir, source_dir, units_dir, keep, t_start):
+    remove_stale_containers()
     try:
         cgroup_version = check_docker()
         build_image(source_dir)
@@ -526,7 +539,8 @@ def run_checks(c, bin_dir, source_dir, units_dir, keep, t_start):
         return 1
     finally:
         if keep and c.started:
-            log(f"--keep: container {c.name} left running")
+            log(f"--keep: container {c.name} left running (until dockerd stops: this test stops a "
+                "dockerd it started)")
         else:
             c.remove()
 

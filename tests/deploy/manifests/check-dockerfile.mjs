@@ -122,10 +122,16 @@ function excluded(rules, path) {
   return out;
 }
 
+// Python's and npm's caches are never sources (git ignores them; the ignore file drops them
+// on purpose): not walked.
+const CACHES = new Set(["__pycache__", "node_modules"]);
+
 function* filesUnder(root, path) {
   const full = join(root, path);
   if (statSync(full).isDirectory()) {
-    for (const name of readdirSync(full)) yield* filesUnder(root, path ? `${path}/${name}` : name);
+    for (const name of readdirSync(full)) {
+      if (!CACHES.has(name)) yield* filesUnder(root, path ? `${path}/${name}` : name);
+    }
   } else {
     yield path;
   }

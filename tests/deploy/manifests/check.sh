@@ -15,7 +15,7 @@
 #            systemd-analyze security, on copies of the units whose ExecStart and
 #            EnvironmentFile point into this checkout; the entrypoint's dry run with each
 #            unit's Environment=, the example environment file and its LoadCredential= files
-#   slurm    deploy/slurm/parasync.sbatch run as a whole with stand-ins for srun, scontrol
+#   slurm    deploy/slurm/parasync.sbatch run as a whole with stand-ins for srun, squeue, scontrol
 #            and the binaries (stubs/): a fresh key directory (0700) and every task's command
 #   shell    shellcheck on every shell script under deploy/ (and this one, and stubs/)
 # Every entrypoint run above must start each server with --curve-key and --curve-allow and
@@ -482,7 +482,7 @@ fi
 # ---- Slurm ------------------------------------------------------------------------------------
 section "Slurm"
 sbatch_script=$src_dir/deploy/slurm/parasync.sbatch
-# The whole batch script on 2 nodes with 3 tasks, srun and scontrol from stubs/, the binaries
+# The whole batch script on 2 nodes with 3 tasks, srun, squeue and scontrol from stubs/, the binaries
 # from $fake_bin: the keys must be made fresh in a 0700 directory of the run directory before
 # the servers start, and every task must get its own key.
 slurm_run() {
@@ -519,7 +519,7 @@ slurm_run() {
   done
   return "$bad"
 }
-step "parasync.sbatch with stand-ins for srun, scontrol and the binaries" slurm_run
+step "parasync.sbatch with stand-ins for srun, squeue, scontrol and the binaries" slurm_run
 
 # ---- shell scripts -------------------------------------------------------------------------------
 section "shell scripts"
