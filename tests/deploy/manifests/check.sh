@@ -15,8 +15,9 @@
 #            systemd-analyze security, on copies of the units whose ExecStart and
 #            EnvironmentFile point into this checkout; the entrypoint's dry run with each
 #            unit's Environment=, the example environment file and its LoadCredential= files
-#   slurm    deploy/slurm/parasync.sbatch run as a whole with stand-ins for srun, squeue, scontrol
-#            and the binaries (stubs/): a fresh key directory (0700) and every task's command
+#   slurm    deploy/slurm/parasync.sbatch run as a whole with stand-ins for srun, squeue, scancel,
+#            scontrol and the binaries (stubs/): a fresh key directory (0700), every task's
+#            command, and the servers stopped through scancel of their named step
 #   shell    shellcheck on every shell script under deploy/ (and this one, and stubs/)
 # Every entrypoint run above must start each server with --curve-key and --curve-allow and
 # each worker with --curve-key and --curve-server-key (CURVE on by default everywhere), and
@@ -489,7 +490,7 @@ slurm_run() {
   local run_dir=$tmp/slurm-run out=$tmp/slurm.out bad=0 i mode
   mkdir -p "$run_dir/keys" && : >"$run_dir/keys/stale.key"
   (cd "$tmp" && env -i PATH="$here/stubs:$PATH" HOME="$tmp" SLURM_JOB_ID=7 \
-    SLURM_JOB_NODELIST=node-a,node-b SLURM_NTASKS=3 SLURM_SUBMIT_DIR="$tmp" \
+    SLURM_JOB_NODELIST=node-a,node-b SLURM_NTASKS=3 SLURM_SUBMIT_DIR="$tmp" FAKE_PS_SERVES=1 \
     PARASYNC_BIN_DIR="$fake_bin" PARASYNC_ENTRYPOINT="$entrypoint" PARASYNC_RUN_DIR="$run_dir" \
     bash "$sbatch_script") >"$out" 2>&1
   local rc=$?
@@ -517,9 +518,14 @@ slurm_run() {
     grep -q -- "--curve-key=$run_dir/keys/worker$i.key" "$out" ||
       { echo "  FAIL worker $i was not given its own key worker$i.key"; bad=1; }
   done
+  # The servers are stopped by SIGTERM to their step, found by name (not through srun).
+  grep -q -- "scancel (stand-in): --signal=TERM 7.0" "$out" ||
+    { echo "  FAIL the servers' step was not signalled with scancel --signal=TERM 7.0"; bad=1; }
+  count=$(grep -c "^parasync-ps: SIGTERM, stopping" "$out")
+  ((count == 2)) || { echo "  FAIL $count of 2 servers stopped by SIGTERM"; bad=1; }
   return "$bad"
 }
-step "parasync.sbatch with stand-ins for srun, squeue, scontrol and the binaries" slurm_run
+step "parasync.sbatch with stand-ins for srun, squeue, scancel, scontrol and the binaries" slurm_run
 
 # ---- shell scripts -------------------------------------------------------------------------------
 section "shell scripts"
