@@ -56,17 +56,8 @@ EPOCHS = 3
 BATCH = 64  # compose.yaml's PARASYNC_BATCH_SIZE default
 ACCURACY_FLOOR = 0.80  # the MLP after 3 async epochs of 2 workers: 0.86-0.87 here
 RUN_SECONDS = 300
-failures = []
-# Where the engine cannot run: 77 (ctest's skip), or a failure where it must run (the stage
-# `engines` of tools/run-tests.sh sets PARASYNC_ENGINES_REQUIRED=1).
-SKIP = 1 if os.environ.get("PARASYNC_ENGINES_REQUIRED") == "1" else 77
-
-
-def check(ok, message):
-    if not ok:
-        failures.append(message)
-        print(f"FAILED: {message}", flush=True)
-    return ok
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_checks import SKIP, check, failures  # noqa: E402
 
 
 def say(message):

@@ -39,17 +39,8 @@ NETLAB = os.path.join(SOURCE_DIR, "tools", "netlab")
 SBATCH = os.path.join(SOURCE_DIR, "deploy", "slurm", "parasync.sbatch")
 LAB = f"pslurm{os.getpid()}"  # a lab left by a run that was killed is found by its pid
 ACCURACY_FLOOR = 0.78  # the MLP after one async epoch of 4 workers: 0.82-0.83 here
-failures = []
-# Where the engine cannot run: 77 (ctest's skip), or a failure where it must run (the stage
-# `engines` of tools/run-tests.sh sets PARASYNC_ENGINES_REQUIRED=1).
-SKIP = 1 if os.environ.get("PARASYNC_ENGINES_REQUIRED") == "1" else 77
-
-
-def check(ok, message):
-    if not ok:
-        failures.append(message)
-        print(f"FAILED: {message}", flush=True)
-    return ok
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_checks import SKIP, check, failures  # noqa: E402
 
 
 def lab(*args, timeout=120):

@@ -50,7 +50,8 @@ DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
 IMAGE = "parasync-systemd-test"
 # A skip, unless the engines stage requires the engines (PARASYNC_ENGINES_REQUIRED=1, as
 # tools/run-tests.sh's `engines` stage sets it): then it is a failure.
-SKIP = 1 if os.environ.get("PARASYNC_ENGINES_REQUIRED") == "1" else 77
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_checks import SKIP  # noqa: E402
 BINARIES = ("parasync-ps", "parasync-worker", "parasync-export", "parasync-keygen")
 PS_PORTS = (5000, 5001)        # the servers' ZeroMQ ports on 127.0.0.1
 PS_METRICS = (7100, 7101)      # PARASYNC_METRICS_PORT_BASE of parasync-ps@.service + shard
